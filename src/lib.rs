@@ -1,0 +1,25 @@
+//! pinfer: LLM inference for RK3588-class ARM boards.
+//!
+//! The core of this crate is `#![no_std]` and allocation-free: it works over caller-provided bytes
+//! (the model file, an arena). The `std` feature (on by default) adds the std layer: mmap loading,
+//! pinned worker threads and the `pinfer` CLI.
+#![no_std]
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(missing_docs)]
+
+#[cfg(feature = "std")]
+extern crate std;
+
+/// Values fixed at build time by `build.rs` (graph capacity override, embedded board profiles).
+pub mod build_config {
+    include!(concat!(env!("OUT_DIR"), "/build_config.rs"));
+}
+
+pub mod board;
+pub mod gguf;
+
+#[cfg(feature = "std")]
+pub mod loader;
+
+/// The crate version, as `pinfer --version` prints it.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -1,0 +1,105 @@
+//! The CLI contract: flags, exit codes and messages other tools and users rely on.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+/// Runs the built `pinfer` binary.
+fn pinfer(args: &[&str]) -> Output {
+    pinfer_in(Path::new("."), args)
+}
+
+/// Runs `pinfer` with `dir` as its working directory.
+fn pinfer_in(dir: &Path, args: &[&str]) -> Output {
+    let exe = env!("CARGO_BIN_EXE_pinfer");
+    let mut cmd = match through_qemu() {
+        Some(cpu) => {
+            let mut c = Command::new("qemu-aarch64");
+            c.args(["-cpu", cpu, exe]);
+            c
+        }
+        None => Command::new(exe),
+    };
+    cmd.args(args).current_dir(dir).output().unwrap_or_else(|e| panic!("cannot start {exe}: {e}"))
+}
+
+/// When these tests run under qemu-user (the cross tier), the host kernel cannot exec the aarch64
+/// binary, and qemu's emulated vfork turns that into a child exiting with 127 and no output (pinfer
+/// itself never exits 127). Then the binary is started through qemu, with the CPU of `PINFER_QEMU_CPU`.
+fn through_qemu() -> Option<&'static str> {
+    static MODE: OnceLock<Option<String>> = OnceLock::new();
+    MODE.get_or_init(|| {
+        let direct = Command::new(env!("CARGO_BIN_EXE_pinfer")).arg("--version").output();
+        let cannot_exec = match direct {
+            Ok(out) => out.status.code() == Some(127) && out.stdout.is_empty(),
+            Err(e) => e.raw_os_error() == Some(8), // ENOEXEC
+        };
+        cannot_exec.then(|| std::env::var("PINFER_QEMU_CPU").unwrap_or_else(|_| "cortex-a76".into()))
+    })
+    .as_deref()
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn temp_file(name: &str, bytes: &[u8]) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("pinfer-cli-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(name);
+    std::fs::File::create(&path).unwrap().write_all(bytes).unwrap();
+    path
+}
+
+#[test]
+fn version_prints_crate_version() {
+    let out = pinfer(&["--version"]);
+    assert!(out.status.success(), "stderr: {}", text(&out.stderr));
+    assert_eq!(text(&out.stdout).trim(), format!("pinfer {}", env!("CARGO_PKG_VERSION")));
+}
+
+#[test]
+fn help_lists_subcommands() {
+    let out = pinfer(&["--help"]);
+    assert!(out.status.success());
+    let help = text(&out.stdout);
+    for sub in ["generate", "info", "tokenize", "bench"] {
+        assert!(help.contains(sub), "--help lacks {sub}: {help}");
+    }
+}
+
+#[test]
+fn info_summarises_a_gguf_header() {
+    let mut bytes = Vec::from(*b"GGUF");
+    bytes.extend_from_slice(&3u32.to_le_bytes());
+    bytes.extend_from_slice(&0u64.to_le_bytes());
+    bytes.extend_from_slice(&0u64.to_le_bytes());
+    let path = temp_file("empty-v3.gguf", &bytes);
+    let out = pinfer(&["info", "-m", path.to_str().unwrap()]);
+    assert!(out.status.success(), "stderr: {}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    assert!(stdout.contains("GGUF v3") && stdout.contains("0 tensors"), "{stdout}");
+}
+
+#[test]
+fn missing_and_malformed_models_are_clear_errors() {
+    let out = pinfer(&["info", "-m", "/nonexistent/model.gguf"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("/nonexistent/model.gguf: no such file"), "{}", text(&out.stderr));
+
+    let path = temp_file("not-gguf.bin", b"this is not a model file at all");
+    let out = pinfer(&["info", "-m", path.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(err.contains("not a GGUF file") && err.contains("not-gguf.bin"), "{err}");
+}
+
+#[test]
+fn missing_default_model_names_the_fetch_command() {
+    // Run from an empty directory so the relative default path cannot resolve.
+    let dir = temp_file("marker", b"").parent().unwrap().to_path_buf();
+    let out = pinfer_in(&dir, &["info"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("scripts/setup.sh model"), "{}", text(&out.stderr));
+}
