@@ -55,7 +55,8 @@ install_toolchains() {
     rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy
     rustup component list --installed 2>/dev/null | grep -q '^rustfmt' || rustup component add rustfmt
   fi
-  pip_install gguf numpy
+  # gguf pinned: golden/make_test_models.py writes byte-identical test models only with this version.
+  pip_install "gguf:gguf==0.19.0" "numpy:numpy"
 }
 
 PY="${PYTHON:-python3}"
@@ -66,11 +67,19 @@ ensure_python() {
   fi
 }
 
+# pip_install MODULE:REQUIREMENT...  installs each requirement whose module is missing or whose
+# pinned version (REQUIREMENT with ==) differs from the installed one.
 pip_install() {
   ensure_python
   local missing=()
-  for m in "$@"; do
-    "$PY" -c "import $m" 2>/dev/null || missing+=("$m")
+  for pair in "$@"; do
+    local module=${pair%%:*} req=${pair#*:}
+    if [[ $req == *==* ]]; then
+      "$PY" -c "import importlib.metadata as m, sys; sys.exit(m.version('${req%%==*}') != '${req#*==}')" \
+        2>/dev/null || missing+=("$req")
+    else
+      "$PY" -c "import $module" 2>/dev/null || missing+=("$req")
+    fi
   done
   if [ ${#missing[@]} -gt 0 ]; then
     log "pip installing: ${missing[*]}"

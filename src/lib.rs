@@ -17,6 +17,7 @@ pub mod build_config {
 
 pub mod board;
 pub mod gguf;
+pub mod quant;
 
 #[cfg(feature = "std")]
 pub mod loader;
