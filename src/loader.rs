@@ -1,16 +1,16 @@
 //! std layer: opening model files.
 //!
-//! The file is mapped read-only and private; nothing is copied. Every later stage works on the
-//! mapped bytes through the core parser.
+//! The file is mapped read-only and private; nothing is copied. The core parser then validates
+//! every tensor extent against the mapped length (the file size), so a truncated file is an
+//! error before any tensor byte is touched, never a SIGBUS later.
 
 use std::fmt;
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::string::String;
 
 use memmap2::{Mmap, MmapOptions};
 
-use crate::gguf::{self, Header, HeaderError};
+use crate::gguf::{Gguf, GgufError};
 
 /// Where `scripts/setup.sh` puts the default model, relative to the repository root.
 pub const DEFAULT_MODEL_PATH: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
@@ -35,12 +35,12 @@ pub enum LoadError {
         /// What the OS said.
         source: std::io::Error,
     },
-    /// The bytes are not an acceptable GGUF file.
-    Header {
+    /// The bytes are not an acceptable GGUF file, or lack what the model needs.
+    Gguf {
         /// The file.
         path: PathBuf,
         /// What is wrong with it.
-        source: HeaderError,
+        source: GgufError,
     },
 }
 
@@ -49,13 +49,13 @@ impl fmt::Display for LoadError {
         match self {
             Self::Io { path, source } if source.kind() == std::io::ErrorKind::NotFound => {
                 write!(f, "{}: no such file", path.display())?;
-                if path.ends_with(DEFAULT_MODEL_PATH) || path == Path::new(DEFAULT_MODEL_PATH) {
+                if path.ends_with(DEFAULT_MODEL_PATH) {
                     write!(f, " (fetch the default model with `{FETCH_MODEL_COMMAND}`)")?;
                 }
                 Ok(())
             }
             Self::Io { path, source } => write!(f, "{}: {source}", path.display()),
-            Self::Header { path, source } => write!(f, "{}: {source}", path.display()),
+            Self::Gguf { path, source } => write!(f, "{}: {source}", path.display()),
         }
     }
 }
@@ -64,22 +64,35 @@ impl std::error::Error for LoadError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             Self::Io { source, .. } => Some(source),
-            Self::Header { source, .. } => Some(source),
+            Self::Gguf { source, .. } => Some(source),
         }
     }
 }
 
 impl ModelFile {
-    /// Maps `path` read-only and checks its GGUF header.
+    /// Maps `path` read-only.
     pub fn open(path: &Path) -> Result<Self, LoadError> {
         let io_err = |source| LoadError::Io { path: path.to_path_buf(), source };
         let file = File::open(path).map_err(io_err)?;
-        // SAFETY: the map is read-only and private. Another process truncating the file while we run
-        // would fault on access; extents are checked against the file size before any tensor is read.
+        if file.metadata().map_err(io_err)?.is_dir() {
+            let source = std::io::Error::other("is a directory, not a model file");
+            return Err(LoadError::Io { path: path.to_path_buf(), source });
+        }
+        // SAFETY: the map is read-only and private, and only ever read through `&[u8]`. If another
+        // process truncates the file while we run, access faults (SIGBUS) instead of reading stale
+        // data; that is the documented limit of mmap loading (download to .part, then rename).
         let map = unsafe { MmapOptions::new().map_copy_read_only(&file) }.map_err(io_err)?;
-        let model = Self { path: path.to_path_buf(), map };
-        model.header()?;
-        Ok(model)
+        Ok(Self { path: path.to_path_buf(), map })
+    }
+
+    /// Parses and validates the GGUF structure (header, metadata, tensor infos and extents).
+    pub fn parse(&self) -> Result<Gguf<'_>, LoadError> {
+        Gguf::parse(&self.map).map_err(|source| self.error(source))
+    }
+
+    /// Wraps a parser or validation error with this file's path.
+    pub fn error(&self, source: GgufError) -> LoadError {
+        LoadError::Gguf { path: self.path.clone(), source }
     }
 
     /// The mapped bytes.
@@ -90,23 +103,5 @@ impl ModelFile {
     /// The file's path as given.
     pub fn path(&self) -> &Path {
         &self.path
-    }
-
-    /// The checked fixed header.
-    pub fn header(&self) -> Result<Header, LoadError> {
-        gguf::read_header(&self.map).map_err(|source| LoadError::Header { path: self.path.clone(), source })
-    }
-
-    /// A short human summary: path, size, version and counts.
-    pub fn summary(&self) -> Result<String, LoadError> {
-        let h = self.header()?;
-        Ok(std::format!(
-            "{}: GGUF v{}, {:.1} MiB, {} tensors, {} metadata keys",
-            self.path.display(),
-            h.version,
-            self.map.len() as f64 / (1024.0 * 1024.0),
-            h.tensor_count,
-            h.kv_count
-        ))
     }
 }

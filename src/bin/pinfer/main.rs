@@ -71,20 +71,28 @@ fn run(cli: Cli) -> Result<(), CliError> {
     match cli.command {
         Command::Info { model } => {
             let model = ModelFile::open(&model_path(model))?;
-            println!("{}", model.summary()?);
+            let gguf = model.parse()?;
+            let h = gguf.header();
+            println!(
+                "{}: GGUF v{}, {} tensors, {} metadata keys",
+                model.path().display(),
+                h.version,
+                h.tensor_count,
+                h.kv_count
+            );
             Ok(())
         }
         Command::Generate { model, .. } => {
             // Fail on a missing or malformed model before saying generation is missing.
-            ModelFile::open(&model_path(model))?;
+            ModelFile::open(&model_path(model))?.parse()?;
             not_yet("generate")
         }
         Command::Tokenize { model, .. } => {
-            ModelFile::open(&model_path(model))?;
+            ModelFile::open(&model_path(model))?.parse()?;
             not_yet("tokenize")
         }
         Command::Bench { model } => {
-            ModelFile::open(&model_path(model))?;
+            ModelFile::open(&model_path(model))?.parse()?;
             not_yet("bench")
         }
     }
