@@ -17,6 +17,7 @@ pub mod build_config {
 
 pub mod board;
 pub mod gguf;
+pub mod model;
 pub mod quant;
 
 #[cfg(feature = "std")]

@@ -19,7 +19,7 @@ pub use error::{GgufError, Name};
 pub use value::{ArrayIter, ArrayView, Value, ValueType, MAX_ARRAY_DEPTH, MAX_STRING_LEN};
 
 use crate::quant::GgmlType;
-use error::name_of;
+pub(crate) use error::name_of;
 use value::Reader;
 
 /// `GGUF` in file order, read as a little-endian u32.
@@ -435,7 +435,9 @@ fn read_tensor_info<'a>(r: &mut Reader<'a>, index: u64) -> Result<TensorInfo<'a>
     let name = match str::from_utf8(name_bytes) {
         Ok(n) if !n.is_empty() => n,
         Ok(_) => return Err(GgufError::BadTensor { name: numbered, problem: "empty name", value: 0 }),
-        Err(_) => return Err(GgufError::BadTensor { name: numbered, problem: "name is not UTF-8", value: 0 }),
+        Err(_) => {
+            return Err(GgufError::BadTensor { name: numbered, problem: "name is not UTF-8", value: 0 })
+        }
     };
     let bad = |problem, value| GgufError::BadTensor { name: name_of(name), problem, value };
     let n_dims = r.u32("tensor dimension count")?;
@@ -456,8 +458,11 @@ fn read_tensor_info<'a>(r: &mut Reader<'a>, index: u64) -> Result<TensorInfo<'a>
     }
     let type_offset = r.pos as u64;
     let type_id = r.u32("tensor type")?;
-    let ty = GgmlType::from_u32(type_id)
-        .ok_or(GgufError::Invalid { what: "tensor type id", offset: type_offset, value: u64::from(type_id) })?;
+    let ty = GgmlType::from_u32(type_id).ok_or(GgufError::Invalid {
+        what: "tensor type id",
+        offset: type_offset,
+        value: u64::from(type_id),
+    })?;
     if ne[0] % ty.block_len() as u64 != 0 {
         return Err(bad("row length is not a multiple of the type's block length", ne[0]));
     }

@@ -118,7 +118,9 @@ fn hostile_counts_fail_before_any_loop() {
 
 #[test]
 fn alignment_must_be_u32_power_of_two_in_range() {
-    for (ty, value, ok) in [(4u32, 64u32, true), (4, 13, false), (4, 4, false), (4, 1 << 20, false), (5, 32, false)] {
+    for (ty, value, ok) in
+        [(4u32, 64u32, true), (4, 13, false), (4, 4, false), (4, 1 << 20, false), (5, 32, false)]
+    {
         let mut b = Bytes::header(3, 0, 1);
         b.str("general.alignment").u32(ty).u32(value);
         assert_eq!(Gguf::parse(&b.0).is_ok(), ok, "type {ty} value {value}");

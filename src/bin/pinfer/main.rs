@@ -6,6 +6,8 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use pinfer::loader::{ModelFile, DEFAULT_MODEL_PATH};
 
+mod info;
+
 #[derive(Parser)]
 #[command(name = "pinfer", version = pinfer::VERSION, about = "Run GGUF language models fast on RK3588-class ARM boards")]
 struct Cli {
@@ -27,11 +29,17 @@ enum Command {
         #[arg(short = 'n', long = "n-predict", default_value_t = 64)]
         n_predict: u32,
     },
-    /// Print a model file's summary.
+    /// Describe a model file: architecture, size, quant mix, hyper-parameters, tokenizer.
     Info {
         /// Model file (GGUF). Default: the model fetched by scripts/setup.sh.
         #[arg(short = 'm', long = "model")]
         model: Option<PathBuf>,
+        /// Also list every tensor (name, type, shape, bytes).
+        #[arg(long)]
+        tensors: bool,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
     },
     /// Tokenize a text with a model's vocabulary.
     Tokenize {
@@ -51,7 +59,7 @@ enum Command {
 }
 
 /// A failure the user can act on: printed as `error: ...` with exit status 1.
-struct CliError(String);
+pub(crate) struct CliError(pub(crate) String);
 
 impl<E: std::error::Error> From<E> for CliError {
     fn from(e: E) -> Self {
@@ -69,19 +77,7 @@ fn not_yet(what: &str) -> Result<(), CliError> {
 
 fn run(cli: Cli) -> Result<(), CliError> {
     match cli.command {
-        Command::Info { model } => {
-            let model = ModelFile::open(&model_path(model))?;
-            let gguf = model.parse()?;
-            let h = gguf.header();
-            println!(
-                "{}: GGUF v{}, {} tensors, {} metadata keys",
-                model.path().display(),
-                h.version,
-                h.tensor_count,
-                h.kv_count
-            );
-            Ok(())
-        }
+        Command::Info { model, tensors, json } => info::run(&model_path(model), tensors, json),
         Command::Generate { model, .. } => {
             // Fail on a missing or malformed model before saying generation is missing.
             ModelFile::open(&model_path(model))?.parse()?;
@@ -98,7 +94,16 @@ fn run(cli: Cli) -> Result<(), CliError> {
     }
 }
 
+/// Output piped into `head` must end the program quietly, as with other Unix tools, rather than
+/// panic in `println!`: restore the default SIGPIPE action that Rust's runtime replaces.
+fn quiet_on_closed_pipe() {
+    use nix::sys::signal::{signal, SigHandler, Signal};
+    // SAFETY: installs the default disposition (no handler code runs), before any thread starts.
+    let _ = unsafe { signal(Signal::SIGPIPE, SigHandler::SigDfl) };
+}
+
 fn main() -> ExitCode {
+    quiet_on_closed_pipe();
     match run(Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(CliError(msg)) => {

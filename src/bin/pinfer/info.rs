@@ -1,0 +1,204 @@
+//! `pinfer info`: what a model file holds, validated, without reading tensor data.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use pinfer::gguf::{Gguf, TensorInfo};
+use pinfer::loader::ModelFile;
+use pinfer::model::{validate_tensors, validate_vocab, HParams, Vocab};
+use serde_json::{json, Value as Json};
+
+use crate::CliError;
+
+/// Everything `info` reports, gathered once and printed as text or JSON.
+struct Report<'a> {
+    gguf: Gguf<'a>,
+    file_bytes: usize,
+    hparams: Option<HParams>,
+    vocab: Option<Vocab<'a>>,
+}
+
+pub fn run(path: &Path, tensors: bool, as_json: bool) -> Result<(), CliError> {
+    let model = ModelFile::open(path)?;
+    let gguf = model.parse()?;
+    let fail = |e: pinfer::model::ModelError| CliError(format!("{}: {e}", path.display()));
+    // Vocabulary-only files (tokenizer test files) have no tensors and no hyper-parameters.
+    let vocab_only = gguf.tensor_count() == 0;
+    let vocab = if gguf.get("tokenizer.ggml.model").is_some() || vocab_only {
+        Some(validate_vocab(&gguf).map_err(fail)?)
+    } else {
+        None
+    };
+    let hparams = if vocab_only {
+        None
+    } else {
+        let hp = HParams::from_gguf(&gguf).map_err(fail)?;
+        let vocab = vocab.as_ref().ok_or_else(|| {
+            CliError(format!(
+                "{}: the model has no tokenizer metadata (tokenizer.ggml.model)",
+                path.display()
+            ))
+        })?;
+        validate_tensors(&gguf, &hp, vocab.n_vocab).map_err(fail)?;
+        Some(hp)
+    };
+    let report = Report { gguf, file_bytes: model.bytes().len(), hparams, vocab };
+    if as_json {
+        println!("{}", serde_json::to_string_pretty(&report.to_json(path, tensors)).unwrap_or_default());
+    } else {
+        report.print(path, tensors);
+    }
+    Ok(())
+}
+
+fn mib(bytes: u64) -> f64 {
+    bytes as f64 / (1024.0 * 1024.0)
+}
+
+fn shape(t: &TensorInfo<'_>) -> Vec<u64> {
+    t.ne[..t.n_dims as usize].to_vec()
+}
+
+impl Report<'_> {
+    /// Per type: (tensor count, bytes, elements), sorted by bytes descending.
+    fn quant_mix(&self) -> Vec<(&'static str, u64, u64, u64)> {
+        let mut mix: BTreeMap<&'static str, (u64, u64, u64)> = BTreeMap::new();
+        for t in self.gguf.tensors() {
+            let e = mix.entry(t.ty.name()).or_default();
+            *e = (e.0 + 1, e.1 + t.nbytes, e.2 + t.n_elements());
+        }
+        let mut v: Vec<_> = mix.into_iter().map(|(k, (n, b, e))| (k, n, b, e)).collect();
+        v.sort_by(|a, b| b.2.cmp(&a.2));
+        v
+    }
+
+    fn totals(&self) -> (u64, u64) {
+        self.gguf.tensors().fold((0, 0), |(b, e), t| (b + t.nbytes, e + t.n_elements()))
+    }
+
+    fn str_key(&self, key: &str) -> Option<&str> {
+        self.gguf.get_str_opt(key).ok().flatten()
+    }
+
+    fn special_id(&self, key: &str) -> Option<u64> {
+        self.gguf.get_int::<u64>(key).ok().flatten()
+    }
+
+    fn print(&self, path: &Path, tensors: bool) {
+        let h = self.gguf.header();
+        let (bytes, params) = self.totals();
+        println!("file:          {}", path.display());
+        println!(
+            "format:        GGUF v{}, {:.2} MiB, {} tensors, {} metadata keys, alignment {}",
+            h.version,
+            mib(self.file_bytes as u64),
+            h.tensor_count,
+            h.kv_count,
+            self.gguf.alignment()
+        );
+        println!("architecture:  {}", self.str_key("general.architecture").unwrap_or("(none)"));
+        if let Some(name) = self.str_key("general.name") {
+            println!("name:          {name}");
+        }
+        if h.tensor_count > 0 {
+            println!(
+                "size:          {:.2} MiB of weights, {:.2} M parameters, {:.2} bits per weight",
+                mib(bytes),
+                params as f64 / 1e6,
+                bytes as f64 * 8.0 / params.max(1) as f64
+            );
+            let mix: Vec<String> = self
+                .quant_mix()
+                .iter()
+                .map(|(ty, n, b, _)| format!("{ty} {n} tensors ({:.2} MiB)", mib(*b)))
+                .collect();
+            println!("quant mix:     {}", mix.join(", "));
+        }
+        if let Some(hp) = &self.hparams {
+            println!(
+                "layers:        {} (embedding {}, feed-forward {}, context {})",
+                hp.n_layer, hp.n_embd, hp.n_ff, hp.n_ctx_train
+            );
+            println!(
+                "attention:     {} heads, {} kv heads, head dim {}/{}, rope dims {}, freq base {}, rms eps {:e}",
+                hp.n_head, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v, hp.n_rot, hp.rope_freq_base, hp.rms_eps
+            );
+            if hp.n_expert > 0 {
+                println!(
+                    "experts:       {} ({} used per token, width {}, shared width {})",
+                    hp.n_expert, hp.n_expert_used, hp.n_ff_expert, hp.n_ff_shared
+                );
+            }
+            if hp.sliding_window > 0 {
+                println!("sliding window: {}", hp.sliding_window);
+            }
+        }
+        if let Some(v) = &self.vocab {
+            let id = |k: &str| self.special_id(k).map_or("-".to_string(), |i| i.to_string());
+            println!(
+                "tokenizer:     {} (pre {}), {} tokens, {} merges, bos {}, eos {}, chat template {}",
+                v.model,
+                v.pre.unwrap_or("default"),
+                v.n_vocab,
+                v.n_merges,
+                id("tokenizer.ggml.bos_token_id"),
+                id("tokenizer.ggml.eos_token_id"),
+                if self.gguf.get("tokenizer.chat_template").is_some() { "yes" } else { "no" }
+            );
+        }
+        if tensors {
+            println!();
+            println!("{:<40} {:>8} {:>24} {:>12}", "tensor", "type", "shape", "bytes");
+            for t in self.gguf.tensors() {
+                let dims: Vec<String> = shape(&t).iter().map(u64::to_string).collect();
+                println!("{:<40} {:>8} {:>24} {:>12}", t.name, t.ty.name(), dims.join(" x "), t.nbytes);
+            }
+        }
+    }
+
+    fn to_json(&self, path: &Path, tensors: bool) -> Json {
+        let h = self.gguf.header();
+        let (bytes, params) = self.totals();
+        let mut out = json!({
+            "file": path.display().to_string(),
+            "file_bytes": self.file_bytes,
+            "gguf_version": h.version,
+            "tensor_count": h.tensor_count,
+            "metadata_count": h.kv_count,
+            "alignment": self.gguf.alignment(),
+            "architecture": self.str_key("general.architecture"),
+            "name": self.str_key("general.name"),
+            "weight_bytes": bytes,
+            "parameters": params,
+            "quant_mix": self.quant_mix().iter().map(|(ty, n, b, e)| json!({
+                "type": ty, "tensors": n, "bytes": b, "elements": e
+            })).collect::<Vec<_>>(),
+        });
+        if let Some(hp) = &self.hparams {
+            out["hparams"] = json!({
+                "n_layer": hp.n_layer, "n_embd": hp.n_embd, "n_ff": hp.n_ff, "n_ctx_train": hp.n_ctx_train,
+                "n_head": hp.n_head, "n_head_kv": hp.n_head_kv, "head_dim_k": hp.head_dim_k,
+                "head_dim_v": hp.head_dim_v, "n_rot": hp.n_rot, "rope_freq_base": hp.rope_freq_base,
+                "rope_freq_scale": hp.rope_freq_scale, "rms_eps": hp.rms_eps, "n_expert": hp.n_expert,
+                "n_expert_used": hp.n_expert_used, "n_ff_expert": hp.n_ff_expert,
+                "n_ff_shared": hp.n_ff_shared, "sliding_window": hp.sliding_window,
+            });
+        }
+        if let Some(v) = &self.vocab {
+            out["tokenizer"] = json!({
+                "model": v.model, "pre": v.pre, "n_vocab": v.n_vocab, "n_merges": v.n_merges,
+                "bos_token_id": self.special_id("tokenizer.ggml.bos_token_id"),
+                "eos_token_id": self.special_id("tokenizer.ggml.eos_token_id"),
+                "has_chat_template": self.gguf.get("tokenizer.chat_template").is_some(),
+            });
+        }
+        if tensors {
+            out["tensors"] = self
+                .gguf
+                .tensors()
+                .map(|t| json!({"name": t.name, "type": t.ty.name(), "shape": shape(&t), "bytes": t.nbytes, "offset": t.offset}))
+                .collect();
+        }
+        out
+    }
+}

@@ -1,0 +1,191 @@
+//! Hyper-parameters read from `{arch}.*` metadata keys, with their ranges checked.
+
+use core::fmt::Write;
+
+use super::{Arch, ModelError};
+use crate::gguf::{name_of, Gguf, GgufError, Name, ValueType};
+
+/// Most layers accepted (llama.cpp's own limit; no public model comes close).
+pub const MAX_LAYERS: u32 = 512;
+/// Largest embedding / feed-forward width accepted.
+const MAX_WIDTH: u32 = 1 << 18;
+/// Most attention heads accepted.
+const MAX_HEADS: u32 = 1024;
+/// Largest head dimension accepted.
+const MAX_HEAD_DIM: u32 = 1024;
+/// Most experts accepted.
+const MAX_EXPERTS: u32 = 1024;
+
+/// The hyper-parameters of a model, all validated.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HParams {
+    /// Architecture.
+    pub arch: Arch,
+    /// Number of transformer blocks.
+    pub n_layer: u32,
+    /// Context length the model was trained for.
+    pub n_ctx_train: u32,
+    /// Embedding width.
+    pub n_embd: u32,
+    /// Feed-forward width (per expert width is `n_ff_expert`).
+    pub n_ff: u32,
+    /// Query heads.
+    pub n_head: u32,
+    /// Key/value heads (divides `n_head`).
+    pub n_head_kv: u32,
+    /// Dimension of one key head.
+    pub head_dim_k: u32,
+    /// Dimension of one value head.
+    pub head_dim_v: u32,
+    /// Dimensions rotated by RoPE (even, at most `head_dim_k`).
+    pub n_rot: u32,
+    /// RoPE frequency base.
+    pub rope_freq_base: f32,
+    /// RoPE frequency scale (1 / `rope.scaling.factor` for linear scaling).
+    pub rope_freq_scale: f32,
+    /// Epsilon of the RMS norms.
+    pub rms_eps: f32,
+    /// Experts per MoE layer (0 for dense models).
+    pub n_expert: u32,
+    /// Experts used per token.
+    pub n_expert_used: u32,
+    /// Feed-forward width of one expert.
+    pub n_ff_expert: u32,
+    /// Feed-forward width of the shared expert (qwen2moe).
+    pub n_ff_shared: u32,
+    /// Sliding attention window (gemma3 local layers), 0 when none.
+    pub sliding_window: u32,
+}
+
+/// `{arch}.{suffix}` as a key.
+pub(crate) fn arch_key(arch: Arch, suffix: &str) -> Name {
+    let mut key = Name::new();
+    let _ = write!(key, "{}.{}", arch.name(), suffix);
+    key
+}
+
+fn bad(key: &str, value: impl Into<f64>, problem: &'static str) -> ModelError {
+    ModelError::BadHParam { key: name_of(key), value: value.into(), problem }
+}
+
+/// A u32 in `range`, required or with a default.
+fn u32_in(
+    g: &Gguf<'_>,
+    key: &str,
+    default: Option<u32>,
+    range: core::ops::RangeInclusive<u32>,
+) -> Result<u32, ModelError> {
+    let value = match (g.get_int::<u32>(key)?, default) {
+        (Some(v), _) => v,
+        (None, Some(d)) => d,
+        (None, None) => return Err(GgufError::MissingKey { key: name_of(key) }.into()),
+    };
+    if !range.contains(&value) {
+        return Err(bad(key, value, "out of the accepted range"));
+    }
+    Ok(value)
+}
+
+/// A finite float in `(lo, hi]` (required when `default` is `None`).
+fn f32_in(g: &Gguf<'_>, key: &str, default: Option<f32>, lo: f32, hi: f32) -> Result<f32, ModelError> {
+    let value = match (g.get_f32_opt(key)?, default) {
+        (Some(v), _) => v,
+        (None, Some(d)) => d,
+        (None, None) => return Err(GgufError::MissingKey { key: name_of(key) }.into()),
+    };
+    if !(value.is_finite() && value > lo && value <= hi) {
+        return Err(bad(key, value, "not a finite value in the accepted range"));
+    }
+    Ok(value)
+}
+
+impl HParams {
+    /// Reads the architecture and its hyper-parameters, refusing unsupported architectures by name
+    /// and values outside sane ranges.
+    pub fn from_gguf(g: &Gguf<'_>) -> Result<Self, ModelError> {
+        let arch_name = g.get_str("general.architecture")?;
+        let arch =
+            Arch::from_name(arch_name).ok_or(ModelError::UnsupportedArch { name: name_of(arch_name) })?;
+        let k = |suffix| arch_key(arch, suffix);
+
+        let n_layer = u32_in(g, &k("block_count"), None, 1..=MAX_LAYERS)?;
+        let n_embd = u32_in(g, &k("embedding_length"), None, 1..=MAX_WIDTH)?;
+        let n_ctx_train = u32_in(g, &k("context_length"), None, 1..=u32::MAX)?;
+        let n_head = u32_in(g, &k("attention.head_count"), None, 1..=MAX_HEADS)?;
+        let n_head_kv = u32_in(g, &k("attention.head_count_kv"), Some(n_head), 1..=MAX_HEADS)?;
+        if n_head % n_head_kv != 0 {
+            return Err(bad(&k("attention.head_count_kv"), n_head_kv, "does not divide head_count"));
+        }
+        let default_head_dim = (n_embd % n_head == 0).then_some(n_embd / n_head);
+        let head_dim_k = u32_in(g, &k("attention.key_length"), default_head_dim, 1..=MAX_HEAD_DIM)?;
+        let head_dim_v = u32_in(g, &k("attention.value_length"), Some(head_dim_k), 1..=MAX_HEAD_DIM)?;
+        let n_rot = u32_in(g, &k("rope.dimension_count"), Some(head_dim_k), 2..=head_dim_k)?;
+        if n_rot % 2 != 0 {
+            return Err(bad(&k("rope.dimension_count"), n_rot, "must be even"));
+        }
+        let rope_freq_base = f32_in(g, &k("rope.freq_base"), Some(10000.0), 0.0, 1e12)?;
+        let scaling = f32_in(g, &k("rope.scaling.factor"), Some(1.0), 0.0, 1e6)?;
+        let rms_eps = f32_in(g, &k("attention.layer_norm_rms_epsilon"), None, 0.0, 1.0)?;
+
+        let (n_expert, n_expert_used, n_ff_expert, n_ff_shared) = if arch.is_moe() {
+            let n_expert = u32_in(g, &k("expert_count"), None, 2..=MAX_EXPERTS)?;
+            let used = u32_in(g, &k("expert_used_count"), None, 1..=n_expert)?;
+            let ff_expert = u32_in(g, &k("expert_feed_forward_length"), None, 1..=MAX_WIDTH)?;
+            let ff_shared = if arch == Arch::Qwen2Moe {
+                u32_in(g, &k("expert_shared_feed_forward_length"), None, 1..=MAX_WIDTH)?
+            } else {
+                0
+            };
+            (n_expert, used, ff_expert, ff_shared)
+        } else {
+            (0, 0, 0, 0)
+        };
+        // MoE models may omit the dense width; dense ones need it.
+        let n_ff = u32_in(g, &k("feed_forward_length"), arch.is_moe().then_some(n_ff_expert), 1..=MAX_WIDTH)?;
+        let sliding_window = u32_in(g, &k("attention.sliding_window"), Some(0), 0..=u32::MAX)?;
+        if arch == Arch::Gemma3 && sliding_window == 0 {
+            return Err(bad(&k("attention.sliding_window"), 0, "gemma3 needs a sliding window"));
+        }
+        // A model that stores a per-layer array for one of these is a variant we do not run.
+        for suffix in ["attention.head_count", "feed_forward_length"] {
+            if matches!(g.get(&k(suffix)), Some(v) if v.value_type() == ValueType::Array) {
+                return Err(bad(&k(suffix), 0, "per-layer values are not supported"));
+            }
+        }
+        Ok(HParams {
+            arch,
+            n_layer,
+            n_ctx_train,
+            n_embd,
+            n_ff,
+            n_head,
+            n_head_kv,
+            head_dim_k,
+            head_dim_v,
+            n_rot,
+            rope_freq_base,
+            rope_freq_scale: 1.0 / scaling,
+            rms_eps,
+            n_expert,
+            n_expert_used,
+            n_ff_expert,
+            n_ff_shared,
+            sliding_window,
+        })
+    }
+
+    /// Width of all query heads together.
+    pub fn q_width(&self) -> u64 {
+        u64::from(self.n_head) * u64::from(self.head_dim_k)
+    }
+
+    /// Width of all key heads together.
+    pub fn k_width(&self) -> u64 {
+        u64::from(self.n_head_kv) * u64::from(self.head_dim_k)
+    }
+
+    /// Width of all value heads together.
+    pub fn v_width(&self) -> u64 {
+        u64::from(self.n_head_kv) * u64::from(self.head_dim_v)
+    }
+}

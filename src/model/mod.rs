@@ -1,0 +1,155 @@
+//! Model-level view of a GGUF file: architecture, hyper-parameters, and the validation that a
+//! file really holds a model we can run (keys, ranges, vocabulary, every tensor's shape and type).
+//!
+//! Everything here runs once at load. Graph builders trust what it checked.
+
+mod hparams;
+mod validate;
+
+use core::fmt;
+
+pub use hparams::{HParams, MAX_LAYERS};
+pub use validate::{validate_tensors, validate_vocab, TensorKind, Vocab};
+
+use crate::gguf::{GgufError, Name};
+use crate::quant::GgmlType;
+
+/// Architectures pinfer runs (the `general.architecture` value).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Arch {
+    /// Llama family (SmolLM2, TinyLlama, Llama 3.x).
+    Llama,
+    /// Qwen2 / Qwen2.5 (QKV bias).
+    Qwen2,
+    /// Qwen3 (per-head Q/K RMS norm).
+    Qwen3,
+    /// Qwen3 mixture of experts.
+    Qwen3Moe,
+    /// Qwen2 mixture of experts (with a shared expert).
+    Qwen2Moe,
+    /// Gemma 3.
+    Gemma3,
+}
+
+impl Arch {
+    const ALL: [(Arch, &'static str); 6] = [
+        (Arch::Llama, "llama"),
+        (Arch::Qwen2, "qwen2"),
+        (Arch::Qwen3, "qwen3"),
+        (Arch::Qwen3Moe, "qwen3moe"),
+        (Arch::Qwen2Moe, "qwen2moe"),
+        (Arch::Gemma3, "gemma3"),
+    ];
+
+    /// The architecture named `name` in GGUF metadata.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.iter().find(|(_, n)| *n == name).map(|(a, _)| *a)
+    }
+
+    /// The GGUF name, also the prefix of the architecture's metadata keys.
+    pub fn name(self) -> &'static str {
+        Self::ALL.iter().find(|(a, _)| *a == self).map(|(_, n)| *n).unwrap_or("?")
+    }
+
+    /// Whether feed-forward layers are mixtures of experts.
+    pub fn is_moe(self) -> bool {
+        matches!(self, Arch::Qwen3Moe | Arch::Qwen2Moe)
+    }
+}
+
+/// Why a GGUF file is not a model pinfer can run.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum ModelError {
+    /// A metadata key is missing or has the wrong type (from the typed accessors).
+    Metadata(GgufError),
+    /// `general.architecture` names an architecture we do not run.
+    UnsupportedArch {
+        /// The name in the file.
+        name: Name,
+    },
+    /// A hyper-parameter is outside the range we accept, or inconsistent with another.
+    BadHParam {
+        /// The key.
+        key: Name,
+        /// The value found.
+        value: f64,
+        /// What is wrong.
+        problem: &'static str,
+    },
+    /// A tensor the architecture needs is absent.
+    MissingTensor {
+        /// The tensor's name.
+        name: Name,
+    },
+    /// A tensor has another shape than the hyper-parameters imply.
+    TensorShape {
+        /// The tensor's name.
+        name: Name,
+        /// Shape implied by the hyper-parameters.
+        expected: [u64; 4],
+        /// Shape in the file.
+        found: [u64; 4],
+    },
+    /// A tensor's type is not accepted for its role.
+    TensorType {
+        /// The tensor's name.
+        name: Name,
+        /// Its type.
+        ty: GgmlType,
+        /// What the role accepts.
+        accepted: &'static str,
+    },
+    /// The vocabulary metadata is inconsistent.
+    Vocab {
+        /// The key concerned.
+        key: Name,
+        /// What is wrong.
+        problem: &'static str,
+        /// A number that shows it (a length, an id, an index).
+        value: u64,
+    },
+}
+
+impl From<GgufError> for ModelError {
+    fn from(e: GgufError) -> Self {
+        ModelError::Metadata(e)
+    }
+}
+
+impl fmt::Display for ModelError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Metadata(e) => write!(f, "{e}"),
+            Self::UnsupportedArch { name } => write!(
+                f,
+                "architecture {name:?} is not supported (supported: llama, qwen2, qwen3, qwen3moe, qwen2moe, gemma3)"
+            ),
+            Self::BadHParam { key, value, problem } => write!(f, "hyper-parameter {key} = {value}: {problem}"),
+            Self::MissingTensor { name } => {
+                write!(f, "tensor {name:?} is missing; the file is incomplete or not this architecture")
+            }
+            Self::TensorShape { name, expected, found } => write!(
+                f,
+                "tensor {name:?} has shape {:?}, expected {:?} from the hyper-parameters",
+                trim_shape(found),
+                trim_shape(expected)
+            ),
+            Self::TensorType { name, ty, accepted } => {
+                write!(f, "tensor {name:?} has type {ty}, which pinfer does not run there (accepted: {accepted})")
+            }
+            Self::Vocab { key, problem, value } => write!(f, "vocabulary {key}: {problem} ({value})"),
+        }
+    }
+}
+
+impl core::error::Error for ModelError {}
+
+/// A shape without its trailing 1s, for messages.
+fn trim_shape(ne: &[u64; 4]) -> &[u64] {
+    let mut n = 4;
+    while n > 1 && ne[n - 1] == 1 {
+        n -= 1;
+    }
+    &ne[..n]
+}

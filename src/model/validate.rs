@@ -1,0 +1,276 @@
+//! Checks that a file's vocabulary and tensors are what its architecture needs.
+
+use core::fmt::Write;
+
+use super::hparams::arch_key;
+use super::{Arch, HParams, ModelError};
+use crate::gguf::{name_of, Gguf, Name, Value, ValueType};
+use crate::quant::GgmlType;
+
+/// Largest vocabulary accepted.
+const MAX_VOCAB: usize = 1 << 21;
+
+/// What a tensor is used for, which decides the types it may have.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TensorKind {
+    /// Matrix of a matrix product (or the embedding table, read by rows).
+    Weight,
+    /// Norm weights: elementwise, kept in float.
+    Norm,
+    /// Bias vectors: elementwise, kept in float.
+    Bias,
+    /// MoE router: kept in float and on the CPU (a quantized router gave NaN routing elsewhere).
+    Router,
+}
+
+impl TensorKind {
+    /// Whether a tensor of this kind may have type `ty`.
+    pub fn accepts(self, ty: GgmlType) -> bool {
+        use GgmlType::*;
+        match self {
+            TensorKind::Weight => {
+                matches!(
+                    ty,
+                    F32 | F16 | BF16 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q2_K | Q3_K | Q4_K | Q5_K | Q6_K
+                )
+            }
+            TensorKind::Norm | TensorKind::Bias | TensorKind::Router => matches!(ty, F32 | F16),
+        }
+    }
+
+    fn accepted(self) -> &'static str {
+        match self {
+            TensorKind::Weight => "F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K",
+            _ => "F32, F16",
+        }
+    }
+}
+
+/// The validated vocabulary summary.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Vocab<'a> {
+    /// `tokenizer.ggml.model`: `gpt2` (byte-level BPE) or `llama` (SentencePiece).
+    pub model: &'a str,
+    /// `tokenizer.ggml.pre` (BPE pre-tokenizer), if given.
+    pub pre: Option<&'a str>,
+    /// Number of tokens.
+    pub n_vocab: u32,
+    /// Number of BPE merges (0 for SentencePiece).
+    pub n_merges: u32,
+}
+
+fn vocab_err(key: &str, problem: &'static str, value: u64) -> ModelError {
+    ModelError::Vocab { key: name_of(key), problem, value }
+}
+
+/// Checks the tokenizer metadata: model kind, token list, scores and types of the same length,
+/// merges, byte tokens, and that every special-token id (given or defaulted) is in the vocabulary.
+/// Works on vocabulary-only files.
+pub fn validate_vocab<'a>(g: &Gguf<'a>) -> Result<Vocab<'a>, ModelError> {
+    let model = g.get_str("tokenizer.ggml.model")?;
+    if !matches!(model, "gpt2" | "llama") {
+        return Err(vocab_err(
+            "tokenizer.ggml.model",
+            "tokenizer kind not supported (gpt2 and llama are)",
+            0,
+        ));
+    }
+    let tokens = g.get_array("tokenizer.ggml.tokens", ValueType::String)?;
+    let n = tokens.len();
+    if n == 0 || n > MAX_VOCAB {
+        return Err(vocab_err("tokenizer.ggml.tokens", "vocabulary size out of range", n as u64));
+    }
+    if let Some(scores) = g.get_array_opt("tokenizer.ggml.scores", ValueType::F32)? {
+        if scores.len() != n {
+            return Err(vocab_err(
+                "tokenizer.ggml.scores",
+                "length differs from the token list",
+                scores.len() as u64,
+            ));
+        }
+    }
+    if let Some(types) = g.get_array_opt("tokenizer.ggml.token_type", ValueType::I32)? {
+        if types.len() != n {
+            return Err(vocab_err(
+                "tokenizer.ggml.token_type",
+                "length differs from the token list",
+                types.len() as u64,
+            ));
+        }
+        for (i, (ty, text)) in types.iter().zip(tokens.iter()).enumerate() {
+            let ty = ty.as_integer().unwrap_or(-1);
+            if !(0..=6).contains(&ty) {
+                return Err(vocab_err(
+                    "tokenizer.ggml.token_type",
+                    "token type outside 0..=6 at index",
+                    i as u64,
+                ));
+            }
+            // Byte tokens become raw bytes in the output: their text must be exactly <0xHH>.
+            if ty == 6 && !is_byte_token(text) {
+                return Err(vocab_err(
+                    "tokenizer.ggml.tokens",
+                    "byte token is not of the form <0xHH> at index",
+                    i as u64,
+                ));
+            }
+        }
+    }
+    let n_merges = match g.get_array_opt("tokenizer.ggml.merges", ValueType::String)? {
+        Some(merges) => {
+            for (i, m) in merges.iter().enumerate() {
+                let ok = matches!(m, Value::String(b) if b.len() >= 3 && b[1..b.len() - 1].contains(&b' '));
+                if !ok {
+                    return Err(vocab_err(
+                        "tokenizer.ggml.merges",
+                        "merge is not two tokens and a space at index",
+                        i as u64,
+                    ));
+                }
+            }
+            merges.len()
+        }
+        None if model == "gpt2" => {
+            return Err(vocab_err("tokenizer.ggml.merges", "BPE vocabulary without merges", 0))
+        }
+        None => 0,
+    };
+    check_special_ids(g, model, n)?;
+    Ok(Vocab {
+        model,
+        pre: g.get_str_opt("tokenizer.ggml.pre")?,
+        n_vocab: n as u32,
+        n_merges: n_merges as u32,
+    })
+}
+
+fn is_byte_token(v: Value<'_>) -> bool {
+    matches!(v, Value::String(b) if b.len() == 6 && b.starts_with(b"<0x") && b[5] == b'>'
+        && b[3].is_ascii_hexdigit() && b[4].is_ascii_hexdigit())
+}
+
+/// Every `tokenizer.ggml.*_token_id` must name a token; SentencePiece defaults (unk 0, bos 1,
+/// eos 2) are checked too when absent. `-1` / `u32::MAX` mean "none".
+fn check_special_ids(g: &Gguf<'_>, model: &str, n: usize) -> Result<(), ModelError> {
+    for (key, value) in g.metadata() {
+        if !(key.starts_with("tokenizer.ggml.") && key.ends_with("_token_id")) {
+            continue;
+        }
+        let id = value.as_integer().ok_or_else(|| vocab_err(key, "special token id is not an integer", 0))?;
+        let none = id == -1 || id == i128::from(u32::MAX);
+        if !none && !(0..n as i128).contains(&id) {
+            return Err(vocab_err(key, "special token id outside the vocabulary", id as u64));
+        }
+    }
+    if model == "llama" {
+        for (key, default) in [
+            ("tokenizer.ggml.unknown_token_id", 0usize),
+            ("tokenizer.ggml.bos_token_id", 1),
+            ("tokenizer.ggml.eos_token_id", 2),
+        ] {
+            if g.get(key).is_none() && default >= n {
+                return Err(vocab_err(
+                    key,
+                    "default special token id outside the vocabulary",
+                    default as u64,
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// One tensor an architecture needs.
+struct Expect {
+    name: Name,
+    shape: [u64; 4],
+    kind: TensorKind,
+    required: bool,
+}
+
+fn expect(name: core::fmt::Arguments<'_>, shape: &[u64], kind: TensorKind, required: bool) -> Expect {
+    let mut n = Name::new();
+    let _ = n.write_fmt(name);
+    let mut ne = [1u64; 4];
+    ne[..shape.len()].copy_from_slice(shape);
+    Expect { name: n, shape: ne, kind, required }
+}
+
+/// Checks that every tensor the architecture needs is present with the shape the
+/// hyper-parameters imply and a type accepted for its role, and that the vocabulary size agrees.
+pub fn validate_tensors(g: &Gguf<'_>, hp: &HParams, n_vocab: u32) -> Result<(), ModelError> {
+    let vocab_key = arch_key(hp.arch, "vocab_size");
+    if let Some(v) = g.get_int::<u64>(&vocab_key)? {
+        if v != u64::from(n_vocab) {
+            return Err(ModelError::BadHParam {
+                key: vocab_key,
+                value: v as f64,
+                problem: "differs from the token list length",
+            });
+        }
+    }
+    let (e, v) = (u64::from(hp.n_embd), u64::from(n_vocab));
+    let check = |x: Expect| -> Result<(), ModelError> {
+        let Some(t) = g.tensor(&x.name) else {
+            return if x.required { Err(ModelError::MissingTensor { name: x.name }) } else { Ok(()) };
+        };
+        if t.ne != x.shape {
+            return Err(ModelError::TensorShape { name: x.name, expected: x.shape, found: t.ne });
+        }
+        if !x.kind.accepts(t.ty) {
+            return Err(ModelError::TensorType { name: x.name, ty: t.ty, accepted: x.kind.accepted() });
+        }
+        Ok(())
+    };
+    use TensorKind::*;
+    check(expect(format_args!("token_embd.weight"), &[e, v], Weight, true))?;
+    check(expect(format_args!("output_norm.weight"), &[e], Norm, true))?;
+    check(expect(format_args!("output.weight"), &[e, v], Weight, false))?;
+    check(expect(format_args!("rope_freqs.weight"), &[u64::from(hp.n_rot / 2)], Norm, false))?;
+
+    let (qw, kw, vw) = (hp.q_width(), hp.k_width(), hp.v_width());
+    let attn_out_in = u64::from(hp.n_head) * u64::from(hp.head_dim_v);
+    let hd = u64::from(hp.head_dim_k);
+    let (f, fe, fs, ne) =
+        (u64::from(hp.n_ff), u64::from(hp.n_ff_expert), u64::from(hp.n_ff_shared), u64::from(hp.n_expert));
+    let qk_norm = matches!(hp.arch, Arch::Qwen3 | Arch::Qwen3Moe | Arch::Gemma3);
+    let qkv_bias = matches!(hp.arch, Arch::Qwen2 | Arch::Qwen2Moe);
+    for i in 0..hp.n_layer {
+        check(expect(format_args!("blk.{i}.attn_norm.weight"), &[e], Norm, true))?;
+        check(expect(format_args!("blk.{i}.attn_q.weight"), &[e, qw], Weight, true))?;
+        check(expect(format_args!("blk.{i}.attn_k.weight"), &[e, kw], Weight, true))?;
+        check(expect(format_args!("blk.{i}.attn_v.weight"), &[e, vw], Weight, true))?;
+        check(expect(format_args!("blk.{i}.attn_output.weight"), &[attn_out_in, e], Weight, true))?;
+        check(expect(format_args!("blk.{i}.ffn_norm.weight"), &[e], Norm, true))?;
+        if qkv_bias {
+            check(expect(format_args!("blk.{i}.attn_q.bias"), &[qw], Bias, true))?;
+            check(expect(format_args!("blk.{i}.attn_k.bias"), &[kw], Bias, true))?;
+            check(expect(format_args!("blk.{i}.attn_v.bias"), &[vw], Bias, true))?;
+        }
+        if qk_norm {
+            check(expect(format_args!("blk.{i}.attn_q_norm.weight"), &[hd], Norm, true))?;
+            check(expect(format_args!("blk.{i}.attn_k_norm.weight"), &[hd], Norm, true))?;
+        }
+        if hp.arch == Arch::Gemma3 {
+            check(expect(format_args!("blk.{i}.post_attention_norm.weight"), &[e], Norm, true))?;
+            check(expect(format_args!("blk.{i}.post_ffw_norm.weight"), &[e], Norm, true))?;
+        }
+        if hp.arch.is_moe() {
+            check(expect(format_args!("blk.{i}.ffn_gate_inp.weight"), &[e, ne], Router, true))?;
+            check(expect(format_args!("blk.{i}.ffn_gate_exps.weight"), &[e, fe, ne], Weight, true))?;
+            check(expect(format_args!("blk.{i}.ffn_up_exps.weight"), &[e, fe, ne], Weight, true))?;
+            check(expect(format_args!("blk.{i}.ffn_down_exps.weight"), &[fe, e, ne], Weight, true))?;
+        } else {
+            check(expect(format_args!("blk.{i}.ffn_gate.weight"), &[e, f], Weight, true))?;
+            check(expect(format_args!("blk.{i}.ffn_up.weight"), &[e, f], Weight, true))?;
+            check(expect(format_args!("blk.{i}.ffn_down.weight"), &[f, e], Weight, true))?;
+        }
+        if hp.arch == Arch::Qwen2Moe {
+            check(expect(format_args!("blk.{i}.ffn_gate_inp_shexp.weight"), &[e], Router, true))?;
+            check(expect(format_args!("blk.{i}.ffn_gate_shexp.weight"), &[e, fs], Weight, true))?;
+            check(expect(format_args!("blk.{i}.ffn_up_shexp.weight"), &[e, fs], Weight, true))?;
+            check(expect(format_args!("blk.{i}.ffn_down_shexp.weight"), &[fs, e], Weight, true))?;
+        }
+    }
+    Ok(())
+}
