@@ -6,6 +6,9 @@
 #![no_std]
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
+// Errors carry names and shapes by value: the core cannot box them, and they only travel on the
+// (cold) error path, so their size does not matter.
+#![allow(clippy::result_large_err)]
 
 #[cfg(feature = "std")]
 extern crate std;
@@ -15,10 +18,15 @@ pub mod build_config {
     include!(concat!(env!("OUT_DIR"), "/build_config.rs"));
 }
 
+pub mod arena;
 pub mod board;
+pub mod exec;
 pub mod gguf;
+pub mod graph;
+pub mod kernels;
 pub mod model;
 pub mod quant;
+pub mod tensor;
 
 #[cfg(feature = "std")]
 pub mod loader;

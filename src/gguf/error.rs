@@ -5,7 +5,7 @@ use core::fmt;
 use super::value::ValueType;
 
 /// A key or tensor name carried by an error (truncated to fit; long names are hostile anyway).
-pub type Name = heapless::String<96>;
+pub type Name = heapless::String<64>;
 
 /// Copies `text` into a [`Name`], cutting it at a character boundary if it is too long.
 pub(crate) fn name_of(text: &str) -> Name {

@@ -68,7 +68,7 @@ impl Report<'_> {
             *e = (e.0 + 1, e.1 + t.nbytes, e.2 + t.n_elements());
         }
         let mut v: Vec<_> = mix.into_iter().map(|(k, (n, b, e))| (k, n, b, e)).collect();
-        v.sort_by(|a, b| b.2.cmp(&a.2));
+        v.sort_by_key(|e| core::cmp::Reverse(e.2));
         v
     }
 

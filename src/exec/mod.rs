@@ -1,0 +1,581 @@
+//! Running a planned graph.
+//!
+//! [`Bound::new`] resolves where every tensor's bytes are (model buffers, arena) and checks that
+//! each lies inside its memory; after that, kernels run blind. Each computing node is run by all
+//! threads, each on its share of the rows ([`Bound::compute`]), with a barrier between nodes.
+//! [`Bound::run`] is the single-threaded executor of the core; `pool` (std) runs the same
+//! function on pinned worker threads. Nothing here allocates.
+
+#[cfg(feature = "std")]
+pub mod pool;
+
+use core::fmt;
+use core::marker::PhantomData;
+use core::ops::Range;
+use core::sync::atomic::{AtomicU32, Ordering};
+
+use half::f16;
+
+use crate::arena::Region;
+use crate::graph::{Graph, Op, Plan};
+use crate::kernels::reference as kref;
+use crate::quant::{dequantize_row_ref, GgmlType};
+use crate::tensor::{Storage, Tensor, TensorId};
+
+/// Per-step values: the graph's shape is fixed, these change from one token to the next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Step {
+    /// Tokens already in the KV cache (position of this batch's first token).
+    pub n_past: usize,
+    /// KV length attention reads this step (`n_past + n_tokens`).
+    pub n_kv: usize,
+}
+
+/// Why a graph could not be bound to memory or run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ExecError {
+    /// A tensor's bytes fall outside the memory it is bound to.
+    OutOfBounds {
+        /// The tensor.
+        name: heapless::String<40>,
+        /// What it is bound to.
+        memory: &'static str,
+    },
+    /// An activation has no planned slot (the plan is for another graph).
+    Unplanned {
+        /// The tensor.
+        name: heapless::String<40>,
+    },
+    /// The work region is smaller than [`work_bytes`] says the graph needs.
+    WorkTooSmall {
+        /// Bytes needed.
+        needed: usize,
+    },
+    /// A row index read from a tensor (token id, expert id) is out of range.
+    BadIndex {
+        /// The node that read it.
+        name: heapless::String<40>,
+        /// The op.
+        op: &'static str,
+    },
+    /// The step writes past the end of the KV cache.
+    CacheFull {
+        /// The cache write node.
+        name: heapless::String<40>,
+    },
+}
+
+impl fmt::Display for ExecError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::OutOfBounds { name, memory } => write!(f, "tensor {name:?} lies outside its {memory}"),
+            Self::Unplanned { name } => write!(f, "tensor {name:?} has no planned memory; plan this graph"),
+            Self::WorkTooSmall { needed } => {
+                write!(f, "work region too small: the graph needs {needed} bytes")
+            }
+            Self::BadIndex { name, op } => write!(f, "{op} in {name:?} read an index outside its table"),
+            Self::CacheFull { name } => write!(f, "{name:?}: the KV cache is full (raise the context size)"),
+        }
+    }
+}
+
+impl core::error::Error for ExecError {}
+
+/// Scratch bytes one thread needs for dequantized weight rows.
+fn thread_scratch(g_max_row: usize) -> usize {
+    (g_max_row * 4).next_multiple_of(64)
+}
+
+/// Bytes of work region a graph needs when run with `n_threads` threads.
+pub fn work_bytes<const N: usize>(g: &Graph<N>, n_threads: usize) -> usize {
+    let mut max_row = 0usize;
+    for &id in g.order() {
+        let t = g.tensor(id);
+        if matches!(t.op, Op::MulMat | Op::MulMatId | Op::GetRows | Op::Cpy) {
+            if let Some(s) = t.src[0] {
+                max_row = max_row.max(g.tensor(s).ne[0]);
+            }
+        }
+    }
+    thread_scratch(max_row) * n_threads.max(1)
+}
+
+/// A graph bound to its memory, ready to run.
+pub struct Bound<'a, const N: usize> {
+    graph: &'a Graph<N>,
+    /// Data address of each tensor (null for tensors outside the built order).
+    ptrs: heapless::Vec<*mut u8, N>,
+    work: *mut u8,
+    scratch_per_thread: usize,
+    max_threads: usize,
+    /// First run-time error seen by any thread (0 = none, else 1 + index into the order).
+    error: AtomicU32,
+    error_kind: AtomicU32,
+    _memory: PhantomData<&'a mut [u8]>,
+}
+
+// SAFETY: the raw pointers address memory borrowed for 'a (the PhantomData ties it). During
+// `compute`, threads read sources (finished before the previous barrier) and each writes only its
+// own share of the node's rows and its own slice of the work region; no two threads write the
+// same bytes, and no thread reads bytes another writes during the same node.
+unsafe impl<const N: usize> Sync for Bound<'_, N> {}
+// SAFETY: as above; nothing in Bound is tied to the thread that created it.
+unsafe impl<const N: usize> Send for Bound<'_, N> {}
+
+impl<'a, const N: usize> Bound<'a, N> {
+    /// Binds a built, planned graph: `buffers` back `Storage::External` tensors (read-only: model
+    /// weights, token ids), `arena` holds persistent tensors at their offsets, `activations` and
+    /// `work` are regions of it (from the plan and [`work_bytes`] for `max_threads`).
+    pub fn new(
+        graph: &'a Graph<N>,
+        plan: &Plan<N>,
+        buffers: &[&'a [u8]],
+        arena: &'a mut [u8],
+        activations: Region,
+        work: Region,
+        max_threads: usize,
+    ) -> Result<Self, ExecError> {
+        let max_threads = max_threads.max(1);
+        let needed = work_bytes(graph, max_threads);
+        if work.len < needed || work.offset.checked_add(work.len).is_none_or(|e| e > arena.len()) {
+            return Err(ExecError::WorkTooSmall { needed });
+        }
+        let act_end = activations.offset.checked_add(activations.len);
+        if act_end.is_none_or(|e| e > arena.len()) || activations.len < plan.peak_bytes {
+            return Err(ExecError::OutOfBounds {
+                name: heapless::String::new(),
+                memory: "arena (activation region)",
+            });
+        }
+        let base = arena.as_mut_ptr();
+        let mut ptrs: heapless::Vec<*mut u8, N> = heapless::Vec::new();
+        let _ = ptrs.resize(graph.tensors().len(), core::ptr::null_mut());
+        // Byte range (start, end) of each tensor within its memory, to check before any run.
+        for &id in graph.order() {
+            let t = graph.tensor(id);
+            let out_of = |memory| ExecError::OutOfBounds { name: t.name.clone(), memory };
+            let (mem_start, mem_len, start, memory): (*mut u8, usize, usize, &'static str) = match t.storage {
+                Storage::External { buffer, offset } => {
+                    let buf = buffers.get(buffer as usize).ok_or(out_of("buffer table"))?;
+                    (buf.as_ptr() as *mut u8, buf.len(), offset, "model buffer")
+                }
+                Storage::Persistent { offset } => (base, arena.len(), offset, "arena"),
+                Storage::Activation => {
+                    let off = plan.offset(id).ok_or(ExecError::Unplanned { name: t.name.clone() })?;
+                    (base, arena.len(), activations.offset + off, "arena (activation region)")
+                }
+                Storage::View { base: viewed, offset } => {
+                    // Views are checked against the root they view, resolved below.
+                    let root = root_of(graph, viewed);
+                    let (root_start, root_span) = (ptrs[root.0.index()], graph.tensor(root.0).span_bytes());
+                    let view_start = root.1 + offset;
+                    if root_start.is_null()
+                        || view_start.checked_add(t.span_bytes()).is_none_or(|e| e > root_span)
+                    {
+                        return Err(out_of("viewed tensor"));
+                    }
+                    // SAFETY: in bounds of the root's checked span.
+                    ptrs[id.index()] = unsafe { root_start.add(view_start) };
+                    continue;
+                }
+            };
+            if start.checked_add(t.span_bytes()).is_none_or(|e| e > mem_len) {
+                return Err(out_of(memory));
+            }
+            // SAFETY: start + span <= mem_len, checked just above.
+            ptrs[id.index()] = unsafe { mem_start.add(start) };
+        }
+        Ok(Self {
+            graph,
+            ptrs,
+            // SAFETY: the work region lies inside the arena (checked at the top).
+            work: unsafe { base.add(work.offset) },
+            scratch_per_thread: needed / max_threads,
+            max_threads,
+            error: AtomicU32::new(0),
+            error_kind: AtomicU32::new(0),
+            _memory: PhantomData,
+        })
+    }
+
+    /// The graph.
+    pub fn graph(&self) -> &'a Graph<N> {
+        self.graph
+    }
+
+    /// Most threads this binding's work region allows.
+    pub fn max_threads(&self) -> usize {
+        self.max_threads
+    }
+
+    /// Runs the whole graph on the calling thread. (`&mut self`: no one reads [`Bound::data`]
+    /// while nodes are written.)
+    pub fn run(&mut self, step: Step) -> Result<(), ExecError> {
+        self.begin();
+        for &id in self.graph.order() {
+            self.compute(id, step, 0, 1);
+        }
+        self.finish()
+    }
+
+    /// The bytes of tensor `id` (its whole span) as the last run left them.
+    pub fn data(&self, id: TensorId) -> &[u8] {
+        let ptr = self.ptrs.get(id.index()).copied().unwrap_or(core::ptr::null_mut());
+        if ptr.is_null() {
+            return &[];
+        }
+        // SAFETY: the span was checked in `new`; runs need `&mut self`, so nothing writes now.
+        unsafe { core::slice::from_raw_parts(ptr, self.graph.tensor(id).span_bytes()) }
+    }
+
+    /// Tensor `id`'s data as F32 values (empty for other types), e.g. the logits.
+    pub fn data_f32(&self, id: TensorId) -> &[f32] {
+        if self.graph.tensor(id).ty != GgmlType::F32 {
+            return &[];
+        }
+        bytemuck::try_cast_slice(self.data(id)).unwrap_or(&[])
+    }
+
+    /// Clears the error state before a run.
+    pub(crate) fn begin(&self) {
+        self.error.store(0, Ordering::Relaxed);
+    }
+
+    /// The run's result: the first error any thread recorded.
+    pub(crate) fn finish(&self) -> Result<(), ExecError> {
+        let at = self.error.load(Ordering::Acquire);
+        if at == 0 {
+            return Ok(());
+        }
+        let t = self.graph.tensor(TensorId((at - 1) as u16));
+        Err(match self.error_kind.load(Ordering::Relaxed) {
+            0 => ExecError::BadIndex { name: t.name.clone(), op: t.op.name() },
+            _ => ExecError::CacheFull { name: t.name.clone() },
+        })
+    }
+
+    fn fail(&self, id: TensorId, kind: u32) {
+        if self.error.compare_exchange(0, id.0 as u32 + 1, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+            self.error_kind.store(kind, Ordering::Relaxed);
+        }
+    }
+
+    /// Data of tensor `id` as elements of `T` starting `offset` bytes in.
+    ///
+    /// # Safety
+    /// `offset + len * size_of::<T>()` must lie within the tensor's span (checked in `new`), the
+    /// address must be aligned for `T`, and no thread may write these bytes during the node.
+    unsafe fn read<T>(&self, id: TensorId, offset: usize, len: usize) -> &[T] {
+        // SAFETY: guaranteed by the caller as documented.
+        unsafe { core::slice::from_raw_parts(self.ptrs[id.index()].add(offset) as *const T, len) }
+    }
+
+    /// Mutable twin of [`Self::read`].
+    ///
+    /// # Safety
+    /// As for `read`, and the calling thread must be the only one touching these bytes.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn write<T>(&self, id: TensorId, offset: usize, len: usize) -> &mut [T] {
+        // SAFETY: guaranteed by the caller as documented.
+        unsafe { core::slice::from_raw_parts_mut(self.ptrs[id.index()].add(offset) as *mut T, len) }
+    }
+
+    /// Thread `ith`'s scratch floats.
+    #[allow(clippy::mut_from_ref)]
+    fn scratch(&self, ith: usize, len: usize) -> &mut [f32] {
+        debug_assert!(ith < self.max_threads && len * 4 <= self.scratch_per_thread);
+        // SAFETY: thread ith owns bytes [ith * per_thread, (ith + 1) * per_thread) of the work
+        // region, which `new` checked is inside the arena; 64-byte aligned since per_thread is.
+        unsafe {
+            core::slice::from_raw_parts_mut(self.work.add(ith * self.scratch_per_thread) as *mut f32, len)
+        }
+    }
+
+    /// Runs thread `ith` of `nth`'s share of node `id`.
+    pub(crate) fn compute(&self, id: TensorId, step: Step, ith: usize, nth: usize) {
+        let t = self.graph.tensor(id);
+        if !t.op.computes() {
+            return;
+        }
+        let ne = t.ne_for(step.n_kv);
+        let src = |i: usize| t.src[i].map(|s| (s, self.graph.tensor(s)));
+        // SAFETY (for every read/write below): shapes and strides were checked by the graph
+        // builder, spans by `new`; rows come from `share`, which gives each thread disjoint rows.
+        unsafe {
+            match t.op {
+                Op::Scale | Op::RmsNorm | Op::LayerNorm | Op::Silu | Op::Gelu | Op::SoftMax => {
+                    let Some((a, ta)) = src(0) else { return };
+                    for (i1, i2, i3) in rows(ne, share(rows_of(ne), ith, nth)) {
+                        let x: &[f32] = self.read(a, ta.row_offset(i1, i2, i3), ne[0]);
+                        let out: &mut [f32] = self.write(id, t.row_offset(i1, i2, i3), ne[0]);
+                        let p = t.params;
+                        match t.op {
+                            Op::Scale => out.iter_mut().zip(x).for_each(|(o, v)| *o = v * p.f[0]),
+                            Op::RmsNorm => kref::rms_norm_ref(x, out, p.f[0]),
+                            Op::LayerNorm => kref::layer_norm_ref(x, out, p.f[0]),
+                            Op::Silu => kref::silu_ref(x, out),
+                            Op::Gelu => kref::gelu_ref(x, out),
+                            _ => {
+                                let (start, end) =
+                                    visible_keys(p.i[0] != 0, p.i[1] as usize, step.n_past + i1, ne[0]);
+                                kref::soft_max_ref(x, out, p.f[0], start, end);
+                            }
+                        }
+                    }
+                }
+                Op::Add | Op::Mul | Op::SwiGlu | Op::GeGlu => {
+                    let (Some((a, ta)), Some((b, tb))) = (src(0), src(1)) else { return };
+                    let neb = tb.ne_for(step.n_kv);
+                    for (i1, i2, i3) in rows(ne, share(rows_of(ne), ith, nth)) {
+                        let x: &[f32] = self.read(a, ta.row_offset(i1, i2, i3), ne[0]);
+                        let y: &[f32] =
+                            self.read(b, tb.row_offset(i1 % neb[1], i2 % neb[2], i3 % neb[3]), ne[0]);
+                        let out: &mut [f32] = self.write(id, t.row_offset(i1, i2, i3), ne[0]);
+                        match t.op {
+                            Op::Add => out.iter_mut().zip(x.iter().zip(y)).for_each(|(o, (a, b))| *o = a + b),
+                            Op::Mul => out.iter_mut().zip(x.iter().zip(y)).for_each(|(o, (a, b))| *o = a * b),
+                            Op::SwiGlu => kref::swiglu_ref(x, y, out),
+                            _ => kref::geglu_ref(x, y, out),
+                        }
+                    }
+                }
+                Op::Rope => {
+                    let Some((a, ta)) = src(0) else { return };
+                    let factors = src(1).map(|(f, tf)| self.read::<f32>(f, 0, tf.ne[0]));
+                    let p = kref::RopeParams {
+                        n_rot: t.params.i[0] as usize,
+                        neox: t.params.i[1] == 1,
+                        freq_base: t.params.f[0],
+                        freq_scale: t.params.f[1],
+                        freq_factors: factors,
+                    };
+                    for (i1, i2, i3) in rows(ne, share(rows_of(ne), ith, nth)) {
+                        let x: &[f32] = self.read(a, ta.row_offset(i1, i2, i3), ne[0]);
+                        let out: &mut [f32] = self.write(id, t.row_offset(i1, i2, i3), ne[0]);
+                        kref::rope_ref(x, out, step.n_past + i2, &p);
+                    }
+                }
+                Op::GetRows => {
+                    let (Some((table, tt)), Some((ids, _))) = (src(0), src(1)) else { return };
+                    let ids: &[i32] = self.read(ids, 0, ne[1]);
+                    let row_bytes = tt.nb[1];
+                    for i1 in share(ne[1], ith, nth) {
+                        let out: &mut [f32] = self.write(id, t.row_offset(i1, 0, 0), ne[0]);
+                        match usize::try_from(ids[i1]).ok().filter(|&r| r < tt.ne[1]) {
+                            Some(r) => {
+                                let bytes: &[u8] = self.read(table, r * row_bytes, row_bytes);
+                                let _ = dequantize_row_ref(tt.ty, bytes, out);
+                            }
+                            None => {
+                                out.fill(0.0);
+                                self.fail(id, 0);
+                            }
+                        }
+                    }
+                }
+                Op::MulMat => self.mul_mat(id, t, step, ith, nth),
+                Op::MulMatId => self.mul_mat_id(id, t, step, ith, nth),
+                Op::Cpy => {
+                    let Some((a, ta)) = src(0) else { return };
+                    let ne_a = ta.ne_for(step.n_kv);
+                    for (i1, i2, i3) in rows(ne, share(rows_of(ne), ith, nth)) {
+                        let row = t.row_offset(i1, i2, i3);
+                        for i0 in 0..ne[0] {
+                            let v = self.element(a, ta, [i0, i1, i2, i3], ne_a);
+                            self.put(id, t.ty, row + i0 * t.nb[0], v);
+                        }
+                    }
+                }
+                Op::Concat => {
+                    let (Some((a, ta)), Some((b, tb))) = (src(0), src(1)) else { return };
+                    let dim = t.params.i[0] as usize;
+                    let (ne_a, ne_b) = (ta.ne_for(step.n_kv), tb.ne_for(step.n_kv));
+                    for (i1, i2, i3) in rows(ne, share(rows_of(ne), ith, nth)) {
+                        let out: &mut [f32] = self.write(id, t.row_offset(i1, i2, i3), ne[0]);
+                        for (i0, o) in out.iter_mut().enumerate() {
+                            let mut idx = [i0, i1, i2, i3];
+                            *o = if idx[dim] < ne_a[dim] {
+                                self.element(a, ta, idx, ne_a)
+                            } else {
+                                idx[dim] -= ne_a[dim];
+                                self.element(b, tb, idx, ne_b)
+                            };
+                        }
+                    }
+                }
+                Op::KvWrite => {
+                    let (Some((s, ts)), Some((cache, tc))) = (src(0), src(1)) else { return };
+                    let transposed = t.params.i[0] == 1;
+                    let n_tokens = ts.ne[1];
+                    let capacity = if transposed { tc.ne[0] } else { tc.ne[1] };
+                    if step.n_past + n_tokens > capacity {
+                        if ith == 0 {
+                            self.fail(id, 1);
+                        }
+                        return;
+                    }
+                    let _ = cache;
+                    for tok in share(n_tokens, ith, nth) {
+                        let x: &[f32] = self.read(s, ts.row_offset(tok, 0, 0), ts.ne[0]);
+                        let pos = step.n_past + tok;
+                        for (e, &v) in x.iter().enumerate() {
+                            let at = if transposed {
+                                e * tc.nb[1] + pos * tc.nb[0]
+                            } else {
+                                pos * tc.nb[1] + e * tc.nb[0]
+                            };
+                            self.put(id, tc.ty, at, v);
+                        }
+                    }
+                }
+                Op::None | Op::View => {}
+            }
+        }
+    }
+
+    /// Element `idx` of F32/F16 tensor `id` with any strides.
+    ///
+    /// # Safety
+    /// `idx` within the tensor's effective shape.
+    unsafe fn element(&self, id: TensorId, t: &Tensor, idx: [usize; 4], _ne: [usize; 4]) -> f32 {
+        let off = idx[0] * t.nb[0] + t.row_offset(idx[1], idx[2], idx[3]);
+        // SAFETY: inside the span checked in `new`; F32/F16 elements are aligned (graph checks).
+        unsafe {
+            match t.ty {
+                GgmlType::F16 => f16::from_bits(self.read::<u16>(id, off, 1)[0]).to_f32(),
+                _ => self.read::<f32>(id, off, 1)[0],
+            }
+        }
+    }
+
+    /// Stores `v` as type `ty` at byte `offset` of tensor `id`.
+    ///
+    /// # Safety
+    /// Inside the span, and owned by the calling thread for this node.
+    unsafe fn put(&self, id: TensorId, ty: GgmlType, offset: usize, v: f32) {
+        // SAFETY: guaranteed by the caller.
+        unsafe {
+            match ty {
+                GgmlType::F16 => self.write::<u16>(id, offset, 1)[0] = f16::from_f32(v).to_bits(),
+                _ => self.write::<f32>(id, offset, 1)[0] = v,
+            }
+        }
+    }
+
+    /// Weight row `(i1, i2, i3)` of `w` as f32: borrowed for F32, dequantized into scratch otherwise.
+    ///
+    /// # Safety
+    /// The row index is inside `w`'s shape; `k` is the effective row length.
+    unsafe fn weight_row(
+        &self,
+        w: TensorId,
+        tw: &Tensor,
+        i: (usize, usize, usize),
+        k: usize,
+        ith: usize,
+    ) -> &[f32] {
+        let off = tw.row_offset(i.0, i.1, i.2);
+        // SAFETY: guaranteed by the caller; F32 rows are 4-byte aligned.
+        unsafe {
+            if tw.ty == GgmlType::F32 {
+                return self.read(w, off, k);
+            }
+            let bytes: &[u8] = self.read(w, off, tw.ty.bytes_for(k as u64).unwrap_or(0) as usize);
+            let out = self.scratch(ith, k);
+            let _ = dequantize_row_ref(tw.ty, bytes, out);
+            out
+        }
+    }
+
+    fn mul_mat(&self, id: TensorId, t: &Tensor, step: Step, ith: usize, nth: usize) {
+        let (Some(w), Some(x)) = (t.src[0], t.src[1]) else { return };
+        let (tw, tx) = (self.graph.tensor(w), self.graph.tensor(x));
+        let (ne_w, ne_x) = (tw.ne_for(step.n_kv), tx.ne_for(step.n_kv));
+        let k = ne_w[0].min(ne_x[0]);
+        let (r2, r3) = (ne_x[2] / ne_w[2].max(1), ne_x[3] / ne_w[3].max(1));
+        // Threads split the weight rows, so one token (decode) still uses every thread.
+        let rows_w = share(ne_w[1], ith, nth);
+        for i3 in 0..ne_x[3] {
+            for i2 in 0..ne_x[2] {
+                for m in rows_w.clone() {
+                    // SAFETY: indices inside the checked shapes; each thread writes its own m.
+                    unsafe {
+                        let wrow = self.weight_row(w, tw, (m, i2 / r2.max(1), i3 / r3.max(1)), k, ith);
+                        for n in 0..ne_x[1] {
+                            let xrow: &[f32] = self.read(x, tx.row_offset(n, i2, i3), k);
+                            self.write::<f32>(id, t.row_offset(n, i2, i3) + m * 4, 1)[0] =
+                                kref::dot_f32_ref(wrow, xrow);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn mul_mat_id(&self, id: TensorId, t: &Tensor, step: Step, ith: usize, nth: usize) {
+        let (Some(w), Some(x), Some(ids)) = (t.src[0], t.src[1], t.src[2]) else { return };
+        let (tw, tx, ti) = (self.graph.tensor(w), self.graph.tensor(x), self.graph.tensor(ids));
+        let ne = t.ne_for(step.n_kv);
+        let k = tw.ne[0];
+        let rows_w = share(tw.ne[1], ith, nth);
+        for tok in 0..ne[2] {
+            for u in 0..ne[1] {
+                // SAFETY: ids is a contiguous I32 [n_used, n_tokens] tensor (graph checked).
+                let e = unsafe { self.read::<i32>(ids, ti.row_offset(tok, 0, 0) + u * 4, 1)[0] };
+                let Some(e) = usize::try_from(e).ok().filter(|&e| e < tw.ne[2]) else {
+                    self.fail(id, 0);
+                    continue;
+                };
+                let xu = if tx.ne[1] == 1 { 0 } else { u };
+                for m in rows_w.clone() {
+                    // SAFETY: indices inside the checked shapes; each thread writes its own m.
+                    unsafe {
+                        let wrow = self.weight_row(w, tw, (m, e, 0), k, ith);
+                        let xrow: &[f32] = self.read(x, tx.row_offset(xu, tok, 0), k);
+                        self.write::<f32>(id, t.row_offset(u, tok, 0) + m * 4, 1)[0] =
+                            kref::dot_f32_ref(wrow, xrow);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The tensor a view chain ends at, and the view's byte offset from its start.
+fn root_of<const N: usize>(g: &Graph<N>, mut id: TensorId) -> (TensorId, usize) {
+    let mut offset = 0;
+    while let Storage::View { base, offset: o } = g.tensor(id).storage {
+        offset += o;
+        id = base;
+    }
+    (id, offset)
+}
+
+/// Keys a query at position `pos` sees: `[start, end)` of `n_kv`.
+fn visible_keys(causal: bool, window: usize, pos: usize, n_kv: usize) -> (usize, usize) {
+    if !causal {
+        return (0, n_kv);
+    }
+    let end = (pos + 1).min(n_kv);
+    let start = if window > 0 { (pos + 1).saturating_sub(window) } else { 0 };
+    (start, end)
+}
+
+/// Thread `ith` of `nth`'s share of `n` items.
+pub fn share(n: usize, ith: usize, nth: usize) -> Range<usize> {
+    let nth = nth.max(1);
+    (n * ith / nth)..(n * (ith + 1) / nth)
+}
+
+fn rows_of(ne: [usize; 4]) -> usize {
+    ne[1] * ne[2] * ne[3]
+}
+
+/// Row indices `(i1, i2, i3)` for flat rows `range` of shape `ne`.
+fn rows(ne: [usize; 4], range: Range<usize>) -> impl Iterator<Item = (usize, usize, usize)> {
+    range.map(move |r| (r % ne[1], (r / ne[1]) % ne[2], r / (ne[1] * ne[2])))
+}
+
+#[cfg(all(test, feature = "std"))]
+mod tests;

@@ -1,0 +1,556 @@
+//! Computation graphs with a static capacity.
+//!
+//! Builder methods create tensors and check shapes and types as they go (kernels run blind later);
+//! [`Graph::build`] then orders the nodes that the outputs need, sources first. Nothing allocates:
+//! storage is a `heapless::Vec` of capacity `N` (default [`GRAPH_CAPACITY`], set at build time).
+
+mod op;
+pub mod plan;
+
+use core::fmt::{self, Write};
+
+pub use op::{Op, OpParams, RopeMode};
+pub use plan::{plan, plan_unshared, Plan, PlanError};
+
+use crate::build_config::GRAPH_CAPACITY;
+use crate::quant::GgmlType;
+use crate::tensor::{contiguous_strides, Storage, Tensor, TensorId, MAX_SRC};
+
+const _: () = assert!(GRAPH_CAPACITY <= u16::MAX as usize, "tensor ids are u16");
+
+/// Most outputs a graph can have.
+pub const MAX_OUTPUTS: usize = 8;
+
+/// Why a graph could not be built.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum GraphError {
+    /// More tensors than the graph's capacity.
+    CapacityExceeded {
+        /// The capacity (`PINFER_GRAPH_CAPACITY` at build time raises it).
+        capacity: usize,
+    },
+    /// An op's sources have shapes or types it does not accept.
+    Invalid {
+        /// The op.
+        op: &'static str,
+        /// The first source's name.
+        name: heapless::String<40>,
+        /// What is wrong.
+        problem: &'static str,
+    },
+}
+
+impl fmt::Display for GraphError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::CapacityExceeded { capacity } => write!(
+                f,
+                "graph needs more than {capacity} tensors; rebuild with a larger PINFER_GRAPH_CAPACITY"
+            ),
+            Self::Invalid { op, name, problem } => write!(f, "{op} on {name:?}: {problem}"),
+        }
+    }
+}
+
+impl core::error::Error for GraphError {}
+
+/// A computation graph of at most `N` tensors.
+pub struct Graph<const N: usize = GRAPH_CAPACITY> {
+    tensors: heapless::Vec<Tensor, N>,
+    order: heapless::Vec<TensorId, N>,
+    outputs: heapless::Vec<TensorId, MAX_OUTPUTS>,
+}
+
+impl<const N: usize> Default for Graph<N> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+type Result<T> = core::result::Result<T, GraphError>;
+
+fn label(name: &str) -> heapless::String<40> {
+    let mut s = heapless::String::new();
+    for c in name.chars() {
+        if s.push(c).is_err() {
+            break;
+        }
+    }
+    s
+}
+
+impl<const N: usize> Graph<N> {
+    /// An empty graph.
+    pub const fn new() -> Self {
+        Self { tensors: heapless::Vec::new(), order: heapless::Vec::new(), outputs: heapless::Vec::new() }
+    }
+
+    /// Forgets every tensor, keeping the storage (to rebuild the same graph for the next step).
+    pub fn clear(&mut self) {
+        self.tensors.clear();
+        self.order.clear();
+        self.outputs.clear();
+    }
+
+    /// The tensor `id`.
+    pub fn tensor(&self, id: TensorId) -> &Tensor {
+        &self.tensors[id.index()]
+    }
+
+    /// All tensors in creation order.
+    pub fn tensors(&self) -> &[Tensor] {
+        &self.tensors
+    }
+
+    /// The nodes to run, sources first (after [`Graph::build`]).
+    pub fn order(&self) -> &[TensorId] {
+        &self.order
+    }
+
+    /// The outputs given to [`Graph::build`].
+    pub fn outputs(&self) -> &[TensorId] {
+        &self.outputs
+    }
+
+    /// Renames tensor `id` (for reports and errors).
+    pub fn set_name(&mut self, id: TensorId, name: fmt::Arguments<'_>) {
+        let t = &mut self.tensors[id.index()];
+        t.name.clear();
+        let _ = t.name.write_fmt(name);
+    }
+
+    fn invalid(&self, op: Op, src: TensorId, problem: &'static str) -> GraphError {
+        GraphError::Invalid { op: op.name(), name: self.tensor(src).name.clone(), problem }
+    }
+
+    fn push(&mut self, t: Tensor) -> Result<TensorId> {
+        let id = TensorId(self.tensors.len() as u16);
+        self.tensors.push(t).map_err(|_| GraphError::CapacityExceeded { capacity: N })?;
+        Ok(id)
+    }
+
+    /// A leaf tensor of shape `ne` stored contiguously at `storage`.
+    pub fn leaf(&mut self, name: &str, ty: GgmlType, ne: [usize; 4], storage: Storage) -> Result<TensorId> {
+        let nb = contiguous_strides(ty, ne).ok_or(GraphError::Invalid {
+            op: "leaf",
+            name: label(name),
+            problem: "row length is not a whole number of blocks, or the size overflows",
+        })?;
+        self.push(Tensor {
+            ty,
+            ne,
+            nb,
+            dyn_kv: 0,
+            storage,
+            op: Op::None,
+            params: OpParams::default(),
+            src: [None; MAX_SRC],
+            name: label(name),
+        })
+    }
+
+    /// A computed tensor: contiguous, in a planned activation slot.
+    fn node(
+        &mut self,
+        op: Op,
+        ty: GgmlType,
+        ne: [usize; 4],
+        src: &[TensorId],
+        params: OpParams,
+    ) -> Result<TensorId> {
+        let first = src[0];
+        let nb =
+            contiguous_strides(ty, ne).ok_or_else(|| self.invalid(op, first, "result size overflows"))?;
+        let mut srcs = [None; MAX_SRC];
+        for (slot, s) in srcs.iter_mut().zip(src) {
+            *slot = Some(*s);
+        }
+        // A result depends on the KV length when a source's dimension it inherits does.
+        let dyn_kv = self.tensor(first).dyn_kv;
+        let name = self.tensor(first).name.clone();
+        self.push(Tensor { ty, ne, nb, dyn_kv, storage: Storage::Activation, op, params, src: srcs, name })
+    }
+
+    fn f32_input(&self, op: Op, id: TensorId) -> Result<()> {
+        let t = self.tensor(id);
+        if t.ty != GgmlType::F32 {
+            return Err(self.invalid(op, id, "needs an F32 input"));
+        }
+        if !t.rows_are_contiguous() {
+            return Err(self.invalid(op, id, "needs rows with contiguous elements"));
+        }
+        Ok(())
+    }
+
+    /// Elementwise op on F32 `a` with `b` broadcast over it.
+    fn binary(&mut self, op: Op, a: TensorId, b: TensorId) -> Result<TensorId> {
+        self.f32_input(op, a)?;
+        self.f32_input(op, b)?;
+        let (ta, tb) = (self.tensor(a), self.tensor(b));
+        if ta.ne[0] != tb.ne[0] || (1..4).any(|d| tb.ne[d] == 0 || ta.ne[d] % tb.ne[d] != 0) {
+            return Err(self.invalid(op, a, "second operand does not broadcast over the first"));
+        }
+        let ne = ta.ne;
+        self.node(op, GgmlType::F32, ne, &[a, b], OpParams::default())
+    }
+
+    /// `a + b` (`b` broadcast).
+    pub fn add(&mut self, a: TensorId, b: TensorId) -> Result<TensorId> {
+        self.binary(Op::Add, a, b)
+    }
+
+    /// `a * b` elementwise (`b` broadcast).
+    pub fn mul(&mut self, a: TensorId, b: TensorId) -> Result<TensorId> {
+        self.binary(Op::Mul, a, b)
+    }
+
+    fn unary(&mut self, op: Op, a: TensorId, params: OpParams) -> Result<TensorId> {
+        self.f32_input(op, a)?;
+        let ne = self.tensor(a).ne;
+        self.node(op, GgmlType::F32, ne, &[a], params)
+    }
+
+    /// `a * s`.
+    pub fn scale(&mut self, a: TensorId, s: f32) -> Result<TensorId> {
+        self.unary(Op::Scale, a, OpParams { f: [s, 0.0, 0.0, 0.0], ..Default::default() })
+    }
+
+    /// RMS norm of each row.
+    pub fn rms_norm(&mut self, a: TensorId, eps: f32) -> Result<TensorId> {
+        self.unary(Op::RmsNorm, a, OpParams { f: [eps, 0.0, 0.0, 0.0], ..Default::default() })
+    }
+
+    /// Layer norm of each row (no affine part; multiply and add for that).
+    pub fn layer_norm(&mut self, a: TensorId, eps: f32) -> Result<TensorId> {
+        self.unary(Op::LayerNorm, a, OpParams { f: [eps, 0.0, 0.0, 0.0], ..Default::default() })
+    }
+
+    /// SiLU.
+    pub fn silu(&mut self, a: TensorId) -> Result<TensorId> {
+        self.unary(Op::Silu, a, OpParams::default())
+    }
+
+    /// GELU (tanh approximation).
+    pub fn gelu(&mut self, a: TensorId) -> Result<TensorId> {
+        self.unary(Op::Gelu, a, OpParams::default())
+    }
+
+    fn glu(&mut self, op: Op, gate: TensorId, up: TensorId) -> Result<TensorId> {
+        self.f32_input(op, gate)?;
+        self.f32_input(op, up)?;
+        if self.tensor(gate).ne != self.tensor(up).ne {
+            return Err(self.invalid(op, gate, "gate and up shapes differ"));
+        }
+        let ne = self.tensor(gate).ne;
+        self.node(op, GgmlType::F32, ne, &[gate, up], OpParams::default())
+    }
+
+    /// `silu(gate) * up`.
+    pub fn swiglu(&mut self, gate: TensorId, up: TensorId) -> Result<TensorId> {
+        self.glu(Op::SwiGlu, gate, up)
+    }
+
+    /// `gelu(gate) * up`.
+    pub fn geglu(&mut self, gate: TensorId, up: TensorId) -> Result<TensorId> {
+        self.glu(Op::GeGlu, gate, up)
+    }
+
+    /// Rows of `table` selected by the I32 `ids` (`[n]`), as F32 `[k, n]`.
+    pub fn get_rows(&mut self, table: TensorId, ids: TensorId) -> Result<TensorId> {
+        let (t, i) = (self.tensor(table), self.tensor(ids));
+        if i.ty != GgmlType::I32 || !i.is_contiguous() || i.n_rows() != 1 {
+            return Err(self.invalid(Op::GetRows, ids, "ids must be one contiguous I32 row"));
+        }
+        if t.ne[2] != 1 || t.ne[3] != 1 || !t.rows_are_contiguous() {
+            return Err(self.invalid(Op::GetRows, table, "table must be a 2-D matrix of contiguous rows"));
+        }
+        let ne = [t.ne[0], i.ne[0], 1, 1];
+        self.node(Op::GetRows, GgmlType::F32, ne, &[table, ids], OpParams::default())
+    }
+
+    /// RoPE on `x` (`[head_dim, n_head, n_tokens]`, F32).
+    #[allow(clippy::too_many_arguments)]
+    pub fn rope(
+        &mut self,
+        x: TensorId,
+        n_rot: usize,
+        mode: RopeMode,
+        freq_base: f32,
+        freq_scale: f32,
+        freq_factors: Option<TensorId>,
+    ) -> Result<TensorId> {
+        self.f32_input(Op::Rope, x)?;
+        let t = self.tensor(x);
+        if n_rot == 0 || n_rot % 2 != 0 || n_rot > t.ne[0] || t.ne[3] != 1 {
+            return Err(self.invalid(Op::Rope, x, "n_rot must be even and at most the head size, input 3-D"));
+        }
+        if !(freq_base.is_finite() && freq_base > 0.0 && freq_scale.is_finite() && freq_scale > 0.0) {
+            return Err(self.invalid(Op::Rope, x, "frequency base and scale must be positive"));
+        }
+        let mut src: heapless::Vec<TensorId, 2> = heapless::Vec::new();
+        let _ = src.push(x);
+        if let Some(ff) = freq_factors {
+            let f = self.tensor(ff);
+            if f.ty != GgmlType::F32 || f.n_elements() < n_rot / 2 || !f.is_contiguous() {
+                return Err(self.invalid(Op::Rope, ff, "frequency factors must be n_rot/2 contiguous F32"));
+            }
+            let _ = src.push(ff);
+        }
+        let mode = match mode {
+            RopeMode::Normal => 0,
+            RopeMode::Neox => 1,
+        };
+        let params = OpParams { i: [n_rot as i32, mode, 0, 0], f: [freq_base, freq_scale, 0.0, 0.0] };
+        let ne = t.ne;
+        self.node(Op::Rope, GgmlType::F32, ne, &src, params)
+    }
+
+    /// Softmax of each row of `x * scale`, optionally causal with a sliding window (0: none).
+    pub fn soft_max(&mut self, x: TensorId, scale: f32, causal: bool, window: u32) -> Result<TensorId> {
+        if window > i32::MAX as u32 {
+            return Err(self.invalid(Op::SoftMax, x, "sliding window too large"));
+        }
+        let params = OpParams { i: [causal as i32, window as i32, 0, 0], f: [scale, 0.0, 0.0, 0.0] };
+        self.unary(Op::SoftMax, x, params)
+    }
+
+    /// `w` (any type) times F32 `x`: `[k, m, b0, c0] x [k, n, b1, c1] → [m, n, b1, c1]`.
+    pub fn mul_mat(&mut self, w: TensorId, x: TensorId) -> Result<TensorId> {
+        self.f32_input(Op::MulMat, x)?;
+        let (tw, tx) = (self.tensor(w), self.tensor(x));
+        if tw.ne[0] != tx.ne[0] {
+            return Err(self.invalid(Op::MulMat, w, "inner dimensions differ"));
+        }
+        if tx.ne[2] % tw.ne[2] != 0 || tx.ne[3] % tw.ne[3] != 0 {
+            return Err(self.invalid(Op::MulMat, w, "batch dimensions do not broadcast"));
+        }
+        if !tw.rows_are_contiguous() {
+            return Err(self.invalid(Op::MulMat, w, "weight rows must be contiguous"));
+        }
+        let ne = [tw.ne[1], tx.ne[1], tx.ne[2], tx.ne[3]];
+        let id = self.node(Op::MulMat, GgmlType::F32, ne, &[w, x], OpParams::default())?;
+        // The result's rows (dimension 0) follow the weight's rows: KV-length dependence comes from w.
+        let dyn_w = self.tensor(w).dyn_kv;
+        let dyn_x = self.tensor(x).dyn_kv;
+        self.tensors[id.index()].dyn_kv = (dyn_w >> 1 & 1) | (dyn_x & !1);
+        Ok(id)
+    }
+
+    /// Expert matmul (see [`Op::MulMatId`]).
+    pub fn mul_mat_id(&mut self, w: TensorId, x: TensorId, ids: TensorId) -> Result<TensorId> {
+        self.f32_input(Op::MulMatId, x)?;
+        let (tw, tx, ti) = (self.tensor(w), self.tensor(x), self.tensor(ids));
+        if tw.ne[0] != tx.ne[0] || tw.ne[3] != 1 || !tw.is_contiguous() {
+            return Err(self.invalid(Op::MulMatId, w, "experts must be contiguous [k, m, n_expert]"));
+        }
+        if ti.ty != GgmlType::I32 || !ti.is_contiguous() || ti.ne[2] != 1 || ti.ne[3] != 1 {
+            return Err(self.invalid(Op::MulMatId, ids, "ids must be contiguous I32 [n_used, n_tokens]"));
+        }
+        if tx.ne[2] != ti.ne[1] || (tx.ne[1] != 1 && tx.ne[1] != ti.ne[0]) || tx.ne[3] != 1 {
+            return Err(self.invalid(Op::MulMatId, x, "input must be [k, 1 or n_used, n_tokens]"));
+        }
+        let ne = [tw.ne[1], ti.ne[0], ti.ne[1], 1];
+        self.node(Op::MulMatId, GgmlType::F32, ne, &[w, x, ids], OpParams::default())
+    }
+
+    /// `src` converted to `ty` (F32 or F16) in a new contiguous tensor (also makes views contiguous).
+    pub fn cpy(&mut self, src: TensorId, ty: GgmlType) -> Result<TensorId> {
+        let t = self.tensor(src);
+        if !matches!(t.ty, GgmlType::F32 | GgmlType::F16) || !matches!(ty, GgmlType::F32 | GgmlType::F16) {
+            return Err(self.invalid(Op::Cpy, src, "copies convert between F32 and F16 only"));
+        }
+        let ne = t.ne;
+        self.node(Op::Cpy, ty, ne, &[src], OpParams::default())
+    }
+
+    /// `a` and `b` (F32) joined along `dim`.
+    pub fn concat(&mut self, a: TensorId, b: TensorId, dim: usize) -> Result<TensorId> {
+        self.f32_input(Op::Concat, a)?;
+        self.f32_input(Op::Concat, b)?;
+        let (ta, tb) = (self.tensor(a), self.tensor(b));
+        if dim > 3 || (0..4).any(|d| d != dim && ta.ne[d] != tb.ne[d]) {
+            return Err(self.invalid(Op::Concat, a, "shapes differ outside the joined dimension"));
+        }
+        let mut ne = ta.ne;
+        ne[dim] += tb.ne[dim];
+        self.node(
+            Op::Concat,
+            GgmlType::F32,
+            ne,
+            &[a, b],
+            OpParams { i: [dim as i32, 0, 0, 0], ..Default::default() },
+        )
+    }
+
+    /// Writes rows of F32 `src` (`[row, n_tokens]`) into `cache` at rows `n_past..`: a cache of
+    /// shape `[row, n_ctx]`, or with `transposed` `[n_ctx, row]` (each element's history contiguous,
+    /// as attention's V wants it). The cache is F32 or F16. Returns a view of the whole cache that
+    /// depends on the write, for the attention reads to go through.
+    pub fn kv_write(&mut self, cache: TensorId, src: TensorId, transposed: bool) -> Result<TensorId> {
+        self.f32_input(Op::KvWrite, src)?;
+        let (tc, ts) = (self.tensor(cache), self.tensor(src));
+        if !tc.is_contiguous()
+            || !matches!(tc.ty, GgmlType::F32 | GgmlType::F16)
+            || tc.ne[2] != 1
+            || tc.ne[3] != 1
+        {
+            return Err(self.invalid(Op::KvWrite, cache, "cache must be a contiguous 2-D F32/F16 matrix"));
+        }
+        let (row, n_ctx) = if transposed { (tc.ne[1], tc.ne[0]) } else { (tc.ne[0], tc.ne[1]) };
+        if ts.ne[0] != row || ts.ne[2] != 1 || ts.ne[3] != 1 || ts.ne[1] > n_ctx {
+            return Err(self.invalid(Op::KvWrite, src, "rows must match the cache rows"));
+        }
+        let t = Tensor {
+            op: Op::KvWrite,
+            params: OpParams { i: [transposed as i32, 0, 0, 0], ..Default::default() },
+            src: [Some(src), Some(cache), None],
+            storage: Storage::View { base: cache, offset: 0 },
+            ..tc.clone()
+        };
+        self.push(t)
+    }
+
+    /// A view of `base` with shape `ne`, strides `nb` and byte `offset`; `dyn_kv` marks the dims
+    /// that follow the KV length of each step. The view must stay inside `base`'s span.
+    pub fn view(
+        &mut self,
+        base: TensorId,
+        ne: [usize; 4],
+        nb: [usize; 4],
+        offset: usize,
+        dyn_kv: u8,
+    ) -> Result<TensorId> {
+        let b = self.tensor(base);
+        let mut t = Tensor {
+            ne,
+            nb,
+            dyn_kv,
+            storage: Storage::View { base, offset },
+            op: Op::View,
+            params: OpParams::default(),
+            src: [Some(base), None, None],
+            ..b.clone()
+        };
+        let fits = ne.iter().all(|&n| n > 0)
+            && nb[0] == b.ty.block_bytes()
+            && ne[0] % b.ty.block_len() == 0
+            && offset.checked_add(t.span_bytes()).is_some_and(|end| end <= b.span_bytes());
+        if !fits {
+            return Err(self.invalid(Op::View, base, "view outside the viewed tensor or with split blocks"));
+        }
+        t.dyn_kv = dyn_kv;
+        self.push(t)
+    }
+
+    /// `base` (contiguous) seen with another shape of the same element count.
+    pub fn reshape(&mut self, base: TensorId, ne: [usize; 4]) -> Result<TensorId> {
+        let b = self.tensor(base);
+        if !b.is_contiguous() || ne.iter().product::<usize>() != b.n_elements() {
+            return Err(self.invalid(
+                Op::View,
+                base,
+                "reshape needs a contiguous tensor and the same element count",
+            ));
+        }
+        let nb = contiguous_strides(b.ty, ne).ok_or_else(|| self.invalid(Op::View, base, "bad reshape"))?;
+        self.view(base, ne, nb, 0, 0)
+    }
+
+    /// `base` with its dimensions reordered: source dimension `d` becomes dimension `axes[d]`.
+    pub fn permute(&mut self, base: TensorId, axes: [usize; 4]) -> Result<TensorId> {
+        let b = self.tensor(base);
+        let mut seen = [false; 4];
+        for &a in &axes {
+            if a > 3 || seen[a] {
+                return Err(self.invalid(Op::View, base, "permutation axes must be 0..4, each once"));
+            }
+            seen[a] = true;
+        }
+        if axes[0] != 0 && b.ty.is_quantized() {
+            return Err(self.invalid(Op::View, base, "cannot move the row dimension of a quantized tensor"));
+        }
+        let (mut ne, mut nb, mut dyn_kv) = ([0; 4], [0; 4], 0u8);
+        for d in 0..4 {
+            ne[axes[d]] = b.ne[d];
+            nb[axes[d]] = b.nb[d];
+            if b.dyn_kv & (1 << d) != 0 {
+                dyn_kv |= 1 << axes[d];
+            }
+        }
+        let id = self.push(Tensor {
+            ne,
+            nb,
+            dyn_kv,
+            storage: Storage::View { base, offset: 0 },
+            op: Op::View,
+            params: OpParams::default(),
+            src: [Some(base), None, None],
+            ..b.clone()
+        })?;
+        Ok(id)
+    }
+
+    /// `base` with dimensions 0 and 1 swapped.
+    pub fn transpose(&mut self, base: TensorId) -> Result<TensorId> {
+        self.permute(base, [1, 0, 2, 3])
+    }
+
+    /// Elements `start..start + len` of dimension `dim` of `base`.
+    pub fn slice(&mut self, base: TensorId, dim: usize, start: usize, len: usize) -> Result<TensorId> {
+        let b = self.tensor(base);
+        let block = if dim == 0 { b.ty.block_len() } else { 1 };
+        if dim > 3
+            || len == 0
+            || start.checked_add(len).is_none_or(|end| end > b.ne[dim])
+            || start % block != 0
+        {
+            return Err(self.invalid(Op::View, base, "slice outside the tensor"));
+        }
+        let mut ne = b.ne;
+        ne[dim] = len;
+        let offset = if dim == 0 { start / block * b.nb[0] } else { start * b.nb[dim] };
+        let (nb, dyn_kv) = (b.nb, b.dyn_kv);
+        self.view(base, ne, nb, offset, dyn_kv)
+    }
+
+    /// Orders the nodes that `outputs` depend on, sources first (depth-first, iterative).
+    pub fn build(&mut self, outputs: &[TensorId]) -> Result<()> {
+        self.order.clear();
+        self.outputs.clear();
+        let n = self.tensors.len();
+        // 0 = unvisited, 1 = on the stack, 2 = done.
+        let mut state: heapless::Vec<u8, N> = heapless::Vec::new();
+        let _ = state.resize(n, 0);
+        let mut stack: heapless::Vec<(TensorId, u8), N> = heapless::Vec::new();
+        for &out in outputs {
+            self.outputs.push(out).map_err(|_| GraphError::CapacityExceeded { capacity: MAX_OUTPUTS })?;
+            if state[out.index()] != 0 {
+                continue;
+            }
+            let _ = stack.push((out, 0));
+            state[out.index()] = 1;
+            while let Some(&mut (id, ref mut next_src)) = stack.last_mut() {
+                let t = &self.tensors[id.index()];
+                if let Some(src) = t.src.get(*next_src as usize) {
+                    *next_src += 1;
+                    // Sources are always created before their users, so ids only go down: no cycles.
+                    if let Some(s) = *src {
+                        if state[s.index()] == 0 {
+                            state[s.index()] = 1;
+                            let _ = stack.push((s, 0));
+                        }
+                    }
+                } else {
+                    state[id.index()] = 2;
+                    let _ = self.order.push(id);
+                    stack.pop();
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(all(test, feature = "std"))]
+mod tests;

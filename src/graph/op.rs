@@ -1,0 +1,102 @@
+//! The operations a graph node can perform.
+
+/// How RoPE pairs the dimensions it rotates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RopeMode {
+    /// Adjacent pairs `(2i, 2i+1)` (llama).
+    Normal,
+    /// Pairs `(i, i + n_rot/2)` (NeoX; qwen, gemma).
+    Neox,
+}
+
+/// An operation. Shapes use ggml conventions (`ne[0]` innermost); "rows" are `ne[0]`-long vectors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    /// A leaf: weights, inputs, the KV cache.
+    None,
+    /// A view of `src[0]` (reshape, permute, transpose, slice): no computation.
+    View,
+    /// Rows of table `src[0]` (any type, `[k, n_rows]`) selected by I32 ids `src[1]` (`[n]`) → F32 `[k, n]`.
+    GetRows,
+    /// `src[0] + src[1]`, `src[1]` broadcast over `src[0]`'s rows and batches.
+    Add,
+    /// `src[0] * src[1]` elementwise, broadcast like `Add`.
+    Mul,
+    /// `src[0] * params.f[0]`.
+    Scale,
+    /// `x / sqrt(mean(x^2) + eps)` per row, `eps = params.f[0]`.
+    RmsNorm,
+    /// `(x - mean) / sqrt(var + eps)` per row, `eps = params.f[0]`.
+    LayerNorm,
+    /// Rotary position embedding of `src[0]` `[head_dim, n_head, n_tokens]`; token `t` is at position
+    /// `n_past + t`. `params.i = [n_rot, mode (0 normal, 1 neox)]`, `params.f = [freq_base, freq_scale]`;
+    /// optional `src[1]`: F32 per-pair frequency divisors (`rope_freqs`).
+    Rope,
+    /// Softmax per row of `src[0] * params.f[0]` (`[n_kv, n_tokens, n_head]`), with an optional
+    /// causal mask (`params.i[0] = 1`: query `t` at position `n_past + t` sees keys `0..=n_past + t`)
+    /// and sliding window `params.i[1]` (0: none; key `j` visible when `pos - j < window`).
+    SoftMax,
+    /// `x * sigmoid(x)`.
+    Silu,
+    /// GELU, tanh approximation.
+    Gelu,
+    /// `silu(src[0]) * src[1]`.
+    SwiGlu,
+    /// `gelu(src[0]) * src[1]`.
+    GeGlu,
+    /// `src[0]` `[k, m, b0, c0]` (weights, any type) times `src[1]` `[k, n, b1, c1]` (F32) →
+    /// F32 `[m, n, b1, c1]`; `b1 % b0 == 0`, `c1 % c0 == 0` (broadcast, e.g. grouped-query attention).
+    MulMat,
+    /// Expert matmul: `src[0]` `[k, m, n_expert]`, `src[1]` `[k, 1 or n_used, n_tokens]` (F32), I32 ids
+    /// `src[2]` `[n_used, n_tokens]` → F32 `[m, n_used, n_tokens]`.
+    MulMatId,
+    /// Copy / convert `src[0]` into this tensor's type and layout (F32 ↔ F16; same element count).
+    Cpy,
+    /// `src[0]` and `src[1]` joined along dimension `params.i[0]`.
+    Concat,
+    /// Writes the rows of `src[0]` (`[row, n_tokens]`, F32) into cache `src[1]` at rows
+    /// `n_past..n_past + n_tokens`, converting to the cache type. The node is a view of the cache,
+    /// so readers of the cache that depend on it run after the write.
+    KvWrite,
+}
+
+impl Op {
+    /// The op's name in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Op::None => "none",
+            Op::View => "view",
+            Op::GetRows => "get_rows",
+            Op::Add => "add",
+            Op::Mul => "mul",
+            Op::Scale => "scale",
+            Op::RmsNorm => "rms_norm",
+            Op::LayerNorm => "layer_norm",
+            Op::Rope => "rope",
+            Op::SoftMax => "soft_max",
+            Op::Silu => "silu",
+            Op::Gelu => "gelu",
+            Op::SwiGlu => "swiglu",
+            Op::GeGlu => "geglu",
+            Op::MulMat => "mul_mat",
+            Op::MulMatId => "mul_mat_id",
+            Op::Cpy => "cpy",
+            Op::Concat => "concat",
+            Op::KvWrite => "kv_write",
+        }
+    }
+
+    /// Whether the op computes anything (views and leaves do not).
+    pub fn computes(self) -> bool {
+        !matches!(self, Op::None | Op::View)
+    }
+}
+
+/// Small fixed parameters of an op.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct OpParams {
+    /// Integer parameters (meaning per op).
+    pub i: [i32; 4],
+    /// Float parameters (meaning per op).
+    pub f: [f32; 4],
+}

@@ -1,0 +1,187 @@
+//! Portable scalar reference kernels: the twins every SIMD kernel is tested against.
+//!
+//! They work on slices whose lengths the graph builder already checked; `debug_assert!`s restate
+//! those preconditions. Math follows ggml's CPU reference where it matters for matching llama.cpp
+//! (RoPE angle recurrence, softmax order of operations, GELU's tanh form).
+
+use libm::{cosf, expf, sinf, sqrtf, tanhf};
+
+/// `sum(a[i] * b[i])`, accumulated in f32 like ggml's scalar path.
+pub fn dot_f32_ref(a: &[f32], b: &[f32]) -> f32 {
+    debug_assert_eq!(a.len(), b.len());
+    let mut sum = 0.0f32;
+    for (x, y) in a.iter().zip(b) {
+        sum += x * y;
+    }
+    sum
+}
+
+/// RMS norm: `out = x / sqrt(mean(x^2) + eps)`.
+pub fn rms_norm_ref(x: &[f32], out: &mut [f32], eps: f32) {
+    debug_assert_eq!(x.len(), out.len());
+    // Sum in f64 as ggml does, so long rows keep their precision.
+    let sum: f64 = x.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
+    let mean = (sum / x.len().max(1) as f64) as f32;
+    let scale = 1.0 / sqrtf(mean + eps);
+    for (o, &v) in out.iter_mut().zip(x) {
+        *o = v * scale;
+    }
+}
+
+/// Layer norm without affine part: `out = (x - mean) / sqrt(var + eps)`.
+pub fn layer_norm_ref(x: &[f32], out: &mut [f32], eps: f32) {
+    debug_assert_eq!(x.len(), out.len());
+    let n = x.len().max(1) as f64;
+    let mean = (x.iter().map(|&v| f64::from(v)).sum::<f64>() / n) as f32;
+    let var = (x.iter().map(|&v| f64::from(v - mean) * f64::from(v - mean)).sum::<f64>() / n) as f32;
+    let scale = 1.0 / sqrtf(var + eps);
+    for (o, &v) in out.iter_mut().zip(x) {
+        *o = (v - mean) * scale;
+    }
+}
+
+/// Softmax of `x * scale` over its first `visible` elements, where elements before `first_visible`
+/// are also masked; masked outputs are 0. A row with nothing visible is all zeros.
+pub fn soft_max_ref(x: &[f32], out: &mut [f32], scale: f32, first_visible: usize, visible_end: usize) {
+    debug_assert_eq!(x.len(), out.len());
+    let end = visible_end.min(x.len());
+    let start = first_visible.min(end);
+    out.fill(0.0);
+    if start == end {
+        return;
+    }
+    let mut max = f32::NEG_INFINITY;
+    for &v in &x[start..end] {
+        max = max.max(v * scale);
+    }
+    let mut sum = 0.0f64;
+    for (o, &v) in out[start..end].iter_mut().zip(&x[start..end]) {
+        let e = expf(v * scale - max);
+        *o = e;
+        sum += f64::from(e);
+    }
+    let inv = (1.0 / sum) as f32;
+    for o in &mut out[start..end] {
+        *o *= inv;
+    }
+}
+
+/// SiLU: `x * sigmoid(x)`.
+pub fn silu_ref(x: &[f32], out: &mut [f32]) {
+    for (o, &v) in out.iter_mut().zip(x) {
+        *o = silu(v);
+    }
+}
+
+/// GELU with the tanh approximation.
+pub fn gelu_ref(x: &[f32], out: &mut [f32]) {
+    for (o, &v) in out.iter_mut().zip(x) {
+        *o = gelu(v);
+    }
+}
+
+/// `silu(gate) * up`.
+pub fn swiglu_ref(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
+        *o = silu(g) * u;
+    }
+}
+
+/// `gelu(gate) * up`.
+pub fn geglu_ref(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
+        *o = gelu(g) * u;
+    }
+}
+
+#[inline]
+fn silu(x: f32) -> f32 {
+    x / (1.0 + expf(-x))
+}
+
+#[inline]
+fn gelu(x: f32) -> f32 {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    const COEF_A: f32 = 0.044_715;
+    0.5 * x * (1.0 + tanhf(SQRT_2_OVER_PI * x * (1.0 + COEF_A * x * x)))
+}
+
+/// RoPE parameters shared by every row of one op.
+#[derive(Debug, Clone, Copy)]
+pub struct RopeParams<'a> {
+    /// Leading dimensions rotated (even).
+    pub n_rot: usize,
+    /// Pairs are `(i, i + n_rot/2)` (NeoX) instead of `(2i, 2i+1)`.
+    pub neox: bool,
+    /// Frequency base.
+    pub freq_base: f32,
+    /// Frequency scale (linear position scaling).
+    pub freq_scale: f32,
+    /// Optional per-pair frequency divisors (`n_rot / 2` of them).
+    pub freq_factors: Option<&'a [f32]>,
+}
+
+/// Rotates one head vector `x` at position `pos` into `out`; dimensions past `n_rot` are copied.
+pub fn rope_ref(x: &[f32], out: &mut [f32], pos: usize, p: &RopeParams<'_>) {
+    debug_assert!(p.n_rot % 2 == 0 && p.n_rot <= x.len() && x.len() == out.len());
+    let theta_scale = libm::powf(p.freq_base, -2.0 / p.n_rot as f32);
+    // ggml's recurrence: theta_i = pos * theta_scale^i, multiplied up pair by pair.
+    let mut theta_base = pos as f32;
+    let half = p.n_rot / 2;
+    for i in 0..half {
+        let factor = p.freq_factors.map_or(1.0, |f| f[i]);
+        let theta = p.freq_scale * theta_base / factor;
+        let (c, s) = (cosf(theta), sinf(theta));
+        let (a, b) = if p.neox { (i, i + half) } else { (2 * i, 2 * i + 1) };
+        let (x0, x1) = (x[a], x[b]);
+        out[a] = x0 * c - x1 * s;
+        out[b] = x0 * s + x1 * c;
+        theta_base *= theta_scale;
+    }
+    out[p.n_rot..].copy_from_slice(&x[p.n_rot..]);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn softmax_masks_and_normalises() {
+        let x = [1.0, 2.0, 3.0, 100.0];
+        let mut out = [9.0; 4];
+        soft_max_ref(&x, &mut out, 1.0, 0, 3);
+        let total: f32 = out.iter().sum();
+        assert!((total - 1.0).abs() < 1e-6 && out[3] == 0.0 && out[2] > out[1]);
+        soft_max_ref(&x, &mut out, 1.0, 2, 2);
+        assert_eq!(out, [0.0; 4], "a row with nothing visible is zeros, not NaN");
+    }
+
+    #[test]
+    fn rope_at_position_zero_is_identity_and_preserves_norm() {
+        let x: [f32; 8] = [0.5, -1.0, 2.0, 0.25, 1.5, -0.5, 3.0, 1.0];
+        for neox in [false, true] {
+            let p = RopeParams { n_rot: 6, neox, freq_base: 10000.0, freq_scale: 1.0, freq_factors: None };
+            let mut out = [0.0; 8];
+            rope_ref(&x, &mut out, 0, &p);
+            assert_eq!(out, x);
+            rope_ref(&x, &mut out, 17, &p);
+            let norm = |v: &[f32]| v.iter().map(|a| a * a).sum::<f32>();
+            assert!((norm(&out) - norm(&x)).abs() < 1e-4);
+            assert_eq!(out[6..], x[6..], "dimensions past n_rot are copied");
+        }
+    }
+
+    #[test]
+    fn activations_match_their_definitions() {
+        let x = [-3.0f32, -0.5, 0.0, 0.5, 3.0];
+        let mut s = [0.0; 5];
+        let mut g = [0.0; 5];
+        silu_ref(&x, &mut s);
+        gelu_ref(&x, &mut g);
+        for i in 0..5 {
+            assert!((s[i] - x[i] / (1.0 + (-x[i]).exp())).abs() < 1e-6);
+            let erf_gelu = 0.5 * x[i] * (1.0 + libm::erff(x[i] / core::f32::consts::SQRT_2));
+            assert!((g[i] - erf_gelu).abs() < 1e-3, "tanh GELU is close to the erf form");
+        }
+    }
+}
