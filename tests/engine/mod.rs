@@ -291,3 +291,11 @@ pub fn transformer_block(s: &mut Setup, rng: &mut Rng, tokens: &[i32]) -> Tensor
     let out = g.rms_norm(out, 1e-5).unwrap();
     g.mul_mat(embd, out).unwrap()
 }
+
+/// The F32 values of leaf `name` (decoded from the input buffer), row-major `[rows][ne0]`.
+pub fn leaf_values(s: &Setup, name: &str) -> Vec<f32> {
+    let t =
+        s.g.tensors().iter().find(|t| t.name.as_str() == name).unwrap_or_else(|| panic!("no leaf {name}"));
+    let Storage::External { offset, .. } = t.storage else { panic!("{name} is not an input leaf") };
+    decode(t.ty, &s.inputs.bytes()[offset..offset + t.span_bytes()], t.ne[0])
+}
