@@ -19,8 +19,8 @@ fn logits(opts: RunOpts) -> (Vec<f32>, usize, usize) {
 
 #[test]
 fn packed_plan_uses_less_memory_and_gives_identical_results() {
-    let (packed, peak, unshared) = logits(RunOpts { threads: 1, packed: true });
-    let (plain, plain_peak, _) = logits(RunOpts { threads: 1, packed: false });
+    let (packed, peak, unshared) = logits(RunOpts { threads: 1, packed: true, ..Default::default() });
+    let (plain, plain_peak, _) = logits(RunOpts { threads: 1, packed: false, ..Default::default() });
     assert!(peak < unshared, "packed peak {peak} should be below the sum of all activations {unshared}");
     assert_eq!(plain_peak, unshared);
     assert_eq!(packed.len(), engine::VOCAB * TOKENS.len());
@@ -30,9 +30,9 @@ fn packed_plan_uses_less_memory_and_gives_identical_results() {
 
 #[test]
 fn results_are_identical_with_1_2_and_4_threads() {
-    let (one, ..) = logits(RunOpts { threads: 1, packed: true });
+    let (one, ..) = logits(RunOpts { threads: 1, packed: true, ..Default::default() });
     for threads in [2, 4] {
-        let (many, ..) = logits(RunOpts { threads, packed: true });
+        let (many, ..) = logits(RunOpts { threads, packed: true, ..Default::default() });
         assert_eq!(one, many, "{threads} threads differ from 1");
     }
 }
@@ -42,10 +42,11 @@ fn second_step_attends_to_the_cache() {
     // Running only the second step on an empty cache must differ from running both steps.
     let mut s = Setup::default();
     let out = transformer_block(&mut s, &mut Rng(1), &TOKENS);
-    let (both, _) = run(&mut s, &[out], &STEPS, RunOpts { threads: 1, packed: true });
+    let (both, _) = run(&mut s, &[out], &STEPS, RunOpts { threads: 1, packed: true, ..Default::default() });
     let mut s = Setup::default();
     let out = transformer_block(&mut s, &mut Rng(1), &TOKENS);
-    let (only_second, _) = run(&mut s, &[out], &STEPS[1..], RunOpts { threads: 1, packed: true });
+    let (only_second, _) =
+        run(&mut s, &[out], &STEPS[1..], RunOpts { threads: 1, packed: true, ..Default::default() });
     assert_ne!(both[0], only_second[0]);
 }
 
@@ -131,11 +132,20 @@ fn naive_logits(s: &Setup, tokens: &[i32], steps: &[Step]) -> Vec<f32> {
 fn block_matches_a_naive_f32_implementation() {
     let mut s = Setup::default();
     let out = transformer_block(&mut s, &mut Rng(1), &TOKENS);
-    let (got, _) = run(&mut s, &[out], &STEPS, RunOpts { threads: 2, packed: true });
+    let (got, _) = run(&mut s, &[out], &STEPS, RunOpts { threads: 2, packed: true, ..Default::default() });
     let want = naive_logits(&s, &TOKENS, &STEPS);
     // f32 accumulation order and libm vs std transcendental functions differ slightly.
     engine::assert_close("logits", &got[0], &want, 2e-3);
     // And the check can fail: the first step alone gives other logits.
     let first_only = naive_logits(&s, &TOKENS, &STEPS[..1]);
     assert!(got[0].iter().zip(&first_only).any(|(a, b)| (a - b).abs() > 1e-2));
+}
+
+#[test]
+fn more_threads_than_cores_finishes_with_the_same_result() {
+    // Six threads pinned to one core: spinning waiters must yield (sleep) for the others to run.
+    let core = pinfer::exec::pool::allowed_cores().first().copied().unwrap_or(0);
+    let (reference, ..) = logits(RunOpts { threads: 1, packed: true, ..Default::default() });
+    let (crowded, ..) = logits(RunOpts { threads: 6, packed: true, pin_to: Some(core) });
+    assert_eq!(crowded, reference);
 }

@@ -168,11 +168,13 @@ impl Setup {
 }
 
 /// How to run a graph.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Default)]
 pub struct RunOpts {
     pub threads: usize,
     /// Packed (greedy) plan, or every activation in its own space.
     pub packed: bool,
+    /// Pin every pool thread to this one core.
+    pub pin_to: Option<usize>,
 }
 
 /// Builds, plans, binds and runs `setup`'s graph for each step in turn (the arena, and so the KV
@@ -190,7 +192,9 @@ pub fn run(setup: &mut Setup, outputs: &[TensorId], steps: &[Step], opts: RunOpt
     let work = arena.alloc(work, "work").unwrap();
     let inputs = setup.inputs.bytes();
     let mut bound = Bound::new(&setup.g, &p, &[inputs], arena.memory(), act, work, opts.threads).unwrap();
-    let pool = (opts.threads > 1).then(|| Pool::new(opts.threads, None, false).unwrap());
+    let cores = opts.pin_to.map(|c| [c]);
+    let pool = (opts.threads > 1)
+        .then(|| Pool::new(opts.threads, cores.as_ref().map(|c| &c[..]), cores.is_some()).unwrap());
     for &step in steps {
         match &pool {
             Some(pool) => pool.run(&mut bound, step).unwrap(),
