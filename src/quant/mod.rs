@@ -6,6 +6,13 @@
 
 use core::fmt;
 
+pub mod blocks;
+pub mod dequant;
+pub mod quantize;
+
+pub use blocks::{blocks_of, blocks_of_mut};
+pub use dequant::{dequantize_row_ref, QuantError};
+
 /// Elements per K-quant super-block.
 pub const QK_K: usize = 256;
 
