@@ -44,14 +44,14 @@ fn running_a_planned_graph_allocates_nothing() {
     s.g.build(&[out]).unwrap();
     let p = plan(&s.g).unwrap();
     let threads = 3;
-    let work = work_bytes(&s.g, threads);
+    let work = work_bytes(&s.g);
     let mut memory = vec![0u64; Arena::bytes_for(s.persistent + p.peak_bytes + work + 256).div_ceil(8)];
     let mut arena = Arena::new(bytemuck::cast_slice_mut(&mut memory));
     arena.alloc(s.persistent, "kv cache").unwrap();
     let act = arena.alloc(p.peak_bytes, "activations").unwrap();
     let work = arena.alloc(work, "work").unwrap();
     let inputs = s.inputs.bytes();
-    let mut bound = Bound::new(&s.g, &p, &[inputs], arena.memory(), act, work, threads).unwrap();
+    let mut bound = Bound::new(&s.g, &p, &[inputs], arena.memory(), act, work).unwrap();
     let pool = Pool::new(threads, None, false).unwrap();
     // Warm up once (thread start-up may allocate inside std), then count.
     pool.run(&mut bound, Step { n_past: 0, n_kv: 3 }).unwrap();

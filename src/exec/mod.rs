@@ -18,6 +18,7 @@ use half::f16;
 
 use crate::arena::Region;
 use crate::graph::{Graph, Op, Plan};
+use crate::kernels::dot::{from_float_ref, vec_dot_ref, vec_dot_type};
 use crate::kernels::reference as kref;
 use crate::quant::{dequantize_row_ref, GgmlType};
 use crate::tensor::{Storage, Tensor, TensorId};
@@ -82,23 +83,28 @@ impl fmt::Display for ExecError {
 
 impl core::error::Error for ExecError {}
 
-/// Scratch bytes one thread needs for dequantized weight rows.
-fn thread_scratch(g_max_row: usize) -> usize {
-    (g_max_row * 4).next_multiple_of(64)
+/// The activation type a matmul converts its F32 input to, if any (F32 weights use it as is).
+fn converted_input(t: &Tensor, weights: &Tensor) -> Option<GgmlType> {
+    if !matches!(t.op, Op::MulMat | Op::MulMatId) {
+        return None;
+    }
+    vec_dot_type(weights.ty).filter(|&a| a != GgmlType::F32)
 }
 
-/// Bytes of work region a graph needs when run with `n_threads` threads.
-pub fn work_bytes<const N: usize>(g: &Graph<N>, n_threads: usize) -> usize {
-    let mut max_row = 0usize;
-    for &id in g.order() {
-        let t = g.tensor(id);
-        if matches!(t.op, Op::MulMat | Op::MulMatId | Op::GetRows | Op::Cpy) {
-            if let Some(s) = t.src[0] {
-                max_row = max_row.max(g.tensor(s).ne[0]);
-            }
-        }
+/// Bytes of the converted input of matmul `t` (rows at their upper-bound length).
+fn converted_bytes<const N: usize>(g: &Graph<N>, t: &Tensor) -> usize {
+    let (Some(w), Some(x)) = (t.src[0], t.src[1]) else { return 0 };
+    let (w, x) = (g.tensor(w), g.tensor(x));
+    match converted_input(t, w) {
+        Some(act) => act.bytes_for(x.ne[0] as u64).unwrap_or(0) as usize * x.n_rows(),
+        None => 0,
     }
-    thread_scratch(max_row) * n_threads.max(1)
+}
+
+/// Bytes of work region a graph needs: the largest matmul input converted once per node to the
+/// weights' activation type (shared by the threads of that node).
+pub fn work_bytes<const N: usize>(g: &Graph<N>) -> usize {
+    g.order().iter().map(|&id| converted_bytes(g, g.tensor(id))).max().unwrap_or(0).next_multiple_of(64)
 }
 
 /// A graph bound to its memory, ready to run.
@@ -106,9 +112,9 @@ pub struct Bound<'a, const N: usize> {
     graph: &'a Graph<N>,
     /// Data address of each tensor (null for tensors outside the built order).
     ptrs: heapless::Vec<*mut u8, N>,
-    work: *mut u8,
-    scratch_per_thread: usize,
-    max_threads: usize,
+    /// Converted matmul inputs (shared by all threads of a node).
+    converted: *mut u8,
+    converted_len: usize,
     /// First run-time error seen by any thread (0 = none, else 1 + index into the order).
     error: AtomicU32,
     error_kind: AtomicU32,
@@ -126,7 +132,7 @@ unsafe impl<const N: usize> Send for Bound<'_, N> {}
 impl<'a, const N: usize> Bound<'a, N> {
     /// Binds a built, planned graph: `buffers` back `Storage::External` tensors (read-only: model
     /// weights, token ids), `arena` holds persistent tensors at their offsets, `activations` and
-    /// `work` are regions of it (from the plan and [`work_bytes`] for `max_threads`).
+    /// `work` are regions of it (from the plan and [`work_bytes`]).
     pub fn new(
         graph: &'a Graph<N>,
         plan: &Plan<N>,
@@ -134,10 +140,8 @@ impl<'a, const N: usize> Bound<'a, N> {
         arena: &'a mut [u8],
         activations: Region,
         work: Region,
-        max_threads: usize,
     ) -> Result<Self, ExecError> {
-        let max_threads = max_threads.max(1);
-        let needed = work_bytes(graph, max_threads);
+        let needed = work_bytes(graph);
         if work.len < needed || work.offset.checked_add(work.len).is_none_or(|e| e > arena.len()) {
             return Err(ExecError::WorkTooSmall { needed });
         }
@@ -190,9 +194,8 @@ impl<'a, const N: usize> Bound<'a, N> {
             graph,
             ptrs,
             // SAFETY: the work region lies inside the arena (checked at the top).
-            work: unsafe { base.add(work.offset) },
-            scratch_per_thread: needed / max_threads,
-            max_threads,
+            converted: unsafe { base.add(work.offset) },
+            converted_len: work.len,
             error: AtomicU32::new(0),
             error_kind: AtomicU32::new(0),
             _memory: PhantomData,
@@ -204,17 +207,14 @@ impl<'a, const N: usize> Bound<'a, N> {
         self.graph
     }
 
-    /// Most threads this binding's work region allows.
-    pub fn max_threads(&self) -> usize {
-        self.max_threads
-    }
-
     /// Runs the whole graph on the calling thread. (`&mut self`: no one reads [`Bound::data`]
     /// while nodes are written.)
     pub fn run(&mut self, step: Step) -> Result<(), ExecError> {
         self.begin();
         for &id in self.graph.order() {
-            self.compute(id, step, 0, 1);
+            for phase in 0..self.phases(id) {
+                self.compute(id, step, phase, 0, 1);
+            }
         }
         self.finish()
     }
@@ -281,21 +281,25 @@ impl<'a, const N: usize> Bound<'a, N> {
         unsafe { core::slice::from_raw_parts_mut(self.ptrs[id.index()].add(offset) as *mut T, len) }
     }
 
-    /// Thread `ith`'s scratch floats.
-    #[allow(clippy::mut_from_ref)]
-    fn scratch(&self, ith: usize, len: usize) -> &mut [f32] {
-        debug_assert!(ith < self.max_threads && len * 4 <= self.scratch_per_thread);
-        // SAFETY: thread ith owns bytes [ith * per_thread, (ith + 1) * per_thread) of the work
-        // region, which `new` checked is inside the arena; 64-byte aligned since per_thread is.
-        unsafe {
-            core::slice::from_raw_parts_mut(self.work.add(ith * self.scratch_per_thread) as *mut f32, len)
+    /// How many phases node `id` runs in, with a barrier after each: 0 for leaves and views, 2
+    /// for matmuls that first convert their input (once per node, split over the threads), else 1.
+    pub(crate) fn phases(&self, id: TensorId) -> usize {
+        let t = self.graph.tensor(id);
+        match (t.op.computes(), t.src[0].map(|w| converted_input(t, self.graph.tensor(w)))) {
+            (false, _) => 0,
+            (true, Some(Some(_))) => 2,
+            (true, _) => 1,
         }
     }
 
-    /// Runs thread `ith` of `nth`'s share of node `id`.
-    pub(crate) fn compute(&self, id: TensorId, step: Step, ith: usize, nth: usize) {
+    /// Runs thread `ith` of `nth`'s share of phase `phase` of node `id`.
+    pub(crate) fn compute(&self, id: TensorId, step: Step, phase: usize, ith: usize, nth: usize) {
         let t = self.graph.tensor(id);
         if !t.op.computes() {
+            return;
+        }
+        if phase == 0 && self.phases(id) == 2 {
+            self.convert_input(t, step, ith, nth);
             return;
         }
         let ne = t.ne_for(step.n_kv);
@@ -463,49 +467,78 @@ impl<'a, const N: usize> Bound<'a, N> {
         }
     }
 
-    /// Weight row `(i1, i2, i3)` of `w` as f32: borrowed for F32, dequantized into scratch otherwise.
+    /// Phase 0 of a converting matmul: input rows to the weights' activation type, in the shared
+    /// converted area at a fixed row stride (the upper-bound row length), split over the threads.
+    fn convert_input(&self, t: &Tensor, step: Step, ith: usize, nth: usize) {
+        let (Some(w), Some(x)) = (t.src[0], t.src[1]) else { return };
+        let (tw, tx) = (self.graph.tensor(w), self.graph.tensor(x));
+        let Some(act) = converted_input(t, tw) else { return };
+        let ne = tx.ne_for(step.n_kv);
+        let stride = act.bytes_for(tx.ne[0] as u64).unwrap_or(0) as usize;
+        let len = act.bytes_for(ne[0] as u64).unwrap_or(0) as usize;
+        for (r, (i1, i2, i3)) in rows(ne, share(rows_of(ne), ith, nth)).enumerate() {
+            let flat = share(rows_of(ne), ith, nth).start + r;
+            debug_assert!((flat + 1) * stride <= self.converted_len);
+            // SAFETY: row (i1, i2, i3) is inside x's checked span; converted row `flat` lies in the
+            // converted area (sized by `work_bytes` for every row) and belongs to this thread.
+            unsafe {
+                let src: &[f32] = self.read(x, tx.row_offset(i1, i2, i3), ne[0]);
+                let dst = core::slice::from_raw_parts_mut(self.converted.add(flat * stride), len);
+                from_float_ref(act, src, dst);
+            }
+        }
+    }
+
+    /// Converted input row `(i1, i2, i3)` of a matmul whose input has effective shape `ne`.
+    fn converted_row(&self, act: GgmlType, tx: &Tensor, ne: [usize; 4], i: (usize, usize, usize)) -> &[u8] {
+        let stride = act.bytes_for(tx.ne[0] as u64).unwrap_or(0) as usize;
+        let len = act.bytes_for(ne[0] as u64).unwrap_or(0) as usize;
+        let flat = i.0 + ne[1] * (i.1 + ne[2] * i.2);
+        // SAFETY: written in phase 0 (a barrier ago); read-only now.
+        unsafe { core::slice::from_raw_parts(self.converted.add(flat * stride), len) }
+    }
+
+    /// The operands of a matmul node at this step's shapes.
+    fn operands<'t>(&'t self, t: &Tensor, step: Step) -> Option<MatOperands<'t>> {
+        let (w, x) = (t.src[0]?, t.src[1]?);
+        let (tw, tx) = (self.graph.tensor(w), self.graph.tensor(x));
+        let (ne_w, ne_x) = (tw.ne_for(step.n_kv), tx.ne_for(step.n_kv));
+        Some(MatOperands { w, tw, ne_w, x, tx, ne_x, k: ne_w[0].min(ne_x[0]), act: converted_input(t, tw) })
+    }
+
+    /// One output element: weight row `wi` times input row `xi` over `op.k` elements.
     ///
     /// # Safety
-    /// The row index is inside `w`'s shape; `k` is the effective row length.
-    unsafe fn weight_row(
-        &self,
-        w: TensorId,
-        tw: &Tensor,
-        i: (usize, usize, usize),
-        k: usize,
-        ith: usize,
-    ) -> &[f32] {
-        let off = tw.row_offset(i.0, i.1, i.2);
+    /// Indices inside the effective shapes.
+    unsafe fn dot(&self, op: &MatOperands<'_>, wi: (usize, usize, usize), xi: (usize, usize, usize)) -> f32 {
+        let w_len = op.tw.ty.bytes_for(op.k as u64).unwrap_or(0) as usize;
         // SAFETY: guaranteed by the caller; F32 rows are 4-byte aligned.
         unsafe {
-            if tw.ty == GgmlType::F32 {
-                return self.read(w, off, k);
+            let w_bytes: &[u8] = self.read(op.w, op.tw.row_offset(wi.0, wi.1, wi.2), w_len);
+            match op.act {
+                None => {
+                    let x_row: &[f32] = self.read(op.x, op.tx.row_offset(xi.0, xi.1, xi.2), op.k);
+                    vec_dot_ref(GgmlType::F32, w_bytes, bytemuck::cast_slice(x_row))
+                }
+                Some(act) => vec_dot_ref(op.tw.ty, w_bytes, self.converted_row(act, op.tx, op.ne_x, xi)),
             }
-            let bytes: &[u8] = self.read(w, off, tw.ty.bytes_for(k as u64).unwrap_or(0) as usize);
-            let out = self.scratch(ith, k);
-            let _ = dequantize_row_ref(tw.ty, bytes, out);
-            out
         }
     }
 
     fn mul_mat(&self, id: TensorId, t: &Tensor, step: Step, ith: usize, nth: usize) {
-        let (Some(w), Some(x)) = (t.src[0], t.src[1]) else { return };
-        let (tw, tx) = (self.graph.tensor(w), self.graph.tensor(x));
-        let (ne_w, ne_x) = (tw.ne_for(step.n_kv), tx.ne_for(step.n_kv));
-        let k = ne_w[0].min(ne_x[0]);
-        let (r2, r3) = (ne_x[2] / ne_w[2].max(1), ne_x[3] / ne_w[3].max(1));
+        let Some(op) = self.operands(t, step) else { return };
+        let (ne_w, ne_x) = (op.ne_w, op.ne_x);
+        let (r2, r3) = ((ne_x[2] / ne_w[2]).max(1), (ne_x[3] / ne_w[3]).max(1));
         // Threads split the weight rows, so one token (decode) still uses every thread.
         let rows_w = share(ne_w[1], ith, nth);
         for i3 in 0..ne_x[3] {
             for i2 in 0..ne_x[2] {
                 for m in rows_w.clone() {
-                    // SAFETY: indices inside the checked shapes; each thread writes its own m.
-                    unsafe {
-                        let wrow = self.weight_row(w, tw, (m, i2 / r2.max(1), i3 / r3.max(1)), k, ith);
-                        for n in 0..ne_x[1] {
-                            let xrow: &[f32] = self.read(x, tx.row_offset(n, i2, i3), k);
-                            self.write::<f32>(id, t.row_offset(n, i2, i3) + m * 4, 1)[0] =
-                                kref::dot_f32_ref(wrow, xrow);
+                    for n in 0..ne_x[1] {
+                        // SAFETY: indices inside the checked shapes; each thread writes its own m.
+                        unsafe {
+                            let v = self.dot(&op, (m, i2 / r2, i3 / r3), (n, i2, i3));
+                            self.write::<f32>(id, t.row_offset(n, i2, i3) + m * 4, 1)[0] = v;
                         }
                     }
                 }
@@ -514,32 +547,43 @@ impl<'a, const N: usize> Bound<'a, N> {
     }
 
     fn mul_mat_id(&self, id: TensorId, t: &Tensor, step: Step, ith: usize, nth: usize) {
-        let (Some(w), Some(x), Some(ids)) = (t.src[0], t.src[1], t.src[2]) else { return };
-        let (tw, tx, ti) = (self.graph.tensor(w), self.graph.tensor(x), self.graph.tensor(ids));
+        let (Some(op), Some(ids)) = (self.operands(t, step), t.src[2]) else { return };
+        let ti = self.graph.tensor(ids);
         let ne = t.ne_for(step.n_kv);
-        let k = tw.ne[0];
-        let rows_w = share(tw.ne[1], ith, nth);
+        let rows_w = share(op.tw.ne[1], ith, nth);
         for tok in 0..ne[2] {
             for u in 0..ne[1] {
                 // SAFETY: ids is a contiguous I32 [n_used, n_tokens] tensor (graph checked).
                 let e = unsafe { self.read::<i32>(ids, ti.row_offset(tok, 0, 0) + u * 4, 1)[0] };
-                let Some(e) = usize::try_from(e).ok().filter(|&e| e < tw.ne[2]) else {
+                let Some(e) = usize::try_from(e).ok().filter(|&e| e < op.tw.ne[2]) else {
                     self.fail(id, 0);
                     continue;
                 };
-                let xu = if tx.ne[1] == 1 { 0 } else { u };
+                let xu = if op.tx.ne[1] == 1 { 0 } else { u };
                 for m in rows_w.clone() {
                     // SAFETY: indices inside the checked shapes; each thread writes its own m.
                     unsafe {
-                        let wrow = self.weight_row(w, tw, (m, e, 0), k, ith);
-                        let xrow: &[f32] = self.read(x, tx.row_offset(xu, tok, 0), k);
-                        self.write::<f32>(id, t.row_offset(u, tok, 0) + m * 4, 1)[0] =
-                            kref::dot_f32_ref(wrow, xrow);
+                        let v = self.dot(&op, (m, e, 0), (xu, tok, 0));
+                        self.write::<f32>(id, t.row_offset(u, tok, 0) + m * 4, 1)[0] = v;
                     }
                 }
             }
         }
     }
+}
+
+/// A matmul's weights and input at one step's shapes, and the type the input was converted to.
+struct MatOperands<'t> {
+    w: TensorId,
+    tw: &'t Tensor,
+    ne_w: [usize; 4],
+    x: TensorId,
+    tx: &'t Tensor,
+    ne_x: [usize; 4],
+    /// Elements summed per output.
+    k: usize,
+    /// Type of the converted input, `None` when the F32 input is used directly.
+    act: Option<GgmlType>,
 }
 
 /// The tensor a view chain ends at, and the view's byte offset from its start.

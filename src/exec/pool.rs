@@ -123,8 +123,8 @@ unsafe fn run_share<const N: usize>(bound: *const (), step: Step, ith: usize, nt
     // SAFETY: guaranteed by the caller (Pool::run blocks until every share has returned).
     let bound = unsafe { &*(bound as *const Bound<'_, N>) };
     for &id in bound.graph().order() {
-        if bound.graph().tensor(id).op.computes() {
-            bound.compute(id, step, ith, nth);
+        for phase in 0..bound.phases(id) {
+            bound.compute(id, step, phase, ith, nth);
             barrier.wait();
         }
     }
@@ -174,9 +174,6 @@ impl Pool {
     /// Runs `bound` with every thread of the pool; returns when all are done.
     pub fn run<const N: usize>(&self, bound: &mut Bound<'_, N>, step: Step) -> Result<(), ExecError> {
         let nth = self.n_threads();
-        if bound.max_threads() < nth {
-            return Err(ExecError::WorkTooSmall { needed: super::work_bytes(bound.graph(), nth) });
-        }
         if nth == 1 {
             return bound.run(step);
         }

@@ -146,9 +146,6 @@ impl<'a> Gguf<'a> {
             let pos = position(r.pos, "tensor info")?;
             let info = read_tensor_info(&mut r, index)?;
             let bad = |problem, value| GgufError::BadTensor { name: name_of(info.name), problem, value };
-            if gguf.tensors().any(|other| other.name == info.name) {
-                return Err(bad("name used by two tensors", index));
-            }
             if info.offset % u64::from(gguf.alignment) != 0 {
                 return Err(bad("data offset not a multiple of the alignment", info.offset));
             }
@@ -160,6 +157,7 @@ impl<'a> Gguf<'a> {
             // Cannot fail: the count was bounded by MAX_TENSORS above.
             let _ = gguf.tensor_pos.push(pos);
         }
+        gguf.check_unique_names()?;
         gguf.data_start = align_up(r.pos, gguf.alignment).ok_or(GgufError::TooLarge {
             what: "tensor data start",
             offset: r.pos as u64,
@@ -177,6 +175,26 @@ impl<'a> Gguf<'a> {
             });
         }
         Ok(gguf)
+    }
+
+    /// The name bytes of the tensor info at file position `pos` (validated when parsed).
+    fn name_at(&self, pos: u32) -> &'a [u8] {
+        Reader::new(self.bytes, pos as usize).string("tensor name", MAX_TENSOR_NAME_LEN).unwrap_or(&[])
+    }
+
+    /// Refuses two tensors with the same name: sorts the info positions by name (O(n log n), on a
+    /// fixed-capacity copy) and compares neighbours.
+    fn check_unique_names(&self) -> Result<(), GgufError> {
+        let mut by_name = self.tensor_pos.clone();
+        by_name.sort_unstable_by(|&a, &b| self.name_at(a).cmp(self.name_at(b)));
+        for pair in by_name.windows(2) {
+            let name = self.name_at(pair[0]);
+            if name == self.name_at(pair[1]) {
+                let name = str::from_utf8(name).map(name_of).unwrap_or_default();
+                return Err(GgufError::BadTensor { name, problem: "name used by two tensors", value: 2 });
+            }
+        }
+        Ok(())
     }
 
     fn parse_kv(&mut self, r: &mut Reader<'a>) -> Result<(), GgufError> {
@@ -365,9 +383,11 @@ impl<'a> Gguf<'a> {
         })
     }
 
-    /// The tensor named `name`, if present.
+    /// The tensor named `name`, if present (compares names only; decodes just the match).
     pub fn tensor(&self, name: &str) -> Option<TensorInfo<'a>> {
-        self.tensors().find(|t| t.name == name)
+        let (i, &pos) =
+            self.tensor_pos.iter().enumerate().find(|(_, &pos)| self.name_at(pos) == name.as_bytes())?;
+        read_tensor_info(&mut Reader::new(self.bytes, pos as usize), i as u64).ok()
     }
 
     /// The data of a tensor of this file (its extent was checked by [`Gguf::parse`]).
@@ -429,14 +449,18 @@ fn lossy_name(bytes: &[u8]) -> Name {
 
 /// Reads and validates one tensor info (everything but its place among the others).
 fn read_tensor_info<'a>(r: &mut Reader<'a>, index: u64) -> Result<TensorInfo<'a>, GgufError> {
-    let mut numbered = Name::new();
-    let _ = core::fmt::write(&mut numbered, format_args!("#{index}"));
+    // Only formatted on the error paths: a name that is not one cannot be shown.
+    let numbered = || {
+        let mut n = Name::new();
+        let _ = core::fmt::write(&mut n, format_args!("#{index}"));
+        n
+    };
     let name_bytes = r.string("tensor name", MAX_TENSOR_NAME_LEN)?;
     let name = match str::from_utf8(name_bytes) {
         Ok(n) if !n.is_empty() => n,
-        Ok(_) => return Err(GgufError::BadTensor { name: numbered, problem: "empty name", value: 0 }),
+        Ok(_) => return Err(GgufError::BadTensor { name: numbered(), problem: "empty name", value: 0 }),
         Err(_) => {
-            return Err(GgufError::BadTensor { name: numbered, problem: "name is not UTF-8", value: 0 })
+            return Err(GgufError::BadTensor { name: numbered(), problem: "name is not UTF-8", value: 0 })
         }
     };
     let bad = |problem, value| GgufError::BadTensor { name: name_of(name), problem, value };

@@ -158,12 +158,23 @@ impl<'a> Reader<'a> {
     }
 
     /// Steps over `n` array elements of type `elem` at nesting `depth`. `n` comes from [`Self::count`],
-    /// so `n * size` cannot overflow. Fixed-size elements take one bounds check (bools in arrays are
-    /// checked when read).
+    /// so `n * size` cannot overflow. Fixed-size elements take one bounds check; bools are also
+    /// checked to be 0 or 1.
     pub(crate) fn skip_elements(&mut self, elem: ValueType, n: u64, depth: u32) -> Result<(), GgufError> {
         match elem.fixed_size() {
             Some(size) => {
-                self.take(n * size as u64, "array data")?;
+                let start = self.pos;
+                let data = self.take(n * size as u64, "array data")?;
+                if elem == ValueType::Bool {
+                    if let Some(i) = data.iter().position(|&b| b > 1) {
+                        let offset = (start + i) as u64;
+                        return Err(GgufError::Invalid {
+                            what: "bool value",
+                            offset,
+                            value: u64::from(data[i]),
+                        });
+                    }
+                }
             }
             None => {
                 for _ in 0..n {

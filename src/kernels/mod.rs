@@ -3,3 +3,5 @@
 
 #[path = "ref.rs"]
 pub mod reference;
+
+pub mod dot;

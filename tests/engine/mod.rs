@@ -183,7 +183,7 @@ pub struct RunOpts {
 pub fn run(setup: &mut Setup, outputs: &[TensorId], steps: &[Step], opts: RunOpts) -> (Vec<Vec<f32>>, usize) {
     setup.g.build(outputs).unwrap();
     let p = if opts.packed { plan(&setup.g).unwrap() } else { plan_unshared(&setup.g).unwrap() };
-    let work = work_bytes(&setup.g, opts.threads);
+    let work = work_bytes(&setup.g);
     let mut memory = vec![0u64; Arena::bytes_for(setup.persistent + p.peak_bytes + work + 256).div_ceil(8)];
     let mut arena = Arena::new(bytemuck::cast_slice_mut(&mut memory));
     let persistent = arena.alloc(setup.persistent, "persistent").unwrap();
@@ -191,7 +191,7 @@ pub fn run(setup: &mut Setup, outputs: &[TensorId], steps: &[Step], opts: RunOpt
     let act = arena.alloc(p.peak_bytes, "activations").unwrap();
     let work = arena.alloc(work, "work").unwrap();
     let inputs = setup.inputs.bytes();
-    let mut bound = Bound::new(&setup.g, &p, &[inputs], arena.memory(), act, work, opts.threads).unwrap();
+    let mut bound = Bound::new(&setup.g, &p, &[inputs], arena.memory(), act, work).unwrap();
     let cores = opts.pin_to.map(|c| [c]);
     let pool = (opts.threads > 1)
         .then(|| Pool::new(opts.threads, cores.as_ref().map(|c| &c[..]), cores.is_some()).unwrap());
@@ -228,10 +228,16 @@ pub const CTX: usize = 16;
 /// types (Q8_0, Q4_0, F16, Q4_1, Q4_K, Q6_K, Q5_K), RoPE, a grouped-query attention over an F16 KV
 /// cache (V stored transposed), SwiGLU. Returns the logits tensor `[VOCAB, tokens]`.
 pub fn transformer_block(s: &mut Setup, rng: &mut Rng, tokens: &[i32]) -> TensorId {
+    transformer_block_typed(s, rng, tokens, false)
+}
+
+/// [`transformer_block`], with every weight in F32 when `all_f32` (no input conversion at all).
+pub fn transformer_block_typed(s: &mut Setup, rng: &mut Rng, tokens: &[i32], all_f32: bool) -> TensorId {
     use pinfer::graph::RopeMode;
     let t = tokens.len();
     let kv_w = KV_HEADS * HEAD_DIM;
     let g_w = |s: &mut Setup, rng: &mut Rng, name: &str, ty, k: usize, m: usize| {
+        let ty = if all_f32 { GgmlType::F32 } else { ty };
         let data = rng.vec(k * m).iter().map(|v| v * 0.2).collect::<Vec<_>>();
         s.leaf(name, ty, [k, m, 1, 1], &data, rng)
     };

@@ -22,14 +22,13 @@ pub fn run(path: &Path, tensors: bool, as_json: bool) -> Result<(), CliError> {
     let model = ModelFile::open(path)?;
     let gguf = model.parse()?;
     let fail = |e: pinfer::model::ModelError| CliError(format!("{}: {e}", path.display()));
-    // Vocabulary-only files (tokenizer test files) have no tensors and no hyper-parameters.
-    let vocab_only = gguf.tensor_count() == 0;
-    let vocab = if gguf.get("tokenizer.ggml.model").is_some() || vocab_only {
-        Some(validate_vocab(&gguf).map_err(fail)?)
-    } else {
-        None
+    // Files without tensors (vocabulary-only tokenizer test files, or bare metadata) are
+    // described without hyper-parameters; a model with tensors must be complete.
+    let vocab = match gguf.get("tokenizer.ggml.model") {
+        Some(_) => Some(validate_vocab(&gguf).map_err(fail)?),
+        None => None,
     };
-    let hparams = if vocab_only {
+    let hparams = if gguf.tensor_count() == 0 {
         None
     } else {
         let hp = HParams::from_gguf(&gguf).map_err(fail)?;

@@ -1,0 +1,298 @@
+//! Model-level validation: the keys, ranges, vocabulary and tensors a runnable model needs, on the
+//! real default model and on a tiny generated model with one thing wrong at a time.
+
+// ModelError carries names and shapes by value (the core cannot box); size is irrelevant here.
+#![allow(clippy::result_large_err)]
+
+mod common;
+
+use common::{GgufBuilder, Val};
+use pinfer::gguf::Gguf;
+use pinfer::model::{validate_tensors, validate_vocab, Arch, HParams, ModelError};
+
+const E: u64 = 64;
+const HEADS: u32 = 4;
+const KV_HEADS: u32 = 2;
+const FF: u64 = 96;
+const VOCAB: usize = 40;
+// ggml type ids.
+const F32: u32 = 0;
+const Q4_0: u32 = 2;
+const Q8_0: u32 = 8;
+const Q8_K: u32 = 15;
+
+fn tokens() -> Vec<String> {
+    (0..VOCAB).map(|i| format!("t{i}")).collect()
+}
+
+/// A complete, valid tiny model of `arch` (llama, qwen2, qwen3, gemma3, qwen3moe or qwen2moe).
+fn tiny(arch: &str) -> GgufBuilder {
+    let k = |s: &str| format!("{arch}.{s}");
+    let toks = tokens();
+    let refs: Vec<&str> = toks.iter().map(String::as_str).collect();
+    let mut b = GgufBuilder::new()
+        .kv("general.architecture", Val::str(arch))
+        .kv(&k("block_count"), Val::U32(2))
+        .kv(&k("context_length"), Val::U32(128))
+        .kv(&k("embedding_length"), Val::U32(E as u32))
+        .kv(&k("feed_forward_length"), Val::U32(FF as u32))
+        .kv(&k("attention.head_count"), Val::U32(HEADS))
+        .kv(&k("attention.head_count_kv"), Val::U32(KV_HEADS))
+        .kv(&k("attention.layer_norm_rms_epsilon"), Val::F32(1e-6))
+        .kv(&k("rope.freq_base"), Val::F32(10000.0))
+        .kv("tokenizer.ggml.model", Val::str("gpt2"))
+        .kv("tokenizer.ggml.tokens", Val::strs(&refs))
+        .kv("tokenizer.ggml.token_type", Val::Array(5, vec![Val::I32(1); VOCAB]))
+        .kv("tokenizer.ggml.merges", Val::strs(&["t1 t2", "t3 t4"]))
+        .kv("tokenizer.ggml.bos_token_id", Val::U32(1))
+        .kv("tokenizer.ggml.eos_token_id", Val::U32(2));
+    if arch == "gemma3" {
+        b = b.kv(&k("attention.sliding_window"), Val::U32(32));
+    }
+    let moe = arch.ends_with("moe");
+    if moe {
+        b = b
+            .kv(&k("expert_count"), Val::U32(4))
+            .kv(&k("expert_used_count"), Val::U32(2))
+            .kv(&k("expert_feed_forward_length"), Val::U32(FF as u32));
+        if arch == "qwen2moe" {
+            b = b.kv(&k("expert_shared_feed_forward_length"), Val::U32(64));
+        }
+    }
+    let (v, hd) = (VOCAB as u64, E / u64::from(HEADS));
+    let kvw = hd * u64::from(KV_HEADS);
+    b = b.tensor("token_embd.weight", &[E, v], Q8_0).tensor("output_norm.weight", &[E], F32);
+    for i in 0..2 {
+        let t = |b: GgufBuilder, n: &str, dims: &[u64], ty| b.tensor(&format!("blk.{i}.{n}"), dims, ty);
+        b = t(b, "attn_norm.weight", &[E], F32);
+        b = t(b, "attn_q.weight", &[E, E], Q4_0);
+        b = t(b, "attn_k.weight", &[E, kvw], Q4_0);
+        b = t(b, "attn_v.weight", &[E, kvw], Q4_0);
+        b = t(b, "attn_output.weight", &[E, E], Q4_0);
+        b = t(b, "ffn_norm.weight", &[E], F32);
+        if arch.starts_with("qwen2") {
+            b = t(b, "attn_q.bias", &[E], F32);
+            b = t(b, "attn_k.bias", &[kvw], F32);
+            b = t(b, "attn_v.bias", &[kvw], F32);
+        }
+        if matches!(arch, "qwen3" | "qwen3moe" | "gemma3") {
+            b = t(b, "attn_q_norm.weight", &[hd], F32);
+            b = t(b, "attn_k_norm.weight", &[hd], F32);
+        }
+        if arch == "gemma3" {
+            b = t(b, "post_attention_norm.weight", &[E], F32);
+            b = t(b, "post_ffw_norm.weight", &[E], F32);
+        }
+        if moe {
+            b = t(b, "ffn_gate_inp.weight", &[E, 4], F32);
+            b = t(b, "ffn_gate_exps.weight", &[E, FF, 4], Q4_0);
+            b = t(b, "ffn_up_exps.weight", &[E, FF, 4], Q4_0);
+            b = t(b, "ffn_down_exps.weight", &[FF, E, 4], Q4_0);
+        } else {
+            b = t(b, "ffn_gate.weight", &[E, FF], Q4_0);
+            b = t(b, "ffn_up.weight", &[E, FF], Q4_0);
+            b = t(b, "ffn_down.weight", &[FF, E], Q4_0);
+        }
+        if arch == "qwen2moe" {
+            b = t(b, "ffn_gate_inp_shexp.weight", &[E], F32);
+            b = t(b, "ffn_gate_shexp.weight", &[E, 64], Q4_0);
+            b = t(b, "ffn_up_shexp.weight", &[E, 64], Q4_0);
+            b = t(b, "ffn_down_shexp.weight", &[64, E], Q4_0);
+        }
+    }
+    b
+}
+
+/// Everything generation checks at load.
+fn validate(b: &GgufBuilder) -> Result<HParams, ModelError> {
+    let bytes = b.bytes();
+    let g = Gguf::parse(&bytes).expect("the container itself is valid in these tests");
+    let hp = HParams::from_gguf(&g)?;
+    let vocab = validate_vocab(&g)?;
+    validate_tensors(&g, &hp, vocab.n_vocab)?;
+    Ok(hp)
+}
+
+fn set(mut b: GgufBuilder, key: &str, v: Val) -> GgufBuilder {
+    match b.kvs.iter_mut().find(|(k, _)| k == key) {
+        Some(kv) => kv.1 = v,
+        None => b.kvs.push((key.to_string(), v)),
+    }
+    b
+}
+
+fn remove(mut b: GgufBuilder, key: &str) -> GgufBuilder {
+    b.kvs.retain(|(k, _)| k != key);
+    b
+}
+
+fn retype(mut b: GgufBuilder, name: &str, dims: &[u64], ty: u32) -> GgufBuilder {
+    b.tensors.retain(|t| t.name != name);
+    b.tensor(name, dims, ty)
+}
+
+/// The error of `b`, rendered, which must mention every one of `words`.
+fn refused(what: &str, b: &GgufBuilder, words: &[&str]) {
+    let err = validate(b).expect_err(what).to_string();
+    for w in words {
+        assert!(err.contains(w), "{what}: error {err:?} does not mention {w:?}");
+    }
+}
+
+#[test]
+fn the_default_model_is_valid() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    let bytes = std::fs::read(path).expect("default model missing: run scripts/setup.sh model");
+    let g = Gguf::parse(&bytes).unwrap();
+    let hp = HParams::from_gguf(&g).unwrap();
+    let vocab = validate_vocab(&g).unwrap();
+    validate_tensors(&g, &hp, vocab.n_vocab).unwrap();
+    assert_eq!((hp.arch, hp.n_layer, hp.n_embd, hp.n_head, hp.n_head_kv), (Arch::Llama, 30, 576, 9, 3));
+    assert_eq!(
+        (vocab.model, vocab.pre, vocab.n_vocab, vocab.n_merges),
+        ("gpt2", Some("smollm"), 49152, 48900)
+    );
+    assert_eq!(g.tensor_count(), 272);
+}
+
+#[test]
+fn every_supported_architecture_validates() {
+    for arch in ["llama", "qwen2", "qwen3", "gemma3", "qwen3moe", "qwen2moe"] {
+        let hp = validate(&tiny(arch)).unwrap_or_else(|e| panic!("{arch}: {e}"));
+        assert_eq!(hp.arch.name(), arch);
+        assert_eq!((hp.head_dim_k, hp.n_expert_used), (16, if arch.ends_with("moe") { 2 } else { 0 }));
+    }
+}
+
+#[test]
+fn unsupported_architectures_are_refused_by_name() {
+    refused(
+        "arch",
+        &set(tiny("llama"), "general.architecture", Val::str("mamba")),
+        &["\"mamba\"", "not supported"],
+    );
+    refused("no arch", &remove(tiny("llama"), "general.architecture"), &["general.architecture", "missing"]);
+}
+
+#[test]
+fn hyper_parameters_must_be_present_typed_and_sane() {
+    let b = || tiny("llama");
+    refused("missing", &remove(b(), "llama.block_count"), &["llama.block_count", "missing"]);
+    refused("type", &set(b(), "llama.block_count", Val::str("2")), &["llama.block_count", "string"]);
+    refused("zero layers", &set(b(), "llama.block_count", Val::U32(0)), &["llama.block_count", "range"]);
+    refused("too many layers", &set(b(), "llama.block_count", Val::U32(100_000)), &["llama.block_count"]);
+    refused("negative", &set(b(), "llama.embedding_length", Val::I32(-64)), &["llama.embedding_length"]);
+    refused(
+        "kv heads",
+        &set(b(), "llama.attention.head_count_kv", Val::U32(3)),
+        &["head_count_kv", "divide"],
+    );
+    refused("zero heads", &set(b(), "llama.attention.head_count", Val::U32(0)), &["head_count"]);
+    refused("eps", &set(b(), "llama.attention.layer_norm_rms_epsilon", Val::F32(f32::NAN)), &["epsilon"]);
+    refused("rope base", &set(b(), "llama.rope.freq_base", Val::F32(-1.0)), &["freq_base"]);
+    refused("odd rope", &set(b(), "llama.rope.dimension_count", Val::U32(7)), &["dimension_count"]);
+    refused(
+        "per-layer",
+        &set(b(), "llama.attention.head_count", Val::Array(4, vec![Val::U32(4); 2])),
+        &["head_count"],
+    );
+    refused("embedding vs shapes", &set(b(), "llama.embedding_length", Val::U32(32)), &["shape"]);
+    refused("vocab size", &set(b(), "llama.vocab_size", Val::U32(41)), &["vocab_size"]);
+    let moe = || tiny("qwen3moe");
+    refused("experts used", &set(moe(), "qwen3moe.expert_used_count", Val::U32(0)), &["expert_used_count"]);
+    refused(
+        "more used than experts",
+        &set(moe(), "qwen3moe.expert_used_count", Val::U32(5)),
+        &["expert_used_count"],
+    );
+    refused(
+        "gemma window",
+        &set(tiny("gemma3"), "gemma3.attention.sliding_window", Val::U32(0)),
+        &["sliding_window"],
+    );
+}
+
+#[test]
+fn vocabulary_must_be_consistent() {
+    let b = || tiny("llama");
+    refused("tokenizer kind", &set(b(), "tokenizer.ggml.model", Val::str("bert")), &["tokenizer.ggml.model"]);
+    refused(
+        "tokens type",
+        &set(b(), "tokenizer.ggml.tokens", Val::Array(5, vec![Val::I32(0); VOCAB])),
+        &["tokens", "strings"],
+    );
+    refused("empty vocab", &set(b(), "tokenizer.ggml.tokens", Val::Array(8, vec![])), &["tokens"]);
+    // The scores-as-int8 confusion of the hostile-input sheet: right length, wrong element type.
+    refused(
+        "scores type",
+        &set(b(), "tokenizer.ggml.scores", Val::Array(1, vec![Val::I8(0); VOCAB])),
+        &["scores", "float32"],
+    );
+    refused(
+        "scores length",
+        &set(b(), "tokenizer.ggml.scores", Val::Array(6, vec![Val::F32(0.0); 3])),
+        &["scores", "length"],
+    );
+    refused(
+        "types length",
+        &set(b(), "tokenizer.ggml.token_type", Val::Array(5, vec![Val::I32(1); 5])),
+        &["token_type"],
+    );
+    refused(
+        "type value",
+        &set(b(), "tokenizer.ggml.token_type", Val::Array(5, vec![Val::I32(9); VOCAB])),
+        &["token_type"],
+    );
+    let mut bad_byte = vec![Val::I32(1); VOCAB];
+    bad_byte[3] = Val::I32(6);
+    refused("byte token", &set(b(), "tokenizer.ggml.token_type", Val::Array(5, bad_byte)), &["<0xHH>", "3"]);
+    refused("merges", &set(b(), "tokenizer.ggml.merges", Val::strs(&["t1t2"])), &["merges"]);
+    refused("no merges", &remove(b(), "tokenizer.ggml.merges"), &["merges"]);
+    refused("eos", &set(b(), "tokenizer.ggml.eos_token_id", Val::U32(VOCAB as u32)), &["eos_token_id", "40"]);
+    refused("eos type", &set(b(), "tokenizer.ggml.eos_token_id", Val::str("2")), &["eos_token_id"]);
+    refused("pad", &set(b(), "tokenizer.ggml.padding_token_id", Val::I32(-5)), &["padding_token_id"]);
+    // "-1" means "no such token" and is accepted.
+    validate(&set(b(), "tokenizer.ggml.padding_token_id", Val::I32(-1))).unwrap();
+    // SentencePiece defaults (unk 0, bos 1, eos 2) are checked when the keys are absent.
+    let spm = |n: usize| {
+        let toks: Vec<String> = (0..n).map(|i| format!("t{i}")).collect();
+        let refs: Vec<&str> = toks.iter().map(String::as_str).collect();
+        let b = set(b(), "tokenizer.ggml.model", Val::str("llama"));
+        let b = set(b, "tokenizer.ggml.tokens", Val::strs(&refs));
+        let b = remove(b, "tokenizer.ggml.token_type");
+        let b = remove(b, "tokenizer.ggml.eos_token_id");
+        remove(b, "tokenizer.ggml.bos_token_id")
+    };
+    let bytes = spm(2).bytes();
+    let g = Gguf::parse(&bytes).unwrap();
+    let err = validate_vocab(&g).unwrap_err().to_string();
+    assert!(err.contains("eos_token_id") && err.contains("default"), "{err}");
+    let bytes = spm(3).bytes();
+    validate_vocab(&Gguf::parse(&bytes).unwrap()).unwrap();
+}
+
+#[test]
+fn tensors_must_be_present_with_the_right_shape_and_type() {
+    let b = || tiny("llama");
+    let mut missing = b();
+    missing.tensors.retain(|t| t.name != "blk.1.ffn_down.weight");
+    refused("missing", &missing, &["blk.1.ffn_down.weight", "missing"]);
+    refused(
+        "shape",
+        &retype(b(), "blk.0.attn_k.weight", &[E, E], Q4_0),
+        &["blk.0.attn_k.weight", "[64, 64]", "[64, 32]"],
+    );
+    refused(
+        "norm type",
+        &retype(b(), "blk.0.attn_norm.weight", &[E], Q8_0),
+        &["blk.0.attn_norm.weight", "Q8_0"],
+    );
+    refused("weight type", &retype(b(), "blk.0.attn_q.weight", &[E * 4, E], Q8_K), &["blk.0.attn_q.weight"]);
+    refused("embedding rows", &retype(b(), "token_embd.weight", &[E, 41], Q8_0), &["token_embd.weight"]);
+    let mut router = tiny("qwen3moe");
+    router = retype(router, "blk.0.ffn_gate_inp.weight", &[E, 4], Q8_0);
+    refused("quantized router", &router, &["ffn_gate_inp", "Q8_0"]);
+    // An untied output matrix is optional but must have the right shape when present.
+    validate(&b().tensor("output.weight", &[E, VOCAB as u64], Q8_0)).unwrap();
+    refused("output", &b().tensor("output.weight", &[E, 8], Q8_0), &["output.weight"]);
+}
