@@ -15,7 +15,8 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::{Duration, Instant};
 
 use common::{
-    check_parsed, describe, ggml, rich_model, tag, vocab_only_model, Built, Bytes, GgufBuilder, Val,
+    check_parsed, describe, ggml, rich_model, tag, tiny_model, vocab_only_model, Built, Bytes, GgufBuilder,
+    Val,
 };
 use pinfer::gguf::{
     read_header, Gguf, GgufError, Value, ValueType, MAX_ARRAY_DEPTH, MAX_KEY_LEN, MAX_KV, MAX_STRING_LEN,
@@ -1113,6 +1114,7 @@ fn mutate(rng: &mut Rng, base: &Built, out: &mut Vec<u8>) {
 fn seeded_structure_aware_mutations() {
     let bases: Vec<Built> = vec![
         rich_model().build(),
+        tiny_model("qwen3moe").build(),
         vocab_only_model().build(),
         GgufBuilder::new()
             .alignment(64)

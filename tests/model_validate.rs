@@ -6,102 +6,12 @@
 
 mod common;
 
-use common::{GgufBuilder, Val};
+use common::{
+    ggml::{Q4_0, Q8_0, Q8_K},
+    tiny_model as tiny, GgufBuilder, Val, E, VOCAB,
+};
 use pinfer::gguf::Gguf;
 use pinfer::model::{validate_tensors, validate_vocab, Arch, HParams, ModelError};
-
-const E: u64 = 64;
-const HEADS: u32 = 4;
-const KV_HEADS: u32 = 2;
-const FF: u64 = 96;
-const VOCAB: usize = 40;
-// ggml type ids.
-const F32: u32 = 0;
-const Q4_0: u32 = 2;
-const Q8_0: u32 = 8;
-const Q8_K: u32 = 15;
-
-fn tokens() -> Vec<String> {
-    (0..VOCAB).map(|i| format!("t{i}")).collect()
-}
-
-/// A complete, valid tiny model of `arch` (llama, qwen2, qwen3, gemma3, qwen3moe or qwen2moe).
-fn tiny(arch: &str) -> GgufBuilder {
-    let k = |s: &str| format!("{arch}.{s}");
-    let toks = tokens();
-    let refs: Vec<&str> = toks.iter().map(String::as_str).collect();
-    let mut b = GgufBuilder::new()
-        .kv("general.architecture", Val::str(arch))
-        .kv(&k("block_count"), Val::U32(2))
-        .kv(&k("context_length"), Val::U32(128))
-        .kv(&k("embedding_length"), Val::U32(E as u32))
-        .kv(&k("feed_forward_length"), Val::U32(FF as u32))
-        .kv(&k("attention.head_count"), Val::U32(HEADS))
-        .kv(&k("attention.head_count_kv"), Val::U32(KV_HEADS))
-        .kv(&k("attention.layer_norm_rms_epsilon"), Val::F32(1e-6))
-        .kv(&k("rope.freq_base"), Val::F32(10000.0))
-        .kv("tokenizer.ggml.model", Val::str("gpt2"))
-        .kv("tokenizer.ggml.tokens", Val::strs(&refs))
-        .kv("tokenizer.ggml.token_type", Val::Array(5, vec![Val::I32(1); VOCAB]))
-        .kv("tokenizer.ggml.merges", Val::strs(&["t1 t2", "t3 t4"]))
-        .kv("tokenizer.ggml.bos_token_id", Val::U32(1))
-        .kv("tokenizer.ggml.eos_token_id", Val::U32(2));
-    if arch == "gemma3" {
-        b = b.kv(&k("attention.sliding_window"), Val::U32(32));
-    }
-    let moe = arch.ends_with("moe");
-    if moe {
-        b = b
-            .kv(&k("expert_count"), Val::U32(4))
-            .kv(&k("expert_used_count"), Val::U32(2))
-            .kv(&k("expert_feed_forward_length"), Val::U32(FF as u32));
-        if arch == "qwen2moe" {
-            b = b.kv(&k("expert_shared_feed_forward_length"), Val::U32(64));
-        }
-    }
-    let (v, hd) = (VOCAB as u64, E / u64::from(HEADS));
-    let kvw = hd * u64::from(KV_HEADS);
-    b = b.tensor("token_embd.weight", &[E, v], Q8_0).tensor("output_norm.weight", &[E], F32);
-    for i in 0..2 {
-        let t = |b: GgufBuilder, n: &str, dims: &[u64], ty| b.tensor(&format!("blk.{i}.{n}"), dims, ty);
-        b = t(b, "attn_norm.weight", &[E], F32);
-        b = t(b, "attn_q.weight", &[E, E], Q4_0);
-        b = t(b, "attn_k.weight", &[E, kvw], Q4_0);
-        b = t(b, "attn_v.weight", &[E, kvw], Q4_0);
-        b = t(b, "attn_output.weight", &[E, E], Q4_0);
-        b = t(b, "ffn_norm.weight", &[E], F32);
-        if arch.starts_with("qwen2") {
-            b = t(b, "attn_q.bias", &[E], F32);
-            b = t(b, "attn_k.bias", &[kvw], F32);
-            b = t(b, "attn_v.bias", &[kvw], F32);
-        }
-        if matches!(arch, "qwen3" | "qwen3moe" | "gemma3") {
-            b = t(b, "attn_q_norm.weight", &[hd], F32);
-            b = t(b, "attn_k_norm.weight", &[hd], F32);
-        }
-        if arch == "gemma3" {
-            b = t(b, "post_attention_norm.weight", &[E], F32);
-            b = t(b, "post_ffw_norm.weight", &[E], F32);
-        }
-        if moe {
-            b = t(b, "ffn_gate_inp.weight", &[E, 4], F32);
-            b = t(b, "ffn_gate_exps.weight", &[E, FF, 4], Q4_0);
-            b = t(b, "ffn_up_exps.weight", &[E, FF, 4], Q4_0);
-            b = t(b, "ffn_down_exps.weight", &[FF, E, 4], Q4_0);
-        } else {
-            b = t(b, "ffn_gate.weight", &[E, FF], Q4_0);
-            b = t(b, "ffn_up.weight", &[E, FF], Q4_0);
-            b = t(b, "ffn_down.weight", &[FF, E], Q4_0);
-        }
-        if arch == "qwen2moe" {
-            b = t(b, "ffn_gate_inp_shexp.weight", &[E], F32);
-            b = t(b, "ffn_gate_shexp.weight", &[E, 64], Q4_0);
-            b = t(b, "ffn_up_shexp.weight", &[E, 64], Q4_0);
-            b = t(b, "ffn_down_shexp.weight", &[64, E], Q4_0);
-        }
-    }
-    b
-}
 
 /// Everything generation checks at load.
 fn validate(b: &GgufBuilder) -> Result<HParams, ModelError> {

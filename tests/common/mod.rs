@@ -51,6 +51,7 @@ pub mod ggml {
     pub const Q4_K: u32 = 12;
     pub const I8: u32 = 24;
     pub const I64: u32 = 27;
+    pub const Q8_K: u32 = 15;
     pub const BF16: u32 = 30;
 }
 
@@ -499,6 +500,14 @@ fn walk_value(v: &Value<'_>, depth: u32) -> usize {
     }
 }
 
+/// Runs the model-level validation generation does at load; the error text on failure.
+pub fn model_verdict(g: &Gguf<'_>) -> Result<(), String> {
+    use pinfer::model::{validate_tensors, validate_vocab, HParams};
+    let hp = HParams::from_gguf(g).map_err(|e| e.to_string())?;
+    let vocab = validate_vocab(g).map_err(|e| e.to_string())?;
+    validate_tensors(g, &hp, vocab.n_vocab).map_err(|e| e.to_string())
+}
+
 /// Exercises every accessor of a successfully parsed file and checks what the parser guarantees:
 /// every value readable and arrays iterable to their end; every tensor valid, its data inside
 /// `bytes` with exactly `nbytes` bytes at `data_start + offset`, `nbytes` consistent with the
@@ -510,6 +519,9 @@ pub fn check_parsed(g: &Gguf<'_>, bytes: &[u8]) {
     assert!(align.is_power_of_two() && ALIGNMENT_RANGE.contains(&align), "alignment {align}");
     assert_eq!(g.data_start() % align as usize, 0);
     let _ = format!("{g:?}");
+
+    // Model-level validation must refuse or accept, never panic, on whatever parsed.
+    let _ = model_verdict(g);
 
     let mut n_kv = 0u64;
     for (key, value) in g.metadata() {
@@ -590,4 +602,94 @@ pub fn describe(e: &GgufError) -> String {
     assert!(!text.is_empty());
     let _ = format!("{e:?}");
     text
+}
+
+/// Width of the tiny test models.
+pub const E: u64 = 64;
+const HEADS: u32 = 4;
+const KV_HEADS: u32 = 2;
+const FF: u64 = 96;
+/// Vocabulary of the tiny test models.
+pub const VOCAB: usize = 40;
+
+fn tokens() -> Vec<String> {
+    (0..VOCAB).map(|i| format!("t{i}")).collect()
+}
+
+/// A complete, valid tiny model of `arch` (llama, qwen2, qwen3, gemma3, qwen3moe or qwen2moe).
+pub fn tiny_model(arch: &str) -> GgufBuilder {
+    let k = |s: &str| format!("{arch}.{s}");
+    let toks = tokens();
+    let refs: Vec<&str> = toks.iter().map(String::as_str).collect();
+    let mut b = GgufBuilder::new()
+        .kv("general.architecture", Val::str(arch))
+        .kv(&k("block_count"), Val::U32(2))
+        .kv(&k("context_length"), Val::U32(128))
+        .kv(&k("embedding_length"), Val::U32(E as u32))
+        .kv(&k("feed_forward_length"), Val::U32(FF as u32))
+        .kv(&k("attention.head_count"), Val::U32(HEADS))
+        .kv(&k("attention.head_count_kv"), Val::U32(KV_HEADS))
+        .kv(&k("attention.layer_norm_rms_epsilon"), Val::F32(1e-6))
+        .kv(&k("rope.freq_base"), Val::F32(10000.0))
+        .kv("tokenizer.ggml.model", Val::str("gpt2"))
+        .kv("tokenizer.ggml.tokens", Val::strs(&refs))
+        .kv("tokenizer.ggml.token_type", Val::Array(5, vec![Val::I32(1); VOCAB]))
+        .kv("tokenizer.ggml.merges", Val::strs(&["t1 t2", "t3 t4"]))
+        .kv("tokenizer.ggml.bos_token_id", Val::U32(1))
+        .kv("tokenizer.ggml.eos_token_id", Val::U32(2));
+    if arch == "gemma3" {
+        b = b.kv(&k("attention.sliding_window"), Val::U32(32));
+    }
+    let moe = arch.ends_with("moe");
+    if moe {
+        b = b
+            .kv(&k("expert_count"), Val::U32(4))
+            .kv(&k("expert_used_count"), Val::U32(2))
+            .kv(&k("expert_feed_forward_length"), Val::U32(FF as u32));
+        if arch == "qwen2moe" {
+            b = b.kv(&k("expert_shared_feed_forward_length"), Val::U32(64));
+        }
+    }
+    let (v, hd) = (VOCAB as u64, E / u64::from(HEADS));
+    let kvw = hd * u64::from(KV_HEADS);
+    b = b.tensor("token_embd.weight", &[E, v], ggml::Q8_0).tensor("output_norm.weight", &[E], ggml::F32);
+    for i in 0..2 {
+        let t = |b: GgufBuilder, n: &str, dims: &[u64], ty| b.tensor(&format!("blk.{i}.{n}"), dims, ty);
+        b = t(b, "attn_norm.weight", &[E], ggml::F32);
+        b = t(b, "attn_q.weight", &[E, E], ggml::Q4_0);
+        b = t(b, "attn_k.weight", &[E, kvw], ggml::Q4_0);
+        b = t(b, "attn_v.weight", &[E, kvw], ggml::Q4_0);
+        b = t(b, "attn_output.weight", &[E, E], ggml::Q4_0);
+        b = t(b, "ffn_norm.weight", &[E], ggml::F32);
+        if arch.starts_with("qwen2") {
+            b = t(b, "attn_q.bias", &[E], ggml::F32);
+            b = t(b, "attn_k.bias", &[kvw], ggml::F32);
+            b = t(b, "attn_v.bias", &[kvw], ggml::F32);
+        }
+        if matches!(arch, "qwen3" | "qwen3moe" | "gemma3") {
+            b = t(b, "attn_q_norm.weight", &[hd], ggml::F32);
+            b = t(b, "attn_k_norm.weight", &[hd], ggml::F32);
+        }
+        if arch == "gemma3" {
+            b = t(b, "post_attention_norm.weight", &[E], ggml::F32);
+            b = t(b, "post_ffw_norm.weight", &[E], ggml::F32);
+        }
+        if moe {
+            b = t(b, "ffn_gate_inp.weight", &[E, 4], ggml::F32);
+            b = t(b, "ffn_gate_exps.weight", &[E, FF, 4], ggml::Q4_0);
+            b = t(b, "ffn_up_exps.weight", &[E, FF, 4], ggml::Q4_0);
+            b = t(b, "ffn_down_exps.weight", &[FF, E, 4], ggml::Q4_0);
+        } else {
+            b = t(b, "ffn_gate.weight", &[E, FF], ggml::Q4_0);
+            b = t(b, "ffn_up.weight", &[E, FF], ggml::Q4_0);
+            b = t(b, "ffn_down.weight", &[FF, E], ggml::Q4_0);
+        }
+        if arch == "qwen2moe" {
+            b = t(b, "ffn_gate_inp_shexp.weight", &[E], ggml::F32);
+            b = t(b, "ffn_gate_shexp.weight", &[E, 64], ggml::Q4_0);
+            b = t(b, "ffn_up_shexp.weight", &[E, 64], ggml::Q4_0);
+            b = t(b, "ffn_down_shexp.weight", &[64, E], ggml::Q4_0);
+        }
+    }
+    b
 }
