@@ -94,13 +94,16 @@ impl Tensor {
         self.ne[1] * self.ne[2] * self.ne[3]
     }
 
-    /// Bytes spanned by the data, from the first to one past the last byte.
+    /// Bytes spanned by the data, from the first to one past the last byte (strided and
+    /// transposed views included: the last element of every dimension is counted with its stride).
     pub fn span_bytes(&self) -> usize {
         if self.ne.contains(&0) {
             return 0;
         }
-        let row = self.ty.bytes_for(self.ne[0] as u64).unwrap_or(0) as usize;
-        (1..4).map(|d| (self.ne[d] - 1) * self.nb[d]).sum::<usize>() + row
+        let blocks = self.ne[0] / self.ty.block_len();
+        let last = (blocks.saturating_sub(1)) * self.nb[0]
+            + (1..4).map(|d| (self.ne[d] - 1) * self.nb[d]).sum::<usize>();
+        last + self.ty.block_bytes()
     }
 
     /// Whether rows are packed without gaps in dimension order.

@@ -346,7 +346,8 @@ impl<'a, const N: usize> Bound<'a, N> {
                 }
                 Op::Rope => {
                     let Some((a, ta)) = src(0) else { return };
-                    let factors = src(1).map(|(f, tf)| self.read::<f32>(f, 0, tf.ne[0]));
+                    // The builder checked the factors hold at least n_rot / 2 contiguous values.
+                    let factors = src(1).map(|(f, tf)| self.read::<f32>(f, 0, tf.n_elements()));
                     let p = kref::RopeParams {
                         n_rot: t.params.i[0] as usize,
                         neox: t.params.i[1] == 1,
@@ -363,12 +364,14 @@ impl<'a, const N: usize> Bound<'a, N> {
                 Op::GetRows => {
                     let (Some((table, tt)), Some((ids, _))) = (src(0), src(1)) else { return };
                     let ids: &[i32] = self.read(ids, 0, ne[1]);
-                    let row_bytes = tt.nb[1];
+                    // The table may be a slice of a wider one: read ne[0] elements at each row's stride.
+                    let row_bytes = tt.ty.bytes_for(ne[0] as u64).unwrap_or(0) as usize;
                     for i1 in share(ne[1], ith, nth) {
                         let out: &mut [f32] = self.write(id, t.row_offset(i1, 0, 0), ne[0]);
                         match usize::try_from(ids[i1]).ok().filter(|&r| r < tt.ne[1]) {
                             Some(r) => {
-                                let bytes: &[u8] = self.read(table, r * row_bytes, row_bytes);
+                                let bytes: &[u8] = self.read(table, r * tt.nb[1], row_bytes);
+                                // Cannot fail: the builder accepted only dequantizable types.
                                 let _ = dequantize_row_ref(tt.ty, bytes, out);
                             }
                             None => {

@@ -13,6 +13,7 @@ pub use op::{Op, OpParams, RopeMode};
 pub use plan::{plan, plan_unshared, Plan, PlanError};
 
 use crate::build_config::GRAPH_CAPACITY;
+use crate::kernels::dot::vec_dot_type;
 use crate::quant::GgmlType;
 use crate::tensor::{contiguous_strides, Storage, Tensor, TensorId, MAX_SRC};
 
@@ -29,6 +30,11 @@ pub enum GraphError {
     CapacityExceeded {
         /// The capacity (`PINFER_GRAPH_CAPACITY` at build time raises it).
         capacity: usize,
+    },
+    /// More outputs than [`MAX_OUTPUTS`].
+    TooManyOutputs {
+        /// The most outputs a graph can have.
+        max: usize,
     },
     /// An op's sources have shapes or types it does not accept.
     Invalid {
@@ -48,12 +54,22 @@ impl fmt::Display for GraphError {
                 f,
                 "graph needs more than {capacity} tensors; rebuild with a larger PINFER_GRAPH_CAPACITY"
             ),
+            Self::TooManyOutputs { max } => write!(f, "a graph has at most {max} outputs"),
             Self::Invalid { op, name, problem } => write!(f, "{op} on {name:?}: {problem}"),
         }
     }
 }
 
 impl core::error::Error for GraphError {}
+
+/// Whether the reference dequantizer reads rows of `ty` (what `get_rows` needs).
+fn can_dequantize(ty: GgmlType) -> bool {
+    use GgmlType::*;
+    matches!(
+        ty,
+        F32 | F16 | BF16 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q8_1 | Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | Q8_K
+    )
+}
 
 /// A computation graph of at most `N` tensors.
 pub struct Graph<const N: usize = GRAPH_CAPACITY> {
@@ -265,6 +281,9 @@ impl<const N: usize> Graph<N> {
         if t.ne[2] != 1 || t.ne[3] != 1 || !t.rows_are_contiguous() {
             return Err(self.invalid(Op::GetRows, table, "table must be a 2-D matrix of contiguous rows"));
         }
+        if !can_dequantize(t.ty) {
+            return Err(self.invalid(Op::GetRows, table, "no kernel reads rows of this type"));
+        }
         let ne = [t.ne[0], i.ne[0], 1, 1];
         self.node(Op::GetRows, GgmlType::F32, ne, &[table, ids], OpParams::default())
     }
@@ -292,7 +311,7 @@ impl<const N: usize> Graph<N> {
         let _ = src.push(x);
         if let Some(ff) = freq_factors {
             let f = self.tensor(ff);
-            if f.ty != GgmlType::F32 || f.n_elements() < n_rot / 2 || !f.is_contiguous() {
+            if f.ty != GgmlType::F32 || f.ne[0] < n_rot / 2 || f.n_rows() != 1 || !f.is_contiguous() {
                 return Err(self.invalid(Op::Rope, ff, "frequency factors must be n_rot/2 contiguous F32"));
             }
             let _ = src.push(ff);
@@ -328,6 +347,9 @@ impl<const N: usize> Graph<N> {
         if !tw.rows_are_contiguous() {
             return Err(self.invalid(Op::MulMat, w, "weight rows must be contiguous"));
         }
+        if vec_dot_type(tw.ty).is_none() {
+            return Err(self.invalid(Op::MulMat, w, "no matmul kernel for this weight type"));
+        }
         let ne = [tw.ne[1], tx.ne[1], tx.ne[2], tx.ne[3]];
         let id = self.node(Op::MulMat, GgmlType::F32, ne, &[w, x], OpParams::default())?;
         // The result's rows (dimension 0) follow the weight's rows: KV-length dependence comes from w.
@@ -343,6 +365,9 @@ impl<const N: usize> Graph<N> {
         let (tw, tx, ti) = (self.tensor(w), self.tensor(x), self.tensor(ids));
         if tw.ne[0] != tx.ne[0] || tw.ne[3] != 1 || !tw.is_contiguous() {
             return Err(self.invalid(Op::MulMatId, w, "experts must be contiguous [k, m, n_expert]"));
+        }
+        if vec_dot_type(tw.ty).is_none() {
+            return Err(self.invalid(Op::MulMatId, w, "no matmul kernel for this weight type"));
         }
         if ti.ty != GgmlType::I32 || !ti.is_contiguous() || ti.ne[2] != 1 || ti.ne[3] != 1 {
             return Err(self.invalid(Op::MulMatId, ids, "ids must be contiguous I32 [n_used, n_tokens]"));
@@ -397,6 +422,13 @@ impl<const N: usize> Graph<N> {
         {
             return Err(self.invalid(Op::KvWrite, cache, "cache must be a contiguous 2-D F32/F16 matrix"));
         }
+        if !matches!(tc.storage, Storage::Persistent { .. }) {
+            return Err(self.invalid(
+                Op::KvWrite,
+                cache,
+                "the cache must live in the arena's persistent region",
+            ));
+        }
         let (row, n_ctx) = if transposed { (tc.ne[1], tc.ne[0]) } else { (tc.ne[0], tc.ne[1]) };
         if ts.ne[0] != row || ts.ne[2] != 1 || ts.ne[3] != 1 || ts.ne[1] > n_ctx {
             return Err(self.invalid(Op::KvWrite, src, "rows must match the cache rows"));
@@ -433,7 +465,7 @@ impl<const N: usize> Graph<N> {
             ..b.clone()
         };
         let fits = ne.iter().all(|&n| n > 0)
-            && nb[0] == b.ty.block_bytes()
+            && (nb[0] == b.ty.block_bytes() || !b.ty.is_quantized())
             && ne[0] % b.ty.block_len() == 0
             && offset.checked_add(t.span_bytes()).is_some_and(|end| end <= b.span_bytes());
         if !fits {
@@ -524,7 +556,7 @@ impl<const N: usize> Graph<N> {
         let _ = state.resize(n, 0);
         let mut stack: heapless::Vec<(TensorId, u8), N> = heapless::Vec::new();
         for &out in outputs {
-            self.outputs.push(out).map_err(|_| GraphError::CapacityExceeded { capacity: MAX_OUTPUTS })?;
+            self.outputs.push(out).map_err(|_| GraphError::TooManyOutputs { max: MAX_OUTPUTS })?;
             if state[out.index()] != 0 {
                 continue;
             }

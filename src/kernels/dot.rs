@@ -27,6 +27,24 @@ use crate::quant::blocks::*;
 use crate::quant::quantize::{quantize_row_q8_0_ref, quantize_row_q8_k_ref};
 use crate::quant::GgmlType;
 
+/// Exact f16 to f32, branch-light so it stays cheap inside block loops (`half`'s software fallback,
+/// used without the `std` feature or a compile-time `fp16`/`f16c` target feature, is several times
+/// slower). Same values as [`F16Le::to_f32`] (a NaN stays a NaN, not necessarily a quiet one).
+#[inline(always)]
+fn f16(h: F16Le) -> f32 {
+    let h = h.to_bits();
+    let sign = ((h & 0x8000) as u32) << 16;
+    let bits = ((h & 0x7fff) as u32) << 13;
+    let v = if h & 0x7c00 == 0x7c00 {
+        // Infinity or NaN: all-ones exponent, mantissa kept.
+        f32::from_bits(bits | 0x7f80_0000)
+    } else {
+        // Normal and subnormal: exponent bias 15 -> 127 by an exact multiply with 2^112.
+        f32::from_bits(bits) * f32::from_bits(0x7780_0000)
+    };
+    f32::from_bits(v.to_bits() | sign)
+}
+
 /// The activation type ggml converts activations to before a dot product with `weight`, or `None`
 /// when there is no reference dot product for `weight`.
 ///
@@ -148,8 +166,8 @@ pub fn vec_dot_f32_f32_ref(x: &[F32Le], y: &[F32Le]) -> f32 {
 pub fn vec_dot_f16_f16_ref(x: &[F16Le], y: &[F16Le]) -> f32 {
     debug_assert_eq!(x.len(), y.len());
     let mut sum = 0.0f64;
-    for (a, b) in x.iter().zip(y) {
-        sum += (a.to_f32() * b.to_f32()) as f64;
+    for (&a, &b) in x.iter().zip(y) {
+        sum += (f16(a) * f16(b)) as f64;
     }
     sum as f32
 }
@@ -174,7 +192,7 @@ pub fn vec_dot_q4_0_q8_0_ref(x: &[BlockQ4_0], y: &[BlockQ8_0]) -> f32 {
         for ((&q, &a), &b) in x.qs.iter().zip(lo).zip(hi) {
             sumi += ((q & 0xF) as i32 - 8) * a as i32 + ((q >> 4) as i32 - 8) * b as i32;
         }
-        sumf += sumi as f32 * x.d.to_f32() * y.d.to_f32();
+        sumf += sumi as f32 * f16(x.d) * f16(y.d);
     }
     sumf
 }
@@ -189,7 +207,7 @@ pub fn vec_dot_q4_1_q8_1_ref(x: &[BlockQ4_1], y: &[BlockQ8_1]) -> f32 {
         for ((&q, &a), &b) in x.qs.iter().zip(lo).zip(hi) {
             sumi += (q & 0xF) as i32 * a as i32 + (q >> 4) as i32 * b as i32;
         }
-        sumf += (x.d.to_f32() * y.d.to_f32()) * sumi as f32 + x.m.to_f32() * y.s.to_f32();
+        sumf += (f16(x.d) * f16(y.d)) * sumi as f32 + f16(x.m) * f16(y.s);
     }
     sumf
 }
@@ -214,7 +232,7 @@ pub fn vec_dot_q5_0_q8_0_ref(x: &[BlockQ5_0], y: &[BlockQ8_0]) -> f32 {
     let mut sumf = 0.0f32;
     for (x, y) in x.iter().zip(y) {
         let sumi = q5_dot(x.qh, &x.qs, &y.qs, 16);
-        sumf += (x.d.to_f32() * y.d.to_f32()) * sumi as f32;
+        sumf += (f16(x.d) * f16(y.d)) * sumi as f32;
     }
     sumf
 }
@@ -225,7 +243,7 @@ pub fn vec_dot_q5_1_q8_1_ref(x: &[BlockQ5_1], y: &[BlockQ8_1]) -> f32 {
     let mut sumf = 0.0f32;
     for (x, y) in x.iter().zip(y) {
         let sumi = q5_dot(x.qh, &x.qs, &y.qs, 0);
-        sumf += (x.d.to_f32() * y.d.to_f32()) * sumi as f32 + x.m.to_f32() * y.s.to_f32();
+        sumf += (f16(x.d) * f16(y.d)) * sumi as f32 + f16(x.m) * f16(y.s);
     }
     sumf
 }
@@ -239,7 +257,7 @@ pub fn vec_dot_q8_0_q8_0_ref(x: &[BlockQ8_0], y: &[BlockQ8_0]) -> f32 {
         for (&a, &b) in x.qs.iter().zip(&y.qs) {
             sumi += a as i32 * b as i32;
         }
-        sumf += sumi as f32 * (x.d.to_f32() * y.d.to_f32());
+        sumf += sumi as f32 * (f16(x.d) * f16(y.d));
     }
     sumf
 }
@@ -254,8 +272,8 @@ pub fn vec_dot_q2_k_q8_k_ref(x: &[BlockQ2_K], y: &[BlockQ8_K]) -> f32 {
         for (&sc, bsum) in x.scales.iter().zip(&y.bsums) {
             summs += bsum.get() as i32 * (sc >> 4) as i32;
         }
-        let dall = y.d.get() * x.d.to_f32();
-        let dmin = y.d.get() * x.dmin.to_f32();
+        let dall = y.d.get() * f16(x.d);
+        let dmin = y.d.get() * f16(x.dmin);
         let mut isum = 0i32;
         // Group g (16 elements) = half h, shift 2k, bytes 16 * (g % 2) .. of qs[32h ..].
         for (g, (act, &sc)) in y.qs.chunks_exact(16).zip(&x.scales).enumerate() {
@@ -293,7 +311,7 @@ pub fn vec_dot_q3_k_q8_k_ref(x: &[BlockQ3_K], y: &[BlockQ8_K]) -> f32 {
             }
             isum += scale_q3_k(g, &x.scales) as i32 * s;
         }
-        sumf += (x.d.to_f32() * y.d.get()) * isum as f32;
+        sumf += (f16(x.d) * y.d.get()) * isum as f32;
     }
     sumf
 }
@@ -315,7 +333,7 @@ fn dot_k4(
         summs += m as i32 * (bsums[0].get() as i32 + bsums[1].get() as i32);
     }
     let dy = y.d.get();
-    (d.to_f32() * dy) * isum as f32 - (dmin.to_f32() * dy) * summs as f32
+    (f16(d) * dy) * isum as f32 - (f16(dmin) * dy) * summs as f32
 }
 
 /// q4_K x q8_K: per super-block `(d_x * d_y) * isum - (dmin_x * d_y) * summs`, with
@@ -377,7 +395,7 @@ pub fn vec_dot_q6_k_q8_k_ref(x: &[BlockQ6_K], y: &[BlockQ8_K]) -> f32 {
             }
             isum += sc as i32 * s;
         }
-        sumf += (x.d.to_f32() * y.d.get()) * isum as f32;
+        sumf += (f16(x.d) * y.d.get()) * isum as f32;
     }
     sumf
 }
@@ -884,5 +902,14 @@ mod tests {
         let mut buf = [0u8; 13];
         assert!(from_float_ref(GgmlType::F32, &[2.0, -3.0, 0.5], &mut buf[1..13]));
         assert_eq!(vec_dot_ref(GgmlType::F32, &buf[1..13], &buf[1..13]), 4.0 + 9.0 + 0.25);
+    }
+
+    #[test]
+    fn fast_f16_widening_is_exact_for_every_pattern() {
+        for bits in 0..=u16::MAX {
+            let h = F16Le::from_bits(bits);
+            let (fast, slow) = (f16(h), h.to_f32());
+            assert!(fast.to_bits() == slow.to_bits() || fast.is_nan() && slow.is_nan(), "{bits:#06x}");
+        }
     }
 }
