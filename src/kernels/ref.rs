@@ -6,16 +6,6 @@
 
 use libm::{cosf, expf, sinf, sqrtf, tanhf};
 
-/// `sum(a[i] * b[i])`, accumulated in f32 like ggml's scalar path.
-pub fn dot_f32_ref(a: &[f32], b: &[f32]) -> f32 {
-    debug_assert_eq!(a.len(), b.len());
-    let mut sum = 0.0f32;
-    for (x, y) in a.iter().zip(b) {
-        sum += x * y;
-    }
-    sum
-}
-
 /// RMS norm: `out = x / sqrt(mean(x^2) + eps)`.
 pub fn rms_norm_ref(x: &[f32], out: &mut [f32], eps: f32) {
     debug_assert_eq!(x.len(), out.len());

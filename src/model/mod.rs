@@ -3,11 +3,13 @@
 //!
 //! Everything here runs once at load. Graph builders trust what it checked.
 
+mod build;
 mod hparams;
 mod validate;
 
 use core::fmt;
 
+pub use build::{build_forward, Forward, KvLayout, MODEL_BUFFER};
 pub use hparams::{HParams, MAX_LAYERS};
 pub use validate::{validate_tensors, validate_vocab, TensorKind, Vocab};
 

@@ -1,0 +1,272 @@
+//! Graph builders: the forward pass of each architecture as a graph on the engine.
+//!
+//! One function covers the llama family (llama, qwen2, qwen3) and gemma3: they differ in a few
+//! switches (biases, Q/K norms, RoPE pairing, GeGLU, extra norms, embedding scale, sliding-window
+//! layers), which [`ArchTraits`] spells out. Weights are leaves in buffer 0 (the model file) at
+//! their GGUF offsets; the KV cache and the token ids live in the arena's persistent region.
+
+use core::fmt::Write;
+
+use super::{Arch, HParams, ModelError};
+use crate::gguf::{name_of, Gguf};
+use crate::graph::{Graph, GraphError, RopeMode};
+use crate::quant::GgmlType;
+use crate::tensor::{Storage, TensorId};
+
+/// Index of the model file in the executor's buffer table.
+pub const MODEL_BUFFER: u8 = 0;
+
+/// Where the per-layer KV caches and the token-id input sit in the arena's persistent region.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvLayout {
+    /// Positions the cache holds.
+    pub n_ctx: usize,
+    /// Most tokens one graph evaluates (size of the token-id input).
+    pub n_batch: usize,
+    /// Bytes of one layer's K cache (the V cache has the same size).
+    pub layer_bytes: usize,
+    /// Offset of the token-id input (I32 `[n_batch]`).
+    pub ids_offset: usize,
+    /// Bytes of the persistent region.
+    pub total_bytes: usize,
+}
+
+/// Bytes rounded up to the arena alignment.
+fn aligned(n: usize) -> usize {
+    n.next_multiple_of(crate::arena::ARENA_ALIGN)
+}
+
+impl KvLayout {
+    /// The layout for `hp` with `n_ctx` positions (F16 K and V per layer) and batches of up to
+    /// `n_batch` tokens; `None` if the sizes overflow.
+    pub fn new(hp: &HParams, n_ctx: usize, n_batch: usize) -> Option<Self> {
+        let width = (hp.n_head_kv as usize).checked_mul(hp.head_dim_k.max(hp.head_dim_v) as usize)?;
+        let layer_bytes = aligned(width.checked_mul(n_ctx)?.checked_mul(2)?);
+        let caches = layer_bytes.checked_mul(2)?.checked_mul(hp.n_layer as usize)?;
+        let ids_offset = caches;
+        let total_bytes = ids_offset.checked_add(aligned(n_batch.checked_mul(4)?))?;
+        Some(Self { n_ctx, n_batch, layer_bytes, ids_offset, total_bytes })
+    }
+
+    fn k_offset(&self, layer: usize) -> usize {
+        2 * layer * self.layer_bytes
+    }
+
+    fn v_offset(&self, layer: usize) -> usize {
+        (2 * layer + 1) * self.layer_bytes
+    }
+}
+
+/// The inputs and outputs of a built forward graph.
+#[derive(Debug, Clone, Copy)]
+pub struct Forward {
+    /// I32 token ids `[n_tokens]` (persistent storage at `KvLayout::ids_offset`).
+    pub ids: TensorId,
+    /// F32 logits `[n_vocab, n_outputs]`: every token's, or only the last one's.
+    pub logits: TensorId,
+    /// Tokens the graph evaluates.
+    pub n_tokens: usize,
+}
+
+/// What sets an architecture apart in the shared forward pass.
+struct ArchTraits {
+    rope: RopeMode,
+    qkv_bias: bool,
+    qk_norm: bool,
+    /// Gemma: GeGLU, post-attention and post-FFN norms, embeddings scaled by sqrt(n_embd).
+    gemma: bool,
+}
+
+impl ArchTraits {
+    fn of(arch: Arch) -> Self {
+        match arch {
+            Arch::Llama => Self { rope: RopeMode::Normal, qkv_bias: false, qk_norm: false, gemma: false },
+            Arch::Qwen2 | Arch::Qwen2Moe => {
+                Self { rope: RopeMode::Neox, qkv_bias: true, qk_norm: false, gemma: false }
+            }
+            Arch::Qwen3 | Arch::Qwen3Moe => {
+                Self { rope: RopeMode::Neox, qkv_bias: false, qk_norm: true, gemma: false }
+            }
+            Arch::Gemma3 => Self { rope: RopeMode::Neox, qkv_bias: false, qk_norm: true, gemma: true },
+        }
+    }
+}
+
+/// Gemma 3 makes every sixth layer global and the others sliding-window (llama.cpp's pattern).
+const GEMMA3_SWA_PERIOD: u32 = 6;
+/// RoPE base of Gemma 3's sliding-window layers.
+const GEMMA3_SWA_ROPE_BASE: f32 = 10_000.0;
+
+/// Errors while building: a graph problem, or a tensor the validation should have caught.
+fn graph_err(e: GraphError) -> ModelError {
+    let mut name = crate::gguf::Name::new();
+    let _ = write!(name, "{e}");
+    ModelError::MissingTensor { name }
+}
+
+/// Builds the forward pass for `n_tokens` tokens. With `all_logits`, logits for every token
+/// (perplexity); otherwise only for the last one (generation), which skips the output matmul for
+/// the others. The model must have passed `validate_tensors`.
+pub fn build_forward<const N: usize>(
+    g: &mut Graph<N>,
+    gguf: &Gguf<'_>,
+    hp: &HParams,
+    kv: &KvLayout,
+    n_tokens: usize,
+    all_logits: bool,
+) -> Result<Forward, ModelError> {
+    if hp.arch.is_moe() {
+        return Err(ModelError::UnsupportedArch { name: name_of(hp.arch.name()) });
+    }
+    g.clear();
+    let traits = ArchTraits::of(hp.arch);
+    let data_start = gguf.data_start();
+    let weight = |g: &mut Graph<N>, name: core::fmt::Arguments<'_>| -> Result<Option<TensorId>, ModelError> {
+        let mut full = crate::gguf::Name::new();
+        let _ = full.write_fmt(name);
+        let Some(info) = gguf.tensor(&full) else { return Ok(None) };
+        let ne = info.ne.map(|n| n as usize);
+        let storage = Storage::External { buffer: MODEL_BUFFER, offset: data_start + info.offset as usize };
+        g.leaf(&full, info.ty, ne, storage).map(Some).map_err(graph_err)
+    };
+    let required =
+        |w: Option<TensorId>, name: &str| w.ok_or_else(|| ModelError::MissingTensor { name: name_of(name) });
+
+    let (e, t) = (hp.n_embd as usize, n_tokens);
+    let (n_head, n_head_kv) = (hp.n_head as usize, hp.n_head_kv as usize);
+    let (hd_k, hd_v) = (hp.head_dim_k as usize, hp.head_dim_v as usize);
+    let kv_w = n_head_kv * hd_k.max(hd_v);
+    let n_ctx = kv.n_ctx;
+
+    let tok_embd = required(weight(g, format_args!("token_embd.weight"))?, "token_embd.weight")?;
+    let output_norm = required(weight(g, format_args!("output_norm.weight"))?, "output_norm.weight")?;
+    let output = weight(g, format_args!("output.weight"))?.unwrap_or(tok_embd);
+    let rope_freqs = weight(g, format_args!("rope_freqs.weight"))?;
+    let ids = g
+        .leaf("token_ids", GgmlType::I32, [t, 1, 1, 1], Storage::Persistent { offset: kv.ids_offset })
+        .map_err(graph_err)?;
+
+    let mut x = g.get_rows(tok_embd, ids).map_err(graph_err)?;
+    if traits.gemma {
+        x = g.scale(x, libm::sqrtf(e as f32)).map_err(graph_err)?;
+    }
+    for il in 0..hp.n_layer as usize {
+        let need = |g: &mut Graph<N>, suffix: &str| -> Result<TensorId, ModelError> {
+            let mut name = crate::gguf::Name::new();
+            let _ = write!(name, "blk.{il}.{suffix}");
+            weight(g, format_args!("{name}"))?.ok_or(ModelError::MissingTensor { name })
+        };
+        let attn_norm = need(g, "attn_norm.weight")?;
+        let (wq, wk, wv, wo) = (
+            need(g, "attn_q.weight")?,
+            need(g, "attn_k.weight")?,
+            need(g, "attn_v.weight")?,
+            need(g, "attn_output.weight")?,
+        );
+        let e_ = |r: Result<TensorId, GraphError>| r.map_err(graph_err);
+
+        let cur = e_(g.rms_norm(x, hp.rms_eps))?;
+        let cur = e_(g.mul(cur, attn_norm))?;
+        let mut q = e_(g.mul_mat(wq, cur))?;
+        let mut k = e_(g.mul_mat(wk, cur))?;
+        let mut v = e_(g.mul_mat(wv, cur))?;
+        if traits.qkv_bias {
+            let (bq, bk, bv) = (need(g, "attn_q.bias")?, need(g, "attn_k.bias")?, need(g, "attn_v.bias")?);
+            q = e_(g.add(q, bq))?;
+            k = e_(g.add(k, bk))?;
+            v = e_(g.add(v, bv))?;
+        }
+        q = e_(g.reshape(q, [hd_k, n_head, t, 1]))?;
+        k = e_(g.reshape(k, [hd_k, n_head_kv, t, 1]))?;
+        if traits.qk_norm {
+            let (qn, kn) = (need(g, "attn_q_norm.weight")?, need(g, "attn_k_norm.weight")?);
+            q = e_(g.rms_norm(q, hp.rms_eps))?;
+            q = e_(g.mul(q, qn))?;
+            k = e_(g.rms_norm(k, hp.rms_eps))?;
+            k = e_(g.mul(k, kn))?;
+        }
+        // Gemma 3: five sliding-window layers with their own RoPE base, then one global layer.
+        let sliding = traits.gemma && (il as u32 % GEMMA3_SWA_PERIOD) < GEMMA3_SWA_PERIOD - 1;
+        let (base, scale) =
+            if sliding { (GEMMA3_SWA_ROPE_BASE, 1.0) } else { (hp.rope_freq_base, hp.rope_freq_scale) };
+        let n_rot = hp.n_rot as usize;
+        q = e_(g.rope(q, n_rot, traits.rope, base, scale, rope_freqs))?;
+        k = e_(g.rope(k, n_rot, traits.rope, base, scale, rope_freqs))?;
+
+        // Cache: K as [kv_w, n_ctx], V transposed as [n_ctx, kv_w], both F16.
+        let mut label = crate::gguf::Name::new();
+        let _ = write!(label, "cache_k.{il}");
+        let k_cache = e_(g.leaf(
+            &label,
+            GgmlType::F16,
+            [kv_w, n_ctx, 1, 1],
+            Storage::Persistent { offset: kv.k_offset(il) },
+        ))?;
+        label.clear();
+        let _ = write!(label, "cache_v.{il}");
+        let v_cache = e_(g.leaf(
+            &label,
+            GgmlType::F16,
+            [n_ctx, kv_w, 1, 1],
+            Storage::Persistent { offset: kv.v_offset(il) },
+        ))?;
+        let k_flat = e_(g.reshape(k, [hd_k * n_head_kv, t, 1, 1]))?;
+        let k_all = e_(g.kv_write(k_cache, k_flat, false))?;
+        let v_all = e_(g.kv_write(v_cache, v, true))?;
+        let k_view = e_(g.view(
+            k_all,
+            [hd_k, n_ctx, n_head_kv, 1],
+            [2, kv_w * 2, hd_k * 2, kv_w * 2 * n_ctx],
+            0,
+            0b10,
+        ))?;
+        let v_view = e_(g.view(
+            v_all,
+            [n_ctx, hd_v, n_head_kv, 1],
+            [2, n_ctx * 2, hd_v * n_ctx * 2, kv_w * n_ctx * 2],
+            0,
+            0b01,
+        ))?;
+        let q = e_(g.permute(q, [0, 2, 1, 3]))?;
+        let kq = e_(g.mul_mat(k_view, q))?;
+        let window = if sliding { hp.sliding_window } else { 0 };
+        let kq = e_(g.soft_max(kq, 1.0 / libm::sqrtf(hd_k as f32), true, window))?;
+        let kqv = e_(g.mul_mat(v_view, kq))?;
+        let kqv = e_(g.permute(kqv, [0, 2, 1, 3]))?;
+        let attn = e_(g.cpy(kqv, GgmlType::F32))?;
+        let attn = e_(g.reshape(attn, [hd_v * n_head, t, 1, 1]))?;
+        let mut o = e_(g.mul_mat(wo, attn))?;
+        if traits.gemma {
+            o = e_(g.rms_norm(o, hp.rms_eps))?;
+            let norm = need(g, "post_attention_norm.weight")?;
+            o = e_(g.mul(o, norm))?;
+        }
+        x = e_(g.add(x, o))?;
+
+        let ffn_norm = need(g, "ffn_norm.weight")?;
+        let cur = e_(g.rms_norm(x, hp.rms_eps))?;
+        let cur = e_(g.mul(cur, ffn_norm))?;
+        let (wg, wu, wd) =
+            (need(g, "ffn_gate.weight")?, need(g, "ffn_up.weight")?, need(g, "ffn_down.weight")?);
+        let gate = e_(g.mul_mat(wg, cur))?;
+        let up = e_(g.mul_mat(wu, cur))?;
+        let act = if traits.gemma { e_(g.geglu(gate, up))? } else { e_(g.swiglu(gate, up))? };
+        let mut down = e_(g.mul_mat(wd, act))?;
+        if traits.gemma {
+            down = e_(g.rms_norm(down, hp.rms_eps))?;
+            let norm = need(g, "post_ffw_norm.weight")?;
+            down = e_(g.mul(down, norm))?;
+        }
+        x = e_(g.add(x, down))?;
+    }
+    if !all_logits && t > 1 {
+        // Generation needs the last token's logits only: skip the output matmul for the others.
+        x = g.slice(x, 1, t - 1, 1).map_err(graph_err)?;
+    }
+    let x = g.rms_norm(x, hp.rms_eps).map_err(graph_err)?;
+    let x = g.mul(x, output_norm).map_err(graph_err)?;
+    let logits = g.mul_mat(output, x).map_err(graph_err)?;
+    g.set_name(logits, format_args!("logits"));
+    g.build(&[logits]).map_err(graph_err)?;
+    Ok(Forward { ids, logits, n_tokens })
+}
