@@ -30,6 +30,8 @@ pub mod tensor;
 
 #[cfg(feature = "std")]
 pub mod loader;
+#[cfg(feature = "std")]
+pub mod session;
 
 /// The crate version, as `pinfer --version` prints it.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

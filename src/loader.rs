@@ -85,6 +85,12 @@ impl ModelFile {
         Ok(Self { path: path.to_path_buf(), map })
     }
 
+    /// Maps `path` for the rest of the process: the model, its parsed view and everything
+    /// borrowing from it (tokenizer tables, graphs) then live as long as the program.
+    pub fn open_static(path: &Path) -> Result<&'static Self, LoadError> {
+        Ok(std::boxed::Box::leak(std::boxed::Box::new(Self::open(path)?)))
+    }
+
     /// Parses and validates the GGUF structure (header, metadata, tensor infos and extents).
     pub fn parse(&self) -> Result<Gguf<'_>, LoadError> {
         Gguf::parse(&self.map).map_err(|source| self.error(source))
