@@ -1609,3 +1609,64 @@ fn graph_capacity_is_enforced() {
     }
     assert!(matches!(g.leaf("t", F32, [4, 1, 1, 1], st(9)), Err(GraphError::CapacityExceeded { .. })));
 }
+
+// ---------------------------------------------------------------------------------------------
+// flash_attn
+// ---------------------------------------------------------------------------------------------
+
+/// Flash attention over F16 K/V views of a cache with a run-time KV length, grouped-query heads,
+/// causal masking with n_past > 0 and a sliding window, against softmax attention in f64 on the
+/// F16-rounded inputs. The engine accumulates values in F16 like ggml, hence the tolerance.
+#[test]
+fn flash_attn_matches_softmax_attention() {
+    let (hd, n_head, n_kv_head, ctx, t) = (16usize, 4usize, 2usize, 12usize, 3usize);
+    for (seed, window) in [(1u64, 0u32), (2, 4)] {
+        let mut rng = Rng(seed);
+        let mut s = Setup::default();
+        let q_data = rng.vec(hd * t * n_head);
+        let k_data: Vec<f32> = rng.vec(hd * n_kv_head * ctx).into_iter().map(f16r).collect();
+        let v_data: Vec<f32> = rng.vec(hd * n_kv_head * ctx).into_iter().map(f16r).collect();
+        // Caches as [hd * n_kv_head, ctx] F16 (one row per position), viewed per head.
+        let kb: Vec<u8> =
+            k_data.iter().flat_map(|&x| half::f16::from_f32(x).to_bits().to_le_bytes()).collect();
+        let vb: Vec<u8> =
+            v_data.iter().flat_map(|&x| half::f16::from_f32(x).to_bits().to_le_bytes()).collect();
+        let kc = s.leaf_bytes("k", GgmlType::F16, [hd * n_kv_head, ctx, 1, 1], &kb);
+        let vc = s.leaf_bytes("v", GgmlType::F16, [hd * n_kv_head, ctx, 1, 1], &vb);
+        let q = leaf(&mut s, "q", [hd, t, n_head, 1], &q_data);
+        let row = hd * n_kv_head * 2;
+        let kv = s.g.view(kc, [hd, ctx, n_kv_head, 1], [2, row, hd * 2, row * ctx], 0, 0b10).unwrap();
+        let vv = s.g.view(vc, [hd, ctx, n_kv_head, 1], [2, row, hd * 2, row * ctx], 0, 0b10).unwrap();
+        let scale = 0.37;
+        let out = s.g.flash_attn(q, kv, vv, scale, true, window).unwrap();
+        let (n_past, n_kv) = (6usize, 9usize);
+        let got = run_ops(&mut s, &[out], &[Step { n_past, n_kv }]).remove(0);
+        let mut want = vec![0f64; hd * n_head * t];
+        for tok in 0..t {
+            let pos = n_past + tok;
+            let start = if window > 0 { (pos + 1).saturating_sub(window as usize) } else { 0 };
+            for h in 0..n_head {
+                let kh = h / (n_head / n_kv_head);
+                let qv: Vec<f64> = (0..hd).map(|d| f64::from(f16r(q_data[d + hd * (tok + t * h)]))).collect();
+                let kk = |j: usize, d: usize| f64::from(k_data[j * hd * n_kv_head + kh * hd + d]);
+                let vk = |j: usize, d: usize| f64::from(v_data[j * hd * n_kv_head + kh * hd + d]);
+                let keys = start..(pos + 1).min(n_kv);
+                let scores: Vec<f64> = keys
+                    .clone()
+                    .map(|j| (0..hd).map(|d| qv[d] * kk(j, d)).sum::<f64>() * f64::from(scale))
+                    .collect();
+                let max = scores.iter().cloned().fold(f64::MIN, f64::max);
+                let e: Vec<f64> = scores.iter().map(|x| (x - max).exp()).collect();
+                let sum: f64 = e.iter().sum();
+                for d in 0..hd {
+                    let o: f64 = keys.clone().zip(&e).map(|(j, p)| p / sum * vk(j, d)).sum();
+                    want[d + hd * (h + n_head * tok)] = o;
+                }
+            }
+        }
+        check("flash_attn", &got, &want, 0.0, 2e-3);
+        // Positions past n_kv and outside the window must not count: a wrong n_past differs.
+        let wrong = run_ops(&mut s, &[out], &[Step { n_past: n_past - 1, n_kv }]).remove(0);
+        assert!(wrong.iter().zip(&got).any(|(a, b)| (a - b).abs() > 1e-2));
+    }
+}

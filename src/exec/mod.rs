@@ -20,6 +20,7 @@ use crate::arena::Region;
 use crate::graph::{Graph, Op, Plan};
 use crate::kernels::dot::{from_float_ref, vec_dot_ref, vec_dot_type};
 use crate::kernels::reference as kref;
+use crate::quant::blocks::F16Le;
 use crate::quant::{dequantize_row_ref, GgmlType};
 use crate::tensor::{Storage, Tensor, TensorId};
 
@@ -434,6 +435,35 @@ impl<'a, const N: usize> Bound<'a, N> {
                             };
                             self.put(id, tc.ty, at, v);
                         }
+                    }
+                }
+                Op::FlashAttn => {
+                    let (Some((q, tq)), Some((k, tk)), Some((v, tv))) = (src(0), src(1), src(2)) else {
+                        return;
+                    };
+                    let (hd, hd_v) = (tq.ne[0], tv.ne[0]);
+                    let n_kv = tk.ne_for(step.n_kv)[1];
+                    let group = tq.ne[2] / tk.ne[2];
+                    let (causal, window, scale) = (t.params.i[0] != 0, t.params.i[1] as usize, t.params.f[0]);
+                    let mut q16 = [F16Le::from_f32(0.0); 1024];
+                    let mut acc16 = [F16Le::from_f32(0.0); 1024];
+                    // Rows of the result are (head, token) pairs.
+                    for r in share(ne[1] * ne[2], ith, nth) {
+                        let (head, tok) = (r % ne[1], r / ne[1]);
+                        let kv_head = head / group;
+                        let (start, end) = visible_keys(causal, window, step.n_past + tok, n_kv);
+                        let query: &[f32] = self.read(q, tq.row_offset(tok, head, 0), hd);
+                        let out: &mut [f32] = self.write(id, t.row_offset(head, tok, 0), hd_v);
+                        kref::flash_attn_row_ref(
+                            query,
+                            &mut q16[..hd],
+                            start..end,
+                            |j| self.read(k, tk.row_offset(j, kv_head, 0), hd),
+                            |j| self.read(v, tv.row_offset(j, kv_head, 0), hd_v),
+                            scale,
+                            &mut acc16[..hd_v],
+                            out,
+                        );
                     }
                 }
                 Op::None | Op::View => {}

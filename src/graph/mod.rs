@@ -443,6 +443,50 @@ impl<const N: usize> Graph<N> {
         self.push(t)
     }
 
+    /// Attention of `q` (`[head_dim, n_tokens, n_head]`, F32, rows contiguous) over F16 keys `k`
+    /// and values `v` (`[head_dim, n_kv, n_kv_head]`, typically views of the KV cache with a
+    /// dynamic `n_kv`): see [`Op::FlashAttn`]. The result is `[head_dim_v, n_head, n_tokens]`.
+    pub fn flash_attn(
+        &mut self,
+        q: TensorId,
+        k: TensorId,
+        v: TensorId,
+        scale: f32,
+        causal: bool,
+        window: u32,
+    ) -> Result<TensorId> {
+        self.f32_input(Op::FlashAttn, q)?;
+        let (tq, tk, tv) = (self.tensor(q), self.tensor(k), self.tensor(v));
+        for (id, t) in [(k, tk), (v, tv)] {
+            if t.ty != GgmlType::F16 || !t.rows_are_contiguous() || t.ne[3] != 1 {
+                return Err(self.invalid(
+                    Op::FlashAttn,
+                    id,
+                    "keys and values must be 3-D F16 with contiguous rows",
+                ));
+            }
+        }
+        if tq.ne[0] != tk.ne[0] || tk.ne[1] != tv.ne[1] || tk.ne[2] != tv.ne[2] || tq.ne[3] != 1 {
+            return Err(self.invalid(Op::FlashAttn, q, "query, key and value shapes do not match"));
+        }
+        if tk.ne[2] == 0 || tq.ne[2] % tk.ne[2] != 0 || tq.ne[0] > 1024 || tv.ne[0] > 1024 {
+            return Err(self.invalid(
+                Op::FlashAttn,
+                q,
+                "heads must be a multiple of kv heads, head size at most 1024",
+            ));
+        }
+        if window > i32::MAX as u32 || !scale.is_finite() {
+            return Err(self.invalid(Op::FlashAttn, q, "bad scale or window"));
+        }
+        let ne = [tv.ne[0], tq.ne[2], tq.ne[1], 1];
+        let params = OpParams { i: [causal as i32, window as i32, 0, 0], f: [scale, 0.0, 0.0, 0.0] };
+        let id = self.node(Op::FlashAttn, GgmlType::F32, ne, &[q, k, v], params)?;
+        // The result has no KV-length dimension even though its inputs do.
+        self.tensors[id.index()].dyn_kv = 0;
+        Ok(id)
+    }
+
     /// A view of `base` with shape `ne`, strides `nb` and byte `offset`; `dyn_kv` marks the dims
     /// that follow the KV length of each step. The view must stay inside `base`'s span.
     pub fn view(

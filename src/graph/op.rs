@@ -58,6 +58,12 @@ pub enum Op {
     /// `n_past..n_past + n_tokens`, converting to the cache type. The node is a view of the cache,
     /// so readers of the cache that depend on it run after the write.
     KvWrite,
+    /// Attention in one pass, as ggml's CPU flash attention computes it: queries `src[0]`
+    /// (`[head_dim, n_tokens, n_head]`, F32), keys `src[1]` and values `src[2]` (`[head_dim, n_kv,
+    /// n_kv_head]`, F16) → F32 `[head_dim_v, n_head, n_tokens]`. Each query row is rounded to F16,
+    /// scores are scaled by `params.f[0]`, masked like `SoftMax` (`params.i = [causal, window]`), and
+    /// the values are accumulated with an online softmax in an F16 accumulator.
+    FlashAttn,
 }
 
 impl Op {
@@ -83,6 +89,7 @@ impl Op {
             Op::Cpy => "cpy",
             Op::Concat => "concat",
             Op::KvWrite => "kv_write",
+            Op::FlashAttn => "flash_attn",
         }
     }
 

@@ -6,6 +6,9 @@
 
 use libm::{cosf, expf, sinf, sqrtf, tanhf};
 
+use crate::kernels::dot::vec_dot_f16_f16_ref;
+use crate::quant::blocks::F16Le;
+
 /// RMS norm: `out = x / sqrt(mean(x^2) + eps)`.
 pub fn rms_norm_ref(x: &[f32], out: &mut [f32], eps: f32) {
     debug_assert_eq!(x.len(), out.len());
@@ -129,6 +132,50 @@ pub fn rope_ref(x: &[f32], out: &mut [f32], pos: usize, p: &RopeParams<'_>) {
         theta_base *= theta_scale;
     }
     out[p.n_rot..].copy_from_slice(&x[p.n_rot..]);
+}
+
+/// One query row of ggml's CPU flash attention: `q` is rounded to F16, scored against F16 keys
+/// `key(j)` for `j` in `keys` (scaled by `scale`), and F16 values `value(j)` are accumulated with an
+/// online softmax in an F16 accumulator (`acc16`, `out.len()` long), then divided by the sum.
+/// `q16` is scratch of `q.len()`. An empty range gives zeros.
+#[allow(clippy::too_many_arguments)]
+pub fn flash_attn_row_ref<'k>(
+    q: &[f32],
+    q16: &mut [F16Le],
+    keys: core::ops::Range<usize>,
+    key: impl Fn(usize) -> &'k [F16Le],
+    value: impl Fn(usize) -> &'k [F16Le],
+    scale: f32,
+    acc16: &mut [F16Le],
+    out: &mut [f32],
+) {
+    for (h, &x) in q16.iter_mut().zip(q) {
+        *h = F16Le::from_f32(x);
+    }
+    acc16.fill(F16Le::from_f32(0.0));
+    let (mut max, mut sum) = (f32::NEG_INFINITY, 0.0f32);
+    for j in keys {
+        let s = vec_dot_f16_f16_ref(key(j), q16) * scale;
+        let (mut ms, mut vs) = (1.0f32, 1.0f32);
+        if s > max {
+            // A new maximum rescales what was accumulated.
+            ms = expf(max - s);
+            max = s;
+            for a in acc16.iter_mut() {
+                *a = F16Le::from_f32(a.to_f32() * ms);
+            }
+        } else {
+            vs = expf(s - max);
+        }
+        for (a, v) in acc16.iter_mut().zip(value(j)) {
+            *a = F16Le::from_f32(libm::fmaf(v.to_f32(), vs, a.to_f32()));
+        }
+        sum = sum * ms + vs;
+    }
+    let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
+    for (o, a) in out.iter_mut().zip(acc16.iter()) {
+        *o = a.to_f32() * inv;
+    }
 }
 
 #[cfg(test)]

@@ -193,7 +193,7 @@ pub fn build_forward<const N: usize>(
         q = e_(g.rope(q, n_rot, traits.rope, base, scale, rope_freqs))?;
         k = e_(g.rope(k, n_rot, traits.rope, base, scale, rope_freqs))?;
 
-        // Cache: K as [kv_w, n_ctx], V transposed as [n_ctx, kv_w], both F16.
+        // Cache: K and V as [kv_w, n_ctx] F16, one row per position.
         let mut label = crate::gguf::Name::new();
         let _ = write!(label, "cache_k.{il}");
         let k_cache = e_(g.leaf(
@@ -207,33 +207,22 @@ pub fn build_forward<const N: usize>(
         let v_cache = e_(g.leaf(
             &label,
             GgmlType::F16,
-            [n_ctx, kv_w, 1, 1],
+            [kv_w, n_ctx, 1, 1],
             Storage::Persistent { offset: kv.v_offset(il) },
         ))?;
         let k_flat = e_(g.reshape(k, [hd_k * n_head_kv, t, 1, 1]))?;
         let k_all = e_(g.kv_write(k_cache, k_flat, false))?;
-        let v_all = e_(g.kv_write(v_cache, v, true))?;
-        let k_view = e_(g.view(
-            k_all,
-            [hd_k, n_ctx, n_head_kv, 1],
-            [2, kv_w * 2, hd_k * 2, kv_w * 2 * n_ctx],
-            0,
-            0b10,
-        ))?;
-        let v_view = e_(g.view(
-            v_all,
-            [n_ctx, hd_v, n_head_kv, 1],
-            [2, n_ctx * 2, hd_v * n_ctx * 2, kv_w * n_ctx * 2],
-            0,
-            0b01,
-        ))?;
+        let v_all = e_(g.kv_write(v_cache, v, false))?;
+        // Per head: [head_dim, n_kv, n_kv_head], n_kv following the step.
+        let row = kv_w * 2;
+        let k_view =
+            e_(g.view(k_all, [hd_k, n_ctx, n_head_kv, 1], [2, row, hd_k * 2, row * n_ctx], 0, 0b10))?;
+        let v_view =
+            e_(g.view(v_all, [hd_v, n_ctx, n_head_kv, 1], [2, row, hd_v * 2, row * n_ctx], 0, 0b10))?;
         let q = e_(g.permute(q, [0, 2, 1, 3]))?;
-        let kq = e_(g.mul_mat(k_view, q))?;
         let window = if sliding { hp.sliding_window } else { 0 };
-        let kq = e_(g.soft_max(kq, 1.0 / libm::sqrtf(hd_k as f32), true, window))?;
-        let kqv = e_(g.mul_mat(v_view, kq))?;
-        let kqv = e_(g.permute(kqv, [0, 2, 1, 3]))?;
-        let attn = e_(g.cpy(kqv, GgmlType::F32))?;
+        // Attention as llama.cpp's CPU flash attention computes it, so results match it closely.
+        let attn = e_(g.flash_attn(q, k_view, v_view, 1.0 / libm::sqrtf(hd_k as f32), true, window))?;
         let attn = e_(g.reshape(attn, [hd_v * n_head, t, 1, 1]))?;
         let mut o = e_(g.mul_mat(wo, attn))?;
         if traits.gemma {
