@@ -20,12 +20,14 @@ pub mod build_config {
 
 pub mod arena;
 pub mod board;
+pub mod chat;
 pub mod exec;
 pub mod gguf;
 pub mod graph;
 pub mod kernels;
 pub mod model;
 pub mod quant;
+pub mod sampler;
 pub mod tensor;
 
 #[cfg(feature = "std")]

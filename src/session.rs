@@ -5,8 +5,8 @@
 //! After [`Session::new`] nothing allocates per token: graphs are reused, `Bound::new` only
 //! resolves addresses into the preplanned memory.
 
-use std::fmt;
 use std::boxed::Box;
+use std::fmt;
 use std::vec;
 use std::vec::Vec;
 
@@ -176,11 +176,14 @@ impl Session {
             prepared.push(p);
         }
         let activations = Region { offset: kv.total_bytes, len: peak.next_multiple_of(ARENA_ALIGN) };
-        let work = Region { offset: activations.offset + activations.len, len: work.next_multiple_of(ARENA_ALIGN) };
+        let work =
+            Region { offset: activations.offset + activations.len, len: work.next_multiple_of(ARENA_ALIGN) };
         let total = work.offset + work.len;
         let mut memory = Vec::new();
         memory.try_reserve_exact(total / ARENA_ALIGN).map_err(|_| {
-            SessionError::Resources(std::format!("cannot allocate the {total}-byte arena (KV cache and activations)"))
+            SessionError::Resources(std::format!(
+                "cannot allocate the {total}-byte arena (KV cache and activations)"
+            ))
         })?;
         memory.resize(total / ARENA_ALIGN, Line([0; ARENA_ALIGN]));
         let pool = Pool::new(opts.threads, opts.cores.as_deref(), opts.pin)
@@ -258,7 +261,11 @@ impl Session {
 
     /// Evaluates `tokens` after the cached ones and calls `each` with every token's logits in
     /// order (for perplexity). Needs `logits_all` in the options.
-    pub fn eval_all(&mut self, tokens: &[u32], mut each: impl FnMut(usize, &[f32])) -> Result<(), SessionError> {
+    pub fn eval_all(
+        &mut self,
+        tokens: &[u32],
+        mut each: impl FnMut(usize, &[f32]),
+    ) -> Result<(), SessionError> {
         self.check(tokens)?;
         let mut index = 0;
         for chunk in tokens.chunks(self.kv.n_batch) {
@@ -290,7 +297,8 @@ impl Session {
     /// The prepared graph for `n` tokens, building (and planning) it if needed. A shape whose
     /// plan does not fit the arena sized at start is refused; callers split the batch.
     fn prepared_index(&mut self, n: usize, all_logits: bool) -> Result<usize, SessionError> {
-        if let Some(i) = self.prepared.iter().position(|p| p.fwd.n_tokens == n && p.all_logits == all_logits) {
+        if let Some(i) = self.prepared.iter().position(|p| p.fwd.n_tokens == n && p.all_logits == all_logits)
+        {
             return Ok(i);
         }
         let p = prepare(&self.gguf, &self.hp, &self.kv, n, all_logits)?;
@@ -329,7 +337,13 @@ fn output<'m>(prep: &Prepared, memory: &'m [Line], activations: Region) -> &'m [
     bytemuck::cast_slice(&bytes[off..off + len * 4])
 }
 
-fn prepare(gguf: &Gguf<'_>, hp: &HParams, kv: &KvLayout, n: usize, all: bool) -> Result<Prepared, SessionError> {
+fn prepare(
+    gguf: &Gguf<'_>,
+    hp: &HParams,
+    kv: &KvLayout,
+    n: usize,
+    all: bool,
+) -> Result<Prepared, SessionError> {
     let mut graph = Box::new(Graph::new());
     let fwd = build_forward(&mut graph, gguf, hp, kv, n, all)?;
     let plan = Box::new(plan(&graph).map_err(|e| SessionError::Resources(std::format!("planning: {e}")))?);
