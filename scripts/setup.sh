@@ -5,6 +5,7 @@
 #   scripts/setup.sh            everything (toolchains + python tools + default model)
 #   scripts/setup.sh model      only the default model
 #   scripts/setup.sh toolchains only the apt and pip packages
+#   scripts/setup.sh tiny       only the tiny test models (from the default model's vocabulary)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -125,9 +126,42 @@ PYEOF
   log "model ready: $MODEL_FILE"
 }
 
+# Tiny random-weight models of other architectures, written by golden/make_test_models.py from the
+# default model's vocabulary; llama.cpp's reference outputs for them are in tests/golden.
+TINY_DIR="$MODEL_DIR/tiny"
+TINY_MODELS=(
+  "qwen2-tiny.gguf 0c4a77be89a03f729e99abe4bd2f493368bba097ae1cd0485efbbf429e7f9d20"
+  "qwen3-tiny.gguf 01a4054a280d273cff4beaeb70984607c1a13a38754cc3af426465783cf8fcc5"
+  "qwen3moe-tiny.gguf 400aeb1fe7f6384959eedd707524f09b415205e36274a266643c065088732f1c"
+  "llama-untied-q5.gguf 73f8097d8bf2817ea0370159a3129ace010e61ee48c4bc6f31e581aed284bb1b"
+)
+
+tiny_ok() {
+  for entry in "${TINY_MODELS[@]}"; do
+    set -- $entry
+    echo "$2  $TINY_DIR/$1" | sha256sum -c --status 2>/dev/null || return 1
+  done
+}
+
+make_tiny_models() {
+  if tiny_ok; then
+    log "tiny test models present"
+    return
+  fi
+  fetch_model
+  pip_install "gguf:gguf==0.19.0" "numpy:numpy"
+  log "writing tiny test models to $TINY_DIR"
+  "$PY" tests/golden/make_test_models.py "$MODEL_FILE" "$TINY_DIR" >/dev/null
+  if ! tiny_ok; then
+    log "tiny models differ from the golden files' models (is gguf==0.19.0 installed?)"
+    exit 1
+  fi
+}
+
 case "${1:-all}" in
-  all) install_toolchains; fetch_model ;;
+  all) install_toolchains; fetch_model; make_tiny_models ;;
+  tiny) make_tiny_models ;;
   toolchains) install_toolchains ;;
   model) fetch_model ;;
-  *) log "unknown step '$1' (use: all | toolchains | model)"; exit 2 ;;
+  *) log "unknown step '$1' (use: all | toolchains | model | tiny)"; exit 2 ;;
 esac

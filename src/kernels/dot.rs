@@ -24,7 +24,7 @@
 use bytemuck::Pod;
 
 use crate::quant::blocks::*;
-use crate::quant::quantize::{quantize_row_q8_0_ref, quantize_row_q8_k_ref};
+use crate::quant::quantize::quantize_row_q8_k_ref;
 use crate::quant::GgmlType;
 
 /// Exact f16 to f32, branch-light so it stays cheap inside block loops (`half`'s software fallback,
@@ -104,10 +104,46 @@ pub fn f32_to_bf16_ref(x: f32) -> Bf16Le {
     Bf16Le((bits as u16).to_le_bytes())
 }
 
+/// Scale, inverse scale and rounded quants of one 32-element activation block the way llama.cpp's
+/// SIMD quantizer computes them on x86 (where our golden outputs come from): `id = 127 / amax` and
+/// round-half-to-even. The scalar reference (`1 / (amax / 127)`, half away from zero) gives other
+/// quants on ties, and activations hit ties often enough to move logits by ~0.1.
+fn quantize_act_block(x: &[f32], qs: &mut [i8]) -> (f32, i32) {
+    let amax = x.iter().fold(0f32, |m, &v| m.max(libm::fabsf(v)));
+    let d = amax / 127.0;
+    let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+    let mut sum = 0i32;
+    for (q, &v) in qs.iter_mut().zip(x) {
+        *q = libm::rintf(v * id) as i8;
+        sum += i32::from(*q);
+    }
+    (d, sum)
+}
+
+/// Activations to Q8_0 as llama.cpp's SIMD path does (see [`quantize_act_block`]).
+pub fn quantize_act_q8_0_ref(x: &[f32], out: &mut [BlockQ8_0]) {
+    debug_assert_eq!(x.len(), out.len() * QK);
+    for (x, b) in x.chunks_exact(QK).zip(out.iter_mut()) {
+        let (d, _) = quantize_act_block(x, &mut b.qs);
+        b.d = F16Le::from_f32(d);
+    }
+}
+
+/// Activations to Q8_1 as llama.cpp's SIMD path does; `s = d * sum(q)` with the f32 `d`.
+pub fn quantize_act_q8_1_ref(x: &[f32], out: &mut [BlockQ8_1]) {
+    debug_assert_eq!(x.len(), out.len() * QK);
+    for (x, b) in x.chunks_exact(QK).zip(out.iter_mut()) {
+        let (d, sum) = quantize_act_block(x, &mut b.qs);
+        b.d = F16Le::from_f32(d);
+        b.s = F16Le::from_f32(d * sum as f32);
+    }
+}
+
 /// Converts the activation row `x` to `ty` in `out` (the bytes of one row of `ty`).
 ///
 /// Supports the activation types F32 (copy), F16 (round to nearest even), BF16 ([`f32_to_bf16_ref`]),
-/// Q8_0, Q8_1 and Q8_K (the reference quantizers). Returns `false`, leaving `out` untouched, when `ty`
+/// Q8_0 and Q8_1 (llama.cpp's SIMD quantizer: [`quantize_act_q8_0_ref`]) and Q8_K (the
+/// reference quantizer, which llama.cpp also uses for activations). Returns `false`, leaving `out` untouched, when `ty`
 /// is not one of them or when `out.len()` is not `ty`'s size of `x.len()` elements (which also refuses
 /// an `x.len()` that is not a whole number of blocks).
 pub fn from_float_ref(ty: GgmlType, x: &[f32], out: &mut [u8]) -> bool {
@@ -136,11 +172,11 @@ pub fn from_float_ref(ty: GgmlType, x: &[f32], out: &mut [u8]) -> bool {
         }
         // The lengths are checked and the block types have alignment 1: the views cannot fail.
         GgmlType::Q8_0 => match blocks_of_mut(out) {
-            Some(blocks) => quantize_row_q8_0_ref(x, blocks),
+            Some(blocks) => quantize_act_q8_0_ref(x, blocks),
             None => return false,
         },
         GgmlType::Q8_1 => match blocks_of_mut(out) {
-            Some(blocks) => quantize_row_q8_1_ref(x, blocks),
+            Some(blocks) => quantize_act_q8_1_ref(x, blocks),
             None => return false,
         },
         GgmlType::Q8_K => match blocks_of_mut(out) {
@@ -435,6 +471,7 @@ pub fn vec_dot_ref(weight: GgmlType, w_row: &[u8], act_row: &[u8]) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::quant::quantize::quantize_row_q8_0_ref;
     use crate::quant::quantize::{quantize_row_q4_0_ref, quantize_row_q4_1_ref};
     use crate::quant::{dequantize_row_ref, QK_K};
     use bytemuck::Zeroable;

@@ -12,8 +12,9 @@ use crate::quant::blocks::F16Le;
 /// RMS norm: `out = x / sqrt(mean(x^2) + eps)`.
 pub fn rms_norm_ref(x: &[f32], out: &mut [f32], eps: f32) {
     debug_assert_eq!(x.len(), out.len());
-    // Sum in f64 as ggml does, so long rows keep their precision.
-    let sum: f64 = x.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
+    // Squares in f32, summed in f64, as ggml does (matching it bit for bit matters: the result is
+    // quantized to Q8 next, where a last-bit difference can flip a rounding tie).
+    let sum: f64 = x.iter().map(|&v| f64::from(v * v)).sum();
     let mean = (sum / x.len().max(1) as f64) as f32;
     let scale = 1.0 / sqrtf(mean + eps);
     for (o, &v) in out.iter_mut().zip(x) {
