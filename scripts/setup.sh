@@ -159,7 +159,13 @@ make_tiny_models() {
 }
 
 case "${1:-all}" in
-  all) install_toolchains; fetch_model; make_tiny_models ;;
+  all)
+    install_toolchains
+    fetch_model
+    make_tiny_models
+    # Second test model (SentencePiece tokenizer, gemma3 architecture).
+    scripts/tokenizer_fetch_gemma3.sh
+    ;;
   tiny) make_tiny_models ;;
   toolchains) install_toolchains ;;
   model) fetch_model ;;

@@ -29,6 +29,7 @@ pub mod model;
 pub mod quant;
 pub mod sampler;
 pub mod tensor;
+pub mod tokenizer;
 
 #[cfg(feature = "std")]
 pub mod loader;

@@ -103,3 +103,53 @@ fn missing_default_model_names_the_fetch_command() {
     assert_eq!(out.status.code(), Some(1));
     assert!(text(&out.stderr).contains("scripts/setup.sh model"), "{}", text(&out.stderr));
 }
+
+fn repo_file(rel: &str) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(rel);
+    assert!(path.exists(), "{} missing: run scripts/setup.sh", path.display());
+    path.to_str().unwrap().to_string()
+}
+
+/// Greedy generation through the CLI reproduces llama.cpp's ids on a model whose golden outputs
+/// we match (tokenizer, special-token parsing, session and sampler end to end).
+#[test]
+fn generate_greedy_matches_llama_cpp_and_prints_ids_last() {
+    let golden = std::fs::read_to_string(repo_file("tests/golden/qwen3-tiny.greedy.jsonl")).unwrap();
+    let case: serde_json::Value = serde_json::from_str(golden.lines().next().unwrap()).unwrap();
+    let prompt = case["prompt"].as_str().unwrap();
+    let want: Vec<String> =
+        case["generated_ids"].as_array().unwrap().iter().take(8).map(|v| v.to_string()).collect();
+    let model = repo_file("models/tiny/qwen3-tiny.gguf");
+    let out =
+        pinfer(&["generate", "-m", &model, "-p", prompt, "-n", "8", "--temp", "0", "--print-ids", "-t", "2"]);
+    assert!(out.status.success(), "stderr: {}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    assert_eq!(stdout.lines().last().unwrap().trim(), want.join(" "), "stdout: {stdout}");
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("prompt eval time") && stderr.contains("tokens per second"), "{stderr}");
+}
+
+#[test]
+fn a_full_context_stops_generation_with_a_message() {
+    let model = repo_file("models/tiny/qwen3-tiny.gguf");
+    let out = pinfer(&["generate", "-m", &model, "-p", "Hello there", "-n", "100", "--temp", "0", "-c", "8"]);
+    assert!(out.status.success(), "stderr: {}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("context full (8 tokens)"), "{}", text(&out.stderr));
+    // A prompt longer than the context is refused up front.
+    let long = "word ".repeat(40);
+    let out = pinfer(&["generate", "-m", &model, "-p", &long, "-c", "8"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("context full"), "{}", text(&out.stderr));
+}
+
+#[test]
+fn tokenize_prints_ids_and_parses_special_tokens_only_when_asked() {
+    let model = repo_file("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    let out = pinfer(&["tokenize", "-m", &model, "-p", "Hello world", "--ids"]);
+    assert!(out.status.success(), "stderr: {}", text(&out.stderr));
+    assert_eq!(text(&out.stdout).trim(), "19556 905");
+    let plain = pinfer(&["tokenize", "-m", &model, "-p", "<|im_start|>", "--ids"]);
+    let special = pinfer(&["tokenize", "-m", &model, "-p", "<|im_start|>", "--ids", "--parse-special"]);
+    assert_eq!(text(&special.stdout).trim(), "1");
+    assert!(text(&plain.stdout).trim().split(' ').count() > 1, "{}", text(&plain.stdout));
+}

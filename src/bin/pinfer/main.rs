@@ -5,7 +5,9 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use pinfer::loader::{ModelFile, DEFAULT_MODEL_PATH};
+use pinfer::sampler::SamplerConfig;
 
+mod generate;
 mod info;
 
 #[derive(Parser)]
@@ -17,17 +19,47 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Generate text from a prompt.
+    /// Generate text from a prompt (streams it; timings on stderr).
     Generate {
         /// Model file (GGUF). Default: the model fetched by scripts/setup.sh.
         #[arg(short = 'm', long = "model")]
         model: Option<PathBuf>,
-        /// The prompt.
+        /// The prompt. Special-token text such as <|im_start|> becomes the special token.
         #[arg(short = 'p', long = "prompt")]
         prompt: String,
         /// Number of tokens to generate.
-        #[arg(short = 'n', long = "n-predict", default_value_t = 64)]
-        n_predict: u32,
+        #[arg(short = 'n', long = "n-predict", default_value_t = 128)]
+        n_predict: usize,
+        /// Temperature (0: greedy).
+        #[arg(long = "temp", default_value_t = 0.8)]
+        temp: f32,
+        /// Keep the K most likely tokens (0: all).
+        #[arg(long = "top-k", default_value_t = 40)]
+        top_k: u32,
+        /// Keep the most likely tokens up to this total probability (1: all).
+        #[arg(long = "top-p", default_value_t = 0.95)]
+        top_p: f32,
+        /// Drop tokens less likely than this fraction of the most likely one.
+        #[arg(long = "min-p", default_value_t = 0.05)]
+        min_p: f32,
+        /// Penalty for repeating the last 64 tokens (1: off).
+        #[arg(long = "repeat-penalty", default_value_t = 1.0)]
+        repeat_penalty: f32,
+        /// Random seed.
+        #[arg(long = "seed", default_value_t = SamplerConfig::DEFAULT_SEED)]
+        seed: u64,
+        /// Context size in tokens (0: min(4096, the model's maximum)).
+        #[arg(short = 'c', long = "ctx-size", default_value_t = 0)]
+        ctx: usize,
+        /// Threads.
+        #[arg(short = 't', long = "threads", default_value_t = default_threads())]
+        threads: usize,
+        /// Print the generated token ids, space-separated, on the last line.
+        #[arg(long = "print-ids")]
+        print_ids: bool,
+        /// Treat special-token text in the prompt as plain text.
+        #[arg(long = "no-parse-special")]
+        no_parse_special: bool,
     },
     /// Describe a model file: architecture, size, quant mix, hyper-parameters, tokenizer.
     Info {
@@ -41,7 +73,7 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Tokenize a text with a model's vocabulary.
+    /// Tokenize a text with a model's vocabulary (vocabulary-only files work too).
     Tokenize {
         /// Model file (GGUF).
         #[arg(short = 'm', long = "model")]
@@ -49,6 +81,12 @@ enum Command {
         /// The text.
         #[arg(short = 'p', long = "prompt")]
         prompt: String,
+        /// Print only the ids, space-separated, on one line.
+        #[arg(long)]
+        ids: bool,
+        /// Turn special-token text such as <|im_start|> into the special token.
+        #[arg(long = "parse-special")]
+        parse_special: bool,
     },
     /// Measure prompt-processing and generation speed (llama-bench style).
     Bench {
@@ -67,6 +105,12 @@ impl<E: std::error::Error> From<E> for CliError {
     }
 }
 
+/// Threads by default: the cores this process may run on, at most 4 (the big cluster of an RK3588;
+/// the board runtime will refine this per board).
+fn default_threads() -> usize {
+    pinfer::exec::pool::allowed_cores().len().clamp(1, 4)
+}
+
 fn model_path(model: Option<PathBuf>) -> PathBuf {
     model.unwrap_or_else(|| PathBuf::from(DEFAULT_MODEL_PATH))
 }
@@ -78,14 +122,43 @@ fn not_yet(what: &str) -> Result<(), CliError> {
 fn run(cli: Cli) -> Result<(), CliError> {
     match cli.command {
         Command::Info { model, tensors, json } => info::run(&model_path(model), tensors, json),
-        Command::Generate { model, .. } => {
-            // Fail on a missing or malformed model before saying generation is missing.
-            ModelFile::open(&model_path(model))?.parse()?;
-            not_yet("generate")
+        Command::Generate {
+            model,
+            prompt,
+            n_predict,
+            temp,
+            top_k,
+            top_p,
+            min_p,
+            repeat_penalty,
+            seed,
+            ctx,
+            threads,
+            print_ids,
+            no_parse_special,
+        } => {
+            let sampler = SamplerConfig {
+                temperature: temp,
+                top_k,
+                top_p,
+                min_p,
+                repeat_penalty,
+                seed,
+                ..SamplerConfig::default()
+            };
+            let args = generate::GenerateArgs {
+                prompt,
+                n_predict,
+                sampler,
+                n_ctx: ctx,
+                threads,
+                parse_special: !no_parse_special,
+                print_ids,
+            };
+            generate::generate(&model_path(model), args)
         }
-        Command::Tokenize { model, .. } => {
-            ModelFile::open(&model_path(model))?.parse()?;
-            not_yet("tokenize")
+        Command::Tokenize { model, prompt, ids, parse_special } => {
+            generate::tokenize(&model_path(model), &prompt, ids, parse_special)
         }
         Command::Bench { model } => {
             ModelFile::open(&model_path(model))?.parse()?;
