@@ -107,3 +107,12 @@ fn qwen2_tiny_greedy_matches_llama_cpp() {
 fn qwen3_tiny_greedy_matches_llama_cpp() {
     check_greedy("tiny/qwen3-tiny.gguf", "qwen3-tiny.greedy.jsonl", if emulated() { 4 } else { 24 });
 }
+
+#[test]
+#[ignore = "known gap: the first 10 greedy tokens of the first prompt match, but step-0 logits differ by up \
+            to 0.36 (Q4_K/Q6_K/Q8_K path and GELU not yet bit-matched to llama.cpp's x86 build)"]
+fn gemma3_greedy_matches_llama_cpp() {
+    let path = model_path("gemma-3-270m-q4_k_m.gguf");
+    assert!(path.exists(), "{} missing: run scripts/setup.sh", path.display());
+    check_greedy("gemma-3-270m-q4_k_m.gguf", "gemma3.greedy.jsonl", if emulated() { 2 } else { 48 });
+}
