@@ -188,34 +188,30 @@ pub fn from_float_ref(ty: GgmlType, x: &[f32], out: &mut [u8]) -> bool {
     true
 }
 
-/// `sum(x[i] * y[i])`: products in f32, sum in f64 (ggml's scalar `ggml_vec_dot_f32`).
-pub fn vec_dot_f32_f32_ref(x: &[F32Le], y: &[F32Le]) -> f32 {
-    debug_assert_eq!(x.len(), y.len());
-    let mut sum = 0.0f64;
-    for (a, b) in x.iter().zip(y) {
-        sum += (a.get() * b.get()) as f64;
-    }
-    sum as f32
-}
-
-/// f16 dot product: widened to f32, products in f32 (exact), sum in f64 (ggml's scalar path).
-pub fn vec_dot_f16_f16_ref(x: &[F16Le], y: &[F16Le]) -> f32 {
+/// `sum(x[i] * y[i])` over elements widened to f32: products in f32, sum in f64, as ggml's scalar
+/// float dots (for f16 and bf16 the products are exact).
+fn dot_widened<T: Copy>(x: &[T], y: &[T], widen: impl Fn(T) -> f32) -> f32 {
     debug_assert_eq!(x.len(), y.len());
     let mut sum = 0.0f64;
     for (&a, &b) in x.iter().zip(y) {
-        sum += (f16(a) * f16(b)) as f64;
+        sum += (widen(a) * widen(b)) as f64;
     }
     sum as f32
 }
 
-/// bf16 dot product: widened to f32, products in f32 (exact), sum in f64 (ggml's scalar path).
+/// f32 dot product (ggml's scalar `ggml_vec_dot_f32`).
+pub fn vec_dot_f32_f32_ref(x: &[F32Le], y: &[F32Le]) -> f32 {
+    dot_widened(x, y, F32Le::get)
+}
+
+/// f16 dot product (ggml's scalar path).
+pub fn vec_dot_f16_f16_ref(x: &[F16Le], y: &[F16Le]) -> f32 {
+    dot_widened(x, y, f16)
+}
+
+/// bf16 dot product (ggml's scalar path).
 pub fn vec_dot_bf16_bf16_ref(x: &[Bf16Le], y: &[Bf16Le]) -> f32 {
-    debug_assert_eq!(x.len(), y.len());
-    let mut sum = 0.0f64;
-    for (a, b) in x.iter().zip(y) {
-        sum += (a.to_f32() * b.to_f32()) as f64;
-    }
-    sum as f32
+    dot_widened(x, y, Bf16Le::to_f32)
 }
 
 /// q4_0 x q8_0: per block `sumi * d_x * d_y` with `sumi = sum((nibble - 8) * q)`.
