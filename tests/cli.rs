@@ -40,7 +40,7 @@ fn through_qemu() -> Option<&'static str> {
     .as_deref()
 }
 
-fn text(bytes: &[u8]) -> String {
+fn text_of(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
@@ -55,15 +55,15 @@ fn temp_file(name: &str, bytes: &[u8]) -> PathBuf {
 #[test]
 fn version_prints_crate_version() {
     let out = pinfer(&["--version"]);
-    assert!(out.status.success(), "stderr: {}", text(&out.stderr));
-    assert_eq!(text(&out.stdout).trim(), format!("pinfer {}", env!("CARGO_PKG_VERSION")));
+    assert!(out.status.success(), "stderr: {}", text_of(&out.stderr));
+    assert_eq!(text_of(&out.stdout).trim(), format!("pinfer {}", env!("CARGO_PKG_VERSION")));
 }
 
 #[test]
 fn help_lists_subcommands() {
     let out = pinfer(&["--help"]);
     assert!(out.status.success());
-    let help = text(&out.stdout);
+    let help = text_of(&out.stdout);
     for sub in ["generate", "info", "tokenize", "bench"] {
         assert!(help.contains(sub), "--help lacks {sub}: {help}");
     }
@@ -77,8 +77,8 @@ fn info_summarises_a_gguf_header() {
     bytes.extend_from_slice(&0u64.to_le_bytes());
     let path = temp_file("empty-v3.gguf", &bytes);
     let out = pinfer(&["info", "-m", path.to_str().unwrap()]);
-    assert!(out.status.success(), "stderr: {}", text(&out.stderr));
-    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "stderr: {}", text_of(&out.stderr));
+    let stdout = text_of(&out.stdout);
     assert!(stdout.contains("GGUF v3") && stdout.contains("0 tensors"), "{stdout}");
 }
 
@@ -86,12 +86,16 @@ fn info_summarises_a_gguf_header() {
 fn missing_and_malformed_models_are_clear_errors() {
     let out = pinfer(&["info", "-m", "/nonexistent/model.gguf"]);
     assert_eq!(out.status.code(), Some(1));
-    assert!(text(&out.stderr).contains("/nonexistent/model.gguf: no such file"), "{}", text(&out.stderr));
+    assert!(
+        text_of(&out.stderr).contains("/nonexistent/model.gguf: no such file"),
+        "{}",
+        text_of(&out.stderr)
+    );
 
     let path = temp_file("not-gguf.bin", b"this is not a model file at all");
     let out = pinfer(&["info", "-m", path.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(1));
-    let err = text(&out.stderr);
+    let err = text_of(&out.stderr);
     assert!(err.contains("not a GGUF file") && err.contains("not-gguf.bin"), "{err}");
 }
 
@@ -101,7 +105,7 @@ fn missing_default_model_names_the_fetch_command() {
     let dir = temp_file("marker", b"").parent().unwrap().to_path_buf();
     let out = pinfer_in(&dir, &["info"]);
     assert_eq!(out.status.code(), Some(1));
-    assert!(text(&out.stderr).contains("scripts/setup.sh model"), "{}", text(&out.stderr));
+    assert!(text_of(&out.stderr).contains("scripts/setup.sh model"), "{}", text_of(&out.stderr));
 }
 
 fn repo_file(rel: &str) -> String {
@@ -122,10 +126,10 @@ fn generate_greedy_matches_llama_cpp_and_prints_ids_last() {
     let model = repo_file("models/tiny/qwen3-tiny.gguf");
     let out =
         pinfer(&["generate", "-m", &model, "-p", prompt, "-n", "8", "--temp", "0", "--print-ids", "-t", "2"]);
-    assert!(out.status.success(), "stderr: {}", text(&out.stderr));
-    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "stderr: {}", text_of(&out.stderr));
+    let stdout = text_of(&out.stdout);
     assert_eq!(stdout.lines().last().unwrap().trim(), want.join(" "), "stdout: {stdout}");
-    let stderr = text(&out.stderr);
+    let stderr = text_of(&out.stderr);
     assert!(stderr.contains("prompt eval time") && stderr.contains("tokens per second"), "{stderr}");
 }
 
@@ -133,23 +137,71 @@ fn generate_greedy_matches_llama_cpp_and_prints_ids_last() {
 fn a_full_context_stops_generation_with_a_message() {
     let model = repo_file("models/tiny/qwen3-tiny.gguf");
     let out = pinfer(&["generate", "-m", &model, "-p", "Hello there", "-n", "100", "--temp", "0", "-c", "8"]);
-    assert!(out.status.success(), "stderr: {}", text(&out.stderr));
-    assert!(text(&out.stderr).contains("context full (8 tokens)"), "{}", text(&out.stderr));
+    assert!(out.status.success(), "stderr: {}", text_of(&out.stderr));
+    assert!(text_of(&out.stderr).contains("context full (8 tokens)"), "{}", text_of(&out.stderr));
     // A prompt longer than the context is refused up front.
     let long = "word ".repeat(40);
     let out = pinfer(&["generate", "-m", &model, "-p", &long, "-c", "8"]);
     assert_eq!(out.status.code(), Some(1));
-    assert!(text(&out.stderr).contains("context full"), "{}", text(&out.stderr));
+    assert!(text_of(&out.stderr).contains("context full"), "{}", text_of(&out.stderr));
 }
 
 #[test]
 fn tokenize_prints_ids_and_parses_special_tokens_only_when_asked() {
     let model = repo_file("models/SmolLM2-135M-Instruct.Q4_1.gguf");
     let out = pinfer(&["tokenize", "-m", &model, "-p", "Hello world", "--ids"]);
-    assert!(out.status.success(), "stderr: {}", text(&out.stderr));
-    assert_eq!(text(&out.stdout).trim(), "19556 905");
+    assert!(out.status.success(), "stderr: {}", text_of(&out.stderr));
+    assert_eq!(text_of(&out.stdout).trim(), "19556 905");
     let plain = pinfer(&["tokenize", "-m", &model, "-p", "<|im_start|>", "--ids"]);
     let special = pinfer(&["tokenize", "-m", &model, "-p", "<|im_start|>", "--ids", "--parse-special"]);
-    assert_eq!(text(&special.stdout).trim(), "1");
-    assert!(text(&plain.stdout).trim().split(' ').count() > 1, "{}", text(&plain.stdout));
+    assert_eq!(text_of(&special.stdout).trim(), "1");
+    assert!(text_of(&plain.stdout).trim().split(' ').count() > 1, "{}", text_of(&plain.stdout));
+}
+
+/// Perplexity is scored like llama.cpp's tool: on the first 1500 bytes of the GPL-3 text (on every
+/// Debian machine), chunks of 128, llama.cpp (commit 0c1e570, the golden build) gives 21389294.8
+/// for qwen3-tiny (a random-weight model, hence the size). Within 1%.
+#[test]
+fn perplexity_matches_llama_cpp_within_one_percent() {
+    let text = std::fs::read("/usr/share/common-licenses/GPL-3").expect("GPL-3 text (Debian base-files)");
+    let file = temp_file("gpl-head.txt", &text[..1500]);
+    let model = repo_file("models/tiny/qwen3-tiny.gguf");
+    let out = pinfer(&["perplexity", "-m", &model, "-f", file.to_str().unwrap(), "-c", "128", "-t", "2"]);
+    assert!(out.status.success(), "stderr: {}", text_of(&out.stderr));
+    let stdout = text_of(&out.stdout);
+    let ppl: f64 = stdout
+        .trim()
+        .strip_prefix("PPL = ")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("{stdout}"));
+    let reference = 21_389_294.8;
+    assert!((ppl / reference - 1.0).abs() < 0.01, "PPL {ppl}, llama.cpp {reference}");
+}
+
+#[test]
+fn chat_keeps_the_conversation_over_three_turns() {
+    let model = repo_file("models/tiny/qwen3-tiny.gguf");
+    let exe = env!("CARGO_BIN_EXE_pinfer");
+    let mut cmd = match through_qemu() {
+        Some(cpu) => {
+            let mut c = Command::new("qemu-aarch64");
+            c.args(["-cpu", cpu, exe]);
+            c
+        }
+        None => Command::new(exe),
+    };
+    let mut child = cmd
+        .args(["chat", "-m", &model, "--temp", "0", "-c", "256", "-t", "2", "-n", "8"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(b"Hello\nWhat is two plus two?\nThanks\n").unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "stderr: {}", text_of(&out.stderr));
+    let stdout = text_of(&out.stdout);
+    // Three answered prompts and the final one left waiting for input.
+    assert_eq!(stdout.matches("> ").count(), 4, "{stdout}");
+    assert!(text_of(&out.stderr).contains("chatml template"), "{}", text_of(&out.stderr));
 }

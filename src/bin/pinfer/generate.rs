@@ -158,3 +158,149 @@ pub fn tokenize(path: &Path, text: &str, ids_only: bool, parse_special: bool) ->
     }
     Ok(())
 }
+
+/// `pinfer perplexity`: the text split into chunks of the context size, each evaluated from an
+/// empty cache (BOS first where the model adds one) and scored on its second half, like
+/// llama.cpp's perplexity tool.
+pub fn perplexity(path: &Path, file: &Path, n_ctx: usize, threads: usize) -> Result<(), CliError> {
+    let text = std::fs::read(file).map_err(|e| CliError(format!("{}: {e}", file.display())))?;
+    let text = String::from_utf8_lossy(&text);
+    let model = ModelFile::open_static(path)?;
+    let n_ctx = if n_ctx == 0 { 512 } else { n_ctx };
+    let opts =
+        SessionOptions { n_ctx, n_batch: n_ctx.min(512), threads, logits_all: true, ..Default::default() };
+    let mut session = Session::new(model, &opts).map_err(|e| CliError(format!("{}: {e}", path.display())))?;
+    let tok = tokenizer(path, session.gguf())?;
+    let mut scratch = vec![0u32; tok.scratch_words(text.len())];
+    let mut tokens = vec![0u32; text.len() + 4];
+    let n = tok
+        .encode_with_scratch(&text, false, false, &mut tokens, &mut scratch)
+        .map_err(|e| CliError(format!("tokenizing {}: {e}", file.display())))?;
+    tokens.truncate(n);
+    let n_chunks = tokens.len() / n_ctx;
+    if n_chunks == 0 {
+        return Err(CliError(format!("{}: {} tokens, fewer than one chunk of {n_ctx}", file.display(), n)));
+    }
+    let first = n_ctx / 2;
+    let (mut nll, mut count) = (0f64, 0usize);
+    let t0 = Instant::now();
+    for c in 0..n_chunks {
+        let mut chunk = tokens[c * n_ctx..(c + 1) * n_ctx].to_vec();
+        if tok.add_bos() {
+            if let Some(bos) = tok.bos() {
+                chunk[0] = bos;
+            }
+        }
+        session.truncate(0);
+        session
+            .eval_all(&chunk, |i, logits| {
+                if i >= first && i + 1 < n_ctx {
+                    let max = logits.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+                    let sum: f64 = logits.iter().map(|&v| f64::from(v - max).exp()).sum();
+                    let target = chunk[i + 1] as usize;
+                    nll += sum.ln() - f64::from(logits[target] - max);
+                    count += 1;
+                }
+            })
+            .map_err(|e| CliError(e.to_string()))?;
+        eprint!("[{}]{:.4} ", c + 1, (nll / count as f64).exp());
+    }
+    eprintln!();
+    eprintln!("pinfer: {n_chunks} chunks of {n_ctx} tokens in {:.2} s", t0.elapsed().as_secs_f64());
+    println!("PPL = {:.4}", (nll / count as f64).exp());
+    Ok(())
+}
+
+/// `pinfer chat`: an interactive conversation on stdin/stdout using the model's chat template. The
+/// KV cache is kept across turns: each turn evaluates only what the cache does not hold yet.
+pub fn chat(
+    path: &Path,
+    system: Option<String>,
+    n_ctx: usize,
+    threads: usize,
+    n_reply: usize,
+    sampler: SamplerConfig,
+) -> Result<(), CliError> {
+    use pinfer::chat::{ChatTemplate, Message, Role};
+    use std::io::BufRead;
+    let model = ModelFile::open_static(path)?;
+    let opts = SessionOptions { n_ctx, threads, ..Default::default() };
+    let mut session = Session::new(model, &opts).map_err(|e| CliError(format!("{}: {e}", path.display())))?;
+    let tok = tokenizer(path, session.gguf())?;
+    let template_text =
+        session.gguf().get_str_opt("tokenizer.chat_template").map_err(|e| CliError(e.to_string()))?;
+    let template =
+        ChatTemplate::detect(template_text).map_err(|e| CliError(format!("{}: {e}", path.display())))?;
+    let mut sampler = Sampler::new(sampler).map_err(|e| CliError(e.to_string()))?;
+    let mut candidates = vec![Candidate::default(); session.n_vocab()];
+    let mut piece = vec![0u8; StreamDecoder::buffer_len(&tok)];
+    let mut turns: Vec<(Role, String)> = system.into_iter().map(|s| (Role::System, s)).collect();
+    let mut cached: Vec<u32> = Vec::new();
+    let stdin = std::io::stdin();
+    let mut out = std::io::stdout();
+    eprintln!(
+        "pinfer: chat with {} ({} template); an empty line or end of input ends it",
+        path.display(),
+        template.name()
+    );
+    loop {
+        let _ = write!(out, "> ");
+        let _ = out.flush();
+        let mut line = String::new();
+        if stdin.lock().read_line(&mut line).map_err(|e| CliError(format!("reading stdin: {e}")))? == 0 {
+            break;
+        }
+        let line = line.trim_end_matches(['\n', '\r']);
+        if line.is_empty() {
+            break;
+        }
+        turns.push((Role::User, line.to_string()));
+        let messages: Vec<Message<'_>> =
+            turns.iter().map(|(role, text)| Message { role: *role, content: text }).collect();
+        let mut rendered = String::new();
+        template.render(&messages, true, &mut rendered).map_err(|e| CliError(e.to_string()))?;
+        let tokens = encode(&tok, &rendered, true)?;
+        // Reuse the cache for the part of the conversation it already holds.
+        let keep = cached.iter().zip(&tokens).take_while(|(a, b)| a == b).count().min(tokens.len() - 1);
+        session.truncate(keep);
+        cached.truncate(keep);
+        let mut logits = match session.eval(&tokens[keep..]) {
+            Ok(l) => l.to_vec(),
+            Err(SessionError::ContextFull { n_ctx, .. }) => {
+                return Err(CliError(format!(
+                    "context full ({n_ctx} tokens): the conversation no longer fits; raise it with -c"
+                )))
+            }
+            Err(e) => return Err(CliError(e.to_string())),
+        };
+        cached.extend_from_slice(&tokens[keep..]);
+        let mut reply = String::new();
+        let mut decoder = StreamDecoder::new();
+        for _ in 0..n_reply {
+            let window = cached.len().saturating_sub(64);
+            let id = sampler
+                .sample(&logits, &cached[window..], &mut candidates)
+                .map_err(|e| CliError(e.to_string()))?;
+            if tok.is_eog(id) {
+                break;
+            }
+            let text = decoder.push(&tok, id, false, &mut piece).map_err(|e| CliError(e.to_string()))?;
+            reply.push_str(text);
+            let _ = write!(out, "{text}");
+            let _ = out.flush();
+            match session.eval(&[id]) {
+                Ok(l) => logits.copy_from_slice(l),
+                Err(SessionError::ContextFull { .. }) => {
+                    eprintln!("\npinfer: context full: reply cut short");
+                    break;
+                }
+                Err(e) => return Err(CliError(e.to_string())),
+            }
+            cached.push(id);
+        }
+        reply.push_str(decoder.finish(&mut piece));
+        let _ = writeln!(out);
+        turns.push((Role::Assistant, reply));
+    }
+    Ok(())
+}

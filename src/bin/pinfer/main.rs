@@ -88,6 +88,45 @@ enum Command {
         #[arg(long = "parse-special")]
         parse_special: bool,
     },
+    /// Chat interactively with the model's chat template (one message per line; empty line ends).
+    Chat {
+        /// Model file (GGUF).
+        #[arg(short = 'm', long = "model")]
+        model: Option<PathBuf>,
+        /// System message.
+        #[arg(long)]
+        system: Option<String>,
+        /// Context size in tokens (0: min(4096, the model's maximum)).
+        #[arg(short = 'c', long = "ctx-size", default_value_t = 0)]
+        ctx: usize,
+        /// Threads.
+        #[arg(short = 't', long = "threads", default_value_t = default_threads())]
+        threads: usize,
+        /// Most tokens per reply.
+        #[arg(short = 'n', long = "n-predict", default_value_t = 512)]
+        n_predict: usize,
+        /// Temperature (0: greedy).
+        #[arg(long = "temp", default_value_t = 0.8)]
+        temp: f32,
+        /// Random seed.
+        #[arg(long = "seed", default_value_t = SamplerConfig::DEFAULT_SEED)]
+        seed: u64,
+    },
+    /// Perplexity of a text file, scored like llama.cpp's perplexity tool (prints `PPL = X`).
+    Perplexity {
+        /// Model file (GGUF).
+        #[arg(short = 'm', long = "model")]
+        model: Option<PathBuf>,
+        /// The text file.
+        #[arg(short = 'f', long = "file")]
+        file: PathBuf,
+        /// Chunk (context) size in tokens.
+        #[arg(short = 'c', long = "ctx-size", default_value_t = 512)]
+        ctx: usize,
+        /// Threads.
+        #[arg(short = 't', long = "threads", default_value_t = default_threads())]
+        threads: usize,
+    },
     /// Measure prompt-processing and generation speed (llama-bench style).
     Bench {
         /// Model file (GGUF).
@@ -156,6 +195,13 @@ fn run(cli: Cli) -> Result<(), CliError> {
                 print_ids,
             };
             generate::generate(&model_path(model), args)
+        }
+        Command::Chat { model, system, ctx, threads, n_predict, temp, seed } => {
+            let sampler = SamplerConfig { temperature: temp, seed, ..SamplerConfig::default() };
+            generate::chat(&model_path(model), system, ctx, threads, n_predict, sampler)
+        }
+        Command::Perplexity { model, file, ctx, threads } => {
+            generate::perplexity(&model_path(model), &file, ctx, threads)
         }
         Command::Tokenize { model, prompt, ids, parse_special } => {
             generate::tokenize(&model_path(model), &prompt, ids, parse_special)
