@@ -12,16 +12,21 @@ fn pinfer(args: &[&str]) -> Output {
 
 /// Runs `pinfer` with `dir` as its working directory.
 fn pinfer_in(dir: &Path, args: &[&str]) -> Output {
+    let mut cmd = pinfer_command();
+    cmd.args(args).current_dir(dir).output().unwrap_or_else(|e| panic!("cannot start pinfer: {e}"))
+}
+
+/// A command that starts the built `pinfer` (through qemu when needed, see [`through_qemu`]).
+fn pinfer_command() -> Command {
     let exe = env!("CARGO_BIN_EXE_pinfer");
-    let mut cmd = match through_qemu() {
+    match through_qemu() {
         Some(cpu) => {
             let mut c = Command::new("qemu-aarch64");
             c.args(["-cpu", cpu, exe]);
             c
         }
         None => Command::new(exe),
-    };
-    cmd.args(args).current_dir(dir).output().unwrap_or_else(|e| panic!("cannot start {exe}: {e}"))
+    }
 }
 
 /// When these tests run under qemu-user (the cross tier), the host kernel cannot exec the aarch64
@@ -181,16 +186,7 @@ fn perplexity_matches_llama_cpp_within_one_percent() {
 #[test]
 fn chat_keeps_the_conversation_over_three_turns() {
     let model = repo_file("models/tiny/qwen3-tiny.gguf");
-    let exe = env!("CARGO_BIN_EXE_pinfer");
-    let mut cmd = match through_qemu() {
-        Some(cpu) => {
-            let mut c = Command::new("qemu-aarch64");
-            c.args(["-cpu", cpu, exe]);
-            c
-        }
-        None => Command::new(exe),
-    };
-    let mut child = cmd
+    let mut child = pinfer_command()
         .args(["chat", "-m", &model, "--temp", "0", "-c", "256", "-t", "2", "-n", "8"])
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
