@@ -97,13 +97,6 @@ const GEMMA3_SWA_PERIOD: u32 = 6;
 /// RoPE base of Gemma 3's sliding-window layers.
 const GEMMA3_SWA_ROPE_BASE: f32 = 10_000.0;
 
-/// Errors while building: a graph problem, or a tensor the validation should have caught.
-fn graph_err(e: GraphError) -> ModelError {
-    let mut name = crate::gguf::Name::new();
-    let _ = write!(name, "{e}");
-    ModelError::MissingTensor { name }
-}
-
 /// Builds the forward pass for `n_tokens` tokens. With `all_logits`, logits for every token
 /// (perplexity); otherwise only for the last one (generation), which skips the output matmul for
 /// the others. The model must have passed `validate_tensors`.
@@ -127,7 +120,7 @@ pub fn build_forward<const N: usize>(
         let Some(info) = gguf.tensor(&full) else { return Ok(None) };
         let ne = info.ne.map(|n| n as usize);
         let storage = Storage::External { buffer: MODEL_BUFFER, offset: data_start + info.offset as usize };
-        g.leaf(&full, info.ty, ne, storage).map(Some).map_err(graph_err)
+        g.leaf(&full, info.ty, ne, storage).map(Some).map_err(ModelError::Graph)
     };
     let required =
         |w: Option<TensorId>, name: &str| w.ok_or_else(|| ModelError::MissingTensor { name: name_of(name) });
@@ -144,11 +137,11 @@ pub fn build_forward<const N: usize>(
     let rope_freqs = weight(g, format_args!("rope_freqs.weight"))?;
     let ids = g
         .leaf("token_ids", GgmlType::I32, [t, 1, 1, 1], Storage::Persistent { offset: kv.ids_offset })
-        .map_err(graph_err)?;
+        .map_err(ModelError::Graph)?;
 
-    let mut x = g.get_rows(tok_embd, ids).map_err(graph_err)?;
+    let mut x = g.get_rows(tok_embd, ids).map_err(ModelError::Graph)?;
     if traits.gemma {
-        x = g.scale(x, libm::sqrtf(e as f32)).map_err(graph_err)?;
+        x = g.scale(x, libm::sqrtf(e as f32)).map_err(ModelError::Graph)?;
     }
     for il in 0..hp.n_layer as usize {
         let need = |g: &mut Graph<N>, suffix: &str| -> Result<TensorId, ModelError> {
@@ -163,7 +156,7 @@ pub fn build_forward<const N: usize>(
             need(g, "attn_v.weight")?,
             need(g, "attn_output.weight")?,
         );
-        let e_ = |r: Result<TensorId, GraphError>| r.map_err(graph_err);
+        let e_ = |r: Result<TensorId, GraphError>| r.map_err(ModelError::Graph);
 
         let cur = e_(g.rms_norm(x, hp.rms_eps))?;
         let cur = e_(g.mul(cur, attn_norm))?;
@@ -250,12 +243,12 @@ pub fn build_forward<const N: usize>(
     }
     if !all_logits && t > 1 {
         // Generation needs the last token's logits only: skip the output matmul for the others.
-        x = g.slice(x, 1, t - 1, 1).map_err(graph_err)?;
+        x = g.slice(x, 1, t - 1, 1).map_err(ModelError::Graph)?;
     }
-    let x = g.rms_norm(x, hp.rms_eps).map_err(graph_err)?;
-    let x = g.mul(x, output_norm).map_err(graph_err)?;
-    let logits = g.mul_mat(output, x).map_err(graph_err)?;
+    let x = g.rms_norm(x, hp.rms_eps).map_err(ModelError::Graph)?;
+    let x = g.mul(x, output_norm).map_err(ModelError::Graph)?;
+    let logits = g.mul_mat(output, x).map_err(ModelError::Graph)?;
     g.set_name(logits, format_args!("logits"));
-    g.build(&[logits]).map_err(graph_err)?;
+    g.build(&[logits]).map_err(ModelError::Graph)?;
     Ok(Forward { ids, logits, n_tokens })
 }

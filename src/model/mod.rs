@@ -14,6 +14,7 @@ pub use hparams::{HParams, MAX_LAYERS};
 pub use validate::{validate_tensors, validate_vocab, TensorKind, Vocab};
 
 use crate::gguf::{GgufError, Name};
+use crate::graph::GraphError;
 use crate::quant::GgmlType;
 
 /// Architectures pinfer runs (the `general.architecture` value).
@@ -102,6 +103,8 @@ pub enum ModelError {
         /// What the role accepts.
         accepted: &'static str,
     },
+    /// Building the forward graph failed (capacity, or a shape the validation should have caught).
+    Graph(GraphError),
     /// The vocabulary metadata is inconsistent.
     Vocab {
         /// The key concerned.
@@ -111,6 +114,12 @@ pub enum ModelError {
         /// A number that shows it (a length, an id, an index).
         value: u64,
     },
+}
+
+impl From<GraphError> for ModelError {
+    fn from(e: GraphError) -> Self {
+        ModelError::Graph(e)
+    }
 }
 
 impl From<GgufError> for ModelError {
@@ -140,6 +149,7 @@ impl fmt::Display for ModelError {
             Self::TensorType { name, ty, accepted } => {
                 write!(f, "tensor {name:?} has type {ty}, which pinfer does not run there (accepted: {accepted})")
             }
+            Self::Graph(e) => write!(f, "building the forward graph: {e}"),
             Self::Vocab { key, problem, value } => write!(f, "vocabulary {key}: {problem} ({value})"),
         }
     }
