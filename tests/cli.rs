@@ -163,14 +163,10 @@ fn tokenize_prints_ids_and_parses_special_tokens_only_when_asked() {
     assert!(text_of(&plain.stdout).trim().split(' ').count() > 1, "{}", text_of(&plain.stdout));
 }
 
-/// Perplexity is scored like llama.cpp's tool: on the first 1500 bytes of the GPL-3 text (on every
-/// Debian machine), chunks of 128, llama.cpp (commit 0c1e570, the golden build) gives 21389294.8
-/// for qwen3-tiny (a random-weight model, hence the size). Within 1%.
-#[test]
-fn perplexity_matches_llama_cpp_within_one_percent() {
-    let text = std::fs::read("/usr/share/common-licenses/GPL-3").expect("GPL-3 text (Debian base-files)");
-    let file = temp_file("gpl-head.txt", &text[..1500]);
-    let model = repo_file("models/tiny/qwen3-tiny.gguf");
+/// Runs `pinfer perplexity -c 128` on `text` and checks `PPL = X` is within 1% of llama.cpp's.
+fn check_perplexity(model: &str, text: &[u8], reference: f64) {
+    let file = temp_file(&format!("ppl-{}.txt", text.len()), text);
+    let model = repo_file(model);
     let out = pinfer(&["perplexity", "-m", &model, "-f", file.to_str().unwrap(), "-c", "128", "-t", "2"]);
     assert!(out.status.success(), "stderr: {}", text_of(&out.stderr));
     let stdout = text_of(&out.stdout);
@@ -179,8 +175,28 @@ fn perplexity_matches_llama_cpp_within_one_percent() {
         .strip_prefix("PPL = ")
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| panic!("{stdout}"));
-    let reference = 21_389_294.8;
-    assert!((ppl / reference - 1.0).abs() < 0.01, "PPL {ppl}, llama.cpp {reference}");
+    assert!((ppl / reference - 1.0).abs() < 0.01, "{model}: PPL {ppl}, llama.cpp {reference}");
+}
+
+fn gpl3() -> Vec<u8> {
+    std::fs::read("/usr/share/common-licenses/GPL-3").expect("GPL-3 text (Debian base-files)")
+}
+
+/// Perplexity is scored like llama.cpp's tool: on the first 1500 bytes of the GPL-3 text (on every
+/// Debian machine), chunks of 128, llama.cpp (commit 0c1e570, the golden build) gives 21389294.8
+/// for qwen3-tiny (a random-weight model, hence the size). Within 1%.
+#[test]
+fn perplexity_matches_llama_cpp_within_one_percent() {
+    check_perplexity("models/tiny/qwen3-tiny.gguf", &gpl3()[..1500], 21_389_294.8);
+}
+
+/// The whole GPL-3 text (59 chunks of 128), against llama.cpp's figures in tests/golden/README.md.
+/// Host tier only: ~7,500 tokens per model are minutes under qemu.
+#[test]
+#[cfg_attr(target_arch = "aarch64", ignore = "minutes under qemu; the host tier runs it")]
+fn perplexity_of_the_real_models_matches_llama_cpp() {
+    check_perplexity("models/SmolLM2-135M-Instruct.Q4_1.gguf", &gpl3(), 24.2385);
+    check_perplexity("models/gemma-3-270m-q4_k_m.gguf", &gpl3(), 18.4253);
 }
 
 #[test]

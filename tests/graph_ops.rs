@@ -10,8 +10,10 @@
 //! * add, mul, scale: one f32 rounding per element, so 1e-6 relative (about 8 ulp) to the f64 value.
 //! * get_rows, cpy, concat, kv_write: exact (values are copied, or rounded to f16 exactly once).
 //! * rms_norm, layer_norm: a reduction and a square root per row: 1e-5 of the row's largest output.
-//! * silu, gelu, swiglu, geglu: libm `expf`/`tanhf` are within a few ulp: 1e-6 relative, plus 1e-6
-//!   absolute for gelu's `1 + tanh(..)` cancelling for negative inputs.
+//! * silu, swiglu: ggml's vector `exp` is within ~1.5 ulp: 1e-6 relative.
+//! * gelu, geglu: ggml computes GELU through an f16 table (input and result rounded to f16), and so
+//!   do we; the naive twin rounds the same way, in f64: equal within 1e-6 relative (the f16 rounding
+//!   of a value computed in f32 and in f64 agrees except within an ulp of a rounding boundary).
 //! * rope: the engine follows ggml's f32 angle recurrence, whose relative error grows with the pair
 //!   index and the position: 1e-4 of the head's largest value, with positions below ~50.
 //! * soft_max: `expf` and one normalisation: 1e-5 of the row's largest probability.
@@ -422,9 +424,21 @@ fn silu(x: f64) -> f64 {
     x / (1.0 + (-x).exp())
 }
 
-fn gelu(x: f64) -> f64 {
+fn gelu_tanh(x: f64) -> f64 {
     let c = (2.0 / std::f64::consts::PI).sqrt();
     0.5 * x * (1.0 + (c * (x + 0.044715 * x * x * x)).tanh())
+}
+
+/// GELU the way ggml's CPU backend evaluates it: f16 input, f16 result, saturated outside (-10, 10).
+fn gelu(x: f64) -> f64 {
+    if x <= -10.0 {
+        0.0
+    } else if x >= 10.0 {
+        x
+    } else {
+        let r = |v: f64| f64::from(half::f16::from_f64(v).to_f32());
+        r(gelu_tanh(r(x)))
+    }
 }
 
 #[test]
@@ -479,18 +493,34 @@ fn silu_gelu_swiglu_geglu() {
 
 #[test]
 fn gelu_is_the_tanh_approximation_not_erf() {
-    // The tanh form and the erf form differ by 1e-4..5e-4 here, far above the 1e-6 tolerance.
-    let x = [-2.5f32, -1.0, 1.0, 2.5];
+    // For negative inputs the result is small, so f16 resolves the 1e-4..3e-4 gap between the tanh
+    // and the erf forms (there an f16 ulp is 1e-5..3e-5).
+    let x = [-2.5f32, -2.0, -1.5];
     let mut s = Setup::default();
-    let tx = leaf(&mut s, "x", [4, 1, 1, 1], &x);
+    let tx = leaf(&mut s, "x", [3, 1, 1, 1], &x);
     let ge = s.g.gelu(tx).unwrap();
     let out = run_ops(&mut s, &[ge], &STEP0).remove(0);
-    check("gelu", &out, &x.iter().map(|&v| gelu(v.into())).collect::<Vec<_>>(), 1e-6, 1e-6);
+    check("gelu", &out, &x.iter().map(|&v| gelu(v.into())).collect::<Vec<_>>(), 1e-6, 0.0);
     for (&g, &v) in out.iter().zip(&x) {
         let v = f64::from(v);
         let erf_form = 0.5 * v * (1.0 + libm::erf(v / std::f64::consts::SQRT_2));
-        assert!((f64::from(g) - erf_form).abs() > 1e-5, "gelu({v}) = {g} is the erf form {erf_form}");
+        assert!((f64::from(g) - erf_form).abs() > 5e-5, "gelu({v}) = {g} is the erf form {erf_form}");
     }
+}
+
+#[test]
+fn ggml_expf_stays_within_three_ulp_of_exp() {
+    let mut rng = Rng(7);
+    let xs: Vec<f32> = (0..20_000).map(|_| 87.0 * rng.vec(1)[0]).chain([0.0, -0.0, 88.0, -87.0]).collect();
+    for x in xs {
+        let got = pinfer::kernels::reference::ggml_expf(x);
+        let want = f64::from(x).exp();
+        let ulp = f64::from(f32::from_bits((want as f32).to_bits() + 1) - want as f32);
+        // Documented bound: 1.45 ulp plus the final rounding.
+        assert!((f64::from(got) - want).abs() <= 3.0 * ulp, "exp({x}) = {got}, want {want}");
+    }
+    assert_eq!(pinfer::kernels::reference::ggml_expf(-200.0), 0.0);
+    assert_eq!(pinfer::kernels::reference::ggml_expf(200.0), f32::INFINITY);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -50,7 +50,7 @@ pub fn soft_max_ref(x: &[f32], out: &mut [f32], scale: f32, first_visible: usize
     }
     let mut sum = 0.0f64;
     for (o, &v) in out[start..end].iter_mut().zip(&x[start..end]) {
-        let e = expf(v * scale - max);
+        let e = ggml_expf(v * scale - max);
         *o = e;
         sum += f64::from(e);
     }
@@ -88,13 +88,55 @@ pub fn geglu_ref(gate: &[f32], up: &[f32], out: &mut [f32]) {
     }
 }
 
+/// `exp(x)` as ggml's vectorised activations compute it (the Arm optimized-routines polynomial in
+/// its AVX-512 arrangement, max error ~1.5 ulp), not the correctly rounded libm one. SiLU and softmax
+/// use it in llama.cpp, and a 1-ulp difference there flips Q8 rounding ties a few layers later.
 #[inline]
-fn silu(x: f32) -> f32 {
-    x / (1.0 + expf(-x))
+pub fn ggml_expf(x: f32) -> f32 {
+    use libm::fmaf;
+    const SHIFT: f32 = f32::from_bits(0x4b40_0000); // 0x1.8p23: rounds to an integer when added
+    const LOG2E: f32 = f32::from_bits(0x3fb8_aa3b); // 0x1.715476p+0
+    const LN2_HI: f32 = f32::from_bits(0x3f31_7200); // 0x1.62e4p-1
+    const LN2_LO: f32 = f32::from_bits(0x35bf_be8e); // 0x1.7f7d1cp-20
+    const C1: f32 = f32::from_bits(0x3f7f_fff6); // 0x1.ffffecp-1
+    const C2: f32 = f32::from_bits(0x3eff_fedb); // 0x1.fffdb6p-2
+    const C3: f32 = f32::from_bits(0x3e2a_af33); // 0x1.555e66p-3
+    const C4: f32 = f32::from_bits(0x3d2b_9f17); // 0x1.573e2ep-5
+    const C5: f32 = f32::from_bits(0x3c07_2010); // 0x1.0e4020p-7
+    let z = fmaf(x, LOG2E, SHIFT);
+    let n = z - SHIFT;
+    let b = fmaf(-n, LN2_LO, fmaf(-n, LN2_HI, x));
+    if n.abs() > 192.0 {
+        return if n <= 0.0 { 0.0 } else { f32::INFINITY };
+    }
+    let u = b * b;
+    let j = fmaf(fmaf(fmaf(C5, b, C4), u, fmaf(C3, b, C2)), u, fmaf(C1, b, 1.0));
+    // scalef: j * 2^n with one rounding (exact in f64, then rounded once to f32, subnormals included).
+    (f64::from(j) * libm::exp2(f64::from(n))) as f32
 }
 
 #[inline]
+fn silu(x: f32) -> f32 {
+    x / (1.0 + ggml_expf(-x))
+}
+
+/// GELU (tanh form) as ggml's CPU backend computes it: through a 64 Ki-entry f16 table, so the
+/// input is rounded to f16 and so is the result; saturated outside (-10, 10). The rounding is
+/// large enough (Gemma's step-0 logits moved by 0.36) that matching llama.cpp needs it too.
+#[inline]
 fn gelu(x: f32) -> f32 {
+    if x <= -10.0 {
+        0.0
+    } else if x >= 10.0 {
+        x
+    } else {
+        let x16 = half::f16::from_f32(x).to_f32();
+        half::f16::from_f32(gelu_exact(x16)).to_f32()
+    }
+}
+
+#[inline]
+fn gelu_exact(x: f32) -> f32 {
     const SQRT_2_OVER_PI: f32 = 0.797_884_6;
     const COEF_A: f32 = 0.044_715;
     0.5 * x * (1.0 + tanhf(SQRT_2_OVER_PI * x * (1.0 + COEF_A * x * x)))
