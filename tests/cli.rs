@@ -191,9 +191,10 @@ fn perplexity_matches_llama_cpp_within_one_percent() {
 }
 
 /// The whole GPL-3 text (59 chunks of 128), against llama.cpp's figures in tests/golden/README.md.
-/// Host tier only: ~7,500 tokens per model are minutes under qemu.
+/// ~7,500 tokens per model: minutes under qemu, and half an hour with the portable kernels alone,
+/// so it waits for the SIMD kernels (issue 6). Run it with `cargo test --release -- --ignored`.
 #[test]
-#[cfg_attr(target_arch = "aarch64", ignore = "minutes under qemu; the host tier runs it")]
+#[ignore = "until the SIMD kernels land: ~30 min with the portable kernels"]
 fn perplexity_of_the_real_models_matches_llama_cpp() {
     check_perplexity("models/SmolLM2-135M-Instruct.Q4_1.gguf", &gpl3(), 24.2385);
     check_perplexity("models/gemma-3-270m-q4_k_m.gguf", &gpl3(), 18.4253);
