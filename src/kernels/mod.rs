@@ -1,7 +1,168 @@
-//! Compute kernels: scalar reference twins (`reference`, in `ref.rs`), with SIMD variants chosen
-//! at run time arriving beside them (`neon`, `x86`).
+//! Compute kernels: scalar reference twins (`reference`, in `ref.rs`), SIMD variants (`neon` on
+//! aarch64, `x86` on x86_64) with the same signatures, and the run-time choice between them
+//! ([`KernelPath`]).
 
 #[path = "ref.rs"]
 pub mod reference;
 
 pub mod dot;
+pub mod packed;
+
+#[cfg(target_arch = "aarch64")]
+pub mod neon;
+#[cfg(target_arch = "x86_64")]
+pub mod x86;
+
+use core::ops::Range;
+use core::sync::atomic::{AtomicU8, Ordering};
+
+use packed::{ActBlock, PackedMatrix};
+
+/// Which implementation runs the SIMD-able kernels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum KernelPath {
+    /// The portable scalar twins.
+    Reference,
+    /// aarch64 NEON without the dot-product extension (A55/A72-class cores).
+    Neon,
+    /// aarch64 NEON with `sdot` (Cortex-A76/A55 with FEAT_DotProd).
+    NeonDotprod,
+    /// x86_64 AVX2 + FMA + F16C.
+    Avx2,
+}
+
+impl KernelPath {
+    /// Name as accepted by [`KernelPath::parse`] and printed in reports.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Reference => "ref",
+            Self::Neon => "neon",
+            Self::NeonDotprod => "dotprod",
+            Self::Avx2 => "avx2",
+        }
+    }
+
+    /// Parses a name from [`KernelPath::name`].
+    pub fn parse(s: &str) -> Option<Self> {
+        [Self::Reference, Self::Neon, Self::NeonDotprod, Self::Avx2].into_iter().find(|p| p.name() == s)
+    }
+
+    /// Whether this CPU can run the path.
+    pub fn is_available(self) -> bool {
+        match self {
+            Self::Reference => true,
+            Self::Neon => cfg!(target_arch = "aarch64"),
+            Self::NeonDotprod => has_dotprod(),
+            Self::Avx2 => has_avx2(),
+        }
+    }
+
+    /// The fastest path this CPU supports.
+    pub fn detect() -> Self {
+        if has_dotprod() {
+            Self::NeonDotprod
+        } else if cfg!(target_arch = "aarch64") {
+            Self::Neon
+        } else if has_avx2() {
+            Self::Avx2
+        } else {
+            Self::Reference
+        }
+    }
+}
+
+#[cfg(all(target_arch = "aarch64", feature = "std"))]
+fn has_dotprod() -> bool {
+    std::arch::is_aarch64_feature_detected!("dotprod")
+}
+#[cfg(all(target_arch = "aarch64", not(feature = "std")))]
+fn has_dotprod() -> bool {
+    cfg!(target_feature = "dotprod")
+}
+#[cfg(not(target_arch = "aarch64"))]
+fn has_dotprod() -> bool {
+    false
+}
+
+#[cfg(all(target_arch = "x86_64", feature = "std"))]
+fn has_avx2() -> bool {
+    std::arch::is_x86_feature_detected!("avx2")
+        && std::arch::is_x86_feature_detected!("fma")
+        && std::arch::is_x86_feature_detected!("f16c")
+}
+#[cfg(all(target_arch = "x86_64", not(feature = "std")))]
+fn has_avx2() -> bool {
+    cfg!(all(target_feature = "avx2", target_feature = "fma", target_feature = "f16c"))
+}
+#[cfg(not(target_arch = "x86_64"))]
+fn has_avx2() -> bool {
+    false
+}
+
+/// 0 = not chosen yet, else 1 + index of the path.
+static CHOSEN: AtomicU8 = AtomicU8::new(0);
+const PATHS: [KernelPath; 4] =
+    [KernelPath::Reference, KernelPath::Neon, KernelPath::NeonDotprod, KernelPath::Avx2];
+
+/// The path kernels use: [`set_path`]'s choice, else [`KernelPath::detect`].
+pub fn path() -> KernelPath {
+    match CHOSEN.load(Ordering::Relaxed) {
+        0 => {
+            let p = KernelPath::detect();
+            set_path(p);
+            p
+        }
+        i => PATHS[usize::from(i - 1)],
+    }
+}
+
+/// Forces a path (e.g. `--kernels ref` for A/B runs); refused (false) when this CPU lacks it.
+pub fn set_path(p: KernelPath) -> bool {
+    if !p.is_available() {
+        return false;
+    }
+    let i = PATHS.iter().position(|&q| q == p).unwrap_or(0) as u8;
+    CHOSEN.store(i + 1, Ordering::Relaxed);
+    true
+}
+
+/// Packed matmul on `path` (see [`packed::matmul_ref`] for the contract). A path this CPU lacks
+/// runs the reference.
+pub fn packed_matmul(
+    path: KernelPath,
+    w: &PackedMatrix<'_>,
+    groups: Range<usize>,
+    acts: &[&[ActBlock]],
+    outs: &mut [&mut [f32]],
+) {
+    match path {
+        #[cfg(target_arch = "aarch64")]
+        KernelPath::Neon => neon::matmul(w, groups, acts, outs),
+        #[cfg(target_arch = "aarch64")]
+        KernelPath::NeonDotprod if has_dotprod() => {
+            // SAFETY: the CPU has dotprod (checked on this line).
+            unsafe { neon::matmul_dotprod(w, groups, acts, outs) }
+        }
+        #[cfg(target_arch = "x86_64")]
+        KernelPath::Avx2 if has_avx2() => {
+            // SAFETY: the CPU has AVX2, FMA and F16C (checked on this line).
+            unsafe { x86::matmul_avx2(w, groups, acts, outs) }
+        }
+        _ => packed::matmul_ref(w, groups, acts, outs),
+    }
+}
+
+/// Activation quantization on `path` (see [`packed::quantize_act_ref`]); every path gives the same
+/// bytes.
+pub fn quantize_act(path: KernelPath, x: &[f32], out: &mut [ActBlock]) {
+    match path {
+        #[cfg(target_arch = "aarch64")]
+        KernelPath::Neon | KernelPath::NeonDotprod => neon::quantize_act(x, out),
+        #[cfg(target_arch = "x86_64")]
+        KernelPath::Avx2 if has_avx2() => {
+            // SAFETY: the CPU has AVX2, FMA and F16C (checked on this line).
+            unsafe { x86::quantize_act_avx2(x, out) }
+        }
+        _ => packed::quantize_act_ref(x, out),
+    }
+}

@@ -1,0 +1,459 @@
+//! Weights repacked at load into row-interleaved groups for `sdot`-style kernels, the activation
+//! format those kernels read, and the portable reference matmul every SIMD twin is tested against.
+//!
+//! # Layout (version [`LAYOUT_VERSION`])
+//! A weight matrix of `rows` x `k` (rows a multiple of [`GROUP_ROWS`], `k` of [`BLOCK`]) becomes
+//! `rows / 4` groups of 4 consecutive rows, each cut into `k / 32` blocks of 32 elements. Two planes:
+//! - **quants**: group `g`, block `b` at `(g * nb + b) * format.quant_bytes()`. Inside a block the 4
+//!   rows are interleaved in 4-byte chunks, so one 16-byte vector holds 4 consecutive elements of
+//!   each row and lane `r` of an `sdot` by element is row `r`:
+//!   - 4-bit formats (64 bytes): byte `16c + 4r + j` (c, j in 0..4) holds element `4c + j` of row
+//!     `r` in its low nibble and element `16 + 4c + j` in its high nibble, both as 4-bit two's
+//!     complement (`q - 8`: the XOR-0x88 trick applied at pack time). Shifting a byte left by 4, or
+//!     masking it with 0xF0, gives 16 times the signed value as an int8.
+//!   - 8-bit formats (128 bytes): byte `16c + 4r + j` (c in 0..8) is element `4c + j` of row `r`.
+//! - **scales**: group `g`, block `b` at `(g * nb + b) * format.scale_bytes()`, f16 little-endian:
+//!   `d[4]` (one per row), then `m[4]` for the formats with a min, or for [`PackedFormat::Q8Sub16`]
+//!   the 4 scales of elements 16..32 after the 4 of elements 0..16.
+//!
+//! One row range (or one expert of a stacked tensor) is therefore one contiguous slab in each plane.
+//!
+//! # Values
+//! With `q` the stored signed value, `d`, `m` the block's row scales, and activations `a = d_a * q_a`:
+//! - [`PackedFormat::Q4`], [`PackedFormat::Q8`]: `w = d * q`.
+//! - [`PackedFormat::Q4Min`]: `w = d * (q + 8) + m` (the stored `q` is the unsigned nibble minus 8).
+//! - [`PackedFormat::Q8Min`]: `w = d * q + m`.
+//! - [`PackedFormat::Q8Sub16`]: `w = d_half * q`, one scale per 16 elements.
+//!
+//! Sources: Q4_0 -> Q4; Q4_1, Q4_K -> Q4Min; Q8_0, Q5_0 -> Q8; Q5_1, Q5_K -> Q8Min; Q6_K -> Q8Sub16.
+//! K-quant super-block scales are folded into per-32 f16 scales (`d * sc`, `dmin * m`): a relative
+//! rounding of at most 2^-11, far below the 4-bit step. 5- and 6-bit values are widened to int8, which
+//! costs bytes but no unpacking.
+
+use core::ops::Range;
+
+use bytemuck::{Pod, Zeroable};
+
+use crate::quant::blocks::{
+    scale_min_k4, BlockQ4_0, BlockQ4_1, BlockQ4_K, BlockQ5_0, BlockQ5_1, BlockQ5_K, BlockQ6_K, BlockQ8_0,
+    F16Le,
+};
+use crate::quant::{GgmlType, QK_K};
+
+/// Bumped whenever the byte layout above changes (repacked-weight caches record it).
+pub const LAYOUT_VERSION: u32 = 1;
+/// Rows per interleaved group.
+pub const GROUP_ROWS: usize = 4;
+/// Elements per block (one scale per row and block).
+pub const BLOCK: usize = 32;
+
+/// The repacked formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PackedFormat {
+    /// Signed 4-bit values, one scale per block.
+    Q4,
+    /// Signed 4-bit values (`nibble - 8`), scale and min per block.
+    Q4Min,
+    /// int8 values, one scale per block.
+    Q8,
+    /// int8 values, scale and min per block.
+    Q8Min,
+    /// int8 values, one scale per 16 elements.
+    Q8Sub16,
+}
+
+impl PackedFormat {
+    /// The format a GGUF weight type is repacked into, if any.
+    pub fn for_type(ty: GgmlType) -> Option<Self> {
+        Some(match ty {
+            GgmlType::Q4_0 => Self::Q4,
+            GgmlType::Q4_1 | GgmlType::Q4_K => Self::Q4Min,
+            GgmlType::Q8_0 | GgmlType::Q5_0 => Self::Q8,
+            GgmlType::Q5_1 | GgmlType::Q5_K => Self::Q8Min,
+            GgmlType::Q6_K => Self::Q8Sub16,
+            _ => return None,
+        })
+    }
+
+    /// Quant bytes per group and block.
+    pub const fn quant_bytes(self) -> usize {
+        match self {
+            Self::Q4 | Self::Q4Min => GROUP_ROWS * BLOCK / 2,
+            _ => GROUP_ROWS * BLOCK,
+        }
+    }
+
+    /// Scale bytes per group and block.
+    pub const fn scale_bytes(self) -> usize {
+        match self {
+            Self::Q4 | Self::Q8 => GROUP_ROWS * 2,
+            _ => 2 * GROUP_ROWS * 2,
+        }
+    }
+
+    /// Whether values are 4-bit (else int8).
+    pub const fn is_4bit(self) -> bool {
+        matches!(self, Self::Q4 | Self::Q4Min)
+    }
+
+    /// Whether the scale plane carries a min per row (`m[4]` after `d[4]`).
+    pub const fn has_min(self) -> bool {
+        matches!(self, Self::Q4Min | Self::Q8Min)
+    }
+
+    /// Short name for reports.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Q4 => "q4x4",
+            Self::Q4Min => "q4mx4",
+            Self::Q8 => "q8x4",
+            Self::Q8Min => "q8mx4",
+            Self::Q8Sub16 => "q8sx4",
+        }
+    }
+}
+
+/// Whether a `ty` matrix of `rows` x `k` can be repacked.
+pub fn can_pack(ty: GgmlType, rows: usize, k: usize) -> bool {
+    PackedFormat::for_type(ty).is_some()
+        && rows > 0
+        && rows % GROUP_ROWS == 0
+        && k > 0
+        && k % ty.block_len() == 0
+        && k % BLOCK == 0
+}
+
+/// Bytes of the (quant plane, scale plane) of a packed `rows` x `k` matrix.
+pub fn packed_bytes(format: PackedFormat, rows: usize, k: usize) -> (usize, usize) {
+    let units = rows / GROUP_ROWS * (k / BLOCK);
+    (units * format.quant_bytes(), units * format.scale_bytes())
+}
+
+/// Why a matrix could not be repacked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PackError {
+    /// The type has no packed format, or the shape does not divide into groups and blocks.
+    Unsupported,
+    /// A buffer has the wrong size for the shape.
+    WrongSize,
+}
+
+/// A repacked weight matrix (borrowed planes).
+#[derive(Debug, Clone, Copy)]
+pub struct PackedMatrix<'a> {
+    /// Layout of the planes.
+    pub format: PackedFormat,
+    /// Rows (a multiple of [`GROUP_ROWS`]).
+    pub rows: usize,
+    /// Elements per row (a multiple of [`BLOCK`]).
+    pub k: usize,
+    /// Quant plane.
+    pub quants: &'a [u8],
+    /// Scale plane (f16 little-endian).
+    pub scales: &'a [u8],
+}
+
+impl<'a> PackedMatrix<'a> {
+    /// Blocks per row.
+    pub fn blocks(&self) -> usize {
+        self.k / BLOCK
+    }
+
+    /// Number of row groups.
+    pub fn groups(&self) -> usize {
+        self.rows / GROUP_ROWS
+    }
+
+    /// Quant bytes of group `g`, all blocks.
+    pub fn group_quants(&self, g: usize) -> &'a [u8] {
+        let n = self.blocks() * self.format.quant_bytes();
+        &self.quants[g * n..(g + 1) * n]
+    }
+
+    /// Scale bytes of group `g`, all blocks.
+    pub fn group_scales(&self, g: usize) -> &'a [u8] {
+        let n = self.blocks() * self.format.scale_bytes();
+        &self.scales[g * n..(g + 1) * n]
+    }
+
+    /// Checks that the planes have the sizes the shape needs.
+    pub fn is_consistent(&self) -> bool {
+        self.rows % GROUP_ROWS == 0
+            && self.k % BLOCK == 0
+            && packed_bytes(self.format, self.rows, self.k) == (self.quants.len(), self.scales.len())
+    }
+}
+
+/// One 32-element block of one row in integer form, before interleaving.
+struct RowBlock {
+    /// Signed values in the packed format's convention.
+    q: [i8; BLOCK],
+    /// Scale (of elements 0..16 for Q8Sub16).
+    d: f32,
+    /// Min, or the scale of elements 16..32 for Q8Sub16.
+    m: f32,
+}
+
+/// Repacks a `rows` x `k` matrix of type `ty` (GGUF row-major bytes in `src`) into `quants` and
+/// `scales` (sized by [`packed_bytes`]).
+pub fn pack(
+    ty: GgmlType,
+    src: &[u8],
+    rows: usize,
+    k: usize,
+    quants: &mut [u8],
+    scales: &mut [u8],
+) -> Result<PackedFormat, PackError> {
+    let format = PackedFormat::for_type(ty).ok_or(PackError::Unsupported)?;
+    if !can_pack(ty, rows, k) {
+        return Err(PackError::Unsupported);
+    }
+    let row_bytes = ty.bytes_for(k as u64).ok_or(PackError::Unsupported)? as usize;
+    if src.len() != row_bytes * rows || packed_bytes(format, rows, k) != (quants.len(), scales.len()) {
+        return Err(PackError::WrongSize);
+    }
+    let nb = k / BLOCK;
+    let (qb, sb) = (format.quant_bytes(), format.scale_bytes());
+    for g in 0..rows / GROUP_ROWS {
+        for b in 0..nb {
+            let unit = g * nb + b;
+            let qdst = &mut quants[unit * qb..(unit + 1) * qb];
+            let sdst = &mut scales[unit * sb..(unit + 1) * sb];
+            for r in 0..GROUP_ROWS {
+                let row = &src[(g * GROUP_ROWS + r) * row_bytes..][..row_bytes];
+                let rb = row_block(ty, row, b).ok_or(PackError::Unsupported)?;
+                place(format, &rb, r, qdst, sdst);
+            }
+        }
+    }
+    Ok(format)
+}
+
+/// Writes row `r`'s block into the interleaved block `qdst` and its scales into `sdst`.
+fn place(format: PackedFormat, rb: &RowBlock, r: usize, qdst: &mut [u8], sdst: &mut [u8]) {
+    if format.is_4bit() {
+        for c in 0..4 {
+            for j in 0..4 {
+                let lo = (rb.q[4 * c + j] as u8) & 0xF;
+                let hi = (rb.q[16 + 4 * c + j] as u8) & 0xF;
+                qdst[16 * c + 4 * r + j] = lo | (hi << 4);
+            }
+        }
+    } else {
+        for c in 0..8 {
+            for j in 0..4 {
+                qdst[16 * c + 4 * r + j] = rb.q[4 * c + j] as u8;
+            }
+        }
+    }
+    sdst[2 * r..2 * r + 2].copy_from_slice(&F16Le::from_f32(rb.d).0);
+    if format.scale_bytes() > GROUP_ROWS * 2 {
+        let at = 2 * (GROUP_ROWS + r);
+        sdst[at..at + 2].copy_from_slice(&F16Le::from_f32(rb.m).0);
+    }
+}
+
+fn one<B: Pod>(row: &[u8], i: usize) -> Option<B> {
+    let size = core::mem::size_of::<B>();
+    row.get(i * size..(i + 1) * size).map(bytemuck::pod_read_unaligned)
+}
+
+/// Block `b` (32 elements) of a row of type `ty`, in integer form.
+fn row_block(ty: GgmlType, row: &[u8], b: usize) -> Option<RowBlock> {
+    let mut q = [0i8; BLOCK];
+    let per_super = QK_K / BLOCK;
+    Some(match ty {
+        GgmlType::Q4_0 | GgmlType::Q4_1 => {
+            let (d, m, qs) = if ty == GgmlType::Q4_0 {
+                let blk: BlockQ4_0 = one(row, b)?;
+                (blk.d.to_f32(), 0.0, blk.qs)
+            } else {
+                let blk: BlockQ4_1 = one(row, b)?;
+                (blk.d.to_f32(), blk.m.to_f32(), blk.qs)
+            };
+            for (j, &byte) in qs.iter().enumerate() {
+                q[j] = (byte & 0xF) as i8 - 8;
+                q[j + 16] = (byte >> 4) as i8 - 8;
+            }
+            RowBlock { q, d, m }
+        }
+        GgmlType::Q8_0 => {
+            let blk: BlockQ8_0 = one(row, b)?;
+            RowBlock { q: blk.qs, d: blk.d.to_f32(), m: 0.0 }
+        }
+        GgmlType::Q5_0 | GgmlType::Q5_1 => {
+            let (d, m, qh, qs, offset) = if ty == GgmlType::Q5_0 {
+                let blk: BlockQ5_0 = one(row, b)?;
+                (blk.d.to_f32(), 0.0, blk.qh, blk.qs, 16)
+            } else {
+                let blk: BlockQ5_1 = one(row, b)?;
+                (blk.d.to_f32(), blk.m.to_f32(), blk.qh, blk.qs, 0)
+            };
+            let qh = u32::from_le_bytes(qh);
+            for (j, &byte) in qs.iter().enumerate() {
+                let lo = (byte & 0xF) | ((((qh >> j) & 1) as u8) << 4);
+                let hi = (byte >> 4) | ((((qh >> (j + 16)) & 1) as u8) << 4);
+                q[j] = lo as i8 - offset;
+                q[j + 16] = hi as i8 - offset;
+            }
+            RowBlock { q, d, m }
+        }
+        GgmlType::Q4_K | GgmlType::Q5_K => {
+            let (sup, sub) = (b / per_super, b % per_super);
+            let (d, dmin, scales) = if ty == GgmlType::Q4_K {
+                let blk: BlockQ4_K = one(row, sup)?;
+                for (l, v) in q.iter_mut().enumerate() {
+                    *v = ((blk.qs[32 * (sub / 2) + l] >> (4 * (sub % 2))) & 0xF) as i8 - 8;
+                }
+                (blk.d.to_f32(), blk.dmin.to_f32(), blk.scales)
+            } else {
+                let blk: BlockQ5_K = one(row, sup)?;
+                for (l, v) in q.iter_mut().enumerate() {
+                    let lo = (blk.qs[32 * (sub / 2) + l] >> (4 * (sub % 2))) & 0xF;
+                    *v = (lo | (((blk.qh[l] >> sub) & 1) << 4)) as i8;
+                }
+                (blk.d.to_f32(), blk.dmin.to_f32(), blk.scales)
+            };
+            let (sc, mn) = scale_min_k4(sub, &scales);
+            RowBlock { q, d: d * sc as f32, m: -(dmin * mn as f32) }
+        }
+        GgmlType::Q6_K => {
+            let (sup, sub) = (b / per_super, b % per_super);
+            let blk: BlockQ6_K = one(row, sup)?;
+            for (l, v) in q.iter_mut().enumerate() {
+                let i = 32 * sub + l; // element within the super-block
+                let (half, i) = (i / 128, i % 128);
+                let low = (blk.ql[64 * half + i % 64] >> (4 * (i / 64))) & 0xF;
+                let high = (blk.qh[32 * half + i % 32] >> (2 * (i / 32))) & 3;
+                *v = (low | (high << 4)) as i8 - 32;
+            }
+            let d = blk.d.to_f32();
+            RowBlock { q, d: d * blk.scales[2 * sub] as f32, m: d * blk.scales[2 * sub + 1] as f32 }
+        }
+        _ => return None,
+    })
+}
+
+/// One 32-element block of a quantized activation row: `a = d * qs`, and `s = d * sum(qs)` for the
+/// min term. 40 bytes; `d` and `s` hold f16-representable values, as llama.cpp's Q8_0/Q8_1 do.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Pod, Zeroable)]
+pub struct ActBlock {
+    /// Scale.
+    pub d: f32,
+    /// `d * sum(qs)`.
+    pub s: f32,
+    /// Quants.
+    pub qs: [i8; BLOCK],
+}
+
+/// Bytes of one quantized activation row of `k` elements.
+pub const fn act_row_bytes(k: usize) -> usize {
+    k.div_ceil(BLOCK) * core::mem::size_of::<ActBlock>()
+}
+
+/// Rounds to the nearest f16 value, kept as f32.
+#[inline]
+pub fn f16_round(x: f32) -> f32 {
+    half::f16::from_f32(x).to_f32()
+}
+
+/// Quantizes one activation row (`x.len() == 32 * out.len()`): `amax / 127` scale, `127 / amax`
+/// multiplier, round half to even (llama.cpp's SIMD quantizer), scale and sum rounded to f16.
+pub fn quantize_act_ref(x: &[f32], out: &mut [ActBlock]) {
+    debug_assert_eq!(x.len(), out.len() * BLOCK);
+    for (x, b) in x.chunks_exact(BLOCK).zip(out.iter_mut()) {
+        let amax = x.iter().fold(0f32, |m, &v| m.max(libm::fabsf(v)));
+        let d = amax / 127.0;
+        let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+        let mut sum = 0i32;
+        for (q, &v) in b.qs.iter_mut().zip(x) {
+            *q = libm::rintf(v * id) as i8;
+            sum += i32::from(*q);
+        }
+        b.d = f16_round(d);
+        b.s = f16_round(d * sum as f32);
+    }
+}
+
+#[inline]
+fn f16_at(bytes: &[u8], i: usize) -> f32 {
+    F16Le([bytes[2 * i], bytes[2 * i + 1]]).to_f32()
+}
+
+/// Signed value of element `e` of row `r` in an interleaved block.
+#[inline]
+fn value(format: PackedFormat, block: &[u8], r: usize, e: usize) -> i32 {
+    if format.is_4bit() {
+        let byte = block[16 * ((e % 16) / 4) + 4 * r + e % 4];
+        let nibble = if e < 16 { byte << 4 } else { byte & 0xF0 };
+        i32::from(nibble as i8) / 16
+    } else {
+        i32::from(block[16 * (e / 4) + 4 * r + e % 4] as i8)
+    }
+}
+
+/// Reference matmul over row groups `groups` for `acts.len()` tokens: `outs[t][4 * (g -
+/// groups.start) + r]` = row `4g + r` dotted with token `t`'s activations. Per block the integer dot
+/// is scaled by `d_w * d_a` in f32 and summed into an f32 accumulator; mins add `m * s_a`.
+pub fn matmul_ref(w: &PackedMatrix<'_>, groups: Range<usize>, acts: &[&[ActBlock]], outs: &mut [&mut [f32]]) {
+    let (format, nb) = (w.format, w.blocks());
+    let (qb, sb) = (format.quant_bytes(), format.scale_bytes());
+    for (act, out) in acts.iter().zip(outs.iter_mut()) {
+        for (gi, g) in groups.clone().enumerate() {
+            let (gq, gs) = (w.group_quants(g), w.group_scales(g));
+            for r in 0..GROUP_ROWS {
+                let mut acc = 0f32;
+                for (b, a) in act.iter().enumerate().take(nb) {
+                    let (block, sc) = (&gq[b * qb..(b + 1) * qb], &gs[b * sb..(b + 1) * sb]);
+                    let dot = |es: Range<usize>| -> i32 {
+                        es.map(|e| value(format, block, r, e) * i32::from(a.qs[e])).sum()
+                    };
+                    let d = f16_at(sc, r);
+                    match format {
+                        PackedFormat::Q4 | PackedFormat::Q8 => acc += (d * a.d) * dot(0..BLOCK) as f32,
+                        PackedFormat::Q4Min | PackedFormat::Q8Min => {
+                            let m = f16_at(sc, GROUP_ROWS + r);
+                            // Q4Min stores nibble - 8: the shift comes back through the min.
+                            let m = if format == PackedFormat::Q4Min { m + 8.0 * d } else { m };
+                            acc += (d * a.d) * dot(0..BLOCK) as f32;
+                            acc += m * a.s;
+                        }
+                        PackedFormat::Q8Sub16 => {
+                            let d_hi = f16_at(sc, GROUP_ROWS + r);
+                            acc += (d * a.d) * dot(0..16) as f32;
+                            acc += (d_hi * a.d) * dot(16..BLOCK) as f32;
+                        }
+                    }
+                }
+                out[GROUP_ROWS * gi + r] = acc;
+            }
+        }
+    }
+}
+
+/// Dequantizes row `row` of a packed matrix (for tests and diagnostics).
+pub fn dequantize_packed_row(w: &PackedMatrix<'_>, row: usize, out: &mut [f32]) {
+    let (g, r) = (row / GROUP_ROWS, row % GROUP_ROWS);
+    let (qb, sb) = (w.format.quant_bytes(), w.format.scale_bytes());
+    let (gq, gs) = (w.group_quants(g), w.group_scales(g));
+    for (b, y) in out.chunks_exact_mut(BLOCK).enumerate().take(w.blocks()) {
+        let (block, sc) = (&gq[b * qb..(b + 1) * qb], &gs[b * sb..(b + 1) * sb]);
+        let d = f16_at(sc, r);
+        for (e, y) in y.iter_mut().enumerate() {
+            let q = value(w.format, block, r, e) as f32;
+            *y = match w.format {
+                PackedFormat::Q4 | PackedFormat::Q8 => d * q,
+                PackedFormat::Q4Min => d * (q + 8.0) + f16_at(sc, GROUP_ROWS + r),
+                PackedFormat::Q8Min => d * q + f16_at(sc, GROUP_ROWS + r),
+                PackedFormat::Q8Sub16 => {
+                    if e < 16 {
+                        d * q
+                    } else {
+                        f16_at(sc, GROUP_ROWS + r) * q
+                    }
+                }
+            };
+        }
+    }
+}

@@ -1,0 +1,270 @@
+//! Repacked weights: the packed matrix dequantizes to the original rows, the reference packed
+//! matmul equals an f64 dot of those rows with the quantized activations, and every SIMD path this
+//! CPU has equals the reference (odd shapes, tails of token tiles, extreme values).
+//!
+//! Tolerances, and why:
+//! * dequantized rows: exact for Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 (same f16 scales, integer values); for the
+//!   K-quants the folded per-32 scale `d * sc` is rounded to f16 once: 2^-11 of each value's size.
+//! * reference matmul vs f64: one f32 rounding per block product and sum: 1e-5 of `sum |w| |a|`.
+//! * SIMD vs reference: the same integer block dots, float sums in another order: 1e-5 of
+//!   `sum |w| |a|` (measured worst cases are ~1e-7).
+
+use pinfer::kernels::packed::{
+    act_row_bytes, can_pack, dequantize_packed_row, matmul_ref, pack, packed_bytes, quantize_act_ref,
+    ActBlock, PackedFormat, PackedMatrix, BLOCK,
+};
+use pinfer::kernels::{packed_matmul, quantize_act, KernelPath};
+use pinfer::quant::{dequantize_row_ref, GgmlType};
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    /// Uniform in [-1, 1).
+    fn f(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+}
+
+const TYPES: [GgmlType; 8] = [
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+];
+
+/// Random valid blocks of `ty`: random quant bytes, f16 scale fields set to sane magnitudes
+/// (`scale` sets their size: 1.0 normal, large values test the f32 range of the sums).
+fn random_rows(ty: GgmlType, rows: usize, k: usize, rng: &mut Rng, scale: f32) -> Vec<u8> {
+    let row_bytes = ty.bytes_for(k as u64).unwrap() as usize;
+    let mut bytes: Vec<u8> = (0..rows * row_bytes).map(|_| rng.next() as u8).collect();
+    let f16 = |v: f32| half::f16::from_f32(v).to_le_bytes();
+    for block in bytes.chunks_exact_mut(ty.block_bytes()) {
+        let d = f16(scale * (0.001 + 0.01 * rng.f().abs()));
+        let m = f16(scale * 0.05 * rng.f());
+        match ty {
+            GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => block[..2].copy_from_slice(&d),
+            GgmlType::Q4_1 | GgmlType::Q5_1 => {
+                block[..2].copy_from_slice(&d);
+                block[2..4].copy_from_slice(&m);
+            }
+            GgmlType::Q4_K | GgmlType::Q5_K => {
+                // d, then dmin (non-negative: the mins are subtracted).
+                block[..2].copy_from_slice(&d);
+                block[2..4].copy_from_slice(&f16(scale * 0.05 * rng.f().abs()));
+            }
+            GgmlType::Q6_K => {
+                let n = block.len();
+                block[n - 2..].copy_from_slice(&d);
+            }
+            _ => unreachable!(),
+        }
+    }
+    bytes
+}
+
+fn packed_of(ty: GgmlType, src: &[u8], rows: usize, k: usize) -> (PackedFormat, Vec<u8>, Vec<u8>) {
+    let format = PackedFormat::for_type(ty).unwrap();
+    let (qn, sn) = packed_bytes(format, rows, k);
+    let (mut q, mut s) = (vec![0u8; qn], vec![0u8; sn]);
+    assert_eq!(pack(ty, src, rows, k, &mut q, &mut s), Ok(format));
+    (format, q, s)
+}
+
+fn k_for(ty: GgmlType, i: usize) -> usize {
+    if ty.block_len() == 256 {
+        256 * (1 + i % 2)
+    } else {
+        [32, 96, 160, 576][i % 4]
+    }
+}
+
+#[test]
+fn packed_rows_dequantize_to_the_original_rows() {
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    for ty in TYPES {
+        for i in 0..3 {
+            let (rows, k) = (4 * (1 + i), k_for(ty, i));
+            let src = random_rows(ty, rows, k, &mut rng, 1.0);
+            let (format, q, s) = packed_of(ty, &src, rows, k);
+            let w = PackedMatrix { format, rows, k, quants: &q, scales: &s };
+            assert!(w.is_consistent());
+            let row_bytes = src.len() / rows;
+            for r in 0..rows {
+                let mut want = vec![0f32; k];
+                dequantize_row_ref(ty, &src[r * row_bytes..(r + 1) * row_bytes], &mut want).unwrap();
+                let mut got = vec![0f32; k];
+                dequantize_packed_row(&w, r, &mut got);
+                let exact = ty.block_len() == 32;
+                // K-quants: `d * sc` and `dmin * m` are each rounded to f16 once; a value can be
+                // the difference of the two, so the bound scales with the block's largest value.
+                let largest = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+                for (e, (&g, &v)) in got.iter().zip(&want).enumerate() {
+                    let tol = if exact { 0.0 } else { 2f32.powi(-10) * (v.abs() + largest) };
+                    assert!((g - v).abs() <= tol, "{ty:?} {rows}x{k} row {r} element {e}: {g} vs {v}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn shapes_that_do_not_divide_are_not_packed() {
+    assert!(!can_pack(GgmlType::Q4_0, 6, 64));
+    assert!(!can_pack(GgmlType::Q4_K, 8, 128));
+    assert!(!can_pack(GgmlType::F16, 8, 64));
+    assert!(can_pack(GgmlType::Q6_K, 8, 512));
+    let src = vec![0u8; 18 * 2 * 4];
+    let (mut q, mut s) = (vec![0u8; 10], vec![0u8; 10]);
+    assert!(pack(GgmlType::Q4_0, &src, 4, 64, &mut q, &mut s).is_err());
+}
+
+fn quantized_acts(rng: &mut Rng, tokens: usize, k: usize, scale: f32) -> Vec<Vec<ActBlock>> {
+    (0..tokens)
+        .map(|_| {
+            let x: Vec<f32> = (0..k).map(|_| scale * rng.f()).collect();
+            let mut a = vec![ActBlock { d: 0.0, s: 0.0, qs: [0; BLOCK] }; k / BLOCK];
+            quantize_act_ref(&x, &mut a);
+            a
+        })
+        .collect()
+}
+
+/// Runs `f` (a packed matmul) over `tokens` activation rows and all groups; returns [token][row].
+fn run(
+    f: impl Fn(&PackedMatrix<'_>, std::ops::Range<usize>, &[&[ActBlock]], &mut [&mut [f32]]),
+    w: &PackedMatrix<'_>,
+    acts: &[Vec<ActBlock>],
+    groups: std::ops::Range<usize>,
+) -> Vec<Vec<f32>> {
+    let mut outs = vec![vec![f32::NAN; 4 * groups.len()]; acts.len()];
+    let act_refs: Vec<&[ActBlock]> = acts.iter().map(|a| a.as_slice()).collect();
+    let mut out_refs: Vec<&mut [f32]> = outs.iter_mut().map(|o| o.as_mut_slice()).collect();
+    f(w, groups, &act_refs, &mut out_refs);
+    outs
+}
+
+#[test]
+fn reference_packed_matmul_equals_an_f64_dot_of_the_values() {
+    let mut rng = Rng(42);
+    for ty in TYPES {
+        for i in 0..3 {
+            let (rows, k) = (8, k_for(ty, i));
+            let src = random_rows(ty, rows, k, &mut rng, 1.0);
+            let (format, q, s) = packed_of(ty, &src, rows, k);
+            let w = PackedMatrix { format, rows, k, quants: &q, scales: &s };
+            let acts = quantized_acts(&mut rng, 3, k, 4.0);
+            let got = run(matmul_ref, &w, &acts, 0..rows / 4);
+            for (t, a) in acts.iter().enumerate() {
+                let av: Vec<f64> =
+                    a.iter().flat_map(|b| b.qs.iter().map(move |&q| f64::from(b.d) * f64::from(q))).collect();
+                for r in 0..rows {
+                    let mut wr = vec![0f32; k];
+                    dequantize_packed_row(&w, r, &mut wr);
+                    let want: f64 = wr.iter().zip(&av).map(|(&w, &a)| f64::from(w) * a).sum();
+                    let size: f64 = wr.iter().zip(&av).map(|(&w, &a)| (f64::from(w) * a).abs()).sum();
+                    // The min term uses s = f16(d * sum q), not the exact sum: allow that rounding
+                    // times the largest weight (a bound on the min).
+                    let largest = wr.iter().fold(0f64, |m, &v| m.max(f64::from(v).abs()));
+                    let min_slack: f64 = if format.has_min() {
+                        a.iter()
+                            .map(|b| {
+                                let exact = f64::from(b.d) * b.qs.iter().map(|&q| f64::from(q)).sum::<f64>();
+                                largest * (exact - f64::from(b.s)).abs()
+                            })
+                            .sum()
+                    } else {
+                        0.0
+                    };
+                    let g = f64::from(got[t][r]);
+                    assert!(
+                        (g - want).abs() <= 1e-5 * size + min_slack + 1e-30,
+                        "{ty:?} k={k} token {t} row {r}: {g} vs {want} (size {size})"
+                    );
+                }
+            }
+        }
+    }
+}
+
+fn simd_paths() -> Vec<KernelPath> {
+    [KernelPath::Neon, KernelPath::NeonDotprod, KernelPath::Avx2]
+        .into_iter()
+        .filter(|p| p.is_available())
+        .collect()
+}
+
+#[test]
+fn every_simd_path_equals_the_reference_matmul() {
+    let mut rng = Rng(7);
+    for path in simd_paths() {
+        for ty in TYPES {
+            for (i, tokens) in [1usize, 2, 3, 4, 5, 7, 8, 9, 13].into_iter().enumerate() {
+                let groups_total = 1 + i % 5;
+                let (rows, k) = (4 * groups_total, k_for(ty, i));
+                let scale = if i == 8 { 1000.0 } else { 1.0 };
+                let src = random_rows(ty, rows, k, &mut rng, scale);
+                let (format, q, s) = packed_of(ty, &src, rows, k);
+                let w = PackedMatrix { format, rows, k, quants: &q, scales: &s };
+                let acts = quantized_acts(&mut rng, tokens, k, if i == 7 { 300.0 } else { 3.0 });
+                // A sub-range of groups, as a thread's share.
+                let groups = (groups_total / 3)..groups_total;
+                let want = run(matmul_ref, &w, &acts, groups.clone());
+                let got = run(|w, g, a, o| packed_matmul(path, w, g, a, o), &w, &acts, groups.clone());
+                for t in 0..tokens {
+                    for (j, (&g, &v)) in got[t].iter().zip(&want[t]).enumerate() {
+                        let r = 4 * groups.start + j;
+                        let mut wr = vec![0f32; k];
+                        dequantize_packed_row(&w, r, &mut wr);
+                        let size: f32 = wr
+                            .iter()
+                            .zip(acts[t].iter().flat_map(|b| b.qs.iter().map(move |&q| b.d * f32::from(q))))
+                            .map(|(&w, a)| (w * a).abs())
+                            .sum::<f32>()
+                            + acts[t].iter().map(|b| b.s.abs()).sum::<f32>();
+                        assert!(
+                            (g - v).abs() <= 1e-5 * size,
+                            "{} {ty:?} {rows}x{k} tokens {tokens} token {t} row {r}: {g} vs reference {v}",
+                            path.name()
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn every_simd_path_quantizes_activations_like_the_reference() {
+    let mut rng = Rng(99);
+    for path in simd_paths() {
+        for n in [1usize, 2, 3, 7, 18] {
+            let mut x: Vec<f32> = (0..n * BLOCK).map(|_| 5.0 * rng.f()).collect();
+            // Ties: values that land exactly on .5 after scaling, an all-zero block, huge values.
+            x[0] = 127.0;
+            x[1] = 0.5;
+            x[2] = -2.5;
+            if n > 2 {
+                x[BLOCK * 2..BLOCK * 3].fill(0.0);
+            }
+            if n > 3 {
+                x[BLOCK * 3] = 3.0e38;
+            }
+            let mut want = vec![ActBlock { d: 0.0, s: 0.0, qs: [0; BLOCK] }; n];
+            let mut got = want.clone();
+            quantize_act_ref(&x, &mut want);
+            quantize_act(path, &x, &mut got);
+            assert_eq!(got, want, "{} n={n}", path.name());
+        }
+    }
+    assert_eq!(act_row_bytes(64), 80);
+}
