@@ -18,6 +18,8 @@ use core::sync::atomic::{AtomicU8, Ordering};
 
 use packed::{ActBlock, PackedMatrix};
 
+use crate::quant::blocks::F16Le;
+
 /// Which implementation runs the SIMD-able kernels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum KernelPath {
@@ -164,5 +166,60 @@ pub fn quantize_act(path: KernelPath, x: &[f32], out: &mut [ActBlock]) {
             unsafe { x86::quantize_act_avx2(x, out) }
         }
         _ => packed::quantize_act_ref(x, out),
+    }
+}
+
+/// RMS norm on `path` (see [`reference::rms_norm_ref`]).
+pub fn rms_norm(path: KernelPath, x: &[f32], out: &mut [f32], eps: f32) {
+    match path {
+        #[cfg(target_arch = "aarch64")]
+        KernelPath::Neon | KernelPath::NeonDotprod => neon::rms_norm(x, out, eps),
+        #[cfg(target_arch = "x86_64")]
+        KernelPath::Avx2 if has_avx2() => {
+            // SAFETY: the CPU has AVX2, FMA and F16C (checked on this line).
+            unsafe { x86::rms_norm_avx2(x, out, eps) }
+        }
+        _ => reference::rms_norm_ref(x, out, eps),
+    }
+}
+
+/// `silu(gate) * up` on `path` (see [`reference::swiglu_ref`]).
+pub fn swiglu(path: KernelPath, gate: &[f32], up: &[f32], out: &mut [f32]) {
+    match path {
+        #[cfg(target_arch = "aarch64")]
+        KernelPath::Neon | KernelPath::NeonDotprod => neon::swiglu(gate, up, out),
+        #[cfg(target_arch = "x86_64")]
+        KernelPath::Avx2 if has_avx2() => {
+            // SAFETY: the CPU has AVX2, FMA and F16C (checked on this line).
+            unsafe { x86::swiglu_avx2(gate, up, out) }
+        }
+        _ => reference::swiglu_ref(gate, up, out),
+    }
+}
+
+/// One query row of flash attention on `path` (see [`reference::flash_attn_row_ref`]).
+#[allow(clippy::too_many_arguments)]
+pub fn flash_attn_row<'k>(
+    path: KernelPath,
+    q: &[f32],
+    q16: &mut [F16Le],
+    keys: Range<usize>,
+    key: impl Fn(usize) -> &'k [F16Le],
+    value: impl Fn(usize) -> &'k [F16Le],
+    scale: f32,
+    acc16: &mut [F16Le],
+    out: &mut [f32],
+) {
+    match path {
+        #[cfg(target_arch = "aarch64")]
+        KernelPath::Neon | KernelPath::NeonDotprod => {
+            neon::flash_attn_row(q, q16, keys, key, value, scale, acc16, out)
+        }
+        #[cfg(target_arch = "x86_64")]
+        KernelPath::Avx2 if has_avx2() => {
+            // SAFETY: the CPU has AVX2, FMA and F16C (checked on this line).
+            unsafe { x86::flash_attn_row_avx2(q, q16, keys, key, value, scale, acc16, out) }
+        }
+        _ => reference::flash_attn_row_ref(q, q16, keys, key, value, scale, acc16, out),
     }
 }

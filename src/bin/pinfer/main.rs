@@ -4,11 +4,13 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use pinfer::loader::{ModelFile, DEFAULT_MODEL_PATH};
+use pinfer::loader::DEFAULT_MODEL_PATH;
 use pinfer::sampler::SamplerConfig;
 
+mod bench;
 mod generate;
 mod info;
+mod quantize;
 
 #[derive(Parser)]
 #[command(name = "pinfer", version = pinfer::VERSION, about = "Run GGUF language models fast on RK3588-class ARM boards")]
@@ -128,11 +130,9 @@ enum Command {
         threads: usize,
     },
     /// Measure prompt-processing and generation speed (llama-bench style).
-    Bench {
-        /// Model file (GGUF).
-        #[arg(short = 'm', long = "model")]
-        model: Option<PathBuf>,
-    },
+    Bench(bench::BenchArgs),
+    /// Requantize a model's weight matrices (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K) into a new GGUF file.
+    Quantize(quantize::QuantizeArgs),
 }
 
 /// A failure the user can act on: printed as `error: ...` with exit status 1.
@@ -150,12 +150,8 @@ fn default_threads() -> usize {
     pinfer::exec::pool::allowed_cores().len().clamp(1, 4)
 }
 
-fn model_path(model: Option<PathBuf>) -> PathBuf {
+pub(crate) fn model_path(model: Option<PathBuf>) -> PathBuf {
     model.unwrap_or_else(|| PathBuf::from(DEFAULT_MODEL_PATH))
-}
-
-fn not_yet(what: &str) -> Result<(), CliError> {
-    Err(CliError(format!("`pinfer {what}` is not yet implemented in this build")))
 }
 
 fn run(cli: Cli) -> Result<(), CliError> {
@@ -206,10 +202,8 @@ fn run(cli: Cli) -> Result<(), CliError> {
         Command::Tokenize { model, prompt, ids, parse_special } => {
             generate::tokenize(&model_path(model), &prompt, ids, parse_special)
         }
-        Command::Bench { model } => {
-            ModelFile::open(&model_path(model))?.parse()?;
-            not_yet("bench")
-        }
+        Command::Bench(args) => bench::run(args),
+        Command::Quantize(args) => quantize::run(args),
     }
 }
 
