@@ -39,11 +39,22 @@ pub struct SessionOptions {
     pub pin: bool,
     /// Also plan for graphs that return logits for every token (perplexity).
     pub logits_all: bool,
+    /// Repack weight matrices at load into the interleaved layout of the SIMD kernels
+    /// (`false`: `--no-repack`, run on the file's layout through the reference dots).
+    pub repack: bool,
 }
 
 impl Default for SessionOptions {
     fn default() -> Self {
-        Self { n_ctx: 0, n_batch: DEFAULT_BATCH, threads: 1, cores: None, pin: false, logits_all: false }
+        Self {
+            n_ctx: 0,
+            n_batch: DEFAULT_BATCH,
+            threads: 1,
+            cores: None,
+            pin: false,
+            logits_all: false,
+            repack: true,
+        }
     }
 }
 
