@@ -110,4 +110,20 @@ impl ModelFile {
     pub fn path(&self) -> &Path {
         &self.path
     }
+
+    /// Tells the kernel the pages of `range` are not needed now (weights that were repacked into
+    /// another buffer), so they leave the resident set; a later read faults them in again from
+    /// the file. Best effort: errors are ignored.
+    pub fn release(&self, range: core::ops::Range<usize>) {
+        let page = 4096;
+        let start = range.start.next_multiple_of(page);
+        let end = range.end.min(self.map.len()) / page * page;
+        if end > start {
+            // SAFETY: the mapping is private and read-only (never written), so dropping its pages
+            // only discards clean copies of the file; later reads see the same bytes again.
+            let _ = unsafe {
+                self.map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, end - start)
+            };
+        }
+    }
 }

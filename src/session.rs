@@ -13,11 +13,14 @@ use std::vec::Vec;
 use crate::arena::{Region, ARENA_ALIGN};
 use crate::build_config::GRAPH_CAPACITY;
 use crate::exec::pool::Pool;
-use crate::exec::{work_bytes, Bound, ExecError, Step};
+use crate::exec::{work_bytes, Bound, ExecError, PackedEntry, Step};
 use crate::gguf::Gguf;
+use crate::graph::Op;
 use crate::graph::{plan, Graph, Plan};
+use crate::kernels::packed::{can_pack, pack, packed_bytes, PackedFormat};
 use crate::loader::{LoadError, ModelFile};
 use crate::model::{build_forward, validate_tensors, validate_vocab, Forward, HParams, KvLayout, ModelError};
+use crate::tensor::Storage;
 
 /// Default batch of prompt tokens evaluated by one graph.
 pub const DEFAULT_BATCH: usize = 64;
@@ -152,6 +155,11 @@ pub struct Session {
     pool: Pool,
     n_past: usize,
     logits: Vec<f32>,
+    /// Repacked weight matrices (one buffer) and where each one is, sorted by source offset.
+    packed: Vec<Line>,
+    packed_entries: Vec<PackedEntry>,
+    /// Seconds spent repacking at load.
+    repack_seconds: f64,
 }
 
 impl Session {
@@ -199,6 +207,13 @@ impl Session {
         memory.resize(total / ARENA_ALIGN, Line([0; ARENA_ALIGN]));
         let pool = Pool::new(opts.threads, opts.cores.as_deref(), opts.pin)
             .map_err(|e| SessionError::Resources(std::format!("cannot start worker threads: {e}")))?;
+        let started = std::time::Instant::now();
+        let (packed, packed_entries) = if opts.repack {
+            repack_weights(model, &prepared[0].graph, opts.threads)?
+        } else {
+            (Vec::new(), Vec::new())
+        };
+        let repack_seconds = started.elapsed().as_secs_f64();
         Ok(Self {
             model,
             gguf,
@@ -212,7 +227,15 @@ impl Session {
             pool,
             n_past: 0,
             logits: vec![0.0; vocab.n_vocab as usize],
+            packed,
+            packed_entries,
+            repack_seconds,
         })
+    }
+
+    /// Repacked weights: matrices, bytes of the packed buffer, and seconds spent repacking.
+    pub fn repacked(&self) -> (usize, usize, f64) {
+        (self.packed_entries.len(), self.packed.len() * ARENA_ALIGN, self.repack_seconds)
     }
 
     /// The parsed model file.
@@ -333,11 +356,97 @@ impl Session {
         let prep = &self.prepared[p];
         let step = Step { n_past: self.n_past, n_kv: self.n_past + tokens.len() };
         let buffers = [self.model.bytes()];
-        let mut bound = Bound::new(&prep.graph, &prep.plan, &buffers, bytes, self.activations, self.work)?;
+        let packed: &[u8] = bytemuck::cast_slice(self.packed.as_slice());
+        let mut bound = Bound::new(&prep.graph, &prep.plan, &buffers, bytes, self.activations, self.work)?
+            .with_packed(packed, &self.packed_entries);
         self.pool.run(&mut bound, step)?;
         self.n_past += tokens.len();
         Ok(())
     }
+}
+
+/// Repacks every weight matrix of `graph` that has a packed format into one buffer, using up to
+/// `threads` threads; the original pages are released (they are no longer read, except rows of a
+/// tied embedding, which fault back in as needed).
+fn repack_weights(
+    model: &ModelFile,
+    graph: &Graph<GRAPH_CAPACITY>,
+    threads: usize,
+) -> Result<(Vec<Line>, Vec<PackedEntry>), SessionError> {
+    let mut entries: Vec<PackedEntry> = Vec::new();
+    let mut sources = Vec::new();
+    let mut at = 0usize;
+    for &id in graph.order() {
+        let t = graph.tensor(id);
+        let Some(w) = t.src[0].filter(|_| t.op == Op::MulMat) else { continue };
+        let w = graph.tensor(w);
+        let Storage::External { buffer: 0, offset } = w.storage else { continue };
+        let (k, rows) = (w.ne[0], w.ne[1]);
+        if w.ne[2] != 1
+            || w.ne[3] != 1
+            || !can_pack(w.ty, rows, k)
+            || entries.iter().any(|e| e.source_offset == offset)
+        {
+            continue;
+        }
+        let Some(format) = PackedFormat::for_type(w.ty) else { continue };
+        let (qn, sn) = packed_bytes(format, rows, k);
+        let quants_at = at;
+        let scales_at = (quants_at + qn).next_multiple_of(ARENA_ALIGN);
+        at = (scales_at + sn).next_multiple_of(ARENA_ALIGN);
+        entries.push(PackedEntry { source_offset: offset, format, rows, k, quants_at, scales_at });
+        sources.push((w.ty, offset, w.n_rows() * (w.ty.bytes_for(k as u64).unwrap_or(0) as usize)));
+    }
+    let mut buffer = Vec::new();
+    buffer.try_reserve_exact(at / ARENA_ALIGN).map_err(|_| {
+        SessionError::Resources(std::format!("cannot allocate {at} bytes for the repacked weights"))
+    })?;
+    buffer.resize(at / ARENA_ALIGN, Line([0; ARENA_ALIGN]));
+    // Hand each thread whole matrices: split the buffer at entry boundaries.
+    let bytes: &mut [u8] = bytemuck::cast_slice_mut(buffer.as_mut_slice());
+    let mut jobs: Vec<(usize, &mut [u8])> = Vec::new();
+    let mut rest = bytes;
+    let mut consumed = 0;
+    for i in 0..entries.len() {
+        let end = entries.get(i + 1).map_or(at, |n| n.quants_at);
+        let (mine, tail) = std::mem::take(&mut rest).split_at_mut(end - consumed);
+        jobs.push((i, mine));
+        rest = tail;
+        consumed = end;
+    }
+    let failed = std::sync::atomic::AtomicBool::new(false);
+    let threads = threads.clamp(1, 8);
+    let mut per_thread: Vec<Vec<(usize, &mut [u8])>> = (0..threads).map(|_| Vec::new()).collect();
+    for (n, job) in jobs.into_iter().enumerate() {
+        per_thread[n % threads].push(job);
+    }
+    let data = model.bytes();
+    std::thread::scope(|scope| {
+        for work in per_thread {
+            let (entries, sources, failed) = (&entries, &sources, &failed);
+            scope.spawn(move || {
+                for (i, chunk) in work {
+                    let (e, (ty, offset, len)) = (&entries[i], sources[i]);
+                    let (qn, sn) = packed_bytes(e.format, e.rows, e.k);
+                    let (quants, tail) = chunk.split_at_mut(e.scales_at - e.quants_at);
+                    let src = &data[offset..offset + len];
+                    if pack(ty, src, e.rows, e.k, &mut quants[..qn], &mut tail[..sn]).is_err() {
+                        failed.store(true, std::sync::atomic::Ordering::Relaxed);
+                    }
+                }
+            });
+        }
+    });
+    if failed.into_inner() {
+        return Err(SessionError::Resources(
+            "repacking a weight matrix failed (inconsistent tensor size)".into(),
+        ));
+    }
+    for (_, offset, len) in &sources {
+        model.release(*offset..offset + len);
+    }
+    entries.sort_by_key(|e| e.source_offset);
+    Ok((buffer, entries))
 }
 
 /// The logits of prepared graph `prep` after its run.

@@ -218,3 +218,59 @@ fn chat_keeps_the_conversation_over_three_turns() {
     assert_eq!(stdout.matches("> ").count(), 4, "{stdout}");
     assert!(text_of(&out.stderr).contains("chatml template"), "{}", text_of(&out.stderr));
 }
+
+/// `pinfer bench`: JSON rows with llama-bench's fields and raw samples; Markdown with its header
+/// and one row per test.
+#[test]
+fn bench_reports_prompt_and_generation_speed() {
+    let model = repo_file("models/tiny/qwen3-tiny.gguf");
+    let args = ["bench", "-m", &model, "-p", "16", "-n", "4", "-r", "2", "-t", "2"];
+    let out = pinfer(&[&args[..], &["-o", "json"]].concat());
+    assert!(out.status.success(), "stderr: {}", text_of(&out.stderr));
+    let rows: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows = rows.as_array().unwrap_or_else(|| panic!("not an array: {rows}"));
+    let tests: Vec<&str> = rows.iter().map(|r| r["test"].as_str().unwrap()).collect();
+    assert_eq!(tests, ["pp16", "tg4"]);
+    for (row, (n_prompt, n_gen)) in rows.iter().zip([(16, 0), (0, 4)]) {
+        assert_eq!(row["model"], "qwen3-tiny.gguf", "{row}");
+        assert_eq!((row["n_prompt"].as_u64(), row["n_gen"].as_u64()), (Some(n_prompt), Some(n_gen)));
+        assert_eq!(row["threads"], 2, "{row}");
+        assert!(row["backend"].as_str().unwrap().starts_with("CPU "), "{row}");
+        assert!(row["params"].as_str().unwrap().ends_with(" M"), "{row}");
+        assert!(row["model_n_params"].as_u64().unwrap() > 1_000_000, "{row}");
+        assert!(row["model_size"].as_u64().unwrap() > 1_000_000, "{row}");
+        for key in ["samples_ns", "samples_ts"] {
+            let samples = row[key].as_array().unwrap_or_else(|| panic!("{key}: {row}"));
+            assert_eq!(samples.len(), 2, "{row}");
+            assert!(samples.iter().all(|v| v.as_f64().is_some_and(|v| v > 0.0)), "{row}");
+        }
+        let avg = row["avg_ts"].as_f64().unwrap();
+        assert!(avg.is_finite() && avg > 0.0, "{row}");
+        assert!(row["stddev_ts"].as_f64().unwrap() >= 0.0, "{row}");
+        assert!(row["t/s"].as_str().unwrap().contains(" ± "), "{row}");
+    }
+
+    let out = pinfer(&[&args[..], &["-o", "md"]].concat());
+    assert!(out.status.success(), "stderr: {}", text_of(&out.stderr));
+    let stdout = text_of(&out.stdout);
+    let lines: Vec<&str> = stdout.lines().collect();
+    let cells = |line: &str| -> Vec<String> { line.split('|').map(|c| c.trim().to_string()).collect() };
+    assert_eq!(cells(lines[0]), ["", "model", "size", "params", "backend", "threads", "test", "t/s", ""]);
+    assert!(lines[1].starts_with("| ---") && lines[1].contains("---: |"), "{stdout}");
+    let rows: Vec<Vec<String>> = lines[2..4].iter().map(|l| cells(l)).collect();
+    assert_eq!((rows[0][6].as_str(), rows[1][6].as_str()), ("pp16", "tg4"), "{stdout}");
+    for row in &rows {
+        assert_eq!(row[1], "qwen3-tiny.gguf", "{stdout}");
+        assert!(row[2].ends_with(" MiB") && row[3].ends_with(" M"), "{stdout}");
+        assert_eq!(row[5], "2", "{stdout}");
+        assert!(row[7].contains(" ± "), "{stdout}");
+    }
+
+    // Zero tests, or a kernel path this CPU lacks, are errors.
+    let out = pinfer(&["bench", "-m", &model, "-p", "0", "-n", "0"]);
+    assert_eq!(out.status.code(), Some(1));
+    let missing = if cfg!(target_arch = "aarch64") { "avx2" } else { "neon" };
+    let out = pinfer(&["bench", "-m", &model, "-p", "16", "-n", "0", "--kernels", missing]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text_of(&out.stderr).contains("not available"), "{}", text_of(&out.stderr));
+}

@@ -18,7 +18,9 @@ use half::f16;
 
 use crate::arena::Region;
 use crate::graph::{Graph, Op, Plan};
+use crate::kernels;
 use crate::kernels::dot::{from_float_ref, vec_dot_ref, vec_dot_type};
+use crate::kernels::packed::{act_row_bytes, ActBlock, PackedFormat, PackedMatrix, GROUP_ROWS};
 use crate::kernels::reference as kref;
 use crate::quant::blocks::F16Le;
 use crate::quant::{dequantize_row_ref, GgmlType};
@@ -97,8 +99,45 @@ fn converted_bytes<const N: usize>(g: &Graph<N>, t: &Tensor) -> usize {
     let (Some(w), Some(x)) = (t.src[0], t.src[1]) else { return 0 };
     let (w, x) = (g.tensor(w), g.tensor(x));
     match converted_input(t, w) {
-        Some(act) => act.bytes_for(x.ne[0] as u64).unwrap_or(0) as usize * x.n_rows(),
+        // Either the weights' ggml activation type or, for repacked weights, `ActBlock` rows.
+        Some(act) => converted_stride(act, x.ne[0]) * x.n_rows(),
         None => 0,
+    }
+}
+
+/// Bytes per converted input row of `k` elements: room for both conversions, so a graph's work
+/// region does not depend on which weights were repacked.
+fn converted_stride(act: GgmlType, k: usize) -> usize {
+    let ggml = act.bytes_for(k as u64).unwrap_or(0) as usize;
+    let packed = if k % crate::kernels::packed::BLOCK == 0 { act_row_bytes(k) } else { 0 };
+    ggml.max(packed).next_multiple_of(4)
+}
+
+/// A weight matrix repacked at load: where its planes are in the packed buffer, keyed by the
+/// offset of the original tensor in the model buffer (buffer 0).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PackedEntry {
+    /// Byte offset of the original tensor's data in model buffer 0.
+    pub source_offset: usize,
+    /// Layout of the planes.
+    pub format: PackedFormat,
+    /// Rows and elements per row.
+    pub rows: usize,
+    /// Elements per row.
+    pub k: usize,
+    /// Start of the quant plane in the packed buffer (its length follows from the shape).
+    pub quants_at: usize,
+    /// Start of the scale plane in the packed buffer.
+    pub scales_at: usize,
+}
+
+impl PackedEntry {
+    /// The matrix inside `buffer`, if the planes lie inside it.
+    pub fn matrix<'b>(&self, buffer: &'b [u8]) -> Option<PackedMatrix<'b>> {
+        let (qn, sn) = crate::kernels::packed::packed_bytes(self.format, self.rows, self.k);
+        let quants = buffer.get(self.quants_at..self.quants_at.checked_add(qn)?)?;
+        let scales = buffer.get(self.scales_at..self.scales_at.checked_add(sn)?)?;
+        Some(PackedMatrix { format: self.format, rows: self.rows, k: self.k, quants, scales })
     }
 }
 
@@ -119,6 +158,9 @@ pub struct Bound<'a, const N: usize> {
     /// First run-time error seen by any thread (0 = none, else 1 + index into the order).
     error: AtomicU32,
     error_kind: AtomicU32,
+    /// Repacked weights (sorted by `source_offset`) and the buffer holding them.
+    packed: &'a [PackedEntry],
+    packed_buffer: &'a [u8],
     _memory: PhantomData<&'a mut [u8]>,
 }
 
@@ -199,8 +241,32 @@ impl<'a, const N: usize> Bound<'a, N> {
             converted_len: work.len,
             error: AtomicU32::new(0),
             error_kind: AtomicU32::new(0),
+            packed: &[],
+            packed_buffer: &[],
             _memory: PhantomData,
         })
+    }
+
+    /// Uses repacked weights: matmuls whose weights are the model-buffer tensors listed in
+    /// `entries` (sorted by `source_offset`, planes inside `buffer`) run the packed kernels.
+    /// Entries whose planes do not fit `buffer` or whose shape differs from the graph's are ignored.
+    pub fn with_packed(mut self, buffer: &'a [u8], entries: &'a [PackedEntry]) -> Self {
+        self.packed = entries;
+        self.packed_buffer = buffer;
+        self
+    }
+
+    /// The repacked form of matmul weights `w` (a 2-D tensor in model buffer 0), if any.
+    fn packed_weights(&self, w: &Tensor) -> Option<PackedMatrix<'a>> {
+        let Storage::External { buffer: 0, offset } = w.storage else { return None };
+        if w.ne[2] != 1 || w.ne[3] != 1 {
+            return None;
+        }
+        let at = self.packed.binary_search_by_key(&offset, |e| e.source_offset).ok()?;
+        let entry = &self.packed[at];
+        (entry.rows == w.ne[1] && entry.k == w.ne[0] && PackedFormat::for_type(w.ty) == Some(entry.format))
+            .then(|| entry.matrix(self.packed_buffer))
+            .flatten()
     }
 
     /// The graph.
@@ -300,10 +366,11 @@ impl<'a, const N: usize> Bound<'a, N> {
             return;
         }
         if phase == 0 && self.phases(id) == 2 {
-            self.convert_input(t, step, ith, nth);
+            self.convert_input(id, t, step, ith, nth);
             return;
         }
         let ne = t.ne_for(step.n_kv);
+        let path = kernels::path();
         let src = |i: usize| t.src[i].map(|s| (s, self.graph.tensor(s)));
         // SAFETY (for every read/write below): shapes and strides were checked by the graph
         // builder, spans by `new`; rows come from `share`, which gives each thread disjoint rows.
@@ -317,7 +384,7 @@ impl<'a, const N: usize> Bound<'a, N> {
                         let p = t.params;
                         match t.op {
                             Op::Scale => out.iter_mut().zip(x).for_each(|(o, v)| *o = v * p.f[0]),
-                            Op::RmsNorm => kref::rms_norm_ref(x, out, p.f[0]),
+                            Op::RmsNorm => kernels::rms_norm(path, x, out, p.f[0]),
                             Op::LayerNorm => kref::layer_norm_ref(x, out, p.f[0]),
                             Op::Silu => kref::silu_ref(x, out),
                             Op::Gelu => kref::gelu_ref(x, out),
@@ -340,7 +407,7 @@ impl<'a, const N: usize> Bound<'a, N> {
                         match t.op {
                             Op::Add => out.iter_mut().zip(x.iter().zip(y)).for_each(|(o, (a, b))| *o = a + b),
                             Op::Mul => out.iter_mut().zip(x.iter().zip(y)).for_each(|(o, (a, b))| *o = a * b),
-                            Op::SwiGlu => kref::swiglu_ref(x, y, out),
+                            Op::SwiGlu => kernels::swiglu(path, x, y, out),
                             _ => kref::geglu_ref(x, y, out),
                         }
                     }
@@ -454,7 +521,8 @@ impl<'a, const N: usize> Bound<'a, N> {
                         let (start, end) = visible_keys(causal, window, step.n_past + tok, n_kv);
                         let query: &[f32] = self.read(q, tq.row_offset(tok, head, 0), hd);
                         let out: &mut [f32] = self.write(id, t.row_offset(head, tok, 0), hd_v);
-                        kref::flash_attn_row_ref(
+                        kernels::flash_attn_row(
+                            path,
                             query,
                             &mut q16[..hd],
                             start..end,
@@ -502,13 +570,16 @@ impl<'a, const N: usize> Bound<'a, N> {
 
     /// Phase 0 of a converting matmul: input rows to the weights' activation type, in the shared
     /// converted area at a fixed row stride (the upper-bound row length), split over the threads.
-    fn convert_input(&self, t: &Tensor, step: Step, ith: usize, nth: usize) {
+    fn convert_input(&self, id: TensorId, t: &Tensor, step: Step, ith: usize, nth: usize) {
         let (Some(w), Some(x)) = (t.src[0], t.src[1]) else { return };
         let (tw, tx) = (self.graph.tensor(w), self.graph.tensor(x));
         let Some(act) = converted_input(t, tw) else { return };
         let ne = tx.ne_for(step.n_kv);
-        let stride = act.bytes_for(tx.ne[0] as u64).unwrap_or(0) as usize;
-        let len = act.bytes_for(ne[0] as u64).unwrap_or(0) as usize;
+        let stride = converted_stride(act, tx.ne[0]);
+        let packed = t.op == Op::MulMat && self.packed_weights(tw).is_some();
+        let path = kernels::path();
+        let len =
+            if packed { act_row_bytes(ne[0]) } else { act.bytes_for(ne[0] as u64).unwrap_or(0) as usize };
         for (r, (i1, i2, i3)) in rows(ne, share(rows_of(ne), ith, nth)).enumerate() {
             let flat = share(rows_of(ne), ith, nth).start + r;
             debug_assert!((flat + 1) * stride <= self.converted_len);
@@ -517,15 +588,31 @@ impl<'a, const N: usize> Bound<'a, N> {
             unsafe {
                 let src: &[f32] = self.read(x, tx.row_offset(i1, i2, i3), ne[0]);
                 let dst = core::slice::from_raw_parts_mut(self.converted.add(flat * stride), len);
-                from_float_ref(act, src, dst);
+                if packed {
+                    // The converted area is 64-aligned and the stride a multiple of 4.
+                    match bytemuck::try_cast_slice_mut::<u8, ActBlock>(dst) {
+                        Ok(blocks) => kernels::quantize_act(path, src, blocks),
+                        Err(_) => self.fail(id, 0),
+                    }
+                } else {
+                    from_float_ref(act, src, dst);
+                }
             }
         }
     }
 
     /// Converted input row `(i1, i2, i3)` of a matmul whose input has effective shape `ne`.
-    fn converted_row(&self, act: GgmlType, tx: &Tensor, ne: [usize; 4], i: (usize, usize, usize)) -> &[u8] {
-        let stride = act.bytes_for(tx.ne[0] as u64).unwrap_or(0) as usize;
-        let len = act.bytes_for(ne[0] as u64).unwrap_or(0) as usize;
+    /// `len` bytes of it (the ggml type's row, or the `ActBlock` row for repacked weights).
+    fn converted_row(
+        &self,
+        act: GgmlType,
+        tx: &Tensor,
+        ne: [usize; 4],
+        i: (usize, usize, usize),
+        len: usize,
+    ) -> &[u8] {
+        let stride = converted_stride(act, tx.ne[0]);
+        debug_assert!(len <= stride);
         let flat = i.0 + ne[1] * (i.1 + ne[2] * i.2);
         // SAFETY: written in phase 0 (a barrier ago); read-only now.
         unsafe { core::slice::from_raw_parts(self.converted.add(flat * stride), len) }
@@ -553,13 +640,20 @@ impl<'a, const N: usize> Bound<'a, N> {
                     let x_row: &[f32] = self.read(op.x, op.tx.row_offset(xi.0, xi.1, xi.2), op.k);
                     vec_dot_ref(GgmlType::F32, w_bytes, bytemuck::cast_slice(x_row))
                 }
-                Some(act) => vec_dot_ref(op.tw.ty, w_bytes, self.converted_row(act, op.tx, op.ne_x, xi)),
+                Some(act) => {
+                    let len = act.bytes_for(op.ne_x[0] as u64).unwrap_or(0) as usize;
+                    vec_dot_ref(op.tw.ty, w_bytes, self.converted_row(act, op.tx, op.ne_x, xi, len))
+                }
             }
         }
     }
 
     fn mul_mat(&self, id: TensorId, t: &Tensor, step: Step, ith: usize, nth: usize) {
         let Some(op) = self.operands(t, step) else { return };
+        if let Some(w) = self.packed_weights(op.tw) {
+            self.mul_mat_packed(id, t, &op, &w, ith, nth);
+            return;
+        }
         let (ne_w, ne_x) = (op.ne_w, op.ne_x);
         let (r2, r3) = ((ne_x[2] / ne_w[2]).max(1), (ne_x[3] / ne_w[3]).max(1));
         // Threads split the weight rows, so one token (decode) still uses every thread.
@@ -574,6 +668,51 @@ impl<'a, const N: usize> Bound<'a, N> {
                             self.write::<f32>(id, t.row_offset(n, i2, i3) + m * 4, 1)[0] = v;
                         }
                     }
+                }
+            }
+        }
+    }
+
+    /// Matmul on repacked weights: threads split the row groups; tokens go to the kernel in tiles
+    /// of up to [`PACKED_TOKENS`], each reading its quantized input rows from phase 0.
+    fn mul_mat_packed(
+        &self,
+        id: TensorId,
+        t: &Tensor,
+        op: &MatOperands<'_>,
+        w: &PackedMatrix<'_>,
+        ith: usize,
+        nth: usize,
+    ) {
+        let Some(act) = op.act else { return };
+        let ne_x = op.ne_x;
+        let groups = share(w.groups(), ith, nth);
+        if groups.is_empty() || op.k != w.k {
+            return;
+        }
+        let path = kernels::path();
+        let rows = GROUP_ROWS * groups.start..GROUP_ROWS * groups.end;
+        for i3 in 0..ne_x[3] {
+            for i2 in 0..ne_x[2] {
+                let mut n = 0;
+                while n < ne_x[1] {
+                    let tile = (ne_x[1] - n).min(PACKED_TOKENS);
+                    let mut acts: [&[ActBlock]; PACKED_TOKENS] = [&[]; PACKED_TOKENS];
+                    let mut outs: [&mut [f32]; PACKED_TOKENS] = Default::default();
+                    for j in 0..tile {
+                        let bytes = self.converted_row(act, op.tx, ne_x, (n + j, i2, i3), act_row_bytes(w.k));
+                        let Ok(blocks) = bytemuck::try_cast_slice::<u8, ActBlock>(bytes) else {
+                            self.fail(id, 0);
+                            return;
+                        };
+                        acts[j] = blocks;
+                        // SAFETY: row n + j of the output, this thread's rows only (its groups).
+                        outs[j] = unsafe {
+                            self.write::<f32>(id, t.row_offset(n + j, i2, i3) + rows.start * 4, rows.len())
+                        };
+                    }
+                    kernels::packed_matmul(path, w, groups.clone(), &acts[..tile], &mut outs[..tile]);
+                    n += tile;
                 }
             }
         }
@@ -604,6 +743,9 @@ impl<'a, const N: usize> Bound<'a, N> {
         }
     }
 }
+
+/// Most tokens handed to one packed-kernel call (the kernels tile them further).
+const PACKED_TOKENS: usize = 16;
 
 /// A matmul's weights and input at one step's shapes, and the type the input was converted to.
 struct MatOperands<'t> {

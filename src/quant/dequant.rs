@@ -14,7 +14,8 @@ use super::{GgmlType, QK_K};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum QuantError {
-    /// The type has no reference dequantizer here.
+    /// The type has no reference dequantizer here (or, from
+    /// [`quantize_row_ref`](super::quantize::quantize_row_ref), no reference quantizer).
     Unsupported(GgmlType),
     /// `src_bytes` of `ty` do not hold exactly `out_len` elements.
     LengthMismatch {
@@ -30,7 +31,7 @@ pub enum QuantError {
 impl fmt::Display for QuantError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match *self {
-            QuantError::Unsupported(ty) => write!(f, "no reference dequantizer for type {ty}"),
+            QuantError::Unsupported(ty) => write!(f, "type {ty} is not supported by the reference (de)quantizers"),
             QuantError::LengthMismatch { ty, src_bytes, out_len } => write!(
                 f,
                 "{ty}: {src_bytes} bytes do not hold exactly {out_len} elements \

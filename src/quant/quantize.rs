@@ -1,12 +1,18 @@
 //! Scalar reference quantizers, following ggml's `quantize_row_*_ref` rules exactly.
 //!
-//! q4_0/q4_1/q8_0 quantize weights (and q8_0 activations); q8_K quantizes activations for the
-//! K-quant dot products. Lengths are the caller's job (`debug_assert!`; in release a short `out` just
+//! q4_0/q4_1/q8_0 quantize weights (and q8_0 activations); q4_K and q6_K quantize weights with ggml's
+//! searched per-group scales (what `llama-quantize` does without an importance matrix); q8_K quantizes
+//! activations for the K-quant dot products. [`quantize_row_ref`] dispatches on a type over raw bytes.
+//! Lengths are the caller's job in the typed functions (`debug_assert!`; in release a short `out` just
 //! stops early). Inputs are expected finite; a block whose scale overflows f16 gets an infinite
-//! scale, as in ggml.
+//! scale, as in ggml. Nothing here allocates: scratch lives on the stack (under 1 KiB).
+//!
+//! Bit-exactness with ggml's C: every f32 operation is done in the same order and Rust never fuses
+//! multiply-adds, so the same inputs give the same bytes.
 
 use super::blocks::*;
-use super::QK_K;
+use super::dequant::QuantError;
+use super::{GgmlType, QK_K};
 
 /// `(first element with the largest |x|, that |x|)`, the sign kept; `(0, 0)` for an all-zero block.
 ///
@@ -125,6 +131,325 @@ pub fn quantize_row_q8_k_ref(x: &[f32], out: &mut [BlockQ8_K]) {
         }
         b.d = F32Le::from_f32(1.0 / iscale);
     }
+}
+
+/// ggml's `GROUP_MAX_EPS`: a group whose largest |x| is below this is all zeros.
+const GROUP_MAX_EPS: f32 = 1e-15;
+
+/// [`nearest_int`] for the K-quant searches, whose arguments are bounded for sane input but not
+/// for any finite input (a sub-block far from the others can push `(x + dm) / d` past 2^22).
+/// Identical to ggml inside the exact range; outside it saturates instead of wrapping, and the
+/// callers clamp the result to a few bits anyway.
+#[inline]
+fn nearest_int_sat(v: f32) -> i32 {
+    nearest_int(v.clamp(-4_194_303.0, 4_194_303.0))
+}
+
+/// ggml's `make_qkx2_quants` without mean-absolute-deviation: fits `x ≈ scale * q - min_out` with
+/// `q` in `0..=nmax` to one group, minimising the `weights`-weighted squared error. Starts from the
+/// plain min/max grid, then tries `nstep + 1` grids of `rmin + rdelta * is + nmax` steps over the
+/// range, each refined by a weighted least-squares fit of scale and min (the min kept <= 0).
+///
+/// Writes the group's quants into `l` and returns `(scale, min_out)`, `min_out = -min >= 0`. A
+/// constant group (after the min is raised to 0) gets `(0, -min)` and zero quants.
+fn make_qkx2_quants(
+    nmax: i32,
+    x: &[f32],
+    weights: &[f32],
+    l: &mut [u8],
+    rmin: f32,
+    rdelta: f32,
+    nstep: i32,
+) -> (f32, f32) {
+    const N: usize = 32;
+    debug_assert!(x.len() <= N && weights.len() == x.len() && l.len() == x.len());
+    let (mut min, mut max) = (x[0], x[0]);
+    let mut sum_w = weights[0];
+    let mut sum_x = sum_w * x[0];
+    for (&v, &w) in x.iter().zip(weights).skip(1) {
+        if v < min {
+            min = v;
+        }
+        if v > max {
+            max = v;
+        }
+        sum_w += w;
+        sum_x += w * v;
+    }
+    if min > 0.0 {
+        min = 0.0;
+    }
+    if max == min {
+        l.fill(0);
+        return (0.0, -min);
+    }
+    let quant = |iscale: f32, v: f32, min: f32| nearest_int_sat(iscale * (v - min)).clamp(0, nmax);
+
+    let mut iscale = nmax as f32 / (max - min);
+    let mut scale = 1.0 / iscale;
+    let mut best_error = 0.0f32;
+    for ((q, &v), &w) in l.iter_mut().zip(x).zip(weights) {
+        let lv = quant(iscale, v, min);
+        *q = lv as u8;
+        let diff = scale * lv as f32 + min - v;
+        best_error += w * (diff * diff);
+    }
+    let mut laux = [0u8; N];
+    let laux = &mut laux[..x.len()];
+    for is in 0..=nstep {
+        iscale = (rmin + rdelta * is as f32 + nmax as f32) / (max - min);
+        let (mut sum_l, mut sum_l2, mut sum_xl) = (0.0f32, 0.0f32, 0.0f32);
+        for ((q, &v), &w) in laux.iter_mut().zip(x).zip(weights) {
+            let lv = quant(iscale, v, min);
+            *q = lv as u8;
+            let lf = lv as f32;
+            sum_l += w * lf;
+            sum_l2 += w * lf * lf;
+            sum_xl += w * lf * v;
+        }
+        let det = sum_w * sum_l2 - sum_l * sum_l;
+        if det > 0.0 {
+            let mut this_scale = (sum_w * sum_xl - sum_x * sum_l) / det;
+            let mut this_min = (sum_l2 * sum_x - sum_l * sum_xl) / det;
+            if this_min > 0.0 {
+                this_min = 0.0;
+                this_scale = sum_xl / sum_l2;
+            }
+            let mut cur_error = 0.0f32;
+            for ((&q, &v), &w) in laux.iter().zip(x).zip(weights) {
+                let diff = this_scale * q as f32 + this_min - v;
+                cur_error += w * (diff * diff);
+            }
+            if cur_error < best_error {
+                l.copy_from_slice(laux);
+                best_error = cur_error;
+                scale = this_scale;
+                min = this_min;
+            }
+        }
+    }
+    (scale, -min)
+}
+
+/// q4_K: for each of the 8 sub-blocks of 32, a weighted (scale, min) fit ([`make_qkx2_quants`] with
+/// 15 levels, weights `rms(sub-block) + |x|`, 21 grids from 14 to 16 steps); the scales and mins
+/// are then quantized to 6 bits against their super-block maxima (`d = max_scale / 63`,
+/// `dmin = max_min / 63`), and every element is requantized with the stored values:
+/// `q = clamp(nearest((x + dmin * m) / (d * sc)), 0, 15)`. A sub-block whose stored scale is 0 keeps
+/// the quants of its fit, as in ggml.
+pub fn quantize_row_q4_k_ref(x: &[f32], out: &mut [BlockQ4_K]) {
+    debug_assert_eq!(x.len(), out.len() * QK_K);
+    for (x, b) in x.chunks_exact(QK_K).zip(out.iter_mut()) {
+        let mut l = [0u8; QK_K];
+        let mut scales = [0f32; QK_K / 32];
+        let mut mins = [0f32; QK_K / 32];
+        let (mut max_scale, mut max_min) = (0.0f32, 0.0f32);
+        for (j, (xs, ls)) in x.chunks_exact(32).zip(l.chunks_exact_mut(32)).enumerate() {
+            let mut sum_x2 = 0.0f32;
+            for &v in xs {
+                sum_x2 += v * v;
+            }
+            let av_x = libm::sqrtf(sum_x2 / 32.0);
+            let weights: [f32; 32] = core::array::from_fn(|i| av_x + libm::fabsf(xs[i]));
+            (scales[j], mins[j]) = make_qkx2_quants(15, xs, &weights, ls, -1.0, 0.1, 20);
+            if scales[j] > max_scale {
+                max_scale = scales[j];
+            }
+            if mins[j] > max_min {
+                max_min = mins[j];
+            }
+        }
+
+        let inv_scale = if max_scale > 0.0 { 63.0 / max_scale } else { 0.0 };
+        let inv_min = if max_min > 0.0 { 63.0 / max_min } else { 0.0 };
+        b.scales = [0; 12];
+        for j in 0..QK_K / 32 {
+            // `as u8` wraps like C's conversion to uint8_t; the fit's scales are never negative in
+            // practice, and the min(63) then bounds what a wrapped value could be.
+            let ls = (nearest_int_sat(inv_scale * scales[j]) as u8).min(63);
+            let lm = (nearest_int_sat(inv_min * mins[j]) as u8).min(63);
+            if j < 4 {
+                b.scales[j] = ls;
+                b.scales[j + 4] = lm;
+            } else {
+                b.scales[j + 4] = (ls & 0xF) | ((lm & 0xF) << 4);
+                b.scales[j - 4] |= (ls >> 4) << 6;
+                b.scales[j] |= (lm >> 4) << 6;
+            }
+        }
+        b.d = F16Le::from_f32(max_scale / 63.0);
+        b.dmin = F16Le::from_f32(max_min / 63.0);
+
+        let (d_all, dmin_all) = (b.d.to_f32(), b.dmin.to_f32());
+        for (j, (xs, ls)) in x.chunks_exact(32).zip(l.chunks_exact_mut(32)).enumerate() {
+            let (sc, m) = scale_min_k4(j, &b.scales);
+            let d = d_all * sc as f32;
+            if d == 0.0 {
+                continue;
+            }
+            let dm = dmin_all * m as f32;
+            for (q, &v) in ls.iter_mut().zip(xs) {
+                *q = nearest_int_sat((v + dm) / d).clamp(0, 15) as u8;
+            }
+        }
+
+        // Chunk c of 64 elements: low nibbles from sub-block 2c, high nibbles from 2c + 1.
+        for (qs, lc) in b.qs.chunks_exact_mut(32).zip(l.chunks_exact(64)) {
+            for (i, q) in qs.iter_mut().enumerate() {
+                *q = lc[i] | (lc[i + 32] << 4);
+            }
+        }
+    }
+}
+
+/// ggml's `make_qx_quants` with `rmse_type = 1` and no importance weights: fits `x ≈ scale * q`
+/// with `q` in `-nmax..nmax` to one group, minimising the `x²`-weighted squared error over 19 grids
+/// (`nmax + 0.1 * is` steps from the signed extreme, `is` in -9..=9).
+///
+/// Writes the quants offset by `nmax` (so `0..2 * nmax`) into `l` and returns the scale; an
+/// all-zero group (max |x| below [`GROUP_MAX_EPS`]) gets scale 0 and quants 0.
+fn make_qx_quants(nmax: i32, x: &[f32], l: &mut [u8]) -> f32 {
+    debug_assert_eq!(x.len(), l.len());
+    let (max, amax) = {
+        let (mut max, mut amax) = (0.0f32, 0.0f32);
+        for &v in x {
+            let a = libm::fabsf(v);
+            if a > amax {
+                amax = a;
+                max = v;
+            }
+        }
+        (max, amax)
+    };
+    if amax < GROUP_MAX_EPS {
+        l.fill(0);
+        return 0.0;
+    }
+    let quant = |iscale: f32, v: f32| nearest_int_sat(iscale * v).clamp(-nmax, nmax - 1);
+    // sum(w * x * q) and sum(w * q²) with w = x², in ggml's operation order.
+    let sums = |iscale: f32| {
+        let (mut sumlx, mut suml2) = (0.0f32, 0.0f32);
+        for &v in x {
+            let q = quant(iscale, v) as f32;
+            let w = v * v;
+            sumlx += w * v * q;
+            suml2 += w * q * q;
+        }
+        (sumlx, suml2)
+    };
+    let store = |iscale: f32, l: &mut [u8]| {
+        for (q, &v) in l.iter_mut().zip(x) {
+            *q = (quant(iscale, v) + nmax) as u8;
+        }
+    };
+
+    let iscale = -(nmax as f32) / max;
+    store(iscale, l);
+    let (sumlx, suml2) = sums(iscale);
+    let mut scale = if suml2 != 0.0 { sumlx / suml2 } else { 0.0 };
+    let mut best = scale * sumlx;
+    for is in (-9..=9).filter(|&is| is != 0) {
+        let iscale = -(nmax as f32 + 0.1 * is as f32) / max;
+        let (sumlx, suml2) = sums(iscale);
+        if suml2 > 0.0 && sumlx * sumlx > best * suml2 {
+            store(iscale, l);
+            scale = sumlx / suml2;
+            best = scale * sumlx;
+        }
+    }
+    scale
+}
+
+/// q6_K: each of the 16 groups of 16 gets a scale from [`make_qx_quants`] (32 levels each side);
+/// the signed scale of largest magnitude sets `iscale = -128 / max_scale`, `d = 1 / iscale` (f16)
+/// and the int8 group scales `min(127, nearest(iscale * scale))`; then every element is
+/// requantized with the stored values: `q = clamp(nearest(x / (d * scale)), -32, 31) + 32`. A
+/// super-block whose group scales are all below [`GROUP_MAX_EPS`] is all zero bytes.
+pub fn quantize_row_q6_k_ref(x: &[f32], out: &mut [BlockQ6_K]) {
+    debug_assert_eq!(x.len(), out.len() * QK_K);
+    for (x, b) in x.chunks_exact(QK_K).zip(out.iter_mut()) {
+        let mut l = [0u8; QK_K];
+        let mut scales = [0f32; QK_K / 16];
+        let (mut max_scale, mut max_abs_scale) = (0.0f32, 0.0f32);
+        for ((xs, ls), scale) in x.chunks_exact(16).zip(l.chunks_exact_mut(16)).zip(scales.iter_mut()) {
+            *scale = make_qx_quants(32, xs, ls);
+            let abs_scale = libm::fabsf(*scale);
+            if abs_scale > max_abs_scale {
+                max_abs_scale = abs_scale;
+                max_scale = *scale;
+            }
+        }
+        if max_abs_scale < GROUP_MAX_EPS {
+            *b = bytemuck::Zeroable::zeroed();
+            continue;
+        }
+
+        let iscale = -128.0 / max_scale;
+        b.d = F16Le::from_f32(1.0 / iscale);
+        for (s, &scale) in b.scales.iter_mut().zip(&scales) {
+            // Within -128..=128 by construction; `as i8` wraps like C's int8_t store.
+            *s = nearest_int_sat(iscale * scale).min(127) as i8;
+        }
+        let d_all = b.d.to_f32();
+        for ((xs, ls), &s) in x.chunks_exact(16).zip(l.chunks_exact_mut(16)).zip(&b.scales) {
+            let d = d_all * s as f32;
+            if d == 0.0 {
+                continue;
+            }
+            for (q, &v) in ls.iter_mut().zip(xs) {
+                *q = (nearest_int_sat(v / d).clamp(-32, 31) + 32) as u8;
+            }
+        }
+
+        // Half h (128 elements): ql[64h + i] holds elements i (low) and i + 64 (high) of the half,
+        // ql[64h + 32 + i] elements i + 32 and i + 96; qh[32h + i] their top two bits at 0, 2, 4, 6.
+        for ((ql, qh), lh) in b.ql.chunks_exact_mut(64).zip(b.qh.chunks_exact_mut(32)).zip(l.chunks_exact(128)) {
+            for i in 0..32 {
+                let (q1, q2, q3, q4) = (lh[i], lh[i + 32], lh[i + 64], lh[i + 96]);
+                ql[i] = (q1 & 0xF) | ((q3 & 0xF) << 4);
+                ql[i + 32] = (q2 & 0xF) | ((q4 & 0xF) << 4);
+                qh[i] = (q1 >> 4) | ((q2 >> 4) << 2) | ((q3 >> 4) << 4) | ((q4 >> 4) << 6);
+            }
+        }
+    }
+}
+
+/// Whether [`quantize_row_ref`] can produce type `ty`.
+pub fn can_quantize(ty: GgmlType) -> bool {
+    matches!(
+        ty,
+        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0 | GgmlType::Q4_K | GgmlType::Q6_K | GgmlType::Q8_K
+    )
+}
+
+/// Quantizes `x` into the raw bytes `out` of type `ty` (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K or Q8_K; see
+/// [`can_quantize`]): the twin of [`dequantize_row_ref`](super::dequantize_row_ref).
+///
+/// `x.len()` must be a multiple of the block length and `out` exactly the bytes of that many blocks.
+pub fn quantize_row_ref(ty: GgmlType, x: &[f32], out: &mut [u8]) -> Result<(), QuantError> {
+    if !can_quantize(ty) {
+        return Err(QuantError::Unsupported(ty));
+    }
+    let mismatch = QuantError::LengthMismatch { ty, src_bytes: out.len(), out_len: x.len() };
+    let (len, bytes) = (ty.block_len(), ty.block_bytes());
+    if x.len() % len != 0 || Some(out.len()) != (x.len() / len).checked_mul(bytes) {
+        return Err(mismatch);
+    }
+    // Lengths are consistent and the blocks have alignment 1: the views cannot fail.
+    fn view<B: bytemuck::Pod>(out: &mut [u8], err: QuantError) -> Result<&mut [B], QuantError> {
+        blocks_of_mut(out).ok_or(err)
+    }
+    let e = mismatch;
+    match ty {
+        GgmlType::Q4_0 => quantize_row_q4_0_ref(x, view(out, e)?),
+        GgmlType::Q4_1 => quantize_row_q4_1_ref(x, view(out, e)?),
+        GgmlType::Q8_0 => quantize_row_q8_0_ref(x, view(out, e)?),
+        GgmlType::Q4_K => quantize_row_q4_k_ref(x, view(out, e)?),
+        GgmlType::Q6_K => quantize_row_q6_k_ref(x, view(out, e)?),
+        GgmlType::Q8_K => quantize_row_q8_k_ref(x, view(out, e)?),
+        _ => return Err(QuantError::Unsupported(ty)),
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -1,8 +1,21 @@
 //! `pinfer bench`: llama-bench-style prompt-processing and generation speed.
+//!
+//! Two kinds of test, each run from an empty KV cache with pseudo-random token ids (BOS first), one
+//! untimed warm-up and then `-r` timed repetitions, reported as tokens per second, mean ± sample
+//! standard deviation:
+//!
+//! - `ppN`: `N` prompt tokens in one [`Session::eval`] call (the session splits them into batches);
+//! - `tgN`: `N` tokens evaluated one at a time, the loop of text generation without the sampler.
 
-use std::path::PathBuf;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
 
 use clap::Args;
+use pinfer::kernels::{self, KernelPath};
+use pinfer::loader::ModelFile;
+use pinfer::session::{Session, SessionOptions};
+use serde_json::{json, Value as Json};
 
 use crate::CliError;
 
@@ -12,10 +25,323 @@ pub struct BenchArgs {
     /// Model file (GGUF). Default: the model fetched by scripts/setup.sh.
     #[arg(short = 'm', long = "model")]
     pub model: Option<PathBuf>,
+    /// Prompt tokens of the prompt-processing test (0: skip it); a comma-separated list runs several.
+    #[arg(short = 'p', long = "n-prompt", value_delimiter = ',', default_value = "512")]
+    pub n_prompt: Vec<usize>,
+    /// Tokens of the generation test (0: skip it); a comma-separated list runs several.
+    #[arg(short = 'n', long = "n-gen", value_delimiter = ',', default_value = "128")]
+    pub n_gen: Vec<usize>,
+    /// Threads.
+    #[arg(short = 't', long = "threads", default_value_t = crate::default_threads())]
+    pub threads: usize,
+    /// Timed repetitions of each test (after one untimed warm-up).
+    #[arg(short = 'r', long = "repetitions", default_value_t = 5)]
+    pub reps: usize,
+    /// Output format: a Markdown table (rows printed as tests finish) or JSON.
+    #[arg(short = 'o', long = "output", default_value = "md", value_parser = ["md", "json"])]
+    pub output: String,
+    /// Keep weight matrices in the file's layout (no repacking at load).
+    #[arg(long = "no-repack")]
+    pub no_repack: bool,
+    /// Kernel path (default: the fastest this CPU has).
+    #[arg(long = "kernels", value_parser = ["ref", "neon", "dotprod", "avx2"])]
+    pub kernels: Option<String>,
+}
+
+/// One test: prompt processing of `n_prompt` tokens or generation of `n_gen`.
+#[derive(Clone, Copy)]
+enum Test {
+    Prompt(usize),
+    Gen(usize),
+}
+
+impl Test {
+    fn name(self) -> String {
+        match self {
+            Self::Prompt(n) => format!("pp{n}"),
+            Self::Gen(n) => format!("tg{n}"),
+        }
+    }
+
+    fn tokens(self) -> usize {
+        match self {
+            Self::Prompt(n) | Self::Gen(n) => n,
+        }
+    }
+}
+
+/// What the table says about the model and the setup, the same for every row.
+struct Setup {
+    model: String,
+    model_name: Option<String>,
+    size_bytes: u64,
+    n_params: u64,
+    kernels: KernelPath,
+    repack: bool,
+    threads: usize,
+    n_batch: usize,
+    n_ctx: usize,
+}
+
+impl Setup {
+    fn backend(&self) -> String {
+        format!("CPU {} {}", self.kernels.name(), if self.repack { "repack" } else { "no-repack" })
+    }
+}
+
+/// Timed repetitions of one test.
+struct Outcome {
+    test: Test,
+    samples_ns: Vec<u64>,
+}
+
+impl Outcome {
+    fn samples_ts(&self) -> Vec<f64> {
+        let n = self.test.tokens() as f64;
+        self.samples_ns.iter().map(|&ns| n * 1e9 / ns.max(1) as f64).collect()
+    }
+}
+
+/// Mean and sample standard deviation (0 for fewer than two values).
+fn mean_std(v: &[f64]) -> (f64, f64) {
+    if v.is_empty() {
+        return (0.0, 0.0);
+    }
+    let mean = v.iter().sum::<f64>() / v.len() as f64;
+    if v.len() < 2 {
+        return (mean, 0.0);
+    }
+    let var = v.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / (v.len() - 1) as f64;
+    (mean, var.sqrt())
+}
+
+/// A fixed pseudo-random token sequence (xorshift64*), ids below `n_vocab`, `bos` first if given.
+fn token_ids(n: usize, n_vocab: usize, bos: Option<u32>) -> Vec<u32> {
+    let mut state = 0x9E37_79B9_7F4A_7C15u64;
+    let mut ids: Vec<u32> = (0..n)
+        .map(|_| {
+            state ^= state >> 12;
+            state ^= state << 25;
+            state ^= state >> 27;
+            (state.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 32) as u32 % n_vocab as u32
+        })
+        .collect();
+    if let (Some(first), Some(bos)) = (ids.first_mut(), bos) {
+        *first = bos;
+    }
+    ids
+}
+
+/// One run of `test` from an empty cache; nanoseconds.
+fn run_once(session: &mut Session, test: Test, ids: &[u32]) -> Result<u64, CliError> {
+    let fail = |e: pinfer::session::SessionError| CliError(format!("{}: {e}", test.name()));
+    session.truncate(0);
+    let t = Instant::now();
+    match test {
+        Test::Prompt(_) => {
+            session.eval(ids).map_err(fail)?;
+        }
+        Test::Gen(_) => {
+            for &id in ids {
+                session.eval(&[id]).map_err(fail)?;
+            }
+        }
+    }
+    Ok(u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX))
+}
+
+fn human_size(bytes: u64) -> String {
+    const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
+    let b = bytes as f64;
+    if b >= GIB {
+        format!("{:.2} GiB", b / GIB)
+    } else {
+        format!("{:.2} MiB", b / (1024.0 * 1024.0))
+    }
+}
+
+fn human_params(n: u64) -> String {
+    if n >= 1_000_000_000 {
+        format!("{:.2} B", n as f64 / 1e9)
+    } else {
+        format!("{:.2} M", n as f64 / 1e6)
+    }
+}
+
+/// Columns of the Markdown table: header, width, right-aligned.
+const COLUMNS: [(&str, usize, bool); 7] = [
+    ("model", 32, false),
+    ("size", 10, true),
+    ("params", 10, true),
+    ("backend", 20, false),
+    ("threads", 7, true),
+    ("test", 8, true),
+    ("t/s", 20, true),
+];
+
+fn md_row(cells: &[String]) -> String {
+    let mut line = String::from("|");
+    for ((_, width, right), cell) in COLUMNS.iter().zip(cells) {
+        if *right {
+            line.push_str(&format!(" {cell:>width$} |"));
+        } else {
+            line.push_str(&format!(" {cell:<width$} |"));
+        }
+    }
+    line
+}
+
+fn md_header() -> String {
+    let names: Vec<String> = COLUMNS.iter().map(|(name, _, _)| name.to_string()).collect();
+    let mut rule = String::from("|");
+    for (_, width, right) in COLUMNS {
+        let dashes = "-".repeat(if right { width - 1 } else { width });
+        rule.push_str(&format!(" {dashes}{} |", if right { ":" } else { "" }));
+    }
+    format!("{}\n{rule}", md_row(&names))
+}
+
+fn md_line(setup: &Setup, o: &Outcome) -> String {
+    let (mean, std) = mean_std(&o.samples_ts());
+    md_row(&[
+        setup.model.clone(),
+        human_size(setup.size_bytes),
+        human_params(setup.n_params),
+        setup.backend(),
+        setup.threads.to_string(),
+        o.test.name(),
+        format!("{mean:.2} ± {std:.2}"),
+    ])
+}
+
+fn json_row(setup: &Setup, o: &Outcome) -> Json {
+    let ts = o.samples_ts();
+    let (avg_ts, stddev_ts) = mean_std(&ts);
+    let ns: Vec<f64> = o.samples_ns.iter().map(|&v| v as f64).collect();
+    let (avg_ns, stddev_ns) = mean_std(&ns);
+    let (n_prompt, n_gen) = match o.test {
+        Test::Prompt(n) => (n, 0),
+        Test::Gen(n) => (0, n),
+    };
+    json!({
+        "model": setup.model,
+        "model_name": setup.model_name,
+        "size": human_size(setup.size_bytes),
+        "model_size": setup.size_bytes,
+        "params": human_params(setup.n_params),
+        "model_n_params": setup.n_params,
+        "backend": setup.backend(),
+        "kernels": setup.kernels.name(),
+        "repack": setup.repack,
+        "threads": setup.threads,
+        "n_batch": setup.n_batch,
+        "n_ctx": setup.n_ctx,
+        "test": o.test.name(),
+        "n_prompt": n_prompt,
+        "n_gen": n_gen,
+        "reps": o.samples_ns.len(),
+        "t/s": format!("{avg_ts:.2} ± {stddev_ts:.2}"),
+        "avg_ts": avg_ts,
+        "stddev_ts": stddev_ts,
+        "avg_ns": avg_ns.round() as u64,
+        "stddev_ns": stddev_ns.round() as u64,
+        "samples_ns": o.samples_ns,
+        "samples_ts": ts,
+        "build": pinfer::VERSION,
+    })
 }
 
 /// Runs the benchmark.
 pub fn run(args: BenchArgs) -> Result<(), CliError> {
-    let _ = args;
-    Err(CliError("`pinfer bench` is not yet implemented in this build".into()))
+    if let Some(name) = &args.kernels {
+        let path =
+            KernelPath::parse(name).ok_or_else(|| CliError(format!("unknown kernel path '{name}'")))?;
+        if !kernels::set_path(path) {
+            let available: Vec<&str> = ["ref", "neon", "dotprod", "avx2"]
+                .into_iter()
+                .filter(|n| KernelPath::parse(n).is_some_and(KernelPath::is_available))
+                .collect();
+            return Err(CliError(format!(
+                "kernel path '{name}' is not available on this CPU (available: {})",
+                available.join(", ")
+            )));
+        }
+    }
+    if args.reps == 0 {
+        return Err(CliError("-r must be at least 1".into()));
+    }
+    let tests: Vec<Test> = args
+        .n_prompt
+        .iter()
+        .filter(|&&n| n > 0)
+        .map(|&n| Test::Prompt(n))
+        .chain(args.n_gen.iter().filter(|&&n| n > 0).map(|&n| Test::Gen(n)))
+        .collect();
+    if tests.is_empty() {
+        return Err(CliError("nothing to measure: -p and -n are both 0".into()));
+    }
+    let path = crate::model_path(args.model);
+    // Every test starts from an empty cache; like llama-bench, the context holds a prompt and a
+    // generation run one after the other.
+    let max_p = args.n_prompt.iter().copied().max().unwrap_or(0);
+    let max_n = args.n_gen.iter().copied().max().unwrap_or(0);
+    let n_ctx = max_p + max_n;
+
+    let model = ModelFile::open_static(&path)?;
+    let opts = SessionOptions { n_ctx, threads: args.threads, repack: !args.no_repack, ..Default::default() };
+    let mut session = Session::new(model, &opts).map_err(|e| {
+        CliError(format!("{}: {e} (context of {n_ctx} tokens for -p and -n)", path.display()))
+    })?;
+    let tok = crate::generate::tokenizer(&path, session.gguf())?;
+    let bos = tok.bos();
+    let (size_bytes, n_params) =
+        session.gguf().tensors().fold((0u64, 0u64), |(b, e), t| (b + t.nbytes, e + t.n_elements()));
+    let model_name = session.gguf().get_str_opt("general.name").ok().flatten().map(str::to_string);
+    let setup = Setup {
+        model: file_name(&path),
+        model_name,
+        size_bytes,
+        n_params,
+        kernels: kernels::path(),
+        repack: opts.repack,
+        threads: session.threads(),
+        n_batch: opts.n_batch.min(session.n_ctx()),
+        n_ctx: session.n_ctx(),
+    };
+
+    let markdown = args.output == "md";
+    let stdout = std::io::stdout();
+    if markdown {
+        let mut out = stdout.lock();
+        let _ = writeln!(out, "{}", md_header());
+        let _ = out.flush();
+    }
+    let mut rows = Vec::new();
+    for test in tests {
+        let ids = token_ids(test.tokens(), session.n_vocab(), bos);
+        run_once(&mut session, test, &ids)?; // warm-up: caches, page faults, lazily built graphs
+        let mut samples_ns = Vec::with_capacity(args.reps);
+        for _ in 0..args.reps {
+            samples_ns.push(run_once(&mut session, test, &ids)?);
+        }
+        let outcome = Outcome { test, samples_ns };
+        if markdown {
+            let mut out = stdout.lock();
+            let _ = writeln!(out, "{}", md_line(&setup, &outcome));
+            let _ = out.flush();
+        } else {
+            rows.push(json_row(&setup, &outcome));
+        }
+    }
+    if markdown {
+        println!();
+        println!("build: pinfer {}, n_batch {}, n_ctx {}", pinfer::VERSION, setup.n_batch, setup.n_ctx);
+    } else {
+        println!("{}", serde_json::to_string_pretty(&Json::Array(rows)).unwrap_or_default());
+    }
+    Ok(())
+}
+
+fn file_name(path: &Path) -> String {
+    path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned())
 }
