@@ -56,7 +56,8 @@ impl Default for SessionOptions {
             cores: None,
             pin: false,
             logits_all: false,
-            repack: true,
+            // PINFER_NO_REPACK=1 keeps the file's layouts everywhere (A/B comparisons).
+            repack: std::env::var_os("PINFER_NO_REPACK").is_none_or(|v| v.is_empty() || v == "0"),
         }
     }
 }

@@ -9,6 +9,8 @@
 //! * SIMD vs reference: the same integer block dots, float sums in another order: 1e-5 of
 //!   `sum |w| |a|` (measured worst cases are ~1e-7).
 
+#![allow(clippy::needless_range_loop)]
+
 use pinfer::kernels::packed::{
     act_row_bytes, can_pack, dequantize_packed_row, matmul_ref, pack, packed_bytes, quantize_act_ref,
     ActBlock, PackedFormat, PackedMatrix, BLOCK,

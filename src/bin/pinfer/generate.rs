@@ -21,6 +21,9 @@ pub struct GenerateArgs {
     pub threads: usize,
     pub parse_special: bool,
     pub print_ids: bool,
+    pub ignore_eos: bool,
+    pub no_repack: bool,
+    pub verbose: bool,
 }
 
 /// The model's tokenizer, its tables in memory kept for the whole process (like the model).
@@ -63,8 +66,19 @@ fn timing(label: &str, t: f64, n: usize, unit: &str) -> String {
 pub fn generate(path: &Path, args: GenerateArgs) -> Result<(), CliError> {
     let t_start = Instant::now();
     let model = ModelFile::open_static(path)?;
-    let opts = SessionOptions { n_ctx: args.n_ctx, threads: args.threads, ..Default::default() };
+    let mut opts = SessionOptions { n_ctx: args.n_ctx, threads: args.threads, ..Default::default() };
+    opts.repack &= !args.no_repack;
     let mut session = Session::new(model, &opts).map_err(|e| CliError(format!("{}: {e}", path.display())))?;
+    if args.verbose {
+        let (n, bytes, secs) = session.repacked();
+        eprintln!(
+            "pinfer: kernels {}, {} threads, {n} weight matrices repacked ({:.1} MiB) in {:.0} ms",
+            pinfer::kernels::path().name(),
+            session.threads(),
+            bytes as f64 / (1 << 20) as f64,
+            secs * 1e3
+        );
+    }
     let tok = tokenizer(path, session.gguf())?;
     let mut sampler = Sampler::new(args.sampler).map_err(|e| CliError(e.to_string()))?;
     let prompt = encode(&tok, &args.prompt, args.parse_special)?;
@@ -94,7 +108,7 @@ pub fn generate(path: &Path, args: GenerateArgs) -> Result<(), CliError> {
         let id = sampler
             .sample(&logits, &recent[window..], &mut candidates)
             .map_err(|e| CliError(e.to_string()))?;
-        if tok.is_eog(id) {
+        if tok.is_eog(id) && !args.ignore_eos {
             break;
         }
         generated.push(id);

@@ -62,6 +62,19 @@ enum Command {
         /// Treat special-token text in the prompt as plain text.
         #[arg(long = "no-parse-special")]
         no_parse_special: bool,
+        /// Keep generating past end-of-generation tokens (benchmarks).
+        #[arg(long = "ignore-eos")]
+        ignore_eos: bool,
+        /// Keep the file's weight layouts instead of repacking them (A/B comparisons; also
+        /// PINFER_NO_REPACK=1).
+        #[arg(long = "no-repack")]
+        no_repack: bool,
+        /// Force a kernel path: ref, neon, dotprod or avx2 (also PINFER_KERNELS).
+        #[arg(long = "kernels")]
+        kernels: Option<String>,
+        /// Print load details (repacked weights, kernel path, threads) on stderr.
+        #[arg(short = 'v', long = "verbose")]
+        verbose: bool,
     },
     /// Describe a model file: architecture, size, quant mix, hyper-parameters, tokenizer.
     Info {
@@ -171,7 +184,14 @@ fn run(cli: Cli) -> Result<(), CliError> {
             threads,
             print_ids,
             no_parse_special,
+            ignore_eos,
+            no_repack,
+            kernels,
+            verbose,
         } => {
+            if let Some(name) = kernels {
+                force_kernels(&name)?;
+            }
             let sampler = SamplerConfig {
                 temperature: temp,
                 top_k,
@@ -189,6 +209,9 @@ fn run(cli: Cli) -> Result<(), CliError> {
                 threads,
                 parse_special: !no_parse_special,
                 print_ids,
+                ignore_eos,
+                no_repack,
+                verbose,
             };
             generate::generate(&model_path(model), args)
         }
@@ -215,9 +238,31 @@ fn quiet_on_closed_pipe() {
     let _ = unsafe { signal(Signal::SIGPIPE, SigHandler::SigDfl) };
 }
 
+/// `PINFER_KERNELS=ref|neon|dotprod|avx2` forces a kernel path (A/B comparisons).
+fn kernels_from_env() -> Result<(), CliError> {
+    let Ok(name) = std::env::var("PINFER_KERNELS") else { return Ok(()) };
+    force_kernels(&name)
+}
+
+/// Forces kernel path `name`, or explains what this CPU offers.
+pub(crate) fn force_kernels(name: &str) -> Result<(), CliError> {
+    use pinfer::kernels::{set_path, KernelPath};
+    match KernelPath::parse(name) {
+        Some(p) if set_path(p) => Ok(()),
+        _ => Err(CliError(format!(
+            "kernel path {name:?} is not available on this CPU (this one supports: {})",
+            ["ref", "neon", "dotprod", "avx2"]
+                .into_iter()
+                .filter(|n| KernelPath::parse(n).is_some_and(KernelPath::is_available))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))),
+    }
+}
+
 fn main() -> ExitCode {
     quiet_on_closed_pipe();
-    match run(Cli::parse()) {
+    match kernels_from_env().and_then(|()| run(Cli::parse())) {
         Ok(()) => ExitCode::SUCCESS,
         Err(CliError(msg)) => {
             eprintln!("error: {msg}");
