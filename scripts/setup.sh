@@ -6,6 +6,7 @@
 #   scripts/setup.sh model      only the default model
 #   scripts/setup.sh toolchains only the apt and pip packages
 #   scripts/setup.sh tiny       only the tiny test models (from the default model's vocabulary)
+#   scripts/setup.sh variants   only the Q4_0 and Q8_0 variants of the default model (for the benchmarks)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -158,16 +159,42 @@ make_tiny_models() {
   fi
 }
 
+# Requantized variants of the default model for the benchmarks, written by `pinfer quantize` (ggml's
+# reference quantizers: deterministic). Builds the release binary first (incremental, so a quick no-op
+# when it is current); pinfer writes each file to .part and renames it, so a present file is complete.
+VARIANT_TYPES=(Q4_0 Q8_0)
+
+make_variants() {
+  local missing=()
+  for ty in "${VARIANT_TYPES[@]}"; do
+    [ -f "$MODEL_DIR/SmolLM2-135M-Instruct.$ty.gguf" ] || missing+=("$ty")
+  done
+  if [ ${#missing[@]} -eq 0 ]; then
+    log "model variants present"
+    return
+  fi
+  fetch_model
+  log "building pinfer (release) to write the model variants"
+  cargo build --release --bin pinfer -q
+  local bin="${CARGO_TARGET_DIR:-target}/release/pinfer"
+  for ty in "${missing[@]}"; do
+    log "writing $MODEL_DIR/SmolLM2-135M-Instruct.$ty.gguf"
+    "$bin" quantize "$MODEL_FILE" "$MODEL_DIR/SmolLM2-135M-Instruct.$ty.gguf" "$ty" >&2
+  done
+}
+
 case "${1:-all}" in
   all)
     install_toolchains
     fetch_model
     make_tiny_models
+    make_variants
     # Second test model (SentencePiece tokenizer, gemma3 architecture).
     scripts/tokenizer_fetch_gemma3.sh
     ;;
   tiny) make_tiny_models ;;
+  variants) make_variants ;;
   toolchains) install_toolchains ;;
   model) fetch_model ;;
-  *) log "unknown step '$1' (use: all | toolchains | model | tiny)"; exit 2 ;;
+  *) log "unknown step '$1' (use: all | toolchains | model | tiny | variants)"; exit 2 ;;
 esac

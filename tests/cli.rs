@@ -274,3 +274,87 @@ fn bench_reports_prompt_and_generation_speed() {
     assert_eq!(out.status.code(), Some(1));
     assert!(text_of(&out.stderr).contains("not available"), "{}", text_of(&out.stderr));
 }
+
+/// `pinfer quantize` writes a model that pinfer loads and runs, whose `info` shows the new type
+/// and whose metadata is the input's with `general.file_type` set. qwen3-tiny has rows of 128 and
+/// 256: to Q8_0 everything converts; to Q4_K only the ffn_down matrices (rows of 256) do, the
+/// others fall back to Q8_0 with a note.
+#[test]
+fn quantize_writes_a_model_that_loads_and_runs() {
+    let model = repo_file("models/tiny/qwen3-tiny.gguf");
+    let dir = temp_file("quantize-marker", b"").parent().unwrap().to_path_buf();
+    let input = std::fs::read(&model).unwrap();
+    let input = pinfer::gguf::Gguf::parse(&input).unwrap();
+    for (ty, file_type) in [("Q8_0", 7u32), ("Q4_K", 14)] {
+        let path = dir.join(format!("qwen3-tiny.{ty}.gguf"));
+        let path = path.to_str().unwrap();
+        let out = pinfer(&["quantize", &model, path, ty]);
+        assert!(out.status.success(), "stderr: {}", text_of(&out.stderr));
+        let stdout = text_of(&out.stdout);
+        assert!(stdout.contains(&format!("tensors to {ty}")) && stdout.contains("MiB"), "{stdout}");
+        if ty == "Q4_K" {
+            let stderr = text_of(&out.stderr);
+            assert!(stderr.contains("not a multiple of Q4_K's block of 256: stored as Q8_0"), "{stderr}");
+        }
+
+        let info = pinfer(&["info", "-m", path, "--json"]);
+        assert!(info.status.success(), "stderr: {}", text_of(&info.stderr));
+        let info: serde_json::Value = serde_json::from_slice(&info.stdout).unwrap();
+        let mix: Vec<&str> =
+            info["quant_mix"].as_array().unwrap().iter().map(|m| m["type"].as_str().unwrap()).collect();
+        assert!(mix.contains(&ty) && !mix.contains(&"Q4_0"), "{ty}: quant mix {mix:?}");
+
+        let bytes = std::fs::read(path).unwrap();
+        let written = pinfer::gguf::Gguf::parse(&bytes).unwrap();
+        assert_eq!(written.header().version, 3);
+        assert_eq!(written.get_u32("general.file_type").unwrap(), file_type);
+        for (key, value) in input.metadata() {
+            assert_eq!(written.get(key), Some(value), "{key} copied unchanged");
+        }
+        let shapes =
+            |g: &pinfer::gguf::Gguf<'_>| g.tensors().map(|t| (t.name.to_string(), t.ne)).collect::<Vec<_>>();
+        assert_eq!(shapes(&written), shapes(&input), "same tensors, same order, same shapes");
+
+        let run = pinfer(&[
+            "generate",
+            "-m",
+            path,
+            "-p",
+            "Hello",
+            "-n",
+            "4",
+            "--temp",
+            "0",
+            "--print-ids",
+            "-t",
+            "2",
+        ]);
+        assert!(run.status.success(), "{ty}: stderr: {}", text_of(&run.stderr));
+        let ids = text_of(&run.stdout);
+        let last = ids.lines().last().unwrap_or_default();
+        assert_eq!(last.split(' ').filter(|id| id.parse::<u32>().is_ok()).count(), 4, "{ty}: {ids}");
+    }
+}
+
+#[test]
+fn quantize_refuses_unknown_types_and_missing_input() {
+    let model = repo_file("models/tiny/qwen3-tiny.gguf");
+    let dir = temp_file("quantize-err-marker", b"").parent().unwrap().to_path_buf();
+    let target = dir.join("never-written.gguf");
+    let target = target.to_str().unwrap();
+
+    let out = pinfer(&["quantize", &model, target, "Q5_K"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = text_of(&out.stderr);
+    assert!(
+        err.contains("unknown quantization type 'Q5_K'") && err.contains("Q4_0, Q4_1, Q8_0, Q4_K, Q6_K"),
+        "{err}"
+    );
+    assert!(!Path::new(target).exists());
+
+    let out = pinfer(&["quantize", "/nonexistent/in.gguf", target, "Q8_0"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = text_of(&out.stderr);
+    assert!(err.contains("/nonexistent/in.gguf: no such file"), "{err}");
+    assert!(!Path::new(target).exists() && !Path::new(&format!("{target}.part")).exists());
+}

@@ -12,6 +12,8 @@
 
 mod error;
 mod value;
+#[cfg(feature = "std")]
+pub mod write;
 
 use core::str;
 

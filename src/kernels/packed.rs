@@ -428,7 +428,8 @@ pub fn matmul_ref(w: &PackedMatrix<'_>, groups: Range<usize>, acts: &[&[ActBlock
                 for (acc, act) in acc.iter_mut().zip(tile_acts.iter()) {
                     let a = &act[b];
                     for (r, acc) in acc.iter_mut().enumerate() {
-                        let dot = |es: Range<usize>| -> i32 { es.map(|e| q[r][e] * i32::from(a.qs[e])).sum() };
+                        let dot =
+                            |es: Range<usize>| -> i32 { es.map(|e| q[r][e] * i32::from(a.qs[e])).sum() };
                         let d = f16_at(sc, r);
                         match format {
                             PackedFormat::Q4 | PackedFormat::Q8 => *acc += (d * a.d) * dot(0..BLOCK) as f32,

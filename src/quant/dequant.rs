@@ -31,7 +31,9 @@ pub enum QuantError {
 impl fmt::Display for QuantError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match *self {
-            QuantError::Unsupported(ty) => write!(f, "type {ty} is not supported by the reference (de)quantizers"),
+            QuantError::Unsupported(ty) => {
+                write!(f, "type {ty} is not supported by the reference (de)quantizers")
+            }
             QuantError::LengthMismatch { ty, src_bytes, out_len } => write!(
                 f,
                 "{ty}: {src_bytes} bytes do not hold exactly {out_len} elements \

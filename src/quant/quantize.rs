@@ -138,10 +138,14 @@ const GROUP_MAX_EPS: f32 = 1e-15;
 
 /// [`nearest_int`] for the K-quant searches, whose arguments are bounded for sane input but not
 /// for any finite input (a sub-block far from the others can push `(x + dm) / d` past 2^22).
-/// Identical to ggml inside the exact range; outside it saturates instead of wrapping, and the
-/// callers clamp the result to a few bits anyway.
+/// Identical to ggml inside the exact range and for NaN (0, what ggml's bit trick gives too, e.g.
+/// when an f16 scale overflowed to infinity); outside the range it saturates instead of wrapping.
+/// The callers clamp the result to a few bits anyway.
 #[inline]
 fn nearest_int_sat(v: f32) -> i32 {
+    if v.is_nan() {
+        return 0;
+    }
     nearest_int(v.clamp(-4_194_303.0, 4_194_303.0))
 }
 
@@ -403,7 +407,9 @@ pub fn quantize_row_q6_k_ref(x: &[f32], out: &mut [BlockQ6_K]) {
 
         // Half h (128 elements): ql[64h + i] holds elements i (low) and i + 64 (high) of the half,
         // ql[64h + 32 + i] elements i + 32 and i + 96; qh[32h + i] their top two bits at 0, 2, 4, 6.
-        for ((ql, qh), lh) in b.ql.chunks_exact_mut(64).zip(b.qh.chunks_exact_mut(32)).zip(l.chunks_exact(128)) {
+        for ((ql, qh), lh) in
+            b.ql.chunks_exact_mut(64).zip(b.qh.chunks_exact_mut(32)).zip(l.chunks_exact(128))
+        {
             for i in 0..32 {
                 let (q1, q2, q3, q4) = (lh[i], lh[i + 32], lh[i + 64], lh[i + 96]);
                 ql[i] = (q1 & 0xF) | ((q3 & 0xF) << 4);
@@ -597,6 +603,147 @@ mod tests {
             let d = q41[i / QK].d.to_f32();
             assert!((a - b).abs() <= d * 0.51 + 2e-3, "{i}: {a} vs {b}");
             assert!(b.is_finite());
+        }
+    }
+
+    /// Dequantizes `n` K-quant blocks of raw type `ty` from `bytes`.
+    fn dequant(ty: GgmlType, bytes: &[u8], out: &mut [f32]) {
+        crate::quant::dequantize_row_ref(ty, bytes, out).unwrap();
+    }
+
+    /// max |x - y| and sqrt(mean (x - y)²).
+    fn errors(x: &[f32], y: &[f32]) -> (f32, f32) {
+        let max = x.iter().zip(y).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
+        let sq: f32 = x.iter().zip(y).map(|(a, b)| (a - b) * (a - b)).sum();
+        (max, libm::sqrtf(sq / x.len() as f32))
+    }
+
+    #[test]
+    fn k_quants_of_zeros_and_constants() {
+        let mut q4 = [BlockQ4_K::zeroed(); 2];
+        let mut q6 = [BlockQ6_K::zeroed(); 2];
+        let mut y = [1f32; 2 * QK_K];
+        // All zeros (and all -0.0): zero scales, zero output.
+        let mut x = [0f32; 2 * QK_K];
+        x[QK_K..].fill(-0.0);
+        quantize_row_q4_k_ref(&x, &mut q4);
+        assert!(q4.iter().all(|b| b.d.to_f32() == 0.0 && b.dmin.to_f32() == 0.0 && b.scales == [0; 12]));
+        quantize_row_q6_k_ref(&x, &mut q6);
+        assert!(q6.iter().all(|b| *b == BlockQ6_K::zeroed()), "all-zero q6_K blocks are zero bytes");
+        dequant(GgmlType::Q4_K, bytemuck::cast_slice(&q4), &mut y);
+        assert!(y.iter().all(|&v| v == 0.0));
+
+        // A constant positive block: the min is raised to 0, so one scale step carries the value.
+        let x = [0.75f32; 2 * QK_K];
+        quantize_row_q4_k_ref(&x, &mut q4);
+        dequant(GgmlType::Q4_K, bytemuck::cast_slice(&q4), &mut y);
+        let (max, _) = errors(&x, &y);
+        assert!(max < 0.75 * 2e-3, "constant block off by {max}");
+        quantize_row_q6_k_ref(&x, &mut q6);
+        dequant(GgmlType::Q6_K, bytemuck::cast_slice(&q6), &mut y);
+        let (max, _) = errors(&x, &y);
+        assert!(max < 0.75 * 2e-3, "constant block off by {max}");
+    }
+
+    #[test]
+    fn k_quants_round_trip_within_their_steps() {
+        let x: [f32; 4 * QK_K] = synthetic(0.0);
+        let mut y = [0f32; 4 * QK_K];
+
+        let mut q4 = [BlockQ4_K::zeroed(); 4];
+        quantize_row_q4_k_ref(&x, &mut q4);
+        dequant(GgmlType::Q4_K, bytemuck::cast_slice(&q4), &mut y);
+        for (i, (a, b)) in x.iter().zip(&y).enumerate() {
+            let blk = &q4[i / QK_K];
+            let (sc, _) = scale_min_k4((i % QK_K) / 32, &blk.scales);
+            let step = blk.d.to_f32() * sc as f32;
+            // Half a step, plus the 6-bit rounding of the min (half a dmin step).
+            assert!((a - b).abs() <= 0.5 * step + 0.5 * blk.dmin.to_f32() + 1e-6, "{i}: {a} vs {b}");
+        }
+
+        let mut q6 = [BlockQ6_K::zeroed(); 4];
+        quantize_row_q6_k_ref(&x, &mut q6);
+        dequant(GgmlType::Q6_K, bytemuck::cast_slice(&q6), &mut y);
+        for (i, (a, b)) in x.iter().zip(&y).enumerate() {
+            let blk = &q6[i / QK_K];
+            let step = (blk.d.to_f32() * blk.scales[(i % QK_K) / 16] as f32).abs();
+            // The search may shrink the grid so the extreme lands a little past the last level.
+            assert!((a - b).abs() <= 0.75 * step, "{i}: {a} vs {b} (step {step})");
+        }
+    }
+
+    #[test]
+    fn q6_k_follows_the_sign_of_the_extreme_scale() {
+        // One group with a large positive extreme: the largest group scale is negative (nmax / -max),
+        // so iscale = -128 / max_scale is positive and that group's int8 scale is -128.
+        let mut x: [f32; QK_K] = synthetic(1.0);
+        x[40] = 50.0;
+        let mut q6 = [BlockQ6_K::zeroed()];
+        quantize_row_q6_k_ref(&x, &mut q6);
+        assert_eq!(q6[0].scales[2], -128);
+        let mut y = [0f32; QK_K];
+        dequant(GgmlType::Q6_K, bytemuck::cast_slice(&q6), &mut y);
+        assert!((y[40] - 50.0).abs() < 50.0 / 32.0 / 2.0 + 0.1, "{}", y[40]);
+    }
+
+    #[test]
+    fn k_quants_survive_wild_dynamic_range() {
+        // Sub-blocks 40 orders of magnitude apart: no panic (debug asserts on), finite output, and
+        // the large sub-blocks still reproduced.
+        let mut x: [f32; QK_K] = synthetic(2.0);
+        for (i, v) in x.iter_mut().enumerate() {
+            let sub = i / 32;
+            *v *= if sub % 2 == 0 { 1e20 } else { 1e-20 };
+            if sub == 3 {
+                *v -= 1e19;
+            }
+        }
+        let mut y = [0f32; QK_K];
+        let mut q4 = [BlockQ4_K::zeroed()];
+        quantize_row_q4_k_ref(&x, &mut q4);
+        let mut q6 = [BlockQ6_K::zeroed()];
+        quantize_row_q6_k_ref(&x, &mut q6);
+        // As in ggml: q4_K's super-block scale overflows f16; q6_K's x² weights overflow f32, the
+        // large groups' fits come out NaN and the block is stored as zeros.
+        assert_eq!(q4[0].d.to_f32(), f32::INFINITY);
+        assert_eq!(q6[0], BlockQ6_K::zeroed());
+        let small: [f32; QK_K] = core::array::from_fn(|i| x[i] * 1e-18);
+        quantize_row_q4_k_ref(&small, &mut q4);
+        dequant(GgmlType::Q4_K, bytemuck::cast_slice(&q4), &mut y);
+        assert!(y.iter().all(|v| v.is_finite()));
+        let (max, _) = errors(&small[..32], &y[..32]);
+        assert!(max < 0.2 * 2.1 * 100.0, "{max}");
+        quantize_row_q6_k_ref(&small, &mut q6);
+        dequant(GgmlType::Q6_K, bytemuck::cast_slice(&q6), &mut y);
+        assert!(y.iter().all(|v| v.is_finite()));
+    }
+
+    #[test]
+    fn row_dispatch_checks_lengths_and_types() {
+        let x = [0.5f32; QK_K];
+        let mut out = [0u8; 144];
+        assert_eq!(quantize_row_ref(GgmlType::Q4_K, &x, &mut out), Ok(()));
+        let mut typed = [BlockQ4_K::zeroed()];
+        quantize_row_q4_k_ref(&x, &mut typed);
+        assert_eq!(&out[..], bytemuck::cast_slice::<_, u8>(&typed));
+        assert!(matches!(
+            quantize_row_ref(GgmlType::Q4_K, &x[..32], &mut out),
+            Err(QuantError::LengthMismatch { .. })
+        ));
+        assert!(matches!(
+            quantize_row_ref(GgmlType::Q6_K, &x, &mut out),
+            Err(QuantError::LengthMismatch { .. })
+        ));
+        assert_eq!(
+            quantize_row_ref(GgmlType::Q5_K, &x, &mut out),
+            Err(QuantError::Unsupported(GgmlType::Q5_K))
+        );
+        let mut out8 = [0u8; 8 * 34];
+        assert_eq!(quantize_row_ref(GgmlType::Q8_0, &x, &mut out8), Ok(()));
+        for ty in
+            [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q8_K]
+        {
+            assert!(can_quantize(ty), "{ty}");
         }
     }
 }

@@ -1,8 +1,30 @@
 //! `pinfer quantize IN OUT TYPE`: requantize a model's weight matrices into a new GGUF file.
+//!
+//! Which tensors change: every weight matrix (two or more dimensions, a name ending in `weight`;
+//! MoE routers `*ffn_gate_inp*` excepted, they must stay in float) whose rows are a whole number of
+//! TYPE's blocks is dequantized to f32 and requantized to TYPE with pinfer's reference quantizers,
+//! which follow ggml's `quantize_row_*_ref` (what `llama-quantize` does without an importance
+//! matrix). A matrix whose rows do not divide into 256-element super-blocks falls back to Q8_0
+//! (as llama.cpp does for Q6_K), or stays as it is if they do not divide into 32 either. A matrix
+//! already of its output type is copied unchanged (requantizing could only lose accuracy), and so
+//! are all other tensors (norms, biases, routers).
+//!
+//! The output is GGUF v3 with the input's metadata, unchanged except `general.file_type` (the
+//! llama.cpp file type of TYPE; added if absent, with `general.quantization_version` 2 if that is
+//! absent too), the input's alignment, and the tensors in the input's order. It is written to
+//! `OUT.part`, checked with pinfer's parser, then renamed to OUT.
 
-use std::path::PathBuf;
+use std::fs::File;
+use std::io::BufWriter;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
 
 use clap::Args;
+use pinfer::gguf::write::{GgufWriter, TensorHeader};
+use pinfer::gguf::{Gguf, TensorInfo, Value};
+use pinfer::loader::ModelFile;
+use pinfer::quant::quantize::quantize_row_ref;
+use pinfer::quant::{dequantize_row_ref, GgmlType, QuantError};
 
 use crate::CliError;
 
@@ -17,8 +39,274 @@ pub struct QuantizeArgs {
     pub ty: String,
 }
 
+/// The target types with their llama.cpp file type (`LLAMA_FTYPE_MOSTLY_*`; Q4_K is Q4_K_S, the
+/// mix where every matrix is Q4_K).
+const TARGETS: [(GgmlType, u32); 5] = [
+    (GgmlType::Q4_0, 2),
+    (GgmlType::Q4_1, 3),
+    (GgmlType::Q8_0, 7),
+    (GgmlType::Q4_K, 14),
+    (GgmlType::Q6_K, 18),
+];
+
+/// Where a matrix goes when its rows do not divide into the target's blocks.
+const FALLBACK: GgmlType = GgmlType::Q8_0;
+
+fn parse_target(name: &str) -> Result<(GgmlType, u32), CliError> {
+    TARGETS.iter().copied().find(|(ty, _)| ty.name().eq_ignore_ascii_case(name)).ok_or_else(|| {
+        let names: Vec<&str> = TARGETS.iter().map(|(ty, _)| ty.name()).collect();
+        CliError(format!("unknown quantization type '{name}' (supported: {})", names.join(", ")))
+    })
+}
+
+/// What happens to one tensor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Plan {
+    /// Copied byte for byte.
+    Copy,
+    /// Dequantized and requantized to this type.
+    Requantize(GgmlType),
+}
+
+/// Weight matrices that did not get the target type, for the notes on stderr.
+#[derive(Default)]
+struct Notes {
+    /// Rows not a multiple of the target's block, stored as [`FALLBACK`]: (tensor, row length).
+    fallback: Vec<(String, u64)>,
+    /// Rows not a multiple of 32 either, left as they are: (tensor, row length).
+    kept: Vec<(String, u64)>,
+    /// Types pinfer cannot dequantize, left as they are.
+    unreadable: Vec<String>,
+}
+
+fn is_weight_matrix(t: &TensorInfo<'_>) -> bool {
+    t.n_dims >= 2 && t.name.ends_with("weight") && !t.name.contains("ffn_gate_inp")
+}
+
+fn plan(t: &TensorInfo<'_>, target: GgmlType, notes: &mut Notes) -> Plan {
+    if !is_weight_matrix(t) {
+        return Plan::Copy;
+    }
+    let row = t.ne[0];
+    let out_ty = if row % target.block_len() as u64 == 0 {
+        target
+    } else if row % FALLBACK.block_len() as u64 == 0 {
+        notes.fallback.push((t.name.to_string(), row));
+        FALLBACK
+    } else {
+        notes.kept.push((t.name.to_string(), row));
+        return Plan::Copy;
+    };
+    if t.ty == out_ty {
+        return Plan::Copy;
+    }
+    // An empty row asks only whether the type has a dequantizer.
+    if let Err(QuantError::Unsupported(_)) = dequantize_row_ref(t.ty, &[], &mut []) {
+        notes.unreadable.push(t.name.to_string());
+        return Plan::Copy;
+    }
+    Plan::Requantize(out_ty)
+}
+
+/// Dequantizes each row of `src` (type `from`, rows of `row_len` elements) and quantizes it to `to`,
+/// on up to `threads` threads.
+fn requantize(
+    src: &[u8],
+    from: GgmlType,
+    to: GgmlType,
+    row_len: usize,
+    threads: usize,
+) -> Result<Vec<u8>, QuantError> {
+    let bytes_of = |ty: GgmlType| ty.bytes_for(row_len as u64).map(|b| b as usize);
+    let (Some(src_row), Some(dst_row)) = (bytes_of(from), bytes_of(to)) else {
+        return Err(QuantError::LengthMismatch { ty: to, src_bytes: src.len(), out_len: row_len });
+    };
+    let n_rows = src.len() / src_row;
+    let mut out = vec![0u8; n_rows * dst_row];
+    let per_thread = n_rows.div_ceil(threads.max(1)).max(1);
+    std::thread::scope(|s| {
+        let workers: Vec<_> = src
+            .chunks(per_thread * src_row)
+            .zip(out.chunks_mut(per_thread * dst_row))
+            .map(|(src, out)| {
+                s.spawn(move || {
+                    let mut row = vec![0f32; row_len];
+                    for (src, out) in src.chunks_exact(src_row).zip(out.chunks_exact_mut(dst_row)) {
+                        dequantize_row_ref(from, src, &mut row)?;
+                        quantize_row_ref(to, &row, out)?;
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        workers.into_iter().try_for_each(|w| w.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+    })?;
+    Ok(out)
+}
+
+/// The input's metadata with `general.file_type` set (and `general.quantization_version` added if
+/// missing).
+fn output_metadata<'a>(gguf: &Gguf<'a>, file_type: u32) -> Result<Vec<(&'a str, Value<'a>)>, CliError> {
+    let mut meta: Vec<(&'a str, Value<'a>)> = gguf.metadata().collect();
+    if meta.len() as u64 != gguf.header().kv_count {
+        return Err(CliError(format!(
+            "could read only {} of the {} metadata values",
+            meta.len(),
+            gguf.header().kv_count
+        )));
+    }
+    match meta.iter_mut().find(|(k, _)| *k == "general.file_type") {
+        Some(kv) => kv.1 = Value::U32(file_type),
+        None => meta.push(("general.file_type", Value::U32(file_type))),
+    }
+    if !meta.iter().any(|(k, _)| *k == "general.quantization_version") {
+        meta.push(("general.quantization_version", Value::U32(2)));
+    }
+    Ok(meta)
+}
+
+fn mib(bytes: u64) -> f64 {
+    bytes as f64 / (1024.0 * 1024.0)
+}
+
+/// `a, b, c, d and 7 more`.
+fn some_names<'a>(names: impl ExactSizeIterator<Item = &'a str>) -> String {
+    const SHOWN: usize = 4;
+    let more = names.len().saturating_sub(SHOWN);
+    let mut text = names.take(SHOWN).collect::<Vec<_>>().join(", ");
+    if more > 0 {
+        text.push_str(&format!(" and {more} more"));
+    }
+    text
+}
+
+fn print_notes(notes: &Notes, target: GgmlType) {
+    let groups =
+        [(&notes.fallback, format!("stored as {FALLBACK}")), (&notes.kept, "left as they are".into())];
+    for (group, what) in groups {
+        if group.is_empty() {
+            continue;
+        }
+        let mut lens: Vec<u64> = group.iter().map(|(_, row)| *row).collect();
+        lens.sort_unstable();
+        lens.dedup();
+        let lens: Vec<String> = lens.iter().map(u64::to_string).collect();
+        eprintln!(
+            "note: {} matrices have rows of {} elements, not a multiple of {target}'s block of {}: {what} ({})",
+            group.len(),
+            lens.join(", "),
+            target.block_len(),
+            some_names(group.iter().map(|(name, _)| name.as_str()))
+        );
+    }
+    if !notes.unreadable.is_empty() {
+        eprintln!(
+            "note: {} matrices have types pinfer cannot dequantize and are left as they are ({})",
+            notes.unreadable.len(),
+            some_names(notes.unreadable.iter().map(String::as_str))
+        );
+    }
+}
+
+fn part_path(output: &Path) -> PathBuf {
+    let mut name = output.as_os_str().to_owned();
+    name.push(".part");
+    PathBuf::from(name)
+}
+
 /// Runs the conversion.
 pub fn run(args: QuantizeArgs) -> Result<(), CliError> {
-    let _ = args;
-    Err(CliError("`pinfer quantize` is not yet implemented in this build".into()))
+    let (target, file_type) = parse_target(&args.ty)?;
+    let start = Instant::now();
+    let model = ModelFile::open(&args.input)?;
+    let gguf = model.parse()?;
+    let input_name = args.input.display();
+
+    let mut notes = Notes::default();
+    let tensors: Vec<TensorInfo<'_>> = gguf.tensors().collect();
+    if tensors.len() != gguf.tensor_count() {
+        return Err(CliError(format!("{input_name}: could not read every tensor info")));
+    }
+    let plans: Vec<Plan> = tensors.iter().map(|t| plan(t, target, &mut notes)).collect();
+    let headers: Vec<TensorHeader<'_>> = tensors
+        .iter()
+        .zip(&plans)
+        .map(|(t, p)| TensorHeader::retyped(t, if let Plan::Requantize(ty) = *p { ty } else { t.ty }))
+        .collect();
+    let metadata = output_metadata(&gguf, file_type)?;
+    print_notes(&notes, target);
+
+    let part = part_path(&args.output);
+    let result = write_output(&part, &gguf, &tensors, &plans, &headers, &metadata);
+    let out_bytes = match result {
+        Ok(n) => n,
+        Err(e) => {
+            let _ = std::fs::remove_file(&part);
+            return Err(e);
+        }
+    };
+    std::fs::rename(&part, &args.output).map_err(|e| {
+        CliError(format!("cannot rename {} to {}: {e}", part.display(), args.output.display()))
+    })?;
+
+    let (mut to_target, mut to_fallback, mut copied) = (0, 0, 0);
+    for p in &plans {
+        match *p {
+            Plan::Requantize(ty) if ty == target => to_target += 1,
+            Plan::Requantize(_) => to_fallback += 1,
+            Plan::Copy => copied += 1,
+        }
+    }
+    let tensors = |n: usize| if n == 1 { "1 tensor".to_string() } else { format!("{n} tensors") };
+    let fallback = if to_fallback > 0 { format!(", {to_fallback} to {FALLBACK}") } else { String::new() };
+    println!(
+        "quantized {input_name} -> {} ({target}): {} to {target}{fallback}, {copied} copied; \
+         {:.2} MiB -> {:.2} MiB in {:.1} s",
+        args.output.display(),
+        tensors(to_target),
+        mib(model.bytes().len() as u64),
+        mib(out_bytes),
+        start.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// Writes the whole output to `path` and checks it parses back with the planned tensors; returns its
+/// size in bytes.
+fn write_output(
+    path: &Path,
+    gguf: &Gguf<'_>,
+    tensors: &[TensorInfo<'_>],
+    plans: &[Plan],
+    headers: &[TensorHeader<'_>],
+    metadata: &[(&str, Value<'_>)],
+) -> Result<u64, CliError> {
+    let io_err = |e: std::io::Error| CliError(format!("{}: {e}", path.display()));
+    let file = File::create(path).map_err(io_err)?;
+    let mut writer =
+        GgufWriter::start(BufWriter::with_capacity(1 << 20, file), metadata, headers).map_err(io_err)?;
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    for (t, plan) in tensors.iter().zip(plans) {
+        let src = gguf.tensor_data(t);
+        match *plan {
+            Plan::Copy => writer.write_tensor_data(src),
+            Plan::Requantize(ty) => {
+                let data = requantize(src, t.ty, ty, t.ne[0] as usize, threads)
+                    .map_err(|e| CliError(format!("{}: {e}", t.name)))?;
+                writer.write_tensor_data(&data)
+            }
+        }
+        .map_err(io_err)?;
+    }
+    let (buf, len) = writer.finish().map_err(io_err)?;
+    buf.into_inner().map_err(|e| io_err(e.into_error()))?.sync_all().map_err(io_err)?;
+
+    let written = ModelFile::open(path)?;
+    let check = written.parse()?;
+    let ok = check.tensor_count() == headers.len()
+        && check.tensors().zip(headers).all(|(t, h)| t.name == h.name && t.ty == h.ty && t.ne == h.ne);
+    if !ok {
+        return Err(CliError(format!("{}: the written file does not read back as planned", path.display())));
+    }
+    Ok(len)
 }
