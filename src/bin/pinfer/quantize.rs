@@ -83,11 +83,23 @@ fn is_weight_matrix(t: &TensorInfo<'_>) -> bool {
     t.n_dims >= 2 && t.name.ends_with("weight") && !t.name.contains("ffn_gate_inp")
 }
 
-fn plan(t: &TensorInfo<'_>, target: GgmlType, notes: &mut Notes) -> Plan {
+/// The type the output projection gets for `target`: as llama-quantize does, a 4-bit target keeps
+/// the output (or a tied embedding used as output) at 6 bits, or 8 when rows do not divide into 256;
+/// it matters more than any other matrix for quality.
+fn output_type(target: GgmlType, row: u64) -> GgmlType {
+    match target {
+        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q4_K if row % 256 == 0 => GgmlType::Q6_K,
+        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q4_K => GgmlType::Q8_0,
+        other => other,
+    }
+}
+
+fn plan(t: &TensorInfo<'_>, target: GgmlType, is_output: bool, notes: &mut Notes) -> Plan {
     if !is_weight_matrix(t) {
         return Plan::Copy;
     }
     let row = t.ne[0];
+    let target = if is_output { output_type(target, row) } else { target };
     let out_ty = if row % target.block_len() as u64 == 0 {
         target
     } else if row % FALLBACK.block_len() as u64 == 0 {
@@ -227,7 +239,12 @@ pub fn run(args: QuantizeArgs) -> Result<(), CliError> {
     if tensors.len() != gguf.tensor_count() {
         return Err(CliError(format!("{input_name}: could not read every tensor info")));
     }
-    let plans: Vec<Plan> = tensors.iter().map(|t| plan(t, target, &mut notes)).collect();
+    // The output projection: `output.weight`, or the token embedding when the model ties them.
+    let has_output = tensors.iter().any(|t| &*t.name == "output.weight");
+    let is_output = |t: &TensorInfo<'_>| {
+        &*t.name == "output.weight" || (!has_output && &*t.name == "token_embd.weight")
+    };
+    let plans: Vec<Plan> = tensors.iter().map(|t| plan(t, target, is_output(t), &mut notes)).collect();
     let headers: Vec<TensorHeader<'_>> = tensors
         .iter()
         .zip(&plans)
