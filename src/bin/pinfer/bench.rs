@@ -81,6 +81,8 @@ struct Setup {
     threads: usize,
     n_batch: usize,
     n_ctx: usize,
+    /// Weight matrices repacked at load, their bytes, and the seconds it took.
+    repacked: (usize, usize, f64),
 }
 
 impl Setup {
@@ -236,6 +238,9 @@ fn json_row(setup: &Setup, o: &Outcome) -> Json {
         "threads": setup.threads,
         "n_batch": setup.n_batch,
         "n_ctx": setup.n_ctx,
+        "repacked_matrices": setup.repacked.0,
+        "repacked_bytes": setup.repacked.1,
+        "repack_ms": setup.repacked.2 * 1e3,
         "test": o.test.name(),
         "n_prompt": n_prompt,
         "n_gen": n_gen,
@@ -288,7 +293,8 @@ pub fn run(args: BenchArgs) -> Result<(), CliError> {
     let n_ctx = max_p + max_n;
 
     let model = ModelFile::open_static(&path)?;
-    let opts = SessionOptions { n_ctx, threads: args.threads, repack: !args.no_repack, ..Default::default() };
+    let mut opts = SessionOptions { n_ctx, threads: args.threads, ..Default::default() };
+    opts.repack &= !args.no_repack; // the default also honours PINFER_NO_REPACK
     let mut session = Session::new(model, &opts).map_err(|e| {
         CliError(format!("{}: {e} (context of {n_ctx} tokens for -p and -n)", path.display()))
     })?;
@@ -307,6 +313,7 @@ pub fn run(args: BenchArgs) -> Result<(), CliError> {
         threads: session.threads(),
         n_batch: opts.n_batch.min(session.n_ctx()),
         n_ctx: session.n_ctx(),
+        repacked: session.repacked(),
     };
 
     let markdown = args.output == "md";
