@@ -1,14 +1,43 @@
 //! x86_64 AVX2 + FMA + F16C kernels, twins of `packed` and `reference`.
 //!
-//! Placeholder bodies forward to the reference until the AVX2 versions land.
+//! Each public `unsafe fn` is the dispatch entry (the caller checked the CPU features); the work is
+//! done by private `#[target_feature]` functions, where the arithmetic intrinsics are safe and only
+//! raw-pointer loads and stores need `unsafe`.
+//!
+//! # Packed matmul
+//! A 32-byte load of an interleaved block covers two 16-byte chunks: 4 rows x 4 elements each, so
+//! 32-bit lane `4h + r` belongs to row `r` and to the elements of chunk `h`. Each activation block is
+//! first *expanded* into a small stack scratch: four vectors holding the 4-byte activation group of
+//! the matching chunk in all 4 row lanes of each half. The inner loop is then loads and integer
+//! dot products only, and the int32 lane sums of both halves are scaled by `d_w * d_a` into f32
+//! accumulators whose two halves are added once per row at the end.
+//!
+//! - 4-bit: the stored two's-complement nibble `q` is turned into `u = q + 8` (XOR 8, 0..15), which
+//!   `maddubs` takes as its unsigned operand directly; four products per i16 lane stay below 2^15,
+//!   so a whole block is summed in i16 before one `madd`, and `8 * sum(a)` (precomputed with the
+//!   expansion) is subtracted in int32: the block dot is exact.
+//! - 8-bit: the sign trick, `maddubs(|w|, sign(a, w))`, then `madd` per vector (the i16 pair sums
+//!   use the whole i16 range).
+//! - With AVX512-VNNI + AVX512VL (detected at run time, see [`vnni`]) `vpdpbusd` replaces each
+//!   `maddubs` + `madd` + add.
+//!
+//! Tokens are processed in tiles of up to 4 (weights unpacked once per tile); a single token takes
+//! 4 row groups per pass instead. The groups are cut into strips that stay in L2, so a call with
+//! many tokens reads each weight from memory once.
 
+use core::arch::x86_64::*;
+use core::mem::MaybeUninit;
 use core::ops::Range;
+use core::sync::atomic::{AtomicBool, Ordering};
 
-use super::packed::{matmul_ref, quantize_act_ref, ActBlock, PackedMatrix};
-use super::reference::{flash_attn_row_ref, rms_norm_ref, swiglu_ref};
+use super::packed::{matmul_ref, ActBlock, PackedFormat, PackedMatrix, BLOCK, GROUP_ROWS};
+use super::reference::swiglu_ref;
 use crate::quant::blocks::F16Le;
 
-/// Packed matmul.
+/// Packed matmul (see [`matmul_ref`] for the contract; float sums are in another order).
+///
+/// Activation quants are assumed in `-127..=127`, which [`super::packed::quantize_act_ref`] gives
+/// for every block whose largest magnitude is at least `127 / f32::MAX` (about 4e-37).
 ///
 /// # Safety
 /// The CPU must have AVX2, FMA and F16C.
@@ -18,34 +47,40 @@ pub unsafe fn matmul_avx2(
     acts: &[&[ActBlock]],
     outs: &mut [&mut [f32]],
 ) {
-    matmul_ref(w, groups, acts, outs)
+    // SAFETY: the caller guarantees the CPU features.
+    unsafe { matmul_impl(w, groups, acts, outs) }
 }
 
-/// Activation quantization.
+/// Activation quantization, byte-identical to [`super::packed::quantize_act_ref`].
 ///
 /// # Safety
 /// The CPU must have AVX2, FMA and F16C.
 pub unsafe fn quantize_act_avx2(x: &[f32], out: &mut [ActBlock]) {
-    quantize_act_ref(x, out)
+    // SAFETY: the caller guarantees the CPU features.
+    unsafe { quantize_act_impl(x, out) }
 }
 
-/// RMS norm.
+/// RMS norm (see [`super::reference::rms_norm_ref`]): squares in f32 summed in f64, in another
+/// order.
 ///
 /// # Safety
 /// The CPU must have AVX2, FMA and F16C.
 pub unsafe fn rms_norm_avx2(x: &[f32], out: &mut [f32], eps: f32) {
-    rms_norm_ref(x, out, eps)
+    // SAFETY: the caller guarantees the CPU features.
+    unsafe { rms_norm_impl(x, out, eps) }
 }
 
-/// `silu(gate) * up`.
+/// `silu(gate) * up`, bit-identical to [`super::reference::swiglu_ref`].
 ///
 /// # Safety
 /// The CPU must have AVX2, FMA and F16C.
 pub unsafe fn swiglu_avx2(gate: &[f32], up: &[f32], out: &mut [f32]) {
-    swiglu_ref(gate, up, out)
+    // SAFETY: the caller guarantees the CPU features.
+    unsafe { swiglu_impl(gate, up, out) }
 }
 
-/// One query row of flash attention over an f16 KV cache.
+/// One query row of flash attention over an f16 KV cache (see
+/// [`super::reference::flash_attn_row_ref`]; the key dot is summed in f32 instead of f64).
 ///
 /// # Safety
 /// The CPU must have AVX2, FMA and F16C.
@@ -60,5 +95,997 @@ pub unsafe fn flash_attn_row_avx2<'k>(
     acc16: &mut [F16Le],
     out: &mut [f32],
 ) {
-    flash_attn_row_ref(q, q16, keys, key, value, scale, acc16, out)
+    // SAFETY: the caller guarantees the CPU features.
+    unsafe { flash_attn_impl(q, q16, keys, key, value, scale, acc16, out) }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Packed matmul
+// ---------------------------------------------------------------------------------------------
+
+/// Cleared by [`allow_vnni`]`(false)`.
+static VNNI_ALLOWED: AtomicBool = AtomicBool::new(true);
+
+/// Allows (the default) or forbids the AVX512-VNNI variant of [`matmul_avx2`] (for A/B runs and
+/// for testing the plain AVX2 code on CPUs that have VNNI). Results of both agree within the
+/// matmul tolerance (the integer block dots are identical).
+pub fn allow_vnni(allowed: bool) {
+    VNNI_ALLOWED.store(allowed, Ordering::Relaxed);
+}
+
+/// Whether the packed matmul uses `vpdpbusd` on ymm registers (AVX512-VNNI + AVX512VL, EVEX
+/// encoded: Zen 4, Ice Lake and later server parts; AVX-VNNI-only CPUs keep the AVX2 code).
+pub fn vnni() -> bool {
+    VNNI_ALLOWED.load(Ordering::Relaxed) && has_vnni()
+}
+
+#[cfg(feature = "std")]
+fn has_vnni() -> bool {
+    std::arch::is_x86_feature_detected!("avx512vnni") && std::arch::is_x86_feature_detected!("avx512vl")
+}
+#[cfg(not(feature = "std"))]
+fn has_vnni() -> bool {
+    cfg!(all(target_feature = "avx512vnni", target_feature = "avx512vl"))
+}
+
+/// `acc + sum of 4 u8 x i8 products` per int32 lane: `vpdpbusd` (fuses `maddubs`, `madd` and the
+/// add, without the i16 saturation). Inline assembly because the intrinsic needs the AVX-512
+/// target features, stable only since Rust 1.89 (the crate declares 1.85).
+///
+/// # Safety
+/// The CPU must have AVX512-VNNI and AVX512VL.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn dpbusd(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
+    let mut acc = acc;
+    // SAFETY: the caller guarantees the instruction exists; register operands only.
+    unsafe {
+        core::arch::asm!(
+            "{{evex}} vpdpbusd {acc}, {u}, {s}",
+            acc = inout(ymm_reg) acc,
+            u = in(ymm_reg) u,
+            s = in(ymm_reg) s,
+            options(pure, nomem, nostack, preserves_flags),
+        );
+    }
+    acc
+}
+
+/// Format ids for const generics.
+const F_Q4: u8 = 0;
+const F_Q4MIN: u8 = 1;
+const F_Q8: u8 = 2;
+const F_Q8MIN: u8 = 3;
+const F_Q8SUB16: u8 = 4;
+
+const fn is_4bit(f: u8) -> bool {
+    f == F_Q4 || f == F_Q4MIN
+}
+
+const fn quant_bytes(f: u8) -> usize {
+    if is_4bit(f) {
+        PackedFormat::Q4.quant_bytes()
+    } else {
+        PackedFormat::Q8.quant_bytes()
+    }
+}
+
+const fn scale_bytes(f: u8) -> usize {
+    if f == F_Q4 || f == F_Q8 {
+        PackedFormat::Q4.scale_bytes()
+    } else {
+        PackedFormat::Q4Min.scale_bytes()
+    }
+}
+
+/// Tokens per tile (weights are unpacked once per tile).
+const TILE: usize = 4;
+/// Expanded token-blocks held at once: 20 KiB of stack, so it stays in L1 next to the weights.
+const SCRATCH: usize = 128;
+/// Quant bytes of the groups one pass over the tokens works on: well inside a 1 MiB L2.
+const STRIP_BYTES: usize = 512 << 10;
+
+/// One activation block expanded for the interleaved layout.
+#[derive(Clone, Copy)]
+#[repr(C, align(32))]
+struct Expanded {
+    /// `e[v]`: 4-byte groups `2v` (low half) and `2v + 1` (high half), each in all 4 row lanes.
+    /// Q8: `e[v]` pairs with the `v`-th 32-byte load. Q4: `e[0]`, `e[1]` with the low nibbles of
+    /// loads 0 and 1, `e[2]`, `e[3]` with their high nibbles.
+    e: [__m256i; 4],
+    /// 4-bit formats: `-8 * (sum of the activations a half meets)` per int32 lane.
+    neg_corr: __m256i,
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn matmul_impl(
+    w: &PackedMatrix<'_>,
+    groups: Range<usize>,
+    acts: &[&[ActBlock]],
+    outs: &mut [&mut [f32]],
+) {
+    let tokens = acts.len().min(outs.len());
+    let nb = w.blocks();
+    let ng = groups.len();
+    // Anything outside the kernel's fast path (shapes the reference handles by truncation) goes to
+    // the reference; the pointer arithmetic below relies on these checks.
+    let sane = w.is_consistent()
+        && nb > 0
+        && groups.end <= w.groups()
+        && acts[..tokens].iter().all(|a| a.len() >= nb)
+        && outs[..tokens].iter().all(|o| o.len() >= GROUP_ROWS * ng);
+    if !sane {
+        return matmul_ref(w, groups, acts, outs);
+    }
+    if tokens == 0 || ng == 0 {
+        return;
+    }
+    let (acts, outs) = (&acts[..tokens], &mut outs[..tokens]);
+    // SAFETY: the checks above (consistent planes, groups inside the matrix, activation and output
+    // rows long enough) are what `run` requires, and `run::<_, true>` only runs when `vnni()` found
+    // the instruction.
+    unsafe {
+        match (w.format, vnni()) {
+            (PackedFormat::Q4, false) => run::<F_Q4, false>(w, groups, acts, outs),
+            (PackedFormat::Q4Min, false) => run::<F_Q4MIN, false>(w, groups, acts, outs),
+            (PackedFormat::Q8, false) => run::<F_Q8, false>(w, groups, acts, outs),
+            (PackedFormat::Q8Min, false) => run::<F_Q8MIN, false>(w, groups, acts, outs),
+            (PackedFormat::Q8Sub16, false) => run::<F_Q8SUB16, false>(w, groups, acts, outs),
+            (PackedFormat::Q4, true) => run::<F_Q4, true>(w, groups, acts, outs),
+            (PackedFormat::Q4Min, true) => run::<F_Q4MIN, true>(w, groups, acts, outs),
+            (PackedFormat::Q8, true) => run::<F_Q8, true>(w, groups, acts, outs),
+            (PackedFormat::Q8Min, true) => run::<F_Q8MIN, true>(w, groups, acts, outs),
+            (PackedFormat::Q8Sub16, true) => run::<F_Q8SUB16, true>(w, groups, acts, outs),
+        }
+    }
+}
+
+/// Cuts the groups into strips whose quants stay in L2, then tiles the tokens and cuts `k` into
+/// chunks whose expanded activations fit the scratch. Each strip's weights are fetched from memory
+/// once per call, whatever the token count (activations are re-expanded per strip instead, which
+/// costs a few percent when there is more than one).
+///
+/// # Safety
+/// `w` consistent with format `F`, `groups` inside it, every activation row at least `w.blocks()`
+/// blocks and every output row at least `4 * groups.len()` long, `acts.len() == outs.len()`;
+/// `VNNI` only when the CPU has AVX512-VNNI and AVX512VL.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn run<const F: u8, const VNNI: bool>(
+    w: &PackedMatrix<'_>,
+    groups: Range<usize>,
+    acts: &[&[ActBlock]],
+    outs: &mut [&mut [f32]],
+) {
+    let nb = w.blocks();
+    let mut scratch = MaybeUninit::<[Expanded; SCRATCH]>::uninit();
+    let sp = scratch.as_mut_ptr().cast::<Expanded>();
+    let strip = (STRIP_BYTES / (nb * quant_bytes(F))).max(1);
+    let mut s0 = groups.start;
+    while s0 < groups.end {
+        let strip = s0..(s0 + strip).min(groups.end);
+        let mut t0 = 0;
+        while t0 < acts.len() {
+            let tt = (acts.len() - t0).min(TILE);
+            let chunks = nb.div_ceil(SCRATCH / tt);
+            let kc = nb.div_ceil(chunks);
+            let mut c0 = 0;
+            while c0 < nb {
+                let kn = kc.min(nb - c0);
+                for ti in 0..tt {
+                    // SAFETY: blocks c0..c0 + kn of a row of at least nb blocks; entries ti * kc..
+                    // of the scratch (tt * kc <= SCRATCH).
+                    unsafe { expand(acts[t0 + ti].as_ptr().add(c0), kn, sp.add(ti * kc), is_4bit(F)) };
+                }
+                let chunk =
+                    Chunk { w, groups: strip.clone(), base: groups.start, c0, kn, exp: sp, estride: kc };
+                let (a, o) = (&acts[t0..t0 + tt], &mut outs[t0..t0 + tt]);
+                // SAFETY: the scratch holds the tt x kn expanded blocks; the rest is `run`'s contract.
+                unsafe {
+                    match tt {
+                        1 => pass::<F, VNNI, 1, 4>(&chunk, a, o),
+                        2 => pass::<F, VNNI, 2, 2>(&chunk, a, o),
+                        3 => pass::<F, VNNI, 3, 1>(&chunk, a, o),
+                        _ => pass::<F, VNNI, 4, 1>(&chunk, a, o),
+                    }
+                }
+                c0 += kn;
+            }
+            t0 += tt;
+        }
+        s0 = strip.end;
+    }
+}
+
+/// One k-chunk of one token tile over one strip of groups.
+struct Chunk<'w, 'a> {
+    w: &'w PackedMatrix<'a>,
+    /// The strip's groups.
+    groups: Range<usize>,
+    /// The group whose rows are at the start of the output rows.
+    base: usize,
+    /// First block of the chunk.
+    c0: usize,
+    /// Blocks in the chunk.
+    kn: usize,
+    /// Expanded activations: token `t`, block `b` (relative to `c0`) at `exp + t * estride + b`.
+    exp: *const Expanded,
+    estride: usize,
+}
+
+/// Expands `n` activation blocks from `src` into `dst`.
+///
+/// # Safety
+/// `src` readable for `n` blocks, `dst` writable for `n` entries.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn expand(src: *const ActBlock, n: usize, dst: *mut Expanded, corr: bool) {
+    let idx = [
+        _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1),
+        _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3),
+        _mm256_setr_epi32(4, 4, 4, 4, 5, 5, 5, 5),
+        _mm256_setr_epi32(6, 6, 6, 6, 7, 7, 7, 7),
+    ];
+    let ones8 = _mm256_set1_epi8(1);
+    let ones16 = _mm256_set1_epi16(1);
+    for b in 0..n {
+        // SAFETY: block b < n of `src` (the caller's contract); `qs` is 32 bytes.
+        let qs = unsafe { _mm256_loadu_si256((*src.add(b)).qs.as_ptr().cast()) };
+        let e = [
+            _mm256_permutevar8x32_epi32(qs, idx[0]),
+            _mm256_permutevar8x32_epi32(qs, idx[1]),
+            _mm256_permutevar8x32_epi32(qs, idx[2]),
+            _mm256_permutevar8x32_epi32(qs, idx[3]),
+        ];
+        let neg_corr = if corr {
+            // Per int32 lane, the sum of the 16 activations its half meets, times -8.
+            let s16 = _mm256_add_epi16(
+                _mm256_add_epi16(_mm256_maddubs_epi16(ones8, e[0]), _mm256_maddubs_epi16(ones8, e[1])),
+                _mm256_add_epi16(_mm256_maddubs_epi16(ones8, e[2]), _mm256_maddubs_epi16(ones8, e[3])),
+            );
+            _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32::<3>(_mm256_madd_epi16(s16, ones16)))
+        } else {
+            _mm256_setzero_si256()
+        };
+        // SAFETY: entry b < n of `dst` (the caller's contract).
+        unsafe { dst.add(b).write(Expanded { e, neg_corr }) };
+    }
+}
+
+/// All of `chunk.groups` for the `T` tokens of a tile, `G` groups per pass (plus single-group
+/// tails); writes (first chunk) or adds (later chunks) the 4 row results of each group.
+///
+/// # Safety
+/// `run`'s contract, `acts.len() == outs.len() == T`, and the scratch of `chunk` filled for them.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn pass<const F: u8, const VNNI: bool, const T: usize, const G: usize>(
+    chunk: &Chunk<'_, '_>,
+    acts: &[&[ActBlock]],
+    outs: &mut [&mut [f32]],
+) {
+    let w = chunk.w;
+    let (qstride, sstride) = (w.blocks() * quant_bytes(F), w.blocks() * scale_bytes(F));
+    let mut ap = [core::ptr::null::<ActBlock>(); T];
+    for (p, a) in ap.iter_mut().zip(acts) {
+        // SAFETY: c0 < nb <= a.len().
+        *p = unsafe { a.as_ptr().add(chunk.c0) };
+    }
+    let first = chunk.c0 == 0;
+    let mut g = chunk.groups.start;
+    while g < chunk.groups.end {
+        // SAFETY: g < groups.end <= w.groups() and c0 < nb: inside both planes.
+        let (q, s) = unsafe {
+            (
+                w.quants.as_ptr().add(g * qstride + chunk.c0 * quant_bytes(F)),
+                w.scales.as_ptr().add(g * sstride + chunk.c0 * scale_bytes(F)),
+            )
+        };
+        let n = if G > 1 && chunk.groups.end - g >= G {
+            // SAFETY: groups g..g + G exist, each with the chunk's blocks c0..c0 + kn; the
+            // activation rows and the scratch as `pass` requires.
+            let acc = unsafe { tile::<F, VNNI, T, G>(q, s, qstride, sstride, chunk, &ap) };
+            store(&acc, outs, GROUP_ROWS * (g - chunk.base), first);
+            G
+        } else {
+            // SAFETY: as above, for group g alone.
+            let acc = unsafe { tile::<F, VNNI, T, 1>(q, s, qstride, sstride, chunk, &ap) };
+            store(&acc, outs, GROUP_ROWS * (g - chunk.base), first);
+            1
+        };
+        g += n;
+    }
+}
+
+/// Adds the two halves of each accumulator and writes or adds the 4 row results.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn store<const T: usize, const G: usize>(
+    acc: &[[__m256; T]; G],
+    outs: &mut [&mut [f32]],
+    at: usize,
+    first: bool,
+) {
+    for (gi, acc) in acc.iter().enumerate() {
+        for (a, out) in acc.iter().zip(outs.iter_mut()) {
+            let v = _mm_add_ps(_mm256_castps256_ps128(*a), _mm256_extractf128_ps::<1>(*a));
+            let dst: &mut [f32; 4] = (&mut out[at + 4 * gi..at + 4 * gi + 4]).try_into().unwrap();
+            let mut r = [0f32; 4];
+            // SAFETY: `r` holds 4 f32.
+            unsafe { _mm_storeu_ps(r.as_mut_ptr(), v) };
+            for (d, r) in dst.iter_mut().zip(r) {
+                *d = if first { r } else { *d + r };
+            }
+        }
+    }
+}
+
+/// The dot products of `G` consecutive groups (quants at `q`, scales at `s`, `qstride`/`sstride`
+/// bytes apart) with the `T` tokens of the chunk: per group and token, 8 f32 lanes (two halves of
+/// 4 rows) to be added.
+///
+/// # Safety
+/// `q`, `s` point at block `c0` of a group with `G - 1` more groups after it, each with at least
+/// `c0 + kn` blocks; `ap[t]` at block `c0` of a row with `kn` more blocks; the chunk's scratch
+/// filled for `T` tokens.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn tile<const F: u8, const VNNI: bool, const T: usize, const G: usize>(
+    q: *const u8,
+    s: *const u8,
+    qstride: usize,
+    sstride: usize,
+    chunk: &Chunk<'_, '_>,
+    ap: &[*const ActBlock; T],
+) -> [[__m256; T]; G] {
+    let ones16 = _mm256_set1_epi16(1);
+    let low4 = _mm256_set1_epi8(0x0F);
+    let x88 = _mm256_set1_epi8(0x88u8 as i8);
+    let eight = _mm256_set1_ps(8.0);
+    let mut acc = [[_mm256_setzero_ps(); T]; G];
+    for b in 0..chunk.kn {
+        for (gi, acc) in acc.iter_mut().enumerate() {
+            // SAFETY: block b of group gi (the contract); 4-bit blocks are 64 bytes, 8-bit 128,
+            // scales 8 or 16 bytes.
+            let (qp, sp) = unsafe {
+                (q.add(gi * qstride + b * quant_bytes(F)), s.add(gi * sstride + b * scale_bytes(F)))
+            };
+            // wv: the unsigned maddubs operands; ws: the sign sources (8-bit formats).
+            let mut wv = [_mm256_setzero_si256(); 4];
+            let mut ws = [_mm256_setzero_si256(); 4];
+            if is_4bit(F) {
+                // SAFETY: 64 bytes at qp.
+                let (w0, w1) =
+                    unsafe { (_mm256_loadu_si256(qp.cast()), _mm256_loadu_si256(qp.add(32).cast())) };
+                let (x0, x1) = (_mm256_xor_si256(w0, x88), _mm256_xor_si256(w1, x88));
+                wv = [
+                    _mm256_and_si256(x0, low4),
+                    _mm256_and_si256(x1, low4),
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(x0), low4),
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(x1), low4),
+                ];
+            } else {
+                for v in 0..4 {
+                    // SAFETY: 128 bytes at qp.
+                    ws[v] = unsafe { _mm256_loadu_si256(qp.add(32 * v).cast()) };
+                    wv[v] = _mm256_abs_epi8(ws[v]);
+                }
+            }
+            // Scales: d (8 bytes at sp), then m or the second d (8 bytes at sp + 8) when the format
+            // has them. d2 = [d, d] (both halves).
+            // SAFETY: 8 scale bytes at sp.
+            let d2 = _mm256_cvtph_ps(_mm_set1_epi64x(unsafe { sp.cast::<i64>().read_unaligned() }));
+            let (mut m_lo, mut dh2) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+            if F == F_Q4MIN || F == F_Q8MIN {
+                // [m, 0] (and [d, 0]): the min term goes into the low half only.
+                // SAFETY: 16 scale bytes at sp for formats with a min.
+                let m = _mm256_cvtph_ps(unsafe { _mm_loadl_epi64(sp.add(8).cast()) });
+                m_lo = if F == F_Q4MIN {
+                    // SAFETY: as above.
+                    let d = _mm256_cvtph_ps(unsafe { _mm_loadl_epi64(sp.cast()) });
+                    // m + 8d, rounded once as in the reference (8d is exact).
+                    _mm256_fmadd_ps(d, eight, m)
+                } else {
+                    m
+                };
+            } else if F == F_Q8SUB16 {
+                // SAFETY: 16 scale bytes at sp for Q8Sub16.
+                dh2 = _mm256_cvtph_ps(_mm_set1_epi64x(unsafe { sp.add(8).cast::<i64>().read_unaligned() }));
+            }
+            for (t, acc) in acc.iter_mut().enumerate() {
+                // SAFETY: token t's expanded block b and activation block b (the contract).
+                let (ex, ab) = unsafe { (&*chunk.exp.add(t * chunk.estride + b), &*ap[t].add(b)) };
+                let da = _mm256_set1_ps(ab.d);
+                if is_4bit(F) {
+                    let isum = if VNNI {
+                        // SAFETY: VNNI only when the CPU has it (the contract).
+                        unsafe {
+                            let mut i = dpbusd(ex.neg_corr, wv[0], ex.e[0]);
+                            i = dpbusd(i, wv[1], ex.e[1]);
+                            i = dpbusd(i, wv[2], ex.e[2]);
+                            dpbusd(i, wv[3], ex.e[3])
+                        }
+                    } else {
+                        let p = _mm256_add_epi16(
+                            _mm256_add_epi16(
+                                _mm256_maddubs_epi16(wv[0], ex.e[0]),
+                                _mm256_maddubs_epi16(wv[1], ex.e[1]),
+                            ),
+                            _mm256_add_epi16(
+                                _mm256_maddubs_epi16(wv[2], ex.e[2]),
+                                _mm256_maddubs_epi16(wv[3], ex.e[3]),
+                            ),
+                        );
+                        _mm256_add_epi32(_mm256_madd_epi16(p, ones16), ex.neg_corr)
+                    };
+                    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(d2, da), *acc);
+                } else {
+                    let se = [0, 1, 2, 3].map(|v| _mm256_sign_epi8(ex.e[v], ws[v]));
+                    let (lo, hi) = if VNNI {
+                        // SAFETY: as above.
+                        unsafe {
+                            let lo = dpbusd(dpbusd(_mm256_setzero_si256(), wv[0], se[0]), wv[1], se[1]);
+                            if F == F_Q8SUB16 {
+                                (lo, dpbusd(dpbusd(_mm256_setzero_si256(), wv[2], se[2]), wv[3], se[3]))
+                            } else {
+                                (dpbusd(dpbusd(lo, wv[2], se[2]), wv[3], se[3]), _mm256_setzero_si256())
+                            }
+                        }
+                    } else {
+                        let m = [0, 1, 2, 3]
+                            .map(|v| _mm256_madd_epi16(_mm256_maddubs_epi16(wv[v], se[v]), ones16));
+                        let (lo, hi) = (_mm256_add_epi32(m[0], m[1]), _mm256_add_epi32(m[2], m[3]));
+                        if F == F_Q8SUB16 {
+                            (lo, hi)
+                        } else {
+                            (_mm256_add_epi32(lo, hi), _mm256_setzero_si256())
+                        }
+                    };
+                    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo), _mm256_mul_ps(d2, da), *acc);
+                    if F == F_Q8SUB16 {
+                        *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hi), _mm256_mul_ps(dh2, da), *acc);
+                    }
+                }
+                if F == F_Q4MIN || F == F_Q8MIN {
+                    *acc = _mm256_fmadd_ps(m_lo, _mm256_set1_ps(ab.s), *acc);
+                }
+            }
+        }
+    }
+    acc
+}
+
+// ---------------------------------------------------------------------------------------------
+// Activation quantization
+// ---------------------------------------------------------------------------------------------
+
+/// f32 -> nearest f16 -> f32 (what `half` does, with F16C).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn f16_round(x: f32) -> f32 {
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm_set_ss(x))))
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn hmax(v: __m256) -> f32 {
+    let m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    _mm_cvtss_f32(_mm_max_ss(m, _mm_shuffle_ps::<1>(m, m)))
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn hsum_epi32(v: __m256i) -> i32 {
+    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+    let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+    _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32::<1>(s)))
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn quantize_act_impl(x: &[f32], out: &mut [ActBlock]) {
+    let abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff));
+    let (lo, hi) = (_mm256_set1_ps(-128.0), _mm256_set1_ps(127.0));
+    for (x, b) in x.chunks_exact(BLOCK).zip(out.iter_mut()) {
+        let mut v = [_mm256_setzero_ps(); 4];
+        for (i, v) in v.iter_mut().enumerate() {
+            // SAFETY: 8 of the block's 32 f32.
+            *v = unsafe { _mm256_loadu_ps(x.as_ptr().add(8 * i)) };
+        }
+        // |v| with NaN as 0: the reference's f32::max skips NaN.
+        let a = v.map(|v| {
+            let a = _mm256_and_ps(v, abs_mask);
+            _mm256_and_ps(a, _mm256_cmp_ps::<_CMP_ORD_Q>(a, a))
+        });
+        let amax = hmax(_mm256_max_ps(_mm256_max_ps(a[0], a[1]), _mm256_max_ps(a[2], a[3])));
+        let d = amax / 127.0;
+        let id = _mm256_set1_ps(if amax != 0.0 { 127.0 / amax } else { 0.0 });
+        // rint, then `as i8`: NaN -> 0, saturated to -128..=127.
+        let q = v.map(|v| {
+            let r =
+                _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(v, id));
+            let r = _mm256_and_ps(r, _mm256_cmp_ps::<_CMP_ORD_Q>(r, r));
+            _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(r, lo), hi))
+        });
+        let sum = hsum_epi32(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3])));
+        let p = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+        let p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        // SAFETY: `qs` is 32 bytes.
+        unsafe { _mm256_storeu_si256(b.qs.as_mut_ptr().cast(), p) };
+        b.d = f16_round(d);
+        b.s = f16_round(d * sum as f32);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// RMS norm, SwiGLU
+// ---------------------------------------------------------------------------------------------
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn rms_norm_impl(x: &[f32], out: &mut [f32], eps: f32) {
+    let mut acc = [_mm256_setzero_pd(); 4];
+    let mut chunks = x.chunks_exact(16);
+    for c in &mut chunks {
+        for h in 0..2 {
+            // SAFETY: 8 of the chunk's 16 f32.
+            let v = unsafe { _mm256_loadu_ps(c.as_ptr().add(8 * h)) };
+            let sq = _mm256_mul_ps(v, v);
+            acc[2 * h] = _mm256_add_pd(acc[2 * h], _mm256_cvtps_pd(_mm256_castps256_ps128(sq)));
+            acc[2 * h + 1] = _mm256_add_pd(acc[2 * h + 1], _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(sq)));
+        }
+    }
+    let s = _mm256_add_pd(_mm256_add_pd(acc[0], acc[1]), _mm256_add_pd(acc[2], acc[3]));
+    let s = _mm_add_pd(_mm256_castpd256_pd128(s), _mm256_extractf128_pd::<1>(s));
+    let mut sum = _mm_cvtsd_f64(_mm_add_sd(s, _mm_unpackhi_pd(s, s)));
+    for &v in chunks.remainder() {
+        sum += f64::from(v * v);
+    }
+    let mean = (sum / x.len().max(1) as f64) as f32;
+    let scale = 1.0 / libm::sqrtf(mean + eps);
+    let n = x.len().min(out.len());
+    let sv = _mm256_set1_ps(scale);
+    let mut i = 0;
+    while i + 8 <= n {
+        // SAFETY: i + 8 <= n <= both lengths.
+        unsafe {
+            _mm256_storeu_ps(out.as_mut_ptr().add(i), _mm256_mul_ps(_mm256_loadu_ps(x.as_ptr().add(i)), sv))
+        };
+        i += 8;
+    }
+    for (o, &v) in out[i..n].iter_mut().zip(&x[i..n]) {
+        *o = v * scale;
+    }
+}
+
+/// [`super::reference::ggml_expf`] on 8 lanes, with the same operations in the same order.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn expf8(x: __m256) -> __m256 {
+    let c = |bits: u32| _mm256_set1_ps(f32::from_bits(bits));
+    let shift = c(0x4b40_0000);
+    let z = _mm256_fmadd_ps(x, c(0x3fb8_aa3b), shift);
+    let n = _mm256_sub_ps(z, shift);
+    // fma(-n, hi, x) is -(n * hi) + x: fnmadd.
+    let b = _mm256_fnmadd_ps(n, c(0x35bf_be8e), _mm256_fnmadd_ps(n, c(0x3f31_7200), x));
+    let u = _mm256_mul_ps(b, b);
+    let j = _mm256_fmadd_ps(
+        _mm256_fmadd_ps(
+            _mm256_fmadd_ps(c(0x3c07_2010), b, c(0x3d2b_9f17)),
+            u,
+            _mm256_fmadd_ps(c(0x3e2a_af33), b, c(0x3eff_fedb)),
+        ),
+        u,
+        _mm256_fmadd_ps(c(0x3f7f_fff6), b, _mm256_set1_ps(1.0)),
+    );
+    // j * 2^n with one rounding: n = n1 + n2, |n1|, |n2| <= 96, j * 2^n1 exact (normal), the
+    // second product rounds once (to a subnormal, or to infinity, as the reference's f64 does).
+    let ni = _mm256_cvtps_epi32(n);
+    let n1 = _mm256_srai_epi32::<1>(ni);
+    let n2 = _mm256_sub_epi32(ni, n1);
+    let pow2 = |k: __m256i| {
+        _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(k, _mm256_set1_epi32(127))))
+    };
+    let r = _mm256_mul_ps(_mm256_mul_ps(j, pow2(n1)), pow2(n2));
+    // |n| > 192: 0 or infinity (a NaN n compares false and stays NaN through j).
+    let big = _mm256_cmp_ps::<_CMP_GT_OQ>(_mm256_andnot_ps(_mm256_set1_ps(-0.0), n), _mm256_set1_ps(192.0));
+    let pos = _mm256_cmp_ps::<_CMP_GT_OQ>(n, _mm256_setzero_ps());
+    let special = _mm256_and_ps(pos, _mm256_set1_ps(f32::INFINITY));
+    _mm256_blendv_ps(r, special, big)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn swiglu_impl(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    let n = out.len().min(gate.len()).min(up.len());
+    let one = _mm256_set1_ps(1.0);
+    let neg = _mm256_set1_ps(-0.0);
+    let mut i = 0;
+    while i + 8 <= n {
+        // SAFETY: i + 8 <= n <= all three lengths.
+        unsafe {
+            let g = _mm256_loadu_ps(gate.as_ptr().add(i));
+            let u = _mm256_loadu_ps(up.as_ptr().add(i));
+            let e = expf8(_mm256_xor_ps(g, neg));
+            _mm256_storeu_ps(
+                out.as_mut_ptr().add(i),
+                _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)), u),
+            );
+        }
+        i += 8;
+    }
+    swiglu_ref(&gate[i..n], &up[i..n], &mut out[i..n]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Flash attention
+// ---------------------------------------------------------------------------------------------
+
+const RNE: i32 = _MM_FROUND_TO_NEAREST_INT;
+
+/// `libm::expf` (FreeBSD's algorithm: f32 reduction by ln 2 in two parts, a rational
+/// approximation with one division, `scalbnf`) on 8 lanes, bit for bit: the same f32 operations
+/// in the same order, every branch computed and selected per lane.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn libm_expf8(x: __m256) -> __m256 {
+    let f = |bits: u32| _mm256_set1_ps(f32::from_bits(bits));
+    let i = |v: u32| _mm256_set1_epi32(v as i32);
+    let xi = _mm256_castps_si256(x);
+    let hx = _mm256_and_si256(xi, i(0x7fff_ffff));
+    let sign = _mm256_srli_epi32::<31>(xi);
+    let gt = |v: u32| _mm256_cmpgt_epi32(hx, i(v));
+    // k: (INV_LN2 * x + copysign(0.5, x)) as i32 above 1.5 ln 2, +-1 above 0.5 ln 2, else 0.
+    let half = _mm256_or_ps(_mm256_set1_ps(0.5), _mm256_and_ps(x, _mm256_set1_ps(-0.0)));
+    let k_big = _mm256_cvttps_epi32(_mm256_add_ps(_mm256_mul_ps(f(0x3fb8_aa3b), x), half));
+    let k_mid = _mm256_sub_epi32(_mm256_sub_epi32(i(1), sign), sign);
+    let k = _mm256_blendv_epi8(_mm256_and_si256(k_mid, gt(0x3eb1_7218)), k_big, gt(0x3f85_1592));
+    let kf = _mm256_cvtepi32_ps(k);
+    // With k = 0 these give hi = x, lo = 0 and leave x as is, like the scalar's middle branch.
+    let hi = _mm256_sub_ps(x, _mm256_mul_ps(kf, f(0x3f31_7200)));
+    let lo = _mm256_mul_ps(kf, f(0x35bf_be8e));
+    let r = _mm256_sub_ps(hi, lo);
+    let xx = _mm256_mul_ps(r, r);
+    let p = _mm256_add_ps(_mm256_set1_ps(1.666_662_5e-1), _mm256_mul_ps(xx, _mm256_set1_ps(-2.766_733_3e-3)));
+    let c = _mm256_sub_ps(r, _mm256_mul_ps(xx, p));
+    let q = _mm256_div_ps(_mm256_mul_ps(r, c), _mm256_sub_ps(_mm256_set1_ps(2.0), c));
+    let y = _mm256_add_ps(_mm256_set1_ps(1.0), _mm256_add_ps(_mm256_sub_ps(q, lo), hi));
+    // scalbnf(y, k): y * 2^k rounded once; |k| <= 150 is split in two exact-then-rounding steps.
+    let k1 = _mm256_srai_epi32::<1>(k);
+    let k2 = _mm256_sub_epi32(k, k1);
+    let pow2 = |k: __m256i| _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(k, i(127))));
+    let mut out = _mm256_mul_ps(_mm256_mul_ps(y, pow2(k1)), pow2(k2));
+    // |x| <= 2^-14: 1 + x.
+    let tiny = _mm256_castsi256_ps(_mm256_cmpgt_epi32(i(0x3900_0001), hx));
+    out = _mm256_blendv_ps(out, _mm256_add_ps(_mm256_set1_ps(1.0), x), tiny);
+    // x <= -103.97: 0; x >= 88.72: x * 2^127 (infinity); NaN: x.
+    let neg = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_setzero_si256(), xi));
+    let under = _mm256_and_ps(neg, _mm256_castsi256_ps(gt(0x42cf_f1b4)));
+    out = _mm256_andnot_ps(under, out);
+    let over = _mm256_andnot_ps(neg, _mm256_castsi256_ps(gt(0x42b1_7217)));
+    out = _mm256_blendv_ps(out, _mm256_mul_ps(x, f(0x7f00_0000)), over);
+    let nan = _mm256_castsi256_ps(gt(0x7f80_0000));
+    _mm256_blendv_ps(out, x, nan)
+}
+
+/// Head dimensions up to this keep the query in f32 registers' worth of stack; longer rows
+/// convert it from f16 per key.
+const QMAX: usize = 512;
+
+/// The scores of up to 8 keys (`keys[i]` dotted with the query, as f32 `qf` when it fits, else
+/// f16 `q16`), times `scale`: products exact, sums in f32, the 8 horizontal sums reduced together.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn scores8(keys: &[&[F16Le]; 8], nk: usize, q16: &[F16Le], qf: Option<&[f32]>, scale: f32) -> [f32; 8] {
+    let mut acc = [_mm256_setzero_ps(); 8];
+    let mut tail = [0f32; 8];
+    for (i, (acc, tail)) in acc.iter_mut().zip(tail.iter_mut()).enumerate().take(nk) {
+        let k = keys[i];
+        let n = k.len().min(q16.len());
+        let pk = k.as_ptr().cast::<u8>();
+        // SAFETY (both loads): elements e..e + 8 <= n of the key and of both query forms.
+        let load = |e: usize| unsafe {
+            let x = _mm256_cvtph_ps(_mm_loadu_si128(pk.add(2 * e).cast()));
+            let y = match qf {
+                Some(qf) => _mm256_loadu_ps(qf.as_ptr().add(e)),
+                None => _mm256_cvtph_ps(_mm_loadu_si128(q16.as_ptr().add(e).cast())),
+            };
+            (x, y)
+        };
+        let mut a2 = [_mm256_setzero_ps(); 2];
+        let mut e = 0;
+        while e + 16 <= n {
+            let ((x0, y0), (x1, y1)) = (load(e), load(e + 8));
+            a2 = [_mm256_fmadd_ps(x0, y0, a2[0]), _mm256_fmadd_ps(x1, y1, a2[1])];
+            e += 16;
+        }
+        if e + 8 <= n {
+            let (x, y) = load(e);
+            a2[0] = _mm256_fmadd_ps(x, y, a2[0]);
+            e += 8;
+        }
+        *acc = _mm256_add_ps(a2[0], a2[1]);
+        for (x, y) in k[e..n].iter().zip(&q16[e..n]) {
+            *tail += x.to_f32() * y.to_f32();
+        }
+    }
+    let h = |a: __m256, b: __m256| _mm256_hadd_ps(a, b);
+    // Lane i of the result: sum of acc[i] (hadd pairs within 128-bit halves, then the halves).
+    let t = h(h(acc[0], acc[1]), h(acc[2], acc[3]));
+    let u = h(h(acc[4], acc[5]), h(acc[6], acc[7]));
+    let sum = _mm256_add_ps(_mm256_permute2f128_ps::<0x20>(t, u), _mm256_permute2f128_ps::<0x31>(t, u));
+    // SAFETY: `tail` holds 8 f32.
+    let sum = _mm256_add_ps(sum, unsafe { _mm256_loadu_ps(tail.as_ptr()) });
+    let mut out = [0f32; 8];
+    // SAFETY: `out` holds 8 f32.
+    unsafe { _mm256_storeu_ps(out.as_mut_ptr(), _mm256_mul_ps(sum, _mm256_set1_ps(scale))) };
+    out
+}
+
+/// The reference's per-key accumulator steps in one pass: `acc = f16(acc * ms)` over all of
+/// `acc` when `rescale`, then `acc = f16(fma(v, vs, acc))` over the elements `v` covers.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn update_f16<const RESCALE: bool>(acc: &mut [F16Le], v: &[F16Le], vs: f32, ms: f32) {
+    let n = acc.len().min(v.len());
+    let (pa, pv) = (acc.as_mut_ptr().cast::<u8>(), v.as_ptr().cast::<u8>());
+    let (vsv, msv) = (_mm256_set1_ps(vs), _mm256_set1_ps(ms));
+    let mut i = 0;
+    while i + 8 <= n {
+        // SAFETY: elements i..i + 8 <= n of acc and v.
+        unsafe {
+            let mut a = _mm256_cvtph_ps(_mm_loadu_si128(pa.add(2 * i).cast()));
+            if RESCALE {
+                a = _mm256_cvtph_ps(_mm256_cvtps_ph::<RNE>(_mm256_mul_ps(a, msv)));
+            }
+            let r = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128(pv.add(2 * i).cast())), vsv, a);
+            _mm_storeu_si128(pa.add(2 * i).cast(), _mm256_cvtps_ph::<RNE>(r));
+        }
+        i += 8;
+    }
+    for (j, a) in acc.iter_mut().enumerate().skip(i) {
+        let mut x = a.to_f32();
+        if RESCALE {
+            x = F16Le::from_f32(x * ms).to_f32();
+        }
+        if j < n {
+            x = libm::fmaf(v[j].to_f32(), vs, x);
+        }
+        *a = F16Le::from_f32(x);
+    }
+}
+
+/// `x` rounded to the nearest f16, kept as f32.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn round_f16(x: __m256) -> __m256 {
+    _mm256_cvtph_ps(_mm256_cvtps_ph::<RNE>(x))
+}
+
+/// [`update_f16`] on an accumulator of `8 * V` elements held in registers (as f32 values that are
+/// f16 values): the same roundings without the store and reload between keys. `false` (nothing
+/// done) when `v` is shorter than the accumulator.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn update_regs<const V: usize, const RESCALE: bool>(
+    a: &mut [__m256; V],
+    v: &[F16Le],
+    vs: f32,
+    ms: f32,
+) -> bool {
+    if v.len() < 8 * V {
+        return false;
+    }
+    let (vsv, msv) = (_mm256_set1_ps(vs), _mm256_set1_ps(ms));
+    for (i, a) in a.iter_mut().enumerate() {
+        // SAFETY: elements 8i..8i + 8 <= 8V <= v.len().
+        let x = _mm256_cvtph_ps(unsafe { _mm_loadu_si128(v.as_ptr().add(8 * i).cast()) });
+        let base = if RESCALE { round_f16(_mm256_mul_ps(*a, msv)) } else { *a };
+        *a = round_f16(_mm256_fmadd_ps(x, vsv, base));
+    }
+    true
+}
+
+/// The key loop of [`flash_attn_impl`]; returns the softmax sum. `V > 0`: the accumulator (`8 * V`
+/// elements long) lives in registers and is written back to `acc16` at the end (or around a key
+/// whose value row is too short).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+fn attend<'k, const V: usize>(
+    q16: &[F16Le],
+    qf: Option<&[f32]>,
+    keys: Range<usize>,
+    key: &impl Fn(usize) -> &'k [F16Le],
+    value: &impl Fn(usize) -> &'k [F16Le],
+    scale: f32,
+    acc16: &mut [F16Le],
+) -> f32 {
+    debug_assert!(V == 0 || acc16.len() == 8 * V);
+    let mut regs = [_mm256_setzero_ps(); V];
+    let to_memory = |regs: &[__m256; V], acc16: &mut [F16Le]| {
+        for (i, r) in regs.iter().enumerate() {
+            // SAFETY: elements 8i..8i + 8 <= 8V == acc16.len(); exact (f16 values).
+            unsafe { _mm_storeu_si128(acc16.as_mut_ptr().add(8 * i).cast(), _mm256_cvtps_ph::<RNE>(*r)) };
+        }
+    };
+    let from_memory = |regs: &mut [__m256; V], acc16: &[F16Le]| {
+        for (i, r) in regs.iter_mut().enumerate() {
+            // SAFETY: as above.
+            *r = _mm256_cvtph_ps(unsafe { _mm_loadu_si128(acc16.as_ptr().add(8 * i).cast()) });
+        }
+    };
+    let (mut max, mut sum) = (f32::NEG_INFINITY, 0.0f32);
+    // Keys in batches of 8: the scores, then the reference's sequential max decisions (cheap),
+    // then the 8 exponentials at once, then the accumulator steps in key order.
+    let mut j = keys.start;
+    while j < keys.end {
+        let nk = (keys.end - j).min(8);
+        let mut ks: [&[F16Le]; 8] = [&[]; 8];
+        for (i, k) in ks.iter_mut().enumerate().take(nk) {
+            *k = key(j + i);
+        }
+        let scores = scores8(&ks, nk, q16, qf, scale);
+        let mut arg = [0f32; 8];
+        let mut rescale = [false; 8];
+        for i in 0..nk {
+            let s = scores[i];
+            if s > max {
+                // A new maximum rescales what was accumulated: by exp(old max - s).
+                arg[i] = max - s;
+                rescale[i] = true;
+                max = s;
+            } else {
+                arg[i] = s - max;
+            }
+        }
+        let mut e = [0f32; 8];
+        // SAFETY: both arrays hold 8 f32.
+        unsafe { _mm256_storeu_ps(e.as_mut_ptr(), libm_expf8(_mm256_loadu_ps(arg.as_ptr()))) };
+        for i in 0..nk {
+            let v = value(j + i);
+            let (ms, vs) = if rescale[i] { (e[i], 1.0) } else { (1.0, e[i]) };
+            let done = V > 0
+                && if rescale[i] {
+                    update_regs::<V, true>(&mut regs, v, vs, ms)
+                } else {
+                    update_regs::<V, false>(&mut regs, v, vs, ms)
+                };
+            if !done {
+                to_memory(&regs, acc16);
+                if rescale[i] {
+                    update_f16::<true>(acc16, v, vs, ms);
+                } else {
+                    update_f16::<false>(acc16, v, vs, ms);
+                }
+                from_memory(&mut regs, acc16);
+            }
+            sum = sum * ms + vs;
+        }
+        j += nk;
+    }
+    to_memory(&regs, acc16);
+    sum
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+fn flash_attn_impl<'k>(
+    q: &[f32],
+    q16: &mut [F16Le],
+    keys: Range<usize>,
+    key: impl Fn(usize) -> &'k [F16Le],
+    value: impl Fn(usize) -> &'k [F16Le],
+    scale: f32,
+    acc16: &mut [F16Le],
+    out: &mut [f32],
+) {
+    let n = q.len().min(q16.len());
+    let mut i = 0;
+    while i + 8 <= n {
+        // SAFETY: elements i..i + 8 < n of q and q16.
+        unsafe {
+            let h = _mm256_cvtps_ph::<RNE>(_mm256_loadu_ps(q.as_ptr().add(i)));
+            _mm_storeu_si128(q16.as_mut_ptr().add(i).cast(), h);
+        }
+        i += 8;
+    }
+    for (h, &x) in q16[i..n].iter_mut().zip(&q[i..n]) {
+        *h = F16Le::from_f32(x);
+    }
+    // The rounded query once in f32 (exact), instead of widening it for every key.
+    let mut qf = [0f32; QMAX];
+    let qf = if q16.len() <= QMAX {
+        for (f, h) in qf.iter_mut().zip(q16.iter()) {
+            *f = h.to_f32();
+        }
+        Some(&qf[..q16.len()])
+    } else {
+        None
+    };
+    acc16.fill(F16Le::from_f32(0.0));
+    let (key, value) = (&key, &value);
+    let sum = match acc16.len() {
+        64 => attend::<8>(q16, qf, keys, key, value, scale, acc16),
+        128 => attend::<16>(q16, qf, keys, key, value, scale, acc16),
+        _ => attend::<0>(q16, qf, keys, key, value, scale, acc16),
+    };
+    let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
+    let n = out.len().min(acc16.len());
+    let iv = _mm256_set1_ps(inv);
+    let mut i = 0;
+    while i + 8 <= n {
+        // SAFETY: elements i..i + 8 < n of out and acc16.
+        unsafe {
+            let a = _mm256_cvtph_ps(_mm_loadu_si128(acc16.as_ptr().add(i).cast()));
+            _mm256_storeu_ps(out.as_mut_ptr().add(i), _mm256_mul_ps(a, iv));
+        }
+        i += 8;
+    }
+    for (o, a) in out[i..n].iter_mut().zip(&acc16[i..n]) {
+        *o = a.to_f32() * inv;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn avx2() -> bool {
+        super::super::KernelPath::Avx2.is_available()
+    }
+
+    /// Both exp twins, 8 lanes at a time, against their scalar originals for `xs`.
+    fn check_exps(xs: &[f32]) {
+        for c in xs.chunks(8) {
+            let mut x = [0f32; 8];
+            x[..c.len()].copy_from_slice(c);
+            let (mut a, mut b) = ([0f32; 8], [0f32; 8]);
+            // SAFETY: the CPU has AVX2, FMA and F16C (checked by the caller); 8-element arrays.
+            unsafe {
+                let v = _mm256_loadu_ps(x.as_ptr());
+                _mm256_storeu_ps(a.as_mut_ptr(), libm_expf8(v));
+                _mm256_storeu_ps(b.as_mut_ptr(), expf8(v));
+            }
+            for i in 0..8 {
+                let (wa, wb) = (libm::expf(x[i]), super::super::reference::ggml_expf(x[i]));
+                let same = |g: f32, w: f32| g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan());
+                assert!(same(a[i], wa), "libm expf({:e}) = {:e}, vector {:e}", x[i], wa, a[i]);
+                assert!(same(b[i], wb), "ggml expf({:e}) = {:e}, vector {:e}", x[i], wb, b[i]);
+            }
+        }
+    }
+
+    #[test]
+    fn vector_exps_are_bit_identical_on_samples() {
+        if !avx2() {
+            return;
+        }
+        check_exps(&[0.0, -0.0, 1e-30, -1e-30, 6.1e-5, -6.1e-5, 0.3465, 0.3466, 1.0397, 1.0398]);
+        check_exps(&[87.33, 88.72, 88.7228, 88.723, 89.0, -87.33, -87.34, -100.0, -103.97, -103.98, -104.0]);
+        check_exps(&[150.0, 192.0, 193.0, -150.0, -192.0, -193.0, 1e30, -1e30, f32::MAX, f32::MIN]);
+        check_exps(&[f32::INFINITY, f32::NEG_INFINITY, f32::NAN, -f32::NAN, f32::from_bits(1)]);
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        for _ in 0..1 << 17 {
+            let mut xs = [0f32; 16];
+            for pair in xs.chunks_exact_mut(2) {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                // Any bit pattern, and a dense sweep of the range that matters.
+                pair[0] = f32::from_bits(state as u32);
+                pair[1] = ((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 240.0;
+            }
+            check_exps(&xs);
+        }
+    }
+
+    /// Every f32: `cargo test --release --lib x86::tests::vector_exps_are_bit_identical_everywhere --
+    /// --ignored` (a few minutes).
+    #[test]
+    #[ignore]
+    fn vector_exps_are_bit_identical_everywhere() {
+        if !avx2() {
+            return;
+        }
+        for hi in 0..1u32 << 28 {
+            let xs: [f32; 16] = core::array::from_fn(|lo| f32::from_bits((hi << 4) | lo as u32));
+            check_exps(&xs);
+        }
+    }
 }
