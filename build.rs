@@ -37,7 +37,8 @@ fn write_board_table(dir: &Path, code: &mut String) {
         .map(|entries| entries.filter_map(|e| e.ok().map(|e| e.path())).collect())
         .unwrap_or_default();
     files.retain(|p| p.extension().is_some_and(|e| e == "toml"));
-    files.sort();
+    // By stem, so `orangepi-5` sorts before `orangepi-5-max` (as names, not file names).
+    files.sort_by(|a, b| a.file_stem().cmp(&b.file_stem()));
     writeln!(code, "/// Board profiles embedded from `boards/*.toml`: (file stem, file text).").unwrap();
     writeln!(code, "pub static BOARD_PROFILES: &[(&str, &str)] = &[").unwrap();
     for path in &files {

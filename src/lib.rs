@@ -26,6 +26,7 @@ pub mod gguf;
 pub mod graph;
 pub mod kernels;
 pub mod model;
+pub mod placement;
 pub mod quant;
 pub mod sampler;
 pub mod tensor;

@@ -12,15 +12,14 @@ use std::vec::Vec;
 
 use crate::arena::{Region, ARENA_ALIGN};
 use crate::build_config::GRAPH_CAPACITY;
-use crate::exec::pool::Pool;
+use crate::exec::pool::{Pool, PoolConfig};
 use crate::exec::{work_bytes, Bound, ExecError, PackedEntry, Step};
-use crate::gguf::Gguf;
-use crate::graph::Op;
+use crate::gguf::{Gguf, TensorInfo};
 use crate::graph::{plan, Graph, Plan};
-use crate::kernels::packed::{can_pack, pack, packed_bytes, PackedFormat};
+use crate::kernels::packed::{pack, packed_bytes};
 use crate::loader::{LoadError, ModelFile};
 use crate::model::{build_forward, validate_tensors, validate_vocab, Forward, HParams, KvLayout, ModelError};
-use crate::tensor::Storage;
+use crate::placement::{self, Buffer, Placement, Reason};
 
 /// Default batch of prompt tokens evaluated by one graph.
 pub const DEFAULT_BATCH: usize = 64;
@@ -45,6 +44,13 @@ pub struct SessionOptions {
     /// Repack weight matrices at load into the interleaved layout of the SIMD kernels
     /// (`false`: `--no-repack`, run on the file's layout through the reference dots).
     pub repack: bool,
+    /// Run every thread of the pool SCHED_FIFO at this priority (1-99).
+    pub rt_priority: Option<i32>,
+    /// Check every node's output for NaN/infinity and stop at the first (`--check-numerics`).
+    pub check_numerics: bool,
+    /// Refuse to load when the memory plan's total exceeds this many bytes (the CLI passes
+    /// MemAvailable, or `--mem-limit`).
+    pub memory_limit: Option<usize>,
 }
 
 impl Default for SessionOptions {
@@ -58,6 +64,9 @@ impl Default for SessionOptions {
             logits_all: false,
             // PINFER_NO_REPACK=1 keeps the file's layouts everywhere (A/B comparisons).
             repack: std::env::var_os("PINFER_NO_REPACK").is_none_or(|v| v.is_empty() || v == "0"),
+            rt_priority: None,
+            check_numerics: false,
+            memory_limit: None,
         }
     }
 }
@@ -92,6 +101,74 @@ pub enum SessionError {
     Exec(ExecError),
     /// Memory or threads could not be obtained.
     Resources(std::string::String),
+    /// The worker threads could not be started, pinned or made real-time.
+    Threads(crate::exec::pool::PoolError),
+    /// The memory plan exceeds the memory available (`SessionOptions::memory_limit`).
+    OverMemory {
+        /// The plan.
+        plan: MemoryPlan,
+        /// The limit, in bytes.
+        limit: usize,
+    },
+}
+
+/// The memory a session needs, planned before anything big is allocated and printed before the
+/// first token (`-v`). Everything is bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MemoryPlan {
+    /// Model file pages read in place: the header and metadata, and every tensor the plan keeps
+    /// mapped (read through the page cache).
+    pub mapped: usize,
+    /// File bytes of tied embeddings: repacked, but `get_rows` still reads their rows from the
+    /// file, a few per token, through the page cache. Not in [`MemoryPlan::total`]: only the rows
+    /// of tokens seen are ever read (`--mlock` locks them all, and says so if that fails).
+    pub mapped_rows: usize,
+    /// The repacked weight buffer.
+    pub repacked: usize,
+    /// KV cache and token ids (the arena's persistent part).
+    pub kv: usize,
+    /// Activations (the arena's planned part).
+    pub activations: usize,
+    /// Converted matmul inputs (the arena's work part).
+    pub work: usize,
+    /// Graphs, plans and the logits buffer.
+    pub other: usize,
+}
+
+impl MemoryPlan {
+    /// The peak: everything at once (tied embedding rows aside, see [`MemoryPlan::mapped_rows`]).
+    pub fn total(&self) -> usize {
+        self.mapped + self.repacked + self.kv + self.activations + self.work + self.other
+    }
+}
+
+impl fmt::Display for MemoryPlan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mib = |b: usize| b as f64 / (1024.0 * 1024.0);
+        write!(
+            f,
+            "{:.1} MiB = mapped model {:.1} + repacked weights {:.1}",
+            mib(self.total()),
+            mib(self.mapped),
+            mib(self.repacked)
+        )?;
+        write!(
+            f,
+            " + KV cache {:.1} + activations {:.1} + work {:.1} + graphs and logits {:.1}",
+            mib(self.kv),
+            mib(self.activations),
+            mib(self.work),
+            mib(self.other)
+        )?;
+        if self.mapped_rows > 0 {
+            write!(
+                f,
+                "; rows of the tied embedding ({:.1} MiB in the file) are read on demand",
+                mib(self.mapped_rows)
+            )?;
+        }
+        Ok(())
+    }
 }
 
 impl fmt::Display for SessionError {
@@ -104,10 +181,20 @@ impl fmt::Display for SessionError {
                 "context full: {needed} positions needed, the context holds {n_ctx} (raise it with -c, up to the model's maximum)"
             ),
             Self::BadToken { id, n_vocab } => write!(f, "token id {id} is outside the vocabulary of {n_vocab} tokens"),
-            Self::NonFiniteLogits => write!(f, "the model produced non-finite logits (NaN or infinity)"),
+            Self::NonFiniteLogits => write!(
+                f,
+                "the model produced non-finite logits (NaN or infinity); --check-numerics finds the first op that does"
+            ),
             Self::Option(msg) => write!(f, "{msg}"),
             Self::Exec(e) => write!(f, "{e}"),
             Self::Resources(msg) => write!(f, "{msg}"),
+            Self::Threads(e) => write!(f, "{e}"),
+            Self::OverMemory { plan, limit } => write!(
+                f,
+                "not loading: the memory plan needs {plan}, more than the {:.1} MiB available (use a smaller \
+                 model or context, -c, or free memory)",
+                *limit as f64 / (1024.0 * 1024.0)
+            ),
         }
     }
 }
@@ -161,6 +248,12 @@ pub struct Session {
     packed_entries: Vec<PackedEntry>,
     /// Seconds spent repacking at load.
     repack_seconds: f64,
+    /// Placement of every tensor of the file, in file order.
+    placements: Vec<Placement>,
+    /// The memory plan checked before allocating.
+    memory_plan: MemoryPlan,
+    /// Check every node's output for NaN/infinity.
+    check_numerics: bool,
 }
 
 impl Session {
@@ -199,6 +292,41 @@ impl Session {
         let work =
             Region { offset: activations.offset + activations.len, len: work.next_multiple_of(ARENA_ALIGN) };
         let total = work.offset + work.len;
+
+        // Where every tensor goes (the same decision `pinfer info --placement` prints), then the
+        // whole memory plan, checked before the arena and the repacked buffer are allocated.
+        let placements: Vec<Placement> = gguf
+            .tensors()
+            .map(|t| {
+                let u = placement::use_in(&prepared[0].graph, gguf.data_start() + t.offset as usize);
+                placement::place(&t, u, opts.repack)
+            })
+            .collect();
+        let (entries, sources, packed_total) = plan_repack(&gguf, &placements);
+        let mut memory_plan = MemoryPlan {
+            mapped: gguf.data_start(),
+            repacked: packed_total,
+            kv: kv.total_bytes,
+            activations: activations.len,
+            work: work.len,
+            other: prepared.len() * (size_of::<Graph<GRAPH_CAPACITY>>() + size_of::<Plan<GRAPH_CAPACITY>>())
+                + vocab.n_vocab as usize * 4,
+            ..MemoryPlan::default()
+        };
+        for (t, p) in gguf.tensors().zip(&placements) {
+            match (p.buffer, p.reason) {
+                (_, Reason::Unused) => {}
+                (Buffer::Repacked(_), Reason::TiedEmbedding) => memory_plan.mapped_rows += t.nbytes as usize,
+                (Buffer::Mapped, _) => memory_plan.mapped += t.nbytes as usize,
+                _ => {}
+            }
+        }
+        if let Some(limit) = opts.memory_limit {
+            if memory_plan.total() > limit {
+                return Err(SessionError::OverMemory { plan: memory_plan, limit });
+            }
+        }
+
         let mut memory = Vec::new();
         memory.try_reserve_exact(total / ARENA_ALIGN).map_err(|_| {
             SessionError::Resources(std::format!(
@@ -206,15 +334,17 @@ impl Session {
             ))
         })?;
         memory.resize(total / ARENA_ALIGN, Line([0; ARENA_ALIGN]));
-        let pool = Pool::new(opts.threads, opts.cores.as_deref(), opts.pin)
-            .map_err(|e| SessionError::Resources(std::format!("cannot start worker threads: {e}")))?;
         let started = std::time::Instant::now();
-        let (packed, packed_entries) = if opts.repack {
-            repack_weights(model, &prepared[0].graph, opts.threads)?
-        } else {
-            (Vec::new(), Vec::new())
-        };
+        let (packed, packed_entries) = repack_weights(model, entries, &sources, packed_total, opts.threads)?;
         let repack_seconds = started.elapsed().as_secs_f64();
+        // After repacking, whose threads must not inherit the caller's pinning to one core.
+        let config = PoolConfig {
+            threads: opts.threads,
+            cores: opts.cores.as_deref(),
+            pin: opts.pin,
+            rt_priority: opts.rt_priority,
+        };
+        let pool = Pool::with_config(&config).map_err(SessionError::Threads)?;
         Ok(Self {
             model,
             gguf,
@@ -231,7 +361,71 @@ impl Session {
             packed,
             packed_entries,
             repack_seconds,
+            placements,
+            memory_plan,
+            check_numerics: opts.check_numerics,
         })
+    }
+
+    /// Every tensor of the file with its placement, in file order.
+    pub fn placements(&self) -> impl Iterator<Item = (TensorInfo<'static>, Placement)> + '_ {
+        self.gguf.tensors().zip(self.placements.iter().copied())
+    }
+
+    /// The memory plan checked at load.
+    pub fn memory_plan(&self) -> MemoryPlan {
+        self.memory_plan
+    }
+
+    /// The core of each thread (the caller first) when threads are pinned.
+    pub fn thread_cores(&self) -> Option<Vec<usize>> {
+        self.pool.thread_cores()
+    }
+
+    /// Whether the pool's barrier waits spin before sleeping (no two threads share a core).
+    pub fn spinning(&self) -> bool {
+        self.pool.spinning()
+    }
+
+    /// The repacked weight matrices: where each came from in the file and its layout.
+    pub fn packed_entries(&self) -> &[PackedEntry] {
+        &self.packed_entries
+    }
+
+    /// The memory this session reads while it runs, for locking it in RAM (`--mlock`): the arena,
+    /// the repacked weights and the parts of the file read in place (header and metadata, mapped
+    /// tensors, and tied embeddings, whose rows `get_rows` reads). Named regions, no overlaps.
+    pub fn resident_regions(&self) -> Vec<(&'static str, &[u8])> {
+        let file = self.model.bytes();
+        let mut ranges: Vec<core::ops::Range<usize>> = Vec::new();
+        ranges.push(0..self.gguf.data_start());
+        for (t, p) in self.placements() {
+            let start = self.gguf.data_start() + t.offset as usize;
+            let keep = match (p.buffer, p.reason) {
+                (_, Reason::Unused) => false,
+                (Buffer::Mapped, _) | (_, Reason::TiedEmbedding) => true,
+                _ => false,
+            };
+            if keep {
+                ranges.push(start..start + t.nbytes as usize);
+            }
+        }
+        ranges.sort_by_key(|r| r.start);
+        let mut merged: Vec<core::ops::Range<usize>> = Vec::new();
+        for r in ranges {
+            match merged.last_mut() {
+                // Tensors are aligned (32 bytes by default): merge across the padding.
+                Some(last) if r.start <= last.end + 64 => last.end = last.end.max(r.end),
+                _ => merged.push(r),
+            }
+        }
+        let mut regions: Vec<(&'static str, &[u8])> = vec![
+            ("arena", bytemuck::cast_slice(self.memory.as_slice())),
+            ("repacked weights", bytemuck::cast_slice(self.packed.as_slice())),
+        ];
+        regions.extend(merged.into_iter().map(|r| ("model file", &file[r.start..r.end.min(file.len())])));
+        regions.retain(|(_, b)| !b.is_empty());
+        regions
     }
 
     /// Repacked weights: matrices, bytes of the packed buffer, and seconds spent repacking.
@@ -359,44 +553,49 @@ impl Session {
         let buffers = [self.model.bytes()];
         let packed: &[u8] = bytemuck::cast_slice(self.packed.as_slice());
         let mut bound = Bound::new(&prep.graph, &prep.plan, &buffers, bytes, self.activations, self.work)?
-            .with_packed(packed, &self.packed_entries);
+            .with_packed(packed, &self.packed_entries)
+            .with_numerics_check(self.check_numerics);
         self.pool.run(&mut bound, step)?;
         self.n_past += tokens.len();
         Ok(())
     }
 }
 
-/// Repacks every weight matrix of `graph` that has a packed format into one buffer, using up to
-/// `threads` threads; the original pages are released (they are no longer read, except rows of a
-/// tied embedding, which fault back in as needed).
-fn repack_weights(
-    model: &ModelFile,
-    graph: &Graph<GRAPH_CAPACITY>,
-    threads: usize,
-) -> Result<(Vec<Line>, Vec<PackedEntry>), SessionError> {
-    let mut entries: Vec<PackedEntry> = Vec::new();
+/// Where each matrix placed in the repacked buffer goes: its entry (planes at 64-byte aligned
+/// offsets), its source `(type, file offset, bytes)`, and the buffer's total size.
+fn plan_repack(gguf: &Gguf<'_>, placements: &[Placement]) -> (Vec<PackedEntry>, Vec<Source>, usize) {
+    let mut entries = Vec::new();
     let mut sources = Vec::new();
     let mut at = 0usize;
-    for &id in graph.order() {
-        let t = graph.tensor(id);
-        let Some(w) = t.src[0].filter(|_| t.op == Op::MulMat) else { continue };
-        let w = graph.tensor(w);
-        let Storage::External { buffer: 0, offset } = w.storage else { continue };
-        let (k, rows) = (w.ne[0], w.ne[1]);
-        if w.ne[2] != 1
-            || w.ne[3] != 1
-            || !can_pack(w.ty, rows, k)
-            || entries.iter().any(|e| e.source_offset == offset)
-        {
-            continue;
-        }
-        let Some(format) = PackedFormat::for_type(w.ty) else { continue };
+    for (t, p) in gguf.tensors().zip(placements) {
+        let Buffer::Repacked(format) = p.buffer else { continue };
+        let (k, rows) = (t.ne[0] as usize, t.ne[1] as usize);
+        let offset = gguf.data_start() + t.offset as usize;
         let (qn, sn) = packed_bytes(format, rows, k);
         let quants_at = at;
         let scales_at = (quants_at + qn).next_multiple_of(ARENA_ALIGN);
         at = (scales_at + sn).next_multiple_of(ARENA_ALIGN);
         entries.push(PackedEntry { source_offset: offset, format, rows, k, quants_at, scales_at });
-        sources.push((w.ty, offset, w.n_rows() * (w.ty.bytes_for(k as u64).unwrap_or(0) as usize)));
+        sources.push((t.ty, offset, t.nbytes as usize));
+    }
+    (entries, sources, at)
+}
+
+/// A repacked matrix's source: type, offset in the file, bytes.
+type Source = (crate::quant::GgmlType, usize, usize);
+
+/// Repacks the matrices `plan_repack` placed into one buffer of `at` bytes, using up to `threads`
+/// threads; the original pages are released (they are no longer read, except rows of a tied
+/// embedding, which fault back in as needed).
+fn repack_weights(
+    model: &ModelFile,
+    mut entries: Vec<PackedEntry>,
+    sources: &[Source],
+    at: usize,
+    threads: usize,
+) -> Result<(Vec<Line>, Vec<PackedEntry>), SessionError> {
+    if entries.is_empty() {
+        return Ok((Vec::new(), entries));
     }
     let mut buffer = Vec::new();
     buffer.try_reserve_exact(at / ARENA_ALIGN).map_err(|_| {
@@ -443,7 +642,7 @@ fn repack_weights(
             "repacking a weight matrix failed (inconsistent tensor size)".into(),
         ));
     }
-    for (_, offset, len) in &sources {
+    for (_, offset, len) in sources {
         model.release(*offset..offset + len);
     }
     entries.sort_by_key(|e| e.source_offset);

@@ -5,6 +5,10 @@
 //! threads, each on its share of the rows ([`Bound::compute`]), with a barrier between nodes.
 //! [`Bound::run`] is the single-threaded executor of the core; `pool` (std) runs the same
 //! function on pinned worker threads. Nothing here allocates.
+//!
+//! With [`Bound::with_numerics_check`], every node's output is checked for NaN and infinity right
+//! after the node (each thread its share of the rows, then one more barrier), and the run stops at
+//! the first node that produced one ([`ExecError::NonFinite`]). Off, it costs one branch per node.
 
 #[cfg(feature = "std")]
 pub mod pool;
@@ -12,7 +16,7 @@ pub mod pool;
 use core::fmt;
 use core::marker::PhantomData;
 use core::ops::Range;
-use core::sync::atomic::{AtomicU32, Ordering};
+use core::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 
 use half::f16;
 
@@ -68,6 +72,31 @@ pub enum ExecError {
         /// The cache write node.
         name: heapless::String<40>,
     },
+    /// A node produced NaN or infinity (found by the numerics check).
+    NonFinite {
+        /// The node (`"ffn_up-3"`: name and layer).
+        name: heapless::String<40>,
+        /// Its op.
+        op: &'static str,
+        /// Its input from the model file if it has one (the weights of a matmul, a norm's
+        /// weights), else its first input.
+        input: heapless::String<40>,
+        /// NaN (else an infinity).
+        nan: bool,
+        /// Flat index of the first bad element found.
+        index: u32,
+    },
+}
+
+/// A node name as the model builder writes it, `"ffn_up-3"`, split into `("ffn_up", Some(3))`.
+pub fn split_layer(name: &str) -> (&str, Option<u32>) {
+    match name.rsplit_once('-') {
+        Some((base, layer)) if !base.is_empty() => match layer.parse::<u32>() {
+            Ok(il) => (base, Some(il)),
+            Err(_) => (name, None),
+        },
+        _ => (name, None),
+    }
 }
 
 impl fmt::Display for ExecError {
@@ -80,6 +109,14 @@ impl fmt::Display for ExecError {
             }
             Self::BadIndex { name, op } => write!(f, "{op} in {name:?} read an index outside its table"),
             Self::CacheFull { name } => write!(f, "{name:?}: the KV cache is full (raise the context size)"),
+            Self::NonFinite { name, op, input, nan, index } => {
+                let what = if *nan { "NaN" } else { "infinity" };
+                match split_layer(name) {
+                    (base, Some(il)) => write!(f, "non-finite value ({what}) in {base}, layer {il}")?,
+                    (base, None) => write!(f, "non-finite value ({what}) in {base}")?,
+                }
+                write!(f, " (op {op}, input {input}; tensor {name}, element {index})")
+            }
         }
     }
 }
@@ -161,6 +198,13 @@ pub struct Bound<'a, const N: usize> {
     /// Repacked weights (sorted by `source_offset`) and the buffer holding them.
     packed: &'a [PackedEntry],
     packed_buffer: &'a [u8],
+    /// Check every node's output for NaN/infinity.
+    check_numerics: bool,
+    /// First node with a non-finite output (0 = none, else 1 + tensor id), the element's flat
+    /// index and whether it is a NaN.
+    non_finite: AtomicU32,
+    non_finite_index: AtomicUsize,
+    non_finite_nan: AtomicU32,
     _memory: PhantomData<&'a mut [u8]>,
 }
 
@@ -243,8 +287,101 @@ impl<'a, const N: usize> Bound<'a, N> {
             error_kind: AtomicU32::new(0),
             packed: &[],
             packed_buffer: &[],
+            check_numerics: false,
+            non_finite: AtomicU32::new(0),
+            non_finite_index: AtomicUsize::new(0),
+            non_finite_nan: AtomicU32::new(0),
             _memory: PhantomData,
         })
+    }
+
+    /// Checks every node's output for NaN and infinity and stops the run at the first node that
+    /// has one (an [`ExecError::NonFinite`] naming it). Off by default; when off it costs nothing
+    /// but a branch per node.
+    pub fn with_numerics_check(mut self, on: bool) -> Self {
+        self.check_numerics = on;
+        self
+    }
+
+    /// Whether runs check every node's output.
+    pub fn checks_numerics(&self) -> bool {
+        self.check_numerics
+    }
+
+    /// Whether a check found a non-finite value in this run.
+    pub(crate) fn found_non_finite(&self) -> bool {
+        self.non_finite.load(Ordering::Acquire) != 0
+    }
+
+    /// Thread `ith` of `nth` checks its share of node `id`'s output (the rows the node wrote this
+    /// step) and records the node if a value is NaN or infinite.
+    pub(crate) fn check_node(&self, id: TensorId, step: Step, ith: usize, nth: usize) {
+        let t = self.graph.tensor(id);
+        if !t.op.computes() || !matches!(t.ty, GgmlType::F32 | GgmlType::F16) {
+            return;
+        }
+        let bad = |v: f32| !v.is_finite();
+        // SAFETY: every offset below lies in the node's span (checked in `new`), in rows that the
+        // node wrote a barrier ago; nothing writes during the check.
+        unsafe {
+            if t.op == Op::KvWrite {
+                // The cache rows of this step's tokens.
+                let (Some(s), Some(_)) = (t.src[0], t.src[1]) else { return };
+                let ts = self.graph.tensor(s);
+                let transposed = t.params.i[0] == 1;
+                let capacity = if transposed { t.ne[0] } else { t.ne[1] };
+                let n_tokens = ts.ne[1].min(capacity.saturating_sub(step.n_past));
+                for tok in share(n_tokens, ith, nth) {
+                    let pos = step.n_past + tok;
+                    for e in 0..ts.ne[0] {
+                        let at = if transposed {
+                            e * t.nb[1] + pos * t.nb[0]
+                        } else {
+                            pos * t.nb[1] + e * t.nb[0]
+                        };
+                        let v = self.value(id, t.ty, at);
+                        if bad(v) {
+                            self.record_non_finite(id, tok * ts.ne[0] + e, v.is_nan());
+                            return;
+                        }
+                    }
+                }
+                return;
+            }
+            let ne = t.ne_for(step.n_kv);
+            let flat = share(rows_of(ne), ith, nth);
+            for (r, (i1, i2, i3)) in rows(ne, flat.clone()).enumerate() {
+                let row = t.row_offset(i1, i2, i3);
+                for i0 in 0..ne[0] {
+                    let v = self.value(id, t.ty, row + i0 * t.nb[0]);
+                    if bad(v) {
+                        self.record_non_finite(id, (flat.start + r) * ne[0] + i0, v.is_nan());
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    fn record_non_finite(&self, id: TensorId, index: usize, nan: bool) {
+        if self.non_finite.compare_exchange(0, id.0 as u32 + 1, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+            self.non_finite_index.store(index, Ordering::Relaxed);
+            self.non_finite_nan.store(nan as u32, Ordering::Relaxed);
+        }
+    }
+
+    /// The F32/F16 value at byte `offset` of tensor `id`.
+    ///
+    /// # Safety
+    /// Inside the span, aligned, and not written by any thread now.
+    unsafe fn value(&self, id: TensorId, ty: GgmlType, offset: usize) -> f32 {
+        // SAFETY: guaranteed by the caller.
+        unsafe {
+            match ty {
+                GgmlType::F16 => f16::from_bits(self.read::<u16>(id, offset, 1)[0]).to_f32(),
+                _ => self.read::<f32>(id, offset, 1)[0],
+            }
+        }
     }
 
     /// Uses repacked weights: matmuls whose weights are the model-buffer tensors listed in
@@ -279,8 +416,15 @@ impl<'a, const N: usize> Bound<'a, N> {
     pub fn run(&mut self, step: Step) -> Result<(), ExecError> {
         self.begin();
         for &id in self.graph.order() {
-            for phase in 0..self.phases(id) {
+            let phases = self.phases(id);
+            for phase in 0..phases {
                 self.compute(id, step, phase, 0, 1);
+            }
+            if self.check_numerics && phases > 0 {
+                self.check_node(id, step, 0, 1);
+                if self.found_non_finite() {
+                    break;
+                }
             }
         }
         self.finish()
@@ -307,10 +451,25 @@ impl<'a, const N: usize> Bound<'a, N> {
     /// Clears the error state before a run.
     pub(crate) fn begin(&self) {
         self.error.store(0, Ordering::Relaxed);
+        self.non_finite.store(0, Ordering::Relaxed);
     }
 
     /// The run's result: the first error any thread recorded.
     pub(crate) fn finish(&self) -> Result<(), ExecError> {
+        let bad = self.non_finite.load(Ordering::Acquire);
+        if bad != 0 {
+            let t = self.graph.tensor(TensorId((bad - 1) as u16));
+            let sources = t.src.iter().flatten().map(|&s| self.graph.tensor(s));
+            let weight = sources.clone().find(|s| matches!(s.storage, Storage::External { .. }));
+            let input = weight.or(sources.clone().next()).map(|s| s.name.clone()).unwrap_or_default();
+            return Err(ExecError::NonFinite {
+                name: t.name.clone(),
+                op: t.op.name(),
+                input,
+                nan: self.non_finite_nan.load(Ordering::Relaxed) != 0,
+                index: u32::try_from(self.non_finite_index.load(Ordering::Relaxed)).unwrap_or(u32::MAX),
+            });
+        }
         let at = self.error.load(Ordering::Acquire);
         if at == 0 {
             return Ok(());

@@ -2,9 +2,10 @@
 //! affinity mask, that run graphs together with the calling thread.
 //!
 //! Every thread runs every computing node on its share of the rows, then waits at a barrier.
-//! Waits spin briefly and then sleep on a condition variable, so a pool with more threads than
-//! cores (or under SCHED_FIFO) never livelocks: a sleeping waiter gives its core to the thread
-//! that still has work.
+//! Waits spin briefly and then sleep on a condition variable, so a pool under SCHED_FIFO never
+//! livelocks: a sleeping waiter gives its core to the thread that still has work. A pool with more
+//! threads than cores does not spin at all (its waiters sleep at once), so there are never more
+//! spinning threads than cores.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -19,6 +20,7 @@ const SPIN_ROUNDS: u32 = 4096;
 /// A reusable barrier that spins, then sleeps.
 pub struct Barrier {
     n: usize,
+    spin_rounds: u32,
     count: AtomicUsize,
     generation: AtomicUsize,
     lock: Mutex<()>,
@@ -28,8 +30,15 @@ pub struct Barrier {
 impl Barrier {
     /// A barrier for `n` threads.
     pub fn new(n: usize) -> Self {
+        Self::with_spin(n, SPIN_ROUNDS)
+    }
+
+    /// A barrier for `n` threads whose waiters spin `spin_rounds` times before sleeping (0: they
+    /// sleep at once, for threads that share cores).
+    pub fn with_spin(n: usize, spin_rounds: u32) -> Self {
         Self {
             n,
+            spin_rounds,
             count: AtomicUsize::new(0),
             generation: AtomicUsize::new(0),
             lock: Mutex::new(()),
@@ -48,7 +57,7 @@ impl Barrier {
             self.cv.notify_all();
             return;
         }
-        for _ in 0..SPIN_ROUNDS {
+        for _ in 0..self.spin_rounds {
             if self.generation.load(Ordering::Acquire) != generation {
                 return;
             }
@@ -95,7 +104,69 @@ pub struct Pool {
     shared: Arc<Shared>,
     workers: Vec<JoinHandle<()>>,
     cores: Vec<usize>,
+    pinned: bool,
+    spinning: bool,
 }
+
+/// How to set a pool up.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PoolConfig<'a> {
+    /// Threads in total, the caller included.
+    pub threads: usize,
+    /// Cores to pin to (`None`: the calling thread's affinity mask).
+    pub cores: Option<&'a [usize]>,
+    /// Pin thread `i` to `cores[i % cores.len()]`.
+    pub pin: bool,
+    /// Run every thread of the pool, the caller included, SCHED_FIFO at this priority (1-99).
+    pub rt_priority: Option<i32>,
+}
+
+/// Why a pool could not be set up.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum PoolError {
+    /// A thread could not be started.
+    Spawn(std::io::Error),
+    /// `sched_setaffinity` failed.
+    Pin {
+        /// The core.
+        core: usize,
+        /// What the OS said.
+        errno: nix::errno::Errno,
+    },
+    /// `sched_setscheduler(SCHED_FIFO)` failed.
+    Realtime {
+        /// The priority asked for.
+        priority: i32,
+        /// What the OS said.
+        errno: nix::errno::Errno,
+    },
+}
+
+impl core::fmt::Display for PoolError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        use nix::errno::Errno;
+        match self {
+            Self::Spawn(e) => write!(f, "cannot start worker threads: {e}"),
+            Self::Pin { core, errno } => {
+                write!(f, "cannot pin a worker to core {core}: {}", errno.desc())
+            }
+            Self::Realtime { priority, errno: Errno::EPERM } => write!(
+                f,
+                "cannot run the workers SCHED_FIFO at priority {priority}: permission denied. Run as root, give \
+                 the binary the capability (`sudo setcap cap_sys_nice+ep pinfer`), raise the real-time limit \
+                 (`ulimit -r {priority}`, or LimitRTPRIO={priority} in a systemd unit), or leave out \
+                 --rt-priority; in a container or cgroup the group also needs a real-time budget \
+                 (cpu.rt_runtime_us)"
+            ),
+            Self::Realtime { priority, errno } => {
+                write!(f, "cannot run the workers SCHED_FIFO at priority {priority}: {}", errno.desc())
+            }
+        }
+    }
+}
+
+impl std::error::Error for PoolError {}
 
 /// Cores of the calling thread's affinity mask, in order.
 pub fn allowed_cores() -> Vec<usize> {
@@ -109,10 +180,47 @@ pub fn allowed_cores() -> Vec<usize> {
 
 /// Pins the calling thread to `core`; returns whether it worked.
 pub fn pin_current_thread(core: usize) -> bool {
+    try_pin_current_thread(core).is_ok()
+}
+
+/// Pins the calling thread to `core`.
+pub fn try_pin_current_thread(core: usize) -> nix::Result<()> {
     use nix::sched::{sched_setaffinity, CpuSet};
     use nix::unistd::Pid;
     let mut set = CpuSet::new();
-    set.set(core).is_ok() && sched_setaffinity(Pid::from_raw(0), &set).is_ok()
+    set.set(core)?;
+    sched_setaffinity(Pid::from_raw(0), &set)
+}
+
+/// Makes the calling thread SCHED_FIFO at `priority` (1-99). nix has no wrapper for
+/// `sched_setscheduler`, so this calls it through nix's libc.
+pub fn set_current_thread_fifo(priority: i32) -> nix::Result<()> {
+    use nix::libc;
+    let param = libc::sched_param { sched_priority: priority };
+    // SAFETY: `param` is a valid sched_param for the call's duration; pid 0 is the calling thread.
+    let rc = unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) };
+    nix::errno::Errno::result(rc).map(drop)
+}
+
+/// The calling thread's scheduling policy and priority: `("SCHED_FIFO", 10)`, `("SCHED_OTHER", 0)`.
+pub fn current_thread_scheduler() -> (&'static str, i32) {
+    use nix::libc;
+    // SAFETY: plain queries of the calling thread (pid 0) into a local sched_param.
+    let (policy, priority) = unsafe {
+        let mut param = libc::sched_param { sched_priority: 0 };
+        let policy = libc::sched_getscheduler(0);
+        libc::sched_getparam(0, &mut param);
+        (policy, param.sched_priority)
+    };
+    let name = match policy {
+        libc::SCHED_FIFO => "SCHED_FIFO",
+        libc::SCHED_RR => "SCHED_RR",
+        libc::SCHED_OTHER => "SCHED_OTHER",
+        libc::SCHED_BATCH => "SCHED_BATCH",
+        libc::SCHED_IDLE => "SCHED_IDLE",
+        _ => "unknown",
+    };
+    (name, priority)
 }
 
 /// Runs thread `ith`'s share of every node, with a barrier after each computing node.
@@ -122,10 +230,21 @@ pub fn pin_current_thread(core: usize) -> bool {
 unsafe fn run_share<const N: usize>(bound: *const (), step: Step, ith: usize, nth: usize, barrier: &Barrier) {
     // SAFETY: guaranteed by the caller (Pool::run blocks until every share has returned).
     let bound = unsafe { &*(bound as *const Bound<'_, N>) };
+    let check = bound.checks_numerics();
     for &id in bound.graph().order() {
-        for phase in 0..bound.phases(id) {
+        let phases = bound.phases(id);
+        for phase in 0..phases {
             bound.compute(id, step, phase, ith, nth);
             barrier.wait();
+        }
+        if check && phases > 0 {
+            bound.check_node(id, step, ith, nth);
+            barrier.wait();
+            // Only checks write this flag, and the next one needs every thread past the next
+            // barrier: all threads read the same value here and stop together.
+            if bound.found_non_finite() {
+                break;
+            }
         }
     }
 }
@@ -135,28 +254,71 @@ impl Pool {
     /// thread `i` is pinned to core `cores[i % cores.len()]` (the caller to `cores[0]`), where
     /// `cores` defaults to the process's affinity mask.
     pub fn new(n_threads: usize, cores: Option<&[usize]>, pin: bool) -> std::io::Result<Self> {
-        let n = n_threads.max(1);
-        let cores: Vec<usize> = cores.map(<[usize]>::to_vec).unwrap_or_else(allowed_cores);
+        Self::with_config(&PoolConfig { threads: n_threads, cores, pin, rt_priority: None }).map_err(|e| {
+            match e {
+                PoolError::Spawn(e) => e,
+                other => std::io::Error::other(std::format!("{other}")),
+            }
+        })
+    }
+
+    /// A pool as `config` says. Every worker pins itself (and sets its scheduling) before this
+    /// returns, so a failure is reported here rather than lost in a thread. Waits spin only when
+    /// no two threads share a core.
+    pub fn with_config(config: &PoolConfig<'_>) -> Result<Self, PoolError> {
+        let n = config.threads.max(1);
+        let pin = config.pin;
+        let cores: Vec<usize> = config.cores.map(<[usize]>::to_vec).unwrap_or_else(allowed_cores);
+        // Distinct cores the threads run on: the assigned ones when pinned, else the mask.
+        let available = if pin && !cores.is_empty() {
+            let mut used: Vec<usize> = (0..n).map(|i| cores[i % cores.len()]).collect();
+            used.sort_unstable();
+            used.dedup();
+            used.len()
+        } else {
+            allowed_cores().len().max(1)
+        };
+        let spinning = n <= available;
         let shared = Arc::new(Shared {
             state: Mutex::new(State { round: 0, job: None, shutdown: false }),
             start: Condvar::new(),
-            barrier: Barrier::new(n),
+            barrier: Barrier::with_spin(n, if spinning { SPIN_ROUNDS } else { 0 }),
             busy: AtomicUsize::new(0),
             done_lock: Mutex::new(()),
             done: Condvar::new(),
         });
-        if pin && !cores.is_empty() {
-            pin_current_thread(cores[0]);
-        }
-        let mut pool = Self { shared, workers: Vec::new(), cores };
+        let rt_priority = config.rt_priority;
+        let setup = move |core: Option<usize>| -> Result<(), PoolError> {
+            if let Some(core) = core {
+                try_pin_current_thread(core).map_err(|errno| PoolError::Pin { core, errno })?;
+            }
+            if let Some(priority) = rt_priority {
+                set_current_thread_fifo(priority).map_err(|errno| PoolError::Realtime { priority, errno })?;
+            }
+            Ok(())
+        };
+        let pinned = pin && !cores.is_empty();
+        setup(pinned.then(|| cores[0]))?;
+        let mut pool = Self { shared, workers: Vec::new(), cores, pinned, spinning };
+        let (tx, rx) = std::sync::mpsc::channel();
         for ith in 1..n {
             let shared = Arc::clone(&pool.shared);
-            let core = (pin && !pool.cores.is_empty()).then(|| pool.cores[ith % pool.cores.len()]);
+            let core = pinned.then(|| pool.cores[ith % pool.cores.len()]);
+            let tx = tx.clone();
             // On failure, dropping `pool` stops the workers already started.
             let handle = std::thread::Builder::new()
                 .name(std::format!("pinfer-worker-{ith}"))
-                .spawn(move || worker(shared, ith, core))?;
+                .spawn(move || {
+                    let _ = tx.send(setup(core));
+                    drop(tx);
+                    worker(shared, ith)
+                })
+                .map_err(PoolError::Spawn)?;
             pool.workers.push(handle);
+        }
+        drop(tx);
+        for result in rx.iter().take(n - 1) {
+            result?;
         }
         Ok(pool)
     }
@@ -169,6 +331,16 @@ impl Pool {
     /// Cores threads are pinned to (the caller first).
     pub fn cores(&self) -> &[usize] {
         &self.cores
+    }
+
+    /// The core of each thread, the caller first, when the pool pins them.
+    pub fn thread_cores(&self) -> Option<Vec<usize>> {
+        self.pinned.then(|| (0..self.n_threads()).map(|i| self.cores[i % self.cores.len()]).collect())
+    }
+
+    /// Whether barrier waits spin before sleeping (no two threads share a core).
+    pub fn spinning(&self) -> bool {
+        self.spinning
     }
 
     /// Runs `bound` with every thread of the pool; returns when all are done.
@@ -198,10 +370,7 @@ impl Pool {
     }
 }
 
-fn worker(shared: Arc<Shared>, ith: usize, core: Option<usize>) {
-    if let Some(core) = core {
-        pin_current_thread(core);
-    }
+fn worker(shared: Arc<Shared>, ith: usize) {
     let mut seen = 0u64;
     loop {
         let job = {

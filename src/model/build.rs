@@ -139,9 +139,23 @@ pub fn build_forward<const N: usize>(
         .leaf("token_ids", GgmlType::I32, [t, 1, 1, 1], Storage::Persistent { offset: kv.ids_offset })
         .map_err(ModelError::Graph)?;
 
-    let mut x = g.get_rows(tok_embd, ids).map_err(ModelError::Graph)?;
+    // Computed tensors are named as llama.cpp names them, with the layer after a dash
+    // (`ffn_up-3`), so reports and the numerics check can say where a value came from.
+    macro_rules! named {
+        ($name:expr, $il:expr, $node:expr) => {{
+            let id = $node.map_err(ModelError::Graph)?;
+            g.set_name(id, format_args!("{}-{}", $name, $il));
+            id
+        }};
+        ($name:expr, $node:expr) => {{
+            let id = $node.map_err(ModelError::Graph)?;
+            g.set_name(id, format_args!("{}", $name));
+            id
+        }};
+    }
+    let mut x = named!("inp_embd", g.get_rows(tok_embd, ids));
     if traits.gemma {
-        x = g.scale(x, libm::sqrtf(e as f32)).map_err(ModelError::Graph)?;
+        x = named!("inp_scaled", g.scale(x, libm::sqrtf(e as f32)));
     }
     for il in 0..hp.n_layer as usize {
         let need = |g: &mut Graph<N>, suffix: &str| -> Result<TensorId, ModelError> {
@@ -158,33 +172,33 @@ pub fn build_forward<const N: usize>(
         );
         let e_ = |r: Result<TensorId, GraphError>| r.map_err(ModelError::Graph);
 
-        let cur = e_(g.rms_norm(x, hp.rms_eps))?;
-        let cur = e_(g.mul(cur, attn_norm))?;
-        let mut q = e_(g.mul_mat(wq, cur))?;
-        let mut k = e_(g.mul_mat(wk, cur))?;
-        let mut v = e_(g.mul_mat(wv, cur))?;
+        let cur = named!("norm", il, g.rms_norm(x, hp.rms_eps));
+        let cur = named!("attn_norm", il, g.mul(cur, attn_norm));
+        let mut q = named!("Qcur", il, g.mul_mat(wq, cur));
+        let mut k = named!("Kcur", il, g.mul_mat(wk, cur));
+        let mut v = named!("Vcur", il, g.mul_mat(wv, cur));
         if traits.qkv_bias {
             let (bq, bk, bv) = (need(g, "attn_q.bias")?, need(g, "attn_k.bias")?, need(g, "attn_v.bias")?);
-            q = e_(g.add(q, bq))?;
-            k = e_(g.add(k, bk))?;
-            v = e_(g.add(v, bv))?;
+            q = named!("Qcur_bias", il, g.add(q, bq));
+            k = named!("Kcur_bias", il, g.add(k, bk));
+            v = named!("Vcur_bias", il, g.add(v, bv));
         }
         q = e_(g.reshape(q, [hd_k, n_head, t, 1]))?;
         k = e_(g.reshape(k, [hd_k, n_head_kv, t, 1]))?;
         if traits.qk_norm {
             let (qn, kn) = (need(g, "attn_q_norm.weight")?, need(g, "attn_k_norm.weight")?);
-            q = e_(g.rms_norm(q, hp.rms_eps))?;
-            q = e_(g.mul(q, qn))?;
-            k = e_(g.rms_norm(k, hp.rms_eps))?;
-            k = e_(g.mul(k, kn))?;
+            q = named!("Qcur_norm", il, g.rms_norm(q, hp.rms_eps));
+            q = named!("Qcur_normed", il, g.mul(q, qn));
+            k = named!("Kcur_norm", il, g.rms_norm(k, hp.rms_eps));
+            k = named!("Kcur_normed", il, g.mul(k, kn));
         }
         // Gemma 3: five sliding-window layers with their own RoPE base, then one global layer.
         let sliding = traits.gemma && (il as u32 % GEMMA3_SWA_PERIOD) < GEMMA3_SWA_PERIOD - 1;
         let (base, scale) =
             if sliding { (GEMMA3_SWA_ROPE_BASE, 1.0) } else { (hp.rope_freq_base, hp.rope_freq_scale) };
         let n_rot = hp.n_rot as usize;
-        q = e_(g.rope(q, n_rot, traits.rope, base, scale, rope_freqs))?;
-        k = e_(g.rope(k, n_rot, traits.rope, base, scale, rope_freqs))?;
+        q = named!("Qcur_rope", il, g.rope(q, n_rot, traits.rope, base, scale, rope_freqs));
+        k = named!("Kcur_rope", il, g.rope(k, n_rot, traits.rope, base, scale, rope_freqs));
 
         // Cache: K and V as [kv_w, n_ctx] F16, one row per position.
         let mut label = crate::gguf::Name::new();
@@ -204,8 +218,8 @@ pub fn build_forward<const N: usize>(
             Storage::Persistent { offset: kv.v_offset(il) },
         ))?;
         let k_flat = e_(g.reshape(k, [hd_k * n_head_kv, t, 1, 1]))?;
-        let k_all = e_(g.kv_write(k_cache, k_flat, false))?;
-        let v_all = e_(g.kv_write(v_cache, v, false))?;
+        let k_all = named!("k_cache_write", il, g.kv_write(k_cache, k_flat, false));
+        let v_all = named!("v_cache_write", il, g.kv_write(v_cache, v, false));
         // Per head: [head_dim, n_kv, n_kv_head], n_kv following the step.
         let row = kv_w * 2;
         let k_view =
@@ -215,38 +229,43 @@ pub fn build_forward<const N: usize>(
         let q = e_(g.permute(q, [0, 2, 1, 3]))?;
         let window = if sliding { hp.sliding_window } else { 0 };
         // Attention as llama.cpp's CPU flash attention computes it, so results match it closely.
-        let attn = e_(g.flash_attn(q, k_view, v_view, 1.0 / libm::sqrtf(hd_k as f32), true, window))?;
+        let kq_scale = 1.0 / libm::sqrtf(hd_k as f32);
+        let attn = named!("kqv_out", il, g.flash_attn(q, k_view, v_view, kq_scale, true, window));
         let attn = e_(g.reshape(attn, [hd_v * n_head, t, 1, 1]))?;
-        let mut o = e_(g.mul_mat(wo, attn))?;
+        let mut o = named!("attn_out", il, g.mul_mat(wo, attn));
         if traits.gemma {
-            o = e_(g.rms_norm(o, hp.rms_eps))?;
+            o = named!("attn_post_norm_raw", il, g.rms_norm(o, hp.rms_eps));
             let norm = need(g, "post_attention_norm.weight")?;
-            o = e_(g.mul(o, norm))?;
+            o = named!("attn_post_norm", il, g.mul(o, norm));
         }
-        x = e_(g.add(x, o))?;
+        x = named!("ffn_inp", il, g.add(x, o));
 
         let ffn_norm = need(g, "ffn_norm.weight")?;
-        let cur = e_(g.rms_norm(x, hp.rms_eps))?;
-        let cur = e_(g.mul(cur, ffn_norm))?;
+        let cur = named!("norm", il, g.rms_norm(x, hp.rms_eps));
+        let cur = named!("ffn_norm", il, g.mul(cur, ffn_norm));
         let (wg, wu, wd) =
             (need(g, "ffn_gate.weight")?, need(g, "ffn_up.weight")?, need(g, "ffn_down.weight")?);
-        let gate = e_(g.mul_mat(wg, cur))?;
-        let up = e_(g.mul_mat(wu, cur))?;
-        let act = if traits.gemma { e_(g.geglu(gate, up))? } else { e_(g.swiglu(gate, up))? };
-        let mut down = e_(g.mul_mat(wd, act))?;
+        let gate = named!("ffn_gate", il, g.mul_mat(wg, cur));
+        let up = named!("ffn_up", il, g.mul_mat(wu, cur));
+        let act = if traits.gemma {
+            named!("ffn_geglu", il, g.geglu(gate, up))
+        } else {
+            named!("ffn_swiglu", il, g.swiglu(gate, up))
+        };
+        let mut down = named!("ffn_out", il, g.mul_mat(wd, act));
         if traits.gemma {
-            down = e_(g.rms_norm(down, hp.rms_eps))?;
+            down = named!("ffn_post_norm_raw", il, g.rms_norm(down, hp.rms_eps));
             let norm = need(g, "post_ffw_norm.weight")?;
-            down = e_(g.mul(down, norm))?;
+            down = named!("ffn_post_norm", il, g.mul(down, norm));
         }
-        x = e_(g.add(x, down))?;
+        x = named!("l_out", il, g.add(x, down));
     }
     if !all_logits && t > 1 {
         // Generation needs the last token's logits only: skip the output matmul for the others.
         x = g.slice(x, 1, t - 1, 1).map_err(ModelError::Graph)?;
     }
-    let x = g.rms_norm(x, hp.rms_eps).map_err(ModelError::Graph)?;
-    let x = g.mul(x, output_norm).map_err(ModelError::Graph)?;
+    let x = named!("result_norm_raw", g.rms_norm(x, hp.rms_eps));
+    let x = named!("result_norm", g.mul(x, output_norm));
     let logits = g.mul_mat(output, x).map_err(ModelError::Graph)?;
     g.set_name(logits, format_args!("logits"));
     g.build(&[logits]).map_err(ModelError::Graph)?;

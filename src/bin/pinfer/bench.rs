@@ -12,11 +12,12 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use clap::Args;
+use pinfer::board::runtime::{facts, list, Facts};
 use pinfer::kernels::{self, KernelPath};
-use pinfer::loader::ModelFile;
 use pinfer::session::{Session, SessionOptions};
 use serde_json::{json, Value as Json};
 
+use crate::runtime::{Runtime, RuntimeArgs};
 use crate::CliError;
 
 /// Options of `pinfer bench`.
@@ -31,9 +32,8 @@ pub struct BenchArgs {
     /// Tokens of the generation test (0: skip it); a comma-separated list runs several.
     #[arg(short = 'n', long = "n-gen", value_delimiter = ',', default_value = "128")]
     pub n_gen: Vec<usize>,
-    /// Threads.
-    #[arg(short = 't', long = "threads", default_value_t = crate::default_threads())]
-    pub threads: usize,
+    #[command(flatten)]
+    pub runtime: RuntimeArgs,
     /// Timed repetitions of each test (after one untimed warm-up).
     #[arg(short = 'r', long = "repetitions", default_value_t = 5)]
     pub reps: usize,
@@ -83,6 +83,12 @@ struct Setup {
     n_ctx: usize,
     /// Weight matrices repacked at load, their bytes, and the seconds it took.
     repacked: (usize, usize, f64),
+    /// Board profile id and name.
+    board: (String, String),
+    /// Cores the threads run on.
+    cores: Vec<usize>,
+    /// Governor and frequencies, read before the first test.
+    facts: Facts,
 }
 
 impl Setup {
@@ -241,6 +247,14 @@ fn json_row(setup: &Setup, o: &Outcome) -> Json {
         "repacked_matrices": setup.repacked.0,
         "repacked_bytes": setup.repacked.1,
         "repack_ms": setup.repacked.2 * 1e3,
+        "board": setup.board.0,
+        "board_name": setup.board.1,
+        "cores": setup.cores,
+        "cpu_governor": setup.facts.governor,
+        "cpu_freq_mhz": setup.facts.cpu_mhz,
+        "cpu_max_freq_mhz": setup.facts.cpu_max_mhz,
+        "ddr_freq_mhz": setup.facts.ddr_mhz,
+        "ddr_governor": setup.facts.ddr_governor,
         "test": o.test.name(),
         "n_prompt": n_prompt,
         "n_gen": n_gen,
@@ -292,12 +306,13 @@ pub fn run(args: BenchArgs) -> Result<(), CliError> {
     let max_n = args.n_gen.iter().copied().max().unwrap_or(0);
     let n_ctx = max_p + max_n;
 
-    let model = ModelFile::open_static(&path)?;
-    let mut opts = SessionOptions { n_ctx, threads: args.threads, ..Default::default() };
+    let runtime = Runtime::new(&args.runtime)?;
+    let mut opts = SessionOptions { n_ctx, ..Default::default() };
     opts.repack &= !args.no_repack; // the default also honours PINFER_NO_REPACK
-    let mut session = Session::new(model, &opts).map_err(|e| {
-        CliError(format!("{}: {e} (context of {n_ctx} tokens for -p and -n)", path.display()))
-    })?;
+    let mut session = runtime
+        .load(&path, opts.clone(), 0)
+        .map_err(|e| CliError(format!("{} (context of {n_ctx} tokens for -p and -n)", e.0)))?;
+    let cores = runtime.cores(&session);
     let tok = crate::generate::tokenizer(&path, session.gguf())?;
     let bos = tok.bos();
     let (size_bytes, n_params) =
@@ -314,6 +329,9 @@ pub fn run(args: BenchArgs) -> Result<(), CliError> {
         n_batch: opts.n_batch.min(session.n_ctx()),
         n_ctx: session.n_ctx(),
         repacked: session.repacked(),
+        board: (runtime.board.profile.id.to_string(), runtime.board.profile.name.to_string()),
+        facts: facts(Path::new("/"), &cores),
+        cores,
     };
 
     let markdown = args.output == "md";
@@ -343,6 +361,20 @@ pub fn run(args: BenchArgs) -> Result<(), CliError> {
     if markdown {
         println!();
         println!("build: pinfer {}, n_batch {}, n_ctx {}", pinfer::VERSION, setup.n_batch, setup.n_ctx);
+        let f = &setup.facts;
+        println!(
+            "board: {} ({}), cores {}, cpu governor {}, cpu {}{}, ddr {}",
+            setup.board.1,
+            setup.board.0,
+            list(&setup.cores),
+            f.governor.as_deref().unwrap_or("-"),
+            f.cpu_freq_text(),
+            f.cpu_max_mhz.map_or(String::new(), |m| format!(" (max {m} MHz)")),
+            f.ddr_mhz.map_or("-".to_string(), |m| format!(
+                "{m} MHz ({})",
+                f.ddr_governor.as_deref().unwrap_or("-")
+            ))
+        );
     } else {
         println!("{}", serde_json::to_string_pretty(&Json::Array(rows)).unwrap_or_default());
     }

@@ -7,9 +7,10 @@ use std::time::Instant;
 use pinfer::gguf::Gguf;
 use pinfer::loader::ModelFile;
 use pinfer::sampler::{Candidate, Sampler, SamplerConfig};
-use pinfer::session::{Session, SessionError, SessionOptions};
+use pinfer::session::{SessionError, SessionOptions};
 use pinfer::tokenizer::{StreamDecoder, Tokenizer};
 
+use crate::runtime::{Runtime, RuntimeArgs};
 use crate::CliError;
 
 /// What `generate` needs besides the model.
@@ -18,12 +19,12 @@ pub struct GenerateArgs {
     pub n_predict: usize,
     pub sampler: SamplerConfig,
     pub n_ctx: usize,
-    pub threads: usize,
+    pub runtime: RuntimeArgs,
     pub parse_special: bool,
     pub print_ids: bool,
     pub ignore_eos: bool,
     pub no_repack: bool,
-    pub verbose: bool,
+    pub verbose: u8,
 }
 
 /// The model's tokenizer, its tables in memory kept for the whole process (like the model).
@@ -65,11 +66,11 @@ fn timing(label: &str, t: f64, n: usize, unit: &str) -> String {
 
 pub fn generate(path: &Path, args: GenerateArgs) -> Result<(), CliError> {
     let t_start = Instant::now();
-    let model = ModelFile::open_static(path)?;
-    let mut opts = SessionOptions { n_ctx: args.n_ctx, threads: args.threads, ..Default::default() };
+    let runtime = Runtime::new(&args.runtime)?;
+    let mut opts = SessionOptions { n_ctx: args.n_ctx, ..Default::default() };
     opts.repack &= !args.no_repack;
-    let mut session = Session::new(model, &opts).map_err(|e| CliError(format!("{}: {e}", path.display())))?;
-    if args.verbose {
+    let mut session = runtime.load(path, opts, args.verbose)?;
+    if args.verbose > 0 {
         let (n, bytes, secs) = session.repacked();
         eprintln!(
             "pinfer: kernels {}, {} threads, {n} weight matrices repacked ({:.1} MiB) in {:.0} ms",
@@ -176,14 +177,13 @@ pub fn tokenize(path: &Path, text: &str, ids_only: bool, parse_special: bool) ->
 /// `pinfer perplexity`: the text split into chunks of the context size, each evaluated from an
 /// empty cache (BOS first where the model adds one) and scored on its second half, like
 /// llama.cpp's perplexity tool.
-pub fn perplexity(path: &Path, file: &Path, n_ctx: usize, threads: usize) -> Result<(), CliError> {
+pub fn perplexity(path: &Path, file: &Path, n_ctx: usize, runtime: &RuntimeArgs) -> Result<(), CliError> {
     let text = std::fs::read(file).map_err(|e| CliError(format!("{}: {e}", file.display())))?;
     let text = String::from_utf8_lossy(&text);
-    let model = ModelFile::open_static(path)?;
+    let runtime = Runtime::new(runtime)?;
     let n_ctx = if n_ctx == 0 { 512 } else { n_ctx };
-    let opts =
-        SessionOptions { n_ctx, n_batch: n_ctx.min(512), threads, logits_all: true, ..Default::default() };
-    let mut session = Session::new(model, &opts).map_err(|e| CliError(format!("{}: {e}", path.display())))?;
+    let opts = SessionOptions { n_ctx, n_batch: n_ctx.min(512), logits_all: true, ..Default::default() };
+    let mut session = runtime.load(path, opts, 0)?;
     let tok = tokenizer(path, session.gguf())?;
     let mut scratch = vec![0u32; tok.scratch_words(text.len())];
     let mut tokens = vec![0u32; text.len() + 4];
@@ -231,15 +231,15 @@ pub fn chat(
     path: &Path,
     system: Option<String>,
     n_ctx: usize,
-    threads: usize,
+    runtime: &RuntimeArgs,
     n_reply: usize,
     sampler: SamplerConfig,
 ) -> Result<(), CliError> {
     use pinfer::chat::{ChatTemplate, Message, Role};
     use std::io::BufRead;
-    let model = ModelFile::open_static(path)?;
-    let opts = SessionOptions { n_ctx, threads, ..Default::default() };
-    let mut session = Session::new(model, &opts).map_err(|e| CliError(format!("{}: {e}", path.display())))?;
+    let runtime = Runtime::new(runtime)?;
+    let opts = SessionOptions { n_ctx, ..Default::default() };
+    let mut session = runtime.load(path, opts, 0)?;
     let tok = tokenizer(path, session.gguf())?;
     let template_text =
         session.gguf().get_str_opt("tokenizer.chat_template").map_err(|e| CliError(e.to_string()))?;

@@ -3,12 +3,25 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use pinfer::build_config::GRAPH_CAPACITY;
 use pinfer::gguf::{Gguf, TensorInfo};
+use pinfer::graph::Graph;
 use pinfer::loader::ModelFile;
-use pinfer::model::{validate_tensors, validate_vocab, HParams, Vocab};
+use pinfer::model::{build_forward, validate_tensors, validate_vocab, HParams, KvLayout, Vocab};
+use pinfer::placement::{self, Buffer, Placement, FORMATS};
+use pinfer::session::SessionOptions;
 use serde_json::{json, Value as Json};
 
+use crate::runtime::{print_placement, summary, summary_text, Runtime, RuntimeArgs};
 use crate::CliError;
+
+/// What `info` prints besides the summary.
+pub struct InfoArgs {
+    pub tensors: bool,
+    pub json: bool,
+    pub placement: bool,
+    pub no_repack: bool,
+}
 
 /// Everything `info` reports, gathered once and printed as text or JSON.
 struct Report<'a> {
@@ -16,9 +29,37 @@ struct Report<'a> {
     file_bytes: usize,
     hparams: Option<HParams>,
     vocab: Option<Vocab<'a>>,
+    /// The placement plan (with `--placement`): per tensor in file order, whether repacking is
+    /// on, and a note when it was judged from names (no forward graph for this architecture yet).
+    placement: Option<(Vec<Placement>, bool, Option<String>)>,
 }
 
-pub fn run(path: &Path, tensors: bool, as_json: bool) -> Result<(), CliError> {
+/// The placement of every tensor, as a session would decide it: from the decode graph's use of
+/// each tensor, or from names and shapes for an architecture without a graph builder yet.
+fn plan_placement(gguf: &Gguf<'_>, hp: &HParams, repack: bool) -> (Vec<Placement>, Option<String>) {
+    let mut graph: Box<Graph<GRAPH_CAPACITY>> = Box::new(Graph::new());
+    let n_ctx = (hp.n_ctx_train as usize).clamp(1, 256);
+    let built = KvLayout::new(hp, n_ctx, 1)
+        .ok_or_else(|| "context layout".to_string())
+        .and_then(|kv| build_forward(&mut graph, gguf, hp, &kv, 1, false).map_err(|e| e.to_string()));
+    let tied = gguf.tensor("output.weight").is_none();
+    let note =
+        built.as_ref().err().map(|e| format!("judged from tensor names and shapes, no forward graph: {e}"));
+    let rows = gguf
+        .tensors()
+        .map(|t| {
+            let u = match &built {
+                Ok(_) => placement::use_in(&graph, gguf.data_start() + t.offset as usize),
+                Err(_) => placement::use_by_name(&t, tied),
+            };
+            placement::place(&t, u, repack)
+        })
+        .collect();
+    (rows, note)
+}
+
+pub fn run(path: &Path, args: InfoArgs) -> Result<(), CliError> {
+    let InfoArgs { tensors, json: as_json, placement, no_repack } = args;
     let model = ModelFile::open(path)?;
     let gguf = model.parse()?;
     let fail = |e: pinfer::model::ModelError| CliError(format!("{}: {e}", path.display()));
@@ -41,7 +82,16 @@ pub fn run(path: &Path, tensors: bool, as_json: bool) -> Result<(), CliError> {
         validate_tensors(&gguf, &hp, vocab.n_vocab).map_err(fail)?;
         Some(hp)
     };
-    let report = Report { gguf, file_bytes: model.bytes().len(), hparams, vocab };
+    let repack = SessionOptions::default().repack && !no_repack;
+    let placement = match (&hparams, placement) {
+        (Some(hp), true) => {
+            let (rows, note) = plan_placement(&gguf, hp, repack);
+            Some((rows, repack, note))
+        }
+        (None, true) => return Err(CliError(format!("{}: no tensors to place", path.display()))),
+        _ => None,
+    };
+    let report = Report { gguf, file_bytes: model.bytes().len(), hparams, vocab, placement };
     if as_json {
         println!("{}", serde_json::to_string_pretty(&report.to_json(path, tensors)).unwrap_or_default());
     } else {
@@ -145,6 +195,18 @@ impl Report<'_> {
                 if self.gguf.get("tokenizer.chat_template").is_some() { "yes" } else { "no" }
             );
         }
+        if let Some((rows, repack, note)) = &self.placement {
+            println!();
+            let note = note.as_ref().map_or(String::new(), |n| format!("; {n}"));
+            println!(
+                "placement (repacking {}; kernels {}{note}):",
+                if *repack { "on" } else { "off" },
+                pinfer::kernels::path().name()
+            );
+            let rows = || self.gguf.tensors().zip(rows.iter().copied());
+            print_placement(rows(), &mut std::io::stdout());
+            println!("buffers: {}", summary_text(&summary(rows())));
+        }
         if tensors {
             println!();
             println!("{:<40} {:>8} {:>24} {:>12}", "tensor", "type", "shape", "bytes");
@@ -191,6 +253,34 @@ impl Report<'_> {
                 "has_chat_template": self.gguf.get("tokenizer.chat_template").is_some(),
             });
         }
+        if let Some((rows, repack, note)) = &self.placement {
+            let s = summary(self.gguf.tensors().zip(rows.iter().copied()));
+            let layouts: serde_json::Map<String, Json> = FORMATS
+                .iter()
+                .zip(&s.repacked)
+                .filter(|(_, (n, _))| *n > 0)
+                .map(|(f, (n, b))| (f.name().to_string(), json!({"tensors": n, "bytes": b})))
+                .collect();
+            let (n_rep, b_rep) = s.repacked_total();
+            out["placement"] = json!({
+                "repack": repack,
+                "note": note,
+                "tensors": self.gguf.tensors().zip(rows).map(|(t, p)| json!({
+                    "name": t.name,
+                    "type": t.ty.name(),
+                    "buffer": match p.buffer { Buffer::Repacked(_) => "repacked", Buffer::Mapped => "mapped", Buffer::Npu(_) => "npu" },
+                    "layout": match p.buffer { Buffer::Repacked(f) => Some(f.name()), _ => None },
+                    "bytes": p.bytes,
+                    "reason": p.reason.to_string(),
+                })).collect::<Vec<_>>(),
+                "buffers": {
+                    "repacked": {"tensors": n_rep, "bytes": b_rep, "layouts": layouts},
+                    "mapped": {"tensors": s.mapped.0, "bytes": s.mapped.1},
+                    "tied_embedding_rows": {"tensors": s.mapped_rows.0, "bytes": s.mapped_rows.1},
+                    "npu": {"tensors": s.npu.0, "bytes": s.npu.1, "note": "NPU offload is not implemented yet: nothing is planned for it"},
+                },
+            });
+        }
         if tensors {
             out["tensors"] = self
                 .gguf
@@ -200,4 +290,50 @@ impl Report<'_> {
         }
         out
     }
+}
+
+/// `pinfer boards`: the embedded profiles, and what `--board auto` (or the given board and
+/// options) chooses on this machine.
+pub fn boards(args: &RuntimeArgs) -> Result<(), CliError> {
+    use pinfer::board::runtime::{list, ranges};
+    println!(
+        "{:<18} {:<20} {:<15} {:>9} {:>9} {:>4} {:>7}  ram",
+        "board", "name", "soc", "big", "little", "npu", "threads"
+    );
+    for p in pinfer::board::profiles() {
+        let p = p.map_err(|e| CliError(format!("a board profile does not parse: {e}")))?;
+        let cores = |c: &[u16]| {
+            if c.is_empty() {
+                "-".to_string()
+            } else {
+                ranges(&c.iter().map(|&c| usize::from(c)).collect::<Vec<_>>())
+            }
+        };
+        println!(
+            "{:<18} {:<20} {:<15} {:>9} {:>9} {:>4} {:>7}  {}",
+            p.id,
+            p.name,
+            p.soc,
+            cores(&p.big_cores),
+            cores(&p.little_cores),
+            p.npu_cores,
+            p.recommended_threads,
+            p.ram_notes
+        );
+    }
+    let rt = Runtime::new(args)?;
+    println!();
+    println!("this machine: {} ({}, {})", rt.board.profile.name, rt.board.profile.id, rt.board.how);
+    println!("workers: {} on cores {}", rt.workers.cores.len(), list(&rt.workers.cores));
+    let facts = pinfer::board::runtime::facts(Path::new("/"), &rt.workers.cores);
+    println!(
+        "cpu governor {}, cpu {}, ddr {}",
+        facts.governor.as_deref().unwrap_or("-"),
+        facts.cpu_freq_text(),
+        facts.ddr_mhz.map_or("-".to_string(), |m| format!(
+            "{m} MHz ({})",
+            facts.ddr_governor.as_deref().unwrap_or("-")
+        ))
+    );
+    Ok(())
 }

@@ -11,6 +11,9 @@ mod bench;
 mod generate;
 mod info;
 mod quantize;
+mod runtime;
+
+use runtime::RuntimeArgs;
 
 #[derive(Parser)]
 #[command(name = "pinfer", version = pinfer::VERSION, about = "Run GGUF language models fast on RK3588-class ARM boards")]
@@ -53,9 +56,8 @@ enum Command {
         /// Context size in tokens (0: min(4096, the model's maximum)).
         #[arg(short = 'c', long = "ctx-size", default_value_t = 0)]
         ctx: usize,
-        /// Threads.
-        #[arg(short = 't', long = "threads", default_value_t = default_threads())]
-        threads: usize,
+        #[command(flatten)]
+        runtime: RuntimeArgs,
         /// Print the generated token ids, space-separated, on the last line.
         #[arg(long = "print-ids")]
         print_ids: bool,
@@ -72,9 +74,10 @@ enum Command {
         /// Force a kernel path: ref, neon, dotprod or avx2 (also PINFER_KERNELS).
         #[arg(long = "kernels")]
         kernels: Option<String>,
-        /// Print load details (repacked weights, kernel path, threads) on stderr.
-        #[arg(short = 'v', long = "verbose")]
-        verbose: bool,
+        /// Print load details on stderr before the first token: board, workers and their cores,
+        /// scheduling, memory plan, placement summary, kernels (-vv: every tensor's placement).
+        #[arg(short = 'v', long = "verbose", action = clap::ArgAction::Count)]
+        verbose: u8,
     },
     /// Describe a model file: architecture, size, quant mix, hyper-parameters, tokenizer.
     Info {
@@ -87,6 +90,18 @@ enum Command {
         /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
+        /// Also print every tensor's placement (repacked layout, mapped, NPU) with the reason, and
+        /// the bytes per buffer kind.
+        #[arg(long)]
+        placement: bool,
+        /// Plan the placement without repacking (as `--no-repack` runs; also PINFER_NO_REPACK=1).
+        #[arg(long = "no-repack")]
+        no_repack: bool,
+    },
+    /// List the embedded board profiles, and what `--board auto` finds on this machine.
+    Boards {
+        #[command(flatten)]
+        runtime: RuntimeArgs,
     },
     /// Tokenize a text with a model's vocabulary (vocabulary-only files work too).
     Tokenize {
@@ -114,9 +129,8 @@ enum Command {
         /// Context size in tokens (0: min(4096, the model's maximum)).
         #[arg(short = 'c', long = "ctx-size", default_value_t = 0)]
         ctx: usize,
-        /// Threads.
-        #[arg(short = 't', long = "threads", default_value_t = default_threads())]
-        threads: usize,
+        #[command(flatten)]
+        runtime: RuntimeArgs,
         /// Most tokens per reply.
         #[arg(short = 'n', long = "n-predict", default_value_t = 512)]
         n_predict: usize,
@@ -138,9 +152,8 @@ enum Command {
         /// Chunk (context) size in tokens.
         #[arg(short = 'c', long = "ctx-size", default_value_t = 512)]
         ctx: usize,
-        /// Threads.
-        #[arg(short = 't', long = "threads", default_value_t = default_threads())]
-        threads: usize,
+        #[command(flatten)]
+        runtime: RuntimeArgs,
     },
     /// Measure prompt-processing and generation speed (llama-bench style).
     Bench(bench::BenchArgs),
@@ -157,19 +170,16 @@ impl<E: std::error::Error> From<E> for CliError {
     }
 }
 
-/// Threads by default: the cores this process may run on, at most 4 (the big cluster of an RK3588;
-/// the board runtime will refine this per board).
-fn default_threads() -> usize {
-    pinfer::exec::pool::allowed_cores().len().clamp(1, 4)
-}
-
 pub(crate) fn model_path(model: Option<PathBuf>) -> PathBuf {
     model.unwrap_or_else(|| PathBuf::from(DEFAULT_MODEL_PATH))
 }
 
 fn run(cli: Cli) -> Result<(), CliError> {
     match cli.command {
-        Command::Info { model, tensors, json } => info::run(&model_path(model), tensors, json),
+        Command::Info { model, tensors, json, placement, no_repack } => {
+            info::run(&model_path(model), info::InfoArgs { tensors, json, placement, no_repack })
+        }
+        Command::Boards { runtime } => info::boards(&runtime),
         Command::Generate {
             model,
             prompt,
@@ -181,7 +191,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
             repeat_penalty,
             seed,
             ctx,
-            threads,
+            runtime,
             print_ids,
             no_parse_special,
             ignore_eos,
@@ -206,7 +216,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
                 n_predict,
                 sampler,
                 n_ctx: ctx,
-                threads,
+                runtime,
                 parse_special: !no_parse_special,
                 print_ids,
                 ignore_eos,
@@ -215,12 +225,12 @@ fn run(cli: Cli) -> Result<(), CliError> {
             };
             generate::generate(&model_path(model), args)
         }
-        Command::Chat { model, system, ctx, threads, n_predict, temp, seed } => {
+        Command::Chat { model, system, ctx, runtime, n_predict, temp, seed } => {
             let sampler = SamplerConfig { temperature: temp, seed, ..SamplerConfig::default() };
-            generate::chat(&model_path(model), system, ctx, threads, n_predict, sampler)
+            generate::chat(&model_path(model), system, ctx, &runtime, n_predict, sampler)
         }
-        Command::Perplexity { model, file, ctx, threads } => {
-            generate::perplexity(&model_path(model), &file, ctx, threads)
+        Command::Perplexity { model, file, ctx, runtime } => {
+            generate::perplexity(&model_path(model), &file, ctx, &runtime)
         }
         Command::Tokenize { model, prompt, ids, parse_special } => {
             generate::tokenize(&model_path(model), &prompt, ids, parse_special)

@@ -240,10 +240,9 @@ pub fn run(args: QuantizeArgs) -> Result<(), CliError> {
         return Err(CliError(format!("{input_name}: could not read every tensor info")));
     }
     // The output projection: `output.weight`, or the token embedding when the model ties them.
-    let has_output = tensors.iter().any(|t| &*t.name == "output.weight");
-    let is_output = |t: &TensorInfo<'_>| {
-        &*t.name == "output.weight" || (!has_output && &*t.name == "token_embd.weight")
-    };
+    let has_output = tensors.iter().any(|t| t.name == "output.weight");
+    let is_output =
+        |t: &TensorInfo<'_>| t.name == "output.weight" || (!has_output && t.name == "token_embd.weight");
     let plans: Vec<Plan> = tensors.iter().map(|t| plan(t, target, is_output(t), &mut notes)).collect();
     let headers: Vec<TensorHeader<'_>> = tensors
         .iter()

@@ -1,0 +1,246 @@
+//! The board runtime of the CLI: which board, which cores, real-time scheduling, memory locking
+//! and the memory check, shared by every command that runs a model; and the reports `-v` prints.
+
+use std::path::Path;
+
+use clap::Args;
+use pinfer::board::runtime::{self as board, Board, WorkerPlan};
+use pinfer::exec::pool::{allowed_cores, current_thread_scheduler};
+use pinfer::gguf::TensorInfo;
+use pinfer::loader::ModelFile;
+use pinfer::placement::{Placement, Summary, FORMATS};
+use pinfer::session::{Session, SessionError, SessionOptions};
+
+use crate::CliError;
+
+const MIB: f64 = 1024.0 * 1024.0;
+
+/// Options of the board runtime (every command that runs a model takes them).
+#[derive(Args, Debug, Clone, Default)]
+pub struct RuntimeArgs {
+    /// Board profile (see `pinfer boards`), or auto: the device tree, then per-core capacity.
+    #[arg(long = "board", value_name = "NAME", default_value = "auto")]
+    pub board: String,
+    /// Cores for the workers, one pinned worker each, e.g. 4-7 or 4,6 (default: the board's big
+    /// cores within the affinity mask inherited from taskset/cgroups). Must lie inside that mask.
+    #[arg(long = "cores", value_name = "LIST")]
+    pub cores: Option<String>,
+    /// Worker threads (default: one per chosen core; never more than the allowed cores).
+    #[arg(short = 't', long = "threads")]
+    pub threads: Option<usize>,
+    /// Run the workers SCHED_FIFO at this priority, 1-99 (needs root or CAP_SYS_NICE).
+    #[arg(long = "rt-priority", value_name = "N", value_parser = clap::value_parser!(i32).range(1..=99))]
+    pub rt_priority: Option<i32>,
+    /// Lock the model and the arena in RAM (mlock): no page faults or swapping while running.
+    #[arg(long = "mlock")]
+    pub mlock: bool,
+    /// Refuse to load when the planned peak memory exceeds this many MiB (default: MemAvailable).
+    #[arg(long = "mem-limit", value_name = "MIB")]
+    pub mem_limit: Option<u64>,
+    /// Check every op's output for NaN/infinity and stop at the first, naming op, layer and tensor.
+    #[arg(long = "check-numerics")]
+    pub check_numerics: bool,
+}
+
+/// The board and the worker cores, chosen before the session starts (and pins the caller).
+pub struct Runtime {
+    pub board: Board,
+    pub workers: WorkerPlan,
+    args: RuntimeArgs,
+    /// The memory limit in bytes and where it comes from, read once.
+    limit: Option<(u64, &'static str)>,
+}
+
+impl Runtime {
+    /// Resolves the board and plans the workers; prints the notes on what was adjusted.
+    pub fn new(args: &RuntimeArgs) -> Result<Self, CliError> {
+        let root = Path::new("/");
+        let board = board::resolve(&args.board, root).map_err(CliError)?;
+        // The inherited mask, read before anything pins this thread.
+        let allowed = allowed_cores();
+        let cores: Option<Vec<usize>> = match &args.cores {
+            Some(text) => Some(
+                pinfer::board::parse_core_list(text)
+                    .map_err(|e| CliError(format!("--cores {text}: {e}")))?
+                    .iter()
+                    .map(|&c| usize::from(c))
+                    .collect(),
+            ),
+            None => None,
+        };
+        let workers =
+            board::plan_workers(&board, &allowed, cores.as_deref(), args.threads).map_err(CliError)?;
+        for note in &workers.notes {
+            eprintln!("pinfer: note: {note}");
+        }
+        let limit = match args.mem_limit {
+            Some(mib) => Some((mib.saturating_mul(1 << 20), "--mem-limit")),
+            None => board::mem_available(root).map(|b| (b, "MemAvailable")),
+        };
+        Ok(Self { board, workers, args: args.clone(), limit })
+    }
+
+    /// `base` with the workers, scheduling, numerics check and memory limit filled in.
+    pub fn options(&self, base: SessionOptions) -> SessionOptions {
+        SessionOptions {
+            threads: self.workers.cores.len(),
+            cores: Some(self.workers.cores.clone()),
+            pin: true,
+            rt_priority: self.args.rt_priority,
+            check_numerics: self.args.check_numerics,
+            memory_limit: self.memory_limit().map(|(b, _)| b as usize),
+            ..base
+        }
+    }
+
+    /// The memory limit and where it comes from.
+    fn memory_limit(&self) -> Option<(u64, &'static str)> {
+        self.limit
+    }
+
+    /// Opens `path` and sets the session up; locks its memory with `--mlock`; with `verbose`,
+    /// reports board, workers, scheduling, memory plan and placement (before the first token).
+    pub fn load(&self, path: &Path, base: SessionOptions, verbose: u8) -> Result<Session, CliError> {
+        let model = ModelFile::open_static(path)?;
+        let opts = self.options(base);
+        let session = Session::new(model, &opts).map_err(|e| match e {
+            SessionError::OverMemory { .. } => {
+                let source = self.memory_limit().map_or("", |(_, s)| s);
+                CliError(format!("{}: {e} ({source}; --mem-limit MIB sets another limit)", path.display()))
+            }
+            SessionError::Threads(e) => CliError(e.to_string()),
+            e => CliError(format!("{}: {e}", path.display())),
+        })?;
+        let locked = if self.args.mlock { Some(lock(&session)?) } else { None };
+        if verbose > 0 {
+            self.report(&session, &opts, locked.as_deref(), verbose);
+        }
+        Ok(session)
+    }
+
+    /// The cores the threads run on (the caller first).
+    pub fn cores(&self, session: &Session) -> Vec<usize> {
+        session.thread_cores().unwrap_or_else(|| self.workers.cores.clone())
+    }
+
+    fn report(&self, session: &Session, opts: &SessionOptions, locked: Option<&str>, verbose: u8) {
+        let b = &self.board;
+        let p = &b.profile;
+        let classes = if b.big.is_empty() {
+            "no big/little classes".to_string()
+        } else {
+            format!("big cores {}, little {}", board::ranges(&b.big), board::ranges(&b.little))
+        };
+        let npu = if p.npu_cores > 0 {
+            format!("; NPU {} cores ({}), not used yet", p.npu_cores, p.npu_matmul_types.join(", "))
+        } else {
+            String::new()
+        };
+        eprintln!("pinfer: board: {} ({}, {}); {classes}{npu}", p.name, p.id, b.how);
+        let cores = self.cores(session);
+        eprintln!("pinfer: workers: {} on cores {}", cores.len(), board::list(&cores));
+        let (policy, priority) = current_thread_scheduler();
+        let how = match (opts.rt_priority, policy) {
+            (Some(_), _) => " (--rt-priority)",
+            (None, "SCHED_FIFO" | "SCHED_RR") => " (inherited)",
+            _ => "",
+        };
+        let sched = if priority > 0 {
+            format!("{policy} priority {priority}{how}")
+        } else {
+            format!("{policy}{how}")
+        };
+        let waits = if session.spinning() {
+            "barrier waits spin briefly, then sleep"
+        } else {
+            "barrier waits sleep (threads share cores)"
+        };
+        eprintln!("pinfer: scheduling: {sched}; {waits}");
+        let limit = self
+            .memory_limit()
+            .map_or(String::new(), |(bytes, source)| format!(" ({source} {:.1} MiB)", bytes as f64 / MIB));
+        eprintln!("pinfer: memory plan: {}{limit}", session.memory_plan());
+        if let Some(locked) = locked {
+            eprintln!("pinfer: mlock: {locked}");
+        }
+        eprintln!("pinfer: placement: {}", summary_text(&summary(session.placements())));
+        if verbose > 1 {
+            print_placement(session.placements(), &mut std::io::stderr());
+        }
+    }
+}
+
+/// Locks the session's resident memory; a description of what was locked.
+fn lock(session: &Session) -> Result<String, CliError> {
+    let regions = session.resident_regions();
+    let total: usize = regions.iter().map(|(_, b)| b.len()).sum();
+    let mut by_kind: Vec<(&str, usize)> = Vec::new();
+    for (kind, bytes) in &regions {
+        board::lock(bytes).map_err(|errno| CliError(board::lock_error(total, errno)))?;
+        match by_kind.iter_mut().find(|(k, _)| k == kind) {
+            Some((_, n)) => *n += bytes.len(),
+            None => by_kind.push((kind, bytes.len())),
+        }
+    }
+    let parts: Vec<String> = by_kind.iter().map(|(k, n)| format!("{k} {:.1}", *n as f64 / MIB)).collect();
+    Ok(format!("{:.1} MiB locked ({} MiB)", total as f64 / MIB, parts.join(", ")))
+}
+
+/// Tensors and bytes per buffer kind.
+pub fn summary<'a>(rows: impl Iterator<Item = (TensorInfo<'a>, Placement)>) -> Summary {
+    let mut s = Summary::default();
+    for (t, p) in rows {
+        s.add(&p, t.nbytes as usize);
+    }
+    s
+}
+
+/// `repacked 80.1 MiB (211 tensors: q4mx4 210, q8x4 1); mapped ...; npu ...`.
+pub fn summary_text(s: &Summary) -> String {
+    let (n, bytes) = s.repacked_total();
+    let layouts: Vec<String> = FORMATS
+        .iter()
+        .zip(&s.repacked)
+        .filter(|(_, (n, _))| *n > 0)
+        .map(|(f, (n, _))| format!("{} {n}", f.name()))
+        .collect();
+    let layouts = if layouts.is_empty() { String::new() } else { format!(": {}", layouts.join(", ")) };
+    let mut text = format!(
+        "repacked {:.1} MiB ({n} tensors{layouts}); mapped {:.1} MiB ({} tensors)",
+        bytes as f64 / MIB,
+        s.mapped.1 as f64 / MIB,
+        s.mapped.0
+    );
+    if s.mapped_rows.0 > 0 {
+        text += &format!(
+            ", plus rows of {} tied embedding(s) read from the file ({:.1} MiB)",
+            s.mapped_rows.0,
+            s.mapped_rows.1 as f64 / MIB
+        );
+    }
+    text += &format!(
+        "; npu {:.1} MiB ({} tensors: NPU offload is not implemented yet, nothing is planned for it)",
+        s.npu.1 as f64 / MIB,
+        s.npu.0
+    );
+    text
+}
+
+/// One line per tensor: name, type, placement, bytes in that buffer, reason.
+pub fn print_placement<'a>(
+    rows: impl Iterator<Item = (TensorInfo<'a>, Placement)>,
+    out: &mut dyn std::io::Write,
+) {
+    let _ = writeln!(out, "{:<40} {:>6}  {:<16} {:>12}  reason", "tensor", "type", "placement", "bytes");
+    for (t, p) in rows {
+        let _ = writeln!(
+            out,
+            "{:<40} {:>6}  {:<16} {:>12}  {}",
+            t.name,
+            t.ty.name(),
+            p.buffer.to_string(),
+            p.bytes,
+            p.reason
+        );
+    }
+}
