@@ -1,0 +1,359 @@
+//! Every SIMD kernel path this CPU has against the scalar twins, on odd lengths (1, 3, 17, 64,
+//! 100, 257), tails and extreme values (large, tiny, subnormal, zero, infinite); plus packed
+//! matmul shapes `tests/packed.rs` does not reach (one token over many groups, runs longer than a
+//! kernel chunk, group sub-ranges).
+//!
+//! Tolerances, and why:
+//! * `quantize_act`: byte-identical. Every path computes the same amax, `d`, `127 / amax`, product
+//!   and ties-to-even rounding, and the same f16 roundings of `d` and `s`.
+//! * `swiglu`: bit-identical (NaN-aware). The SIMD paths evaluate ggml's exp polynomial with the
+//!   same fused steps and scale by 2^n exactly, and send lanes outside the exact range to the twin.
+//! * `rms_norm`: 2^-21 relative (a few ulps). The f64 sum of the f32 squares may run in another
+//!   order; its rounding to the f32 mean can move by one ulp, which moves the scale by about one ulp.
+//! * `flash_attn_row`: `q16` identical (the same f16 rounding); outputs within 2^-7 of the largest
+//!   `|v|`. The key dot is summed in f32 in another order than the reference's f64, so a score
+//!   moves by ~1e-7 relative; that can flip an f16 rounding of the accumulator (2^-11 of it) at a
+//!   key, and later keys carry the flip: a handful of f16 ulps of values bounded by `max |v|`.
+//! * packed matmul: 1e-5 of `sum |w a| + sum |s|`, as in `tests/packed.rs` (same integer block dots,
+//!   float sums in another order).
+
+use pinfer::kernels::packed::{
+    dequantize_packed_row, matmul_ref, pack, packed_bytes, quantize_act_ref, ActBlock, PackedFormat,
+    PackedMatrix, BLOCK,
+};
+use pinfer::kernels::reference::{flash_attn_row_ref, rms_norm_ref, swiglu_ref};
+use pinfer::kernels::{flash_attn_row, packed_matmul, quantize_act, rms_norm, swiglu, KernelPath};
+use pinfer::quant::blocks::F16Le;
+use pinfer::quant::GgmlType;
+
+const LENGTHS: [usize; 6] = [1, 3, 17, 64, 100, 257];
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    /// Uniform in [-1, 1).
+    fn f(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+}
+
+fn simd_paths() -> Vec<KernelPath> {
+    [KernelPath::Neon, KernelPath::NeonDotprod, KernelPath::Avx2]
+        .into_iter()
+        .filter(|p| p.is_available())
+        .collect()
+}
+
+/// Inputs of `n` values in a few regimes: ordinary, large, tiny (subnormal included), a mix with
+/// zeros and infinities, and magnitudes that cross exp's overflow/underflow edges.
+fn regimes(n: usize, rng: &mut Rng) -> Vec<(&'static str, Vec<f32>)> {
+    let mut v = vec![
+        ("ordinary", (0..n).map(|_| 6.0 * rng.f()).collect::<Vec<f32>>()),
+        ("large", (0..n).map(|_| 3.0e37 * rng.f()).collect()),
+        ("tiny", (0..n).map(|_| 1.0e-40 * rng.f()).collect()),
+        ("exp edges", (0..n).map(|_| 80.0 + 30.0 * rng.f()).collect()),
+        ("negative exp edges", (0..n).map(|_| -80.0 - 30.0 * rng.f()).collect()),
+    ];
+    let mut mixed: Vec<f32> = (0..n).map(|_| 50.0 * rng.f()).collect();
+    for (i, x) in mixed.iter_mut().enumerate() {
+        match i % 7 {
+            0 => *x = 0.0,
+            1 => *x = -0.0,
+            3 if i % 2 == 1 => *x = f32::INFINITY,
+            5 => *x = f32::MIN_POSITIVE * rng.f(),
+            _ => {}
+        }
+    }
+    if n > 2 {
+        mixed[n - 1] = f32::NEG_INFINITY;
+    }
+    v.push(("mixed", mixed));
+    v
+}
+
+fn same_bits(a: f32, b: f32) -> bool {
+    a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan())
+}
+
+#[test]
+fn swiglu_is_bit_identical() {
+    let mut rng = Rng(1);
+    for path in simd_paths() {
+        for n in LENGTHS {
+            for (name, gate) in regimes(n, &mut rng) {
+                let up: Vec<f32> = (0..n).map(|i| if i % 5 == 4 { 1.0e30 } else { 2.0 * rng.f() }).collect();
+                let mut want = vec![0f32; n];
+                let mut got = vec![f32::NAN; n];
+                swiglu_ref(&gate, &up, &mut want);
+                swiglu(path, &gate, &up, &mut got);
+                for i in 0..n {
+                    assert!(
+                        same_bits(got[i], want[i]),
+                        "{} n={n} {name} [{i}]: silu({}) * {} = {} vs reference {}",
+                        path.name(),
+                        gate[i],
+                        up[i],
+                        got[i],
+                        want[i]
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn rms_norm_matches_within_ulps() {
+    let mut rng = Rng(2);
+    for path in simd_paths() {
+        for n in LENGTHS {
+            for (name, x) in regimes(n, &mut rng) {
+                if x.iter().any(|v| v.is_infinite()) {
+                    continue; // inf / inf: NaN either way
+                }
+                for eps in [1e-5f32, 1e-6] {
+                    let mut want = vec![0f32; n];
+                    let mut got = vec![f32::NAN; n];
+                    rms_norm_ref(&x, &mut want, eps);
+                    rms_norm(path, &x, &mut got, eps);
+                    for i in 0..n {
+                        let tol = 2f32.powi(-21) * want[i].abs();
+                        assert!(
+                            same_bits(got[i], want[i]) || (got[i] - want[i]).abs() <= tol,
+                            "{} n={n} {name} [{i}]: {} vs reference {}",
+                            path.name(),
+                            got[i],
+                            want[i]
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn quantize_act_is_byte_identical() {
+    let mut rng = Rng(3);
+    for path in simd_paths() {
+        for n in LENGTHS {
+            let k = n * BLOCK;
+            for (name, mut x) in regimes(k, &mut rng) {
+                // Ties: values landing on .5 after scaling by 127 / amax (amax 127 in the block).
+                if k >= BLOCK {
+                    x[0] = 127.0;
+                    x[1] = 0.5;
+                    x[2] = -2.5;
+                    x[3] = 126.5;
+                }
+                if name == "mixed" {
+                    // Infinite amax: d = inf, multiplier 0 (inf * 0 = NaN quantizes to 0).
+                    x.iter_mut().filter(|v| v.is_infinite()).for_each(|v| *v = 1.0e38);
+                    if n > 1 {
+                        x[BLOCK..2 * BLOCK].fill(0.0);
+                        x[BLOCK + 5] = f32::INFINITY;
+                    }
+                }
+                let empty = ActBlock { d: 0.0, s: 0.0, qs: [0; BLOCK] };
+                let mut want = vec![empty; n];
+                let mut got = vec![ActBlock { d: 7.0, s: 7.0, qs: [7; BLOCK] }; n];
+                quantize_act_ref(&x, &mut want);
+                quantize_act(path, &x, &mut got);
+                for (b, (g, w)) in got.iter().zip(&want).enumerate() {
+                    assert!(
+                        g.qs == w.qs && same_bits(g.d, w.d) && same_bits(g.s, w.s),
+                        "{} blocks={n} {name} block {b}: {g:?} vs reference {w:?}",
+                        path.name()
+                    );
+                }
+            }
+        }
+    }
+}
+
+fn f16s(v: &[f32]) -> Vec<F16Le> {
+    v.iter().map(|&x| F16Le::from_f32(x)).collect()
+}
+
+#[test]
+fn flash_attn_row_matches_within_f16_rounding() {
+    let mut rng = Rng(4);
+    for path in simd_paths() {
+        for dim in [1, 3, 8, 17, 64, 100, 128, 256, 257] {
+            for n_keys in [0usize, 1, 3, 17, 64, 100] {
+                // Query size: ordinary, and large (scores of hundreds: most weights underflow).
+                for q_size in [1.0f32, 40.0] {
+                    let q: Vec<f32> = (0..dim).map(|_| q_size * rng.f()).collect();
+                    let k = f16s(&(0..dim * n_keys).map(|_| rng.f()).collect::<Vec<f32>>());
+                    // Values: ordinary with a few large and tiny (f16 subnormal) entries.
+                    let vf: Vec<f32> = (0..dim * n_keys)
+                        .map(|i| match i % 11 {
+                            3 => 3000.0 * rng.f(),
+                            7 => 1.0e-6 * rng.f(),
+                            _ => 4.0 * rng.f(),
+                        })
+                        .collect();
+                    let v = f16s(&vf);
+                    let vmax = v.iter().fold(0f32, |m, x| m.max(x.to_f32().abs()));
+                    let keys = n_keys / 3..n_keys;
+                    let scale = 1.0 / (dim as f32).sqrt();
+                    let key = |j: usize| &k[j * dim..(j + 1) * dim];
+                    let value = |j: usize| &v[j * dim..(j + 1) * dim];
+                    let (want_q16, want) = flash_run(dim, |q16, acc, out| {
+                        flash_attn_row_ref(&q, q16, keys.clone(), key, value, scale, acc, out)
+                    });
+                    let (got_q16, got) = flash_run(dim, |q16, acc, out| {
+                        flash_attn_row(path, &q, q16, keys.clone(), key, value, scale, acc, out)
+                    });
+                    assert_eq!(got_q16, want_q16, "{} dim={dim} keys={n_keys}: q16", path.name());
+                    for i in 0..dim {
+                        assert!(
+                            (got[i] - want[i]).abs() <= 2f32.powi(-7) * vmax,
+                            "{} dim={dim} keys={n_keys} q x{q_size} [{i}]: {} vs reference {}",
+                            path.name(),
+                            got[i],
+                            want[i]
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// With queries and keys on a grid of 1/8 the key dots are exact in any summation order, so the
+/// scores, and with them every softmax step and f16 rounding, must match the reference exactly.
+#[test]
+fn flash_attn_row_with_exact_scores_is_bit_identical() {
+    let mut rng = Rng(6);
+    let grid = |rng: &mut Rng| (16.0 * rng.f()).round() / 8.0;
+    for path in simd_paths() {
+        for dim in [8, 64, 128, 256] {
+            for n_keys in [1usize, 5, 33, 70] {
+                let q: Vec<f32> = (0..dim).map(|_| grid(&mut rng)).collect();
+                let k = f16s(&(0..dim * n_keys).map(|_| grid(&mut rng)).collect::<Vec<f32>>());
+                let v = f16s(&(0..dim * n_keys).map(|_| 4.0 * rng.f()).collect::<Vec<f32>>());
+                let key = |j: usize| &k[j * dim..(j + 1) * dim];
+                let value = |j: usize| &v[j * dim..(j + 1) * dim];
+                let (_, want) = flash_run(dim, |q16, acc, out| {
+                    flash_attn_row_ref(&q, q16, 0..n_keys, key, value, 0.3, acc, out)
+                });
+                let (_, got) = flash_run(dim, |q16, acc, out| {
+                    flash_attn_row(path, &q, q16, 0..n_keys, key, value, 0.3, acc, out)
+                });
+                for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
+                    assert!(
+                        same_bits(g, w),
+                        "{} dim={dim} keys={n_keys} [{i}]: {g} vs reference {w}",
+                        path.name()
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Runs one flash attention row into fresh buffers (holding junk first); returns `(q16, out)`.
+fn flash_run(dim: usize, f: impl Fn(&mut [F16Le], &mut [F16Le], &mut [f32])) -> (Vec<F16Le>, Vec<f32>) {
+    let (mut q16, mut acc, mut out) =
+        (vec![F16Le::from_f32(9.0); dim], vec![F16Le::from_f32(9.0); dim], vec![9.0; dim]);
+    f(&mut q16, &mut acc, &mut out);
+    (q16, out)
+}
+
+/// A packed random `rows` x `k` matrix of `ty` (random quants, small scales).
+fn matrix(ty: GgmlType, rows: usize, k: usize, rng: &mut Rng) -> (PackedFormat, Vec<u8>, Vec<u8>) {
+    let row_bytes = ty.bytes_for(k as u64).unwrap() as usize;
+    let mut src: Vec<u8> = (0..rows * row_bytes).map(|_| rng.next() as u8).collect();
+    let f16 = |v: f32| half::f16::from_f32(v).to_le_bytes();
+    for block in src.chunks_exact_mut(ty.block_bytes()) {
+        let d = f16(0.001 + 0.01 * rng.f().abs());
+        match ty {
+            GgmlType::Q6_K => {
+                let n = block.len();
+                block[n - 2..].copy_from_slice(&d);
+            }
+            GgmlType::Q4_K | GgmlType::Q5_K => {
+                block[..2].copy_from_slice(&d);
+                block[2..4].copy_from_slice(&f16(0.05 * rng.f().abs()));
+            }
+            GgmlType::Q4_1 | GgmlType::Q5_1 => {
+                block[..2].copy_from_slice(&d);
+                block[2..4].copy_from_slice(&f16(0.05 * rng.f()));
+            }
+            _ => block[..2].copy_from_slice(&d),
+        }
+    }
+    let format = PackedFormat::for_type(ty).unwrap();
+    let (qn, sn) = packed_bytes(format, rows, k);
+    let (mut q, mut s) = (vec![0u8; qn], vec![0u8; sn]);
+    assert_eq!(pack(ty, &src, rows, k, &mut q, &mut s), Ok(format));
+    (format, q, s)
+}
+
+#[test]
+fn packed_matmul_over_many_groups() {
+    let mut rng = Rng(5);
+    let types = [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q5_1, GgmlType::Q6_K];
+    for path in simd_paths() {
+        for ty in types {
+            // Block counts 1, 2, 3, 5 (and 8, 16): the kernels peel block 0 and pair the rest.
+            let ks: &[usize] = if ty == GgmlType::Q6_K { &[256, 512] } else { &[32, 64, 96, 160] };
+            for (&k, tokens) in ks.iter().cycle().zip([1usize, 2, 5, 16, 35, 1, 1]) {
+                let rows = 4 * 75;
+                let (format, q, s) = matrix(ty, rows, k, &mut rng);
+                let w = PackedMatrix { format, rows, k, quants: &q, scales: &s };
+                let acts: Vec<Vec<ActBlock>> = (0..tokens)
+                    .map(|_| {
+                        let x: Vec<f32> = (0..k).map(|_| 3.0 * rng.f()).collect();
+                        let mut a = vec![ActBlock { d: 0.0, s: 0.0, qs: [0; BLOCK] }; k / BLOCK];
+                        quantize_act_ref(&x, &mut a);
+                        a
+                    })
+                    .collect();
+                let act_refs: Vec<&[ActBlock]> = acts.iter().map(|a| a.as_slice()).collect();
+                // Whole runs of 4 and 2 groups, odd remainders, runs past 32 groups, odd starts.
+                for groups in [0..75, 1..75, 3..70, 0..5, 2..3, 40..47] {
+                    let rows = 4 * groups.len();
+                    let want = matmul_run(&act_refs, rows, |a, o| matmul_ref(&w, groups.clone(), a, o));
+                    let got =
+                        matmul_run(&act_refs, rows, |a, o| packed_matmul(path, &w, groups.clone(), a, o));
+                    for t in 0..tokens {
+                        for (j, (&g, &v)) in got[t].iter().zip(&want[t]).enumerate() {
+                            let r = 4 * groups.start + j;
+                            let mut wr = vec![0f32; k];
+                            dequantize_packed_row(&w, r, &mut wr);
+                            let a =
+                                acts[t].iter().flat_map(|b| b.qs.iter().map(move |&q| b.d * f32::from(q)));
+                            let size = wr.iter().zip(a).map(|(&w, a)| (w * a).abs()).sum::<f32>()
+                                + acts[t].iter().map(|b| b.s.abs()).sum::<f32>();
+                            assert!(
+                                (g - v).abs() <= 1e-5 * size,
+                                "{} {ty:?} groups {groups:?} tokens {tokens} token {t} row {r}: {g} vs reference {v}",
+                                path.name()
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Runs a packed matmul over `acts` into fresh rows of `rows` NaNs; returns them.
+fn matmul_run(
+    acts: &[&[ActBlock]],
+    rows: usize,
+    f: impl Fn(&[&[ActBlock]], &mut [&mut [f32]]),
+) -> Vec<Vec<f32>> {
+    let mut outs = vec![vec![f32::NAN; rows]; acts.len()];
+    let mut out_refs: Vec<&mut [f32]> = outs.iter_mut().map(|o| o.as_mut_slice()).collect();
+    f(acts, &mut out_refs);
+    outs
+}
