@@ -11,6 +11,7 @@ fn main() {
     println!("cargo::rerun-if-changed=build.rs");
     println!("cargo::rerun-if-changed=boards");
     println!("cargo::rerun-if-env-changed=PINFER_GRAPH_CAPACITY");
+    export_rknn_emulator();
 
     let out_dir = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
     let manifest_dir =
@@ -46,4 +47,17 @@ fn write_board_table(dir: &Path, code: &mut String) {
         writeln!(code, "    ({stem:?}, include_str!({:?})),", path.display().to_string()).unwrap();
     }
     writeln!(code, "];").unwrap();
+}
+
+/// With the `npu` feature, rknn-sys builds a CPU emulator of librknnrt.so for tests and passes its
+/// path to us as `DEP_RKNNRT_EMULATOR`; tests read it as `env!("PINFER_RKNN_EMULATOR")` (and point
+/// `PINFER_RKNNRT` at it).
+fn export_rknn_emulator() {
+    println!("cargo::rerun-if-env-changed=DEP_RKNNRT_EMULATOR");
+    if env::var_os("CARGO_FEATURE_NPU").is_none() {
+        return;
+    }
+    if let Ok(path) = env::var("DEP_RKNNRT_EMULATOR") {
+        println!("cargo::rustc-env=PINFER_RKNN_EMULATOR={path}");
+    }
 }

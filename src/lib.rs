@@ -34,6 +34,8 @@ pub mod tokenizer;
 
 #[cfg(feature = "std")]
 pub mod loader;
+#[cfg(feature = "npu")]
+pub mod npu;
 #[cfg(feature = "std")]
 pub mod session;
 

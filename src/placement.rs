@@ -5,8 +5,10 @@
 //! - **repacked**: the one CPU buffer of row-interleaved matrices the SIMD kernels read (which
 //!   layout: [`PackedFormat::name`]);
 //! - **mapped**: the file's bytes, read in place through the memory map (plain CPU);
-//! - **NPU**: fp16/int8 copies in the NPU's native layout. NPU offload is not implemented yet,
-//!   so nothing is planned for it; the kind exists so reports and plans keep their shape.
+//! - **NPU**: fp16/int8 copies in the NPU's native layout. This plan does not place anything
+//!   there yet: with the `npu` feature, `crate::npu::plan` decides which matmul weights also get
+//!   an NPU copy (`pinfer npu-plan`), and those keep the CPU placement given here (decode and
+//!   fallback run on it).
 //!
 //! Norms, biases and MoE routers are never repacked or offloaded, whatever their type: they are
 //! small, read whole by element-wise ops, and precision matters more there than anywhere.

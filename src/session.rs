@@ -51,6 +51,9 @@ pub struct SessionOptions {
     /// Refuse to load when the memory plan's total exceeds this many bytes (the CLI passes
     /// MemAvailable, or `--mem-limit`).
     pub memory_limit: Option<usize>,
+    /// Offload of matmuls to the NPU (feature `npu`; off by default).
+    #[cfg(feature = "npu")]
+    pub npu: crate::npu::NpuConfig,
 }
 
 impl Default for SessionOptions {
@@ -67,6 +70,8 @@ impl Default for SessionOptions {
             rt_priority: None,
             check_numerics: false,
             memory_limit: None,
+            #[cfg(feature = "npu")]
+            npu: crate::npu::NpuConfig::default(),
         }
     }
 }
@@ -254,6 +259,9 @@ pub struct Session {
     memory_plan: MemoryPlan,
     /// Check every node's output for NaN/infinity.
     check_numerics: bool,
+    /// The NPU backend, when matmuls go to the NPU.
+    #[cfg(feature = "npu")]
+    npu: Option<Box<crate::npu::NpuBackend>>,
 }
 
 impl Session {
@@ -345,6 +353,13 @@ impl Session {
             rt_priority: opts.rt_priority,
         };
         let pool = Pool::with_config(&config).map_err(SessionError::Threads)?;
+        #[cfg(feature = "npu")]
+        let npu = {
+            let graphs: Vec<&Graph<GRAPH_CAPACITY>> = prepared.iter().map(|p| &*p.graph).collect();
+            // The pool's workers wait while the NPU runs: their cores drive NPU cores 1 and 2.
+            let config = crate::npu::NpuConfig { cpu_cores: pool.thread_cores(), ..opts.npu.clone() };
+            crate::npu::session_backend(model, &graphs, &config, n_batch, opts.repack).map(Box::new)
+        };
         Ok(Self {
             model,
             gguf,
@@ -364,6 +379,8 @@ impl Session {
             placements,
             memory_plan,
             check_numerics: opts.check_numerics,
+            #[cfg(feature = "npu")]
+            npu,
         })
     }
 
@@ -431,6 +448,12 @@ impl Session {
     /// Repacked weights: matrices, bytes of the packed buffer, and seconds spent repacking.
     pub fn repacked(&self) -> (usize, usize, f64) {
         (self.packed_entries.len(), self.packed.len() * ARENA_ALIGN, self.repack_seconds)
+    }
+
+    /// The NPU backend, if matmuls go to the NPU.
+    #[cfg(feature = "npu")]
+    pub fn npu(&self) -> Option<&crate::npu::NpuBackend> {
+        self.npu.as_deref()
     }
 
     /// The parsed model file.
@@ -555,6 +578,10 @@ impl Session {
         let mut bound = Bound::new(&prep.graph, &prep.plan, &buffers, bytes, self.activations, self.work)?
             .with_packed(packed, &self.packed_entries)
             .with_numerics_check(self.check_numerics);
+        #[cfg(feature = "npu")]
+        if let Some(npu) = &self.npu {
+            bound = bound.with_offload(npu.as_ref());
+        }
         self.pool.run(&mut bound, step)?;
         self.n_past += tokens.len();
         Ok(())
@@ -581,6 +608,32 @@ fn plan_repack(gguf: &Gguf<'_>, placements: &[Placement]) -> (Vec<PackedEntry>, 
     (entries, sources, at)
 }
 
+/// Asks for transparent huge pages over the 2 MiB-aligned part of `len` bytes at `ptr`, a fresh
+/// allocation not yet touched (so its first writes fault in huge pages). Every decoded token
+/// streams the whole repacked buffer: with 4 KiB pages that is a TLB miss, and under
+/// virtualization a two-level page walk, every 4 KiB, and the hardware prefetchers stop at each
+/// page boundary. Only an advice: where THP is off (or the kernel lacks it) nothing changes.
+fn advise_huge_pages(ptr: *mut u8, len: usize) {
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    {
+        const HUGE: usize = 2 << 20;
+        let addr = ptr as usize;
+        let (start, end) = (addr.next_multiple_of(HUGE), (addr + len) / HUGE * HUGE);
+        if end > start {
+            // `start - addr < len`: inside the allocation.
+            if let Some(p) = core::ptr::NonNull::new(ptr.wrapping_add(start - addr)) {
+                // SAFETY: the range lies inside a live allocation this function's caller owns;
+                // MADV_HUGEPAGE changes how its pages are backed, never their contents.
+                let _ = unsafe {
+                    nix::sys::mman::madvise(p.cast(), end - start, nix::sys::mman::MmapAdvise::MADV_HUGEPAGE)
+                };
+            }
+        }
+    }
+    #[cfg(not(any(target_os = "linux", target_os = "android")))]
+    let _ = (ptr, len);
+}
+
 /// A repacked matrix's source: type, offset in the file, bytes.
 type Source = (crate::quant::GgmlType, usize, usize);
 
@@ -597,10 +650,11 @@ fn repack_weights(
     if entries.is_empty() {
         return Ok((Vec::new(), entries));
     }
-    let mut buffer = Vec::new();
+    let mut buffer: Vec<Line> = Vec::new();
     buffer.try_reserve_exact(at / ARENA_ALIGN).map_err(|_| {
         SessionError::Resources(std::format!("cannot allocate {at} bytes for the repacked weights"))
     })?;
+    advise_huge_pages(buffer.as_mut_ptr().cast(), at);
     buffer.resize(at / ARENA_ALIGN, Line([0; ARENA_ALIGN]));
     // Hand each thread whole matrices: split the buffer at entry boundaries.
     let bytes: &mut [u8] = bytemuck::cast_slice_mut(buffer.as_mut_slice());

@@ -27,6 +27,7 @@
  * Knobs (environment, read on each call):
  *   RKNN_EMU_LOG=1            print each error to stderr as "E RKNN-EMU: ...".
  *   RKNN_EMU_FAIL_CREATE=<n>  rknn_matmul_create returns n (e.g. -3, device unavailable).
+ *   RKNN_EMU_FAIL_RUN=<n>     rknn_matmul_run returns n (e.g. -2, timeout) once A, B and C are bound.
  * Extra exports for tests: rknn_emu_version, rknn_emu_run_count, rknn_emu_live_contexts,
  * rknn_emu_live_mems.
  *
@@ -635,6 +636,13 @@ EXPORT int rknn_matmul_run(rknn_matmul_ctx ctx) {
     if (c->c == NULL) {
         emu_log("rknn_matmul_run: output C not set");
         return RKNN_ERR_OUTPUT_INVALID;
+    }
+    {
+        int fail;
+        if (env_int("RKNN_EMU_FAIL_RUN", &fail) && fail != 0) {
+            emu_log("rknn_matmul_run: failing with %d (RKNN_EMU_FAIL_RUN)", fail);
+            return fail;
+        }
     }
     d = &c->d;
     M = c->info.M;

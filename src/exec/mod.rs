@@ -10,8 +10,11 @@
 //! after the node (each thread its share of the rows, then one more barrier), and the run stops at
 //! the first node that produced one ([`ExecError::NonFinite`]). Off, it costs one branch per node.
 
+mod offload;
 #[cfg(feature = "std")]
 pub mod pool;
+
+pub use offload::MatmulOffload;
 
 use core::fmt;
 use core::marker::PhantomData;
@@ -198,6 +201,8 @@ pub struct Bound<'a, const N: usize> {
     /// Repacked weights (sorted by `source_offset`) and the buffer holding them.
     packed: &'a [PackedEntry],
     packed_buffer: &'a [u8],
+    /// Optional hook running some matmuls elsewhere (the NPU).
+    offload: Option<&'a dyn MatmulOffload>,
     /// Check every node's output for NaN/infinity.
     check_numerics: bool,
     /// First node with a non-finite output (0 = none, else 1 + tensor id), the element's flat
@@ -287,6 +292,7 @@ impl<'a, const N: usize> Bound<'a, N> {
             error_kind: AtomicU32::new(0),
             packed: &[],
             packed_buffer: &[],
+            offload: None,
             check_numerics: false,
             non_finite: AtomicU32::new(0),
             non_finite_index: AtomicUsize::new(0),
@@ -393,6 +399,63 @@ impl<'a, const N: usize> Bound<'a, N> {
         self
     }
 
+    /// Offers 2-D matmuls on model-buffer weights to `hook` (see [`MatmulOffload`]): the ones it
+    /// accepts run on thread 0 through the hook, the other threads skip them.
+    pub fn with_offload(mut self, hook: &'a dyn MatmulOffload) -> Self {
+        self.offload = Some(hook);
+        self
+    }
+
+    /// The offload hook and the weights' offset, if matmul node `t` goes to the hook this step.
+    /// Every thread gets the same answer (the hook's state only changes in `begin`).
+    fn offload_of(&self, t: &Tensor, step: Step) -> Option<(&'a dyn MatmulOffload, usize)> {
+        let hook = self.offload?;
+        let (w, x) = (self.graph.tensor(t.src[0]?), self.graph.tensor(t.src[1]?));
+        let Storage::External { buffer: 0, offset } = w.storage else { return None };
+        let (ne_x, ne) = (x.ne_for(step.n_kv), t.ne_for(step.n_kv));
+        let (k, n, n_tokens) = (w.ne[0], w.ne[1], ne_x[1]);
+        let plain = t.op == Op::MulMat
+            && w.ne[2] == 1
+            && w.ne[3] == 1
+            && x.ty == GgmlType::F32
+            && t.ty == GgmlType::F32
+            && ne_x == [k, n_tokens, 1, 1]
+            && ne == [n, n_tokens, 1, 1]
+            && x.nb[0] == 4
+            && (n_tokens == 1 || x.nb[1] == 4 * k)
+            && t.nb[0] == 4
+            && (n_tokens == 1 || t.nb[1] == 4 * n);
+        (plain && hook.accepts(offset, k, n, n_tokens)).then_some((hook, offset))
+    }
+
+    /// Runs matmul node `id` through the offload hook if it takes it: thread 0 runs it (on the CPU
+    /// alone if the hook fails), the others skip it. Returns whether the node was dealt with.
+    fn offload_mul_mat(&self, id: TensorId, t: &Tensor, step: Step, ith: usize) -> bool {
+        let Some((hook, offset)) = self.offload_of(t, step) else { return false };
+        if ith != 0 {
+            return true;
+        }
+        let (Some(w), Some(x)) = (t.src[0], t.src[1]) else { return true };
+        let (k, n) = (self.graph.tensor(w).ne[0], self.graph.tensor(w).ne[1]);
+        let n_tokens = self.graph.tensor(x).ne_for(step.n_kv)[1];
+        // SAFETY: contiguous rows (checked in `offload_of`) inside the spans checked in `new`;
+        // every other thread skips this node, so thread 0 alone reads x and writes the output.
+        let done = unsafe {
+            let input: &[f32] = self.read(x, 0, n_tokens * k);
+            let output: &mut [f32] = self.write(id, 0, n_tokens * n);
+            hook.run(offset, k, n, input, output)
+        };
+        if !done {
+            // The device failed: this thread computes the whole node, input conversion included
+            // (the other threads skipped phase 0 and wait at the barrier).
+            if self.phases(id) == 2 {
+                self.convert_input(id, t, step, 0, 1);
+            }
+            self.mul_mat(id, t, step, 0, 1);
+        }
+        true
+    }
+
     /// The repacked form of matmul weights `w` (a 2-D tensor in model buffer 0), if any.
     fn packed_weights(&self, w: &Tensor) -> Option<PackedMatrix<'a>> {
         let Storage::External { buffer: 0, offset } = w.storage else { return None };
@@ -451,6 +514,9 @@ impl<'a, const N: usize> Bound<'a, N> {
     /// Clears the error state before a run.
     pub(crate) fn begin(&self) {
         self.error.store(0, Ordering::Relaxed);
+        if let Some(hook) = self.offload {
+            hook.begin();
+        }
         self.non_finite.store(0, Ordering::Relaxed);
     }
 
@@ -525,7 +591,10 @@ impl<'a, const N: usize> Bound<'a, N> {
             return;
         }
         if phase == 0 && self.phases(id) == 2 {
-            self.convert_input(id, t, step, ith, nth);
+            // An offloaded matmul reads its F32 input as is (and converts it itself on failure).
+            if self.offload.is_none() || self.offload_of(t, step).is_none() {
+                self.convert_input(id, t, step, ith, nth);
+            }
             return;
         }
         let ne = t.ne_for(step.n_kv);
@@ -608,7 +677,11 @@ impl<'a, const N: usize> Bound<'a, N> {
                         }
                     }
                 }
-                Op::MulMat => self.mul_mat(id, t, step, ith, nth),
+                Op::MulMat => {
+                    if !(self.offload.is_some() && self.offload_mul_mat(id, t, step, ith)) {
+                        self.mul_mat(id, t, step, ith, nth)
+                    }
+                }
                 Op::MulMatId => self.mul_mat_id(id, t, step, ith, nth),
                 Op::Cpy => {
                     let Some((a, ta)) = src(0) else { return };

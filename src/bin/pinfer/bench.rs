@@ -89,11 +89,14 @@ struct Setup {
     cores: Vec<usize>,
     /// Governor and frequencies, read before the first test.
     facts: Facts,
+    /// `" +NPU fp16"` when matmuls go to the NPU.
+    npu: String,
 }
 
 impl Setup {
     fn backend(&self) -> String {
-        format!("CPU {} {}", self.kernels.name(), if self.repack { "repack" } else { "no-repack" })
+        let repack = if self.repack { "repack" } else { "no-repack" };
+        format!("CPU {} {repack}{}", self.kernels.name(), self.npu)
     }
 }
 
@@ -332,6 +335,7 @@ pub fn run(args: BenchArgs) -> Result<(), CliError> {
         board: (runtime.board.profile.id.to_string(), runtime.board.profile.name.to_string()),
         facts: facts(Path::new("/"), &cores),
         cores,
+        npu: crate::npu::backend_suffix(&session),
     };
 
     let markdown = args.output == "md";

@@ -151,6 +151,9 @@ pub fn generate(path: &Path, args: GenerateArgs) -> Result<(), CliError> {
         ms(t_start.elapsed()),
         prompt.len() + runs
     );
+    if args.verbose > 0 {
+        crate::npu::report_end(&session);
+    }
     Ok(())
 }
 

@@ -277,7 +277,7 @@ impl Report<'_> {
                     "repacked": {"tensors": n_rep, "bytes": b_rep, "layouts": layouts},
                     "mapped": {"tensors": s.mapped.0, "bytes": s.mapped.1},
                     "tied_embedding_rows": {"tensors": s.mapped_rows.0, "bytes": s.mapped_rows.1},
-                    "npu": {"tensors": s.npu.0, "bytes": s.npu.1, "note": "NPU offload is not implemented yet: nothing is planned for it"},
+                    "npu": {"tensors": s.npu.0, "bytes": s.npu.1, "note": "nothing is planned for it here: `pinfer npu-plan` lists the NPU copies of matmul weights (kept next to their CPU copies)"},
                 },
             });
         }

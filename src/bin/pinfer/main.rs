@@ -10,6 +10,7 @@ use pinfer::sampler::SamplerConfig;
 mod bench;
 mod generate;
 mod info;
+mod npu;
 mod quantize;
 mod runtime;
 
@@ -157,6 +158,12 @@ enum Command {
     },
     /// Measure prompt-processing and generation speed (llama-bench style).
     Bench(bench::BenchArgs),
+    /// Show which matmuls go to the NPU (--npu auto or a whitelist), the extra memory, and write
+    /// the whitelist (-o FILE).
+    NpuPlan(npu::NpuPlanArgs),
+    /// Check the hardware: `--npu` runs every planned matmul shape on the NPU and on the CPU and
+    /// reports the error and time per call (exit status 1 past the tolerance).
+    Selftest(npu::SelftestArgs),
     /// Requantize a model's weight matrices (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K) into a new GGUF file.
     Quantize(quantize::QuantizeArgs),
 }
@@ -237,6 +244,8 @@ fn run(cli: Cli) -> Result<(), CliError> {
         }
         Command::Bench(args) => bench::run(args),
         Command::Quantize(args) => quantize::run(args),
+        Command::NpuPlan(args) => npu::plan(args),
+        Command::Selftest(args) => npu::selftest(args),
     }
 }
 

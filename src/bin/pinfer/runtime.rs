@@ -40,6 +40,8 @@ pub struct RuntimeArgs {
     /// Check every op's output for NaN/infinity and stop at the first, naming op, layer and tensor.
     #[arg(long = "check-numerics")]
     pub check_numerics: bool,
+    #[command(flatten)]
+    pub npu: crate::npu::NpuArgs,
 }
 
 /// The board and the worker cores, chosen before the session starts (and pins the caller).
@@ -49,6 +51,8 @@ pub struct Runtime {
     args: RuntimeArgs,
     /// The memory limit in bytes and where it comes from, read once.
     limit: Option<(u64, &'static str)>,
+    /// Matmul offload to the NPU.
+    npu: crate::npu::NpuChoice,
 }
 
 impl Runtime {
@@ -77,12 +81,13 @@ impl Runtime {
             Some(mib) => Some((mib.saturating_mul(1 << 20), "--mem-limit")),
             None => board::mem_available(root).map(|b| (b, "MemAvailable")),
         };
-        Ok(Self { board, workers, args: args.clone(), limit })
+        let npu = args.npu.resolve(board.profile.npu_cores)?;
+        Ok(Self { board, workers, args: args.clone(), limit, npu })
     }
 
     /// `base` with the workers, scheduling, numerics check and memory limit filled in.
     pub fn options(&self, base: SessionOptions) -> SessionOptions {
-        SessionOptions {
+        let mut opts = SessionOptions {
             threads: self.workers.cores.len(),
             cores: Some(self.workers.cores.clone()),
             pin: true,
@@ -90,7 +95,9 @@ impl Runtime {
             check_numerics: self.args.check_numerics,
             memory_limit: self.memory_limit().map(|(b, _)| b as usize),
             ..base
-        }
+        };
+        self.npu.apply(&mut opts);
+        opts
     }
 
     /// The memory limit and where it comes from.
@@ -132,7 +139,7 @@ impl Runtime {
             format!("big cores {}, little {}", board::ranges(&b.big), board::ranges(&b.little))
         };
         let npu = if p.npu_cores > 0 {
-            format!("; NPU {} cores ({}), not used yet", p.npu_cores, p.npu_matmul_types.join(", "))
+            format!("; NPU {} cores ({})", p.npu_cores, p.npu_matmul_types.join(", "))
         } else {
             String::new()
         };
@@ -164,6 +171,7 @@ impl Runtime {
             eprintln!("pinfer: mlock: {locked}");
         }
         eprintln!("pinfer: placement: {}", summary_text(&summary(session.placements())));
+        crate::npu::report_load(session);
         if verbose > 1 {
             print_placement(session.placements(), &mut std::io::stderr());
         }
@@ -219,7 +227,8 @@ pub fn summary_text(s: &Summary) -> String {
         );
     }
     text += &format!(
-        "; npu {:.1} MiB ({} tensors: NPU offload is not implemented yet, nothing is planned for it)",
+        "; npu {:.1} MiB ({} tensors: nothing is planned for it here; NPU copies of matmul weights, kept \
+         next to their CPU copies, are listed by `pinfer npu-plan`)",
         s.npu.1 as f64 / MIB,
         s.npu.0
     );
