@@ -124,7 +124,10 @@ fn assert_golden(out: &Output, want: &str, what: &str) {
     assert!(out.status.success(), "{what}: stderr: {}", text(&out.stderr));
     let stdout = text(&out.stdout);
     let got = stdout.lines().last().unwrap().trim();
-    assert!(got == want || got.starts_with(&format!("{want} ")), "{what}: ids {got:?} do not start with {want:?}; stdout: {stdout}");
+    assert!(
+        got == want || got.starts_with(&format!("{want} ")),
+        "{what}: ids {got:?} do not start with {want:?}; stdout: {stdout}"
+    );
 }
 
 #[test]
