@@ -11,9 +11,10 @@
 //! * `rms_norm`: 2^-21 relative (a few ulps). The f64 sum of the f32 squares may run in another
 //!   order; its rounding to the f32 mean can move by one ulp, which moves the scale by about one ulp.
 //! * `flash_attn_row`: `q16` identical (the same f16 rounding); outputs within 2^-7 of the largest
-//!   `|v|`. The key dot is summed in f32 in another order than the reference's f64, so a score
-//!   moves by ~1e-7 relative; that can flip an f16 rounding of the accumulator (2^-11 of it) at a
-//!   key, and later keys carry the flip: a handful of f16 ulps of values bounded by `max |v|`.
+//!   `|v|`. A path may sum the key dot in f32 (in any order) rather than the reference's f64, so a
+//!   score moves by ~1e-7 relative; that can flip an f16 rounding of the accumulator (2^-11 of it)
+//!   at a key, and later keys carry the flip: a handful of f16 ulps of values bounded by `max |v|`.
+//!   With queries and keys on a coarse grid the dots are exact in any order: bit-identical.
 //! * packed matmul: 1e-5 of `sum |w a| + sum |s|`, as in `tests/packed.rs` (same integer block dots,
 //!   float sums in another order).
 

@@ -1500,7 +1500,9 @@ fn silu_mul(e: &ExpConsts, g: float32x4_t, u: float32x4_t) -> float32x4_t {
 const MAX_HEAD: usize = 512;
 
 /// One query row of flash attention over an f16 KV cache: `reference::flash_attn_row_ref`'s
-/// steps, with the f16 key dot summed in f32 (another order) and vector f16 conversions.
+/// steps with vector f16 conversions. The key dots are summed in f64 like the reference's (in
+/// another order, which only matters if that sum rounds): a last-bit change of a score flips
+/// greedy tokens on near-tie models (the tiny random test models do it).
 #[allow(clippy::too_many_arguments)]
 pub fn flash_attn_row<'k>(
     q: &[f32],
@@ -1525,15 +1527,25 @@ pub fn flash_attn_row<'k>(
     }
 }
 
-/// Rounds `q` to f16 (into `q16`) and returns it widened.
+/// Rounds `q` to f16 (into `q16`) and widens it to f64 (into `qd`).
 #[target_feature(enable = "neon")]
 #[inline]
-fn round_query(q: &[f32], q16: &mut [F16Le], qf: &mut [f32]) {
-    for ((q, h), f) in q.chunks_exact(8).zip(q16.chunks_exact_mut(8)).zip(qf.chunks_exact_mut(8)) {
+fn round_query(q: &[f32], q16: &mut [F16Le], qd: &mut [f64]) {
+    for ((q, h), d) in q.chunks_exact(8).zip(q16.chunks_exact_mut(8)).zip(qd.chunks_exact_mut(8)) {
         let r = f16_narrow(ld_f32x4(q), ld_f32x4(&q[4..]));
         st_f16x8(h, r);
-        st_f32x4(f, f16_lo(r));
-        st_f32x4(&mut f[4..], f16_hi(r));
+        let (lo, hi) = (f16_lo(r), f16_hi(r));
+        let w = [
+            vcvt_f64_f32(vget_low_f32(lo)),
+            vcvt_high_f64_f32(lo),
+            vcvt_f64_f32(vget_low_f32(hi)),
+            vcvt_high_f64_f32(hi),
+        ];
+        for (d, w) in d.chunks_exact_mut(2).zip(w) {
+            let d: &mut [f64; 2] = d.try_into().unwrap();
+            // SAFETY: writes the 2 doubles of `d`.
+            unsafe { vst1q_f64(d.as_mut_ptr(), w) };
+        }
     }
 }
 
@@ -1650,8 +1662,8 @@ fn flash_attn_fixed<'k, const N: usize>(
     out: &mut [f32],
 ) {
     let d = 16 * N;
-    let mut qf = [0f32; 128];
-    round_query(q, q16, &mut qf[..d]);
+    let mut qd = [0f64; 128];
+    round_query(q, q16, &mut qd[..d]);
     let mut acc = [vdupq_n_u16(0); 16];
     let (mut max, mut sum) = (f32::NEG_INFINITY, 0.0f32);
     let mut j = keys.start;
@@ -1662,13 +1674,14 @@ fn flash_attn_fixed<'k, const N: usize>(
         for (i, (r, v)) in rows[..m].iter_mut().zip(&mut vrows[..m]).enumerate() {
             (*r, *v) = (key(j + i)[..d].as_ptr(), value(j + i)[..d].as_ptr());
         }
-        // Whole steps of 4 keys: the last key repeats (its extra scores are not used).
-        let m4 = m.next_multiple_of(4);
-        let last = rows[m - 1];
-        rows[m..m4].fill(last);
         let mut s = [0f32; KEY_CHUNK];
-        // SAFETY: `rows[..m4]` point at `d` f16 each, `qf` holds `d` floats, `s` `m4`.
-        unsafe { key_scores(N, &qf, &rows[..m4], scale, &mut s[..m4]) };
+        // SAFETY: `rows[..m]` point at `d` f16 each, `qd` holds `d` doubles, `s` `m` floats.
+        unsafe { key_scores(N, &qd, &rows[..m], scale, &mut s[..m]) };
+        // Whole steps of 4 for the softmax: the last score repeats (it cannot raise the maximum
+        // again; its extra exps are not used).
+        let m4 = m.next_multiple_of(4);
+        let last = s[m - 1];
+        s[m..m4].fill(last);
         let (mut e, mut raise) = ([0f32; KEY_CHUNK], [0u32; KEY_CHUNK]);
         softmax_exps(&s[..m4], &mut max, &mut e, &mut raise);
         // SAFETY: `vrows[..m]` point at `d` f16 each, `e` and `raise` hold `m` entries.
@@ -1683,94 +1696,70 @@ fn flash_attn_fixed<'k, const N: usize>(
     }
 }
 
-/// Products of one 16-value chunk of a key row (f16 in `v$k0`, `v$k1`) with the query chunk in
-/// `v$q0..v$q3`, added to v8/v9 (`$op` is `fmul` for the first chunk, else `fmla`).
+/// Products of 16 values of a key row (`{p}`, f16) with the query's (`{qp}`, f64), added to
+/// v8-v11 (`$op` is `fmul` for the first 16, else `fmla`): exact products, summed in f64.
 #[rustfmt::skip]
-macro_rules! kdot16 { ($op:literal, $k0:literal, $k1:literal,
-                       $q0:literal, $q1:literal, $q2:literal, $q3:literal) => { concat!(
-    "fcvtl v4.4s, v", $k0, ".4h\n",      "fcvtl2 v5.4s, v", $k0, ".8h\n",
-    "fcvtl v6.4s, v", $k1, ".4h\n",      "fcvtl2 v7.4s, v", $k1, ".8h\n",
-    $op, " v8.4s, v4.4s, v", $q0, ".4s\n",
-    $op, " v9.4s, v5.4s, v", $q1, ".4s\n",
-    "fmla v8.4s, v6.4s, v", $q2, ".4s\n",
-    "fmla v9.4s, v7.4s, v", $q3, ".4s\n",
+macro_rules! kdot16 { ($op:literal) => { concat!(
+    "ld1 {{v0.8h, v1.8h}}, [{p}], #32\n",
+    "fcvtl v2.4s, v0.4h\n",              "fcvtl2 v3.4s, v0.8h\n",
+    "fcvtl v4.4s, v1.4h\n",              "fcvtl2 v5.4s, v1.8h\n",
+    "fcvtl v16.2d, v2.2s\n",             "fcvtl2 v17.2d, v2.4s\n",
+    "fcvtl v18.2d, v3.2s\n",             "fcvtl2 v19.2d, v3.4s\n",
+    "fcvtl v20.2d, v4.2s\n",             "fcvtl2 v21.2d, v4.4s\n",
+    "fcvtl v22.2d, v5.2s\n",             "fcvtl2 v23.2d, v5.4s\n",
+    "ld1 {{v24.2d, v25.2d, v26.2d, v27.2d}}, [{qp}], #64\n",
+    "ld1 {{v28.2d, v29.2d, v30.2d, v31.2d}}, [{qp}], #64\n",
+    $op, " v8.2d, v16.2d, v24.2d\n",     $op, " v9.2d, v17.2d, v25.2d\n",
+    $op, " v10.2d, v18.2d, v26.2d\n",    $op, " v11.2d, v19.2d, v27.2d\n",
+    "fmla v8.2d, v20.2d, v28.2d\n",      "fmla v9.2d, v21.2d, v29.2d\n",
+    "fmla v10.2d, v22.2d, v30.2d\n",     "fmla v11.2d, v23.2d, v31.2d\n",
 ) } }
 
-/// One key of 64 (query in v16-v31): its lane sums into `v$r`.
+/// The f64 sum in v8-v11 rounded to f32, times the scale (s14), stored.
 #[rustfmt::skip]
-macro_rules! key64 { ($r:literal) => { concat!(
-    "ldr {p}, [{rows}], #8\n",
-    "ld1 {{v0.8h, v1.8h, v2.8h, v3.8h}}, [{p}], #64\n",
-    kdot16!("fmul", "0", "1", "16", "17", "18", "19"),
-    kdot16!("fmla", "2", "3", "20", "21", "22", "23"),
-    "ld1 {{v0.8h, v1.8h, v2.8h, v3.8h}}, [{p}]\n",
-    kdot16!("fmla", "0", "1", "24", "25", "26", "27"),
-    kdot16!("fmla", "2", "3", "28", "29", "30", "31"),
-    "fadd v", $r, ".4s, v8.4s, v9.4s\n",
+macro_rules! kscore { () => { concat!(
+    "fadd v8.2d, v8.2d, v9.2d\n",
+    "fadd v10.2d, v10.2d, v11.2d\n",
+    "fadd v8.2d, v8.2d, v10.2d\n",
+    "faddp d8, v8.2d\n",
+    "fcvt s8, d8\n",
+    "fmul s8, s8, s14\n",
+    "str s8, [{out}], #4\n",
 ) } }
 
-/// 32 values of a key of 128 (the query's from `{qp}`), `$op` as in `kdot16`.
-#[rustfmt::skip]
-macro_rules! key128_part { ($op:literal) => { concat!(
-    "ld1 {{v0.8h, v1.8h, v2.8h, v3.8h}}, [{p}], #64\n",
-    "ld1 {{v16.4s, v17.4s, v18.4s, v19.4s}}, [{qp}], #64\n",
-    "ld1 {{v20.4s, v21.4s, v22.4s, v23.4s}}, [{qp}], #64\n",
-    kdot16!($op, "0", "1", "16", "17", "18", "19"),
-    kdot16!("fmla", "2", "3", "20", "21", "22", "23"),
-) } }
-
-/// One key of 128: its lane sums into `v$r`.
-#[rustfmt::skip]
-macro_rules! key128 { ($r:literal) => { concat!(
-    "ldr {p}, [{rows}], #8\n",
-    "mov {qp}, {qf}\n",
-    key128_part!("fmul"), key128_part!("fmla"), key128_part!("fmla"), key128_part!("fmla"),
-    "fadd v", $r, ".4s, v8.4s, v9.4s\n",
-) } }
-
-/// Four keys' lane sums (v10-v13) reduced together, scaled, stored.
-#[rustfmt::skip]
-macro_rules! scores4 { () => { concat!(
-    "faddp v10.4s, v10.4s, v11.4s\n",
-    "faddp v12.4s, v12.4s, v13.4s\n",
-    "faddp v10.4s, v10.4s, v12.4s\n",
-    "fmul v10.4s, v10.4s, v14.s[0]\n",
-    "st1 {{v10.4s}}, [{out}], #16\n",
-) } }
-
-/// `scores[i] = (key row i . query) * scale` for the widened query `qf` (`16 n` values, n = 4
-/// or 8), four keys per step.
+/// `scores[i] = (key row i . query) * scale` for the query widened to f64 (`qd`, `16 n` values,
+/// n = 4 or 8): the reference's score (exact products summed in f64, rounded to f32) whenever the
+/// f64 sum is exact, whatever its order.
 ///
 /// # Safety
-/// Each row points at `16 n` f16 values; `rows.len() == scores.len()`, a non-zero multiple of 4.
+/// Each row points at `16 n` f16 values; `rows.len() == scores.len() > 0`.
 #[target_feature(enable = "neon")]
-unsafe fn key_scores(n: usize, qf: &[f32; 128], rows: &[*const F16Le], scale: f32, scores: &mut [f32]) {
-    debug_assert!(scores.len() == rows.len() && !rows.is_empty() && rows.len() % 4 == 0);
-    let sv = vdupq_n_f32(scale);
+unsafe fn key_scores(n: usize, qd: &[f64; 128], rows: &[*const F16Le], scale: f32, scores: &mut [f32]) {
+    debug_assert!(scores.len() == rows.len() && !rows.is_empty());
     if n == 4 {
-        let q = |i: usize| ld_f32x16(&qf[16 * i..]);
-        let [q0, q1, q2, q3] = [q(0), q(1), q(2), q(3)];
         // SAFETY: the caller's contract; every register written is declared clobbered.
         unsafe {
             asm!(
                 "2:",
-                key64!("10"), key64!("11"), key64!("12"), key64!("13"),
-                scores4!(),
+                "ldr {p}, [{rows}], #8",
+                "mov {qp}, {qd}",
+                kdot16!("fmul"), kdot16!("fmla"), kdot16!("fmla"), kdot16!("fmla"),
+                kscore!(),
                 "subs {n}, {n}, #1",
                 "b.ne 2b",
                 rows = inout(reg) rows.as_ptr() => _,
                 out = inout(reg) scores.as_mut_ptr() => _,
-                n = inout(reg) rows.len() / 4 => _,
+                n = inout(reg) rows.len() => _,
+                qd = in(reg) qd.as_ptr(),
+                qp = out(reg) _,
                 p = out(reg) _,
-                in("v14") sv,
-                in("v16") q0[0], in("v17") q0[1], in("v18") q0[2], in("v19") q0[3],
-                in("v20") q1[0], in("v21") q1[1], in("v22") q1[2], in("v23") q1[3],
-                in("v24") q2[0], in("v25") q2[1], in("v26") q2[2], in("v27") q2[3],
-                in("v28") q3[0], in("v29") q3[1], in("v30") q3[2], in("v31") q3[3],
-                out("v0") _, out("v1") _, out("v2") _, out("v3") _,
-                out("v4") _, out("v5") _, out("v6") _, out("v7") _,
+                in("v14") scale,
+                out("v0") _, out("v1") _, out("v2") _, out("v3") _, out("v4") _, out("v5") _,
                 out("v8") _, out("v9") _, out("v10") _, out("v11") _,
-                out("v12") _, out("v13") _,
+                out("v16") _, out("v17") _, out("v18") _, out("v19") _,
+                out("v20") _, out("v21") _, out("v22") _, out("v23") _,
+                out("v24") _, out("v25") _, out("v26") _, out("v27") _,
+                out("v28") _, out("v29") _, out("v30") _, out("v31") _,
                 options(nostack),
             );
         }
@@ -1779,23 +1768,26 @@ unsafe fn key_scores(n: usize, qf: &[f32; 128], rows: &[*const F16Le], scale: f3
         unsafe {
             asm!(
                 "2:",
-                key128!("10"), key128!("11"), key128!("12"), key128!("13"),
-                scores4!(),
+                "ldr {p}, [{rows}], #8",
+                "mov {qp}, {qd}",
+                kdot16!("fmul"), kdot16!("fmla"), kdot16!("fmla"), kdot16!("fmla"),
+                kdot16!("fmla"), kdot16!("fmla"), kdot16!("fmla"), kdot16!("fmla"),
+                kscore!(),
                 "subs {n}, {n}, #1",
                 "b.ne 2b",
                 rows = inout(reg) rows.as_ptr() => _,
                 out = inout(reg) scores.as_mut_ptr() => _,
-                n = inout(reg) rows.len() / 4 => _,
-                qf = in(reg) qf.as_ptr(),
+                n = inout(reg) rows.len() => _,
+                qd = in(reg) qd.as_ptr(),
                 qp = out(reg) _,
                 p = out(reg) _,
-                in("v14") sv,
-                out("v0") _, out("v1") _, out("v2") _, out("v3") _,
-                out("v4") _, out("v5") _, out("v6") _, out("v7") _,
+                in("v14") scale,
+                out("v0") _, out("v1") _, out("v2") _, out("v3") _, out("v4") _, out("v5") _,
                 out("v8") _, out("v9") _, out("v10") _, out("v11") _,
-                out("v12") _, out("v13") _,
                 out("v16") _, out("v17") _, out("v18") _, out("v19") _,
                 out("v20") _, out("v21") _, out("v22") _, out("v23") _,
+                out("v24") _, out("v25") _, out("v26") _, out("v27") _,
+                out("v28") _, out("v29") _, out("v30") _, out("v31") _,
                 options(nostack),
             );
         }
@@ -1948,19 +1940,30 @@ fn flash_attn_any<'k>(
     out: &mut [f32],
 ) {
     let (dk, dv) = (q.len(), out.len());
-    let mut qbuf = [0f32; MAX_HEAD];
+    let mut qbuf = [0f64; MAX_HEAD];
     round_query(q, q16, &mut qbuf[..dk]);
-    let qf = &qbuf[..dk];
+    let qd = &qbuf[..dk];
     acc16.fill(F16Le::from_bits(0));
     let (mut max, mut sum) = (f32::NEG_INFINITY, 0.0f32);
     for j in keys {
-        let (mut d0, mut d1) = (vdupq_n_f32(0.0), vdupq_n_f32(0.0));
-        for (k, q) in key(j)[..dk].chunks_exact(8).zip(qf.chunks_exact(8)) {
+        // Exact products summed in f64, as `key_scores`.
+        let mut d = [vdupq_n_f64(0.0); 4];
+        for (k, q) in key(j)[..dk].chunks_exact(8).zip(qd.chunks_exact(8)) {
             let h = ld_f16x8(k);
-            d0 = vfmaq_f32(d0, f16_lo(h), ld_f32x4(q));
-            d1 = vfmaq_f32(d1, f16_hi(h), ld_f32x4(&q[4..]));
+            let (lo, hi) = (f16_lo(h), f16_hi(h));
+            let k = [
+                vcvt_f64_f32(vget_low_f32(lo)),
+                vcvt_high_f64_f32(lo),
+                vcvt_f64_f32(vget_low_f32(hi)),
+                vcvt_high_f64_f32(hi),
+            ];
+            for (i, (d, k)) in d.iter_mut().zip(k).enumerate() {
+                let q: &[f64; 2] = q[2 * i..2 * i + 2].try_into().unwrap();
+                // SAFETY: reads the 2 doubles of `q`.
+                *d = vfmaq_f64(*d, k, unsafe { vld1q_f64(q.as_ptr()) });
+            }
         }
-        let s = vaddvq_f32(vaddq_f32(d0, d1)) * scale;
+        let s = vaddvq_f64(vaddq_f64(vaddq_f64(d[0], d[1]), vaddq_f64(d[2], d[3]))) as f32 * scale;
         let (ms, vs) = softmax_step(s, &mut max, &mut sum);
         for (a, v) in acc16.chunks_exact_mut(8).zip(value(j)[..dv].chunks_exact(8)) {
             let mut h = ld_f16x8(a);
