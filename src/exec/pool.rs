@@ -12,10 +12,17 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::vec::Vec;
 
-use super::{Bound, ExecError, Step};
+use super::{converted_input, Bound, ExecError, Step};
+use crate::graph::Op;
+use crate::tensor::{Storage, TensorId, MAX_SRC};
 
 /// Spins before a waiter goes to sleep (about a few microseconds on an A76).
 const SPIN_ROUNDS: u32 = 4096;
+
+/// Longest a waiter spins before it sleeps, whatever `spin_rounds` says: x86's `pause` takes
+/// about 40 ns on Zen (4096 rounds would be 100-180 us of a core taken from whoever else needs
+/// it, which a pool sharing a loaded machine pays at every barrier a descheduled thread misses).
+const SPIN_LIMIT: std::time::Duration = std::time::Duration::from_micros(50);
 
 /// A reusable barrier that spins, then sleeps.
 pub struct Barrier {
@@ -23,6 +30,9 @@ pub struct Barrier {
     spin_rounds: u32,
     count: AtomicUsize,
     generation: AtomicUsize,
+    /// Waiters asleep (or about to be) on `cv`: the last arriver only wakes them when there are
+    /// some (a condition variable's notify is a system call even when no one waits).
+    sleepers: AtomicUsize,
     lock: Mutex<()>,
     cv: Condvar,
 }
@@ -41,6 +51,7 @@ impl Barrier {
             spin_rounds,
             count: AtomicUsize::new(0),
             generation: AtomicUsize::new(0),
+            sleepers: AtomicUsize::new(0),
             lock: Mutex::new(()),
             cv: Condvar::new(),
         }
@@ -51,22 +62,35 @@ impl Barrier {
         let generation = self.generation.load(Ordering::Acquire);
         if self.count.fetch_add(1, Ordering::AcqRel) + 1 == self.n {
             self.count.store(0, Ordering::Relaxed);
-            self.generation.fetch_add(1, Ordering::AcqRel);
-            // Taking the lock orders this wake-up after any sleeper's check of the generation.
-            drop(self.lock.lock().unwrap_or_else(|e| e.into_inner()));
-            self.cv.notify_all();
+            // SeqCst with the sleepers' SeqCst increment and load below: either this load sees a
+            // sleeper, or that sleeper's load sees the new generation and does not sleep.
+            self.generation.fetch_add(1, Ordering::SeqCst);
+            if self.sleepers.load(Ordering::SeqCst) != 0 {
+                // Taking the lock orders this wake-up after any sleeper's check of the generation.
+                drop(self.lock.lock().unwrap_or_else(|e| e.into_inner()));
+                self.cv.notify_all();
+            }
             return;
         }
-        for _ in 0..self.spin_rounds {
+        let mut since: Option<std::time::Instant> = None;
+        for i in 0..self.spin_rounds {
             if self.generation.load(Ordering::Acquire) != generation {
                 return;
             }
             core::hint::spin_loop();
+            if i % 256 == 255 {
+                let start = *since.get_or_insert_with(std::time::Instant::now);
+                if start.elapsed() > SPIN_LIMIT {
+                    break;
+                }
+            }
         }
         let mut guard = self.lock.lock().unwrap_or_else(|e| e.into_inner());
-        while self.generation.load(Ordering::Acquire) == generation {
+        self.sleepers.fetch_add(1, Ordering::SeqCst);
+        while self.generation.load(Ordering::SeqCst) == generation {
             guard = self.cv.wait(guard).unwrap_or_else(|e| e.into_inner());
         }
+        self.sleepers.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -223,13 +247,226 @@ pub fn current_thread_scheduler() -> (&'static str, i32) {
     (name, priority)
 }
 
-/// Runs thread `ith`'s share of every node, with a barrier after each computing node.
+/// Runs thread `ith`'s share of every node: see [`run_scheduled`], or, when outputs are checked
+/// for non-finite values or matmuls may be offloaded, [`run_every_node`].
 ///
 /// # Safety
 /// `bound` must point to a live `Bound<'_, N>` for the whole call.
 unsafe fn run_share<const N: usize>(bound: *const (), step: Step, ith: usize, nth: usize, barrier: &Barrier) {
     // SAFETY: guaranteed by the caller (Pool::run blocks until every share has returned).
     let bound = unsafe { &*(bound as *const Bound<'_, N>) };
+    if bound.checks_numerics() || bound.offload.is_some() {
+        run_every_node(bound, step, ith, nth, barrier);
+    } else {
+        run_scheduled(bound, step, ith, nth, barrier);
+    }
+}
+
+/// Output elements (or, for an input conversion, input elements), weighted by cost, up to which
+/// a phase runs on thread 0 alone: splitting a decode step's norms, adds, ropes, cache writes and
+/// input conversions saves well under a microsecond, a barrier costs about that when both threads
+/// run, and far more when one has been descheduled.
+const ALONE_ELEMENTS: usize = 16 * 1024;
+
+/// A byte range `[start, end)` a phase reads or writes.
+#[derive(Clone, Copy)]
+struct Access {
+    start: usize,
+    end: usize,
+    write: bool,
+    /// Whether every thread ran the phase (else thread 0 alone).
+    shared: bool,
+}
+
+/// Ranges one phase touches: its sources, the converted input, its output.
+const PHASE_ACCESSES: usize = MAX_SRC + 2;
+/// Ranges remembered since the last barrier (a phase that would overflow them waits).
+const TRACKED: usize = 32;
+
+/// What the phases run since the last barrier touched.
+struct Hazards {
+    list: [Access; TRACKED],
+    n: usize,
+}
+
+impl Hazards {
+    /// Whether a phase touching `acc` (run by every thread when `shared`) must wait at a barrier
+    /// first: it writes what an earlier phase read or wrote, or reads what one wrote, and one of
+    /// the two ran on other threads than 0 (thread 0 runs its phases in order).
+    fn conflict(&self, acc: &[Access], shared: bool) -> bool {
+        self.n + acc.len() > TRACKED
+            || self.list[..self.n].iter().any(|e| {
+                (shared || e.shared)
+                    && acc.iter().any(|a| (a.write || e.write) && a.start < e.end && e.start < a.end)
+            })
+    }
+
+    fn push(&mut self, acc: &[Access]) {
+        for a in acc {
+            self.list[self.n] = *a;
+            self.n += 1;
+        }
+    }
+}
+
+/// Byte range of tensor `id`'s data (`None` for tensors without data or in read-only buffers).
+fn span_of<const N: usize>(bound: &Bound<'_, N>, id: TensorId) -> Option<(usize, usize)> {
+    let t = bound.graph().tensor(id);
+    if matches!(t.storage, Storage::External { .. }) {
+        return None;
+    }
+    let ptr = bound.ptrs.get(id.index()).copied().filter(|p| !p.is_null())? as usize;
+    Some((ptr, ptr + t.span_bytes()))
+}
+
+/// The ranges phase `phase` of node `id` reads and writes (the same on every thread).
+fn phase_accesses<const N: usize>(
+    bound: &Bound<'_, N>,
+    id: TensorId,
+    phase: usize,
+    shared: bool,
+    out: &mut [Access; PHASE_ACCESSES],
+) -> usize {
+    let t = bound.graph().tensor(id);
+    let converting = bound.phases(id) == 2;
+    let converted = bound.converted as usize;
+    let work = (converted, converted + bound.converted_len);
+    let mut n = 0;
+    let mut add = |r: Option<(usize, usize)>, write: bool| {
+        if let Some((start, end)) = r.filter(|r| r.1 > r.0) {
+            out[n] = Access { start, end, write, shared };
+            n += 1;
+        }
+    };
+    if converting && phase == 0 {
+        // The input conversion: reads the F32 input, writes the shared work region.
+        add(t.src[1].and_then(|x| span_of(bound, x)), false);
+        add(Some(work), true);
+    } else {
+        for s in t.src.iter().flatten() {
+            add(span_of(bound, *s), false);
+        }
+        if converting {
+            add(Some(work), false);
+        }
+        add(span_of(bound, id), true);
+    }
+    n
+}
+
+/// Whether phase `phase` of node `id` is small enough for thread 0 alone (see
+/// [`ALONE_ELEMENTS`]). Matmuls and attention always run on every thread.
+fn runs_alone<const N: usize>(bound: &Bound<'_, N>, id: TensorId, phase: usize, step: Step) -> bool {
+    let g = bound.graph();
+    let t = g.tensor(id);
+    let elements =
+        |id: Option<TensorId>| id.map_or(usize::MAX, |s| g.tensor(s).ne_for(step.n_kv).iter().product());
+    // Elements, weighted by their cost relative to a norm's or an add's (a rope takes a sine and
+    // a cosine per pair, the cache writes, copies and row gathers go element by element).
+    let work = match t.op {
+        Op::MulMat | Op::MulMatId if bound.phases(id) == 2 && phase == 0 => elements(t.src[1]),
+        Op::MulMat | Op::MulMatId | Op::FlashAttn => return false,
+        // The output is the whole cache; the work is the rows written.
+        Op::KvWrite => elements(t.src[0]).saturating_mul(4),
+        Op::Rope => elements(Some(id)).saturating_mul(8),
+        Op::GetRows | Op::Cpy | Op::Concat => elements(Some(id)).saturating_mul(4),
+        _ => elements(Some(id)),
+    };
+    work <= ALONE_ELEMENTS
+}
+
+/// Whether matmul `n`'s input conversion would write exactly what matmul `m`'s wrote: the same
+/// input tensor converted to the same type and layout (Q, K and V read one normed input, so do
+/// the FFN gate and up).
+fn same_conversion<const N: usize>(bound: &Bound<'_, N>, m: TensorId, n: TensorId) -> bool {
+    let g = bound.graph();
+    let (tm, tn) = (g.tensor(m), g.tensor(n));
+    let (Some(wm), Some(wn)) = (tm.src[0], tn.src[0]) else { return false };
+    let (wm, wn) = (g.tensor(wm), g.tensor(wn));
+    tm.op == Op::MulMat
+        && tn.op == Op::MulMat
+        && tm.src[1].is_some()
+        && tm.src[1] == tn.src[1]
+        && converted_input(tm, wm) == converted_input(tn, wn)
+        && bound.packed_weights(wm).is_some() == bound.packed_weights(wn).is_some()
+}
+
+/// Runs thread `ith`'s share of every node with as few barriers as the data allow:
+/// - phases of at most [`ALONE_ELEMENTS`] run on thread 0 alone (the others go on);
+/// - a phase waits at a barrier only when it touches bytes that a phase run since the last
+///   barrier wrote (or writes bytes one read), one of the two having run on other threads than 0;
+///   the planned addresses tell (activations share memory, so the check is on byte ranges);
+/// - a matmul whose input conversion would repeat the previous one's (same input, type and
+///   layout, nothing written over the input or the work region since) skips it.
+///
+/// Every thread computes the same schedule, so all meet at the same barriers. A decode step of
+/// SmolLM2 meets 14 barriers per layer instead of 26.
+fn run_scheduled<const N: usize>(
+    bound: &Bound<'_, N>,
+    step: Step,
+    ith: usize,
+    nth: usize,
+    barrier: &Barrier,
+) {
+    let none = Access { start: 0, end: 0, write: false, shared: false };
+    let mut hazards = Hazards { list: [none; TRACKED], n: 0 };
+    let mut acc = [none; PHASE_ACCESSES];
+    let (work0, work1) = (bound.converted as usize, bound.converted as usize + bound.converted_len);
+    // The matmul whose converted input the work region holds, and the input's bytes.
+    let mut converted: Option<(TensorId, (usize, usize))> = None;
+    for &id in bound.graph().order() {
+        let phases = bound.phases(id);
+        for phase in 0..phases {
+            let conversion = phases == 2 && phase == 0;
+            if conversion && converted.is_some_and(|(m, _)| same_conversion(bound, m, id)) {
+                continue;
+            }
+            let alone = runs_alone(bound, id, phase, step);
+            let n = phase_accesses(bound, id, phase, !alone, &mut acc);
+            if hazards.conflict(&acc[..n], !alone) {
+                barrier.wait();
+                hazards.n = 0;
+            }
+            if alone {
+                if ith == 0 {
+                    bound.compute(id, step, phase, 0, 1);
+                }
+            } else if bound.graph().tensor(id).op == Op::FlashAttn {
+                // Causal rows cost more the later their token, and rows are split token-major:
+                // each thread takes one early and one late share of twice as many.
+                bound.compute(id, step, phase, ith, 2 * nth);
+                bound.compute(id, step, phase, 2 * nth - 1 - ith, 2 * nth);
+            } else {
+                bound.compute(id, step, phase, ith, nth);
+            }
+            hazards.push(&acc[..n]);
+            if conversion {
+                let t = bound.graph().tensor(id);
+                converted =
+                    t.src[1].and_then(|x| span_of(bound, x)).filter(|_| t.op == Op::MulMat).map(|r| (id, r));
+            } else if let Some((_, (start, end))) = converted {
+                // Anything written over the converted input, or over the work region holding
+                // its conversion, makes the conversion stale.
+                let over = |a: &Access| {
+                    a.write && ((a.start < end && start < a.end) || (a.start < work1 && work0 < a.end))
+                };
+                if acc[..n].iter().any(over) {
+                    converted = None;
+                }
+            }
+        }
+    }
+}
+
+/// Runs thread `ith`'s share of every node, with a barrier after each computing phase (and
+/// after each check).
+fn run_every_node<const N: usize>(
+    bound: &Bound<'_, N>,
+    step: Step,
+    ith: usize,
+    nth: usize,
+    barrier: &Barrier,
+) {
     let check = bound.checks_numerics();
     for &id in bound.graph().order() {
         let phases = bound.phases(id);

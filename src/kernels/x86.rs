@@ -21,9 +21,11 @@
 //! - With AVX512-VNNI + AVX512VL (detected at run time, see [`vnni`]) `vpdpbusd` replaces each
 //!   `maddubs` + `madd` + add.
 //!
-//! Tokens are processed in tiles of up to 4 (weights unpacked once per tile); a single token takes
-//! 4 row groups per pass instead. The groups are cut into strips that stay in L2, so a call with
-//! many tokens reads each weight from memory once.
+//! Tokens are processed in tiles of up to 4 (weights unpacked once per tile). The groups are cut
+//! into strips that stay in L2, so a call with many tokens reads each weight from memory once. A
+//! single token (decode, where the weights stream from DRAM and memory sets the pace) goes one
+//! row group at a time, so each plane is read as one linear stream that the hardware prefetchers
+//! follow, with software prefetches 8 KiB ahead (see [`pass1`]).
 
 use core::arch::x86_64::*;
 use core::mem::MaybeUninit;
@@ -193,7 +195,8 @@ struct Expanded {
     /// Q8: `e[v]` pairs with the `v`-th 32-byte load. Q4: `e[0]`, `e[1]` with the low nibbles of
     /// loads 0 and 1, `e[2]`, `e[3]` with their high nibbles.
     e: [__m256i; 4],
-    /// 4-bit formats: `-8 * (sum of the activations a half meets)` per int32 lane.
+    /// `-8` (4-bit formats) or `-128` (int8 formats, one token, VNNI) times the sum of the
+    /// activations a half meets, per int32 lane (see [`Corr`]); else zero.
     neg_corr: __m256i,
 }
 
@@ -271,10 +274,17 @@ unsafe fn run<const F: u8, const VNNI: bool>(
             let mut c0 = 0;
             while c0 < nb {
                 let kn = kc.min(nb - c0);
+                let corr = if is_4bit(F) {
+                    Corr::Times8
+                } else if VNNI && tt == 1 && F != F_Q8SUB16 {
+                    Corr::Times128
+                } else {
+                    Corr::None
+                };
                 for ti in 0..tt {
                     // SAFETY: blocks c0..c0 + kn of a row of at least nb blocks; entries ti * kc..
                     // of the scratch (tt * kc <= SCRATCH).
-                    unsafe { expand(acts[t0 + ti].as_ptr().add(c0), kn, sp.add(ti * kc), is_4bit(F)) };
+                    unsafe { expand(acts[t0 + ti].as_ptr().add(c0), kn, sp.add(ti * kc), corr) };
                 }
                 let chunk =
                     Chunk { w, groups: strip.clone(), base: groups.start, c0, kn, exp: sp, estride: kc };
@@ -282,7 +292,7 @@ unsafe fn run<const F: u8, const VNNI: bool>(
                 // SAFETY: the scratch holds the tt x kn expanded blocks; the rest is `run`'s contract.
                 unsafe {
                     match tt {
-                        1 => pass::<F, VNNI, 1, 4>(&chunk, a, o),
+                        1 => pass1::<F, VNNI>(&chunk, a, o),
                         2 => pass::<F, VNNI, 2, 2>(&chunk, a, o),
                         3 => pass::<F, VNNI, 3, 1>(&chunk, a, o),
                         _ => pass::<F, VNNI, 4, 1>(&chunk, a, o),
@@ -312,13 +322,24 @@ struct Chunk<'w, 'a> {
     estride: usize,
 }
 
+/// Which multiple of the activation sums [`Expanded::neg_corr`] holds.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Corr {
+    /// None (zero).
+    None,
+    /// `-8 * sum`: 4-bit weights taken as `q + 8`.
+    Times8,
+    /// `-128 * sum`: int8 weights taken as `q + 128` (one token with VNNI, see [`block_isum`]).
+    Times128,
+}
+
 /// Expands `n` activation blocks from `src` into `dst`.
 ///
 /// # Safety
 /// `src` readable for `n` blocks, `dst` writable for `n` entries.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn expand(src: *const ActBlock, n: usize, dst: *mut Expanded, corr: bool) {
+unsafe fn expand(src: *const ActBlock, n: usize, dst: *mut Expanded, corr: Corr) {
     let idx = [
         _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1),
         _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3),
@@ -336,15 +357,18 @@ unsafe fn expand(src: *const ActBlock, n: usize, dst: *mut Expanded, corr: bool)
             _mm256_permutevar8x32_epi32(qs, idx[2]),
             _mm256_permutevar8x32_epi32(qs, idx[3]),
         ];
-        let neg_corr = if corr {
-            // Per int32 lane, the sum of the 16 activations its half meets, times -8.
+        let neg_corr = if corr == Corr::None {
+            _mm256_setzero_si256()
+        } else {
+            // Per int32 lane, the sum of the 16 activations its half meets, times -8 or -128.
             let s16 = _mm256_add_epi16(
                 _mm256_add_epi16(_mm256_maddubs_epi16(ones8, e[0]), _mm256_maddubs_epi16(ones8, e[1])),
                 _mm256_add_epi16(_mm256_maddubs_epi16(ones8, e[2]), _mm256_maddubs_epi16(ones8, e[3])),
             );
-            _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32::<3>(_mm256_madd_epi16(s16, ones16)))
-        } else {
-            _mm256_setzero_si256()
+            let sum = _mm256_madd_epi16(s16, ones16);
+            let scaled =
+                if corr == Corr::Times8 { _mm256_slli_epi32::<3>(sum) } else { _mm256_slli_epi32::<7>(sum) };
+            _mm256_sub_epi32(_mm256_setzero_si256(), scaled)
         };
         // SAFETY: entry b < n of `dst` (the caller's contract).
         unsafe { dst.add(b).write(Expanded { e, neg_corr }) };
@@ -393,6 +417,180 @@ unsafe fn pass<const F: u8, const VNNI: bool, const T: usize, const G: usize>(
         };
         g += n;
     }
+}
+
+/// How far ahead of its reads a single-token pass prefetches the quant plane, in bytes (the scale
+/// plane at the same fraction of its own).
+const PREFETCH_BYTES: usize = 8192;
+
+/// One token over `chunk.groups`, one group at a time: the quant and the scale plane are then
+/// read as two linear streams, which the hardware prefetchers follow and software prefetches run
+/// ahead of. ([`pass`] with several groups per pass reads several short streams a group apart,
+/// which the prefetchers do not follow: twice the time per token when the weights come from
+/// DRAM.)
+///
+/// # Safety
+/// As for [`pass`] with `T == 1`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn pass1<const F: u8, const VNNI: bool>(
+    chunk: &Chunk<'_, '_>,
+    acts: &[&[ActBlock]],
+    outs: &mut [&mut [f32]],
+) {
+    if F == F_Q8SUB16 {
+        // SAFETY: `pass`'s contract, which is ours.
+        return unsafe { pass::<F, VNNI, 1, 1>(chunk, acts, outs) };
+    }
+    let w = chunk.w;
+    let (qstride, sstride) = (w.blocks() * quant_bytes(F), w.blocks() * scale_bytes(F));
+    // SAFETY: c0 < nb <= acts[0].len().
+    let ap = unsafe { acts[0].as_ptr().add(chunk.c0) };
+    let first = chunk.c0 == 0;
+    // Prefetch distances: a fixed one along the planes when the chunk is whole rows, else the
+    // next group's part of the chunk (the rest of this row is read by later chunks).
+    let dist = if chunk.kn < w.blocks() {
+        (qstride, sstride)
+    } else {
+        (PREFETCH_BYTES, PREFETCH_BYTES * scale_bytes(F) / quant_bytes(F))
+    };
+    for g in chunk.groups.clone() {
+        // SAFETY: g < groups.end <= w.groups() and c0 < nb: inside both planes; the group has the
+        // chunk's blocks c0..c0 + kn, the activation row and the scratch have them too.
+        let acc = unsafe {
+            let q = w.quants.as_ptr().add(g * qstride + chunk.c0 * quant_bytes(F));
+            let s = w.scales.as_ptr().add(g * sstride + chunk.c0 * scale_bytes(F));
+            dot1::<F, VNNI>(q, s, chunk.exp, ap, chunk.kn, dist)
+        };
+        store(&[[acc]], outs, GROUP_ROWS * (g - chunk.base), first);
+    }
+}
+
+/// The int32 dot products of one interleaved block (quants at `qp`) with an expanded activation
+/// block, per lane `4h + r` (row `r`, half `h`); formats other than Q8Sub16. `ex` must have been
+/// expanded with [`Corr::Times8`] for 4-bit formats, and with [`Corr::Times128`] for int8 ones
+/// when `VNNI` (what [`run`] does for one token).
+///
+/// # Safety
+/// `quant_bytes(F)` readable bytes at `qp`; `VNNI` only when the CPU has it.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn block_isum<const F: u8, const VNNI: bool>(qp: *const u8, ex: &Expanded) -> __m256i {
+    let ones16 = _mm256_set1_epi16(1);
+    if is_4bit(F) {
+        let low4 = _mm256_set1_epi8(0x0F);
+        let x88 = _mm256_set1_epi8(0x88u8 as i8);
+        // SAFETY: 64 bytes at qp.
+        let (w0, w1) = unsafe { (_mm256_loadu_si256(qp.cast()), _mm256_loadu_si256(qp.add(32).cast())) };
+        let (x0, x1) = (_mm256_xor_si256(w0, x88), _mm256_xor_si256(w1, x88));
+        let wv = [
+            _mm256_and_si256(x0, low4),
+            _mm256_and_si256(x1, low4),
+            _mm256_and_si256(_mm256_srli_epi16::<4>(x0), low4),
+            _mm256_and_si256(_mm256_srli_epi16::<4>(x1), low4),
+        ];
+        if VNNI {
+            // SAFETY: VNNI only when the CPU has it (the contract). Two chains, joined once.
+            unsafe {
+                let a = dpbusd(dpbusd(ex.neg_corr, wv[0], ex.e[0]), wv[1], ex.e[1]);
+                let b = dpbusd(dpbusd(_mm256_setzero_si256(), wv[2], ex.e[2]), wv[3], ex.e[3]);
+                _mm256_add_epi32(a, b)
+            }
+        } else {
+            let p = _mm256_add_epi16(
+                _mm256_add_epi16(_mm256_maddubs_epi16(wv[0], ex.e[0]), _mm256_maddubs_epi16(wv[1], ex.e[1])),
+                _mm256_add_epi16(_mm256_maddubs_epi16(wv[2], ex.e[2]), _mm256_maddubs_epi16(wv[3], ex.e[3])),
+            );
+            _mm256_add_epi32(_mm256_madd_epi16(p, ones16), ex.neg_corr)
+        }
+    } else {
+        // SAFETY: 128 bytes at qp.
+        let ws = [0, 1, 2, 3].map(|v| unsafe { _mm256_loadu_si256(qp.add(32 * v).cast()) });
+        if VNNI {
+            // The weights as the unsigned operand, q + 128 (XOR 0x80): sum((q + 128) a) - 128
+            // sum(a), the correction precomputed with the expansion (`Corr::Times128`). Exact, as
+            // `vpdpbusd` does not saturate, and four XORs instead of four ABS and four SIGN.
+            let x80 = _mm256_set1_epi8(0x80u8 as i8);
+            let wu = ws.map(|w| _mm256_xor_si256(w, x80));
+            // SAFETY: as above.
+            unsafe {
+                let a = dpbusd(dpbusd(ex.neg_corr, wu[0], ex.e[0]), wu[1], ex.e[1]);
+                let b = dpbusd(dpbusd(_mm256_setzero_si256(), wu[2], ex.e[2]), wu[3], ex.e[3]);
+                _mm256_add_epi32(a, b)
+            }
+        } else {
+            let wv = ws.map(|w| _mm256_abs_epi8(w));
+            let se = [0, 1, 2, 3].map(|v| _mm256_sign_epi8(ex.e[v], ws[v]));
+            let m = [0, 1, 2, 3].map(|v| _mm256_madd_epi16(_mm256_maddubs_epi16(wv[v], se[v]), ones16));
+            _mm256_add_epi32(_mm256_add_epi32(m[0], m[1]), _mm256_add_epi32(m[2], m[3]))
+        }
+    }
+}
+
+/// One group against one token over `kn` blocks (formats other than Q8Sub16): 8 f32 lanes, two
+/// halves of 4 rows, to be added. Even and odd blocks go to separate accumulators, and the min
+/// term to its own, so no chain of dependent FMAs sets the pace.
+///
+/// Prefetches run `dist` bytes ahead in the (quant, scale) planes.
+///
+/// # Safety
+/// `q`, `s` at block `c0` of a group with at least `c0 + kn` blocks, `ap` at block `c0` of an
+/// activation row with `kn` more, `exp` the `kn` expanded blocks; `VNNI` only when the CPU has it.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn dot1<const F: u8, const VNNI: bool>(
+    q: *const u8,
+    s: *const u8,
+    exp: *const Expanded,
+    ap: *const ActBlock,
+    kn: usize,
+    (qdist, sdist): (usize, usize),
+) -> __m256 {
+    let (qb, sb) = (quant_bytes(F), scale_bytes(F));
+    // Formats with a min: the scales [d, m] times [8s, s] (Q4Min: (m + 8d) * s, the stored
+    // nibbles being q - 8) or [0, s] (Q8Min), added into the same row lanes as the dot.
+    let s_mul = if F == F_Q4MIN {
+        _mm256_setr_ps(8.0, 8.0, 8.0, 8.0, 1.0, 1.0, 1.0, 1.0)
+    } else {
+        _mm256_setr_ps(0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0)
+    };
+    // SAFETY (the closure): b < kn, the contract's blocks.
+    let step = |b: usize, acc: __m256, accm: __m256| -> (__m256, __m256) {
+        unsafe {
+            let (qp, sp) = (q.add(b * qb), s.add(b * sb));
+            // Prefetches never fault; past the matrix they fetch what follows it in the buffer.
+            _mm_prefetch::<_MM_HINT_T0>(qp.wrapping_add(qdist).cast());
+            if !is_4bit(F) {
+                _mm_prefetch::<_MM_HINT_T0>(qp.wrapping_add(qdist + 64).cast());
+            }
+            if (sp as usize) % 64 < sb {
+                _mm_prefetch::<_MM_HINT_T0>(sp.wrapping_add(sdist).cast());
+            }
+            let ab = &*ap.add(b);
+            let isum = block_isum::<F, VNNI>(qp, &*exp.add(b));
+            let da = _mm256_set1_ps(ab.d);
+            if F == F_Q4MIN || F == F_Q8MIN {
+                let dm = _mm256_cvtph_ps(_mm_loadu_si128(sp.cast()));
+                let d2 = _mm256_permute2f128_ps::<0x00>(dm, dm);
+                let acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(d2, da), acc);
+                (acc, _mm256_fmadd_ps(dm, _mm256_mul_ps(_mm256_set1_ps(ab.s), s_mul), accm))
+            } else {
+                let d2 = _mm256_cvtph_ps(_mm_set1_epi64x(sp.cast::<i64>().read_unaligned()));
+                (_mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(d2, da), acc), accm)
+            }
+        }
+    };
+    let z = _mm256_setzero_ps();
+    let (mut a0, mut m0, mut a1, mut m1) = (z, z, z, z);
+    let mut b = 0;
+    while b + 2 <= kn {
+        (a0, m0) = step(b, a0, m0);
+        (a1, m1) = step(b + 1, a1, m1);
+        b += 2;
+    }
+    if b < kn {
+        (a0, m0) = step(b, a0, m0);
+    }
+    _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(m0, m1))
 }
 
 /// Adds the two halves of each accumulator and writes or adds the 4 row results.
