@@ -70,7 +70,7 @@ pub enum Reason {
     Router,
     /// An embedding table: `get_rows` reads a few rows per token from the file.
     Embedding,
-    /// Expert matrices (3-D): `mul_mat_id` reads the file's layout.
+    /// Expert matrices (3-D), repacked with one slab per expert that `mul_mat_id` reads in place.
     Experts,
     /// The weight type has no packed layout.
     NoLayout(GgmlType),
@@ -103,7 +103,7 @@ impl fmt::Display for Reason {
             Self::Bias => write!(f, "bias: stays in the file's type (never repacked or offloaded)"),
             Self::Router => write!(f, "MoE router: stays in the file's type (never repacked or offloaded)"),
             Self::Embedding => write!(f, "embedding table: get_rows reads a few rows per token"),
-            Self::Experts => write!(f, "expert matrices: mul_mat_id reads the file's layout"),
+            Self::Experts => write!(f, "expert matrices, one slab per expert, read in place by mul_mat_id"),
             Self::NoLayout(ty) => write!(f, "mul_mat weight: {ty} has no packed layout"),
             Self::Shape { rows, k } => {
                 write!(f, "mul_mat weight: {rows} x {k} does not pack (rows % 4, k % 32 needed)")
@@ -223,25 +223,29 @@ pub fn place(t: &TensorInfo<'_>, u: Use, repack: bool) -> Placement {
     if !u.any() {
         return mapped(Reason::Unused);
     }
-    if u.mul_mat_id {
-        return mapped(Reason::Experts);
-    }
-    if !u.mul_mat {
+    if !u.mul_mat && !u.mul_mat_id {
         return mapped(if u.get_rows { Reason::Embedding } else { Reason::ReadInPlace });
     }
     let (k, rows) = (t.ne[0] as usize, t.ne[1] as usize);
     if !repack {
         return mapped(Reason::RepackOff);
     }
-    if t.ne[2] != 1 || t.ne[3] != 1 {
-        return mapped(Reason::Experts);
+    // Experts `[k, m, n_expert]` pack as one matrix of m * n_expert rows: each expert's row
+    // groups are then one contiguous slab in each plane, which `mul_mat_id` addresses in place.
+    let experts = t.ne[2] as usize * t.ne[3] as usize;
+    if experts != 1 && !u.mul_mat_id {
+        return mapped(Reason::ReadInPlace);
     }
     let Some(format) = PackedFormat::for_type(t.ty) else { return mapped(Reason::NoLayout(t.ty)) };
     if !can_pack(t.ty, rows, k) {
         return mapped(Reason::Shape { rows, k });
     }
-    let (qn, sn) = packed_bytes(format, rows, k);
-    let reason = if u.get_rows { Reason::TiedEmbedding } else { Reason::Repacked };
+    let (qn, sn) = packed_bytes(format, rows * experts, k);
+    let reason = match (u.get_rows, u.mul_mat_id) {
+        (true, _) => Reason::TiedEmbedding,
+        (false, true) => Reason::Experts,
+        (false, false) => Reason::Repacked,
+    };
     Placement { buffer: Buffer::Repacked(format), reason, bytes: qn + sn }
 }
 

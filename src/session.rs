@@ -596,7 +596,8 @@ fn plan_repack(gguf: &Gguf<'_>, placements: &[Placement]) -> (Vec<PackedEntry>, 
     let mut at = 0usize;
     for (t, p) in gguf.tensors().zip(placements) {
         let Buffer::Repacked(format) = p.buffer else { continue };
-        let (k, rows) = (t.ne[0] as usize, t.ne[1] as usize);
+        // Experts `[k, m, n_expert]` are one matrix of m * n_expert rows.
+        let (k, rows) = (t.ne[0] as usize, (t.ne[1] * t.ne[2] * t.ne[3]) as usize);
         let offset = gguf.data_start() + t.offset as usize;
         let (qn, sn) = packed_bytes(format, rows, k);
         let quants_at = at;

@@ -70,6 +70,11 @@ pub enum ExecError {
         /// The op.
         op: &'static str,
     },
+    /// An MoE router produced NaN or infinity: its layer cannot pick experts.
+    RouterNonFinite {
+        /// The routing node (`"ffn_moe_topk-3"`: name and layer).
+        name: heapless::String<40>,
+    },
     /// The step writes past the end of the KV cache.
     CacheFull {
         /// The cache write node.
@@ -112,6 +117,15 @@ impl fmt::Display for ExecError {
             }
             Self::BadIndex { name, op } => write!(f, "{op} in {name:?} read an index outside its table"),
             Self::CacheFull { name } => write!(f, "{name:?}: the KV cache is full (raise the context size)"),
+            Self::RouterNonFinite { name } => {
+                let layer = split_layer(name).1.map_or(-1, i64::from);
+                write!(
+                    f,
+                    "the MoE router of layer {layer} produced a non-finite value ({name:?}): generation \
+                     stopped; the model's router weights or an earlier layer are broken \
+                     (run with --check-numerics to find where)"
+                )
+            }
             Self::NonFinite { name, op, input, nan, index } => {
                 let what = if *nan { "NaN" } else { "infinity" };
                 match split_layer(name) {
@@ -469,6 +483,30 @@ impl<'a, const N: usize> Bound<'a, N> {
             .flatten()
     }
 
+    /// The repacked form of expert weights `w` (`[k, m, n_expert]` in model buffer 0, packed as
+    /// one matrix of `m * n_expert` rows), if any: expert `e` is row groups `e * m / 4..`.
+    fn packed_experts(&self, w: &Tensor) -> Option<PackedMatrix<'a>> {
+        let Storage::External { buffer: 0, offset } = w.storage else { return None };
+        if w.ne[3] != 1 || w.ne[1] % GROUP_ROWS != 0 {
+            return None;
+        }
+        let at = self.packed.binary_search_by_key(&offset, |e| e.source_offset).ok()?;
+        let entry = &self.packed[at];
+        let rows = w.ne[1].checked_mul(w.ne[2])?;
+        (entry.rows == rows && entry.k == w.ne[0] && PackedFormat::for_type(w.ty) == Some(entry.format))
+            .then(|| entry.matrix(self.packed_buffer))
+            .flatten()
+    }
+
+    /// The repacked weights matmul node `t` (weights `w`) runs on, if any.
+    pub(crate) fn packed_for(&self, t: &Tensor, w: &Tensor) -> Option<PackedMatrix<'a>> {
+        match t.op {
+            Op::MulMat => self.packed_weights(w),
+            Op::MulMatId => self.packed_experts(w),
+            _ => None,
+        }
+    }
+
     /// The graph.
     pub fn graph(&self) -> &'a Graph<N> {
         self.graph
@@ -543,6 +581,7 @@ impl<'a, const N: usize> Bound<'a, N> {
         let t = self.graph.tensor(TensorId((at - 1) as u16));
         Err(match self.error_kind.load(Ordering::Relaxed) {
             0 => ExecError::BadIndex { name: t.name.clone(), op: t.op.name() },
+            ROUTER_NON_FINITE => ExecError::RouterNonFinite { name: t.name.clone() },
             _ => ExecError::CacheFull { name: t.name.clone() },
         })
     }
@@ -604,7 +643,7 @@ impl<'a, const N: usize> Bound<'a, N> {
         // builder, spans by `new`; rows come from `share`, which gives each thread disjoint rows.
         unsafe {
             match t.op {
-                Op::Scale | Op::RmsNorm | Op::LayerNorm | Op::Silu | Op::Gelu | Op::SoftMax => {
+                Op::Scale | Op::RmsNorm | Op::LayerNorm | Op::Silu | Op::Sigmoid | Op::Gelu | Op::SoftMax => {
                     let Some((a, ta)) = src(0) else { return };
                     for (i1, i2, i3) in rows(ne, share(rows_of(ne), ith, nth)) {
                         let x: &[f32] = self.read(a, ta.row_offset(i1, i2, i3), ne[0]);
@@ -615,6 +654,7 @@ impl<'a, const N: usize> Bound<'a, N> {
                             Op::RmsNorm => kernels::rms_norm(path, x, out, p.f[0]),
                             Op::LayerNorm => kref::layer_norm_ref(x, out, p.f[0]),
                             Op::Silu => kref::silu_ref(x, out),
+                            Op::Sigmoid => kref::sigmoid_ref(x, out),
                             Op::Gelu => kref::gelu_ref(x, out),
                             _ => {
                                 let (start, end) =
@@ -630,8 +670,17 @@ impl<'a, const N: usize> Bound<'a, N> {
                     for (i1, i2, i3) in rows(ne, share(rows_of(ne), ith, nth)) {
                         let x: &[f32] = self.read(a, ta.row_offset(i1, i2, i3), ne[0]);
                         let y: &[f32] =
-                            self.read(b, tb.row_offset(i1 % neb[1], i2 % neb[2], i3 % neb[3]), ne[0]);
+                            self.read(b, tb.row_offset(i1 % neb[1], i2 % neb[2], i3 % neb[3]), neb[0]);
                         let out: &mut [f32] = self.write(id, t.row_offset(i1, i2, i3), ne[0]);
+                        if neb[0] != ne[0] {
+                            // A one-element row broadcast along the row (the graph allows only that).
+                            let b = y[0];
+                            match t.op {
+                                Op::Add => out.iter_mut().zip(x).for_each(|(o, a)| *o = a + b),
+                                _ => out.iter_mut().zip(x).for_each(|(o, a)| *o = a * b),
+                            }
+                            continue;
+                        }
                         match t.op {
                             Op::Add => out.iter_mut().zip(x.iter().zip(y)).for_each(|(o, (a, b))| *o = a + b),
                             Op::Mul => out.iter_mut().zip(x.iter().zip(y)).for_each(|(o, (a, b))| *o = a * b),
@@ -683,6 +732,38 @@ impl<'a, const N: usize> Bound<'a, N> {
                     }
                 }
                 Op::MulMatId => self.mul_mat_id(id, t, step, ith, nth),
+                Op::TopK => {
+                    let Some((a, ta)) = src(0) else { return };
+                    let k = ne[0];
+                    for tok in share(ne[1], ith, nth) {
+                        let probs: &[f32] = self.read(a, ta.row_offset(tok, 0, 0), ta.ne[0]);
+                        let out: &mut [i32] = self.write(id, t.row_offset(tok, 0, 0), k);
+                        if !kref::top_k_ref(probs, out) {
+                            self.fail(id, ROUTER_NON_FINITE);
+                        }
+                    }
+                }
+                Op::MoeWeights => {
+                    let (Some((a, ta)), Some((ids, ti))) = (src(0), src(1)) else { return };
+                    for tok in share(ne[1], ith, nth) {
+                        let probs: &[f32] = self.read(a, ta.row_offset(tok, 0, 0), ta.ne[0]);
+                        let picked: &[i32] = self.read(ids, ti.row_offset(tok, 0, 0), ne[0]);
+                        let out: &mut [f32] = self.write(id, t.row_offset(tok, 0, 0), ne[0]);
+                        if !kref::moe_weights_ref(probs, picked, t.params.i[0] != 0, out) {
+                            self.fail(id, 0);
+                        }
+                    }
+                }
+                Op::MoeSum => {
+                    let (Some((a, ta)), Some((w, tw))) = (src(0), src(1)) else { return };
+                    let (m, k) = (ne[0], ta.ne[1]);
+                    for tok in share(ne[1], ith, nth) {
+                        let weights: &[f32] = self.read(w, tw.row_offset(tok, 0, 0), k);
+                        let experts: &[f32] = self.read(a, ta.row_offset(0, tok, 0), m * k);
+                        let out: &mut [f32] = self.write(id, t.row_offset(tok, 0, 0), m);
+                        kref::moe_sum_ref(experts, weights, out);
+                    }
+                }
                 Op::Cpy => {
                     let Some((a, ta)) = src(0) else { return };
                     let ne_a = ta.ne_for(step.n_kv);
@@ -808,7 +889,7 @@ impl<'a, const N: usize> Bound<'a, N> {
         let Some(act) = converted_input(t, tw) else { return };
         let ne = tx.ne_for(step.n_kv);
         let stride = converted_stride(act, tx.ne[0]);
-        let packed = t.op == Op::MulMat && self.packed_weights(tw).is_some();
+        let packed = self.packed_for(t, tw).is_some();
         let path = kernels::path();
         let len =
             if packed { act_row_bytes(ne[0]) } else { act.bytes_for(ne[0] as u64).unwrap_or(0) as usize };
@@ -952,6 +1033,10 @@ impl<'a, const N: usize> Bound<'a, N> {
 
     fn mul_mat_id(&self, id: TensorId, t: &Tensor, step: Step, ith: usize, nth: usize) {
         let (Some(op), Some(ids)) = (self.operands(t, step), t.src[2]) else { return };
+        if let Some(w) = self.packed_experts(op.tw) {
+            self.mul_mat_id_packed(id, t, step, &op, &w, ith, nth);
+            return;
+        }
         let ti = self.graph.tensor(ids);
         let ne = t.ne_for(step.n_kv);
         let rows_w = share(op.tw.ne[1], ith, nth);
@@ -975,6 +1060,73 @@ impl<'a, const N: usize> Bound<'a, N> {
         }
     }
 }
+
+impl<const N: usize> Bound<'_, N> {
+    /// Expert matmul on repacked experts, reading each selected expert's slab in place. Threads
+    /// split every expert's row groups the same way; for each expert, the (token, slot) pairs
+    /// routed to it go to the kernel in tiles, so a prefill batch streams each slab once.
+    #[allow(clippy::too_many_arguments)]
+    fn mul_mat_id_packed(
+        &self,
+        id: TensorId,
+        t: &Tensor,
+        step: Step,
+        op: &MatOperands<'_>,
+        w: &PackedMatrix<'_>,
+        ith: usize,
+        nth: usize,
+    ) {
+        let (Some(act), Some(ids)) = (op.act, t.src[2]) else { return };
+        let ti = self.graph.tensor(ids);
+        let (m, n_expert) = (op.tw.ne[1], op.tw.ne[2]);
+        let per_expert = m / GROUP_ROWS;
+        let local = share(per_expert, ith, nth);
+        if local.is_empty() || op.k != w.k {
+            return;
+        }
+        let ne = t.ne_for(step.n_kv);
+        let (n_used, n_tokens) = (ne[1], ne[2]);
+        let path = kernels::path();
+        let row_bytes = act_row_bytes(w.k);
+        let out_at = local.start * GROUP_ROWS * 4;
+        let out_len = local.len() * GROUP_ROWS;
+        // SAFETY: ids is a contiguous I32 [n_used, n_tokens] tensor (graph checked).
+        let picked: &[i32] = unsafe { self.read(ids, ti.row_offset(0, 0, 0), n_used * n_tokens) };
+        if picked.iter().any(|&e| usize::try_from(e).map_or(true, |e| e >= n_expert)) {
+            self.fail(id, 0);
+            return;
+        }
+        for e in 0..n_expert {
+            let groups = e * per_expert + local.start..e * per_expert + local.end;
+            let mut acts: [&[ActBlock]; PACKED_TOKENS] = [&[]; PACKED_TOKENS];
+            let mut outs: [&mut [f32]; PACKED_TOKENS] = Default::default();
+            let mut tile = 0;
+            for (slot, _) in picked.iter().enumerate().filter(|&(_, &p)| p as usize == e) {
+                let (u, tok) = (slot % n_used, slot / n_used);
+                let xu = if op.ne_x[1] == 1 { 0 } else { u };
+                let bytes = self.converted_row(act, op.tx, op.ne_x, (xu, tok, 0), row_bytes);
+                let Ok(blocks) = bytemuck::try_cast_slice::<u8, ActBlock>(bytes) else {
+                    self.fail(id, 0);
+                    return;
+                };
+                acts[tile] = blocks;
+                // SAFETY: output row (u, tok), this thread's rows of it only (its row groups).
+                outs[tile] = unsafe { self.write::<f32>(id, t.row_offset(u, tok, 0) + out_at, out_len) };
+                tile += 1;
+                if tile == PACKED_TOKENS {
+                    kernels::packed_matmul(path, w, groups.clone(), &acts[..tile], &mut outs[..tile]);
+                    tile = 0;
+                }
+            }
+            if tile > 0 {
+                kernels::packed_matmul(path, w, groups, &acts[..tile], &mut outs[..tile]);
+            }
+        }
+    }
+}
+
+/// `fail` kind of a non-finite router value.
+const ROUTER_NON_FINITE: u32 = 2;
 
 /// Most tokens handed to one packed-kernel call (the kernels tile them further).
 const PACKED_TOKENS: usize = 16;

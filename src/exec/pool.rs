@@ -383,12 +383,12 @@ fn same_conversion<const N: usize>(bound: &Bound<'_, N>, m: TensorId, n: TensorI
     let (tm, tn) = (g.tensor(m), g.tensor(n));
     let (Some(wm), Some(wn)) = (tm.src[0], tn.src[0]) else { return false };
     let (wm, wn) = (g.tensor(wm), g.tensor(wn));
-    tm.op == Op::MulMat
-        && tn.op == Op::MulMat
+    matches!(tm.op, Op::MulMat | Op::MulMatId)
+        && matches!(tn.op, Op::MulMat | Op::MulMatId)
         && tm.src[1].is_some()
         && tm.src[1] == tn.src[1]
         && converted_input(tm, wm) == converted_input(tn, wn)
-        && bound.packed_weights(wm).is_some() == bound.packed_weights(wn).is_some()
+        && bound.packed_for(tm, wm).is_some() == bound.packed_for(tn, wn).is_some()
 }
 
 /// Runs thread `ith`'s share of every node with as few barriers as the data allow:
@@ -442,8 +442,10 @@ fn run_scheduled<const N: usize>(
             hazards.push(&acc[..n]);
             if conversion {
                 let t = bound.graph().tensor(id);
-                converted =
-                    t.src[1].and_then(|x| span_of(bound, x)).filter(|_| t.op == Op::MulMat).map(|r| (id, r));
+                converted = t.src[1]
+                    .and_then(|x| span_of(bound, x))
+                    .filter(|_| matches!(t.op, Op::MulMat | Op::MulMatId))
+                    .map(|r| (id, r));
             } else if let Some((_, (start, end))) = converted {
                 // Anything written over the converted input, or over the work region holding
                 // its conversion, makes the conversion stale.

@@ -204,7 +204,10 @@ impl<const N: usize> Graph<N> {
         self.f32_input(op, a)?;
         self.f32_input(op, b)?;
         let (ta, tb) = (self.tensor(a), self.tensor(b));
-        if ta.ne[0] != tb.ne[0] || (1..4).any(|d| tb.ne[d] == 0 || ta.ne[d] % tb.ne[d] != 0) {
+        // A one-element row broadcasts too (a per-token gate times a row, qwen2moe's shared expert).
+        if (ta.ne[0] != tb.ne[0] && tb.ne[0] != 1)
+            || (1..4).any(|d| tb.ne[d] == 0 || ta.ne[d] % tb.ne[d] != 0)
+        {
             return Err(self.invalid(op, a, "second operand does not broadcast over the first"));
         }
         let ne = ta.ne;
@@ -245,6 +248,61 @@ impl<const N: usize> Graph<N> {
     /// SiLU.
     pub fn silu(&mut self, a: TensorId) -> Result<TensorId> {
         self.unary(Op::Silu, a, OpParams::default())
+    }
+
+    /// Logistic sigmoid.
+    pub fn sigmoid(&mut self, a: TensorId) -> Result<TensorId> {
+        self.unary(Op::Sigmoid, a, OpParams::default())
+    }
+
+    /// Indices of the `k` largest values of each row of F32 `probs` (`[n, n_tokens]`), as I32
+    /// `[k, n_tokens]` (see [`Op::TopK`]).
+    pub fn top_k(&mut self, probs: TensorId, k: usize) -> Result<TensorId> {
+        let t = self.tensor(probs);
+        if t.ty != GgmlType::F32 || !t.is_contiguous() || t.ne[2] != 1 || t.ne[3] != 1 {
+            return Err(self.invalid(Op::TopK, probs, "needs a contiguous F32 [n, n_tokens] input"));
+        }
+        if k == 0 || k > t.ne[0] || k > i32::MAX as usize {
+            return Err(self.invalid(Op::TopK, probs, "k must be between 1 and the row length"));
+        }
+        let ne = [k, t.ne[1], 1, 1];
+        self.node(
+            Op::TopK,
+            GgmlType::I32,
+            ne,
+            &[probs],
+            OpParams { i: [k as i32, 0, 0, 0], ..Default::default() },
+        )
+    }
+
+    /// `probs` at the indices `ids`, per token, optionally divided by their sum (see
+    /// [`Op::MoeWeights`]).
+    pub fn moe_weights(&mut self, probs: TensorId, ids: TensorId, normalize: bool) -> Result<TensorId> {
+        let (tp, ti) = (self.tensor(probs), self.tensor(ids));
+        if tp.ty != GgmlType::F32 || !tp.is_contiguous() || tp.ne[2] != 1 || tp.ne[3] != 1 {
+            return Err(self.invalid(Op::MoeWeights, probs, "needs a contiguous F32 [n, n_tokens] input"));
+        }
+        if ti.ty != GgmlType::I32 || !ti.is_contiguous() || ti.ne[1] != tp.ne[1] || ti.ne[2] != 1 {
+            return Err(self.invalid(Op::MoeWeights, ids, "ids must be contiguous I32 [k, n_tokens]"));
+        }
+        let ne = [ti.ne[0], ti.ne[1], 1, 1];
+        let params = OpParams { i: [normalize as i32, 0, 0, 0], ..Default::default() };
+        self.node(Op::MoeWeights, GgmlType::F32, ne, &[probs, ids], params)
+    }
+
+    /// The expert outputs `experts` (`[m, k, n_tokens]`) weighted by `weights` (`[k, n_tokens]`)
+    /// and summed over the experts (see [`Op::MoeSum`]).
+    pub fn moe_sum(&mut self, experts: TensorId, weights: TensorId) -> Result<TensorId> {
+        self.f32_input(Op::MoeSum, experts)?;
+        let (te, tw) = (self.tensor(experts), self.tensor(weights));
+        if !te.is_contiguous() || te.ne[3] != 1 {
+            return Err(self.invalid(Op::MoeSum, experts, "needs contiguous F32 [m, k, n_tokens]"));
+        }
+        if tw.ty != GgmlType::F32 || !tw.is_contiguous() || tw.ne[0] != te.ne[1] || tw.ne[1] != te.ne[2] {
+            return Err(self.invalid(Op::MoeSum, weights, "weights must be contiguous F32 [k, n_tokens]"));
+        }
+        let ne = [te.ne[0], te.ne[2], 1, 1];
+        self.node(Op::MoeSum, GgmlType::F32, ne, &[experts, weights], OpParams::default())
     }
 
     /// GELU (tanh approximation).

@@ -38,6 +38,8 @@ pub enum Op {
     SoftMax,
     /// `x * sigmoid(x)`.
     Silu,
+    /// `1 / (1 + exp(-x))`.
+    Sigmoid,
     /// GELU, tanh approximation.
     Gelu,
     /// `silu(src[0]) * src[1]`.
@@ -50,6 +52,16 @@ pub enum Op {
     /// Expert matmul: `src[0]` `[k, m, n_expert]`, `src[1]` `[k, 1 or n_used, n_tokens]` (F32), I32 ids
     /// `src[2]` `[n_used, n_tokens]` → F32 `[m, n_used, n_tokens]`.
     MulMatId,
+    /// MoE routing: the `params.i[0]` largest values of each row of `src[0]` (F32 `[n, n_tokens]`,
+    /// router probabilities) → their indices, I32 `[k, n_tokens]`, largest first, ties to the lower
+    /// index. A non-finite value stops the run (the router of that layer is broken).
+    TopK,
+    /// MoE expert weights: `src[0]` (F32 `[n, n_tokens]`) at the indices `src[1]` (I32 `[k,
+    /// n_tokens]`) → F32 `[k, n_tokens]`; with `params.i[0] = 1` divided by their sum.
+    MoeWeights,
+    /// Weighted sum of expert outputs: `src[0]` (F32 `[m, k, n_tokens]`) times weights `src[1]`
+    /// (F32 `[k, n_tokens]`), summed over the k experts in order → F32 `[m, n_tokens]`.
+    MoeSum,
     /// Copy / convert `src[0]` into this tensor's type and layout (F32 ↔ F16; same element count).
     Cpy,
     /// `src[0]` and `src[1]` joined along dimension `params.i[0]`.
@@ -81,11 +93,15 @@ impl Op {
             Op::Rope => "rope",
             Op::SoftMax => "soft_max",
             Op::Silu => "silu",
+            Op::Sigmoid => "sigmoid",
             Op::Gelu => "gelu",
             Op::SwiGlu => "swiglu",
             Op::GeGlu => "geglu",
             Op::MulMat => "mul_mat",
             Op::MulMatId => "mul_mat_id",
+            Op::TopK => "top_k",
+            Op::MoeWeights => "moe_weights",
+            Op::MoeSum => "moe_sum",
             Op::Cpy => "cpy",
             Op::Concat => "concat",
             Op::KvWrite => "kv_write",

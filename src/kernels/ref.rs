@@ -67,6 +67,69 @@ pub fn silu_ref(x: &[f32], out: &mut [f32]) {
     }
 }
 
+/// Logistic sigmoid, `1 / (1 + exp(-x))` with libm's `expf` (as ggml's CPU sigmoid).
+pub fn sigmoid_ref(x: &[f32], out: &mut [f32]) {
+    for (o, &v) in out.iter_mut().zip(x) {
+        *o = 1.0 / (1.0 + libm::expf(-v));
+    }
+}
+
+/// Indices of the `out.len()` largest values of `row`, largest first; equal values go to the lower
+/// index, so routing is deterministic. Returns false (and writes `0..k`) if `row` holds a NaN or
+/// an infinity: no expert choice is meaningful then.
+pub fn top_k_ref(row: &[f32], out: &mut [i32]) -> bool {
+    if row.iter().any(|v| !v.is_finite()) {
+        out.iter_mut().enumerate().for_each(|(i, o)| *o = i as i32);
+        return false;
+    }
+    for j in 0..out.len() {
+        let mut best: Option<usize> = None;
+        for (i, &v) in row.iter().enumerate() {
+            if out[..j].contains(&(i as i32)) {
+                continue;
+            }
+            if best.is_none_or(|b| v > row[b]) {
+                best = Some(i);
+            }
+        }
+        out[j] = best.unwrap_or(0) as i32;
+    }
+    true
+}
+
+/// `probs` at the indices `ids`; with `normalize`, divided by their sum (summed in f64, as ggml's
+/// `sum_rows`). Returns false if an index is outside `probs` (its weight is then 0).
+pub fn moe_weights_ref(probs: &[f32], ids: &[i32], normalize: bool, out: &mut [f32]) -> bool {
+    let mut ok = true;
+    for (o, &e) in out.iter_mut().zip(ids) {
+        *o = match usize::try_from(e).ok().and_then(|e| probs.get(e)) {
+            Some(&p) => p,
+            None => {
+                ok = false;
+                0.0
+            }
+        };
+    }
+    if normalize {
+        let sum = out.iter().map(|&w| f64::from(w)).sum::<f64>() as f32;
+        out.iter_mut().for_each(|w| *w /= sum);
+    }
+    ok
+}
+
+/// `sum_j experts[j] * weights[j]` over the `weights.len()` rows of `experts` (each `out.len()`
+/// long): each product rounded, then added in expert order (ggml multiplies, then adds views).
+pub fn moe_sum_ref(experts: &[f32], weights: &[f32], out: &mut [f32]) {
+    let m = out.len();
+    for (j, (&w, row)) in weights.iter().zip(experts.chunks_exact(m)).enumerate() {
+        if j == 0 {
+            out.iter_mut().zip(row).for_each(|(o, &x)| *o = x * w);
+        } else {
+            out.iter_mut().zip(row).for_each(|(o, &x)| *o += x * w);
+        }
+    }
+}
+
 /// GELU with the tanh approximation.
 pub fn gelu_ref(x: &[f32], out: &mut [f32]) {
     for (o, &v) in out.iter_mut().zip(x) {

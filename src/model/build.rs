@@ -108,9 +108,6 @@ pub fn build_forward<const N: usize>(
     n_tokens: usize,
     all_logits: bool,
 ) -> Result<Forward, ModelError> {
-    if hp.arch.is_moe() {
-        return Err(ModelError::UnsupportedArch { name: name_of(hp.arch.name()) });
-    }
     g.clear();
     let traits = ArchTraits::of(hp.arch);
     let data_start = gguf.data_start();
@@ -243,16 +240,58 @@ pub fn build_forward<const N: usize>(
         let ffn_norm = need(g, "ffn_norm.weight")?;
         let cur = named!("norm", il, g.rms_norm(x, hp.rms_eps));
         let cur = named!("ffn_norm", il, g.mul(cur, ffn_norm));
-        let (wg, wu, wd) =
-            (need(g, "ffn_gate.weight")?, need(g, "ffn_up.weight")?, need(g, "ffn_down.weight")?);
-        let gate = named!("ffn_gate", il, g.mul_mat(wg, cur));
-        let up = named!("ffn_up", il, g.mul_mat(wu, cur));
-        let act = if traits.gemma {
-            named!("ffn_geglu", il, g.geglu(gate, up))
+        let mut down = if hp.arch.is_moe() {
+            // Mixture of experts, as llama.cpp's build_moe_ffn: softmax router (kept in float on
+            // the CPU), top-k experts, their weights (renormalised for qwen3moe), SwiGLU experts
+            // through mul_mat_id, weighted sum.
+            let router = need(g, "ffn_gate_inp.weight")?;
+            let k_used = hp.n_expert_used as usize;
+            let logits = named!("ffn_moe_logits", il, g.mul_mat(router, cur));
+            let probs = named!("ffn_moe_probs", il, g.soft_max(logits, 1.0, false, 0));
+            let picked = named!("ffn_moe_topk", il, g.top_k(probs, k_used));
+            let normalize = hp.arch == Arch::Qwen3Moe;
+            let weights = named!("ffn_moe_weights", il, g.moe_weights(probs, picked, normalize));
+            let (wg, wu, wd) = (
+                need(g, "ffn_gate_exps.weight")?,
+                need(g, "ffn_up_exps.weight")?,
+                need(g, "ffn_down_exps.weight")?,
+            );
+            let x3 = e_(g.reshape(cur, [e, 1, t, 1]))?;
+            let up = named!("ffn_moe_up", il, g.mul_mat_id(wu, x3, picked));
+            let gate = named!("ffn_moe_gate", il, g.mul_mat_id(wg, x3, picked));
+            let act = named!("ffn_moe_swiglu", il, g.swiglu(gate, up));
+            let experts = named!("ffn_moe_down", il, g.mul_mat_id(wd, act, picked));
+            let mut moe = named!("ffn_moe_out", il, g.moe_sum(experts, weights));
+            if hp.arch == Arch::Qwen2Moe {
+                // The shared expert, scaled by its own sigmoid gate.
+                let gate_inp = need(g, "ffn_gate_inp_shexp.weight")?;
+                let (sg, su, sd) = (
+                    need(g, "ffn_gate_shexp.weight")?,
+                    need(g, "ffn_up_shexp.weight")?,
+                    need(g, "ffn_down_shexp.weight")?,
+                );
+                let shared_gate = named!("ffn_shexp_gate_inp", il, g.mul_mat(gate_inp, cur));
+                let shared_gate = named!("ffn_shexp_gate", il, g.sigmoid(shared_gate));
+                let gate = named!("ffn_shexp_g", il, g.mul_mat(sg, cur));
+                let up = named!("ffn_shexp_up", il, g.mul_mat(su, cur));
+                let act = named!("ffn_shexp_swiglu", il, g.swiglu(gate, up));
+                let shared = named!("ffn_shexp_down", il, g.mul_mat(sd, act));
+                let shared = named!("ffn_shexp_out", il, g.mul(shared, shared_gate));
+                moe = named!("ffn_moe_shexp", il, g.add(moe, shared));
+            }
+            moe
         } else {
-            named!("ffn_swiglu", il, g.swiglu(gate, up))
+            let (wg, wu, wd) =
+                (need(g, "ffn_gate.weight")?, need(g, "ffn_up.weight")?, need(g, "ffn_down.weight")?);
+            let gate = named!("ffn_gate", il, g.mul_mat(wg, cur));
+            let up = named!("ffn_up", il, g.mul_mat(wu, cur));
+            let act = if traits.gemma {
+                named!("ffn_geglu", il, g.geglu(gate, up))
+            } else {
+                named!("ffn_swiglu", il, g.swiglu(gate, up))
+            };
+            named!("ffn_out", il, g.mul_mat(wd, act))
         };
-        let mut down = named!("ffn_out", il, g.mul_mat(wd, act));
         if traits.gemma {
             down = named!("ffn_post_norm_raw", il, g.rms_norm(down, hp.rms_eps));
             let norm = need(g, "post_ffw_norm.weight")?;
