@@ -1318,6 +1318,71 @@ fn mul_mat_id_selects_experts_per_token() {
     }
 }
 
+/// Repacked experts: every packed format, with more (token, slot) pairs per expert than one
+/// kernel tile holds, 1 and 3 threads, within the matmul tolerance of the exact products. The
+/// harness overwrites the original expert bytes after repacking, so only the packed slabs can
+/// have produced these results.
+#[test]
+fn mul_mat_id_on_repacked_experts_matches_the_reference() {
+    let (m, n_exp, tokens, n_used) = (12usize, 5usize, 37usize, 3usize);
+    let types = [
+        (GgmlType::Q4_0, 64usize),
+        (GgmlType::Q4_1, 96),
+        (GgmlType::Q8_0, 32),
+        (GgmlType::Q5_0, 64),
+        (GgmlType::Q4_K, 256),
+        (GgmlType::Q5_K, 256),
+        (GgmlType::Q6_K, 256),
+    ];
+    for (ty, k) in types {
+        for shared_input in [true, false] {
+            let mut rng = Rng(100 + ty.id() as u64 + shared_input as u64);
+            let mut s = Setup::default();
+            let wne = [k, m, n_exp, 1];
+            let data = rng.vec(numel(wne));
+            let (w, wv) = typed_leaf(&mut s, &mut rng, "experts", ty, wne, &data);
+            let x_rows = if shared_input { 1 } else { n_used };
+            let x = exact_acts(&mut rng, x_rows * tokens, k);
+            let tx = leaf(&mut s, "x", [k, x_rows, tokens, 1], &x);
+            // Distinct experts per token (top-k never repeats one), expert 4 never used.
+            let ids: Vec<i32> = (0..tokens)
+                .flat_map(|t| {
+                    let first = (t * 7 + 3) % 4;
+                    (0..n_used).map(move |u| ((first + u) % 4) as i32)
+                })
+                .collect();
+            let tid = s.ids("ids", [n_used, tokens, 1, 1], &ids);
+            let y = s.g.mul_mat_id(w, tx, tid).unwrap();
+            let opts = |threads, repack| RunOpts { threads, packed: true, repack, ..Default::default() };
+            let (plain, _) = engine::run(&mut s, &[y], &STEP0, opts(1, false));
+            let (one, _) = engine::run(&mut s, &[y], &STEP0, opts(1, true));
+            let (three, _) = engine::run(&mut s, &[y], &STEP0, opts(3, true));
+            assert!(one[0].iter().zip(&three[0]).all(|(a, b)| a.to_bits() == b.to_bits()));
+            let (mut want, mut scale) = (Vec::new(), Vec::new());
+            for t in 0..tokens {
+                for u in 0..n_used {
+                    let e = ids[t * n_used + u] as usize;
+                    let xu = if shared_input { 0 } else { u };
+                    for r in 0..m {
+                        let wrow = &wv[at(wne, [0, r, e, 0])..][..k];
+                        let xrow = &x[at([k, x_rows, tokens, 1], [0, xu, t, 0])..][..k];
+                        let p: Vec<f64> =
+                            wrow.iter().zip(xrow).map(|(&a, &b)| f64::from(a) * f64::from(b)).collect();
+                        want.push(p.iter().sum());
+                        scale.push(p.iter().map(|v| v.abs()).sum());
+                    }
+                }
+            }
+            let what = format!("repacked mul_mat_id {ty} shared input {shared_input}");
+            // Packed K-quants fold `d * sc` and `dmin * m` into f16 per 32 values (each rounded
+            // once, 2^-11 relative, and a value can be the difference of the two).
+            let tol = if ty.block_len() == 32 { MATMUL_TOL } else { 4e-3 };
+            check_scaled(&what, &one[0], &want, &scale, tol);
+            check_scaled(&format!("unpacked {what}"), &plain[0], &want, &scale, MATMUL_TOL);
+        }
+    }
+}
+
 #[test]
 fn mul_mat_id_with_an_expert_outside_the_table_is_bad_index() {
     for bad in [4i32, -1, 1000] {
@@ -1335,6 +1400,130 @@ fn mul_mat_id_with_an_expert_outside_the_table_is_bad_index() {
         let err = run_err(&mut s, &[y], &STEP0);
         assert!(matches!(err, ExecError::BadIndex { op: "mul_mat_id", .. }), "expert {bad}: {err:?}");
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// MoE routing: top_k, moe_weights, moe_sum, sigmoid, a one-element row broadcast
+// ---------------------------------------------------------------------------------------------
+
+/// Router probabilities of 3 tokens over 6 experts, with a tie (token 1: experts 2 and 4).
+const PROBS: [f32; 18] = [
+    0.05, 0.40, 0.10, 0.20, 0.15, 0.10, //
+    0.10, 0.10, 0.30, 0.05, 0.30, 0.15, //
+    0.01, 0.02, 0.03, 0.04, 0.05, 0.85,
+];
+
+#[test]
+fn top_k_picks_the_largest_first_and_ties_go_to_the_lower_index() {
+    let mut s = Setup::default();
+    let p = leaf(&mut s, "probs", [6, 3, 1, 1], &PROBS);
+    let top = s.g.top_k(p, 3).unwrap();
+    assert_eq!(s.g.tensor(top).ne, [3, 3, 1, 1]);
+    for threads in [1, 3] {
+        let raw = try_run(&mut s, &[top], &STEP0, threads, threads > 1).unwrap().remove(0);
+        let ids: Vec<i32> =
+            raw.chunks_exact(4).map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+        assert_eq!(ids, [1, 3, 4, 2, 4, 5, 5, 4, 3]);
+    }
+    assert_eq!(invalid_op(s.g.top_k(p, 7)), "top_k");
+    assert_eq!(invalid_op(s.g.top_k(p, 0)), "top_k");
+}
+
+#[test]
+fn a_non_finite_router_value_stops_the_run_naming_the_layer() {
+    for bad in [f32::NAN, f32::INFINITY] {
+        let mut probs = PROBS;
+        probs[9] = bad;
+        let mut s = Setup::default();
+        let p = leaf(&mut s, "probs", [6, 3, 1, 1], &probs);
+        let top = s.g.top_k(p, 2).unwrap();
+        s.g.set_name(top, format_args!("ffn_moe_topk-7"));
+        let err = run_err(&mut s, &[top], &STEP0);
+        assert!(matches!(err, ExecError::RouterNonFinite { .. }), "{bad}: {err:?}");
+        let msg = err.to_string();
+        assert!(msg.contains("router of layer 7") && msg.contains("ffn_moe_topk-7"), "{msg}");
+    }
+}
+
+#[test]
+fn moe_weights_gather_and_renormalize() {
+    let ids: [i32; 6] = [1, 3, 2, 4, 5, 0];
+    for normalize in [false, true] {
+        let mut s = Setup::default();
+        let p = leaf(&mut s, "probs", [6, 3, 1, 1], &PROBS);
+        let tid = s.ids("ids", [2, 3, 1, 1], &ids);
+        let w = s.g.moe_weights(p, tid, normalize).unwrap();
+        let got = run_ops(&mut s, &[w], &STEP0).remove(0);
+        for t in 0..3 {
+            let picked: Vec<f32> = (0..2).map(|u| PROBS[t * 6 + ids[t * 2 + u] as usize]).collect();
+            let sum = picked.iter().map(|&v| f64::from(v)).sum::<f64>() as f32;
+            for u in 0..2 {
+                let want = if normalize { picked[u] / sum } else { picked[u] };
+                assert_eq!(
+                    got[t * 2 + u].to_bits(),
+                    want.to_bits(),
+                    "token {t} slot {u} normalize {normalize}"
+                );
+            }
+        }
+    }
+    let mut s = Setup::default();
+    let p = leaf(&mut s, "probs", [6, 3, 1, 1], &PROBS);
+    let tid = s.ids("ids", [2, 3, 1, 1], &[1, 3, 2, 6, 5, 0]);
+    let w = s.g.moe_weights(p, tid, true).unwrap();
+    assert!(matches!(run_err(&mut s, &[w], &STEP0), ExecError::BadIndex { op: "moe_weights", .. }));
+}
+
+#[test]
+fn moe_sum_weights_each_expert_then_adds_in_order() {
+    let (m, k, tokens) = (37usize, 3usize, 4usize);
+    let mut rng = Rng(77);
+    let experts = rng.vec(m * k * tokens);
+    let weights: Vec<f32> = rng.vec(k * tokens).iter().map(|v| v.abs()).collect();
+    let mut s = Setup::default();
+    let te = leaf(&mut s, "experts", [m, k, tokens, 1], &experts);
+    let tw = leaf(&mut s, "weights", [k, tokens, 1, 1], &weights);
+    let y = s.g.moe_sum(te, tw).unwrap();
+    assert_eq!(s.g.tensor(y).ne, [m, tokens, 1, 1]);
+    let got = run_ops(&mut s, &[y], &STEP0).remove(0);
+    for t in 0..tokens {
+        for i in 0..m {
+            // ggml's order: each product rounded to f32, then the views added left to right.
+            let mut want = experts[(t * k) * m + i] * weights[t * k];
+            for j in 1..k {
+                want += experts[(t * k + j) * m + i] * weights[t * k + j];
+            }
+            assert_eq!(got[t * m + i].to_bits(), want.to_bits(), "token {t} element {i}");
+        }
+    }
+    let bad = leaf(&mut s, "w2", [k + 1, tokens, 1, 1], &vec![0.0; (k + 1) * tokens]);
+    assert_eq!(invalid_op(s.g.moe_sum(te, bad)), "moe_sum");
+}
+
+#[test]
+fn sigmoid_gate_broadcast_over_a_row() {
+    let mut rng = Rng(78);
+    let (e, tokens) = (19usize, 3usize);
+    let x: Vec<f32> = rng.vec(e * tokens).iter().map(|v| v * 4.0).collect();
+    let g: Vec<f32> = rng.vec(tokens).iter().map(|v| v * 6.0).collect();
+    let mut s = Setup::default();
+    let tx = leaf(&mut s, "x", [e, tokens, 1, 1], &x);
+    let tg = leaf(&mut s, "gate", [1, tokens, 1, 1], &g);
+    let sg = s.g.sigmoid(tg).unwrap();
+    let y = s.g.mul(tx, sg).unwrap();
+    let z = s.g.add(tx, tg).unwrap();
+    let out = run_ops(&mut s, &[sg, y, z], &STEP0);
+    for t in 0..tokens {
+        let sig = 1.0 / (1.0 + (-f64::from(g[t])).exp());
+        assert!((f64::from(out[0][t]) - sig).abs() <= 1e-6, "sigmoid({})", g[t]);
+        for i in 0..e {
+            assert_eq!(out[1][t * e + i].to_bits(), (x[t * e + i] * out[0][t]).to_bits());
+            assert_eq!(out[2][t * e + i].to_bits(), (x[t * e + i] + g[t]).to_bits());
+        }
+    }
+    // Only a one-element row broadcasts along the row.
+    let two = leaf(&mut s, "two", [2, tokens, 1, 1], &vec![1.0; 2 * tokens]);
+    assert_eq!(invalid_op(s.g.mul(tx, two)), "mul");
 }
 
 // ---------------------------------------------------------------------------------------------

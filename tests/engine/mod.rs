@@ -4,7 +4,7 @@
 
 use pinfer::arena::Arena;
 use pinfer::exec::pool::Pool;
-use pinfer::exec::{work_bytes, Bound, Step};
+use pinfer::exec::{work_bytes, Bound, PackedEntry, Step};
 use pinfer::graph::{plan, plan_unshared, Graph};
 use pinfer::quant::blocks::{BlockQ4_0, BlockQ4_1, BlockQ8_0};
 use pinfer::quant::quantize::{quantize_row_q4_0_ref, quantize_row_q4_1_ref, quantize_row_q8_0_ref};
@@ -175,6 +175,40 @@ pub struct RunOpts {
     pub packed: bool,
     /// Pin every pool thread to this one core.
     pub pin_to: Option<usize>,
+    /// Repack the weights of every matmul and expert matmul that has a packed layout (as a
+    /// session does at load), so the packed kernels run.
+    pub repack: bool,
+}
+
+/// Repacks the input-buffer weights of `g`'s matmuls (`[k, m]`) and expert matmuls (`[k, m,
+/// n_expert]`, one matrix of m * n_expert rows) that have a packed layout: the buffer and the
+/// entries (sorted by source offset) for `Bound::with_packed`.
+pub fn repack_inputs(g: &Graph<CAP>, inputs: &[u8]) -> (Vec<u8>, Vec<PackedEntry>) {
+    use pinfer::graph::Op;
+    use pinfer::kernels::packed::{can_pack, pack, packed_bytes, PackedFormat};
+    let (mut buffer, mut entries) = (Vec::new(), Vec::<PackedEntry>::new());
+    for &id in g.order() {
+        let t = g.tensor(id);
+        let Some(w) = t.src[0].filter(|_| matches!(t.op, Op::MulMat | Op::MulMatId)) else { continue };
+        let tw = g.tensor(w);
+        let Storage::External { buffer: 0, offset } = tw.storage else { continue };
+        let Some(format) = PackedFormat::for_type(tw.ty) else { continue };
+        let (k, m, n) = (tw.ne[0], tw.ne[1], tw.ne[2] * tw.ne[3]);
+        if !can_pack(tw.ty, m, k) || entries.iter().any(|e| e.source_offset == offset) {
+            continue;
+        }
+        let rows = m * n;
+        let (qn, sn) = packed_bytes(format, rows, k);
+        let quants_at = buffer.len().next_multiple_of(64);
+        let scales_at = (quants_at + qn).next_multiple_of(64);
+        buffer.resize(scales_at + sn, 0);
+        let src = &inputs[offset..offset + tw.ty.bytes_for((k * rows) as u64).unwrap() as usize];
+        let (quants, scales) = buffer[quants_at..].split_at_mut(scales_at - quants_at);
+        pack(tw.ty, src, rows, k, &mut quants[..qn], &mut scales[..sn]).unwrap();
+        entries.push(PackedEntry { source_offset: offset, format, rows, k, quants_at, scales_at });
+    }
+    entries.sort_by_key(|e| e.source_offset);
+    (buffer, entries)
 }
 
 /// Builds, plans, binds and runs `setup`'s graph for each step in turn (the arena, and so the KV
@@ -190,8 +224,19 @@ pub fn run(setup: &mut Setup, outputs: &[TensorId], steps: &[Step], opts: RunOpt
     assert_eq!(persistent.offset, 0, "persistent offsets are relative to the arena start");
     let act = arena.alloc(p.peak_bytes, "activations").unwrap();
     let work = arena.alloc(work, "work").unwrap();
-    let inputs = setup.inputs.bytes();
-    let mut bound = Bound::new(&setup.g, &p, &[inputs], arena.memory(), act, work).unwrap();
+    let mut inputs = setup.inputs.bytes().to_vec();
+    let (packed_buffer, entries) =
+        if opts.repack { repack_inputs(&setup.g, &inputs) } else { Default::default() };
+    // The repacked weights' original bytes become NaN-scaled garbage: a kernel that still read
+    // them would show in the results.
+    for e in &entries {
+        let len = (e.rows * e.k).div_ceil(32) * 18;
+        let end = (e.source_offset + len).min(inputs.len());
+        inputs[e.source_offset..end].fill(0xFF);
+    }
+    let mut bound = Bound::new(&setup.g, &p, &[&inputs], arena.memory(), act, work)
+        .unwrap()
+        .with_packed(&packed_buffer, &entries);
     let cores = opts.pin_to.map(|c| [c]);
     let pool = (opts.threads > 1)
         .then(|| Pool::new(opts.threads, cores.as_ref().map(|c| &c[..]), cores.is_some()).unwrap());
