@@ -260,6 +260,12 @@ pub struct Summary {
     pub mapped_rows: (usize, usize),
     /// NPU tensors and bytes (none until offload exists).
     pub npu: (usize, usize),
+    /// Of the above, MoE expert matrices (`*_exps`): tensors and bytes where they live.
+    pub experts: (usize, usize),
+    /// Of the above, shared-expert matrices (`*_shexp`, qwen2moe).
+    pub shared_experts: (usize, usize),
+    /// Of the above, MoE routers and shared-expert gates (`ffn_gate_inp*`).
+    pub routers: (usize, usize),
 }
 
 /// The packed layouts, in the order [`Summary::repacked`] counts them.
@@ -267,8 +273,21 @@ pub const FORMATS: [PackedFormat; 5] =
     [PackedFormat::Q4, PackedFormat::Q4Min, PackedFormat::Q8, PackedFormat::Q8Min, PackedFormat::Q8Sub16];
 
 impl Summary {
-    /// Counts one tensor of `file_bytes` placed as `p`.
-    pub fn add(&mut self, p: &Placement, file_bytes: usize) {
+    /// Counts tensor `name` of `file_bytes` placed as `p`.
+    pub fn add(&mut self, name: &str, p: &Placement, file_bytes: usize) {
+        let moe_part = if role(name) == Role::Router {
+            Some(&mut self.routers)
+        } else if name.contains("_exps") {
+            Some(&mut self.experts)
+        } else if name.contains("_shexp") {
+            Some(&mut self.shared_experts)
+        } else {
+            None
+        };
+        if let Some((n, bytes)) = moe_part {
+            *n += 1;
+            *bytes += p.bytes;
+        }
         match p.buffer {
             Buffer::Repacked(format) => {
                 let i = FORMATS.iter().position(|&f| f == format).unwrap_or(0);
@@ -341,9 +360,9 @@ mod tests {
         assert_eq!(place(&exps, use_by_name(&exps, false), true).reason, Reason::Experts);
 
         let mut s = Summary::default();
-        s.add(&place(&q, mm, true), q.nbytes as usize);
-        s.add(&place(&embd, tied, true), embd.nbytes as usize);
-        s.add(&place(&f16, mm, true), f16.nbytes as usize);
+        s.add(q.name, &place(&q, mm, true), q.nbytes as usize);
+        s.add(embd.name, &place(&embd, tied, true), embd.nbytes as usize);
+        s.add(f16.name, &place(&f16, mm, true), f16.nbytes as usize);
         assert_eq!(s.repacked_total().0, 2);
         assert_eq!(s.mapped, (1, f16.nbytes as usize));
         assert_eq!(s.mapped_rows, (1, embd.nbytes as usize));

@@ -82,6 +82,19 @@ fn unsupported_architectures_are_refused_by_name() {
         &["\"mamba\"", "not supported"],
     );
     refused("no arch", &remove(tiny("llama"), "general.architecture"), &["general.architecture", "missing"]);
+    for moe in ["deepseek2", "mixtral", "gpt-oss", "llama4"] {
+        refused(
+            moe,
+            &set(tiny("llama"), "general.architecture", Val::str(moe)),
+            &[moe, "mixture-of-experts", "qwen3moe, qwen2moe"],
+        );
+    }
+    // Mixtral's files say `llama` and carry experts.
+    refused(
+        "mixtral as llama",
+        &set(tiny("llama"), "llama.expert_count", Val::U32(8)),
+        &["\"llama\"", "8 experts", "qwen3moe, qwen2moe"],
+    );
 }
 
 #[test]

@@ -104,9 +104,18 @@ impl HParams {
     /// and values outside sane ranges.
     pub fn from_gguf(g: &Gguf<'_>) -> Result<Self, ModelError> {
         let arch_name = g.get_str("general.architecture")?;
-        let arch =
-            Arch::from_name(arch_name).ok_or(ModelError::UnsupportedArch { name: name_of(arch_name) })?;
+        let Some(arch) = Arch::from_name(arch_name) else {
+            if Arch::OTHER_MOE.contains(&arch_name) {
+                return Err(ModelError::UnsupportedMoe { name: name_of(arch_name), experts: 0 });
+            }
+            return Err(ModelError::UnsupportedArch { name: name_of(arch_name) });
+        };
         let k = |suffix| arch_key(arch, suffix);
+        if !arch.is_moe() {
+            if let Some(experts) = g.get_int::<u32>(&k("expert_count"))?.filter(|&n| n > 0) {
+                return Err(ModelError::UnsupportedMoe { name: name_of(arch_name), experts });
+            }
+        }
 
         let n_layer = u32_in(g, &k("block_count"), None, 1..=MAX_LAYERS)?;
         let n_embd = u32_in(g, &k("embedding_length"), None, 1..=MAX_WIDTH)?;

@@ -54,6 +54,30 @@ impl Arch {
         Self::ALL.iter().find(|(a, _)| *a == self).map(|(_, n)| *n).unwrap_or("?")
     }
 
+    /// Mixture-of-experts architectures (llama.cpp's names) that pinfer refuses by name.
+    pub const OTHER_MOE: [&'static str; 20] = [
+        "mixtral",
+        "deepseek",
+        "deepseek2",
+        "olmoe",
+        "granitemoe",
+        "granitehybrid",
+        "qwen3next",
+        "qwen3vlmoe",
+        "llama4",
+        "dbrx",
+        "arctic",
+        "grok",
+        "phimoe",
+        "jamba",
+        "bailingmoe",
+        "bailingmoe2",
+        "gpt-oss",
+        "ernie4_5-moe",
+        "glm4moe",
+        "hunyuan-moe",
+    ];
+
     /// Whether feed-forward layers are mixtures of experts.
     pub fn is_moe(self) -> bool {
         matches!(self, Arch::Qwen3Moe | Arch::Qwen2Moe)
@@ -70,6 +94,14 @@ pub enum ModelError {
     UnsupportedArch {
         /// The name in the file.
         name: Name,
+    },
+    /// A mixture-of-experts architecture other than the ones pinfer runs (or experts in a dense
+    /// architecture's file, as Mixtral's `llama` files have).
+    UnsupportedMoe {
+        /// The architecture name in the file.
+        name: Name,
+        /// Experts per layer, when the file says.
+        experts: u32,
     },
     /// A hyper-parameter is outside the range we accept, or inconsistent with another.
     BadHParam {
@@ -135,6 +167,17 @@ impl fmt::Display for ModelError {
             Self::UnsupportedArch { name } => write!(
                 f,
                 "architecture {name:?} is not supported (supported: llama, qwen2, qwen3, qwen3moe, qwen2moe, gemma3)"
+            ),
+            Self::UnsupportedMoe { name, experts: 0 } => write!(
+                f,
+                "architecture {name:?} is a mixture-of-experts architecture pinfer does not run \
+                 (mixture-of-experts support: qwen3moe, qwen2moe)"
+            ),
+            Self::UnsupportedMoe { name, experts } => write!(
+                f,
+                "this {name:?} file has {experts} experts per layer (a Mixtral-style mixture of \
+                 experts): pinfer runs {name:?} only as a dense model (mixture-of-experts support: \
+                 qwen3moe, qwen2moe)"
             ),
             Self::BadHParam { key, value, problem } => write!(f, "hyper-parameter {key} = {value}: {problem}"),
             Self::MissingTensor { name } => {

@@ -198,7 +198,7 @@ fn lock(session: &Session) -> Result<String, CliError> {
 pub fn summary<'a>(rows: impl Iterator<Item = (TensorInfo<'a>, Placement)>) -> Summary {
     let mut s = Summary::default();
     for (t, p) in rows {
-        s.add(&p, t.nbytes as usize);
+        s.add(t.name, &p, t.nbytes as usize);
     }
     s
 }
@@ -224,6 +224,18 @@ pub fn summary_text(s: &Summary) -> String {
             ", plus rows of {} tied embedding(s) read from the file ({:.1} MiB)",
             s.mapped_rows.0,
             s.mapped_rows.1 as f64 / MIB
+        );
+    }
+    if s.routers.0 > 0 {
+        let part = |(n, b): (usize, usize)| match b as f64 {
+            b if b >= MIB => format!("{:.1} MiB ({n} tensors)", b / MIB),
+            b => format!("{:.1} KiB ({n} tensors)", b / 1024.0),
+        };
+        text += &format!(
+            "; of these, MoE experts {}, shared experts {}, routers {}",
+            part(s.experts),
+            part(s.shared_experts),
+            part(s.routers)
         );
     }
     text += &format!(
