@@ -1096,6 +1096,14 @@ impl<const N: usize> Bound<'_, N> {
             self.fail(id, 0);
             return;
         }
+        let run_tile = |groups: Range<usize>, acts: &[&[ActBlock]], outs: &mut [&mut [f32]]| {
+            #[cfg(feature = "moe-gather-bench")]
+            gathered(w, groups.clone(), |copy| {
+                kernels::packed_matmul(path, copy, 0..groups.len(), acts, outs)
+            });
+            #[cfg(not(feature = "moe-gather-bench"))]
+            kernels::packed_matmul(path, w, groups, acts, outs);
+        };
         for e in 0..n_expert {
             let groups = e * per_expert + local.start..e * per_expert + local.end;
             let mut acts: [&[ActBlock]; PACKED_TOKENS] = [&[]; PACKED_TOKENS];
@@ -1114,15 +1122,36 @@ impl<const N: usize> Bound<'_, N> {
                 outs[tile] = unsafe { self.write::<f32>(id, t.row_offset(u, tok, 0) + out_at, out_len) };
                 tile += 1;
                 if tile == PACKED_TOKENS {
-                    kernels::packed_matmul(path, w, groups.clone(), &acts[..tile], &mut outs[..tile]);
+                    run_tile(groups.clone(), &acts[..tile], &mut outs[..tile]);
                     tile = 0;
                 }
             }
             if tile > 0 {
-                kernels::packed_matmul(path, w, groups, &acts[..tile], &mut outs[..tile]);
+                run_tile(groups, &acts[..tile], &mut outs[..tile]);
             }
         }
     }
+}
+
+/// The benchmark's gather-then-matmul baseline (feature `moe-gather-bench`): a copy of row groups
+/// `groups` of `w` in a per-thread scratch buffer, handed to `run` as a matrix of its own.
+#[cfg(feature = "moe-gather-bench")]
+fn gathered<R>(w: &PackedMatrix<'_>, groups: Range<usize>, run: impl FnOnce(&PackedMatrix<'_>) -> R) -> R {
+    std::thread_local! {
+        static SCRATCH: core::cell::RefCell<(std::vec::Vec<u8>, std::vec::Vec<u8>)> =
+            const { core::cell::RefCell::new((std::vec::Vec::new(), std::vec::Vec::new())) };
+    }
+    let nb = w.k / kernels::packed::BLOCK;
+    let (qg, sg) = (nb * w.format.quant_bytes(), nb * w.format.scale_bytes());
+    SCRATCH.with_borrow_mut(|(q, s)| {
+        q.clear();
+        q.extend_from_slice(&w.quants[groups.start * qg..groups.end * qg]);
+        s.clear();
+        s.extend_from_slice(&w.scales[groups.start * sg..groups.end * sg]);
+        let copy =
+            PackedMatrix { format: w.format, rows: groups.len() * GROUP_ROWS, k: w.k, quants: q, scales: s };
+        run(&copy)
+    })
 }
 
 /// `fail` kind of a non-finite router value.
