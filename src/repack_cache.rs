@@ -106,8 +106,8 @@ pub fn cache_entries(
     path: &Path,
 ) -> Result<(Vec<PackedEntry>, usize), String> {
     let name = path.display();
-    let again =
-        "the cache was made by another pinfer: run `pinfer repack ORIGINAL.gguf` again, or load the original";
+    let remake = format!("run `pinfer repack ORIGINAL.gguf {name}` again, or load the original");
+    let again = format!("the cache was made by another pinfer version: {remake}");
     let listed =
         gguf.get_str_opt(KEY_TENSORS).ok().flatten().ok_or_else(|| {
             format!("{name}: pinfer repack cache without a valid {KEY_TENSORS} list; {again}")
@@ -138,7 +138,7 @@ pub fn cache_entries(
                 ))
             }
         };
-        let bad = |what: &str| format!("{name}: tensor {}: {what}; the cache is damaged: {again}", t.name);
+        let bad = |what: &str| format!("{name}: tensor {}: {what}; the cache is damaged: {remake}", t.name);
         let (k, rows) = matrix_shape(t).ok_or_else(|| bad("shape too large"))?;
         let start =
             gguf.data_start().checked_add(t.offset as usize).ok_or_else(|| bad("offset overflows"))?;
@@ -154,7 +154,7 @@ pub fn cache_entries(
             let whom = if i + 1 < tensors.len() { "the next tensor's data" } else { "the end of the file" };
             return Err(format!(
                 "{name}: tensor {}: its repacked planes ({extent} bytes) run past {whom}: the file is \
-                 truncated or damaged; {again}",
+                 truncated or damaged; {remake}",
                 t.name
             ));
         }
@@ -169,7 +169,9 @@ pub fn cache_entries(
         total += extent;
     }
     if found != listed.len() {
-        return Err(format!("{name}: {KEY_TENSORS} names tensors the file lacks; {again}"));
+        return Err(format!(
+            "{name}: {KEY_TENSORS} names tensors the file lacks: the cache is damaged; {remake}"
+        ));
     }
     Ok((entries, total))
 }
