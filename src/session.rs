@@ -108,6 +108,9 @@ pub enum SessionError {
     Resources(std::string::String),
     /// The worker threads could not be started, pinned or made real-time.
     Threads(crate::exec::pool::PoolError),
+    /// A repacked-weight cache this pinfer cannot use (another layout version or CPU, damaged, or
+    /// run without repacking), or writing one failed.
+    Cache(std::string::String),
     /// The memory plan exceeds the memory available (`SessionOptions::memory_limit`).
     OverMemory {
         /// The plan.
@@ -128,8 +131,10 @@ pub struct MemoryPlan {
     /// file, a few per token, through the page cache. Not in [`MemoryPlan::total`]: only the rows
     /// of tokens seen are ever read (`--mlock` locks them all, and says so if that fails).
     pub mapped_rows: usize,
-    /// The repacked weight buffer.
+    /// The repacked weights (in their own buffer, or in the file when it is a repack cache).
     pub repacked: usize,
+    /// Whether the repacked weights are pages of the file (a repack cache), not a buffer.
+    pub repacked_in_file: bool,
     /// KV cache and token ids (the arena's persistent part).
     pub kv: usize,
     /// Activations (the arena's planned part).
@@ -152,10 +157,11 @@ impl fmt::Display for MemoryPlan {
         let mib = |b: usize| b as f64 / (1024.0 * 1024.0);
         write!(
             f,
-            "{:.1} MiB = mapped model {:.1} + repacked weights {:.1}",
+            "{:.1} MiB = mapped model {:.1} + repacked weights {:.1}{}",
             mib(self.total()),
             mib(self.mapped),
-            mib(self.repacked)
+            mib(self.repacked),
+            if self.repacked_in_file { " (mapped from the repack cache)" } else { "" }
         )?;
         write!(
             f,
@@ -194,6 +200,7 @@ impl fmt::Display for SessionError {
             Self::Exec(e) => write!(f, "{e}"),
             Self::Resources(msg) => write!(f, "{msg}"),
             Self::Threads(e) => write!(f, "{e}"),
+            Self::Cache(msg) => write!(f, "{msg}"),
             Self::OverMemory { plan, limit } => write!(
                 f,
                 "not loading: the memory plan needs {plan}, more than the {:.1} MiB available (use a smaller \
@@ -249,8 +256,13 @@ pub struct Session {
     n_past: usize,
     logits: Vec<f32>,
     /// Repacked weight matrices (one buffer) and where each one is, sorted by source offset.
+    /// Empty for a repack cache: the entries then point into the mapped file.
     packed: Vec<Line>,
     packed_entries: Vec<PackedEntry>,
+    /// The file is a repacked-weight cache: the packed planes are read from the mapping.
+    from_cache: bool,
+    /// Bytes of the repacked weights (in `packed`, or in the file).
+    packed_bytes: usize,
     /// Seconds spent repacking at load.
     repack_seconds: f64,
     /// Placement of every tensor of the file, in file order.
@@ -268,6 +280,15 @@ impl Session {
     /// Opens, validates and plans `model` (kept mapped for the life of the process).
     pub fn new(model: &'static ModelFile, opts: &SessionOptions) -> Result<Self, SessionError> {
         let gguf = model.parse().map_err(SessionError::Load)?;
+        let from_cache =
+            crate::repack_cache::check_cache(&gguf, model.path()).map_err(SessionError::Cache)?;
+        if from_cache && !opts.repack {
+            return Err(SessionError::Cache(std::format!(
+                "{} is a pinfer repack cache: its weight matrices exist only in the repacked layout, so it \
+                 cannot run with repacking off (--no-repack, PINFER_NO_REPACK); load the original GGUF for that",
+                model.path().display()
+            )));
+        }
         let hp = HParams::from_gguf(&gguf)?;
         let vocab = validate_vocab(&gguf)?;
         validate_tensors(&gguf, &hp, vocab.n_vocab)?;
@@ -310,10 +331,18 @@ impl Session {
                 placement::place(&t, u, opts.repack)
             })
             .collect();
-        let (entries, sources, packed_total) = plan_repack(&gguf, &placements);
+        let (entries, sources, packed_total) = if from_cache {
+            let (entries, total) =
+                crate::repack_cache::cache_entries(&gguf, model.bytes().len(), &placements, model.path())
+                    .map_err(SessionError::Cache)?;
+            (entries, Vec::new(), total)
+        } else {
+            plan_repack(&gguf, &placements)
+        };
         let mut memory_plan = MemoryPlan {
             mapped: gguf.data_start(),
             repacked: packed_total,
+            repacked_in_file: from_cache,
             kv: kv.total_bytes,
             activations: activations.len,
             work: work.len,
@@ -343,8 +372,13 @@ impl Session {
         })?;
         memory.resize(total / ARENA_ALIGN, Line([0; ARENA_ALIGN]));
         let started = std::time::Instant::now();
-        let (packed, packed_entries) = repack_weights(model, entries, &sources, packed_total, opts.threads)?;
-        let repack_seconds = started.elapsed().as_secs_f64();
+        let (packed, packed_entries) = if from_cache {
+            // Planes in the file, in file order: nothing to pack, copy or release.
+            (Vec::new(), entries)
+        } else {
+            repack_weights(model, entries, &sources, packed_total, opts.threads)?
+        };
+        let repack_seconds = if from_cache { 0.0 } else { started.elapsed().as_secs_f64() };
         // After repacking, whose threads must not inherit the caller's pinning to one core.
         let config = PoolConfig {
             threads: opts.threads,
@@ -358,7 +392,18 @@ impl Session {
             let graphs: Vec<&Graph<GRAPH_CAPACITY>> = prepared.iter().map(|p| &*p.graph).collect();
             // The pool's workers wait while the NPU runs: their cores drive NPU cores 1 and 2.
             let config = crate::npu::NpuConfig { cpu_cores: pool.thread_cores(), ..opts.npu.clone() };
-            crate::npu::session_backend(model, &graphs, &config, n_batch, opts.repack).map(Box::new)
+            if from_cache && config.is_on() {
+                // The NPU converts weights from the file's layout, which a cache does not hold.
+                if !config.quiet_if_missing {
+                    return Err(SessionError::Cache(std::format!(
+                        "{}: NPU offload needs the original GGUF (a repack cache holds only the CPU layout)",
+                        model.path().display()
+                    )));
+                }
+                None
+            } else {
+                crate::npu::session_backend(model, &graphs, &config, n_batch, opts.repack).map(Box::new)
+            }
         };
         Ok(Self {
             model,
@@ -375,6 +420,8 @@ impl Session {
             logits: vec![0.0; vocab.n_vocab as usize],
             packed,
             packed_entries,
+            from_cache,
+            packed_bytes: packed_total,
             repack_seconds,
             placements,
             memory_plan,
@@ -416,6 +463,13 @@ impl Session {
         let file = self.model.bytes();
         let mut ranges: Vec<core::ops::Range<usize>> = Vec::new();
         ranges.push(0..self.gguf.data_start());
+        if self.from_cache {
+            // The repacked planes are pages of the file.
+            for e in &self.packed_entries {
+                let (_, sn) = packed_bytes(e.format, e.rows, e.k);
+                ranges.push(e.quants_at..e.scales_at + sn);
+            }
+        }
         for (t, p) in self.placements() {
             let start = self.gguf.data_start() + t.offset as usize;
             let keep = match (p.buffer, p.reason) {
@@ -445,9 +499,16 @@ impl Session {
         regions
     }
 
-    /// Repacked weights: matrices, bytes of the packed buffer, and seconds spent repacking.
+    /// Repacked weights: matrices, bytes of the packed buffer (or of the planes in a repack
+    /// cache), and seconds spent repacking (0 for a cache).
     pub fn repacked(&self) -> (usize, usize, f64) {
-        (self.packed_entries.len(), self.packed.len() * ARENA_ALIGN, self.repack_seconds)
+        (self.packed_entries.len(), self.packed_bytes, self.repack_seconds)
+    }
+
+    /// Whether the model file is a repacked-weight cache (`pinfer repack`): the packed weights are
+    /// read from the mapped file, nothing was repacked at load.
+    pub fn from_cache(&self) -> bool {
+        self.from_cache
     }
 
     /// The NPU backend, if matmuls go to the NPU.
@@ -574,7 +635,8 @@ impl Session {
         let prep = &self.prepared[p];
         let step = Step { n_past: self.n_past, n_kv: self.n_past + tokens.len() };
         let buffers = [self.model.bytes()];
-        let packed: &[u8] = bytemuck::cast_slice(self.packed.as_slice());
+        let packed: &[u8] =
+            if self.from_cache { self.model.bytes() } else { bytemuck::cast_slice(self.packed.as_slice()) };
         let mut bound = Bound::new(&prep.graph, &prep.plan, &buffers, bytes, self.activations, self.work)?
             .with_packed(packed, &self.packed_entries)
             .with_numerics_check(self.check_numerics);

@@ -69,7 +69,7 @@ fn help_lists_subcommands() {
     let out = pinfer(&["--help"]);
     assert!(out.status.success());
     let help = text_of(&out.stdout);
-    for sub in ["generate", "info", "tokenize", "bench"] {
+    for sub in ["generate", "info", "tokenize", "bench", "repack"] {
         assert!(help.contains(sub), "--help lacks {sub}: {help}");
     }
 }

@@ -87,11 +87,27 @@ impl<W: Write> GgufWriter<W> {
     ///
     /// Refuses an invalid `general.alignment`, a tensor without 1 to 4 dimensions, and sizes that
     /// overflow. Keys and names are written as given: it is the caller's job to keep them unique.
-    pub fn start(
+    pub fn start(out: W, metadata: &[(&str, Value<'_>)], tensors: &[TensorHeader<'_>]) -> io::Result<Self> {
+        Self::start_sized(out, metadata, tensors, &[])
+    }
+
+    /// As [`GgufWriter::start`], with `data_sizes[i]` bytes of data for tensor `i` instead of the
+    /// size its type and shape give (at least that size: the data may carry more, as pinfer's
+    /// repacked-weight cache does; offsets and padding follow the sizes given). An empty
+    /// `data_sizes` means every tensor's own size.
+    pub fn start_sized(
         mut out: W,
         metadata: &[(&str, Value<'_>)],
         tensors: &[TensorHeader<'_>],
+        data_sizes: &[u64],
     ) -> io::Result<Self> {
+        if !data_sizes.is_empty() && data_sizes.len() != tensors.len() {
+            return Err(invalid(std::format!(
+                "{} data sizes for {} tensors",
+                data_sizes.len(),
+                tensors.len()
+            )));
+        }
         let alignment = match metadata.iter().find(|(k, _)| *k == "general.alignment") {
             None => DEFAULT_ALIGNMENT,
             Some((_, Value::U32(a))) if a.is_power_of_two() && ALIGNMENT_RANGE.contains(a) => *a,
@@ -113,9 +129,19 @@ impl<W: Write> GgufWriter<W> {
             if t.n_dims == 0 || t.n_dims as usize > MAX_DIMS {
                 return Err(invalid(std::format!("{}: {} dimensions", t.name, t.n_dims)));
             }
-            let size = t.nbytes().ok_or_else(|| {
+            let own = t.nbytes().ok_or_else(|| {
                 invalid(std::format!("{}: shape {:?} does not fit type {}", t.name, t.ne, t.ty))
             })?;
+            let size = match data_sizes.get(sizes.len()) {
+                None => own,
+                Some(&n) if n >= own => n,
+                Some(&n) => {
+                    return Err(invalid(std::format!(
+                        "{}: {n} bytes of data, fewer than its type and shape need ({own})",
+                        t.name
+                    )))
+                }
+            };
             put_str(&mut head, t.name.as_bytes());
             head.extend_from_slice(&t.n_dims.to_le_bytes());
             for d in &t.ne[..t.n_dims as usize] {
@@ -320,6 +346,27 @@ mod tests {
             assert_eq!(info.offset % 64, 0);
             assert_eq!(reparsed.tensor_data(&info), &d[..], "{}", t.name);
         }
+    }
+
+    /// Data larger than the tensor's own size leaves a gap the parser accepts; smaller is refused.
+    #[test]
+    fn larger_data_sizes_leave_gaps_the_parser_accepts() {
+        let t = [
+            TensorHeader { name: "a", ty: GgmlType::Q4_0, n_dims: 2, ne: [32, 2, 1, 1] },
+            TensorHeader { name: "b", ty: GgmlType::F32, n_dims: 1, ne: [3, 1, 1, 1] },
+        ];
+        let meta = [("general.alignment", Value::U32(64))];
+        let mut w = GgufWriter::start_sized(Vec::new(), &meta, &t, &[100, 12]).unwrap();
+        assert!(w.write_tensor_data(&[1; 36]).is_err(), "the size given, not the tensor's");
+        w.write_tensor_data(&[1; 100]).unwrap();
+        w.write_tensor_data(&[2; 12]).unwrap();
+        let (bytes, _) = w.finish().unwrap();
+        let parsed = Gguf::parse(&bytes).unwrap();
+        let b = parsed.tensor("b").unwrap();
+        assert_eq!(b.offset, 128);
+        assert_eq!(parsed.tensor_data(&b), &[2; 12]);
+        assert!(GgufWriter::start_sized(Vec::new(), &meta, &t, &[35, 12]).is_err());
+        assert!(GgufWriter::start_sized(Vec::new(), &meta, &t, &[36]).is_err());
     }
 
     #[test]

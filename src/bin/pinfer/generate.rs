@@ -72,8 +72,9 @@ pub fn generate(path: &Path, args: GenerateArgs) -> Result<(), CliError> {
     let mut session = runtime.load(path, opts, args.verbose)?;
     if args.verbose > 0 {
         let (n, bytes, secs) = session.repacked();
+        let how = if session.from_cache() { "mapped from the repack cache" } else { "repacked" };
         eprintln!(
-            "pinfer: kernels {}, {} threads, {n} weight matrices repacked ({:.1} MiB) in {:.0} ms",
+            "pinfer: kernels {}, {} threads, {n} weight matrices {how} ({:.1} MiB) in {:.0} ms",
             pinfer::kernels::path().name(),
             session.threads(),
             bytes as f64 / (1 << 20) as f64,

@@ -146,6 +146,16 @@ impl Report<'_> {
             self.gguf.alignment()
         );
         println!("architecture:  {}", self.str_key("general.architecture").unwrap_or("(none)"));
+        if pinfer::repack_cache::is_cache(&self.gguf) {
+            let layout = self.gguf.get_int::<u64>(pinfer::repack_cache::KEY_LAYOUT).ok().flatten();
+            let listed = self.str_key(pinfer::repack_cache::KEY_TENSORS).map_or(0, |s| s.lines().count());
+            println!(
+                "repack cache:  pinfer packed layout {} for {}, {listed} matrices repacked (sizes below are \
+                 the GGUF types', not the planes')",
+                layout.map_or("?".to_string(), |v| v.to_string()),
+                self.str_key(pinfer::repack_cache::KEY_ARCH).unwrap_or("?")
+            );
+        }
         if let Some(name) = self.str_key("general.name") {
             println!("name:          {name}");
         }

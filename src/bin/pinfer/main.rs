@@ -12,6 +12,7 @@ mod generate;
 mod info;
 mod npu;
 mod quantize;
+mod repack;
 mod runtime;
 
 use runtime::RuntimeArgs;
@@ -166,6 +167,9 @@ enum Command {
     Selftest(npu::SelftestArgs),
     /// Requantize a model's weight matrices (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K) into a new GGUF file.
     Quantize(quantize::QuantizeArgs),
+    /// Write a repacked-weight cache: a GGUF with the weight matrices already in pinfer's packed
+    /// layout for this CPU, which loads without repacking (`pinfer repack IN OUT`).
+    Repack(repack::RepackArgs),
 }
 
 /// A failure the user can act on: printed as `error: ...` with exit status 1.
@@ -244,6 +248,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
         }
         Command::Bench(args) => bench::run(args),
         Command::Quantize(args) => quantize::run(args),
+        Command::Repack(args) => repack::run(args),
         Command::NpuPlan(args) => npu::plan(args),
         Command::Selftest(args) => npu::selftest(args),
     }

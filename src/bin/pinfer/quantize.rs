@@ -233,6 +233,11 @@ pub fn run(args: QuantizeArgs) -> Result<(), CliError> {
     let model = ModelFile::open(&args.input)?;
     let gguf = model.parse()?;
     let input_name = args.input.display();
+    if pinfer::repack_cache::is_cache(&gguf) {
+        return Err(CliError(format!(
+            "{input_name} is a pinfer repack cache (weights in pinfer's packed layout): quantize the original GGUF"
+        )));
+    }
 
     let mut notes = Notes::default();
     let tensors: Vec<TensorInfo<'_>> = gguf.tensors().collect();

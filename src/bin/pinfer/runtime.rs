@@ -116,6 +116,9 @@ impl Runtime {
                 CliError(format!("{}: {e} ({source}; --mem-limit MIB sets another limit)", path.display()))
             }
             SessionError::Threads(e) => CliError(e.to_string()),
+            // Both name the file already.
+            SessionError::Load(e) => CliError(e.to_string()),
+            SessionError::Cache(msg) => CliError(msg),
             e => CliError(format!("{}: {e}", path.display())),
         })?;
         let locked = if self.args.mlock { Some(lock(&session)?) } else { None };
