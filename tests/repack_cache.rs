@@ -116,6 +116,12 @@ fn llama_untied_q5_cache_gives_the_same_tokens_and_logits() {
     same_tokens("tiny/llama-untied-q5.gguf", false);
 }
 
+#[test]
+fn qwen3moe_tiny_cache_gives_the_same_tokens_and_logits() {
+    // Expert tensors: one packed matrix of m * n_expert rows each, read slab by slab.
+    same_tokens("tiny/qwen3moe-tiny.gguf", false);
+}
+
 /// `bytes` with the first occurrence of `from` (which must exist) replaced by `to` (same length).
 fn replaced(bytes: &[u8], from: &[u8], to: &[u8]) -> Vec<u8> {
     assert_eq!(from.len(), to.len());
