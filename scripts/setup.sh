@@ -147,14 +147,35 @@ tiny_ok() {
 make_tiny_models() {
   if tiny_ok; then
     log "tiny test models present"
+  else
+    fetch_model
+    pip_install "gguf:gguf==0.19.0" "numpy:numpy"
+    log "writing tiny test models to $TINY_DIR"
+    "$PY" tests/golden/make_test_models.py "$MODEL_FILE" "$TINY_DIR" >/dev/null
+    if ! tiny_ok; then
+      log "tiny models differ from the golden files' models (is gguf==0.19.0 installed?)"
+      exit 1
+    fi
+  fi
+  make_qwen2moe_tiny
+}
+
+# qwen2moe (shared expert) tiny model, written by scripts/make_qwen2moe_tiny.py from the same vocabulary;
+# its golden (tests/golden/qwen2moe-tiny.greedy.jsonl) is scripts/moe_reference.py's NumPy forward pass.
+QWEN2MOE_TINY="$TINY_DIR/qwen2moe-tiny.gguf"
+QWEN2MOE_TINY_SHA256=d4e37169481b335cb0b4fd51b6a51d1077dfa683184e3295f977c9792a79ca79
+
+make_qwen2moe_tiny() {
+  if echo "$QWEN2MOE_TINY_SHA256  $QWEN2MOE_TINY" | sha256sum -c --status 2>/dev/null; then
+    log "qwen2moe tiny model present"
     return
   fi
   fetch_model
   pip_install "gguf:gguf==0.19.0" "numpy:numpy"
-  log "writing tiny test models to $TINY_DIR"
-  "$PY" tests/golden/make_test_models.py "$MODEL_FILE" "$TINY_DIR" >/dev/null
-  if ! tiny_ok; then
-    log "tiny models differ from the golden files' models (is gguf==0.19.0 installed?)"
+  log "writing $QWEN2MOE_TINY"
+  "$PY" scripts/make_qwen2moe_tiny.py "$MODEL_FILE" "$QWEN2MOE_TINY" >/dev/null
+  if ! echo "$QWEN2MOE_TINY_SHA256  $QWEN2MOE_TINY" | sha256sum -c --status; then
+    log "$QWEN2MOE_TINY differs from its golden's model (is gguf==0.19.0 installed?)"
     exit 1
   fi
 }

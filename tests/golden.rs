@@ -199,3 +199,20 @@ fn qwen3moe_tiny_greedy_matches_llama_cpp_without_repacking() {
         false,
     );
 }
+
+/// qwen2moe (shared expert with a sigmoid gate, weights not renormalised) against the NumPy
+/// reference forward pass `scripts/moe_reference.py` (no llama.cpp golden exists for it).
+#[test]
+fn qwen2moe_tiny_greedy_matches_the_numpy_reference() {
+    check_greedy("tiny/qwen2moe-tiny.gguf", "qwen2moe-tiny.greedy.jsonl", if emulated() { 4 } else { 24 });
+}
+
+#[test]
+fn qwen2moe_tiny_greedy_matches_the_numpy_reference_without_repacking() {
+    check_greedy_with(
+        "tiny/qwen2moe-tiny.gguf",
+        "qwen2moe-tiny.greedy.jsonl",
+        if emulated() { 4 } else { 24 },
+        false,
+    );
+}
