@@ -1276,6 +1276,34 @@ fn random_shapes_through_elementwise_norm_softmax_and_matmul() {
 // mul_mat_id
 // ---------------------------------------------------------------------------------------------
 
+/// Exact expert products for `mul_mat_id`: weights `w` (`[k, m, n_expert]`) times input `x` (`[k,
+/// 1 or n_used, tokens]`) for the experts `ids` (`[n_used, tokens]`); values and sums of |products|.
+fn ref_mul_mat_id(
+    w: &[f32],
+    wne: Ne,
+    x: &[f32],
+    xne: Ne,
+    ids: &[i32],
+    n_used: usize,
+) -> (Vec<f64>, Vec<f64>) {
+    let (k, m) = (wne[0], wne[1]);
+    let (mut want, mut scale) = (Vec::new(), Vec::new());
+    for t in 0..xne[2] {
+        for u in 0..n_used {
+            let e = ids[t * n_used + u] as usize;
+            let xu = if xne[1] == 1 { 0 } else { u };
+            for r in 0..m {
+                let wrow = &w[at(wne, [0, r, e, 0])..][..k];
+                let xrow = &x[at(xne, [0, xu, t, 0])..][..k];
+                let p: Vec<f64> = wrow.iter().zip(xrow).map(|(&a, &b)| f64::from(a) * f64::from(b)).collect();
+                want.push(p.iter().sum());
+                scale.push(p.iter().map(|v| v.abs()).sum());
+            }
+        }
+    }
+    (want, scale)
+}
+
 #[test]
 fn mul_mat_id_selects_experts_per_token() {
     let (m, n_exp, tokens, n_used) = (5usize, 4usize, 3usize, 2usize);
@@ -1297,21 +1325,7 @@ fn mul_mat_id_selects_experts_per_token() {
             let y = s.g.mul_mat_id(w, tx, tid).unwrap();
             assert_eq!(s.g.tensor(y).ne, [m, n_used, tokens, 1]);
             let got = run_ops(&mut s, &[y], &STEP0).remove(0);
-            let (mut want, mut scale) = (Vec::new(), Vec::new());
-            for t in 0..tokens {
-                for u in 0..n_used {
-                    let e = ids[t * n_used + u] as usize;
-                    let xu = if shared_input { 0 } else { u };
-                    for r in 0..m {
-                        let wrow = &wv[at(wne, [0, r, e, 0])..][..k];
-                        let xrow = &x[at([k, x_rows, tokens, 1], [0, xu, t, 0])..][..k];
-                        let p: Vec<f64> =
-                            wrow.iter().zip(xrow).map(|(&a, &b)| f64::from(a) * f64::from(b)).collect();
-                        want.push(p.iter().sum());
-                        scale.push(p.iter().map(|v| v.abs()).sum());
-                    }
-                }
-            }
+            let (want, scale) = ref_mul_mat_id(&wv, wne, &x, [k, x_rows, tokens, 1], &ids, n_used);
             let what = format!("mul_mat_id {ty} shared input {shared_input}");
             check_scaled(&what, &got, &want, &scale, MATMUL_TOL);
         }
@@ -1358,21 +1372,7 @@ fn mul_mat_id_on_repacked_experts_matches_the_reference() {
             let (one, _) = engine::run(&mut s, &[y], &STEP0, opts(1, true));
             let (three, _) = engine::run(&mut s, &[y], &STEP0, opts(3, true));
             assert!(one[0].iter().zip(&three[0]).all(|(a, b)| a.to_bits() == b.to_bits()));
-            let (mut want, mut scale) = (Vec::new(), Vec::new());
-            for t in 0..tokens {
-                for u in 0..n_used {
-                    let e = ids[t * n_used + u] as usize;
-                    let xu = if shared_input { 0 } else { u };
-                    for r in 0..m {
-                        let wrow = &wv[at(wne, [0, r, e, 0])..][..k];
-                        let xrow = &x[at([k, x_rows, tokens, 1], [0, xu, t, 0])..][..k];
-                        let p: Vec<f64> =
-                            wrow.iter().zip(xrow).map(|(&a, &b)| f64::from(a) * f64::from(b)).collect();
-                        want.push(p.iter().sum());
-                        scale.push(p.iter().map(|v| v.abs()).sum());
-                    }
-                }
-            }
+            let (want, scale) = ref_mul_mat_id(&wv, wne, &x, [k, x_rows, tokens, 1], &ids, n_used);
             let what = format!("repacked mul_mat_id {ty} shared input {shared_input}");
             // Packed K-quants fold `d * sc` and `dmin * m` into f16 per 32 values (each rounded
             // once, 2^-11 relative, and a value can be the difference of the two).
