@@ -22,8 +22,14 @@ use pinfer::kernels::packed::{
     dequantize_packed_row, matmul_ref, pack, packed_bytes, quantize_act_ref, ActBlock, PackedFormat,
     PackedMatrix, BLOCK,
 };
-use pinfer::kernels::reference::{flash_attn_row_ref, rms_norm_ref, swiglu_ref};
-use pinfer::kernels::{flash_attn_row, packed_matmul, quantize_act, rms_norm, swiglu, KernelPath};
+use pinfer::kernels::reference::{
+    f32_to_f16_ref, flash_attn_row_ref, flash_attn_rows_ref, rms_norm_ref, rope_ref, rope_table_ref,
+    swiglu_ref, RopeParams,
+};
+use pinfer::kernels::{
+    f32_to_f16, flash_attn_row, flash_attn_rows, packed_matmul, quantize_act, rms_norm, rope_rotate, swiglu,
+    KernelPath, FLASH_ROWS,
+};
 use pinfer::quant::blocks::F16Le;
 use pinfer::quant::GgmlType;
 
@@ -253,6 +259,159 @@ fn flash_attn_row_with_exact_scores_is_bit_identical() {
                         same_bits(g, w),
                         "{} dim={dim} keys={n_keys} [{i}]: {g} vs reference {w}",
                         path.name()
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Several query rows over the same keys (`flash_attn_rows`): on every path, each row's `q16` and
+/// output are bit-identical to that path's `flash_attn_row` of the row alone (so within the
+/// tolerance of the reference above), for 1 to `FLASH_ROWS` rows, head sizes that take the
+/// kernels' fast, general and fallback shapes, and key counts across chunk edges; the reference
+/// twin is checked against `flash_attn_row_ref` the same way.
+#[test]
+fn flash_attn_rows_match_single_rows_bit_for_bit() {
+    let mut rng = Rng(8);
+    let mut paths = simd_paths();
+    paths.push(KernelPath::Reference);
+    for path in paths {
+        for dim in [8, 17, 24, 64, 72, 128, 136, 256] {
+            for n_keys in [0usize, 1, 3, 31, 33, 64, 100] {
+                for rows in 1..=FLASH_ROWS {
+                    let q_size = if n_keys % 2 == 0 { 1.0 } else { 40.0 };
+                    let qs: Vec<Vec<f32>> =
+                        (0..rows).map(|_| (0..dim).map(|_| q_size * rng.f()).collect()).collect();
+                    let k = f16s(&(0..dim * n_keys).map(|_| rng.f()).collect::<Vec<f32>>());
+                    let vf: Vec<f32> = (0..dim * n_keys)
+                        .map(|i| match i % 11 {
+                            3 => 3000.0 * rng.f(),
+                            7 => 1.0e-6 * rng.f(),
+                            _ => 4.0 * rng.f(),
+                        })
+                        .collect();
+                    let v = f16s(&vf);
+                    let keys = n_keys / 4..n_keys;
+                    let scale = 1.0 / (dim as f32).sqrt();
+                    let key = |j: usize| &k[j * dim..(j + 1) * dim];
+                    let value = |j: usize| &v[j * dim..(j + 1) * dim];
+                    let qrefs: Vec<&[f32]> = qs.iter().map(|q| q.as_slice()).collect();
+                    let (mut q16, mut acc) =
+                        (vec![F16Le::from_f32(9.0); rows * dim], vec![F16Le::from_f32(9.0); rows * dim]);
+                    let mut outs = vec![vec![9.0f32; dim]; rows];
+                    let mut orefs: Vec<&mut [f32]> = outs.iter_mut().map(|o| o.as_mut_slice()).collect();
+                    if path == KernelPath::Reference {
+                        flash_attn_rows_ref(
+                            &qrefs,
+                            &mut q16,
+                            keys.clone(),
+                            key,
+                            value,
+                            scale,
+                            &mut acc,
+                            &mut orefs,
+                        );
+                    } else {
+                        flash_attn_rows(
+                            path,
+                            &qrefs,
+                            &mut q16,
+                            keys.clone(),
+                            key,
+                            value,
+                            scale,
+                            &mut acc,
+                            &mut orefs,
+                        );
+                    }
+                    for (r, q) in qs.iter().enumerate() {
+                        let (want_q16, want) = flash_run(dim, |q16, acc, out| {
+                            if path == KernelPath::Reference {
+                                flash_attn_row_ref(q, q16, keys.clone(), key, value, scale, acc, out)
+                            } else {
+                                flash_attn_row(path, q, q16, keys.clone(), key, value, scale, acc, out)
+                            }
+                        });
+                        let what = format!("{} dim={dim} keys={n_keys} rows={rows} row {r}", path.name());
+                        assert_eq!(&q16[r * dim..(r + 1) * dim], &want_q16[..], "{what}: q16");
+                        for (i, (&g, &w)) in outs[r].iter().zip(&want).enumerate() {
+                            assert!(same_bits(g, w), "{what} [{i}]: {g} vs single row {w}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// RoPE by a per-position table (`rope_table_ref` once, `rope_rotate` per head) is bit-identical to
+/// `rope_ref` on every path: odd pair counts (vector tails), rows longer than `n_rot`, both pair
+/// layouts, frequency factors and scales, large positions.
+#[test]
+fn rope_by_table_is_bit_identical() {
+    let mut rng = Rng(10);
+    let mut paths = simd_paths();
+    paths.push(KernelPath::Reference);
+    let factors: Vec<f32> = (0..200).map(|_| 1.0 + 4.0 * rng.f().abs()).collect();
+    for path in paths {
+        for (n_rot, len) in [(2, 2), (6, 9), (8, 8), (14, 20), (64, 64), (96, 128), (128, 128), (400, 401)] {
+            for neox in [false, true] {
+                for (pos, scaled) in [(0, false), (1, true), (17, false), (1000, true), (123_456, false)] {
+                    let p = RopeParams {
+                        n_rot,
+                        neox,
+                        freq_base: if scaled { 500_000.0 } else { 10_000.0 },
+                        freq_scale: if scaled { 0.25 } else { 1.0 },
+                        freq_factors: scaled.then_some(&factors[..]),
+                    };
+                    let x: Vec<f32> = (0..len).map(|_| 3.0 * rng.f()).collect();
+                    let mut want = vec![9.0f32; len];
+                    rope_ref(&x, &mut want, pos, &p);
+                    let half = n_rot / 2;
+                    let (mut cos, mut sin) = (vec![0f32; half], vec![0f32; half]);
+                    rope_table_ref(pos, &p, 0, &mut cos, &mut sin);
+                    let mut got = vec![9.0f32; len];
+                    rope_rotate(path, &x, &mut got, &cos, &sin, neox);
+                    for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
+                        assert!(
+                            same_bits(g, w),
+                            "{} n_rot={n_rot} len={len} neox={neox} pos={pos} [{i}]: {g} vs {w}",
+                            path.name()
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// f32 -> f16 rows (the KV cache writes): bit-identical to the reference on every regime (ties,
+/// overflow to infinity, f16 subnormals and underflow to zero), NaNs staying NaNs.
+#[test]
+fn f32_to_f16_is_bit_identical() {
+    let mut rng = Rng(12);
+    for path in simd_paths() {
+        for n in LENGTHS {
+            let mut cases = regimes(n, &mut rng);
+            // Exact f16 ties (halfway between neighbours) and values near the f16 range's edges.
+            cases.push(("ties", (0..n).map(|i| 1.0 + (2 * i + 1) as f32 * 2f32.powi(-11)).collect()));
+            cases.push((
+                "edges",
+                (0..n).map(|i| [65_520.0, 65_519.0, 6.0e-8, 2.9e-8, -1.0e-5, f32::NAN][i % 6]).collect(),
+            ));
+            for (what, x) in cases {
+                let mut want = vec![F16Le::from_bits(7); n];
+                let mut got = vec![F16Le::from_bits(7); n];
+                f32_to_f16_ref(&x, &mut want);
+                f32_to_f16(path, &x, &mut got);
+                for i in 0..n {
+                    let (g, w) = (got[i].to_f32(), want[i].to_f32());
+                    assert!(
+                        got[i] == want[i] || (g.is_nan() && w.is_nan()),
+                        "{} {what} n={n} [{i}] f16({}): {g} vs {w}",
+                        path.name(),
+                        x[i]
                     );
                 }
             }

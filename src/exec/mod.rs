@@ -700,10 +700,24 @@ impl<'a, const N: usize> Bound<'a, N> {
                         freq_scale: t.params.f[1],
                         freq_factors: factors,
                     };
+                    // The angles depend on the position only: one table per position (the
+                    // heads of a token are consecutive rows).
+                    let half = p.n_rot / 2;
+                    let (mut cos, mut sin) = ([0f32; 256], [0f32; 256]);
+                    let mut table_pos = None;
                     for (i1, i2, i3) in rows(ne, share(rows_of(ne), ith, nth)) {
                         let x: &[f32] = self.read(a, ta.row_offset(i1, i2, i3), ne[0]);
                         let out: &mut [f32] = self.write(id, t.row_offset(i1, i2, i3), ne[0]);
-                        kref::rope_ref(x, out, step.n_past + i2, &p);
+                        let pos = step.n_past + i2;
+                        if half > cos.len() {
+                            kref::rope_ref(x, out, pos, &p);
+                            continue;
+                        }
+                        if table_pos != Some(pos) {
+                            kref::rope_table_ref(pos, &p, 0, &mut cos[..half], &mut sin[..half]);
+                            table_pos = Some(pos);
+                        }
+                        kernels::rope_rotate(path, x, out, &cos[..half], &sin[..half], p.neox);
                     }
                 }
                 Op::GetRows => {
@@ -807,6 +821,12 @@ impl<'a, const N: usize> Bound<'a, N> {
                     for tok in share(n_tokens, ith, nth) {
                         let x: &[f32] = self.read(s, ts.row_offset(tok, 0, 0), ts.ne[0]);
                         let pos = step.n_past + tok;
+                        if !transposed && tc.ty == GgmlType::F16 && tc.nb[0] == 2 {
+                            // A contiguous f16 row: one conversion kernel.
+                            let out: &mut [F16Le] = self.write(id, pos * tc.nb[1], x.len());
+                            kernels::f32_to_f16(path, x, out);
+                            continue;
+                        }
                         for (e, &v) in x.iter().enumerate() {
                             let at = if transposed {
                                 e * tc.nb[1] + pos * tc.nb[0]
@@ -825,25 +845,38 @@ impl<'a, const N: usize> Bound<'a, N> {
                     let n_kv = tk.ne_for(step.n_kv)[1];
                     let group = tq.ne[2] / tk.ne[2];
                     let (causal, window, scale) = (t.params.i[0] != 0, t.params.i[1] as usize, t.params.f[0]);
-                    let mut q16 = [F16Le::from_f32(0.0); 1024];
-                    let mut acc16 = [F16Le::from_f32(0.0); 1024];
-                    // Rows of the result are (head, token) pairs.
-                    for r in share(ne[1] * ne[2], ith, nth) {
-                        let (head, tok) = (r % ne[1], r / ne[1]);
-                        let kv_head = head / group;
+                    let mut q16 = [F16Le::from_f32(0.0); kernels::FLASH_ROWS * 1024];
+                    let mut acc16 = [F16Le::from_f32(0.0); kernels::FLASH_ROWS * 1024];
+                    // Work units are (token, KV head, run of its query heads): the heads of one KV
+                    // head share their keys and values, up to FLASH_ROWS per kernel call; single
+                    // heads when that leaves too few units to share between the threads.
+                    let group = group.max(1);
+                    let n_kv_heads = ne[1] / group;
+                    let runs = group.div_ceil(kernels::FLASH_ROWS);
+                    let run = if ne[2] * n_kv_heads * runs >= 2 * nth { group.div_ceil(runs) } else { 1 };
+                    let runs = group.div_ceil(run);
+                    for u in share(ne[2] * n_kv_heads * runs, ith, nth) {
+                        let (tok, kv_head, c) = (u / (n_kv_heads * runs), u / runs % n_kv_heads, u % runs);
+                        let first = kv_head * group + c * run;
+                        let heads = first..(first + run).min((kv_head + 1) * group);
                         let (start, end) = visible_keys(causal, window, step.n_past + tok, n_kv);
-                        let query: &[f32] = self.read(q, tq.row_offset(tok, head, 0), hd);
-                        let out: &mut [f32] = self.write(id, t.row_offset(head, tok, 0), hd_v);
-                        kernels::flash_attn_row(
+                        let mut qs: [&[f32]; kernels::FLASH_ROWS] = [&[]; kernels::FLASH_ROWS];
+                        let mut outs: [&mut [f32]; kernels::FLASH_ROWS] = Default::default();
+                        for (i, head) in heads.clone().enumerate() {
+                            qs[i] = self.read(q, tq.row_offset(tok, head, 0), hd);
+                            outs[i] = self.write(id, t.row_offset(head, tok, 0), hd_v);
+                        }
+                        let n = heads.len();
+                        kernels::flash_attn_rows(
                             path,
-                            query,
-                            &mut q16[..hd],
+                            &qs[..n],
+                            &mut q16[..n * hd],
                             start..end,
                             |j| self.read(k, tk.row_offset(j, kv_head, 0), hd),
                             |j| self.read(v, tv.row_offset(j, kv_head, 0), hd_v),
                             scale,
-                            &mut acc16[..hd_v],
-                            out,
+                            &mut acc16[..n * hd_v],
+                            &mut outs[..n],
                         );
                     }
                 }

@@ -20,6 +20,8 @@ use packed::{ActBlock, PackedMatrix};
 
 use crate::quant::blocks::F16Le;
 
+pub use reference::FLASH_ROWS;
+
 /// Which implementation runs the SIMD-able kernels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum KernelPath {
@@ -221,5 +223,57 @@ pub fn flash_attn_row<'k>(
             unsafe { x86::flash_attn_row_avx2(q, q16, keys, key, value, scale, acc16, out) }
         }
         _ => reference::flash_attn_row_ref(q, q16, keys, key, value, scale, acc16, out),
+    }
+}
+
+/// Up to [`FLASH_ROWS`] query rows of flash attention over the same keys on `path` (see
+/// [`reference::flash_attn_rows_ref`]); every row's result is [`flash_attn_row`]'s.
+#[allow(clippy::too_many_arguments)]
+pub fn flash_attn_rows<'k>(
+    path: KernelPath,
+    qs: &[&[f32]],
+    q16: &mut [F16Le],
+    keys: Range<usize>,
+    key: impl Fn(usize) -> &'k [F16Le],
+    value: impl Fn(usize) -> &'k [F16Le],
+    scale: f32,
+    acc16: &mut [F16Le],
+    outs: &mut [&mut [f32]],
+) {
+    match path {
+        #[cfg(target_arch = "aarch64")]
+        KernelPath::Neon | KernelPath::NeonDotprod => {
+            neon::flash_attn_rows(qs, q16, keys, key, value, scale, acc16, outs)
+        }
+        #[cfg(target_arch = "x86_64")]
+        KernelPath::Avx2 if has_avx2() => {
+            for (r, (q, out)) in qs.iter().zip(outs.iter_mut()).enumerate() {
+                let (dk, dv) = (q.len(), out.len());
+                let (q16, acc16) = (&mut q16[r * dk..(r + 1) * dk], &mut acc16[r * dv..(r + 1) * dv]);
+                // SAFETY: the CPU has AVX2, FMA and F16C (checked on the match arm).
+                unsafe { x86::flash_attn_row_avx2(q, q16, keys.clone(), &key, &value, scale, acc16, out) }
+            }
+        }
+        _ => reference::flash_attn_rows_ref(qs, q16, keys, key, value, scale, acc16, outs),
+    }
+}
+
+/// RoPE of one row by a table of its position's angles on `path` (see
+/// [`reference::rope_rotate_ref`]); bit-identical on every path.
+pub fn rope_rotate(path: KernelPath, x: &[f32], out: &mut [f32], cos: &[f32], sin: &[f32], neox: bool) {
+    match path {
+        #[cfg(target_arch = "aarch64")]
+        KernelPath::Neon | KernelPath::NeonDotprod => neon::rope_rotate(x, out, cos, sin, neox),
+        _ => reference::rope_rotate_ref(x, out, cos, sin, neox),
+    }
+}
+
+/// A row of f32 rounded to f16 on `path` (see [`reference::f32_to_f16_ref`]); the same bits on
+/// every path (NaNs stay NaNs).
+pub fn f32_to_f16(path: KernelPath, x: &[f32], out: &mut [F16Le]) {
+    match path {
+        #[cfg(target_arch = "aarch64")]
+        KernelPath::Neon | KernelPath::NeonDotprod => neon::f32_to_f16(x, out),
+        _ => reference::f32_to_f16_ref(x, out),
     }
 }

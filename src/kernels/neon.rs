@@ -11,7 +11,9 @@ use core::arch::asm;
 use core::ops::Range;
 
 use super::packed::{quantize_act_ref, ActBlock, PackedFormat, PackedMatrix, BLOCK, GROUP_ROWS};
-use super::reference::{flash_attn_row_ref, swiglu_ref};
+use super::reference::{
+    f32_to_f16_ref, flash_attn_row_ref, flash_attn_rows_ref, rope_rotate_ref, swiglu_ref, FLASH_ROWS,
+};
 use crate::quant::blocks::F16Le;
 
 // ---------------------------------------------------------------------------------------------
@@ -1494,6 +1496,71 @@ fn silu_mul(e: &ExpConsts, g: float32x4_t, u: float32x4_t) -> float32x4_t {
 }
 
 // ---------------------------------------------------------------------------------------------
+// f32 -> f16 rows
+
+/// `reference::f32_to_f16_ref` 8 values at a time (`fcvtn` rounds to nearest even, like it).
+pub fn f32_to_f16(x: &[f32], out: &mut [F16Le]) {
+    let n = x.len().min(out.len());
+    let n8 = n - n % 8;
+    // SAFETY: NEON is part of the aarch64 baseline.
+    unsafe { f32_to_f16_neon(&x[..n8], &mut out[..n8]) };
+    f32_to_f16_ref(&x[n8..n], &mut out[n8..n]);
+}
+
+#[target_feature(enable = "neon")]
+fn f32_to_f16_neon(x: &[f32], out: &mut [F16Le]) {
+    for (x, o) in x.chunks_exact(8).zip(out.chunks_exact_mut(8)) {
+        st_f16x8(o, f16_narrow(ld_f32x4(x), ld_f32x4(&x[4..])));
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// RoPE
+
+/// `reference::rope_rotate_ref` four pairs at a time (the same products and sums, unfused).
+pub fn rope_rotate(x: &[f32], out: &mut [f32], cos: &[f32], sin: &[f32], neox: bool) {
+    let half = cos.len();
+    if sin.len() != half || x.len() < 2 * half || out.len() != x.len() {
+        return rope_rotate_ref(x, out, cos, sin, neox);
+    }
+    // SAFETY: NEON is part of the aarch64 baseline.
+    unsafe { rope_rotate_neon(x, out, cos, sin, neox) }
+}
+
+#[target_feature(enable = "neon")]
+fn rope_rotate_neon(x: &[f32], out: &mut [f32], cos: &[f32], sin: &[f32], neox: bool) {
+    let half = cos.len();
+    let n4 = half - half % 4;
+    for i in (0..n4).step_by(4) {
+        let (c, s) = (ld_f32x4(&cos[i..]), ld_f32x4(&sin[i..]));
+        if neox {
+            let (x0, x1) = (ld_f32x4(&x[i..]), ld_f32x4(&x[half + i..]));
+            st_f32x4(&mut out[i..], vsubq_f32(vmulq_f32(x0, c), vmulq_f32(x1, s)));
+            st_f32x4(&mut out[half + i..], vaddq_f32(vmulq_f32(x0, s), vmulq_f32(x1, c)));
+        } else {
+            let xs: &[f32; 8] = x[2 * i..2 * i + 8].try_into().unwrap();
+            // SAFETY: reads the 8 floats of `xs`.
+            let v = unsafe { vld2q_f32(xs.as_ptr()) };
+            let r = float32x4x2_t(
+                vsubq_f32(vmulq_f32(v.0, c), vmulq_f32(v.1, s)),
+                vaddq_f32(vmulq_f32(v.0, s), vmulq_f32(v.1, c)),
+            );
+            let o: &mut [f32; 8] = (&mut out[2 * i..2 * i + 8]).try_into().unwrap();
+            // SAFETY: writes the 8 floats of `o`.
+            unsafe { vst2q_f32(o.as_mut_ptr(), r) };
+        }
+    }
+    for i in n4..half {
+        let (c, s) = (cos[i], sin[i]);
+        let (a, b) = if neox { (i, i + half) } else { (2 * i, 2 * i + 1) };
+        let (x0, x1) = (x[a], x[b]);
+        out[a] = x0 * c - x1 * s;
+        out[b] = x0 * s + x1 * c;
+    }
+    out[2 * half..].copy_from_slice(&x[2 * half..]);
+}
+
+// ---------------------------------------------------------------------------------------------
 // Flash attention
 
 /// Longest query/value row handled here (longer ones take the reference).
@@ -1978,6 +2045,228 @@ fn flash_attn_any<'k>(
         let h = ld_f16x8(a);
         st_f32x4(o, vmulq_n_f32(f16_lo(h), inv));
         st_f32x4(&mut o[4..], vmulq_n_f32(f16_hi(h), inv));
+    }
+}
+
+/// Several query rows over the same keys (the query heads of one KV head):
+/// `reference::flash_attn_rows_ref`'s results, bit-identical to [`flash_attn_row`] per row (the
+/// same sums in the same order), with each key and value row loaded and widened once for all rows.
+#[allow(clippy::too_many_arguments)]
+pub fn flash_attn_rows<'k>(
+    qs: &[&[f32]],
+    q16: &mut [F16Le],
+    keys: Range<usize>,
+    key: impl Fn(usize) -> &'k [F16Le],
+    value: impl Fn(usize) -> &'k [F16Le],
+    scale: f32,
+    acc16: &mut [F16Le],
+    outs: &mut [&mut [f32]],
+) {
+    let n = qs.len().min(outs.len());
+    if n == 0 {
+        return;
+    }
+    let (dk, dv) = (qs[0].len(), outs[0].len());
+    if n == 1 {
+        return flash_attn_row(qs[0], &mut q16[..dk], keys, key, value, scale, &mut acc16[..dv], outs[0]);
+    }
+    let fits = n <= FLASH_ROWS
+        && dk <= MAX_HEAD
+        && dv <= MAX_HEAD
+        && dk % 8 == 0
+        && dv % 8 == 0
+        && q16.len() >= n * dk
+        && acc16.len() >= n * dv
+        && qs[..n].iter().all(|q| q.len() == dk)
+        && outs[..n].iter().all(|o| o.len() == dv);
+    if !fits {
+        return flash_attn_rows_ref(qs, q16, keys, key, value, scale, acc16, outs);
+    }
+    let (qs, outs) = (&qs[..n], &mut outs[..n]);
+    // SAFETY (each arm): NEON is part of the aarch64 baseline.
+    match n {
+        2 => unsafe { flash_attn_multi::<2>(qs, q16, keys, key, value, scale, acc16, outs) },
+        3 => unsafe { flash_attn_multi::<3>(qs, q16, keys, key, value, scale, acc16, outs) },
+        _ => unsafe { flash_attn_multi::<4>(qs, q16, keys, key, value, scale, acc16, outs) },
+    }
+}
+
+/// [`flash_attn_rows`] for `R` rows (checked shapes: `dk`, `dv` multiples of 8 up to
+/// `MAX_HEAD`), in chunks of keys: the scores of every row (each key widened once), each row's
+/// softmax steps, then the value updates in slices of 16 dimensions (each value widened once; the
+/// accumulators of 4 rows and the widened values fit in registers).
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "neon")]
+fn flash_attn_multi<'k, const R: usize>(
+    qs: &[&[f32]],
+    q16: &mut [F16Le],
+    keys: Range<usize>,
+    key: impl Fn(usize) -> &'k [F16Le],
+    value: impl Fn(usize) -> &'k [F16Le],
+    scale: f32,
+    acc16: &mut [F16Le],
+    outs: &mut [&mut [f32]],
+) {
+    let (dk, dv) = (qs[0].len(), outs[0].len());
+    let mut qd = [[0f64; MAX_HEAD]; R];
+    for (r, q) in qs.iter().enumerate() {
+        round_query(q, &mut q16[r * dk..(r + 1) * dk], &mut qd[r][..dk]);
+    }
+    let acc16 = &mut acc16[..R * dv];
+    acc16.fill(F16Le::from_bits(0));
+    let mut max = [f32::NEG_INFINITY; R];
+    let mut sum = vdupq_n_f32(0.0);
+    let mut j = keys.start;
+    while j < keys.end {
+        let m = (keys.end - j).min(KEY_CHUNK);
+        let (mut krows, mut vrows) =
+            ([core::ptr::null::<F16Le>(); KEY_CHUNK], [core::ptr::null::<F16Le>(); KEY_CHUNK]);
+        for (i, (k, v)) in krows[..m].iter_mut().zip(&mut vrows[..m]).enumerate() {
+            (*k, *v) = (key(j + i)[..dk].as_ptr(), value(j + i)[..dv].as_ptr());
+        }
+        let mut s = [[0f32; KEY_CHUNK]; R];
+        // SAFETY: `krows[..m]` point at `dk` f16 each; `qd` rows hold `dk` doubles.
+        unsafe { multi_scores::<R>(&qd, dk, &krows[..m], scale, &mut s) };
+        // Per key: the rescale of each row's accumulator (1 where the key does not raise that
+        // row's maximum: exact) and each row's value weight; whether any row rescales.
+        let (mut ms, mut vs) = ([[1f32; 4]; KEY_CHUNK], [[1f32; 4]; KEY_CHUNK]);
+        let mut any = [false; KEY_CHUNK];
+        let m4 = m.next_multiple_of(4);
+        for (r, s) in s.iter_mut().enumerate() {
+            // Whole steps of 4, as in `flash_attn_fixed`.
+            let last = s[m - 1];
+            s[m..m4].fill(last);
+            let (mut e, mut raise) = ([0f32; KEY_CHUNK], [0u32; KEY_CHUNK]);
+            softmax_exps(&s[..m4], &mut max[r], &mut e, &mut raise);
+            for (i, (&e, &up)) in e[..m].iter().zip(&raise[..m]).enumerate() {
+                if up != 0 {
+                    (ms[i][r], any[i]) = (e, true);
+                } else {
+                    vs[i][r] = e;
+                }
+            }
+        }
+        // The reference's `sum = sum * ms + vs`, all rows at once (`* 1` is exact).
+        for ((v, m), &up) in vs[..m].iter().zip(&ms[..m]).zip(&any[..m]) {
+            let v = ld_f32x4(v);
+            sum = if up { vaddq_f32(vmulq_f32(sum, ld_f32x4(m)), v) } else { vaddq_f32(sum, v) };
+        }
+        let mut d = 0;
+        while d < dv {
+            // SAFETY (each arm): `vrows[..m]` point at `dv` f16 each, `d + 8 w <= dv`.
+            unsafe {
+                match (dv - d) / 8 {
+                    1 => multi_values::<R, 1>(acc16, dv, d, &vrows[..m], &ms, &vs, &any),
+                    _ => multi_values::<R, 2>(acc16, dv, d, &vrows[..m], &ms, &vs, &any),
+                }
+            }
+            d += 16;
+        }
+        j += m;
+    }
+    let mut sums = [0f32; 4];
+    st_f32x4(&mut sums, sum);
+    for (r, out) in outs.iter_mut().enumerate() {
+        let inv = if sums[r] == 0.0 { 0.0 } else { 1.0 / sums[r] };
+        for (o, a) in out.chunks_exact_mut(8).zip(acc16[r * dv..(r + 1) * dv].chunks_exact(8)) {
+            let h = ld_f16x8(a);
+            st_f32x4(o, vmulq_n_f32(f16_lo(h), inv));
+            st_f32x4(&mut o[4..], vmulq_n_f32(f16_hi(h), inv));
+        }
+    }
+}
+
+/// `s[r][i] = (key row i . query r) * scale` for `R` queries widened to f64, each key row
+/// widened once: exact products summed in f64 in `flash_attn_any`'s (and `key_scores`') order.
+///
+/// # Safety
+/// Each row points at `dk` f16 values, `dk` a multiple of 8 and at most `MAX_HEAD`;
+/// `rows.len() <= KEY_CHUNK`.
+#[target_feature(enable = "neon")]
+#[inline]
+unsafe fn multi_scores<const R: usize>(
+    qd: &[[f64; MAX_HEAD]; R],
+    dk: usize,
+    rows: &[*const F16Le],
+    scale: f32,
+    s: &mut [[f32; KEY_CHUNK]; R],
+) {
+    for (i, &p) in rows.iter().enumerate() {
+        let mut d = [[vdupq_n_f64(0.0); 4]; R];
+        for c in 0..dk / 8 {
+            // SAFETY: `8 c + 8 <= dk` values of the row (the caller's contract).
+            let h = unsafe { vld1q_u16(p.add(8 * c).cast()) };
+            let (lo, hi) = (f16_lo(h), f16_hi(h));
+            let k = [
+                vcvt_f64_f32(vget_low_f32(lo)),
+                vcvt_high_f64_f32(lo),
+                vcvt_f64_f32(vget_low_f32(hi)),
+                vcvt_high_f64_f32(hi),
+            ];
+            for (d, q) in d.iter_mut().zip(qd) {
+                // SAFETY: `8 c + 8 <= dk <= MAX_HEAD` doubles of `q`.
+                let q = unsafe { vld1q_f64_x4(q.as_ptr().add(8 * c)) };
+                d[0] = vfmaq_f64(d[0], k[0], q.0);
+                d[1] = vfmaq_f64(d[1], k[1], q.1);
+                d[2] = vfmaq_f64(d[2], k[2], q.2);
+                d[3] = vfmaq_f64(d[3], k[3], q.3);
+            }
+        }
+        for (s, d) in s.iter_mut().zip(&d) {
+            s[i] = vaddvq_f64(vaddq_f64(vaddq_f64(d[0], d[1]), vaddq_f64(d[2], d[3]))) as f32 * scale;
+        }
+    }
+}
+
+/// The value updates of one chunk of keys for dimensions `d..d + 8 W` of `R` rows' f16
+/// accumulators (`acc16[r dv..]`): per key, `acc = f16(acc * ms)` where a row rescales (`any`),
+/// then `acc = f16(fma(v, vs, acc))`, the accumulators in registers.
+///
+/// # Safety
+/// Each row points at `dv` f16 values, `d + 8 W <= dv`, `acc16.len() >= R dv`,
+/// `rows.len() <= KEY_CHUNK`.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "neon")]
+#[inline]
+unsafe fn multi_values<const R: usize, const W: usize>(
+    acc16: &mut [F16Le],
+    dv: usize,
+    d: usize,
+    rows: &[*const F16Le],
+    ms: &[[f32; 4]; KEY_CHUNK],
+    vs: &[[f32; 4]; KEY_CHUNK],
+    any: &[bool; KEY_CHUNK],
+) {
+    let mut a = [[vdupq_n_u16(0); W]; R];
+    for (r, a) in a.iter_mut().enumerate() {
+        for (w, a) in a.iter_mut().enumerate() {
+            *a = ld_f16x8(&acc16[r * dv + d + 8 * w..]);
+        }
+    }
+    for (i, &p) in rows.iter().enumerate() {
+        let mut v = [[vdupq_n_f32(0.0); 2]; W];
+        for (w, v) in v.iter_mut().enumerate() {
+            // SAFETY: `d + 8 w + 8 <= dv` values of the row (the caller's contract).
+            let h = unsafe { vld1q_u16(p.add(d + 8 * w).cast()) };
+            *v = [f16_lo(h), f16_hi(h)];
+        }
+        if any[i] {
+            for (a, &m) in a.iter_mut().zip(&ms[i]) {
+                for a in a.iter_mut() {
+                    *a = rescale8(*a, m);
+                }
+            }
+        }
+        for (a, &x) in a.iter_mut().zip(&vs[i]) {
+            for (a, v) in a.iter_mut().zip(&v) {
+                *a = f16_narrow(vfmaq_n_f32(f16_lo(*a), v[0], x), vfmaq_n_f32(f16_hi(*a), v[1], x));
+            }
+        }
+    }
+    for (r, a) in a.iter().enumerate() {
+        for (w, a) in a.iter().enumerate() {
+            st_f16x8(&mut acc16[r * dv + d + 8 * w..], *a);
+        }
     }
 }
 

@@ -223,21 +223,67 @@ pub struct RopeParams<'a> {
 /// Rotates one head vector `x` at position `pos` into `out`; dimensions past `n_rot` are copied.
 pub fn rope_ref(x: &[f32], out: &mut [f32], pos: usize, p: &RopeParams<'_>) {
     debug_assert!(p.n_rot % 2 == 0 && p.n_rot <= x.len() && x.len() == out.len());
+    let half = p.n_rot / 2;
+    let (mut cos, mut sin) = ([0f32; 64], [0f32; 64]);
+    for i in (0..half).step_by(64) {
+        let n = (half - i).min(64);
+        rope_table_ref(pos, p, i, &mut cos[..n], &mut sin[..n]);
+        rope_pairs_ref(x, out, i, &cos[..n], &sin[..n], p);
+    }
+    out[p.n_rot..].copy_from_slice(&x[p.n_rot..]);
+}
+
+/// The cosines and sines of RoPE's angles at position `pos` for pairs `first..first + cos.len()`
+/// (`sin` as long): what every head at that position rotates by.
+pub fn rope_table_ref(pos: usize, p: &RopeParams<'_>, first: usize, cos: &mut [f32], sin: &mut [f32]) {
+    debug_assert!(cos.len() == sin.len() && first + cos.len() <= p.n_rot / 2);
     let theta_scale = libm::powf(p.freq_base, -2.0 / p.n_rot as f32);
     // ggml's recurrence: theta_i = pos * theta_scale^i, multiplied up pair by pair.
     let mut theta_base = pos as f32;
-    let half = p.n_rot / 2;
-    for i in 0..half {
-        let factor = p.freq_factors.map_or(1.0, |f| f[i]);
+    for _ in 0..first {
+        theta_base *= theta_scale;
+    }
+    for (i, (c, s)) in cos.iter_mut().zip(sin.iter_mut()).enumerate() {
+        let factor = p.freq_factors.map_or(1.0, |f| f[first + i]);
         let theta = p.freq_scale * theta_base / factor;
-        let (c, s) = (cosf(theta), sinf(theta));
+        (*c, *s) = (cosf(theta), sinf(theta));
+        theta_base *= theta_scale;
+    }
+}
+
+/// Rotates pairs `first..first + cos.len()` of `x` into `out` by the angles of
+/// [`rope_table_ref`] (dimensions past `n_rot` are left alone).
+pub fn rope_pairs_ref(
+    x: &[f32],
+    out: &mut [f32],
+    first: usize,
+    cos: &[f32],
+    sin: &[f32],
+    p: &RopeParams<'_>,
+) {
+    let half = p.n_rot / 2;
+    for (i, (&c, &s)) in (first..).zip(cos.iter().zip(sin)) {
         let (a, b) = if p.neox { (i, i + half) } else { (2 * i, 2 * i + 1) };
         let (x0, x1) = (x[a], x[b]);
         out[a] = x0 * c - x1 * s;
         out[b] = x0 * s + x1 * c;
-        theta_base *= theta_scale;
     }
-    out[p.n_rot..].copy_from_slice(&x[p.n_rot..]);
+}
+
+/// Rotates the first `2 cos.len()` dimensions of `x` into `out` by a [`rope_table_ref`] table of
+/// all `n_rot / 2` pairs (NeoX pairs when `neox`) and copies the rest: [`rope_ref`]'s result.
+pub fn rope_rotate_ref(x: &[f32], out: &mut [f32], cos: &[f32], sin: &[f32], neox: bool) {
+    let n_rot = 2 * cos.len();
+    let p = RopeParams { n_rot, neox, freq_base: 0.0, freq_scale: 0.0, freq_factors: None };
+    rope_pairs_ref(x, out, 0, cos, sin, &p);
+    out[n_rot..].copy_from_slice(&x[n_rot..]);
+}
+
+/// `out[i] = f16(x[i])` (round to nearest even; what the KV cache stores).
+pub fn f32_to_f16_ref(x: &[f32], out: &mut [F16Le]) {
+    for (o, &v) in out.iter_mut().zip(x) {
+        *o = F16Le::from_f32(v);
+    }
 }
 
 /// One query row of ggml's CPU flash attention: `q` is rounded to F16, scored against F16 keys
@@ -281,6 +327,39 @@ pub fn flash_attn_row_ref<'k>(
     let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
     for (o, a) in out.iter_mut().zip(acc16.iter()) {
         *o = a.to_f32() * inv;
+    }
+}
+
+/// Most query rows one [`flash_attn_rows_ref`] call (and its SIMD twins) takes.
+pub const FLASH_ROWS: usize = 4;
+
+/// Several query rows of flash attention over the same keys and values (the query heads of one
+/// KV head, GQA): row `r` is [`flash_attn_row_ref`] of `qs[r]` into `outs[r]`, its scratch
+/// `q16[r dk..(r + 1) dk]` and `acc16[r dv..(r + 1) dv]` (`dk = qs[r].len()`, `dv = outs[r].len()`,
+/// the same for every row). At most [`FLASH_ROWS`] rows.
+#[allow(clippy::too_many_arguments)]
+pub fn flash_attn_rows_ref<'k>(
+    qs: &[&[f32]],
+    q16: &mut [F16Le],
+    keys: core::ops::Range<usize>,
+    key: impl Fn(usize) -> &'k [F16Le],
+    value: impl Fn(usize) -> &'k [F16Le],
+    scale: f32,
+    acc16: &mut [F16Le],
+    outs: &mut [&mut [f32]],
+) {
+    for (r, (q, out)) in qs.iter().zip(outs.iter_mut()).enumerate() {
+        let (dk, dv) = (q.len(), out.len());
+        flash_attn_row_ref(
+            q,
+            &mut q16[r * dk..(r + 1) * dk],
+            keys.clone(),
+            &key,
+            &value,
+            scale,
+            &mut acc16[r * dv..(r + 1) * dv],
+            out,
+        );
     }
 }
 
