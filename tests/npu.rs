@@ -587,3 +587,22 @@ fn cli_selftest_passes_on_the_emulator_and_fails_without_a_device() {
     assert_eq!(out.status.code(), Some(1), "{}", text(&out.stdout));
     assert!(text(&out.stderr).contains("RKNN_ERR_DEVICE_UNAVAILABLE"));
 }
+
+/// A router whose shape the NPU would take (K 128, N 16) stays on the CPU: routing must be exact.
+#[test]
+fn moe_routers_are_never_offloaded() {
+    use pinfer::graph::Graph;
+    use pinfer::tensor::Storage;
+    let mut g: Box<Graph<64>> = Box::new(Graph::new());
+    let ext = |offset| Storage::External { buffer: 0, offset };
+    let router = g.leaf("blk.0.ffn_gate_inp.weight", GgmlType::F32, [128, 16, 1, 1], ext(0)).unwrap();
+    let dense = g.leaf("blk.0.ffn_up.weight", GgmlType::F32, [128, 16, 1, 1], ext(8192)).unwrap();
+    let x = g.leaf("x", GgmlType::F32, [128, 32, 1, 1], ext(16384)).unwrap();
+    let logits = g.mul_mat(router, x).unwrap();
+    let up = g.mul_mat(dense, x).unwrap();
+    g.build(&[logits, up]).unwrap();
+    let plan = pinfer::npu::plan(&[&*g], &emulator_config(Precision::Fp16, 16), 32);
+    assert_eq!(plan.matmuls.iter().map(|m| m.weight.as_str()).collect::<Vec<_>>(), ["blk.0.ffn_up.weight"]);
+    let skipped = plan.skipped.iter().find(|s| s.weight == "blk.0.ffn_gate_inp.weight").unwrap();
+    assert!(skipped.reason.contains("MoE router"), "{}", skipped.reason);
+}
