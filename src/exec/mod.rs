@@ -700,10 +700,23 @@ impl<'a, const N: usize> Bound<'a, N> {
                         freq_scale: t.params.f[1],
                         freq_factors: factors,
                     };
+                    // The angles depend on the position only: computed once for all its heads
+                    // (rows go head by head within a position), unless n_rot is unusually long.
+                    let mut cs = [[0f32; 2]; ROPE_PAIRS];
+                    let mut cached = None;
                     for (i1, i2, i3) in rows(ne, share(rows_of(ne), ith, nth)) {
                         let x: &[f32] = self.read(a, ta.row_offset(i1, i2, i3), ne[0]);
                         let out: &mut [f32] = self.write(id, t.row_offset(i1, i2, i3), ne[0]);
-                        kref::rope_ref(x, out, step.n_past + i2, &p);
+                        let pos = step.n_past + i2;
+                        if p.n_rot / 2 > ROPE_PAIRS {
+                            kref::rope_ref(x, out, pos, &p);
+                            continue;
+                        }
+                        if cached != Some(pos) {
+                            kref::rope_angles_ref(pos, &p, &mut cs);
+                            cached = Some(pos);
+                        }
+                        kref::rope_apply_ref(x, out, &cs, &p);
                     }
                 }
                 Op::GetRows => {
@@ -1156,6 +1169,9 @@ fn gathered<R>(w: &PackedMatrix<'_>, groups: Range<usize>, run: impl FnOnce(&Pac
 
 /// `fail` kind of a non-finite router value.
 const ROUTER_NON_FINITE: u32 = 2;
+
+/// Rotated pairs whose angles [`Op::Rope`] caches per position (head dimensions up to 512).
+const ROPE_PAIRS: usize = 256;
 
 /// Most tokens handed to one packed-kernel call (the kernels tile them further).
 const PACKED_TOKENS: usize = 16;

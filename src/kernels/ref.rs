@@ -240,6 +240,33 @@ pub fn rope_ref(x: &[f32], out: &mut [f32], pos: usize, p: &RopeParams<'_>) {
     out[p.n_rot..].copy_from_slice(&x[p.n_rot..]);
 }
 
+/// The `[cos, sin]` of every pair's angle at position `pos`, computed as [`rope_ref`] does, into
+/// `cs[..n_rot / 2]`: with [`rope_apply_ref`], the same bits as [`rope_ref`], the angles computed
+/// once for all the heads of a position.
+pub fn rope_angles_ref(pos: usize, p: &RopeParams<'_>, cs: &mut [[f32; 2]]) {
+    let theta_scale = libm::powf(p.freq_base, -2.0 / p.n_rot as f32);
+    let mut theta_base = pos as f32;
+    for (i, cs) in cs.iter_mut().enumerate().take(p.n_rot / 2) {
+        let factor = p.freq_factors.map_or(1.0, |f| f[i]);
+        let theta = p.freq_scale * theta_base / factor;
+        *cs = [cosf(theta), sinf(theta)];
+        theta_base *= theta_scale;
+    }
+}
+
+/// [`rope_ref`] with the angles from [`rope_angles_ref`] (`cs` at least `n_rot / 2` long).
+pub fn rope_apply_ref(x: &[f32], out: &mut [f32], cs: &[[f32; 2]], p: &RopeParams<'_>) {
+    debug_assert!(p.n_rot % 2 == 0 && p.n_rot <= x.len() && x.len() == out.len());
+    let half = p.n_rot / 2;
+    for (i, &[c, s]) in cs[..half].iter().enumerate() {
+        let (a, b) = if p.neox { (i, i + half) } else { (2 * i, 2 * i + 1) };
+        let (x0, x1) = (x[a], x[b]);
+        out[a] = x0 * c - x1 * s;
+        out[b] = x0 * s + x1 * c;
+    }
+    out[p.n_rot..].copy_from_slice(&x[p.n_rot..]);
+}
+
 /// One query row of ggml's CPU flash attention: `q` is rounded to F16, scored against F16 keys
 /// `key(j)` for `j` in `keys` (scaled by `scale`), and F16 values `value(j)` are accumulated with an
 /// online softmax in an F16 accumulator (`acc16`, `out.len()` long), then divided by the sum.
@@ -311,6 +338,27 @@ mod tests {
             let norm = |v: &[f32]| v.iter().map(|a| a * a).sum::<f32>();
             assert!((norm(&out) - norm(&x)).abs() < 1e-4);
             assert_eq!(out[6..], x[6..], "dimensions past n_rot are copied");
+        }
+    }
+
+    #[test]
+    fn rope_with_cached_angles_is_bit_identical() {
+        let x: [f32; 12] =
+            core::array::from_fn(|i| (i as f32 * 0.37 - 2.0) * if i % 3 == 0 { -1.5 } else { 1.0 });
+        let factors = [1.0f32, 2.5, 0.75, 8.0, 1.25];
+        for (neox, factors) in
+            [(false, None), (true, None), (false, Some(&factors[..])), (true, Some(&factors[..]))]
+        {
+            let p =
+                RopeParams { n_rot: 10, neox, freq_base: 10000.0, freq_scale: 0.5, freq_factors: factors };
+            for pos in [0, 1, 17, 4095, 131_071] {
+                let (mut want, mut got) = ([0.0f32; 12], [0.0f32; 12]);
+                rope_ref(&x, &mut want, pos, &p);
+                let mut cs = [[0.0f32; 2]; 5];
+                rope_angles_ref(pos, &p, &mut cs);
+                rope_apply_ref(&x, &mut got, &cs, &p);
+                assert_eq!(want.map(f32::to_bits), got.map(f32::to_bits), "neox {neox}, pos {pos}");
+            }
         }
     }
 
