@@ -153,6 +153,28 @@ unsafe fn dpbusd(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
     acc
 }
 
+/// [`dpbusd`] with the signed operand read from memory (32 bytes at `s`, any alignment): one
+/// micro-fused instruction, and no register for the operand.
+///
+/// # Safety
+/// The CPU must have AVX512-VNNI and AVX512VL; 32 readable bytes at `s`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn dpbusd_m(acc: __m256i, u: __m256i, s: *const __m256i) -> __m256i {
+    let mut acc = acc;
+    // SAFETY: the caller guarantees the instruction and the 32 bytes; no other side effect.
+    unsafe {
+        core::arch::asm!(
+            "{{evex}} vpdpbusd {acc}, {u}, ymmword ptr [{s}]",
+            acc = inout(ymm_reg) acc,
+            u = in(ymm_reg) u,
+            s = in(reg) s,
+            options(pure, readonly, nostack, preserves_flags),
+        );
+    }
+    acc
+}
+
 /// Format ids for const generics.
 const F_Q4: u8 = 0;
 const F_Q4MIN: u8 = 1;
@@ -294,7 +316,10 @@ unsafe fn run<const F: u8, const VNNI: bool>(
                     match tt {
                         1 => pass1::<F, VNNI>(&chunk, a, o),
                         2 => pass::<F, VNNI, 2, 2>(&chunk, a, o),
+                        // Group pairs (see `tile2_q4v`) for the 4-bit formats with VNNI.
+                        3 if VNNI && is_4bit(F) => pass::<F, VNNI, 3, 2>(&chunk, a, o),
                         3 => pass::<F, VNNI, 3, 1>(&chunk, a, o),
+                        _ if VNNI && is_4bit(F) => pass::<F, VNNI, 4, 2>(&chunk, a, o),
                         _ => pass::<F, VNNI, 4, 1>(&chunk, a, o),
                     }
                 }
@@ -403,7 +428,19 @@ unsafe fn pass<const F: u8, const VNNI: bool, const T: usize, const G: usize>(
                 w.scales.as_ptr().add(g * sstride + chunk.c0 * scale_bytes(F)),
             )
         };
-        let n = if G > 1 && chunk.groups.end - g >= G {
+        let n = if VNNI && is_4bit(F) && G == 2 {
+            // A lone last group goes through the same arithmetic as a pair's (paired with
+            // itself), so a row's result does not depend on how the threads split the groups.
+            let two = chunk.groups.end - g >= 2;
+            let step = if two { qstride } else { 0 };
+            let sstep = if two { sstride } else { 0 };
+            // SAFETY: groups g and g + 1 (or g twice) exist, with the chunk's blocks; the rest as
+            // below.
+            let acc = unsafe { tile2_q4v::<F, T>(q, s, step, sstep, chunk, &ap) };
+            let n = if two { 2 } else { 1 };
+            store_pair(&acc, outs, GROUP_ROWS * (g - chunk.base), GROUP_ROWS * n, first);
+            n
+        } else if G > 1 && chunk.groups.end - g >= G {
             // SAFETY: groups g..g + G exist, each with the chunk's blocks c0..c0 + kn; the
             // activation rows and the scratch as `pass` requires.
             let acc = unsafe { tile::<F, VNNI, T, G>(q, s, qstride, sstride, chunk, &ap) };
@@ -614,6 +651,115 @@ fn store<const T: usize, const G: usize>(
             }
         }
     }
+}
+
+/// Writes (or adds) the first `n` (8 or 4) row results of a group pair from [`tile2_q4v`] per
+/// token.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn store_pair<const T: usize>(acc: &[__m256; T], outs: &mut [&mut [f32]], at: usize, n: usize, first: bool) {
+    for (a, out) in acc.iter().zip(outs.iter_mut()) {
+        if n == 2 * GROUP_ROWS {
+            let dst = &mut out[at..at + 2 * GROUP_ROWS];
+            // SAFETY: `dst` holds 8 f32.
+            unsafe {
+                let v = if first { *a } else { _mm256_add_ps(*a, _mm256_loadu_ps(dst.as_ptr())) };
+                _mm256_storeu_ps(dst.as_mut_ptr(), v);
+            }
+        } else {
+            let dst = &mut out[at..at + GROUP_ROWS];
+            let a = _mm256_castps256_ps128(*a);
+            // SAFETY: `dst` holds 4 f32.
+            unsafe {
+                let v = if first { a } else { _mm_add_ps(a, _mm_loadu_ps(dst.as_ptr())) };
+                _mm_storeu_ps(dst.as_mut_ptr(), v);
+            }
+        }
+    }
+}
+
+/// [`tile`] for two groups of a 4-bit format with VNNI, the halves of each block dot added in
+/// int32 before the float step: one accumulator per token, lanes `r` (rows of the first group)
+/// and `4 + r` (rows of the second), so the conversion, the scale product and the FMA are done
+/// once per token, block and group pair instead of once per group. The activations of a block
+/// are read once for both groups (memory operands of `vpdpbusd`). Zero `qstride` and `sstride`
+/// compute one group twice.
+///
+/// # Safety
+/// As for [`tile`] with `G == 2` (`G == 1` with zero strides); the CPU has AVX512-VNNI and AVX512VL, `F` is a 4-bit format
+/// and the scratch was expanded with [`Corr::Times8`].
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn tile2_q4v<const F: u8, const T: usize>(
+    q: *const u8,
+    s: *const u8,
+    qstride: usize,
+    sstride: usize,
+    chunk: &Chunk<'_, '_>,
+    ap: &[*const ActBlock; T],
+) -> [__m256; T] {
+    let (qb, sb) = (quant_bytes(F), scale_bytes(F));
+    let low4 = _mm256_set1_epi8(0x0F);
+    let x88 = _mm256_set1_epi8(0x88u8 as i8);
+    // The unsigned operands q + 8 of one 64-byte block (see `block_isum`).
+    // SAFETY (the closure): 64 bytes at qp, a block of the contract's groups.
+    let unpack = |qp: *const u8| unsafe {
+        let (w0, w1) = (_mm256_loadu_si256(qp.cast()), _mm256_loadu_si256(qp.add(32).cast()));
+        let (x0, x1) = (_mm256_xor_si256(w0, x88), _mm256_xor_si256(w1, x88));
+        [
+            _mm256_and_si256(x0, low4),
+            _mm256_and_si256(x1, low4),
+            _mm256_and_si256(_mm256_srli_epi16::<4>(x0), low4),
+            _mm256_and_si256(_mm256_srli_epi16::<4>(x1), low4),
+        ]
+    };
+    // 4 f16 per group at s0 and s1 (8 bytes each) as [first group's 4, second group's 4].
+    // SAFETY (the closure): 8 scale bytes at each, inside the contract's groups.
+    let pair = |s0: *const u8, s1: *const u8| unsafe {
+        _mm256_cvtph_ps(_mm_unpacklo_epi64(_mm_loadl_epi64(s0.cast()), _mm_loadl_epi64(s1.cast())))
+    };
+    let mut acc = [_mm256_setzero_ps(); T];
+    for b in 0..chunk.kn {
+        // SAFETY: block b of groups 0 and 1 (the contract).
+        let (w0, w1, d, m) = unsafe {
+            let (q0, s0) = (q.add(b * qb), s.add(b * sb));
+            let (q1, s1) = (q0.add(qstride), s0.add(sstride));
+            let d = pair(s0, s1);
+            // Q4Min: m + 8d per row, rounded once as in the reference (8d is exact).
+            let m = if F == F_Q4MIN {
+                _mm256_fmadd_ps(d, _mm256_set1_ps(8.0), pair(s0.add(8), s1.add(8)))
+            } else {
+                _mm256_setzero_ps()
+            };
+            (unpack(q0), unpack(q1), d, m)
+        };
+        for (t, acc) in acc.iter_mut().enumerate() {
+            // SAFETY: token t's expanded block b and activation block b (the contract); VNNI
+            // present.
+            unsafe {
+                let ex = chunk.exp.add(t * chunk.estride + b);
+                let e = (*ex).e.as_ptr();
+                let nc = (*ex).neg_corr;
+                let mut i0 = dpbusd_m(nc, w0[0], e);
+                let mut i1 = dpbusd_m(nc, w1[0], e);
+                for v in 1..4 {
+                    i0 = dpbusd_m(i0, w0[v], e.add(v));
+                    i1 = dpbusd_m(i1, w1[v], e.add(v));
+                }
+                let isum = _mm256_add_epi32(
+                    _mm256_permute2x128_si256::<0x20>(i0, i1),
+                    _mm256_permute2x128_si256::<0x31>(i0, i1),
+                );
+                let ab = &*ap[t].add(b);
+                *acc =
+                    _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(d, _mm256_set1_ps(ab.d)), *acc);
+                if F == F_Q4MIN {
+                    *acc = _mm256_fmadd_ps(m, _mm256_set1_ps(ab.s), *acc);
+                }
+            }
+        }
+    }
+    acc
 }
 
 /// The dot products of `G` consecutive groups (quants at `q`, scales at `s`, `qstride`/`sstride`
