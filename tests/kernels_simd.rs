@@ -277,7 +277,7 @@ fn flash_attn_rows_match_single_rows_bit_for_bit() {
     let mut paths = simd_paths();
     paths.push(KernelPath::Reference);
     for path in paths {
-        for dim in [8, 17, 24, 64, 72, 128, 136, 256] {
+        for dim in [8, 16, 17, 24, 48, 64, 72, 128, 136, 256] {
             for n_keys in [0usize, 1, 3, 31, 33, 64, 100] {
                 for rows in 1..=FLASH_ROWS {
                     let q_size = if n_keys % 2 == 0 { 1.0 } else { 40.0 };

@@ -2108,10 +2108,24 @@ fn flash_attn_multi<'k, const R: usize>(
     outs: &mut [&mut [f32]],
 ) {
     let (dk, dv) = (qs[0].len(), outs[0].len());
-    let mut qd = [[0f64; MAX_HEAD]; R];
-    for (r, q) in qs.iter().enumerate() {
-        round_query(q, &mut q16[r * dk..(r + 1) * dk], &mut qd[r][..dk]);
-    }
+    // Head sizes that are multiples of 16 up to `PACKED_HEAD` take the `mscores` kernels (the
+    // queries packed into `qp`); the rest `multi_scores` (the queries in `qd`, only then zeroed).
+    let mut qp = [0f64; 4 * PACKED_HEAD];
+    let mut qd_store = None;
+    let qd: Option<&[[f64; MAX_HEAD]; R]> = if dk % 16 == 0 && dk <= PACKED_HEAD {
+        let mut rows = [[0f64; PACKED_HEAD]; R];
+        for (r, (q, d)) in qs.iter().zip(&mut rows).enumerate() {
+            round_query(q, &mut q16[r * dk..(r + 1) * dk], &mut d[..dk]);
+        }
+        pack_queries(&rows, dk, &mut qp);
+        None
+    } else {
+        let qd = qd_store.insert([[0f64; MAX_HEAD]; R]);
+        for (r, q) in qs.iter().enumerate() {
+            round_query(q, &mut q16[r * dk..(r + 1) * dk], &mut qd[r][..dk]);
+        }
+        Some(qd)
+    };
     let acc16 = &mut acc16[..R * dv];
     acc16.fill(F16Le::from_bits(0));
     let mut max = [f32::NEG_INFINITY; R];
@@ -2125,8 +2139,23 @@ fn flash_attn_multi<'k, const R: usize>(
             (*k, *v) = (key(j + i)[..dk].as_ptr(), value(j + i)[..dv].as_ptr());
         }
         let mut s = [[0f32; KEY_CHUNK]; R];
-        // SAFETY: `krows[..m]` point at `dk` f16 each; `qd` rows hold `dk` doubles.
-        unsafe { multi_scores::<R>(&qd, dk, &krows[..m], scale, &mut s) };
+        match qd {
+            // SAFETY: `krows[..m]` point at `dk` f16 each; `qd` rows hold `dk` doubles.
+            Some(qd) => unsafe { multi_scores::<R>(qd, dk, &krows[..m], scale, &mut s) },
+            None => {
+                let mut srows = s.each_mut().map(|s| &mut s[..m]);
+                let (qp, rows) = (&qp[..R * dk], &krows[..m]);
+                // SAFETY (each arm): `rows` point at `dk` f16 each (a multiple of 16), `qp`
+                // holds the `R dk` packed doubles, `srows` `R` rows of `m > 0` floats.
+                unsafe {
+                    match R {
+                        2 => mscores2(qp, dk, rows, scale, &mut srows),
+                        3 => mscores3(qp, dk, rows, scale, &mut srows),
+                        _ => mscores4(qp, dk, rows, scale, &mut srows),
+                    }
+                }
+            }
+        }
         // Per key: the rescale of each row's accumulator (1 where the key does not raise that
         // row's maximum: exact) and each row's value weight; whether any row rescales.
         let (mut ms, mut vs) = ([[1f32; 4]; KEY_CHUNK], [[1f32; 4]; KEY_CHUNK]);
@@ -2172,6 +2201,131 @@ fn flash_attn_multi<'k, const R: usize>(
             let h = ld_f16x8(a);
             st_f32x4(o, vmulq_n_f32(f16_lo(h), inv));
             st_f32x4(&mut o[4..], vmulq_n_f32(f16_hi(h), inv));
+        }
+    }
+}
+
+/// Longest head of the `mscores` kernels (their packed queries' buffer).
+const PACKED_HEAD: usize = 128;
+
+/// 16 dimensions of a key row (`{p}`, f16) widened to f64 into v0, v1, v6, v7 (dimensions 0..8)
+/// and v2, v3, v5, v4 (8..16), in eight registers.
+#[rustfmt::skip]
+macro_rules! mkey16 { () => { concat!(
+    "ld1 {{v0.8h, v1.8h}}, [{p}], #32\n",
+    "fcvtl v2.4s, v0.4h\n",              "fcvtl2 v3.4s, v0.8h\n",
+    "fcvtl v4.4s, v1.4h\n",              "fcvtl2 v5.4s, v1.8h\n",
+    "fcvtl v0.2d, v2.2s\n",              "fcvtl2 v1.2d, v2.4s\n",
+    "fcvtl v6.2d, v3.2s\n",              "fcvtl2 v7.2d, v3.4s\n",
+    "fcvtl v2.2d, v4.2s\n",              "fcvtl2 v3.2d, v4.4s\n",
+    "fcvtl2 v4.2d, v5.4s\n",             "fcvtl v5.2d, v5.2s\n",
+) } }
+
+/// One query row's 16 doubles (`{qp}`) times the widened key of [`mkey16`], added to the row's
+/// accumulators `v$a0..v$a3` (`$op` is `fmul` for a row's first 16, else `fmla`): `kdot16`'s
+/// sums in `kdot16`'s order.
+#[rustfmt::skip]
+macro_rules! mrow16 { ($op:literal, $a0:literal, $a1:literal, $a2:literal, $a3:literal) => { concat!(
+    "ld1 {{v24.2d, v25.2d, v26.2d, v27.2d}}, [{qp}], #64\n",
+    "ld1 {{v28.2d, v29.2d, v30.2d, v31.2d}}, [{qp}], #64\n",
+    $op, " v", $a0, ".2d, v0.2d, v24.2d\n",  $op, " v", $a1, ".2d, v1.2d, v25.2d\n",
+    $op, " v", $a2, ".2d, v6.2d, v26.2d\n",  $op, " v", $a3, ".2d, v7.2d, v27.2d\n",
+    "fmla v", $a0, ".2d, v2.2d, v28.2d\n",   "fmla v", $a1, ".2d, v3.2d, v29.2d\n",
+    "fmla v", $a2, ".2d, v5.2d, v30.2d\n",   "fmla v", $a3, ".2d, v4.2d, v31.2d\n",
+) } }
+
+/// A row's four f64 accumulators `v$a0..v$a3` summed as `kscore` does, into `v$a0`.
+#[rustfmt::skip]
+macro_rules! mfold { ($a0:literal, $a1:literal, $a2:literal, $a3:literal) => { concat!(
+    "fadd v", $a0, ".2d, v", $a0, ".2d, v", $a1, ".2d\n",
+    "fadd v", $a2, ".2d, v", $a2, ".2d, v", $a3, ".2d\n",
+    "fadd v", $a0, ".2d, v", $a0, ".2d, v", $a2, ".2d\n",
+) } }
+
+/// Defines an `asm!` twin of `multi_scores` for `R` rows and `dk` a multiple of 16: per key, each
+/// 16 dimensions of the key widened once ([`mkey16`]) for every row ([`mrow16`], the query rows
+/// packed by [`pack_queries`]), the sums folded, rounded to f32 (`faddp`/`fcvtn` of two rows at
+/// once: the same operations as `kscore`'s per row), times the scale, one lane stored per row.
+#[rustfmt::skip]
+macro_rules! mscores_kernel {
+    ($name:ident, $r:literal, [$( ($a0:literal, $a1:literal, $a2:literal, $a3:literal) ),+],
+     [$( $fin:literal ),+], [$( ($o:ident, $lane:literal) ),+]) => {
+        /// # Safety
+        /// Each row points at `dk` f16 values, `dk` a positive multiple of 16; `qp` holds the
+        /// `R dk` doubles of [`pack_queries`]; `rows.len() > 0`; `s` is `R` rows of at least
+        /// `rows.len()` floats.
+        #[target_feature(enable = "neon")]
+        unsafe fn $name(qp: &[f64], dk: usize, rows: &[*const F16Le], scale: f32, s: &mut [&mut [f32]]) {
+            debug_assert!(!rows.is_empty() && dk % 16 == 0 && dk > 0 && qp.len() >= $r * dk);
+            debug_assert!(s.iter().all(|s| s.len() >= rows.len()));
+            let [$( $o ),+] = s else { unreachable!("{} score rows", $r) };
+            $( let $o = $o.as_mut_ptr(); )+
+            // SAFETY: the function's contract; every register written is declared clobbered.
+            unsafe {
+                asm!(
+                    "2:",
+                    "ldr {p}, [{rows}], #8",
+                    "mov {qp}, {qd}",
+                    mkey16!(),
+                    $( mrow16!("fmul", $a0, $a1, $a2, $a3), )+
+                    "subs {c}, {pieces}, #1",
+                    "b.eq 4f",
+                    "3:",
+                    mkey16!(),
+                    $( mrow16!("fmla", $a0, $a1, $a2, $a3), )+
+                    "subs {c}, {c}, #1",
+                    "b.ne 3b",
+                    "4:",
+                    $( mfold!($a0, $a1, $a2, $a3), )+
+                    $( $fin, )+
+                    "dup v24.4s, {sc:w}",
+                    "fmul v8.4s, v8.4s, v24.4s",
+                    $( concat!("st1 {{v8.s}}[", $lane, "], [", op!($o), "], #4"), )+
+                    "subs {n}, {n}, #1",
+                    "b.ne 2b",
+                    rows = inout(reg) rows.as_ptr() => _,
+                    n = inout(reg) rows.len() => _,
+                    qd = in(reg) qp.as_ptr(),
+                    pieces = in(reg) dk / 16,
+                    sc = in(reg) scale.to_bits(),
+                    qp = out(reg) _,
+                    p = out(reg) _,
+                    c = out(reg) _,
+                    $( $o = inout(reg) $o => _, )+
+                    out("v0") _, out("v1") _, out("v2") _, out("v3") _,
+                    out("v4") _, out("v5") _, out("v6") _, out("v7") _,
+                    out("v8") _, out("v9") _, out("v10") _, out("v11") _,
+                    out("v12") _, out("v13") _, out("v14") _, out("v15") _,
+                    out("v16") _, out("v17") _, out("v18") _, out("v19") _,
+                    out("v20") _, out("v21") _, out("v22") _, out("v23") _,
+                    out("v24") _, out("v25") _, out("v26") _, out("v27") _,
+                    out("v28") _, out("v29") _, out("v30") _, out("v31") _,
+                    options(nostack),
+                );
+            }
+        }
+    };
+}
+
+#[rustfmt::skip]
+mscores_kernel!(mscores2, 2, [("8", "9", "10", "11"), ("12", "13", "14", "15")],
+    ["faddp v8.2d, v8.2d, v12.2d", "fcvtn v8.2s, v8.2d"], [(o0, "0"), (o1, "1")]);
+#[rustfmt::skip]
+mscores_kernel!(mscores3, 3, [("8", "9", "10", "11"), ("12", "13", "14", "15"), ("16", "17", "18", "19")],
+    ["faddp v8.2d, v8.2d, v12.2d", "faddp v16.2d, v16.2d, v16.2d", "fcvtn v8.2s, v8.2d", "fcvtn2 v8.4s, v16.2d"],
+    [(o0, "0"), (o1, "1"), (o2, "2")]);
+#[rustfmt::skip]
+mscores_kernel!(mscores4, 4,
+    [("8", "9", "10", "11"), ("12", "13", "14", "15"), ("16", "17", "18", "19"), ("20", "21", "22", "23")],
+    ["faddp v8.2d, v8.2d, v12.2d", "faddp v16.2d, v16.2d, v20.2d", "fcvtn v8.2s, v8.2d", "fcvtn2 v8.4s, v16.2d"],
+    [(o0, "0"), (o1, "1"), (o2, "2"), (o3, "3")]);
+
+/// The `R` query rows (widened to f64, `dk` each, a multiple of 16) in the order the `mscores`
+/// kernels read them: per 16 dimensions, those of row 0, 1, ...
+fn pack_queries<const R: usize>(qd: &[[f64; PACKED_HEAD]; R], dk: usize, qp: &mut [f64]) {
+    for (c, chunk) in qp[..R * dk].chunks_exact_mut(16 * R).enumerate() {
+        for (q, dst) in qd.iter().zip(chunk.chunks_exact_mut(16)) {
+            dst.copy_from_slice(&q[16 * c..16 * c + 16]);
         }
     }
 }
