@@ -1044,7 +1044,7 @@ impl<'a, const N: usize> Bound<'a, N> {
                 while n < ne_x[1] {
                     let tile = (ne_x[1] - n).min(PACKED_TOKENS);
                     let mut acts: [&[ActBlock]; PACKED_TOKENS] = [&[]; PACKED_TOKENS];
-                    let mut outs: [&mut [f32]; PACKED_TOKENS] = Default::default();
+                    let mut outs: [&mut [f32]; PACKED_TOKENS] = core::array::from_fn(|_| Default::default());
                     for j in 0..tile {
                         let bytes = self.converted_row(act, op.tx, ne_x, (n + j, i2, i3), act_row_bytes(w.k));
                         let Ok(blocks) = bytemuck::try_cast_slice::<u8, ActBlock>(bytes) else {
@@ -1140,7 +1140,7 @@ impl<const N: usize> Bound<'_, N> {
         for e in 0..n_expert {
             let groups = e * per_expert + local.start..e * per_expert + local.end;
             let mut acts: [&[ActBlock]; PACKED_TOKENS] = [&[]; PACKED_TOKENS];
-            let mut outs: [&mut [f32]; PACKED_TOKENS] = Default::default();
+            let mut outs: [&mut [f32]; PACKED_TOKENS] = core::array::from_fn(|_| Default::default());
             let mut tile = 0;
             for (slot, _) in picked.iter().enumerate().filter(|&(_, &p)| p as usize == e) {
                 let (u, tok) = (slot % n_used, slot / n_used);
@@ -1190,8 +1190,11 @@ fn gathered<R>(w: &PackedMatrix<'_>, groups: Range<usize>, run: impl FnOnce(&Pac
 /// `fail` kind of a non-finite router value.
 const ROUTER_NON_FINITE: u32 = 2;
 
-/// Most tokens handed to one packed-kernel call (the kernels tile them further).
-const PACKED_TOKENS: usize = 16;
+/// Most tokens (or, for `mul_mat_id`, token-expert pairs) handed to one packed-kernel call. The
+/// kernels tile them further but loop over a cache-sized run of row groups outside their token
+/// tiles, so a call streams its weights (an expert's slab) from memory once: with the default
+/// batch, once per batch.
+const PACKED_TOKENS: usize = 64; // `session::DEFAULT_BATCH`
 
 /// A matmul's weights and input at one step's shapes, and the type the input was converted to.
 struct MatOperands<'t> {
