@@ -30,9 +30,8 @@ use pinfer::kernels::packed::{
     PackedMatrix, BLOCK,
 };
 use pinfer::kernels::reference::{
-    f32_to_f16_ref, flash_attn_row_f16arith_ref, flash_attn_row_f32dot_ref, flash_attn_row_ref,
-    flash_attn_rows_f16arith_ref, flash_attn_rows_f32dot_ref, flash_attn_rows_ref, rms_norm_ref, rope_ref,
-    rope_table_ref, swiglu_ref, RopeParams,
+    f32_to_f16_ref, flash_attn_row_f32dot_ref, flash_attn_row_ref, flash_attn_rows_f32dot_ref,
+    flash_attn_rows_ref, rms_norm_ref, rope_ref, rope_table_ref, swiglu_ref, RopeParams,
 };
 use pinfer::kernels::{
     f32_to_f16, flash_attn_row, flash_attn_rows, packed_matmul, quantize_act, rms_norm, rope_rotate, swiglu,
@@ -363,6 +362,7 @@ fn flash_attn_rows_match_single_rows_bit_for_bit() {
 #[test]
 fn flash_attn_f16_arith_is_bit_identical_to_its_twin() {
     use pinfer::kernels::neon::{flash_attn_row_fp16, flash_attn_rows_fp16};
+    use pinfer::kernels::reference::{flash_attn_row_f16arith_ref, flash_attn_rows_f16arith_ref};
     if !std::arch::is_aarch64_feature_detected!("fp16") {
         return;
     }
@@ -445,7 +445,6 @@ fn flash_attn_f16_arith_is_bit_identical_to_its_twin() {
 /// counts 0, 1, 2 and across chunk edges; queries ordinary and large (most weights underflow);
 /// values with large, tiny (f16 subnormal) and overflowing entries; keys large enough for the f16
 /// accumulator to overflow.
-#[cfg(target_arch = "aarch64")]
 #[test]
 fn flash_attn_neon_is_bit_identical_to_its_f32dot_twin() {
     let mut rng = Rng(12);

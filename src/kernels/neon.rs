@@ -1716,11 +1716,14 @@ fn flash_attn_rows_f32dot<'k, const R: usize>(
     let mut kpad = None;
     let one = vdupq_n_f32(1.0);
     let (mut max, mut sum) = (vdupq_n_f32(f32::NEG_INFINITY), vdupq_n_f32(0.0));
+    // Per chunk: the key and value rows, the scores, the weights and raises (set before use).
+    let (mut krows, mut vrows) =
+        ([core::ptr::null::<F16Le>(); KEY_CHUNK], [core::ptr::null::<F16Le>(); KEY_CHUNK]);
+    let mut s = [[0f32; 4]; KEY_CHUNK];
+    let (mut w, mut raise) = ([[0f32; 8]; KEY_CHUNK], [0u32; KEY_CHUNK]);
     let mut j = keys.start;
     while j < keys.end {
         let m = (keys.end - j).min(KEY_CHUNK);
-        let (mut krows, mut vrows) =
-            ([core::ptr::null::<F16Le>(); KEY_CHUNK], [core::ptr::null::<F16Le>(); KEY_CHUNK]);
         if dk % 32 == 0 {
             for (i, (k, v)) in krows[..m].iter_mut().zip(&mut vrows[..m]).enumerate() {
                 (*k, *v) = (key(j + i)[..dk].as_ptr(), value(j + i)[..dv].as_ptr());
@@ -1733,7 +1736,6 @@ fn flash_attn_rows_f32dot<'k, const R: usize>(
                 (*k, *v) = (p.as_ptr(), value(j + i)[..dv].as_ptr());
             }
         }
-        let mut s = [[0f32; 4]; KEY_CHUNK];
         let rows = &krows[..m];
         let (q, o) = (qp.as_ptr(), s.as_mut_ptr());
         // SAFETY (each arm): `rows` point at `32 pieces` f16 each (padded above); the kernels read
@@ -1753,7 +1755,6 @@ fn flash_attn_rows_f32dot<'k, const R: usize>(
         }
         // Per key, the rows in the lanes: the reference's softmax step, the weights (`vs` in
         // lanes 0..4, `ms` in 4..8) and whether any row raises its maximum.
-        let (mut w, mut raise) = ([[0f32; 8]; KEY_CHUNK], [0u32; KEY_CHUNK]);
         for ((s, w), raise) in s[..m].iter().zip(&mut w[..m]).zip(&mut raise[..m]) {
             let s = ld_f32x4(s);
             let up = vcgtq_f32(s, max);
