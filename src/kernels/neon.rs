@@ -1715,6 +1715,8 @@ fn flash_attn_rows_f32dot<'k, const R: usize>(
     // Keys whose size is not a multiple of 32 are copied into zeroed rows (the twin's padding).
     let mut kpad = None;
     let one = vdupq_n_f32(1.0);
+    // SAFETY: reads the 4 lanes of the array.
+    let bits = unsafe { vld1q_u32([1u32, 2, 4, 8].as_ptr()) };
     let (mut max, mut sum) = (vdupq_n_f32(f32::NEG_INFINITY), vdupq_n_f32(0.0));
     // Per chunk: the key and value rows, the scores, the weights and raises (set before use).
     let (mut krows, mut vrows) =
@@ -1754,7 +1756,7 @@ fn flash_attn_rows_f32dot<'k, const R: usize>(
             }
         }
         // Per key, the rows in the lanes: the reference's softmax step, the weights (`vs` in
-        // lanes 0..4, `ms` in 4..8) and whether any row raises its maximum.
+        // lanes 0..4, `ms` in 4..8) and which rows raise their maximum (bit `r` for row `r`).
         for ((s, w), raise) in s[..m].iter().zip(&mut w[..m]).zip(&mut raise[..m]) {
             let s = ld_f32x4(s);
             let up = vcgtq_f32(s, max);
@@ -1770,7 +1772,7 @@ fn flash_attn_rows_f32dot<'k, const R: usize>(
             sum = vaddq_f32(vmulq_f32(sum, ms), vs);
             st_f32x4(w, vs);
             st_f32x4(&mut w[4..], ms);
-            *raise = vmaxvq_u32(up);
+            *raise = vaddvq_u32(vandq_u32(up, bits));
         }
         let mut d = 0;
         while d < dv {
@@ -1964,9 +1966,9 @@ macro_rules! dscale8 { ($a:literal, $l:literal) => { concat!(
 /// Defines the value-update kernel for `R` rows and 32 dimensions (`w`: row `r`'s f16
 /// accumulators in 4 registers, the value widened into v6-v13) or 8 (`n`: one register, v6, v7):
 /// the accumulators loaded from `acc`, then per key the reference's steps with the weights of
-/// all rows (`vs` in lanes 0..4 of v4, `ms` in v5): `acc = f16(acc ms)` for every row when any row
-/// raises its maximum (`ms` is 1, exact, for the others), then `acc = f16(fma(v, vs, acc))`; the
-/// accumulators stored back.
+/// all rows (`vs` in lanes 0..4 of v4, `ms` in v5): `acc = f16(acc ms)` for each row that raises
+/// its maximum (bit `r` of the key's `raise`), then `acc = f16(fma(v, vs, acc))`; the accumulators
+/// stored back.
 #[rustfmt::skip]
 macro_rules! dvalues_kernel {
     ($name:ident, w, [$( ($l:literal, $a0:literal, $a1:literal, $a2:literal, $a3:literal) ),+]) => {
@@ -1980,7 +1982,8 @@ macro_rules! dvalues_kernel {
                     "fcvtl v10.4s, v2.4h\n", "fcvtl2 v11.4s, v2.8h\n", "fcvtl v12.4s, v3.4h\n", "fcvtl2 v13.4s, v3.8h\n"),
             concat!($( dmad8!($a0, "6", "7", $l), dmad8!($a1, "8", "9", $l),
                        dmad8!($a2, "10", "11", $l), dmad8!($a3, "12", "13", $l), )+),
-            concat!($( dscale8!($a0, $l), dscale8!($a1, $l), dscale8!($a2, $l), dscale8!($a3, $l), )+));
+            concat!($( "tbz {f:w}, #", $l, ", 7f\n",
+                       dscale8!($a0, $l), dscale8!($a1, $l), dscale8!($a2, $l), dscale8!($a3, $l), "7:\n", )+));
     };
     ($name:ident, n, [$( ($l:literal, $a0:literal, $a1:literal, $a2:literal, $a3:literal) ),+]) => {
         dvalues_kernel!(@def $name,
@@ -1988,7 +1991,7 @@ macro_rules! dvalues_kernel {
             concat!("mov {t}, {a}\n", $( "str q", $a0, ", [{t}]\n", "add {t}, {t}, {stride}\n", )+),
             concat!("ldr q2, [{p}]\n", "fcvtl v6.4s, v2.4h\n", "fcvtl2 v7.4s, v2.8h\n"),
             concat!($( dmad8!($a0, "6", "7", $l), )+),
-            concat!($( dscale8!($a0, $l), )+));
+            concat!($( "tbz {f:w}, #", $l, ", 7f\n", dscale8!($a0, $l), "7:\n", )+));
     };
     (@def $name:ident, $load:expr, $store:expr, $vload:expr, $mad:expr, $rescale:expr) => {
         /// # Safety
