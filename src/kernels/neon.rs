@@ -1714,9 +1714,6 @@ fn flash_attn_rows_f32dot<'k, const R: usize>(
     acc16.fill(F16Le::from_bits(0));
     // Keys whose size is not a multiple of 32 are copied into zeroed rows (the twin's padding).
     let mut kpad = None;
-    let one = vdupq_n_f32(1.0);
-    // SAFETY: reads the 4 lanes of the array.
-    let bits = unsafe { vld1q_u32([1u32, 2, 4, 8].as_ptr()) };
     let (mut max, mut sum) = (vdupq_n_f32(f32::NEG_INFINITY), vdupq_n_f32(0.0));
     // Per chunk: the key and value rows, the scores, the weights and raises (set before use).
     let (mut krows, mut vrows) =
@@ -1757,23 +1754,7 @@ fn flash_attn_rows_f32dot<'k, const R: usize>(
         }
         // Per key, the rows in the lanes: the reference's softmax step, the weights (`vs` in
         // lanes 0..4, `ms` in 4..8) and which rows raise their maximum (bit `r` for row `r`).
-        for ((s, w), raise) in s[..m].iter().zip(&mut w[..m]).zip(&mut raise[..m]) {
-            let s = ld_f32x4(s);
-            let up = vcgtq_f32(s, max);
-            let x = vbslq_f32(up, vsubq_f32(max, s), vsubq_f32(s, max));
-            max = vbslq_f32(up, s, max);
-            let (mut e, ok) = expf4(x);
-            if vminvq_u32(ok) == 0 {
-                let mut a = [0f32; 4];
-                st_f32x4(&mut a, x);
-                e = ld_f32x4(&a.map(libm::expf));
-            }
-            let (ms, vs) = (vbslq_f32(up, e, one), vbslq_f32(up, one, e));
-            sum = vaddq_f32(vmulq_f32(sum, ms), vs);
-            st_f32x4(w, vs);
-            st_f32x4(&mut w[4..], ms);
-            *raise = vaddvq_u32(vandq_u32(up, bits));
-        }
+        softmax_rows(&s[..m], &mut max, &mut sum, &mut w, &mut raise);
         let mut d = 0;
         while d < dv {
             let wide = dv - d >= 32;
@@ -1806,6 +1787,68 @@ fn flash_attn_rows_f32dot<'k, const R: usize>(
             st_f32x4(&mut o[4..], vmulq_n_f32(f16_hi(h), inv));
         }
     }
+}
+
+/// The reference's softmax steps for a chunk of keys, the rows in the lanes (`s[i]`: key `i`'s
+/// scores): per key, the weights (`vs` in lanes 0..4 of `w[i]`, `ms` in 4..8) and which rows raise
+/// their maximum (`raise[i]`: bit `r` for row `r`); `max` and `sum` carried over. A first pass
+/// uses [`expf4`] alone (no calls, so its constants stay in registers); if any lane fell outside
+/// its exact range the chunk is redone with `libm::expf` there.
+#[target_feature(enable = "neon")]
+#[inline(never)]
+fn softmax_rows(
+    s: &[[f32; 4]],
+    max: &mut float32x4_t,
+    sum: &mut float32x4_t,
+    w: &mut [[f32; 8]; KEY_CHUNK],
+    raise: &mut [u32; KEY_CHUNK],
+) {
+    let (mx, total) = (*max, *sum);
+    if !softmax_pass::<false>(s, max, sum, w, raise) {
+        (*max, *sum) = (mx, total);
+        softmax_pass::<true>(s, max, sum, w, raise);
+    }
+}
+
+/// [`softmax_rows`]' steps; `EXACT`: lanes outside [`expf4`]'s exact range take `libm::expf`,
+/// else they are left wrong and `false` is returned.
+#[target_feature(enable = "neon")]
+#[inline]
+fn softmax_pass<const EXACT: bool>(
+    s: &[[f32; 4]],
+    max: &mut float32x4_t,
+    sum: &mut float32x4_t,
+    w: &mut [[f32; 8]; KEY_CHUNK],
+    raise: &mut [u32; KEY_CHUNK],
+) -> bool {
+    let one = vdupq_n_f32(1.0);
+    // SAFETY: reads the 4 lanes of the array.
+    let bits = unsafe { vld1q_u32([1u32, 2, 4, 8].as_ptr()) };
+    let (mut mx, mut total) = (*max, *sum);
+    let mut all = vdupq_n_u32(u32::MAX);
+    for ((s, w), raise) in s.iter().zip(w.iter_mut()).zip(raise.iter_mut()) {
+        let s = ld_f32x4(s);
+        let up = vcgtq_f32(s, mx);
+        let x = vbslq_f32(up, vsubq_f32(mx, s), vsubq_f32(s, mx));
+        mx = vbslq_f32(up, s, mx);
+        let (mut e, ok) = expf4(x);
+        if EXACT {
+            if vminvq_u32(ok) == 0 {
+                let mut a = [0f32; 4];
+                st_f32x4(&mut a, x);
+                e = ld_f32x4(&a.map(libm::expf));
+            }
+        } else {
+            all = vandq_u32(all, ok);
+        }
+        let (ms, vs) = (vbslq_f32(up, e, one), vbslq_f32(up, one, e));
+        total = vaddq_f32(vmulq_f32(total, ms), vs);
+        st_f32x4(w, vs);
+        st_f32x4(&mut w[4..], ms);
+        *raise = vaddvq_u32(vandq_u32(up, bits));
+    }
+    (*max, *sum) = (mx, total);
+    vminvq_u32(all) != 0
 }
 
 /// 16 dimensions of one query row (`{qp}`, f32) times the key's (v0-v3, widened), into the row's
