@@ -10,6 +10,13 @@
 //!   same fused steps and scale by 2^n exactly, and send lanes outside the exact range to the twin.
 //! * `rms_norm`: 2^-21 relative (a few ulps). The f64 sum of the f32 squares may run in another
 //!   order; its rounding to the f32 mean can move by one ulp, which moves the scale by about one ulp.
+//! * NEON flash attention (`flash_attn_row`, `flash_attn_rows`): bit-identical (NaN-aware) to the
+//!   twins `flash_attn_row_f32dot_ref` / `flash_attn_rows_f32dot_ref` (the reference's steps with the
+//!   key dot summed in f32 in ggml's x86 order), on top of the checks against `flash_attn_row_ref`.
+//! * `neon::flash_attn_rows_fp16` (FEAT_FP16 arithmetic as llama.cpp's aarch64 build; not dispatched:
+//!   see its doc): bit-identical (NaN-aware) to the twins `flash_attn_row_f16arith_ref` /
+//!   `flash_attn_rows_f16arith_ref`, which round every f16 `fmul`, `fadd` and `fmla` exactly once and
+//!   keep the kernel's lane grouping and reduction order.
 //! * `flash_attn_row`: `q16` identical (the same f16 rounding); outputs within 2^-7 of the largest
 //!   `|v|`. A path may sum the key dot in f32 (in any order) rather than the reference's f64, so a
 //!   score moves by ~1e-7 relative; that can flip an f16 rounding of the accumulator (2^-11 of it)
@@ -23,8 +30,8 @@ use pinfer::kernels::packed::{
     PackedMatrix, BLOCK,
 };
 use pinfer::kernels::reference::{
-    f32_to_f16_ref, flash_attn_row_ref, flash_attn_rows_ref, rms_norm_ref, rope_ref, rope_table_ref,
-    swiglu_ref, RopeParams,
+    f32_to_f16_ref, flash_attn_row_f32dot_ref, flash_attn_row_ref, flash_attn_rows_f32dot_ref,
+    flash_attn_rows_ref, rms_norm_ref, rope_ref, rope_table_ref, swiglu_ref, RopeParams,
 };
 use pinfer::kernels::{
     f32_to_f16, flash_attn_row, flash_attn_rows, packed_matmul, quantize_act, rms_norm, rope_rotate, swiglu,
@@ -337,6 +344,170 @@ fn flash_attn_rows_match_single_rows_bit_for_bit() {
                         assert_eq!(&q16[r * dim..(r + 1) * dim], &want_q16[..], "{what}: q16");
                         for (i, (&g, &w)) in outs[r].iter().zip(&want).enumerate() {
                             assert!(same_bits(g, w), "{what} [{i}]: {g} vs single row {w}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Paths in FEAT_FP16 arithmetic against their twins, bit for bit (NaN-aware), single rows and
+/// 1 to `FLASH_ROWS` rows: head sizes that are multiples of 32 (the kernels' pieces), of 8 only
+/// (zero-padded keys and queries, 8-dimension value slices), and not of 8 (the twin itself); key
+/// counts 0, 1, 2 and across chunk edges; queries ordinary and large (most weights underflow);
+/// values with large, tiny (f16 subnormal) and overflowing entries; keys large enough for the f16
+/// products and sums to overflow.
+#[cfg(target_arch = "aarch64")]
+#[test]
+fn flash_attn_f16_arith_is_bit_identical_to_its_twin() {
+    use pinfer::kernels::neon::{flash_attn_row_fp16, flash_attn_rows_fp16};
+    use pinfer::kernels::reference::{flash_attn_row_f16arith_ref, flash_attn_rows_f16arith_ref};
+    if !std::arch::is_aarch64_feature_detected!("fp16") {
+        return;
+    }
+    let mut rng = Rng(10);
+    {
+        for dim in [3, 8, 16, 17, 24, 32, 40, 64, 72, 96, 128, 136, 200, 256] {
+            for n_keys in [0usize, 1, 2, 3, 31, 32, 33, 64, 100] {
+                for regime in 0..4 {
+                    let rows = 1 + (n_keys + regime + dim) % FLASH_ROWS;
+                    let q_size = [1.0f32, 40.0, 4.0, 300.0][regime];
+                    let k_size = [1.0f32, 1.0, 250.0, 8.0][regime];
+                    let qs: Vec<Vec<f32>> =
+                        (0..rows).map(|_| (0..dim).map(|_| q_size * rng.f()).collect()).collect();
+                    let k = f16s(&(0..dim * n_keys).map(|_| k_size * rng.f()).collect::<Vec<f32>>());
+                    let vf: Vec<f32> = (0..dim * n_keys)
+                        .map(|i| match (i % 13, regime) {
+                            (3, _) => 3000.0 * rng.f(),
+                            (7, _) => 1.0e-6 * rng.f(),
+                            (5, 3) => 65000.0 * rng.f().signum(),
+                            _ => 4.0 * rng.f(),
+                        })
+                        .collect();
+                    let v = f16s(&vf);
+                    let keys = n_keys / 4..n_keys;
+                    let scale = 1.0 / (dim as f32).sqrt();
+                    let key = |j: usize| &k[j * dim..(j + 1) * dim];
+                    let value = |j: usize| &v[j * dim..(j + 1) * dim];
+                    let what = format!("dim={dim} keys={n_keys} rows={rows} regime {regime}");
+                    // Single rows.
+                    let (want_q16, want) = flash_run(dim, |q16, acc, out| {
+                        flash_attn_row_f16arith_ref(&qs[0], q16, keys.clone(), key, value, scale, acc, out)
+                    });
+                    let (got_q16, got) = flash_run(dim, |q16, acc, out| {
+                        // SAFETY: the CPU has FEAT_FP16 (checked above).
+                        unsafe { flash_attn_row_fp16(&qs[0], q16, keys.clone(), key, value, scale, acc, out) }
+                    });
+                    assert_eq!(got_q16, want_q16, "{what}: single row q16");
+                    for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
+                        assert!(same_bits(g, w), "{what} single row [{i}]: {g} vs twin {w}");
+                    }
+                    // Several rows.
+                    let qrefs: Vec<&[f32]> = qs.iter().map(|q| q.as_slice()).collect();
+                    let run = |f16arith_ref: bool| {
+                        let (mut q16, mut acc) =
+                            (vec![F16Le::from_f32(9.0); rows * dim], vec![F16Le::from_f32(9.0); rows * dim]);
+                        let mut outs = vec![vec![9.0f32; dim]; rows];
+                        let mut orefs: Vec<&mut [f32]> = outs.iter_mut().map(|o| o.as_mut_slice()).collect();
+                        if f16arith_ref {
+                            let k = keys.clone();
+                            flash_attn_rows_f16arith_ref(
+                                &qrefs, &mut q16, k, key, value, scale, &mut acc, &mut orefs,
+                            );
+                        } else {
+                            let k = keys.clone();
+                            // SAFETY: the CPU has FEAT_FP16 (checked above).
+                            unsafe {
+                                flash_attn_rows_fp16(
+                                    &qrefs, &mut q16, k, key, value, scale, &mut acc, &mut orefs,
+                                )
+                            };
+                        }
+                        (q16, outs)
+                    };
+                    let ((want_q16, want), (got_q16, got)) = (run(true), run(false));
+                    assert_eq!(got_q16, want_q16, "{what}: q16");
+                    for r in 0..rows {
+                        for (i, (&g, &w)) in got[r].iter().zip(&want[r]).enumerate() {
+                            assert!(same_bits(g, w), "{what} row {r} [{i}]: {g} vs twin {w}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The NEON paths against their twin, bit for bit (NaN-aware), single rows and 1 to `FLASH_ROWS`
+/// rows: head sizes that are multiples of 32 (the score kernels' pieces), of 8 only (zero-padded
+/// keys and queries, 8-dimension value slices), not of 8 and past 256 (the twin itself); key
+/// counts 0, 1, 2 and across chunk edges; queries ordinary and large (most weights underflow);
+/// values with large, tiny (f16 subnormal) and overflowing entries; keys large enough for the f16
+/// accumulator to overflow.
+#[test]
+fn flash_attn_neon_is_bit_identical_to_its_f32dot_twin() {
+    let mut rng = Rng(12);
+    for path in [KernelPath::Neon, KernelPath::NeonDotprod].into_iter().filter(|p| p.is_available()) {
+        for dim in [3, 8, 16, 17, 24, 32, 40, 64, 72, 96, 128, 136, 200, 256, 264] {
+            for n_keys in [0usize, 1, 2, 3, 31, 32, 33, 64, 100] {
+                for regime in 0..4 {
+                    let rows = 1 + (n_keys + regime + dim) % FLASH_ROWS;
+                    let q_size = [1.0f32, 40.0, 4.0, 300.0][regime];
+                    let k_size = [1.0f32, 1.0, 250.0, 8.0][regime];
+                    let qs: Vec<Vec<f32>> =
+                        (0..rows).map(|_| (0..dim).map(|_| q_size * rng.f()).collect()).collect();
+                    let k = f16s(&(0..dim * n_keys).map(|_| k_size * rng.f()).collect::<Vec<f32>>());
+                    let vf: Vec<f32> = (0..dim * n_keys)
+                        .map(|i| match (i % 13, regime) {
+                            (3, _) => 3000.0 * rng.f(),
+                            (7, _) => 1.0e-6 * rng.f(),
+                            (5, 3) => 65000.0 * rng.f().signum(),
+                            _ => 4.0 * rng.f(),
+                        })
+                        .collect();
+                    let v = f16s(&vf);
+                    let keys = n_keys / 4..n_keys;
+                    let scale = 1.0 / (dim as f32).sqrt();
+                    let key = |j: usize| &k[j * dim..(j + 1) * dim];
+                    let value = |j: usize| &v[j * dim..(j + 1) * dim];
+                    let what = format!("{} dim={dim} keys={n_keys} rows={rows} regime {regime}", path.name());
+                    // Single rows.
+                    let (want_q16, want) = flash_run(dim, |q16, acc, out| {
+                        flash_attn_row_f32dot_ref(&qs[0], q16, keys.clone(), key, value, scale, acc, out)
+                    });
+                    let (got_q16, got) = flash_run(dim, |q16, acc, out| {
+                        flash_attn_row(path, &qs[0], q16, keys.clone(), key, value, scale, acc, out)
+                    });
+                    assert_eq!(got_q16, want_q16, "{what}: single row q16");
+                    for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
+                        assert!(same_bits(g, w), "{what} single row [{i}]: {g} vs f32dot twin {w}");
+                    }
+                    // Several rows.
+                    let qrefs: Vec<&[f32]> = qs.iter().map(|q| q.as_slice()).collect();
+                    let run = |f16arith_ref: bool| {
+                        let (mut q16, mut acc) =
+                            (vec![F16Le::from_f32(9.0); rows * dim], vec![F16Le::from_f32(9.0); rows * dim]);
+                        let mut outs = vec![vec![9.0f32; dim]; rows];
+                        let mut orefs: Vec<&mut [f32]> = outs.iter_mut().map(|o| o.as_mut_slice()).collect();
+                        if f16arith_ref {
+                            let k = keys.clone();
+                            flash_attn_rows_f32dot_ref(
+                                &qrefs, &mut q16, k, key, value, scale, &mut acc, &mut orefs,
+                            );
+                        } else {
+                            let k = keys.clone();
+                            flash_attn_rows(
+                                path, &qrefs, &mut q16, k, key, value, scale, &mut acc, &mut orefs,
+                            );
+                        }
+                        (q16, outs)
+                    };
+                    let ((want_q16, want), (got_q16, got)) = (run(true), run(false));
+                    assert_eq!(got_q16, want_q16, "{what}: q16");
+                    for r in 0..rows {
+                        for (i, (&g, &w)) in got[r].iter().zip(&want[r]).enumerate() {
+                            assert!(same_bits(g, w), "{what} row {r} [{i}]: {g} vs f32dot twin {w}");
                         }
                     }
                 }

@@ -867,13 +867,18 @@ impl<'a, const N: usize> Bound<'a, N> {
                             outs[i] = self.write(id, t.row_offset(head, tok, 0), hd_v);
                         }
                         let n = heads.len();
+                        // Row j of this KV head's keys (values) is `read`'s row at base + j stride,
+                        // the bases hoisted out of the kernel's per-key calls.
+                        let kp = self.ptrs[k.index()].wrapping_add(tk.row_offset(0, kv_head, 0)) as *const u8;
+                        let vp = self.ptrs[v.index()].wrapping_add(tv.row_offset(0, kv_head, 0)) as *const u8;
+                        let (ks, vs) = (tk.nb[1], tv.nb[1]);
                         kernels::flash_attn_rows(
                             path,
                             &qs[..n],
                             &mut q16[..n * hd],
                             start..end,
-                            |j| self.read(k, tk.row_offset(j, kv_head, 0), hd),
-                            |j| self.read(v, tv.row_offset(j, kv_head, 0), hd_v),
+                            |j| core::slice::from_raw_parts(kp.wrapping_add(j * ks).cast::<F16Le>(), hd),
+                            |j| core::slice::from_raw_parts(vp.wrapping_add(j * vs).cast::<F16Le>(), hd_v),
                             scale,
                             &mut acc16[..n * hd_v],
                             &mut outs[..n],

@@ -12,7 +12,8 @@ use core::ops::Range;
 
 use super::packed::{quantize_act_ref, ActBlock, PackedFormat, PackedMatrix, BLOCK, GROUP_ROWS};
 use super::reference::{
-    f32_to_f16_ref, flash_attn_row_ref, flash_attn_rows_ref, rope_rotate_ref, swiglu_ref, FLASH_ROWS,
+    f32_to_f16_ref, flash_attn_row_f32dot_ref, flash_attn_rows_f16arith_ref, flash_attn_rows_f32dot_ref,
+    rope_rotate_ref, swiglu_ref, FLASH_ROWS,
 };
 use crate::quant::blocks::F16Le;
 
@@ -1563,13 +1564,15 @@ fn rope_rotate_neon(x: &[f32], out: &mut [f32], cos: &[f32], sin: &[f32], neox: 
 // ---------------------------------------------------------------------------------------------
 // Flash attention
 
-/// Longest query/value row handled here (longer ones take the reference).
+/// Longest query/value row of the FEAT_FP16 kernels (longer ones take the twin).
 const MAX_HEAD: usize = 512;
 
-/// One query row of flash attention over an f16 KV cache: `reference::flash_attn_row_ref`'s
-/// steps with vector f16 conversions. The key dots are summed in f64 like the reference's (in
-/// another order, which only matters if that sum rounds): a last-bit change of a score flips
-/// greedy tokens on near-tie models (the tiny random test models do it).
+/// Keys per chunk of the kernels' passes.
+const KEY_CHUNK: usize = 32;
+
+/// One query row of flash attention over an f16 KV cache: `reference::flash_attn_row_f32dot_ref`'s
+/// results, bit for bit (the reference's steps, the key dot summed in f32 in ggml's x86 order):
+/// [`flash_attn_rows`] of one row.
 #[allow(clippy::too_many_arguments)]
 pub fn flash_attn_row<'k>(
     q: &[f32],
@@ -1582,85 +1585,49 @@ pub fn flash_attn_row<'k>(
     out: &mut [f32],
 ) {
     let (dk, dv) = (q.len(), out.len());
-    if dk > MAX_HEAD || dk % 8 != 0 || dv % 8 != 0 || q16.len() < dk || acc16.len() < dv {
-        return flash_attn_row_ref(q, q16, keys, key, value, scale, acc16, out);
+    if !f32dot_fits(dk, dv) || q16.len() < dk || acc16.len() < dv {
+        return flash_attn_row_f32dot_ref(q, q16, keys, key, value, scale, acc16, out);
     }
-    let (q16, acc16) = (&mut q16[..dk], &mut acc16[..dv]);
+    // SAFETY: NEON is part of the aarch64 baseline.
+    unsafe { flash_attn_rows_f32dot::<1>(&[q], q16, keys, key, value, scale, acc16, &mut [out]) }
+}
+
+/// Several query rows over the same keys (the query heads of one KV head):
+/// `reference::flash_attn_rows_f32dot_ref`'s results, bit for bit (each row's is
+/// [`flash_attn_row`]'s), each key and value row loaded and widened once for all rows.
+#[allow(clippy::too_many_arguments)]
+pub fn flash_attn_rows<'k>(
+    qs: &[&[f32]],
+    q16: &mut [F16Le],
+    keys: Range<usize>,
+    key: impl Fn(usize) -> &'k [F16Le],
+    value: impl Fn(usize) -> &'k [F16Le],
+    scale: f32,
+    acc16: &mut [F16Le],
+    outs: &mut [&mut [f32]],
+) {
+    let n = qs.len().min(outs.len());
+    if n == 0 {
+        return;
+    }
+    let (dk, dv) = (qs[0].len(), outs[0].len());
+    let fits = n <= FLASH_ROWS
+        && f32dot_fits(dk, dv)
+        && q16.len() >= n * dk
+        && acc16.len() >= n * dv
+        && qs[..n].iter().all(|q| q.len() == dk)
+        && outs[..n].iter().all(|o| o.len() == dv);
+    if !fits {
+        return flash_attn_rows_f32dot_ref(qs, q16, keys, key, value, scale, acc16, outs);
+    }
+    let (qs, outs) = (&qs[..n], &mut outs[..n]);
     // SAFETY (each arm): NEON is part of the aarch64 baseline.
-    match (dk, dv) {
-        (64, 64) => unsafe { flash_attn_fixed::<4>(q, q16, keys, key, value, scale, acc16, out) },
-        (128, 128) => unsafe { flash_attn_fixed::<8>(q, q16, keys, key, value, scale, acc16, out) },
-        _ => unsafe { flash_attn_any(q, q16, keys, key, value, scale, acc16, out) },
+    match n {
+        1 => unsafe { flash_attn_rows_f32dot::<1>(qs, q16, keys, key, value, scale, acc16, outs) },
+        2 => unsafe { flash_attn_rows_f32dot::<2>(qs, q16, keys, key, value, scale, acc16, outs) },
+        3 => unsafe { flash_attn_rows_f32dot::<3>(qs, q16, keys, key, value, scale, acc16, outs) },
+        _ => unsafe { flash_attn_rows_f32dot::<4>(qs, q16, keys, key, value, scale, acc16, outs) },
     }
-}
-
-/// Rounds `q` to f16 (into `q16`) and widens it to f64 (into `qd`).
-#[target_feature(enable = "neon")]
-#[inline]
-fn round_query(q: &[f32], q16: &mut [F16Le], qd: &mut [f64]) {
-    for ((q, h), d) in q.chunks_exact(8).zip(q16.chunks_exact_mut(8)).zip(qd.chunks_exact_mut(8)) {
-        let r = f16_narrow(ld_f32x4(q), ld_f32x4(&q[4..]));
-        st_f16x8(h, r);
-        let (lo, hi) = (f16_lo(r), f16_hi(r));
-        let w = [
-            vcvt_f64_f32(vget_low_f32(lo)),
-            vcvt_high_f64_f32(lo),
-            vcvt_f64_f32(vget_low_f32(hi)),
-            vcvt_high_f64_f32(hi),
-        ];
-        for (d, w) in d.chunks_exact_mut(2).zip(w) {
-            let d: &mut [f64; 2] = d.try_into().unwrap();
-            // SAFETY: writes the 2 doubles of `d`.
-            unsafe { vst1q_f64(d.as_mut_ptr(), w) };
-        }
-    }
-}
-
-/// The reference's per-key softmax step for score `s`: returns `(ms, vs)` (the rescale of what
-/// was accumulated, 1 if none, and the weight of this key's value) and updates `max`, `sum`.
-#[inline(always)]
-fn softmax_step(s: f32, max: &mut f32, sum: &mut f32) -> (f32, f32) {
-    let (mut ms, mut vs) = (1.0f32, 1.0f32);
-    if s > *max {
-        ms = libm::expf(*max - s);
-        *max = s;
-    } else {
-        vs = libm::expf(s - *max);
-    }
-    *sum = *sum * ms + vs;
-    (ms, vs)
-}
-
-/// The reference's softmax steps over a chunk of scores (whole steps of 4, at most
-/// [`KEY_CHUNK`]), the running maximum as a prefix max four keys at a time: per key, `e` (the
-/// `expf` of `max - s` for a key that raises the maximum, else of `s - max`) and `raise` (all ones
-/// for a raising key). The sum is left to the value updates.
-#[target_feature(enable = "neon")]
-fn softmax_exps(s: &[f32], max: &mut f32, e: &mut [f32; KEY_CHUNK], raise: &mut [u32; KEY_CHUNK]) {
-    let ninf = vdupq_n_f32(f32::NEG_INFINITY);
-    let mut m = vdupq_n_f32(*max);
-    for ((s, e), r) in s.chunks_exact(4).zip(e.chunks_exact_mut(4)).zip(raise.chunks_exact_mut(4)) {
-        let s = ld_f32x4(s);
-        // Prefix max ignoring NaNs ("s > max" is false for them), then each key's previous max.
-        let p = vmaxnmq_f32(s, vextq_f32::<3>(ninf, s));
-        let p = vmaxnmq_f32(vmaxnmq_f32(p, vextq_f32::<2>(ninf, p)), m);
-        let prev = vextq_f32::<3>(m, p);
-        m = vdupq_laneq_f32::<3>(p);
-        let up = vcgtq_f32(s, prev);
-        let (x, ok) = expf4(vbslq_f32(up, vsubq_f32(prev, s), vsubq_f32(s, prev)));
-        st_f32x4(e, x);
-        let r: &mut [u32; 4] = r.try_into().unwrap();
-        // SAFETY: writes the 4 lanes of `r`.
-        unsafe { vst1q_u32(r.as_mut_ptr(), up) };
-        if vminvq_u32(ok) == 0 {
-            let mut a = [0f32; 4];
-            st_f32x4(&mut a, vbslq_f32(up, vsubq_f32(prev, s), vsubq_f32(s, prev)));
-            for (e, a) in e.iter_mut().zip(a) {
-                *e = libm::expf(a);
-            }
-        }
-    }
-    *max = vgetq_lane_f32::<0>(m);
 }
 
 /// `libm::expf` for 4 lanes (the same FreeBSD steps in the same order, the final `scalbnf` as an
@@ -1696,408 +1663,28 @@ fn expf4(x: float32x4_t) -> (float32x4_t, uint32x4_t) {
     (y, vandq_u32(vclezq_f32(x), vorrq_u32(vcaleq_f32(x, vdupq_n_f32(86.0)), zero)))
 }
 
-/// `f16(acc * ms)` for 8 f16 accumulators (raw bits).
-#[target_feature(enable = "neon")]
-#[inline]
-fn rescale8(a: uint16x8_t, ms: f32) -> uint16x8_t {
-    f16_narrow(vmulq_n_f32(f16_lo(a), ms), vmulq_n_f32(f16_hi(a), ms))
+// ---------------------------------------------------------------------------------------------
+// Flash attention with ggml's x86 key dot order
+
+/// Longest head of the [`flash_attn_rows_f32dot`] kernels (their packed queries' buffer).
+const DOT_HEAD: usize = 256;
+
+/// Whether [`flash_attn_rows_f32dot`] takes these head sizes (the other shapes keep the f64
+/// kernels).
+fn f32dot_fits(dk: usize, dv: usize) -> bool {
+    dk > 0 && dv > 0 && dk <= DOT_HEAD && dv <= MAX_HEAD && dk % 8 == 0 && dv % 8 == 0
 }
 
-/// `f16(fma(v, vs, acc))` for 8 f16 accumulators and values (raw bits).
-#[target_feature(enable = "neon")]
-#[inline]
-fn mad8(a: uint16x8_t, v: uint16x8_t, vs: f32) -> uint16x8_t {
-    f16_narrow(vfmaq_n_f32(f16_lo(a), f16_lo(v), vs), vfmaq_n_f32(f16_hi(a), f16_hi(v), vs))
-}
-
-/// Keys per chunk of [`flash_attn_fixed`]'s three passes.
-const KEY_CHUNK: usize = 32;
-
-/// Flash attention for `dk == dv == 16 N` (64 or 128), in chunks of keys and three passes per
-/// chunk: the scores (`asm!`), the reference's scalar softmax steps (`expf`), the value updates
-/// (`asm!`, the f16 accumulator in registers).
+/// Flash attention of `R` query rows over the same keys with the key dots summed in f32 in
+/// ggml's x86 order (`reference::flash_attn_row_f32dot_ref`'s results, bit for bit), in chunks of
+/// keys and three passes per chunk: the scores of all rows (`asm!`, each key loaded and widened
+/// once), the softmax steps of all rows at once per key (the rows in the lanes, rows past `R`
+/// repeating one), the value updates (`asm!`, each value widened once, 32 or 8 dimensions of every
+/// row's f16 accumulator in registers, rounded to f16 after every key as the reference does).
+/// Checked shapes: [`f32dot_fits`], `R` rows of `dk` and `dv`, scratch long enough.
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "neon")]
-fn flash_attn_fixed<'k, const N: usize>(
-    q: &[f32],
-    q16: &mut [F16Le],
-    keys: Range<usize>,
-    key: impl Fn(usize) -> &'k [F16Le],
-    value: impl Fn(usize) -> &'k [F16Le],
-    scale: f32,
-    acc16: &mut [F16Le],
-    out: &mut [f32],
-) {
-    let d = 16 * N;
-    let mut qd = [0f64; 128];
-    round_query(q, q16, &mut qd[..d]);
-    let mut acc = [vdupq_n_u16(0); 16];
-    let (mut max, mut sum) = (f32::NEG_INFINITY, 0.0f32);
-    let mut j = keys.start;
-    while j < keys.end {
-        let m = (keys.end - j).min(KEY_CHUNK);
-        let (mut rows, mut vrows) =
-            ([core::ptr::null::<F16Le>(); KEY_CHUNK], [core::ptr::null::<F16Le>(); KEY_CHUNK]);
-        for (i, (r, v)) in rows[..m].iter_mut().zip(&mut vrows[..m]).enumerate() {
-            (*r, *v) = (key(j + i)[..d].as_ptr(), value(j + i)[..d].as_ptr());
-        }
-        let mut s = [0f32; KEY_CHUNK];
-        // SAFETY: `rows[..m]` point at `d` f16 each, `qd` holds `d` doubles, `s` `m` floats.
-        unsafe { key_scores(N, &qd, &rows[..m], scale, &mut s[..m]) };
-        // Whole steps of 4 for the softmax: the last score repeats (it cannot raise the maximum
-        // again; its extra exps are not used).
-        let m4 = m.next_multiple_of(4);
-        let last = s[m - 1];
-        s[m..m4].fill(last);
-        let (mut e, mut raise) = ([0f32; KEY_CHUNK], [0u32; KEY_CHUNK]);
-        softmax_exps(&s[..m4], &mut max, &mut e, &mut raise);
-        // SAFETY: `vrows[..m]` point at `d` f16 each, `e` and `raise` hold `m` entries.
-        unsafe { value_updates(N, &mut acc, &vrows[..m], &e[..m], &raise[..m], &mut sum) };
-        j += m;
-    }
-    let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
-    for ((a, h), o) in acc.iter().zip(acc16.chunks_exact_mut(8)).zip(out.chunks_exact_mut(8)) {
-        st_f16x8(h, *a);
-        st_f32x4(o, vmulq_n_f32(f16_lo(*a), inv));
-        st_f32x4(&mut o[4..], vmulq_n_f32(f16_hi(*a), inv));
-    }
-}
-
-/// Products of 16 values of a key row (`{p}`, f16) with the query's (`{qp}`, f64), added to
-/// v8-v11 (`$op` is `fmul` for the first 16, else `fmla`): exact products, summed in f64.
-#[rustfmt::skip]
-macro_rules! kdot16 { ($op:literal) => { concat!(
-    "ld1 {{v0.8h, v1.8h}}, [{p}], #32\n",
-    "fcvtl v2.4s, v0.4h\n",              "fcvtl2 v3.4s, v0.8h\n",
-    "fcvtl v4.4s, v1.4h\n",              "fcvtl2 v5.4s, v1.8h\n",
-    "fcvtl v16.2d, v2.2s\n",             "fcvtl2 v17.2d, v2.4s\n",
-    "fcvtl v18.2d, v3.2s\n",             "fcvtl2 v19.2d, v3.4s\n",
-    "fcvtl v20.2d, v4.2s\n",             "fcvtl2 v21.2d, v4.4s\n",
-    "fcvtl v22.2d, v5.2s\n",             "fcvtl2 v23.2d, v5.4s\n",
-    "ld1 {{v24.2d, v25.2d, v26.2d, v27.2d}}, [{qp}], #64\n",
-    "ld1 {{v28.2d, v29.2d, v30.2d, v31.2d}}, [{qp}], #64\n",
-    $op, " v8.2d, v16.2d, v24.2d\n",     $op, " v9.2d, v17.2d, v25.2d\n",
-    $op, " v10.2d, v18.2d, v26.2d\n",    $op, " v11.2d, v19.2d, v27.2d\n",
-    "fmla v8.2d, v20.2d, v28.2d\n",      "fmla v9.2d, v21.2d, v29.2d\n",
-    "fmla v10.2d, v22.2d, v30.2d\n",     "fmla v11.2d, v23.2d, v31.2d\n",
-) } }
-
-/// The f64 sum in v8-v11 rounded to f32, times the scale (s14), stored.
-#[rustfmt::skip]
-macro_rules! kscore { () => { concat!(
-    "fadd v8.2d, v8.2d, v9.2d\n",
-    "fadd v10.2d, v10.2d, v11.2d\n",
-    "fadd v8.2d, v8.2d, v10.2d\n",
-    "faddp d8, v8.2d\n",
-    "fcvt s8, d8\n",
-    "fmul s8, s8, s14\n",
-    "str s8, [{out}], #4\n",
-) } }
-
-/// `scores[i] = (key row i . query) * scale` for the query widened to f64 (`qd`, `16 n` values,
-/// n = 4 or 8): the reference's score (exact products summed in f64, rounded to f32) whenever the
-/// f64 sum is exact, whatever its order.
-///
-/// # Safety
-/// Each row points at `16 n` f16 values; `rows.len() == scores.len() > 0`.
-#[target_feature(enable = "neon")]
-unsafe fn key_scores(n: usize, qd: &[f64; 128], rows: &[*const F16Le], scale: f32, scores: &mut [f32]) {
-    debug_assert!(scores.len() == rows.len() && !rows.is_empty());
-    if n == 4 {
-        // SAFETY: the caller's contract; every register written is declared clobbered.
-        unsafe {
-            asm!(
-                "2:",
-                "ldr {p}, [{rows}], #8",
-                "mov {qp}, {qd}",
-                kdot16!("fmul"), kdot16!("fmla"), kdot16!("fmla"), kdot16!("fmla"),
-                kscore!(),
-                "subs {n}, {n}, #1",
-                "b.ne 2b",
-                rows = inout(reg) rows.as_ptr() => _,
-                out = inout(reg) scores.as_mut_ptr() => _,
-                n = inout(reg) rows.len() => _,
-                qd = in(reg) qd.as_ptr(),
-                qp = out(reg) _,
-                p = out(reg) _,
-                in("v14") scale,
-                out("v0") _, out("v1") _, out("v2") _, out("v3") _, out("v4") _, out("v5") _,
-                out("v8") _, out("v9") _, out("v10") _, out("v11") _,
-                out("v16") _, out("v17") _, out("v18") _, out("v19") _,
-                out("v20") _, out("v21") _, out("v22") _, out("v23") _,
-                out("v24") _, out("v25") _, out("v26") _, out("v27") _,
-                out("v28") _, out("v29") _, out("v30") _, out("v31") _,
-                options(nostack),
-            );
-        }
-    } else {
-        // SAFETY: the caller's contract; every register written is declared clobbered.
-        unsafe {
-            asm!(
-                "2:",
-                "ldr {p}, [{rows}], #8",
-                "mov {qp}, {qd}",
-                kdot16!("fmul"), kdot16!("fmla"), kdot16!("fmla"), kdot16!("fmla"),
-                kdot16!("fmla"), kdot16!("fmla"), kdot16!("fmla"), kdot16!("fmla"),
-                kscore!(),
-                "subs {n}, {n}, #1",
-                "b.ne 2b",
-                rows = inout(reg) rows.as_ptr() => _,
-                out = inout(reg) scores.as_mut_ptr() => _,
-                n = inout(reg) rows.len() => _,
-                qd = in(reg) qd.as_ptr(),
-                qp = out(reg) _,
-                p = out(reg) _,
-                in("v14") scale,
-                out("v0") _, out("v1") _, out("v2") _, out("v3") _, out("v4") _, out("v5") _,
-                out("v8") _, out("v9") _, out("v10") _, out("v11") _,
-                out("v16") _, out("v17") _, out("v18") _, out("v19") _,
-                out("v20") _, out("v21") _, out("v22") _, out("v23") _,
-                out("v24") _, out("v25") _, out("v26") _, out("v27") _,
-                out("v28") _, out("v29") _, out("v30") _, out("v31") _,
-                options(nostack),
-            );
-        }
-    }
-}
-
-/// `acc = f16(fma(v, vs, acc))` for the accumulator `v$a` and values `v$v` (8 each).
-#[rustfmt::skip]
-macro_rules! vmad8 { ($a:literal, $v:literal) => { concat!(
-    "fcvtl v24.4s, v", $a, ".4h\n",      "fcvtl2 v25.4s, v", $a, ".8h\n",
-    "fcvtl v26.4s, v", $v, ".4h\n",      "fcvtl2 v27.4s, v", $v, ".8h\n",
-    "fmla v24.4s, v26.4s, v29.s[0]\n",   "fmla v25.4s, v27.4s, v29.s[0]\n",
-    "fcvtn v", $a, ".4h, v24.4s\n",      "fcvtn2 v", $a, ".8h, v25.4s\n",
-) } }
-
-/// `acc = f16(acc * ms)` for the accumulator `v$a` (8 values; ms in v29).
-#[rustfmt::skip]
-macro_rules! vscale8 { ($a:literal) => { concat!(
-    "fcvtl v24.4s, v", $a, ".4h\n",      "fcvtl2 v25.4s, v", $a, ".8h\n",
-    "fmul v24.4s, v24.4s, v29.s[0]\n",   "fmul v25.4s, v25.4s, v29.s[0]\n",
-    "fcvtn v", $a, ".4h, v24.4s\n",      "fcvtn2 v", $a, ".8h, v25.4s\n",
-) } }
-
-/// Per key of the chunk, the reference's updates: for a key that raises the maximum (`raise`),
-/// `acc = f16(acc * e)`, `vs = 1` and `sum = sum * e + 1`; else `vs = e` and `sum = sum + e`
-/// (`sum * 1 + e`); then `acc = f16(fma(v, vs, acc))`, for `16 n` accumulators (n = 4 or 8)
-/// kept in registers.
-///
-/// # Safety
-/// Each row points at `16 n` f16 values; `e.len() == raise.len() == rows.len() > 0`.
-#[target_feature(enable = "neon")]
-unsafe fn value_updates(
-    n: usize,
-    acc: &mut [uint16x8_t; 16],
-    rows: &[*const F16Le],
-    e: &[f32],
-    raise: &[u32],
-    sum: &mut f32,
-) {
-    debug_assert!(e.len() == rows.len() && raise.len() == rows.len() && !rows.is_empty());
-    let [a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15] = acc;
-    if n == 4 {
-        // SAFETY: the caller's contract; every register written is an operand or clobbered.
-        unsafe {
-            asm!(
-                "fmov s30, #1.0",
-                "2:",
-                "ldr {p}, [{rows}], #8",
-                "ldr s29, [{e}], #4",
-                "ldr {f:w}, [{raise}], #4",
-                "ld1 {{v16.8h, v17.8h, v18.8h, v19.8h}}, [{p}], #64",
-                "ld1 {{v20.8h, v21.8h, v22.8h, v23.8h}}, [{p}]",
-                "cbnz {f:w}, 4f",
-                "fadd {sum:s}, {sum:s}, s29",
-                "3:",
-                vmad8!("0", "16"), vmad8!("1", "17"), vmad8!("2", "18"), vmad8!("3", "19"),
-                vmad8!("4", "20"), vmad8!("5", "21"), vmad8!("6", "22"), vmad8!("7", "23"),
-                "subs {n}, {n}, #1",
-                "b.ne 2b",
-                "b 5f",
-                "4:",
-                "fmul {sum:s}, {sum:s}, s29",
-                "fadd {sum:s}, {sum:s}, s30",
-                vscale8!("0"), vscale8!("1"), vscale8!("2"), vscale8!("3"),
-                vscale8!("4"), vscale8!("5"), vscale8!("6"), vscale8!("7"),
-                "fmov s29, #1.0",
-                "b 3b",
-                "5:",
-                rows = inout(reg) rows.as_ptr() => _,
-                e = inout(reg) e.as_ptr() => _,
-                raise = inout(reg) raise.as_ptr() => _,
-                n = inout(reg) rows.len() => _,
-                p = out(reg) _,
-                f = out(reg) _,
-                sum = inout(vreg) *sum,
-                inout("v0") *a0, inout("v1") *a1, inout("v2") *a2, inout("v3") *a3,
-                inout("v4") *a4, inout("v5") *a5, inout("v6") *a6, inout("v7") *a7,
-                out("v16") _, out("v17") _, out("v18") _, out("v19") _,
-                out("v20") _, out("v21") _, out("v22") _, out("v23") _,
-                out("v24") _, out("v25") _, out("v26") _, out("v27") _,
-                out("v29") _, out("v30") _,
-                options(nostack),
-            );
-        }
-    } else {
-        // SAFETY: the caller's contract; every register written is an operand or clobbered.
-        unsafe {
-            asm!(
-                "fmov s30, #1.0",
-                "2:",
-                "ldr {p}, [{rows}], #8",
-                "ldr s29, [{e}], #4",
-                "ldr {f:w}, [{raise}], #4",
-                "ld1 {{v16.8h, v17.8h, v18.8h, v19.8h}}, [{p}], #64",
-                "ld1 {{v20.8h, v21.8h, v22.8h, v23.8h}}, [{p}], #64",
-                "cbnz {f:w}, 4f",
-                "fadd {sum:s}, {sum:s}, s29",
-                "3:",
-                vmad8!("0", "16"), vmad8!("1", "17"), vmad8!("2", "18"), vmad8!("3", "19"),
-                vmad8!("4", "20"), vmad8!("5", "21"), vmad8!("6", "22"), vmad8!("7", "23"),
-                "ld1 {{v16.8h, v17.8h, v18.8h, v19.8h}}, [{p}], #64",
-                "ld1 {{v20.8h, v21.8h, v22.8h, v23.8h}}, [{p}]",
-                vmad8!("8", "16"), vmad8!("9", "17"), vmad8!("10", "18"), vmad8!("11", "19"),
-                vmad8!("12", "20"), vmad8!("13", "21"), vmad8!("14", "22"), vmad8!("15", "23"),
-                "subs {n}, {n}, #1",
-                "b.ne 2b",
-                "b 5f",
-                "4:",
-                "fmul {sum:s}, {sum:s}, s29",
-                "fadd {sum:s}, {sum:s}, s30",
-                vscale8!("0"), vscale8!("1"), vscale8!("2"), vscale8!("3"),
-                vscale8!("4"), vscale8!("5"), vscale8!("6"), vscale8!("7"),
-                vscale8!("8"), vscale8!("9"), vscale8!("10"), vscale8!("11"),
-                vscale8!("12"), vscale8!("13"), vscale8!("14"), vscale8!("15"),
-                "fmov s29, #1.0",
-                "b 3b",
-                "5:",
-                rows = inout(reg) rows.as_ptr() => _,
-                e = inout(reg) e.as_ptr() => _,
-                raise = inout(reg) raise.as_ptr() => _,
-                n = inout(reg) rows.len() => _,
-                p = out(reg) _,
-                f = out(reg) _,
-                sum = inout(vreg) *sum,
-                inout("v0") *a0, inout("v1") *a1, inout("v2") *a2, inout("v3") *a3,
-                inout("v4") *a4, inout("v5") *a5, inout("v6") *a6, inout("v7") *a7,
-                inout("v8") *a8, inout("v9") *a9, inout("v10") *a10, inout("v11") *a11,
-                inout("v12") *a12, inout("v13") *a13, inout("v14") *a14, inout("v15") *a15,
-                out("v16") _, out("v17") _, out("v18") _, out("v19") _,
-                out("v20") _, out("v21") _, out("v22") _, out("v23") _,
-                out("v24") _, out("v25") _, out("v26") _, out("v27") _,
-                out("v29") _, out("v30") _,
-                options(nostack),
-            );
-        }
-    }
-}
-
-/// Flash attention for any `dk`, `dv` that are multiples of 8 (at most `MAX_HEAD`).
-#[allow(clippy::too_many_arguments)]
-#[target_feature(enable = "neon")]
-fn flash_attn_any<'k>(
-    q: &[f32],
-    q16: &mut [F16Le],
-    keys: Range<usize>,
-    key: impl Fn(usize) -> &'k [F16Le],
-    value: impl Fn(usize) -> &'k [F16Le],
-    scale: f32,
-    acc16: &mut [F16Le],
-    out: &mut [f32],
-) {
-    let (dk, dv) = (q.len(), out.len());
-    let mut qbuf = [0f64; MAX_HEAD];
-    round_query(q, q16, &mut qbuf[..dk]);
-    let qd = &qbuf[..dk];
-    acc16.fill(F16Le::from_bits(0));
-    let (mut max, mut sum) = (f32::NEG_INFINITY, 0.0f32);
-    for j in keys {
-        // Exact products summed in f64, as `key_scores`.
-        let mut d = [vdupq_n_f64(0.0); 4];
-        for (k, q) in key(j)[..dk].chunks_exact(8).zip(qd.chunks_exact(8)) {
-            let h = ld_f16x8(k);
-            let (lo, hi) = (f16_lo(h), f16_hi(h));
-            let k = [
-                vcvt_f64_f32(vget_low_f32(lo)),
-                vcvt_high_f64_f32(lo),
-                vcvt_f64_f32(vget_low_f32(hi)),
-                vcvt_high_f64_f32(hi),
-            ];
-            for (i, (d, k)) in d.iter_mut().zip(k).enumerate() {
-                let q: &[f64; 2] = q[2 * i..2 * i + 2].try_into().unwrap();
-                // SAFETY: reads the 2 doubles of `q`.
-                *d = vfmaq_f64(*d, k, unsafe { vld1q_f64(q.as_ptr()) });
-            }
-        }
-        let s = vaddvq_f64(vaddq_f64(vaddq_f64(d[0], d[1]), vaddq_f64(d[2], d[3]))) as f32 * scale;
-        let (ms, vs) = softmax_step(s, &mut max, &mut sum);
-        for (a, v) in acc16.chunks_exact_mut(8).zip(value(j)[..dv].chunks_exact(8)) {
-            let mut h = ld_f16x8(a);
-            if ms != 1.0 {
-                h = rescale8(h, ms);
-            }
-            st_f16x8(a, mad8(h, ld_f16x8(v), vs));
-        }
-    }
-    let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
-    for (o, a) in out.chunks_exact_mut(8).zip(acc16.chunks_exact(8)) {
-        let h = ld_f16x8(a);
-        st_f32x4(o, vmulq_n_f32(f16_lo(h), inv));
-        st_f32x4(&mut o[4..], vmulq_n_f32(f16_hi(h), inv));
-    }
-}
-
-/// Several query rows over the same keys (the query heads of one KV head):
-/// `reference::flash_attn_rows_ref`'s results, bit-identical to [`flash_attn_row`] per row (the
-/// same sums in the same order), with each key and value row loaded and widened once for all rows.
-#[allow(clippy::too_many_arguments)]
-pub fn flash_attn_rows<'k>(
-    qs: &[&[f32]],
-    q16: &mut [F16Le],
-    keys: Range<usize>,
-    key: impl Fn(usize) -> &'k [F16Le],
-    value: impl Fn(usize) -> &'k [F16Le],
-    scale: f32,
-    acc16: &mut [F16Le],
-    outs: &mut [&mut [f32]],
-) {
-    let n = qs.len().min(outs.len());
-    if n == 0 {
-        return;
-    }
-    let (dk, dv) = (qs[0].len(), outs[0].len());
-    if n == 1 {
-        return flash_attn_row(qs[0], &mut q16[..dk], keys, key, value, scale, &mut acc16[..dv], outs[0]);
-    }
-    let fits = n <= FLASH_ROWS
-        && dk <= MAX_HEAD
-        && dv <= MAX_HEAD
-        && dk % 8 == 0
-        && dv % 8 == 0
-        && q16.len() >= n * dk
-        && acc16.len() >= n * dv
-        && qs[..n].iter().all(|q| q.len() == dk)
-        && outs[..n].iter().all(|o| o.len() == dv);
-    if !fits {
-        return flash_attn_rows_ref(qs, q16, keys, key, value, scale, acc16, outs);
-    }
-    let (qs, outs) = (&qs[..n], &mut outs[..n]);
-    // SAFETY (each arm): NEON is part of the aarch64 baseline.
-    match n {
-        2 => unsafe { flash_attn_multi::<2>(qs, q16, keys, key, value, scale, acc16, outs) },
-        3 => unsafe { flash_attn_multi::<3>(qs, q16, keys, key, value, scale, acc16, outs) },
-        _ => unsafe { flash_attn_multi::<4>(qs, q16, keys, key, value, scale, acc16, outs) },
-    }
-}
-
-/// [`flash_attn_rows`] for `R` rows (checked shapes: `dk`, `dv` multiples of 8 up to
-/// `MAX_HEAD`), in chunks of keys: the scores of every row (each key widened once), each row's
-/// softmax steps, then the value updates in slices of 16 dimensions (each value widened once; the
-/// accumulators of 4 rows and the widened values fit in registers).
-#[allow(clippy::too_many_arguments)]
-#[target_feature(enable = "neon")]
-fn flash_attn_multi<'k, const R: usize>(
+fn flash_attn_rows_f32dot<'k, const R: usize>(
     qs: &[&[f32]],
     q16: &mut [F16Le],
     keys: Range<usize>,
@@ -2108,88 +1695,85 @@ fn flash_attn_multi<'k, const R: usize>(
     outs: &mut [&mut [f32]],
 ) {
     let (dk, dv) = (qs[0].len(), outs[0].len());
-    // Head sizes that are multiples of 16 up to `PACKED_HEAD` take the `mscores` kernels (the
-    // queries packed into `qp`); the rest `multi_scores` (the queries in `qd`, only then zeroed).
-    let mut qp = [0f64; 4 * PACKED_HEAD];
-    let mut qd_store = None;
-    let qd: Option<&[[f64; MAX_HEAD]; R]> = if dk % 16 == 0 && dk <= PACKED_HEAD {
-        let mut rows = [[0f64; PACKED_HEAD]; R];
-        for (r, (q, d)) in qs.iter().zip(&mut rows).enumerate() {
-            round_query(q, &mut q16[r * dk..(r + 1) * dk], &mut d[..dk]);
+    let pieces = dk.div_ceil(32);
+    // The queries rounded to f16 and widened back, packed in the kernels' order: per 32
+    // dimensions, per 16 of them, row 0's, row 1's, ...; zero past `dk`.
+    let mut qp = [[0f32; DOT_HEAD]; R];
+    let qp = qp.as_flattened_mut();
+    for (r, q) in qs.iter().enumerate() {
+        let h = &mut q16[r * dk..(r + 1) * dk];
+        for (i, (q, h)) in q.chunks_exact(8).zip(h.chunks_exact_mut(8)).enumerate() {
+            let x = f16_narrow(ld_f32x4(q), ld_f32x4(&q[4..]));
+            st_f16x8(h, x);
+            let at = i / 4 * 32 * R + i % 4 / 2 * 16 * R + r * 16 + i % 2 * 8;
+            st_f32x4(&mut qp[at..], f16_lo(x));
+            st_f32x4(&mut qp[at + 4..], f16_hi(x));
         }
-        pack_queries(&rows, dk, &mut qp);
-        None
-    } else {
-        let qd = qd_store.insert([[0f64; MAX_HEAD]; R]);
-        for (r, q) in qs.iter().enumerate() {
-            round_query(q, &mut q16[r * dk..(r + 1) * dk], &mut qd[r][..dk]);
-        }
-        Some(qd)
-    };
+    }
     let acc16 = &mut acc16[..R * dv];
     acc16.fill(F16Le::from_bits(0));
-    let mut max = [f32::NEG_INFINITY; R];
-    let mut sum = vdupq_n_f32(0.0);
+    // Keys whose size is not a multiple of 32 are copied into zeroed rows (the twin's padding).
+    let mut kpad = None;
+    let (mut max, mut sum) = (vdupq_n_f32(f32::NEG_INFINITY), vdupq_n_f32(0.0));
+    // Per chunk: the key and value rows, the scores, the weights and raises (set before use).
+    let (mut krows, mut vrows) =
+        ([core::ptr::null::<F16Le>(); KEY_CHUNK], [core::ptr::null::<F16Le>(); KEY_CHUNK]);
+    let mut s = [[0f32; 4]; KEY_CHUNK];
+    let (mut w, mut raise) = ([[0f32; 8]; KEY_CHUNK], [0u32; KEY_CHUNK]);
     let mut j = keys.start;
     while j < keys.end {
         let m = (keys.end - j).min(KEY_CHUNK);
-        let (mut krows, mut vrows) =
-            ([core::ptr::null::<F16Le>(); KEY_CHUNK], [core::ptr::null::<F16Le>(); KEY_CHUNK]);
-        for (i, (k, v)) in krows[..m].iter_mut().zip(&mut vrows[..m]).enumerate() {
-            (*k, *v) = (key(j + i)[..dk].as_ptr(), value(j + i)[..dv].as_ptr());
+        if dk % 32 == 0 {
+            for (i, (k, v)) in krows[..m].iter_mut().zip(&mut vrows[..m]).enumerate() {
+                (*k, *v) = (key(j + i)[..dk].as_ptr(), value(j + i)[..dv].as_ptr());
+            }
+        } else {
+            let pad = kpad.get_or_insert([[F16Le::from_bits(0); DOT_HEAD]; KEY_CHUNK]);
+            for (i, ((k, v), p)) in krows[..m].iter_mut().zip(&mut vrows[..m]).zip(pad.iter_mut()).enumerate()
+            {
+                p[..dk].copy_from_slice(&key(j + i)[..dk]);
+                (*k, *v) = (p.as_ptr(), value(j + i)[..dv].as_ptr());
+            }
         }
-        let mut s = [[0f32; KEY_CHUNK]; R];
-        match qd {
-            // SAFETY: `krows[..m]` point at `dk` f16 each; `qd` rows hold `dk` doubles.
-            Some(qd) => unsafe { multi_scores::<R>(qd, dk, &krows[..m], scale, &mut s) },
-            None => {
-                let mut srows = s.each_mut().map(|s| &mut s[..m]);
-                let (qp, rows) = (&qp[..R * dk], &krows[..m]);
-                // SAFETY (each arm): `rows` point at `dk` f16 each (a multiple of 16), `qp`
-                // holds the `R dk` packed doubles, `srows` `R` rows of `m > 0` floats.
-                unsafe {
-                    match R {
-                        2 => mscores2(qp, dk, rows, scale, &mut srows),
-                        3 => mscores3(qp, dk, rows, scale, &mut srows),
-                        _ => mscores4(qp, dk, rows, scale, &mut srows),
-                    }
+        let rows = &krows[..m];
+        let (q, o) = (qp.as_ptr(), s.as_mut_ptr());
+        // SAFETY (each arm): `rows` point at `32 pieces` f16 each (padded above); the kernels read
+        // the `32 R pieces` packed floats of `qp` (a 2-row kernel rows 0, 1 or 2, 3 of each 16
+        // dimensions, skipping the other two: 128 bytes) and write `m` entries of `s` (2 lanes
+        // each from byte 0 or 8 for the 2-row kernel).
+        unsafe {
+            match R {
+                1 => dscores1(q, pieces, rows, scale, o, 0),
+                2 => dscores2(q, pieces, rows, scale, o, 0),
+                3 => dscores3(q, pieces, rows, scale, o, 0),
+                _ => {
+                    dscores_pair(q, pieces, rows, scale, o, 128);
+                    dscores_pair(q.add(32), pieces, rows, scale, o.cast::<f32>().add(2).cast(), 128);
                 }
             }
         }
-        // Per key: the rescale of each row's accumulator (1 where the key does not raise that
-        // row's maximum: exact) and each row's value weight; whether any row rescales.
-        let (mut ms, mut vs) = ([[1f32; 4]; KEY_CHUNK], [[1f32; 4]; KEY_CHUNK]);
-        let mut any = [false; KEY_CHUNK];
-        let m4 = m.next_multiple_of(4);
-        for (r, s) in s.iter_mut().enumerate() {
-            // Whole steps of 4, as in `flash_attn_fixed`.
-            let last = s[m - 1];
-            s[m..m4].fill(last);
-            let (mut e, mut raise) = ([0f32; KEY_CHUNK], [0u32; KEY_CHUNK]);
-            softmax_exps(&s[..m4], &mut max[r], &mut e, &mut raise);
-            for (i, (&e, &up)) in e[..m].iter().zip(&raise[..m]).enumerate() {
-                if up != 0 {
-                    (ms[i][r], any[i]) = (e, true);
-                } else {
-                    vs[i][r] = e;
-                }
-            }
-        }
-        // The reference's `sum = sum * ms + vs`, all rows at once (`* 1` is exact).
-        for ((v, m), &up) in vs[..m].iter().zip(&ms[..m]).zip(&any[..m]) {
-            let v = ld_f32x4(v);
-            sum = if up { vaddq_f32(vmulq_f32(sum, ld_f32x4(m)), v) } else { vaddq_f32(sum, v) };
-        }
+        // Per key, the rows in the lanes: the reference's softmax step, the weights (`vs` in
+        // lanes 0..4, `ms` in 4..8) and which rows raise their maximum (bit `r` for row `r`).
+        softmax_rows(&s[..m], &mut max, &mut sum, &mut w, &mut raise);
         let mut d = 0;
         while d < dv {
-            // SAFETY (each arm): `vrows[..m]` point at `dv` f16 each, `d + 8 w <= dv`.
+            let wide = dv - d >= 32;
+            // SAFETY (each arm): `vrows[..m]` point at `dv` f16 each, `d + 32` (wide) or `d + 8`
+            // at most `dv`, `acc16` holds `R dv`.
             unsafe {
-                match (dv - d) / 8 {
-                    1 => multi_values::<R, 1>(acc16, dv, d, &vrows[..m], &ms, &vs, &any),
-                    _ => multi_values::<R, 2>(acc16, dv, d, &vrows[..m], &ms, &vs, &any),
+                let (a, v) = (acc16.as_mut_ptr().add(d), &vrows[..m]);
+                match (R, wide) {
+                    (1, true) => dvalues1w(a, dv, d, v, &w, &raise),
+                    (1, false) => dvalues1n(a, dv, d, v, &w, &raise),
+                    (2, true) => dvalues2w(a, dv, d, v, &w, &raise),
+                    (2, false) => dvalues2n(a, dv, d, v, &w, &raise),
+                    (3, true) => dvalues3w(a, dv, d, v, &w, &raise),
+                    (3, false) => dvalues3n(a, dv, d, v, &w, &raise),
+                    (_, true) => dvalues4w(a, dv, d, v, &w, &raise),
+                    (_, false) => dvalues4n(a, dv, d, v, &w, &raise),
                 }
             }
-            d += 16;
+            d += if wide { 32 } else { 8 };
         }
         j += m;
     }
@@ -2205,93 +1789,158 @@ fn flash_attn_multi<'k, const R: usize>(
     }
 }
 
-/// Longest head of the `mscores` kernels (their packed queries' buffer).
-const PACKED_HEAD: usize = 128;
+/// The reference's softmax steps for a chunk of keys, the rows in the lanes (`s[i]`: key `i`'s
+/// scores): per key, the weights (`vs` in lanes 0..4 of `w[i]`, `ms` in 4..8) and which rows raise
+/// their maximum (`raise[i]`: bit `r` for row `r`); `max` and `sum` carried over. A first pass
+/// uses [`expf4`] alone (no calls, so its constants stay in registers); if any lane fell outside
+/// its exact range the chunk is redone with `libm::expf` there.
+#[target_feature(enable = "neon")]
+#[inline(never)]
+fn softmax_rows(
+    s: &[[f32; 4]],
+    max: &mut float32x4_t,
+    sum: &mut float32x4_t,
+    w: &mut [[f32; 8]; KEY_CHUNK],
+    raise: &mut [u32; KEY_CHUNK],
+) {
+    let (mx, total) = (*max, *sum);
+    if !softmax_pass::<false>(s, max, sum, w, raise) {
+        (*max, *sum) = (mx, total);
+        softmax_pass::<true>(s, max, sum, w, raise);
+    }
+}
 
-/// 16 dimensions of a key row (`{p}`, f16) widened to f64 into v0, v1, v6, v7 (dimensions 0..8)
-/// and v2, v3, v5, v4 (8..16), in eight registers.
+/// [`softmax_rows`]' steps; `EXACT`: lanes outside [`expf4`]'s exact range take `libm::expf`,
+/// else they are left wrong and `false` is returned.
+#[target_feature(enable = "neon")]
+#[inline]
+fn softmax_pass<const EXACT: bool>(
+    s: &[[f32; 4]],
+    max: &mut float32x4_t,
+    sum: &mut float32x4_t,
+    w: &mut [[f32; 8]; KEY_CHUNK],
+    raise: &mut [u32; KEY_CHUNK],
+) -> bool {
+    let one = vdupq_n_f32(1.0);
+    // SAFETY: reads the 4 lanes of the array.
+    let bits = unsafe { vld1q_u32([1u32, 2, 4, 8].as_ptr()) };
+    let (mut mx, mut total) = (*max, *sum);
+    let mut all = vdupq_n_u32(u32::MAX);
+    for ((s, w), raise) in s.iter().zip(w.iter_mut()).zip(raise.iter_mut()) {
+        let s = ld_f32x4(s);
+        let up = vcgtq_f32(s, mx);
+        let x = vbslq_f32(up, vsubq_f32(mx, s), vsubq_f32(s, mx));
+        mx = vbslq_f32(up, s, mx);
+        let (mut e, ok) = expf4(x);
+        if EXACT {
+            if vminvq_u32(ok) == 0 {
+                let mut a = [0f32; 4];
+                st_f32x4(&mut a, x);
+                e = ld_f32x4(&a.map(libm::expf));
+            }
+        } else {
+            all = vandq_u32(all, ok);
+        }
+        let (ms, vs) = (vbslq_f32(up, e, one), vbslq_f32(up, one, e));
+        total = vaddq_f32(vmulq_f32(total, ms), vs);
+        st_f32x4(w, vs);
+        st_f32x4(&mut w[4..], ms);
+        *raise = vaddvq_u32(vandq_u32(up, bits));
+    }
+    (*max, *sum) = (mx, total);
+    vminvq_u32(all) != 0
+}
+
+/// 16 dimensions of one query row (`{qp}`, f32) times the key's (v0-v3, widened), into the row's
+/// accumulators `v$l0, v$h0` (8 lanes of one ggml accumulator) and `v$l1, v$h1` (the next).
 #[rustfmt::skip]
-macro_rules! mkey16 { () => { concat!(
+macro_rules! drow16 { ($op:literal, $l0:literal, $h0:literal, $l1:literal, $h1:literal) => { concat!(
+    "ld1 {{v4.4s, v5.4s, v6.4s, v7.4s}}, [{qp}], #64\n",
+    $op, " v", $l0, ".4s, v0.4s, v4.4s\n",   $op, " v", $h0, ".4s, v1.4s, v5.4s\n",
+    $op, " v", $l1, ".4s, v2.4s, v6.4s\n",   $op, " v", $h1, ".4s, v3.4s, v7.4s\n",
+) } }
+
+/// 16 dimensions of the key (`{p}`, f16) widened to f32 into v0-v3.
+#[rustfmt::skip]
+macro_rules! dkey16 { () => { concat!(
     "ld1 {{v0.8h, v1.8h}}, [{p}], #32\n",
-    "fcvtl v2.4s, v0.4h\n",              "fcvtl2 v3.4s, v0.8h\n",
-    "fcvtl v4.4s, v1.4h\n",              "fcvtl2 v5.4s, v1.8h\n",
-    "fcvtl v0.2d, v2.2s\n",              "fcvtl2 v1.2d, v2.4s\n",
-    "fcvtl v6.2d, v3.2s\n",              "fcvtl2 v7.2d, v3.4s\n",
-    "fcvtl v2.2d, v4.2s\n",              "fcvtl2 v3.2d, v4.4s\n",
-    "fcvtl2 v4.2d, v5.4s\n",             "fcvtl v5.2d, v5.2s\n",
+    "fcvtl2 v3.4s, v1.8h\n",     "fcvtl v2.4s, v1.4h\n",
+    "fcvtl2 v1.4s, v0.8h\n",     "fcvtl v0.4s, v0.4h\n",
 ) } }
 
-/// One query row's 16 doubles (`{qp}`) times the widened key of [`mkey16`], added to the row's
-/// accumulators `v$a0..v$a3` (`$op` is `fmul` for a row's first 16, else `fmla`): `kdot16`'s
-/// sums in `kdot16`'s order.
+/// A row's four 8-lane accumulators (`v$a..`: lo, hi of accumulator 0, 1, 2, 3) folded as ggml's
+/// x86 reduction: `x = (a0 + a2) + (a1 + a3)`, `t[i] = x[i] + x[i + 4]`, into `v$a0.4s`.
 #[rustfmt::skip]
-macro_rules! mrow16 { ($op:literal, $a0:literal, $a1:literal, $a2:literal, $a3:literal) => { concat!(
-    "ld1 {{v24.2d, v25.2d, v26.2d, v27.2d}}, [{qp}], #64\n",
-    "ld1 {{v28.2d, v29.2d, v30.2d, v31.2d}}, [{qp}], #64\n",
-    $op, " v", $a0, ".2d, v0.2d, v24.2d\n",  $op, " v", $a1, ".2d, v1.2d, v25.2d\n",
-    $op, " v", $a2, ".2d, v6.2d, v26.2d\n",  $op, " v", $a3, ".2d, v7.2d, v27.2d\n",
-    "fmla v", $a0, ".2d, v2.2d, v28.2d\n",   "fmla v", $a1, ".2d, v3.2d, v29.2d\n",
-    "fmla v", $a2, ".2d, v5.2d, v30.2d\n",   "fmla v", $a3, ".2d, v4.2d, v31.2d\n",
+macro_rules! dfold { ($a0:literal, $b0:literal, $a1:literal, $b1:literal,
+                      $a2:literal, $b2:literal, $a3:literal, $b3:literal) => { concat!(
+    "fadd v", $a0, ".4s, v", $a0, ".4s, v", $a2, ".4s\n",
+    "fadd v", $b0, ".4s, v", $b0, ".4s, v", $b2, ".4s\n",
+    "fadd v", $a1, ".4s, v", $a1, ".4s, v", $a3, ".4s\n",
+    "fadd v", $b1, ".4s, v", $b1, ".4s, v", $b3, ".4s\n",
+    "fadd v", $a0, ".4s, v", $a0, ".4s, v", $a1, ".4s\n",
+    "fadd v", $b0, ".4s, v", $b0, ".4s, v", $b1, ".4s\n",
+    "fadd v", $a0, ".4s, v", $a0, ".4s, v", $b0, ".4s\n",
 ) } }
 
-/// A row's four f64 accumulators `v$a0..v$a3` summed as `kscore` does, into `v$a0`.
+/// Defines a scores kernel for `R` rows (at most 3: 8 accumulator registers a row): per key, each
+/// 32 dimensions as two steps of 16 (accumulators 0, 1 then 2, 3: dimension chunk `c` of 8 into
+/// ggml's accumulator `c % 4`; `fmul` for the first 32 dimensions, then `fmla`), the rows folded
+/// ([`dfold`]), each row's four lanes summed as `(t0 + t1) + (t2 + t3)` by `faddp`, times the
+/// scale, stored (`$store`: a whole 4-lane entry, or 2 lanes at `$lane_off` bytes).
 #[rustfmt::skip]
-macro_rules! mfold { ($a0:literal, $a1:literal, $a2:literal, $a3:literal) => { concat!(
-    "fadd v", $a0, ".2d, v", $a0, ".2d, v", $a1, ".2d\n",
-    "fadd v", $a2, ".2d, v", $a2, ".2d, v", $a3, ".2d\n",
-    "fadd v", $a0, ".2d, v", $a0, ".2d, v", $a2, ".2d\n",
-) } }
-
-/// Defines an `asm!` twin of `multi_scores` for `R` rows and `dk` a multiple of 16: per key, each
-/// 16 dimensions of the key widened once ([`mkey16`]) for every row ([`mrow16`], the query rows
-/// packed by [`pack_queries`]), the sums folded, rounded to f32 (`faddp`/`fcvtn` of two rows at
-/// once: the same operations as `kscore`'s per row), times the scale, one lane stored per row.
-#[rustfmt::skip]
-macro_rules! mscores_kernel {
-    ($name:ident, $r:literal, [$( ($a0:literal, $a1:literal, $a2:literal, $a3:literal) ),+],
-     [$( $fin:literal ),+], [$( ($o:ident, $lane:literal) ),+]) => {
+macro_rules! dscores_kernel {
+    ($name:ident, $r:literal, [$( ($a0:literal, $b0:literal, $a1:literal, $b1:literal,
+                                   $a2:literal, $b2:literal, $a3:literal, $b3:literal) ),+],
+     [$( $fin:literal ),+], $store:literal) => {
         /// # Safety
-        /// Each row points at `dk` f16 values, `dk` a positive multiple of 16; `qp` holds the
-        /// `R dk` doubles of [`pack_queries`]; `rows.len() > 0`; `s` is `R` rows of at least
-        /// `rows.len()` floats.
+        /// Each row points at `32 pieces` f16 values (`pieces > 0`, `rows.len() > 0`); from `qp`,
+        /// per 16 dimensions, `16 R` floats are read, then `stride` bytes skipped; `s` has room for
+        /// `rows.len()` entries of 16 bytes.
         #[target_feature(enable = "neon")]
-        unsafe fn $name(qp: &[f64], dk: usize, rows: &[*const F16Le], scale: f32, s: &mut [&mut [f32]]) {
-            debug_assert!(!rows.is_empty() && dk % 16 == 0 && dk > 0 && qp.len() >= $r * dk);
-            debug_assert!(s.iter().all(|s| s.len() >= rows.len()));
-            let [$( $o ),+] = s else { unreachable!("{} score rows", $r) };
-            $( let $o = $o.as_mut_ptr(); )+
+        unsafe fn $name(qp: *const f32, pieces: usize, rows: &[*const F16Le], scale: f32, s: *mut [f32; 4],
+                        stride: usize) {
+            debug_assert!(!rows.is_empty() && pieces > 0);
             // SAFETY: the function's contract; every register written is declared clobbered.
             unsafe {
                 asm!(
                     "2:",
                     "ldr {p}, [{rows}], #8",
                     "mov {qp}, {qd}",
-                    mkey16!(),
-                    $( mrow16!("fmul", $a0, $a1, $a2, $a3), )+
+                    dkey16!(),
+                    $( drow16!("fmul", $a0, $b0, $a1, $b1), )+
+                    "add {qp}, {qp}, {stride}",
+                    dkey16!(),
+                    $( drow16!("fmul", $a2, $b2, $a3, $b3), )+
+                    "add {qp}, {qp}, {stride}",
                     "subs {c}, {pieces}, #1",
                     "b.eq 4f",
                     "3:",
-                    mkey16!(),
-                    $( mrow16!("fmla", $a0, $a1, $a2, $a3), )+
+                    dkey16!(),
+                    $( drow16!("fmla", $a0, $b0, $a1, $b1), )+
+                    "add {qp}, {qp}, {stride}",
+                    dkey16!(),
+                    $( drow16!("fmla", $a2, $b2, $a3, $b3), )+
+                    "add {qp}, {qp}, {stride}",
                     "subs {c}, {c}, #1",
                     "b.ne 3b",
                     "4:",
-                    $( mfold!($a0, $a1, $a2, $a3), )+
+                    $( dfold!($a0, $b0, $a1, $b1, $a2, $b2, $a3, $b3), )+
                     $( $fin, )+
-                    "dup v24.4s, {sc:w}",
-                    "fmul v8.4s, v8.4s, v24.4s",
-                    $( concat!("st1 {{v8.s}}[", $lane, "], [", op!($o), "], #4"), )+
+                    "dup v4.4s, {sc:w}",
+                    "fmul v8.4s, v8.4s, v4.4s",
+                    $store,
                     "subs {n}, {n}, #1",
                     "b.ne 2b",
                     rows = inout(reg) rows.as_ptr() => _,
                     n = inout(reg) rows.len() => _,
-                    qd = in(reg) qp.as_ptr(),
-                    pieces = in(reg) dk / 16,
+                    out = inout(reg) s => _,
+                    qd = in(reg) qp,
+                    pieces = in(reg) pieces,
+                    stride = in(reg) stride,
                     sc = in(reg) scale.to_bits(),
                     qp = out(reg) _,
                     p = out(reg) _,
                     c = out(reg) _,
-                    $( $o = inout(reg) $o => _, )+
                     out("v0") _, out("v1") _, out("v2") _, out("v3") _,
                     out("v4") _, out("v5") _, out("v6") _, out("v7") _,
                     out("v8") _, out("v9") _, out("v10") _, out("v11") _,
@@ -2307,122 +1956,609 @@ macro_rules! mscores_kernel {
     };
 }
 
-#[rustfmt::skip]
-mscores_kernel!(mscores2, 2, [("8", "9", "10", "11"), ("12", "13", "14", "15")],
-    ["faddp v8.2d, v8.2d, v12.2d", "fcvtn v8.2s, v8.2d"], [(o0, "0"), (o1, "1")]);
-#[rustfmt::skip]
-mscores_kernel!(mscores3, 3, [("8", "9", "10", "11"), ("12", "13", "14", "15"), ("16", "17", "18", "19")],
-    ["faddp v8.2d, v8.2d, v12.2d", "faddp v16.2d, v16.2d, v16.2d", "fcvtn v8.2s, v8.2d", "fcvtn2 v8.4s, v16.2d"],
-    [(o0, "0"), (o1, "1"), (o2, "2")]);
-#[rustfmt::skip]
-mscores_kernel!(mscores4, 4,
-    [("8", "9", "10", "11"), ("12", "13", "14", "15"), ("16", "17", "18", "19"), ("20", "21", "22", "23")],
-    ["faddp v8.2d, v8.2d, v12.2d", "faddp v16.2d, v16.2d, v20.2d", "fcvtn v8.2s, v8.2d", "fcvtn2 v8.4s, v16.2d"],
-    [(o0, "0"), (o1, "1"), (o2, "2"), (o3, "3")]);
+dscores_kernel!(
+    dscores1,
+    1,
+    [("8", "9", "10", "11", "12", "13", "14", "15")],
+    ["faddp v8.4s, v8.4s, v8.4s", "faddp v8.4s, v8.4s, v8.4s"],
+    "str q8, [{out}], #16"
+);
+dscores_kernel!(
+    dscores2,
+    2,
+    [("8", "9", "10", "11", "12", "13", "14", "15"), ("16", "17", "18", "19", "20", "21", "22", "23")],
+    ["faddp v8.4s, v8.4s, v16.4s", "faddp v8.4s, v8.4s, v8.4s"],
+    "str q8, [{out}], #16"
+);
+dscores_kernel!(
+    dscores3,
+    3,
+    [
+        ("8", "9", "10", "11", "12", "13", "14", "15"),
+        ("16", "17", "18", "19", "20", "21", "22", "23"),
+        ("24", "25", "26", "27", "28", "29", "30", "31")
+    ],
+    ["faddp v8.4s, v8.4s, v16.4s", "faddp v24.4s, v24.4s, v24.4s", "faddp v8.4s, v8.4s, v24.4s"],
+    "str q8, [{out}], #16"
+);
+dscores_kernel!(
+    dscores_pair,
+    2,
+    [("8", "9", "10", "11", "12", "13", "14", "15"), ("16", "17", "18", "19", "20", "21", "22", "23")],
+    ["faddp v8.4s, v8.4s, v16.4s", "faddp v8.4s, v8.4s, v8.4s"],
+    "str d8, [{out}]\nadd {out}, {out}, #16"
+);
 
-/// The `R` query rows (widened to f64, `dk` each, a multiple of 16) in the order the `mscores`
-/// kernels read them: per 16 dimensions, those of row 0, 1, ...
-fn pack_queries<const R: usize>(qd: &[[f64; PACKED_HEAD]; R], dk: usize, qp: &mut [f64]) {
-    for (c, chunk) in qp[..R * dk].chunks_exact_mut(16 * R).enumerate() {
-        for (q, dst) in qd.iter().zip(chunk.chunks_exact_mut(16)) {
-            dst.copy_from_slice(&q[16 * c..16 * c + 16]);
-        }
-    }
-}
+/// `acc = f16(fma(v, vs, f32(acc)))` for the f16 accumulator `v$a` (8 lanes), the value widened in
+/// `v$lo`, `v$hi` and the row's weight in lane `$l` of v4 (v0, v1 scratch).
+#[rustfmt::skip]
+macro_rules! dmad8 { ($a:literal, $lo:literal, $hi:literal, $l:literal) => { concat!(
+    "fcvtl v0.4s, v", $a, ".4h\n",               "fcvtl2 v1.4s, v", $a, ".8h\n",
+    "fmla v0.4s, v", $lo, ".4s, v4.s[", $l, "]\n", "fmla v1.4s, v", $hi, ".4s, v4.s[", $l, "]\n",
+    "fcvtn v", $a, ".4h, v0.4s\n",               "fcvtn2 v", $a, ".8h, v1.4s\n",
+) } }
 
-/// `s[r][i] = (key row i . query r) * scale` for `R` queries widened to f64, each key row
-/// widened once: exact products summed in f64 in `flash_attn_any`'s (and `key_scores`') order.
-///
-/// # Safety
-/// Each row points at `dk` f16 values, `dk` a multiple of 8 and at most `MAX_HEAD`;
-/// `rows.len() <= KEY_CHUNK`.
-#[target_feature(enable = "neon")]
-#[inline]
-unsafe fn multi_scores<const R: usize>(
-    qd: &[[f64; MAX_HEAD]; R],
-    dk: usize,
-    rows: &[*const F16Le],
-    scale: f32,
-    s: &mut [[f32; KEY_CHUNK]; R],
-) {
-    for (i, &p) in rows.iter().enumerate() {
-        let mut d = [[vdupq_n_f64(0.0); 4]; R];
-        for c in 0..dk / 8 {
-            // SAFETY: `8 c + 8 <= dk` values of the row (the caller's contract).
-            let h = unsafe { vld1q_u16(p.add(8 * c).cast()) };
-            let (lo, hi) = (f16_lo(h), f16_hi(h));
-            let k = [
-                vcvt_f64_f32(vget_low_f32(lo)),
-                vcvt_high_f64_f32(lo),
-                vcvt_f64_f32(vget_low_f32(hi)),
-                vcvt_high_f64_f32(hi),
-            ];
-            for (d, q) in d.iter_mut().zip(qd) {
-                // SAFETY: `8 c + 8 <= dk <= MAX_HEAD` doubles of `q`.
-                let q = unsafe { vld1q_f64_x4(q.as_ptr().add(8 * c)) };
-                d[0] = vfmaq_f64(d[0], k[0], q.0);
-                d[1] = vfmaq_f64(d[1], k[1], q.1);
-                d[2] = vfmaq_f64(d[2], k[2], q.2);
-                d[3] = vfmaq_f64(d[3], k[3], q.3);
+/// `acc = f16(f32(acc) ms)` for the f16 accumulator `v$a`, the row's `ms` in lane `$l` of v5.
+#[rustfmt::skip]
+macro_rules! dscale8 { ($a:literal, $l:literal) => { concat!(
+    "fcvtl v0.4s, v", $a, ".4h\n",               "fcvtl2 v1.4s, v", $a, ".8h\n",
+    "fmul v0.4s, v0.4s, v5.s[", $l, "]\n",       "fmul v1.4s, v1.4s, v5.s[", $l, "]\n",
+    "fcvtn v", $a, ".4h, v0.4s\n",               "fcvtn2 v", $a, ".8h, v1.4s\n",
+) } }
+
+/// Defines the value-update kernel for `R` rows and 32 dimensions (`w`: row `r`'s f16
+/// accumulators in 4 registers, the value widened into v6-v13) or 8 (`n`: one register, v6, v7):
+/// the accumulators loaded from `acc`, then per key the reference's steps with the weights of
+/// all rows (`vs` in lanes 0..4 of v4, `ms` in v5): `acc = f16(acc ms)` for each row that raises
+/// its maximum (bit `r` of the key's `raise`), then `acc = f16(fma(v, vs, acc))`; the accumulators
+/// stored back.
+#[rustfmt::skip]
+macro_rules! dvalues_kernel {
+    ($name:ident, w, [$( ($l:literal, $a0:literal, $a1:literal, $a2:literal, $a3:literal) ),+]) => {
+        dvalues_kernel!(@def $name,
+            concat!("mov {t}, {a}\n", $( "ldp q", $a0, ", q", $a1, ", [{t}]\n", "ldp q", $a2, ", q", $a3, ", [{t}, #32]\n",
+                       "add {t}, {t}, {stride}\n", )+),
+            concat!("mov {t}, {a}\n", $( "stp q", $a0, ", q", $a1, ", [{t}]\n", "stp q", $a2, ", q", $a3, ", [{t}, #32]\n",
+                       "add {t}, {t}, {stride}\n", )+),
+            concat!("ld1 {{v0.8h, v1.8h, v2.8h, v3.8h}}, [{p}]\n",
+                    "fcvtl v6.4s, v0.4h\n", "fcvtl2 v7.4s, v0.8h\n", "fcvtl v8.4s, v1.4h\n", "fcvtl2 v9.4s, v1.8h\n",
+                    "fcvtl v10.4s, v2.4h\n", "fcvtl2 v11.4s, v2.8h\n", "fcvtl v12.4s, v3.4h\n", "fcvtl2 v13.4s, v3.8h\n"),
+            concat!($( dmad8!($a0, "6", "7", $l), dmad8!($a1, "8", "9", $l),
+                       dmad8!($a2, "10", "11", $l), dmad8!($a3, "12", "13", $l), )+),
+            concat!($( "tbz {f:w}, #", $l, ", 7f\n",
+                       dscale8!($a0, $l), dscale8!($a1, $l), dscale8!($a2, $l), dscale8!($a3, $l), "7:\n", )+));
+    };
+    ($name:ident, n, [$( ($l:literal, $a0:literal, $a1:literal, $a2:literal, $a3:literal) ),+]) => {
+        dvalues_kernel!(@def $name,
+            concat!("mov {t}, {a}\n", $( "ldr q", $a0, ", [{t}]\n", "add {t}, {t}, {stride}\n", )+),
+            concat!("mov {t}, {a}\n", $( "str q", $a0, ", [{t}]\n", "add {t}, {t}, {stride}\n", )+),
+            concat!("ldr q2, [{p}]\n", "fcvtl v6.4s, v2.4h\n", "fcvtl2 v7.4s, v2.8h\n"),
+            concat!($( dmad8!($a0, "6", "7", $l), )+),
+            concat!($( "tbz {f:w}, #", $l, ", 7f\n", dscale8!($a0, $l), "7:\n", )+));
+    };
+    (@def $name:ident, $load:expr, $store:expr, $vload:expr, $mad:expr, $rescale:expr) => {
+        /// # Safety
+        /// `acc` points at row 0's accumulators of the slice (`R` rows `dv` f16 apart), each of
+        /// `rows` at `dv` f16 values of which `d..` hold the slice; `w` and `raise` have at least
+        /// `rows.len() > 0` entries.
+        #[target_feature(enable = "neon")]
+        unsafe fn $name(
+            acc: *mut F16Le,
+            dv: usize,
+            d: usize,
+            rows: &[*const F16Le],
+            w: &[[f32; 8]; KEY_CHUNK],
+            raise: &[u32; KEY_CHUNK],
+        ) {
+            debug_assert!(!rows.is_empty() && rows.len() <= KEY_CHUNK);
+            // SAFETY: the function's contract; every register written is declared clobbered.
+            unsafe {
+                asm!(
+                    $load,
+                    "2:",
+                    "ldr {p}, [{rows}], #8",
+                    "ldp q4, q5, [{w}], #32",
+                    "ldr {f:w}, [{raise}], #4",
+                    "add {p}, {p}, {off}",
+                    "cbnz {f:w}, 5f",
+                    "3:",
+                    $vload,
+                    $mad,
+                    "subs {n}, {n}, #1",
+                    "b.ne 2b",
+                    "b 6f",
+                    "5:",
+                    $rescale,
+                    "b 3b",
+                    "6:",
+                    $store,
+                    a = in(reg) acc,
+                    t = out(reg) _,
+                    stride = in(reg) 2 * dv,
+                    off = in(reg) 2 * d,
+                    rows = inout(reg) rows.as_ptr() => _,
+                    n = inout(reg) rows.len() => _,
+                    w = inout(reg) w.as_ptr() => _,
+                    raise = inout(reg) raise.as_ptr() => _,
+                    p = out(reg) _,
+                    f = out(reg) _,
+                    out("v0") _, out("v1") _, out("v2") _, out("v3") _, out("v4") _, out("v5") _,
+                    out("v6") _, out("v7") _, out("v8") _, out("v9") _, out("v10") _, out("v11") _,
+                    out("v12") _, out("v13") _,
+                    out("v16") _, out("v17") _, out("v18") _, out("v19") _,
+                    out("v20") _, out("v21") _, out("v22") _, out("v23") _,
+                    out("v24") _, out("v25") _, out("v26") _, out("v27") _,
+                    out("v28") _, out("v29") _, out("v30") _, out("v31") _,
+                    options(nostack),
+                );
             }
         }
-        for (s, d) in s.iter_mut().zip(&d) {
-            s[i] = vaddvq_f64(vaddq_f64(vaddq_f64(d[0], d[1]), vaddq_f64(d[2], d[3]))) as f32 * scale;
-        }
+    };
+}
+
+dvalues_kernel!(dvalues1w, w, [("0", "16", "17", "18", "19")]);
+dvalues_kernel!(dvalues1n, n, [("0", "16", "17", "18", "19")]);
+dvalues_kernel!(dvalues2w, w, [("0", "16", "17", "18", "19"), ("1", "20", "21", "22", "23")]);
+dvalues_kernel!(dvalues2n, n, [("0", "16", "17", "18", "19"), ("1", "20", "21", "22", "23")]);
+dvalues_kernel!(
+    dvalues3w,
+    w,
+    [("0", "16", "17", "18", "19"), ("1", "20", "21", "22", "23"), ("2", "24", "25", "26", "27")]
+);
+dvalues_kernel!(
+    dvalues3n,
+    n,
+    [("0", "16", "17", "18", "19"), ("1", "20", "21", "22", "23"), ("2", "24", "25", "26", "27")]
+);
+dvalues_kernel!(
+    dvalues4w,
+    w,
+    [
+        ("0", "16", "17", "18", "19"),
+        ("1", "20", "21", "22", "23"),
+        ("2", "24", "25", "26", "27"),
+        ("3", "28", "29", "30", "31")
+    ]
+);
+dvalues_kernel!(
+    dvalues4n,
+    n,
+    [
+        ("0", "16", "17", "18", "19"),
+        ("1", "20", "21", "22", "23"),
+        ("2", "24", "25", "26", "27"),
+        ("3", "28", "29", "30", "31")
+    ]
+);
+
+// ---------------------------------------------------------------------------------------------
+// Flash attention in FEAT_FP16 arithmetic
+
+/// Flash attention of up to [`FLASH_ROWS`] query rows over the same keys in FEAT_FP16 vector
+/// arithmetic (`fmla .8h`), as llama.cpp's aarch64 build computes it:
+/// `reference::flash_attn_rows_f16arith_ref`'s results, bit for bit. Shapes the kernels do not
+/// take (head sizes not multiples of 8 or past `MAX_HEAD`, ragged rows) go to that twin.
+///
+/// Not dispatched: its f16 scores and f16-rounded weights move the tiny random MoE test models
+/// past their llama.cpp (x86) golden tolerances under qemu a76 (qwen3moe-tiny step 0: a top-5
+/// logit 0.92 off, allowed 0.30; qwen2moe-tiny 2.43, allowed 2.03; with exact f64 scores and f16
+/// values qwen3moe-tiny is still 0.92 off), while x86-exact values keep them within 0.0001.
+/// Dispatched, it measured 14.49 M instructions per prompt token (25.91 per generated one) for
+/// SmolLM2-135M Q4_0 under qemu a76, one thread, against 17.41 (26.63) for the f64-score kernels
+/// of the time.
+///
+/// # Safety
+/// The CPU has FEAT_FP16.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "neon,fp16")]
+pub unsafe fn flash_attn_rows_fp16<'k>(
+    qs: &[&[f32]],
+    q16: &mut [F16Le],
+    keys: Range<usize>,
+    key: impl Fn(usize) -> &'k [F16Le],
+    value: impl Fn(usize) -> &'k [F16Le],
+    scale: f32,
+    acc16: &mut [F16Le],
+    outs: &mut [&mut [f32]],
+) {
+    let n = qs.len().min(outs.len());
+    if n == 0 {
+        return;
+    }
+    let (dk, dv) = (qs[0].len(), outs[0].len());
+    let fits = n <= FLASH_ROWS
+        && dk > 0
+        && dv > 0
+        && dk <= MAX_HEAD
+        && dv <= MAX_HEAD
+        && dk % 8 == 0
+        && dv % 8 == 0
+        && q16.len() >= n * dk
+        && acc16.len() >= n * dv
+        && qs[..n].iter().all(|q| q.len() == dk)
+        && outs[..n].iter().all(|o| o.len() == dv);
+    if !fits {
+        return flash_attn_rows_f16arith_ref(qs, q16, keys, key, value, scale, acc16, outs);
+    }
+    let (qs, outs) = (&qs[..n], &mut outs[..n]);
+    match n {
+        1 => fa_fp16::<1>(qs, q16, keys, key, value, scale, acc16, outs),
+        2 => fa_fp16::<2>(qs, q16, keys, key, value, scale, acc16, outs),
+        3 => fa_fp16::<3>(qs, q16, keys, key, value, scale, acc16, outs),
+        _ => fa_fp16::<4>(qs, q16, keys, key, value, scale, acc16, outs),
     }
 }
 
-/// The value updates of one chunk of keys for dimensions `d..d + 8 W` of `R` rows' f16
-/// accumulators (`acc16[r dv..]`): per key, `acc = f16(acc * ms)` where a row rescales (`any`),
-/// then `acc = f16(fma(v, vs, acc))`, the accumulators in registers.
+/// One query row of [`flash_attn_rows_fp16`] (`reference::flash_attn_row_f16arith_ref`).
 ///
 /// # Safety
-/// Each row points at `dv` f16 values, `d + 8 W <= dv`, `acc16.len() >= R dv`,
-/// `rows.len() <= KEY_CHUNK`.
+/// The CPU has FEAT_FP16.
 #[allow(clippy::too_many_arguments)]
-#[target_feature(enable = "neon")]
-#[inline]
-unsafe fn multi_values<const R: usize, const W: usize>(
+#[target_feature(enable = "neon,fp16")]
+pub unsafe fn flash_attn_row_fp16<'k>(
+    q: &[f32],
+    q16: &mut [F16Le],
+    keys: Range<usize>,
+    key: impl Fn(usize) -> &'k [F16Le],
+    value: impl Fn(usize) -> &'k [F16Le],
+    scale: f32,
     acc16: &mut [F16Le],
-    dv: usize,
-    d: usize,
-    rows: &[*const F16Le],
-    ms: &[[f32; 4]; KEY_CHUNK],
-    vs: &[[f32; 4]; KEY_CHUNK],
-    any: &[bool; KEY_CHUNK],
+    out: &mut [f32],
 ) {
-    let mut a = [[vdupq_n_u16(0); W]; R];
-    for (r, a) in a.iter_mut().enumerate() {
-        for (w, a) in a.iter_mut().enumerate() {
-            *a = ld_f16x8(&acc16[r * dv + d + 8 * w..]);
+    // SAFETY: the CPU has FEAT_FP16 (this function's contract).
+    unsafe { flash_attn_rows_fp16(&[q], q16, keys, key, value, scale, acc16, &mut [out]) }
+}
+
+/// [`flash_attn_rows_fp16`] for `R` rows (checked shapes), in chunks of keys and three passes per
+/// chunk: the scores of all rows (`asm!`, each key loaded once), the softmax steps of all rows at
+/// once per key (the rows in the lanes), the value updates (`asm!`, each value loaded once, 32 or 8
+/// dimensions of every row's accumulator in registers).
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "neon,fp16")]
+fn fa_fp16<'k, const R: usize>(
+    qs: &[&[f32]],
+    q16: &mut [F16Le],
+    keys: Range<usize>,
+    key: impl Fn(usize) -> &'k [F16Le],
+    value: impl Fn(usize) -> &'k [F16Le],
+    scale: f32,
+    acc16: &mut [F16Le],
+    outs: &mut [&mut [f32]],
+) {
+    let (dk, dv) = (qs[0].len(), outs[0].len());
+    let pieces = dk.div_ceil(32);
+    // The queries rounded to f16, packed per 32 dimensions (row 0's, row 1's, ...), zero past `dk`.
+    let mut qp = [F16Le::from_bits(0); FLASH_ROWS * MAX_HEAD];
+    for (r, q) in qs.iter().enumerate() {
+        let h = &mut q16[r * dk..(r + 1) * dk];
+        for (q, h) in q.chunks_exact(8).zip(h.chunks_exact_mut(8)) {
+            st_f16x8(h, f16_narrow(ld_f32x4(q), ld_f32x4(&q[4..])));
+        }
+        for (c, piece) in h.chunks(32).enumerate() {
+            qp[(c * R + r) * 32..][..piece.len()].copy_from_slice(piece);
         }
     }
-    for (i, &p) in rows.iter().enumerate() {
-        let mut v = [[vdupq_n_f32(0.0); 2]; W];
-        for (w, v) in v.iter_mut().enumerate() {
-            // SAFETY: `d + 8 w + 8 <= dv` values of the row (the caller's contract).
-            let h = unsafe { vld1q_u16(p.add(d + 8 * w).cast()) };
-            *v = [f16_lo(h), f16_hi(h)];
+    let acc16 = &mut acc16[..R * dv];
+    acc16.fill(F16Le::from_bits(0));
+    // Keys whose size is not a multiple of 32 are copied into zeroed rows (the twin's padding).
+    let mut kpad = None;
+    let one = vdupq_n_f32(1.0);
+    let (mut max, mut sum) = (vdupq_n_f32(f32::NEG_INFINITY), vdupq_n_f32(0.0));
+    let mut j = keys.start;
+    while j < keys.end {
+        let m = (keys.end - j).min(KEY_CHUNK);
+        let (mut krows, mut vrows) =
+            ([core::ptr::null::<F16Le>(); KEY_CHUNK], [core::ptr::null::<F16Le>(); KEY_CHUNK]);
+        if dk % 32 == 0 {
+            for (i, (k, v)) in krows[..m].iter_mut().zip(&mut vrows[..m]).enumerate() {
+                (*k, *v) = (key(j + i)[..dk].as_ptr(), value(j + i)[..dv].as_ptr());
+            }
+        } else {
+            let pad = kpad.get_or_insert([[F16Le::from_bits(0); MAX_HEAD]; KEY_CHUNK]);
+            for (i, ((k, v), p)) in krows[..m].iter_mut().zip(&mut vrows[..m]).zip(pad.iter_mut()).enumerate()
+            {
+                p[..dk].copy_from_slice(&key(j + i)[..dk]);
+                (*k, *v) = (p.as_ptr(), value(j + i)[..dv].as_ptr());
+            }
         }
-        if any[i] {
-            for (a, &m) in a.iter_mut().zip(&ms[i]) {
-                for a in a.iter_mut() {
-                    *a = rescale8(*a, m);
+        let mut s = [[0f32; 4]; KEY_CHUNK];
+        // SAFETY (each arm): `krows[..m]` point at `32 pieces` f16 each (padded above), `qp` holds
+        // `32 R pieces`, `s` has `m` entries; the CPU has FEAT_FP16 (this function's feature).
+        unsafe {
+            match R {
+                1 => hscores1(&qp, pieces, &krows[..m], scale, &mut s),
+                2 => hscores2(&qp, pieces, &krows[..m], scale, &mut s),
+                3 => hscores3(&qp, pieces, &krows[..m], scale, &mut s),
+                _ => hscores4(&qp, pieces, &krows[..m], scale, &mut s),
+            }
+        }
+        // Per key, the rows in the lanes (rows past `R` repeat a row): the reference's softmax
+        // step, the weights rounded to f16 (`vs` in halves 0..4, `ms` in 4..8) and whether any
+        // row raises its maximum.
+        let (mut w, mut raise) = ([[0u16; 8]; KEY_CHUNK], [0u32; KEY_CHUNK]);
+        for ((s, w), raise) in s[..m].iter().zip(&mut w[..m]).zip(&mut raise[..m]) {
+            let s = ld_f32x4(s);
+            let up = vcgtq_f32(s, max);
+            let x = vbslq_f32(up, vsubq_f32(max, s), vsubq_f32(s, max));
+            max = vbslq_f32(up, s, max);
+            let (mut e, ok) = expf4(x);
+            if vminvq_u32(ok) == 0 {
+                let mut a = [0f32; 4];
+                st_f32x4(&mut a, x);
+                let a = a.map(libm::expf);
+                e = ld_f32x4(&a);
+            }
+            let (ms, vs) = (vbslq_f32(up, e, one), vbslq_f32(up, one, e));
+            sum = vaddq_f32(vmulq_f32(sum, ms), vs);
+            // SAFETY: writes the 8 halves of `w`.
+            unsafe { vst1q_u16(w.as_mut_ptr(), f16_narrow(vs, ms)) };
+            *raise = vmaxvq_u32(up);
+        }
+        let mut d = 0;
+        while d < dv {
+            let wide = dv - d >= 32;
+            // SAFETY (each arm): `vrows[..m]` point at `dv` f16 each, `d + 32` (wide) or `d + 8`
+            // at most `dv`, `acc16` holds `R dv`; the CPU has FEAT_FP16.
+            unsafe {
+                let a = acc16.as_mut_ptr().add(d);
+                match (R, wide) {
+                    (1, true) => hvalues1w(a, dv, d, &vrows[..m], &w, &raise),
+                    (1, false) => hvalues1n(a, dv, d, &vrows[..m], &w, &raise),
+                    (2, true) => hvalues2w(a, dv, d, &vrows[..m], &w, &raise),
+                    (2, false) => hvalues2n(a, dv, d, &vrows[..m], &w, &raise),
+                    (3, true) => hvalues3w(a, dv, d, &vrows[..m], &w, &raise),
+                    (3, false) => hvalues3n(a, dv, d, &vrows[..m], &w, &raise),
+                    (_, true) => hvalues4w(a, dv, d, &vrows[..m], &w, &raise),
+                    (_, false) => hvalues4n(a, dv, d, &vrows[..m], &w, &raise),
                 }
             }
+            d += if wide { 32 } else { 8 };
         }
-        for (a, &x) in a.iter_mut().zip(&vs[i]) {
-            for (a, v) in a.iter_mut().zip(&v) {
-                *a = f16_narrow(vfmaq_n_f32(f16_lo(*a), v[0], x), vfmaq_n_f32(f16_hi(*a), v[1], x));
-            }
-        }
+        j += m;
     }
-    for (r, a) in a.iter().enumerate() {
-        for (w, a) in a.iter().enumerate() {
-            st_f16x8(&mut acc16[r * dv + d + 8 * w..], *a);
+    let mut sums = [0f32; 4];
+    st_f32x4(&mut sums, sum);
+    for (r, out) in outs.iter_mut().enumerate() {
+        let inv = if sums[r] == 0.0 { 0.0 } else { 1.0 / sums[r] };
+        for (o, a) in out.chunks_exact_mut(8).zip(acc16[r * dv..(r + 1) * dv].chunks_exact(8)) {
+            let h = ld_f16x8(a);
+            st_f32x4(o, vmulq_n_f32(f16_lo(h), inv));
+            st_f32x4(&mut o[4..], vmulq_n_f32(f16_hi(h), inv));
         }
     }
 }
+
+/// 32 dimensions of one query row (`{qp}`) times the key's in v0-v3, into the row's f16
+/// accumulators `v$a0..v$a3` (`$op`: `fmul` for the first 32, else `fmla`).
+#[rustfmt::skip]
+macro_rules! hrow32 { ($op:literal, $a0:literal, $a1:literal, $a2:literal, $a3:literal) => { concat!(
+    "ld1 {{v4.8h, v5.8h, v6.8h, v7.8h}}, [{qp}], #64\n",
+    $op, " v", $a0, ".8h, v0.8h, v4.8h\n",   $op, " v", $a1, ".8h, v1.8h, v5.8h\n",
+    $op, " v", $a2, ".8h, v2.8h, v6.8h\n",   $op, " v", $a3, ".8h, v3.8h, v7.8h\n",
+) } }
+
+/// A row's accumulators folded as the twin does: `(a0 + a2) + (a1 + a3)` in f16, the halves
+/// widened and added (`t[i] = x[i] + x[i + 4]`), into `v$a0.4s`.
+#[rustfmt::skip]
+macro_rules! hfold { ($a0:literal, $a1:literal, $a2:literal, $a3:literal) => { concat!(
+    "fadd v", $a0, ".8h, v", $a0, ".8h, v", $a2, ".8h\n",
+    "fadd v", $a1, ".8h, v", $a1, ".8h, v", $a3, ".8h\n",
+    "fadd v", $a0, ".8h, v", $a0, ".8h, v", $a1, ".8h\n",
+    "fcvtl v", $a1, ".4s, v", $a0, ".4h\n",
+    "fcvtl2 v", $a2, ".4s, v", $a0, ".8h\n",
+    "fadd v", $a0, ".4s, v", $a1, ".4s, v", $a2, ".4s\n",
+) } }
+
+/// Defines the scores kernel for `R` rows: per key, each 32 dimensions loaded once for every row
+/// ([`hrow32`], the queries packed per 32 dimensions), the rows folded ([`hfold`]), the four
+/// lanes `t` of each row summed pairwise as `(t0 + t1) + (t2 + t3)` by `faddp` (rows past `R`
+/// repeat one), times the scale, stored as one 4-lane entry per key.
+#[rustfmt::skip]
+macro_rules! hscores_kernel {
+    ($name:ident, $r:literal, [$( ($a0:literal, $a1:literal, $a2:literal, $a3:literal) ),+],
+     [$( $fin:literal ),+]) => {
+        /// # Safety
+        /// Each row points at `32 pieces` f16 values (`pieces > 0`); `qp` holds `32 R pieces`;
+        /// `0 < rows.len() <= s.len()`; the CPU has FEAT_FP16.
+        #[target_feature(enable = "neon,fp16")]
+        unsafe fn $name(qp: &[F16Le], pieces: usize, rows: &[*const F16Le], scale: f32, s: &mut [[f32; 4]]) {
+            debug_assert!(!rows.is_empty() && rows.len() <= s.len() && pieces > 0);
+            debug_assert!(qp.len() >= 32 * $r * pieces);
+            // SAFETY: the function's contract; every register written is declared clobbered.
+            unsafe {
+                asm!(
+                    "2:",
+                    "ldr {p}, [{rows}], #8",
+                    "mov {qp}, {qd}",
+                    "ld1 {{v0.8h, v1.8h, v2.8h, v3.8h}}, [{p}], #64",
+                    $( hrow32!("fmul", $a0, $a1, $a2, $a3), )+
+                    "subs {c}, {pieces}, #1",
+                    "b.eq 4f",
+                    "3:",
+                    "ld1 {{v0.8h, v1.8h, v2.8h, v3.8h}}, [{p}], #64",
+                    $( hrow32!("fmla", $a0, $a1, $a2, $a3), )+
+                    "subs {c}, {c}, #1",
+                    "b.ne 3b",
+                    "4:",
+                    $( hfold!($a0, $a1, $a2, $a3), )+
+                    $( $fin, )+
+                    "fmul v16.4s, v16.4s, v8.s[0]",
+                    "str q16, [{out}], #16",
+                    "subs {n}, {n}, #1",
+                    "b.ne 2b",
+                    rows = inout(reg) rows.as_ptr() => _,
+                    n = inout(reg) rows.len() => _,
+                    out = inout(reg) s.as_mut_ptr() => _,
+                    qd = in(reg) qp.as_ptr(),
+                    pieces = in(reg) pieces,
+                    qp = out(reg) _,
+                    p = out(reg) _,
+                    c = out(reg) _,
+                    in("v8") scale,
+                    out("v0") _, out("v1") _, out("v2") _, out("v3") _,
+                    out("v4") _, out("v5") _, out("v6") _, out("v7") _,
+                    out("v16") _, out("v17") _, out("v18") _, out("v19") _,
+                    out("v20") _, out("v21") _, out("v22") _, out("v23") _,
+                    out("v24") _, out("v25") _, out("v26") _, out("v27") _,
+                    out("v28") _, out("v29") _, out("v30") _, out("v31") _,
+                    options(nostack),
+                );
+            }
+        }
+    };
+}
+
+hscores_kernel!(
+    hscores1,
+    1,
+    [("16", "17", "18", "19")],
+    ["faddp v16.4s, v16.4s, v16.4s", "faddp v16.4s, v16.4s, v16.4s"]
+);
+hscores_kernel!(
+    hscores2,
+    2,
+    [("16", "17", "18", "19"), ("20", "21", "22", "23")],
+    ["faddp v16.4s, v16.4s, v20.4s", "faddp v16.4s, v16.4s, v16.4s"]
+);
+hscores_kernel!(
+    hscores3,
+    3,
+    [("16", "17", "18", "19"), ("20", "21", "22", "23"), ("24", "25", "26", "27")],
+    ["faddp v16.4s, v16.4s, v20.4s", "faddp v24.4s, v24.4s, v24.4s", "faddp v16.4s, v16.4s, v24.4s"]
+);
+hscores_kernel!(
+    hscores4,
+    4,
+    [("16", "17", "18", "19"), ("20", "21", "22", "23"), ("24", "25", "26", "27"), ("28", "29", "30", "31")],
+    ["faddp v16.4s, v16.4s, v20.4s", "faddp v24.4s, v24.4s, v28.4s", "faddp v16.4s, v16.4s, v24.4s"]
+);
+
+/// Defines the value-update kernel for `R` rows and 32 dimensions (`w`, the accumulators of row `r`
+/// in 4 registers) or 8 (`n`, one register): the accumulators loaded from `acc`, then per key a
+/// rescale by the `ms` halves (4..8 of the weights) when any row raises its maximum, the
+/// `fmla .8h` of the value times the `vs` halves (0..4), and the accumulators stored back.
+#[rustfmt::skip]
+macro_rules! hvalues_kernel {
+    ($name:ident, w, [$( ($lane:literal, $ml:literal, $a0:literal, $a1:literal, $a2:literal, $a3:literal) ),+]) => {
+        hvalues_kernel!(@def $name,
+            concat!("mov {t}, {a}\n", $( "ldp q", $a0, ", q", $a1, ", [{t}]\n", "ldp q", $a2, ", q", $a3, ", [{t}, #32]\n",
+                       "add {t}, {t}, {stride}\n", )+),
+            concat!("mov {t}, {a}\n", $( "stp q", $a0, ", q", $a1, ", [{t}]\n", "stp q", $a2, ", q", $a3, ", [{t}, #32]\n",
+                       "add {t}, {t}, {stride}\n", )+),
+            "ld1 {{v0.8h, v1.8h, v2.8h, v3.8h}}, [{p}]",
+            concat!($( "fmla v", $a0, ".8h, v0.8h, v4.h[", $lane, "]\n", "fmla v", $a1, ".8h, v1.8h, v4.h[", $lane, "]\n",
+                       "fmla v", $a2, ".8h, v2.8h, v4.h[", $lane, "]\n", "fmla v", $a3, ".8h, v3.8h, v4.h[", $lane, "]\n", )+),
+            concat!($( "fmul v", $a0, ".8h, v", $a0, ".8h, v4.h[", $ml, "]\n", "fmul v", $a1, ".8h, v", $a1, ".8h, v4.h[", $ml, "]\n",
+                       "fmul v", $a2, ".8h, v", $a2, ".8h, v4.h[", $ml, "]\n", "fmul v", $a3, ".8h, v", $a3, ".8h, v4.h[", $ml, "]\n", )+));
+    };
+    ($name:ident, n, [$( ($lane:literal, $ml:literal, $a0:literal, $a1:literal, $a2:literal, $a3:literal) ),+]) => {
+        hvalues_kernel!(@def $name,
+            concat!("mov {t}, {a}\n", $( "ldr q", $a0, ", [{t}]\n", "add {t}, {t}, {stride}\n", )+),
+            concat!("mov {t}, {a}\n", $( "str q", $a0, ", [{t}]\n", "add {t}, {t}, {stride}\n", )+),
+            "ldr q0, [{p}]",
+            concat!($( "fmla v", $a0, ".8h, v0.8h, v4.h[", $lane, "]\n", )+),
+            concat!($( "fmul v", $a0, ".8h, v", $a0, ".8h, v4.h[", $ml, "]\n", )+));
+    };
+    (@def $name:ident, $load:expr, $store:expr, $vload:expr, $mad:expr, $rescale:expr) => {
+        /// # Safety
+        /// `acc` points at row 0's accumulators of the slice (`R` rows `dv` f16 apart), each of
+        /// `rows` at `dv` f16 values of which `d..` hold the slice; `w` and `raise` have at least
+        /// `rows.len() > 0` entries; the CPU has FEAT_FP16.
+        #[target_feature(enable = "neon,fp16")]
+        unsafe fn $name(
+            acc: *mut F16Le,
+            dv: usize,
+            d: usize,
+            rows: &[*const F16Le],
+            w: &[[u16; 8]; KEY_CHUNK],
+            raise: &[u32; KEY_CHUNK],
+        ) {
+            debug_assert!(!rows.is_empty() && rows.len() <= KEY_CHUNK);
+            // SAFETY: the function's contract; every register written is declared clobbered.
+            unsafe {
+                asm!(
+                    $load,
+                    "2:",
+                    "ldr {p}, [{rows}], #8",
+                    "ldr q4, [{w}], #16",
+                    "ldr {f:w}, [{raise}], #4",
+                    "add {p}, {p}, {off}",
+                    "cbnz {f:w}, 5f",
+                    "3:",
+                    $vload,
+                    $mad,
+                    "subs {n}, {n}, #1",
+                    "b.ne 2b",
+                    "b 6f",
+                    "5:",
+                    $rescale,
+                    "b 3b",
+                    "6:",
+                    $store,
+                    a = in(reg) acc,
+                    t = out(reg) _,
+                    stride = in(reg) 2 * dv,
+                    off = in(reg) 2 * d,
+                    rows = inout(reg) rows.as_ptr() => _,
+                    n = inout(reg) rows.len() => _,
+                    w = inout(reg) w.as_ptr() => _,
+                    raise = inout(reg) raise.as_ptr() => _,
+                    p = out(reg) _,
+                    f = out(reg) _,
+                    out("v0") _, out("v1") _, out("v2") _, out("v3") _, out("v4") _,
+                    out("v16") _, out("v17") _, out("v18") _, out("v19") _,
+                    out("v20") _, out("v21") _, out("v22") _, out("v23") _,
+                    out("v24") _, out("v25") _, out("v26") _, out("v27") _,
+                    out("v28") _, out("v29") _, out("v30") _, out("v31") _,
+                    options(nostack),
+                );
+            }
+        }
+    };
+}
+
+hvalues_kernel!(hvalues1w, w, [("0", "4", "16", "17", "18", "19")]);
+hvalues_kernel!(hvalues1n, n, [("0", "4", "16", "17", "18", "19")]);
+hvalues_kernel!(hvalues2w, w, [("0", "4", "16", "17", "18", "19"), ("1", "5", "20", "21", "22", "23")]);
+hvalues_kernel!(hvalues2n, n, [("0", "4", "16", "17", "18", "19"), ("1", "5", "20", "21", "22", "23")]);
+hvalues_kernel!(
+    hvalues3w,
+    w,
+    [
+        ("0", "4", "16", "17", "18", "19"),
+        ("1", "5", "20", "21", "22", "23"),
+        ("2", "6", "24", "25", "26", "27")
+    ]
+);
+hvalues_kernel!(
+    hvalues3n,
+    n,
+    [
+        ("0", "4", "16", "17", "18", "19"),
+        ("1", "5", "20", "21", "22", "23"),
+        ("2", "6", "24", "25", "26", "27")
+    ]
+);
+hvalues_kernel!(
+    hvalues4w,
+    w,
+    [
+        ("0", "4", "16", "17", "18", "19"),
+        ("1", "5", "20", "21", "22", "23"),
+        ("2", "6", "24", "25", "26", "27"),
+        ("3", "7", "28", "29", "30", "31")
+    ]
+);
+hvalues_kernel!(
+    hvalues4n,
+    n,
+    [
+        ("0", "4", "16", "17", "18", "19"),
+        ("1", "5", "20", "21", "22", "23"),
+        ("2", "6", "24", "25", "26", "27"),
+        ("3", "7", "28", "29", "30", "31")
+    ]
+);
 
 #[cfg(test)]
 mod tests {
