@@ -13,8 +13,8 @@
 //! * NEON flash attention (`flash_attn_row`, `flash_attn_rows`): bit-identical (NaN-aware) to the
 //!   twins `flash_attn_row_f32dot_ref` / `flash_attn_rows_f32dot_ref` (the reference's steps with the
 //!   key dot summed in f32 in ggml's x86 order), on top of the checks against `flash_attn_row_ref`.
-//! * `neon::flash_attn_rows_fp16` (FEAT_FP16 arithmetic as llama.cpp's aarch64 build; not dispatched:
-//!   see its doc): bit-identical (NaN-aware) to the twins `flash_attn_row_f16arith_ref` /
+//! * `neon::flash_attn_rows_fp16` (FEAT_FP16 arithmetic as llama.cpp's aarch64 build; only on the
+//!   `fp16` path, asked for by name: see its doc), through the dispatch: bit-identical (NaN-aware) to the twins `flash_attn_row_f16arith_ref` /
 //!   `flash_attn_rows_f16arith_ref`, which round every f16 `fmul`, `fadd` and `fmla` exactly once and
 //!   keep the kernel's lane grouping and reduction order.
 //! * `flash_attn_row`: `q16` identical (the same f16 rounding); outputs within 2^-7 of the largest
@@ -361,9 +361,11 @@ fn flash_attn_rows_match_single_rows_bit_for_bit() {
 #[cfg(target_arch = "aarch64")]
 #[test]
 fn flash_attn_f16_arith_is_bit_identical_to_its_twin() {
-    use pinfer::kernels::neon::{flash_attn_row_fp16, flash_attn_rows_fp16};
     use pinfer::kernels::reference::{flash_attn_row_f16arith_ref, flash_attn_rows_f16arith_ref};
-    if !std::arch::is_aarch64_feature_detected!("fp16") {
+    use pinfer::kernels::{flash_attn_row, flash_attn_rows};
+    // Through the dispatch: the `fp16` path must reach the FEAT_FP16 kernels.
+    let path = KernelPath::NeonFp16;
+    if !path.is_available() {
         return;
     }
     let mut rng = Rng(10);
@@ -396,8 +398,7 @@ fn flash_attn_f16_arith_is_bit_identical_to_its_twin() {
                         flash_attn_row_f16arith_ref(&qs[0], q16, keys.clone(), key, value, scale, acc, out)
                     });
                     let (got_q16, got) = flash_run(dim, |q16, acc, out| {
-                        // SAFETY: the CPU has FEAT_FP16 (checked above).
-                        unsafe { flash_attn_row_fp16(&qs[0], q16, keys.clone(), key, value, scale, acc, out) }
+                        flash_attn_row(path, &qs[0], q16, keys.clone(), key, value, scale, acc, out)
                     });
                     assert_eq!(got_q16, want_q16, "{what}: single row q16");
                     for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
@@ -417,12 +418,9 @@ fn flash_attn_f16_arith_is_bit_identical_to_its_twin() {
                             );
                         } else {
                             let k = keys.clone();
-                            // SAFETY: the CPU has FEAT_FP16 (checked above).
-                            unsafe {
-                                flash_attn_rows_fp16(
-                                    &qrefs, &mut q16, k, key, value, scale, &mut acc, &mut orefs,
-                                )
-                            };
+                            flash_attn_rows(
+                                path, &qrefs, &mut q16, k, key, value, scale, &mut acc, &mut orefs,
+                            );
                         }
                         (q16, outs)
                     };

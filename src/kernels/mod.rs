@@ -31,24 +31,33 @@ pub enum KernelPath {
     Neon,
     /// aarch64 NEON with `sdot` (Cortex-A76/A55 with FEAT_DotProd).
     NeonDotprod,
+    /// [`KernelPath::NeonDotprod`] with flash attention in FEAT_FP16 arithmetic, as llama.cpp's
+    /// aarch64 build computes it (f16 score sums and value updates): fewer instructions per
+    /// prompt token, but rounded differently from the x86 golden outputs, so only when asked for
+    /// (`--kernels fp16`), never detected.
+    NeonFp16,
     /// x86_64 AVX2 + FMA + F16C.
     Avx2,
 }
 
 impl KernelPath {
+    /// Every path, in [`KernelPath::name`] order of the help texts.
+    pub const ALL: [KernelPath; 5] = PATHS;
+
     /// Name as accepted by [`KernelPath::parse`] and printed in reports.
     pub const fn name(self) -> &'static str {
         match self {
             Self::Reference => "ref",
             Self::Neon => "neon",
             Self::NeonDotprod => "dotprod",
+            Self::NeonFp16 => "fp16",
             Self::Avx2 => "avx2",
         }
     }
 
     /// Parses a name from [`KernelPath::name`].
     pub fn parse(s: &str) -> Option<Self> {
-        [Self::Reference, Self::Neon, Self::NeonDotprod, Self::Avx2].into_iter().find(|p| p.name() == s)
+        PATHS.into_iter().find(|p| p.name() == s)
     }
 
     /// Whether this CPU can run the path.
@@ -57,6 +66,7 @@ impl KernelPath {
             Self::Reference => true,
             Self::Neon => cfg!(target_arch = "aarch64"),
             Self::NeonDotprod => has_dotprod(),
+            Self::NeonFp16 => has_dotprod() && has_fp16(),
             Self::Avx2 => has_avx2(),
         }
     }
@@ -88,6 +98,19 @@ fn has_dotprod() -> bool {
     false
 }
 
+#[cfg(all(target_arch = "aarch64", feature = "std"))]
+fn has_fp16() -> bool {
+    std::arch::is_aarch64_feature_detected!("fp16")
+}
+#[cfg(all(target_arch = "aarch64", not(feature = "std")))]
+fn has_fp16() -> bool {
+    cfg!(target_feature = "fp16")
+}
+#[cfg(not(target_arch = "aarch64"))]
+fn has_fp16() -> bool {
+    false
+}
+
 #[cfg(all(target_arch = "x86_64", feature = "std"))]
 fn has_avx2() -> bool {
     std::arch::is_x86_feature_detected!("avx2")
@@ -105,8 +128,13 @@ fn has_avx2() -> bool {
 
 /// 0 = not chosen yet, else 1 + index of the path.
 static CHOSEN: AtomicU8 = AtomicU8::new(0);
-const PATHS: [KernelPath; 4] =
-    [KernelPath::Reference, KernelPath::Neon, KernelPath::NeonDotprod, KernelPath::Avx2];
+const PATHS: [KernelPath; 5] = [
+    KernelPath::Reference,
+    KernelPath::Neon,
+    KernelPath::NeonDotprod,
+    KernelPath::NeonFp16,
+    KernelPath::Avx2,
+];
 
 /// The path kernels use: [`set_path`]'s choice, else [`KernelPath::detect`].
 pub fn path() -> KernelPath {
@@ -143,7 +171,7 @@ pub fn packed_matmul(
         #[cfg(target_arch = "aarch64")]
         KernelPath::Neon => neon::matmul(w, groups, acts, outs),
         #[cfg(target_arch = "aarch64")]
-        KernelPath::NeonDotprod if has_dotprod() => {
+        KernelPath::NeonDotprod | KernelPath::NeonFp16 if has_dotprod() => {
             // SAFETY: the CPU has dotprod (checked on this line).
             unsafe { neon::matmul_dotprod(w, groups, acts, outs) }
         }
@@ -161,7 +189,7 @@ pub fn packed_matmul(
 pub fn quantize_act(path: KernelPath, x: &[f32], out: &mut [ActBlock]) {
     match path {
         #[cfg(target_arch = "aarch64")]
-        KernelPath::Neon | KernelPath::NeonDotprod => neon::quantize_act(x, out),
+        KernelPath::Neon | KernelPath::NeonDotprod | KernelPath::NeonFp16 => neon::quantize_act(x, out),
         #[cfg(target_arch = "x86_64")]
         KernelPath::Avx2 if has_avx2() => {
             // SAFETY: the CPU has AVX2, FMA and F16C (checked on this line).
@@ -175,7 +203,7 @@ pub fn quantize_act(path: KernelPath, x: &[f32], out: &mut [ActBlock]) {
 pub fn rms_norm(path: KernelPath, x: &[f32], out: &mut [f32], eps: f32) {
     match path {
         #[cfg(target_arch = "aarch64")]
-        KernelPath::Neon | KernelPath::NeonDotprod => neon::rms_norm(x, out, eps),
+        KernelPath::Neon | KernelPath::NeonDotprod | KernelPath::NeonFp16 => neon::rms_norm(x, out, eps),
         #[cfg(target_arch = "x86_64")]
         KernelPath::Avx2 if has_avx2() => {
             // SAFETY: the CPU has AVX2, FMA and F16C (checked on this line).
@@ -189,7 +217,7 @@ pub fn rms_norm(path: KernelPath, x: &[f32], out: &mut [f32], eps: f32) {
 pub fn swiglu(path: KernelPath, gate: &[f32], up: &[f32], out: &mut [f32]) {
     match path {
         #[cfg(target_arch = "aarch64")]
-        KernelPath::Neon | KernelPath::NeonDotprod => neon::swiglu(gate, up, out),
+        KernelPath::Neon | KernelPath::NeonDotprod | KernelPath::NeonFp16 => neon::swiglu(gate, up, out),
         #[cfg(target_arch = "x86_64")]
         KernelPath::Avx2 if has_avx2() => {
             // SAFETY: the CPU has AVX2, FMA and F16C (checked on this line).
@@ -214,7 +242,12 @@ pub fn flash_attn_row<'k>(
 ) {
     match path {
         #[cfg(target_arch = "aarch64")]
-        KernelPath::Neon | KernelPath::NeonDotprod => {
+        KernelPath::NeonFp16 if has_fp16() => {
+            // SAFETY: the CPU has FEAT_FP16 (checked on this line).
+            unsafe { neon::flash_attn_row_fp16(q, q16, keys, key, value, scale, acc16, out) }
+        }
+        #[cfg(target_arch = "aarch64")]
+        KernelPath::Neon | KernelPath::NeonDotprod | KernelPath::NeonFp16 => {
             neon::flash_attn_row(q, q16, keys, key, value, scale, acc16, out)
         }
         #[cfg(target_arch = "x86_64")]
@@ -242,7 +275,12 @@ pub fn flash_attn_rows<'k>(
 ) {
     match path {
         #[cfg(target_arch = "aarch64")]
-        KernelPath::Neon | KernelPath::NeonDotprod => {
+        KernelPath::NeonFp16 if has_fp16() => {
+            // SAFETY: the CPU has FEAT_FP16 (checked on this line).
+            unsafe { neon::flash_attn_rows_fp16(qs, q16, keys, key, value, scale, acc16, outs) }
+        }
+        #[cfg(target_arch = "aarch64")]
+        KernelPath::Neon | KernelPath::NeonDotprod | KernelPath::NeonFp16 => {
             neon::flash_attn_rows(qs, q16, keys, key, value, scale, acc16, outs)
         }
         #[cfg(target_arch = "x86_64")]
@@ -263,7 +301,9 @@ pub fn flash_attn_rows<'k>(
 pub fn rope_rotate(path: KernelPath, x: &[f32], out: &mut [f32], cos: &[f32], sin: &[f32], neox: bool) {
     match path {
         #[cfg(target_arch = "aarch64")]
-        KernelPath::Neon | KernelPath::NeonDotprod => neon::rope_rotate(x, out, cos, sin, neox),
+        KernelPath::Neon | KernelPath::NeonDotprod | KernelPath::NeonFp16 => {
+            neon::rope_rotate(x, out, cos, sin, neox)
+        }
         _ => reference::rope_rotate_ref(x, out, cos, sin, neox),
     }
 }
@@ -273,7 +313,7 @@ pub fn rope_rotate(path: KernelPath, x: &[f32], out: &mut [f32], cos: &[f32], si
 pub fn f32_to_f16(path: KernelPath, x: &[f32], out: &mut [F16Le]) {
     match path {
         #[cfg(target_arch = "aarch64")]
-        KernelPath::Neon | KernelPath::NeonDotprod => neon::f32_to_f16(x, out),
+        KernelPath::Neon | KernelPath::NeonDotprod | KernelPath::NeonFp16 => neon::f32_to_f16(x, out),
         _ => reference::f32_to_f16_ref(x, out),
     }
 }

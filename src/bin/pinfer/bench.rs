@@ -44,7 +44,7 @@ pub struct BenchArgs {
     #[arg(long = "no-repack")]
     pub no_repack: bool,
     /// Kernel path (default: the fastest this CPU has).
-    #[arg(long = "kernels", value_parser = ["ref", "neon", "dotprod", "avx2"])]
+    #[arg(long = "kernels", value_parser = ["ref", "neon", "dotprod", "fp16", "avx2"])]
     pub kernels: Option<String>,
 }
 
@@ -276,18 +276,7 @@ fn json_row(setup: &Setup, o: &Outcome) -> Json {
 /// Runs the benchmark.
 pub fn run(args: BenchArgs) -> Result<(), CliError> {
     if let Some(name) = &args.kernels {
-        let path =
-            KernelPath::parse(name).ok_or_else(|| CliError(format!("unknown kernel path '{name}'")))?;
-        if !kernels::set_path(path) {
-            let available: Vec<&str> = ["ref", "neon", "dotprod", "avx2"]
-                .into_iter()
-                .filter(|n| KernelPath::parse(n).is_some_and(KernelPath::is_available))
-                .collect();
-            return Err(CliError(format!(
-                "kernel path '{name}' is not available on this CPU (available: {})",
-                available.join(", ")
-            )));
-        }
+        crate::force_kernels(name)?;
     }
     if args.reps == 0 {
         return Err(CliError("-r must be at least 1".into()));

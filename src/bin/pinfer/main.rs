@@ -73,7 +73,8 @@ enum Command {
         /// PINFER_NO_REPACK=1).
         #[arg(long = "no-repack")]
         no_repack: bool,
-        /// Force a kernel path: ref, neon, dotprod or avx2 (also PINFER_KERNELS).
+        /// Force a kernel path: ref, neon, dotprod, fp16 (dotprod with llama.cpp's aarch64 f16
+        /// attention arithmetic) or avx2 (also PINFER_KERNELS).
         #[arg(long = "kernels")]
         kernels: Option<String>,
         /// Print load details on stderr before the first token: board, workers and their cores,
@@ -262,7 +263,7 @@ fn quiet_on_closed_pipe() {
     let _ = unsafe { signal(Signal::SIGPIPE, SigHandler::SigDfl) };
 }
 
-/// `PINFER_KERNELS=ref|neon|dotprod|avx2` forces a kernel path (A/B comparisons).
+/// `PINFER_KERNELS=ref|neon|dotprod|fp16|avx2` forces a kernel path (A/B comparisons).
 fn kernels_from_env() -> Result<(), CliError> {
     let Ok(name) = std::env::var("PINFER_KERNELS") else { return Ok(()) };
     force_kernels(&name)
@@ -275,9 +276,10 @@ pub(crate) fn force_kernels(name: &str) -> Result<(), CliError> {
         Some(p) if set_path(p) => Ok(()),
         _ => Err(CliError(format!(
             "kernel path {name:?} is not available on this CPU (this one supports: {})",
-            ["ref", "neon", "dotprod", "avx2"]
+            KernelPath::ALL
                 .into_iter()
-                .filter(|n| KernelPath::parse(n).is_some_and(KernelPath::is_available))
+                .filter(|p| p.is_available())
+                .map(KernelPath::name)
                 .collect::<Vec<_>>()
                 .join(", ")
         ))),
