@@ -346,6 +346,21 @@ fn flash_attn_row_by<'k>(
     }
 }
 
+/// `row(q, q16, acc16, out)` for each query row with its slices of the rows' scratch (`dk =
+/// q.len()` of `q16`, `dv = out.len()` of `acc16`): the layout of the `flash_attn_rows_*` twins.
+fn each_row(
+    qs: &[&[f32]],
+    q16: &mut [F16Le],
+    acc16: &mut [F16Le],
+    outs: &mut [&mut [f32]],
+    mut row: impl FnMut(&[f32], &mut [F16Le], &mut [F16Le], &mut [f32]),
+) {
+    for (r, (q, out)) in qs.iter().zip(outs.iter_mut()).enumerate() {
+        let (dk, dv) = (q.len(), out.len());
+        row(q, &mut q16[r * dk..(r + 1) * dk], &mut acc16[r * dv..(r + 1) * dv], out);
+    }
+}
+
 /// Most query rows one [`flash_attn_rows_ref`] call (and its SIMD twins) takes.
 pub const FLASH_ROWS: usize = 4;
 
@@ -364,19 +379,9 @@ pub fn flash_attn_rows_ref<'k>(
     acc16: &mut [F16Le],
     outs: &mut [&mut [f32]],
 ) {
-    for (r, (q, out)) in qs.iter().zip(outs.iter_mut()).enumerate() {
-        let (dk, dv) = (q.len(), out.len());
-        flash_attn_row_ref(
-            q,
-            &mut q16[r * dk..(r + 1) * dk],
-            keys.clone(),
-            &key,
-            &value,
-            scale,
-            &mut acc16[r * dv..(r + 1) * dv],
-            out,
-        );
-    }
+    each_row(qs, q16, acc16, outs, |q, q16, acc16, out| {
+        flash_attn_row_ref(q, q16, keys.clone(), &key, &value, scale, acc16, out)
+    });
 }
 
 /// The f16 key dot as ggml's x86 build sums it (AVX2, `ggml_vec_dot_f16`): the exact f32
@@ -427,19 +432,9 @@ pub fn flash_attn_rows_f32dot_ref<'k>(
     acc16: &mut [F16Le],
     outs: &mut [&mut [f32]],
 ) {
-    for (r, (q, out)) in qs.iter().zip(outs.iter_mut()).enumerate() {
-        let (dk, dv) = (q.len(), out.len());
-        flash_attn_row_f32dot_ref(
-            q,
-            &mut q16[r * dk..(r + 1) * dk],
-            keys.clone(),
-            &key,
-            &value,
-            scale,
-            &mut acc16[r * dv..(r + 1) * dv],
-            out,
-        );
-    }
+    each_row(qs, q16, acc16, outs, |q, q16, acc16, out| {
+        flash_attn_row_f32dot_ref(q, q16, keys.clone(), &key, &value, scale, acc16, out)
+    });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -579,19 +574,9 @@ pub fn flash_attn_rows_f16arith_ref<'k>(
     acc16: &mut [F16Le],
     outs: &mut [&mut [f32]],
 ) {
-    for (r, (q, out)) in qs.iter().zip(outs.iter_mut()).enumerate() {
-        let (dk, dv) = (q.len(), out.len());
-        flash_attn_row_f16arith_ref(
-            q,
-            &mut q16[r * dk..(r + 1) * dk],
-            keys.clone(),
-            &key,
-            &value,
-            scale,
-            &mut acc16[r * dv..(r + 1) * dv],
-            out,
-        );
-    }
+    each_row(qs, q16, acc16, outs, |q, q16, acc16, out| {
+        flash_attn_row_f16arith_ref(q, q16, keys.clone(), &key, &value, scale, acc16, out)
+    });
 }
 
 #[cfg(test)]
