@@ -22,7 +22,10 @@ const SPIN_ROUNDS: u32 = 4096;
 /// Longest a waiter spins before it sleeps, whatever `spin_rounds` says: x86's `pause` takes
 /// about 40 ns on Zen (4096 rounds would be 100-180 us of a core taken from whoever else needs
 /// it, which a pool sharing a loaded machine pays at every barrier a descheduled thread misses).
-const SPIN_LIMIT: std::time::Duration = std::time::Duration::from_micros(50);
+/// 200 us, not less: a decode step's matmul phases take tens of microseconds and a thread that
+/// finishes one early must still be awake for the next (50 us cost Q8_0 SmolLM2 decode on a
+/// 2-core x86 about 6%: 140 vs 149 tokens/s, means of 4 interleaved `bench -n 128 -r 5` runs).
+const SPIN_LIMIT: std::time::Duration = std::time::Duration::from_micros(200);
 
 /// A reusable barrier that spins, then sleeps.
 pub struct Barrier {
