@@ -352,101 +352,40 @@ fn flash_attn_rows_match_single_rows_bit_for_bit() {
     }
 }
 
-/// Paths in FEAT_FP16 arithmetic against their twins, bit for bit (NaN-aware), single rows and
-/// 1 to `FLASH_ROWS` rows: head sizes that are multiples of 32 (the kernels' pieces), of 8 only
-/// (zero-padded keys and queries, 8-dimension value slices), and not of 8 (the twin itself); key
-/// counts 0, 1, 2 and across chunk edges; queries ordinary and large (most weights underflow);
-/// values with large, tiny (f16 subnormal) and overflowing entries; keys large enough for the f16
-/// products and sums to overflow.
+/// Paths in FEAT_FP16 arithmetic (the `fp16` path, through the dispatch, so it must reach the
+/// FEAT_FP16 kernels) against their twins `flash_attn_row(s)_f16arith_ref`, which round every f16
+/// operation exactly once: see [`check_flash_paths_against_twin`] for the cases.
 #[cfg(target_arch = "aarch64")]
 #[test]
 fn flash_attn_f16_arith_is_bit_identical_to_its_twin() {
-    use pinfer::kernels::reference::{flash_attn_row_f16arith_ref, flash_attn_rows_f16arith_ref};
-    use pinfer::kernels::{flash_attn_row, flash_attn_rows};
-    // Through the dispatch: the `fp16` path must reach the FEAT_FP16 kernels.
-    let path = KernelPath::NeonFp16;
-    if !path.is_available() {
-        return;
-    }
-    let mut rng = Rng(10);
-    {
-        for dim in [3, 8, 16, 17, 24, 32, 40, 64, 72, 96, 128, 136, 200, 256] {
-            for n_keys in [0usize, 1, 2, 3, 31, 32, 33, 64, 100] {
-                for regime in 0..4 {
-                    let rows = 1 + (n_keys + regime + dim) % FLASH_ROWS;
-                    let q_size = [1.0f32, 40.0, 4.0, 300.0][regime];
-                    let k_size = [1.0f32, 1.0, 250.0, 8.0][regime];
-                    let qs: Vec<Vec<f32>> =
-                        (0..rows).map(|_| (0..dim).map(|_| q_size * rng.f()).collect()).collect();
-                    let k = f16s(&(0..dim * n_keys).map(|_| k_size * rng.f()).collect::<Vec<f32>>());
-                    let vf: Vec<f32> = (0..dim * n_keys)
-                        .map(|i| match (i % 13, regime) {
-                            (3, _) => 3000.0 * rng.f(),
-                            (7, _) => 1.0e-6 * rng.f(),
-                            (5, 3) => 65000.0 * rng.f().signum(),
-                            _ => 4.0 * rng.f(),
-                        })
-                        .collect();
-                    let v = f16s(&vf);
-                    let keys = n_keys / 4..n_keys;
-                    let scale = 1.0 / (dim as f32).sqrt();
-                    let key = |j: usize| &k[j * dim..(j + 1) * dim];
-                    let value = |j: usize| &v[j * dim..(j + 1) * dim];
-                    let what = format!("dim={dim} keys={n_keys} rows={rows} regime {regime}");
-                    // Single rows.
-                    let (want_q16, want) = flash_run(dim, |q16, acc, out| {
-                        flash_attn_row_f16arith_ref(&qs[0], q16, keys.clone(), key, value, scale, acc, out)
-                    });
-                    let (got_q16, got) = flash_run(dim, |q16, acc, out| {
-                        flash_attn_row(path, &qs[0], q16, keys.clone(), key, value, scale, acc, out)
-                    });
-                    assert_eq!(got_q16, want_q16, "{what}: single row q16");
-                    for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
-                        assert!(same_bits(g, w), "{what} single row [{i}]: {g} vs twin {w}");
-                    }
-                    // Several rows.
-                    let qrefs: Vec<&[f32]> = qs.iter().map(|q| q.as_slice()).collect();
-                    let run = |f16arith_ref: bool| {
-                        let (mut q16, mut acc) =
-                            (vec![F16Le::from_f32(9.0); rows * dim], vec![F16Le::from_f32(9.0); rows * dim]);
-                        let mut outs = vec![vec![9.0f32; dim]; rows];
-                        let mut orefs: Vec<&mut [f32]> = outs.iter_mut().map(|o| o.as_mut_slice()).collect();
-                        if f16arith_ref {
-                            let k = keys.clone();
-                            flash_attn_rows_f16arith_ref(
-                                &qrefs, &mut q16, k, key, value, scale, &mut acc, &mut orefs,
-                            );
-                        } else {
-                            let k = keys.clone();
-                            flash_attn_rows(
-                                path, &qrefs, &mut q16, k, key, value, scale, &mut acc, &mut orefs,
-                            );
-                        }
-                        (q16, outs)
-                    };
-                    let ((want_q16, want), (got_q16, got)) = (run(true), run(false));
-                    assert_eq!(got_q16, want_q16, "{what}: q16");
-                    for r in 0..rows {
-                        for (i, (&g, &w)) in got[r].iter().zip(&want[r]).enumerate() {
-                            assert!(same_bits(g, w), "{what} row {r} [{i}]: {g} vs twin {w}");
-                        }
-                    }
-                }
-            }
-        }
-    }
+    check_flash_paths_against_twin(&[KernelPath::NeonFp16], FlashTwin::F16Arith, 10);
 }
 
-/// The NEON paths against their twin, bit for bit (NaN-aware), single rows and 1 to `FLASH_ROWS`
-/// rows: head sizes that are multiples of 32 (the score kernels' pieces), of 8 only (zero-padded
-/// keys and queries, 8-dimension value slices), not of 8 and past 256 (the twin itself); key
-/// counts 0, 1, 2 and across chunk edges; queries ordinary and large (most weights underflow);
-/// values with large, tiny (f16 subnormal) and overflowing entries; keys large enough for the f16
-/// accumulator to overflow.
+/// The NEON paths against their twin `flash_attn_row(s)_f32dot_ref` (key dots in f32 in ggml's
+/// x86 order): see [`check_flash_paths_against_twin`] for the cases.
 #[test]
 fn flash_attn_neon_is_bit_identical_to_its_f32dot_twin() {
-    let mut rng = Rng(12);
-    for path in [KernelPath::Neon, KernelPath::NeonDotprod].into_iter().filter(|p| p.is_available()) {
+    check_flash_paths_against_twin(&[KernelPath::Neon, KernelPath::NeonDotprod], FlashTwin::F32Dot, 12);
+}
+
+/// The scalar twin a flash-attention path must equal bit for bit.
+#[derive(Clone, Copy, Debug)]
+enum FlashTwin {
+    F32Dot,
+    #[cfg_attr(not(target_arch = "aarch64"), allow(dead_code))]
+    F16Arith,
+}
+
+/// Each available path of `paths` against `twin`, bit for bit (NaN-aware), single rows and 1 to
+/// `FLASH_ROWS` rows: head sizes that are multiples of 32 (the kernels' pieces), of 8 only
+/// (zero-padded keys and queries, 8-dimension value slices), not of 8 and past 256 (the twin
+/// itself); key counts 0, 1, 2 and across chunk edges; queries ordinary and large (most weights
+/// underflow); values with large, tiny (f16 subnormal) and overflowing entries; keys large enough
+/// for the f16 products, sums and accumulators to overflow.
+fn check_flash_paths_against_twin(paths: &[KernelPath], twin: FlashTwin, seed: u64) {
+    use pinfer::kernels::reference::{flash_attn_row_f16arith_ref, flash_attn_rows_f16arith_ref};
+    let mut rng = Rng(seed);
+    for &path in paths.iter().filter(|p| p.is_available()) {
         for dim in [3, 8, 16, 17, 24, 32, 40, 64, 72, 96, 128, 136, 200, 256, 264] {
             for n_keys in [0usize, 1, 2, 3, 31, 32, 33, 64, 100] {
                 for regime in 0..4 {
@@ -472,32 +411,41 @@ fn flash_attn_neon_is_bit_identical_to_its_f32dot_twin() {
                     let what = format!("{} dim={dim} keys={n_keys} rows={rows} regime {regime}", path.name());
                     // Single rows.
                     let (want_q16, want) = flash_run(dim, |q16, acc, out| {
-                        flash_attn_row_f32dot_ref(&qs[0], q16, keys.clone(), key, value, scale, acc, out)
+                        let (q, k) = (&qs[0], keys.clone());
+                        match twin {
+                            FlashTwin::F32Dot => {
+                                flash_attn_row_f32dot_ref(q, q16, k, key, value, scale, acc, out)
+                            }
+                            FlashTwin::F16Arith => {
+                                flash_attn_row_f16arith_ref(q, q16, k, key, value, scale, acc, out)
+                            }
+                        }
                     });
                     let (got_q16, got) = flash_run(dim, |q16, acc, out| {
                         flash_attn_row(path, &qs[0], q16, keys.clone(), key, value, scale, acc, out)
                     });
                     assert_eq!(got_q16, want_q16, "{what}: single row q16");
                     for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
-                        assert!(same_bits(g, w), "{what} single row [{i}]: {g} vs f32dot twin {w}");
+                        assert!(same_bits(g, w), "{what} single row [{i}]: {g} vs {twin:?} twin {w}");
                     }
                     // Several rows.
                     let qrefs: Vec<&[f32]> = qs.iter().map(|q| q.as_slice()).collect();
-                    let run = |f16arith_ref: bool| {
+                    let run = |use_twin: bool| {
                         let (mut q16, mut acc) =
                             (vec![F16Le::from_f32(9.0); rows * dim], vec![F16Le::from_f32(9.0); rows * dim]);
                         let mut outs = vec![vec![9.0f32; dim]; rows];
                         let mut orefs: Vec<&mut [f32]> = outs.iter_mut().map(|o| o.as_mut_slice()).collect();
-                        if f16arith_ref {
-                            let k = keys.clone();
-                            flash_attn_rows_f32dot_ref(
-                                &qrefs, &mut q16, k, key, value, scale, &mut acc, &mut orefs,
-                            );
-                        } else {
-                            let k = keys.clone();
-                            flash_attn_rows(
-                                path, &qrefs, &mut q16, k, key, value, scale, &mut acc, &mut orefs,
-                            );
+                        let (q, k, o) = (&qrefs[..], keys.clone(), &mut orefs[..]);
+                        match (use_twin, twin) {
+                            (false, _) => {
+                                flash_attn_rows(path, q, &mut q16, k, key, value, scale, &mut acc, o)
+                            }
+                            (true, FlashTwin::F32Dot) => {
+                                flash_attn_rows_f32dot_ref(q, &mut q16, k, key, value, scale, &mut acc, o)
+                            }
+                            (true, FlashTwin::F16Arith) => {
+                                flash_attn_rows_f16arith_ref(q, &mut q16, k, key, value, scale, &mut acc, o)
+                            }
                         }
                         (q16, outs)
                     };
@@ -505,7 +453,7 @@ fn flash_attn_neon_is_bit_identical_to_its_f32dot_twin() {
                     assert_eq!(got_q16, want_q16, "{what}: q16");
                     for r in 0..rows {
                         for (i, (&g, &w)) in got[r].iter().zip(&want[r]).enumerate() {
-                            assert!(same_bits(g, w), "{what} row {r} [{i}]: {g} vs f32dot twin {w}");
+                            assert!(same_bits(g, w), "{what} row {r} [{i}]: {g} vs {twin:?} twin {w}");
                         }
                     }
                 }

@@ -301,13 +301,31 @@ pub fn flash_attn_row_ref<'k>(
     acc16: &mut [F16Le],
     out: &mut [f32],
 ) {
-    flash_attn_row_by(vec_dot_f16_f16_ref, q, q16, keys, key, value, scale, acc16, out)
+    flash_attn_row_by(vec_dot_f16_f16_ref, rescale_f32, mad_f32, q, q16, keys, key, value, scale, acc16, out)
 }
 
-/// [`flash_attn_row_ref`] with the key dot `dot(key, q16)`.
+/// The f16 accumulator's rescale in ggml's x86 arithmetic: `acc = f16(acc ms)` in f32.
+fn rescale_f32(acc16: &mut [F16Le], ms: f32) {
+    for a in acc16.iter_mut() {
+        *a = F16Le::from_f32(a.to_f32() * ms);
+    }
+}
+
+/// The value update in ggml's x86 arithmetic: `acc = f16(fma(v, vs, acc))` in f32.
+fn mad_f32(acc16: &mut [F16Le], value: &[F16Le], vs: f32) {
+    for (a, v) in acc16.iter_mut().zip(value) {
+        *a = F16Le::from_f32(libm::fmaf(v.to_f32(), vs, a.to_f32()));
+    }
+}
+
+/// [`flash_attn_row_ref`]'s online softmax with its arithmetic given: the key dot
+/// `dot(key, q16)`, the accumulator's rescale `rescale(acc16, ms)` on a new maximum and the value
+/// update `mad(acc16, value, vs)`.
 #[allow(clippy::too_many_arguments)]
 fn flash_attn_row_by<'k>(
     dot: impl Fn(&[F16Le], &[F16Le]) -> f32,
+    rescale: impl Fn(&mut [F16Le], f32),
+    mad: impl Fn(&mut [F16Le], &[F16Le], f32),
     q: &[f32],
     q16: &mut [F16Le],
     keys: core::ops::Range<usize>,
@@ -329,15 +347,11 @@ fn flash_attn_row_by<'k>(
             // A new maximum rescales what was accumulated.
             ms = expf(max - s);
             max = s;
-            for a in acc16.iter_mut() {
-                *a = F16Le::from_f32(a.to_f32() * ms);
-            }
+            rescale(acc16, ms);
         } else {
             vs = expf(s - max);
         }
-        for (a, v) in acc16.iter_mut().zip(value(j)) {
-            *a = F16Le::from_f32(libm::fmaf(v.to_f32(), vs, a.to_f32()));
-        }
+        mad(acc16, value(j), vs);
         sum = sum * ms + vs;
     }
     let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
@@ -417,7 +431,7 @@ pub fn flash_attn_row_f32dot_ref<'k>(
     acc16: &mut [F16Le],
     out: &mut [f32],
 ) {
-    flash_attn_row_by(vec_dot_f16_ggml_ref, q, q16, keys, key, value, scale, acc16, out)
+    flash_attn_row_by(vec_dot_f16_ggml_ref, rescale_f32, mad_f32, q, q16, keys, key, value, scale, acc16, out)
 }
 
 /// [`flash_attn_rows_ref`]'s layout with [`flash_attn_row_f32dot_ref`] per row.
@@ -531,35 +545,22 @@ pub fn flash_attn_row_f16arith_ref<'k>(
     acc16: &mut [F16Le],
     out: &mut [f32],
 ) {
-    for (h, &x) in q16.iter_mut().zip(q) {
-        *h = F16Le::from_f32(x);
-    }
-    let q16 = &q16[..q.len().min(q16.len())];
-    acc16.fill(F16Le::from_bits(0));
-    let (mut max, mut sum) = (f32::NEG_INFINITY, 0.0f32);
-    for j in keys {
-        let s = vec_dot_f16arith_ref(key(j), q16) * scale;
-        let (mut ms, mut vs) = (1.0f32, 1.0f32);
-        if s > max {
-            ms = expf(max - s);
-            max = s;
-            let m16 = F16Le::from_f32(ms);
-            for a in acc16.iter_mut() {
-                *a = f16_mul_ref(*a, m16);
-            }
-        } else {
-            vs = expf(s - max);
+    // The dot reads the query's own length of `q16` (the scratch may be longer).
+    let n = q.len().min(q16.len());
+    let rescale = |acc16: &mut [F16Le], ms: f32| {
+        let m16 = F16Le::from_f32(ms);
+        for a in acc16.iter_mut() {
+            *a = f16_mul_ref(*a, m16);
         }
+    };
+    let mad = |acc16: &mut [F16Le], value: &[F16Le], vs: f32| {
         let v16 = F16Le::from_f32(vs);
-        for (a, &v) in acc16.iter_mut().zip(value(j)) {
+        for (a, &v) in acc16.iter_mut().zip(value) {
             *a = f16_fma_ref(v, v16, *a);
         }
-        sum = sum * ms + vs;
-    }
-    let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
-    for (o, a) in out.iter_mut().zip(acc16.iter()) {
-        *o = a.to_f32() * inv;
-    }
+    };
+    let dot = |k: &[F16Le], q16: &[F16Le]| vec_dot_f16arith_ref(k, &q16[..n]);
+    flash_attn_row_by(dot, rescale, mad, q, q16, keys, key, value, scale, acc16, out)
 }
 
 /// [`flash_attn_rows_ref`]'s layout with [`flash_attn_row_f16arith_ref`] per row.
