@@ -119,42 +119,38 @@ fn repo_file(rel: &str) -> String {
     path.to_str().unwrap().to_string()
 }
 
-/// The prompt of the first qwen3-tiny golden case whose first 8 greedy steps are no near-ties
-/// (top-1 ahead of top-2 by at least 0.3: summation order cannot flip them), and llama.cpp's 8 ids.
-fn clear_qwen3_tiny_case() -> (String, Vec<String>) {
+/// Runs greedy `generate -n 8 --print-ids` (plus `extra`) on qwen3-tiny with the prompt of the
+/// first golden case whose first 8 steps are no near-ties (top-1 ahead of top-2 by at least 0.3:
+/// summation order cannot flip them); returns the run and llama.cpp's 8 ids for it.
+fn greedy_qwen3_tiny(extra: &[&str]) -> (Output, String) {
     let golden = std::fs::read_to_string(repo_file("tests/golden/qwen3-tiny.greedy.jsonl")).unwrap();
     let case = golden
         .lines()
         .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
         .find(|c| c["margins"].as_array().unwrap().iter().take(8).all(|m| m.as_f64().unwrap() >= 0.3))
         .expect("a qwen3-tiny golden case without near-ties in its first 8 steps");
-    let want = case["generated_ids"].as_array().unwrap().iter().take(8).map(|v| v.to_string()).collect();
-    (case["prompt"].as_str().unwrap().to_string(), want)
+    let want: Vec<String> =
+        case["generated_ids"].as_array().unwrap().iter().take(8).map(|v| v.to_string()).collect();
+    let model = repo_file("models/tiny/qwen3-tiny.gguf");
+    let prompt = case["prompt"].as_str().unwrap();
+    let mut args = vec!["generate", "-m", &model, "-p", prompt, "-n", "8", "--temp", "0", "--print-ids"];
+    args.extend_from_slice(extra);
+    (pinfer(&args), want.join(" "))
+}
+
+/// `out` succeeded and printed `want` as its last stdout line.
+fn assert_ids_last(out: &Output, want: &str) {
+    assert!(out.status.success(), "stderr: {}", text_of(&out.stderr));
+    let stdout = text_of(&out.stdout);
+    assert_eq!(stdout.lines().last().unwrap().trim(), want, "stdout: {stdout}");
 }
 
 /// Greedy generation through the CLI reproduces llama.cpp's ids on a model whose golden outputs
 /// we match (tokenizer, special-token parsing, session and sampler end to end).
 #[test]
 fn generate_greedy_matches_llama_cpp_and_prints_ids_last() {
-    let (prompt, want) = clear_qwen3_tiny_case();
-    let model = repo_file("models/tiny/qwen3-tiny.gguf");
-    let out = pinfer(&[
-        "generate",
-        "-m",
-        &model,
-        "-p",
-        &prompt,
-        "-n",
-        "8",
-        "--temp",
-        "0",
-        "--print-ids",
-        "-t",
-        "2",
-    ]);
-    assert!(out.status.success(), "stderr: {}", text_of(&out.stderr));
-    let stdout = text_of(&out.stdout);
-    assert_eq!(stdout.lines().last().unwrap().trim(), want.join(" "), "stdout: {stdout}");
+    let (out, want) = greedy_qwen3_tiny(&["-t", "2"]);
+    assert_ids_last(&out, &want);
     let stderr = text_of(&out.stderr);
     assert!(stderr.contains("prompt eval time") && stderr.contains("tokens per second"), "{stderr}");
 }
@@ -164,31 +160,9 @@ fn generate_greedy_matches_llama_cpp_and_prints_ids_last() {
 /// name where it has not (x86, cortex-a72).
 #[test]
 fn fp16_attention_path_generates_llama_cpp_ids_or_is_refused() {
-    let (prompt, want) = clear_qwen3_tiny_case();
-    let model = repo_file("models/tiny/qwen3-tiny.gguf");
-    let out = pinfer(&[
-        "generate",
-        "-m",
-        &model,
-        "-p",
-        &prompt,
-        "-n",
-        "8",
-        "--temp",
-        "0",
-        "--print-ids",
-        "--kernels",
-        "fp16",
-    ]);
-    #[cfg(target_arch = "aarch64")]
-    let has_fp16 =
-        std::arch::is_aarch64_feature_detected!("dotprod") && std::arch::is_aarch64_feature_detected!("fp16");
-    #[cfg(not(target_arch = "aarch64"))]
-    let has_fp16 = false;
-    if has_fp16 {
-        assert!(out.status.success(), "stderr: {}", text_of(&out.stderr));
-        let stdout = text_of(&out.stdout);
-        assert_eq!(stdout.lines().last().unwrap().trim(), want.join(" "), "stdout: {stdout}");
+    let (out, want) = greedy_qwen3_tiny(&["--kernels", "fp16"]);
+    if pinfer::kernels::KernelPath::NeonFp16.is_available() {
+        assert_ids_last(&out, &want);
     } else {
         assert_eq!(out.status.code(), Some(1));
         assert!(text_of(&out.stderr).contains("\"fp16\" is not available"), "{}", text_of(&out.stderr));
