@@ -12,15 +12,28 @@ context) under those configurations and writes, per prompt:
                  is not the golden token
 pinfer's portable kernels are one more such configuration; tests/golden.rs allows them the same.
 
+With --arm REPLAY, the same for llama.cpp's aarch64 build (armv8.2-a+dotprod+fp16, the build of
+tests/golden/README.md's instruction counts, flash attention in FEAT_FP16 arithmetic) under
+qemu-aarch64 -cpu cortex-a76, against its own golden (NAME.arm.greedy.jsonl, scripts/make_golden.py
+--arm): the yardstick of pinfer's `fp16` kernel path, which computes attention that way.
+
 Run once and commit the output (needs llama.cpp at the goldens' build 0c1e570, which
 `pip install llama-cpp-python==0.3.36` compiles; never a dependency of the project or CI):
     python3 scripts/golden_spread.py MODEL.gguf tests/golden/NAME.greedy.jsonl tests/golden/NAME.spread.jsonl
+    python3 scripts/golden_spread.py MODEL.gguf tests/golden/NAME.arm.greedy.jsonl tests/golden/NAME.arm.spread.jsonl --arm REPLAY
+REPLAY is scripts/llama_replay.c built against an aarch64 llama.cpp from the same source:
+    cmake -B build -DCMAKE_TOOLCHAIN_FILE=aarch64.cmake -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=OFF \\
+      -DGGML_CPU_ARM_ARCH=armv8.2-a+dotprod+fp16 -DGGML_OPENMP=OFF -DLLAMA_CURL=OFF && cmake --build build --target llama
+    aarch64-linux-gnu-g++ -O2 -x c scripts/llama_replay.c -x none -Iinclude -Iggml/include \\
+      build/src/libllama.a build/ggml/src/libggml*.a -static -lpthread -o llama_replay
 """
+import argparse
 import json
-import sys
 
-import llama_cpp
+import gguf
 import numpy as np
+
+from llama_ref import arm_logits, x86_logits
 
 TOP5_STEPS = 8
 NEAR_TIE = 0.05
@@ -28,38 +41,26 @@ NEAR_TIE = 0.05
 CONFIGS = [("golden", 1, True), ("no_flash_attn", 0, True), ("no_repack", 1, False)]
 
 
-def forced_logits(path, fa, repack, prompts):
-    mp = llama_cpp.llama_model_default_params()
-    mp.use_extra_bufts = repack
-    model = llama_cpp.llama_model_load_from_file(path.encode(), mp)
-    cp = llama_cpp.llama_context_default_params()
-    cp.n_ctx, cp.n_threads, cp.n_threads_batch, cp.flash_attn_type = 256, 2, 2, fa
-    ctx = llama_cpp.llama_init_from_model(model, cp)
-    n_vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(model))
-    mem = llama_cpp.llama_get_memory(ctx)
-    runs = []
-    for g in prompts:
-        llama_cpp.llama_memory_clear(mem, True)
-
-        def ev(ids):
-            arr = (llama_cpp.llama_token * len(ids))(*ids)
-            assert llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one(arr, len(ids))) == 0
-            return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, -1), shape=(n_vocab,)).copy()
-
-        steps = [ev(g["prompt_ids"])]
-        for tok in g["generated_ids"][:-1]:
-            steps.append(ev([tok]))
-        runs.append(steps)
-    llama_cpp.llama_free(ctx)
-    llama_cpp.llama_model_free(model)
-    return runs
+def n_vocab_of(path):
+    return len(gguf.GGUFReader(path).fields["tokenizer.ggml.tokens"].data)
 
 
 def main():
-    model, golden, dest = sys.argv[1:4]
-    prompts = [json.loads(line) for line in open(golden)]
-    runs = {label: forced_logits(model, fa, rp, prompts) for label, fa, rp in CONFIGS}
-    with open(dest, "w") as f:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model")
+    ap.add_argument("golden")
+    ap.add_argument("dest")
+    ap.add_argument("--arm", metavar="REPLAY", help="aarch64 scripts/llama_replay.c, run under qemu: measure that build")
+    args = ap.parse_args()
+    prompts = [json.loads(line) for line in open(args.golden)]
+    # Golden tokens forced, so every configuration sees the same context at every step.
+    plans = [(g["prompt_ids"], g["generated_ids"][:-1], len(g["generated_ids"])) for g in prompts]
+    if args.arm:
+        n_vocab = n_vocab_of(args.model)
+        runs = {label: arm_logits(args.arm, args.model, fa, rp, plans, n_vocab) for label, fa, rp in CONFIGS}
+    else:
+        runs = {label: x86_logits(args.model, fa, rp, plans) for label, fa, rp in CONFIGS}
+    with open(args.dest, "w") as f:
         for p, g in enumerate(prompts):
             ref = runs["golden"][p]
             # The replay must reproduce the golden file itself, or the comparison means nothing.
@@ -79,7 +80,7 @@ def main():
                         flips.setdefault(label, []).append([i, g["margins"][i]])
             rec = {"prompt": g["prompt"], "spread": [round(s, 4) for s in spread], "flips": flips}
             f.write(json.dumps(rec) + "\n")
-    print("wrote", dest)
+    print("wrote", args.dest)
 
 
 if __name__ == "__main__":

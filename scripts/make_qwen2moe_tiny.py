@@ -8,8 +8,10 @@ qwen2, add_bos false, bos 1, eos 2); needs `pip install gguf==0.19.0 numpy` (ano
 write different bytes). Architecture qwen2moe:
   E=128, H=4, HKV=2 (head dim 32), L=3, 8 experts with 2 used per token, expert FFN 128, shared-expert
   FFN 256, QKV biases (F32), F32 router ffn_gate_inp [E, 8] and shared-expert gate ffn_gate_inp_shexp
-  [E], Q8_0 experts, shared expert, attention and token_embd (tied output: no output.weight).
-Its greedy reference (tests/golden/qwen2moe-tiny.greedy.jsonl) comes from scripts/moe_reference.py.
+  [E], Q8_0 experts, shared expert, attention, token_embd and output (llama.cpp's qwen2moe needs an
+  output.weight; it is drawn last, so every other tensor is as in the first, tied version).
+Its greedy reference (tests/golden/qwen2moe-tiny.greedy.jsonl) is llama.cpp's (scripts/make_golden.py);
+scripts/moe_reference.py's independent NumPy forward pass agrees with it (see its --compare).
 Prints the sha256 of the written file.
 """
 import hashlib
@@ -99,6 +101,7 @@ def build(out, toks, types, merges, seed=SEED):
         t(p + 'ffn_gate_shexp.weight', [E, FF_SHEXP], 0.25, QT.Q8_0)
         t(p + 'ffn_up_shexp.weight', [E, FF_SHEXP], 0.25, QT.Q8_0)
         t(p + 'ffn_down_shexp.weight', [FF_SHEXP, E], 0.2, QT.Q8_0)
+    t('output.weight', [E, V], 0.5, QT.Q8_0)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

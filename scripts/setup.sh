@@ -161,9 +161,9 @@ make_tiny_models() {
 }
 
 # qwen2moe (shared expert) tiny model, written by scripts/make_qwen2moe_tiny.py from the same vocabulary;
-# its golden (tests/golden/qwen2moe-tiny.greedy.jsonl) is scripts/moe_reference.py's NumPy forward pass.
+# its golden (tests/golden/qwen2moe-tiny.greedy.jsonl) is llama.cpp's (scripts/make_golden.py).
 QWEN2MOE_TINY="$TINY_DIR/qwen2moe-tiny.gguf"
-QWEN2MOE_TINY_SHA256=d4e37169481b335cb0b4fd51b6a51d1077dfa683184e3295f977c9792a79ca79
+QWEN2MOE_TINY_SHA256=5d6e92721d75463c3af725683324a3436ff0c056b23323dfddbdfcf7b674d25b
 
 make_qwen2moe_tiny() {
   if echo "$QWEN2MOE_TINY_SHA256  $QWEN2MOE_TINY" | sha256sum -c --status 2>/dev/null; then

@@ -155,17 +155,18 @@ fn generate_greedy_matches_llama_cpp_and_prints_ids_last() {
     assert!(stderr.contains("prompt eval time") && stderr.contains("tokens per second"), "{stderr}");
 }
 
-/// `--kernels fp16` (llama.cpp's aarch64 f16 attention arithmetic) still reproduces llama.cpp's
-/// greedy ids on qwen3-tiny where the CPU has FEAT_FP16 (qemu cortex-a76), and is refused by
-/// name where it has not (x86, cortex-a72).
+/// Where the CPU has FEAT_FP16 (qemu cortex-a76) the default path is `fp16` (llama.cpp's aarch64
+/// attention arithmetic); `--kernels dotprod` (attention in llama.cpp's x86 arithmetic) must still
+/// reproduce llama.cpp's greedy ids there, and is refused by name where the CPU lacks `sdot`
+/// (x86, cortex-a72).
 #[test]
-fn fp16_attention_path_generates_llama_cpp_ids_or_is_refused() {
-    let (out, want) = greedy_qwen3_tiny(&["--kernels", "fp16"]);
-    if pinfer::kernels::KernelPath::NeonFp16.is_available() {
+fn dotprod_path_generates_llama_cpp_ids_or_is_refused() {
+    let (out, want) = greedy_qwen3_tiny(&["--kernels", "dotprod"]);
+    if pinfer::kernels::KernelPath::NeonDotprod.is_available() {
         assert_ids_last(&out, &want);
     } else {
         assert_eq!(out.status.code(), Some(1));
-        assert!(text_of(&out.stderr).contains("\"fp16\" is not available"), "{}", text_of(&out.stderr));
+        assert!(text_of(&out.stderr).contains("\"dotprod\" is not available"), "{}", text_of(&out.stderr));
     }
 }
 

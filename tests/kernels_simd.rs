@@ -13,8 +13,9 @@
 //! * NEON flash attention (`flash_attn_row`, `flash_attn_rows`): bit-identical (NaN-aware) to the
 //!   twins `flash_attn_row_f32dot_ref` / `flash_attn_rows_f32dot_ref` (the reference's steps with the
 //!   key dot summed in f32 in ggml's x86 order), on top of the checks against `flash_attn_row_ref`.
-//! * `neon::flash_attn_rows_fp16` (FEAT_FP16 arithmetic as llama.cpp's aarch64 build; only on the
-//!   `fp16` path, asked for by name: see its doc), through the dispatch: bit-identical (NaN-aware) to the twins `flash_attn_row_f16arith_ref` /
+//! * `neon::flash_attn_rows_fp16` (FEAT_FP16 arithmetic as llama.cpp's aarch64 build; the `fp16`
+//!   path, detected on cores with dotprod and FEAT_FP16), through the dispatch: bit-identical
+//!   (NaN-aware) to the twins `flash_attn_row_f16arith_ref` /
 //!   `flash_attn_rows_f16arith_ref`, which round every f16 `fmul`, `fadd` and `fmla` exactly once and
 //!   keep the kernel's lane grouping and reduction order.
 //! * `flash_attn_row`: `q16` identical (the same f16 rounding); outputs within 2^-7 of the largest

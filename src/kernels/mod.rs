@@ -32,9 +32,9 @@ pub enum KernelPath {
     /// aarch64 NEON with `sdot` (Cortex-A76/A55 with FEAT_DotProd).
     NeonDotprod,
     /// [`KernelPath::NeonDotprod`] with flash attention in FEAT_FP16 arithmetic, as llama.cpp's
-    /// aarch64 build computes it (f16 score sums and value updates): fewer instructions per
-    /// prompt token, but rounded differently from the x86 golden outputs, so only when asked for
-    /// (`--kernels fp16`), never detected.
+    /// aarch64 build computes it (f16 score sums and value updates). Chosen on every core that
+    /// has both extensions (Cortex-A76 and A55 do): same numerics as llama.cpp on the board, and
+    /// fewer instructions per prompt token than the x86-exact f32 arithmetic of `dotprod`.
     NeonFp16,
     /// x86_64 AVX2 + FMA + F16C.
     Avx2,
@@ -73,7 +73,9 @@ impl KernelPath {
 
     /// The fastest path this CPU supports.
     pub fn detect() -> Self {
-        if has_dotprod() {
+        if has_dotprod() && has_fp16() {
+            Self::NeonFp16
+        } else if has_dotprod() {
             Self::NeonDotprod
         } else if cfg!(target_arch = "aarch64") {
             Self::Neon

@@ -2139,14 +2139,12 @@ dvalues_kernel!(
 /// `reference::flash_attn_rows_f16arith_ref`'s results, bit for bit. Shapes the kernels do not
 /// take (head sizes not multiples of 8 or past `MAX_HEAD`, ragged rows) go to that twin.
 ///
-/// Runs only on the path asked for by name (`KernelPath::NeonFp16`, `--kernels fp16`), never
-/// detected: its f16 scores and f16-rounded weights move the tiny random MoE test models past
-/// their llama.cpp (x86) golden tolerances under qemu a76 (qwen3moe-tiny step 0: a top-5
-/// logit 0.92 off, allowed 0.30; qwen2moe-tiny 2.43, allowed 2.03; with exact f64 scores and f16
-/// values qwen3moe-tiny is still 0.92 off), while x86-exact values keep them within 0.0001.
-/// Dispatched, it measured 14.49 M instructions per prompt token (25.91 per generated one) for
-/// SmolLM2-135M Q4_0 under qemu a76, one thread, against 17.41 (26.63) for the f64-score kernels
-/// of the time.
+/// Runs on the `fp16` path (`KernelPath::NeonFp16`), detected wherever the CPU has dotprod and
+/// FEAT_FP16 (Cortex-A76 and A55): the same numerics as llama.cpp on the board. The tests hold it
+/// to llama.cpp's aarch64 build (`spread_arm` in tests/golden/*.spread.jsonl, measured with
+/// `scripts/golden_spread.py --arm`); its f16 scores and f16-rounded weights move the tiny random
+/// MoE models' routing away from the x86 build's (qwen3moe-tiny step 0: a top-5 logit 0.92 off),
+/// as llama.cpp's own aarch64 build does. The `dotprod` path keeps the x86 arithmetic.
 ///
 /// # Safety
 /// The CPU has FEAT_FP16.

@@ -1,0 +1,63 @@
+#!/usr/bin/env python3
+"""Writes a llama.cpp greedy golden file (the format of tests/golden/*.greedy.jsonl) for a model the
+shared goldens do not cover, with the host's llama.cpp at the goldens' build (0c1e570, from
+`pip install llama-cpp-python==0.3.36`) in the goldens' configuration: flash attention on, weights
+repacked, 2 threads, n_ctx 256.
+
+    python3 scripts/make_golden.py MODEL.gguf PROMPTS.jsonl OUT.greedy.jsonl [--steps 24] [--arm REPLAY]
+
+With --arm, the same from llama.cpp's aarch64 build (scripts/llama_replay.c under qemu-aarch64 -cpu
+cortex-a76; see scripts/golden_spread.py for building it).
+
+PROMPTS.jsonl: lines with "prompt" and "prompt_ids" (e.g. another model's golden of the same
+vocabulary). Greedy decoding stops early at the end-of-generation token (tokenizer.ggml.eos_token_id:
+not appended to generated_ids, but its step has a margin). Run once and commit the output; never a
+dependency of pinfer or its CI.
+"""
+import argparse
+import json
+
+import gguf
+import numpy as np
+
+from llama_ref import arm_logits, x86_logits
+
+TOP5_STEPS = 8
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model")
+    ap.add_argument("prompts")
+    ap.add_argument("dest")
+    ap.add_argument("--steps", type=int, default=24)
+    ap.add_argument("--arm", metavar="REPLAY", help="aarch64 scripts/llama_replay.c, run under qemu")
+    args = ap.parse_args()
+    reader = gguf.GGUFReader(args.model)
+    eos = int(reader.fields["tokenizer.ggml.eos_token_id"].parts[-1][0])
+    prompts = [json.loads(line) for line in open(args.prompts)]
+    plans = [(p["prompt_ids"], [], args.steps) for p in prompts]
+    if args.arm:
+        n_vocab = len(reader.fields["tokenizer.ggml.tokens"].data)
+        runs = arm_logits(args.arm, args.model, 1, True, plans, n_vocab)
+    else:
+        runs = x86_logits(args.model, 1, True, plans)
+    with open(args.dest, "w") as f:
+        for p, steps in zip(prompts, runs):
+            ids, margins, top5 = [], [], []
+            for i, logits in enumerate(steps):
+                order = np.argsort(-logits, kind="stable")
+                margins.append(round(float(logits[order[0]] - logits[order[1]]), 4))
+                if i < TOP5_STEPS:
+                    top5.append([[int(t), round(float(logits[t]), 4)] for t in order[:5]])
+                if int(order[0]) == eos:
+                    break
+                ids.append(int(order[0]))
+            rec = {"prompt": p["prompt"], "prompt_ids": p["prompt_ids"], "generated_ids": ids,
+                   "margins": margins, "top5": top5}
+            f.write(json.dumps(rec) + "\n")
+    print("wrote", args.dest)
+
+
+if __name__ == "__main__":
+    main()
