@@ -219,3 +219,33 @@ fn tensors_must_be_present_with_the_right_shape_and_type() {
     validate(&b().tensor("output.weight", &[E, VOCAB as u64], Q8_0)).unwrap();
     refused("output", &b().tensor("output.weight", &[E, 8], Q8_0), &["output.weight"]);
 }
+
+/// The forward graph computes RoPE's angles once per parameter set, not per head and layer: one
+/// table shared by the Q and K RoPEs of SmolLM2's 30 layers, two for Gemma 3 (its sliding-window
+/// layers rotate with another base than its global ones).
+#[test]
+fn forward_graphs_share_one_rope_table_per_parameter_set() {
+    use pinfer::graph::{Graph, Op};
+    use pinfer::model::{build_forward, KvLayout};
+    for (file, n_tables, n_ropes) in
+        [("SmolLM2-135M-Instruct.Q4_1.gguf", 1, 60), ("gemma-3-270m-q4_k_m.gguf", 2, 36)]
+    {
+        let path = format!("{}/models/{file}", env!("CARGO_MANIFEST_DIR"));
+        let bytes = std::fs::read(&path).expect("model missing: run scripts/setup.sh");
+        let gguf = Gguf::parse(&bytes).unwrap();
+        let hp = HParams::from_gguf(&gguf).unwrap();
+        let mut graph: Box<Graph> = Box::new(Graph::new());
+        let kv = KvLayout::new(&hp, 64, 8).unwrap();
+        build_forward(&mut graph, &gguf, &hp, &kv, 8, false).unwrap();
+        let nodes: Vec<_> = graph.order().iter().map(|&id| (id, graph.tensor(id))).collect();
+        let tables: Vec<_> = nodes.iter().filter(|(_, t)| t.op == Op::RopeTable).map(|(id, _)| *id).collect();
+        let ropes: Vec<_> = nodes.iter().filter(|(_, t)| t.op == Op::Rope).collect();
+        assert_eq!((tables.len(), ropes.len()), (n_tables, n_ropes), "{file}");
+        for (_, rope) in ropes {
+            assert!(tables.contains(&rope.src[1].unwrap()), "{file}: a rope without a shared table");
+        }
+        for &table in &tables {
+            assert_eq!(graph.tensor(table).ne[..2], [hp.n_rot as usize, 8], "{file}: one row per token");
+        }
+    }
+}

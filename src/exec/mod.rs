@@ -689,35 +689,33 @@ impl<'a, const N: usize> Bound<'a, N> {
                         }
                     }
                 }
-                Op::Rope => {
-                    let Some((a, ta)) = src(0) else { return };
+                Op::RopeTable => {
                     // The builder checked the factors hold at least n_rot / 2 contiguous values.
                     let factors = src(1).map(|(f, tf)| self.read::<f32>(f, 0, tf.n_elements()));
                     let p = kref::RopeParams {
-                        n_rot: t.params.i[0] as usize,
-                        neox: t.params.i[1] == 1,
+                        n_rot: ne[0],
+                        neox: false,
                         freq_base: t.params.f[0],
                         freq_scale: t.params.f[1],
                         freq_factors: factors,
                     };
-                    // The angles depend on the position only: one table per position (the
-                    // heads of a token are consecutive rows).
-                    let half = p.n_rot / 2;
-                    let (mut cos, mut sin) = ([0f32; 256], [0f32; 256]);
-                    let mut table_pos = None;
+                    let half = ne[0] / 2;
+                    for i1 in share(ne[1], ith, nth) {
+                        let row: &mut [f32] = self.write(id, t.row_offset(i1, 0, 0), ne[0]);
+                        let (cos, sin) = row.split_at_mut(half);
+                        kref::rope_table_ref(step.n_past + i1, &p, 0, cos, sin);
+                    }
+                }
+                Op::Rope => {
+                    let (Some((a, ta)), Some((table, tt))) = (src(0), src(1)) else { return };
+                    let (n_rot, neox) = (tt.ne[0], t.params.i[1] == 1);
                     for (i1, i2, i3) in rows(ne, share(rows_of(ne), ith, nth)) {
                         let x: &[f32] = self.read(a, ta.row_offset(i1, i2, i3), ne[0]);
                         let out: &mut [f32] = self.write(id, t.row_offset(i1, i2, i3), ne[0]);
-                        let pos = step.n_past + i2;
-                        if half > cos.len() {
-                            kref::rope_ref(x, out, pos, &p);
-                            continue;
-                        }
-                        if table_pos != Some(pos) {
-                            kref::rope_table_ref(pos, &p, 0, &mut cos[..half], &mut sin[..half]);
-                            table_pos = Some(pos);
-                        }
-                        kernels::rope_rotate(path, x, out, &cos[..half], &sin[..half], p.neox);
+                        // Token i2's angles: the builder checked the table has a row per token.
+                        let (cos, sin) =
+                            self.read::<f32>(table, tt.row_offset(i2, 0, 0), n_rot).split_at(n_rot / 2);
+                        kernels::rope_rotate(path, x, out, cos, sin, neox);
                     }
                 }
                 Op::GetRows => {

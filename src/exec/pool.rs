@@ -364,14 +364,15 @@ fn runs_alone<const N: usize>(bound: &Bound<'_, N>, id: TensorId, phase: usize, 
     let t = g.tensor(id);
     let elements =
         |id: Option<TensorId>| id.map_or(usize::MAX, |s| g.tensor(s).ne_for(step.n_kv).iter().product());
-    // Elements, weighted by their cost relative to a norm's or an add's (a rope takes a sine and
-    // a cosine per pair, the cache writes, copies and row gathers go element by element).
+    // Elements, weighted by their cost relative to a norm's or an add's (a rope table takes a
+    // sine or a cosine per element, the cache writes, copies and row gathers go element by element).
     let work = match t.op {
         Op::MulMat | Op::MulMatId if bound.phases(id) == 2 && phase == 0 => elements(t.src[1]),
         Op::MulMat | Op::MulMatId | Op::FlashAttn => return false,
         // The output is the whole cache; the work is the rows written.
         Op::KvWrite => elements(t.src[0]).saturating_mul(4),
-        Op::Rope => elements(Some(id)).saturating_mul(8),
+        // A table element costs a sine or a cosine.
+        Op::RopeTable => elements(Some(id)).saturating_mul(16),
         Op::GetRows | Op::Cpy | Op::Concat => elements(Some(id)).saturating_mul(4),
         _ => elements(Some(id)),
     };

@@ -346,13 +346,31 @@ impl<const N: usize> Graph<N> {
         self.node(Op::GetRows, GgmlType::F32, ne, &[table, ids], OpParams::default())
     }
 
-    /// RoPE on `x` (`[head_dim, n_head, n_tokens]`, F32).
+    /// RoPE on `x` (`[head_dim, n_head, n_tokens]`, F32): a [`Graph::rope_table`] for `x` and a
+    /// [`Graph::rope_with`] by it. Graphs with several RoPEs of the same parameters (the Q and K
+    /// of every layer) share one table instead.
     #[allow(clippy::too_many_arguments)]
     pub fn rope(
         &mut self,
         x: TensorId,
         n_rot: usize,
         mode: RopeMode,
+        freq_base: f32,
+        freq_scale: f32,
+        freq_factors: Option<TensorId>,
+    ) -> Result<TensorId> {
+        let table = self.rope_table(x, n_rot, freq_base, freq_scale, freq_factors)?;
+        self.rope_with(x, table, mode)
+    }
+
+    /// The cosines and sines RoPE rotates by, one row per token of `x` (`[head_dim, n_head,
+    /// n_tokens]`, F32; only its shape is used): `[n_rot, n_tokens]`, the `n_rot / 2` cosines
+    /// then the sines at the token's position. Angles cost a `cosf` and a `sinf` each, so a
+    /// graph computes them once per token, not once per head and layer.
+    pub fn rope_table(
+        &mut self,
+        x: TensorId,
+        n_rot: usize,
         freq_base: f32,
         freq_scale: f32,
         freq_factors: Option<TensorId>,
@@ -374,13 +392,30 @@ impl<const N: usize> Graph<N> {
             }
             let _ = src.push(ff);
         }
+        let params = OpParams { i: [n_rot as i32, 0, 0, 0], f: [freq_base, freq_scale, 0.0, 0.0] };
+        let ne = [n_rot, t.ne[2], 1, 1];
+        self.node(Op::RopeTable, GgmlType::F32, ne, &src, params)
+    }
+
+    /// RoPE on `x` (`[head_dim, n_head, n_tokens]`, F32) by `table`, a [`Graph::rope_table`] of
+    /// as many tokens; dimensions past the table's `n_rot` are copied.
+    pub fn rope_with(&mut self, x: TensorId, table: TensorId, mode: RopeMode) -> Result<TensorId> {
+        self.f32_input(Op::Rope, x)?;
+        let (t, tt) = (self.tensor(x), self.tensor(table));
+        if tt.op != Op::RopeTable || tt.ne[0] > t.ne[0] || tt.ne[1] != t.ne[2] || t.ne[3] != 1 {
+            return Err(self.invalid(
+                Op::Rope,
+                x,
+                "needs a rope table of n_rot <= head size, one row per token",
+            ));
+        }
         let mode = match mode {
             RopeMode::Normal => 0,
             RopeMode::Neox => 1,
         };
-        let params = OpParams { i: [n_rot as i32, mode, 0, 0], f: [freq_base, freq_scale, 0.0, 0.0] };
+        let params = OpParams { i: [tt.ne[0] as i32, mode, 0, 0], ..OpParams::default() };
         let ne = t.ne;
-        self.node(Op::Rope, GgmlType::F32, ne, &src, params)
+        self.node(Op::Rope, GgmlType::F32, ne, &[x, table], params)
     }
 
     /// Softmax of each row of `x * scale`, optionally causal with a sliding window (0: none).

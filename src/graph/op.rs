@@ -28,10 +28,14 @@ pub enum Op {
     RmsNorm,
     /// `(x - mean) / sqrt(var + eps)` per row, `eps = params.f[0]`.
     LayerNorm,
-    /// Rotary position embedding of `src[0]` `[head_dim, n_head, n_tokens]`; token `t` is at position
-    /// `n_past + t`. `params.i = [n_rot, mode (0 normal, 1 neox)]`, `params.f = [freq_base, freq_scale]`;
-    /// optional `src[1]`: F32 per-pair frequency divisors (`rope_freqs`).
+    /// Rotary position embedding of `src[0]` `[head_dim, n_head, n_tokens]` by the angles of table
+    /// `src[1]` (a `RopeTable`, row `t` for token `t`); `params.i = [n_rot, mode (0 normal, 1 neox)]`.
     Rope,
+    /// RoPE's cosines and sines: F32 `[n_rot, n_tokens]`, row `t` the `n_rot / 2` cosines then the
+    /// sines of the angles at position `n_past + t` (`n_tokens` is `src[0]`'s `ne[2]`; its values
+    /// are not read). `params.i[0] = n_rot`, `params.f = [freq_base, freq_scale]`; optional
+    /// `src[1]`: F32 per-pair frequency divisors (`rope_freqs`).
+    RopeTable,
     /// Softmax per row of `src[0] * params.f[0]` (`[n_kv, n_tokens, n_head]`), with an optional
     /// causal mask (`params.i[0] = 1`: query `t` at position `n_past + t` sees keys `0..=n_past + t`)
     /// and sliding window `params.i[1]` (0: none; key `j` visible when `pos - j < window`).
@@ -91,6 +95,7 @@ impl Op {
             Op::RmsNorm => "rms_norm",
             Op::LayerNorm => "layer_norm",
             Op::Rope => "rope",
+            Op::RopeTable => "rope_table",
             Op::SoftMax => "soft_max",
             Op::Silu => "silu",
             Op::Sigmoid => "sigmoid",

@@ -154,6 +154,7 @@ pub fn build_forward<const N: usize>(
     if traits.gemma {
         x = named!("inp_scaled", g.scale(x, libm::sqrtf(e as f32)));
     }
+    let mut rope_tables: [Option<TensorId>; 2] = [None, None];
     for il in 0..hp.n_layer as usize {
         let need = |g: &mut Graph<N>, suffix: &str| -> Result<TensorId, ModelError> {
             let mut name = crate::gguf::Name::new();
@@ -193,9 +194,18 @@ pub fn build_forward<const N: usize>(
         let sliding = traits.gemma && (il as u32 % GEMMA3_SWA_PERIOD) < GEMMA3_SWA_PERIOD - 1;
         let (base, scale) =
             if sliding { (GEMMA3_SWA_ROPE_BASE, 1.0) } else { (hp.rope_freq_base, hp.rope_freq_scale) };
-        let n_rot = hp.n_rot as usize;
-        q = named!("Qcur_rope", il, g.rope(q, n_rot, traits.rope, base, scale, rope_freqs));
-        k = named!("Kcur_rope", il, g.rope(k, n_rot, traits.rope, base, scale, rope_freqs));
+        // One table of angles per parameter set (Gemma 3 has two), shared by every layer.
+        let table = match rope_tables[sliding as usize] {
+            Some(table) => table,
+            None => {
+                let name = if sliding { "rope_table_swa" } else { "rope_table" };
+                let table = named!(name, g.rope_table(q, hp.n_rot as usize, base, scale, rope_freqs));
+                rope_tables[sliding as usize] = Some(table);
+                table
+            }
+        };
+        q = named!("Qcur_rope", il, g.rope_with(q, table, traits.rope));
+        k = named!("Kcur_rope", il, g.rope_with(k, table, traits.rope));
 
         // Cache: K and V as [kv_w, n_ctx] F16, one row per position.
         let mut label = crate::gguf::Name::new();
