@@ -44,7 +44,14 @@ fn write_board_table(dir: &Path, code: &mut String) {
     writeln!(code, "pub static BOARD_PROFILES: &[(&str, &str)] = &[").unwrap();
     for path in &files {
         let stem = path.file_stem().and_then(|s| s.to_str()).expect("board file names are UTF-8");
-        writeln!(code, "    ({stem:?}, include_str!({:?})),", path.display().to_string()).unwrap();
+        // Relative to the crate being compiled, not this checkout's absolute path: a target
+        // directory shared by two checkouts (git worktrees) may reuse this generated file.
+        let file = path.file_name().and_then(|s| s.to_str()).expect("board file names are UTF-8");
+        writeln!(
+            code,
+            "    ({stem:?}, include_str!(concat!(env!(\"CARGO_MANIFEST_DIR\"), \"/boards/{file}\"))),"
+        )
+        .unwrap();
     }
     writeln!(code, "];").unwrap();
 }
