@@ -47,11 +47,9 @@ fn write_board_table(dir: &Path, code: &mut String) {
         // Relative to the crate being compiled, not this checkout's absolute path: a target
         // directory shared by two checkouts (git worktrees) may reuse this generated file.
         let file = path.file_name().and_then(|s| s.to_str()).expect("board file names are UTF-8");
-        writeln!(
-            code,
-            "    ({stem:?}, include_str!(concat!(env!(\"CARGO_MANIFEST_DIR\"), \"/boards/{file}\"))),"
-        )
-        .unwrap();
+        let rel = format!("/boards/{file}");
+        writeln!(code, "    ({stem:?}, include_str!(concat!(env!(\"CARGO_MANIFEST_DIR\"), {rel:?}))),")
+            .unwrap();
     }
     writeln!(code, "];").unwrap();
 }

@@ -25,7 +25,7 @@ REPLAY is scripts/llama_replay.c built against an aarch64 llama.cpp from the sam
     cmake -B build -DCMAKE_TOOLCHAIN_FILE=aarch64.cmake -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=OFF \\
       -DGGML_CPU_ARM_ARCH=armv8.2-a+dotprod+fp16 -DGGML_OPENMP=OFF -DLLAMA_CURL=OFF && cmake --build build --target llama
     aarch64-linux-gnu-g++ -O2 -x c scripts/llama_replay.c -x none -Iinclude -Iggml/include \\
-      build/src/libllama.a build/ggml/src/libggml*.a -static -lpthread -o llama_replay
+      -Wl,--start-group build/src/libllama.a build/ggml/src/libggml*.a -Wl,--end-group -static -lpthread -o llama_replay
 """
 import argparse
 import json

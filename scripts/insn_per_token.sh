@@ -5,7 +5,7 @@
 #
 #   scripts/insn_per_token.sh [OPTIONS] [MODEL...]     default model: models/SmolLM2-135M-Instruct.Q4_1.gguf
 #
-#   --cpu CPU         qemu CPU model (default cortex-a76: NEON + dotprod; cortex-a72 has no dotprod)
+#   --cpu CPU         qemu CPU model (default cortex-a76: NEON + dotprod + FEAT_FP16; cortex-a72 has neither)
 #   --gen N1,N2       generated-token counts of the two generation runs (default 8,40)
 #   --prompt P1,P2    prompt lengths in tokens of the two prompt runs (default 64,128: one and two
 #                     batches of 64, pinfer's batch size and the one of llama.cpp's reference figures)

@@ -1,6 +1,6 @@
 /* Replays prompts through llama.cpp's C API and writes every step's logits, so that a Python script
- * on the host can compare llama.cpp builds the host cannot load (scripts/golden_arm.py runs an
- * aarch64 build of this under qemu-aarch64 -cpu cortex-a76).
+ * on the host can compare llama.cpp builds the host cannot load (scripts/llama_ref.py's arm_logits
+ * runs an aarch64 build of this under qemu-aarch64 -cpu cortex-a76).
  *
  * Usage: llama_replay MODEL FLASH_ATTN(0|1) REPACK(0|1) THREADS OUT.f32 < PLAN
  * PLAN is text: the number of prompts, then per prompt a line "N_PROMPT N_FORCED N_STEPS" followed by
@@ -66,6 +66,7 @@ int main(int argc, char **argv) {
         }
         llama_token *prompt = malloc(sizeof(llama_token) * n_prompt);
         llama_token *forced = malloc(sizeof(llama_token) * (n_forced + 1));
+        if (!prompt || !forced) { fprintf(stderr, "out of memory\n"); return 1; }
         if (!read_ids(prompt, n_prompt) || !read_ids(forced, n_forced)) {
             fprintf(stderr, "bad ids at prompt %d\n", p);
             return 1;
@@ -73,16 +74,19 @@ int main(int argc, char **argv) {
         llama_memory_clear(llama_get_memory(ctx), true);
         llama_token *feed = prompt;
         int n_feed = n_prompt;
+        llama_token one; /* the single id fed after the prompt (llama_decode is synchronous) */
         for (int step = 0; step < n_steps; step++) {
             if (llama_decode(ctx, llama_batch_get_one(feed, n_feed)) != 0) {
                 fprintf(stderr, "decode failed at prompt %d step %d\n", p, step);
                 return 1;
             }
             const float *logits = llama_get_logits_ith(ctx, -1);
-            fwrite(logits, sizeof(float), n_vocab, out);
+            if (!logits || fwrite(logits, sizeof(float), n_vocab, out) != (size_t)n_vocab) {
+                fprintf(stderr, "no logits written at prompt %d step %d\n", p, step);
+                return 1;
+            }
             int next = argmax(logits, n_vocab);
             printf("%d ", next);
-            static llama_token one;
             one = step < n_forced ? forced[step] : next;
             feed = &one;
             n_feed = 1;
@@ -91,7 +95,7 @@ int main(int argc, char **argv) {
         free(prompt);
         free(forced);
     }
-    fclose(out);
+    if (fclose(out) != 0) { fprintf(stderr, "cannot write %s\n", argv[5]); return 1; }
     llama_free(ctx);
     llama_model_free(model);
     return 0;

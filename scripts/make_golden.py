@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Writes a llama.cpp greedy golden file (the format of tests/golden/*.greedy.jsonl) for a model the
-shared goldens do not cover, with the host's llama.cpp at the goldens' build (0c1e570, from
+"""Writes a llama.cpp greedy golden file (the format of tests/golden/*.greedy.jsonl): for a model the
+shared goldens do not cover, or (--arm) from llama.cpp's aarch64 build, with the host's llama.cpp at the goldens' build (0c1e570, from
 `pip install llama-cpp-python==0.3.36`) in the goldens' configuration: flash attention on, weights
 repacked, 2 threads, n_ctx 256.
 
@@ -10,8 +10,8 @@ With --arm, the same from llama.cpp's aarch64 build (scripts/llama_replay.c unde
 cortex-a76; see scripts/golden_spread.py for building it).
 
 PROMPTS.jsonl: lines with "prompt" and "prompt_ids" (e.g. another model's golden of the same
-vocabulary). Greedy decoding stops early at the end-of-generation token (tokenizer.ggml.eos_token_id:
-not appended to generated_ids, but its step has a margin). Run once and commit the output; never a
+vocabulary). Greedy decoding stops early at an end-of-generation token (tokenizer.ggml.eos_token_id,
+eot_token_id or eom_token_id: not appended to generated_ids, but its step has a margin). Run once and commit the output; never a
 dependency of pinfer or its CI.
 """
 import argparse
@@ -34,7 +34,9 @@ def main():
     ap.add_argument("--arm", metavar="REPLAY", help="aarch64 scripts/llama_replay.c, run under qemu")
     args = ap.parse_args()
     reader = gguf.GGUFReader(args.model)
-    eos = int(reader.fields["tokenizer.ggml.eos_token_id"].parts[-1][0])
+    eog = {int(reader.fields[k].parts[-1][0]) for k in
+           ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
+           if k in reader.fields}
     prompts = [json.loads(line) for line in open(args.prompts)]
     plans = [(p["prompt_ids"], [], args.steps) for p in prompts]
     if args.arm:
@@ -50,7 +52,7 @@ def main():
                 margins.append(round(float(logits[order[0]] - logits[order[1]]), 4))
                 if i < TOP5_STEPS:
                     top5.append([[int(t), round(float(logits[t]), 4)] for t in order[:5]])
-                if int(order[0]) == eos:
+                if int(order[0]) in eog:
                     break
                 ids.append(int(order[0]))
             rec = {"prompt": p["prompt"], "prompt_ids": p["prompt_ids"], "generated_ids": ids,

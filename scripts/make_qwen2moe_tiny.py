@@ -11,7 +11,8 @@ write different bytes). Architecture qwen2moe:
   [E], Q8_0 experts, shared expert, attention, token_embd and output (llama.cpp's qwen2moe needs an
   output.weight; it is drawn last, so every other tensor is as in the first, tied version).
 Its greedy reference (tests/golden/qwen2moe-tiny.greedy.jsonl) is llama.cpp's (scripts/make_golden.py);
-scripts/moe_reference.py's independent NumPy forward pass agrees with it (see its --compare).
+scripts/moe_reference.py's independent NumPy forward pass agrees with it to 0.0001 on three of its
+four prompts (see its --compare).
 Prints the sha256 of the written file.
 """
 import hashlib

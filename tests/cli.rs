@@ -1,5 +1,7 @@
 //! The CLI contract: flags, exit codes and messages other tools and users rely on.
 
+mod llama_golden;
+
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -120,13 +122,11 @@ fn repo_file(rel: &str) -> String {
 }
 
 /// Runs greedy `generate -n 8 --print-ids` (plus `extra`) on qwen3-tiny with the prompt of the
-/// first golden case whose first 8 steps are no near-ties (top-1 ahead of top-2 by at least 0.3:
-/// summation order cannot flip them); returns the run and llama.cpp's 8 ids for it.
-fn greedy_qwen3_tiny(extra: &[&str]) -> (Output, String) {
-    let golden = std::fs::read_to_string(repo_file("tests/golden/qwen3-tiny.greedy.jsonl")).unwrap();
-    let case = golden
-        .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+/// first case of `golden` whose first 8 steps are no near-ties (top-1 ahead of top-2 by at least
+/// 0.3: summation order cannot flip them); returns the run and llama.cpp's 8 ids for it.
+fn greedy_qwen3_tiny(golden: &str, extra: &[&str]) -> (Output, String) {
+    let case = llama_golden::jsonl(golden)
+        .into_iter()
         .find(|c| c["margins"].as_array().unwrap().iter().take(8).all(|m| m.as_f64().unwrap() >= 0.3))
         .expect("a qwen3-tiny golden case without near-ties in its first 8 steps");
     let want: Vec<String> =
@@ -149,7 +149,10 @@ fn assert_ids_last(out: &Output, want: &str) {
 /// we match (tokenizer, special-token parsing, session and sampler end to end).
 #[test]
 fn generate_greedy_matches_llama_cpp_and_prints_ids_last() {
-    let (out, want) = greedy_qwen3_tiny(&["-t", "2"]);
+    // The child detects its kernel path as this process does (or both take PINFER_KERNELS).
+    llama_golden::kernels_from_env();
+    let (out, want) =
+        greedy_qwen3_tiny(&llama_golden::golden_for_path("qwen3-tiny.greedy.jsonl"), &["-t", "2"]);
     assert_ids_last(&out, &want);
     let stderr = text_of(&out.stderr);
     assert!(stderr.contains("prompt eval time") && stderr.contains("tokens per second"), "{stderr}");
@@ -161,7 +164,8 @@ fn generate_greedy_matches_llama_cpp_and_prints_ids_last() {
 /// (x86, cortex-a72).
 #[test]
 fn dotprod_path_generates_llama_cpp_ids_or_is_refused() {
-    let (out, want) = greedy_qwen3_tiny(&["--kernels", "dotprod"]);
+    // The x86 goldens: `dotprod` computes attention in llama.cpp's x86 arithmetic.
+    let (out, want) = greedy_qwen3_tiny("qwen3-tiny.greedy.jsonl", &["--kernels", "dotprod"]);
     if pinfer::kernels::KernelPath::NeonDotprod.is_available() {
         assert_ids_last(&out, &want);
     } else {

@@ -13,8 +13,11 @@
 //! qemu cortex-a76) computes attention in f16 arithmetic, as llama.cpp's aarch64 build does; it is
 //! held to that build's own goldens and spread (`*.arm.greedy.jsonl`, `*.arm.spread.jsonl`).
 
+mod llama_golden;
+
 use std::path::{Path, PathBuf};
 
+use llama_golden::{golden_for_path, jsonl, kernels_from_env, spread};
 use pinfer::loader::ModelFile;
 use pinfer::session::{Session, SessionOptions};
 use serde_json::Value;
@@ -24,64 +27,8 @@ const NEAR_TIE: f64 = 0.05;
 /// Tolerance on the raw top-5 logits of the first steps (added to llama.cpp's own spread).
 const LOGIT_TOL: f64 = 0.3;
 
-/// llama.cpp's reference outputs, copied from the project's shared folder (see README.md there).
-fn golden_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden")
-}
-
 fn model_path(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("models").join(name)
-}
-
-fn jsonl(name: &str) -> Vec<Value> {
-    let text = std::fs::read_to_string(golden_dir().join(name)).unwrap();
-    text.lines().map(|line| serde_json::from_str(line).unwrap()).collect()
-}
-
-/// llama.cpp's self-disagreement on one model, over all its golden prompts: the largest top-5 logit
-/// gap between its configurations in the first steps, and the largest margin at which one of them
-/// picked another greedy token. Each step's value is one sample of the same rounding noise, so the
-/// model-wide maximum is the floor, not the value at that step.
-struct Spread {
-    logit: f64,
-    flip_margin: f64,
-}
-
-/// Without a spread file (models whose llama.cpp self-disagreement was not measured), nothing
-/// beyond the base tolerance is allowed.
-fn spread(golden: &str) -> Spread {
-    let name = golden.replace(".greedy.jsonl", ".spread.jsonl");
-    if !golden_dir().join(&name).exists() {
-        return Spread { logit: 0.0, flip_margin: NEAR_TIE };
-    }
-    let cases = jsonl(&name);
-    let floats =
-        |v: &Value| -> Vec<f64> { v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect() };
-    let logit = cases.iter().flat_map(|c| floats(&c["spread"])).fold(0.0, f64::max);
-    let mut flip_margin = NEAR_TIE;
-    for case in &cases {
-        for flips in case["flips"].as_object().unwrap().values() {
-            for flip in flips.as_array().unwrap() {
-                flip_margin = flip_margin.max(flip[1].as_f64().unwrap());
-            }
-        }
-    }
-    Spread { logit, flip_margin }
-}
-
-/// The golden file the running kernel path answers to. The `fp16` path (detected on cores with
-/// dotprod and FEAT_FP16, such as qemu cortex-a76) computes attention as llama.cpp's aarch64
-/// build does, so it is held to that build's outputs (`NAME.arm.greedy.jsonl` and its own
-/// `NAME.arm.spread.jsonl`, written by `scripts/make_golden.py --arm` and
-/// `scripts/golden_spread.py --arm`); every other path to the x86 goldens.
-fn golden_for_path(golden: &str) -> String {
-    if pinfer::kernels::path() == pinfer::kernels::KernelPath::NeonFp16 {
-        let arm = golden.replace(".greedy.jsonl", ".arm.greedy.jsonl");
-        assert!(golden_dir().join(&arm).exists(), "{arm} missing: see scripts/make_golden.py --arm");
-        arm
-    } else {
-        golden.to_string()
-    }
 }
 
 fn argmax(logits: &[f32]) -> usize {
@@ -102,9 +49,10 @@ fn check_greedy_with(model: &str, golden: &str, max_steps: usize, repack: bool) 
     assert!(path.exists(), "{} missing: run scripts/setup.sh model", path.display());
     let model = ModelFile::open_static(&path).unwrap();
     let opts = SessionOptions { threads: 2, n_ctx: 256, repack, ..Default::default() };
+    kernels_from_env();
     let mut session = Session::new(model, &opts).unwrap();
     let golden = &golden_for_path(golden);
-    let spread = spread(golden);
+    let spread = spread(golden, NEAR_TIE);
     let verbose = std::env::var("GOLDEN_VERBOSE").is_ok();
     let mut worst_logit_gap = 0.0f64;
     for (p, case) in jsonl(golden).iter().enumerate() {

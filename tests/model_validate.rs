@@ -231,8 +231,9 @@ fn forward_graphs_share_one_rope_table_per_parameter_set() {
         [("SmolLM2-135M-Instruct.Q4_1.gguf", 1, 60), ("gemma-3-270m-q4_k_m.gguf", 2, 36)]
     {
         let path = format!("{}/models/{file}", env!("CARGO_MANIFEST_DIR"));
-        let bytes = std::fs::read(&path).expect("model missing: run scripts/setup.sh");
-        let gguf = Gguf::parse(&bytes).unwrap();
+        let model =
+            pinfer::loader::ModelFile::open(std::path::Path::new(&path)).expect("run scripts/setup.sh");
+        let gguf = model.parse().unwrap();
         let hp = HParams::from_gguf(&gguf).unwrap();
         let mut graph: Box<Graph> = Box::new(Graph::new());
         let kv = KvLayout::new(&hp, 64, 8).unwrap();

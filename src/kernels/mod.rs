@@ -27,7 +27,7 @@ pub use reference::FLASH_ROWS;
 pub enum KernelPath {
     /// The portable scalar twins.
     Reference,
-    /// aarch64 NEON without the dot-product extension (A55/A72-class cores).
+    /// aarch64 NEON without the dot-product extension (A72/A53-class cores).
     Neon,
     /// aarch64 NEON with `sdot` (Cortex-A76/A55 with FEAT_DotProd).
     NeonDotprod,
