@@ -30,19 +30,14 @@ REPLAY is scripts/llama_replay.c built against an aarch64 llama.cpp from the sam
 import argparse
 import json
 
-import gguf
 import numpy as np
 
-from llama_ref import arm_logits, x86_logits
+from llama_ref import logits
 
 TOP5_STEPS = 8
 NEAR_TIE = 0.05
 # (label, flash attention type (1 on, 0 off), repack weights)
 CONFIGS = [("golden", 1, True), ("no_flash_attn", 0, True), ("no_repack", 1, False)]
-
-
-def n_vocab_of(path):
-    return len(gguf.GGUFReader(path).fields["tokenizer.ggml.tokens"].data)
 
 
 def main():
@@ -55,11 +50,7 @@ def main():
     prompts = [json.loads(line) for line in open(args.golden)]
     # Golden tokens forced, so every configuration sees the same context at every step.
     plans = [(g["prompt_ids"], g["generated_ids"][:-1], len(g["generated_ids"])) for g in prompts]
-    if args.arm:
-        n_vocab = n_vocab_of(args.model)
-        runs = {label: arm_logits(args.arm, args.model, fa, rp, plans, n_vocab) for label, fa, rp in CONFIGS}
-    else:
-        runs = {label: x86_logits(args.model, fa, rp, plans) for label, fa, rp in CONFIGS}
+    runs = {label: logits(args.model, fa, rp, plans, args.arm) for label, fa, rp in CONFIGS}
     with open(args.dest, "w") as f:
         for p, g in enumerate(prompts):
             ref = runs["golden"][p]

@@ -6,7 +6,8 @@
   build it.
 
 A plan is (prompt_ids, forced_ids, n_steps): the prompt is decoded as one batch, the forced ids are fed
-one by one, then argmax ids (greedy). Both return, per plan, an array [n_steps, n_vocab] of logits.
+one by one, then argmax ids (greedy). `logits` runs either build and returns, per plan, an array
+[n_steps, n_vocab] of logits.
 Tools for producing committed golden files only; never a dependency of pinfer or its CI.
 """
 import os
@@ -43,7 +44,15 @@ def x86_logits(path, fa, repack, plans):
     return runs
 
 
-def arm_logits(replay, path, fa, repack, plans, n_vocab):
+def logits(path, fa, repack, plans, arm=None):
+    """The x86 build's logits, or with `arm` (the aarch64 llama_replay binary) that build's."""
+    return arm_logits(arm, path, fa, repack, plans) if arm else x86_logits(path, fa, repack, plans)
+
+
+def arm_logits(replay, path, fa, repack, plans):
+    import gguf
+
+    n_vocab = len(gguf.GGUFReader(path).fields["tokenizer.ggml.tokens"].data)
     lines = [str(len(plans))]
     for prompt_ids, forced, n_steps in plans:
         lines.append(f"{len(prompt_ids)} {len(forced)} {n_steps}")

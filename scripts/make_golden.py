@@ -20,7 +20,7 @@ import json
 import gguf
 import numpy as np
 
-from llama_ref import arm_logits, x86_logits
+from llama_ref import logits
 
 TOP5_STEPS = 8
 
@@ -39,19 +39,15 @@ def main():
            if k in reader.fields}
     prompts = [json.loads(line) for line in open(args.prompts)]
     plans = [(p["prompt_ids"], [], args.steps) for p in prompts]
-    if args.arm:
-        n_vocab = len(reader.fields["tokenizer.ggml.tokens"].data)
-        runs = arm_logits(args.arm, args.model, 1, True, plans, n_vocab)
-    else:
-        runs = x86_logits(args.model, 1, True, plans)
+    runs = logits(args.model, 1, True, plans, args.arm)
     with open(args.dest, "w") as f:
         for p, steps in zip(prompts, runs):
             ids, margins, top5 = [], [], []
-            for i, logits in enumerate(steps):
-                order = np.argsort(-logits, kind="stable")
-                margins.append(round(float(logits[order[0]] - logits[order[1]]), 4))
+            for i, row in enumerate(steps):
+                order = np.argsort(-row, kind="stable")
+                margins.append(round(float(row[order[0]] - row[order[1]]), 4))
                 if i < TOP5_STEPS:
-                    top5.append([[int(t), round(float(logits[t]), 4)] for t in order[:5]])
+                    top5.append([[int(t), round(float(row[t]), 4)] for t in order[:5]])
                 if int(order[0]) in eog:
                     break
                 ids.append(int(order[0]))
