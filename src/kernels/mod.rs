@@ -41,8 +41,14 @@ pub enum KernelPath {
 }
 
 impl KernelPath {
-    /// Every path, in [`KernelPath::name`] order of the help texts.
-    pub const ALL: [KernelPath; 5] = PATHS;
+    /// Every path, in the order of the help texts ([`set_path`] stores an index into it).
+    pub const ALL: [KernelPath; 5] = [
+        KernelPath::Reference,
+        KernelPath::Neon,
+        KernelPath::NeonDotprod,
+        KernelPath::NeonFp16,
+        KernelPath::Avx2,
+    ];
 
     /// Name as accepted by [`KernelPath::parse`] and printed in reports.
     pub const fn name(self) -> &'static str {
@@ -57,7 +63,7 @@ impl KernelPath {
 
     /// Parses a name from [`KernelPath::name`].
     pub fn parse(s: &str) -> Option<Self> {
-        PATHS.into_iter().find(|p| p.name() == s)
+        Self::ALL.into_iter().find(|p| p.name() == s)
     }
 
     /// Whether this CPU can run the path.
@@ -130,13 +136,6 @@ fn has_avx2() -> bool {
 
 /// 0 = not chosen yet, else 1 + index of the path.
 static CHOSEN: AtomicU8 = AtomicU8::new(0);
-const PATHS: [KernelPath; 5] = [
-    KernelPath::Reference,
-    KernelPath::Neon,
-    KernelPath::NeonDotprod,
-    KernelPath::NeonFp16,
-    KernelPath::Avx2,
-];
 
 /// The path kernels use: [`set_path`]'s choice, else [`KernelPath::detect`].
 pub fn path() -> KernelPath {
@@ -146,7 +145,7 @@ pub fn path() -> KernelPath {
             set_path(p);
             p
         }
-        i => PATHS[usize::from(i - 1)],
+        i => KernelPath::ALL[usize::from(i - 1)],
     }
 }
 
@@ -155,7 +154,7 @@ pub fn set_path(p: KernelPath) -> bool {
     if !p.is_available() {
         return false;
     }
-    let i = PATHS.iter().position(|&q| q == p).unwrap_or(0) as u8;
+    let i = KernelPath::ALL.iter().position(|&q| q == p).unwrap_or(0) as u8;
     CHOSEN.store(i + 1, Ordering::Relaxed);
     true
 }

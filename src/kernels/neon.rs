@@ -2141,10 +2141,11 @@ dvalues_kernel!(
 ///
 /// Runs on the `fp16` path (`KernelPath::NeonFp16`), detected wherever the CPU has dotprod and
 /// FEAT_FP16 (Cortex-A76 and A55): the same numerics as llama.cpp on the board. The tests hold it
-/// to llama.cpp's aarch64 build (tests/golden/*.arm.greedy.jsonl and *.arm.spread.jsonl, written by
-/// `scripts/make_golden.py --arm` and `scripts/golden_spread.py --arm`); its f16 scores and f16-rounded weights move the tiny random
-/// MoE models' routing away from the x86 build's (qwen3moe-tiny step 0: a top-5 logit 0.92 off),
-/// as llama.cpp's own aarch64 build does. The `dotprod` path keeps the x86 arithmetic.
+/// to llama.cpp's aarch64 build (tests/golden/*.arm.greedy.jsonl and *.arm.spread.jsonl, written
+/// by `scripts/make_golden.py --arm` and `scripts/golden_spread.py --arm`); its f16 scores and
+/// f16-rounded weights move the tiny random MoE models' routing away from the x86 build's
+/// (qwen3moe-tiny step 0: a top-5 logit 0.92 off), as llama.cpp's own aarch64 build does. The
+/// `dotprod` path keeps the x86 arithmetic.
 ///
 /// # Safety
 /// The CPU has FEAT_FP16.

@@ -338,6 +338,8 @@ fn flash_attn_row_by<'k>(
     for (h, &x) in q16.iter_mut().zip(q) {
         *h = F16Le::from_f32(x);
     }
+    // The dot reads the query's own length of `q16` (the scratch may be longer).
+    let q16 = &q16[..q.len().min(q16.len())];
     acc16.fill(F16Le::from_f32(0.0));
     let (mut max, mut sum) = (f32::NEG_INFINITY, 0.0f32);
     for j in keys {
@@ -545,8 +547,6 @@ pub fn flash_attn_row_f16arith_ref<'k>(
     acc16: &mut [F16Le],
     out: &mut [f32],
 ) {
-    // The dot reads the query's own length of `q16` (the scratch may be longer).
-    let n = q.len().min(q16.len());
     let rescale = |acc16: &mut [F16Le], ms: f32| {
         let m16 = F16Le::from_f32(ms);
         for a in acc16.iter_mut() {
@@ -559,8 +559,7 @@ pub fn flash_attn_row_f16arith_ref<'k>(
             *a = f16_fma_ref(v, v16, *a);
         }
     };
-    let dot = |k: &[F16Le], q16: &[F16Le]| vec_dot_f16arith_ref(k, &q16[..n]);
-    flash_attn_row_by(dot, rescale, mad, q, q16, keys, key, value, scale, acc16, out)
+    flash_attn_row_by(vec_dot_f16arith_ref, rescale, mad, q, q16, keys, key, value, scale, acc16, out)
 }
 
 /// [`flash_attn_rows_ref`]'s layout with [`flash_attn_row_f16arith_ref`] per row.

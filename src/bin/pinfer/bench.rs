@@ -44,7 +44,7 @@ pub struct BenchArgs {
     #[arg(long = "no-repack")]
     pub no_repack: bool,
     /// Kernel path (default: the fastest this CPU has).
-    #[arg(long = "kernels", value_parser = ["ref", "neon", "dotprod", "fp16", "avx2"])]
+    #[arg(long = "kernels", value_parser = clap::builder::PossibleValuesParser::new(KernelPath::ALL.map(KernelPath::name)))]
     pub kernels: Option<String>,
 }
 
