@@ -250,3 +250,41 @@ fn forward_graphs_share_one_rope_table_per_parameter_set() {
         }
     }
 }
+
+/// Keys whose values change the math are read, and values pinfer does not compute are refused by
+/// key and value (a YaRN file run with linear scaling gives every position wrong, silently).
+#[test]
+fn math_pinfer_does_not_compute_is_refused_by_key() {
+    let b = || tiny("llama");
+    for ty in ["yarn", "longrope", "llama3", "something-new"] {
+        refused(ty, &set(b(), "llama.rope.scaling.type", Val::str(ty)), &["llama.rope.scaling.type", ty]);
+    }
+    refused(
+        "attn factor",
+        &set(b(), "llama.rope.scaling.attn_factor", Val::F32(1.2)),
+        &["attn_factor", "1.2"],
+    );
+    refused("not causal", &set(b(), "llama.attention.causal", Val::Bool(0)), &["attention.causal", "false"]);
+    let g = || tiny("gemma3");
+    refused("swa pattern", &set(g(), "gemma3.attention.sliding_window_pattern", Val::U32(4)), &["pattern"]);
+    refused("swa base", &set(g(), "gemma3.rope.freq_base_swa", Val::F32(1e6)), &["freq_base_swa"]);
+    refused("softcap", &set(g(), "gemma3.final_logit_softcapping", Val::F32(30.0)), &["softcapping"]);
+    refused("27B", &set(g(), "gemma3.block_count", Val::U32(62)), &["block_count", "27B"]);
+    refused("swa head", &set(g(), "gemma3.attention.key_length_swa", Val::U32(3)), &["key_length_swa"]);
+
+    // What pinfer computes passes, and the old name of the linear factor is read.
+    for (key, v) in [
+        ("llama.rope.scaling.type", Val::str("linear")),
+        ("llama.rope.scaling.type", Val::str("none")),
+        ("llama.rope.scaling.attn_factor", Val::F32(1.0)),
+        ("llama.attention.causal", Val::Bool(1)),
+    ] {
+        validate(&set(b(), key, v)).unwrap_or_else(|e| panic!("{key}: {e}"));
+    }
+    let old = validate(&set(b(), "llama.rope.scale_linear", Val::F32(4.0))).unwrap();
+    assert_eq!(old.rope_freq_scale, 0.25);
+    let zero = validate(&set(b(), "llama.rope.scaling.factor", Val::F32(0.0))).unwrap();
+    assert_eq!(zero.rope_freq_scale, 1.0);
+    let gemma = validate(&set(g(), "gemma3.rope.freq_base_swa", Val::F32(10000.0)));
+    gemma.expect("the base pinfer uses");
+}

@@ -99,6 +99,99 @@ fn f32_in(g: &Gguf<'_>, key: &str, default: Option<f32>, lo: f32, hi: f32) -> Re
     Ok(value)
 }
 
+/// What pinfer computes for a key whose value changes the math; other values are refused at load.
+#[derive(Clone, Copy)]
+enum Computes {
+    /// One of these strings.
+    OneOf(&'static [&'static str]),
+    /// This number only: the value that leaves the math as pinfer computes it.
+    Only(f64),
+    /// This flag only.
+    Flag(bool),
+}
+
+/// `{arch}.` keys whose values change the math beyond what [`HParams`] holds: the architecture that
+/// reads them (as llama.cpp's `load_hparams` does; `None`: every one), what pinfer computes, and
+/// that in words. A file with another value is refused naming the key, never run with wrong numbers.
+const MATH_KEYS: [(&str, Option<Arch>, Computes, &str); 6] = [
+    ("rope.scaling.type", None, Computes::OneOf(&["none", "linear"]), "none or linear"),
+    ("rope.scaling.attn_factor", None, Computes::Only(1.0), "1"),
+    ("attention.causal", None, Computes::Flag(true), "true"),
+    ("attention.sliding_window_pattern", Some(Arch::Gemma3), Computes::Only(6.0), "6"),
+    ("rope.freq_base_swa", Some(Arch::Gemma3), Computes::Only(10000.0), "10000"),
+    ("final_logit_softcapping", Some(Arch::Gemma3), Computes::Only(0.0), "0 (no soft-capping)"),
+];
+
+/// Key-length keys of sliding-window layers: pinfer runs them only with the full layers' sizes.
+const SWA_SIZE_KEYS: [(&str, &str); 3] = [
+    ("attention.key_length_swa", "attention.key_length"),
+    ("attention.value_length_swa", "attention.value_length"),
+    ("rope.dimension_count_swa", "rope.dimension_count"),
+];
+
+/// A value as text for a message.
+fn value_text(v: &crate::gguf::Value<'_>) -> Name {
+    use crate::gguf::Value;
+    let mut text = Name::new();
+    let _ = match *v {
+        Value::String(_) => write!(text, "{:?}", v.as_str().unwrap_or("(not UTF-8)")),
+        Value::F32(x) => write!(text, "{x}"),
+        Value::F64(x) => write!(text, "{x}"),
+        Value::Bool(b) => write!(text, "{b}"),
+        Value::Array(a) => write!(text, "an array of {}", a.len()),
+        _ => write!(text, "{}", v.as_integer().unwrap_or(0)),
+    };
+    text
+}
+
+/// Refuses a file whose metadata asks for math pinfer does not compute (see [`MATH_KEYS`]).
+fn refuse_math_we_do_not_compute(g: &Gguf<'_>, arch: Arch, n_layer: u32) -> Result<(), ModelError> {
+    use crate::gguf::Value;
+    for (suffix, only_for, computes, words) in MATH_KEYS {
+        if only_for.is_some_and(|a| a != arch) {
+            continue;
+        }
+        let key = arch_key(arch, suffix);
+        let Some(v) = g.get(&key) else { continue };
+        let number = match v {
+            Value::F32(x) => Some(f64::from(x)),
+            Value::F64(x) => Some(x),
+            _ => v.as_integer().map(|i| i as f64),
+        };
+        let ok = match computes {
+            Computes::OneOf(names) => v.as_str().is_some_and(|s| names.contains(&s)),
+            Computes::Only(want) => number == Some(want),
+            Computes::Flag(want) => v == Value::Bool(want),
+        };
+        if !ok {
+            return Err(ModelError::Uncomputed { key, found: value_text(&v), computes: words });
+        }
+    }
+    for (swa, full) in SWA_SIZE_KEYS {
+        let swa_key = arch_key(arch, swa);
+        if let Some(v) = g.get(&swa_key) {
+            let full_value = g.get(&arch_key(arch, full)).and_then(|f| f.as_integer());
+            if v.as_integer().is_none() || v.as_integer() != full_value {
+                return Err(ModelError::Uncomputed {
+                    key: swa_key,
+                    found: value_text(&v),
+                    computes: "the same size as the full-attention layers",
+                });
+            }
+        }
+    }
+    // Gemma 3 27B scales attention by 1/sqrt(n_embd/n_head), not by the head size (llama.cpp
+    // tells it by its 62 layers).
+    if arch == Arch::Gemma3 && n_layer == 62 {
+        return Err(ModelError::Uncomputed {
+            key: arch_key(arch, "block_count"),
+            found: value_text(&Value::U32(n_layer)),
+            computes: "Gemma 3 sizes other than 27B (62 layers: its attention scale is not implemented)",
+        });
+    }
+    Ok(())
+}
+
 impl HParams {
     /// Reads the architecture and its hyper-parameters, refusing unsupported architectures by name
     /// and values outside sane ranges.
@@ -133,7 +226,16 @@ impl HParams {
             return Err(bad(&k("rope.dimension_count"), n_rot, "must be even"));
         }
         let rope_freq_base = f32_in(g, &k("rope.freq_base"), Some(10000.0), 0.0, 1e12)?;
-        let scaling = f32_in(g, &k("rope.scaling.factor"), Some(1.0), 0.0, 1e6)?;
+        // llama.cpp's older files name the factor `rope.scale_linear`; 0 means no scaling.
+        let factor_key = if g.get(&k("rope.scaling.factor")).is_some() {
+            "rope.scaling.factor"
+        } else {
+            "rope.scale_linear"
+        };
+        let scaling = match g.get_f32_opt(&k(factor_key))? {
+            Some(v) if v == 0.0 => 1.0,
+            _ => f32_in(g, &k(factor_key), Some(1.0), 0.0, 1e6)?,
+        };
         let rms_eps = f32_in(g, &k("attention.layer_norm_rms_epsilon"), None, 0.0, 1.0)?;
 
         let (n_expert, n_expert_used, n_ff_expert, n_ff_shared) = if arch.is_moe() {
@@ -155,6 +257,7 @@ impl HParams {
         if arch == Arch::Gemma3 && sliding_window == 0 {
             return Err(bad(&k("attention.sliding_window"), 0, "gemma3 needs a sliding window"));
         }
+        refuse_math_we_do_not_compute(g, arch, n_layer)?;
         // A model that stores a per-layer array for one of these is a variant we do not run.
         for suffix in ["attention.head_count", "feed_forward_length"] {
             if matches!(g.get(&k(suffix)), Some(v) if v.value_type() == ValueType::Array) {

@@ -112,6 +112,16 @@ pub enum ModelError {
         /// What is wrong.
         problem: &'static str,
     },
+    /// A key asks for math pinfer does not compute (a RoPE scaling type, a soft-cap, ...): refused
+    /// at load instead of running with wrong numbers.
+    Uncomputed {
+        /// The key.
+        key: Name,
+        /// Its value, as text.
+        found: Name,
+        /// What pinfer computes, in words.
+        computes: &'static str,
+    },
     /// A tensor the architecture needs is absent.
     MissingTensor {
         /// The tensor's name.
@@ -180,6 +190,11 @@ impl fmt::Display for ModelError {
                  qwen3moe, qwen2moe)"
             ),
             Self::BadHParam { key, value, problem } => write!(f, "hyper-parameter {key} = {value}: {problem}"),
+            Self::Uncomputed { key, found, computes } => write!(
+                f,
+                "{key} = {found} is not implemented in pinfer (it computes: {computes}); the model \
+                 would give wrong numbers, so it is refused"
+            ),
             Self::MissingTensor { name } => {
                 write!(f, "tensor {name:?} is missing; the file is incomplete or not this architecture")
             }
