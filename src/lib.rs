@@ -37,6 +37,8 @@ pub mod loader;
 #[cfg(feature = "npu")]
 pub mod npu;
 #[cfg(feature = "std")]
+pub mod output_file;
+#[cfg(feature = "std")]
 pub mod repack_cache;
 #[cfg(feature = "std")]
 pub mod session;

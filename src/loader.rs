@@ -5,8 +5,8 @@
 //! error before any tensor byte is touched, never a SIGBUS later.
 
 use std::fmt;
-use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::string::{String, ToString};
 
 use memmap2::{Mmap, MmapOptions};
 
@@ -42,6 +42,13 @@ pub enum LoadError {
         /// What is wrong with it.
         source: GgufError,
     },
+    /// A repack cache (a file pinfer wrote) that no longer parses: damaged after it was written.
+    DamagedCache {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        source: GgufError,
+    },
 }
 
 impl fmt::Display for LoadError {
@@ -56,6 +63,22 @@ impl fmt::Display for LoadError {
             }
             Self::Io { path, source } => write!(f, "{}: {source}", path.display()),
             Self::Gguf { path, source } => write!(f, "{}: {source}", path.display()),
+            Self::DamagedCache { path, source } => {
+                // The parser's advice is for downloaded models; a cache is remade, not downloaded.
+                let text = source.to_string();
+                let what = ["; the file is", ": download", "; download"]
+                    .iter()
+                    .filter_map(|cut| text.find(cut))
+                    .min()
+                    .map_or(text.as_str(), |at| &text[..at]);
+                write!(
+                    f,
+                    "{}: {what}: this pinfer repack cache is damaged: run `pinfer repack ORIGINAL.gguf {}` \
+                     again (the original is not affected)",
+                    path.display(),
+                    path.display()
+                )
+            }
         }
     }
 }
@@ -64,7 +87,7 @@ impl std::error::Error for LoadError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             Self::Io { source, .. } => Some(source),
-            Self::Gguf { source, .. } => Some(source),
+            Self::Gguf { source, .. } | Self::DamagedCache { source, .. } => Some(source),
         }
     }
 }
@@ -72,11 +95,23 @@ impl std::error::Error for LoadError {
 impl ModelFile {
     /// Maps `path` read-only.
     pub fn open(path: &Path) -> Result<Self, LoadError> {
+        use std::os::unix::fs::OpenOptionsExt;
         let io_err = |source| LoadError::Io { path: path.to_path_buf(), source };
-        let file = File::open(path).map_err(io_err)?;
-        if file.metadata().map_err(io_err)?.is_dir() {
-            let source = std::io::Error::other("is a directory, not a model file");
-            return Err(LoadError::Io { path: path.to_path_buf(), source });
+        let not_regular =
+            |what: String| LoadError::Io { path: path.to_path_buf(), source: std::io::Error::other(what) };
+        // A FIFO or device is refused before it is opened (opening a FIFO waits for a writer);
+        // O_NONBLOCK and the second check cover a file swapped in between.
+        crate::output_file::check_input(path).map_err(|e| match e {
+            crate::output_file::OutputError::Io { source, .. } => io_err(source),
+            crate::output_file::OutputError::Refused { why, .. } => not_regular(why),
+        })?;
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(nix::libc::O_NONBLOCK)
+            .open(path)
+            .map_err(io_err)?;
+        if !file.metadata().map_err(io_err)?.is_file() {
+            return Err(not_regular("is not a regular file: give a model file".into()));
         }
         // SAFETY: the map is read-only and private, and only ever read through `&[u8]`. If another
         // process truncates the file while we run, access faults (SIGBUS) instead of reading stale
@@ -93,7 +128,17 @@ impl ModelFile {
 
     /// Parses and validates the GGUF structure (header, metadata, tensor infos and extents).
     pub fn parse(&self) -> Result<Gguf<'_>, LoadError> {
-        Gguf::parse(&self.map).map_err(|source| self.error(source))
+        Gguf::parse(&self.map).map_err(|source| {
+            // A cache names itself in its header: the remedy is to repack, not to download.
+            // (after the vocabulary: search the first 64 MiB; this is the error path only).
+            let head = &self.map[..self.map.len().min(64 << 20)];
+            let key = crate::repack_cache::KEY_LAYOUT.as_bytes();
+            if head.windows(key.len()).any(|w| w == key) {
+                LoadError::DamagedCache { path: self.path.clone(), source }
+            } else {
+                self.error(source)
+            }
+        })
     }
 
     /// Wraps a parser or validation error with this file's path.

@@ -8,7 +8,11 @@
 //! - [`KEY_ARCH`] (string): the CPU architecture it was made for (`std::env::consts::ARCH`);
 //! - [`KEY_TENSORS`] (string): the names of the repacked tensors, one per line;
 //! - [`KEY_NOTE`] (string): a warning for other tools;
-//! - `general.alignment` = 64 (the planes are 64-byte aligned, as in the heap buffer).
+//! - `general.alignment` = 64 (the planes are 64-byte aligned, as in the heap buffer);
+//! - [`KEY_DATA_CRC`] (u32 array): the CRC-32 of every tensor's stored bytes, in file order, checked
+//!   by [`verify_data`] (`pinfer verify`, and in the background while a cache runs);
+//! - [`KEY_HEADER_CRC`] (u32, the last key): the CRC-32 of the bytes before the tensor data with
+//!   this value's own four bytes read as zero, checked at every load ([`check_cache`]).
 //!
 //! Every tensor keeps its name, type and shape. A repacked tensor's data is its quant plane at the
 //! tensor's offset, then its scale plane at the next 64-byte boundary; the next tensor starts after
@@ -19,14 +23,17 @@
 //! prefers to the embedding for the output matmul.
 //!
 //! A cache made for another layout version or CPU architecture is refused with the command that
-//! makes a new one; so is a cache whose repacked tensors differ from what this pinfer would repack.
+//! makes a new one; so is a cache whose repacked tensors differ from what this pinfer would repack,
+//! and one whose checksums do not match (a disk or copy error: repack again, the original is fine).
+//! The cache is written through [`OutputFile`]: a failed or concurrent run never leaves a partial
+//! file at OUT.
 
-use std::borrow::ToOwned;
 use std::format;
-use std::fs::File;
 use std::io::BufWriter;
-use std::path::{Path, PathBuf};
+use std::os::unix::fs::FileExt;
+use std::path::Path;
 use std::string::{String, ToString};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::vec::Vec;
 
 use crate::arena::ARENA_ALIGN;
@@ -38,6 +45,7 @@ use crate::graph::Graph;
 use crate::kernels::packed::{pack, packed_bytes, PackedFormat, GROUP_ROWS, LAYOUT_VERSION};
 use crate::loader::ModelFile;
 use crate::model::{build_forward, validate_tensors, validate_vocab, HParams, KvLayout};
+use crate::output_file::OutputFile;
 use crate::placement::{self, Buffer, Placement, Reason};
 use crate::session::SessionError;
 
@@ -49,6 +57,10 @@ pub const KEY_ARCH: &str = "pinfer.repack.arch";
 pub const KEY_TENSORS: &str = "pinfer.repack.tensors";
 /// A warning for other GGUF tools (string).
 pub const KEY_NOTE: &str = "pinfer.repack.note";
+/// CRC-32 of each tensor's stored bytes, in file order (u32 array).
+pub const KEY_DATA_CRC: &str = "pinfer.repack.data_crc32";
+/// CRC-32 of the header (u32; the last metadata key), its own value read as zero.
+pub const KEY_HEADER_CRC: &str = "pinfer.repack.header_crc32";
 /// The text of [`KEY_NOTE`].
 pub const NOTE: &str = "pinfer repacked-weight cache: the tensors listed in pinfer.repack.tensors hold \
                         pinfer's packed layout, not their GGUF type's; other GGUF tools cannot read them \
@@ -80,7 +92,76 @@ pub fn check_cache(gguf: &Gguf<'_>, path: &Path) -> Result<bool, String> {
              {LAYOUT_VERSION} on {ARCH}: run `pinfer repack ORIGINAL.gguf {name}` again, or load the original"
         ));
     }
+    let remake = format!("run `pinfer repack ORIGINAL.gguf {name}` again (the original is not affected)");
+    let (Some(Value::U32(stored)), Some(KEY_HEADER_CRC)) = (gguf.get(KEY_HEADER_CRC), gguf.last_key()) else {
+        return Err(format!(
+            "{name}: a pinfer repack cache without its header checksum (made by an older pinfer): {remake}"
+        ));
+    };
+    if header_crc(gguf) != Some(stored) {
+        return Err(format!(
+            "{name}: the cache's header does not match its checksum: the file is damaged: {remake}"
+        ));
+    }
     Ok(true)
+}
+
+/// CRC-32 of the bytes before the tensor data, the [`KEY_HEADER_CRC`] value read as zero.
+fn header_crc(gguf: &Gguf<'_>) -> Option<u32> {
+    let header = gguf.file_bytes().get(..gguf.data_start())?;
+    let at = gguf.value_offset(KEY_HEADER_CRC)?;
+    let mut h = crc32fast::Hasher::new();
+    h.update(header.get(..at)?);
+    h.update(&[0; 4]);
+    h.update(header.get(at + 4..)?);
+    Some(h.finalize())
+}
+
+/// Checks every tensor's stored bytes of cache `gguf` (read from `path`, already checked with
+/// [`check_cache`]) against [`KEY_DATA_CRC`]; the error names the first damaged tensor. Reads the
+/// whole file: run it off the critical path (`pinfer verify`, or a background thread).
+pub fn verify_data(gguf: &Gguf<'_>, path: &Path) -> Result<usize, String> {
+    let name = path.display();
+    let remake = format!("run `pinfer repack ORIGINAL.gguf {name}` again (the original is not affected)");
+    let crcs = gguf
+        .get_array_opt(KEY_DATA_CRC, crate::gguf::ValueType::U32)
+        .ok()
+        .flatten()
+        .filter(|a| a.len() == gguf.tensor_count())
+        .ok_or_else(|| format!("{name}: the cache has no valid {KEY_DATA_CRC} list: {remake}"))?;
+    let listed = gguf.get_str_opt(KEY_TENSORS).ok().flatten().unwrap_or("");
+    let listed: Vec<&str> = listed.split('\n').filter(|s| !s.is_empty()).collect();
+    let bytes = gguf.file_bytes();
+    let mut checked = 0;
+    for (i, t) in gguf.tensors().enumerate() {
+        let size = if listed.contains(&t.name) {
+            let format = PackedFormat::for_type(t.ty).ok_or_else(|| {
+                format!("{name}: tensor {}: type {} has no packed layout: {remake}", t.name, t.ty)
+            })?;
+            let (k, rows) =
+                matrix_shape(&t).ok_or_else(|| format!("{name}: tensor {}: shape: {remake}", t.name))?;
+            planes_extent(format, rows, k).1
+        } else {
+            t.nbytes as usize
+        };
+        let start = gguf.data_start().saturating_add(t.offset as usize);
+        let data = start.checked_add(size).and_then(|end| bytes.get(start..end)).ok_or_else(|| {
+            format!("{name}: tensor {} runs past the end of the file: it is truncated: {remake}", t.name)
+        })?;
+        let want = match crcs.get_fixed(i) {
+            Some(Value::U32(v)) => v,
+            _ => return Err(format!("{name}: {KEY_DATA_CRC}[{i}] unreadable: {remake}")),
+        };
+        if crc32fast::hash(data) != want {
+            return Err(format!(
+                "{name}: tensor {}: its bytes do not match their checksum: the cache is damaged (a disk \
+                 or copy error): {remake}",
+                t.name
+            ));
+        }
+        checked += size;
+    }
+    Ok(checked)
 }
 
 /// Elements per row and rows of a matrix to repack (stacked matrices count all their rows).
@@ -225,21 +306,19 @@ fn cache_error(msg: String) -> SessionError {
     SessionError::Cache(msg)
 }
 
-/// Writes the repacked-weight cache of `input` to `output` (through `OUTPUT.tmp`, renamed at the
-/// end), packing each matrix on up to `threads` threads.
-pub fn write_cache(input: &Path, output: &Path, threads: usize) -> Result<RepackReport, SessionError> {
+/// Writes the repacked-weight cache of `input` to `output` (through [`OutputFile`]), packing each
+/// matrix on up to `threads` threads. When `stop` becomes true (SIGINT), the run ends between two
+/// tensors with [`SessionError::Interrupted`] and `output` untouched.
+pub fn write_cache(
+    input: &Path,
+    output: &Path,
+    threads: usize,
+    stop: &AtomicBool,
+) -> Result<RepackReport, SessionError> {
     let started = std::time::Instant::now();
-    let same = match (input.canonicalize(), output.canonicalize()) {
-        (Ok(a), Ok(b)) => a == b,
-        _ => input == output,
-    };
-    if same {
-        return Err(cache_error(format!(
-            "{}: the cache must go to another file than the original (give another OUT)",
-            output.display()
-        )));
-    }
     let model = ModelFile::open(input).map_err(SessionError::Load)?;
+    // Checked before any work: the output must not be the input, a device, a directory, ...
+    let mut out = OutputFile::create(output, &[input]).map_err(|e| cache_error(e.to_string()))?;
     let gguf = model.parse().map_err(SessionError::Load)?;
     let in_name = input.display();
     if is_cache(&gguf) {
@@ -307,23 +386,15 @@ pub fn write_cache(input: &Path, output: &Path, threads: usize) -> Result<Repack
     metadata.push((KEY_ARCH, Value::String(ARCH.as_bytes())));
     metadata.push((KEY_TENSORS, Value::String(names.as_bytes())));
     metadata.push((KEY_NOTE, Value::String(NOTE.as_bytes())));
+    // Placeholders, patched once the data is written; the header checksum must be the last key.
+    let zeros = std::vec![0u8; 4 * plan.len()];
+    let crc_array = Value::Array(crate::gguf::ArrayView::of_u32(&zeros));
+    metadata.push((KEY_DATA_CRC, crc_array));
+    metadata.push((KEY_HEADER_CRC, Value::U32(0)));
 
-    let mut tmp = output.as_os_str().to_owned();
-    tmp.push(".tmp");
-    let tmp = PathBuf::from(tmp);
     let headers: Vec<TensorHeader<'_>> = plan.iter().map(|(h, _)| *h).collect();
-    let written = write_file(&tmp, &model, &gguf, &plan, &headers, &sizes, &metadata, threads);
-    let out_bytes = match written {
-        Ok(n) => n,
-        Err(e) => {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(e);
-        }
-    };
-    std::fs::rename(&tmp, output).map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
-        cache_error(format!("cannot rename {} to {}: {e}", tmp.display(), output.display()))
-    })?;
+    let out_bytes = write_file(&mut out, &model, &gguf, &plan, &headers, &sizes, &metadata, threads, stop)?;
+    out.commit().map_err(|e| cache_error(e.to_string()))?;
     Ok(RepackReport {
         tensors: n_packed,
         packed_bytes: packed_total,
@@ -334,10 +405,11 @@ pub fn write_cache(input: &Path, output: &Path, threads: usize) -> Result<Repack
     })
 }
 
-/// Writes the cache to `path`, then checks it reads back as a cache with these tensors.
+/// Writes the cache to `out`'s temporary file with its checksums, then checks it reads back as a
+/// cache with these tensors and these bytes.
 #[allow(clippy::too_many_arguments)]
 fn write_file(
-    path: &Path,
+    out: &mut OutputFile,
     model: &ModelFile,
     gguf: &Gguf<'_>,
     plan: &[(TensorHeader<'_>, Data<'_>)],
@@ -345,19 +417,29 @@ fn write_file(
     sizes: &[u64],
     metadata: &[(&str, Value<'_>)],
     threads: usize,
+    stop: &AtomicBool,
 ) -> Result<u64, SessionError> {
-    let io_err = |e: std::io::Error| cache_error(format!("{}: {e}", path.display()));
-    let file = File::create(path).map_err(io_err)?;
-    let out = BufWriter::with_capacity(1 << 20, file);
-    let mut writer = GgufWriter::start_sized(out, metadata, headers, sizes).map_err(io_err)?;
+    let path = out.tmp_path().to_path_buf();
+    let target = out.target().display().to_string();
+    let io_err = |e: std::io::Error| cache_error(format!("writing {target}: {e}"));
+    let file = out.try_clone_file().map_err(|e| cache_error(e.to_string()))?;
+    let buffered = BufWriter::with_capacity(1 << 20, file);
+    let mut writer = GgufWriter::start_sized(buffered, metadata, headers, sizes).map_err(io_err)?;
+    let mut crcs = Vec::with_capacity(plan.len());
     for ((_, data), &size) in plan.iter().zip(sizes) {
+        if stop.load(Ordering::Relaxed) {
+            return Err(SessionError::Interrupted);
+        }
         match *data {
-            Data::Copy(t) => writer.write_tensor_data(gguf.tensor_data(t)).map_err(io_err)?,
+            Data::Copy(t) => {
+                let bytes = gguf.tensor_data(t);
+                crcs.push(crc32fast::hash(bytes));
+                writer.write_tensor_data(bytes).map_err(io_err)?
+            }
             Data::Packed(t, format) => {
-                let bytes =
-                    pack_planes(t, gguf.tensor_data(t), format, size as usize, threads).ok_or_else(|| {
-                        cache_error(format!("{}: tensor {}: repacking failed", path.display(), t.name))
-                    })?;
+                let bytes = pack_planes(t, gguf.tensor_data(t), format, size as usize, threads)
+                    .ok_or_else(|| cache_error(format!("{target}: tensor {}: repacking failed", t.name)))?;
+                crcs.push(crc32fast::hash(&bytes));
                 writer.write_tensor_data(&bytes).map_err(io_err)?;
             }
         }
@@ -367,20 +449,39 @@ fn write_file(
         model.release(start..start + t.nbytes as usize);
     }
     let (buf, len) = writer.finish().map_err(io_err)?;
-    buf.into_inner().map_err(|e| io_err(e.into_error()))?.sync_all().map_err(io_err)?;
+    let file = buf.into_inner().map_err(|e| io_err(e.into_error()))?;
+    patch_checksums(&file, &path, &crcs).map_err(io_err)?;
+    file.sync_all().map_err(io_err)?;
 
-    let back = ModelFile::open(path).map_err(SessionError::Load)?;
+    let back = ModelFile::open(&path).map_err(SessionError::Load)?;
     let check = back.parse().map_err(SessionError::Load)?;
-    let ok = check_cache(&check, path).map_err(cache_error)?
+    let ok = check_cache(&check, &path).map_err(cache_error)?
         && check.tensor_count() == headers.len()
         && check.tensors().zip(headers).all(|(t, h)| t.name == h.name && t.ty == h.ty && t.ne == h.ne);
     if !ok {
-        return Err(cache_error(format!(
-            "{}: the written file does not read back as planned",
-            path.display()
-        )));
+        return Err(cache_error(format!("{target}: the written file does not read back as planned")));
     }
+    verify_data(&check, &path).map_err(cache_error)?;
     Ok(len)
+}
+
+/// Writes the data checksums and then the header checksum into their placeholders in `file`
+/// (the cache at `path`, complete but for them).
+fn patch_checksums(file: &std::fs::File, path: &Path, crcs: &[u32]) -> std::io::Result<()> {
+    let bad = || std::io::Error::other("the written header does not read back");
+    let (data_at, header_at, header_len) = {
+        let written = ModelFile::open(path).map_err(|e| std::io::Error::other(e.to_string()))?;
+        let g = written.parse().map_err(|e| std::io::Error::other(e.to_string()))?;
+        // An array value starts with its element type (4 bytes) and length (8).
+        let data_at = g.value_offset(KEY_DATA_CRC).ok_or_else(bad)? + 12;
+        (data_at, g.value_offset(KEY_HEADER_CRC).ok_or_else(bad)?, g.data_start())
+    };
+    let crc_bytes: Vec<u8> = crcs.iter().flat_map(|c| c.to_le_bytes()).collect();
+    file.write_all_at(&crc_bytes, data_at as u64)?;
+    let mut header = std::vec![0u8; header_len];
+    file.read_exact_at(&mut header, 0)?;
+    header.get_mut(header_at..header_at + 4).ok_or_else(bad)?.fill(0);
+    file.write_all_at(&crc32fast::hash(&header).to_le_bytes(), header_at as u64)
 }
 
 /// The planes of `t` (data `src`) packed as `format`: quants, zeros up to 64-byte alignment,

@@ -111,6 +111,8 @@ pub enum SessionError {
     /// A repacked-weight cache this pinfer cannot use (another layout version or CPU, damaged, or
     /// run without repacking), or writing one failed.
     Cache(std::string::String),
+    /// Stopped on request (SIGINT) before finishing; nothing was left half-written.
+    Interrupted,
     /// The memory plan exceeds the memory available (`SessionOptions::memory_limit`).
     OverMemory {
         /// The plan.
@@ -201,6 +203,7 @@ impl fmt::Display for SessionError {
             Self::Resources(msg) => write!(f, "{msg}"),
             Self::Threads(e) => write!(f, "{e}"),
             Self::Cache(msg) => write!(f, "{msg}"),
+            Self::Interrupted => write!(f, "interrupted"),
             Self::OverMemory { plan, limit } => write!(
                 f,
                 "not loading: the memory plan needs {plan}, more than the {:.1} MiB available (use a smaller \

@@ -3,6 +3,7 @@
 //! ones, and `--no-repack` on a cache are refused with a message (never a panic).
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
 
 use pinfer::gguf::Gguf;
 use pinfer::kernels::packed::LAYOUT_VERSION;
@@ -47,7 +48,8 @@ fn cache_of(model: &str, name: &str) -> Temp {
     let src = model_path(model);
     assert!(src.exists(), "{} missing: run scripts/setup.sh model", src.display());
     let out = temp_dir().join(name);
-    let report = write_cache(&src, &out, 2).unwrap_or_else(|e| panic!("{model}: {e}"));
+    let report =
+        write_cache(&src, &out, 2, &AtomicBool::new(false)).unwrap_or_else(|e| panic!("{model}: {e}"));
     assert!(report.tensors > 0, "{model}: nothing repacked");
     assert!(!temp_dir().join(format!("{name}.tmp")).exists(), "the temporary file is renamed");
     Temp(out)
@@ -214,10 +216,12 @@ fn truncated_caches_are_refused_not_a_panic() {
 #[test]
 fn repack_refuses_its_input_as_output_and_a_cache_as_input() {
     let src = model_path("tiny/qwen3-tiny.gguf");
-    let err = write_cache(&src, &src, 1).expect_err("IN == OUT must fail").to_string();
-    assert!(err.contains("another file"), "{err}");
+    let err =
+        write_cache(&src, &src, 1, &AtomicBool::new(false)).expect_err("IN == OUT must fail").to_string();
+    assert!(err.contains("the same file"), "{err}");
     let cache = cache_of("tiny/qwen3-tiny.gguf", "qwen3-input.cache.gguf");
     let again = Temp(temp_dir().join("again.gguf"));
-    let err = write_cache(&cache, &again, 1).expect_err("a cache as input").to_string();
+    let err =
+        write_cache(&cache, &again, 1, &AtomicBool::new(false)).expect_err("a cache as input").to_string();
     assert!(err.contains("already a pinfer repack cache"), "{err}");
 }

@@ -265,6 +265,22 @@ impl<'a> Gguf<'a> {
         self.kvs.iter().filter_map(move |kv| Some((self.key_of(kv), self.value_of(kv).ok()?)))
     }
 
+    /// Where the value of `key` starts in the file (an array's: at its element type), if present:
+    /// for writers that patch a fixed-size value in place (a checksum written last).
+    pub fn value_offset(&self, key: &str) -> Option<usize> {
+        self.kvs.iter().find(|kv| self.key_of(kv) == key).map(|kv| kv.value_pos as usize)
+    }
+
+    /// The key of the last metadata pair (where a checksum of the header goes).
+    pub fn last_key(&self) -> Option<&'a str> {
+        self.kvs.last().map(|kv| self.key_of(kv))
+    }
+
+    /// The whole file, as given to [`Gguf::parse`].
+    pub fn file_bytes(&self) -> &'a [u8] {
+        self.bytes
+    }
+
     /// The value of `key`, if present.
     pub fn get(&self, key: &str) -> Option<Value<'a>> {
         let kv = self.kvs.iter().find(|kv| self.key_of(kv) == key)?;

@@ -337,6 +337,13 @@ impl<'a> ArrayView<'a> {
         self.elem
     }
 
+    /// An array of u32 over `bytes` (little-endian, four per element; a trailing part is
+    /// ignored): for writers.
+    pub fn of_u32(bytes: &'a [u8]) -> Self {
+        let len = bytes.len() / 4;
+        ArrayView { elem: ValueType::U32, len, bytes: &bytes[..len * 4] }
+    }
+
     /// Number of elements.
     pub fn len(&self) -> usize {
         self.len

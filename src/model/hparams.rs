@@ -233,7 +233,7 @@ impl HParams {
             "rope.scale_linear"
         };
         let scaling = match g.get_f32_opt(&k(factor_key))? {
-            Some(v) if v == 0.0 => 1.0,
+            Some(0.0) => 1.0,
             _ => f32_in(g, &k(factor_key), Some(1.0), 0.0, 1e6)?,
         };
         let rms_eps = f32_in(g, &k("attention.layer_norm_rms_epsilon"), None, 0.0, 1.0)?;

@@ -7,7 +7,6 @@
 //! - `ppN`: `N` prompt tokens in one [`Session::eval`] call (the session splits them into batches);
 //! - `tgN`: `N` tokens evaluated one at a time, the loop of text generation without the sampler.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -145,7 +144,7 @@ fn token_ids(n: usize, n_vocab: usize, bos: Option<u32>) -> Vec<u32> {
 
 /// One run of `test` from an empty cache; nanoseconds.
 fn run_once(session: &mut Session, test: Test, ids: &[u32]) -> Result<u64, CliError> {
-    let fail = |e: pinfer::session::SessionError| CliError(format!("{}: {e}", test.name()));
+    let fail = |e: pinfer::session::SessionError| CliError::new(format!("{}: {e}", test.name()));
     session.truncate(0);
     let t = Instant::now();
     match test {
@@ -279,7 +278,7 @@ pub fn run(args: BenchArgs) -> Result<(), CliError> {
         crate::force_kernels(name)?;
     }
     if args.reps == 0 {
-        return Err(CliError("-r must be at least 1".into()));
+        return Err(CliError::new("-r must be at least 1".into()));
     }
     let tests: Vec<Test> = args
         .n_prompt
@@ -289,7 +288,7 @@ pub fn run(args: BenchArgs) -> Result<(), CliError> {
         .chain(args.n_gen.iter().filter(|&&n| n > 0).map(|&n| Test::Gen(n)))
         .collect();
     if tests.is_empty() {
-        return Err(CliError("nothing to measure: -p and -n are both 0".into()));
+        return Err(CliError::new("nothing to measure: -p and -n are both 0".into()));
     }
     let path = crate::model_path(args.model);
     // Every test starts from an empty cache; like llama-bench, the context holds a prompt and a
@@ -301,9 +300,10 @@ pub fn run(args: BenchArgs) -> Result<(), CliError> {
     let runtime = Runtime::new(&args.runtime)?;
     let mut opts = SessionOptions { n_ctx, ..Default::default() };
     opts.repack &= !args.no_repack; // the default also honours PINFER_NO_REPACK
-    let mut session = runtime
-        .load(&path, opts.clone(), 0)
-        .map_err(|e| CliError(format!("{} (context of {n_ctx} tokens for -p and -n)", e.0)))?;
+    let mut session = runtime.load(&path, opts.clone(), 0).map_err(|e| match e {
+        CliError::Message(m) => CliError::new(format!("{m} (context of {n_ctx} tokens for -p and -n)")),
+        other => other,
+    })?;
     let cores = runtime.cores(&session);
     let tok = crate::generate::tokenizer(&path, session.gguf())?;
     let bos = tok.bos();
@@ -328,11 +328,8 @@ pub fn run(args: BenchArgs) -> Result<(), CliError> {
     };
 
     let markdown = args.output == "md";
-    let stdout = std::io::stdout();
     if markdown {
-        let mut out = stdout.lock();
-        let _ = writeln!(out, "{}", md_header());
-        let _ = out.flush();
+        outln!("{}", md_header())?;
     }
     let mut rows = Vec::new();
     for test in tests {
@@ -344,18 +341,16 @@ pub fn run(args: BenchArgs) -> Result<(), CliError> {
         }
         let outcome = Outcome { test, samples_ns };
         if markdown {
-            let mut out = stdout.lock();
-            let _ = writeln!(out, "{}", md_line(&setup, &outcome));
-            let _ = out.flush();
+            outln!("{}", md_line(&setup, &outcome))?;
         } else {
             rows.push(json_row(&setup, &outcome));
         }
     }
     if markdown {
-        println!();
-        println!("build: pinfer {}, n_batch {}, n_ctx {}", pinfer::VERSION, setup.n_batch, setup.n_ctx);
+        outln!()?;
+        outln!("build: pinfer {}, n_batch {}, n_ctx {}", pinfer::VERSION, setup.n_batch, setup.n_ctx)?;
         let f = &setup.facts;
-        println!(
+        outln!(
             "board: {} ({}), cores {}, cpu governor {}, cpu {}{}, ddr {}",
             setup.board.1,
             setup.board.0,
@@ -367,9 +362,9 @@ pub fn run(args: BenchArgs) -> Result<(), CliError> {
                 "{m} MHz ({})",
                 f.ddr_governor.as_deref().unwrap_or("-")
             ))
-        );
+        )?;
     } else {
-        println!("{}", serde_json::to_string_pretty(&Json::Array(rows)).unwrap_or_default());
+        outln!("{}", serde_json::to_string_pretty(&Json::Array(rows)).unwrap_or_default())?;
     }
     Ok(())
 }

@@ -29,7 +29,7 @@ pub struct GenerateArgs {
 
 /// The model's tokenizer, its tables in memory kept for the whole process (like the model).
 pub fn tokenizer(path: &Path, gguf: &Gguf<'static>) -> Result<Tokenizer<'static>, CliError> {
-    let fail = |e: pinfer::tokenizer::TokError| CliError(format!("{}: {e}", path.display()));
+    let fail = |e: pinfer::tokenizer::TokError| CliError::new(format!("{}: {e}", path.display()));
     let words = Tokenizer::storage_words(gguf).map_err(fail)?;
     let storage: &'static mut [u32] = Box::leak(vec![0u32; words].into_boxed_slice());
     Tokenizer::new(gguf, storage).map_err(fail)
@@ -48,7 +48,7 @@ pub fn encode(tok: &Tokenizer<'_>, text: &str, parse_special: bool) -> Result<Ve
         }
         other => other,
     }
-    .map_err(|e| CliError(format!("tokenizing the prompt: {e}")))?;
+    .map_err(|e| CliError::new(format!("tokenizing the prompt: {e}")))?;
     ids.truncate(n);
     Ok(ids)
 }
@@ -73,7 +73,7 @@ pub fn generate(path: &Path, args: GenerateArgs) -> Result<(), CliError> {
     if args.verbose > 0 {
         let (n, bytes, secs) = session.repacked();
         let how = if session.from_cache() { "mapped from the repack cache" } else { "repacked" };
-        eprintln!(
+        errln!(
             "pinfer: kernels {}, {} threads, {n} weight matrices {how} ({:.1} MiB) in {:.0} ms",
             pinfer::kernels::path().name(),
             session.threads(),
@@ -82,10 +82,10 @@ pub fn generate(path: &Path, args: GenerateArgs) -> Result<(), CliError> {
         );
     }
     let tok = tokenizer(path, session.gguf())?;
-    let mut sampler = Sampler::new(args.sampler).map_err(|e| CliError(e.to_string()))?;
+    let mut sampler = Sampler::new(args.sampler).map_err(|e| CliError::new(e.to_string()))?;
     let prompt = encode(&tok, &args.prompt, args.parse_special)?;
     if prompt.is_empty() {
-        return Err(CliError("the prompt is empty after tokenization".into()));
+        return Err(CliError::new("the prompt is empty after tokenization".into()));
     }
     let mut candidates = vec![Candidate::default(); session.n_vocab()];
     let mut piece = vec![0u8; StreamDecoder::buffer_len(&tok)];
@@ -98,7 +98,7 @@ pub fn generate(path: &Path, args: GenerateArgs) -> Result<(), CliError> {
     let _ = out.flush();
 
     let t_prompt = Instant::now();
-    let mut logits = session.eval(&prompt).map_err(|e| CliError(e.to_string()))?.to_vec();
+    let mut logits = session.eval(&prompt).map_err(|e| CliError::new(e.to_string()))?.to_vec();
     let t_prompt = t_prompt.elapsed();
 
     let mut recent: Vec<u32> = prompt.clone();
@@ -109,13 +109,13 @@ pub fn generate(path: &Path, args: GenerateArgs) -> Result<(), CliError> {
         let window = recent.len().saturating_sub(args.sampler.repeat_last_n as usize);
         let id = sampler
             .sample(&logits, &recent[window..], &mut candidates)
-            .map_err(|e| CliError(e.to_string()))?;
+            .map_err(|e| CliError::new(e.to_string()))?;
         if tok.is_eog(id) && !args.ignore_eos {
             break;
         }
         generated.push(id);
         recent.push(id);
-        let text = decoder.push(&tok, id, false, &mut piece).map_err(|e| CliError(e.to_string()))?;
+        let text = decoder.push(&tok, id, false, &mut piece).map_err(|e| CliError::new(e.to_string()))?;
         let _ = write!(out, "{text}");
         let _ = out.flush();
         if generated.len() == args.n_predict {
@@ -127,7 +127,7 @@ pub fn generate(path: &Path, args: GenerateArgs) -> Result<(), CliError> {
                 stop_note = Some(format!("context full ({n_ctx} tokens): stopped; raise it with -c"));
                 break;
             }
-            Err(e) => return Err(CliError(e.to_string())),
+            Err(e) => return Err(CliError::new(e.to_string())),
         }
     }
     let t_gen = t_gen.elapsed();
@@ -138,15 +138,15 @@ pub fn generate(path: &Path, args: GenerateArgs) -> Result<(), CliError> {
     }
     drop(out);
     if let Some(note) = stop_note {
-        eprintln!("pinfer: {note}");
+        errln!("pinfer: {note}");
     }
     // The first generated token comes from the prompt's logits, like llama.cpp's count of eval runs.
     let runs = generated.len().saturating_sub(1);
-    eprintln!();
-    eprintln!("pinfer: {:>16} = {:10.2} ms", "load time", ms(t_load));
-    eprintln!("{}", timing("prompt eval time", ms(t_prompt), prompt.len(), "tokens"));
-    eprintln!("{}", timing("eval time", ms(t_gen), runs, "runs"));
-    eprintln!(
+    errln!();
+    errln!("pinfer: {:>16} = {:10.2} ms", "load time", ms(t_load));
+    errln!("{}", timing("prompt eval time", ms(t_prompt), prompt.len(), "tokens"));
+    errln!("{}", timing("eval time", ms(t_gen), runs, "runs"));
+    errln!(
         "pinfer: {:>16} = {:10.2} ms / {:5} tokens",
         "total time",
         ms(t_start.elapsed()),
@@ -162,18 +162,18 @@ pub fn generate(path: &Path, args: GenerateArgs) -> Result<(), CliError> {
 pub fn tokenize(path: &Path, text: &str, ids_only: bool, parse_special: bool) -> Result<(), CliError> {
     let model = ModelFile::open_static(path)?;
     let gguf = model.parse()?;
-    pinfer::model::validate_vocab(&gguf).map_err(|e| CliError(format!("{}: {e}", path.display())))?;
+    pinfer::model::validate_vocab(&gguf).map_err(|e| CliError::new(format!("{}: {e}", path.display())))?;
     let tok = tokenizer(path, &gguf)?;
     let ids = encode(&tok, text, parse_special)?;
     if ids_only {
         let list: Vec<String> = ids.iter().map(u32::to_string).collect();
-        println!("{}", list.join(" "));
+        outln!("{}", list.join(" "))?;
         return Ok(());
     }
     let mut piece = vec![0u8; StreamDecoder::buffer_len(&tok)];
     for id in ids {
-        let n = tok.token_to_piece(id, true, &mut piece).map_err(|e| CliError(e.to_string()))?;
-        println!("{id:6} -> '{}'", String::from_utf8_lossy(&piece[..n]));
+        let n = tok.token_to_piece(id, true, &mut piece).map_err(|e| CliError::new(e.to_string()))?;
+        outln!("{id:6} -> '{}'", String::from_utf8_lossy(&piece[..n]))?;
     }
     Ok(())
 }
@@ -182,7 +182,7 @@ pub fn tokenize(path: &Path, text: &str, ids_only: bool, parse_special: bool) ->
 /// empty cache (BOS first where the model adds one) and scored on its second half, like
 /// llama.cpp's perplexity tool.
 pub fn perplexity(path: &Path, file: &Path, n_ctx: usize, runtime: &RuntimeArgs) -> Result<(), CliError> {
-    let text = std::fs::read(file).map_err(|e| CliError(format!("{}: {e}", file.display())))?;
+    let text = std::fs::read(file).map_err(|e| CliError::new(format!("{}: {e}", file.display())))?;
     let text = String::from_utf8_lossy(&text);
     let runtime = Runtime::new(runtime)?;
     let n_ctx = if n_ctx == 0 { 512 } else { n_ctx };
@@ -193,11 +193,15 @@ pub fn perplexity(path: &Path, file: &Path, n_ctx: usize, runtime: &RuntimeArgs)
     let mut tokens = vec![0u32; text.len() + 4];
     let n = tok
         .encode_with_scratch(&text, false, false, &mut tokens, &mut scratch)
-        .map_err(|e| CliError(format!("tokenizing {}: {e}", file.display())))?;
+        .map_err(|e| CliError::new(format!("tokenizing {}: {e}", file.display())))?;
     tokens.truncate(n);
     let n_chunks = tokens.len() / n_ctx;
     if n_chunks == 0 {
-        return Err(CliError(format!("{}: {} tokens, fewer than one chunk of {n_ctx}", file.display(), n)));
+        return Err(CliError::new(format!(
+            "{}: {} tokens, fewer than one chunk of {n_ctx}",
+            file.display(),
+            n
+        )));
     }
     let first = n_ctx / 2;
     let (mut nll, mut count) = (0f64, 0usize);
@@ -220,12 +224,12 @@ pub fn perplexity(path: &Path, file: &Path, n_ctx: usize, runtime: &RuntimeArgs)
                     count += 1;
                 }
             })
-            .map_err(|e| CliError(e.to_string()))?;
-        eprint!("[{}]{:.4} ", c + 1, (nll / count as f64).exp());
+            .map_err(|e| CliError::new(e.to_string()))?;
+        err!("[{}]{:.4} ", c + 1, (nll / count as f64).exp());
     }
-    eprintln!();
-    eprintln!("pinfer: {n_chunks} chunks of {n_ctx} tokens in {:.2} s", t0.elapsed().as_secs_f64());
-    println!("PPL = {:.4}", (nll / count as f64).exp());
+    errln!();
+    errln!("pinfer: {n_chunks} chunks of {n_ctx} tokens in {:.2} s", t0.elapsed().as_secs_f64());
+    outln!("PPL = {:.4}", (nll / count as f64).exp())?;
     Ok(())
 }
 
@@ -246,17 +250,17 @@ pub fn chat(
     let mut session = runtime.load(path, opts, 0)?;
     let tok = tokenizer(path, session.gguf())?;
     let template_text =
-        session.gguf().get_str_opt("tokenizer.chat_template").map_err(|e| CliError(e.to_string()))?;
+        session.gguf().get_str_opt("tokenizer.chat_template").map_err(|e| CliError::new(e.to_string()))?;
     let template =
-        ChatTemplate::detect(template_text).map_err(|e| CliError(format!("{}: {e}", path.display())))?;
-    let mut sampler = Sampler::new(sampler).map_err(|e| CliError(e.to_string()))?;
+        ChatTemplate::detect(template_text).map_err(|e| CliError::new(format!("{}: {e}", path.display())))?;
+    let mut sampler = Sampler::new(sampler).map_err(|e| CliError::new(e.to_string()))?;
     let mut candidates = vec![Candidate::default(); session.n_vocab()];
     let mut piece = vec![0u8; StreamDecoder::buffer_len(&tok)];
     let mut turns: Vec<(Role, String)> = system.into_iter().map(|s| (Role::System, s)).collect();
     let mut cached: Vec<u32> = Vec::new();
     let stdin = std::io::stdin();
     let mut out = std::io::stdout();
-    eprintln!(
+    errln!(
         "pinfer: chat with {} ({} template); an empty line or end of input ends it",
         path.display(),
         template.name()
@@ -265,7 +269,7 @@ pub fn chat(
         let _ = write!(out, "> ");
         let _ = out.flush();
         let mut line = String::new();
-        if stdin.lock().read_line(&mut line).map_err(|e| CliError(format!("reading stdin: {e}")))? == 0 {
+        if stdin.lock().read_line(&mut line).map_err(|e| CliError::new(format!("reading stdin: {e}")))? == 0 {
             break;
         }
         let line = line.trim_end_matches(['\n', '\r']);
@@ -276,7 +280,7 @@ pub fn chat(
         let messages: Vec<Message<'_>> =
             turns.iter().map(|(role, text)| Message { role: *role, content: text }).collect();
         let mut rendered = String::new();
-        template.render(&messages, true, &mut rendered).map_err(|e| CliError(e.to_string()))?;
+        template.render(&messages, true, &mut rendered).map_err(|e| CliError::new(e.to_string()))?;
         let tokens = encode(&tok, &rendered, true)?;
         // Reuse the cache for the part of the conversation it already holds.
         let keep = cached.iter().zip(&tokens).take_while(|(a, b)| a == b).count().min(tokens.len() - 1);
@@ -285,11 +289,11 @@ pub fn chat(
         let mut logits = match session.eval(&tokens[keep..]) {
             Ok(l) => l.to_vec(),
             Err(SessionError::ContextFull { n_ctx, .. }) => {
-                return Err(CliError(format!(
+                return Err(CliError::new(format!(
                     "context full ({n_ctx} tokens): the conversation no longer fits; raise it with -c"
                 )))
             }
-            Err(e) => return Err(CliError(e.to_string())),
+            Err(e) => return Err(CliError::new(e.to_string())),
         };
         cached.extend_from_slice(&tokens[keep..]);
         let mut reply = String::new();
@@ -298,21 +302,21 @@ pub fn chat(
             let window = cached.len().saturating_sub(64);
             let id = sampler
                 .sample(&logits, &cached[window..], &mut candidates)
-                .map_err(|e| CliError(e.to_string()))?;
+                .map_err(|e| CliError::new(e.to_string()))?;
             if tok.is_eog(id) {
                 break;
             }
-            let text = decoder.push(&tok, id, false, &mut piece).map_err(|e| CliError(e.to_string()))?;
+            let text = decoder.push(&tok, id, false, &mut piece).map_err(|e| CliError::new(e.to_string()))?;
             reply.push_str(text);
             let _ = write!(out, "{text}");
             let _ = out.flush();
             match session.eval(&[id]) {
                 Ok(l) => logits.copy_from_slice(l),
                 Err(SessionError::ContextFull { .. }) => {
-                    eprintln!("\npinfer: context full: reply cut short");
+                    errln!("\npinfer: context full: reply cut short");
                     break;
                 }
-                Err(e) => return Err(CliError(e.to_string())),
+                Err(e) => return Err(CliError::new(e.to_string())),
             }
             cached.push(id);
         }

@@ -62,7 +62,7 @@ pub fn run(path: &Path, args: InfoArgs) -> Result<(), CliError> {
     let InfoArgs { tensors, json: as_json, placement, no_repack } = args;
     let model = ModelFile::open(path)?;
     let gguf = model.parse()?;
-    let fail = |e: pinfer::model::ModelError| CliError(format!("{}: {e}", path.display()));
+    let fail = |e: pinfer::model::ModelError| CliError::new(format!("{}: {e}", path.display()));
     // Files without tensors (vocabulary-only tokenizer test files, or bare metadata) are
     // described without hyper-parameters; a model with tensors must be complete.
     let vocab = match gguf.get("tokenizer.ggml.model") {
@@ -74,7 +74,7 @@ pub fn run(path: &Path, args: InfoArgs) -> Result<(), CliError> {
     } else {
         let hp = HParams::from_gguf(&gguf).map_err(fail)?;
         let vocab = vocab.as_ref().ok_or_else(|| {
-            CliError(format!(
+            CliError::new(format!(
                 "{}: the model has no tokenizer metadata (tokenizer.ggml.model)",
                 path.display()
             ))
@@ -88,14 +88,14 @@ pub fn run(path: &Path, args: InfoArgs) -> Result<(), CliError> {
             let (rows, note) = plan_placement(&gguf, hp, repack);
             Some((rows, repack, note))
         }
-        (None, true) => return Err(CliError(format!("{}: no tensors to place", path.display()))),
+        (None, true) => return Err(CliError::new(format!("{}: no tensors to place", path.display()))),
         _ => None,
     };
     let report = Report { gguf, file_bytes: model.bytes().len(), hparams, vocab, placement };
     if as_json {
-        println!("{}", serde_json::to_string_pretty(&report.to_json(path, tensors)).unwrap_or_default());
+        outln!("{}", serde_json::to_string_pretty(&report.to_json(path, tensors)).unwrap_or_default())?;
     } else {
-        report.print(path, tensors);
+        report.print(path, tensors)?;
     }
     Ok(())
 }
@@ -133,68 +133,74 @@ impl Report<'_> {
         self.gguf.get_int::<u64>(key).ok().flatten()
     }
 
-    fn print(&self, path: &Path, tensors: bool) {
+    fn print(&self, path: &Path, tensors: bool) -> Result<(), CliError> {
         let h = self.gguf.header();
         let (bytes, params) = self.totals();
-        println!("file:          {}", path.display());
-        println!(
+        outln!("file:          {}", path.display())?;
+        outln!(
             "format:        GGUF v{}, {:.2} MiB, {} tensors, {} metadata keys, alignment {}",
             h.version,
             mib(self.file_bytes as u64),
             h.tensor_count,
             h.kv_count,
             self.gguf.alignment()
-        );
-        println!("architecture:  {}", self.str_key("general.architecture").unwrap_or("(none)"));
+        )?;
+        outln!("architecture:  {}", self.str_key("general.architecture").unwrap_or("(none)"))?;
         if pinfer::repack_cache::is_cache(&self.gguf) {
             let layout = self.gguf.get_int::<u64>(pinfer::repack_cache::KEY_LAYOUT).ok().flatten();
             let listed = self.str_key(pinfer::repack_cache::KEY_TENSORS).map_or(0, |s| s.lines().count());
-            println!(
+            outln!(
                 "repack cache:  pinfer packed layout {} for {}, {listed} matrices repacked (sizes below are \
                  the GGUF types', not the planes')",
                 layout.map_or("?".to_string(), |v| v.to_string()),
                 self.str_key(pinfer::repack_cache::KEY_ARCH).unwrap_or("?")
-            );
+            )?;
         }
         if let Some(name) = self.str_key("general.name") {
-            println!("name:          {name}");
+            outln!("name:          {name}")?;
         }
         if h.tensor_count > 0 {
-            println!(
+            outln!(
                 "size:          {:.2} MiB of weights, {:.2} M parameters, {:.2} bits per weight",
                 mib(bytes),
                 params as f64 / 1e6,
                 bytes as f64 * 8.0 / params.max(1) as f64
-            );
+            )?;
             let mix: Vec<String> = self
                 .quant_mix()
                 .iter()
                 .map(|(ty, n, b, _)| format!("{ty} {n} tensors ({:.2} MiB)", mib(*b)))
                 .collect();
-            println!("quant mix:     {}", mix.join(", "));
+            outln!("quant mix:     {}", mix.join(", "))?;
         }
         if let Some(hp) = &self.hparams {
-            println!(
+            outln!(
                 "layers:        {} (embedding {}, feed-forward {}, context {})",
-                hp.n_layer, hp.n_embd, hp.n_ff, hp.n_ctx_train
-            );
-            println!(
+                hp.n_layer,
+                hp.n_embd,
+                hp.n_ff,
+                hp.n_ctx_train
+            )?;
+            outln!(
                 "attention:     {} heads, {} kv heads, head dim {}/{}, rope dims {}, freq base {}, rms eps {:e}",
                 hp.n_head, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v, hp.n_rot, hp.rope_freq_base, hp.rms_eps
-            );
+            )?;
             if hp.n_expert > 0 {
-                println!(
+                outln!(
                     "experts:       {} ({} used per token, width {}, shared width {})",
-                    hp.n_expert, hp.n_expert_used, hp.n_ff_expert, hp.n_ff_shared
-                );
+                    hp.n_expert,
+                    hp.n_expert_used,
+                    hp.n_ff_expert,
+                    hp.n_ff_shared
+                )?;
             }
             if hp.sliding_window > 0 {
-                println!("sliding window: {}", hp.sliding_window);
+                outln!("sliding window: {}", hp.sliding_window)?;
             }
         }
         if let Some(v) = &self.vocab {
             let id = |k: &str| self.special_id(k).map_or("-".to_string(), |i| i.to_string());
-            println!(
+            outln!(
                 "tokenizer:     {} (pre {}), {} tokens, {} merges, bos {}, eos {}, chat template {}",
                 v.model,
                 v.pre.unwrap_or("default"),
@@ -203,28 +209,29 @@ impl Report<'_> {
                 id("tokenizer.ggml.bos_token_id"),
                 id("tokenizer.ggml.eos_token_id"),
                 if self.gguf.get("tokenizer.chat_template").is_some() { "yes" } else { "no" }
-            );
+            )?;
         }
         if let Some((rows, repack, note)) = &self.placement {
-            println!();
+            outln!()?;
             let note = note.as_ref().map_or(String::new(), |n| format!("; {n}"));
-            println!(
+            outln!(
                 "placement (repacking {}; kernels {}{note}):",
                 if *repack { "on" } else { "off" },
                 pinfer::kernels::path().name()
-            );
+            )?;
             let rows = || self.gguf.tensors().zip(rows.iter().copied());
-            print_placement(rows(), &mut std::io::stdout());
-            println!("buffers: {}", summary_text(&summary(rows())));
+            print_placement(rows(), &mut std::io::stdout()).map_err(crate::streams::stdout_error)?;
+            outln!("buffers: {}", summary_text(&summary(rows())))?;
         }
         if tensors {
-            println!();
-            println!("{:<40} {:>8} {:>24} {:>12}", "tensor", "type", "shape", "bytes");
+            outln!()?;
+            outln!("{:<40} {:>8} {:>24} {:>12}", "tensor", "type", "shape", "bytes")?;
             for t in self.gguf.tensors() {
                 let dims: Vec<String> = shape(&t).iter().map(u64::to_string).collect();
-                println!("{:<40} {:>8} {:>24} {:>12}", t.name, t.ty.name(), dims.join(" x "), t.nbytes);
+                outln!("{:<40} {:>8} {:>24} {:>12}", t.name, t.ty.name(), dims.join(" x "), t.nbytes)?;
             }
         }
+        Ok(())
     }
 
     fn to_json(&self, path: &Path, tensors: bool) -> Json {
@@ -306,12 +313,18 @@ impl Report<'_> {
 /// options) chooses on this machine.
 pub fn boards(args: &RuntimeArgs) -> Result<(), CliError> {
     use pinfer::board::runtime::{list, ranges};
-    println!(
+    outln!(
         "{:<18} {:<20} {:<15} {:>9} {:>9} {:>4} {:>7}  ram",
-        "board", "name", "soc", "big", "little", "npu", "threads"
-    );
+        "board",
+        "name",
+        "soc",
+        "big",
+        "little",
+        "npu",
+        "threads"
+    )?;
     for p in pinfer::board::profiles() {
-        let p = p.map_err(|e| CliError(format!("a board profile does not parse: {e}")))?;
+        let p = p.map_err(|e| CliError::new(format!("a board profile does not parse: {e}")))?;
         let cores = |c: &[u16]| {
             if c.is_empty() {
                 "-".to_string()
@@ -319,7 +332,7 @@ pub fn boards(args: &RuntimeArgs) -> Result<(), CliError> {
                 ranges(&c.iter().map(|&c| usize::from(c)).collect::<Vec<_>>())
             }
         };
-        println!(
+        outln!(
             "{:<18} {:<20} {:<15} {:>9} {:>9} {:>4} {:>7}  {}",
             p.id,
             p.name,
@@ -329,14 +342,14 @@ pub fn boards(args: &RuntimeArgs) -> Result<(), CliError> {
             p.npu_cores,
             p.recommended_threads,
             p.ram_notes
-        );
+        )?;
     }
     let rt = Runtime::new(args)?;
-    println!();
-    println!("this machine: {} ({}, {})", rt.board.profile.name, rt.board.profile.id, rt.board.how);
-    println!("workers: {} on cores {}", rt.workers.cores.len(), list(&rt.workers.cores));
+    outln!()?;
+    outln!("this machine: {} ({}, {})", rt.board.profile.name, rt.board.profile.id, rt.board.how)?;
+    outln!("workers: {} on cores {}", rt.workers.cores.len(), list(&rt.workers.cores))?;
     let facts = pinfer::board::runtime::facts(Path::new("/"), &rt.workers.cores);
-    println!(
+    outln!(
         "cpu governor {}, cpu {}, ddr {}",
         facts.governor.as_deref().unwrap_or("-"),
         facts.cpu_freq_text(),
@@ -344,6 +357,6 @@ pub fn boards(args: &RuntimeArgs) -> Result<(), CliError> {
             "{m} MHz ({})",
             facts.ddr_governor.as_deref().unwrap_or("-")
         ))
-    );
+    )?;
     Ok(())
 }

@@ -7,6 +7,10 @@ use clap::{Parser, Subcommand};
 use pinfer::loader::DEFAULT_MODEL_PATH;
 use pinfer::sampler::SamplerConfig;
 
+// First: its macros are visible only in the modules declared after it.
+#[macro_use]
+mod streams;
+
 mod bench;
 mod generate;
 mod info;
@@ -14,6 +18,7 @@ mod npu;
 mod quantize;
 mod repack;
 mod runtime;
+mod signals;
 
 use runtime::RuntimeArgs;
 
@@ -171,14 +176,33 @@ enum Command {
     /// Write a repacked-weight cache: a GGUF with the weight matrices already in pinfer's packed
     /// layout for this CPU, which loads without repacking (`pinfer repack IN OUT`).
     Repack(repack::RepackArgs),
+    /// Check a file pinfer wrote for itself (a repack cache) against its checksums; a plain GGUF
+    /// is checked for structure and model metadata.
+    Verify {
+        /// The file.
+        file: PathBuf,
+    },
 }
 
-/// A failure the user can act on: printed as `error: ...` with exit status 1.
-pub(crate) struct CliError(pub(crate) String);
+/// How a command failed, and the exit status that says it.
+pub(crate) enum CliError {
+    /// A failure the user can act on: printed as `error: ...` with exit status 1.
+    Message(String),
+    /// Stopped by SIGINT: exit status 130, as a shell reports a process killed by it.
+    Interrupted,
+    /// Standard output is a closed pipe: exit status 141 quietly, as coreutils.
+    BrokenPipe,
+}
+
+impl CliError {
+    pub(crate) fn new(msg: String) -> Self {
+        Self::Message(msg)
+    }
+}
 
 impl<E: std::error::Error> From<E> for CliError {
     fn from(e: E) -> Self {
-        Self(e.to_string())
+        Self::Message(e.to_string())
     }
 }
 
@@ -250,17 +274,10 @@ fn run(cli: Cli) -> Result<(), CliError> {
         Command::Bench(args) => bench::run(args),
         Command::Quantize(args) => quantize::run(args),
         Command::Repack(args) => repack::run(args),
+        Command::Verify { file } => repack::verify(&file),
         Command::NpuPlan(args) => npu::plan(args),
         Command::Selftest(args) => npu::selftest(args),
     }
-}
-
-/// Output piped into `head` must end the program quietly, as with other Unix tools, rather than
-/// panic in `println!`: restore the default SIGPIPE action that Rust's runtime replaces.
-fn quiet_on_closed_pipe() {
-    use nix::sys::signal::{signal, SigHandler, Signal};
-    // SAFETY: installs the default disposition (no handler code runs), before any thread starts.
-    let _ = unsafe { signal(Signal::SIGPIPE, SigHandler::SigDfl) };
 }
 
 /// `PINFER_KERNELS=ref|neon|dotprod|fp16|avx2` forces a kernel path (A/B comparisons).
@@ -274,7 +291,7 @@ pub(crate) fn force_kernels(name: &str) -> Result<(), CliError> {
     use pinfer::kernels::{set_path, KernelPath};
     match KernelPath::parse(name) {
         Some(p) if set_path(p) => Ok(()),
-        _ => Err(CliError(format!(
+        _ => Err(CliError::new(format!(
             "kernel path {name:?} is not available on this CPU (this one supports: {})",
             KernelPath::ALL
                 .into_iter()
@@ -287,12 +304,21 @@ pub(crate) fn force_kernels(name: &str) -> Result<(), CliError> {
 }
 
 fn main() -> ExitCode {
-    quiet_on_closed_pipe();
-    match kernels_from_env().and_then(|()| run(Cli::parse())) {
+    signals::install();
+    let result = kernels_from_env().and_then(|()| run(Cli::parse())).and_then(|()| streams::flush_stdout());
+    match result {
+        Ok(()) if streams::stderr_failed() => ExitCode::FAILURE,
         Ok(()) => ExitCode::SUCCESS,
-        Err(CliError(msg)) => {
-            eprintln!("error: {msg}");
+        Err(CliError::Message(msg)) => {
+            // Text still buffered for stdout goes first, so the error ends the output.
+            let _ = streams::flush_stdout();
+            errln!("error: {msg}");
             ExitCode::FAILURE
         }
+        Err(CliError::Interrupted) => {
+            let _ = streams::flush_stdout();
+            ExitCode::from(130)
+        }
+        Err(CliError::BrokenPipe) => ExitCode::from(141),
     }
 }

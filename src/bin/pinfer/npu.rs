@@ -52,9 +52,9 @@ impl NpuArgs {
             let _ = npu_cores;
             match self.npu.as_deref() {
                 None | Some("off") => Ok(NpuChoice {}),
-                Some(_) => {
-                    Err(CliError("this pinfer was built without NPU support (cargo feature `npu`)".into()))
-                }
+                Some(_) => Err(CliError::new(
+                    "this pinfer was built without NPU support (cargo feature `npu`)".into(),
+                )),
             }
         }
     }
@@ -65,12 +65,12 @@ impl NpuArgs {
         use pinfer::npu::{NpuConfig, NpuMode, Precision};
         let (mode, quiet) = match self.npu.as_deref() {
             None => (NpuMode::Auto, true),
-            Some(text) => (NpuMode::parse(text).map_err(CliError)?, false),
+            Some(text) => (NpuMode::parse(text).map_err(CliError::new)?, false),
         };
         if self.min_batch == 0 {
-            return Err(CliError("--npu-min-batch must be at least 1".into()));
+            return Err(CliError::new("--npu-min-batch must be at least 1".into()));
         }
-        let precision = Precision::parse(&self.precision).map_err(CliError)?;
+        let precision = Precision::parse(&self.precision).map_err(CliError::new)?;
         Ok(NpuConfig {
             mode,
             precision,
@@ -150,12 +150,12 @@ pub struct SelftestArgs {
 
 #[cfg(not(feature = "npu"))]
 pub fn plan(_args: NpuPlanArgs) -> Result<(), CliError> {
-    Err(CliError("this pinfer was built without NPU support (cargo feature `npu`)".into()))
+    Err(CliError::new("this pinfer was built without NPU support (cargo feature `npu`)".into()))
 }
 
 #[cfg(not(feature = "npu"))]
 pub fn selftest(_args: SelftestArgs) -> Result<(), CliError> {
-    Err(CliError("this pinfer was built without NPU support (cargo feature `npu`)".into()))
+    Err(CliError::new("this pinfer was built without NPU support (cargo feature `npu`)".into()))
 }
 
 /// `pinfer npu-plan`: which matmuls go to the NPU, and the extra memory.
@@ -171,17 +171,17 @@ pub fn plan(args: NpuPlanArgs) -> Result<(), CliError> {
         config.mode = pinfer::npu::NpuMode::Auto;
     }
     let plan = pinfer::npu::plan_model(&gguf, &config, args.n_batch, 0, args.logits_all)
-        .map_err(|e| CliError(format!("{}: {e}", path.display())))?;
+        .map_err(|e| CliError::new(format!("{}: {e}", path.display())))?;
     let json = plan.whitelist().to_json();
     if let Some(out) = &args.output {
-        std::fs::write(out, &json).map_err(|e| CliError(format!("{}: {e}", out.display())))?;
+        std::fs::write(out, &json).map_err(|e| CliError::new(format!("{}: {e}", out.display())))?;
     }
     if args.json {
-        print!("{json}");
+        out!("{json}")?;
     } else {
-        print!("{plan}");
+        out!("{plan}")?;
         if let Some(out) = &args.output {
-            println!("whitelist written to {}", out.display());
+            outln!("whitelist written to {}", out.display())?;
         }
     }
     Ok(())
@@ -196,29 +196,36 @@ pub fn selftest(args: SelftestArgs) -> Result<(), CliError> {
     use std::time::Instant;
 
     if args.npu.npu.is_none() {
-        return Err(CliError("nothing to test: pass --npu (auto, or a whitelist file)".into()));
+        return Err(CliError::new("nothing to test: pass --npu (auto, or a whitelist file)".into()));
     }
     let path = crate::model_path(args.model);
     let model = ModelFile::open(&path)?;
     let gguf = model.parse()?;
     let config = args.npu.config()?;
     if config.mode == NpuMode::Off {
-        return Err(CliError("--npu off: nothing to test".into()));
+        return Err(CliError::new("--npu off: nothing to test".into()));
     }
     let plan = pinfer::npu::plan_model(&gguf, &config, args.n_batch, 0, false)
-        .map_err(|e| CliError(format!("{}: {e}", path.display())))?;
-    let backend = NpuBackend::new(model.bytes(), &plan, &config).map_err(|e| CliError(e.message()))?;
-    println!(
+        .map_err(|e| CliError::new(format!("{}: {e}", path.display())))?;
+    let backend = NpuBackend::new(model.bytes(), &plan, &config).map_err(|e| CliError::new(e.message()))?;
+    outln!(
         "NPU selftest: {} ({} precision, {} shapes, runtime {})",
         path.display(),
         config.precision.name(),
         plan.shapes().len(),
         backend.library().display()
-    );
-    println!(
+    )?;
+    outln!(
         "{:>6} {:>6} {:>4}  {:>10} {:>10} {:>9}  {:>10} {:>8}  result",
-        "K", "N", "M", "max abs", "max rel", "err/bound", "us/call", "GFLOP/s"
-    );
+        "K",
+        "N",
+        "M",
+        "max abs",
+        "max rel",
+        "err/bound",
+        "us/call",
+        "GFLOP/s"
+    )?;
     // Twice the rounding bound: the hardware may sum in another order than the emulator.
     const SLACK: f64 = 2.0;
     let mut failures = 0;
@@ -233,7 +240,7 @@ pub fn selftest(args: SelftestArgs) -> Result<(), CliError> {
     for (k, n) in plan.shapes() {
         let Some(m) = plan.matmuls.iter().find(|m| m.k == k && m.n == n) else { continue };
         let mut w = vec![0f32; k * n];
-        dequantize_rows(m.ty, &model.bytes()[m.offset..], k, 0..n, &mut w).map_err(CliError)?;
+        dequantize_rows(m.ty, &model.bytes()[m.offset..], k, 0..n, &mut w).map_err(CliError::new)?;
         let largest = *plan.buckets_for(plan.max_tokens(k, n)).last().unwrap_or(&1);
         let mut rows_list = vec![plan.min_batch, largest];
         rows_list.dedup();
@@ -243,7 +250,7 @@ pub fn selftest(args: SelftestArgs) -> Result<(), CliError> {
             backend.begin();
             let ok = backend.accepts(m.offset, k, n, rows) && backend.run(m.offset, k, n, &x, &mut out);
             if !ok {
-                println!("{k:>6} {n:>6} {rows:>4}  the NPU did not run it  FAIL");
+                outln!("{k:>6} {n:>6} {rows:>4}  the NPU did not run it  FAIL")?;
                 failures += 1;
                 continue;
             }
@@ -259,33 +266,33 @@ pub fn selftest(args: SelftestArgs) -> Result<(), CliError> {
             let gflops = 2.0 * (rows * k * n) as f64 / median / 1e9;
             let pass = c.passes(SLACK);
             failures += usize::from(!pass);
-            println!(
+            outln!(
                 "{k:>6} {n:>6} {rows:>4}  {:>10.3e} {:>10.3e} {:>9.3}  {:>10.1} {gflops:>8.2}  {}",
                 c.max_abs,
                 c.max_rel,
                 c.worst_ratio,
                 median * 1e6,
                 if pass { "ok" } else { "FAIL" }
-            );
+            )?;
         }
     }
     let stats = backend.stats();
-    println!(
+    outln!(
         "{} matmuls, {:.2} MiB on the NPU, weights converted in {:.0} ms",
         stats.matmuls,
         stats.bytes as f64 / (1 << 20) as f64,
         stats.load_seconds * 1e3
-    );
+    )?;
     if failures > 0 {
-        return Err(CliError(format!(
+        return Err(CliError::new(format!(
             "NPU selftest failed: {failures} case(s) past {SLACK} x the {} rounding bound",
             config.precision.name()
         )));
     }
-    println!(
+    outln!(
         "NPU selftest passed: every result within {SLACK} x the {} rounding bound",
         config.precision.name()
-    );
+    )?;
     Ok(())
 }
 
@@ -294,7 +301,7 @@ pub fn report_load(session: &pinfer::session::Session) {
     #[cfg(feature = "npu")]
     if let Some(npu) = session.npu() {
         let s = npu.stats();
-        eprintln!(
+        errln!(
             "pinfer: npu: {} matmuls ({} shapes, {:.1} MiB) on {} in {} precision, batches of {}+ tokens; converted in {:.0} ms",
             s.matmuls,
             s.shapes,
@@ -314,7 +321,7 @@ pub fn report_end(session: &pinfer::session::Session) {
     #[cfg(feature = "npu")]
     if let Some(npu) = session.npu() {
         let s = npu.stats();
-        eprintln!(
+        errln!(
             "pinfer: npu: {} matmul calls in {:.2} ms{}",
             s.calls,
             s.seconds * 1e3,

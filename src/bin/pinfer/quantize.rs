@@ -11,18 +11,19 @@
 //!
 //! The output is GGUF v3 with the input's metadata, unchanged except `general.file_type` (the
 //! llama.cpp file type of TYPE; added if absent, with `general.quantization_version` 2 if that is
-//! absent too), the input's alignment, and the tensors in the input's order. It is written to
-//! `OUT.part`, checked with pinfer's parser, then renamed to OUT.
+//! absent too), the input's alignment, and the tensors in the input's order. It is written to a
+//! new temporary file beside OUT, checked with pinfer's parser, then renamed over OUT
+//! (`pinfer::output_file`: the input, devices and links are never overwritten).
 
-use std::fs::File;
 use std::io::BufWriter;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Instant;
 
 use clap::Args;
 use pinfer::gguf::write::{GgufWriter, TensorHeader};
 use pinfer::gguf::{Gguf, TensorInfo, Value};
 use pinfer::loader::ModelFile;
+use pinfer::output_file::OutputFile;
 use pinfer::quant::quantize::quantize_row_ref;
 use pinfer::quant::{dequantize_row_ref, GgmlType, QuantError};
 
@@ -55,7 +56,7 @@ const FALLBACK: GgmlType = GgmlType::Q8_0;
 fn parse_target(name: &str) -> Result<(GgmlType, u32), CliError> {
     TARGETS.iter().copied().find(|(ty, _)| ty.name().eq_ignore_ascii_case(name)).ok_or_else(|| {
         let names: Vec<&str> = TARGETS.iter().map(|(ty, _)| ty.name()).collect();
-        CliError(format!("unknown quantization type '{name}' (supported: {})", names.join(", ")))
+        CliError::new(format!("unknown quantization type '{name}' (supported: {})", names.join(", ")))
     })
 }
 
@@ -161,7 +162,7 @@ fn requantize(
 fn output_metadata<'a>(gguf: &Gguf<'a>, file_type: u32) -> Result<Vec<(&'a str, Value<'a>)>, CliError> {
     let mut meta: Vec<(&'a str, Value<'a>)> = gguf.metadata().collect();
     if meta.len() as u64 != gguf.header().kv_count {
-        return Err(CliError(format!(
+        return Err(CliError::new(format!(
             "could read only {} of the {} metadata values",
             meta.len(),
             gguf.header().kv_count
@@ -203,7 +204,7 @@ fn print_notes(notes: &Notes, target: GgmlType) {
         lens.sort_unstable();
         lens.dedup();
         let lens: Vec<String> = lens.iter().map(u64::to_string).collect();
-        eprintln!(
+        errln!(
             "note: {} matrices have rows of {} elements, not a multiple of {target}'s block of {}: {what} ({})",
             group.len(),
             lens.join(", "),
@@ -212,18 +213,12 @@ fn print_notes(notes: &Notes, target: GgmlType) {
         );
     }
     if !notes.unreadable.is_empty() {
-        eprintln!(
+        errln!(
             "note: {} matrices have types pinfer cannot dequantize and are left as they are ({})",
             notes.unreadable.len(),
             some_names(notes.unreadable.iter().map(String::as_str))
         );
     }
-}
-
-fn part_path(output: &Path) -> PathBuf {
-    let mut name = output.as_os_str().to_owned();
-    name.push(".part");
-    PathBuf::from(name)
 }
 
 /// Runs the conversion.
@@ -234,7 +229,7 @@ pub fn run(args: QuantizeArgs) -> Result<(), CliError> {
     let gguf = model.parse()?;
     let input_name = args.input.display();
     if pinfer::repack_cache::is_cache(&gguf) {
-        return Err(CliError(format!(
+        return Err(CliError::new(format!(
             "{input_name} is a pinfer repack cache (weights in pinfer's packed layout): quantize the original GGUF"
         )));
     }
@@ -242,7 +237,7 @@ pub fn run(args: QuantizeArgs) -> Result<(), CliError> {
     let mut notes = Notes::default();
     let tensors: Vec<TensorInfo<'_>> = gguf.tensors().collect();
     if tensors.len() != gguf.tensor_count() {
-        return Err(CliError(format!("{input_name}: could not read every tensor info")));
+        return Err(CliError::new(format!("{input_name}: could not read every tensor info")));
     }
     // The output projection: `output.weight`, or the token embedding when the model ties them.
     let has_output = tensors.iter().any(|t| t.name == "output.weight");
@@ -257,18 +252,10 @@ pub fn run(args: QuantizeArgs) -> Result<(), CliError> {
     let metadata = output_metadata(&gguf, file_type)?;
     print_notes(&notes, target);
 
-    let part = part_path(&args.output);
-    let result = write_output(&part, &gguf, &tensors, &plans, &headers, &metadata);
-    let out_bytes = match result {
-        Ok(n) => n,
-        Err(e) => {
-            let _ = std::fs::remove_file(&part);
-            return Err(e);
-        }
-    };
-    std::fs::rename(&part, &args.output).map_err(|e| {
-        CliError(format!("cannot rename {} to {}: {e}", part.display(), args.output.display()))
-    })?;
+    let _polled = crate::signals::Polled::start();
+    let mut out = OutputFile::create(&args.output, &[&args.input])?;
+    let out_bytes = write_output(&mut out, &gguf, &tensors, &plans, &headers, &metadata)?;
+    out.commit()?;
 
     let (mut to_target, mut to_fallback, mut copied) = (0, 0, 0);
     for p in &plans {
@@ -280,7 +267,7 @@ pub fn run(args: QuantizeArgs) -> Result<(), CliError> {
     }
     let tensors = |n: usize| if n == 1 { "1 tensor".to_string() } else { format!("{n} tensors") };
     let fallback = if to_fallback > 0 { format!(", {to_fallback} to {FALLBACK}") } else { String::new() };
-    println!(
+    outln!(
         "quantized {input_name} -> {} ({target}): {} to {target}{fallback}, {copied} copied; \
          {:.2} MiB -> {:.2} MiB in {:.1} s",
         args.output.display(),
@@ -288,32 +275,34 @@ pub fn run(args: QuantizeArgs) -> Result<(), CliError> {
         mib(model.bytes().len() as u64),
         mib(out_bytes),
         start.elapsed().as_secs_f64()
-    );
+    )?;
     Ok(())
 }
 
-/// Writes the whole output to `path` and checks it parses back with the planned tensors; returns its
-/// size in bytes.
+/// Writes the whole output to `out`'s temporary file and checks it parses back with the planned
+/// tensors; returns its size in bytes.
 fn write_output(
-    path: &Path,
+    out: &mut OutputFile,
     gguf: &Gguf<'_>,
     tensors: &[TensorInfo<'_>],
     plans: &[Plan],
     headers: &[TensorHeader<'_>],
     metadata: &[(&str, Value<'_>)],
 ) -> Result<u64, CliError> {
-    let io_err = |e: std::io::Error| CliError(format!("{}: {e}", path.display()));
-    let file = File::create(path).map_err(io_err)?;
+    let path = out.tmp_path().to_path_buf();
+    let io_err = |e: std::io::Error| CliError::new(format!("writing {}: {e}", out.target().display()));
+    let file = out.try_clone_file()?;
     let mut writer =
         GgufWriter::start(BufWriter::with_capacity(1 << 20, file), metadata, headers).map_err(io_err)?;
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     for (t, plan) in tensors.iter().zip(plans) {
+        crate::signals::check_interrupt()?;
         let src = gguf.tensor_data(t);
         match *plan {
             Plan::Copy => writer.write_tensor_data(src),
             Plan::Requantize(ty) => {
                 let data = requantize(src, t.ty, ty, t.ne[0] as usize, threads)
-                    .map_err(|e| CliError(format!("{}: {e}", t.name)))?;
+                    .map_err(|e| CliError::new(format!("{}: {e}", t.name)))?;
                 writer.write_tensor_data(&data)
             }
         }
@@ -322,12 +311,15 @@ fn write_output(
     let (buf, len) = writer.finish().map_err(io_err)?;
     buf.into_inner().map_err(|e| io_err(e.into_error()))?.sync_all().map_err(io_err)?;
 
-    let written = ModelFile::open(path)?;
+    let written = ModelFile::open(&path)?;
     let check = written.parse()?;
     let ok = check.tensor_count() == headers.len()
         && check.tensors().zip(headers).all(|(t, h)| t.name == h.name && t.ty == h.ty && t.ne == h.ne);
     if !ok {
-        return Err(CliError(format!("{}: the written file does not read back as planned", path.display())));
+        return Err(CliError::new(format!(
+            "{}: the written file does not read back as planned",
+            path.display()
+        )));
     }
     Ok(len)
 }

@@ -2,11 +2,12 @@
 //! a GGUF whose weight matrices are already in pinfer's packed layout for this CPU, so loading it
 //! only maps it.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use clap::Args;
 use pinfer::kernels::packed::LAYOUT_VERSION;
-use pinfer::repack_cache::{write_cache, ARCH};
+use pinfer::loader::ModelFile;
+use pinfer::repack_cache::{check_cache, verify_data, write_cache, ARCH};
 
 use crate::CliError;
 
@@ -15,7 +16,7 @@ use crate::CliError;
 pub struct RepackArgs {
     /// Input GGUF (the original model).
     pub input: PathBuf,
-    /// Output GGUF (the cache; written to OUT.tmp, then renamed).
+    /// Output GGUF (the cache; written to a new temporary file beside it, then renamed over it).
     pub output: PathBuf,
 }
 
@@ -26,9 +27,13 @@ fn mib(bytes: u64) -> f64 {
 /// Writes the cache and says what it did.
 pub fn run(args: RepackArgs) -> Result<(), CliError> {
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let r = write_cache(&args.input, &args.output, threads)?;
+    let _polled = crate::signals::Polled::start();
+    let r = match write_cache(&args.input, &args.output, threads, &crate::signals::INTERRUPTED) {
+        Err(pinfer::session::SessionError::Interrupted) => return Err(CliError::Interrupted),
+        other => other?,
+    };
     let tied = if r.tied_output { " (the tied embedding's packed copy stored as output.weight)" } else { "" };
-    println!(
+    outln!(
         "repacked {} -> {}: {} weight matrices in pinfer's layout {LAYOUT_VERSION} for {ARCH} ({:.1} MiB){tied}; \
          {:.1} MiB -> {:.1} MiB in {:.1} s",
         args.input.display(),
@@ -38,11 +43,42 @@ pub fn run(args: RepackArgs) -> Result<(), CliError> {
         mib(r.in_bytes),
         mib(r.out_bytes),
         r.seconds
-    );
-    println!(
+    )?;
+    outln!(
         "load it like any model (pinfer generate -m {}); it runs only on {ARCH} with this layout, and other \
          GGUF tools cannot read its weights",
         args.output.display()
-    );
+    )?;
+    Ok(())
+}
+
+/// `pinfer verify FILE`: checks a repack cache's header and every tensor against its checksums
+/// (a plain GGUF has none: its structure and model metadata are checked).
+pub fn verify(path: &Path) -> Result<(), CliError> {
+    let started = std::time::Instant::now();
+    let model = ModelFile::open(path)?;
+    let gguf = model.parse()?;
+    if !check_cache(&gguf, path).map_err(CliError::new)? {
+        let hp = pinfer::model::HParams::from_gguf(&gguf)
+            .map_err(|e| CliError::new(format!("{}: {e}", path.display())))?;
+        let vocab = pinfer::model::validate_vocab(&gguf)
+            .map_err(|e| CliError::new(format!("{}: {e}", path.display())))?;
+        pinfer::model::validate_tensors(&gguf, &hp, vocab.n_vocab)
+            .map_err(|e| CliError::new(format!("{}: {e}", path.display())))?;
+        outln!(
+            "{}: a valid GGUF model ({} tensors); plain GGUF files carry no checksums of their data",
+            path.display(),
+            gguf.tensor_count()
+        )?;
+        return Ok(());
+    }
+    let checked = verify_data(&gguf, path).map_err(CliError::new)?;
+    outln!(
+        "{}: ok: header and {} tensors ({:.1} MiB) match their checksums ({:.2} s)",
+        path.display(),
+        gguf.tensor_count(),
+        mib(checked as u64),
+        started.elapsed().as_secs_f64()
+    )?;
     Ok(())
 }

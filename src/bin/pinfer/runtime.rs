@@ -59,13 +59,13 @@ impl Runtime {
     /// Resolves the board and plans the workers; prints the notes on what was adjusted.
     pub fn new(args: &RuntimeArgs) -> Result<Self, CliError> {
         let root = Path::new("/");
-        let board = board::resolve(&args.board, root).map_err(CliError)?;
+        let board = board::resolve(&args.board, root).map_err(CliError::new)?;
         // The inherited mask, read before anything pins this thread.
         let allowed = allowed_cores();
         let cores: Option<Vec<usize>> = match &args.cores {
             Some(text) => Some(
                 pinfer::board::parse_core_list(text)
-                    .map_err(|e| CliError(format!("--cores {text}: {e}")))?
+                    .map_err(|e| CliError::new(format!("--cores {text}: {e}")))?
                     .iter()
                     .map(|&c| usize::from(c))
                     .collect(),
@@ -73,9 +73,9 @@ impl Runtime {
             None => None,
         };
         let workers =
-            board::plan_workers(&board, &allowed, cores.as_deref(), args.threads).map_err(CliError)?;
+            board::plan_workers(&board, &allowed, cores.as_deref(), args.threads).map_err(CliError::new)?;
         for note in &workers.notes {
-            eprintln!("pinfer: note: {note}");
+            errln!("pinfer: note: {note}");
         }
         let limit = match args.mem_limit {
             Some(mib) => Some((mib.saturating_mul(1 << 20), "--mem-limit")),
@@ -113,13 +113,16 @@ impl Runtime {
         let session = Session::new(model, &opts).map_err(|e| match e {
             SessionError::OverMemory { .. } => {
                 let source = self.memory_limit().map_or("", |(_, s)| s);
-                CliError(format!("{}: {e} ({source}; --mem-limit MIB sets another limit)", path.display()))
+                CliError::new(format!(
+                    "{}: {e} ({source}; --mem-limit MIB sets another limit)",
+                    path.display()
+                ))
             }
-            SessionError::Threads(e) => CliError(e.to_string()),
+            SessionError::Threads(e) => CliError::new(e.to_string()),
             // Both name the file already.
-            SessionError::Load(e) => CliError(e.to_string()),
-            SessionError::Cache(msg) => CliError(msg),
-            e => CliError(format!("{}: {e}", path.display())),
+            SessionError::Load(e) => CliError::new(e.to_string()),
+            SessionError::Cache(msg) => CliError::new(msg),
+            e => CliError::new(format!("{}: {e}", path.display())),
         })?;
         let locked = if self.args.mlock { Some(lock(&session)?) } else { None };
         if verbose > 0 {
@@ -146,9 +149,9 @@ impl Runtime {
         } else {
             String::new()
         };
-        eprintln!("pinfer: board: {} ({}, {}); {classes}{npu}", p.name, p.id, b.how);
+        errln!("pinfer: board: {} ({}, {}); {classes}{npu}", p.name, p.id, b.how);
         let cores = self.cores(session);
-        eprintln!("pinfer: workers: {} on cores {}", cores.len(), board::list(&cores));
+        errln!("pinfer: workers: {} on cores {}", cores.len(), board::list(&cores));
         let (policy, priority) = current_thread_scheduler();
         let how = match (opts.rt_priority, policy) {
             (Some(_), _) => " (--rt-priority)",
@@ -165,18 +168,20 @@ impl Runtime {
         } else {
             "barrier waits sleep (threads share cores)"
         };
-        eprintln!("pinfer: scheduling: {sched}; {waits}");
+        errln!("pinfer: scheduling: {sched}; {waits}");
         let limit = self
             .memory_limit()
             .map_or(String::new(), |(bytes, source)| format!(" ({source} {:.1} MiB)", bytes as f64 / MIB));
-        eprintln!("pinfer: memory plan: {}{limit}", session.memory_plan());
+        errln!("pinfer: memory plan: {}{limit}", session.memory_plan());
         if let Some(locked) = locked {
-            eprintln!("pinfer: mlock: {locked}");
+            errln!("pinfer: mlock: {locked}");
         }
-        eprintln!("pinfer: placement: {}", summary_text(&summary(session.placements())));
+        errln!("pinfer: placement: {}", summary_text(&summary(session.placements())));
         crate::npu::report_load(session);
         if verbose > 1 {
-            print_placement(session.placements(), &mut std::io::stderr());
+            let mut text = Vec::new();
+            let _ = print_placement(session.placements(), &mut text);
+            err!("{}", String::from_utf8_lossy(&text));
         }
     }
 }
@@ -187,7 +192,7 @@ fn lock(session: &Session) -> Result<String, CliError> {
     let total: usize = regions.iter().map(|(_, b)| b.len()).sum();
     let mut by_kind: Vec<(&str, usize)> = Vec::new();
     for (kind, bytes) in &regions {
-        board::lock(bytes).map_err(|errno| CliError(board::lock_error(total, errno)))?;
+        board::lock(bytes).map_err(|errno| CliError::new(board::lock_error(total, errno)))?;
         match by_kind.iter_mut().find(|(k, _)| k == kind) {
             Some((_, n)) => *n += bytes.len(),
             None => by_kind.push((kind, bytes.len())),
@@ -254,10 +259,10 @@ pub fn summary_text(s: &Summary) -> String {
 pub fn print_placement<'a>(
     rows: impl Iterator<Item = (TensorInfo<'a>, Placement)>,
     out: &mut dyn std::io::Write,
-) {
-    let _ = writeln!(out, "{:<40} {:>6}  {:<16} {:>12}  reason", "tensor", "type", "placement", "bytes");
+) -> std::io::Result<()> {
+    writeln!(out, "{:<40} {:>6}  {:<16} {:>12}  reason", "tensor", "type", "placement", "bytes")?;
     for (t, p) in rows {
-        let _ = writeln!(
+        writeln!(
             out,
             "{:<40} {:>6}  {:<16} {:>12}  {}",
             t.name,
@@ -265,6 +270,63 @@ pub fn print_placement<'a>(
             p.buffer.to_string(),
             p.bytes,
             p.reason
-        );
+        )?;
     }
+    Ok(())
+}
+
+/// A repack cache's tensor data checked against its checksums on a background thread while the
+/// model runs: a damaged cache would otherwise give wrong text silently. The thread runs at
+/// SCHED_IDLE priority, so it takes only time the workers leave.
+pub struct CacheCheck(Option<std::sync::mpsc::Receiver<Result<(), String>>>);
+
+impl CacheCheck {
+    /// Starts the check when `session` runs from a repack cache (else does nothing).
+    pub fn start(session: &Session, path: &Path) -> Self {
+        if !session.from_cache() {
+            return Self(None);
+        }
+        let bytes: &'static [u8] = session.gguf().file_bytes();
+        let path = path.to_path_buf();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let spawned = std::thread::Builder::new().name("pinfer-verify".into()).spawn(move || {
+            lower_priority();
+            let checked = pinfer::gguf::Gguf::parse(bytes)
+                .map_err(|e| format!("{}: {e}", path.display()))
+                .and_then(|gguf| pinfer::repack_cache::verify_data(&gguf, &path));
+            let _ = tx.send(checked.map(|_| ()));
+        });
+        Self(spawned.ok().map(|_| rx))
+    }
+
+    /// An error once the check found damage; `Ok` while it runs and after it passed.
+    pub fn status(&mut self) -> Result<(), CliError> {
+        match self.0.as_ref().map(|rx| rx.try_recv()) {
+            Some(Ok(Err(msg))) => {
+                self.0 = None;
+                Err(CliError::new(msg))
+            }
+            Some(Ok(Ok(()))) => {
+                self.0 = None;
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Waits for the check to end: an error if it found damage.
+    pub fn finish(mut self) -> Result<(), CliError> {
+        match self.0.take().map(|rx| rx.recv()) {
+            Some(Ok(Err(msg))) => Err(CliError::new(msg)),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Moves the calling thread to SCHED_IDLE (lowering a priority needs no privilege; best effort).
+fn lower_priority() {
+    use nix::libc;
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: plain syscall on the calling thread (pid 0) with a valid parameter struct.
+    let _ = unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) };
 }
