@@ -5,8 +5,10 @@
 //! error before any tensor byte is touched, never a SIGBUS later.
 
 use std::fmt;
+use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::string::{String, ToString};
+use std::vec::Vec;
 
 use memmap2::{Mmap, MmapOptions};
 
@@ -18,10 +20,36 @@ pub const DEFAULT_MODEL_PATH: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
 /// The one command that fetches the default model.
 pub const FETCH_MODEL_COMMAND: &str = "scripts/setup.sh model";
 
-/// A model file mapped into memory.
+/// A model file mapped into memory (or read into it: [`ModelFile::read`]).
 pub struct ModelFile {
     path: PathBuf,
-    map: Mmap,
+    map: Bytes,
+}
+
+/// The file's bytes: a private read-only mapping, or a copy on the heap (`--no-mmap`).
+enum Bytes {
+    Map(Mmap),
+    /// 64-byte blocks, so tensor data keeps the alignment it has in the file; `len` bytes are
+    /// the file.
+    Heap {
+        blocks: Vec<Block>,
+        len: usize,
+    },
+}
+
+/// 64 bytes aligned to 64: the unit of the heap copy.
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+#[repr(C, align(64))]
+struct Block([u8; 64]);
+
+impl core::ops::Deref for Bytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Bytes::Map(m) => m,
+            Bytes::Heap { blocks, len } => &bytemuck::cast_slice::<Block, u8>(blocks)[..*len],
+        }
+    }
 }
 
 /// Why a model file could not be opened.
@@ -117,7 +145,29 @@ impl ModelFile {
         // process truncates the file while we run, access faults (SIGBUS) instead of reading stale
         // data; that is the documented limit of mmap loading (download to .part, then rename).
         let map = unsafe { MmapOptions::new().map_copy_read_only(&file) }.map_err(io_err)?;
-        Ok(Self { path: path.to_path_buf(), map })
+        Ok(Self { path: path.to_path_buf(), map: Bytes::Map(map) })
+    }
+
+    /// Reads `path` into memory instead of mapping it (llama.cpp's `--no-mmap`): no page faults
+    /// into the file later, and the file may change afterwards; costs a copy at load.
+    pub fn read(path: &Path) -> Result<Self, LoadError> {
+        use std::io::Read;
+        let mapped = Self::open(path)?; // the same checks, and the length
+        let len = mapped.map.len();
+        let io_err = |source| LoadError::Io { path: path.to_path_buf(), source };
+        let mut blocks = Vec::new();
+        blocks.try_reserve_exact(len.div_ceil(64)).map_err(|_| {
+            io_err(std::io::Error::other(std::format!("cannot allocate {len} bytes to read the model into")))
+        })?;
+        blocks.resize(len.div_ceil(64), Block([0; 64]));
+        let mut file = File::open(path).map_err(io_err)?;
+        file.read_exact(&mut bytemuck::cast_slice_mut::<Block, u8>(&mut blocks)[..len]).map_err(io_err)?;
+        Ok(Self { path: path.to_path_buf(), map: Bytes::Heap { blocks, len } })
+    }
+
+    /// [`ModelFile::read`] for the rest of the process (as [`ModelFile::open_static`]).
+    pub fn read_static(path: &Path) -> Result<&'static Self, LoadError> {
+        Ok(std::boxed::Box::leak(std::boxed::Box::new(Self::read(path)?)))
     }
 
     /// Maps `path` for the rest of the process: the model, its parsed view and everything
@@ -163,12 +213,12 @@ impl ModelFile {
         let page = 4096;
         let start = range.start.next_multiple_of(page);
         let end = range.end.min(self.map.len()) / page * page;
+        let Bytes::Map(map) = &self.map else { return };
         if end > start {
             // SAFETY: the mapping is private and read-only (never written), so dropping its pages
             // only discards clean copies of the file; later reads see the same bytes again.
-            let _ = unsafe {
-                self.map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, end - start)
-            };
+            let _ =
+                unsafe { map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, end - start) };
         }
     }
 }

@@ -1,30 +1,259 @@
-//! `pinfer generate` and `pinfer tokenize`: text in, tokens and text out.
+//! `pinfer generate`, `chat`, `tokenize` and `perplexity`: text in, tokens and text out.
+//!
+//! `generate` and `chat` take llama-cli's options ([`GenArgs`]); `generate -cnv` (or `-i`) is `chat`.
 
-use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+use clap::Args;
+use pinfer::chat::{ChatTemplate, Message, Role};
 use pinfer::gguf::Gguf;
 use pinfer::loader::ModelFile;
 use pinfer::sampler::{Candidate, Sampler, SamplerConfig};
-use pinfer::session::{SessionError, SessionOptions};
+use pinfer::session::{Session, SessionError, SessionOptions};
 use pinfer::tokenizer::{StreamDecoder, Tokenizer};
 
-use crate::runtime::{Runtime, RuntimeArgs};
+use crate::runtime::{CacheCheck, Runtime, RuntimeArgs};
+use crate::signals::{take_interrupt, Polled};
 use crate::CliError;
 
-/// What `generate` needs besides the model.
-pub struct GenerateArgs {
-    pub prompt: String,
-    pub n_predict: usize,
-    pub sampler: SamplerConfig,
-    pub n_ctx: usize,
+/// Options of `generate` and `chat`, spelled as llama-cli spells them.
+#[derive(Args, Debug, Clone)]
+pub struct GenArgs {
+    /// Model file (GGUF). Default: the model fetched by scripts/setup.sh.
+    #[arg(short = 'm', long = "model")]
+    pub model: Option<PathBuf>,
+    /// The prompt (`-`: read it from stdin). Special-token text such as <|im_start|> becomes the
+    /// special token. In a conversation: the first user message.
+    #[arg(short = 'p', long = "prompt", allow_hyphen_values = true)]
+    pub prompt: Option<String>,
+    /// Read the prompt from this file (`-`: stdin).
+    #[arg(short = 'f', long = "file", value_name = "FILE", conflicts_with = "prompt")]
+    pub file: Option<PathBuf>,
+    /// System message (conversation mode).
+    #[arg(long = "system", visible_alias = "system-prompt", value_name = "TEXT", allow_hyphen_values = true)]
+    pub system: Option<String>,
+    /// Process escapes (\n, \r, \t, \', \", \\, \xNN) in the prompt and system message: on by
+    /// default, as in llama-cli.
+    #[arg(short = 'e', long = "escape", overrides_with = "no_escape")]
+    pub escape: bool,
+    /// Take the prompt's backslashes literally.
+    #[arg(long = "no-escape")]
+    pub no_escape: bool,
+    /// Tokens to generate (-1: until end of generation or a full context; -2: until the context is full).
+    #[arg(short = 'n', long = "n-predict", allow_negative_numbers = true)]
+    pub n_predict: Option<i64>,
+    /// Temperature (0: greedy).
+    #[arg(long = "temp", default_value_t = 0.8, allow_negative_numbers = true)]
+    pub temp: f32,
+    /// Keep the K most likely tokens (0: all).
+    #[arg(long = "top-k", default_value_t = 40)]
+    pub top_k: u32,
+    /// Keep the most likely tokens up to this total probability (1: all).
+    #[arg(long = "top-p", default_value_t = 0.95, allow_negative_numbers = true)]
+    pub top_p: f32,
+    /// Drop tokens less likely than this fraction of the most likely one.
+    #[arg(long = "min-p", default_value_t = 0.05, allow_negative_numbers = true)]
+    pub min_p: f32,
+    /// Penalty for repeating the last --repeat-last-n tokens (1: off).
+    #[arg(long = "repeat-penalty", default_value_t = 1.0, allow_negative_numbers = true)]
+    pub repeat_penalty: f32,
+    /// Tokens the repeat penalty looks back on.
+    #[arg(long = "repeat-last-n", default_value_t = 64)]
+    pub repeat_last_n: u32,
+    /// Random seed (-1: a random one, printed with -v).
+    #[arg(short = 's', long = "seed", default_value_t = -1, allow_negative_numbers = true)]
+    pub seed: i64,
+    /// Context size in tokens (0: min(4096, the model's maximum)).
+    #[arg(short = 'c', long = "ctx-size", default_value_t = 0)]
+    pub ctx: usize,
+    /// Logical batch: most prompt tokens per evaluation (with -ub, the smaller counts).
+    #[arg(short = 'b', long = "batch-size")]
+    pub batch: Option<usize>,
+    /// Physical batch (llama.cpp's -ub): most prompt tokens per graph evaluation.
+    #[arg(long = "ubatch-size", value_name = "N")]
+    pub ubatch: Option<usize>,
+    #[command(flatten)]
     pub runtime: RuntimeArgs,
-    pub parse_special: bool,
+    /// Chat with the model's chat template (llama-cli's -cnv); `-i` is the same.
+    #[arg(short = 'i', long = "conversation", visible_alias = "interactive")]
+    pub conversation: bool,
+    /// Plain completion even where llama-cli would start a conversation (accepted; the default).
+    #[arg(long = "no-conversation", hide = true)]
+    pub no_conversation: bool,
+    /// Chat template: a built-in name (chatml, llama3, gemma, phi3, phi4, llama2, mistral-v7, ...) or
+    /// a Jinja template text to recognise (default: the model's own).
+    #[arg(long = "chat-template", value_name = "NAME|JINJA")]
+    pub chat_template: Option<String>,
+    /// Colour the prompt apart from the generated text (ANSI).
+    #[arg(long = "color", visible_alias = "colour")]
+    pub color: bool,
+    /// Do not echo the prompt: stdout holds only the generated text.
+    #[arg(long = "no-display-prompt")]
+    pub no_display_prompt: bool,
+    /// Print the generated token ids, space-separated, on the last line.
+    #[arg(long = "print-ids")]
     pub print_ids: bool,
+    /// Treat special-token text in the prompt as plain text.
+    #[arg(long = "no-parse-special")]
+    pub no_parse_special: bool,
+    /// Keep generating past end-of-generation tokens (benchmarks).
+    #[arg(long = "ignore-eos")]
     pub ignore_eos: bool,
+    /// Keep the file's weight layouts instead of repacking them (A/B comparisons; also
+    /// PINFER_NO_REPACK=1).
+    #[arg(long = "no-repack")]
     pub no_repack: bool,
+    /// Force a kernel path: ref, neon, dotprod, fp16 (dotprod with llama.cpp's aarch64 f16
+    /// attention arithmetic) or avx2 (also PINFER_KERNELS).
+    #[arg(long = "kernels")]
+    pub kernels: Option<String>,
+    /// Print load details on stderr before the first token: board, workers and their cores,
+    /// scheduling, memory plan, placement summary, kernels, seed (-vv: every tensor's placement).
+    #[arg(short = 'v', long = "verbose", action = clap::ArgAction::Count)]
     pub verbose: u8,
+}
+
+impl GenArgs {
+    /// The sampler settings, checked (before the model loads); the seed drawn when -1.
+    fn sampler(&self) -> Result<SamplerConfig, CliError> {
+        let seed = match self.seed {
+            -1 => random_seed(),
+            s if s < 0 => {
+                return Err(CliError::new(format!("--seed {s}: give 0 or more, or -1 for a random seed")))
+            }
+            s => s as u64,
+        };
+        let config = SamplerConfig {
+            temperature: self.temp,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repeat_penalty: self.repeat_penalty,
+            repeat_last_n: self.repeat_last_n,
+            seed,
+        };
+        config.validate().map_err(|e| CliError::new(e.to_string()))?;
+        Ok(config)
+    }
+
+    /// Tokens to generate: `None` until end of generation or a full context.
+    fn limit(&self, default: usize) -> Result<Option<usize>, CliError> {
+        match self.n_predict {
+            None => Ok(Some(default)),
+            Some(-1 | -2) => Ok(None),
+            Some(n) if n < 0 => Err(CliError::new(format!(
+                "-n {n}: give a count, -1 (until the end) or -2 (until the context is full)"
+            ))),
+            Some(n) => Ok(Some(n as usize)),
+        }
+    }
+
+    fn session_options(&self) -> Result<SessionOptions, CliError> {
+        let mut opts = SessionOptions { n_ctx: self.ctx, ..Default::default() };
+        opts.repack &= !self.no_repack;
+        let batch = match (self.batch, self.ubatch) {
+            (Some(b), Some(u)) => Some(b.min(u)),
+            (b, u) => b.or(u),
+        };
+        if let Some(b) = batch {
+            if b == 0 {
+                return Err(CliError::new("-b/-ub: the batch must hold at least one token".into()));
+            }
+            opts.n_batch = b;
+        }
+        Ok(opts)
+    }
+
+    fn escape(&self) -> bool {
+        !self.no_escape
+    }
+
+    /// The prompt from -p, -f or stdin, escapes processed; `None` when none was given.
+    fn prompt(&self) -> Result<Option<String>, CliError> {
+        let text = match (&self.prompt, &self.file) {
+            (Some(p), _) if p == "-" => Some(read_stdin()?),
+            (Some(p), _) => Some(p.clone()),
+            (None, Some(f)) if f.as_os_str() == "-" => Some(read_stdin()?),
+            (None, Some(f)) => Some(read_text_file(f)?),
+            (None, None) => None,
+        };
+        Ok(text.map(|t| if self.escape() { process_escapes(&t) } else { t }))
+    }
+}
+
+/// A seed from the OS's random source (or the clock where it is missing).
+fn random_seed() -> u64 {
+    use std::io::Read;
+    let mut bytes = [0u8; 8];
+    match std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut bytes)) {
+        Ok(()) => u64::from_le_bytes(bytes),
+        Err(_) => {
+            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+            now.as_nanos() as u64 ^ (u64::from(std::process::id()) << 32)
+        }
+    }
+}
+
+fn read_stdin() -> Result<String, CliError> {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    std::io::stdin().read_to_end(&mut bytes).map_err(|e| CliError::new(format!("reading stdin: {e}")))?;
+    String::from_utf8(bytes).map_err(|e| CliError::new(format!("stdin: the prompt is not valid UTF-8 ({e})")))
+}
+
+/// A text file's contents; refused if it is not a regular file (a FIFO would block) or not UTF-8.
+pub fn read_text_file(path: &Path) -> Result<String, CliError> {
+    pinfer::output_file::check_input(path)?;
+    let bytes = std::fs::read(path).map_err(|e| CliError::new(format!("{}: {e}", path.display())))?;
+    String::from_utf8(bytes).map_err(|e| {
+        CliError::new(format!(
+            "{}: not valid UTF-8 text (byte {})",
+            path.display(),
+            e.utf8_error().valid_up_to()
+        ))
+    })
+}
+
+/// llama-cli's escapes: `\n`, `\r`, `\t`, `\'`, `\"`, `\\` and `\xNN`; any other backslash
+/// stays as it is.
+pub fn process_escapes(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c != '\\' {
+            out.push(c);
+            continue;
+        }
+        match chars.peek().copied() {
+            Some('n') => out.push('\n'),
+            Some('r') => out.push('\r'),
+            Some('t') => out.push('\t'),
+            Some('\'') => out.push('\''),
+            Some('"') => out.push('"'),
+            Some('\\') => out.push('\\'),
+            Some('x') => {
+                let hex: String = chars.clone().skip(1).take(2).collect();
+                match u8::from_str_radix(&hex, 16) {
+                    Ok(b) if hex.len() == 2 && b.is_ascii() => {
+                        out.push(b as char);
+                        chars.next();
+                        chars.next();
+                    }
+                    _ => {
+                        out.push('\\');
+                        continue;
+                    }
+                }
+            }
+            _ => {
+                out.push('\\');
+                continue;
+            }
+        }
+        chars.next();
+    }
+    out
 }
 
 /// The model's tokenizer, its tables in memory kept for the whole process (like the model).
@@ -62,100 +291,6 @@ fn timing(label: &str, t: f64, n: usize, unit: &str) -> String {
     let per = if n > 0 { t / n as f64 } else { 0.0 };
     let rate = if t > 0.0 { 1e3 * n as f64 / t } else { 0.0 };
     format!("pinfer: {label:>16} = {t:10.2} ms / {n:5} {unit:6} ({per:8.2} ms per token, {rate:8.2} tokens per second)")
-}
-
-pub fn generate(path: &Path, args: GenerateArgs) -> Result<(), CliError> {
-    let t_start = Instant::now();
-    let runtime = Runtime::new(&args.runtime)?;
-    let mut opts = SessionOptions { n_ctx: args.n_ctx, ..Default::default() };
-    opts.repack &= !args.no_repack;
-    let mut session = runtime.load(path, opts, args.verbose)?;
-    if args.verbose > 0 {
-        let (n, bytes, secs) = session.repacked();
-        let how = if session.from_cache() { "mapped from the repack cache" } else { "repacked" };
-        errln!(
-            "pinfer: kernels {}, {} threads, {n} weight matrices {how} ({:.1} MiB) in {:.0} ms",
-            pinfer::kernels::path().name(),
-            session.threads(),
-            bytes as f64 / (1 << 20) as f64,
-            secs * 1e3
-        );
-    }
-    let tok = tokenizer(path, session.gguf())?;
-    let mut sampler = Sampler::new(args.sampler).map_err(|e| CliError::new(e.to_string()))?;
-    let prompt = encode(&tok, &args.prompt, args.parse_special)?;
-    if prompt.is_empty() {
-        return Err(CliError::new("the prompt is empty after tokenization".into()));
-    }
-    let mut candidates = vec![Candidate::default(); session.n_vocab()];
-    let mut piece = vec![0u8; StreamDecoder::buffer_len(&tok)];
-    let mut decoder = StreamDecoder::new();
-    let t_load = t_start.elapsed();
-
-    let stdout = std::io::stdout();
-    let mut out = stdout.lock();
-    let _ = write!(out, "{}", args.prompt);
-    let _ = out.flush();
-
-    let t_prompt = Instant::now();
-    let mut logits = session.eval(&prompt).map_err(|e| CliError::new(e.to_string()))?.to_vec();
-    let t_prompt = t_prompt.elapsed();
-
-    let mut recent: Vec<u32> = prompt.clone();
-    let mut generated = Vec::new();
-    let mut stop_note = None;
-    let t_gen = Instant::now();
-    while generated.len() < args.n_predict {
-        let window = recent.len().saturating_sub(args.sampler.repeat_last_n as usize);
-        let id = sampler
-            .sample(&logits, &recent[window..], &mut candidates)
-            .map_err(|e| CliError::new(e.to_string()))?;
-        if tok.is_eog(id) && !args.ignore_eos {
-            break;
-        }
-        generated.push(id);
-        recent.push(id);
-        let text = decoder.push(&tok, id, false, &mut piece).map_err(|e| CliError::new(e.to_string()))?;
-        let _ = write!(out, "{text}");
-        let _ = out.flush();
-        if generated.len() == args.n_predict {
-            break;
-        }
-        match session.eval(&[id]) {
-            Ok(l) => logits.copy_from_slice(l),
-            Err(SessionError::ContextFull { n_ctx, .. }) => {
-                stop_note = Some(format!("context full ({n_ctx} tokens): stopped; raise it with -c"));
-                break;
-            }
-            Err(e) => return Err(CliError::new(e.to_string())),
-        }
-    }
-    let t_gen = t_gen.elapsed();
-    let _ = writeln!(out, "{}", decoder.finish(&mut piece));
-    if args.print_ids {
-        let ids: Vec<String> = generated.iter().map(u32::to_string).collect();
-        let _ = writeln!(out, "{}", ids.join(" "));
-    }
-    drop(out);
-    if let Some(note) = stop_note {
-        errln!("pinfer: {note}");
-    }
-    // The first generated token comes from the prompt's logits, like llama.cpp's count of eval runs.
-    let runs = generated.len().saturating_sub(1);
-    errln!();
-    errln!("pinfer: {:>16} = {:10.2} ms", "load time", ms(t_load));
-    errln!("{}", timing("prompt eval time", ms(t_prompt), prompt.len(), "tokens"));
-    errln!("{}", timing("eval time", ms(t_gen), runs, "runs"));
-    errln!(
-        "pinfer: {:>16} = {:10.2} ms / {:5} tokens",
-        "total time",
-        ms(t_start.elapsed()),
-        prompt.len() + runs
-    );
-    if args.verbose > 0 {
-        crate::npu::report_end(&session);
-    }
-    Ok(())
 }
 
 /// `pinfer tokenize`: ids of a text; works on vocabulary-only files (no tensors are touched).
@@ -233,50 +368,285 @@ pub fn perplexity(path: &Path, file: &Path, n_ctx: usize, runtime: &RuntimeArgs)
     Ok(())
 }
 
-/// `pinfer chat`: an interactive conversation on stdin/stdout using the model's chat template. The
-/// KV cache is kept across turns: each turn evaluates only what the cache does not hold yet.
-pub fn chat(
-    path: &Path,
-    system: Option<String>,
-    n_ctx: usize,
-    runtime: &RuntimeArgs,
-    n_reply: usize,
-    sampler: SamplerConfig,
-) -> Result<(), CliError> {
-    use pinfer::chat::{ChatTemplate, Message, Role};
-    use std::io::BufRead;
-    let runtime = Runtime::new(runtime)?;
-    let opts = SessionOptions { n_ctx, ..Default::default() };
-    let mut session = runtime.load(path, opts, 0)?;
-    let tok = tokenizer(path, session.gguf())?;
-    let template_text =
-        session.gguf().get_str_opt("tokenizer.chat_template").map_err(|e| CliError::new(e.to_string()))?;
-    let template =
-        ChatTemplate::detect(template_text).map_err(|e| CliError::new(format!("{}: {e}", path.display())))?;
-    let mut sampler = Sampler::new(sampler).map_err(|e| CliError::new(e.to_string()))?;
-    let mut candidates = vec![Candidate::default(); session.n_vocab()];
-    let mut piece = vec![0u8; StreamDecoder::buffer_len(&tok)];
-    let mut turns: Vec<(Role, String)> = system.into_iter().map(|s| (Role::System, s)).collect();
-    let mut cached: Vec<u32> = Vec::new();
-    let stdin = std::io::stdin();
-    let mut out = std::io::stdout();
+/// Why a stream of generated tokens ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stop {
+    /// An end-of-generation token.
+    EndOfGeneration,
+    /// The token limit (-n).
+    Limit,
+    /// The context is full.
+    ContextFull,
+    /// SIGINT: stopped after the current token.
+    Interrupted,
+}
+
+/// What one stream of generation needs, allocated once: nothing is allocated per token.
+struct Generator<'t> {
+    tok: &'t Tokenizer<'static>,
+    sampler: Sampler,
+    candidates: Vec<Candidate>,
+    piece: Vec<u8>,
+    logits: Vec<f32>,
+    ignore_eos: bool,
+    repeat_last_n: usize,
+}
+
+impl<'t> Generator<'t> {
+    fn new(
+        tok: &'t Tokenizer<'static>,
+        session: &Session,
+        config: SamplerConfig,
+        ignore_eos: bool,
+    ) -> Result<Self, CliError> {
+        Ok(Self {
+            tok,
+            sampler: Sampler::new(config).map_err(|e| CliError::new(e.to_string()))?,
+            candidates: vec![Candidate::default(); session.n_vocab()],
+            piece: vec![0u8; StreamDecoder::buffer_len(tok)],
+            logits: vec![0f32; session.n_vocab()],
+            ignore_eos,
+            repeat_last_n: config.repeat_last_n as usize,
+        })
+    }
+
+    /// Samples, prints and evaluates tokens after the ones whose logits are in `self.logits`,
+    /// appending them to `tokens` (whose capacity must hold them: sized by the caller) until one
+    /// of the [`Stop`] reasons; `on_text` gets each piece of text.
+    fn run(
+        &mut self,
+        session: &mut Session,
+        tokens: &mut Vec<u32>,
+        limit: Option<usize>,
+        check: &mut CacheCheck,
+        mut on_text: impl FnMut(&str) -> Result<(), CliError>,
+    ) -> Result<Stop, CliError> {
+        let mut decoder = StreamDecoder::new();
+        let mut n = 0usize;
+        let stop = loop {
+            if limit.is_some_and(|l| n >= l) {
+                break Stop::Limit;
+            }
+            check.status()?;
+            let window = tokens.len().saturating_sub(self.repeat_last_n);
+            let id = self
+                .sampler
+                .sample(&self.logits, &tokens[window..], &mut self.candidates)
+                .map_err(|e| CliError::new(e.to_string()))?;
+            if self.tok.is_eog(id) && !self.ignore_eos {
+                break Stop::EndOfGeneration;
+            }
+            if tokens.len() == tokens.capacity() {
+                break Stop::ContextFull;
+            }
+            tokens.push(id);
+            n += 1;
+            let text = decoder
+                .push(self.tok, id, false, &mut self.piece)
+                .map_err(|e| CliError::new(e.to_string()))?;
+            on_text(text)?;
+            if limit.is_some_and(|l| n >= l) {
+                break Stop::Limit;
+            }
+            if take_interrupt() {
+                break Stop::Interrupted;
+            }
+            match session.eval(&[id]) {
+                Ok(l) => self.logits.copy_from_slice(l),
+                Err(SessionError::ContextFull { .. }) => break Stop::ContextFull,
+                Err(e) => return Err(CliError::new(e.to_string())),
+            }
+        };
+        on_text(decoder.finish(&mut self.piece))?;
+        Ok(stop)
+    }
+}
+
+/// Loads the model of `args` with its runtime; reports the kernels and the seed with -v.
+fn load(args: &GenArgs, sampler: &SamplerConfig) -> Result<(PathBuf, Session, Tokenizer<'static>), CliError> {
+    if let Some(name) = &args.kernels {
+        crate::force_kernels(name)?;
+    }
+    let path = crate::model_path(args.model.clone());
+    let opts = args.session_options()?;
+    let runtime = Runtime::new(&args.runtime)?;
+    let session = runtime.load(&path, opts, args.verbose)?;
+    if args.verbose > 0 {
+        let (n, bytes, secs) = session.repacked();
+        let how = if session.from_cache() { "mapped from the repack cache" } else { "repacked" };
+        errln!(
+            "pinfer: kernels {}, {} threads, {n} weight matrices {how} ({:.1} MiB) in {:.0} ms",
+            pinfer::kernels::path().name(),
+            session.threads(),
+            bytes as f64 / (1 << 20) as f64,
+            secs * 1e3
+        );
+        let how = if args.seed == -1 { " (random; -s repeats it)" } else { "" };
+        errln!("pinfer: seed {}{how}", sampler.seed);
+    }
+    let tok = tokenizer(&path, session.gguf())?;
+    Ok((path, session, tok))
+}
+
+/// `pinfer generate`: the prompt, then the generated text streamed to stdout; timings on stderr.
+pub fn generate(args: GenArgs) -> Result<(), CliError> {
+    if args.conversation {
+        return chat(args);
+    }
+    let t_start = Instant::now();
+    // Everything the user typed is checked before the model loads.
+    let config = args.sampler()?;
+    let limit = args.limit(128)?;
+    let prompt_text = args.prompt()?.ok_or_else(|| {
+        CliError::new("no prompt: give -p TEXT, -f FILE, or -p - to read it from stdin (-cnv to chat)".into())
+    })?;
+    args.session_options()?;
+    let (path, mut session, tok) = load(&args, &config)?;
+    let mut check = CacheCheck::start(&session, &path);
+    let mut gen = Generator::new(&tok, &session, config, args.ignore_eos)?;
+    let prompt = encode(&tok, &prompt_text, !args.no_parse_special)?;
+    if prompt.is_empty() {
+        return Err(CliError::new("the prompt is empty after tokenization".into()));
+    }
+    // Every token the context can hold: the generated ones are appended without allocating.
+    let mut tokens = Vec::with_capacity(session.n_ctx().max(prompt.len()) + 1);
+    tokens.extend_from_slice(&prompt);
+    let t_load = t_start.elapsed();
+
+    if !args.no_display_prompt {
+        if args.color {
+            out!("\x1b[33m{prompt_text}\x1b[0m")?;
+        } else {
+            out!("{prompt_text}")?;
+        }
+    }
+    let polled = Polled::start();
+    let t_prompt = Instant::now();
+    let stop = match session.eval(&prompt) {
+        Ok(l) => {
+            gen.logits.copy_from_slice(l);
+            None
+        }
+        Err(SessionError::ContextFull { needed, n_ctx }) => return Err(CliError::new(format!(
+            "context full: the prompt needs {needed} positions, the context holds {n_ctx}; raise it with -c"
+        ))),
+        Err(e) => return Err(CliError::new(e.to_string())),
+    };
+    let t_prompt = t_prompt.elapsed();
+    let t_gen = Instant::now();
+    let stop = match stop {
+        Some(s) => s,
+        None if take_interrupt() => Stop::Interrupted,
+        None => gen.run(&mut session, &mut tokens, limit, &mut check, |text| out!("{text}"))?,
+    };
+    let t_gen = t_gen.elapsed();
+    drop(polled);
+    outln!()?;
+    let generated = &tokens[prompt.len()..];
+    if args.print_ids {
+        let ids: Vec<String> = generated.iter().map(u32::to_string).collect();
+        outln!("{}", ids.join(" "))?;
+    }
+    crate::streams::flush_stdout()?;
+    match stop {
+        Stop::ContextFull => {
+            errln!("pinfer: context full ({} tokens): stopped; raise it with -c", session.n_ctx())
+        }
+        Stop::Interrupted => errln!("pinfer: interrupted"),
+        Stop::EndOfGeneration | Stop::Limit => {}
+    }
+    // The first generated token comes from the prompt's logits, like llama.cpp's count of eval runs.
+    let runs = generated.len().saturating_sub(1);
+    errln!();
+    errln!("pinfer: {:>16} = {:10.2} ms", "load time", ms(t_load));
+    errln!("{}", timing("prompt eval time", ms(t_prompt), prompt.len(), "tokens"));
+    errln!("{}", timing("eval time", ms(t_gen), runs, "runs"));
     errln!(
-        "pinfer: chat with {} ({} template); an empty line or end of input ends it",
+        "pinfer: {:>16} = {:10.2} ms / {:5} tokens",
+        "total time",
+        ms(t_start.elapsed()),
+        prompt.len() + runs
+    );
+    if args.verbose > 0 {
+        crate::npu::report_end(&session);
+    }
+    check.finish()?;
+    if stop == Stop::Interrupted {
+        return Err(CliError::Interrupted);
+    }
+    Ok(())
+}
+
+/// The chat template: `--chat-template` (a built-in name or a template text to recognise), else
+/// the one the model file carries.
+fn chat_template(args: &GenArgs, gguf: &Gguf<'_>, path: &Path) -> Result<ChatTemplate, CliError> {
+    if let Some(given) = &args.chat_template {
+        if let Some(t) = ChatTemplate::from_name(given) {
+            return Ok(t);
+        }
+        return ChatTemplate::detect(Some(given)).map_err(|e| {
+            let names: Vec<&str> = ChatTemplate::ALL.iter().map(|t| t.name()).collect();
+            CliError::new(format!(
+                "--chat-template {given:?}: neither a built-in name nor a template pinfer recognises ({e}); \
+                 built-in: {}",
+                names.join(", ")
+            ))
+        });
+    }
+    let text = gguf.get_str_opt("tokenizer.chat_template").map_err(|e| CliError::new(e.to_string()))?;
+    ChatTemplate::detect(text).map_err(|e| {
+        CliError::new(format!("{}: {e} (--chat-template NAME picks a built-in one)", path.display()))
+    })
+}
+
+/// `pinfer chat` (and `generate -cnv`): a conversation on stdin/stdout with the model's chat
+/// template, one message per line, an empty line or end of input ends it. The KV cache is kept
+/// across turns: each turn evaluates only what the cache does not hold yet. Ctrl-C stops the
+/// reply and returns to the prompt; at the prompt it exits.
+pub fn chat(args: GenArgs) -> Result<(), CliError> {
+    use std::io::BufRead;
+    let config = args.sampler()?;
+    let limit = args.limit(512)?;
+    let first = args.prompt()?;
+    let system =
+        args.system.as_deref().map(|s| if args.escape() { process_escapes(s) } else { s.to_string() });
+    args.session_options()?;
+    let (path, mut session, tok) = load(&args, &config)?;
+    let mut check = CacheCheck::start(&session, &path);
+    let template = chat_template(&args, session.gguf(), &path)?;
+    let mut gen = Generator::new(&tok, &session, config, false)?;
+    let mut turns: Vec<(Role, String)> = system.into_iter().map(|s| (Role::System, s)).collect();
+    let mut cached: Vec<u32> = Vec::with_capacity(session.n_ctx() + 1);
+    errln!(
+        "pinfer: chat with {} ({} template); an empty line or end of input ends it, Ctrl-C stops a reply",
         path.display(),
         template.name()
     );
+    let mut pending = first;
+    let stdin = std::io::stdin();
     loop {
-        let _ = write!(out, "> ");
-        let _ = out.flush();
-        let mut line = String::new();
-        if stdin.lock().read_line(&mut line).map_err(|e| CliError::new(format!("reading stdin: {e}")))? == 0 {
-            break;
-        }
-        let line = line.trim_end_matches(['\n', '\r']);
+        let line = match pending.take() {
+            Some(text) => {
+                outln!("> {text}")?;
+                text
+            }
+            None => {
+                out!("> ")?;
+                let mut line = String::new();
+                let n = stdin
+                    .lock()
+                    .read_line(&mut line)
+                    .map_err(|e| CliError::new(format!("reading stdin: {e}")))?;
+                if n == 0 {
+                    break;
+                }
+                line.trim_end_matches(['\n', '\r']).to_string()
+            }
+        };
         if line.is_empty() {
             break;
         }
-        turns.push((Role::User, line.to_string()));
+        turns.push((Role::User, line));
         let messages: Vec<Message<'_>> =
             turns.iter().map(|(role, text)| Message { role: *role, content: text }).collect();
         let mut rendered = String::new();
@@ -286,43 +656,42 @@ pub fn chat(
         let keep = cached.iter().zip(&tokens).take_while(|(a, b)| a == b).count().min(tokens.len() - 1);
         session.truncate(keep);
         cached.truncate(keep);
-        let mut logits = match session.eval(&tokens[keep..]) {
-            Ok(l) => l.to_vec(),
+        if tokens.len() >= cached.capacity() {
+            return Err(CliError::new(format!(
+                "context full ({} tokens): the conversation no longer fits; raise it with -c",
+                session.n_ctx()
+            )));
+        }
+        let polled = Polled::start();
+        match session.eval(&tokens[keep..]) {
+            Ok(l) => gen.logits.copy_from_slice(l),
             Err(SessionError::ContextFull { n_ctx, .. }) => {
                 return Err(CliError::new(format!(
                     "context full ({n_ctx} tokens): the conversation no longer fits; raise it with -c"
                 )))
             }
             Err(e) => return Err(CliError::new(e.to_string())),
-        };
+        }
         cached.extend_from_slice(&tokens[keep..]);
         let mut reply = String::new();
-        let mut decoder = StreamDecoder::new();
-        for _ in 0..n_reply {
-            let window = cached.len().saturating_sub(64);
-            let id = sampler
-                .sample(&logits, &cached[window..], &mut candidates)
-                .map_err(|e| CliError::new(e.to_string()))?;
-            if tok.is_eog(id) {
-                break;
-            }
-            let text = decoder.push(&tok, id, false, &mut piece).map_err(|e| CliError::new(e.to_string()))?;
-            reply.push_str(text);
-            let _ = write!(out, "{text}");
-            let _ = out.flush();
-            match session.eval(&[id]) {
-                Ok(l) => logits.copy_from_slice(l),
-                Err(SessionError::ContextFull { .. }) => {
-                    errln!("\npinfer: context full: reply cut short");
-                    break;
-                }
-                Err(e) => return Err(CliError::new(e.to_string())),
-            }
-            cached.push(id);
+        let stop = if take_interrupt() {
+            Stop::Interrupted
+        } else {
+            gen.run(&mut session, &mut cached, limit, &mut check, |text| {
+                reply.push_str(text);
+                out!("{text}")
+            })?
+        };
+        drop(polled);
+        outln!()?;
+        match stop {
+            Stop::ContextFull => errln!("pinfer: context full: reply cut short"),
+            Stop::Interrupted => errln!("pinfer: reply interrupted"),
+            Stop::EndOfGeneration | Stop::Limit => {}
         }
-        reply.push_str(decoder.finish(&mut piece));
-        let _ = writeln!(out);
+        // The cache holds what was evaluated: a last sampled token may not be.
+        cached.truncate(session.n_past());
         turns.push((Role::Assistant, reply));
     }
-    Ok(())
+    check.finish()
 }

@@ -5,7 +5,6 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use pinfer::loader::DEFAULT_MODEL_PATH;
-use pinfer::sampler::SamplerConfig;
 
 // First: its macros are visible only in the modules declared after it.
 #[macro_use]
@@ -14,6 +13,7 @@ mod streams;
 mod bench;
 mod generate;
 mod info;
+mod llama_flags;
 mod npu;
 mod quantize;
 mod repack;
@@ -31,62 +31,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Generate text from a prompt (streams it; timings on stderr).
-    Generate {
-        /// Model file (GGUF). Default: the model fetched by scripts/setup.sh.
-        #[arg(short = 'm', long = "model")]
-        model: Option<PathBuf>,
-        /// The prompt. Special-token text such as <|im_start|> becomes the special token.
-        #[arg(short = 'p', long = "prompt")]
-        prompt: String,
-        /// Number of tokens to generate.
-        #[arg(short = 'n', long = "n-predict", default_value_t = 128)]
-        n_predict: usize,
-        /// Temperature (0: greedy).
-        #[arg(long = "temp", default_value_t = 0.8)]
-        temp: f32,
-        /// Keep the K most likely tokens (0: all).
-        #[arg(long = "top-k", default_value_t = 40)]
-        top_k: u32,
-        /// Keep the most likely tokens up to this total probability (1: all).
-        #[arg(long = "top-p", default_value_t = 0.95)]
-        top_p: f32,
-        /// Drop tokens less likely than this fraction of the most likely one.
-        #[arg(long = "min-p", default_value_t = 0.05)]
-        min_p: f32,
-        /// Penalty for repeating the last 64 tokens (1: off).
-        #[arg(long = "repeat-penalty", default_value_t = 1.0)]
-        repeat_penalty: f32,
-        /// Random seed.
-        #[arg(long = "seed", default_value_t = SamplerConfig::DEFAULT_SEED)]
-        seed: u64,
-        /// Context size in tokens (0: min(4096, the model's maximum)).
-        #[arg(short = 'c', long = "ctx-size", default_value_t = 0)]
-        ctx: usize,
-        #[command(flatten)]
-        runtime: RuntimeArgs,
-        /// Print the generated token ids, space-separated, on the last line.
-        #[arg(long = "print-ids")]
-        print_ids: bool,
-        /// Treat special-token text in the prompt as plain text.
-        #[arg(long = "no-parse-special")]
-        no_parse_special: bool,
-        /// Keep generating past end-of-generation tokens (benchmarks).
-        #[arg(long = "ignore-eos")]
-        ignore_eos: bool,
-        /// Keep the file's weight layouts instead of repacking them (A/B comparisons; also
-        /// PINFER_NO_REPACK=1).
-        #[arg(long = "no-repack")]
-        no_repack: bool,
-        /// Force a kernel path: ref, neon, dotprod, fp16 (dotprod with llama.cpp's aarch64 f16
-        /// attention arithmetic) or avx2 (also PINFER_KERNELS).
-        #[arg(long = "kernels")]
-        kernels: Option<String>,
-        /// Print load details on stderr before the first token: board, workers and their cores,
-        /// scheduling, memory plan, placement summary, kernels (-vv: every tensor's placement).
-        #[arg(short = 'v', long = "verbose", action = clap::ArgAction::Count)]
-        verbose: u8,
-    },
+    /// Generate text from a prompt (streams it; timings on stderr). llama-cli's options; with
+    /// -cnv or -i, a conversation (as `chat`).
+    Generate(generate::GenArgs),
     /// Describe a model file: architecture, size, quant mix, hyper-parameters, tokenizer.
     Info {
         /// Model file (GGUF). Default: the model fetched by scripts/setup.sh.
@@ -126,29 +73,9 @@ enum Command {
         #[arg(long = "parse-special")]
         parse_special: bool,
     },
-    /// Chat interactively with the model's chat template (one message per line; empty line ends).
-    Chat {
-        /// Model file (GGUF).
-        #[arg(short = 'm', long = "model")]
-        model: Option<PathBuf>,
-        /// System message.
-        #[arg(long)]
-        system: Option<String>,
-        /// Context size in tokens (0: min(4096, the model's maximum)).
-        #[arg(short = 'c', long = "ctx-size", default_value_t = 0)]
-        ctx: usize,
-        #[command(flatten)]
-        runtime: RuntimeArgs,
-        /// Most tokens per reply.
-        #[arg(short = 'n', long = "n-predict", default_value_t = 512)]
-        n_predict: usize,
-        /// Temperature (0: greedy).
-        #[arg(long = "temp", default_value_t = 0.8)]
-        temp: f32,
-        /// Random seed.
-        #[arg(long = "seed", default_value_t = SamplerConfig::DEFAULT_SEED)]
-        seed: u64,
-    },
+    /// Chat interactively with the model's chat template (one message per line; empty line ends;
+    /// Ctrl-C stops a reply). Takes generate's options.
+    Chat(generate::GenArgs),
     /// Perplexity of a text file, scored like llama.cpp's perplexity tool (prints `PPL = X`).
     Perplexity {
         /// Model file (GGUF).
@@ -216,55 +143,8 @@ fn run(cli: Cli) -> Result<(), CliError> {
             info::run(&model_path(model), info::InfoArgs { tensors, json, placement, no_repack })
         }
         Command::Boards { runtime } => info::boards(&runtime),
-        Command::Generate {
-            model,
-            prompt,
-            n_predict,
-            temp,
-            top_k,
-            top_p,
-            min_p,
-            repeat_penalty,
-            seed,
-            ctx,
-            runtime,
-            print_ids,
-            no_parse_special,
-            ignore_eos,
-            no_repack,
-            kernels,
-            verbose,
-        } => {
-            if let Some(name) = kernels {
-                force_kernels(&name)?;
-            }
-            let sampler = SamplerConfig {
-                temperature: temp,
-                top_k,
-                top_p,
-                min_p,
-                repeat_penalty,
-                seed,
-                ..SamplerConfig::default()
-            };
-            let args = generate::GenerateArgs {
-                prompt,
-                n_predict,
-                sampler,
-                n_ctx: ctx,
-                runtime,
-                parse_special: !no_parse_special,
-                print_ids,
-                ignore_eos,
-                no_repack,
-                verbose,
-            };
-            generate::generate(&model_path(model), args)
-        }
-        Command::Chat { model, system, ctx, runtime, n_predict, temp, seed } => {
-            let sampler = SamplerConfig { temperature: temp, seed, ..SamplerConfig::default() };
-            generate::chat(&model_path(model), system, ctx, &runtime, n_predict, sampler)
-        }
+        Command::Generate(args) => generate::generate(args),
+        Command::Chat(args) => generate::chat(generate::GenArgs { conversation: true, ..args }),
         Command::Perplexity { model, file, ctx, runtime } => {
             generate::perplexity(&model_path(model), &file, ctx, &runtime)
         }
@@ -305,7 +185,10 @@ pub(crate) fn force_kernels(name: &str) -> Result<(), CliError> {
 
 fn main() -> ExitCode {
     signals::install();
-    let result = kernels_from_env().and_then(|()| run(Cli::parse())).and_then(|()| streams::flush_stdout());
+    let result = kernels_from_env()
+        .and_then(|()| llama_flags::rewrite(std::env::args_os().collect()))
+        .and_then(|args| run(Cli::parse_from(args)))
+        .and_then(|()| streams::flush_stdout());
     match result {
         Ok(()) if streams::stderr_failed() => ExitCode::FAILURE,
         Ok(()) => ExitCode::SUCCESS,

@@ -174,7 +174,11 @@ pub fn plan(args: NpuPlanArgs) -> Result<(), CliError> {
         .map_err(|e| CliError::new(format!("{}: {e}", path.display())))?;
     let json = plan.whitelist().to_json();
     if let Some(out) = &args.output {
-        std::fs::write(out, &json).map_err(|e| CliError::new(format!("{}: {e}", out.display())))?;
+        // Through OutputFile: never over the model, a device or a link's missing target.
+        let mut file = pinfer::output_file::OutputFile::create(out, &[&path])?;
+        std::io::Write::write_all(&mut file.file(), json.as_bytes())
+            .map_err(|e| CliError::new(format!("writing {}: {e}", out.display())))?;
+        file.commit()?;
     }
     if args.json {
         out!("{json}")?;

@@ -40,8 +40,42 @@ pub struct RuntimeArgs {
     /// Check every op's output for NaN/infinity and stop at the first, naming op, layer and tensor.
     #[arg(long = "check-numerics")]
     pub check_numerics: bool,
+    /// Read the model into memory instead of mapping it (as llama.cpp's --no-mmap).
+    #[arg(long = "no-mmap")]
+    pub no_mmap: bool,
+    /// llama.cpp's GPU layers (-ngl): accepted and ignored with a note (pinfer runs on the CPU
+    /// and, with --npu, the RK3588 NPU).
+    #[arg(
+        long = "n-gpu-layers",
+        visible_alias = "gpu-layers",
+        value_name = "N",
+        allow_negative_numbers = true
+    )]
+    pub n_gpu_layers: Option<String>,
+    /// llama.cpp's flash attention switch (-fa [on|off|auto]): accepted with a note (pinfer's
+    /// attention is always the fused flash-attention kind).
+    #[arg(long = "flash-attn", value_name = "on|off|auto", num_args = 0..=1, default_missing_value = "on")]
+    pub flash_attn: Option<String>,
+    /// llama.cpp's NUMA strategy: accepted with a note (RK3588 boards have one memory node).
+    #[arg(long = "numa", value_name = "TYPE", num_args = 0..=1, default_missing_value = "distribute")]
+    pub numa: Option<String>,
     #[command(flatten)]
     pub npu: crate::npu::NpuArgs,
+}
+
+impl RuntimeArgs {
+    /// One line for each llama.cpp option that has no effect here.
+    fn notes(&self) {
+        if let Some(n) = &self.n_gpu_layers {
+            errln!("pinfer: note: -ngl {n} has no effect: pinfer has no GPU offload (it runs on the CPU, and on the RK3588 NPU with --npu)");
+        }
+        if let Some(v) = &self.flash_attn {
+            errln!("pinfer: note: -fa {v} has no effect: pinfer's attention is always fused (flash-attention style)");
+        }
+        if let Some(v) = &self.numa {
+            errln!("pinfer: note: --numa {v} has no effect: pinfer pins its workers to the board's big cores (one memory node)");
+        }
+    }
 }
 
 /// The board and the worker cores, chosen before the session starts (and pins the caller).
@@ -58,6 +92,7 @@ pub struct Runtime {
 impl Runtime {
     /// Resolves the board and plans the workers; prints the notes on what was adjusted.
     pub fn new(args: &RuntimeArgs) -> Result<Self, CliError> {
+        args.notes();
         let root = Path::new("/");
         let board = board::resolve(&args.board, root).map_err(CliError::new)?;
         // The inherited mask, read before anything pins this thread.
@@ -108,7 +143,8 @@ impl Runtime {
     /// Opens `path` and sets the session up; locks its memory with `--mlock`; with `verbose`,
     /// reports board, workers, scheduling, memory plan and placement (before the first token).
     pub fn load(&self, path: &Path, base: SessionOptions, verbose: u8) -> Result<Session, CliError> {
-        let model = ModelFile::open_static(path)?;
+        let model =
+            if self.args.no_mmap { ModelFile::read_static(path)? } else { ModelFile::open_static(path)? };
         let opts = self.options(base);
         let session = Session::new(model, &opts).map_err(|e| match e {
             SessionError::OverMemory { .. } => {
