@@ -27,6 +27,7 @@ APT_PACKAGES=(
   qemu-user                      # runs aarch64 test binaries (-cpu cortex-a76 / cortex-a72)
   libclang-dev                   # bindgen (rknn-sys regeneration check)
   file                           # the test tier checks the binary's architecture with it
+  valgrind                       # tests/cli_flags.rs counts heap allocations per generated token
 )
 
 apt_install() {

@@ -527,9 +527,11 @@ pub fn generate(args: GenArgs) -> Result<(), CliError> {
             gen.logits.copy_from_slice(l);
             None
         }
-        Err(SessionError::ContextFull { needed, n_ctx }) => return Err(CliError::new(format!(
+        Err(SessionError::ContextFull { needed, n_ctx }) => {
+            return Err(CliError::new(format!(
             "context full: the prompt needs {needed} positions, the context holds {n_ctx}; raise it with -c"
-        ))),
+        )))
+        }
         Err(e) => return Err(CliError::new(e.to_string())),
     };
     let t_prompt = t_prompt.elapsed();

@@ -1,0 +1,66 @@
+//! Running the built `pinfer` binary from integration tests (directly, or through qemu-user in the
+//! cross tier), and the files those tests use.
+#![allow(dead_code)] // each test binary uses its own part
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+/// Runs the built `pinfer` binary.
+pub fn pinfer(args: &[&str]) -> Output {
+    pinfer_in(Path::new("."), args)
+}
+
+/// Runs `pinfer` with `dir` as its working directory.
+pub fn pinfer_in(dir: &Path, args: &[&str]) -> Output {
+    let mut cmd = pinfer_command();
+    cmd.args(args).current_dir(dir).output().unwrap_or_else(|e| panic!("cannot start pinfer: {e}"))
+}
+
+/// A command that starts the built `pinfer` (through qemu when needed, see [`through_qemu`]).
+pub fn pinfer_command() -> Command {
+    let exe = env!("CARGO_BIN_EXE_pinfer");
+    match through_qemu() {
+        Some(cpu) => {
+            let mut c = Command::new("qemu-aarch64");
+            c.args(["-cpu", cpu, exe]);
+            c
+        }
+        None => Command::new(exe),
+    }
+}
+
+/// When these tests run under qemu-user (the cross tier), the host kernel cannot exec the aarch64
+/// binary, and qemu's emulated vfork turns that into a child exiting with 127 and no output (pinfer
+/// itself never exits 127). Then the binary is started through qemu, with the CPU of `PINFER_QEMU_CPU`.
+pub fn through_qemu() -> Option<&'static str> {
+    static MODE: OnceLock<Option<String>> = OnceLock::new();
+    MODE.get_or_init(|| {
+        let direct = Command::new(env!("CARGO_BIN_EXE_pinfer")).arg("--version").output();
+        let cannot_exec = match direct {
+            Ok(out) => out.status.code() == Some(127) && out.stdout.is_empty(),
+            Err(e) => e.raw_os_error() == Some(8), // ENOEXEC
+        };
+        cannot_exec.then(|| std::env::var("PINFER_QEMU_CPU").unwrap_or_else(|_| "cortex-a76".into()))
+    })
+    .as_deref()
+}
+
+pub fn text_of(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+pub fn temp_file(name: &str, bytes: &[u8]) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("pinfer-cli-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(name);
+    std::fs::File::create(&path).unwrap().write_all(bytes).unwrap();
+    path
+}
+
+pub fn repo_file(rel: &str) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(rel);
+    assert!(path.exists(), "{} missing: run scripts/setup.sh", path.display());
+    path.to_str().unwrap().to_string()
+}
