@@ -182,17 +182,19 @@ impl GenArgs {
     }
 }
 
-/// A seed from the OS's random source (or the clock where it is missing).
+/// A seed from the OS's random source (or the clock where it is missing). 32 bits, as
+/// llama.cpp's, so `-s` can give it back.
 fn random_seed() -> u64 {
     use std::io::Read;
-    let mut bytes = [0u8; 8];
-    match std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut bytes)) {
-        Ok(()) => u64::from_le_bytes(bytes),
+    let mut bytes = [0u8; 4];
+    let seed = match std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut bytes)) {
+        Ok(()) => u32::from_le_bytes(bytes),
         Err(_) => {
             let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-            now.as_nanos() as u64 ^ (u64::from(std::process::id()) << 32)
+            now.subsec_nanos() ^ std::process::id().rotate_left(16)
         }
-    }
+    };
+    u64::from(seed)
 }
 
 fn read_stdin() -> Result<String, CliError> {
@@ -310,61 +312,6 @@ pub fn tokenize(path: &Path, text: &str, ids_only: bool, parse_special: bool) ->
         let n = tok.token_to_piece(id, true, &mut piece).map_err(|e| CliError::new(e.to_string()))?;
         outln!("{id:6} -> '{}'", String::from_utf8_lossy(&piece[..n]))?;
     }
-    Ok(())
-}
-
-/// `pinfer perplexity`: the text split into chunks of the context size, each evaluated from an
-/// empty cache (BOS first where the model adds one) and scored on its second half, like
-/// llama.cpp's perplexity tool.
-pub fn perplexity(path: &Path, file: &Path, n_ctx: usize, runtime: &RuntimeArgs) -> Result<(), CliError> {
-    let text = std::fs::read(file).map_err(|e| CliError::new(format!("{}: {e}", file.display())))?;
-    let text = String::from_utf8_lossy(&text);
-    let runtime = Runtime::new(runtime)?;
-    let n_ctx = if n_ctx == 0 { 512 } else { n_ctx };
-    let opts = SessionOptions { n_ctx, n_batch: n_ctx.min(512), logits_all: true, ..Default::default() };
-    let mut session = runtime.load(path, opts, 0)?;
-    let tok = tokenizer(path, session.gguf())?;
-    let mut scratch = vec![0u32; tok.scratch_words(text.len())];
-    let mut tokens = vec![0u32; text.len() + 4];
-    let n = tok
-        .encode_with_scratch(&text, false, false, &mut tokens, &mut scratch)
-        .map_err(|e| CliError::new(format!("tokenizing {}: {e}", file.display())))?;
-    tokens.truncate(n);
-    let n_chunks = tokens.len() / n_ctx;
-    if n_chunks == 0 {
-        return Err(CliError::new(format!(
-            "{}: {} tokens, fewer than one chunk of {n_ctx}",
-            file.display(),
-            n
-        )));
-    }
-    let first = n_ctx / 2;
-    let (mut nll, mut count) = (0f64, 0usize);
-    let t0 = Instant::now();
-    for c in 0..n_chunks {
-        let mut chunk = tokens[c * n_ctx..(c + 1) * n_ctx].to_vec();
-        if tok.add_bos() {
-            if let Some(bos) = tok.bos() {
-                chunk[0] = bos;
-            }
-        }
-        session.truncate(0);
-        session
-            .eval_all(&chunk, |i, logits| {
-                if i >= first && i + 1 < n_ctx {
-                    let max = logits.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
-                    let sum: f64 = logits.iter().map(|&v| f64::from(v - max).exp()).sum();
-                    let target = chunk[i + 1] as usize;
-                    nll += sum.ln() - f64::from(logits[target] - max);
-                    count += 1;
-                }
-            })
-            .map_err(|e| CliError::new(e.to_string()))?;
-        err!("[{}]{:.4} ", c + 1, (nll / count as f64).exp());
-    }
-    errln!();
-    errln!("pinfer: {n_chunks} chunks of {n_ctx} tokens in {:.2} s", t0.elapsed().as_secs_f64());
-    outln!("PPL = {:.4}", (nll / count as f64).exp())?;
     Ok(())
 }
 

@@ -15,6 +15,7 @@ mod generate;
 mod info;
 mod llama_flags;
 mod npu;
+mod perplexity;
 mod quantize;
 mod repack;
 mod runtime;
@@ -76,20 +77,9 @@ enum Command {
     /// Chat interactively with the model's chat template (one message per line; empty line ends;
     /// Ctrl-C stops a reply). Takes generate's options.
     Chat(generate::GenArgs),
-    /// Perplexity of a text file, scored like llama.cpp's perplexity tool (prints `PPL = X`).
-    Perplexity {
-        /// Model file (GGUF).
-        #[arg(short = 'm', long = "model")]
-        model: Option<PathBuf>,
-        /// The text file.
-        #[arg(short = 'f', long = "file")]
-        file: PathBuf,
-        /// Chunk (context) size in tokens.
-        #[arg(short = 'c', long = "ctx-size", default_value_t = 512)]
-        ctx: usize,
-        #[command(flatten)]
-        runtime: RuntimeArgs,
-    },
+    /// Perplexity of a text file, scored as llama.cpp's llama-perplexity scores it (prints
+    /// `Final estimate: PPL = X +/- E`); with --kl-divergence, compared with llama.cpp's logits.
+    Perplexity(perplexity::PerplexityArgs),
     /// Measure prompt-processing and generation speed (llama-bench style).
     Bench(bench::BenchArgs),
     /// Show which matmuls go to the NPU (--npu auto or a whitelist), the extra memory, and write
@@ -145,9 +135,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
         Command::Boards { runtime } => info::boards(&runtime),
         Command::Generate(args) => generate::generate(args),
         Command::Chat(args) => generate::chat(generate::GenArgs { conversation: true, ..args }),
-        Command::Perplexity { model, file, ctx, runtime } => {
-            generate::perplexity(&model_path(model), &file, ctx, &runtime)
-        }
+        Command::Perplexity(args) => perplexity::run(args),
         Command::Tokenize { model, prompt, ids, parse_special } => {
             generate::tokenize(&model_path(model), &prompt, ids, parse_special)
         }
