@@ -143,41 +143,176 @@ fn tokenize_prints_ids_and_parses_special_tokens_only_when_asked() {
     assert!(text_of(&plain.stdout).trim().split(' ').count() > 1, "{}", text_of(&plain.stdout));
 }
 
-/// Runs `pinfer perplexity -c 128` on `text` and checks `PPL = X` is within 1% of llama.cpp's.
-fn check_perplexity(model: &str, text: &[u8], reference: f64) {
+/// Runs `pinfer perplexity -c CTX` on `text`; returns the estimate and its ±.
+fn perplexity(model: &str, text: &[u8], ctx: &str) -> (f64, f64) {
     let file = temp_file(&format!("ppl-{}.txt", text.len()), text);
     let model = repo_file(model);
-    let out = pinfer(&["perplexity", "-m", &model, "-f", file.to_str().unwrap(), "-c", "128", "-t", "2"]);
+    let out = pinfer(&["perplexity", "-m", &model, "-f", file.to_str().unwrap(), "-c", ctx, "-t", "2"]);
     assert!(out.status.success(), "stderr: {}", text_of(&out.stderr));
     let stdout = text_of(&out.stdout);
-    let ppl: f64 = stdout
-        .split("PPL = ")
-        .nth(1)
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap_or_else(|| panic!("{stdout}"));
-    assert!((ppl / reference - 1.0).abs() < 0.01, "{model}: PPL {ppl}, llama.cpp {reference}");
+    let line = stdout.strip_prefix("Final estimate: PPL = ").unwrap_or_else(|| panic!("{stdout}"));
+    let mut parts = line.split(" +/- ");
+    let mut num = || parts.next().and_then(|v| v.trim().parse().ok()).unwrap_or_else(|| panic!("{stdout}"));
+    (num(), num())
 }
 
 fn gpl3() -> Vec<u8> {
     std::fs::read("/usr/share/common-licenses/GPL-3").expect("GPL-3 text (Debian base-files)")
 }
 
-/// Perplexity is scored like llama.cpp's tool: on the first 1500 bytes of the GPL-3 text (on every
-/// Debian machine), chunks of 128, llama.cpp (commit 0c1e570, the golden build) gives 21389294.8
-/// for qwen3-tiny (a random-weight model, hence the size). Within 1%.
+/// Perplexity is scored like llama-perplexity: on the first 1500 bytes of the GPL-3 text (on every
+/// Debian machine), chunks of 128, llama.cpp (commit 0c1e570, the golden build, AVX2, -b 128) gives
+/// 21389295.0492 +/- 7024415.93879 for qwen3-tiny (a random-weight model, hence the size; its
+/// logits are extreme, so the tolerance is 1%).
 #[test]
 fn perplexity_matches_llama_cpp_within_one_percent() {
-    check_perplexity("models/tiny/qwen3-tiny.gguf", &gpl3()[..1500], 21_389_294.8);
+    let (ppl, err) = perplexity("models/tiny/qwen3-tiny.gguf", &gpl3()[..1500], "128");
+    assert!((ppl / 21_389_295.049_2 - 1.0).abs() < 0.01, "PPL {ppl}");
+    assert!((err / 7_024_415.938_79 - 1.0).abs() < 0.02, "+/- {err}");
 }
 
-/// The whole GPL-3 text (59 chunks of 128), against llama.cpp's figures in tests/golden/README.md.
-/// ~7,500 tokens per model: minutes under qemu, and half an hour with the portable kernels alone,
-/// so it waits for the SIMD kernels (issue 6). Run it with `cargo test --release -- --ignored`.
+/// The real models on the whole GPL-3 text (59 chunks of 128; tests/golden/README.md has the
+/// commands): SmolLM2-135M Q4_1 24.2800 +/- 1.19753, Gemma-3-270M Q4_K_M 18.4190 +/- 0.88038 in
+/// llama.cpp's AVX2 build. Within 0.3% (llama.cpp's own builds and batch sizes spread 0.3% and
+/// 0.9% on these two). The same number of tokens proves the same tokenization, BOS included.
+/// ~7,600 tokens per model: host tier only (minutes under qemu).
 #[test]
-#[ignore = "until the SIMD kernels land: ~30 min with the portable kernels"]
+#[cfg_attr(not(target_arch = "x86_64"), ignore = "minutes under qemu: the host tier runs it")]
 fn perplexity_of_the_real_models_matches_llama_cpp() {
-    check_perplexity("models/SmolLM2-135M-Instruct.Q4_1.gguf", &gpl3(), 24.2385);
-    check_perplexity("models/gemma-3-270m-q4_k_m.gguf", &gpl3(), 18.4253);
+    for (model, want, want_err) in [
+        ("models/SmolLM2-135M-Instruct.Q4_1.gguf", 24.2800, 1.19753),
+        ("models/gemma-3-270m-q4_k_m.gguf", 18.4190, 0.88038),
+    ] {
+        let (ppl, err) = perplexity(model, &gpl3(), "128");
+        assert!((ppl / want - 1.0).abs() < 0.003, "{model}: PPL {ppl}, llama.cpp {want}");
+        assert!((err / want_err - 1.0).abs() < 0.01, "{model}: +/- {err}, llama.cpp {want_err}");
+    }
+}
+
+/// A context too small to score anything is refused (it printed PPL = NaN), and so is a text
+/// shorter than two chunks (as llama-perplexity).
+#[test]
+fn perplexity_refuses_what_it_cannot_score() {
+    let model = repo_file("models/tiny/qwen3-tiny.gguf");
+    let text = temp_file("ppl-short.txt", &gpl3()[..1500]);
+    for (ctx, says) in [("2", "at least 4"), ("3", "at least 4"), ("200", "needs at least 400")] {
+        let out = pinfer(&["perplexity", "-m", &model, "-f", text.to_str().unwrap(), "-c", ctx]);
+        assert_eq!(out.status.code(), Some(1), "-c {ctx}");
+        assert!(text_of(&out.stderr).contains(says), "-c {ctx}: {}", text_of(&out.stderr));
+    }
+}
+
+/// The per-chunk statistics of `--kl-divergence` as printed: (PPL, ln ratio, KLD, same top %) of
+/// the last chunk line.
+fn kl_last_chunk(out: &Output) -> (f64, f64, f64, f64) {
+    assert!(out.status.success(), "stderr: {}", text_of(&out.stderr));
+    let stdout = text_of(&out.stdout);
+    let line = stdout.lines().rfind(|l| l.trim_start().starts_with(char::is_numeric)).unwrap();
+    let v: Vec<f64> = line.split_whitespace().filter_map(|w| w.parse().ok()).collect();
+    // chunk, ppl, ±, ln ratio, ±, kld, ±, Δp rms, ±, same top, ±
+    (v[1], v[3], v[5], v[9])
+}
+
+/// llama.cpp's logits file (tests/golden/qwen3-tiny.kld-base.bin, written by llama-perplexity
+/// --kl-divergence-base on the first 200 bytes of GPL-3 with -c 20) is read: pinfer against it
+/// gives llama.cpp's own self-comparison (KLD 0, same top token everywhere, PPL 38865610.77,
+/// ln ratio 1.19860), and the Q8_0 requantization gives llama.cpp's figures for its own Q8_0
+/// (KLD 0.00981, same top 83.333 %). The file pinfer writes has the same header and tokens, and
+/// reads back as the same distribution.
+///
+/// On the `fp16` kernel path (qemu cortex-a76's default) attention runs in llama.cpp's aarch64
+/// f16 arithmetic, which this x86 base file does not hold: measured KLD 0.0038 (less than half of
+/// Q8_0's), PPL -3.3%, 17 of 18 top tokens; the `dotprod` path reproduces the x86 file exactly.
+#[test]
+fn kl_divergence_reads_and_writes_llama_cpp_logits_files() {
+    llama_golden::kernels_from_env();
+    let model = repo_file("models/tiny/qwen3-tiny.gguf");
+    let golden = repo_file("tests/golden/qwen3-tiny.kld-base.bin");
+    let out = pinfer(&["perplexity", "-m", &model, "--kl-divergence-base", &golden, "--kl-divergence"]);
+    let (ppl, ratio, kld, same) = kl_last_chunk(&out);
+    let f16_attention = pinfer::kernels::path() == pinfer::kernels::KernelPath::NeonFp16;
+    let (ppl_tol, kld_max, same_min) = if f16_attention { (0.05, 0.006, 88.0) } else { (0.01, 1e-4, 100.0) };
+    assert!((ppl / 38_865_610.771_9 - 1.0).abs() < ppl_tol, "PPL {ppl}");
+    assert!((ratio - 1.19860).abs() < 5.0 * ppl_tol, "ln ratio {ratio}");
+    assert!(kld.abs() < kld_max, "KLD {kld}");
+    assert!(same >= same_min, "same top {same}");
+    // llama.cpp's Q8_0 figures are x86 arithmetic's.
+    if !f16_attention {
+        let q8 = temp_file("qwen3-tiny-q8.gguf", b"");
+        assert!(pinfer(&["quantize", &model, q8.to_str().unwrap(), "Q8_0"]).status.success());
+        let q8 = q8.to_str().unwrap();
+        let out = pinfer(&["perplexity", "-m", q8, "--kl-divergence-base", &golden, "--kl-divergence"]);
+        let (_, _, kld, same) = kl_last_chunk(&out);
+        assert!((kld / 0.00981 - 1.0).abs() < 0.1, "Q8_0 KLD {kld}, llama.cpp 0.00981");
+        assert!((same - 83.333).abs() < 6.0, "Q8_0 same top {same}, llama.cpp 83.333");
+    }
+
+    let text = temp_file("ppl-200.txt", &gpl3()[..200]);
+    let ours = temp_file("ours.kld-base.bin", b"");
+    let out = pinfer(&[
+        "perplexity",
+        "-m",
+        &model,
+        "-f",
+        text.to_str().unwrap(),
+        "-c",
+        "20",
+        "--kl-divergence-base",
+        ours.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", text_of(&out.stderr));
+    let (a, b) = (std::fs::read(&ours).unwrap(), std::fs::read(&golden).unwrap());
+    assert_eq!(a.len(), b.len());
+    assert_eq!(a[..20 + 4 * 40], b[..20 + 4 * 40], "header and token ids as llama.cpp's");
+    let out = pinfer(&[
+        "perplexity",
+        "-m",
+        &model,
+        "--kl-divergence-base",
+        ours.to_str().unwrap(),
+        "--kl-divergence",
+    ]);
+    let (_, _, kld, same) = kl_last_chunk(&out);
+    assert!(kld.abs() < 1e-4 && same == 100.0, "own file: KLD {kld}, same {same}");
+}
+
+/// Damaged or mismatched logits files are clear errors, never a panic or a wrong number.
+#[test]
+fn bad_logits_files_are_refused() {
+    let golden = std::fs::read(repo_file("tests/golden/qwen3-tiny.kld-base.bin")).unwrap();
+    let model = repo_file("models/tiny/qwen3-tiny.gguf");
+    let cases: [(&str, Vec<u8>, &str); 4] = [
+        ("truncated", golden[..golden.len() - 7].to_vec(), "bytes where the header implies"),
+        ("magic", [b"_logitz_".as_slice(), &golden[8..]].concat(), "magic"),
+        ("header only", golden[..12].to_vec(), "shorter than its header"),
+        (
+            "token",
+            {
+                let mut g = golden.clone();
+                g[24..28].copy_from_slice(&(-5i32).to_le_bytes());
+                g
+            },
+            "outside the vocabulary",
+        ),
+    ];
+    for (what, bytes, says) in cases {
+        let f = temp_file(&format!("bad-{}.bin", what.replace(' ', "-")), &bytes);
+        let out = pinfer(&[
+            "perplexity",
+            "-m",
+            &model,
+            "--kl-divergence-base",
+            f.to_str().unwrap(),
+            "--kl-divergence",
+        ]);
+        assert_eq!(out.status.code(), Some(1), "{what}");
+        assert!(text_of(&out.stderr).contains(says), "{what}: {}", text_of(&out.stderr));
+    }
+    let gemma = repo_file("models/gemma-3-270m-q4_k_m.gguf");
+    let g = repo_file("tests/golden/qwen3-tiny.kld-base.bin");
+    let out = pinfer(&["perplexity", "-m", &gemma, "--kl-divergence-base", &g, "--kl-divergence"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text_of(&out.stderr).contains("vocabulary"), "{}", text_of(&out.stderr));
 }
 
 #[test]

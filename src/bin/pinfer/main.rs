@@ -13,6 +13,7 @@ mod streams;
 mod bench;
 mod generate;
 mod info;
+mod kl_divergence;
 mod llama_flags;
 mod npu;
 mod perplexity;

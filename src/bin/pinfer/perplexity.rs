@@ -10,8 +10,9 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use clap::Args;
-use pinfer::session::SessionOptions;
+use pinfer::session::{Session, SessionOptions};
 
+use crate::kl_divergence::{KlStats, Reader, Writer};
 use crate::runtime::{CacheCheck, Runtime, RuntimeArgs};
 use crate::signals::{check_interrupt, Polled};
 use crate::CliError;
@@ -22,9 +23,17 @@ pub struct PerplexityArgs {
     /// Model file (GGUF).
     #[arg(short = 'm', long = "model")]
     pub model: Option<PathBuf>,
-    /// The text file.
-    #[arg(short = 'f', long = "file")]
-    pub file: PathBuf,
+    /// The text file (not needed with --kl-divergence: the tokens come from the logits file).
+    #[arg(short = 'f', long = "file", required_unless_present = "kl_divergence")]
+    pub file: Option<PathBuf>,
+    /// llama.cpp's logits file: written while scoring (as `llama-perplexity --kl-divergence-base`),
+    /// or, with --kl-divergence, read and compared with this model's logits.
+    #[arg(long = "kl-divergence-base", value_name = "FILE")]
+    pub kl_base: Option<PathBuf>,
+    /// Compare this model with the logits in --kl-divergence-base (KL divergence, top-token
+    /// agreement, Δp, PPL ratio), as llama-perplexity --kl-divergence.
+    #[arg(long = "kl-divergence", requires = "kl_base")]
+    pub kl_divergence: bool,
     /// Chunk (context) size in tokens.
     #[arg(short = 'c', long = "ctx-size", default_value_t = 512)]
     pub ctx: usize,
@@ -74,34 +83,39 @@ fn nll(logits: &[f32], target: usize) -> f64 {
 }
 
 pub fn run(args: PerplexityArgs) -> Result<(), CliError> {
-    let n_ctx = args.ctx;
-    // Each chunk scores positions n_ctx/2 .. n_ctx-2: fewer than 4 leaves nothing (PPL = NaN).
-    if n_ctx < 4 {
-        return Err(CliError::new(format!(
-            "-c {n_ctx}: a chunk scores the second half of its tokens, so it needs at least 4"
-        )));
-    }
-    let path = crate::model_path(args.model);
-    let text = crate::generate::read_text_file(&args.file)?;
+    let path = crate::model_path(args.model.clone());
     let runtime = Runtime::new(&args.runtime)?;
-    let n_batch = args.batch.unwrap_or(n_ctx).clamp(1, n_ctx.min(512));
-    let opts = SessionOptions { n_ctx, n_batch, logits_all: true, ..Default::default() };
-    let mut session = runtime.load(&path, opts, 0)?;
+    if args.kl_divergence {
+        return kl_divergence(&args, &path, &runtime);
+    }
+    let n_ctx = check_ctx(args.ctx)?;
+    let file = args.file.as_deref().unwrap_or(std::path::Path::new("-"));
+    let mut text = crate::generate::read_text_file(file)?;
+    // llama.cpp's -f drops one trailing newline.
+    if text.ends_with('\n') {
+        text.pop();
+    }
+    let mut session = load(&runtime, &path, n_ctx, args.batch)?;
     let mut check = CacheCheck::start(&session, &path);
     let tok = crate::generate::tokenizer(&path, session.gguf())?;
     // One stream, BOS first when the model adds one (llama-perplexity tokenizes with add_special).
     let tokens = crate::generate::encode(&tok, &text, false)?;
     let bos = tok.bos().filter(|_| tok.add_bos());
-    let available = tokens.len() / n_ctx;
-    let n_chunks = if args.chunks < 0 { available } else { available.min(args.chunks as usize) };
     if tokens.len() < 2 * n_ctx {
         return Err(CliError::new(format!(
             "{}: {} tokens; perplexity with a context of {n_ctx} needs at least {} (as llama-perplexity)",
-            args.file.display(),
+            file.display(),
             tokens.len(),
             2 * n_ctx
         )));
     }
+    let available = tokens.len() / n_ctx;
+    let n_chunks = if args.chunks < 0 { available } else { available.min(args.chunks as usize) };
+    let tokens = &tokens[..n_chunks * n_ctx];
+    let mut logits_file = match &args.kl_base {
+        Some(out) => Some(Writer::create(out, &[&path, file], n_ctx, session.n_vocab(), tokens)?),
+        None => None,
+    };
     errln!(
         "pinfer: {} tokens, {n_chunks} chunks of {n_ctx}, scoring the second half of each{}",
         tokens.len(),
@@ -120,21 +134,116 @@ pub fn run(args: PerplexityArgs) -> Result<(), CliError> {
             chunk[0] = bos;
         }
         session.truncate(0);
+        let mut failed = None;
         session
             .eval_all(&chunk, |i, logits| {
-                if i >= first && i + 1 < n_ctx {
-                    score.add(nll(logits, chunk[i + 1] as usize));
+                if i < first || i + 1 >= n_ctx || failed.is_some() {
+                    return;
+                }
+                let target = chunk[i + 1] as usize;
+                match logits_file.as_mut().map(|w| w.row(logits, target)) {
+                    None => score.add(nll(logits, target)),
+                    Some(Ok(v)) => score.add(v),
+                    Some(Err(e)) => failed = Some(e),
                 }
             })
             .map_err(|e| CliError::new(e.to_string()))?;
+        if let Some(e) = failed {
+            return Err(e);
+        }
         err!("[{}]{:.4},", c + 1, score.ppl());
     }
     errln!();
     errln!("pinfer: {n_chunks} chunks of {n_ctx} tokens in {:.2} s", t0.elapsed().as_secs_f64());
     check.finish()?;
+    if let Some(w) = logits_file {
+        w.commit()?;
+    }
     match score.error() {
         Some(e) => outln!("Final estimate: PPL = {:.4} +/- {e:.5}", score.ppl())?,
         None => outln!("Final estimate: PPL = {:.4}", score.ppl())?,
     }
+    Ok(())
+}
+
+/// Each chunk scores positions n_ctx/2 .. n_ctx-2: fewer than 4 leaves nothing (PPL = NaN).
+fn check_ctx(n_ctx: usize) -> Result<usize, CliError> {
+    if n_ctx < 4 {
+        return Err(CliError::new(format!(
+            "-c {n_ctx}: a chunk scores the second half of its tokens, so it needs at least 4"
+        )));
+    }
+    Ok(n_ctx)
+}
+
+fn load(
+    runtime: &Runtime,
+    path: &std::path::Path,
+    n_ctx: usize,
+    batch: Option<usize>,
+) -> Result<Session, CliError> {
+    let n_batch = batch.unwrap_or(n_ctx).clamp(1, n_ctx.min(512));
+    let opts = SessionOptions { n_ctx, n_batch, logits_all: true, ..Default::default() };
+    runtime.load(path, opts, 0)
+}
+
+/// `--kl-divergence`: this model against the logits file, chunk by chunk, as llama-perplexity.
+fn kl_divergence(args: &PerplexityArgs, path: &std::path::Path, runtime: &Runtime) -> Result<(), CliError> {
+    let base = args.kl_base.as_deref().expect("clap: --kl-divergence requires --kl-divergence-base");
+    // The vocabulary size is checked against the model's before any logit is computed.
+    let n_vocab = {
+        let model = pinfer::loader::ModelFile::open(path)?;
+        let gguf = model.parse()?;
+        pinfer::model::validate_vocab(&gguf)
+            .map_err(|e| CliError::new(format!("{}: {e}", path.display())))?
+            .n_vocab
+    };
+    let mut reader = Reader::open(base, n_vocab as usize)?;
+    let n_ctx = check_ctx(reader.n_ctx)?;
+    if args.ctx != n_ctx && args.ctx != 512 {
+        errln!("pinfer: note: the logits file was made with -c {n_ctx}: using it (not -c {})", args.ctx);
+    }
+    let mut session = load(runtime, path, n_ctx, args.batch)?;
+    let mut check = CacheCheck::start(&session, path);
+    let tok = crate::generate::tokenizer(path, session.gguf())?;
+    let bos = tok.bos().filter(|_| tok.add_bos());
+    let available = reader.n_chunk;
+    let n_chunks = if args.chunks < 0 { available } else { available.min(args.chunks as usize) };
+    errln!("pinfer: kl_divergence: {n_chunks} chunks of {n_ctx} from {}", base.display());
+    let first = n_ctx / 2;
+    let mut stats = KlStats::default();
+    let _polled = Polled::start();
+    outln!(
+        "chunk             PPL               ln(PPL(Q)/PPL(base))          KL Divergence              Δp RMS            Same top p"
+    )?;
+    let mut chunk = vec![0u32; n_ctx];
+    for c in 0..n_chunks {
+        check_interrupt()?;
+        check.status()?;
+        chunk.copy_from_slice(&reader.tokens[c * n_ctx..(c + 1) * n_ctx]);
+        let targets = chunk.clone();
+        if let Some(bos) = bos {
+            chunk[0] = bos;
+        }
+        session.truncate(0);
+        let mut failed = None;
+        session
+            .eval_all(&chunk, |i, logits| {
+                if i < first || i + 1 >= n_ctx || failed.is_some() {
+                    return;
+                }
+                if let Err(e) = stats.add(logits, &mut reader, targets[i + 1] as usize) {
+                    failed = Some(e);
+                }
+            })
+            .map_err(|e| CliError::new(e.to_string()))?;
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        outln!("{}", stats.chunk_line(c + 1))?;
+    }
+    check.finish()?;
+    outln!()?;
+    out!("{}", stats.summary())?;
     Ok(())
 }
