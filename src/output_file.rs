@@ -152,7 +152,7 @@ pub struct OutputFile {
     real: PathBuf,
     /// The temporary file beside it.
     tmp: PathBuf,
-    file: Option<File>,
+    file: File,
     /// Device and inode of each input, to refuse replacing one.
     inputs: std::vec::Vec<(PathBuf, u64, u64)>,
 }
@@ -196,9 +196,7 @@ impl OutputFile {
             // create_new is O_CREAT|O_EXCL: it never follows a symbolic link and never opens a
             // file that exists, so nothing but this run's own new file is written.
             match OpenOptions::new().read(true).write(true).create_new(true).open(&tmp) {
-                Ok(file) => {
-                    return Ok(Self { target: target.into(), real, tmp, file: Some(file), inputs: ids })
-                }
+                Ok(file) => return Ok(Self { target: target.into(), real, tmp, file, inputs: ids }),
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => last_err = Some(e),
                 Err(source) => {
                     return Err(OutputError::Io {
@@ -218,17 +216,16 @@ impl OutputFile {
 
     /// The temporary file, to write to.
     pub fn file(&mut self) -> &File {
-        // Some until commit, which consumes self.
-        self.file.as_ref().expect("the file is open until commit")
+        &self.file
     }
 
     /// A handle of the temporary file for a buffered writer (the same open file).
     pub fn try_clone_file(&self) -> Result<File, OutputError> {
-        self.file
-            .as_ref()
-            .expect("the file is open until commit")
-            .try_clone()
-            .map_err(|source| OutputError::Io { path: self.tmp.clone(), doing: "opening", source })
+        self.file.try_clone().map_err(|source| OutputError::Io {
+            path: self.tmp.clone(),
+            doing: "opening",
+            source,
+        })
     }
 
     /// Where the bytes go until [`commit`](Self::commit).
@@ -245,9 +242,7 @@ impl OutputFile {
     /// again first: if it became something that must not be replaced meanwhile, it is left alone.
     pub fn commit(mut self) -> Result<(), OutputError> {
         let io_err = |path: &Path, doing, source| OutputError::Io { path: path.into(), doing, source };
-        if let Some(file) = self.file.take() {
-            file.sync_all().map_err(|e| io_err(&self.tmp, "flushing to disk", e))?;
-        }
+        self.file.sync_all().map_err(|e| io_err(&self.tmp, "flushing to disk", e))?;
         let (real, meta) = resolve(&self.target)?;
         if real != self.real {
             return Err(OutputError::Refused {

@@ -267,3 +267,57 @@ fn an_interrupted_writer_leaves_nothing_behind() {
     }
     no_temporaries(&d);
 }
+
+/// `pinfer_command()` run as `nobody` through setpriv (when this test runs as root).
+fn as_nobody(args: &[&str]) -> Option<Output> {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { nix::libc::geteuid() } != 0 {
+        eprintln!("note: not root: the unprivileged cases run as root only (they switch to nobody)");
+        return None;
+    }
+    let base = pinfer_command();
+    let mut cmd = std::process::Command::new("setpriv");
+    cmd.args(["--reuid=nobody", "--regid=nogroup", "--clear-groups"])
+        .arg(base.get_program())
+        .args(base.get_args());
+    Some(cmd.args(args).output().unwrap())
+}
+
+/// A full disk is an error naming the output, with the old output kept and no temporary left
+/// (a 1 MiB tmpfs, where root may mount one); unprivileged, a directory it cannot write and a
+/// device are refused the same way, and the input is unchanged.
+#[test]
+fn full_disks_and_unwritable_places_fail_cleanly() {
+    let d = dir("full");
+    let input = model_copy(&d, "m.gguf");
+    let before = digest(&input);
+    let small = d.join("small");
+    std::fs::create_dir(&small).unwrap();
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=1m", "tmpfs", s(&small)])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if mounted {
+        let out = small.join("cache.gguf");
+        std::fs::write(&out, b"old").unwrap();
+        assert_refused(&pinfer(&["repack", s(&input), s(&out)]), &["No space left"]);
+        assert_refused(&pinfer(&["quantize", s(&input), s(&out), "Q8_0"]), &["No space left"]);
+        assert_eq!(std::fs::read(&out).unwrap(), b"old");
+        no_temporaries(&small);
+        let _ = std::process::Command::new("umount").arg(&small).status();
+    } else {
+        eprintln!("note: cannot mount a tmpfs here: the full-disk case needs root with mount rights");
+    }
+
+    // Unprivileged: the model is readable, its directory is not writable by nobody.
+    std::fs::set_permissions(&d, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    if let Some(out) = as_nobody(&["repack", s(&input), s(&d.join("c.gguf"))]) {
+        assert_refused(&out, &["Permission denied"]);
+        let out = as_nobody(&["quantize", s(&input), "/dev/full", "Q8_0"]).unwrap();
+        assert_refused(&out, &["is a device"]);
+        let out = as_nobody(&["generate", "-m", s(&input), "-p", "Hello", "-n", "4", "--temp", "0"]).unwrap();
+        assert!(out.status.success(), "nobody can run the model: {}", text_of(&out.stderr));
+    }
+    assert_eq!(digest(&input), before);
+    no_temporaries(&d);
+}

@@ -197,7 +197,7 @@ fn random_seed() -> u64 {
     u64::from(seed)
 }
 
-fn read_stdin() -> Result<String, CliError> {
+pub fn read_stdin() -> Result<String, CliError> {
     use std::io::Read;
     let mut bytes = Vec::new();
     std::io::stdin().read_to_end(&mut bytes).map_err(|e| CliError::new(format!("reading stdin: {e}")))?;

@@ -65,9 +65,12 @@ enum Command {
         /// Model file (GGUF).
         #[arg(short = 'm', long = "model")]
         model: Option<PathBuf>,
-        /// The text.
-        #[arg(short = 'p', long = "prompt")]
-        prompt: String,
+        /// The text (may start with '-').
+        #[arg(short = 'p', long = "prompt", allow_hyphen_values = true, required_unless_present = "file")]
+        prompt: Option<String>,
+        /// Read the text from this file (`-`: stdin).
+        #[arg(short = 'f', long = "file", conflicts_with = "prompt")]
+        file: Option<PathBuf>,
         /// Print only the ids, space-separated, on one line.
         #[arg(long)]
         ids: bool,
@@ -137,8 +140,14 @@ fn run(cli: Cli) -> Result<(), CliError> {
         Command::Generate(args) => generate::generate(args),
         Command::Chat(args) => generate::chat(generate::GenArgs { conversation: true, ..args }),
         Command::Perplexity(args) => perplexity::run(args),
-        Command::Tokenize { model, prompt, ids, parse_special } => {
-            generate::tokenize(&model_path(model), &prompt, ids, parse_special)
+        Command::Tokenize { model, prompt, file, ids, parse_special } => {
+            let text = match (prompt, file) {
+                (Some(p), _) => p,
+                (None, Some(f)) if f.as_os_str() == "-" => generate::read_stdin()?,
+                (None, Some(f)) => generate::read_text_file(&f)?,
+                (None, None) => return Err(CliError::new("give the text with -p TEXT or -f FILE".into())),
+            };
+            generate::tokenize(&model_path(model), &text, ids, parse_special)
         }
         Command::Bench(args) => bench::run(args),
         Command::Quantize(args) => quantize::run(args),

@@ -189,7 +189,11 @@ fn load(
 
 /// `--kl-divergence`: this model against the logits file, chunk by chunk, as llama-perplexity.
 fn kl_divergence(args: &PerplexityArgs, path: &std::path::Path, runtime: &Runtime) -> Result<(), CliError> {
-    let base = args.kl_base.as_deref().expect("clap: --kl-divergence requires --kl-divergence-base");
+    let Some(base) = args.kl_base.as_deref() else {
+        return Err(CliError::new(
+            "--kl-divergence compares with --kl-divergence-base FILE: give the file".into(),
+        ));
+    };
     // The vocabulary size is checked against the model's before any logit is computed.
     let n_vocab = {
         let model = pinfer::loader::ModelFile::open(path)?;
