@@ -136,25 +136,19 @@ fn prompts_from_files_stdin_and_escapes() {
     assert!(out.starts_with("a\nb\\"), "{out:?}");
     let out = ok(&pinfer(&["generate", "-m", &m, "-p", "a\\nb", "--no-escape", "-n", "1", "--temp", "0"]));
     assert!(out.starts_with("a\\nb"), "{out:?}");
-    let mut child = pinfer_command()
-        .args([
-            "generate",
-            "-m",
-            &m,
-            "-p",
-            "-",
-            "-n",
-            "3",
-            "--temp",
-            "0",
-            "--no-display-prompt",
-            "--print-ids",
-        ])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = spawn(&[
+        "generate",
+        "-m",
+        &m,
+        "-p",
+        "-",
+        "-n",
+        "3",
+        "--temp",
+        "0",
+        "--no-display-prompt",
+        "--print-ids",
+    ]);
     child.stdin.take().unwrap().write_all(b"PromptFromStdin").unwrap();
     let out = ok(&child.wait_with_output().unwrap());
     assert!(!out.contains("PromptFromStdin"), "--no-display-prompt: {out:?}");
@@ -169,13 +163,8 @@ fn prompts_from_files_stdin_and_escapes() {
 fn conversation_flags_and_chat_templates() {
     let m = tiny();
     for flag in ["-cnv", "-i", "--conversation"] {
-        let mut child = pinfer_command()
-            .args(["generate", "-m", &m, flag, "-n", "3", "--temp", "0", "--chat-template", "llama3"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
+        let mut child =
+            spawn(&["generate", "-m", &m, flag, "-n", "3", "--temp", "0", "--chat-template", "llama3"]);
         child.stdin.take().unwrap().write_all(b"Hello\n\n").unwrap();
         let out = child.wait_with_output().unwrap();
         ok(&out);
@@ -215,26 +204,28 @@ fn full_streams_are_errors_never_silence_or_panics() {
 /// Output into a pipe that closes (`| head -c1`) ends quietly with status 141, as coreutils.
 #[test]
 fn a_closed_pipe_ends_quietly_with_141() {
-    let mut child = pinfer_command()
-        .args([
-            "generate",
-            "-m",
-            &repo_file("models/SmolLM2-135M-Instruct.Q4_0.gguf"),
-            "-p",
-            "Hello",
-            "-n",
-            "-1",
-            "--ignore-eos",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = spawn(&["generate", "-m", &smollm2(), "-p", "Hello", "-n", "-1", "--ignore-eos"]);
     let mut first = [0u8; 1];
     child.stdout.take().unwrap().read_exact(&mut first).unwrap(); // then the pipe closes
     let out = child.wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(141), "stderr {}", text_of(&out.stderr));
     assert!(!text_of(&out.stderr).contains("error"), "{}", text_of(&out.stderr));
+}
+
+/// Starts `pinfer ARGS` with stdin, stdout and stderr piped.
+fn spawn(args: &[&str]) -> Child {
+    pinfer_command()
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// The default model: real text, and slow enough to interrupt.
+fn smollm2() -> String {
+    repo_file("models/SmolLM2-135M-Instruct.Q4_0.gguf")
 }
 
 fn interrupt(child: &Child) {
@@ -256,21 +247,8 @@ fn read_until(out: &mut impl Read, want: &str) -> String {
 /// SIGINT stops generation after the current token, prints the timing lines and exits 130.
 #[test]
 fn sigint_stops_generation_with_timings() {
-    let mut child = pinfer_command()
-        .args([
-            "generate",
-            "-m",
-            &repo_file("models/SmolLM2-135M-Instruct.Q4_0.gguf"),
-            "-p",
-            "Once upon a time",
-            "-n",
-            "-1",
-            "--ignore-eos",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child =
+        spawn(&["generate", "-m", &smollm2(), "-p", "Once upon a time", "-n", "-1", "--ignore-eos"]);
     let mut stdout = child.stdout.take().unwrap();
     read_until(&mut stdout, "Once upon a time");
     let mut more = [0u8; 8];
@@ -287,13 +265,7 @@ fn sigint_stops_generation_with_timings() {
 /// In chat, SIGINT stops the reply and returns to the prompt; at the prompt it exits (130).
 #[test]
 fn sigint_in_chat_stops_the_reply_then_exits_at_the_prompt() {
-    let mut child = pinfer_command()
-        .args(["chat", "-m", &repo_file("models/SmolLM2-135M-Instruct.Q4_0.gguf"), "-n", "-1", "-c", "4096"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = spawn(&["chat", "-m", &smollm2(), "-n", "-1", "-c", "4096"]);
     let mut stdin = child.stdin.take().unwrap();
     let mut stdout = child.stdout.take().unwrap();
     read_until(&mut stdout, "> ");

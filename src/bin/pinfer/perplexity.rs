@@ -121,38 +121,18 @@ pub fn run(args: PerplexityArgs) -> Result<(), CliError> {
         tokens.len(),
         if bos.is_some() { " (BOS first in each chunk)" } else { "" }
     );
-    let first = n_ctx / 2;
     let mut score = Score::default();
-    let _polled = Polled::start();
     let t0 = Instant::now();
-    let mut chunk = vec![0u32; n_ctx];
-    for c in 0..n_chunks {
-        check_interrupt()?;
-        check.status()?;
-        chunk.copy_from_slice(&tokens[c * n_ctx..(c + 1) * n_ctx]);
-        if let Some(bos) = bos {
-            chunk[0] = bos;
+    for_each_scored(&mut session, &mut check, tokens, n_ctx, bos, |event| {
+        match event {
+            Scored::Position { logits, target } => score.add(match logits_file.as_mut() {
+                None => nll(logits, target),
+                Some(w) => w.row(logits, target)?,
+            }),
+            Scored::ChunkDone(c) => err!("[{}]{:.4},", c + 1, score.ppl()),
         }
-        session.truncate(0);
-        let mut failed = None;
-        session
-            .eval_all(&chunk, |i, logits| {
-                if i < first || i + 1 >= n_ctx || failed.is_some() {
-                    return;
-                }
-                let target = chunk[i + 1] as usize;
-                match logits_file.as_mut().map(|w| w.row(logits, target)) {
-                    None => score.add(nll(logits, target)),
-                    Some(Ok(v)) => score.add(v),
-                    Some(Err(e)) => failed = Some(e),
-                }
-            })
-            .map_err(|e| CliError::new(e.to_string()))?;
-        if let Some(e) = failed {
-            return Err(e);
-        }
-        err!("[{}]{:.4},", c + 1, score.ppl());
-    }
+        Ok(())
+    })?;
     errln!();
     errln!("pinfer: {n_chunks} chunks of {n_ctx} tokens in {:.2} s", t0.elapsed().as_secs_f64());
     check.finish()?;
@@ -162,6 +142,50 @@ pub fn run(args: PerplexityArgs) -> Result<(), CliError> {
     match score.error() {
         Some(e) => outln!("Final estimate: PPL = {:.4} +/- {e:.5}", score.ppl())?,
         None => outln!("Final estimate: PPL = {:.4}", score.ppl())?,
+    }
+    Ok(())
+}
+
+/// What [`for_each_scored`] reports.
+enum Scored<'a> {
+    /// A scored position: its logits and the true next token.
+    Position { logits: &'a [f32], target: usize },
+    /// Chunk `c` (from 0) is done.
+    ChunkDone(usize),
+}
+
+/// Evaluates each chunk of `n_ctx` of `tokens` from an empty cache (BOS first when `bos`) and
+/// reports every scored position (n_ctx/2 .. n_ctx-2) and the end of each chunk to `each`.
+/// SIGINT and a damaged repack cache stop it between chunks.
+fn for_each_scored(
+    session: &mut Session,
+    check: &mut CacheCheck,
+    tokens: &[u32],
+    n_ctx: usize,
+    bos: Option<u32>,
+    mut each: impl FnMut(Scored<'_>) -> Result<(), CliError>,
+) -> Result<(), CliError> {
+    let first = n_ctx / 2;
+    let _polled = Polled::start();
+    let mut input = vec![0u32; n_ctx];
+    for (c, chunk) in tokens.chunks_exact(n_ctx).enumerate() {
+        check_interrupt()?;
+        check.status()?;
+        input.copy_from_slice(chunk);
+        if let Some(bos) = bos {
+            input[0] = bos;
+        }
+        session.truncate(0);
+        let mut failed = Ok(());
+        session
+            .eval_all(&input, |i, logits| {
+                if i >= first && i + 1 < n_ctx && failed.is_ok() {
+                    failed = each(Scored::Position { logits, target: chunk[i + 1] as usize });
+                }
+            })
+            .map_err(|e| CliError::new(e.to_string()))?;
+        failed?;
+        each(Scored::ChunkDone(c))?;
     }
     Ok(())
 }
@@ -214,38 +238,22 @@ fn kl_divergence(args: &PerplexityArgs, path: &std::path::Path, runtime: &Runtim
     let available = reader.n_chunk;
     let n_chunks = if args.chunks < 0 { available } else { available.min(args.chunks as usize) };
     errln!("pinfer: kl_divergence: {n_chunks} chunks of {n_ctx} from {}", base.display());
-    let first = n_ctx / 2;
     let mut stats = KlStats::default();
-    let _polled = Polled::start();
     outln!(
         "chunk             PPL               ln(PPL(Q)/PPL(base))          KL Divergence              Δp RMS            Same top p"
     )?;
-    let mut chunk = vec![0u32; n_ctx];
-    for c in 0..n_chunks {
-        check_interrupt()?;
-        check.status()?;
-        chunk.copy_from_slice(&reader.tokens[c * n_ctx..(c + 1) * n_ctx]);
-        let targets = chunk.clone();
-        if let Some(bos) = bos {
-            chunk[0] = bos;
-        }
-        session.truncate(0);
-        let mut failed = None;
-        session
-            .eval_all(&chunk, |i, logits| {
-                if i < first || i + 1 >= n_ctx || failed.is_some() {
-                    return;
-                }
-                if let Err(e) = stats.add(logits, &mut reader, targets[i + 1] as usize) {
-                    failed = Some(e);
-                }
-            })
-            .map_err(|e| CliError::new(e.to_string()))?;
-        if let Some(e) = failed {
-            return Err(e);
-        }
-        outln!("{}", stats.chunk_line(c + 1))?;
-    }
+    let tokens = std::mem::take(&mut reader.tokens);
+    for_each_scored(
+        &mut session,
+        &mut check,
+        &tokens[..n_chunks * n_ctx],
+        n_ctx,
+        bos,
+        |event| match event {
+            Scored::Position { logits, target } => stats.add(logits, &mut reader, target),
+            Scored::ChunkDone(c) => outln!("{}", stats.chunk_line(c + 1)),
+        },
+    )?;
     check.finish()?;
     outln!()?;
     out!("{}", stats.summary())?;
