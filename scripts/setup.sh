@@ -20,6 +20,7 @@ export DEBIAN_FRONTEND=noninteractive
 APT_PACKAGES=(
   rustc-web                      # /usr/bin/rustc: the compiler that has aarch64 std (rustup cannot download here)
   cargo-web                      # cargo matching it (used only if rustup's cargo is missing)
+  rust-web-clippy                # clippy for rustc-web: the aarch64 tier lints the NEON code
   libstd-rust-web-dev:arm64      # aarch64-unknown-linux-gnu std for rustc-web
   rust-web-src                   # core sources for -Zbuild-std=core (the no_std tier)
   gcc-aarch64-linux-gnu          # linker for aarch64-unknown-linux-gnu

@@ -5,6 +5,8 @@
 //! pinned worker threads and the `pinfer` CLI.
 #![no_std]
 #![deny(unsafe_op_in_unsafe_fn)]
+// Every unsafe block says why it is sound (clippy checks it on host and aarch64).
+#![deny(clippy::undocumented_unsafe_blocks)]
 #![warn(missing_docs)]
 // Errors carry names and shapes by value: the core cannot box them, and they only travel on the
 // (cold) error path, so their size does not matter.

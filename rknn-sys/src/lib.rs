@@ -13,6 +13,7 @@
 //!   `librknnrt.so` files for tests (`RKNN_EMULATOR_LIB`, see `tests/`).
 //!
 //! Only LP64 targets are described (aarch64 boards, x86-64 for tests).
+#![deny(clippy::undocumented_unsafe_blocks)]
 
 #[cfg(not(target_pointer_width = "64"))]
 compile_error!("rknn-sys describes the LP64 ABI of librknnrt (aarch64); 32-bit ARM has other layouts");
@@ -24,6 +25,7 @@ compile_error!("rknn-sys describes the LP64 ABI of librknnrt (aarch64); 32-bit A
     dead_code,
     missing_docs,
     clippy::all,
+    clippy::undocumented_unsafe_blocks,
     rustdoc::all
 )]
 mod bindings {

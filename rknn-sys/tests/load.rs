@@ -31,7 +31,7 @@ fn loading_and_environment() {
     assert_eq!(err.to_string(), "libc.so.6 is not a usable RKNN runtime: no symbol rknn_matmul_create");
 
     // Without the override: the system's librknnrt.so (absent off-board), else a clear error.
-    // SAFETY (edition 2021: safe fns): this test binary has a single test, so nothing reads the
+    // SAFETY: (edition 2021: safe fns) this test binary has a single test, so nothing reads the
     // environment concurrently.
     std::env::remove_var(LIBRARY_ENV);
     match Runtime::load() {

@@ -154,6 +154,8 @@ fn run_case(ty: rknn_matmul_type, m: usize, k: usize, n: usize, b_layout: u32, a
     assert_eq!(io.B.size as usize, k * n * esize_num / esize_den, "{what}");
     assert_eq!(io.C.size as usize, m * n * c_esize, "{what}");
     let name = |attr: &rknn_matmul_tensor_attr| {
+        // c_char is i8 on x86 and u8 on aarch64: the cast is needed on one of them.
+        #[allow(clippy::unnecessary_cast)]
         attr.name.iter().take_while(|&&c| c != 0).map(|&c| c as u8 as char).collect::<String>()
     };
     assert_eq!((name(&io.A).as_str(), name(&io.B).as_str(), name(&io.C).as_str()), ("A", "B", "C"));

@@ -639,7 +639,7 @@ impl<'a, const N: usize> Bound<'a, N> {
         let ne = t.ne_for(step.n_kv);
         let path = kernels::path();
         let src = |i: usize| t.src[i].map(|s| (s, self.graph.tensor(s)));
-        // SAFETY (for every read/write below): shapes and strides were checked by the graph
+        // SAFETY: for every read/write below, shapes and strides were checked by the graph
         // builder, spans by `new`; rows come from `share`, which gives each thread disjoint rows.
         unsafe {
             match t.op {
@@ -1247,6 +1247,3 @@ fn rows_of(ne: [usize; 4]) -> usize {
 fn rows(ne: [usize; 4], range: Range<usize>) -> impl Iterator<Item = (usize, usize, usize)> {
     range.map(move |r| (r % ne[1], (r / ne[1]) % ne[2], r / (ne[1] * ne[2])))
 }
-
-#[cfg(all(test, feature = "std"))]
-mod tests;

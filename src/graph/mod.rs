@@ -720,6 +720,3 @@ impl<const N: usize> Graph<N> {
         Ok(())
     }
 }
-
-#[cfg(all(test, feature = "std"))]
-mod tests;

@@ -265,7 +265,7 @@ macro_rules! tile_kernel {
         #[target_feature(enable = "dotprod")]
         unsafe fn $name(job: &Job) {
             $( let $a = job.a[$i]; let $o = job.o[$i]; )+
-            // SAFETY (caller's contract, see `Job`): the weight pointers address `units` pairs of
+            // SAFETY: by the caller's contract (see `Job`), the weight pointers address `units` pairs of
             // groups of `nb` blocks of quants and scales, each activation pointer `nb` blocks,
             // each output `8 units` writable floats; the CPU has dotprod. Every register written
             // is declared clobbered.
@@ -513,7 +513,7 @@ macro_rules! gemv_kernel {
     ($name:ident, $init:ident, $body:ident, $pair:ident) => {
         #[target_feature(enable = "dotprod")]
         unsafe fn $name(job: &Job) {
-            // SAFETY (caller's contract, see `Job`): the weight pointers address `units` runs of
+            // SAFETY: by the caller's contract (see `Job`), the weight pointers address `units` runs of
             // 4 groups of `nb` blocks of quants and scales, the activation pointer `nb` blocks,
             // the output `16 units` writable floats; the CPU has dotprod. Every register written
             // is declared clobbered.
@@ -971,13 +971,15 @@ pub unsafe fn matmul_dotprod(
 /// broadcasts), several run 1 group x 4 tokens (sharing the unpacked weights).
 pub fn matmul(w: &PackedMatrix<'_>, groups: Range<usize>, acts: &[&[ActBlock]], outs: &mut [&mut [f32]]) {
     let Some(n) = matmul_tokens(w, &groups, acts, outs) else { return };
-    // SAFETY (each arm): NEON is part of the aarch64 baseline.
-    match w.format {
-        PackedFormat::Q4 => unsafe { matmul_neon::<FMT_Q4>(w, groups, acts, outs, n) },
-        PackedFormat::Q4Min => unsafe { matmul_neon::<FMT_Q4MIN>(w, groups, acts, outs, n) },
-        PackedFormat::Q8 => unsafe { matmul_neon::<FMT_Q8>(w, groups, acts, outs, n) },
-        PackedFormat::Q8Min => unsafe { matmul_neon::<FMT_Q8MIN>(w, groups, acts, outs, n) },
-        PackedFormat::Q8Sub16 => unsafe { matmul_neon::<FMT_Q8SUB16>(w, groups, acts, outs, n) },
+    // SAFETY: NEON is part of the aarch64 baseline (every arm).
+    unsafe {
+        match w.format {
+            PackedFormat::Q4 => matmul_neon::<FMT_Q4>(w, groups, acts, outs, n),
+            PackedFormat::Q4Min => matmul_neon::<FMT_Q4MIN>(w, groups, acts, outs, n),
+            PackedFormat::Q8 => matmul_neon::<FMT_Q8>(w, groups, acts, outs, n),
+            PackedFormat::Q8Min => matmul_neon::<FMT_Q8MIN>(w, groups, acts, outs, n),
+            PackedFormat::Q8Sub16 => matmul_neon::<FMT_Q8SUB16>(w, groups, acts, outs, n),
+        }
     }
 }
 
@@ -1621,12 +1623,14 @@ pub fn flash_attn_rows<'k>(
         return flash_attn_rows_f32dot_ref(qs, q16, keys, key, value, scale, acc16, outs);
     }
     let (qs, outs) = (&qs[..n], &mut outs[..n]);
-    // SAFETY (each arm): NEON is part of the aarch64 baseline.
-    match n {
-        1 => unsafe { flash_attn_rows_f32dot::<1>(qs, q16, keys, key, value, scale, acc16, outs) },
-        2 => unsafe { flash_attn_rows_f32dot::<2>(qs, q16, keys, key, value, scale, acc16, outs) },
-        3 => unsafe { flash_attn_rows_f32dot::<3>(qs, q16, keys, key, value, scale, acc16, outs) },
-        _ => unsafe { flash_attn_rows_f32dot::<4>(qs, q16, keys, key, value, scale, acc16, outs) },
+    // SAFETY: NEON is part of the aarch64 baseline (every arm).
+    unsafe {
+        match n {
+            1 => flash_attn_rows_f32dot::<1>(qs, q16, keys, key, value, scale, acc16, outs),
+            2 => flash_attn_rows_f32dot::<2>(qs, q16, keys, key, value, scale, acc16, outs),
+            3 => flash_attn_rows_f32dot::<3>(qs, q16, keys, key, value, scale, acc16, outs),
+            _ => flash_attn_rows_f32dot::<4>(qs, q16, keys, key, value, scale, acc16, outs),
+        }
     }
 }
 
@@ -1737,7 +1741,7 @@ fn flash_attn_rows_f32dot<'k, const R: usize>(
         }
         let rows = &krows[..m];
         let (q, o) = (qp.as_ptr(), s.as_mut_ptr());
-        // SAFETY (each arm): `rows` point at `32 pieces` f16 each (padded above); the kernels read
+        // SAFETY: in every arm, `rows` point at `32 pieces` f16 each (padded above); the kernels read
         // the `32 R pieces` packed floats of `qp` (a 2-row kernel rows 0, 1 or 2, 3 of each 16
         // dimensions, skipping the other two: 128 bytes) and write `m` entries of `s` (2 lanes
         // each from byte 0 or 8 for the 2-row kernel).
@@ -1758,7 +1762,7 @@ fn flash_attn_rows_f32dot<'k, const R: usize>(
         let mut d = 0;
         while d < dv {
             let wide = dv - d >= 32;
-            // SAFETY (each arm): `vrows[..m]` point at `dv` f16 each, `d + 32` (wide) or `d + 8`
+            // SAFETY: in every arm, `vrows[..m]` point at `dv` f16 each, `d + 32` (wide) or `d + 8`
             // at most `dv`, `acc16` holds `R dv`.
             unsafe {
                 let (a, v) = (acc16.as_mut_ptr().add(d), &vrows[..m]);
@@ -2262,7 +2266,7 @@ fn fa_fp16<'k, const R: usize>(
             }
         }
         let mut s = [[0f32; 4]; KEY_CHUNK];
-        // SAFETY (each arm): `krows[..m]` point at `32 pieces` f16 each (padded above), `qp` holds
+        // SAFETY: in every arm, `krows[..m]` point at `32 pieces` f16 each (padded above), `qp` holds
         // `32 R pieces`, `s` has `m` entries; the CPU has FEAT_FP16 (this function's feature).
         unsafe {
             match R {
@@ -2297,7 +2301,7 @@ fn fa_fp16<'k, const R: usize>(
         let mut d = 0;
         while d < dv {
             let wide = dv - d >= 32;
-            // SAFETY (each arm): `vrows[..m]` point at `dv` f16 each, `d + 32` (wide) or `d + 8`
+            // SAFETY: in every arm, `vrows[..m]` point at `dv` f16 each, `d + 32` (wide) or `d + 8`
             // at most `dv`, `acc16` holds `R dv`; the CPU has FEAT_FP16.
             unsafe {
                 let a = acc16.as_mut_ptr().add(d);

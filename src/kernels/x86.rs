@@ -590,8 +590,8 @@ unsafe fn dot1<const F: u8, const VNNI: bool>(
     } else {
         _mm256_setr_ps(0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0)
     };
-    // SAFETY (the closure): b < kn, the contract's blocks.
     let step = |b: usize, acc: __m256, accm: __m256| -> (__m256, __m256) {
+        // SAFETY: b < kn, the contract's blocks.
         unsafe {
             let (qp, sp) = (q.add(b * qb), s.add(b * sb));
             // Prefetches never fault; past the matrix they fetch what follows it in the buffer.
@@ -702,7 +702,7 @@ unsafe fn tile2_q4v<const F: u8, const T: usize>(
     let low4 = _mm256_set1_epi8(0x0F);
     let x88 = _mm256_set1_epi8(0x88u8 as i8);
     // The unsigned operands q + 8 of one 64-byte block (see `block_isum`).
-    // SAFETY (the closure): 64 bytes at qp, a block of the contract's groups.
+    // SAFETY: in the closure, 64 bytes at qp, a block of the contract's groups.
     let unpack = |qp: *const u8| unsafe {
         let (w0, w1) = (_mm256_loadu_si256(qp.cast()), _mm256_loadu_si256(qp.add(32).cast()));
         let (x0, x1) = (_mm256_xor_si256(w0, x88), _mm256_xor_si256(w1, x88));
@@ -714,7 +714,7 @@ unsafe fn tile2_q4v<const F: u8, const T: usize>(
         ]
     };
     // 4 f16 per group at s0 and s1 (8 bytes each) as [first group's 4, second group's 4].
-    // SAFETY (the closure): 8 scale bytes at each, inside the contract's groups.
+    // SAFETY: in the closure, 8 scale bytes at each, inside the contract's groups.
     let pair = |s0: *const u8, s1: *const u8| unsafe {
         _mm256_cvtph_ps(_mm_unpacklo_epi64(_mm_loadl_epi64(s0.cast()), _mm_loadl_epi64(s1.cast())))
     };
@@ -1123,7 +1123,7 @@ fn scores8(keys: &[&[F16Le]; 8], nk: usize, q16: &[F16Le], qf: Option<&[f32]>, s
         let k = keys[i];
         let n = k.len().min(q16.len());
         let pk = k.as_ptr().cast::<u8>();
-        // SAFETY (both loads): elements e..e + 8 <= n of the key and of both query forms.
+        // SAFETY: for both loads, elements e..e + 8 <= n of the key and of both query forms.
         let load = |e: usize| unsafe {
             let x = _mm256_cvtph_ps(_mm_loadu_si128(pk.add(2 * e).cast()));
             let y = match qf {

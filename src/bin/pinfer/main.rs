@@ -1,4 +1,5 @@
 //! The `pinfer` command line.
+#![deny(clippy::undocumented_unsafe_blocks)]
 
 use std::path::PathBuf;
 use std::process::ExitCode;
