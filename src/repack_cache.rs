@@ -44,7 +44,7 @@ use crate::gguf::{Gguf, TensorInfo, Value};
 use crate::graph::Graph;
 use crate::kernels::packed::{pack, packed_bytes, PackedFormat, GROUP_ROWS, LAYOUT_VERSION};
 use crate::loader::ModelFile;
-use crate::model::{build_forward, validate_tensors, validate_vocab, HParams, KvLayout};
+use crate::model::{build_forward, HParams, KvLayout};
 use crate::output_file::OutputFile;
 use crate::placement::{self, Buffer, Placement, Reason};
 use crate::session::SessionError;
@@ -326,9 +326,7 @@ pub fn write_cache(
             "{in_name} is already a pinfer repack cache: repack the original GGUF instead"
         )));
     }
-    let hp = HParams::from_gguf(&gguf)?;
-    let vocab = validate_vocab(&gguf)?;
-    validate_tensors(&gguf, &hp, vocab.n_vocab)?;
+    let hp = crate::model::check(&gguf)?.hparams;
     let placements = decode_placements(&gguf, &hp, true)?;
     let tensors: Vec<TensorInfo<'_>> = gguf.tensors().collect();
     if tensors.len() != gguf.tensor_count() {

@@ -18,13 +18,13 @@ use crate::gguf::{Gguf, TensorInfo};
 use crate::graph::{plan, Graph, Plan};
 use crate::kernels::packed::{pack, packed_bytes};
 use crate::loader::{LoadError, ModelFile};
-use crate::model::{build_forward, validate_tensors, validate_vocab, Forward, HParams, KvLayout, ModelError};
+use crate::model::{build_forward, Forward, HParams, KvLayout, ModelError};
 use crate::placement::{self, Buffer, Placement, Reason};
 
 /// Default batch of prompt tokens evaluated by one graph.
 pub const DEFAULT_BATCH: usize = 64;
 /// Default context when the model allows more.
-pub const DEFAULT_CTX: usize = 4096;
+pub use crate::model::DEFAULT_CTX;
 
 /// How to set a session up.
 #[derive(Debug, Clone)]
@@ -292,15 +292,9 @@ impl Session {
                 model.path().display()
             )));
         }
-        let hp = HParams::from_gguf(&gguf)?;
-        let vocab = validate_vocab(&gguf)?;
-        validate_tensors(&gguf, &hp, vocab.n_vocab)?;
-        let max_ctx = hp.n_ctx_train as usize;
-        let n_ctx = match opts.n_ctx {
-            0 => DEFAULT_CTX.min(max_ctx),
-            n if n > max_ctx => return Err(SessionError::Option("context size above the model's maximum")),
-            n => n,
-        };
+        let crate::model::Checked { hparams: hp, vocab } = crate::model::check(&gguf)?;
+        let n_ctx = crate::model::context_size(&hp, opts.n_ctx)
+            .ok_or(SessionError::Option("context size above the model's maximum"))?;
         if opts.n_batch == 0 || opts.threads == 0 {
             return Err(SessionError::Option("batch size and thread count must be at least 1"));
         }

@@ -5,12 +5,14 @@
 
 mod build;
 mod hparams;
+pub mod open;
 mod validate;
 
 use core::fmt;
 
 pub use build::{build_forward, Forward, KvLayout, MODEL_BUFFER};
 pub use hparams::{HParams, MAX_LAYERS};
+pub use open::{check, context_size, Checked, DEFAULT_CTX};
 pub use validate::{validate_tensors, validate_vocab, TensorKind, Vocab};
 
 use crate::gguf::{GgufError, Name};

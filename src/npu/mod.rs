@@ -593,7 +593,7 @@ pub fn plan<const N: usize>(graphs: &[&Graph<N>], config: &NpuConfig, n_batch: u
 
 /// The plan for a model file without loading a session: the forward graphs of a generation
 /// session (1 token and `n_batch` tokens; with `logits_all` also the perplexity graph) over a context
-/// of `n_ctx` tokens (0: min(4096, the model's maximum)).
+/// of `n_ctx` tokens (0: min(`DEFAULT_CTX`, the model's maximum)).
 pub fn plan_model(
     gguf: &crate::gguf::Gguf<'_>,
     config: &NpuConfig,
@@ -602,12 +602,10 @@ pub fn plan_model(
     logits_all: bool,
 ) -> Result<NpuPlan, crate::model::ModelError> {
     use crate::build_config::GRAPH_CAPACITY;
-    use crate::model::{build_forward, validate_tensors, validate_vocab, HParams, KvLayout};
+    use crate::model::{build_forward, KvLayout, DEFAULT_CTX};
     use std::boxed::Box;
-    let hp = HParams::from_gguf(gguf)?;
-    let vocab = validate_vocab(gguf)?;
-    validate_tensors(gguf, &hp, vocab.n_vocab)?;
-    let n_ctx = if n_ctx == 0 { 4096.min(hp.n_ctx_train as usize) } else { n_ctx };
+    let hp = crate::model::check(gguf)?.hparams;
+    let n_ctx = if n_ctx == 0 { DEFAULT_CTX.min(hp.n_ctx_train as usize) } else { n_ctx };
     let n_batch = n_batch.clamp(1, n_ctx.max(1));
     let kv = KvLayout::new(&hp, n_ctx, n_batch).ok_or(crate::model::ModelError::BadHParam {
         key: crate::gguf::Name::try_from("context size").unwrap_or_default(),

@@ -7,7 +7,7 @@ use pinfer::build_config::GRAPH_CAPACITY;
 use pinfer::gguf::{Gguf, TensorInfo};
 use pinfer::graph::Graph;
 use pinfer::loader::ModelFile;
-use pinfer::model::{build_forward, validate_tensors, validate_vocab, HParams, KvLayout, Vocab};
+use pinfer::model::{build_forward, validate_vocab, HParams, KvLayout, Vocab};
 use pinfer::placement::{self, Buffer, Placement, FORMATS};
 use pinfer::session::SessionOptions;
 use serde_json::{json, Value as Json};
@@ -65,22 +65,21 @@ pub fn run(path: &Path, args: InfoArgs) -> Result<(), CliError> {
     let fail = |e: pinfer::model::ModelError| CliError::new(format!("{}: {e}", path.display()));
     // Files without tensors (vocabulary-only tokenizer test files, or bare metadata) are
     // described without hyper-parameters; a model with tensors must be complete.
-    let vocab = match gguf.get("tokenizer.ggml.model") {
-        Some(_) => Some(validate_vocab(&gguf).map_err(fail)?),
-        None => None,
-    };
-    let hparams = if gguf.tensor_count() == 0 {
-        None
+    let (hparams, vocab) = if gguf.tensor_count() == 0 {
+        let vocab = match gguf.get("tokenizer.ggml.model") {
+            Some(_) => Some(validate_vocab(&gguf).map_err(fail)?),
+            None => None,
+        };
+        (None, vocab)
     } else {
-        let hp = HParams::from_gguf(&gguf).map_err(fail)?;
-        let vocab = vocab.as_ref().ok_or_else(|| {
-            CliError::new(format!(
+        if gguf.get("tokenizer.ggml.model").is_none() {
+            return Err(CliError::new(format!(
                 "{}: the model has no tokenizer metadata (tokenizer.ggml.model)",
                 path.display()
-            ))
-        })?;
-        validate_tensors(&gguf, &hp, vocab.n_vocab).map_err(fail)?;
-        Some(hp)
+            )));
+        }
+        let checked = pinfer::model::check(&gguf).map_err(fail)?;
+        (Some(checked.hparams), Some(checked.vocab))
     };
     let repack = SessionOptions::default().repack && !no_repack;
     let placement = match (&hparams, placement) {

@@ -59,12 +59,7 @@ pub fn verify(path: &Path) -> Result<(), CliError> {
     let model = ModelFile::open(path)?;
     let gguf = model.parse()?;
     if !check_cache(&gguf, path).map_err(CliError::new)? {
-        let hp = pinfer::model::HParams::from_gguf(&gguf)
-            .map_err(|e| CliError::new(format!("{}: {e}", path.display())))?;
-        let vocab = pinfer::model::validate_vocab(&gguf)
-            .map_err(|e| CliError::new(format!("{}: {e}", path.display())))?;
-        pinfer::model::validate_tensors(&gguf, &hp, vocab.n_vocab)
-            .map_err(|e| CliError::new(format!("{}: {e}", path.display())))?;
+        pinfer::model::check(&gguf).map_err(|e| CliError::new(format!("{}: {e}", path.display())))?;
         outln!(
             "{}: a valid GGUF model ({} tensors); plain GGUF files carry no checksums of their data",
             path.display(),
