@@ -35,6 +35,8 @@ pub mod tensor;
 pub mod tokenizer;
 
 #[cfg(feature = "std")]
+pub mod generate;
+#[cfg(feature = "std")]
 pub mod loader;
 #[cfg(feature = "npu")]
 pub mod npu;

@@ -318,3 +318,20 @@ fn generation_allocates_nothing_per_token() {
     };
     assert_eq!(allocs("8"), allocs("40"));
 }
+
+/// `-r TEXT` (llama-cli's reverse prompt) ends generation where the text appears, without
+/// printing it, also when it arrives split over several tokens.
+#[test]
+fn reverse_prompts_stop_generation_unprinted() {
+    let m = smollm2();
+    let prompt = "The capital of France is";
+    let base = ["generate", "-m", &m, "-p", prompt, "-n", "30", "--temp", "0", "--ignore-eos"];
+    let full = ok(&pinfer(&base));
+    // Six characters from the middle of the greedy text (whatever the kernel path made of it).
+    let generated: Vec<char> = full[prompt.len()..].chars().collect();
+    assert!(generated.len() > 30, "{full:?}");
+    let stop: String = generated[20..26].iter().collect();
+    let cut = ok(&pinfer(&[&base[..], &["-r", &stop, "-r", "never appears"]].concat()));
+    let at = prompt.len() + full[prompt.len()..].find(&stop).unwrap();
+    assert_eq!(cut.trim_end(), full[..at].trim_end(), "stopped before {stop:?}");
+}

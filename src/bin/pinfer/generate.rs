@@ -9,9 +9,11 @@ use clap::Args;
 use pinfer::chat::{ChatTemplate, Message, Role};
 use pinfer::gguf::Gguf;
 use pinfer::loader::ModelFile;
-use pinfer::sampler::{Candidate, Sampler, SamplerConfig};
+use pinfer::sampler::SamplerConfig;
 use pinfer::session::{Session, SessionError, SessionOptions};
 use pinfer::tokenizer::{StreamDecoder, Tokenizer};
+
+use pinfer::generate::{Flow, GenerateError, Generator, Stop};
 
 use crate::runtime::{CacheCheck, Runtime, RuntimeArgs};
 use crate::signals::{take_interrupt, Polled};
@@ -75,6 +77,9 @@ pub struct GenArgs {
     pub ubatch: Option<usize>,
     #[command(flatten)]
     pub runtime: RuntimeArgs,
+    /// Stop generating when this text appears (it is not printed); may be given several times.
+    #[arg(short = 'r', long = "reverse-prompt", value_name = "TEXT", allow_hyphen_values = true)]
+    pub reverse_prompt: Vec<String>,
     /// Chat with the model's chat template (llama-cli's -cnv); `-i` is the same.
     #[arg(short = 'i', long = "conversation", visible_alias = "interactive")]
     pub conversation: bool,
@@ -315,97 +320,21 @@ pub fn tokenize(path: &Path, text: &str, ids_only: bool, parse_special: bool) ->
     Ok(())
 }
 
-/// Why a stream of generated tokens ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Stop {
-    /// An end-of-generation token.
-    EndOfGeneration,
-    /// The token limit (-n).
-    Limit,
-    /// The context is full.
-    ContextFull,
-    /// SIGINT: stopped after the current token.
-    Interrupted,
+/// Passes generated text to stdout between tokens: checks the repack cache's background check
+/// and SIGINT, which stops after the current token.
+fn print_piece(check: &mut CacheCheck, text: &str) -> Result<Flow, CliError> {
+    out!("{text}")?;
+    check.status()?;
+    Ok(if take_interrupt() { Flow::Stop } else { Flow::Continue })
 }
 
-/// What one stream of generation needs, allocated once: nothing is allocated per token.
-struct Generator<'t> {
-    tok: &'t Tokenizer<'static>,
-    sampler: Sampler,
-    candidates: Vec<Candidate>,
-    piece: Vec<u8>,
-    logits: Vec<f32>,
-    ignore_eos: bool,
-    repeat_last_n: usize,
-}
-
-impl<'t> Generator<'t> {
-    fn new(
-        tok: &'t Tokenizer<'static>,
-        session: &Session,
-        config: SamplerConfig,
-        ignore_eos: bool,
-    ) -> Result<Self, CliError> {
-        Ok(Self {
-            tok,
-            sampler: Sampler::new(config).map_err(|e| CliError::new(e.to_string()))?,
-            candidates: vec![Candidate::default(); session.n_vocab()],
-            piece: vec![0u8; StreamDecoder::buffer_len(tok)],
-            logits: vec![0f32; session.n_vocab()],
-            ignore_eos,
-            repeat_last_n: config.repeat_last_n as usize,
-        })
-    }
-
-    /// Samples, prints and evaluates tokens after the ones whose logits are in `self.logits`,
-    /// appending them to `tokens` (whose capacity must hold them: sized by the caller) until one
-    /// of the [`Stop`] reasons; `on_text` gets each piece of text.
-    fn run(
-        &mut self,
-        session: &mut Session,
-        tokens: &mut Vec<u32>,
-        limit: Option<usize>,
-        check: &mut CacheCheck,
-        mut on_text: impl FnMut(&str) -> Result<(), CliError>,
-    ) -> Result<Stop, CliError> {
-        let mut decoder = StreamDecoder::new();
-        let mut n = 0usize;
-        let stop = loop {
-            if limit.is_some_and(|l| n >= l) {
-                break Stop::Limit;
-            }
-            check.status()?;
-            let window = tokens.len().saturating_sub(self.repeat_last_n);
-            let id = self
-                .sampler
-                .sample(&self.logits, &tokens[window..], &mut self.candidates)
-                .map_err(|e| CliError::new(e.to_string()))?;
-            if self.tok.is_eog(id) && !self.ignore_eos {
-                break Stop::EndOfGeneration;
-            }
-            if tokens.len() == tokens.capacity() {
-                break Stop::ContextFull;
-            }
-            tokens.push(id);
-            n += 1;
-            let text = decoder
-                .push(self.tok, id, false, &mut self.piece)
-                .map_err(|e| CliError::new(e.to_string()))?;
-            on_text(text)?;
-            if limit.is_some_and(|l| n >= l) {
-                break Stop::Limit;
-            }
-            if take_interrupt() {
-                break Stop::Interrupted;
-            }
-            match session.eval(&[id]) {
-                Ok(l) => self.logits.copy_from_slice(l),
-                Err(SessionError::ContextFull { .. }) => break Stop::ContextFull,
-                Err(e) => return Err(CliError::new(e.to_string())),
-            }
-        };
-        on_text(decoder.finish(&mut self.piece))?;
-        Ok(stop)
+/// A failure of the generation loop as the CLI reports it.
+fn gen_error(e: GenerateError<CliError>) -> CliError {
+    match e {
+        GenerateError::Output(e) => e,
+        GenerateError::Session(e) => CliError::new(e.to_string()),
+        GenerateError::Sample(e) => CliError::new(e.to_string()),
+        GenerateError::Decode(e) => CliError::new(e.to_string()),
     }
 }
 
@@ -450,7 +379,11 @@ pub fn generate(args: GenArgs) -> Result<(), CliError> {
     args.session_options()?;
     let (path, mut session, tok) = load(&args, &config)?;
     let mut check = CacheCheck::start(&session, &path);
-    let mut gen = Generator::new(&tok, &session, config, args.ignore_eos)?;
+    let mut gen =
+        Generator::new(&tok, session.n_vocab(), config).map_err(|e| CliError::new(e.to_string()))?;
+    gen.ignore_eos = args.ignore_eos;
+    let stops: Vec<&str> = args.reverse_prompt.iter().map(String::as_str).collect();
+    gen.set_stop_strings(&stops);
     let prompt = encode(&tok, &prompt_text, !args.no_parse_special)?;
     if prompt.is_empty() {
         return Err(CliError::new("the prompt is empty after tokenization".into()));
@@ -469,11 +402,8 @@ pub fn generate(args: GenArgs) -> Result<(), CliError> {
     }
     let polled = Polled::start();
     let t_prompt = Instant::now();
-    let stop = match session.eval(&prompt) {
-        Ok(l) => {
-            gen.logits.copy_from_slice(l);
-            None
-        }
+    let stop = match gen.feed(&mut session, &prompt) {
+        Ok(()) => None,
         Err(SessionError::ContextFull { needed, n_ctx }) => {
             return Err(CliError::new(format!(
             "context full: the prompt needs {needed} positions, the context holds {n_ctx}; raise it with -c"
@@ -485,8 +415,10 @@ pub fn generate(args: GenArgs) -> Result<(), CliError> {
     let t_gen = Instant::now();
     let stop = match stop {
         Some(s) => s,
-        None if take_interrupt() => Stop::Interrupted,
-        None => gen.run(&mut session, &mut tokens, limit, &mut check, |text| out!("{text}"))?,
+        None if take_interrupt() => Stop::Cancelled,
+        None => {
+            gen.run(&mut session, &mut tokens, limit, |t| print_piece(&mut check, t)).map_err(gen_error)?
+        }
     };
     let t_gen = t_gen.elapsed();
     drop(polled);
@@ -501,8 +433,8 @@ pub fn generate(args: GenArgs) -> Result<(), CliError> {
         Stop::ContextFull => {
             errln!("pinfer: context full ({} tokens): stopped; raise it with -c", session.n_ctx())
         }
-        Stop::Interrupted => errln!("pinfer: interrupted"),
-        Stop::EndOfGeneration | Stop::Limit => {}
+        Stop::Cancelled => errln!("pinfer: interrupted"),
+        Stop::EndOfGeneration | Stop::Limit | Stop::StopString => {}
     }
     // The first generated token comes from the prompt's logits, like llama.cpp's count of eval runs.
     let runs = generated.len().saturating_sub(1);
@@ -520,7 +452,7 @@ pub fn generate(args: GenArgs) -> Result<(), CliError> {
         crate::npu::report_end(&session);
     }
     check.finish()?;
-    if stop == Stop::Interrupted {
+    if stop == Stop::Cancelled {
         return Err(CliError::Interrupted);
     }
     Ok(())
@@ -563,7 +495,10 @@ pub fn chat(args: GenArgs) -> Result<(), CliError> {
     let (path, mut session, tok) = load(&args, &config)?;
     let mut check = CacheCheck::start(&session, &path);
     let template = chat_template(&args, session.gguf(), &path)?;
-    let mut gen = Generator::new(&tok, &session, config, false)?;
+    let mut gen =
+        Generator::new(&tok, session.n_vocab(), config).map_err(|e| CliError::new(e.to_string()))?;
+    let stops: Vec<&str> = args.reverse_prompt.iter().map(String::as_str).collect();
+    gen.set_stop_strings(&stops);
     let mut turns: Vec<(Role, String)> = system.into_iter().map(|s| (Role::System, s)).collect();
     let mut cached: Vec<u32> = Vec::with_capacity(session.n_ctx() + 1);
     errln!(
@@ -612,8 +547,8 @@ pub fn chat(args: GenArgs) -> Result<(), CliError> {
             )));
         }
         let polled = Polled::start();
-        match session.eval(&tokens[keep..]) {
-            Ok(l) => gen.logits.copy_from_slice(l),
+        match gen.feed(&mut session, &tokens[keep..]) {
+            Ok(()) => {}
             Err(SessionError::ContextFull { n_ctx, .. }) => {
                 return Err(CliError::new(format!(
                     "context full ({n_ctx} tokens): the conversation no longer fits; raise it with -c"
@@ -624,19 +559,20 @@ pub fn chat(args: GenArgs) -> Result<(), CliError> {
         cached.extend_from_slice(&tokens[keep..]);
         let mut reply = String::new();
         let stop = if take_interrupt() {
-            Stop::Interrupted
+            Stop::Cancelled
         } else {
-            gen.run(&mut session, &mut cached, limit, &mut check, |text| {
+            gen.run(&mut session, &mut cached, limit, |text| {
                 reply.push_str(text);
-                out!("{text}")
-            })?
+                print_piece(&mut check, text)
+            })
+            .map_err(gen_error)?
         };
         drop(polled);
         outln!()?;
         match stop {
             Stop::ContextFull => errln!("pinfer: context full: reply cut short"),
-            Stop::Interrupted => errln!("pinfer: reply interrupted"),
-            Stop::EndOfGeneration | Stop::Limit => {}
+            Stop::Cancelled => errln!("pinfer: reply interrupted"),
+            Stop::EndOfGeneration | Stop::Limit | Stop::StopString => {}
         }
         // The cache holds what was evaluated: a last sampled token may not be.
         cached.truncate(session.n_past());

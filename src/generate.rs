@@ -1,0 +1,240 @@
+//! std layer: the one generation loop (sample → print → evaluate → stop), used by every front end
+//! (`generate`, `chat`, and next the server): the sampler chain with its repeat window,
+//! UTF-8-safe incremental decoding, stop strings held back until they can no longer match, and the
+//! reasons a stream ends. Its buffers are sized when it is made: nothing is allocated per token.
+
+use std::fmt;
+use std::string::String;
+use std::vec;
+use std::vec::Vec;
+
+use crate::sampler::{Candidate, SampleError, Sampler, SamplerConfig};
+use crate::session::{Session, SessionError};
+use crate::tokenizer::{StreamDecoder, TokError, Tokenizer};
+
+/// Why a stream of generated tokens ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stop {
+    /// An end-of-generation token.
+    EndOfGeneration,
+    /// The token limit.
+    Limit,
+    /// The context is full.
+    ContextFull,
+    /// A stop string appeared (it is not passed on).
+    StopString,
+    /// The caller's callback asked to stop (SIGINT, a client gone, ...).
+    Cancelled,
+}
+
+/// What the callback of [`Generator::run`] wants next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flow {
+    /// Go on.
+    Continue,
+    /// Stop after this token.
+    Stop,
+}
+
+/// A failure of the loop, or of the caller's callback (`E`).
+#[derive(Debug)]
+pub enum GenerateError<E> {
+    /// Evaluating failed.
+    Session(SessionError),
+    /// Sampling failed (non-finite logits).
+    Sample(SampleError),
+    /// Decoding a token failed.
+    Decode(TokError),
+    /// The callback failed (output closed, ...).
+    Output(E),
+}
+
+impl<E: fmt::Display> fmt::Display for GenerateError<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Session(e) => write!(f, "{e}"),
+            Self::Sample(e) => write!(f, "{e}"),
+            Self::Decode(e) => write!(f, "{e}"),
+            Self::Output(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl<E: fmt::Debug + fmt::Display> std::error::Error for GenerateError<E> {}
+
+/// A sampler, its buffers and the last logits: one stream of generation at a time.
+pub struct Generator<'t> {
+    tok: &'t Tokenizer<'t>,
+    sampler: Sampler,
+    candidates: Vec<Candidate>,
+    piece: Vec<u8>,
+    logits: Vec<f32>,
+    repeat_last_n: usize,
+    /// Keep generating past end-of-generation tokens (benchmarks).
+    pub ignore_eos: bool,
+    stops: Vec<String>,
+    /// Text decoded but held back: it may be the start of a stop string.
+    held: String,
+}
+
+impl<'t> Generator<'t> {
+    /// A generator for a model of `n_vocab` tokens; `config` is checked here.
+    pub fn new(tok: &'t Tokenizer<'t>, n_vocab: usize, config: SamplerConfig) -> Result<Self, SampleError> {
+        Ok(Self {
+            tok,
+            sampler: Sampler::new(config)?,
+            candidates: vec![Candidate::default(); n_vocab],
+            piece: vec![0u8; StreamDecoder::buffer_len(tok)],
+            logits: vec![0f32; n_vocab],
+            repeat_last_n: config.repeat_last_n as usize,
+            ignore_eos: false,
+            stops: Vec::new(),
+            held: String::new(),
+        })
+    }
+
+    /// Strings that end generation when they appear in the text (they are not passed on).
+    pub fn set_stop_strings(&mut self, stops: &[&str]) {
+        self.stops = stops.iter().filter(|s| !s.is_empty()).map(|s| String::from(*s)).collect();
+        let longest = self.stops.iter().map(String::len).max().unwrap_or(0);
+        self.held = String::with_capacity(longest + self.piece.len());
+    }
+
+    /// Evaluates `tokens` after what `session` holds and keeps the logits of the last one.
+    pub fn feed(&mut self, session: &mut Session, tokens: &[u32]) -> Result<(), SessionError> {
+        let logits = session.eval(tokens)?;
+        self.logits.copy_from_slice(logits);
+        Ok(())
+    }
+
+    /// Samples, passes on and evaluates tokens after the last [`feed`](Self::feed) (or the last
+    /// generated token), appending them to `tokens`, whose capacity must hold them (the caller
+    /// sizes it once: a full `tokens` ends the stream as a full context does), until a [`Stop`]
+    /// reason. `each` gets every piece of text and says whether to go on.
+    pub fn run<E>(
+        &mut self,
+        session: &mut Session,
+        tokens: &mut Vec<u32>,
+        limit: Option<usize>,
+        mut each: impl FnMut(&str) -> Result<Flow, E>,
+    ) -> Result<Stop, GenerateError<E>> {
+        let mut decoder = StreamDecoder::new();
+        self.held.clear();
+        let mut n = 0usize;
+        let stop = loop {
+            if limit.is_some_and(|l| n >= l) {
+                break Stop::Limit;
+            }
+            let window = tokens.len().saturating_sub(self.repeat_last_n);
+            let id = self
+                .sampler
+                .sample(&self.logits, &tokens[window..], &mut self.candidates)
+                .map_err(GenerateError::Sample)?;
+            if self.tok.is_eog(id) && !self.ignore_eos {
+                break Stop::EndOfGeneration;
+            }
+            if tokens.len() == tokens.capacity() {
+                break Stop::ContextFull;
+            }
+            tokens.push(id);
+            n += 1;
+            let text = decoder.push(self.tok, id, false, &mut self.piece).map_err(GenerateError::Decode)?;
+            let (flow, found) = pass_on(&self.stops, &mut self.held, text, &mut each)?;
+            if found {
+                break Stop::StopString;
+            }
+            if flow == Flow::Stop {
+                break Stop::Cancelled;
+            }
+            if limit.is_some_and(|l| n >= l) {
+                break Stop::Limit;
+            }
+            match session.eval(&[id]) {
+                Ok(l) => self.logits.copy_from_slice(l),
+                Err(SessionError::ContextFull { .. }) => break Stop::ContextFull,
+                Err(e) => return Err(GenerateError::Session(e)),
+            }
+        };
+        if stop != Stop::StopString {
+            let rest = decoder.finish(&mut self.piece);
+            self.held.push_str(rest);
+            if !self.held.is_empty() {
+                each(&self.held).map_err(GenerateError::Output)?;
+            }
+        }
+        self.held.clear();
+        Ok(stop)
+    }
+}
+
+/// Adds `text` to the held-back text and passes on what can no longer be part of a stop string;
+/// `true` when a stop string appeared (the text before it is passed on, the rest dropped).
+fn pass_on<E>(
+    stops: &[String],
+    held: &mut String,
+    text: &str,
+    each: &mut impl FnMut(&str) -> Result<Flow, E>,
+) -> Result<(Flow, bool), GenerateError<E>> {
+    if stops.is_empty() {
+        return Ok((
+            if text.is_empty() { Flow::Continue } else { each(text).map_err(GenerateError::Output)? },
+            false,
+        ));
+    }
+    held.push_str(text);
+    if let Some(at) = stops.iter().filter_map(|s| held.find(s.as_str())).min() {
+        if at > 0 {
+            each(&held[..at]).map_err(GenerateError::Output)?;
+        }
+        held.clear();
+        return Ok((Flow::Stop, true));
+    }
+    // Keep the longest tail of `held` that is a prefix of some stop string.
+    let keep = stops
+        .iter()
+        .flat_map(|s| {
+            (1..s.len().min(held.len() + 1))
+                .rev()
+                .find(|&k| held.is_char_boundary(held.len() - k) && s.starts_with(&held[held.len() - k..]))
+        })
+        .max()
+        .unwrap_or(0);
+    let cut = held.len() - keep;
+    let flow = if cut > 0 { each(&held[..cut]).map_err(GenerateError::Output)? } else { Flow::Continue };
+    held.drain(..cut);
+    Ok((flow, false))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Runs `pieces` through [`pass_on`] with `stops`; the text passed on and whether one stopped.
+    fn feed(stops: &[&str], pieces: &[&str]) -> (String, bool) {
+        let stops: Vec<String> = stops.iter().map(|s| String::from(*s)).collect();
+        let (mut held, mut out) = (String::new(), String::new());
+        for p in pieces {
+            let (_, found) = pass_on::<()>(&stops, &mut held, p, &mut |t| {
+                out.push_str(t);
+                Ok(Flow::Continue)
+            })
+            .unwrap();
+            if found {
+                return (out, true);
+            }
+        }
+        out.push_str(&held);
+        (out, false)
+    }
+
+    #[test]
+    fn stop_strings_are_held_back_until_they_cannot_match() {
+        assert_eq!(feed(&["</s>"], &["Hello", " wor", "ld"]), ("Hello world".into(), false));
+        assert_eq!(feed(&["</s>"], &["Hi <", "/", "s>", "more"]), ("Hi ".into(), true));
+        assert_eq!(feed(&["User:"], &["a", "Us", "e", "fu", "l"]), ("aUseful".into(), false));
+        assert_eq!(feed(&["\n\n", "###"], &["x\n", "\n"]), ("x".into(), true));
+        assert_eq!(feed(&["\n\n", "###"], &["x\n", "#", "\n"]), ("x\n#\n".into(), false));
+        assert_eq!(feed(&["é!"], &["café", "!"]), ("caf".into(), true));
+        assert_eq!(feed(&[], &["a", "b"]), ("ab".into(), false));
+    }
+}
