@@ -2,14 +2,14 @@
 //!
 //! One function covers the llama family (llama, qwen2, qwen3) and gemma3: they differ in a few
 //! switches (biases, Q/K norms, RoPE pairing, GeGLU, extra norms, embedding scale, sliding-window
-//! layers), which [`ArchTraits`] spells out. Weights are leaves in buffer 0 (the model file) at
+//! layers), which [`super::ArchTraits`] spells out. Weights are leaves in buffer 0 (the model file) at
 //! their GGUF offsets; the KV cache and the token ids live in the arena's persistent region.
 
 use core::fmt::Write;
 
-use super::{Arch, HParams, ModelError};
+use super::{Ffn, HParams, ModelError};
 use crate::gguf::{name_of, Gguf};
-use crate::graph::{Graph, GraphError, RopeMode};
+use crate::graph::{Graph, GraphError};
 use crate::quant::GgmlType;
 use crate::tensor::{Storage, TensorId};
 
@@ -68,30 +68,6 @@ pub struct Forward {
     pub n_tokens: usize,
 }
 
-/// What sets an architecture apart in the shared forward pass.
-struct ArchTraits {
-    rope: RopeMode,
-    qkv_bias: bool,
-    qk_norm: bool,
-    /// Gemma: GeGLU, post-attention and post-FFN norms, embeddings scaled by sqrt(n_embd).
-    gemma: bool,
-}
-
-impl ArchTraits {
-    fn of(arch: Arch) -> Self {
-        match arch {
-            Arch::Llama => Self { rope: RopeMode::Normal, qkv_bias: false, qk_norm: false, gemma: false },
-            Arch::Qwen2 | Arch::Qwen2Moe => {
-                Self { rope: RopeMode::Neox, qkv_bias: true, qk_norm: false, gemma: false }
-            }
-            Arch::Qwen3 | Arch::Qwen3Moe => {
-                Self { rope: RopeMode::Neox, qkv_bias: false, qk_norm: true, gemma: false }
-            }
-            Arch::Gemma3 => Self { rope: RopeMode::Neox, qkv_bias: false, qk_norm: true, gemma: true },
-        }
-    }
-}
-
 /// Gemma 3 makes every sixth layer global and the others sliding-window (llama.cpp's pattern).
 const GEMMA3_SWA_PERIOD: u32 = 6;
 /// RoPE base of Gemma 3's sliding-window layers.
@@ -109,7 +85,7 @@ pub fn build_forward<const N: usize>(
     all_logits: bool,
 ) -> Result<Forward, ModelError> {
     g.clear();
-    let traits = ArchTraits::of(hp.arch);
+    let traits = hp.arch.traits();
     let data_start = gguf.data_start();
     let weight = |g: &mut Graph<N>, name: core::fmt::Arguments<'_>| -> Result<Option<TensorId>, ModelError> {
         let mut full = crate::gguf::Name::new();
@@ -259,7 +235,7 @@ pub fn build_forward<const N: usize>(
             let logits = named!("ffn_moe_logits", il, g.mul_mat(router, cur));
             let probs = named!("ffn_moe_probs", il, g.soft_max(logits, 1.0, false, 0));
             let picked = named!("ffn_moe_topk", il, g.top_k(probs, k_used));
-            let normalize = hp.arch == Arch::Qwen3Moe;
+            let normalize = matches!(traits.ffn, Ffn::Experts { normalize_weights: true, .. });
             let weights = named!("ffn_moe_weights", il, g.moe_weights(probs, picked, normalize));
             let (wg, wu, wd) = (
                 need(g, "ffn_gate_exps.weight")?,
@@ -272,7 +248,7 @@ pub fn build_forward<const N: usize>(
             let act = named!("ffn_moe_swiglu", il, g.swiglu(gate, up));
             let experts = named!("ffn_moe_down", il, g.mul_mat_id(wd, act, picked));
             let mut moe = named!("ffn_moe_out", il, g.moe_sum(experts, weights));
-            if hp.arch == Arch::Qwen2Moe {
+            if hp.arch.has_shared_expert() {
                 // The shared expert, scaled by its own sigmoid gate.
                 let gate_inp = need(g, "ffn_gate_inp_shexp.weight")?;
                 let (sg, su, sd) = (

@@ -242,7 +242,7 @@ impl HParams {
             let n_expert = u32_in(g, &k("expert_count"), None, 2..=MAX_EXPERTS)?;
             let used = u32_in(g, &k("expert_used_count"), None, 1..=n_expert)?;
             let ff_expert = u32_in(g, &k("expert_feed_forward_length"), None, 1..=MAX_WIDTH)?;
-            let ff_shared = if arch == Arch::Qwen2Moe {
+            let ff_shared = if arch.has_shared_expert() {
                 u32_in(g, &k("expert_shared_feed_forward_length"), None, 1..=MAX_WIDTH)?
             } else {
                 0
@@ -254,7 +254,7 @@ impl HParams {
         // MoE models may omit the dense width; dense ones need it.
         let n_ff = u32_in(g, &k("feed_forward_length"), arch.is_moe().then_some(n_ff_expert), 1..=MAX_WIDTH)?;
         let sliding_window = u32_in(g, &k("attention.sliding_window"), Some(0), 0..=u32::MAX)?;
-        if arch == Arch::Gemma3 && sliding_window == 0 {
+        if arch.traits().gemma && sliding_window == 0 {
             return Err(bad(&k("attention.sliding_window"), 0, "gemma3 needs a sliding window"));
         }
         refuse_math_we_do_not_compute(g, arch, n_layer)?;

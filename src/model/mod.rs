@@ -3,6 +3,7 @@
 //!
 //! Everything here runs once at load. Graph builders trust what it checked.
 
+mod arch;
 mod build;
 mod hparams;
 pub mod open;
@@ -10,6 +11,7 @@ mod validate;
 
 use core::fmt;
 
+pub use arch::{Arch, ArchTraits, Ffn, Supported};
 pub use build::{build_forward, Forward, KvLayout, MODEL_BUFFER};
 pub use hparams::{HParams, MAX_LAYERS};
 pub use open::{check, context_size, Checked, DEFAULT_CTX};
@@ -19,43 +21,7 @@ use crate::gguf::{GgufError, Name};
 use crate::graph::GraphError;
 use crate::quant::GgmlType;
 
-/// Architectures pinfer runs (the `general.architecture` value).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Arch {
-    /// Llama family (SmolLM2, TinyLlama, Llama 3.x).
-    Llama,
-    /// Qwen2 / Qwen2.5 (QKV bias).
-    Qwen2,
-    /// Qwen3 (per-head Q/K RMS norm).
-    Qwen3,
-    /// Qwen3 mixture of experts.
-    Qwen3Moe,
-    /// Qwen2 mixture of experts (with a shared expert).
-    Qwen2Moe,
-    /// Gemma 3.
-    Gemma3,
-}
-
 impl Arch {
-    const ALL: [(Arch, &'static str); 6] = [
-        (Arch::Llama, "llama"),
-        (Arch::Qwen2, "qwen2"),
-        (Arch::Qwen3, "qwen3"),
-        (Arch::Qwen3Moe, "qwen3moe"),
-        (Arch::Qwen2Moe, "qwen2moe"),
-        (Arch::Gemma3, "gemma3"),
-    ];
-
-    /// The architecture named `name` in GGUF metadata.
-    pub fn from_name(name: &str) -> Option<Self> {
-        Self::ALL.iter().find(|(_, n)| *n == name).map(|(a, _)| *a)
-    }
-
-    /// The GGUF name, also the prefix of the architecture's metadata keys.
-    pub fn name(self) -> &'static str {
-        Self::ALL.iter().find(|(a, _)| *a == self).map(|(_, n)| *n).unwrap_or("?")
-    }
-
     /// Mixture-of-experts architectures (llama.cpp's names) that pinfer refuses by name.
     pub const OTHER_MOE: [&'static str; 20] = [
         "mixtral",
@@ -79,11 +45,6 @@ impl Arch {
         "glm4moe",
         "hunyuan-moe",
     ];
-
-    /// Whether feed-forward layers are mixtures of experts.
-    pub fn is_moe(self) -> bool {
-        matches!(self, Arch::Qwen3Moe | Arch::Qwen2Moe)
-    }
 }
 
 /// Why a GGUF file is not a model pinfer can run.
@@ -176,22 +137,24 @@ impl fmt::Display for ModelError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Metadata(e) => write!(f, "{e}"),
-            Self::UnsupportedArch { name } => write!(
-                f,
-                "architecture {name:?} is not supported (supported: llama, qwen2, qwen3, qwen3moe, qwen2moe, gemma3)"
-            ),
+            Self::UnsupportedArch { name } => {
+                write!(f, "architecture {name:?} is not supported (supported: {})", Supported::All)
+            }
             Self::UnsupportedMoe { name, experts: 0 } => write!(
                 f,
                 "architecture {name:?} is a mixture-of-experts architecture pinfer does not run \
-                 (mixture-of-experts support: qwen3moe, qwen2moe)"
+                 (mixture-of-experts support: {})",
+                Supported::Moe
             ),
             Self::UnsupportedMoe { name, experts } => write!(
                 f,
                 "this {name:?} file has {experts} experts per layer (a Mixtral-style mixture of \
-                 experts): pinfer runs {name:?} only as a dense model (mixture-of-experts support: \
-                 qwen3moe, qwen2moe)"
+                 experts): pinfer runs {name:?} only as a dense model (mixture-of-experts support: {})",
+                Supported::Moe
             ),
-            Self::BadHParam { key, value, problem } => write!(f, "hyper-parameter {key} = {value}: {problem}"),
+            Self::BadHParam { key, value, problem } => {
+                write!(f, "hyper-parameter {key} = {value}: {problem}")
+            }
             Self::Uncomputed { key, found, computes } => write!(
                 f,
                 "{key} = {found} is not implemented in pinfer (it computes: {computes}); the model \
@@ -207,7 +170,10 @@ impl fmt::Display for ModelError {
                 trim_shape(expected)
             ),
             Self::TensorType { name, ty, accepted } => {
-                write!(f, "tensor {name:?} has type {ty}, which pinfer does not run there (accepted: {accepted})")
+                write!(
+                    f,
+                    "tensor {name:?} has type {ty}, which pinfer does not run there (accepted: {accepted})"
+                )
             }
             Self::Graph(e) => write!(f, "building the forward graph: {e}"),
             Self::Vocab { key, problem, value } => write!(f, "vocabulary {key}: {problem} ({value})"),

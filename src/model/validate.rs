@@ -3,7 +3,7 @@
 use core::fmt::Write;
 
 use super::hparams::arch_key;
-use super::{Arch, HParams, ModelError};
+use super::{HParams, ModelError};
 use crate::gguf::{name_of, Gguf, Name, Value, ValueType};
 use crate::quant::GgmlType;
 
@@ -233,8 +233,8 @@ pub fn validate_tensors(g: &Gguf<'_>, hp: &HParams, n_vocab: u32) -> Result<(), 
     let hd = u64::from(hp.head_dim_k);
     let (f, fe, fs, ne) =
         (u64::from(hp.n_ff), u64::from(hp.n_ff_expert), u64::from(hp.n_ff_shared), u64::from(hp.n_expert));
-    let qk_norm = matches!(hp.arch, Arch::Qwen3 | Arch::Qwen3Moe | Arch::Gemma3);
-    let qkv_bias = matches!(hp.arch, Arch::Qwen2 | Arch::Qwen2Moe);
+    let traits = hp.arch.traits();
+    let (qk_norm, qkv_bias) = (traits.qk_norm, traits.qkv_bias);
     for i in 0..hp.n_layer {
         check(expect(format_args!("blk.{i}.attn_norm.weight"), &[e], Norm, true))?;
         check(expect(format_args!("blk.{i}.attn_q.weight"), &[e, qw], Weight, true))?;
@@ -251,7 +251,7 @@ pub fn validate_tensors(g: &Gguf<'_>, hp: &HParams, n_vocab: u32) -> Result<(), 
             check(expect(format_args!("blk.{i}.attn_q_norm.weight"), &[hd], Norm, true))?;
             check(expect(format_args!("blk.{i}.attn_k_norm.weight"), &[hd], Norm, true))?;
         }
-        if hp.arch == Arch::Gemma3 {
+        if traits.gemma {
             check(expect(format_args!("blk.{i}.post_attention_norm.weight"), &[e], Norm, true))?;
             check(expect(format_args!("blk.{i}.post_ffw_norm.weight"), &[e], Norm, true))?;
         }
@@ -265,7 +265,7 @@ pub fn validate_tensors(g: &Gguf<'_>, hp: &HParams, n_vocab: u32) -> Result<(), 
             check(expect(format_args!("blk.{i}.ffn_up.weight"), &[e, f], Weight, true))?;
             check(expect(format_args!("blk.{i}.ffn_down.weight"), &[f, e], Weight, true))?;
         }
-        if hp.arch == Arch::Qwen2Moe {
+        if hp.arch.has_shared_expert() {
             check(expect(format_args!("blk.{i}.ffn_gate_inp_shexp.weight"), &[e], Router, true))?;
             check(expect(format_args!("blk.{i}.ffn_gate_shexp.weight"), &[e, fs], Weight, true))?;
             check(expect(format_args!("blk.{i}.ffn_up_shexp.weight"), &[e, fs], Weight, true))?;

@@ -1,0 +1,132 @@
+//! The architectures pinfer runs, one row each: what sets an architecture apart is written once,
+//! in [`Arch::traits`], and validation, hyper-parameter reading, the graph builder and every
+//! message read it. A new architecture is a new [`Arch`] variant; the exhaustive `match` in
+//! [`Arch::traits`] then asks for its row.
+
+use core::fmt;
+
+use crate::graph::RopeMode;
+
+/// Architectures pinfer runs (the `general.architecture` value).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Arch {
+    /// Llama family (SmolLM2, TinyLlama, Llama 3.x).
+    Llama,
+    /// Qwen2 / Qwen2.5 (QKV bias).
+    Qwen2,
+    /// Qwen3 (per-head Q/K RMS norm).
+    Qwen3,
+    /// Qwen3 mixture of experts.
+    Qwen3Moe,
+    /// Qwen2 mixture of experts (with a shared expert).
+    Qwen2Moe,
+    /// Gemma 3.
+    Gemma3,
+}
+
+/// The feed-forward block of an architecture.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ffn {
+    /// One gated MLP per layer.
+    Dense,
+    /// A mixture of experts (llama.cpp's `build_moe_ffn`).
+    Experts {
+        /// The top-k weights are renormalised to sum to 1.
+        normalize_weights: bool,
+        /// A shared expert scaled by its own sigmoid gate is added (qwen2moe).
+        shared_expert: bool,
+    },
+}
+
+/// What sets an architecture apart in the shared forward pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ArchTraits {
+    /// The GGUF name, also the prefix of the architecture's metadata keys.
+    pub name: &'static str,
+    /// How RoPE pairs dimensions.
+    pub rope: RopeMode,
+    /// Biases on Q, K and V.
+    pub qkv_bias: bool,
+    /// Per-head RMS norms of Q and K.
+    pub qk_norm: bool,
+    /// Gemma: GeGLU, post-attention and post-FFN norms, embeddings scaled by sqrt(n_embd),
+    /// sliding-window layers.
+    pub gemma: bool,
+    /// The feed-forward block.
+    pub ffn: Ffn,
+}
+
+impl Arch {
+    /// Every architecture, in the order messages list them.
+    pub const ALL: [Arch; 6] =
+        [Arch::Llama, Arch::Qwen2, Arch::Qwen3, Arch::Qwen3Moe, Arch::Qwen2Moe, Arch::Gemma3];
+
+    /// The architecture's row.
+    pub const fn traits(self) -> ArchTraits {
+        const DENSE: ArchTraits = ArchTraits {
+            name: "",
+            rope: RopeMode::Neox,
+            qkv_bias: false,
+            qk_norm: false,
+            gemma: false,
+            ffn: Ffn::Dense,
+        };
+        match self {
+            Arch::Llama => ArchTraits { name: "llama", rope: RopeMode::Normal, ..DENSE },
+            Arch::Qwen2 => ArchTraits { name: "qwen2", qkv_bias: true, ..DENSE },
+            Arch::Qwen3 => ArchTraits { name: "qwen3", qk_norm: true, ..DENSE },
+            Arch::Qwen3Moe => ArchTraits {
+                name: "qwen3moe",
+                qk_norm: true,
+                ffn: Ffn::Experts { normalize_weights: true, shared_expert: false },
+                ..DENSE
+            },
+            Arch::Qwen2Moe => ArchTraits {
+                name: "qwen2moe",
+                qkv_bias: true,
+                ffn: Ffn::Experts { normalize_weights: false, shared_expert: true },
+                ..DENSE
+            },
+            Arch::Gemma3 => ArchTraits { name: "gemma3", qk_norm: true, gemma: true, ..DENSE },
+        }
+    }
+
+    /// The architecture named `name` in GGUF metadata.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|a| a.traits().name == name)
+    }
+
+    /// The GGUF name, also the prefix of the architecture's metadata keys.
+    pub fn name(self) -> &'static str {
+        self.traits().name
+    }
+
+    /// Whether feed-forward layers are mixtures of experts.
+    pub fn is_moe(self) -> bool {
+        matches!(self.traits().ffn, Ffn::Experts { .. })
+    }
+
+    /// Whether the mixture of experts adds a shared expert.
+    pub fn has_shared_expert(self) -> bool {
+        matches!(self.traits().ffn, Ffn::Experts { shared_expert: true, .. })
+    }
+}
+
+/// The names of the architectures pinfer runs, for messages.
+#[derive(Debug, Clone, Copy)]
+pub enum Supported {
+    /// Every one.
+    All,
+    /// The mixtures of experts.
+    Moe,
+}
+
+impl fmt::Display for Supported {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let listed = Arch::ALL.into_iter().filter(|a| matches!(self, Supported::All) || a.is_moe());
+        for (i, a) in listed.enumerate() {
+            write!(f, "{}{}", if i > 0 { ", " } else { "" }, a.name())?;
+        }
+        Ok(())
+    }
+}
