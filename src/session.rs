@@ -65,8 +65,7 @@ impl Default for SessionOptions {
             cores: None,
             pin: false,
             logits_all: false,
-            // PINFER_NO_REPACK=1 keeps the file's layouts everywhere (A/B comparisons).
-            repack: std::env::var_os("PINFER_NO_REPACK").is_none_or(|v| v.is_empty() || v == "0"),
+            repack: true,
             rt_priority: None,
             check_numerics: false,
             memory_limit: None,

@@ -42,9 +42,6 @@ pub struct BenchArgs {
     /// Keep weight matrices in the file's layout (no repacking at load).
     #[arg(long = "no-repack")]
     pub no_repack: bool,
-    /// Kernel path (default: the fastest this CPU has).
-    #[arg(long = "kernels", value_parser = clap::builder::PossibleValuesParser::new(KernelPath::ALL.map(KernelPath::name)))]
-    pub kernels: Option<String>,
 }
 
 /// One test: prompt processing of `n_prompt` tokens or generation of `n_gen`.
@@ -274,9 +271,6 @@ fn json_row(setup: &Setup, o: &Outcome) -> Json {
 
 /// Runs the benchmark.
 pub fn run(args: BenchArgs) -> Result<(), CliError> {
-    if let Some(name) = &args.kernels {
-        crate::force_kernels(name)?;
-    }
     if args.reps == 0 {
         return Err(CliError::new("-r must be at least 1".into()));
     }
@@ -299,7 +293,7 @@ pub fn run(args: BenchArgs) -> Result<(), CliError> {
 
     let runtime = Runtime::new(&args.runtime)?;
     let mut opts = SessionOptions { n_ctx, ..Default::default() };
-    opts.repack &= !args.no_repack; // the default also honours PINFER_NO_REPACK
+    opts.repack &= !args.no_repack; // the runtime also honours PINFER_NO_REPACK
     let mut session = runtime.load(&path, opts.clone(), 0).map_err(|e| match e {
         CliError::Message(m) => CliError::new(format!("{m} (context of {n_ctx} tokens for -p and -n)")),
         other => other,

@@ -109,10 +109,6 @@ pub struct GenArgs {
     /// PINFER_NO_REPACK=1).
     #[arg(long = "no-repack")]
     pub no_repack: bool,
-    /// Force a kernel path: ref, neon, dotprod, fp16 (dotprod with llama.cpp's aarch64 f16
-    /// attention arithmetic) or avx2 (also PINFER_KERNELS).
-    #[arg(long = "kernels")]
-    pub kernels: Option<String>,
     /// Print load details on stderr before the first token: board, workers and their cores,
     /// scheduling, memory plan, placement summary, kernels, seed (-vv: every tensor's placement).
     #[arg(short = 'v', long = "verbose", action = clap::ArgAction::Count)]
@@ -340,9 +336,6 @@ fn gen_error(e: GenerateError<CliError>) -> CliError {
 
 /// Loads the model of `args` with its runtime; reports the kernels and the seed with -v.
 fn load(args: &GenArgs, sampler: &SamplerConfig) -> Result<(PathBuf, Session, Tokenizer<'static>), CliError> {
-    if let Some(name) = &args.kernels {
-        crate::force_kernels(name)?;
-    }
     let path = crate::model_path(args.model.clone());
     let opts = args.session_options()?;
     let runtime = Runtime::new(&args.runtime)?;

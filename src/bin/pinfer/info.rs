@@ -9,7 +9,6 @@ use pinfer::graph::Graph;
 use pinfer::loader::ModelFile;
 use pinfer::model::{build_forward, validate_vocab, HParams, KvLayout, Vocab};
 use pinfer::placement::{self, Buffer, Placement, FORMATS};
-use pinfer::session::SessionOptions;
 use serde_json::{json, Value as Json};
 
 use crate::runtime::{print_placement, summary, summary_text, Runtime, RuntimeArgs};
@@ -81,7 +80,7 @@ pub fn run(path: &Path, args: InfoArgs) -> Result<(), CliError> {
         let checked = pinfer::model::check(&gguf).map_err(fail)?;
         (Some(checked.hparams), Some(checked.vocab))
     };
-    let repack = SessionOptions::default().repack && !no_repack;
+    let repack = crate::runtime::repack_allowed() && !no_repack;
     let placement = match (&hparams, placement) {
         (Some(hp), true) => {
             let (rows, note) = plan_placement(&gguf, hp, repack);

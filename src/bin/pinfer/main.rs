@@ -128,6 +128,11 @@ impl<E: std::error::Error> From<E> for CliError {
     }
 }
 
+/// Threads for a conversion (quantize, repack): `-t N`, else every core this process may use.
+pub(crate) fn worker_threads(asked: Option<u16>) -> usize {
+    asked.map_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()), usize::from)
+}
+
 pub(crate) fn model_path(model: Option<PathBuf>) -> PathBuf {
     model.unwrap_or_else(|| PathBuf::from(DEFAULT_MODEL_PATH))
 }

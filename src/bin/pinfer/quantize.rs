@@ -38,6 +38,9 @@ pub struct QuantizeArgs {
     pub output: PathBuf,
     /// Target type: Q4_0, Q4_1, Q8_0, Q4_K or Q6_K.
     pub ty: String,
+    /// Threads for the conversion (default: every core this process may use).
+    #[arg(short = 't', long = "threads", value_parser = clap::value_parser!(u16).range(1..))]
+    pub threads: Option<u16>,
 }
 
 /// The target types with their llama.cpp file type (`LLAMA_FTYPE_MOSTLY_*`; Q4_K is Q4_K_S, the
@@ -254,7 +257,8 @@ pub fn run(args: QuantizeArgs) -> Result<(), CliError> {
 
     let _polled = crate::signals::Polled::start();
     let mut out = OutputFile::create(&args.output, &[&args.input])?;
-    let out_bytes = write_output(&mut out, &gguf, &tensors, &plans, &headers, &metadata)?;
+    let threads = crate::worker_threads(args.threads);
+    let out_bytes = write_output(&mut out, &gguf, &tensors, &plans, &headers, &metadata, threads)?;
     out.commit()?;
 
     let (mut to_target, mut to_fallback, mut copied) = (0, 0, 0);
@@ -288,13 +292,13 @@ fn write_output(
     plans: &[Plan],
     headers: &[TensorHeader<'_>],
     metadata: &[(&str, Value<'_>)],
+    threads: usize,
 ) -> Result<u64, CliError> {
     let path = out.tmp_path().to_path_buf();
     let io_err = |e: std::io::Error| CliError::new(format!("writing {}: {e}", out.target().display()));
     let file = out.try_clone_file()?;
     let mut writer =
         GgufWriter::start(BufWriter::with_capacity(1 << 20, file), metadata, headers).map_err(io_err)?;
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     for (t, plan) in tensors.iter().zip(plans) {
         crate::signals::check_interrupt()?;
         let src = gguf.tensor_data(t);

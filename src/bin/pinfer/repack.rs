@@ -18,6 +18,9 @@ pub struct RepackArgs {
     pub input: PathBuf,
     /// Output GGUF (the cache; written to a new temporary file beside it, then renamed over it).
     pub output: PathBuf,
+    /// Threads for the conversion (default: every core this process may use).
+    #[arg(short = 't', long = "threads", value_parser = clap::value_parser!(u16).range(1..))]
+    pub threads: Option<u16>,
 }
 
 fn mib(bytes: u64) -> f64 {
@@ -26,7 +29,7 @@ fn mib(bytes: u64) -> f64 {
 
 /// Writes the cache and says what it did.
 pub fn run(args: RepackArgs) -> Result<(), CliError> {
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let threads = crate::worker_threads(args.threads);
     let _polled = crate::signals::Polled::start();
     let r = match write_cache(&args.input, &args.output, threads, &crate::signals::INTERRUPTED) {
         Err(pinfer::session::SessionError::Interrupted) => return Err(CliError::Interrupted),

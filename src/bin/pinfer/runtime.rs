@@ -40,6 +40,10 @@ pub struct RuntimeArgs {
     /// Check every op's output for NaN/infinity and stop at the first, naming op, layer and tensor.
     #[arg(long = "check-numerics")]
     pub check_numerics: bool,
+    /// Force a kernel path: ref, neon, dotprod, fp16 (dotprod with llama.cpp's aarch64 f16
+    /// attention arithmetic) or avx2 (also PINFER_KERNELS).
+    #[arg(long = "kernels", value_name = "PATH")]
+    pub kernels: Option<String>,
     /// Read the model into memory instead of mapping it (as llama.cpp's --no-mmap).
     #[arg(long = "no-mmap")]
     pub no_mmap: bool,
@@ -93,6 +97,9 @@ impl Runtime {
     /// Resolves the board and plans the workers; prints the notes on what was adjusted.
     pub fn new(args: &RuntimeArgs) -> Result<Self, CliError> {
         args.notes();
+        if let Some(name) = &args.kernels {
+            crate::force_kernels(name)?;
+        }
         let root = Path::new("/");
         let board = board::resolve(&args.board, root).map_err(CliError::new)?;
         // The inherited mask, read before anything pins this thread.
@@ -131,6 +138,7 @@ impl Runtime {
             memory_limit: self.memory_limit().map(|(b, _)| b as usize),
             ..base
         };
+        opts.repack &= repack_allowed();
         self.npu.apply(&mut opts);
         opts
     }
@@ -220,6 +228,12 @@ impl Runtime {
             err!("{}", String::from_utf8_lossy(&text));
         }
     }
+}
+
+/// Whether repacking may be on: `PINFER_NO_REPACK=1` keeps the file's layouts everywhere (A/B
+/// comparisons), as `--no-repack` does for one command.
+pub fn repack_allowed() -> bool {
+    std::env::var_os("PINFER_NO_REPACK").is_none_or(|v| v.is_empty() || v == "0")
 }
 
 /// Locks the session's resident memory; a description of what was locked.
