@@ -110,7 +110,8 @@ impl<'t> Generator<'t> {
     /// Samples, passes on and evaluates tokens after the last [`feed`](Self::feed) (or the last
     /// generated token), appending them to `tokens`, whose capacity must hold them (the caller
     /// sizes it once: a full `tokens` ends the stream as a full context does), until a [`Stop`]
-    /// reason. `each` gets every piece of text and says whether to go on.
+    /// reason. `each` is called once per token with its text (possibly empty) and says whether to
+    /// go on.
     pub fn run<E>(
         &mut self,
         session: &mut Session,
@@ -167,8 +168,10 @@ impl<'t> Generator<'t> {
     }
 }
 
-/// Adds `text` to the held-back text and passes on what can no longer be part of a stop string;
-/// `true` when a stop string appeared (the text before it is passed on, the rest dropped).
+/// Adds `text` to the held-back text and passes on what can no longer be part of a stop string
+/// (calling `each` exactly once per token, with "" when nothing can be passed on yet, so the
+/// caller can stop on every token); `true` when a stop string appeared (the text before it is
+/// passed on, the rest dropped).
 fn pass_on<E>(
     stops: &[String],
     held: &mut String,
@@ -176,16 +179,11 @@ fn pass_on<E>(
     each: &mut impl FnMut(&str) -> Result<Flow, E>,
 ) -> Result<(Flow, bool), GenerateError<E>> {
     if stops.is_empty() {
-        return Ok((
-            if text.is_empty() { Flow::Continue } else { each(text).map_err(GenerateError::Output)? },
-            false,
-        ));
+        return Ok((each(text).map_err(GenerateError::Output)?, false));
     }
     held.push_str(text);
     if let Some(at) = stops.iter().filter_map(|s| held.find(s.as_str())).min() {
-        if at > 0 {
-            each(&held[..at]).map_err(GenerateError::Output)?;
-        }
+        each(&held[..at]).map_err(GenerateError::Output)?;
         held.clear();
         return Ok((Flow::Stop, true));
     }
@@ -200,7 +198,7 @@ fn pass_on<E>(
         .max()
         .unwrap_or(0);
     let cut = held.len() - keep;
-    let flow = if cut > 0 { each(&held[..cut]).map_err(GenerateError::Output)? } else { Flow::Continue };
+    let flow = each(&held[..cut]).map_err(GenerateError::Output)?;
     held.drain(..cut);
     Ok((flow, false))
 }

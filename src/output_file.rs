@@ -21,7 +21,7 @@ use std::io;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::string::String;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU32, Ordering};
 use std::{fmt, format};
 
 /// Why an output could not be written.
@@ -133,6 +133,12 @@ fn check_replaceable(
             why: format!("is {}: pinfer writes only regular files", kind_of(meta.file_type())),
         });
     }
+    if std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o222 == 0 {
+        return Err(OutputError::Refused {
+            path: target.into(),
+            why: "is read-only: make it writable (chmod u+w) or give another output".into(),
+        });
+    }
     if let Some((input, _, _)) = inputs.iter().find(|(_, dev, ino)| (*dev, *ino) == (meta.dev(), meta.ino()))
     {
         return Err(OutputError::Refused {
@@ -155,10 +161,47 @@ pub struct OutputFile {
     file: File,
     /// Device and inode of each input, to refuse replacing one.
     inputs: std::vec::Vec<(PathBuf, u64, u64)>,
+    /// The slot in [`PENDING`] naming `tmp`, if one was free.
+    pending: Option<usize>,
 }
 
 /// Distinguishes the temporary files of one process.
 static NEXT_TMP: AtomicU32 = AtomicU32::new(0);
+
+/// Temporary files being written, as C strings, for a signal handler to remove before the process
+/// exits ([`remove_pending_temporaries`]). The strings are leaked, never freed: a handler running
+/// on another thread may still read one after its file was committed (a few bytes per output).
+static PENDING: [AtomicPtr<nix::libc::c_char>; 4] = [const { AtomicPtr::new(std::ptr::null_mut()) }; 4];
+
+/// Records `tmp` for [`remove_pending_temporaries`]; its slot, if one was free.
+fn register_pending(tmp: &Path) -> Option<usize> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(tmp.as_os_str().as_bytes()).ok()?;
+    let ptr = c.into_raw();
+    let slot = PENDING.iter().position(|p| {
+        p.compare_exchange(std::ptr::null_mut(), ptr, Ordering::SeqCst, Ordering::SeqCst).is_ok()
+    });
+    if slot.is_none() {
+        // SAFETY: `ptr` came from `CString::into_raw` just above and was never shared.
+        drop(unsafe { std::ffi::CString::from_raw(ptr) });
+    }
+    slot
+}
+
+/// Removes every temporary file still being written. Async-signal-safe (atomics and `unlink`
+/// only): a SIGINT/SIGTERM/SIGHUP handler calls it before `_exit`, which skips destructors.
+pub fn remove_pending_temporaries() {
+    for p in &PENDING {
+        let path = p.swap(std::ptr::null_mut(), Ordering::SeqCst);
+        if !path.is_null() {
+            // SAFETY: `path` is a leaked, NUL-terminated CString (register_pending), never freed.
+            unsafe { nix::libc::unlink(path) };
+        }
+    }
+}
+
+/// Most bytes of a file name (Linux's NAME_MAX).
+const NAME_MAX: usize = 255;
 
 impl OutputFile {
     /// Checks that `target` may be written and is none of `inputs`, and creates the temporary file
@@ -183,20 +226,36 @@ impl OutputFile {
             Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
             _ => PathBuf::from("."),
         };
+        // The permissions the output has now, given to its replacement.
+        let mode = meta.as_ref().map(|m| std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o7777);
         let mut last_err = None;
         for _ in 0..16 {
-            let mut tmp_name = std::ffi::OsString::from(".");
-            tmp_name.push(name);
             let n = NEXT_TMP.fetch_add(1, Ordering::Relaxed);
             let nanos = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.subsec_nanos());
-            tmp_name.push(format!(".pinfer-{}-{n}-{nanos:x}.tmp", std::process::id()));
+            let suffix = format!(".pinfer-{}-{n}-{nanos:x}.tmp", std::process::id());
+            // "." + as much of the name as fits + the suffix, within NAME_MAX bytes.
+            use std::os::unix::ffi::OsStrExt;
+            let keep = name.as_bytes().len().min(NAME_MAX - 1 - suffix.len());
+            let mut tmp_name = std::ffi::OsString::from(".");
+            tmp_name.push(std::ffi::OsStr::from_bytes(&name.as_bytes()[..keep]));
+            tmp_name.push(&suffix);
             let tmp = dir.join(tmp_name);
             // create_new is O_CREAT|O_EXCL: it never follows a symbolic link and never opens a
             // file that exists, so nothing but this run's own new file is written.
             match OpenOptions::new().read(true).write(true).create_new(true).open(&tmp) {
-                Ok(file) => return Ok(Self { target: target.into(), real, tmp, file, inputs: ids }),
+                Ok(file) => {
+                    if let Some(mode) = mode {
+                        let perms = std::os::unix::fs::PermissionsExt::from_mode(mode);
+                        if let Err(source) = file.set_permissions(perms) {
+                            let _ = std::fs::remove_file(&tmp);
+                            return Err(OutputError::Io { path: tmp, doing: "setting permissions", source });
+                        }
+                    }
+                    let pending = register_pending(&tmp);
+                    return Ok(Self { target: target.into(), real, tmp, file, inputs: ids, pending });
+                }
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => last_err = Some(e),
                 Err(source) => {
                     return Err(OutputError::Io {
@@ -252,6 +311,7 @@ impl OutputFile {
         }
         check_replaceable(&self.target, meta.as_ref(), &self.inputs)?;
         std::fs::rename(&self.tmp, &self.real).map_err(|e| io_err(&self.real, "replacing it", e))?;
+        self.forget_pending();
         // The rename is durable once the directory is flushed (best effort: some filesystems
         // refuse to sync a directory).
         if let Some(dir) = self.real.parent().filter(|d| !d.as_os_str().is_empty()) {
@@ -264,8 +324,18 @@ impl OutputFile {
     }
 }
 
+impl OutputFile {
+    /// Takes `tmp` off the list a signal handler removes.
+    fn forget_pending(&mut self) {
+        if let Some(slot) = self.pending.take() {
+            PENDING[slot].store(std::ptr::null_mut(), Ordering::SeqCst);
+        }
+    }
+}
+
 impl Drop for OutputFile {
     fn drop(&mut self) {
+        self.forget_pending();
         if !self.tmp.as_os_str().is_empty() {
             let _ = std::fs::remove_file(&self.tmp);
         }

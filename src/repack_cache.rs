@@ -392,6 +392,10 @@ pub fn write_cache(
 
     let headers: Vec<TensorHeader<'_>> = plan.iter().map(|(h, _)| *h).collect();
     let out_bytes = write_file(&mut out, &model, &gguf, &plan, &headers, &sizes, &metadata, threads, stop)?;
+    // A stop during the flush and the check still leaves the output as it was.
+    if stop.load(Ordering::Relaxed) {
+        return Err(SessionError::Interrupted);
+    }
     out.commit().map_err(|e| cache_error(e.to_string()))?;
     Ok(RepackReport {
         tensors: n_packed,

@@ -40,6 +40,9 @@ fn values_may_start_with_a_dash_and_llama_spellings_are_read_whole() {
     assert!(out.starts_with("-5 is negative"), "{out}");
     let out = ok(&pinfer(&["generate", "-m", &m, "-p", "-cnv", "-n", "2", "--temp", "0"]));
     assert!(out.starts_with("-cnv"), "a prompt that looks like a flag stays the prompt: {out}");
+    // The same after a cluster of short flags whose last letter takes the value.
+    let out = ok(&pinfer(&["generate", "-m", &m, "-vp", "-cnv", "-n", "2", "--temp", "0"]));
+    assert!(out.starts_with("-cnv"), "-vp VALUE: {out}");
     // -n -1: until end of generation or a full context (here 12 tokens).
     let out =
         pinfer(&["generate", "-m", &m, "-p", "Hello", "-n", "-1", "-c", "12", "--temp", "0", "--ignore-eos"]);

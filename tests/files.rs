@@ -239,33 +239,40 @@ fn damaged_caches_are_caught_and_say_to_repack() {
     assert!(!text_of(&g.stderr).contains("download"), "{}", text_of(&g.stderr));
 }
 
-/// Interrupting a writer (SIGINT) removes its temporary file and leaves the output as it was.
+/// Interrupting a writer removes its temporary file and leaves the output as it was: one SIGINT
+/// (the writer stops between tensors), two at once (the handler exits at once), SIGTERM and
+/// SIGHUP (a closed SSH session).
 #[test]
 fn an_interrupted_writer_leaves_nothing_behind() {
+    use nix::sys::signal::Signal::{SIGHUP, SIGINT, SIGTERM};
     let d = dir("interrupt");
     let input = repo_file("models/SmolLM2-135M-Instruct.Q8_0.gguf");
     let out = d.join("q.gguf");
-    std::fs::write(&out, b"previous").unwrap();
-    let child = pinfer_command()
-        .args(["quantize", &input, s(&out), "Q4_K"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(300));
-    let _ = nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(child.id() as i32),
-        nix::sys::signal::Signal::SIGINT,
-    );
-    let status = child.wait_with_output().unwrap().status;
-    eprintln!("quantize ended with {status}");
-    match status.code() {
-        Some(130) => assert_eq!(std::fs::read(&out).unwrap(), b"previous"),
-        // It finished first: then the output is complete.
-        Some(0) => assert!(pinfer(&["info", "-m", s(&out)]).status.success()),
-        other => panic!("quantize ended with {other:?}"),
+    for (signals, code) in
+        [(&[SIGINT][..], 130), (&[SIGINT, SIGINT][..], 130), (&[SIGTERM][..], 143), (&[SIGHUP][..], 129)]
+    {
+        std::fs::write(&out, b"previous").unwrap();
+        let child = pinfer_command()
+            .args(["quantize", &input, s(&out), "Q4_K"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+        for &sig in signals {
+            let _ = nix::sys::signal::kill(pid, sig);
+        }
+        let status = child.wait_with_output().unwrap().status;
+        eprintln!("quantize after {signals:?} ended with {status}");
+        match status.code() {
+            Some(c) if c == code => assert_eq!(std::fs::read(&out).unwrap(), b"previous", "{signals:?}"),
+            // It finished first: then the output is complete.
+            Some(0) => assert!(pinfer(&["info", "-m", s(&out)]).status.success()),
+            other => panic!("quantize after {signals:?} ended with {other:?}"),
+        }
+        no_temporaries(&d);
     }
-    no_temporaries(&d);
 }
 
 /// `pinfer_command()` run as `nobody` through setpriv (when this test runs as root).
@@ -319,5 +326,27 @@ fn full_disks_and_unwritable_places_fail_cleanly() {
         assert!(out.status.success(), "nobody can run the model: {}", text_of(&out.stderr));
     }
     assert_eq!(digest(&input), before);
+    no_temporaries(&d);
+}
+
+/// A replaced output keeps its permissions; a read-only one is refused; a name near the 255-byte
+/// limit still gets a temporary file beside it.
+#[test]
+fn permissions_and_long_names() {
+    use std::os::unix::fs::PermissionsExt;
+    let d = dir("perms");
+    let input = model_copy(&d, "m.gguf");
+    let out = d.join("private.gguf");
+    std::fs::write(&out, b"old").unwrap();
+    std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o600)).unwrap();
+    assert!(pinfer(&["repack", s(&input), s(&out)]).status.success());
+    assert_eq!(std::fs::metadata(&out).unwrap().permissions().mode() & 0o777, 0o600);
+    std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o444)).unwrap();
+    let before = digest(&out);
+    assert_refused(&pinfer(&["repack", s(&input), s(&out)]), &["read-only"]);
+    assert_eq!(digest(&out), before);
+    let long = d.join(format!("{}.gguf", "a".repeat(245)));
+    let o = pinfer(&["repack", s(&input), s(&long)]);
+    assert!(o.status.success(), "{}", text_of(&o.stderr));
     no_temporaries(&d);
 }

@@ -285,6 +285,19 @@ fn math_pinfer_does_not_compute_is_refused_by_key() {
     assert_eq!(old.rope_freq_scale, 0.25);
     let zero = validate(&set(b(), "llama.rope.scaling.factor", Val::F32(0.0))).unwrap();
     assert_eq!(zero.rope_freq_scale, 1.0);
+    // Type "none" never scales, whatever the factor (as llama.cpp).
+    let none = set(
+        set(b(), "llama.rope.scaling.type", Val::str("none")),
+        "llama.rope.scaling.factor",
+        Val::F32(4.0),
+    );
+    assert_eq!(validate(&none).unwrap().rope_freq_scale, 1.0);
+    let linear = set(
+        set(b(), "llama.rope.scaling.type", Val::str("linear")),
+        "llama.rope.scaling.factor",
+        Val::F32(4.0),
+    );
+    assert_eq!(validate(&linear).unwrap().rope_freq_scale, 0.25);
     let gemma = validate(&set(g(), "gemma3.rope.freq_base_swa", Val::F32(10000.0)));
     gemma.expect("the base pinfer uses");
 }

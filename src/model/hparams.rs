@@ -236,6 +236,8 @@ impl HParams {
             Some(0.0) => 1.0,
             _ => f32_in(g, &k(factor_key), Some(1.0), 0.0, 1e6)?,
         };
+        // llama.cpp scales positions only for a scaling type other than "none".
+        let scaling = if g.get_str_opt(&k("rope.scaling.type"))? == Some("none") { 1.0 } else { scaling };
         let rms_eps = f32_in(g, &k("attention.layer_norm_rms_epsilon"), None, 0.0, 1.0)?;
 
         let (n_expert, n_expert_used, n_ff_expert, n_ff_shared) = if arch.is_moe() {

@@ -319,7 +319,9 @@ pub fn tokenize(path: &Path, text: &str, ids_only: bool, parse_special: bool) ->
 /// Passes generated text to stdout between tokens: checks the repack cache's background check
 /// and SIGINT, which stops after the current token.
 fn print_piece(check: &mut CacheCheck, text: &str) -> Result<Flow, CliError> {
-    out!("{text}")?;
+    if !text.is_empty() {
+        out!("{text}")?;
+    }
     check.status()?;
     Ok(if take_interrupt() { Flow::Stop } else { Flow::Continue })
 }

@@ -39,18 +39,25 @@ fn takes_next(sub: &clap::Command, tok: &str) -> bool {
     if tok.contains('=') {
         return false;
     }
-    let arg = if let Some(long) = tok.strip_prefix("--") {
-        sub.get_arguments()
+    let takes =
+        |a: &clap::Arg| a.get_action().takes_values() && a.get_num_args().is_some_and(|n| n.min_values() > 0);
+    if let Some(long) = tok.strip_prefix("--") {
+        return sub
+            .get_arguments()
             .find(|a| a.get_long() == Some(long) || a.get_all_aliases().is_some_and(|al| al.contains(&long)))
-    } else {
-        let mut chars = tok.chars().skip(1);
-        match (chars.next(), chars.next()) {
-            // Only a lone short flag takes the next token ("-t2" holds its value).
-            (Some(c), None) => sub.get_arguments().find(|a| a.get_short() == Some(c)),
-            _ => None,
+            .is_some_and(takes);
+    }
+    // A cluster of short flags ("-vp"): the first that takes a value takes the rest of the
+    // cluster, or the next token when it is the cluster's last letter ("-t2" holds its value).
+    let letters: Vec<char> = tok.chars().skip(1).collect();
+    for (i, c) in letters.iter().enumerate() {
+        match sub.get_arguments().find(|a| a.get_short() == Some(*c)) {
+            Some(a) if takes(a) => return i + 1 == letters.len(),
+            Some(_) => continue,
+            None => return false,
         }
-    };
-    arg.is_some_and(|a| a.get_action().takes_values() && a.get_num_args().is_some_and(|n| n.min_values() > 0))
+    }
+    false
 }
 
 /// The arguments with llama.cpp's spellings made clap's, and `generate` inserted when no

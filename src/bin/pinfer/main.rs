@@ -114,6 +114,8 @@ pub(crate) enum CliError {
     Interrupted,
     /// Standard output is a closed pipe: exit status 141 quietly, as coreutils.
     BrokenPipe,
+    /// A command line clap could not read (its message is printed): clap's exit status.
+    Usage(i32),
 }
 
 impl CliError {
@@ -187,11 +189,25 @@ pub(crate) fn force_kernels(name: &str) -> Result<(), CliError> {
     }
 }
 
+/// What clap has to say instead of a command (help, version, a bad command line), written
+/// through the checked streams: `--help >/dev/full` is an error, `| head -c1` exits 141.
+fn clap_exit(e: &clap::Error) -> Result<(), CliError> {
+    let text = e.render().to_string();
+    if e.use_stderr() {
+        err!("{text}");
+        return Err(CliError::Usage(e.exit_code()));
+    }
+    out!("{text}")
+}
+
 fn main() -> ExitCode {
     signals::install();
     let result = kernels_from_env()
         .and_then(|()| llama_flags::rewrite(std::env::args_os().collect()))
-        .and_then(|args| run(Cli::parse_from(args)))
+        .and_then(|args| match Cli::try_parse_from(args) {
+            Ok(cli) => run(cli),
+            Err(e) => clap_exit(&e),
+        })
         .and_then(|()| streams::flush_stdout());
     match result {
         Ok(()) if streams::stderr_failed() => ExitCode::FAILURE,
@@ -207,5 +223,6 @@ fn main() -> ExitCode {
             ExitCode::from(130)
         }
         Err(CliError::BrokenPipe) => ExitCode::from(141),
+        Err(CliError::Usage(code)) => ExitCode::from(u8::try_from(code).unwrap_or(2)),
     }
 }

@@ -135,8 +135,10 @@ pub fn run(args: PerplexityArgs) -> Result<(), CliError> {
     })?;
     errln!();
     errln!("pinfer: {n_chunks} chunks of {n_ctx} tokens in {:.2} s", t0.elapsed().as_secs_f64());
+    let _polled = Polled::start();
     check.finish()?;
     if let Some(w) = logits_file {
+        check_interrupt()?;
         w.commit()?;
     }
     match score.error() {

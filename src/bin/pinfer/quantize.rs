@@ -259,6 +259,8 @@ pub fn run(args: QuantizeArgs) -> Result<(), CliError> {
     let mut out = OutputFile::create(&args.output, &[&args.input])?;
     let threads = crate::worker_threads(args.threads);
     let out_bytes = write_output(&mut out, &gguf, &tensors, &plans, &headers, &metadata, threads)?;
+    // A Ctrl-C during the flush and the check still leaves the output as it was.
+    crate::signals::check_interrupt()?;
     out.commit()?;
 
     let (mut to_target, mut to_fallback, mut copied) = (0, 0, 0);

@@ -1,4 +1,4 @@
-//! SIGINT and SIGPIPE.
+//! SIGINT, SIGTERM, SIGHUP and SIGPIPE.
 //!
 //! SIGPIPE is ignored, so a write to a closed pipe returns an error that ends the program quietly
 //! with status 141 (`streams`), after temporary files are removed and the timing lines written.
@@ -7,7 +7,8 @@
 //! it polls ([`Polled`]): then the first SIGINT only sets a flag the command checks between tokens
 //! or tensors (generation stops after the current token and prints its timings; a writer removes
 //! its temporary file; chat abandons the reply and returns to the prompt), and a second one before
-//! the command took the first exits at once.
+//! the command took the first exits at once. Every exit from a handler first removes the temporary
+//! files of writers in progress (`pinfer::output_file::remove_pending_temporaries`).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -21,23 +22,38 @@ pub(crate) static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 static POLLED: AtomicBool = AtomicBool::new(false);
 
 extern "C" fn on_sigint(_: libc::c_int) {
-    // Only async-signal-safe work here: atomics and _exit.
+    // Only async-signal-safe work here: atomics, unlink and _exit.
     if POLLED.load(Ordering::SeqCst) && !INTERRUPTED.swap(true, Ordering::SeqCst) {
         return;
     }
+    exit_now(130);
+}
+
+/// SIGTERM and SIGHUP (a closed SSH session) end the process at once, as by default, but
+/// without leaving a writer's temporary file behind.
+extern "C" fn on_terminate(signal: libc::c_int) {
+    exit_now(128 + signal);
+}
+
+/// Removes the temporary files being written and exits with `status`, running no destructors.
+fn exit_now(status: libc::c_int) {
+    pinfer::output_file::remove_pending_temporaries();
     // SAFETY: _exit is async-signal-safe and ends the process without running any other code.
-    unsafe { libc::_exit(130) }
+    unsafe { libc::_exit(status) }
 }
 
 /// Installs the handlers; call once, before any thread starts.
 pub(crate) fn install() {
     use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
     let int = SigAction::new(SigHandler::Handler(on_sigint), SaFlags::SA_RESTART, SigSet::empty());
+    let term = SigAction::new(SigHandler::Handler(on_terminate), SaFlags::empty(), SigSet::empty());
     let ignore = SigAction::new(SigHandler::SigIgn, SaFlags::empty(), SigSet::empty());
-    // SAFETY: on_sigint does only async-signal-safe work; ignoring SIGPIPE runs no code. Errors
+    // SAFETY: the handlers do only async-signal-safe work; ignoring SIGPIPE runs no code. Errors
     // (impossible for these signals) leave the default actions.
     unsafe {
         let _ = sigaction(Signal::SIGINT, &int);
+        let _ = sigaction(Signal::SIGTERM, &term);
+        let _ = sigaction(Signal::SIGHUP, &term);
         let _ = sigaction(Signal::SIGPIPE, &ignore);
     }
 }
