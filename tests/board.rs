@@ -84,7 +84,7 @@ fn tool_works(argv: &[&str]) -> bool {
 
 /// Cores this test process may use.
 fn allowed() -> Vec<usize> {
-    pinfer::exec::pool::allowed_cores()
+    pinfer::board::thread::allowed_cores()
 }
 
 /// The `workers: N on cores A,B` line of `generate -v`, parsed.

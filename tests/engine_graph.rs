@@ -166,7 +166,7 @@ fn quantized_block_stays_close_to_naive_f32() {
 #[test]
 fn more_threads_than_cores_finishes_with_the_same_result() {
     // Six threads pinned to one core: spinning waiters must yield (sleep) for the others to run.
-    let core = pinfer::exec::pool::allowed_cores().first().copied().unwrap_or(0);
+    let core = pinfer::board::thread::allowed_cores().first().copied().unwrap_or(0);
     let (reference, ..) = logits(RunOpts { threads: 1, packed: true, ..Default::default() });
     let (crowded, ..) = logits(RunOpts { threads: 6, packed: true, pin_to: Some(core), repack: false });
     assert_eq!(crowded, reference);

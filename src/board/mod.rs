@@ -9,6 +9,8 @@ pub mod toml;
 
 #[cfg(feature = "std")]
 pub mod runtime;
+#[cfg(feature = "std")]
+pub mod thread;
 
 use core::fmt;
 

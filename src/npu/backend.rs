@@ -726,7 +726,7 @@ impl Crew {
             let spawned = std::thread::Builder::new().name(format!("pinfer-npu-{core}")).spawn(move || {
                 if let Some(cpu) = cpu {
                     // Best effort: an unpinned helper still works.
-                    crate::exec::pool::pin_current_thread(cpu);
+                    crate::board::thread::pin_current_thread(cpu);
                 }
                 helper(&inner, &mine, core)
             });

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use clap::Args;
 use pinfer::board::runtime::{self as board, Board, WorkerPlan};
-use pinfer::exec::pool::{allowed_cores, current_thread_scheduler};
+use pinfer::board::thread::{allowed_cores, current_thread_scheduler};
 use pinfer::gguf::TensorInfo;
 use pinfer::loader::ModelFile;
 use pinfer::placement::{Placement, Summary, FORMATS};
@@ -340,7 +340,7 @@ impl CacheCheck {
         let path = path.to_path_buf();
         let (tx, rx) = std::sync::mpsc::channel();
         let spawned = std::thread::Builder::new().name("pinfer-verify".into()).spawn(move || {
-            lower_priority();
+            pinfer::board::thread::set_current_thread_idle();
             let checked = pinfer::gguf::Gguf::parse(bytes)
                 .map_err(|e| format!("{}: {e}", path.display()))
                 .and_then(|gguf| pinfer::repack_cache::verify_data(&gguf, &path));
@@ -371,12 +371,4 @@ impl CacheCheck {
             _ => Ok(()),
         }
     }
-}
-
-/// Moves the calling thread to SCHED_IDLE (lowering a priority needs no privilege; best effort).
-fn lower_priority() {
-    use nix::libc;
-    let param = libc::sched_param { sched_priority: 0 };
-    // SAFETY: plain syscall on the calling thread (pid 0) with a valid parameter struct.
-    let _ = unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) };
 }
