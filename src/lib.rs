@@ -23,6 +23,7 @@ pub mod build_config {
 pub mod arena;
 pub mod board;
 pub mod chat;
+pub mod engine;
 pub mod exec;
 pub mod gguf;
 pub mod graph;

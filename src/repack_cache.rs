@@ -266,8 +266,8 @@ pub fn decode_placements(
 ) -> Result<Vec<Placement>, SessionError> {
     let mut graph: std::boxed::Box<Graph<GRAPH_CAPACITY>> = std::boxed::Box::default();
     let n_ctx = (hp.n_ctx_train as usize).clamp(1, 256);
-    let kv = KvLayout::new(hp, n_ctx, 1).ok_or(SessionError::Option("context size too large"))?;
-    build_forward(&mut graph, gguf, hp, &kv, 1, false)?;
+    let kv = KvLayout::new(hp, n_ctx, 1, 1).ok_or(SessionError::Option("context size too large"))?;
+    build_forward(&mut graph, gguf, hp, &kv, 1, 1)?;
     Ok(gguf
         .tensors()
         .map(|t| {

@@ -1,6 +1,6 @@
-//! std: a model ready to evaluate tokens: mapped weights, one arena (KV cache, token ids,
-//! activations, work) sized before the first token, forward graphs built and planned once per
-//! batch shape, and the worker pool.
+//! std: the engine ([`crate::engine`]) over a mapped model file, with what only an operating
+//! system gives: its memory on the heap (huge pages advised), weights repacked on threads, the
+//! repack cache, the pinned worker pool and the NPU. One sequence, evaluated by token lists.
 //!
 //! After [`Session::new`] nothing allocates per token: graphs are reused, `Bound::new` only
 //! resolves addresses into the preplanned memory.
@@ -10,16 +10,17 @@ use std::fmt;
 use std::vec;
 use std::vec::Vec;
 
-use crate::arena::{Region, ARENA_ALIGN};
-use crate::build_config::GRAPH_CAPACITY;
+use crate::arena::ARENA_ALIGN;
+use crate::engine::{
+    Engine, EngineConfig, EngineError, Entry, GraphSlot, Model, Parallel, Planned, GRAPH_SLOTS,
+};
 use crate::exec::pool::{Pool, PoolConfig};
-use crate::exec::{work_bytes, Bound, ExecError, PackedEntry, Step};
+use crate::exec::{ExecError, PackedEntry};
 use crate::gguf::{Gguf, TensorInfo};
-use crate::graph::{plan, Graph, Plan};
-use crate::kernels::packed::{pack, packed_bytes};
+use crate::kernels::packed::packed_bytes;
 use crate::loader::{LoadError, ModelFile};
-use crate::model::{build_forward, Forward, HParams, KvLayout, ModelError};
-use crate::placement::{self, Buffer, Placement, Reason};
+use crate::model::{HParams, ModelError};
+use crate::placement::{Buffer, Placement, Reason};
 
 /// Default batch of prompt tokens evaluated by one graph.
 pub const DEFAULT_BATCH: usize = 64;
@@ -112,6 +113,8 @@ pub enum SessionError {
     Cache(std::string::String),
     /// Stopped on request (SIGINT) before finishing; nothing was left half-written.
     Interrupted,
+    /// The engine refused a plan or a step.
+    Engine(EngineError),
     /// The memory plan exceeds the memory available (`SessionOptions::memory_limit`).
     OverMemory {
         /// The plan.
@@ -203,6 +206,7 @@ impl fmt::Display for SessionError {
             Self::Threads(e) => write!(f, "{e}"),
             Self::Cache(msg) => write!(f, "{msg}"),
             Self::Interrupted => write!(f, "interrupted"),
+            Self::Engine(e) => write!(f, "{e}"),
             Self::OverMemory { plan, limit } => write!(
                 f,
                 "not loading: the memory plan needs {plan}, more than the {:.1} MiB available (use a smaller \
@@ -221,49 +225,83 @@ impl From<ModelError> for SessionError {
     }
 }
 
+impl From<EngineError> for SessionError {
+    fn from(e: EngineError) -> Self {
+        match e {
+            EngineError::Model(e) => Self::Model(e),
+            EngineError::Exec(e) => Self::Exec(e),
+            EngineError::Config(msg) => Self::Option(msg),
+            EngineError::ContextFull { needed, n_ctx } => Self::ContextFull { needed, n_ctx },
+            EngineError::BadToken { id, n_vocab } => Self::BadToken { id, n_vocab },
+            EngineError::NonFiniteLogits => Self::NonFiniteLogits,
+            e => Self::Engine(e),
+        }
+    }
+}
+
 impl From<ExecError> for SessionError {
     fn from(e: ExecError) -> Self {
         Self::Exec(e)
     }
 }
 
-/// 64 bytes, 64-aligned: the arena's backing store, so offsets never shift with the allocation.
+/// 64 bytes, 64-aligned: the engine's memory, so offsets never shift with the allocation.
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
 #[repr(C, align(64))]
 struct Line([u8; ARENA_ALIGN]);
 
-/// A forward graph for one batch shape, planned.
-struct Prepared {
-    graph: Box<Graph<GRAPH_CAPACITY>>,
-    plan: Box<Plan<GRAPH_CAPACITY>>,
-    fwd: Forward,
-    all_logits: bool,
+/// The engine's memory on the heap: repacked weights, KV cache, activations, work.
+pub struct HeapMemory(Vec<Line>);
+
+impl core::ops::Deref for HeapMemory {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        bytemuck::cast_slice(self.0.as_slice())
+    }
 }
 
-/// Graph shapes kept built at once (decode, full batch, a partial batch, one all-logits shape).
-const MAX_PREPARED: usize = 4;
+impl core::ops::DerefMut for HeapMemory {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        bytemuck::cast_slice_mut(self.0.as_mut_slice())
+    }
+}
+
+/// Repacking jobs spread over this many scoped threads (at most 8), each taking the next matrix.
+struct Threads(usize);
+
+impl Parallel for Threads {
+    fn for_each(&self, n: usize, job: &(dyn Fn(usize) + Sync)) {
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let work = || loop {
+            let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if i >= n {
+                break;
+            }
+            job(i);
+        };
+        std::thread::scope(|scope| {
+            for _ in 1..self.0.clamp(1, 8).min(n.max(1)) {
+                scope.spawn(work);
+            }
+            work();
+        });
+    }
+}
+
+/// The engine of a session: graph slots and memory on the heap.
+pub type SessionEngine = Engine<'static, Vec<GraphSlot>, HeapMemory>;
 
 /// A model loaded and ready to evaluate tokens.
 pub struct Session {
     model: &'static ModelFile,
-    gguf: Gguf<'static>,
-    hp: HParams,
-    n_vocab: usize,
-    kv: KvLayout,
-    memory: Vec<Line>,
-    activations: Region,
-    work: Region,
-    prepared: Vec<Prepared>,
+    engine: Box<SessionEngine>,
     pool: Pool,
-    n_past: usize,
+    /// The batch being evaluated (capacity `n_batch`: no allocation per token).
+    entries: Vec<Entry>,
     logits: Vec<f32>,
-    /// Repacked weight matrices (one buffer) and where each one is, sorted by source offset.
-    /// Empty for a repack cache: the entries then point into the mapped file.
-    packed: Vec<Line>,
-    packed_entries: Vec<PackedEntry>,
     /// The file is a repacked-weight cache: the packed planes are read from the mapping.
     from_cache: bool,
-    /// Bytes of the repacked weights (in `packed`, or in the file).
+    /// Bytes of the repacked weights (in the engine's memory, or in the file).
     packed_bytes: usize,
     /// Seconds spent repacking at load.
     repack_seconds: f64,
@@ -271,8 +309,6 @@ pub struct Session {
     placements: Vec<Placement>,
     /// The memory plan checked before allocating.
     memory_plan: MemoryPlan,
-    /// Check every node's output for NaN/infinity.
-    check_numerics: bool,
     /// The NPU backend, when matmuls go to the NPU.
     #[cfg(feature = "npu")]
     npu: Option<Box<crate::npu::NpuBackend>>,
@@ -291,59 +327,43 @@ impl Session {
                 model.path().display()
             )));
         }
-        let crate::model::Checked { hparams: hp, vocab } = crate::model::check(&gguf)?;
-        let n_ctx = crate::model::context_size(&hp, opts.n_ctx)
-            .ok_or(SessionError::Option("context size above the model's maximum"))?;
-        if opts.n_batch == 0 || opts.threads == 0 {
+        if opts.threads == 0 {
             return Err(SessionError::Option("batch size and thread count must be at least 1"));
         }
-        let n_batch = opts.n_batch.min(n_ctx);
-        let kv = KvLayout::new(&hp, n_ctx, n_batch).ok_or(SessionError::Option("context size too large"))?;
-
-        // Size the arena from the graphs it must run, before anything is allocated for them.
-        let mut prepared = Vec::new();
-        let mut shapes = vec![(1, false), (n_batch, false)];
-        if opts.logits_all {
-            shapes.push((n_batch, true));
-        }
-        let (mut peak, mut work) = (0usize, 0usize);
-        for (n, all) in shapes {
-            let p = prepare(&gguf, &hp, &kv, n, all)?;
-            peak = peak.max(p.plan.peak_bytes);
-            work = work.max(work_bytes(&p.graph));
-            prepared.push(p);
-        }
-        let activations = Region { offset: kv.total_bytes, len: peak.next_multiple_of(ARENA_ALIGN) };
-        let work =
-            Region { offset: activations.offset + activations.len, len: work.next_multiple_of(ARENA_ALIGN) };
-        let total = work.offset + work.len;
-
-        // Where every tensor goes (the same decision `pinfer info --placement` prints), then the
-        // whole memory plan, checked before the arena and the repacked buffer are allocated.
-        let placements: Vec<Placement> = gguf
-            .tensors()
-            .map(|t| {
-                let u = placement::use_in(&prepared[0].graph, gguf.data_start() + t.offset as usize);
-                placement::place(&t, u, opts.repack)
-            })
-            .collect();
-        let (entries, sources, packed_total) = if from_cache {
-            let (entries, total) =
-                crate::repack_cache::cache_entries(&gguf, model.bytes().len(), &placements, model.path())
-                    .map_err(SessionError::Cache)?;
-            (entries, Vec::new(), total)
-        } else {
-            plan_repack(&gguf, &placements)
+        let config = EngineConfig {
+            n_ctx: opts.n_ctx,
+            n_batch: opts.n_batch,
+            n_seq: 1,
+            n_outputs: if opts.logits_all { opts.n_batch.max(1) } else { 1 },
+            repack: opts.repack,
+            check_numerics: opts.check_numerics,
         };
+        let slots: Vec<GraphSlot> = (0..GRAPH_SLOTS).map(|_| GraphSlot::new()).collect();
+        let mut planned = Planned::new(Model::from_gguf(model.bytes(), gguf)?, &config, slots)?;
+        let gguf = planned.model().gguf();
+        // Where every tensor goes (the same decision `pinfer info --placement` prints).
+        let placements: Vec<Placement> = gguf.tensors().map(|t| planned.placement_of(&t)).collect();
+        let mut packed_total = planned.layout().packed;
+        if from_cache {
+            let (entries, total) =
+                crate::repack_cache::cache_entries(gguf, model.bytes().len(), &placements, model.path())
+                    .map_err(SessionError::Cache)?;
+            planned = planned.with_prepacked(&entries)?;
+            packed_total = total;
+        }
+
+        // The whole memory plan, checked before the engine's memory is allocated.
+        let layout = planned.layout();
+        let gguf = planned.model().gguf();
         let mut memory_plan = MemoryPlan {
             mapped: gguf.data_start(),
             repacked: packed_total,
             repacked_in_file: from_cache,
-            kv: kv.total_bytes,
-            activations: activations.len,
-            work: work.len,
-            other: prepared.len() * (size_of::<Graph<GRAPH_CAPACITY>>() + size_of::<Plan<GRAPH_CAPACITY>>())
-                + vocab.n_vocab as usize * 4,
+            kv: layout.kv,
+            activations: layout.activations,
+            work: layout.work,
+            other: planned.graphs().count() * size_of::<GraphSlot>()
+                + planned.model().vocab().n_vocab as usize * 4,
             ..MemoryPlan::default()
         };
         for (t, p) in gguf.tensors().zip(&placements) {
@@ -360,21 +380,23 @@ impl Session {
             }
         }
 
-        let mut memory = Vec::new();
-        memory.try_reserve_exact(total / ARENA_ALIGN).map_err(|_| {
+        let total = layout.bytes_needed();
+        let lines = total.div_ceil(ARENA_ALIGN);
+        let mut memory: Vec<Line> = Vec::new();
+        memory.try_reserve_exact(lines).map_err(|_| {
             SessionError::Resources(std::format!(
-                "cannot allocate the {total}-byte arena (KV cache and activations)"
+                "cannot allocate {total} bytes for the repacked weights, KV cache and activations"
             ))
         })?;
-        memory.resize(total / ARENA_ALIGN, Line([0; ARENA_ALIGN]));
+        advise_huge_pages(memory.as_mut_ptr().cast(), total);
+        memory.resize(lines, Line([0; ARENA_ALIGN]));
         let started = std::time::Instant::now();
-        let (packed, packed_entries) = if from_cache {
-            // Planes in the file, in file order: nothing to pack, copy or release.
-            (Vec::new(), entries)
-        } else {
-            repack_weights(model, entries, &sources, packed_total, opts.threads)?
-        };
+        let mut engine = Box::new(planned.bind(HeapMemory(memory))?);
+        engine.repack(&Threads(opts.threads))?;
         let repack_seconds = if from_cache { 0.0 } else { started.elapsed().as_secs_f64() };
+        for range in engine.repacked_sources() {
+            model.release(range);
+        }
         // After repacking, whose threads must not inherit the caller's pinning to one core.
         let config = PoolConfig {
             threads: opts.threads,
@@ -385,7 +407,8 @@ impl Session {
         let pool = Pool::with_config(&config).map_err(SessionError::Threads)?;
         #[cfg(feature = "npu")]
         let npu = {
-            let graphs: Vec<&Graph<GRAPH_CAPACITY>> = prepared.iter().map(|p| &*p.graph).collect();
+            let graphs: Vec<&crate::graph::Graph<{ crate::build_config::GRAPH_CAPACITY }>> =
+                engine.planned().graphs().collect();
             // The pool's workers wait while the NPU runs: their cores drive NPU cores 1 and 2.
             let config = crate::npu::NpuConfig { cpu_cores: pool.thread_cores(), ..opts.npu.clone() };
             if from_cache && config.is_on() {
@@ -398,30 +421,23 @@ impl Session {
                 }
                 None
             } else {
+                let n_batch = engine.kv_layout().n_batch;
                 crate::npu::session_backend(model, &graphs, &config, n_batch, opts.repack).map(Box::new)
             }
         };
+        let n_vocab = engine.planned().model().vocab().n_vocab as usize;
+        let n_batch = engine.kv_layout().n_batch;
         Ok(Self {
             model,
-            gguf,
-            hp,
-            n_vocab: vocab.n_vocab as usize,
-            kv,
-            memory,
-            activations,
-            work,
-            prepared,
+            engine,
             pool,
-            n_past: 0,
-            logits: vec![0.0; vocab.n_vocab as usize],
-            packed,
-            packed_entries,
+            entries: Vec::with_capacity(n_batch),
+            logits: vec![0.0; n_vocab],
             from_cache,
             packed_bytes: packed_total,
             repack_seconds,
             placements,
             memory_plan,
-            check_numerics: opts.check_numerics,
             #[cfg(feature = "npu")]
             npu,
         })
@@ -429,7 +445,7 @@ impl Session {
 
     /// Every tensor of the file with its placement, in file order.
     pub fn placements(&self) -> impl Iterator<Item = (TensorInfo<'static>, Placement)> + '_ {
-        self.gguf.tensors().zip(self.placements.iter().copied())
+        self.gguf().tensors().zip(self.placements.iter().copied())
     }
 
     /// The memory plan checked at load.
@@ -449,25 +465,31 @@ impl Session {
 
     /// The repacked weight matrices: where each came from in the file and its layout.
     pub fn packed_entries(&self) -> &[PackedEntry] {
-        &self.packed_entries
+        self.engine.planned().packed_entries()
     }
 
-    /// The memory this session reads while it runs, for locking it in RAM (`--mlock`): the arena,
-    /// the repacked weights and the parts of the file read in place (header and metadata, mapped
-    /// tensors, and tied embeddings, whose rows `get_rows` reads). Named regions, no overlaps.
+    /// The engine this session drives.
+    pub fn engine(&self) -> &SessionEngine {
+        &self.engine
+    }
+
+    /// The memory this session reads while it runs, for locking it in RAM (`--mlock`): the
+    /// engine's memory (repacked weights, KV cache, activations) and the parts of the file read
+    /// in place (header and metadata, mapped tensors, and tied embeddings, whose rows `get_rows`
+    /// reads). Named regions, no overlaps.
     pub fn resident_regions(&self) -> Vec<(&'static str, &[u8])> {
         let file = self.model.bytes();
         let mut ranges: Vec<core::ops::Range<usize>> = Vec::new();
-        ranges.push(0..self.gguf.data_start());
+        ranges.push(0..self.gguf().data_start());
         if self.from_cache {
             // The repacked planes are pages of the file.
-            for e in &self.packed_entries {
+            for e in self.packed_entries() {
                 let (_, sn) = packed_bytes(e.format, e.rows, e.k);
                 ranges.push(e.quants_at..e.scales_at + sn);
             }
         }
         for (t, p) in self.placements() {
-            let start = self.gguf.data_start() + t.offset as usize;
+            let start = self.gguf().data_start() + t.offset as usize;
             let keep = match (p.buffer, p.reason) {
                 (_, Reason::Unused) => false,
                 (Buffer::Mapped, _) | (_, Reason::TiedEmbedding) => true,
@@ -486,10 +508,7 @@ impl Session {
                 _ => merged.push(r),
             }
         }
-        let mut regions: Vec<(&'static str, &[u8])> = vec![
-            ("arena", bytemuck::cast_slice(self.memory.as_slice())),
-            ("repacked weights", bytemuck::cast_slice(self.packed.as_slice())),
-        ];
+        let mut regions: Vec<(&'static str, &[u8])> = vec![("engine memory", self.engine.memory())];
         regions.extend(merged.into_iter().map(|r| ("model file", &file[r.start..r.end.min(file.len())])));
         regions.retain(|(_, b)| !b.is_empty());
         regions
@@ -498,7 +517,7 @@ impl Session {
     /// Repacked weights: matrices, bytes of the packed buffer (or of the planes in a repack
     /// cache), and seconds spent repacking (0 for a cache).
     pub fn repacked(&self) -> (usize, usize, f64) {
-        (self.packed_entries.len(), self.packed_bytes, self.repack_seconds)
+        (self.packed_entries().len(), self.packed_bytes, self.repack_seconds)
     }
 
     /// Whether the model file is a repacked-weight cache (`pinfer repack`): the packed weights are
@@ -515,32 +534,33 @@ impl Session {
 
     /// The parsed model file.
     pub fn gguf(&self) -> &Gguf<'static> {
-        &self.gguf
+        self.engine.planned().model().gguf()
     }
 
     /// The model's hyper-parameters.
     pub fn hparams(&self) -> &HParams {
-        &self.hp
+        self.engine.planned().model().hparams()
     }
 
     /// Context size in tokens.
     pub fn n_ctx(&self) -> usize {
-        self.kv.n_ctx
+        self.engine.kv_layout().n_ctx
     }
 
     /// Tokens in the KV cache.
     pub fn n_past(&self) -> usize {
-        self.n_past
+        self.engine.seq_len(0)
     }
 
     /// Vocabulary size.
     pub fn n_vocab(&self) -> usize {
-        self.n_vocab
+        self.logits.len()
     }
 
-    /// Bytes of the arena: KV cache and inputs, activations, work.
+    /// Bytes of the engine's memory: KV cache and inputs, activations, work.
     pub fn arena_bytes(&self) -> (usize, usize, usize) {
-        (self.kv.total_bytes, self.activations.len, self.work.len)
+        let layout = self.engine.planned().layout();
+        (layout.kv, layout.activations, layout.work)
     }
 
     /// Threads evaluating each graph.
@@ -550,20 +570,17 @@ impl Session {
 
     /// Forgets the cache from position `n` on (0: start a new sequence).
     pub fn truncate(&mut self, n: usize) {
-        self.n_past = self.n_past.min(n);
+        self.engine.truncate(0, n);
     }
 
     /// Evaluates `tokens` after the cached ones; returns the logits of the last one.
     pub fn eval(&mut self, tokens: &[u32]) -> Result<&[f32], SessionError> {
         self.check(tokens)?;
-        for chunk in tokens.chunks(self.kv.n_batch) {
-            let p = self.prepared_index(chunk.len(), false)?;
-            self.run(p, chunk)?;
-            let logits = output(&self.prepared[p], &self.memory, self.activations);
-            self.logits.copy_from_slice(&logits[logits.len() - self.n_vocab..]);
-        }
-        if self.logits.iter().any(|v| !v.is_finite()) {
-            return Err(SessionError::NonFiniteLogits);
+        let n_batch = self.engine.kv_layout().n_batch;
+        for chunk in tokens.chunks(n_batch) {
+            self.step(chunk, false)?;
+            let last = self.engine.logits(0).ok_or(SessionError::NonFiniteLogits)?;
+            self.logits.copy_from_slice(last);
         }
         Ok(&self.logits)
     }
@@ -576,16 +593,12 @@ impl Session {
         mut each: impl FnMut(usize, &[f32]),
     ) -> Result<(), SessionError> {
         self.check(tokens)?;
+        let n_batch = self.engine.kv_layout().n_batch;
         let mut index = 0;
-        for chunk in tokens.chunks(self.kv.n_batch) {
-            let p = self.prepared_index(chunk.len(), true)?;
-            self.run(p, chunk)?;
-            let logits = output(&self.prepared[p], &self.memory, self.activations);
-            if logits.iter().any(|v| !v.is_finite()) {
-                return Err(SessionError::NonFiniteLogits);
-            }
-            for row in logits.chunks(self.n_vocab) {
-                each(index, row);
+        for chunk in tokens.chunks(n_batch) {
+            self.step(chunk, true)?;
+            for i in 0..chunk.len() {
+                each(index, self.engine.logits(i).ok_or(SessionError::NonFiniteLogits)?);
                 index += 1;
             }
         }
@@ -593,78 +606,35 @@ impl Session {
     }
 
     fn check(&self, tokens: &[u32]) -> Result<(), SessionError> {
-        let needed = self.n_past + tokens.len();
-        if needed > self.kv.n_ctx {
-            return Err(SessionError::ContextFull { needed, n_ctx: self.kv.n_ctx });
+        let needed = self.n_past() + tokens.len();
+        if needed > self.n_ctx() {
+            return Err(SessionError::ContextFull { needed, n_ctx: self.n_ctx() });
         }
-        match tokens.iter().find(|&&id| id as usize >= self.n_vocab) {
-            Some(&id) => Err(SessionError::BadToken { id, n_vocab: self.n_vocab }),
+        let n_vocab = self.n_vocab();
+        match tokens.iter().find(|&&id| id as usize >= n_vocab) {
+            Some(&id) => Err(SessionError::BadToken { id, n_vocab }),
             None => Ok(()),
         }
     }
 
-    /// The prepared graph for `n` tokens, building (and planning) it if needed. A shape whose
-    /// plan does not fit the arena sized at start is refused; callers split the batch.
-    fn prepared_index(&mut self, n: usize, all_logits: bool) -> Result<usize, SessionError> {
-        if let Some(i) = self.prepared.iter().position(|p| p.fwd.n_tokens == n && p.all_logits == all_logits)
-        {
-            return Ok(i);
-        }
-        let p = prepare(&self.gguf, &self.hp, &self.kv, n, all_logits)?;
-        if p.plan.peak_bytes > self.activations.len || work_bytes(&p.graph) > self.work.len {
-            return Err(SessionError::Option("this batch shape does not fit the planned arena"));
-        }
-        if self.prepared.len() >= MAX_PREPARED {
-            // Keep the two shapes sized at start (decode and full batch); replace the others.
-            self.prepared.truncate(MAX_PREPARED - 1);
-        }
-        self.prepared.push(p);
-        Ok(self.prepared.len() - 1)
-    }
-
-    fn run(&mut self, p: usize, tokens: &[u32]) -> Result<(), SessionError> {
-        let bytes: &mut [u8] = bytemuck::cast_slice_mut(self.memory.as_mut_slice());
-        let ids: &mut [i32] = bytemuck::cast_slice_mut(&mut bytes[self.kv.ids_offset..][..tokens.len() * 4]);
-        for (dst, &t) in ids.iter_mut().zip(tokens) {
-            *dst = t as i32;
-        }
-        let prep = &self.prepared[p];
-        let step = Step { n_past: self.n_past, n_kv: self.n_past + tokens.len() };
-        let buffers = [self.model.bytes()];
-        let packed: &[u8] =
-            if self.from_cache { self.model.bytes() } else { bytemuck::cast_slice(self.packed.as_slice()) };
-        let mut bound = Bound::new(&prep.graph, &prep.plan, &buffers, bytes, self.activations, self.work)?
-            .with_packed(packed, &self.packed_entries)
-            .with_numerics_check(self.check_numerics);
+    /// One engine step of `tokens` (at most a batch) in sequence 0: logits for the last token,
+    /// or for every token with `all`.
+    fn step(&mut self, tokens: &[u32], all: bool) -> Result<(), SessionError> {
+        let n_past = self.n_past();
+        self.entries.clear();
+        self.entries.extend(tokens.iter().enumerate().map(|(i, &token)| Entry {
+            seq: 0,
+            pos: n_past + i,
+            token,
+            logits: all || i + 1 == tokens.len(),
+        }));
         #[cfg(feature = "npu")]
-        if let Some(npu) = &self.npu {
-            bound = bound.with_offload(npu.as_ref());
-        }
-        self.pool.run(&mut bound, step)?;
-        self.n_past += tokens.len();
+        let offload = self.npu.as_deref().map(|n| n as &dyn crate::exec::MatmulOffload);
+        #[cfg(not(feature = "npu"))]
+        let offload = None;
+        self.engine.step(&self.entries, &self.pool, offload)?;
         Ok(())
     }
-}
-
-/// Where each matrix placed in the repacked buffer goes: its entry (planes at 64-byte aligned
-/// offsets), its source `(type, file offset, bytes)`, and the buffer's total size.
-fn plan_repack(gguf: &Gguf<'_>, placements: &[Placement]) -> (Vec<PackedEntry>, Vec<Source>, usize) {
-    let mut entries = Vec::new();
-    let mut sources = Vec::new();
-    let mut at = 0usize;
-    for (t, p) in gguf.tensors().zip(placements) {
-        let Buffer::Repacked(format) = p.buffer else { continue };
-        // Experts `[k, m, n_expert]` are one matrix of m * n_expert rows.
-        let (k, rows) = (t.ne[0] as usize, (t.ne[1] * t.ne[2] * t.ne[3]) as usize);
-        let offset = gguf.data_start() + t.offset as usize;
-        let (qn, sn) = packed_bytes(format, rows, k);
-        let quants_at = at;
-        let scales_at = (quants_at + qn).next_multiple_of(ARENA_ALIGN);
-        at = (scales_at + sn).next_multiple_of(ARENA_ALIGN);
-        entries.push(PackedEntry { source_offset: offset, format, rows, k, quants_at, scales_at });
-        sources.push((t.ty, offset, t.nbytes as usize));
-    }
-    (entries, sources, at)
 }
 
 /// Asks for transparent huge pages over the 2 MiB-aligned part of `len` bytes at `ptr`, a fresh
@@ -691,94 +661,4 @@ fn advise_huge_pages(ptr: *mut u8, len: usize) {
     }
     #[cfg(not(any(target_os = "linux", target_os = "android")))]
     let _ = (ptr, len);
-}
-
-/// A repacked matrix's source: type, offset in the file, bytes.
-type Source = (crate::quant::GgmlType, usize, usize);
-
-/// Repacks the matrices `plan_repack` placed into one buffer of `at` bytes, using up to `threads`
-/// threads; the original pages are released (they are no longer read, except rows of a tied
-/// embedding, which fault back in as needed).
-fn repack_weights(
-    model: &ModelFile,
-    mut entries: Vec<PackedEntry>,
-    sources: &[Source],
-    at: usize,
-    threads: usize,
-) -> Result<(Vec<Line>, Vec<PackedEntry>), SessionError> {
-    if entries.is_empty() {
-        return Ok((Vec::new(), entries));
-    }
-    let mut buffer: Vec<Line> = Vec::new();
-    buffer.try_reserve_exact(at / ARENA_ALIGN).map_err(|_| {
-        SessionError::Resources(std::format!("cannot allocate {at} bytes for the repacked weights"))
-    })?;
-    advise_huge_pages(buffer.as_mut_ptr().cast(), at);
-    buffer.resize(at / ARENA_ALIGN, Line([0; ARENA_ALIGN]));
-    // Hand each thread whole matrices: split the buffer at entry boundaries.
-    let bytes: &mut [u8] = bytemuck::cast_slice_mut(buffer.as_mut_slice());
-    let mut jobs: Vec<(usize, &mut [u8])> = Vec::new();
-    let mut rest = bytes;
-    let mut consumed = 0;
-    for i in 0..entries.len() {
-        let end = entries.get(i + 1).map_or(at, |n| n.quants_at);
-        let (mine, tail) = std::mem::take(&mut rest).split_at_mut(end - consumed);
-        jobs.push((i, mine));
-        rest = tail;
-        consumed = end;
-    }
-    let failed = std::sync::atomic::AtomicBool::new(false);
-    let threads = threads.clamp(1, 8);
-    let mut per_thread: Vec<Vec<(usize, &mut [u8])>> = (0..threads).map(|_| Vec::new()).collect();
-    for (n, job) in jobs.into_iter().enumerate() {
-        per_thread[n % threads].push(job);
-    }
-    let data = model.bytes();
-    std::thread::scope(|scope| {
-        for work in per_thread {
-            let (entries, sources, failed) = (&entries, &sources, &failed);
-            scope.spawn(move || {
-                for (i, chunk) in work {
-                    let (e, (ty, offset, len)) = (&entries[i], sources[i]);
-                    let (qn, sn) = packed_bytes(e.format, e.rows, e.k);
-                    let (quants, tail) = chunk.split_at_mut(e.scales_at - e.quants_at);
-                    let src = &data[offset..offset + len];
-                    if pack(ty, src, e.rows, e.k, &mut quants[..qn], &mut tail[..sn]).is_err() {
-                        failed.store(true, std::sync::atomic::Ordering::Relaxed);
-                    }
-                }
-            });
-        }
-    });
-    if failed.into_inner() {
-        return Err(SessionError::Resources(
-            "repacking a weight matrix failed (inconsistent tensor size)".into(),
-        ));
-    }
-    for (_, offset, len) in sources {
-        model.release(*offset..offset + len);
-    }
-    entries.sort_by_key(|e| e.source_offset);
-    Ok((buffer, entries))
-}
-
-/// The logits of prepared graph `prep` after its run.
-fn output<'m>(prep: &Prepared, memory: &'m [Line], activations: Region) -> &'m [f32] {
-    let off = prep.plan.offset(prep.fwd.logits).unwrap_or(0) + activations.offset;
-    let len = prep.graph.tensor(prep.fwd.logits).n_elements();
-    let bytes: &[u8] = bytemuck::cast_slice(memory);
-    bytemuck::cast_slice(&bytes[off..off + len * 4])
-}
-
-fn prepare(
-    gguf: &Gguf<'_>,
-    hp: &HParams,
-    kv: &KvLayout,
-    n: usize,
-    all: bool,
-) -> Result<Prepared, SessionError> {
-    let mut graph = Box::new(Graph::new());
-    let fwd = build_forward(&mut graph, gguf, hp, kv, n, all)?;
-    let plan = Box::new(plan(&graph).map_err(|e| SessionError::Resources(std::format!("planning: {e}")))?);
-    Ok(Prepared { graph, plan, fwd, all_logits: all })
 }

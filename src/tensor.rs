@@ -8,8 +8,8 @@
 use crate::graph::{Op, OpParams};
 use crate::quant::GgmlType;
 
-/// Most sources an op reads.
-pub const MAX_SRC: usize = 3;
+/// Most sources an op reads (flash attention: queries, keys, values, token positions).
+pub const MAX_SRC: usize = 4;
 
 /// Index of a tensor in its graph.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]

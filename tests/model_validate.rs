@@ -236,8 +236,8 @@ fn forward_graphs_share_one_rope_table_per_parameter_set() {
         let gguf = model.parse().unwrap();
         let hp = HParams::from_gguf(&gguf).unwrap();
         let mut graph: Box<Graph> = Box::new(Graph::new());
-        let kv = KvLayout::new(&hp, 64, 8).unwrap();
-        build_forward(&mut graph, &gguf, &hp, &kv, 8, false).unwrap();
+        let kv = KvLayout::new(&hp, 64, 8, 1).unwrap();
+        build_forward(&mut graph, &gguf, &hp, &kv, 8, 1).unwrap();
         let nodes: Vec<_> = graph.order().iter().map(|&id| (id, graph.tensor(id))).collect();
         let tables: Vec<_> = nodes.iter().filter(|(_, t)| t.op == Op::RopeTable).map(|(id, _)| *id).collect();
         let ropes: Vec<_> = nodes.iter().filter(|(_, t)| t.op == Op::Rope).collect();

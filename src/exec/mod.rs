@@ -350,9 +350,17 @@ impl<'a, const N: usize> Bound<'a, N> {
                 let ts = self.graph.tensor(s);
                 let transposed = t.params.i[0] == 1;
                 let capacity = if transposed { t.ne[0] } else { t.ne[1] };
-                let n_tokens = ts.ne[1].min(capacity.saturating_sub(step.n_past));
+                let n_tokens = if t.src[2].is_some() {
+                    ts.ne[1]
+                } else {
+                    ts.ne[1].min(capacity.saturating_sub(step.n_past))
+                };
                 for tok in share(n_tokens, ith, nth) {
-                    let pos = step.n_past + tok;
+                    let pos = match self.place(t.src[2], tok) {
+                        Some(Some((first, pos))) if first + pos < capacity => first + pos,
+                        Some(_) => continue,
+                        None => step.n_past + tok,
+                    };
                     for e in 0..ts.ne[0] {
                         let at = if transposed {
                             e * t.nb[1] + pos * t.nb[0]
@@ -580,10 +588,21 @@ impl<'a, const N: usize> Bound<'a, N> {
         }
         let t = self.graph.tensor(TensorId((at - 1) as u16));
         Err(match self.error_kind.load(Ordering::Relaxed) {
-            0 => ExecError::BadIndex { name: t.name.clone(), op: t.op.name() },
             ROUTER_NON_FINITE => ExecError::RouterNonFinite { name: t.name.clone() },
-            _ => ExecError::CacheFull { name: t.name.clone() },
+            CACHE_FULL => ExecError::CacheFull { name: t.name.clone() },
+            _ => ExecError::BadIndex { name: t.name.clone(), op: t.op.name() },
         })
+    }
+
+    /// Token `tok`'s (first cache row of its sequence, position) from positions table `table`
+    /// (see [`Graph::at_positions`]): `None` without a table (the step's `n_past + tok` then),
+    /// `Some(None)` for a negative entry.
+    fn place(&self, table: Option<TensorId>, tok: usize) -> Option<Option<(usize, usize)>> {
+        let table = table?;
+        // SAFETY: the builder checked the table is contiguous I32 [2, n_tokens] and `tok` is a
+        // token of the node; its span was checked in `new`; inputs are not written during a run.
+        let pair: &[i32] = unsafe { self.read(table, tok * 8, 2) };
+        Some(usize::try_from(pair[0]).ok().zip(usize::try_from(pair[1]).ok()))
     }
 
     fn fail(&self, id: TensorId, kind: u32) {
@@ -703,7 +722,15 @@ impl<'a, const N: usize> Bound<'a, N> {
                     for i1 in share(ne[1], ith, nth) {
                         let row: &mut [f32] = self.write(id, t.row_offset(i1, 0, 0), ne[0]);
                         let (cos, sin) = row.split_at_mut(half);
-                        kref::rope_table_ref(step.n_past + i1, &p, 0, cos, sin);
+                        let pos = match self.place(t.src[2], i1) {
+                            Some(Some((_, pos))) => pos,
+                            Some(None) => {
+                                self.fail(id, BAD_INDEX);
+                                0
+                            }
+                            None => step.n_past + i1,
+                        };
+                        kref::rope_table_ref(pos, &p, 0, cos, sin);
                     }
                 }
                 Op::Rope => {
@@ -733,7 +760,7 @@ impl<'a, const N: usize> Bound<'a, N> {
                             }
                             None => {
                                 out.fill(0.0);
-                                self.fail(id, 0);
+                                self.fail(id, BAD_INDEX);
                             }
                         }
                     }
@@ -762,7 +789,7 @@ impl<'a, const N: usize> Bound<'a, N> {
                         let picked: &[i32] = self.read(ids, ti.row_offset(tok, 0, 0), ne[0]);
                         let out: &mut [f32] = self.write(id, t.row_offset(tok, 0, 0), ne[0]);
                         if !kref::moe_weights_ref(probs, picked, t.params.i[0] != 0, out) {
-                            self.fail(id, 0);
+                            self.fail(id, BAD_INDEX);
                         }
                     }
                 }
@@ -809,16 +836,23 @@ impl<'a, const N: usize> Bound<'a, N> {
                     let transposed = t.params.i[0] == 1;
                     let n_tokens = ts.ne[1];
                     let capacity = if transposed { tc.ne[0] } else { tc.ne[1] };
-                    if step.n_past + n_tokens > capacity {
+                    if t.src[2].is_none() && step.n_past + n_tokens > capacity {
                         if ith == 0 {
-                            self.fail(id, 1);
+                            self.fail(id, CACHE_FULL);
                         }
                         return;
                     }
                     let _ = cache;
                     for tok in share(n_tokens, ith, nth) {
                         let x: &[f32] = self.read(s, ts.row_offset(tok, 0, 0), ts.ne[0]);
-                        let pos = step.n_past + tok;
+                        let pos = match self.place(t.src[2], tok) {
+                            Some(Some((first, pos))) if first + pos < capacity => first + pos,
+                            Some(_) => {
+                                self.fail(id, CACHE_FULL);
+                                continue;
+                            }
+                            None => step.n_past + tok,
+                        };
                         if !transposed && tc.ty == GgmlType::F16 && tc.nb[0] == 2 {
                             // A contiguous f16 row: one conversion kernel.
                             let out: &mut [F16Le] = self.write(id, pos * tc.nb[1], x.len());
@@ -857,7 +891,18 @@ impl<'a, const N: usize> Bound<'a, N> {
                         let (tok, kv_head, c) = (u / (n_kv_heads * runs), u / runs % n_kv_heads, u % runs);
                         let first = kv_head * group + c * run;
                         let heads = first..(first + run).min((kv_head + 1) * group);
-                        let (start, end) = visible_keys(causal, window, step.n_past + tok, n_kv);
+                        let (start, end) = match self.place(t.src[3], tok) {
+                            // This token's sequence: its rows from `first`, up to its position.
+                            Some(Some((first, pos))) if first + pos < n_kv => {
+                                let (start, end) = visible_keys(causal, window, pos, pos + 1);
+                                (first + start, first + end)
+                            }
+                            Some(_) => {
+                                self.fail(id, BAD_INDEX);
+                                (0, 0)
+                            }
+                            None => visible_keys(causal, window, step.n_past + tok, n_kv),
+                        };
                         let mut qs: [&[f32]; kernels::FLASH_ROWS] = [&[]; kernels::FLASH_ROWS];
                         let mut outs: [&mut [f32]; kernels::FLASH_ROWS] = Default::default();
                         for (i, head) in heads.clone().enumerate() {
@@ -941,7 +986,7 @@ impl<'a, const N: usize> Bound<'a, N> {
                     // The converted area is 64-aligned and the stride a multiple of 4.
                     match bytemuck::try_cast_slice_mut::<u8, ActBlock>(dst) {
                         Ok(blocks) => kernels::quantize_act(path, src, blocks),
-                        Err(_) => self.fail(id, 0),
+                        Err(_) => self.fail(id, BAD_INDEX),
                     }
                 } else {
                     from_float_ref(act, src, dst);
@@ -1051,7 +1096,7 @@ impl<'a, const N: usize> Bound<'a, N> {
                     for j in 0..tile {
                         let bytes = self.converted_row(act, op.tx, ne_x, (n + j, i2, i3), act_row_bytes(w.k));
                         let Ok(blocks) = bytemuck::try_cast_slice::<u8, ActBlock>(bytes) else {
-                            self.fail(id, 0);
+                            self.fail(id, BAD_INDEX);
                             return;
                         };
                         acts[j] = blocks;
@@ -1081,7 +1126,7 @@ impl<'a, const N: usize> Bound<'a, N> {
                 // SAFETY: ids is a contiguous I32 [n_used, n_tokens] tensor (graph checked).
                 let e = unsafe { self.read::<i32>(ids, ti.row_offset(tok, 0, 0) + u * 4, 1)[0] };
                 let Some(e) = usize::try_from(e).ok().filter(|&e| e < op.tw.ne[2]) else {
-                    self.fail(id, 0);
+                    self.fail(id, BAD_INDEX);
                     continue;
                 };
                 let xu = if op.tx.ne[1] == 1 { 0 } else { u };
@@ -1129,7 +1174,7 @@ impl<const N: usize> Bound<'_, N> {
         // SAFETY: ids is a contiguous I32 [n_used, n_tokens] tensor (graph checked).
         let picked: &[i32] = unsafe { self.read(ids, ti.row_offset(0, 0, 0), n_used * n_tokens) };
         if picked.iter().any(|&e| usize::try_from(e).map_or(true, |e| e >= n_expert)) {
-            self.fail(id, 0);
+            self.fail(id, BAD_INDEX);
             return;
         }
         let run_tile = |groups: Range<usize>, acts: &[&[ActBlock]], outs: &mut [&mut [f32]]| {
@@ -1150,7 +1195,7 @@ impl<const N: usize> Bound<'_, N> {
                 let xu = if op.ne_x[1] == 1 { 0 } else { u };
                 let bytes = self.converted_row(act, op.tx, op.ne_x, (xu, tok, 0), row_bytes);
                 let Ok(blocks) = bytemuck::try_cast_slice::<u8, ActBlock>(bytes) else {
-                    self.fail(id, 0);
+                    self.fail(id, BAD_INDEX);
                     return;
                 };
                 acts[tile] = blocks;
@@ -1190,7 +1235,12 @@ fn gathered<R>(w: &PackedMatrix<'_>, groups: Range<usize>, run: impl FnOnce(&Pac
     })
 }
 
-/// `fail` kind of a non-finite router value.
+/// `fail` kinds: what [`Bound::finish`] reports. A row index (token id, expert id, position)
+/// outside its table.
+const BAD_INDEX: u32 = 0;
+/// A cache write past the end of the KV cache.
+const CACHE_FULL: u32 = 1;
+/// A non-finite MoE router value.
 const ROUTER_NON_FINITE: u32 = 2;
 
 /// Most tokens (or, for `mul_mat_id`, token-expert pairs) handed to one packed-kernel call. The

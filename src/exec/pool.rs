@@ -593,3 +593,9 @@ impl Drop for Pool {
         }
     }
 }
+
+impl crate::engine::Runner for Pool {
+    fn run<const N: usize>(&self, bound: &mut Bound<'_, N>, step: Step) -> Result<(), ExecError> {
+        Pool::run(self, bound, step)
+    }
+}

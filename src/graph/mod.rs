@@ -529,7 +529,7 @@ impl<const N: usize> Graph<N> {
         let t = Tensor {
             op: Op::KvWrite,
             params: OpParams { i: [transposed as i32, 0, 0, 0], ..Default::default() },
-            src: [Some(src), Some(cache), None],
+            src: [Some(src), Some(cache), None, None],
             storage: Storage::View { base: cache, offset: 0 },
             ..tc.clone()
         };
@@ -580,6 +580,33 @@ impl<const N: usize> Graph<N> {
         Ok(id)
     }
 
+    /// Gives a rope table, a cache write or an attention node per-token places instead of the
+    /// step's `n_past + t`: `tokens` is I32 `[2, n_tokens]`, token `t`'s (first cache row of its
+    /// sequence, position in the sequence). Token `t` then takes the angles of its position,
+    /// writes cache row `first + position`, and attends to rows `first..=first + position`
+    /// (within the window): several sequences share one batch and one cache.
+    pub fn at_positions(&mut self, node: TensorId, tokens: TensorId) -> Result<()> {
+        let t = self.tensor(node);
+        let (slot, n_tokens) = match t.op {
+            Op::RopeTable => (2, t.ne[1]),
+            Op::KvWrite => (2, t.src[0].map_or(0, |s| self.tensor(s).ne[1])),
+            Op::FlashAttn => (3, t.ne[2]),
+            op => {
+                return Err(self.invalid(
+                    op,
+                    node,
+                    "only rope tables, cache writes and attention take positions",
+                ))
+            }
+        };
+        let p = self.tensor(tokens);
+        if p.ty != GgmlType::I32 || !p.is_contiguous() || p.ne != [2, n_tokens, 1, 1] {
+            return Err(self.invalid(t.op, tokens, "positions must be contiguous I32 [2, n_tokens]"));
+        }
+        self.tensors[node.index()].src[slot] = Some(tokens);
+        Ok(())
+    }
+
     /// A view of `base` with shape `ne`, strides `nb` and byte `offset`; `dyn_kv` marks the dims
     /// that follow the KV length of each step. The view must stay inside `base`'s span.
     pub fn view(
@@ -598,7 +625,7 @@ impl<const N: usize> Graph<N> {
             storage: Storage::View { base, offset },
             op: Op::View,
             params: OpParams::default(),
-            src: [Some(base), None, None],
+            src: [Some(base), None, None, None],
             ..b.clone()
         };
         let fits = ne.iter().all(|&n| n > 0)
@@ -654,7 +681,7 @@ impl<const N: usize> Graph<N> {
             storage: Storage::View { base, offset: 0 },
             op: Op::View,
             params: OpParams::default(),
-            src: [Some(base), None, None],
+            src: [Some(base), None, None, None],
             ..b.clone()
         })?;
         Ok(id)

@@ -25,6 +25,19 @@ pub struct Plan<const N: usize> {
     pub unshared_bytes: usize,
 }
 
+impl<const N: usize> Plan<N> {
+    /// A plan for no graph (a slot to plan into later).
+    pub const fn new() -> Self {
+        Self { offsets: heapless::Vec::new(), peak_bytes: 0, unshared_bytes: 0 }
+    }
+}
+
+impl<const N: usize> Default for Plan<N> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 /// Why a graph could not be planned.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]

@@ -16,17 +16,28 @@ use crate::tensor::{Storage, TensorId};
 /// Index of the model file in the executor's buffer table.
 pub const MODEL_BUFFER: u8 = 0;
 
-/// Where the per-layer KV caches and the token-id input sit in the arena's persistent region.
+/// Where the per-layer KV caches and the step's inputs sit in the arena's persistent region.
+///
+/// The cache holds `n_seq` sequences of `n_ctx` positions each: sequence `s` owns rows
+/// `s * n_ctx..(s + 1) * n_ctx` of every layer's K and V. A step's inputs are, per token, its
+/// id, its place (first cache row of its sequence, position) and, for the tokens whose logits
+/// are wanted, their index in the batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KvLayout {
-    /// Positions the cache holds.
+    /// Positions the cache holds per sequence.
     pub n_ctx: usize,
-    /// Most tokens one graph evaluates (size of the token-id input).
+    /// Sequences the cache holds.
+    pub n_seq: usize,
+    /// Most tokens one graph evaluates (size of the inputs).
     pub n_batch: usize,
     /// Bytes of one layer's K cache (the V cache has the same size).
     pub layer_bytes: usize,
     /// Offset of the token-id input (I32 `[n_batch]`).
     pub ids_offset: usize,
+    /// Offset of the token places (I32 `[2, n_batch]`: first cache row, position).
+    pub places_offset: usize,
+    /// Offset of the output rows (I32 `[n_batch]`: batch indices of the tokens with logits).
+    pub outputs_offset: usize,
     /// Bytes of the persistent region.
     pub total_bytes: usize,
 }
@@ -37,22 +48,42 @@ fn aligned(n: usize) -> usize {
 }
 
 impl KvLayout {
-    /// The layout for `hp` with `n_ctx` positions (F16 K and V per layer) and batches of up to
-    /// `n_batch` tokens; `None` if the sizes overflow.
-    pub fn new(hp: &HParams, n_ctx: usize, n_batch: usize) -> Option<Self> {
+    /// The layout for `hp` with `n_seq` sequences of `n_ctx` positions (F16 K and V per layer)
+    /// and batches of up to `n_batch` tokens; `None` if the sizes overflow.
+    pub fn new(hp: &HParams, n_ctx: usize, n_batch: usize, n_seq: usize) -> Option<Self> {
         let width = (hp.n_head_kv as usize).checked_mul(hp.head_dim_k.max(hp.head_dim_v) as usize)?;
-        let layer_bytes = aligned(width.checked_mul(n_ctx)?.checked_mul(2)?);
+        let rows = n_ctx.checked_mul(n_seq)?;
+        let layer_bytes = aligned(width.checked_mul(rows)?.checked_mul(2)?);
         let caches = layer_bytes.checked_mul(2)?.checked_mul(hp.n_layer as usize)?;
+        let input = aligned(n_batch.checked_mul(4)?);
         let ids_offset = caches;
-        let total_bytes = ids_offset.checked_add(aligned(n_batch.checked_mul(4)?))?;
-        Some(Self { n_ctx, n_batch, layer_bytes, ids_offset, total_bytes })
+        let places_offset = ids_offset.checked_add(input)?;
+        let outputs_offset = places_offset.checked_add(input.checked_mul(2)?)?;
+        let total_bytes = outputs_offset.checked_add(input)?;
+        Some(Self {
+            n_ctx,
+            n_seq,
+            n_batch,
+            layer_bytes,
+            ids_offset,
+            places_offset,
+            outputs_offset,
+            total_bytes,
+        })
     }
 
-    fn k_offset(&self, layer: usize) -> usize {
+    /// Cache rows of every layer: `n_ctx` per sequence.
+    pub fn cache_rows(&self) -> usize {
+        self.n_ctx * self.n_seq
+    }
+
+    /// Offset of layer `layer`'s K cache.
+    pub fn k_offset(&self, layer: usize) -> usize {
         2 * layer * self.layer_bytes
     }
 
-    fn v_offset(&self, layer: usize) -> usize {
+    /// Offset of layer `layer`'s V cache.
+    pub fn v_offset(&self, layer: usize) -> usize {
         (2 * layer + 1) * self.layer_bytes
     }
 }
@@ -62,10 +93,13 @@ impl KvLayout {
 pub struct Forward {
     /// I32 token ids `[n_tokens]` (persistent storage at `KvLayout::ids_offset`).
     pub ids: TensorId,
-    /// F32 logits `[n_vocab, n_outputs]`: every token's, or only the last one's.
+    /// F32 logits `[n_vocab, n_outputs]`, in the order of the output rows.
     pub logits: TensorId,
     /// Tokens the graph evaluates.
     pub n_tokens: usize,
+    /// Tokens whose logits it computes (all of them when equal to `n_tokens`, else the ones the
+    /// output-rows input names).
+    pub n_outputs: usize,
 }
 
 /// Gemma 3 makes every sixth layer global and the others sliding-window (llama.cpp's pattern).
@@ -73,18 +107,27 @@ const GEMMA3_SWA_PERIOD: u32 = 6;
 /// RoPE base of Gemma 3's sliding-window layers.
 const GEMMA3_SWA_ROPE_BASE: f32 = 10_000.0;
 
-/// Builds the forward pass for `n_tokens` tokens. With `all_logits`, logits for every token
-/// (perplexity); otherwise only for the last one (generation), which skips the output matmul for
-/// the others. The model must have passed `validate_tensors`.
+/// Builds the forward pass for `n_tokens` tokens, with logits for `n_outputs` of them: all
+/// (`n_outputs == n_tokens`, perplexity), or the ones the output-rows input names (generation:
+/// the last token of each sequence), which skips the output matmul for the others. Each token
+/// takes its position and sequence from the places input. The model must have passed
+/// `validate_tensors`.
 pub fn build_forward<const N: usize>(
     g: &mut Graph<N>,
     gguf: &Gguf<'_>,
     hp: &HParams,
     kv: &KvLayout,
     n_tokens: usize,
-    all_logits: bool,
+    n_outputs: usize,
 ) -> Result<Forward, ModelError> {
     g.clear();
+    if n_tokens == 0 || n_tokens > kv.n_batch || n_outputs == 0 || n_outputs > n_tokens {
+        return Err(ModelError::Graph(GraphError::Invalid {
+            op: "forward",
+            name: heapless::String::new(),
+            problem: "a batch needs 1..=n_batch tokens and 1..=n_tokens outputs",
+        }));
+    }
     let traits = hp.arch.traits();
     let data_start = gguf.data_start();
     let weight = |g: &mut Graph<N>, name: core::fmt::Arguments<'_>| -> Result<Option<TensorId>, ModelError> {
@@ -102,7 +145,7 @@ pub fn build_forward<const N: usize>(
     let (n_head, n_head_kv) = (hp.n_head as usize, hp.n_head_kv as usize);
     let (hd_k, hd_v) = (hp.head_dim_k as usize, hp.head_dim_v as usize);
     let kv_w = n_head_kv * hd_k.max(hd_v);
-    let n_ctx = kv.n_ctx;
+    let n_rows = kv.cache_rows();
 
     let tok_embd = required(weight(g, format_args!("token_embd.weight"))?, "token_embd.weight")?;
     let output_norm = required(weight(g, format_args!("output_norm.weight"))?, "output_norm.weight")?;
@@ -110,6 +153,9 @@ pub fn build_forward<const N: usize>(
     let rope_freqs = weight(g, format_args!("rope_freqs.weight"))?;
     let ids = g
         .leaf("token_ids", GgmlType::I32, [t, 1, 1, 1], Storage::Persistent { offset: kv.ids_offset })
+        .map_err(ModelError::Graph)?;
+    let places = g
+        .leaf("token_places", GgmlType::I32, [2, t, 1, 1], Storage::Persistent { offset: kv.places_offset })
         .map_err(ModelError::Graph)?;
 
     // Computed tensors are named as llama.cpp names them, with the layer after a dash
@@ -176,6 +222,7 @@ pub fn build_forward<const N: usize>(
             None => {
                 let name = if sliding { "rope_table_swa" } else { "rope_table" };
                 let table = named!(name, g.rope_table(q, hp.n_rot as usize, base, scale, rope_freqs));
+                g.at_positions(table, places).map_err(ModelError::Graph)?;
                 rope_tables[sliding as usize] = Some(table);
                 table
             }
@@ -183,13 +230,13 @@ pub fn build_forward<const N: usize>(
         q = named!("Qcur_rope", il, g.rope_with(q, table, traits.rope));
         k = named!("Kcur_rope", il, g.rope_with(k, table, traits.rope));
 
-        // Cache: K and V as [kv_w, n_ctx] F16, one row per position.
+        // Cache: K and V as [kv_w, n_ctx * n_seq] F16, one row per position of each sequence.
         let mut label = crate::gguf::Name::new();
         let _ = write!(label, "cache_k.{il}");
         let k_cache = e_(g.leaf(
             &label,
             GgmlType::F16,
-            [kv_w, n_ctx, 1, 1],
+            [kv_w, n_rows, 1, 1],
             Storage::Persistent { offset: kv.k_offset(il) },
         ))?;
         label.clear();
@@ -197,23 +244,24 @@ pub fn build_forward<const N: usize>(
         let v_cache = e_(g.leaf(
             &label,
             GgmlType::F16,
-            [kv_w, n_ctx, 1, 1],
+            [kv_w, n_rows, 1, 1],
             Storage::Persistent { offset: kv.v_offset(il) },
         ))?;
         let k_flat = e_(g.reshape(k, [hd_k * n_head_kv, t, 1, 1]))?;
         let k_all = named!("k_cache_write", il, g.kv_write(k_cache, k_flat, false));
         let v_all = named!("v_cache_write", il, g.kv_write(v_cache, v, false));
-        // Per head: [head_dim, n_kv, n_kv_head], n_kv following the step.
+        g.at_positions(k_all, places).map_err(ModelError::Graph)?;
+        g.at_positions(v_all, places).map_err(ModelError::Graph)?;
+        // Per head: [head_dim, rows, n_kv_head]; each token reads its sequence's rows.
         let row = kv_w * 2;
-        let k_view =
-            e_(g.view(k_all, [hd_k, n_ctx, n_head_kv, 1], [2, row, hd_k * 2, row * n_ctx], 0, 0b10))?;
-        let v_view =
-            e_(g.view(v_all, [hd_v, n_ctx, n_head_kv, 1], [2, row, hd_v * 2, row * n_ctx], 0, 0b10))?;
+        let k_view = e_(g.view(k_all, [hd_k, n_rows, n_head_kv, 1], [2, row, hd_k * 2, row * n_rows], 0, 0))?;
+        let v_view = e_(g.view(v_all, [hd_v, n_rows, n_head_kv, 1], [2, row, hd_v * 2, row * n_rows], 0, 0))?;
         let q = e_(g.permute(q, [0, 2, 1, 3]))?;
         let window = if sliding { hp.sliding_window } else { 0 };
         // Attention as llama.cpp's CPU flash attention computes it, so results match it closely.
         let kq_scale = 1.0 / libm::sqrtf(hd_k as f32);
         let attn = named!("kqv_out", il, g.flash_attn(q, k_view, v_view, kq_scale, true, window));
+        g.at_positions(attn, places).map_err(ModelError::Graph)?;
         let attn = e_(g.reshape(attn, [hd_v * n_head, t, 1, 1]))?;
         let mut o = named!("attn_out", il, g.mul_mat(wo, attn));
         if traits.gemma {
@@ -285,14 +333,23 @@ pub fn build_forward<const N: usize>(
         }
         x = named!("l_out", il, g.add(x, down));
     }
-    if !all_logits && t > 1 {
-        // Generation needs the last token's logits only: skip the output matmul for the others.
-        x = g.slice(x, 1, t - 1, 1).map_err(ModelError::Graph)?;
+    if n_outputs < t {
+        // Generation needs the logits of a few tokens only (the last of each sequence): gather
+        // their rows and skip the output matmul for the others.
+        let rows = g
+            .leaf(
+                "output_rows",
+                GgmlType::I32,
+                [n_outputs, 1, 1, 1],
+                Storage::Persistent { offset: kv.outputs_offset },
+            )
+            .map_err(ModelError::Graph)?;
+        x = named!("inp_out_ids", g.get_rows(x, rows));
     }
     let x = named!("result_norm_raw", g.rms_norm(x, hp.rms_eps));
     let x = named!("result_norm", g.mul(x, output_norm));
     let logits = g.mul_mat(output, x).map_err(ModelError::Graph)?;
     g.set_name(logits, format_args!("logits"));
     g.build(&[logits]).map_err(ModelError::Graph)?;
-    Ok(Forward { ids, logits, n_tokens })
+    Ok(Forward { ids, logits, n_tokens, n_outputs })
 }

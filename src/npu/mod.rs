@@ -607,19 +607,19 @@ pub fn plan_model(
     let hp = crate::model::check(gguf)?.hparams;
     let n_ctx = if n_ctx == 0 { DEFAULT_CTX.min(hp.n_ctx_train as usize) } else { n_ctx };
     let n_batch = n_batch.clamp(1, n_ctx.max(1));
-    let kv = KvLayout::new(&hp, n_ctx, n_batch).ok_or(crate::model::ModelError::BadHParam {
+    let kv = KvLayout::new(&hp, n_ctx, n_batch, 1).ok_or(crate::model::ModelError::BadHParam {
         key: crate::gguf::Name::try_from("context size").unwrap_or_default(),
         value: n_ctx as f64,
         problem: "too large",
     })?;
-    let mut shapes = vec![(1, false), (n_batch, false)];
+    let mut shapes = vec![(1, 1), (n_batch, 1)];
     if logits_all {
-        shapes.push((n_batch, true));
+        shapes.push((n_batch, n_batch));
     }
     let mut graphs: Vec<Box<Graph<GRAPH_CAPACITY>>> = Vec::new();
-    for (n, all) in shapes {
+    for (n, outputs) in shapes {
         let mut g = Box::new(Graph::new());
-        build_forward(&mut g, gguf, &hp, &kv, n, all)?;
+        build_forward(&mut g, gguf, &hp, &kv, n, outputs)?;
         graphs.push(g);
     }
     let refs: Vec<&Graph<GRAPH_CAPACITY>> = graphs.iter().map(|g| &**g).collect();

@@ -38,9 +38,9 @@ struct Report<'a> {
 fn plan_placement(gguf: &Gguf<'_>, hp: &HParams, repack: bool) -> (Vec<Placement>, Option<String>) {
     let mut graph: Box<Graph<GRAPH_CAPACITY>> = Box::new(Graph::new());
     let n_ctx = (hp.n_ctx_train as usize).clamp(1, 256);
-    let built = KvLayout::new(hp, n_ctx, 1)
+    let built = KvLayout::new(hp, n_ctx, 1, 1)
         .ok_or_else(|| "context layout".to_string())
-        .and_then(|kv| build_forward(&mut graph, gguf, hp, &kv, 1, false).map_err(|e| e.to_string()));
+        .and_then(|kv| build_forward(&mut graph, gguf, hp, &kv, 1, 1).map_err(|e| e.to_string()));
     let tied = gguf.tensor("output.weight").is_none();
     let note =
         built.as_ref().err().map(|e| format!("judged from tensor names and shapes, no forward graph: {e}"));

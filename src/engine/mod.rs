@@ -1,0 +1,788 @@
+//! The engine: a model run in caller memory, `#![no_std]` and allocation-free.
+//!
+//! Every front end (the CLI's session, tests, a server, bare metal) runs a model through this:
+//!
+//! 1. [`Model::open`] parses and validates a GGUF file given as bytes.
+//! 2. [`Planned::new`] builds the forward graphs into caller-provided [`GraphSlot`]s, decides
+//!    where every tensor goes (repacked or read in place) and plans the exact bytes of the
+//!    repacked weights, the KV cache and inputs, the activations and the kernels' work area
+//!    ([`MemoryLayout`]).
+//! 3. [`Planned::bind`] lays those out with [`Arena`] in caller memory; [`Engine::repack`] fills
+//!    the repacked weights (the caller may spread the matrices over threads, [`Parallel`]).
+//! 4. [`Engine::step`] runs one batch: entries of (sequence, position, token, want logits) from
+//!    up to `n_seq` sequences at once, prompt chunks and single-token decodes mixed, each token
+//!    attending only to its own sequence. [`Engine::logits`] reads the rows asked for.
+//!
+//! The KV cache holds `n_seq` sequences of `n_ctx` positions; sequences are cleared, truncated
+//! or copied into one another ([`Engine::copy_prefix`]: a shared system prompt computed once).
+
+use core::fmt;
+use core::ops::DerefMut;
+
+use crate::arena::{Arena, ArenaExhausted, Region, ARENA_ALIGN};
+use crate::build_config::GRAPH_CAPACITY;
+use crate::exec::{work_bytes, Bound, ExecError, MatmulOffload, PackedEntry, Step};
+use crate::gguf::{Gguf, GgufError, TensorInfo};
+use crate::graph::{plan, Graph, Plan, PlanError};
+use crate::kernels::packed::{pack, packed_bytes};
+use crate::model::{build_forward, check, context_size, Forward, HParams, KvLayout, ModelError, Vocab};
+use crate::placement::{self, Buffer, Placement};
+use crate::quant::GgmlType;
+
+/// Most weight matrices one model repacks (a 126-layer dense model has 882, MoE models with
+/// shared experts about 11 per layer).
+pub const MAX_PACKED: usize = 2048;
+/// Most sequences the KV cache holds.
+pub const MAX_SEQ: usize = 64;
+
+/// How to run a model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EngineConfig {
+    /// Positions per sequence (0: min(4096, the model's training context)).
+    pub n_ctx: usize,
+    /// Most tokens one step evaluates.
+    pub n_batch: usize,
+    /// Sequences the KV cache holds.
+    pub n_seq: usize,
+    /// Most tokens of one step whose logits are wanted (the batch, for perplexity; the number of
+    /// sequences, for generation).
+    pub n_outputs: usize,
+    /// Repack weight matrices into the SIMD kernels' interleaved layout (`false`: run on the
+    /// file's layout through the reference dots).
+    pub repack: bool,
+    /// Check every node's output for NaN/infinity and stop at the first.
+    pub check_numerics: bool,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self { n_ctx: 0, n_batch: 64, n_seq: 1, n_outputs: 1, repack: true, check_numerics: false }
+    }
+}
+
+/// Why a model could not be planned or a step could not run.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum EngineError {
+    /// The bytes are not a GGUF file pinfer reads.
+    Gguf(GgufError),
+    /// The file is not a model pinfer runs.
+    Model(ModelError),
+    /// A bad configuration value.
+    Config(&'static str),
+    /// A graph could not be planned.
+    Plan(PlanError),
+    /// The caller's memory or graph slots are too small.
+    Memory(ArenaExhausted),
+    /// More weight matrices to repack than [`MAX_PACKED`].
+    TooManyMatrices,
+    /// A weight matrix could not be repacked (its size does not match its shape).
+    Repack {
+        /// Byte offset of its data in the file.
+        offset: usize,
+    },
+    /// [`Engine::step`] before [`Engine::repack`].
+    NotRepacked,
+    /// A batch with no entries, more than `n_batch`, or more outputs than `n_outputs`.
+    BatchSize {
+        /// Entries in the batch.
+        entries: usize,
+        /// Entries that want logits.
+        outputs: usize,
+    },
+    /// A sequence id outside the cache's `n_seq`.
+    BadSequence {
+        /// The id.
+        seq: usize,
+        /// Sequences the cache holds.
+        n_seq: usize,
+    },
+    /// An entry's position is not the next one of its sequence.
+    BadPosition {
+        /// The sequence.
+        seq: usize,
+        /// The position asked for.
+        pos: usize,
+        /// The next position of the sequence.
+        expected: usize,
+    },
+    /// The sequence is full: `needed` positions were asked for, `n_ctx` exist.
+    ContextFull {
+        /// Positions the request needs.
+        needed: usize,
+        /// Context size.
+        n_ctx: usize,
+    },
+    /// A token id outside the vocabulary.
+    BadToken {
+        /// The id.
+        id: u32,
+        /// Vocabulary size.
+        n_vocab: usize,
+    },
+    /// The logits hold NaN or infinity.
+    NonFiniteLogits,
+    /// Running a graph failed.
+    Exec(ExecError),
+}
+
+impl fmt::Display for EngineError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Gguf(e) => write!(f, "{e}"),
+            Self::Model(e) => write!(f, "{e}"),
+            Self::Config(msg) => write!(f, "{msg}"),
+            Self::Plan(e) => write!(f, "planning: {e}"),
+            Self::Memory(e) => write!(f, "{e}"),
+            Self::TooManyMatrices => {
+                write!(f, "the model has more than {MAX_PACKED} weight matrices to repack")
+            }
+            Self::Repack { offset } => write!(
+                f,
+                "repacking the weight matrix at byte {offset} failed (its size does not match its shape)"
+            ),
+            Self::NotRepacked => write!(f, "the engine ran before its weights were repacked"),
+            Self::BatchSize { entries, outputs } => write!(
+                f,
+                "a batch of {entries} entries with {outputs} outputs does not fit the engine's batch and output sizes"
+            ),
+            Self::BadSequence { seq, n_seq } => {
+                write!(f, "sequence {seq} does not exist: the cache holds {n_seq} sequences")
+            }
+            Self::BadPosition { seq, pos, expected } => write!(
+                f,
+                "sequence {seq}: position {pos} asked for, the next position is {expected} (truncate the sequence first to rewrite it)"
+            ),
+            Self::ContextFull { needed, n_ctx } => write!(
+                f,
+                "context full: {needed} positions needed, the context holds {n_ctx} (raise it with -c, up to the model's maximum)"
+            ),
+            Self::BadToken { id, n_vocab } => {
+                write!(f, "token id {id} is outside the vocabulary of {n_vocab} tokens")
+            }
+            Self::NonFiniteLogits => write!(
+                f,
+                "the model produced non-finite logits (NaN or infinity); --check-numerics finds the first op that does"
+            ),
+            Self::Exec(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl core::error::Error for EngineError {}
+
+impl From<ModelError> for EngineError {
+    fn from(e: ModelError) -> Self {
+        Self::Model(e)
+    }
+}
+
+impl From<ExecError> for EngineError {
+    fn from(e: ExecError) -> Self {
+        Self::Exec(e)
+    }
+}
+
+/// A GGUF file that holds a model pinfer runs: parsed, its hyper-parameters and vocabulary checked.
+pub struct Model<'m> {
+    bytes: &'m [u8],
+    gguf: Gguf<'m>,
+    hp: HParams,
+    vocab: Vocab<'m>,
+}
+
+impl<'m> Model<'m> {
+    /// Parses and validates `bytes` (the whole file).
+    pub fn open(bytes: &'m [u8]) -> Result<Self, EngineError> {
+        let gguf = Gguf::parse(bytes).map_err(EngineError::Gguf)?;
+        Self::from_gguf(bytes, gguf)
+    }
+
+    /// Validates an already parsed file (`gguf` must be `bytes` parsed).
+    pub fn from_gguf(bytes: &'m [u8], gguf: Gguf<'m>) -> Result<Self, EngineError> {
+        let checked = check(&gguf)?;
+        Ok(Self { bytes, gguf, hp: checked.hparams, vocab: checked.vocab })
+    }
+
+    /// The file's bytes.
+    pub fn bytes(&self) -> &'m [u8] {
+        self.bytes
+    }
+
+    /// The parsed file.
+    pub fn gguf(&self) -> &Gguf<'m> {
+        &self.gguf
+    }
+
+    /// The hyper-parameters.
+    pub fn hparams(&self) -> &HParams {
+        &self.hp
+    }
+
+    /// The vocabulary summary.
+    pub fn vocab(&self) -> &Vocab<'m> {
+        &self.vocab
+    }
+}
+
+/// A forward graph for one batch shape, and its memory plan. The caller provides the slots
+/// (a `static` array on bare metal, boxed on std): each is about a megabyte.
+pub struct GraphSlot {
+    graph: Graph<GRAPH_CAPACITY>,
+    plan: Plan<GRAPH_CAPACITY>,
+    fwd: Option<Forward>,
+}
+
+impl GraphSlot {
+    /// An empty slot.
+    pub const fn new() -> Self {
+        Self { graph: Graph::new(), plan: Plan::new(), fwd: None }
+    }
+
+    /// The graph, if one was built here.
+    pub fn graph(&self) -> Option<&Graph<GRAPH_CAPACITY>> {
+        self.fwd.map(|_| &self.graph)
+    }
+
+    fn holds(&self, n_tokens: usize, n_outputs: usize) -> bool {
+        self.fwd.is_some_and(|f| f.n_tokens == n_tokens && f.n_outputs == n_outputs)
+    }
+}
+
+impl Default for GraphSlot {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Graph slots [`Planned::new`] needs: decode, a full batch, the largest output count, and one
+/// for other batch shapes (a partial last chunk of a prompt).
+pub const GRAPH_SLOTS: usize = 4;
+
+/// The bytes an engine needs in caller memory, each part a multiple of [`ARENA_ALIGN`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MemoryLayout {
+    /// Repacked weights (0 when they are read from the file).
+    pub packed: usize,
+    /// KV cache and the step's inputs.
+    pub kv: usize,
+    /// Activations (the largest planned graph's peak).
+    pub activations: usize,
+    /// The kernels' work area (converted matmul inputs).
+    pub work: usize,
+}
+
+impl MemoryLayout {
+    /// Bytes of caller memory to give [`Planned::bind`], whatever its alignment.
+    pub fn bytes_needed(&self) -> usize {
+        Arena::bytes_for(self.packed + self.kv + self.activations + self.work)
+    }
+}
+
+/// Runs a bound graph: [`OnCaller`] on the calling thread, or a pool of threads (std).
+pub trait Runner {
+    /// Runs every node of `bound` for `step`.
+    fn run<const N: usize>(&self, bound: &mut Bound<'_, N>, step: Step) -> Result<(), ExecError>;
+}
+
+/// Spreads independent jobs over threads (repacking matrices).
+pub trait Parallel {
+    /// Calls `job(i)` once for every `i` in `0..n`, in any order, on any threads.
+    fn for_each(&self, n: usize, job: &(dyn Fn(usize) + Sync));
+}
+
+/// Everything on the calling thread.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct OnCaller;
+
+impl Runner for OnCaller {
+    fn run<const N: usize>(&self, bound: &mut Bound<'_, N>, step: Step) -> Result<(), ExecError> {
+        bound.run(step)
+    }
+}
+
+impl Parallel for OnCaller {
+    fn for_each(&self, n: usize, job: &(dyn Fn(usize) + Sync)) {
+        (0..n).for_each(job);
+    }
+}
+
+/// A repacked matrix's source: type, offset in the file, bytes.
+#[derive(Debug, Clone, Copy)]
+struct Source {
+    ty: GgmlType,
+    offset: usize,
+    len: usize,
+}
+
+/// A model planned for a configuration: graphs built, placements and bytes decided, no memory
+/// bound yet.
+pub struct Planned<'m, G> {
+    model: Model<'m>,
+    config: EngineConfig,
+    kv: KvLayout,
+    slots: G,
+    /// Slots built at planning, kept for the life of the engine (the others are reused).
+    fixed: usize,
+    packed: heapless::Vec<PackedEntry, MAX_PACKED>,
+    sources: heapless::Vec<Source, MAX_PACKED>,
+    /// The packed planes are pages of the model file (a repack cache).
+    prepacked: bool,
+    layout: MemoryLayout,
+}
+
+impl<'m, G: AsMut<[GraphSlot]> + AsRef<[GraphSlot]>> Planned<'m, G> {
+    /// Plans `model` for `config` in `slots` (at least [`GRAPH_SLOTS`]).
+    pub fn new(model: Model<'m>, config: &EngineConfig, mut slots: G) -> Result<Self, EngineError> {
+        let hp = &model.hp;
+        let n_ctx = context_size(hp, config.n_ctx)
+            .ok_or(EngineError::Config("context size above the model's maximum"))?;
+        if config.n_batch == 0 || config.n_seq == 0 || config.n_outputs == 0 {
+            return Err(EngineError::Config("batch size, sequences and outputs must be at least 1"));
+        }
+        if config.n_seq > MAX_SEQ {
+            return Err(EngineError::Config("more sequences than the engine holds (64)"));
+        }
+        if slots.as_ref().len() < GRAPH_SLOTS {
+            return Err(EngineError::Config("the engine needs 4 graph slots"));
+        }
+        let n_batch = config.n_batch.min(n_ctx * config.n_seq);
+        let n_outputs = config.n_outputs.min(n_batch);
+        let config = EngineConfig { n_ctx, n_batch, n_outputs, ..*config };
+        let kv = KvLayout::new(hp, n_ctx, n_batch, config.n_seq)
+            .ok_or(EngineError::Config("context size too large"))?;
+
+        // Size the activations from the graphs the engine must run: decode (slot 0, also the
+        // graph placement reads), a full batch, and the most outputs a batch may ask for.
+        let mut shapes: heapless::Vec<(usize, usize), 3> = heapless::Vec::new();
+        for shape in [(1, 1), (n_batch, 1), (n_batch, n_outputs)] {
+            if !shapes.contains(&shape) {
+                let _ = shapes.push(shape);
+            }
+        }
+        let (mut peak, mut work) = (0usize, 0usize);
+        for (slot, &(n, outputs)) in slots.as_mut().iter_mut().zip(&shapes) {
+            build_into(slot, &model, &kv, n, outputs)?;
+            peak = peak.max(slot.plan.peak_bytes);
+            work = work.max(work_bytes(&slot.graph));
+        }
+        let mut planned = Self {
+            model,
+            config,
+            kv,
+            slots,
+            fixed: shapes.len(),
+            packed: heapless::Vec::new(),
+            sources: heapless::Vec::new(),
+            prepacked: false,
+            layout: MemoryLayout {
+                packed: 0,
+                kv: kv.total_bytes.next_multiple_of(ARENA_ALIGN),
+                activations: peak.next_multiple_of(ARENA_ALIGN),
+                work: work.next_multiple_of(ARENA_ALIGN),
+            },
+        };
+        planned.plan_repack()?;
+        Ok(planned)
+    }
+
+    /// Places every matrix the placement repacks at 64-byte aligned offsets of one buffer.
+    fn plan_repack(&mut self) -> Result<(), EngineError> {
+        let mut at = 0usize;
+        let gguf = &self.model.gguf;
+        for t in gguf.tensors() {
+            let Buffer::Repacked(format) = self.placement_of(&t).buffer else { continue };
+            // Experts `[k, m, n_expert]` are one matrix of m * n_expert rows.
+            let (k, rows) = (t.ne[0] as usize, (t.ne[1] * t.ne[2] * t.ne[3]) as usize);
+            let offset = gguf.data_start() + t.offset as usize;
+            let (qn, sn) = packed_bytes(format, rows, k);
+            let quants_at = at;
+            let scales_at = (quants_at + qn).next_multiple_of(ARENA_ALIGN);
+            at = (scales_at + sn).next_multiple_of(ARENA_ALIGN);
+            let entry = PackedEntry { source_offset: offset, format, rows, k, quants_at, scales_at };
+            self.packed.push(entry).map_err(|_| EngineError::TooManyMatrices)?;
+            let source = Source { ty: t.ty, offset, len: t.nbytes as usize };
+            self.sources.push(source).map_err(|_| EngineError::TooManyMatrices)?;
+        }
+        self.packed.sort_unstable_by_key(|e| e.source_offset);
+        self.sources.sort_unstable_by_key(|s| s.offset);
+        self.layout.packed = at;
+        Ok(())
+    }
+
+    /// Reads the repacked weights from the model file itself (a repack cache): `entries` give
+    /// where each matrix's planes are in the file. Nothing is repacked at bind.
+    pub fn with_prepacked(mut self, entries: &[PackedEntry]) -> Result<Self, EngineError> {
+        self.packed.clear();
+        self.sources.clear();
+        for e in entries {
+            self.packed.push(*e).map_err(|_| EngineError::TooManyMatrices)?;
+        }
+        self.packed.sort_unstable_by_key(|e| e.source_offset);
+        self.prepacked = true;
+        self.layout.packed = 0;
+        Ok(self)
+    }
+
+    /// Where tensor `t` of the file goes: repacked, read in place, or unused (as the decode
+    /// graph reads it).
+    pub fn placement_of(&self, t: &TensorInfo<'_>) -> Placement {
+        let offset = self.model.gguf.data_start() + t.offset as usize;
+        let u = placement::use_in(&self.slots.as_ref()[0].graph, offset);
+        placement::place(t, u, self.config.repack)
+    }
+
+    /// The bytes to bind.
+    pub fn layout(&self) -> MemoryLayout {
+        self.layout
+    }
+
+    /// The model.
+    pub fn model(&self) -> &Model<'m> {
+        &self.model
+    }
+
+    /// The configuration, with the context size resolved and sizes clamped.
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    /// The repacked matrices: where each comes from and where its planes go.
+    pub fn packed_entries(&self) -> &[PackedEntry] {
+        &self.packed
+    }
+
+    /// The built graphs.
+    pub fn graphs(&self) -> impl Iterator<Item = &Graph<GRAPH_CAPACITY>> {
+        self.slots.as_ref().iter().filter_map(GraphSlot::graph)
+    }
+
+    /// Lays the plan out in `memory` (at least [`MemoryLayout::bytes_needed`] bytes, zeroed by
+    /// the arena). The repacked weights are filled by [`Engine::repack`].
+    pub fn bind<B: DerefMut<Target = [u8]>>(self, mut memory: B) -> Result<Engine<'m, G, B>, EngineError> {
+        let skip = memory.as_ptr().align_offset(ARENA_ALIGN);
+        let layout = self.layout;
+        let mut arena = Arena::new(&mut memory);
+        let packed = arena.alloc(layout.packed, "repacked weights").map_err(EngineError::Memory)?;
+        let kv = arena.alloc(layout.kv, "KV cache").map_err(EngineError::Memory)?;
+        let activations = arena.alloc(layout.activations, "activations").map_err(EngineError::Memory)?;
+        let work = arena.alloc(layout.work, "work").map_err(EngineError::Memory)?;
+        let mut seq_len = heapless::Vec::new();
+        let _ = seq_len.resize(self.config.n_seq, 0);
+        let repacked = self.prepacked || self.packed.is_empty();
+        Ok(Engine {
+            planned: self,
+            memory,
+            skip,
+            packed,
+            kv,
+            activations,
+            work,
+            seq_len,
+            last: None,
+            repacked,
+        })
+    }
+}
+
+/// Builds and plans the forward graph for `n` tokens and `outputs` logits rows into `slot`.
+fn build_into(
+    slot: &mut GraphSlot,
+    model: &Model<'_>,
+    kv: &KvLayout,
+    n: usize,
+    outputs: usize,
+) -> Result<(), EngineError> {
+    slot.fwd = None;
+    let fwd = build_forward(&mut slot.graph, &model.gguf, &model.hp, kv, n, outputs)?;
+    slot.plan = plan(&slot.graph).map_err(EngineError::Plan)?;
+    slot.fwd = Some(fwd);
+    Ok(())
+}
+
+/// One token of a batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Entry {
+    /// Its sequence.
+    pub seq: usize,
+    /// Its position in the sequence: the sequence's next one.
+    pub pos: usize,
+    /// The token id.
+    pub token: u32,
+    /// Whether [`Engine::logits`] returns its logits after the step.
+    pub logits: bool,
+}
+
+/// A model bound to memory, running steps.
+pub struct Engine<'m, G, B> {
+    planned: Planned<'m, G>,
+    memory: B,
+    /// Bytes skipped at the start of `memory` to align the arena (checked at every step: the
+    /// memory must not move, which `DerefMut` owners such as boxes and slices guarantee).
+    skip: usize,
+    packed: Region,
+    kv: Region,
+    activations: Region,
+    work: Region,
+    seq_len: heapless::Vec<usize, MAX_SEQ>,
+    /// The slot and output count of the last step.
+    last: Option<(usize, usize)>,
+    repacked: bool,
+}
+
+impl<'m, G: AsMut<[GraphSlot]> + AsRef<[GraphSlot]>, B: DerefMut<Target = [u8]>> Engine<'m, G, B> {
+    /// Repacks the weight matrices into the bound memory, `jobs` spreading them over threads.
+    /// (A repack cache, or an engine that repacks nothing, needs no call.)
+    pub fn repack(&mut self, jobs: &impl Parallel) -> Result<(), EngineError> {
+        if self.repacked {
+            return Ok(());
+        }
+        let model = self.planned.model.bytes;
+        let entries = &self.planned.packed;
+        let sources = &self.planned.sources;
+        let region = self.packed;
+        let buffer = &mut self.memory[self.skip..][region.offset..region.offset + region.len];
+        let planes = Planes { ptr: buffer.as_mut_ptr(), len: buffer.len() };
+        let failed = core::sync::atomic::AtomicUsize::new(usize::MAX);
+        jobs.for_each(entries.len(), &|i| {
+            let (e, s) = (&entries[i], &sources[i]);
+            let (qn, sn) = packed_bytes(e.format, e.rows, e.k);
+            let src = model.get(s.offset..s.offset + s.len);
+            // Entries are planned at disjoint ranges, in order: job i owns its two planes.
+            let ok = match (src, planes.get(e.quants_at, qn), planes.get(e.scales_at, sn)) {
+                (Some(src), Some(quants), Some(scales)) => {
+                    pack(s.ty, src, e.rows, e.k, quants, scales).is_ok()
+                }
+                _ => false,
+            };
+            if !ok {
+                failed.fetch_min(s.offset, core::sync::atomic::Ordering::Relaxed);
+            }
+        });
+        match failed.into_inner() {
+            usize::MAX => {
+                self.repacked = true;
+                Ok(())
+            }
+            offset => Err(EngineError::Repack { offset }),
+        }
+    }
+
+    /// The file ranges the repacked matrices came from (no longer read once repacked, except
+    /// rows of a tied embedding): the std layer releases their pages.
+    pub fn repacked_sources(&self) -> impl Iterator<Item = core::ops::Range<usize>> + '_ {
+        self.planned.sources.iter().map(|s| s.offset..s.offset + s.len)
+    }
+
+    /// Runs one batch. Each entry's position must be the next of its sequence (entries of one
+    /// sequence in order); logits of the entries that want them are read with [`Self::logits`].
+    pub fn step(
+        &mut self,
+        batch: &[Entry],
+        runner: &impl Runner,
+        offload: Option<&dyn MatmulOffload>,
+    ) -> Result<(), EngineError> {
+        if !self.repacked {
+            return Err(EngineError::NotRepacked);
+        }
+        let config = self.planned.config;
+        let n_vocab = self.planned.model.vocab.n_vocab as usize;
+        let wanted = batch.iter().filter(|e| e.logits).count();
+        if batch.is_empty() || batch.len() > config.n_batch || wanted > config.n_outputs {
+            return Err(EngineError::BatchSize { entries: batch.len(), outputs: wanted });
+        }
+        let mut next = self.seq_len.clone();
+        for e in batch {
+            let len =
+                next.get_mut(e.seq).ok_or(EngineError::BadSequence { seq: e.seq, n_seq: config.n_seq })?;
+            if e.pos != *len {
+                return Err(EngineError::BadPosition { seq: e.seq, pos: e.pos, expected: *len });
+            }
+            if e.pos >= config.n_ctx {
+                return Err(EngineError::ContextFull { needed: e.pos + 1, n_ctx: config.n_ctx });
+            }
+            if e.token as usize >= n_vocab {
+                return Err(EngineError::BadToken { id: e.token, n_vocab });
+            }
+            *len += 1;
+        }
+        // With no logits wanted the graph still computes one row (the last entry's).
+        let outputs = if wanted == batch.len() { batch.len() } else { wanted.max(1) };
+        let slot = self.slot_for(batch.len(), outputs)?;
+
+        let kv = self.planned.kv;
+        let (packed_region, arena_start) = (self.packed, self.kv.offset);
+        let arena_len = self.work.offset + self.work.len - arena_start;
+        let at = |r: Region| Region { offset: r.offset - arena_start, len: r.len };
+        let (activations, work) = (at(self.activations), at(self.work));
+        let aligned = &mut self.memory[self.skip..];
+        let (before, arena) = aligned.split_at_mut(arena_start);
+        let arena = &mut arena[..arena_len];
+        {
+            let inputs: &mut [i32] = bytemuck::cast_slice_mut(&mut arena[kv.ids_offset..kv.total_bytes]);
+            let (ids, rest) = inputs.split_at_mut(kv.n_batch);
+            let (places, rows) = rest.split_at_mut(2 * kv.n_batch);
+            let mut out = 0;
+            for (i, e) in batch.iter().enumerate() {
+                ids[i] = e.token as i32;
+                places[2 * i] = (e.seq * kv.n_ctx) as i32;
+                places[2 * i + 1] = e.pos as i32;
+                if e.logits || (wanted == 0 && i + 1 == batch.len()) {
+                    rows[out] = i as i32;
+                    out += 1;
+                }
+            }
+        }
+        let model = self.planned.model.bytes;
+        let packed: &[u8] = if self.planned.prepacked {
+            model
+        } else {
+            &before[packed_region.offset..packed_region.offset + packed_region.len]
+        };
+        let s = &self.planned.slots.as_ref()[slot];
+        let buffers = [model];
+        let mut bound = Bound::new(&s.graph, &s.plan, &buffers, arena, activations, work)?
+            .with_packed(packed, &self.planned.packed)
+            .with_numerics_check(config.check_numerics);
+        if let Some(hook) = offload {
+            bound = bound.with_offload(hook);
+        }
+        let result = runner.run(&mut bound, Step { n_past: 0, n_kv: kv.cache_rows() });
+        self.last = None;
+        result?;
+        self.seq_len = next;
+        self.last = Some((slot, if wanted == 0 { 0 } else { outputs }));
+        let rows = self.outputs();
+        if (0..rows).any(|i| self.logits(i).is_none_or(|l| l.iter().any(|v| !v.is_finite()))) {
+            return Err(EngineError::NonFiniteLogits);
+        }
+        Ok(())
+    }
+
+    /// The slot holding the graph for `n` tokens and `outputs` logits rows, building it into a
+    /// spare slot if needed.
+    fn slot_for(&mut self, n: usize, outputs: usize) -> Result<usize, EngineError> {
+        let slots = self.planned.slots.as_mut();
+        if let Some(i) = slots.iter().position(|s| s.holds(n, outputs)) {
+            return Ok(i);
+        }
+        // The first spare slot that is empty, else the last one (rebuilt).
+        let fixed = self.planned.fixed;
+        let spare =
+            slots[fixed..].iter().position(|s| s.fwd.is_none()).map_or(slots.len() - 1, |i| fixed + i);
+        let slot = &mut slots[spare];
+        build_into(slot, &self.planned.model, &self.planned.kv, n, outputs)?;
+        if slot.plan.peak_bytes > self.activations.len || work_bytes(&slot.graph) > self.work.len {
+            slot.fwd = None;
+            return Err(EngineError::Config("this batch shape does not fit the planned memory"));
+        }
+        Ok(spare)
+    }
+
+    /// Logits rows the last step computed (0 after a failed step or when none was wanted).
+    pub fn outputs(&self) -> usize {
+        self.last.map_or(0, |(_, n)| n)
+    }
+
+    /// The logits of the `i`-th entry of the last step that wanted them (in batch order).
+    pub fn logits(&self, i: usize) -> Option<&[f32]> {
+        let (slot, n) = self.last?;
+        if i >= n {
+            return None;
+        }
+        let s = &self.planned.slots.as_ref()[slot];
+        let fwd = s.fwd?;
+        let offset = self.skip + self.activations.offset + s.plan.offset(fwd.logits)?;
+        let n_vocab = self.planned.model.vocab.n_vocab as usize;
+        let bytes = self.memory.get(offset + i * n_vocab * 4..offset + (i + 1) * n_vocab * 4)?;
+        bytemuck::try_cast_slice(bytes).ok()
+    }
+
+    /// Positions sequence `seq` holds.
+    pub fn seq_len(&self, seq: usize) -> usize {
+        self.seq_len.get(seq).copied().unwrap_or(0)
+    }
+
+    /// Forgets sequence `seq` from position `n` on (0: empties it).
+    pub fn truncate(&mut self, seq: usize, n: usize) {
+        if let Some(len) = self.seq_len.get_mut(seq) {
+            *len = (*len).min(n);
+        }
+    }
+
+    /// Makes sequence `dst` the first `n` positions of sequence `src` (a prompt computed once,
+    /// continued in several sequences). Copies the cache rows of every layer.
+    pub fn copy_prefix(&mut self, src: usize, dst: usize, n: usize) -> Result<(), EngineError> {
+        let n_seq = self.planned.config.n_seq;
+        for seq in [src, dst] {
+            if seq >= n_seq {
+                return Err(EngineError::BadSequence { seq, n_seq });
+            }
+        }
+        let have = self.seq_len[src];
+        if n > have {
+            return Err(EngineError::BadPosition { seq: src, pos: n, expected: have });
+        }
+        if src != dst {
+            let kv = self.planned.kv;
+            let hp = &self.planned.model.hp;
+            let row = 2 * hp.n_head_kv as usize * hp.head_dim_k.max(hp.head_dim_v) as usize;
+            let cache = &mut self.memory[self.skip + self.kv.offset..][..kv.total_bytes];
+            for layer in 0..hp.n_layer as usize {
+                for base in [kv.k_offset(layer), kv.v_offset(layer)] {
+                    let from = base + src * kv.n_ctx * row;
+                    cache.copy_within(from..from + n * row, base + dst * kv.n_ctx * row);
+                }
+            }
+        }
+        self.seq_len[dst] = n;
+        Ok(())
+    }
+
+    /// The plan this engine runs.
+    pub fn planned(&self) -> &Planned<'m, G> {
+        &self.planned
+    }
+
+    /// The KV layout (context per sequence, sequences, batch).
+    pub fn kv_layout(&self) -> &KvLayout {
+        &self.planned.kv
+    }
+
+    /// The bound memory (the arena, the repacked weights among it), for locking it in RAM.
+    pub fn memory(&self) -> &[u8] {
+        &self.memory
+    }
+
+    /// The repacked weights: the bound buffer, or the model file for a repack cache.
+    pub fn packed_buffer(&self) -> &[u8] {
+        if self.planned.prepacked {
+            return self.planned.model.bytes;
+        }
+        let r = self.packed;
+        &self.memory[self.skip + r.offset..self.skip + r.offset + r.len]
+    }
+}
+
+/// The repacked-weight buffer shared by repacking jobs, each writing its own planes.
+struct Planes {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: jobs write disjoint ranges (one matrix's planes each, planned apart), so sharing the
+// pointer between threads races on nothing.
+unsafe impl Sync for Planes {}
+
+impl Planes {
+    /// The `len` bytes at `at`.
+    #[allow(clippy::mut_from_ref)]
+    fn get(&self, at: usize, len: usize) -> Option<&mut [u8]> {
+        if at.checked_add(len)? > self.len {
+            return None;
+        }
+        // SAFETY: in bounds (checked above) of a buffer borrowed mutably for the whole repack;
+        // only the job that owns this matrix asks for its planes, once.
+        Some(unsafe { core::slice::from_raw_parts_mut(self.ptr.add(at), len) })
+    }
+}
