@@ -29,9 +29,9 @@ use crate::model::{build_forward, check, context_size, Forward, HParams, KvLayou
 use crate::placement::{self, Buffer, Placement};
 use crate::quant::GgmlType;
 
-/// Most weight matrices one model repacks (a 126-layer dense model has 882, MoE models with
-/// shared experts about 11 per layer).
-pub const MAX_PACKED: usize = 2048;
+/// Most weight matrices one model repacks (a 126-layer dense model has 882; the models boards run
+/// have a few hundred). Their table is part of the engine's own size.
+pub const MAX_PACKED: usize = 1024;
 /// Most sequences the KV cache holds.
 pub const MAX_SEQ: usize = 64;
 
@@ -223,6 +223,13 @@ impl<'m> Model<'m> {
     pub fn vocab(&self) -> &Vocab<'m> {
         &self.vocab
     }
+
+    /// Type and bytes of the tensor whose data starts at byte `offset` of the file.
+    fn source(&self, offset: usize) -> Option<(GgmlType, &'m [u8])> {
+        let start = self.gguf.data_start();
+        let t = self.gguf.tensors().find(|t| start + t.offset as usize == offset)?;
+        Some((t.ty, self.bytes.get(offset..offset + t.nbytes as usize)?))
+    }
 }
 
 /// A forward graph for one batch shape, and its memory plan. The caller provides the slots
@@ -307,14 +314,6 @@ impl Parallel for OnCaller {
     }
 }
 
-/// A repacked matrix's source: type, offset in the file, bytes.
-#[derive(Debug, Clone, Copy)]
-struct Source {
-    ty: GgmlType,
-    offset: usize,
-    len: usize,
-}
-
 /// A model planned for a configuration: graphs built, placements and bytes decided, no memory
 /// bound yet.
 pub struct Planned<'m, G> {
@@ -325,7 +324,6 @@ pub struct Planned<'m, G> {
     /// Slots built at planning, kept for the life of the engine (the others are reused).
     fixed: usize,
     packed: heapless::Vec<PackedEntry, MAX_PACKED>,
-    sources: heapless::Vec<Source, MAX_PACKED>,
     /// The packed planes are pages of the model file (a repack cache).
     prepacked: bool,
     layout: MemoryLayout,
@@ -373,7 +371,6 @@ impl<'m, G: AsMut<[GraphSlot]> + AsRef<[GraphSlot]>> Planned<'m, G> {
             slots,
             fixed: shapes.len(),
             packed: heapless::Vec::new(),
-            sources: heapless::Vec::new(),
             prepacked: false,
             layout: MemoryLayout {
                 packed: 0,
@@ -401,11 +398,8 @@ impl<'m, G: AsMut<[GraphSlot]> + AsRef<[GraphSlot]>> Planned<'m, G> {
             at = (scales_at + sn).next_multiple_of(ARENA_ALIGN);
             let entry = PackedEntry { source_offset: offset, format, rows, k, quants_at, scales_at };
             self.packed.push(entry).map_err(|_| EngineError::TooManyMatrices)?;
-            let source = Source { ty: t.ty, offset, len: t.nbytes as usize };
-            self.sources.push(source).map_err(|_| EngineError::TooManyMatrices)?;
         }
         self.packed.sort_unstable_by_key(|e| e.source_offset);
-        self.sources.sort_unstable_by_key(|s| s.offset);
         self.layout.packed = at;
         Ok(())
     }
@@ -414,7 +408,6 @@ impl<'m, G: AsMut<[GraphSlot]> + AsRef<[GraphSlot]>> Planned<'m, G> {
     /// where each matrix's planes are in the file. Nothing is repacked at bind.
     pub fn with_prepacked(mut self, entries: &[PackedEntry]) -> Result<Self, EngineError> {
         self.packed.clear();
-        self.sources.clear();
         for e in entries {
             self.packed.push(*e).map_err(|_| EngineError::TooManyMatrices)?;
         }
@@ -537,26 +530,25 @@ impl<'m, G: AsMut<[GraphSlot]> + AsRef<[GraphSlot]>, B: DerefMut<Target = [u8]>>
         if self.repacked {
             return Ok(());
         }
-        let model = self.planned.model.bytes;
+        let model = &self.planned.model;
         let entries = &self.planned.packed;
-        let sources = &self.planned.sources;
         let region = self.packed;
         let buffer = &mut self.memory[self.skip..][region.offset..region.offset + region.len];
         let planes = Planes { ptr: buffer.as_mut_ptr(), len: buffer.len() };
         let failed = core::sync::atomic::AtomicUsize::new(usize::MAX);
         jobs.for_each(entries.len(), &|i| {
-            let (e, s) = (&entries[i], &sources[i]);
+            let e = &entries[i];
             let (qn, sn) = packed_bytes(e.format, e.rows, e.k);
-            let src = model.get(s.offset..s.offset + s.len);
+            let source = model.source(e.source_offset);
             // Entries are planned at disjoint ranges, in order: job i owns its two planes.
-            let ok = match (src, planes.get(e.quants_at, qn), planes.get(e.scales_at, sn)) {
-                (Some(src), Some(quants), Some(scales)) => {
-                    pack(s.ty, src, e.rows, e.k, quants, scales).is_ok()
+            let ok = match (source, planes.get(e.quants_at, qn), planes.get(e.scales_at, sn)) {
+                (Some((ty, src)), Some(quants), Some(scales)) => {
+                    pack(ty, src, e.rows, e.k, quants, scales).is_ok()
                 }
                 _ => false,
             };
             if !ok {
-                failed.fetch_min(s.offset, core::sync::atomic::Ordering::Relaxed);
+                failed.fetch_min(e.source_offset, core::sync::atomic::Ordering::Relaxed);
             }
         });
         match failed.into_inner() {
@@ -571,7 +563,11 @@ impl<'m, G: AsMut<[GraphSlot]> + AsRef<[GraphSlot]>, B: DerefMut<Target = [u8]>>
     /// The file ranges the repacked matrices came from (no longer read once repacked, except
     /// rows of a tied embedding): the std layer releases their pages.
     pub fn repacked_sources(&self) -> impl Iterator<Item = core::ops::Range<usize>> + '_ {
-        self.planned.sources.iter().map(|s| s.offset..s.offset + s.len)
+        let sources = if self.planned.prepacked { &[][..] } else { &self.planned.packed[..] };
+        sources.iter().filter_map(|e| {
+            let (_, bytes) = self.planned.model.source(e.source_offset)?;
+            Some(e.source_offset..e.source_offset + bytes.len())
+        })
     }
 
     /// Runs one batch. Each entry's position must be the next of its sequence (entries of one
@@ -619,9 +615,12 @@ impl<'m, G: AsMut<[GraphSlot]> + AsRef<[GraphSlot]>, B: DerefMut<Target = [u8]>>
         let (before, arena) = aligned.split_at_mut(arena_start);
         let arena = &mut arena[..arena_len];
         {
-            let inputs: &mut [i32] = bytemuck::cast_slice_mut(&mut arena[kv.ids_offset..kv.total_bytes]);
-            let (ids, rest) = inputs.split_at_mut(kv.n_batch);
-            let (places, rows) = rest.split_at_mut(2 * kv.n_batch);
+            let (ids, rest) =
+                arena[kv.ids_offset..kv.total_bytes].split_at_mut(kv.places_offset - kv.ids_offset);
+            let (places, rows) = rest.split_at_mut(kv.outputs_offset - kv.places_offset);
+            let ids: &mut [i32] = bytemuck::cast_slice_mut(ids);
+            let places: &mut [i32] = bytemuck::cast_slice_mut(places);
+            let rows: &mut [i32] = bytemuck::cast_slice_mut(rows);
             let mut out = 0;
             for (i, e) in batch.iter().enumerate() {
                 ids[i] = e.token as i32;

@@ -1,0 +1,277 @@
+//! Several sequences in one batch: the engine's KV cache holds S sequences, one step mixes their
+//! prompt chunks and single-token decodes, and each token attends only to its own sequence. The
+//! greedy tokens of S = 4 sequences run together must be those of 4 separate runs, on dense, MoE
+//! and untied-output models, on the worker pool.
+
+use pinfer::engine::{
+    Engine, EngineConfig, EngineError, Entry, GraphSlot, Model, OnCaller, Planned, Runner, GRAPH_SLOTS,
+};
+use pinfer::exec::pool::Pool;
+
+type TestEngine<'m> = Engine<'m, Vec<GraphSlot>, Box<[u8]>>;
+
+fn model_bytes(name: &str) -> &'static [u8] {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("models/tiny").join(name);
+    let bytes =
+        std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}: run scripts/setup.sh tiny", path.display()));
+    Box::leak(bytes.into_boxed_slice())
+}
+
+fn engine(bytes: &'static [u8], n_seq: usize, n_batch: usize) -> TestEngine<'static> {
+    let config = EngineConfig { n_ctx: 96, n_batch, n_seq, n_outputs: n_seq, ..EngineConfig::default() };
+    let slots: Vec<GraphSlot> = (0..GRAPH_SLOTS).map(|_| GraphSlot::new()).collect();
+    let planned = Planned::new(Model::open(bytes).unwrap(), &config, slots).unwrap();
+    let memory = vec![0u8; planned.layout().bytes_needed()].into_boxed_slice();
+    let mut engine = planned.bind(memory).unwrap();
+    engine.repack(&OnCaller).unwrap();
+    engine
+}
+
+fn argmax(logits: &[f32]) -> u32 {
+    logits.iter().enumerate().fold(0, |best, (i, &v)| if v > logits[best] { i } else { best }) as u32
+}
+
+/// Prompts of different lengths (ids inside every tiny model's vocabulary).
+fn prompts() -> [Vec<u32>; 4] {
+    [
+        vec![504, 3575, 282, 4649, 314],
+        vec![17, 905, 33, 1200, 7, 88, 431, 2020, 61, 5, 12, 700],
+        vec![3000],
+        vec![42, 4242, 242, 24, 424, 2424, 1, 2, 3],
+    ]
+}
+
+/// Greedy continuation of `prompt` alone in sequence 0 of a fresh engine.
+fn alone(bytes: &'static [u8], prompt: &[u32], n: usize, runner: &impl Runner) -> Vec<u32> {
+    let mut e = engine(bytes, 1, 8);
+    let mut out = Vec::new();
+    // Prompt in chunks of the batch size, as the session does.
+    for (c, chunk) in prompt.chunks(8).enumerate() {
+        let batch: Vec<Entry> = chunk
+            .iter()
+            .enumerate()
+            .map(|(i, &token)| Entry { seq: 0, pos: c * 8 + i, token, logits: i + 1 == chunk.len() })
+            .collect();
+        e.step(&batch, runner, None).unwrap();
+    }
+    for _ in 0..n {
+        let token = argmax(e.logits(0).unwrap());
+        out.push(token);
+        let pos = e.seq_len(0);
+        e.step(&[Entry { seq: 0, pos, token, logits: true }], runner, None).unwrap();
+    }
+    out
+}
+
+/// The four prompts in one engine: sequences 0-2 start together (their prompts in shared
+/// batches of 8), sequence 3 joins two steps later, its prompt in the same batches as the
+/// others' single-token decodes.
+fn together(bytes: &'static [u8], n: usize, runner: &impl Runner) -> [Vec<u32>; 4] {
+    let prompts = prompts();
+    let mut e = engine(bytes, 4, 8);
+    let mut out: [Vec<u32>; 4] = Default::default();
+    // Per sequence: tokens still to feed (the prompt, then each generated token).
+    let mut pending: [Vec<u32>; 4] = Default::default();
+    let mut started = [false; 4];
+    let mut round = 0;
+    while out.iter().any(|o| o.len() < n) {
+        for s in 0..4 {
+            if !started[s] && (s < 3 || round >= 2) {
+                started[s] = true;
+                pending[s] = prompts[s].clone();
+            }
+        }
+        // Fill one batch of up to 8 entries, sequences in turn; a sequence's logits are wanted
+        // when its last pending token goes in.
+        let mut batch = Vec::new();
+        let mut taken = [0usize; 4];
+        'fill: loop {
+            let mut any = false;
+            for s in 0..4 {
+                if taken[s] < pending[s].len() {
+                    if batch.len() == 8 {
+                        break 'fill;
+                    }
+                    let pos = e.seq_len(s) + taken[s];
+                    let last = taken[s] + 1 == pending[s].len();
+                    batch.push(Entry { seq: s, pos, token: pending[s][taken[s]], logits: last });
+                    taken[s] += 1;
+                    any = true;
+                }
+            }
+            if !any {
+                break;
+            }
+        }
+        round += 1;
+        if batch.is_empty() {
+            continue;
+        }
+        e.step(&batch, runner, None).unwrap();
+        let mut row = 0;
+        for entry in &batch {
+            if entry.logits {
+                let token = argmax(e.logits(row).unwrap());
+                row += 1;
+                let s = entry.seq;
+                if out[s].len() < n {
+                    out[s].push(token);
+                    pending[s] = vec![token];
+                } else {
+                    pending[s].clear();
+                }
+                taken[s] = 0;
+            }
+        }
+        for s in 0..4 {
+            pending[s].drain(..taken[s]);
+        }
+    }
+    out
+}
+
+fn check_model(name: &str) {
+    let bytes = model_bytes(name);
+    let n = if cfg!(target_arch = "aarch64") { 4 } else { 10 };
+    let pool = Pool::new(2, None, false).unwrap();
+    let batched = together(bytes, n, &pool);
+    for (s, prompt) in prompts().iter().enumerate() {
+        let separate = alone(bytes, prompt, n, &OnCaller);
+        assert_eq!(batched[s], separate, "{name}: sequence {s} batched differs from its separate run");
+    }
+}
+
+#[test]
+fn four_sequences_in_one_batch_match_four_separate_runs_qwen3() {
+    check_model("qwen3-tiny.gguf");
+}
+
+#[test]
+fn four_sequences_in_one_batch_match_four_separate_runs_moe() {
+    check_model("qwen3moe-tiny.gguf");
+}
+
+#[test]
+fn four_sequences_in_one_batch_match_four_separate_runs_untied_q5() {
+    check_model("llama-untied-q5.gguf");
+}
+
+#[test]
+fn a_copied_prefix_continues_like_a_fresh_run() {
+    let bytes = model_bytes("qwen2-tiny.gguf");
+    let prompt = &prompts()[1];
+    let mut e = engine(bytes, 2, 16);
+    let batch: Vec<Entry> = prompt
+        .iter()
+        .enumerate()
+        .map(|(pos, &token)| Entry { seq: 0, pos, token, logits: pos + 1 == prompt.len() })
+        .collect();
+    e.step(&batch, &OnCaller, None).unwrap();
+    // Sequence 1 shares the first 7 prompt tokens, then goes its own way.
+    e.copy_prefix(0, 1, 7).unwrap();
+    assert_eq!((e.seq_len(0), e.seq_len(1)), (12, 7));
+    let tail = [9u32, 99, 999];
+    let batch: Vec<Entry> = tail
+        .iter()
+        .enumerate()
+        .map(|(i, &token)| Entry { seq: 1, pos: 7 + i, token, logits: i == 2 })
+        .collect();
+    e.step(&batch, &OnCaller, None).unwrap();
+    let got = argmax(e.logits(0).unwrap());
+    let mut fresh: Vec<u32> = prompt[..7].to_vec();
+    fresh.extend(tail);
+    assert_eq!(got, alone(bytes, &fresh, 1, &OnCaller)[0]);
+    // Sequence 0 was not disturbed: its next token is the one a fresh run gives.
+    let pos = e.seq_len(0);
+    let first = alone(bytes, prompt, 2, &OnCaller);
+    let logits0 = {
+        let mut e2 = engine(bytes, 1, 16);
+        e2.step(&batch_of(prompt), &OnCaller, None).unwrap();
+        argmax(e2.logits(0).unwrap())
+    };
+    assert_eq!(logits0, first[0]);
+    e.step(&[Entry { seq: 0, pos, token: first[0], logits: true }], &OnCaller, None).unwrap();
+    assert_eq!(argmax(e.logits(0).unwrap()), first[1]);
+}
+
+fn batch_of(prompt: &[u32]) -> Vec<Entry> {
+    prompt
+        .iter()
+        .enumerate()
+        .map(|(pos, &token)| Entry { seq: 0, pos, token, logits: pos + 1 == prompt.len() })
+        .collect()
+}
+
+#[test]
+fn bad_batches_are_refused_with_what_is_wrong() {
+    let bytes = model_bytes("qwen3-tiny.gguf");
+    let mut e = engine(bytes, 2, 8);
+    let entry = |seq, pos, token| Entry { seq, pos, token, logits: true };
+    let err = e.step(&[entry(2, 0, 1)], &OnCaller, None).unwrap_err();
+    assert_eq!(err, EngineError::BadSequence { seq: 2, n_seq: 2 });
+    let err = e.step(&[entry(0, 1, 1)], &OnCaller, None).unwrap_err();
+    assert_eq!(err, EngineError::BadPosition { seq: 0, pos: 1, expected: 0 });
+    let err = e.step(&[entry(0, 0, u32::MAX)], &OnCaller, None).unwrap_err();
+    assert!(matches!(err, EngineError::BadToken { id: u32::MAX, .. }), "{err:?}");
+    let err = e.step(&[], &OnCaller, None).unwrap_err();
+    assert!(matches!(err, EngineError::BatchSize { entries: 0, .. }), "{err:?}");
+    let three = [entry(0, 0, 1), entry(0, 1, 2), entry(1, 0, 3)];
+    let err = e.step(&three, &OnCaller, None).unwrap_err();
+    assert_eq!(err, EngineError::BatchSize { entries: 3, outputs: 3 }, "more outputs than n_outputs (2)");
+    // A refused step changes nothing; a sequence fills up alone.
+    assert_eq!((e.seq_len(0), e.seq_len(1)), (0, 0));
+    let n_ctx = e.kv_layout().n_ctx;
+    for pos in 0..n_ctx {
+        e.step(&[Entry { seq: 1, pos, token: 5, logits: false }], &OnCaller, None).unwrap();
+    }
+    let err = e.step(&[entry(1, n_ctx, 1)], &OnCaller, None).unwrap_err();
+    assert_eq!(err, EngineError::ContextFull { needed: n_ctx + 1, n_ctx });
+    e.step(&[entry(0, 0, 1)], &OnCaller, None).unwrap();
+    assert!(e.logits(0).is_some() && e.logits(1).is_none());
+    e.truncate(1, 3);
+    assert_eq!(e.seq_len(1), 3);
+}
+
+#[test]
+fn another_sequence_in_the_batch_changes_nothing() {
+    let bytes = model_bytes("qwen2-tiny.gguf");
+    let p0 = &prompts()[0];
+    let mut e1 = engine(bytes, 1, 16);
+    e1.step(&batch_of(p0), &OnCaller, None).unwrap();
+    let b = argmax(e1.logits(0).unwrap());
+    // Sequence 0's prompt with a token of sequence 1 after it, before it, wanting logits or not.
+    let mut e = engine(bytes, 2, 16);
+    let mut batch = batch_of(p0);
+    batch.push(Entry { seq: 1, pos: 0, token: 5, logits: false });
+    e.step(&batch, &OnCaller, None).unwrap();
+    let a1 = argmax(e.logits(0).unwrap());
+    let mut e = engine(bytes, 2, 16);
+    let mut batch = vec![Entry { seq: 1, pos: 0, token: 5, logits: false }];
+    batch.extend(batch_of(p0));
+    e.step(&batch, &OnCaller, None).unwrap();
+    let a2 = argmax(e.logits(0).unwrap());
+    let mut e = engine(bytes, 2, 16);
+    let mut batch = batch_of(p0);
+    batch.push(Entry { seq: 1, pos: 0, token: 5, logits: true });
+    e.step(&batch, &OnCaller, None).unwrap();
+    let a3 = argmax(e.logits(0).unwrap());
+    assert_eq!((a1, a2, a3), (b, b, b));
+}
+
+#[test]
+fn the_batch_size_changes_nothing() {
+    let bytes = model_bytes("qwen2-tiny.gguf");
+    let p = &prompts()[1];
+    let mut e1 = engine(bytes, 1, 16);
+    e1.step(&batch_of(p), &OnCaller, None).unwrap();
+    let b = argmax(e1.logits(0).unwrap());
+    let a = alone(bytes, p, 1, &OnCaller)[0];
+    let mut e2 = engine(bytes, 1, 8);
+    e2.step(&batch_of(&p[..8]), &OnCaller, None).unwrap();
+    let c1 = argmax(e2.logits(0).unwrap());
+    let mut e3 = engine(bytes, 1, 16);
+    e3.step(&batch_of(&p[..8]), &OnCaller, None).unwrap();
+    let c2 = argmax(e3.logits(0).unwrap());
+    assert_eq!(c1, c2, "n_batch 8 vs 16 same tokens");
+    assert_eq!(a, b);
+}
