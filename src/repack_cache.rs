@@ -37,17 +37,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::vec::Vec;
 
 use crate::arena::ARENA_ALIGN;
-use crate::build_config::GRAPH_CAPACITY;
+use crate::engine::EngineError;
 use crate::exec::PackedEntry;
 use crate::gguf::write::{GgufWriter, TensorHeader};
 use crate::gguf::{Gguf, TensorInfo, Value};
-use crate::graph::Graph;
 use crate::kernels::packed::{pack, packed_bytes, PackedFormat, GROUP_ROWS, LAYOUT_VERSION};
-use crate::loader::ModelFile;
-use crate::model::{build_forward, HParams, KvLayout};
+use crate::loader::{LoadError, ModelFile};
 use crate::output_file::OutputFile;
-use crate::placement::{self, Buffer, Placement, Reason};
-use crate::session::SessionError;
+use crate::placement::{Buffer, Placement, Reason};
 
 /// The packed layout version of a cache (u32).
 pub const KEY_LAYOUT: &str = "pinfer.repack.layout";
@@ -257,25 +254,6 @@ pub fn cache_entries(
     Ok((entries, total))
 }
 
-/// The placement of every tensor of `gguf` in a decode session with repacking on or off (what
-/// `Session::new` decides, from a small decode graph).
-pub fn decode_placements(
-    gguf: &Gguf<'_>,
-    hp: &HParams,
-    repack: bool,
-) -> Result<Vec<Placement>, SessionError> {
-    let mut graph: std::boxed::Box<Graph<GRAPH_CAPACITY>> = std::boxed::Box::default();
-    let n_ctx = (hp.n_ctx_train as usize).clamp(1, 256);
-    let kv = KvLayout::new(hp, n_ctx, 1, 1).ok_or(SessionError::Option("context size too large"))?;
-    build_forward(&mut graph, gguf, hp, &kv, 1, 1)?;
-    Ok(gguf
-        .tensors()
-        .map(|t| {
-            placement::place(&t, placement::use_in(&graph, gguf.data_start() + t.offset as usize), repack)
-        })
-        .collect())
-}
-
 /// What [`write_cache`] did.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RepackReport {
@@ -302,32 +280,59 @@ enum Data<'a> {
     Packed(&'a TensorInfo<'a>, PackedFormat),
 }
 
-fn cache_error(msg: String) -> SessionError {
-    SessionError::Cache(msg)
+/// Why a repack cache could not be written or used.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum CacheError {
+    /// The input could not be opened or parsed.
+    Load(LoadError),
+    /// The input is not a model pinfer runs.
+    Model(EngineError),
+    /// The cache does not fit this pinfer (layout, CPU, tensors), is damaged, or could not be
+    /// written: the message says which and what to do.
+    Invalid(String),
+    /// Stopped on request (SIGINT) before finishing; the output was left untouched.
+    Interrupted,
+}
+
+impl std::fmt::Display for CacheError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Load(e) => write!(f, "{e}"),
+            Self::Model(e) => write!(f, "{e}"),
+            Self::Invalid(msg) => write!(f, "{msg}"),
+            Self::Interrupted => write!(f, "interrupted"),
+        }
+    }
+}
+
+impl std::error::Error for CacheError {}
+
+fn cache_error(msg: String) -> CacheError {
+    CacheError::Invalid(msg)
 }
 
 /// Writes the repacked-weight cache of `input` to `output` (through [`OutputFile`]), packing each
 /// matrix on up to `threads` threads. When `stop` becomes true (SIGINT), the run ends between two
-/// tensors with [`SessionError::Interrupted`] and `output` untouched.
+/// tensors with [`CacheError::Interrupted`] and `output` untouched.
 pub fn write_cache(
     input: &Path,
     output: &Path,
     threads: usize,
     stop: &AtomicBool,
-) -> Result<RepackReport, SessionError> {
+) -> Result<RepackReport, CacheError> {
     let started = std::time::Instant::now();
-    let model = ModelFile::open(input).map_err(SessionError::Load)?;
+    let model = ModelFile::open(input).map_err(CacheError::Load)?;
     // Checked before any work: the output must not be the input, a device, a directory, ...
     let mut out = OutputFile::create(output, &[input]).map_err(|e| cache_error(e.to_string()))?;
-    let gguf = model.parse().map_err(SessionError::Load)?;
+    let gguf = model.parse().map_err(CacheError::Load)?;
     let in_name = input.display();
     if is_cache(&gguf) {
         return Err(cache_error(format!(
             "{in_name} is already a pinfer repack cache: repack the original GGUF instead"
         )));
     }
-    let hp = crate::model::check(&gguf)?.hparams;
-    let placements = decode_placements(&gguf, &hp, true)?;
+    let placements = crate::session::decode_placements(&model, true).map_err(CacheError::Model)?;
     let tensors: Vec<TensorInfo<'_>> = gguf.tensors().collect();
     if tensors.len() != gguf.tensor_count() {
         return Err(cache_error(format!("{in_name}: could not read every tensor info")));
@@ -394,7 +399,7 @@ pub fn write_cache(
     let out_bytes = write_file(&mut out, &model, &gguf, &plan, &headers, &sizes, &metadata, threads, stop)?;
     // A stop during the flush and the check still leaves the output as it was.
     if stop.load(Ordering::Relaxed) {
-        return Err(SessionError::Interrupted);
+        return Err(CacheError::Interrupted);
     }
     out.commit().map_err(|e| cache_error(e.to_string()))?;
     Ok(RepackReport {
@@ -420,7 +425,7 @@ fn write_file(
     metadata: &[(&str, Value<'_>)],
     threads: usize,
     stop: &AtomicBool,
-) -> Result<u64, SessionError> {
+) -> Result<u64, CacheError> {
     let path = out.tmp_path().to_path_buf();
     let target = out.target().display().to_string();
     let io_err = |e: std::io::Error| cache_error(format!("writing {target}: {e}"));
@@ -430,7 +435,7 @@ fn write_file(
     let mut crcs = Vec::with_capacity(plan.len());
     for ((_, data), &size) in plan.iter().zip(sizes) {
         if stop.load(Ordering::Relaxed) {
-            return Err(SessionError::Interrupted);
+            return Err(CacheError::Interrupted);
         }
         match *data {
             Data::Copy(t) => {
@@ -455,8 +460,8 @@ fn write_file(
     patch_checksums(&file, &path, &crcs).map_err(io_err)?;
     file.sync_all().map_err(io_err)?;
 
-    let back = ModelFile::open(&path).map_err(SessionError::Load)?;
-    let check = back.parse().map_err(SessionError::Load)?;
+    let back = ModelFile::open(&path).map_err(CacheError::Load)?;
+    let check = back.parse().map_err(CacheError::Load)?;
     let ok = check_cache(&check, &path).map_err(cache_error)?
         && check.tensor_count() == headers.len()
         && check.tensors().zip(headers).all(|(t, h)| t.name == h.name && t.ty == h.ty && t.ne == h.ne);

@@ -7,6 +7,7 @@
 
 use std::boxed::Box;
 use std::fmt;
+use std::string::ToString;
 use std::vec;
 use std::vec::Vec;
 
@@ -242,6 +243,30 @@ impl From<EngineError> for SessionError {
 impl From<ExecError> for SessionError {
     fn from(e: ExecError) -> Self {
         Self::Exec(e)
+    }
+}
+
+/// The placement of every tensor of `model` in a decode session with repacking on or off (what
+/// [`Session::new`] decides, from the engine's decode graph), for `pinfer info` and `pinfer repack`.
+pub fn decode_placements(model: &ModelFile, repack: bool) -> Result<Vec<Placement>, EngineError> {
+    let gguf = Gguf::parse(model.bytes()).map_err(EngineError::Gguf)?;
+    let model = Model::from_gguf(model.bytes(), gguf)?;
+    let n_ctx = (model.hparams().n_ctx_train as usize).clamp(1, 256);
+    let config = EngineConfig { n_ctx, n_batch: 1, repack, ..EngineConfig::default() };
+    let slots: Vec<GraphSlot> = (0..GRAPH_SLOTS).map(|_| GraphSlot::new()).collect();
+    let planned = Planned::new(model, &config, slots)?;
+    Ok(planned.model().gguf().tensors().map(|t| planned.placement_of(&t)).collect())
+}
+
+impl From<crate::repack_cache::CacheError> for SessionError {
+    fn from(e: crate::repack_cache::CacheError) -> Self {
+        use crate::repack_cache::CacheError;
+        match e {
+            CacheError::Load(e) => Self::Load(e),
+            CacheError::Model(e) => e.into(),
+            CacheError::Interrupted => Self::Interrupted,
+            e => Self::Cache(e.to_string()),
+        }
     }
 }
 

@@ -595,35 +595,23 @@ pub fn plan<const N: usize>(graphs: &[&Graph<N>], config: &NpuConfig, n_batch: u
 /// session (1 token and `n_batch` tokens; with `logits_all` also the perplexity graph) over a context
 /// of `n_ctx` tokens (0: min(`DEFAULT_CTX`, the model's maximum)).
 pub fn plan_model(
-    gguf: &crate::gguf::Gguf<'_>,
+    bytes: &[u8],
     config: &NpuConfig,
     n_batch: usize,
     n_ctx: usize,
     logits_all: bool,
-) -> Result<NpuPlan, crate::model::ModelError> {
-    use crate::build_config::GRAPH_CAPACITY;
-    use crate::model::{build_forward, KvLayout, DEFAULT_CTX};
-    use std::boxed::Box;
-    let hp = crate::model::check(gguf)?.hparams;
-    let n_ctx = if n_ctx == 0 { DEFAULT_CTX.min(hp.n_ctx_train as usize) } else { n_ctx };
-    let n_batch = n_batch.clamp(1, n_ctx.max(1));
-    let kv = KvLayout::new(&hp, n_ctx, n_batch, 1).ok_or(crate::model::ModelError::BadHParam {
-        key: crate::gguf::Name::try_from("context size").unwrap_or_default(),
-        value: n_ctx as f64,
-        problem: "too large",
-    })?;
-    let mut shapes = vec![(1, 1), (n_batch, 1)];
-    if logits_all {
-        shapes.push((n_batch, n_batch));
-    }
-    let mut graphs: Vec<Box<Graph<GRAPH_CAPACITY>>> = Vec::new();
-    for (n, outputs) in shapes {
-        let mut g = Box::new(Graph::new());
-        build_forward(&mut g, gguf, &hp, &kv, n, outputs)?;
-        graphs.push(g);
-    }
-    let refs: Vec<&Graph<GRAPH_CAPACITY>> = graphs.iter().map(|g| &**g).collect();
-    Ok(plan(&refs, config, n_batch))
+) -> Result<NpuPlan, crate::engine::EngineError> {
+    use crate::engine::{EngineConfig, GraphSlot, Model, Planned, GRAPH_SLOTS};
+    let engine = EngineConfig {
+        n_ctx,
+        n_batch: n_batch.max(1),
+        n_outputs: if logits_all { n_batch.max(1) } else { 1 },
+        ..EngineConfig::default()
+    };
+    let slots: Vec<GraphSlot> = (0..GRAPH_SLOTS).map(|_| GraphSlot::new()).collect();
+    let planned = Planned::new(Model::open(bytes)?, &engine, slots)?;
+    let refs: Vec<&Graph<{ crate::build_config::GRAPH_CAPACITY }>> = planned.graphs().collect();
+    Ok(plan(&refs, config, planned.config().n_batch))
 }
 
 /// Plans and builds the NPU backend of a session: `graphs` are its forward graphs, `model` the

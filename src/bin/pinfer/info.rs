@@ -3,11 +3,9 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use pinfer::build_config::GRAPH_CAPACITY;
 use pinfer::gguf::{Gguf, TensorInfo};
-use pinfer::graph::Graph;
 use pinfer::loader::ModelFile;
-use pinfer::model::{build_forward, validate_vocab, HParams, KvLayout, Vocab};
+use pinfer::model::{validate_vocab, HParams, Vocab};
 use pinfer::placement::{self, Buffer, Placement, FORMATS};
 use serde_json::{json, Value as Json};
 
@@ -35,26 +33,18 @@ struct Report<'a> {
 
 /// The placement of every tensor, as a session would decide it: from the decode graph's use of
 /// each tensor, or from names and shapes for an architecture without a graph builder yet.
-fn plan_placement(gguf: &Gguf<'_>, hp: &HParams, repack: bool) -> (Vec<Placement>, Option<String>) {
-    let mut graph: Box<Graph<GRAPH_CAPACITY>> = Box::new(Graph::new());
-    let n_ctx = (hp.n_ctx_train as usize).clamp(1, 256);
-    let built = KvLayout::new(hp, n_ctx, 1, 1)
-        .ok_or_else(|| "context layout".to_string())
-        .and_then(|kv| build_forward(&mut graph, gguf, hp, &kv, 1, 1).map_err(|e| e.to_string()));
-    let tied = gguf.tensor("output.weight").is_none();
-    let note =
-        built.as_ref().err().map(|e| format!("judged from tensor names and shapes, no forward graph: {e}"));
-    let rows = gguf
-        .tensors()
-        .map(|t| {
-            let u = match &built {
-                Ok(_) => placement::use_in(&graph, gguf.data_start() + t.offset as usize),
-                Err(_) => placement::use_by_name(&t, tied),
-            };
-            placement::place(&t, u, repack)
-        })
-        .collect();
-    (rows, note)
+fn plan_placement(model: &ModelFile, gguf: &Gguf<'_>, repack: bool) -> (Vec<Placement>, Option<String>) {
+    match pinfer::session::decode_placements(model, repack) {
+        Ok(rows) => (rows, None),
+        Err(e) => {
+            let tied = gguf.tensor("output.weight").is_none();
+            let rows = gguf
+                .tensors()
+                .map(|t| placement::place(&t, placement::use_by_name(&t, tied), repack))
+                .collect();
+            (rows, Some(format!("judged from tensor names and shapes, no forward graph: {e}")))
+        }
+    }
 }
 
 pub fn run(path: &Path, args: InfoArgs) -> Result<(), CliError> {
@@ -82,8 +72,8 @@ pub fn run(path: &Path, args: InfoArgs) -> Result<(), CliError> {
     };
     let repack = crate::runtime::repack_allowed() && !no_repack;
     let placement = match (&hparams, placement) {
-        (Some(hp), true) => {
-            let (rows, note) = plan_placement(&gguf, hp, repack);
+        (Some(_), true) => {
+            let (rows, note) = plan_placement(&model, &gguf, repack);
             Some((rows, repack, note))
         }
         (None, true) => return Err(CliError::new(format!("{}: no tensors to place", path.display()))),

@@ -164,13 +164,14 @@ pub fn plan(args: NpuPlanArgs) -> Result<(), CliError> {
     use pinfer::loader::ModelFile;
     let path = crate::model_path(args.model);
     let model = ModelFile::open(&path)?;
-    let gguf = model.parse()?;
+    // Parsed here for the error that names the file; the plan parses the bytes itself.
+    model.parse()?;
     let mut config = args.npu.config()?;
     if config.mode == pinfer::npu::NpuMode::Off {
         // Planning "off" would list nothing: show what auto would do.
         config.mode = pinfer::npu::NpuMode::Auto;
     }
-    let plan = pinfer::npu::plan_model(&gguf, &config, args.n_batch, 0, args.logits_all)
+    let plan = pinfer::npu::plan_model(model.bytes(), &config, args.n_batch, 0, args.logits_all)
         .map_err(|e| CliError::new(format!("{}: {e}", path.display())))?;
     let json = plan.whitelist().to_json();
     if let Some(out) = &args.output {
@@ -204,12 +205,13 @@ pub fn selftest(args: SelftestArgs) -> Result<(), CliError> {
     }
     let path = crate::model_path(args.model);
     let model = ModelFile::open(&path)?;
-    let gguf = model.parse()?;
+    // Parsed here for the error that names the file; the plan parses the bytes itself.
+    model.parse()?;
     let config = args.npu.config()?;
     if config.mode == NpuMode::Off {
         return Err(CliError::new("--npu off: nothing to test".into()));
     }
-    let plan = pinfer::npu::plan_model(&gguf, &config, args.n_batch, 0, false)
+    let plan = pinfer::npu::plan_model(model.bytes(), &config, args.n_batch, 0, false)
         .map_err(|e| CliError::new(format!("{}: {e}", path.display())))?;
     let backend = NpuBackend::new(model.bytes(), &plan, &config).map_err(|e| CliError::new(e.message()))?;
     outln!(

@@ -32,7 +32,7 @@ pub fn run(args: RepackArgs) -> Result<(), CliError> {
     let threads = crate::worker_threads(args.threads);
     let _polled = crate::signals::Polled::start();
     let r = match write_cache(&args.input, &args.output, threads, &crate::signals::INTERRUPTED) {
-        Err(pinfer::session::SessionError::Interrupted) => return Err(CliError::Interrupted),
+        Err(pinfer::repack_cache::CacheError::Interrupted) => return Err(CliError::Interrupted),
         other => other?,
     };
     let tied = if r.tied_output { " (the tied embedding's packed copy stored as output.weight)" } else { "" };
