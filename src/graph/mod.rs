@@ -64,11 +64,7 @@ impl core::error::Error for GraphError {}
 
 /// Whether the reference dequantizer reads rows of `ty` (what `get_rows` needs).
 fn can_dequantize(ty: GgmlType) -> bool {
-    use GgmlType::*;
-    matches!(
-        ty,
-        F32 | F16 | BF16 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q8_1 | Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | Q8_K
-    )
+    ty.traits().dequantize.is_some()
 }
 
 /// A computation graph of at most `N` tensors.

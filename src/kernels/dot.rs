@@ -21,10 +21,7 @@
 //! q2_K/q4_K/q5_K use q8_K's `bsums`, so activation blocks must come from the reference quantizers (or
 //! be consistent with them). No function here allocates or builds dequantized buffers.
 
-use bytemuck::Pod;
-
 use crate::quant::blocks::*;
-use crate::quant::quantize::quantize_row_q8_k_ref;
 use crate::quant::GgmlType;
 
 /// Exact f16 to f32, branch-light so it stays cheap inside block loops (`half`'s software fallback,
@@ -51,16 +48,7 @@ fn f16(h: F16Le) -> f32 {
 /// F32, F16 and BF16 pair with themselves; Q4_0, Q5_0, Q8_0 with Q8_0; Q4_1, Q5_1 with Q8_1;
 /// Q2_K..Q6_K with Q8_K.
 pub fn vec_dot_type(weight: GgmlType) -> Option<GgmlType> {
-    use GgmlType as T;
-    Some(match weight {
-        T::F32 => T::F32,
-        T::F16 => T::F16,
-        T::BF16 => T::BF16,
-        T::Q4_0 | T::Q5_0 | T::Q8_0 => T::Q8_0,
-        T::Q4_1 | T::Q5_1 => T::Q8_1,
-        T::Q2_K | T::Q3_K | T::Q4_K | T::Q5_K | T::Q6_K => T::Q8_K,
-        _ => return None,
-    })
+    weight.traits().vec_dot.map(|(act, _)| act)
 }
 
 /// q8_1 as ggml's `quantize_row_q8_1_ref`: `d = max|x| / 127`, `q = round(x / d)` with ties away from
@@ -147,45 +135,10 @@ pub fn quantize_act_q8_1_ref(x: &[f32], out: &mut [BlockQ8_1]) {
 /// is not one of them or when `out.len()` is not `ty`'s size of `x.len()` elements (which also refuses
 /// an `x.len()` that is not a whole number of blocks).
 pub fn from_float_ref(ty: GgmlType, x: &[f32], out: &mut [u8]) -> bool {
-    if !matches!(
-        ty,
-        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 | GgmlType::Q8_0 | GgmlType::Q8_1 | GgmlType::Q8_K
-    ) || ty.bytes_for(x.len() as u64) != Some(out.len() as u64)
-    {
-        return false;
+    match ty.traits().from_float {
+        Some(convert) if ty.bytes_for(x.len() as u64) == Some(out.len() as u64) => convert(x, out),
+        _ => false,
     }
-    match ty {
-        GgmlType::F32 => {
-            for (o, &v) in out.chunks_exact_mut(4).zip(x) {
-                o.copy_from_slice(&v.to_le_bytes());
-            }
-        }
-        GgmlType::F16 => {
-            for (o, &v) in out.chunks_exact_mut(2).zip(x) {
-                o.copy_from_slice(&F16Le::from_f32(v).0);
-            }
-        }
-        GgmlType::BF16 => {
-            for (o, &v) in out.chunks_exact_mut(2).zip(x) {
-                o.copy_from_slice(&f32_to_bf16_ref(v).0);
-            }
-        }
-        // The lengths are checked and the block types have alignment 1: the views cannot fail.
-        GgmlType::Q8_0 => match blocks_of_mut(out) {
-            Some(blocks) => quantize_act_q8_0_ref(x, blocks),
-            None => return false,
-        },
-        GgmlType::Q8_1 => match blocks_of_mut(out) {
-            Some(blocks) => quantize_act_q8_1_ref(x, blocks),
-            None => return false,
-        },
-        GgmlType::Q8_K => match blocks_of_mut(out) {
-            Some(blocks) => quantize_row_q8_k_ref(x, blocks),
-            None => return false,
-        },
-        _ => return false,
-    }
-    true
 }
 
 /// `sum(x[i] * y[i])` over elements widened to f32: products in f32, sum in f64, as ggml's scalar
@@ -438,30 +391,7 @@ pub fn vec_dot_q6_k_q8_k_ref(x: &[BlockQ6_K], y: &[BlockQ8_K]) -> f32 {
 /// Returns 0.0 when `weight` has no reference dot product or when the rows are not whole blocks of the
 /// same element count; the executor only calls it for pairs it has validated.
 pub fn vec_dot_ref(weight: GgmlType, w_row: &[u8], act_row: &[u8]) -> f32 {
-    #[inline]
-    fn run<X: Pod, Y: Pod>(w: &[u8], a: &[u8], kernel: fn(&[X], &[Y]) -> f32) -> f32 {
-        match (blocks_of::<X>(w), blocks_of::<Y>(a)) {
-            (Some(x), Some(y)) if x.len() == y.len() => kernel(x, y),
-            _ => 0.0,
-        }
-    }
-    let (w, a) = (w_row, act_row);
-    match weight {
-        GgmlType::F32 => run(w, a, vec_dot_f32_f32_ref),
-        GgmlType::F16 => run(w, a, vec_dot_f16_f16_ref),
-        GgmlType::BF16 => run(w, a, vec_dot_bf16_bf16_ref),
-        GgmlType::Q4_0 => run(w, a, vec_dot_q4_0_q8_0_ref),
-        GgmlType::Q4_1 => run(w, a, vec_dot_q4_1_q8_1_ref),
-        GgmlType::Q5_0 => run(w, a, vec_dot_q5_0_q8_0_ref),
-        GgmlType::Q5_1 => run(w, a, vec_dot_q5_1_q8_1_ref),
-        GgmlType::Q8_0 => run(w, a, vec_dot_q8_0_q8_0_ref),
-        GgmlType::Q2_K => run(w, a, vec_dot_q2_k_q8_k_ref),
-        GgmlType::Q3_K => run(w, a, vec_dot_q3_k_q8_k_ref),
-        GgmlType::Q4_K => run(w, a, vec_dot_q4_k_q8_k_ref),
-        GgmlType::Q5_K => run(w, a, vec_dot_q5_k_q8_k_ref),
-        GgmlType::Q6_K => run(w, a, vec_dot_q6_k_q8_k_ref),
-        _ => 0.0,
-    }
+    weight.traits().vec_dot.map_or(0.0, |(_, dot)| dot(w_row, act_row))
 }
 
 #[cfg(test)]

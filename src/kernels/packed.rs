@@ -65,21 +65,14 @@ pub enum PackedFormat {
 impl PackedFormat {
     /// The format a GGUF weight type is repacked into, if any.
     pub fn for_type(ty: GgmlType) -> Option<Self> {
-        Some(match ty {
-            GgmlType::Q4_0 => Self::Q4,
-            GgmlType::Q4_1 | GgmlType::Q4_K => Self::Q4Min,
-            GgmlType::Q8_0 | GgmlType::Q5_0 => Self::Q8,
-            GgmlType::Q5_1 | GgmlType::Q5_K => Self::Q8Min,
-            GgmlType::Q6_K => Self::Q8Sub16,
-            _ => return None,
-        })
+        ty.traits().packed
     }
 
     /// Quant bytes per group and block.
     pub const fn quant_bytes(self) -> usize {
         match self {
             Self::Q4 | Self::Q4Min => GROUP_ROWS * BLOCK / 2,
-            _ => GROUP_ROWS * BLOCK,
+            Self::Q8 | Self::Q8Min | Self::Q8Sub16 => GROUP_ROWS * BLOCK,
         }
     }
 
@@ -87,7 +80,7 @@ impl PackedFormat {
     pub const fn scale_bytes(self) -> usize {
         match self {
             Self::Q4 | Self::Q8 => GROUP_ROWS * 2,
-            _ => 2 * GROUP_ROWS * 2,
+            Self::Q4Min | Self::Q8Min | Self::Q8Sub16 => 2 * GROUP_ROWS * 2,
         }
     }
 
@@ -330,7 +323,31 @@ fn row_block(ty: GgmlType, row: &[u8], b: usize) -> Option<RowBlock> {
             let d = blk.d.to_f32();
             RowBlock { q, d: d * blk.scales[2 * sub] as f32, m: d * blk.scales[2 * sub + 1] as f32 }
         }
-        _ => return None,
+        // Types without a repacked layout (see `GgmlType::traits`).
+        GgmlType::F32
+        | GgmlType::F16
+        | GgmlType::BF16
+        | GgmlType::Q8_1
+        | GgmlType::Q2_K
+        | GgmlType::Q3_K
+        | GgmlType::Q8_K
+        | GgmlType::IQ2_XXS
+        | GgmlType::IQ2_XS
+        | GgmlType::IQ3_XXS
+        | GgmlType::IQ1_S
+        | GgmlType::IQ4_NL
+        | GgmlType::IQ3_S
+        | GgmlType::IQ2_S
+        | GgmlType::IQ4_XS
+        | GgmlType::IQ1_M
+        | GgmlType::TQ1_0
+        | GgmlType::TQ2_0
+        | GgmlType::MXFP4
+        | GgmlType::I8
+        | GgmlType::I16
+        | GgmlType::I32
+        | GgmlType::I64
+        | GgmlType::F64 => return None,
     })
 }
 

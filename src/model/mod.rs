@@ -105,8 +105,8 @@ pub enum ModelError {
         name: Name,
         /// Its type.
         ty: GgmlType,
-        /// What the role accepts.
-        accepted: &'static str,
+        /// The tensor's role, which decides the types it accepts.
+        role: TensorKind,
     },
     /// Building the forward graph failed (capacity, or a shape the validation should have caught).
     Graph(GraphError),
@@ -169,7 +169,8 @@ impl fmt::Display for ModelError {
                 trim_shape(found),
                 trim_shape(expected)
             ),
-            Self::TensorType { name, ty, accepted } => {
+            Self::TensorType { name, ty, role } => {
+                let accepted = role.accepted();
                 write!(
                     f,
                     "tensor {name:?} has type {ty}, which pinfer does not run there (accepted: {accepted})"

@@ -24,25 +24,25 @@ pub enum TensorKind {
 }
 
 impl TensorKind {
-    /// Whether a tensor of this kind may have type `ty`.
-    pub fn accepts(self, ty: GgmlType) -> bool {
-        use GgmlType::*;
+    /// The types a tensor of this kind may have: weights any type with a dot product
+    /// ([`GgmlType::traits`]); norms, biases and routers stay in float.
+    fn types(self) -> fn(GgmlType) -> bool {
         match self {
-            TensorKind::Weight => {
-                matches!(
-                    ty,
-                    F32 | F16 | BF16 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q2_K | Q3_K | Q4_K | Q5_K | Q6_K
-                )
+            TensorKind::Weight => |ty| ty.traits().vec_dot.is_some(),
+            TensorKind::Norm | TensorKind::Bias | TensorKind::Router => {
+                |ty| matches!(ty, GgmlType::F32 | GgmlType::F16)
             }
-            TensorKind::Norm | TensorKind::Bias | TensorKind::Router => matches!(ty, F32 | F16),
         }
     }
 
-    fn accepted(self) -> &'static str {
-        match self {
-            TensorKind::Weight => "F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K",
-            _ => "F32, F16",
-        }
+    /// Whether a tensor of this kind may have type `ty`.
+    pub fn accepts(self, ty: GgmlType) -> bool {
+        self.types()(ty)
+    }
+
+    /// The types it accepts, for messages.
+    pub fn accepted(self) -> crate::quant::TypeList {
+        crate::quant::TypeList(self.types())
     }
 }
 
@@ -218,7 +218,7 @@ pub fn validate_tensors(g: &Gguf<'_>, hp: &HParams, n_vocab: u32) -> Result<(), 
             return Err(ModelError::TensorShape { name: x.name, expected: x.shape, found: t.ne });
         }
         if !x.kind.accepts(t.ty) {
-            return Err(ModelError::TensorType { name: x.name, ty: t.ty, accepted: x.kind.accepted() });
+            return Err(ModelError::TensorType { name: x.name, ty: t.ty, role: x.kind });
         }
         Ok(())
     };

@@ -39,16 +39,16 @@ mod backend;
 mod check;
 
 use std::fmt;
+use std::format;
 use std::path::{Path, PathBuf};
 use std::string::{String, ToString};
 use std::vec::Vec;
-use std::{format, vec};
 
 pub use backend::{dequantize_rows, NpuBackend, NpuError, NpuStats};
 pub use check::{error_bound, reference_matmul, Comparison};
 
 use crate::graph::{Graph, Op};
-use crate::quant::{dequantize_row_ref, GgmlType};
+use crate::quant::GgmlType;
 use crate::tensor::Storage;
 
 /// Default smallest batch (input rows) sent to the NPU: single-token decode stays on the CPU.
@@ -478,12 +478,7 @@ impl fmt::Display for NpuPlan {
 
 /// Whether weights of type `ty` dequantize (so they can be converted for the NPU).
 fn dequantizes(ty: GgmlType) -> bool {
-    let (len, bytes) = (ty.block_len(), ty.block_bytes());
-    if len == 0 || bytes == 0 {
-        return false;
-    }
-    let mut out = vec![0f32; len];
-    dequantize_row_ref(ty, &vec![0u8; bytes], &mut out).is_ok()
+    ty.traits().dequantize.is_some()
 }
 
 /// A node's label: its name if it has one, else derived from the weight's (`blk.3.ffn_up.weight`

@@ -262,61 +262,21 @@ pub fn dequantize_q8_k_ref(blocks: &[BlockQ8_K], out: &mut [f32]) {
 /// Dequantizes the raw bytes `src` of type `ty` into `out`.
 ///
 /// `src` must hold exactly `out.len()` elements: a whole number of blocks, with `out.len()` a multiple
-/// of the block length. Supports F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1 and Q2_K..Q8_K.
+/// of the block length. Supports the types whose [`GgmlType::traits`] row has a dequantizer.
 pub fn dequantize_row_ref(ty: GgmlType, src: &[u8], out: &mut [f32]) -> Result<(), QuantError> {
-    if !is_supported(ty) {
+    let Some(dequantize) = ty.traits().dequantize else {
         return Err(QuantError::Unsupported(ty));
-    }
+    };
     let mismatch = QuantError::LengthMismatch { ty, src_bytes: src.len(), out_len: out.len() };
     let (len, bytes) = (ty.block_len(), ty.block_bytes());
     if out.len() % len != 0 || Some(src.len()) != (out.len() / len).checked_mul(bytes) {
         return Err(mismatch);
     }
-    // The lengths are consistent and every block type has alignment 1, so the casts cannot fail.
-    fn view<B: bytemuck::Pod>(src: &[u8], err: QuantError) -> Result<&[B], QuantError> {
-        blocks_of(src).ok_or(err)
-    }
-    let e = mismatch;
-    match ty {
-        GgmlType::F32 => dequantize_f32_ref(view(src, e)?, out),
-        GgmlType::F16 => dequantize_f16_ref(view(src, e)?, out),
-        GgmlType::BF16 => dequantize_bf16_ref(view(src, e)?, out),
-        GgmlType::Q4_0 => dequantize_q4_0_ref(view(src, e)?, out),
-        GgmlType::Q4_1 => dequantize_q4_1_ref(view(src, e)?, out),
-        GgmlType::Q5_0 => dequantize_q5_0_ref(view(src, e)?, out),
-        GgmlType::Q5_1 => dequantize_q5_1_ref(view(src, e)?, out),
-        GgmlType::Q8_0 => dequantize_q8_0_ref(view(src, e)?, out),
-        GgmlType::Q8_1 => dequantize_q8_1_ref(view(src, e)?, out),
-        GgmlType::Q2_K => dequantize_q2_k_ref(view(src, e)?, out),
-        GgmlType::Q3_K => dequantize_q3_k_ref(view(src, e)?, out),
-        GgmlType::Q4_K => dequantize_q4_k_ref(view(src, e)?, out),
-        GgmlType::Q5_K => dequantize_q5_k_ref(view(src, e)?, out),
-        GgmlType::Q6_K => dequantize_q6_k_ref(view(src, e)?, out),
-        GgmlType::Q8_K => dequantize_q8_k_ref(view(src, e)?, out),
-        _ => return Err(QuantError::Unsupported(ty)),
+    // The lengths are consistent and every block type has alignment 1: the views cannot fail.
+    if !dequantize(src, out) {
+        return Err(mismatch);
     }
     Ok(())
-}
-
-fn is_supported(ty: GgmlType) -> bool {
-    matches!(
-        ty,
-        GgmlType::F32
-            | GgmlType::F16
-            | GgmlType::BF16
-            | GgmlType::Q4_0
-            | GgmlType::Q4_1
-            | GgmlType::Q5_0
-            | GgmlType::Q5_1
-            | GgmlType::Q8_0
-            | GgmlType::Q8_1
-            | GgmlType::Q2_K
-            | GgmlType::Q3_K
-            | GgmlType::Q4_K
-            | GgmlType::Q5_K
-            | GgmlType::Q6_K
-            | GgmlType::Q8_K
-    )
 }
 
 #[cfg(test)]

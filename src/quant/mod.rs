@@ -9,9 +9,11 @@ use core::fmt;
 pub mod blocks;
 pub mod dequant;
 pub mod quantize;
+pub mod traits;
 
 pub use blocks::{blocks_of, blocks_of_mut};
 pub use dequant::{dequantize_row_ref, QuantError};
+pub use traits::{TypeList, TypeTraits};
 
 /// Elements per K-quant super-block.
 pub const QK_K: usize = 256;

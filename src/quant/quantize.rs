@@ -422,14 +422,11 @@ pub fn quantize_row_q6_k_ref(x: &[f32], out: &mut [BlockQ6_K]) {
 
 /// Whether [`quantize_row_ref`] can produce type `ty`.
 pub fn can_quantize(ty: GgmlType) -> bool {
-    matches!(
-        ty,
-        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0 | GgmlType::Q4_K | GgmlType::Q6_K | GgmlType::Q8_K
-    )
+    ty.traits().quantize.is_some()
 }
 
-/// Quantizes `x` into the raw bytes `out` of type `ty` (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K or Q8_K; see
-/// [`can_quantize`]): the twin of [`dequantize_row_ref`](super::dequantize_row_ref).
+/// Quantizes `x` into the raw bytes `out` of type `ty` (the types whose [`GgmlType::traits`] row has
+/// a quantizer; see [`can_quantize`]): the twin of [`dequantize_row_ref`](super::dequantize_row_ref).
 ///
 /// `x.len()` must be a multiple of the block length and `out` exactly the bytes of that many blocks.
 pub fn quantize_row_ref(ty: GgmlType, x: &[f32], out: &mut [u8]) -> Result<(), QuantError> {
@@ -442,18 +439,10 @@ pub fn quantize_row_ref(ty: GgmlType, x: &[f32], out: &mut [u8]) -> Result<(), Q
         return Err(mismatch);
     }
     // Lengths are consistent and the blocks have alignment 1: the views cannot fail.
-    fn view<B: bytemuck::Pod>(out: &mut [u8], err: QuantError) -> Result<&mut [B], QuantError> {
-        blocks_of_mut(out).ok_or(err)
-    }
-    let e = mismatch;
-    match ty {
-        GgmlType::Q4_0 => quantize_row_q4_0_ref(x, view(out, e)?),
-        GgmlType::Q4_1 => quantize_row_q4_1_ref(x, view(out, e)?),
-        GgmlType::Q8_0 => quantize_row_q8_0_ref(x, view(out, e)?),
-        GgmlType::Q4_K => quantize_row_q4_k_ref(x, view(out, e)?),
-        GgmlType::Q6_K => quantize_row_q6_k_ref(x, view(out, e)?),
-        GgmlType::Q8_K => quantize_row_q8_k_ref(x, view(out, e)?),
-        _ => return Err(QuantError::Unsupported(ty)),
+    match ty.traits().quantize {
+        Some(quantize) if quantize(x, out) => {}
+        Some(_) => return Err(mismatch),
+        None => return Err(QuantError::Unsupported(ty)),
     }
     Ok(())
 }
