@@ -50,6 +50,8 @@ pub struct SessionOptions {
     pub rt_priority: Option<i32>,
     /// Check every node's output for NaN/infinity and stop at the first (`--check-numerics`).
     pub check_numerics: bool,
+    /// The kernels to run (`--kernels`; default: the fastest this CPU has).
+    pub kernels: crate::kernels::KernelPath,
     /// Refuse to load when the memory plan's total exceeds this many bytes (the CLI passes
     /// MemAvailable, or `--mem-limit`).
     pub memory_limit: Option<usize>,
@@ -70,6 +72,7 @@ impl Default for SessionOptions {
             repack: true,
             rt_priority: None,
             check_numerics: false,
+            kernels: crate::kernels::KernelPath::detect(),
             memory_limit: None,
             #[cfg(feature = "npu")]
             npu: crate::npu::NpuConfig::default(),
@@ -362,6 +365,7 @@ impl Session {
             n_outputs: if opts.logits_all { opts.n_batch.max(1) } else { 1 },
             repack: opts.repack,
             check_numerics: opts.check_numerics,
+            kernels: opts.kernels,
         };
         let slots: Vec<GraphSlot> = (0..GRAPH_SLOTS).map(|_| GraphSlot::new()).collect();
         let mut planned = Planned::new(Model::from_gguf(model.bytes(), gguf)?, &config, slots)?;
@@ -586,6 +590,11 @@ impl Session {
     pub fn arena_bytes(&self) -> (usize, usize, usize) {
         let layout = self.engine.planned().layout();
         (layout.kv, layout.activations, layout.work)
+    }
+
+    /// The kernels every graph runs on.
+    pub fn kernels(&self) -> crate::kernels::KernelPath {
+        self.engine.planned().config().kernels
     }
 
     /// Threads evaluating each graph.

@@ -94,7 +94,6 @@ fn assert_ids_last(out: &Output, want: &str) {
 #[test]
 fn generate_greedy_matches_llama_cpp_and_prints_ids_last() {
     // The child detects its kernel path as this process does (or both take PINFER_KERNELS).
-    llama_golden::kernels_from_env();
     let (out, want) =
         greedy_qwen3_tiny(&llama_golden::golden_for_path("qwen3-tiny.greedy.jsonl"), &["-t", "2"]);
     assert_ids_last(&out, &want);
@@ -225,12 +224,11 @@ fn kl_last_chunk(out: &Output) -> (f64, f64, f64, f64) {
 /// Q8_0's), PPL -3.3%, 17 of 18 top tokens; the `dotprod` path reproduces the x86 file exactly.
 #[test]
 fn kl_divergence_reads_and_writes_llama_cpp_logits_files() {
-    llama_golden::kernels_from_env();
     let model = repo_file("models/tiny/qwen3-tiny.gguf");
     let golden = repo_file("tests/golden/qwen3-tiny.kld-base.bin");
     let out = pinfer(&["perplexity", "-m", &model, "--kl-divergence-base", &golden, "--kl-divergence"]);
     let (ppl, ratio, kld, same) = kl_last_chunk(&out);
-    let f16_attention = pinfer::kernels::path() == pinfer::kernels::KernelPath::NeonFp16;
+    let f16_attention = llama_golden::kernels_from_env() == pinfer::kernels::KernelPath::NeonFp16;
     let (ppl_tol, kld_max, same_min) = if f16_attention { (0.05, 0.006, 88.0) } else { (0.01, 1e-4, 100.0) };
     assert!((ppl / 38_865_610.771_9 - 1.0).abs() < ppl_tol, "PPL {ppl}");
     assert!((ratio - 1.19860).abs() < 5.0 * ppl_tol, "ln ratio {ratio}");

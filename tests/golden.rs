@@ -48,8 +48,8 @@ fn check_greedy_with(model: &str, golden: &str, max_steps: usize, repack: bool) 
     let path = model_path(model);
     assert!(path.exists(), "{} missing: run scripts/setup.sh model", path.display());
     let model = ModelFile::open_static(&path).unwrap();
-    let opts = SessionOptions { threads: 2, n_ctx: 256, repack, ..Default::default() };
-    kernels_from_env();
+    let opts =
+        SessionOptions { threads: 2, n_ctx: 256, repack, kernels: kernels_from_env(), ..Default::default() };
     let mut session = Session::new(model, &opts).unwrap();
     let golden = &golden_for_path(golden);
     let spread = spread(golden, NEAR_TIE);

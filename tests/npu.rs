@@ -259,7 +259,8 @@ fn argmax(logits: &[f32]) -> usize {
 
 fn session(model: &str, config: Option<NpuConfig>) -> Session {
     let model = ModelFile::open_static(&model_path(model)).unwrap();
-    let mut opts = SessionOptions { threads: 2, n_ctx: 256, n_batch: 32, ..Default::default() };
+    let kernels = llama_golden::kernels_from_env();
+    let mut opts = SessionOptions { threads: 2, n_ctx: 256, n_batch: 32, kernels, ..Default::default() };
     if let Some(c) = config {
         opts.npu = c;
     }
@@ -296,7 +297,6 @@ fn check_generation(
     // As tests/golden.rs: the goldens of the llama.cpp build whose attention arithmetic the CPU
     // kernel path shares, the README's tolerance plus that build's own spread on this model, and a
     // token may differ where its own configurations flip one.
-    llama_golden::kernels_from_env();
     let golden = &llama_golden::golden_for_path(golden);
     let spread = llama_golden::spread(golden, near_tie);
     let (logit_tol, flip_margin) = (0.3 + spread.logit as f32 + extra_tol, spread.flip_margin);

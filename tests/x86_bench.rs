@@ -89,13 +89,13 @@ fn matmul(
     outs
 }
 
-/// Runs `f` with the VNNI variant off, then on (when the CPU has it). Both give results within
-/// the matmul tolerance, so other tests running meanwhile are unaffected.
-fn both_variants(f: impl Fn()) {
-    pinfer::kernels::x86::allow_vnni(false);
-    f();
-    pinfer::kernels::x86::allow_vnni(true);
-    f();
+/// Runs `f` on the AVX2 path, then on the VNNI path (each when the CPU has it).
+fn both_variants(f: impl Fn(KernelPath)) {
+    for path in [KernelPath::Avx2, KernelPath::Avx2Vnni] {
+        if path.is_available() {
+            f(path);
+        }
+    }
 }
 
 #[test]
@@ -103,8 +103,7 @@ fn long_rows_cut_into_chunks_match_the_reference() {
     both_variants(long_rows);
 }
 
-fn long_rows() {
-    let Some(path) = avx2() else { return };
+fn long_rows(path: KernelPath) {
     let mut rng = Rng(3);
     for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q5_1, GgmlType::Q6_K] {
         // 96 and 160 blocks: several chunks for every tile size, uneven splits.
@@ -134,8 +133,7 @@ fn small_shapes_and_token_tails_match_the_reference() {
     both_variants(small_shapes);
 }
 
-fn small_shapes() {
-    let Some(path) = avx2() else { return };
+fn small_shapes(path: KernelPath) {
     let mut rng = Rng(17);
     for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q4_K, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q6_K]
     {
@@ -302,12 +300,14 @@ impl Spin {
 #[test]
 #[ignore]
 fn bench_packed_matmul() {
-    let Some(path) = avx2() else { return };
+    let Some(avx2) = avx2() else { return };
+    // BENCH_VNNI=0: the plain AVX2 code on a CPU that has VNNI.
+    let vnni = std::env::var("BENCH_VNNI").map_or(true, |v| v != "0") && KernelPath::Avx2Vnni.is_available();
+    let path = if vnni { KernelPath::Avx2Vnni } else { avx2 };
     let mut rng = Rng(1);
     let threads: usize = std::env::var("BENCH_THREADS").ok().and_then(|s| s.parse().ok()).unwrap_or(1);
     let only = std::env::var("BENCH_TYPES").unwrap_or_default();
-    pinfer::kernels::x86::allow_vnni(std::env::var("BENCH_VNNI").map_or(true, |v| v != "0"));
-    println!("vnni: {}", pinfer::kernels::x86::vnni());
+    println!("kernels: {}", path.name());
     for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q6_K] {
         if !only.is_empty() && !only.split(',').any(|t| t.eq_ignore_ascii_case(&format!("{ty:?}"))) {
             continue;

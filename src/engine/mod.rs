@@ -25,6 +25,7 @@ use crate::exec::{work_bytes, Bound, ExecError, MatmulOffload, PackedEntry, Step
 use crate::gguf::{Gguf, GgufError, TensorInfo};
 use crate::graph::{plan, Graph, Plan, PlanError};
 use crate::kernels::packed::{pack, packed_bytes};
+use crate::kernels::KernelPath;
 use crate::model::{build_forward, check, context_size, Forward, HParams, KvLayout, ModelError, Vocab};
 use crate::placement::{self, Buffer, Placement};
 use crate::quant::GgmlType;
@@ -52,11 +53,21 @@ pub struct EngineConfig {
     pub repack: bool,
     /// Check every node's output for NaN/infinity and stop at the first.
     pub check_numerics: bool,
+    /// The kernels to run (default: the fastest this CPU has; a path it lacks runs the reference).
+    pub kernels: KernelPath,
 }
 
 impl Default for EngineConfig {
     fn default() -> Self {
-        Self { n_ctx: 0, n_batch: 64, n_seq: 1, n_outputs: 1, repack: true, check_numerics: false }
+        Self {
+            n_ctx: 0,
+            n_batch: 64,
+            n_seq: 1,
+            n_outputs: 1,
+            repack: true,
+            check_numerics: false,
+            kernels: KernelPath::detect(),
+        }
     }
 }
 
@@ -642,7 +653,8 @@ impl<'m, G: AsMut<[GraphSlot]> + AsRef<[GraphSlot]>, B: DerefMut<Target = [u8]>>
         let buffers = [model];
         let mut bound = Bound::new(&s.graph, &s.plan, &buffers, arena, activations, work)?
             .with_packed(packed, &self.planned.packed)
-            .with_numerics_check(config.check_numerics);
+            .with_numerics_check(config.check_numerics)
+            .with_kernels(config.kernels);
         if let Some(hook) = offload {
             bound = bound.with_offload(hook);
         }

@@ -219,6 +219,8 @@ pub struct Bound<'a, const N: usize> {
     offload: Option<&'a dyn MatmulOffload>,
     /// Check every node's output for NaN/infinity.
     check_numerics: bool,
+    /// The kernels every node runs on.
+    path: kernels::KernelPath,
     /// First node with a non-finite output (0 = none, else 1 + tensor id), the element's flat
     /// index and whether it is a NaN.
     non_finite: AtomicU32,
@@ -308,6 +310,7 @@ impl<'a, const N: usize> Bound<'a, N> {
             packed_buffer: &[],
             offload: None,
             check_numerics: false,
+            path: kernels::KernelPath::detect(),
             non_finite: AtomicU32::new(0),
             non_finite_index: AtomicUsize::new(0),
             non_finite_nan: AtomicU32::new(0),
@@ -321,6 +324,18 @@ impl<'a, const N: usize> Bound<'a, N> {
     pub fn with_numerics_check(mut self, on: bool) -> Self {
         self.check_numerics = on;
         self
+    }
+
+    /// Runs the kernels of `path` (default: [`kernels::KernelPath::detect`]); a path this CPU
+    /// lacks runs the reference kernels.
+    pub fn with_kernels(mut self, path: kernels::KernelPath) -> Self {
+        self.path = path;
+        self
+    }
+
+    /// The kernel path nodes run on.
+    pub fn kernels(&self) -> kernels::KernelPath {
+        self.path
     }
 
     /// Whether runs check every node's output.
@@ -656,7 +671,7 @@ impl<'a, const N: usize> Bound<'a, N> {
             return;
         }
         let ne = t.ne_for(step.n_kv);
-        let path = kernels::path();
+        let path = self.path;
         let src = |i: usize| t.src[i].map(|s| (s, self.graph.tensor(s)));
         // SAFETY: for every read/write below, shapes and strides were checked by the graph
         // builder, spans by `new`; rows come from `share`, which gives each thread disjoint rows.
@@ -971,7 +986,7 @@ impl<'a, const N: usize> Bound<'a, N> {
         let ne = tx.ne_for(step.n_kv);
         let stride = converted_stride(act, tx.ne[0]);
         let packed = self.packed_for(t, tw).is_some();
-        let path = kernels::path();
+        let path = self.path;
         let len =
             if packed { act_row_bytes(ne[0]) } else { act.bytes_for(ne[0] as u64).unwrap_or(0) as usize };
         for (r, (i1, i2, i3)) in rows(ne, share(rows_of(ne), ith, nth)).enumerate() {
@@ -1084,7 +1099,7 @@ impl<'a, const N: usize> Bound<'a, N> {
         if groups.is_empty() || op.k != w.k {
             return;
         }
-        let path = kernels::path();
+        let path = self.path;
         let rows = GROUP_ROWS * groups.start..GROUP_ROWS * groups.end;
         for i3 in 0..ne_x[3] {
             for i2 in 0..ne_x[2] {
@@ -1167,7 +1182,7 @@ impl<const N: usize> Bound<'_, N> {
         }
         let ne = t.ne_for(step.n_kv);
         let (n_used, n_tokens) = (ne[1], ne[2]);
-        let path = kernels::path();
+        let path = self.path;
         let row_bytes = act_row_bytes(w.k);
         let out_at = local.start * GROUP_ROWS * 4;
         let out_len = local.len() * GROUP_ROWS;

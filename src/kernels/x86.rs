@@ -30,7 +30,6 @@
 use core::arch::x86_64::*;
 use core::mem::MaybeUninit;
 use core::ops::Range;
-use core::sync::atomic::{AtomicBool, Ordering};
 
 use super::packed::{matmul_ref, ActBlock, PackedFormat, PackedMatrix, BLOCK, GROUP_ROWS};
 use super::reference::swiglu_ref;
@@ -41,16 +40,19 @@ use crate::quant::blocks::F16Le;
 /// Activation quants are assumed in `-127..=127`, which [`super::packed::quantize_act_ref`] gives
 /// for every block whose largest magnitude is at least `127 / f32::MAX` (about 4e-37).
 ///
+/// With `vnni`, the block dots are `vpdpbusd` on ymm registers (integer results identical).
+///
 /// # Safety
-/// The CPU must have AVX2, FMA and F16C.
+/// The CPU must have AVX2, FMA and F16C, and with `vnni` AVX512-VNNI and AVX512VL ([`has_vnni`]).
 pub unsafe fn matmul_avx2(
     w: &PackedMatrix<'_>,
     groups: Range<usize>,
     acts: &[&[ActBlock]],
     outs: &mut [&mut [f32]],
+    vnni: bool,
 ) {
     // SAFETY: the caller guarantees the CPU features.
-    unsafe { matmul_impl(w, groups, acts, outs) }
+    unsafe { matmul_impl(w, groups, acts, outs, vnni) }
 }
 
 /// Activation quantization, byte-identical to [`super::packed::quantize_act_ref`].
@@ -105,28 +107,14 @@ pub unsafe fn flash_attn_row_avx2<'k>(
 // Packed matmul
 // ---------------------------------------------------------------------------------------------
 
-/// Cleared by [`allow_vnni`]`(false)`.
-static VNNI_ALLOWED: AtomicBool = AtomicBool::new(true);
-
-/// Allows (the default) or forbids the AVX512-VNNI variant of [`matmul_avx2`] (for A/B runs and
-/// for testing the plain AVX2 code on CPUs that have VNNI). Results of both agree within the
-/// matmul tolerance (the integer block dots are identical).
-pub fn allow_vnni(allowed: bool) {
-    VNNI_ALLOWED.store(allowed, Ordering::Relaxed);
-}
-
-/// Whether the packed matmul uses `vpdpbusd` on ymm registers (AVX512-VNNI + AVX512VL, EVEX
-/// encoded: Zen 4, Ice Lake and later server parts; AVX-VNNI-only CPUs keep the AVX2 code).
-pub fn vnni() -> bool {
-    VNNI_ALLOWED.load(Ordering::Relaxed) && has_vnni()
-}
-
+/// Whether the CPU has `vpdpbusd` on ymm registers (AVX512-VNNI + AVX512VL, EVEX encoded;
+/// AVX-VNNI-only CPUs keep the AVX2 code): what [`super::KernelPath::Avx2Vnni`] needs.
 #[cfg(feature = "std")]
-fn has_vnni() -> bool {
+pub fn has_vnni() -> bool {
     std::arch::is_x86_feature_detected!("avx512vnni") && std::arch::is_x86_feature_detected!("avx512vl")
 }
 #[cfg(not(feature = "std"))]
-fn has_vnni() -> bool {
+pub fn has_vnni() -> bool {
     cfg!(all(target_feature = "avx512vnni", target_feature = "avx512vl"))
 }
 
@@ -228,6 +216,7 @@ unsafe fn matmul_impl(
     groups: Range<usize>,
     acts: &[&[ActBlock]],
     outs: &mut [&mut [f32]],
+    vnni: bool,
 ) {
     let tokens = acts.len().min(outs.len());
     let nb = w.blocks();
@@ -247,10 +236,10 @@ unsafe fn matmul_impl(
     }
     let (acts, outs) = (&acts[..tokens], &mut outs[..tokens]);
     // SAFETY: the checks above (consistent planes, groups inside the matrix, activation and output
-    // rows long enough) are what `run` requires, and `run::<_, true>` only runs when `vnni()` found
-    // the instruction.
+    // rows long enough) are what `run` requires, and `run::<_, true>` only runs with `vnni`, which
+    // the caller passes only where the CPU has the instruction.
     unsafe {
-        match (w.format, vnni()) {
+        match (w.format, vnni) {
             (PackedFormat::Q4, false) => run::<F_Q4, false>(w, groups, acts, outs),
             (PackedFormat::Q4Min, false) => run::<F_Q4MIN, false>(w, groups, acts, outs),
             (PackedFormat::Q8, false) => run::<F_Q8, false>(w, groups, acts, outs),

@@ -18,13 +18,15 @@ pub fn jsonl(name: &str) -> Vec<Value> {
     text.lines().map(|line| serde_json::from_str(line).unwrap()).collect()
 }
 
-/// `PINFER_KERNELS=NAME` forces a kernel path in the tests too (as in the CLI), so one test binary
-/// can be held to the goldens on each path the CPU has. A name the CPU cannot run fails the test.
-pub fn kernels_from_env() {
-    let Ok(name) = std::env::var("PINFER_KERNELS") else { return };
+/// The kernel path tests run sessions on: `PINFER_KERNELS=NAME` (as in the CLI), so one test
+/// binary can be held to the goldens on each path the CPU has, else the fastest this CPU has. A
+/// name the CPU cannot run fails the test.
+pub fn kernels_from_env() -> KernelPath {
+    let Ok(name) = std::env::var("PINFER_KERNELS") else { return KernelPath::detect() };
     let path =
         KernelPath::parse(&name).unwrap_or_else(|| panic!("PINFER_KERNELS={name}: no such kernel path"));
-    assert!(pinfer::kernels::set_path(path), "PINFER_KERNELS={name}: not available on this CPU");
+    assert!(path.is_available(), "PINFER_KERNELS={name}: not available on this CPU");
+    path
 }
 
 /// The golden file the running kernel path answers to. The `fp16` path (detected on cores with
@@ -33,7 +35,7 @@ pub fn kernels_from_env() {
 /// `NAME.arm.spread.jsonl`, written by `scripts/make_golden.py --arm` and
 /// `scripts/golden_spread.py --arm`); every other path to the x86 goldens.
 pub fn golden_for_path(golden: &str) -> String {
-    if pinfer::kernels::path() == KernelPath::NeonFp16 {
+    if kernels_from_env() == KernelPath::NeonFp16 {
         let arm = golden.replace(".greedy.jsonl", ".arm.greedy.jsonl");
         assert!(golden_dir().join(&arm).exists(), "{arm} missing: see scripts/make_golden.py --arm");
         arm

@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use clap::Args;
 use pinfer::board::runtime::{facts, list, Facts};
-use pinfer::kernels::{self, KernelPath};
+use pinfer::kernels::KernelPath;
 use pinfer::session::{Session, SessionOptions};
 use serde_json::{json, Value as Json};
 
@@ -309,7 +309,7 @@ pub fn run(args: BenchArgs) -> Result<(), CliError> {
         model_name,
         size_bytes,
         n_params,
-        kernels: kernels::path(),
+        kernels: session.kernels(),
         repack: opts.repack,
         threads: session.threads(),
         n_batch: opts.n_batch.min(session.n_ctx()),

@@ -347,7 +347,7 @@ fn load(args: &GenArgs, sampler: &SamplerConfig) -> Result<(PathBuf, Session, To
         let how = if session.from_cache() { "mapped from the repack cache" } else { "repacked" };
         errln!(
             "pinfer: kernels {}, {} threads, {n} weight matrices {how} ({:.1} MiB) in {:.0} ms",
-            pinfer::kernels::path().name(),
+            session.kernels().name(),
             session.threads(),
             bytes as f64 / (1 << 20) as f64,
             secs * 1e3

@@ -205,7 +205,7 @@ impl Report<'_> {
             outln!(
                 "placement (repacking {}; kernels {}{note}):",
                 if *repack { "on" } else { "off" },
-                pinfer::kernels::path().name()
+                crate::chosen_kernels(None).map_or("?", |p| p.name())
             )?;
             let rows = || self.gguf.tensors().zip(rows.iter().copied());
             print_placement(rows(), &mut std::io::stdout()).map_err(crate::streams::stdout_error)?;

@@ -166,17 +166,20 @@ fn run(cli: Cli) -> Result<(), CliError> {
     }
 }
 
-/// `PINFER_KERNELS=ref|neon|dotprod|fp16|avx2` forces a kernel path (A/B comparisons).
+/// `PINFER_KERNELS=ref|neon|dotprod|fp16|avx2|vnni` forces a kernel path (A/B comparisons):
+/// checked before anything runs.
 fn kernels_from_env() -> Result<(), CliError> {
-    let Ok(name) = std::env::var("PINFER_KERNELS") else { return Ok(()) };
-    force_kernels(&name)
+    chosen_kernels(None).map(|_| ())
 }
 
-/// Forces kernel path `name`, or explains what this CPU offers.
-pub(crate) fn force_kernels(name: &str) -> Result<(), CliError> {
-    use pinfer::kernels::{set_path, KernelPath};
+/// The kernel path a run uses: `--kernels NAME`, else `PINFER_KERNELS`, else the fastest this
+/// CPU has; a name this CPU lacks is an error that lists what it offers.
+pub(crate) fn chosen_kernels(flag: Option<&str>) -> Result<pinfer::kernels::KernelPath, CliError> {
+    use pinfer::kernels::KernelPath;
+    let env = std::env::var("PINFER_KERNELS").ok();
+    let Some(name) = flag.or(env.as_deref()) else { return Ok(KernelPath::detect()) };
     match KernelPath::parse(name) {
-        Some(p) if set_path(p) => Ok(()),
+        Some(p) if p.is_available() => Ok(p),
         _ => Err(CliError::new(format!(
             "kernel path {name:?} is not available on this CPU (this one supports: {})",
             KernelPath::ALL

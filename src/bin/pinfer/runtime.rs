@@ -41,7 +41,7 @@ pub struct RuntimeArgs {
     #[arg(long = "check-numerics")]
     pub check_numerics: bool,
     /// Force a kernel path: ref, neon, dotprod, fp16 (dotprod with llama.cpp's aarch64 f16
-    /// attention arithmetic) or avx2 (also PINFER_KERNELS).
+    /// attention arithmetic), avx2 or vnni (avx2 with AVX512-VNNI dots) (also PINFER_KERNELS).
     #[arg(long = "kernels", value_name = "PATH")]
     pub kernels: Option<String>,
     /// Read the model into memory instead of mapping it (as llama.cpp's --no-mmap).
@@ -91,15 +91,15 @@ pub struct Runtime {
     limit: Option<(u64, &'static str)>,
     /// Matmul offload to the NPU.
     npu: crate::npu::NpuChoice,
+    /// The kernel path every session of this run uses.
+    kernels: pinfer::kernels::KernelPath,
 }
 
 impl Runtime {
     /// Resolves the board and plans the workers; prints the notes on what was adjusted.
     pub fn new(args: &RuntimeArgs) -> Result<Self, CliError> {
         args.notes();
-        if let Some(name) = &args.kernels {
-            crate::force_kernels(name)?;
-        }
+        let kernels = crate::chosen_kernels(args.kernels.as_deref())?;
         let root = Path::new("/");
         let board = board::resolve(&args.board, root).map_err(CliError::new)?;
         // The inherited mask, read before anything pins this thread.
@@ -124,7 +124,7 @@ impl Runtime {
             None => board::mem_available(root).map(|b| (b, "MemAvailable")),
         };
         let npu = args.npu.resolve(board.profile.npu_cores)?;
-        Ok(Self { board, workers, args: args.clone(), limit, npu })
+        Ok(Self { board, workers, args: args.clone(), limit, npu, kernels })
     }
 
     /// `base` with the workers, scheduling, numerics check and memory limit filled in.
@@ -135,6 +135,7 @@ impl Runtime {
             pin: true,
             rt_priority: self.args.rt_priority,
             check_numerics: self.args.check_numerics,
+            kernels: self.kernels,
             memory_limit: self.memory_limit().map(|(b, _)| b as usize),
             ..base
         };
