@@ -671,279 +671,374 @@ impl<'a, const N: usize> Bound<'a, N> {
             return;
         }
         let ne = t.ne_for(step.n_kv);
+        match t.op {
+            Op::Scale | Op::RmsNorm | Op::LayerNorm | Op::Silu | Op::Sigmoid | Op::Gelu | Op::SoftMax => {
+                self.unary(id, t, ne, step, ith, nth)
+            }
+            Op::Add | Op::Mul | Op::SwiGlu | Op::GeGlu => self.binary(id, t, ne, step, ith, nth),
+            Op::RopeTable => self.rope_table(id, t, ne, step, ith, nth),
+            Op::Rope => self.rope(id, t, ne, ith, nth),
+            Op::GetRows => self.get_rows(id, t, ne, ith, nth),
+            Op::MulMat => {
+                if !(self.offload.is_some() && self.offload_mul_mat(id, t, step, ith)) {
+                    self.mul_mat(id, t, step, ith, nth)
+                }
+            }
+            Op::MulMatId => self.mul_mat_id(id, t, step, ith, nth),
+            Op::TopK => self.top_k(id, t, ne, ith, nth),
+            Op::MoeWeights => self.moe_weights(id, t, ne, ith, nth),
+            Op::MoeSum => self.moe_sum(id, t, ne, ith, nth),
+            Op::Cpy => self.cpy(id, t, ne, step, ith, nth),
+            Op::Concat => self.concat(id, t, ne, step, ith, nth),
+            Op::KvWrite => self.kv_write(id, t, step, ith, nth),
+            Op::FlashAttn => self.flash_attn(id, t, ne, step, ith, nth),
+            Op::None | Op::View => {}
+        }
+    }
+
+    /// Row-wise ops of one input: scale, norms, activations, softmax.
+    fn unary(&self, id: TensorId, t: &Tensor, ne: [usize; 4], step: Step, ith: usize, nth: usize) {
         let path = self.path;
         let src = |i: usize| t.src[i].map(|s| (s, self.graph.tensor(s)));
-        // SAFETY: for every read/write below, shapes and strides were checked by the graph
-        // builder, spans by `new`; rows come from `share`, which gives each thread disjoint rows.
+        // SAFETY: shapes and strides were checked by the graph builder, spans by `new`; rows
+        // (or work units) come from `share`, which gives each thread disjoint ones.
         unsafe {
-            match t.op {
-                Op::Scale | Op::RmsNorm | Op::LayerNorm | Op::Silu | Op::Sigmoid | Op::Gelu | Op::SoftMax => {
-                    let Some((a, ta)) = src(0) else { return };
-                    for (i1, i2, i3) in rows(ne, share(rows_of(ne), ith, nth)) {
-                        let x: &[f32] = self.read(a, ta.row_offset(i1, i2, i3), ne[0]);
-                        let out: &mut [f32] = self.write(id, t.row_offset(i1, i2, i3), ne[0]);
-                        let p = t.params;
-                        match t.op {
-                            Op::Scale => out.iter_mut().zip(x).for_each(|(o, v)| *o = v * p.f[0]),
-                            Op::RmsNorm => kernels::rms_norm(path, x, out, p.f[0]),
-                            Op::LayerNorm => kref::layer_norm_ref(x, out, p.f[0]),
-                            Op::Silu => kref::silu_ref(x, out),
-                            Op::Sigmoid => kref::sigmoid_ref(x, out),
-                            Op::Gelu => kref::gelu_ref(x, out),
-                            _ => {
-                                let (start, end) =
-                                    visible_keys(p.i[0] != 0, p.i[1] as usize, step.n_past + i1, ne[0]);
-                                kref::soft_max_ref(x, out, p.f[0], start, end);
-                            }
-                        }
+            let Some((a, ta)) = src(0) else { return };
+            for (i1, i2, i3) in rows(ne, share(rows_of(ne), ith, nth)) {
+                let x: &[f32] = self.read(a, ta.row_offset(i1, i2, i3), ne[0]);
+                let out: &mut [f32] = self.write(id, t.row_offset(i1, i2, i3), ne[0]);
+                let p = t.params;
+                match t.op {
+                    Op::Scale => out.iter_mut().zip(x).for_each(|(o, v)| *o = v * p.f[0]),
+                    Op::RmsNorm => kernels::rms_norm(path, x, out, p.f[0]),
+                    Op::LayerNorm => kref::layer_norm_ref(x, out, p.f[0]),
+                    Op::Silu => kref::silu_ref(x, out),
+                    Op::Sigmoid => kref::sigmoid_ref(x, out),
+                    Op::Gelu => kref::gelu_ref(x, out),
+                    _ => {
+                        let (start, end) =
+                            visible_keys(p.i[0] != 0, p.i[1] as usize, step.n_past + i1, ne[0]);
+                        kref::soft_max_ref(x, out, p.f[0], start, end);
                     }
                 }
-                Op::Add | Op::Mul | Op::SwiGlu | Op::GeGlu => {
-                    let (Some((a, ta)), Some((b, tb))) = (src(0), src(1)) else { return };
-                    let neb = tb.ne_for(step.n_kv);
-                    for (i1, i2, i3) in rows(ne, share(rows_of(ne), ith, nth)) {
-                        let x: &[f32] = self.read(a, ta.row_offset(i1, i2, i3), ne[0]);
-                        let y: &[f32] =
-                            self.read(b, tb.row_offset(i1 % neb[1], i2 % neb[2], i3 % neb[3]), neb[0]);
-                        let out: &mut [f32] = self.write(id, t.row_offset(i1, i2, i3), ne[0]);
-                        if neb[0] != ne[0] {
-                            // A one-element row broadcast along the row (the graph allows only that).
-                            let b = y[0];
-                            match t.op {
-                                Op::Add => out.iter_mut().zip(x).for_each(|(o, a)| *o = a + b),
-                                _ => out.iter_mut().zip(x).for_each(|(o, a)| *o = a * b),
-                            }
-                            continue;
-                        }
-                        match t.op {
-                            Op::Add => out.iter_mut().zip(x.iter().zip(y)).for_each(|(o, (a, b))| *o = a + b),
-                            Op::Mul => out.iter_mut().zip(x.iter().zip(y)).for_each(|(o, (a, b))| *o = a * b),
-                            Op::SwiGlu => kernels::swiglu(path, x, y, out),
-                            _ => kref::geglu_ref(x, y, out),
-                        }
+            }
+        }
+    }
+
+    /// Elementwise ops of two inputs, the second broadcast: add, mul, SwiGLU, GeGLU.
+    fn binary(&self, id: TensorId, t: &Tensor, ne: [usize; 4], step: Step, ith: usize, nth: usize) {
+        let path = self.path;
+        let src = |i: usize| t.src[i].map(|s| (s, self.graph.tensor(s)));
+        // SAFETY: shapes and strides were checked by the graph builder, spans by `new`; rows
+        // (or work units) come from `share`, which gives each thread disjoint ones.
+        unsafe {
+            let (Some((a, ta)), Some((b, tb))) = (src(0), src(1)) else { return };
+            let neb = tb.ne_for(step.n_kv);
+            for (i1, i2, i3) in rows(ne, share(rows_of(ne), ith, nth)) {
+                let x: &[f32] = self.read(a, ta.row_offset(i1, i2, i3), ne[0]);
+                let y: &[f32] = self.read(b, tb.row_offset(i1 % neb[1], i2 % neb[2], i3 % neb[3]), neb[0]);
+                let out: &mut [f32] = self.write(id, t.row_offset(i1, i2, i3), ne[0]);
+                if neb[0] != ne[0] {
+                    // A one-element row broadcast along the row (the graph allows only that).
+                    let b = y[0];
+                    match t.op {
+                        Op::Add => out.iter_mut().zip(x).for_each(|(o, a)| *o = a + b),
+                        _ => out.iter_mut().zip(x).for_each(|(o, a)| *o = a * b),
+                    }
+                    continue;
+                }
+                match t.op {
+                    Op::Add => out.iter_mut().zip(x.iter().zip(y)).for_each(|(o, (a, b))| *o = a + b),
+                    Op::Mul => out.iter_mut().zip(x.iter().zip(y)).for_each(|(o, (a, b))| *o = a * b),
+                    Op::SwiGlu => kernels::swiglu(path, x, y, out),
+                    _ => kref::geglu_ref(x, y, out),
+                }
+            }
+        }
+    }
+
+    /// RoPE's cosines and sines per token (its position from the places table, else `n_past + t`).
+    fn rope_table(&self, id: TensorId, t: &Tensor, ne: [usize; 4], step: Step, ith: usize, nth: usize) {
+        let src = |i: usize| t.src[i].map(|s| (s, self.graph.tensor(s)));
+        // SAFETY: shapes and strides were checked by the graph builder, spans by `new`; rows
+        // (or work units) come from `share`, which gives each thread disjoint ones.
+        unsafe {
+            // The builder checked the factors hold at least n_rot / 2 contiguous values.
+            let factors = src(1).map(|(f, tf)| self.read::<f32>(f, 0, tf.n_elements()));
+            let p = kref::RopeParams {
+                n_rot: ne[0],
+                neox: false,
+                freq_base: t.params.f[0],
+                freq_scale: t.params.f[1],
+                freq_factors: factors,
+            };
+            let half = ne[0] / 2;
+            for i1 in share(ne[1], ith, nth) {
+                let row: &mut [f32] = self.write(id, t.row_offset(i1, 0, 0), ne[0]);
+                let (cos, sin) = row.split_at_mut(half);
+                let pos = match self.place(t.src[2], i1) {
+                    Some(Some((_, pos))) => pos,
+                    Some(None) => {
+                        self.fail(id, BAD_INDEX);
+                        0
+                    }
+                    None => step.n_past + i1,
+                };
+                kref::rope_table_ref(pos, &p, 0, cos, sin);
+            }
+        }
+    }
+
+    /// RoPE of each head row by its token's angles.
+    fn rope(&self, id: TensorId, t: &Tensor, ne: [usize; 4], ith: usize, nth: usize) {
+        let path = self.path;
+        let src = |i: usize| t.src[i].map(|s| (s, self.graph.tensor(s)));
+        // SAFETY: shapes and strides were checked by the graph builder, spans by `new`; rows
+        // (or work units) come from `share`, which gives each thread disjoint ones.
+        unsafe {
+            let (Some((a, ta)), Some((table, tt))) = (src(0), src(1)) else { return };
+            let (n_rot, neox) = (tt.ne[0], t.params.i[1] == 1);
+            for (i1, i2, i3) in rows(ne, share(rows_of(ne), ith, nth)) {
+                let x: &[f32] = self.read(a, ta.row_offset(i1, i2, i3), ne[0]);
+                let out: &mut [f32] = self.write(id, t.row_offset(i1, i2, i3), ne[0]);
+                // Token i2's angles: the builder checked the table has a row per token.
+                let (cos, sin) = self.read::<f32>(table, tt.row_offset(i2, 0, 0), n_rot).split_at(n_rot / 2);
+                kernels::rope_rotate(path, x, out, cos, sin, neox);
+            }
+        }
+    }
+
+    /// Rows of a table picked by I32 ids (embeddings, output rows).
+    fn get_rows(&self, id: TensorId, t: &Tensor, ne: [usize; 4], ith: usize, nth: usize) {
+        let src = |i: usize| t.src[i].map(|s| (s, self.graph.tensor(s)));
+        // SAFETY: shapes and strides were checked by the graph builder, spans by `new`; rows
+        // (or work units) come from `share`, which gives each thread disjoint ones.
+        unsafe {
+            let (Some((table, tt)), Some((ids, _))) = (src(0), src(1)) else { return };
+            let ids: &[i32] = self.read(ids, 0, ne[1]);
+            // The table may be a slice of a wider one: read ne[0] elements at each row's stride.
+            let row_bytes = tt.ty.bytes_for(ne[0] as u64).unwrap_or(0) as usize;
+            for i1 in share(ne[1], ith, nth) {
+                let out: &mut [f32] = self.write(id, t.row_offset(i1, 0, 0), ne[0]);
+                match usize::try_from(ids[i1]).ok().filter(|&r| r < tt.ne[1]) {
+                    Some(r) => {
+                        let bytes: &[u8] = self.read(table, r * tt.nb[1], row_bytes);
+                        // Cannot fail: the builder accepted only dequantizable types.
+                        let _ = dequantize_row_ref(tt.ty, bytes, out);
+                    }
+                    None => {
+                        out.fill(0.0);
+                        self.fail(id, BAD_INDEX);
                     }
                 }
-                Op::RopeTable => {
-                    // The builder checked the factors hold at least n_rot / 2 contiguous values.
-                    let factors = src(1).map(|(f, tf)| self.read::<f32>(f, 0, tf.n_elements()));
-                    let p = kref::RopeParams {
-                        n_rot: ne[0],
-                        neox: false,
-                        freq_base: t.params.f[0],
-                        freq_scale: t.params.f[1],
-                        freq_factors: factors,
+            }
+        }
+    }
+
+    /// MoE routing: the k largest router probabilities of each token.
+    fn top_k(&self, id: TensorId, t: &Tensor, ne: [usize; 4], ith: usize, nth: usize) {
+        let src = |i: usize| t.src[i].map(|s| (s, self.graph.tensor(s)));
+        // SAFETY: shapes and strides were checked by the graph builder, spans by `new`; rows
+        // (or work units) come from `share`, which gives each thread disjoint ones.
+        unsafe {
+            let Some((a, ta)) = src(0) else { return };
+            let k = ne[0];
+            for tok in share(ne[1], ith, nth) {
+                let probs: &[f32] = self.read(a, ta.row_offset(tok, 0, 0), ta.ne[0]);
+                let out: &mut [i32] = self.write(id, t.row_offset(tok, 0, 0), k);
+                if !kref::top_k_ref(probs, out) {
+                    self.fail(id, ROUTER_NON_FINITE);
+                }
+            }
+        }
+    }
+
+    /// MoE expert weights, optionally normalised.
+    fn moe_weights(&self, id: TensorId, t: &Tensor, ne: [usize; 4], ith: usize, nth: usize) {
+        let src = |i: usize| t.src[i].map(|s| (s, self.graph.tensor(s)));
+        // SAFETY: shapes and strides were checked by the graph builder, spans by `new`; rows
+        // (or work units) come from `share`, which gives each thread disjoint ones.
+        unsafe {
+            let (Some((a, ta)), Some((ids, ti))) = (src(0), src(1)) else { return };
+            for tok in share(ne[1], ith, nth) {
+                let probs: &[f32] = self.read(a, ta.row_offset(tok, 0, 0), ta.ne[0]);
+                let picked: &[i32] = self.read(ids, ti.row_offset(tok, 0, 0), ne[0]);
+                let out: &mut [f32] = self.write(id, t.row_offset(tok, 0, 0), ne[0]);
+                if !kref::moe_weights_ref(probs, picked, t.params.i[0] != 0, out) {
+                    self.fail(id, BAD_INDEX);
+                }
+            }
+        }
+    }
+
+    /// Weighted sum of the experts' outputs.
+    fn moe_sum(&self, id: TensorId, t: &Tensor, ne: [usize; 4], ith: usize, nth: usize) {
+        let src = |i: usize| t.src[i].map(|s| (s, self.graph.tensor(s)));
+        // SAFETY: shapes and strides were checked by the graph builder, spans by `new`; rows
+        // (or work units) come from `share`, which gives each thread disjoint ones.
+        unsafe {
+            let (Some((a, ta)), Some((w, tw))) = (src(0), src(1)) else { return };
+            let (m, k) = (ne[0], ta.ne[1]);
+            for tok in share(ne[1], ith, nth) {
+                let weights: &[f32] = self.read(w, tw.row_offset(tok, 0, 0), k);
+                let experts: &[f32] = self.read(a, ta.row_offset(0, tok, 0), m * k);
+                let out: &mut [f32] = self.write(id, t.row_offset(tok, 0, 0), m);
+                kref::moe_sum_ref(experts, weights, out);
+            }
+        }
+    }
+
+    /// Copy and type conversion, any strides.
+    fn cpy(&self, id: TensorId, t: &Tensor, ne: [usize; 4], step: Step, ith: usize, nth: usize) {
+        let src = |i: usize| t.src[i].map(|s| (s, self.graph.tensor(s)));
+        // SAFETY: shapes and strides were checked by the graph builder, spans by `new`; rows
+        // (or work units) come from `share`, which gives each thread disjoint ones.
+        unsafe {
+            let Some((a, ta)) = src(0) else { return };
+            let ne_a = ta.ne_for(step.n_kv);
+            for (i1, i2, i3) in rows(ne, share(rows_of(ne), ith, nth)) {
+                let row = t.row_offset(i1, i2, i3);
+                for i0 in 0..ne[0] {
+                    let v = self.element(a, ta, [i0, i1, i2, i3], ne_a);
+                    self.put(id, t.ty, row + i0 * t.nb[0], v);
+                }
+            }
+        }
+    }
+
+    /// Two tensors joined along one dimension.
+    fn concat(&self, id: TensorId, t: &Tensor, ne: [usize; 4], step: Step, ith: usize, nth: usize) {
+        let src = |i: usize| t.src[i].map(|s| (s, self.graph.tensor(s)));
+        // SAFETY: shapes and strides were checked by the graph builder, spans by `new`; rows
+        // (or work units) come from `share`, which gives each thread disjoint ones.
+        unsafe {
+            let (Some((a, ta)), Some((b, tb))) = (src(0), src(1)) else { return };
+            let dim = t.params.i[0] as usize;
+            let (ne_a, ne_b) = (ta.ne_for(step.n_kv), tb.ne_for(step.n_kv));
+            for (i1, i2, i3) in rows(ne, share(rows_of(ne), ith, nth)) {
+                let out: &mut [f32] = self.write(id, t.row_offset(i1, i2, i3), ne[0]);
+                for (i0, o) in out.iter_mut().enumerate() {
+                    let mut idx = [i0, i1, i2, i3];
+                    *o = if idx[dim] < ne_a[dim] {
+                        self.element(a, ta, idx, ne_a)
+                    } else {
+                        idx[dim] -= ne_a[dim];
+                        self.element(b, tb, idx, ne_b)
                     };
-                    let half = ne[0] / 2;
-                    for i1 in share(ne[1], ith, nth) {
-                        let row: &mut [f32] = self.write(id, t.row_offset(i1, 0, 0), ne[0]);
-                        let (cos, sin) = row.split_at_mut(half);
-                        let pos = match self.place(t.src[2], i1) {
-                            Some(Some((_, pos))) => pos,
-                            Some(None) => {
-                                self.fail(id, BAD_INDEX);
-                                0
-                            }
-                            None => step.n_past + i1,
-                        };
-                        kref::rope_table_ref(pos, &p, 0, cos, sin);
-                    }
                 }
-                Op::Rope => {
-                    let (Some((a, ta)), Some((table, tt))) = (src(0), src(1)) else { return };
-                    let (n_rot, neox) = (tt.ne[0], t.params.i[1] == 1);
-                    for (i1, i2, i3) in rows(ne, share(rows_of(ne), ith, nth)) {
-                        let x: &[f32] = self.read(a, ta.row_offset(i1, i2, i3), ne[0]);
-                        let out: &mut [f32] = self.write(id, t.row_offset(i1, i2, i3), ne[0]);
-                        // Token i2's angles: the builder checked the table has a row per token.
-                        let (cos, sin) =
-                            self.read::<f32>(table, tt.row_offset(i2, 0, 0), n_rot).split_at(n_rot / 2);
-                        kernels::rope_rotate(path, x, out, cos, sin, neox);
-                    }
+            }
+        }
+    }
+
+    /// Rows written into the KV cache at each token's cache row.
+    fn kv_write(&self, id: TensorId, t: &Tensor, step: Step, ith: usize, nth: usize) {
+        let path = self.path;
+        let src = |i: usize| t.src[i].map(|s| (s, self.graph.tensor(s)));
+        // SAFETY: shapes and strides were checked by the graph builder, spans by `new`; rows
+        // (or work units) come from `share`, which gives each thread disjoint ones.
+        unsafe {
+            let (Some((s, ts)), Some((cache, tc))) = (src(0), src(1)) else { return };
+            let transposed = t.params.i[0] == 1;
+            let n_tokens = ts.ne[1];
+            let capacity = if transposed { tc.ne[0] } else { tc.ne[1] };
+            if t.src[2].is_none() && step.n_past + n_tokens > capacity {
+                if ith == 0 {
+                    self.fail(id, CACHE_FULL);
                 }
-                Op::GetRows => {
-                    let (Some((table, tt)), Some((ids, _))) = (src(0), src(1)) else { return };
-                    let ids: &[i32] = self.read(ids, 0, ne[1]);
-                    // The table may be a slice of a wider one: read ne[0] elements at each row's stride.
-                    let row_bytes = tt.ty.bytes_for(ne[0] as u64).unwrap_or(0) as usize;
-                    for i1 in share(ne[1], ith, nth) {
-                        let out: &mut [f32] = self.write(id, t.row_offset(i1, 0, 0), ne[0]);
-                        match usize::try_from(ids[i1]).ok().filter(|&r| r < tt.ne[1]) {
-                            Some(r) => {
-                                let bytes: &[u8] = self.read(table, r * tt.nb[1], row_bytes);
-                                // Cannot fail: the builder accepted only dequantizable types.
-                                let _ = dequantize_row_ref(tt.ty, bytes, out);
-                            }
-                            None => {
-                                out.fill(0.0);
-                                self.fail(id, BAD_INDEX);
-                            }
-                        }
+                return;
+            }
+            let _ = cache;
+            for tok in share(n_tokens, ith, nth) {
+                let x: &[f32] = self.read(s, ts.row_offset(tok, 0, 0), ts.ne[0]);
+                let pos = match self.place(t.src[2], tok) {
+                    Some(Some((first, pos))) if first + pos < capacity => first + pos,
+                    Some(_) => {
+                        self.fail(id, CACHE_FULL);
+                        continue;
                     }
+                    None => step.n_past + tok,
+                };
+                if !transposed && tc.ty == GgmlType::F16 && tc.nb[0] == 2 {
+                    // A contiguous f16 row: one conversion kernel.
+                    let out: &mut [F16Le] = self.write(id, pos * tc.nb[1], x.len());
+                    kernels::f32_to_f16(path, x, out);
+                    continue;
                 }
-                Op::MulMat => {
-                    if !(self.offload.is_some() && self.offload_mul_mat(id, t, step, ith)) {
-                        self.mul_mat(id, t, step, ith, nth)
-                    }
-                }
-                Op::MulMatId => self.mul_mat_id(id, t, step, ith, nth),
-                Op::TopK => {
-                    let Some((a, ta)) = src(0) else { return };
-                    let k = ne[0];
-                    for tok in share(ne[1], ith, nth) {
-                        let probs: &[f32] = self.read(a, ta.row_offset(tok, 0, 0), ta.ne[0]);
-                        let out: &mut [i32] = self.write(id, t.row_offset(tok, 0, 0), k);
-                        if !kref::top_k_ref(probs, out) {
-                            self.fail(id, ROUTER_NON_FINITE);
-                        }
-                    }
-                }
-                Op::MoeWeights => {
-                    let (Some((a, ta)), Some((ids, ti))) = (src(0), src(1)) else { return };
-                    for tok in share(ne[1], ith, nth) {
-                        let probs: &[f32] = self.read(a, ta.row_offset(tok, 0, 0), ta.ne[0]);
-                        let picked: &[i32] = self.read(ids, ti.row_offset(tok, 0, 0), ne[0]);
-                        let out: &mut [f32] = self.write(id, t.row_offset(tok, 0, 0), ne[0]);
-                        if !kref::moe_weights_ref(probs, picked, t.params.i[0] != 0, out) {
-                            self.fail(id, BAD_INDEX);
-                        }
-                    }
-                }
-                Op::MoeSum => {
-                    let (Some((a, ta)), Some((w, tw))) = (src(0), src(1)) else { return };
-                    let (m, k) = (ne[0], ta.ne[1]);
-                    for tok in share(ne[1], ith, nth) {
-                        let weights: &[f32] = self.read(w, tw.row_offset(tok, 0, 0), k);
-                        let experts: &[f32] = self.read(a, ta.row_offset(0, tok, 0), m * k);
-                        let out: &mut [f32] = self.write(id, t.row_offset(tok, 0, 0), m);
-                        kref::moe_sum_ref(experts, weights, out);
-                    }
-                }
-                Op::Cpy => {
-                    let Some((a, ta)) = src(0) else { return };
-                    let ne_a = ta.ne_for(step.n_kv);
-                    for (i1, i2, i3) in rows(ne, share(rows_of(ne), ith, nth)) {
-                        let row = t.row_offset(i1, i2, i3);
-                        for i0 in 0..ne[0] {
-                            let v = self.element(a, ta, [i0, i1, i2, i3], ne_a);
-                            self.put(id, t.ty, row + i0 * t.nb[0], v);
-                        }
-                    }
-                }
-                Op::Concat => {
-                    let (Some((a, ta)), Some((b, tb))) = (src(0), src(1)) else { return };
-                    let dim = t.params.i[0] as usize;
-                    let (ne_a, ne_b) = (ta.ne_for(step.n_kv), tb.ne_for(step.n_kv));
-                    for (i1, i2, i3) in rows(ne, share(rows_of(ne), ith, nth)) {
-                        let out: &mut [f32] = self.write(id, t.row_offset(i1, i2, i3), ne[0]);
-                        for (i0, o) in out.iter_mut().enumerate() {
-                            let mut idx = [i0, i1, i2, i3];
-                            *o = if idx[dim] < ne_a[dim] {
-                                self.element(a, ta, idx, ne_a)
-                            } else {
-                                idx[dim] -= ne_a[dim];
-                                self.element(b, tb, idx, ne_b)
-                            };
-                        }
-                    }
-                }
-                Op::KvWrite => {
-                    let (Some((s, ts)), Some((cache, tc))) = (src(0), src(1)) else { return };
-                    let transposed = t.params.i[0] == 1;
-                    let n_tokens = ts.ne[1];
-                    let capacity = if transposed { tc.ne[0] } else { tc.ne[1] };
-                    if t.src[2].is_none() && step.n_past + n_tokens > capacity {
-                        if ith == 0 {
-                            self.fail(id, CACHE_FULL);
-                        }
-                        return;
-                    }
-                    let _ = cache;
-                    for tok in share(n_tokens, ith, nth) {
-                        let x: &[f32] = self.read(s, ts.row_offset(tok, 0, 0), ts.ne[0]);
-                        let pos = match self.place(t.src[2], tok) {
-                            Some(Some((first, pos))) if first + pos < capacity => first + pos,
-                            Some(_) => {
-                                self.fail(id, CACHE_FULL);
-                                continue;
-                            }
-                            None => step.n_past + tok,
-                        };
-                        if !transposed && tc.ty == GgmlType::F16 && tc.nb[0] == 2 {
-                            // A contiguous f16 row: one conversion kernel.
-                            let out: &mut [F16Le] = self.write(id, pos * tc.nb[1], x.len());
-                            kernels::f32_to_f16(path, x, out);
-                            continue;
-                        }
-                        for (e, &v) in x.iter().enumerate() {
-                            let at = if transposed {
-                                e * tc.nb[1] + pos * tc.nb[0]
-                            } else {
-                                pos * tc.nb[1] + e * tc.nb[0]
-                            };
-                            self.put(id, tc.ty, at, v);
-                        }
-                    }
-                }
-                Op::FlashAttn => {
-                    let (Some((q, tq)), Some((k, tk)), Some((v, tv))) = (src(0), src(1), src(2)) else {
-                        return;
+                for (e, &v) in x.iter().enumerate() {
+                    let at = if transposed {
+                        e * tc.nb[1] + pos * tc.nb[0]
+                    } else {
+                        pos * tc.nb[1] + e * tc.nb[0]
                     };
-                    let (hd, hd_v) = (tq.ne[0], tv.ne[0]);
-                    let n_kv = tk.ne_for(step.n_kv)[1];
-                    let group = tq.ne[2] / tk.ne[2];
-                    let (causal, window, scale) = (t.params.i[0] != 0, t.params.i[1] as usize, t.params.f[0]);
-                    let mut q16 = [F16Le::from_f32(0.0); kernels::FLASH_ROWS * 1024];
-                    let mut acc16 = [F16Le::from_f32(0.0); kernels::FLASH_ROWS * 1024];
-                    // Work units are (token, KV head, run of its query heads): the heads of one KV
-                    // head share their keys and values, up to FLASH_ROWS per kernel call; single
-                    // heads when that leaves too few units to share between the threads.
-                    let group = group.max(1);
-                    let n_kv_heads = ne[1] / group;
-                    let runs = group.div_ceil(kernels::FLASH_ROWS);
-                    let run = if ne[2] * n_kv_heads * runs >= 2 * nth { group.div_ceil(runs) } else { 1 };
-                    let runs = group.div_ceil(run);
-                    for u in share(ne[2] * n_kv_heads * runs, ith, nth) {
-                        let (tok, kv_head, c) = (u / (n_kv_heads * runs), u / runs % n_kv_heads, u % runs);
-                        let first = kv_head * group + c * run;
-                        let heads = first..(first + run).min((kv_head + 1) * group);
-                        let (start, end) = match self.place(t.src[3], tok) {
-                            // This token's sequence: its rows from `first`, up to its position.
-                            Some(Some((first, pos))) if first + pos < n_kv => {
-                                let (start, end) = visible_keys(causal, window, pos, pos + 1);
-                                (first + start, first + end)
-                            }
-                            Some(_) => {
-                                self.fail(id, BAD_INDEX);
-                                (0, 0)
-                            }
-                            None => visible_keys(causal, window, step.n_past + tok, n_kv),
-                        };
-                        let mut qs: [&[f32]; kernels::FLASH_ROWS] = [&[]; kernels::FLASH_ROWS];
-                        let mut outs: [&mut [f32]; kernels::FLASH_ROWS] = Default::default();
-                        for (i, head) in heads.clone().enumerate() {
-                            qs[i] = self.read(q, tq.row_offset(tok, head, 0), hd);
-                            outs[i] = self.write(id, t.row_offset(head, tok, 0), hd_v);
-                        }
-                        let n = heads.len();
-                        // Row j of this KV head's keys (values) is `read`'s row at base + j stride,
-                        // the bases hoisted out of the kernel's per-key calls.
-                        let kp = self.ptrs[k.index()].wrapping_add(tk.row_offset(0, kv_head, 0)) as *const u8;
-                        let vp = self.ptrs[v.index()].wrapping_add(tv.row_offset(0, kv_head, 0)) as *const u8;
-                        let (ks, vs) = (tk.nb[1], tv.nb[1]);
-                        kernels::flash_attn_rows(
-                            path,
-                            &qs[..n],
-                            &mut q16[..n * hd],
-                            start..end,
-                            |j| core::slice::from_raw_parts(kp.wrapping_add(j * ks).cast::<F16Le>(), hd),
-                            |j| core::slice::from_raw_parts(vp.wrapping_add(j * vs).cast::<F16Le>(), hd_v),
-                            scale,
-                            &mut acc16[..n * hd_v],
-                            &mut outs[..n],
-                        );
-                    }
+                    self.put(id, tc.ty, at, v);
                 }
-                Op::None | Op::View => {}
+            }
+        }
+    }
+
+    /// Attention in one pass per (token, KV head, run of query heads).
+    fn flash_attn(&self, id: TensorId, t: &Tensor, ne: [usize; 4], step: Step, ith: usize, nth: usize) {
+        let path = self.path;
+        let src = |i: usize| t.src[i].map(|s| (s, self.graph.tensor(s)));
+        // SAFETY: shapes and strides were checked by the graph builder, spans by `new`; rows
+        // (or work units) come from `share`, which gives each thread disjoint ones.
+        unsafe {
+            let (Some((q, tq)), Some((k, tk)), Some((v, tv))) = (src(0), src(1), src(2)) else {
+                return;
+            };
+            let (hd, hd_v) = (tq.ne[0], tv.ne[0]);
+            let n_kv = tk.ne_for(step.n_kv)[1];
+            let group = tq.ne[2] / tk.ne[2];
+            let (causal, window, scale) = (t.params.i[0] != 0, t.params.i[1] as usize, t.params.f[0]);
+            let mut q16 = [F16Le::from_f32(0.0); kernels::FLASH_ROWS * 1024];
+            let mut acc16 = [F16Le::from_f32(0.0); kernels::FLASH_ROWS * 1024];
+            // Work units are (token, KV head, run of its query heads): the heads of one KV
+            // head share their keys and values, up to FLASH_ROWS per kernel call; single
+            // heads when that leaves too few units to share between the threads.
+            let group = group.max(1);
+            let n_kv_heads = ne[1] / group;
+            let runs = group.div_ceil(kernels::FLASH_ROWS);
+            let run = if ne[2] * n_kv_heads * runs >= 2 * nth { group.div_ceil(runs) } else { 1 };
+            let runs = group.div_ceil(run);
+            for u in share(ne[2] * n_kv_heads * runs, ith, nth) {
+                let (tok, kv_head, c) = (u / (n_kv_heads * runs), u / runs % n_kv_heads, u % runs);
+                let first = kv_head * group + c * run;
+                let heads = first..(first + run).min((kv_head + 1) * group);
+                let (start, end) = match self.place(t.src[3], tok) {
+                    // This token's sequence: its rows from `first`, up to its position.
+                    Some(Some((first, pos))) if first + pos < n_kv => {
+                        let (start, end) = visible_keys(causal, window, pos, pos + 1);
+                        (first + start, first + end)
+                    }
+                    Some(_) => {
+                        self.fail(id, BAD_INDEX);
+                        (0, 0)
+                    }
+                    None => visible_keys(causal, window, step.n_past + tok, n_kv),
+                };
+                let mut qs: [&[f32]; kernels::FLASH_ROWS] = [&[]; kernels::FLASH_ROWS];
+                let mut outs: [&mut [f32]; kernels::FLASH_ROWS] = Default::default();
+                for (i, head) in heads.clone().enumerate() {
+                    qs[i] = self.read(q, tq.row_offset(tok, head, 0), hd);
+                    outs[i] = self.write(id, t.row_offset(head, tok, 0), hd_v);
+                }
+                let n = heads.len();
+                // Row j of this KV head's keys (values) is `read`'s row at base + j stride,
+                // the bases hoisted out of the kernel's per-key calls.
+                let kp = self.ptrs[k.index()].wrapping_add(tk.row_offset(0, kv_head, 0)) as *const u8;
+                let vp = self.ptrs[v.index()].wrapping_add(tv.row_offset(0, kv_head, 0)) as *const u8;
+                let (ks, vs) = (tk.nb[1], tv.nb[1]);
+                kernels::flash_attn_rows(
+                    path,
+                    &qs[..n],
+                    &mut q16[..n * hd],
+                    start..end,
+                    |j| core::slice::from_raw_parts(kp.wrapping_add(j * ks).cast::<F16Le>(), hd),
+                    |j| core::slice::from_raw_parts(vp.wrapping_add(j * vs).cast::<F16Le>(), hd_v),
+                    scale,
+                    &mut acc16[..n * hd_v],
+                    &mut outs[..n],
+                );
             }
         }
     }
