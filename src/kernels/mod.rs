@@ -2,7 +2,7 @@
 //! aarch64, `x86` on x86_64) with the same signatures, and the run-time choice between them
 //! ([`KernelPath`]).
 
-#[path = "ref.rs"]
+#[path = "ref/mod.rs"]
 pub mod reference;
 
 pub mod dot;

@@ -1,0 +1,200 @@
+//! Row kernels: RMS norm, SwiGLU, f32 to f16, RoPE.
+
+use core::arch::aarch64::*;
+
+use super::*;
+use crate::kernels::reference::{f32_to_f16_ref, rope_rotate_ref, swiglu_ref};
+use crate::quant::blocks::F16Le;
+
+// ---------------------------------------------------------------------------------------------
+// RMS norm, SwiGLU
+
+/// RMS norm, bit-identical to `reference::rms_norm_ref` (squares in f32, summed in f64 in order).
+pub fn rms_norm(x: &[f32], out: &mut [f32], eps: f32) {
+    debug_assert_eq!(x.len(), out.len());
+    // SAFETY: NEON is part of the aarch64 baseline.
+    unsafe { rms_norm_neon(x, out, eps) }
+}
+
+#[target_feature(enable = "neon")]
+fn rms_norm_neon(x: &[f32], out: &mut [f32], eps: f32) {
+    let mut sum = 0f64;
+    let chunks = x.chunks_exact(8);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for v in [ld_f32x4(c), ld_f32x4(&c[4..])] {
+            let sq = vmulq_f32(v, v);
+            let (lo, hi) = (vcvt_f64_f32(vget_low_f32(sq)), vcvt_high_f64_f32(sq));
+            sum += vgetq_lane_f64::<0>(lo);
+            sum += vgetq_lane_f64::<1>(lo);
+            sum += vgetq_lane_f64::<0>(hi);
+            sum += vgetq_lane_f64::<1>(hi);
+        }
+    }
+    for &v in tail {
+        sum += f64::from(v * v);
+    }
+    let mean = (sum / x.len().max(1) as f64) as f32;
+    let scale = 1.0 / libm::sqrtf(mean + eps);
+    let n = x.len().min(out.len());
+    let whole = n - n % 16;
+    for (o, x) in out[..whole].chunks_exact_mut(16).zip(x.chunks_exact(16)) {
+        st_f32x16(o, ld_f32x16(x).map(|v| vmulq_n_f32(v, scale)));
+    }
+    for (o, &v) in out[whole..n].iter_mut().zip(&x[whole..n]) {
+        *o = v * scale;
+    }
+}
+
+/// `silu(gate) * up`, bit-identical to `reference::swiglu_ref`: ggml's exp polynomial with the
+/// same fused steps and an exact 2^n scale; chunks with an input outside `|g| <= 86.5` (where
+/// 2^n could leave the normal range) or a NaN take the scalar twin.
+pub fn swiglu(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    // SAFETY: NEON is part of the aarch64 baseline.
+    unsafe { swiglu_neon(gate, up, out) }
+}
+
+#[target_feature(enable = "neon")]
+fn swiglu_neon(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    let n = out.len().min(gate.len()).min(up.len());
+    let whole = n - n % 16;
+    swiglu_chunks(&gate[..whole], &up[..whole], &mut out[..whole]);
+    if whole < n {
+        // The tail padded to 16 lanes; every lane is computed on its own.
+        let (mut g, mut u, mut o) = ([0f32; 16], [0f32; 16], [0f32; 16]);
+        g[..n - whole].copy_from_slice(&gate[whole..n]);
+        u[..n - whole].copy_from_slice(&up[whole..n]);
+        swiglu_chunks(&g, &u, &mut o);
+        out[whole..n].copy_from_slice(&o[..n - whole]);
+    }
+}
+
+/// The constants of `reference::ggml_expf`, and the fast-path bound.
+struct ExpConsts {
+    shift: float32x4_t,
+    log2e: float32x4_t,
+    ln2_hi: float32x4_t,
+    ln2_lo: float32x4_t,
+    c: [float32x4_t; 5],
+    one: float32x4_t,
+    bound: float32x4_t,
+}
+
+/// SwiGLU over whole chunks of 16.
+#[target_feature(enable = "neon")]
+fn swiglu_chunks(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    let k = |bits: u32| vdupq_n_f32(f32::from_bits(bits));
+    let e = ExpConsts {
+        shift: k(0x4b40_0000),
+        log2e: k(0x3fb8_aa3b),
+        ln2_hi: k(0x3f31_7200),
+        ln2_lo: k(0x35bf_be8e),
+        c: [k(0x3f7f_fff6), k(0x3eff_fedb), k(0x3e2a_af33), k(0x3d2b_9f17), k(0x3c07_2010)],
+        one: vdupq_n_f32(1.0),
+        // |g| <= 86.5 keeps |n| <= 125: j * 2^n stays normal, so adding n to j's exponent is exact.
+        bound: vdupq_n_f32(86.5),
+    };
+    // Every chunk on the fast path (no calls in the loop: the constants stay in registers), then
+    // the rare chunks with an input outside the bound again through the twin.
+    let mut all = vdupq_n_u32(u32::MAX);
+    for ((o, g), u) in out.chunks_exact_mut(16).zip(gate.chunks_exact(16)).zip(up.chunks_exact(16)) {
+        let (gv, uv) = (ld_f32x16(g), ld_f32x16(u));
+        let ok = vandq_u32(
+            vandq_u32(vcaleq_f32(gv[0], e.bound), vcaleq_f32(gv[1], e.bound)),
+            vandq_u32(vcaleq_f32(gv[2], e.bound), vcaleq_f32(gv[3], e.bound)),
+        );
+        all = vandq_u32(all, ok);
+        st_f32x16(o, [0, 1, 2, 3].map(|i| silu_mul(&e, gv[i], uv[i])));
+    }
+    if vminvq_u32(all) == 0 {
+        for ((o, g), u) in out.chunks_exact_mut(16).zip(gate.chunks_exact(16)).zip(up.chunks_exact(16)) {
+            if g.iter().any(|g| g.is_nan() || g.abs() > 86.5) {
+                swiglu_ref(g, u, o);
+            }
+        }
+    }
+}
+
+/// `silu(g) * u` for 4 lanes with `|g| <= 86.5`: the steps of `reference::ggml_expf` (fused where
+/// it uses fmaf) for `exp(-g)`.
+#[target_feature(enable = "neon")]
+#[inline]
+fn silu_mul(e: &ExpConsts, g: float32x4_t, u: float32x4_t) -> float32x4_t {
+    let x = vnegq_f32(g);
+    let z = vfmaq_f32(e.shift, x, e.log2e);
+    let n = vsubq_f32(z, e.shift);
+    let b = vfmsq_f32(vfmsq_f32(x, n, e.ln2_hi), n, e.ln2_lo);
+    let uu = vmulq_f32(b, b);
+    let p = vfmaq_f32(e.c[3], e.c[4], b);
+    let q = vfmaq_f32(e.c[1], e.c[2], b);
+    let r = vfmaq_f32(e.one, e.c[0], b);
+    let j = vfmaq_f32(r, vfmaq_f32(q, p, uu), uu);
+    // z = 1.5 * 2^23 + n, so z's bits shifted left by 23 are n << 23: add it to j's exponent.
+    let ex = vaddq_u32(vreinterpretq_u32_f32(j), vshlq_n_u32::<23>(vreinterpretq_u32_f32(z)));
+    vmulq_f32(vdivq_f32(g, vaddq_f32(e.one, vreinterpretq_f32_u32(ex))), u)
+}
+
+// ---------------------------------------------------------------------------------------------
+// f32 -> f16 rows
+
+/// `reference::f32_to_f16_ref` 8 values at a time (`fcvtn` rounds to nearest even, like it).
+pub fn f32_to_f16(x: &[f32], out: &mut [F16Le]) {
+    let n = x.len().min(out.len());
+    let n8 = n - n % 8;
+    // SAFETY: NEON is part of the aarch64 baseline.
+    unsafe { f32_to_f16_neon(&x[..n8], &mut out[..n8]) };
+    f32_to_f16_ref(&x[n8..n], &mut out[n8..n]);
+}
+
+#[target_feature(enable = "neon")]
+fn f32_to_f16_neon(x: &[f32], out: &mut [F16Le]) {
+    for (x, o) in x.chunks_exact(8).zip(out.chunks_exact_mut(8)) {
+        st_f16x8(o, f16_narrow(ld_f32x4(x), ld_f32x4(&x[4..])));
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// RoPE
+
+/// `reference::rope_rotate_ref` four pairs at a time (the same products and sums, unfused).
+pub fn rope_rotate(x: &[f32], out: &mut [f32], cos: &[f32], sin: &[f32], neox: bool) {
+    let half = cos.len();
+    if sin.len() != half || x.len() < 2 * half || out.len() != x.len() {
+        return rope_rotate_ref(x, out, cos, sin, neox);
+    }
+    // SAFETY: NEON is part of the aarch64 baseline.
+    unsafe { rope_rotate_neon(x, out, cos, sin, neox) }
+}
+
+#[target_feature(enable = "neon")]
+fn rope_rotate_neon(x: &[f32], out: &mut [f32], cos: &[f32], sin: &[f32], neox: bool) {
+    let half = cos.len();
+    let n4 = half - half % 4;
+    for i in (0..n4).step_by(4) {
+        let (c, s) = (ld_f32x4(&cos[i..]), ld_f32x4(&sin[i..]));
+        if neox {
+            let (x0, x1) = (ld_f32x4(&x[i..]), ld_f32x4(&x[half + i..]));
+            st_f32x4(&mut out[i..], vsubq_f32(vmulq_f32(x0, c), vmulq_f32(x1, s)));
+            st_f32x4(&mut out[half + i..], vaddq_f32(vmulq_f32(x0, s), vmulq_f32(x1, c)));
+        } else {
+            let xs: &[f32; 8] = x[2 * i..2 * i + 8].try_into().unwrap();
+            // SAFETY: reads the 8 floats of `xs`.
+            let v = unsafe { vld2q_f32(xs.as_ptr()) };
+            let r = float32x4x2_t(
+                vsubq_f32(vmulq_f32(v.0, c), vmulq_f32(v.1, s)),
+                vaddq_f32(vmulq_f32(v.0, s), vmulq_f32(v.1, c)),
+            );
+            let o: &mut [f32; 8] = (&mut out[2 * i..2 * i + 8]).try_into().unwrap();
+            // SAFETY: writes the 8 floats of `o`.
+            unsafe { vst2q_f32(o.as_mut_ptr(), r) };
+        }
+    }
+    for i in n4..half {
+        let (c, s) = (cos[i], sin[i]);
+        let (a, b) = if neox { (i, i + half) } else { (2 * i, 2 * i + 1) };
+        let (x0, x1) = (x[a], x[b]);
+        out[a] = x0 * c - x1 * s;
+        out[b] = x0 * s + x1 * c;
+    }
+    out[2 * half..].copy_from_slice(&x[2 * half..]);
+}

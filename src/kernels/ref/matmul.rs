@@ -1,0 +1,111 @@
+//! The packed matmul and the activation quantization it reads (the twins of `neon::matmul` and
+//! `x86::matmul`).
+
+use core::ops::Range;
+
+use crate::kernels::packed::{ActBlock, PackedFormat, PackedMatrix, BLOCK, GROUP_ROWS};
+use crate::quant::blocks::F16Le;
+
+/// Rounds to the nearest f16 value, kept as f32.
+#[inline]
+pub fn f16_round(x: f32) -> f32 {
+    half::f16::from_f32(x).to_f32()
+}
+
+/// Quantizes one activation row (`x.len() == 32 * out.len()`): `amax / 127` scale, `127 / amax`
+/// multiplier, round half to even (llama.cpp's SIMD quantizer), scale and sum rounded to f16.
+pub fn quantize_act_ref(x: &[f32], out: &mut [ActBlock]) {
+    debug_assert_eq!(x.len(), out.len() * BLOCK);
+    for (x, b) in x.chunks_exact(BLOCK).zip(out.iter_mut()) {
+        let amax = x.iter().fold(0f32, |m, &v| m.max(libm::fabsf(v)));
+        let d = amax / 127.0;
+        let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+        let mut sum = 0i32;
+        for (q, &v) in b.qs.iter_mut().zip(x) {
+            *q = libm::rintf(v * id) as i8;
+            sum += i32::from(*q);
+        }
+        b.d = f16_round(d);
+        b.s = f16_round(d * sum as f32);
+    }
+}
+
+#[inline]
+pub(crate) fn f16_at(bytes: &[u8], i: usize) -> f32 {
+    F16Le([bytes[2 * i], bytes[2 * i + 1]]).to_f32()
+}
+
+/// The signed values of the 4 rows of an interleaved block, row by row.
+#[inline]
+fn unpack_block(format: PackedFormat, block: &[u8]) -> [[i32; BLOCK]; GROUP_ROWS] {
+    let mut q = [[0i32; BLOCK]; GROUP_ROWS];
+    for (i, &byte) in block.iter().enumerate() {
+        let (c, r, j) = (i / 16, (i / 4) % 4, i % 4);
+        if format.is_4bit() {
+            q[r][4 * c + j] = i32::from(((byte << 4) as i8) >> 4);
+            q[r][16 + 4 * c + j] = i32::from((byte as i8) >> 4);
+        } else {
+            q[r][4 * c + j] = i32::from(byte as i8);
+        }
+    }
+    q
+}
+
+/// Signed value of element `e` of row `r` in an interleaved block.
+#[inline]
+pub(crate) fn value(format: PackedFormat, block: &[u8], r: usize, e: usize) -> i32 {
+    if format.is_4bit() {
+        let byte = block[16 * ((e % 16) / 4) + 4 * r + e % 4];
+        let nibble = if e < 16 { byte << 4 } else { byte & 0xF0 };
+        i32::from(nibble as i8) / 16
+    } else {
+        i32::from(block[16 * (e / 4) + 4 * r + e % 4] as i8)
+    }
+}
+
+/// Reference matmul over row groups `groups` for `acts.len()` tokens: `outs[t][4 * (g -
+/// groups.start) + r]` = row `4g + r` dotted with token `t`'s activations. Per block the integer dot
+/// is scaled by `d_w * d_a` in f32 and summed into an f32 accumulator, blocks in order; mins add
+/// `m * s_a` (Q4Min: `(m + 8d) * s_a`).
+pub fn matmul_ref(w: &PackedMatrix<'_>, groups: Range<usize>, acts: &[&[ActBlock]], outs: &mut [&mut [f32]]) {
+    const TILE: usize = 16;
+    let (format, nb) = (w.format, w.blocks());
+    let (qb, sb) = (format.quant_bytes(), format.scale_bytes());
+    for (tile_acts, tile_outs) in acts.chunks(TILE).zip(outs.chunks_mut(TILE)) {
+        for (gi, g) in groups.clone().enumerate() {
+            let (gq, gs) = (w.group_quants(g), w.group_scales(g));
+            let mut acc = [[0f32; GROUP_ROWS]; TILE];
+            for b in 0..nb {
+                let (block, sc) = (&gq[b * qb..(b + 1) * qb], &gs[b * sb..(b + 1) * sb]);
+                // Unpack the 4 rows once per block; every token of the tile reuses them.
+                let q = unpack_block(format, block);
+                for (acc, act) in acc.iter_mut().zip(tile_acts.iter()) {
+                    let a = &act[b];
+                    for (r, acc) in acc.iter_mut().enumerate() {
+                        let dot =
+                            |es: Range<usize>| -> i32 { es.map(|e| q[r][e] * i32::from(a.qs[e])).sum() };
+                        let d = f16_at(sc, r);
+                        match format {
+                            PackedFormat::Q4 | PackedFormat::Q8 => *acc += (d * a.d) * dot(0..BLOCK) as f32,
+                            PackedFormat::Q4Min | PackedFormat::Q8Min => {
+                                let m = f16_at(sc, GROUP_ROWS + r);
+                                // Q4Min stores nibble - 8: the shift comes back through the min.
+                                let m = if format == PackedFormat::Q4Min { m + 8.0 * d } else { m };
+                                *acc += (d * a.d) * dot(0..BLOCK) as f32;
+                                *acc += m * a.s;
+                            }
+                            PackedFormat::Q8Sub16 => {
+                                let d_hi = f16_at(sc, GROUP_ROWS + r);
+                                *acc += (d * a.d) * dot(0..16) as f32;
+                                *acc += (d_hi * a.d) * dot(16..BLOCK) as f32;
+                            }
+                        }
+                    }
+                }
+            }
+            for (acc, out) in acc.iter().zip(tile_outs.iter_mut()) {
+                out[GROUP_ROWS * gi..GROUP_ROWS * (gi + 1)].copy_from_slice(acc);
+            }
+        }
+    }
+}

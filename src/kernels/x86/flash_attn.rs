@@ -1,0 +1,335 @@
+//! Flash attention over an f16 KV cache.
+
+use core::arch::x86_64::*;
+use core::ops::Range;
+
+use crate::quant::blocks::F16Le;
+
+/// One query row of flash attention over an f16 KV cache (see
+/// [`super::reference::flash_attn_row_ref`]; the key dot is summed in f32 instead of f64).
+///
+/// # Safety
+/// The CPU must have AVX2, FMA and F16C.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn flash_attn_row_avx2<'k>(
+    q: &[f32],
+    q16: &mut [F16Le],
+    keys: Range<usize>,
+    key: impl Fn(usize) -> &'k [F16Le],
+    value: impl Fn(usize) -> &'k [F16Le],
+    scale: f32,
+    acc16: &mut [F16Le],
+    out: &mut [f32],
+) {
+    // SAFETY: the caller guarantees the CPU features.
+    unsafe { flash_attn_impl(q, q16, keys, key, value, scale, acc16, out) }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Flash attention
+// ---------------------------------------------------------------------------------------------
+
+const RNE: i32 = _MM_FROUND_TO_NEAREST_INT;
+
+/// `libm::expf` (FreeBSD's algorithm: f32 reduction by ln 2 in two parts, a rational
+/// approximation with one division, `scalbnf`) on 8 lanes, bit for bit: the same f32 operations
+/// in the same order, every branch computed and selected per lane.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(super) fn libm_expf8(x: __m256) -> __m256 {
+    let f = |bits: u32| _mm256_set1_ps(f32::from_bits(bits));
+    let i = |v: u32| _mm256_set1_epi32(v as i32);
+    let xi = _mm256_castps_si256(x);
+    let hx = _mm256_and_si256(xi, i(0x7fff_ffff));
+    let sign = _mm256_srli_epi32::<31>(xi);
+    let gt = |v: u32| _mm256_cmpgt_epi32(hx, i(v));
+    // k: (INV_LN2 * x + copysign(0.5, x)) as i32 above 1.5 ln 2, +-1 above 0.5 ln 2, else 0.
+    let half = _mm256_or_ps(_mm256_set1_ps(0.5), _mm256_and_ps(x, _mm256_set1_ps(-0.0)));
+    let k_big = _mm256_cvttps_epi32(_mm256_add_ps(_mm256_mul_ps(f(0x3fb8_aa3b), x), half));
+    let k_mid = _mm256_sub_epi32(_mm256_sub_epi32(i(1), sign), sign);
+    let k = _mm256_blendv_epi8(_mm256_and_si256(k_mid, gt(0x3eb1_7218)), k_big, gt(0x3f85_1592));
+    let kf = _mm256_cvtepi32_ps(k);
+    // With k = 0 these give hi = x, lo = 0 and leave x as is, like the scalar's middle branch.
+    let hi = _mm256_sub_ps(x, _mm256_mul_ps(kf, f(0x3f31_7200)));
+    let lo = _mm256_mul_ps(kf, f(0x35bf_be8e));
+    let r = _mm256_sub_ps(hi, lo);
+    let xx = _mm256_mul_ps(r, r);
+    let p = _mm256_add_ps(_mm256_set1_ps(1.666_662_5e-1), _mm256_mul_ps(xx, _mm256_set1_ps(-2.766_733_3e-3)));
+    let c = _mm256_sub_ps(r, _mm256_mul_ps(xx, p));
+    let q = _mm256_div_ps(_mm256_mul_ps(r, c), _mm256_sub_ps(_mm256_set1_ps(2.0), c));
+    let y = _mm256_add_ps(_mm256_set1_ps(1.0), _mm256_add_ps(_mm256_sub_ps(q, lo), hi));
+    // scalbnf(y, k): y * 2^k rounded once; |k| <= 150 is split in two exact-then-rounding steps.
+    let k1 = _mm256_srai_epi32::<1>(k);
+    let k2 = _mm256_sub_epi32(k, k1);
+    let pow2 = |k: __m256i| _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(k, i(127))));
+    let mut out = _mm256_mul_ps(_mm256_mul_ps(y, pow2(k1)), pow2(k2));
+    // |x| <= 2^-14: 1 + x.
+    let tiny = _mm256_castsi256_ps(_mm256_cmpgt_epi32(i(0x3900_0001), hx));
+    out = _mm256_blendv_ps(out, _mm256_add_ps(_mm256_set1_ps(1.0), x), tiny);
+    // x <= -103.97: 0; x >= 88.72: x * 2^127 (infinity); NaN: x.
+    let neg = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_setzero_si256(), xi));
+    let under = _mm256_and_ps(neg, _mm256_castsi256_ps(gt(0x42cf_f1b4)));
+    out = _mm256_andnot_ps(under, out);
+    let over = _mm256_andnot_ps(neg, _mm256_castsi256_ps(gt(0x42b1_7217)));
+    out = _mm256_blendv_ps(out, _mm256_mul_ps(x, f(0x7f00_0000)), over);
+    let nan = _mm256_castsi256_ps(gt(0x7f80_0000));
+    _mm256_blendv_ps(out, x, nan)
+}
+
+/// Head dimensions up to this keep the query in f32 registers' worth of stack; longer rows
+/// convert it from f16 per key.
+const QMAX: usize = 512;
+
+/// The scores of up to 8 keys (`keys[i]` dotted with the query, as f32 `qf` when it fits, else
+/// f16 `q16`), times `scale`: products exact, sums in f32, the 8 horizontal sums reduced together.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn scores8(keys: &[&[F16Le]; 8], nk: usize, q16: &[F16Le], qf: Option<&[f32]>, scale: f32) -> [f32; 8] {
+    let mut acc = [_mm256_setzero_ps(); 8];
+    let mut tail = [0f32; 8];
+    for (i, (acc, tail)) in acc.iter_mut().zip(tail.iter_mut()).enumerate().take(nk) {
+        let k = keys[i];
+        let n = k.len().min(q16.len());
+        let pk = k.as_ptr().cast::<u8>();
+        // SAFETY: for both loads, elements e..e + 8 <= n of the key and of both query forms.
+        let load = |e: usize| unsafe {
+            let x = _mm256_cvtph_ps(_mm_loadu_si128(pk.add(2 * e).cast()));
+            let y = match qf {
+                Some(qf) => _mm256_loadu_ps(qf.as_ptr().add(e)),
+                None => _mm256_cvtph_ps(_mm_loadu_si128(q16.as_ptr().add(e).cast())),
+            };
+            (x, y)
+        };
+        let mut a2 = [_mm256_setzero_ps(); 2];
+        let mut e = 0;
+        while e + 16 <= n {
+            let ((x0, y0), (x1, y1)) = (load(e), load(e + 8));
+            a2 = [_mm256_fmadd_ps(x0, y0, a2[0]), _mm256_fmadd_ps(x1, y1, a2[1])];
+            e += 16;
+        }
+        if e + 8 <= n {
+            let (x, y) = load(e);
+            a2[0] = _mm256_fmadd_ps(x, y, a2[0]);
+            e += 8;
+        }
+        *acc = _mm256_add_ps(a2[0], a2[1]);
+        for (x, y) in k[e..n].iter().zip(&q16[e..n]) {
+            *tail += x.to_f32() * y.to_f32();
+        }
+    }
+    let h = |a: __m256, b: __m256| _mm256_hadd_ps(a, b);
+    // Lane i of the result: sum of acc[i] (hadd pairs within 128-bit halves, then the halves).
+    let t = h(h(acc[0], acc[1]), h(acc[2], acc[3]));
+    let u = h(h(acc[4], acc[5]), h(acc[6], acc[7]));
+    let sum = _mm256_add_ps(_mm256_permute2f128_ps::<0x20>(t, u), _mm256_permute2f128_ps::<0x31>(t, u));
+    // SAFETY: `tail` holds 8 f32.
+    let sum = _mm256_add_ps(sum, unsafe { _mm256_loadu_ps(tail.as_ptr()) });
+    let mut out = [0f32; 8];
+    // SAFETY: `out` holds 8 f32.
+    unsafe { _mm256_storeu_ps(out.as_mut_ptr(), _mm256_mul_ps(sum, _mm256_set1_ps(scale))) };
+    out
+}
+
+/// The reference's per-key accumulator steps in one pass: `acc = f16(acc * ms)` over all of
+/// `acc` when `rescale`, then `acc = f16(fma(v, vs, acc))` over the elements `v` covers.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn update_f16<const RESCALE: bool>(acc: &mut [F16Le], v: &[F16Le], vs: f32, ms: f32) {
+    let n = acc.len().min(v.len());
+    let (pa, pv) = (acc.as_mut_ptr().cast::<u8>(), v.as_ptr().cast::<u8>());
+    let (vsv, msv) = (_mm256_set1_ps(vs), _mm256_set1_ps(ms));
+    let mut i = 0;
+    while i + 8 <= n {
+        // SAFETY: elements i..i + 8 <= n of acc and v.
+        unsafe {
+            let mut a = _mm256_cvtph_ps(_mm_loadu_si128(pa.add(2 * i).cast()));
+            if RESCALE {
+                a = _mm256_cvtph_ps(_mm256_cvtps_ph::<RNE>(_mm256_mul_ps(a, msv)));
+            }
+            let r = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128(pv.add(2 * i).cast())), vsv, a);
+            _mm_storeu_si128(pa.add(2 * i).cast(), _mm256_cvtps_ph::<RNE>(r));
+        }
+        i += 8;
+    }
+    for (j, a) in acc.iter_mut().enumerate().skip(i) {
+        let mut x = a.to_f32();
+        if RESCALE {
+            x = F16Le::from_f32(x * ms).to_f32();
+        }
+        if j < n {
+            x = libm::fmaf(v[j].to_f32(), vs, x);
+        }
+        *a = F16Le::from_f32(x);
+    }
+}
+
+/// `x` rounded to the nearest f16, kept as f32.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn round_f16(x: __m256) -> __m256 {
+    _mm256_cvtph_ps(_mm256_cvtps_ph::<RNE>(x))
+}
+
+/// [`update_f16`] on an accumulator of `8 * V` elements held in registers (as f32 values that are
+/// f16 values): the same roundings without the store and reload between keys. `false` (nothing
+/// done) when `v` is shorter than the accumulator.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn update_regs<const V: usize, const RESCALE: bool>(
+    a: &mut [__m256; V],
+    v: &[F16Le],
+    vs: f32,
+    ms: f32,
+) -> bool {
+    if v.len() < 8 * V {
+        return false;
+    }
+    let (vsv, msv) = (_mm256_set1_ps(vs), _mm256_set1_ps(ms));
+    for (i, a) in a.iter_mut().enumerate() {
+        // SAFETY: elements 8i..8i + 8 <= 8V <= v.len().
+        let x = _mm256_cvtph_ps(unsafe { _mm_loadu_si128(v.as_ptr().add(8 * i).cast()) });
+        let base = if RESCALE { round_f16(_mm256_mul_ps(*a, msv)) } else { *a };
+        *a = round_f16(_mm256_fmadd_ps(x, vsv, base));
+    }
+    true
+}
+
+/// The key loop of [`flash_attn_impl`]; returns the softmax sum. `V > 0`: the accumulator (`8 * V`
+/// elements long) lives in registers and is written back to `acc16` at the end (or around a key
+/// whose value row is too short).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+fn attend<'k, const V: usize>(
+    q16: &[F16Le],
+    qf: Option<&[f32]>,
+    keys: Range<usize>,
+    key: &impl Fn(usize) -> &'k [F16Le],
+    value: &impl Fn(usize) -> &'k [F16Le],
+    scale: f32,
+    acc16: &mut [F16Le],
+) -> f32 {
+    debug_assert!(V == 0 || acc16.len() == 8 * V);
+    let mut regs = [_mm256_setzero_ps(); V];
+    let to_memory = |regs: &[__m256; V], acc16: &mut [F16Le]| {
+        for (i, r) in regs.iter().enumerate() {
+            // SAFETY: elements 8i..8i + 8 <= 8V == acc16.len(); exact (f16 values).
+            unsafe { _mm_storeu_si128(acc16.as_mut_ptr().add(8 * i).cast(), _mm256_cvtps_ph::<RNE>(*r)) };
+        }
+    };
+    let from_memory = |regs: &mut [__m256; V], acc16: &[F16Le]| {
+        for (i, r) in regs.iter_mut().enumerate() {
+            // SAFETY: as above.
+            *r = _mm256_cvtph_ps(unsafe { _mm_loadu_si128(acc16.as_ptr().add(8 * i).cast()) });
+        }
+    };
+    let (mut max, mut sum) = (f32::NEG_INFINITY, 0.0f32);
+    // Keys in batches of 8: the scores, then the reference's sequential max decisions (cheap),
+    // then the 8 exponentials at once, then the accumulator steps in key order.
+    let mut j = keys.start;
+    while j < keys.end {
+        let nk = (keys.end - j).min(8);
+        let mut ks: [&[F16Le]; 8] = [&[]; 8];
+        for (i, k) in ks.iter_mut().enumerate().take(nk) {
+            *k = key(j + i);
+        }
+        let scores = scores8(&ks, nk, q16, qf, scale);
+        let mut arg = [0f32; 8];
+        let mut rescale = [false; 8];
+        for i in 0..nk {
+            let s = scores[i];
+            if s > max {
+                // A new maximum rescales what was accumulated: by exp(old max - s).
+                arg[i] = max - s;
+                rescale[i] = true;
+                max = s;
+            } else {
+                arg[i] = s - max;
+            }
+        }
+        let mut e = [0f32; 8];
+        // SAFETY: both arrays hold 8 f32.
+        unsafe { _mm256_storeu_ps(e.as_mut_ptr(), libm_expf8(_mm256_loadu_ps(arg.as_ptr()))) };
+        for i in 0..nk {
+            let v = value(j + i);
+            let (ms, vs) = if rescale[i] { (e[i], 1.0) } else { (1.0, e[i]) };
+            let done = V > 0
+                && if rescale[i] {
+                    update_regs::<V, true>(&mut regs, v, vs, ms)
+                } else {
+                    update_regs::<V, false>(&mut regs, v, vs, ms)
+                };
+            if !done {
+                to_memory(&regs, acc16);
+                if rescale[i] {
+                    update_f16::<true>(acc16, v, vs, ms);
+                } else {
+                    update_f16::<false>(acc16, v, vs, ms);
+                }
+                from_memory(&mut regs, acc16);
+            }
+            sum = sum * ms + vs;
+        }
+        j += nk;
+    }
+    to_memory(&regs, acc16);
+    sum
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+fn flash_attn_impl<'k>(
+    q: &[f32],
+    q16: &mut [F16Le],
+    keys: Range<usize>,
+    key: impl Fn(usize) -> &'k [F16Le],
+    value: impl Fn(usize) -> &'k [F16Le],
+    scale: f32,
+    acc16: &mut [F16Le],
+    out: &mut [f32],
+) {
+    let n = q.len().min(q16.len());
+    let mut i = 0;
+    while i + 8 <= n {
+        // SAFETY: elements i..i + 8 < n of q and q16.
+        unsafe {
+            let h = _mm256_cvtps_ph::<RNE>(_mm256_loadu_ps(q.as_ptr().add(i)));
+            _mm_storeu_si128(q16.as_mut_ptr().add(i).cast(), h);
+        }
+        i += 8;
+    }
+    for (h, &x) in q16[i..n].iter_mut().zip(&q[i..n]) {
+        *h = F16Le::from_f32(x);
+    }
+    // The rounded query once in f32 (exact), instead of widening it for every key.
+    let mut qf = [0f32; QMAX];
+    let qf = if q16.len() <= QMAX {
+        for (f, h) in qf.iter_mut().zip(q16.iter()) {
+            *f = h.to_f32();
+        }
+        Some(&qf[..q16.len()])
+    } else {
+        None
+    };
+    acc16.fill(F16Le::from_f32(0.0));
+    let (key, value) = (&key, &value);
+    let sum = match acc16.len() {
+        64 => attend::<8>(q16, qf, keys, key, value, scale, acc16),
+        128 => attend::<16>(q16, qf, keys, key, value, scale, acc16),
+        _ => attend::<0>(q16, qf, keys, key, value, scale, acc16),
+    };
+    let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
+    let n = out.len().min(acc16.len());
+    let iv = _mm256_set1_ps(inv);
+    let mut i = 0;
+    while i + 8 <= n {
+        // SAFETY: elements i..i + 8 < n of out and acc16.
+        unsafe {
+            let a = _mm256_cvtph_ps(_mm_loadu_si128(acc16.as_ptr().add(i).cast()));
+            _mm256_storeu_ps(out.as_mut_ptr().add(i), _mm256_mul_ps(a, iv));
+        }
+        i += 8;
+    }
+    for (o, a) in out[i..n].iter_mut().zip(&acc16[i..n]) {
+        *o = a.to_f32() * inv;
+    }
+}
