@@ -59,7 +59,7 @@ impl Rng {
 }
 
 fn simd_paths() -> Vec<KernelPath> {
-    [KernelPath::Neon, KernelPath::NeonDotprod, KernelPath::NeonFp16, KernelPath::Avx2, KernelPath::Avx2Vnni]
+    [KernelPath::Neon, KernelPath::NeonDotprod, KernelPath::Avx2, KernelPath::Avx2Vnni]
         .into_iter()
         .filter(|p| p.is_available())
         .collect()

@@ -37,8 +37,8 @@ pub fn flash_attn_row<'k>(
     if !f32dot_fits(dk, dv) || q16.len() < dk || acc16.len() < dv {
         return flash_attn_row_f32dot_ref(q, q16, keys, key, value, scale, acc16, out);
     }
-    // SAFETY: NEON is part of the aarch64 baseline.
-    unsafe { flash_attn_rows_f32dot::<1>(&[q], q16, keys, key, value, scale, acc16, &mut [out]) }
+    // SAFETY: the shapes were checked above; NEON is part of the aarch64 baseline.
+    unsafe { attend_rows::<F32Dot<1>>(&[q], q16, keys, key, value, scale, acc16, &mut [out]) }
 }
 
 /// Several query rows over the same keys (the query heads of one KV head):
@@ -70,13 +70,13 @@ pub fn flash_attn_rows<'k>(
         return flash_attn_rows_f32dot_ref(qs, q16, keys, key, value, scale, acc16, outs);
     }
     let (qs, outs) = (&qs[..n], &mut outs[..n]);
-    // SAFETY: NEON is part of the aarch64 baseline (every arm).
+    // SAFETY: the shapes were checked above; NEON is part of the aarch64 baseline.
     unsafe {
         match n {
-            1 => flash_attn_rows_f32dot::<1>(qs, q16, keys, key, value, scale, acc16, outs),
-            2 => flash_attn_rows_f32dot::<2>(qs, q16, keys, key, value, scale, acc16, outs),
-            3 => flash_attn_rows_f32dot::<3>(qs, q16, keys, key, value, scale, acc16, outs),
-            _ => flash_attn_rows_f32dot::<4>(qs, q16, keys, key, value, scale, acc16, outs),
+            1 => attend_rows::<F32Dot<1>>(qs, q16, keys, key, value, scale, acc16, outs),
+            2 => attend_rows::<F32Dot<2>>(qs, q16, keys, key, value, scale, acc16, outs),
+            3 => attend_rows::<F32Dot<3>>(qs, q16, keys, key, value, scale, acc16, outs),
+            _ => attend_rows::<F32Dot<4>>(qs, q16, keys, key, value, scale, acc16, outs),
         }
     }
 }
@@ -114,6 +114,129 @@ fn expf4(x: float32x4_t) -> (float32x4_t, uint32x4_t) {
     (y, vandq_u32(vclezq_f32(x), vorrq_u32(vcaleq_f32(x, vdupq_n_f32(86.0)), zero)))
 }
 
+/// What one flash-attention family computes its own way; [`attend_rows`] is the body they share.
+trait Family {
+    /// The queries as the scores kernels read them.
+    type Queries;
+    /// One key's softmax weights as the value kernels read them (`vs` in 0..4, `ms` in 4..8).
+    type Weight: Copy;
+    /// Weights before a chunk sets them.
+    const NO_WEIGHT: Self::Weight;
+    /// Rounds the `dk`-long query rows to f16 into `q16` and packs them for [`Family::scores`].
+    fn queries(qs: &[&[f32]], q16: &mut [F16Le], dk: usize) -> Self::Queries;
+    /// Every row's score for each key of `rows` into `s`.
+    ///
+    /// # Safety
+    /// Each of `rows` (at most [`KEY_CHUNK`], at least one) points at `32 pieces` f16 values.
+    unsafe fn scores(
+        q: &Self::Queries,
+        pieces: usize,
+        rows: &[*const F16Le],
+        scale: f32,
+        s: &mut [[f32; 4]; KEY_CHUNK],
+    );
+    /// The reference's softmax steps for `s`, the rows in the lanes: per key its weights and
+    /// which rows raise their maximum; `max` and `sum` carried over.
+    fn softmax(
+        s: &[[f32; 4]],
+        max: &mut float32x4_t,
+        sum: &mut float32x4_t,
+        w: &mut [Self::Weight; KEY_CHUNK],
+        raise: &mut [u32; KEY_CHUNK],
+    );
+    /// Adds each value row of `v`, weighted, to dimensions `d..d + 32` (`wide`) or `d..d + 8` of
+    /// every row's f16 accumulator (`acc`, rows `dv` apart), rounding after every key.
+    ///
+    /// # Safety
+    /// `v` (at least one) point at `dv` f16 values each; `d + 32` (wide) or `d + 8` at most `dv`;
+    /// `acc` holds `R dv`; `w` and `raise` are set for every key of `v`.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn values(
+        acc: *mut F16Le,
+        dv: usize,
+        d: usize,
+        wide: bool,
+        v: &[*const F16Le],
+        w: &[Self::Weight; KEY_CHUNK],
+        raise: &[u32; KEY_CHUNK],
+    );
+}
+
+/// Flash attention of `qs.len()` query rows over the same keys, in chunks of keys and three passes
+/// per chunk: the scores of all rows (each key loaded once), the softmax steps of all rows at once
+/// per key (the rows in the lanes, rows past the last repeating one), the value updates (each value
+/// loaded once, 32 or 8 dimensions of every row's f16 accumulator in registers, rounded to f16
+/// after every key as the reference does); then each row divided by its sum. Keys whose size is
+/// not a multiple of 32 are copied into zeroed rows (the twins' padding).
+///
+/// # Safety
+/// Checked shapes: `qs` and `outs` hold the family's row count of `dk` and `dv` values (the
+/// family's query buffer holds `dk`), both multiples of 8 and at most [`MAX_HEAD`]; `q16` and `acc16` long enough;
+/// the CPU has the family's features.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "neon")]
+unsafe fn attend_rows<'k, F: Family>(
+    qs: &[&[f32]],
+    q16: &mut [F16Le],
+    keys: Range<usize>,
+    key: impl Fn(usize) -> &'k [F16Le],
+    value: impl Fn(usize) -> &'k [F16Le],
+    scale: f32,
+    acc16: &mut [F16Le],
+    outs: &mut [&mut [f32]],
+) {
+    let (dk, dv, n) = (qs[0].len(), outs[0].len(), qs.len());
+    let pieces = dk.div_ceil(32);
+    let qp = F::queries(qs, q16, dk);
+    let acc16 = &mut acc16[..n * dv];
+    acc16.fill(F16Le::from_bits(0));
+    let mut kpad = None;
+    let (mut max, mut sum) = (vdupq_n_f32(f32::NEG_INFINITY), vdupq_n_f32(0.0));
+    // Per chunk: the key and value rows, the scores, the weights and raises (set before use).
+    let (mut krows, mut vrows) =
+        ([core::ptr::null::<F16Le>(); KEY_CHUNK], [core::ptr::null::<F16Le>(); KEY_CHUNK]);
+    let mut s = [[0f32; 4]; KEY_CHUNK];
+    let (mut w, mut raise) = ([F::NO_WEIGHT; KEY_CHUNK], [0u32; KEY_CHUNK]);
+    let mut j = keys.start;
+    while j < keys.end {
+        let m = (keys.end - j).min(KEY_CHUNK);
+        if dk % 32 == 0 {
+            for (i, (k, v)) in krows[..m].iter_mut().zip(&mut vrows[..m]).enumerate() {
+                (*k, *v) = (key(j + i)[..dk].as_ptr(), value(j + i)[..dv].as_ptr());
+            }
+        } else {
+            let pad = kpad.get_or_insert([[F16Le::from_bits(0); MAX_HEAD]; KEY_CHUNK]);
+            for (i, ((k, v), p)) in krows[..m].iter_mut().zip(&mut vrows[..m]).zip(pad.iter_mut()).enumerate()
+            {
+                p[..dk].copy_from_slice(&key(j + i)[..dk]);
+                (*k, *v) = (p.as_ptr(), value(j + i)[..dv].as_ptr());
+            }
+        }
+        // SAFETY: `krows[..m]` point at `32 pieces` f16 each (keys of `dk`, padded above).
+        unsafe { F::scores(&qp, pieces, &krows[..m], scale, &mut s) };
+        F::softmax(&s[..m], &mut max, &mut sum, &mut w, &mut raise);
+        let mut d = 0;
+        while d < dv {
+            let wide = dv - d >= 32;
+            // SAFETY: `vrows[..m]` point at `dv` f16 each, `d + 32` (wide) or `d + 8` at most `dv`,
+            // `acc16` holds `n dv`; the weights of these `m` keys were just set.
+            unsafe { F::values(acc16.as_mut_ptr().add(d), dv, d, wide, &vrows[..m], &w, &raise) };
+            d += if wide { 32 } else { 8 };
+        }
+        j += m;
+    }
+    let mut sums = [0f32; 4];
+    st_f32x4(&mut sums, sum);
+    for (r, out) in outs.iter_mut().enumerate() {
+        let inv = if sums[r] == 0.0 { 0.0 } else { 1.0 / sums[r] };
+        for (o, a) in out.chunks_exact_mut(8).zip(acc16[r * dv..(r + 1) * dv].chunks_exact(8)) {
+            let h = ld_f16x8(a);
+            st_f32x4(o, vmulq_n_f32(f16_lo(h), inv));
+            st_f32x4(&mut o[4..], vmulq_n_f32(f16_hi(h), inv));
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Flash attention with ggml's x86 key dot order
 
@@ -133,65 +256,46 @@ fn f32dot_fits(dk: usize, dv: usize) -> bool {
 /// repeating one), the value updates (`asm!`, each value widened once, 32 or 8 dimensions of every
 /// row's f16 accumulator in registers, rounded to f16 after every key as the reference does).
 /// Checked shapes: [`f32dot_fits`], `R` rows of `dk` and `dv`, scratch long enough.
-#[allow(clippy::too_many_arguments)]
-#[target_feature(enable = "neon")]
-fn flash_attn_rows_f32dot<'k, const R: usize>(
-    qs: &[&[f32]],
-    q16: &mut [F16Le],
-    keys: Range<usize>,
-    key: impl Fn(usize) -> &'k [F16Le],
-    value: impl Fn(usize) -> &'k [F16Le],
-    scale: f32,
-    acc16: &mut [F16Le],
-    outs: &mut [&mut [f32]],
-) {
-    let (dk, dv) = (qs[0].len(), outs[0].len());
-    let pieces = dk.div_ceil(32);
-    // The queries rounded to f16 and widened back, packed in the kernels' order: per 32
-    // dimensions, per 16 of them, row 0's, row 1's, ...; zero past `dk`.
-    let mut qp = [[0f32; DOT_HEAD]; R];
-    let qp = qp.as_flattened_mut();
-    for (r, q) in qs.iter().enumerate() {
-        let h = &mut q16[r * dk..(r + 1) * dk];
-        for (i, (q, h)) in q.chunks_exact(8).zip(h.chunks_exact_mut(8)).enumerate() {
-            let x = f16_narrow(ld_f32x4(q), ld_f32x4(&q[4..]));
-            st_f16x8(h, x);
-            let at = i / 4 * 32 * R + i % 4 / 2 * 16 * R + r * 16 + i % 2 * 8;
-            st_f32x4(&mut qp[at..], f16_lo(x));
-            st_f32x4(&mut qp[at + 4..], f16_hi(x));
+/// The f32-dot family for `R` rows: queries rounded to f16 and widened back, packed per 32
+/// dimensions, per 16 of them, row 0's, row 1's, ... (zero past `dk`); weights in f32.
+struct F32Dot<const R: usize>;
+
+impl<const R: usize> Family for F32Dot<R> {
+    type Queries = [[f32; DOT_HEAD]; R];
+    type Weight = [f32; 8];
+    const NO_WEIGHT: [f32; 8] = [0.0; 8];
+
+    fn queries(qs: &[&[f32]], q16: &mut [F16Le], dk: usize) -> Self::Queries {
+        let mut qp = [[0f32; DOT_HEAD]; R];
+        let packed = qp.as_flattened_mut();
+        for (r, q) in qs.iter().enumerate() {
+            let h = &mut q16[r * dk..(r + 1) * dk];
+            for (i, (q, h)) in q.chunks_exact(8).zip(h.chunks_exact_mut(8)).enumerate() {
+                // SAFETY: NEON is part of the aarch64 baseline.
+                unsafe {
+                    let x = f16_narrow(ld_f32x4(q), ld_f32x4(&q[4..]));
+                    st_f16x8(h, x);
+                    let at = i / 4 * 32 * R + i % 4 / 2 * 16 * R + r * 16 + i % 2 * 8;
+                    st_f32x4(&mut packed[at..], f16_lo(x));
+                    st_f32x4(&mut packed[at + 4..], f16_hi(x));
+                }
+            }
         }
+        qp
     }
-    let acc16 = &mut acc16[..R * dv];
-    acc16.fill(F16Le::from_bits(0));
-    // Keys whose size is not a multiple of 32 are copied into zeroed rows (the twin's padding).
-    let mut kpad = None;
-    let (mut max, mut sum) = (vdupq_n_f32(f32::NEG_INFINITY), vdupq_n_f32(0.0));
-    // Per chunk: the key and value rows, the scores, the weights and raises (set before use).
-    let (mut krows, mut vrows) =
-        ([core::ptr::null::<F16Le>(); KEY_CHUNK], [core::ptr::null::<F16Le>(); KEY_CHUNK]);
-    let mut s = [[0f32; 4]; KEY_CHUNK];
-    let (mut w, mut raise) = ([[0f32; 8]; KEY_CHUNK], [0u32; KEY_CHUNK]);
-    let mut j = keys.start;
-    while j < keys.end {
-        let m = (keys.end - j).min(KEY_CHUNK);
-        if dk % 32 == 0 {
-            for (i, (k, v)) in krows[..m].iter_mut().zip(&mut vrows[..m]).enumerate() {
-                (*k, *v) = (key(j + i)[..dk].as_ptr(), value(j + i)[..dv].as_ptr());
-            }
-        } else {
-            let pad = kpad.get_or_insert([[F16Le::from_bits(0); DOT_HEAD]; KEY_CHUNK]);
-            for (i, ((k, v), p)) in krows[..m].iter_mut().zip(&mut vrows[..m]).zip(pad.iter_mut()).enumerate()
-            {
-                p[..dk].copy_from_slice(&key(j + i)[..dk]);
-                (*k, *v) = (p.as_ptr(), value(j + i)[..dv].as_ptr());
-            }
-        }
-        let rows = &krows[..m];
-        let (q, o) = (qp.as_ptr(), s.as_mut_ptr());
-        // SAFETY: in every arm, `rows` point at `32 pieces` f16 each (padded above); the kernels read
-        // the `32 R pieces` packed floats of `qp` (a 2-row kernel rows 0, 1 or 2, 3 of each 16
-        // dimensions, skipping the other two: 128 bytes) and write `m` entries of `s` (2 lanes
-        // each from byte 0 or 8 for the 2-row kernel).
+
+    unsafe fn scores(
+        q: &Self::Queries,
+        pieces: usize,
+        rows: &[*const F16Le],
+        scale: f32,
+        s: &mut [[f32; 4]; KEY_CHUNK],
+    ) {
+        let (q, o) = (q.as_flattened().as_ptr(), s.as_mut_ptr());
+        // SAFETY: in every arm, `rows` point at `32 pieces` f16 each (the caller's contract); the
+        // kernels read the `32 R pieces` packed floats of `q` (a 2-row kernel rows 0, 1 or 2, 3 of
+        // each 16 dimensions, skipping the other two: 128 bytes) and write `rows.len()` entries of
+        // `s` (2 lanes each from byte 0 or 8 for the 2-row kernel).
         unsafe {
             match R {
                 1 => dscores1(q, pieces, rows, scale, o, 0),
@@ -203,39 +307,40 @@ fn flash_attn_rows_f32dot<'k, const R: usize>(
                 }
             }
         }
-        // Per key, the rows in the lanes: the reference's softmax step, the weights (`vs` in
-        // lanes 0..4, `ms` in 4..8) and which rows raise their maximum (bit `r` for row `r`).
-        softmax_rows(&s[..m], &mut max, &mut sum, &mut w, &mut raise);
-        let mut d = 0;
-        while d < dv {
-            let wide = dv - d >= 32;
-            // SAFETY: in every arm, `vrows[..m]` point at `dv` f16 each, `d + 32` (wide) or `d + 8`
-            // at most `dv`, `acc16` holds `R dv`.
-            unsafe {
-                let (a, v) = (acc16.as_mut_ptr().add(d), &vrows[..m]);
-                match (R, wide) {
-                    (1, true) => dvalues1w(a, dv, d, v, &w, &raise),
-                    (1, false) => dvalues1n(a, dv, d, v, &w, &raise),
-                    (2, true) => dvalues2w(a, dv, d, v, &w, &raise),
-                    (2, false) => dvalues2n(a, dv, d, v, &w, &raise),
-                    (3, true) => dvalues3w(a, dv, d, v, &w, &raise),
-                    (3, false) => dvalues3n(a, dv, d, v, &w, &raise),
-                    (_, true) => dvalues4w(a, dv, d, v, &w, &raise),
-                    (_, false) => dvalues4n(a, dv, d, v, &w, &raise),
-                }
-            }
-            d += if wide { 32 } else { 8 };
-        }
-        j += m;
     }
-    let mut sums = [0f32; 4];
-    st_f32x4(&mut sums, sum);
-    for (r, out) in outs.iter_mut().enumerate() {
-        let inv = if sums[r] == 0.0 { 0.0 } else { 1.0 / sums[r] };
-        for (o, a) in out.chunks_exact_mut(8).zip(acc16[r * dv..(r + 1) * dv].chunks_exact(8)) {
-            let h = ld_f16x8(a);
-            st_f32x4(o, vmulq_n_f32(f16_lo(h), inv));
-            st_f32x4(&mut o[4..], vmulq_n_f32(f16_hi(h), inv));
+
+    fn softmax(
+        s: &[[f32; 4]],
+        max: &mut float32x4_t,
+        sum: &mut float32x4_t,
+        w: &mut [[f32; 8]; KEY_CHUNK],
+        raise: &mut [u32; KEY_CHUNK],
+    ) {
+        // SAFETY: NEON is part of the aarch64 baseline.
+        unsafe { softmax_rows(s, max, sum, w, raise) }
+    }
+
+    unsafe fn values(
+        acc: *mut F16Le,
+        dv: usize,
+        d: usize,
+        wide: bool,
+        v: &[*const F16Le],
+        w: &[[f32; 8]; KEY_CHUNK],
+        raise: &[u32; KEY_CHUNK],
+    ) {
+        // SAFETY: the caller's contract, which every kernel shares.
+        unsafe {
+            match (R, wide) {
+                (1, true) => dvalues1w(acc, dv, d, v, w, raise),
+                (1, false) => dvalues1n(acc, dv, d, v, w, raise),
+                (2, true) => dvalues2w(acc, dv, d, v, w, raise),
+                (2, false) => dvalues2n(acc, dv, d, v, w, raise),
+                (3, true) => dvalues3w(acc, dv, d, v, w, raise),
+                (3, false) => dvalues3n(acc, dv, d, v, w, raise),
+                (_, true) => dvalues4w(acc, dv, d, v, w, raise),
+                (_, false) => dvalues4n(acc, dv, d, v, w, raise),
+            }
         }
     }
 }
@@ -632,11 +737,14 @@ pub unsafe fn flash_attn_rows_fp16<'k>(
         return flash_attn_rows_f16arith_ref(qs, q16, keys, key, value, scale, acc16, outs);
     }
     let (qs, outs) = (&qs[..n], &mut outs[..n]);
-    match n {
-        1 => fa_fp16::<1>(qs, q16, keys, key, value, scale, acc16, outs),
-        2 => fa_fp16::<2>(qs, q16, keys, key, value, scale, acc16, outs),
-        3 => fa_fp16::<3>(qs, q16, keys, key, value, scale, acc16, outs),
-        _ => fa_fp16::<4>(qs, q16, keys, key, value, scale, acc16, outs),
+    // SAFETY: the shapes were checked above; the CPU has FEAT_FP16 (this function's contract).
+    unsafe {
+        match n {
+            1 => attend_rows::<Fp16<1>>(qs, q16, keys, key, value, scale, acc16, outs),
+            2 => attend_rows::<Fp16<2>>(qs, q16, keys, key, value, scale, acc16, outs),
+            3 => attend_rows::<Fp16<3>>(qs, q16, keys, key, value, scale, acc16, outs),
+            _ => attend_rows::<Fp16<4>>(qs, q16, keys, key, value, scale, acc16, outs),
+        }
     }
 }
 
@@ -660,121 +768,104 @@ pub unsafe fn flash_attn_row_fp16<'k>(
     unsafe { flash_attn_rows_fp16(&[q], q16, keys, key, value, scale, acc16, &mut [out]) }
 }
 
-/// [`flash_attn_rows_fp16`] for `R` rows (checked shapes), in chunks of keys and three passes per
-/// chunk: the scores of all rows (`asm!`, each key loaded once), the softmax steps of all rows at
-/// once per key (the rows in the lanes), the value updates (`asm!`, each value loaded once, 32 or 8
-/// dimensions of every row's accumulator in registers).
-#[allow(clippy::too_many_arguments)]
-#[target_feature(enable = "neon,fp16")]
-fn fa_fp16<'k, const R: usize>(
-    qs: &[&[f32]],
-    q16: &mut [F16Le],
-    keys: Range<usize>,
-    key: impl Fn(usize) -> &'k [F16Le],
-    value: impl Fn(usize) -> &'k [F16Le],
-    scale: f32,
-    acc16: &mut [F16Le],
-    outs: &mut [&mut [f32]],
-) {
-    let (dk, dv) = (qs[0].len(), outs[0].len());
-    let pieces = dk.div_ceil(32);
-    // The queries rounded to f16, packed per 32 dimensions (row 0's, row 1's, ...), zero past `dk`.
-    let mut qp = [F16Le::from_bits(0); FLASH_ROWS * MAX_HEAD];
-    for (r, q) in qs.iter().enumerate() {
-        let h = &mut q16[r * dk..(r + 1) * dk];
-        for (q, h) in q.chunks_exact(8).zip(h.chunks_exact_mut(8)) {
-            st_f16x8(h, f16_narrow(ld_f32x4(q), ld_f32x4(&q[4..])));
+/// The FEAT_FP16 family for `R` rows: queries rounded to f16, packed per 32 dimensions (row 0's,
+/// row 1's, ...), zero past `dk`; scores and weights in f16 arithmetic.
+struct Fp16<const R: usize>;
+
+impl<const R: usize> Family for Fp16<R> {
+    type Queries = [F16Le; FLASH_ROWS * MAX_HEAD];
+    type Weight = [u16; 8];
+    const NO_WEIGHT: [u16; 8] = [0; 8];
+
+    fn queries(qs: &[&[f32]], q16: &mut [F16Le], dk: usize) -> Self::Queries {
+        let mut qp = [F16Le::from_bits(0); FLASH_ROWS * MAX_HEAD];
+        for (r, q) in qs.iter().enumerate() {
+            let h = &mut q16[r * dk..(r + 1) * dk];
+            for (q, h) in q.chunks_exact(8).zip(h.chunks_exact_mut(8)) {
+                // SAFETY: NEON is part of the aarch64 baseline.
+                unsafe { st_f16x8(h, f16_narrow(ld_f32x4(q), ld_f32x4(&q[4..]))) };
+            }
+            for (c, piece) in h.chunks(32).enumerate() {
+                qp[(c * R + r) * 32..][..piece.len()].copy_from_slice(piece);
+            }
         }
-        for (c, piece) in h.chunks(32).enumerate() {
-            qp[(c * R + r) * 32..][..piece.len()].copy_from_slice(piece);
-        }
+        qp
     }
-    let acc16 = &mut acc16[..R * dv];
-    acc16.fill(F16Le::from_bits(0));
-    // Keys whose size is not a multiple of 32 are copied into zeroed rows (the twin's padding).
-    let mut kpad = None;
-    let one = vdupq_n_f32(1.0);
-    let (mut max, mut sum) = (vdupq_n_f32(f32::NEG_INFINITY), vdupq_n_f32(0.0));
-    let mut j = keys.start;
-    while j < keys.end {
-        let m = (keys.end - j).min(KEY_CHUNK);
-        let (mut krows, mut vrows) =
-            ([core::ptr::null::<F16Le>(); KEY_CHUNK], [core::ptr::null::<F16Le>(); KEY_CHUNK]);
-        if dk % 32 == 0 {
-            for (i, (k, v)) in krows[..m].iter_mut().zip(&mut vrows[..m]).enumerate() {
-                (*k, *v) = (key(j + i)[..dk].as_ptr(), value(j + i)[..dv].as_ptr());
-            }
-        } else {
-            let pad = kpad.get_or_insert([[F16Le::from_bits(0); MAX_HEAD]; KEY_CHUNK]);
-            for (i, ((k, v), p)) in krows[..m].iter_mut().zip(&mut vrows[..m]).zip(pad.iter_mut()).enumerate()
-            {
-                p[..dk].copy_from_slice(&key(j + i)[..dk]);
-                (*k, *v) = (p.as_ptr(), value(j + i)[..dv].as_ptr());
-            }
-        }
-        let mut s = [[0f32; 4]; KEY_CHUNK];
-        // SAFETY: in every arm, `krows[..m]` point at `32 pieces` f16 each (padded above), `qp` holds
-        // `32 R pieces`, `s` has `m` entries; the CPU has FEAT_FP16 (this function's feature).
+
+    unsafe fn scores(
+        q: &Self::Queries,
+        pieces: usize,
+        rows: &[*const F16Le],
+        scale: f32,
+        s: &mut [[f32; 4]; KEY_CHUNK],
+    ) {
+        // SAFETY: in every arm, `rows` point at `32 pieces` f16 each (the caller's contract), `q`
+        // holds `32 R pieces`, `s` has `rows.len()` entries; the CPU has FEAT_FP16 (the family's
+        // entry points' contract).
         unsafe {
             match R {
-                1 => hscores1(&qp, pieces, &krows[..m], scale, &mut s),
-                2 => hscores2(&qp, pieces, &krows[..m], scale, &mut s),
-                3 => hscores3(&qp, pieces, &krows[..m], scale, &mut s),
-                _ => hscores4(&qp, pieces, &krows[..m], scale, &mut s),
+                1 => hscores1(q, pieces, rows, scale, s),
+                2 => hscores2(q, pieces, rows, scale, s),
+                3 => hscores3(q, pieces, rows, scale, s),
+                _ => hscores4(q, pieces, rows, scale, s),
             }
         }
-        // Per key, the rows in the lanes (rows past `R` repeat a row): the reference's softmax
-        // step, the weights rounded to f16 (`vs` in halves 0..4, `ms` in 4..8) and whether any
-        // row raises its maximum.
-        let (mut w, mut raise) = ([[0u16; 8]; KEY_CHUNK], [0u32; KEY_CHUNK]);
-        for ((s, w), raise) in s[..m].iter().zip(&mut w[..m]).zip(&mut raise[..m]) {
-            let s = ld_f32x4(s);
-            let up = vcgtq_f32(s, max);
-            let x = vbslq_f32(up, vsubq_f32(max, s), vsubq_f32(s, max));
-            max = vbslq_f32(up, s, max);
-            let (mut e, ok) = expf4(x);
-            if vminvq_u32(ok) == 0 {
-                let mut a = [0f32; 4];
-                st_f32x4(&mut a, x);
-                let a = a.map(libm::expf);
-                e = ld_f32x4(&a);
-            }
-            let (ms, vs) = (vbslq_f32(up, e, one), vbslq_f32(up, one, e));
-            sum = vaddq_f32(vmulq_f32(sum, ms), vs);
-            // SAFETY: writes the 8 halves of `w`.
-            unsafe { vst1q_u16(w.as_mut_ptr(), f16_narrow(vs, ms)) };
-            *raise = vmaxvq_u32(up);
-        }
-        let mut d = 0;
-        while d < dv {
-            let wide = dv - d >= 32;
-            // SAFETY: in every arm, `vrows[..m]` point at `dv` f16 each, `d + 32` (wide) or `d + 8`
-            // at most `dv`, `acc16` holds `R dv`; the CPU has FEAT_FP16.
-            unsafe {
-                let a = acc16.as_mut_ptr().add(d);
-                match (R, wide) {
-                    (1, true) => hvalues1w(a, dv, d, &vrows[..m], &w, &raise),
-                    (1, false) => hvalues1n(a, dv, d, &vrows[..m], &w, &raise),
-                    (2, true) => hvalues2w(a, dv, d, &vrows[..m], &w, &raise),
-                    (2, false) => hvalues2n(a, dv, d, &vrows[..m], &w, &raise),
-                    (3, true) => hvalues3w(a, dv, d, &vrows[..m], &w, &raise),
-                    (3, false) => hvalues3n(a, dv, d, &vrows[..m], &w, &raise),
-                    (_, true) => hvalues4w(a, dv, d, &vrows[..m], &w, &raise),
-                    (_, false) => hvalues4n(a, dv, d, &vrows[..m], &w, &raise),
-                }
-            }
-            d += if wide { 32 } else { 8 };
-        }
-        j += m;
     }
-    let mut sums = [0f32; 4];
-    st_f32x4(&mut sums, sum);
-    for (r, out) in outs.iter_mut().enumerate() {
-        let inv = if sums[r] == 0.0 { 0.0 } else { 1.0 / sums[r] };
-        for (o, a) in out.chunks_exact_mut(8).zip(acc16[r * dv..(r + 1) * dv].chunks_exact(8)) {
-            let h = ld_f16x8(a);
-            st_f32x4(o, vmulq_n_f32(f16_lo(h), inv));
-            st_f32x4(&mut o[4..], vmulq_n_f32(f16_hi(h), inv));
+
+    /// Per key, the rows in the lanes (rows past `R` repeat a row): the reference's softmax step,
+    /// the weights rounded to f16 (`vs` in halves 0..4, `ms` in 4..8) and whether any row raises
+    /// its maximum.
+    fn softmax(
+        s: &[[f32; 4]],
+        max: &mut float32x4_t,
+        sum: &mut float32x4_t,
+        w: &mut [[u16; 8]; KEY_CHUNK],
+        raise: &mut [u32; KEY_CHUNK],
+    ) {
+        // SAFETY: NEON is part of the aarch64 baseline; the store writes the 8 halves of `w`.
+        unsafe {
+            let one = vdupq_n_f32(1.0);
+            for ((s, w), raise) in s.iter().zip(w.iter_mut()).zip(raise.iter_mut()) {
+                let s = ld_f32x4(s);
+                let up = vcgtq_f32(s, *max);
+                let x = vbslq_f32(up, vsubq_f32(*max, s), vsubq_f32(s, *max));
+                *max = vbslq_f32(up, s, *max);
+                let (mut e, ok) = expf4(x);
+                if vminvq_u32(ok) == 0 {
+                    let mut a = [0f32; 4];
+                    st_f32x4(&mut a, x);
+                    let a = a.map(libm::expf);
+                    e = ld_f32x4(&a);
+                }
+                let (ms, vs) = (vbslq_f32(up, e, one), vbslq_f32(up, one, e));
+                *sum = vaddq_f32(vmulq_f32(*sum, ms), vs);
+                vst1q_u16(w.as_mut_ptr(), f16_narrow(vs, ms));
+                *raise = vmaxvq_u32(up);
+            }
+        }
+    }
+
+    unsafe fn values(
+        acc: *mut F16Le,
+        dv: usize,
+        d: usize,
+        wide: bool,
+        v: &[*const F16Le],
+        w: &[[u16; 8]; KEY_CHUNK],
+        raise: &[u32; KEY_CHUNK],
+    ) {
+        // SAFETY: the caller's contract, which every kernel shares; the CPU has FEAT_FP16.
+        unsafe {
+            match (R, wide) {
+                (1, true) => hvalues1w(acc, dv, d, v, w, raise),
+                (1, false) => hvalues1n(acc, dv, d, v, w, raise),
+                (2, true) => hvalues2w(acc, dv, d, v, w, raise),
+                (2, false) => hvalues2n(acc, dv, d, v, w, raise),
+                (3, true) => hvalues3w(acc, dv, d, v, w, raise),
+                (3, false) => hvalues3n(acc, dv, d, v, w, raise),
+                (_, true) => hvalues4w(acc, dv, d, v, w, raise),
+                (_, false) => hvalues4n(acc, dv, d, v, w, raise),
+            }
         }
     }
 }
