@@ -12,6 +12,7 @@ use pinfer::loader::DEFAULT_MODEL_PATH;
 mod streams;
 
 mod bench;
+mod chat;
 mod generate;
 mod info;
 mod kl_divergence;
@@ -146,7 +147,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
         }
         Command::Boards { runtime } => info::boards(&runtime),
         Command::Generate(args) => generate::generate(args),
-        Command::Chat(args) => generate::chat(generate::GenArgs { conversation: true, ..args }),
+        Command::Chat(args) => chat::chat(generate::GenArgs { conversation: true, ..args }),
         Command::Perplexity(args) => perplexity::run(args),
         Command::Tokenize { model, prompt, file, ids, parse_special } => {
             let text = match (prompt, file) {

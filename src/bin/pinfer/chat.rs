@@ -1,0 +1,137 @@
+//! `pinfer chat`: a conversation through the model's chat template, one reply per line of
+//! input (llama-cli's `-cnv`), on the same generation loop as `generate`.
+
+use std::path::Path;
+
+use pinfer::chat::{ChatTemplate, Message, Role};
+use pinfer::generate::{Generator, Stop};
+use pinfer::gguf::Gguf;
+use pinfer::session::SessionError;
+
+use crate::generate::{encode, gen_error, load, print_piece, process_escapes, GenArgs};
+use crate::runtime::CacheCheck;
+use crate::signals::{take_interrupt, Polled};
+use crate::CliError;
+
+/// The chat template: `--chat-template` (a built-in name or a template text to recognise), else
+/// the one the model file carries.
+fn chat_template(args: &GenArgs, gguf: &Gguf<'_>, path: &Path) -> Result<ChatTemplate, CliError> {
+    if let Some(given) = &args.chat_template {
+        if let Some(t) = ChatTemplate::from_name(given) {
+            return Ok(t);
+        }
+        return ChatTemplate::detect(Some(given)).map_err(|e| {
+            let names: Vec<&str> = ChatTemplate::ALL.iter().map(|t| t.name()).collect();
+            CliError::new(format!(
+                "--chat-template {given:?}: neither a built-in name nor a template pinfer recognises ({e}); \
+                 built-in: {}",
+                names.join(", ")
+            ))
+        });
+    }
+    let text = gguf.get_str_opt("tokenizer.chat_template").map_err(|e| CliError::new(e.to_string()))?;
+    ChatTemplate::detect(text).map_err(|e| {
+        CliError::new(format!("{}: {e} (--chat-template NAME picks a built-in one)", path.display()))
+    })
+}
+
+/// `pinfer chat` (and `generate -cnv`): a conversation on stdin/stdout with the model's chat
+/// template, one message per line, an empty line or end of input ends it. The KV cache is kept
+/// across turns: each turn evaluates only what the cache does not hold yet. Ctrl-C stops the
+/// reply and returns to the prompt; at the prompt it exits.
+pub fn chat(args: GenArgs) -> Result<(), CliError> {
+    use std::io::BufRead;
+    let config = args.sampler()?;
+    let limit = args.limit(512)?;
+    let first = args.prompt()?;
+    let system =
+        args.system.as_deref().map(|s| if args.escape() { process_escapes(s) } else { s.to_string() });
+    args.session_options()?;
+    let (path, mut session, tok) = load(&args, &config)?;
+    let mut check = CacheCheck::start(&session, &path);
+    let template = chat_template(&args, session.gguf(), &path)?;
+    let mut gen =
+        Generator::new(&tok, session.n_vocab(), config).map_err(|e| CliError::new(e.to_string()))?;
+    let stops: Vec<&str> = args.reverse_prompt.iter().map(String::as_str).collect();
+    gen.set_stop_strings(&stops);
+    let mut turns: Vec<(Role, String)> = system.into_iter().map(|s| (Role::System, s)).collect();
+    let mut cached: Vec<u32> = Vec::with_capacity(session.n_ctx() + 1);
+    errln!(
+        "pinfer: chat with {} ({} template); an empty line or end of input ends it, Ctrl-C stops a reply",
+        path.display(),
+        template.name()
+    );
+    let mut pending = first;
+    let stdin = std::io::stdin();
+    loop {
+        let line = match pending.take() {
+            Some(text) => {
+                outln!("> {text}")?;
+                text
+            }
+            None => {
+                out!("> ")?;
+                let mut line = String::new();
+                let n = stdin
+                    .lock()
+                    .read_line(&mut line)
+                    .map_err(|e| CliError::new(format!("reading stdin: {e}")))?;
+                if n == 0 {
+                    break;
+                }
+                line.trim_end_matches(['\n', '\r']).to_string()
+            }
+        };
+        if line.is_empty() {
+            break;
+        }
+        turns.push((Role::User, line));
+        let messages: Vec<Message<'_>> =
+            turns.iter().map(|(role, text)| Message { role: *role, content: text }).collect();
+        let mut rendered = String::new();
+        template.render(&messages, true, &mut rendered).map_err(|e| CliError::new(e.to_string()))?;
+        let tokens = encode(&tok, &rendered, true)?;
+        // Reuse the cache for the part of the conversation it already holds.
+        let keep = cached.iter().zip(&tokens).take_while(|(a, b)| a == b).count().min(tokens.len() - 1);
+        session.truncate(keep);
+        cached.truncate(keep);
+        if tokens.len() >= cached.capacity() {
+            return Err(CliError::new(format!(
+                "context full ({} tokens): the conversation no longer fits; raise it with -c",
+                session.n_ctx()
+            )));
+        }
+        let polled = Polled::start();
+        match gen.feed(&mut session, &tokens[keep..]) {
+            Ok(()) => {}
+            Err(SessionError::ContextFull { n_ctx, .. }) => {
+                return Err(CliError::new(format!(
+                    "context full ({n_ctx} tokens): the conversation no longer fits; raise it with -c"
+                )))
+            }
+            Err(e) => return Err(CliError::new(e.to_string())),
+        }
+        cached.extend_from_slice(&tokens[keep..]);
+        let mut reply = String::new();
+        let stop = if take_interrupt() {
+            Stop::Cancelled
+        } else {
+            gen.run(&mut session, &mut cached, limit, |text| {
+                reply.push_str(text);
+                print_piece(&mut check, text)
+            })
+            .map_err(gen_error)?
+        };
+        drop(polled);
+        outln!()?;
+        match stop {
+            Stop::ContextFull => errln!("pinfer: context full: reply cut short"),
+            Stop::Cancelled => errln!("pinfer: reply interrupted"),
+            Stop::EndOfGeneration | Stop::Limit | Stop::StopString => {}
+        }
+        // The cache holds what was evaluated: a last sampled token may not be.
+        cached.truncate(session.n_past());
+        turns.push((Role::Assistant, reply));
+    }
+    check.finish()
+}
