@@ -4,15 +4,14 @@
 //! Everything here runs once at load. Graph builders trust what it checked.
 
 mod arch;
-mod build;
 mod hparams;
 pub mod open;
 mod validate;
 
 use core::fmt;
 
+pub use arch::{build_forward, Forward, KvLayout, MODEL_BUFFER};
 pub use arch::{Arch, ArchTraits, Ffn, Supported};
-pub use build::{build_forward, Forward, KvLayout, MODEL_BUFFER};
 pub use hparams::{HParams, MAX_LAYERS};
 pub use open::{check, context_size, Checked, DEFAULT_CTX};
 pub use validate::{validate_tensors, validate_vocab, TensorKind, Vocab};

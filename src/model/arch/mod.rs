@@ -3,9 +3,32 @@
 //! message read it. A new architecture is a new [`Arch`] variant; the exhaustive `match` in
 //! [`Arch::traits`] then asks for its row.
 
+mod transformer;
+
 use core::fmt;
 
-use crate::graph::RopeMode;
+pub use transformer::{Forward, KvLayout, MODEL_BUFFER};
+
+use crate::gguf::Gguf;
+use crate::graph::{Graph, RopeMode};
+use crate::model::{HParams, ModelError};
+
+/// Builds the forward pass of `hp.arch` for `n_tokens` tokens with logits for `n_outputs` of them
+/// (see [`transformer::build`]): the builder of each architecture, chosen by an exhaustive match.
+pub fn build_forward<const N: usize>(
+    g: &mut Graph<N>,
+    gguf: &Gguf<'_>,
+    hp: &HParams,
+    kv: &KvLayout,
+    n_tokens: usize,
+    n_outputs: usize,
+) -> Result<Forward, ModelError> {
+    match hp.arch {
+        Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe | Arch::Qwen2Moe | Arch::Gemma3 => {
+            transformer::build(g, gguf, hp, kv, n_tokens, n_outputs)
+        }
+    }
+}
 
 /// Architectures pinfer runs (the `general.architecture` value).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

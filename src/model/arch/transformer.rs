@@ -1,15 +1,15 @@
-//! Graph builders: the forward pass of each architecture as a graph on the engine.
-//!
-//! One function covers the llama family (llama, qwen2, qwen3) and gemma3: they differ in a few
-//! switches (biases, Q/K norms, RoPE pairing, GeGLU, extra norms, embedding scale, sliding-window
-//! layers), which [`super::ArchTraits`] spells out. Weights are leaves in buffer 0 (the model file) at
+//! The transformer builder: the forward pass of the llama family (llama, qwen2, qwen3, their MoE
+//! variants) and gemma3 as a graph on the engine. They differ in a few switches (biases, Q/K norms,
+//! RoPE pairing, GeGLU, extra norms, embedding scale, sliding-window layers, the FFN), which
+//! [`super::ArchTraits`] spells out. Weights are leaves in buffer 0 (the model file) at
 //! their GGUF offsets; the KV cache and the token ids live in the arena's persistent region.
 
 use core::fmt::Write;
 
-use super::{Ffn, HParams, ModelError};
+use super::Ffn;
 use crate::gguf::{name_of, Gguf};
 use crate::graph::{Graph, GraphError};
+use crate::model::{HParams, ModelError};
 use crate::quant::GgmlType;
 use crate::tensor::{Storage, TensorId};
 
@@ -112,7 +112,7 @@ const GEMMA3_SWA_ROPE_BASE: f32 = 10_000.0;
 /// the last token of each sequence), which skips the output matmul for the others. Each token
 /// takes its position and sequence from the places input. The model must have passed
 /// `validate_tensors`.
-pub fn build_forward<const N: usize>(
+pub fn build<const N: usize>(
     g: &mut Graph<N>,
     gguf: &Gguf<'_>,
     hp: &HParams,
