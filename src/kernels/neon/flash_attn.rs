@@ -122,8 +122,11 @@ trait Family {
     type Weight: Copy;
     /// Weights before a chunk sets them.
     const NO_WEIGHT: Self::Weight;
-    /// Rounds the `dk`-long query rows to f16 into `q16` and packs them for [`Family::scores`].
-    fn queries(qs: &[&[f32]], q16: &mut [F16Le], dk: usize) -> Self::Queries;
+    /// Zeroed queries (filled in place: no copy of the buffer per call).
+    const NO_QUERIES: Self::Queries;
+    /// Rounds the `dk`-long query rows to f16 into `q16` and packs them into `qp` for
+    /// [`Family::scores`] (zero past `dk`: `qp` starts as [`Family::NO_QUERIES`]).
+    fn queries(qs: &[&[f32]], q16: &mut [F16Le], dk: usize, qp: &mut Self::Queries);
     /// Every row's score for each key of `rows` into `s`.
     ///
     /// # Safety
@@ -187,7 +190,8 @@ unsafe fn attend_rows<'k, F: Family>(
 ) {
     let (dk, dv, n) = (qs[0].len(), outs[0].len(), qs.len());
     let pieces = dk.div_ceil(32);
-    let qp = F::queries(qs, q16, dk);
+    let mut qp = F::NO_QUERIES;
+    F::queries(qs, q16, dk, &mut qp);
     let acc16 = &mut acc16[..n * dv];
     acc16.fill(F16Le::from_bits(0));
     let mut kpad = None;
@@ -265,8 +269,9 @@ impl<const R: usize> Family for F32Dot<R> {
     type Weight = [f32; 8];
     const NO_WEIGHT: [f32; 8] = [0.0; 8];
 
-    fn queries(qs: &[&[f32]], q16: &mut [F16Le], dk: usize) -> Self::Queries {
-        let mut qp = [[0f32; DOT_HEAD]; R];
+    const NO_QUERIES: Self::Queries = [[0f32; DOT_HEAD]; R];
+
+    fn queries(qs: &[&[f32]], q16: &mut [F16Le], dk: usize, qp: &mut Self::Queries) {
         let packed = qp.as_flattened_mut();
         for (r, q) in qs.iter().enumerate() {
             let h = &mut q16[r * dk..(r + 1) * dk];
@@ -281,7 +286,6 @@ impl<const R: usize> Family for F32Dot<R> {
                 }
             }
         }
-        qp
     }
 
     unsafe fn scores(
@@ -777,8 +781,9 @@ impl<const R: usize> Family for Fp16<R> {
     type Weight = [u16; 8];
     const NO_WEIGHT: [u16; 8] = [0; 8];
 
-    fn queries(qs: &[&[f32]], q16: &mut [F16Le], dk: usize) -> Self::Queries {
-        let mut qp = [F16Le::from_bits(0); FLASH_ROWS * MAX_HEAD];
+    const NO_QUERIES: Self::Queries = [F16Le::from_bits(0); FLASH_ROWS * MAX_HEAD];
+
+    fn queries(qs: &[&[f32]], q16: &mut [F16Le], dk: usize, qp: &mut Self::Queries) {
         for (r, q) in qs.iter().enumerate() {
             let h = &mut q16[r * dk..(r + 1) * dk];
             for (q, h) in q.chunks_exact(8).zip(h.chunks_exact_mut(8)) {
@@ -789,7 +794,6 @@ impl<const R: usize> Family for Fp16<R> {
                 qp[(c * R + r) * 32..][..piece.len()].copy_from_slice(piece);
             }
         }
-        qp
     }
 
     unsafe fn scores(
