@@ -13,7 +13,7 @@ use std::vec::Vec;
 
 use crate::arena::ARENA_ALIGN;
 use crate::engine::{
-    Engine, EngineConfig, EngineError, Entry, GraphSlot, Model, Parallel, Planned, GRAPH_SLOTS,
+    graph_slots, Engine, EngineConfig, EngineError, Entry, GraphSlot, Model, Parallel, Planned,
 };
 use crate::exec::pool::{Pool, PoolConfig};
 use crate::exec::{ExecError, PackedEntry};
@@ -256,7 +256,7 @@ pub fn decode_placements(model: &ModelFile, repack: bool) -> Result<Vec<Placemen
     let model = Model::from_gguf(model.bytes(), gguf)?;
     let n_ctx = (model.hparams().n_ctx_train as usize).clamp(1, 256);
     let config = EngineConfig { n_ctx, n_batch: 1, repack, ..EngineConfig::default() };
-    let slots: Vec<GraphSlot> = (0..GRAPH_SLOTS).map(|_| GraphSlot::new()).collect();
+    let slots: Vec<GraphSlot> = (0..graph_slots(&config)).map(|_| GraphSlot::new()).collect();
     let planned = Planned::new(model, &config, slots)?;
     Ok(planned.model().gguf().tensors().map(|t| planned.placement_of(&t)).collect())
 }
@@ -367,7 +367,7 @@ impl Session {
             check_numerics: opts.check_numerics,
             kernels: opts.kernels,
         };
-        let slots: Vec<GraphSlot> = (0..GRAPH_SLOTS).map(|_| GraphSlot::new()).collect();
+        let slots: Vec<GraphSlot> = (0..graph_slots(&config)).map(|_| GraphSlot::new()).collect();
         let mut planned = Planned::new(Model::from_gguf(model.bytes(), gguf)?, &config, slots)?;
         let gguf = planned.model().gguf();
         // Where every tensor goes (the same decision `pinfer info --placement` prints).

@@ -4,7 +4,8 @@
 //! and untied-output models, on the worker pool.
 
 use pinfer::engine::{
-    Engine, EngineConfig, EngineError, Entry, GraphSlot, Model, OnCaller, Planned, Runner, GRAPH_SLOTS,
+    graph_slots, Engine, EngineConfig, EngineError, Entry, GraphSlot, Model, OnCaller, Planned, Runner,
+    GRAPH_SLOTS,
 };
 use pinfer::exec::pool::Pool;
 
@@ -230,6 +231,11 @@ fn bad_batches_are_refused_with_what_is_wrong() {
     assert!(e.logits(0).is_some() && e.logits(1).is_none());
     e.truncate(1, 3);
     assert_eq!(e.seq_len(1), 3);
+    // Too few graph slots for the configuration: refused at planning, with the function to ask.
+    let config = EngineConfig { n_ctx: 64, n_batch: 8, ..EngineConfig::default() };
+    let slots: Vec<GraphSlot> = (0..graph_slots(&config) - 1).map(|_| GraphSlot::new()).collect();
+    let err = Planned::new(Model::open(bytes).unwrap(), &config, slots).err().unwrap();
+    assert!(err.to_string().contains("graph_slots"), "{err}");
 }
 
 #[test]

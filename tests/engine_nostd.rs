@@ -6,7 +6,7 @@
 //!
 //! Only this test's harness uses std (to read the files); pinfer itself is `#![no_std]` here.
 
-use pinfer::engine::{Engine, EngineConfig, Entry, GraphSlot, Model, OnCaller, Planned, GRAPH_SLOTS};
+use pinfer::engine::{graph_slots, Engine, EngineConfig, Entry, GraphSlot, Model, OnCaller, Planned};
 
 /// Below this margin llama.cpp's own CPU configurations may pick the other token (its measured
 /// spread on these models is at most 0.29; see tests/golden.rs).
@@ -30,7 +30,7 @@ fn tiny_qwen3_runs_on_the_no_std_engine_and_matches_llama_cpp() {
     let golden = std::fs::read_to_string(root.join("tests/golden/qwen3-tiny.greedy.jsonl")).unwrap();
 
     let config = EngineConfig { n_ctx: 128, n_batch: 16, ..EngineConfig::default() };
-    let mut slots: Vec<GraphSlot> = (0..GRAPH_SLOTS).map(|_| GraphSlot::new()).collect();
+    let mut slots: Vec<GraphSlot> = (0..graph_slots(&config)).map(|_| GraphSlot::new()).collect();
     let planned = Planned::new(Model::open(&bytes).unwrap(), &config, slots.as_mut_slice()).unwrap();
     let mut memory = vec![0u8; planned.layout().bytes_needed()];
     let mut engine: Engine<'_, &mut [GraphSlot], &mut [u8]> = planned.bind(memory.as_mut_slice()).unwrap();

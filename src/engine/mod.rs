@@ -273,9 +273,27 @@ impl Default for GraphSlot {
     }
 }
 
-/// Graph slots [`Planned::new`] needs: decode, a full batch, the largest output count, and one
-/// for other batch shapes (a partial last chunk of a prompt).
+/// Most graph slots an engine needs: decode, a full batch, the most outputs, and one for other
+/// batch shapes (a partial last chunk of a prompt). [`graph_slots`] says how many a configuration
+/// needs.
 pub const GRAPH_SLOTS: usize = 4;
+
+/// The batch shapes (tokens, outputs) an engine plans for at start, without repeats.
+fn fixed_shapes(n_batch: usize, n_outputs: usize) -> heapless::Vec<(usize, usize), 3> {
+    let mut shapes = heapless::Vec::new();
+    for shape in [(1, 1), (n_batch, 1), (n_batch, n_outputs)] {
+        if !shapes.contains(&shape) {
+            let _ = shapes.push(shape);
+        }
+    }
+    shapes
+}
+
+/// Graph slots [`Planned::new`] needs for `config`: its fixed shapes and one spare (each slot is
+/// about a megabyte, so a single-sequence generation session takes 3, not [`GRAPH_SLOTS`]).
+pub fn graph_slots(config: &EngineConfig) -> usize {
+    fixed_shapes(config.n_batch.max(1), config.n_outputs.clamp(1, config.n_batch.max(1))).len() + 1
+}
 
 /// The bytes an engine needs in caller memory, each part a multiple of [`ARENA_ALIGN`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -341,7 +359,7 @@ pub struct Planned<'m, G> {
 }
 
 impl<'m, G: AsMut<[GraphSlot]> + AsRef<[GraphSlot]>> Planned<'m, G> {
-    /// Plans `model` for `config` in `slots` (at least [`GRAPH_SLOTS`]).
+    /// Plans `model` for `config` in `slots` (at least [`graph_slots`]`(config)`).
     pub fn new(model: Model<'m>, config: &EngineConfig, mut slots: G) -> Result<Self, EngineError> {
         let hp = &model.hp;
         let n_ctx = context_size(hp, config.n_ctx)
@@ -352,9 +370,6 @@ impl<'m, G: AsMut<[GraphSlot]> + AsRef<[GraphSlot]>> Planned<'m, G> {
         if config.n_seq > MAX_SEQ {
             return Err(EngineError::Config("more sequences than the engine holds (64)"));
         }
-        if slots.as_ref().len() < GRAPH_SLOTS {
-            return Err(EngineError::Config("the engine needs 4 graph slots"));
-        }
         let n_batch = config.n_batch.min(n_ctx * config.n_seq);
         let n_outputs = config.n_outputs.min(n_batch);
         let config = EngineConfig { n_ctx, n_batch, n_outputs, ..*config };
@@ -363,11 +378,9 @@ impl<'m, G: AsMut<[GraphSlot]> + AsRef<[GraphSlot]>> Planned<'m, G> {
 
         // Size the activations from the graphs the engine must run: decode (slot 0, also the
         // graph placement reads), a full batch, and the most outputs a batch may ask for.
-        let mut shapes: heapless::Vec<(usize, usize), 3> = heapless::Vec::new();
-        for shape in [(1, 1), (n_batch, 1), (n_batch, n_outputs)] {
-            if !shapes.contains(&shape) {
-                let _ = shapes.push(shape);
-            }
+        let shapes = fixed_shapes(n_batch, n_outputs);
+        if slots.as_ref().len() <= shapes.len() {
+            return Err(EngineError::Config("too few graph slots (see engine::graph_slots)"));
         }
         let (mut peak, mut work) = (0usize, 0usize);
         for (slot, &(n, outputs)) in slots.as_mut().iter_mut().zip(&shapes) {
