@@ -78,13 +78,21 @@ impl<'a> Arena<'a> {
 
     /// A new region of `len` bytes, 64-byte aligned, zero-filled.
     pub fn alloc(&mut self, len: usize, what: &'static str) -> Result<Region, ArenaExhausted> {
+        let region = self.alloc_unzeroed(len, what)?;
+        self.bytes_mut(region).fill(0);
+        Ok(region)
+    }
+
+    /// A new region of `len` bytes, 64-byte aligned, holding whatever the caller's memory held:
+    /// for regions whose every byte is written before it is read. Untouched pages of fresh
+    /// memory (an mmap, `calloc`) then stay untouched until used.
+    pub fn alloc_unzeroed(&mut self, len: usize, what: &'static str) -> Result<Region, ArenaExhausted> {
         let exhausted = ArenaExhausted { what, needed: usize::MAX, capacity: self.mem.len() };
         let offset = align_up(self.used).ok_or(exhausted)?;
         let end = offset.checked_add(len).ok_or(exhausted)?;
         if end > self.mem.len() {
             return Err(ArenaExhausted { needed: end, ..exhausted });
         }
-        self.mem[offset..end].fill(0);
         self.used = end;
         Ok(Region { offset, len })
     }

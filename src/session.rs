@@ -273,26 +273,51 @@ impl From<crate::repack_cache::CacheError> for SessionError {
     }
 }
 
-/// 64 bytes, 64-aligned: the engine's memory, so offsets never shift with the allocation.
-#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-#[repr(C, align(64))]
-struct Line([u8; ARENA_ALIGN]);
+/// The engine's memory on the heap: repacked weights, KV cache, activations, work. Allocated
+/// zeroed by `calloc` (fresh pages from the kernel, left untouched: the KV cache of positions never
+/// reached never becomes resident), freed on drop. The engine aligns its start itself: an
+/// alignment above the allocator's 16 bytes would make `alloc_zeroed` write every byte.
+pub struct HeapMemory {
+    ptr: core::ptr::NonNull<u8>,
+    layout: std::alloc::Layout,
+}
 
-/// The engine's memory on the heap: repacked weights, KV cache, activations, work.
-pub struct HeapMemory(Vec<Line>);
+impl HeapMemory {
+    /// `len` zeroed bytes (at least one line), or `None` when the allocator refuses.
+    fn zeroed(len: usize) -> Option<Self> {
+        let layout = std::alloc::Layout::from_size_align(len.max(ARENA_ALIGN), 16).ok()?;
+        // SAFETY: the layout has a non-zero size.
+        let ptr = core::ptr::NonNull::new(unsafe { std::alloc::alloc_zeroed(layout) })?;
+        Some(Self { ptr, layout })
+    }
+}
 
 impl core::ops::Deref for HeapMemory {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
-        bytemuck::cast_slice(self.0.as_slice())
+        // SAFETY: `ptr` holds `layout.size()` initialized (zeroed) bytes owned by `self`.
+        unsafe { core::slice::from_raw_parts(self.ptr.as_ptr(), self.layout.size()) }
     }
 }
 
 impl core::ops::DerefMut for HeapMemory {
     fn deref_mut(&mut self) -> &mut [u8] {
-        bytemuck::cast_slice_mut(self.0.as_mut_slice())
+        // SAFETY: as for `deref`, borrowed mutably through `&mut self`.
+        unsafe { core::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.layout.size()) }
     }
 }
+
+impl Drop for HeapMemory {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `zeroed` with this layout, freed once.
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) }
+    }
+}
+
+// SAFETY: the memory is owned (no aliasing handle exists elsewhere), like a `Box<[u8]>`.
+unsafe impl Send for HeapMemory {}
+// SAFETY: shared access only reads, like `&[u8]`.
+unsafe impl Sync for HeapMemory {}
 
 /// Repacking jobs spread over this many scoped threads (at most 8), each taking the next matrix.
 struct Threads(usize);
@@ -410,17 +435,19 @@ impl Session {
         }
 
         let total = layout.bytes_needed();
-        let lines = total.div_ceil(ARENA_ALIGN);
-        let mut memory: Vec<Line> = Vec::new();
-        memory.try_reserve_exact(lines).map_err(|_| {
+        let memory = HeapMemory::zeroed(total).ok_or_else(|| {
             SessionError::Resources(std::format!(
                 "cannot allocate {total} bytes for the repacked weights, KV cache and activations"
             ))
         })?;
-        advise_huge_pages(memory.as_mut_ptr().cast(), total);
-        memory.resize(lines, Line([0; ARENA_ALIGN]));
         let started = std::time::Instant::now();
-        let mut engine = Box::new(planned.bind(HeapMemory(memory))?);
+        let mut engine = Box::new(planned.bind(memory)?);
+        if !from_cache {
+            // Huge pages for the repacked weights only (streamed whole every token); the KV cache
+            // keeps small pages, so positions never reached never become resident.
+            let packed = engine.packed_buffer();
+            advise_huge_pages(packed.as_ptr().cast_mut(), packed.len());
+        }
         engine.repack(&Threads(opts.threads))?;
         let repack_seconds = if from_cache { 0.0 } else { started.elapsed().as_secs_f64() };
         for range in engine.repacked_sources() {

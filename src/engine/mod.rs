@@ -474,16 +474,18 @@ impl<'m, G: AsMut<[GraphSlot]> + AsRef<[GraphSlot]>> Planned<'m, G> {
         self.slots.as_ref().iter().filter_map(GraphSlot::graph)
     }
 
-    /// Lays the plan out in `memory` (at least [`MemoryLayout::bytes_needed`] bytes, zeroed by
-    /// the arena). The repacked weights are filled by [`Engine::repack`].
+    /// Lays the plan out in `memory` (at least [`MemoryLayout::bytes_needed`] bytes, any
+    /// contents: every byte the engine reads it wrote first, so fresh pages stay untouched until
+    /// used). The repacked weights are filled by [`Engine::repack`].
     pub fn bind<B: DerefMut<Target = [u8]>>(self, mut memory: B) -> Result<Engine<'m, G, B>, EngineError> {
         let skip = memory.as_ptr().align_offset(ARENA_ALIGN);
         let layout = self.layout;
         let mut arena = Arena::new(&mut memory);
-        let packed = arena.alloc(layout.packed, "repacked weights").map_err(EngineError::Memory)?;
-        let kv = arena.alloc(layout.kv, "KV cache").map_err(EngineError::Memory)?;
-        let activations = arena.alloc(layout.activations, "activations").map_err(EngineError::Memory)?;
-        let work = arena.alloc(layout.work, "work").map_err(EngineError::Memory)?;
+        let packed = arena.alloc_unzeroed(layout.packed, "repacked weights").map_err(EngineError::Memory)?;
+        let kv = arena.alloc_unzeroed(layout.kv, "KV cache").map_err(EngineError::Memory)?;
+        let activations =
+            arena.alloc_unzeroed(layout.activations, "activations").map_err(EngineError::Memory)?;
+        let work = arena.alloc_unzeroed(layout.work, "work").map_err(EngineError::Memory)?;
         let mut seq_len = heapless::Vec::new();
         let _ = seq_len.resize(self.config.n_seq, 0);
         let repacked = self.prepacked || self.packed.is_empty();
