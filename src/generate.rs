@@ -8,6 +8,7 @@ use std::string::String;
 use std::vec;
 use std::vec::Vec;
 
+use crate::engine::EngineError;
 use crate::sampler::{Candidate, SampleError, Sampler, SamplerConfig};
 use crate::session::{Session, SessionError};
 use crate::tokenizer::{StreamDecoder, TokError, Tokenizer};
@@ -152,7 +153,7 @@ impl<'t> Generator<'t> {
             }
             match session.eval(&[id]) {
                 Ok(l) => self.logits.copy_from_slice(l),
-                Err(SessionError::ContextFull { .. }) => break Stop::ContextFull,
+                Err(SessionError::Engine(EngineError::ContextFull { .. })) => break Stop::ContextFull,
                 Err(e) => return Err(GenerateError::Session(e)),
             }
         };

@@ -88,22 +88,6 @@ pub enum SessionError {
     Load(LoadError),
     /// The file is not a model pinfer runs.
     Model(ModelError),
-    /// The context is full: `needed` positions were asked for, `n_ctx` exist.
-    ContextFull {
-        /// Positions the request needs.
-        needed: usize,
-        /// Context size.
-        n_ctx: usize,
-    },
-    /// A token id outside the vocabulary.
-    BadToken {
-        /// The id.
-        id: u32,
-        /// Vocabulary size.
-        n_vocab: usize,
-    },
-    /// The logits hold NaN or infinity.
-    NonFiniteLogits,
     /// A bad option value.
     Option(&'static str),
     /// Running a graph failed.
@@ -117,7 +101,8 @@ pub enum SessionError {
     Cache(std::string::String),
     /// Stopped on request (SIGINT) before finishing; nothing was left half-written.
     Interrupted,
-    /// The engine refused a plan or a step.
+    /// The engine refused a plan or a step: the context is full (`EngineError::ContextFull`), a
+    /// token is outside the vocabulary, the logits are not finite, ...
     Engine(EngineError),
     /// The memory plan exceeds the memory available (`SessionOptions::memory_limit`).
     OverMemory {
@@ -195,15 +180,6 @@ impl fmt::Display for SessionError {
         match self {
             Self::Load(e) => write!(f, "{e}"),
             Self::Model(e) => write!(f, "{e}"),
-            Self::ContextFull { needed, n_ctx } => write!(
-                f,
-                "context full: {needed} positions needed, the context holds {n_ctx} (raise it with -c, up to the model's maximum)"
-            ),
-            Self::BadToken { id, n_vocab } => write!(f, "token id {id} is outside the vocabulary of {n_vocab} tokens"),
-            Self::NonFiniteLogits => write!(
-                f,
-                "the model produced non-finite logits (NaN or infinity); --check-numerics finds the first op that does"
-            ),
             Self::Option(msg) => write!(f, "{msg}"),
             Self::Exec(e) => write!(f, "{e}"),
             Self::Resources(msg) => write!(f, "{msg}"),
@@ -235,9 +211,6 @@ impl From<EngineError> for SessionError {
             EngineError::Model(e) => Self::Model(e),
             EngineError::Exec(e) => Self::Exec(e),
             EngineError::Config(msg) => Self::Option(msg),
-            EngineError::ContextFull { needed, n_ctx } => Self::ContextFull { needed, n_ctx },
-            EngineError::BadToken { id, n_vocab } => Self::BadToken { id, n_vocab },
-            EngineError::NonFiniteLogits => Self::NonFiniteLogits,
             e => Self::Engine(e),
         }
     }
@@ -640,7 +613,7 @@ impl Session {
         let n_batch = self.engine.kv_layout().n_batch;
         for chunk in tokens.chunks(n_batch) {
             self.step(chunk, false)?;
-            let last = self.engine.logits(0).ok_or(SessionError::NonFiniteLogits)?;
+            let last = self.engine.logits(0).ok_or(SessionError::Engine(EngineError::NonFiniteLogits))?;
             self.logits.copy_from_slice(last);
         }
         Ok(&self.logits)
@@ -659,7 +632,7 @@ impl Session {
         for chunk in tokens.chunks(n_batch) {
             self.step(chunk, true)?;
             for i in 0..chunk.len() {
-                each(index, self.engine.logits(i).ok_or(SessionError::NonFiniteLogits)?);
+                each(index, self.engine.logits(i).ok_or(SessionError::Engine(EngineError::NonFiniteLogits))?);
                 index += 1;
             }
         }
@@ -669,11 +642,11 @@ impl Session {
     fn check(&self, tokens: &[u32]) -> Result<(), SessionError> {
         let needed = self.n_past() + tokens.len();
         if needed > self.n_ctx() {
-            return Err(SessionError::ContextFull { needed, n_ctx: self.n_ctx() });
+            return Err(SessionError::Engine(EngineError::ContextFull { needed, n_ctx: self.n_ctx() }));
         }
         let n_vocab = self.n_vocab();
         match tokens.iter().find(|&&id| id as usize >= n_vocab) {
-            Some(&id) => Err(SessionError::BadToken { id, n_vocab }),
+            Some(&id) => Err(SessionError::Engine(EngineError::BadToken { id, n_vocab })),
             None => Ok(()),
         }
     }

@@ -4,6 +4,7 @@
 use std::path::Path;
 
 use pinfer::chat::{ChatTemplate, Message, Role};
+use pinfer::engine::EngineError;
 use pinfer::generate::{Generator, Stop};
 use pinfer::gguf::Gguf;
 use pinfer::session::SessionError;
@@ -104,7 +105,7 @@ pub fn chat(args: GenArgs) -> Result<(), CliError> {
         let polled = Polled::start();
         match gen.feed(&mut session, &tokens[keep..]) {
             Ok(()) => {}
-            Err(SessionError::ContextFull { n_ctx, .. }) => {
+            Err(SessionError::Engine(EngineError::ContextFull { n_ctx, .. })) => {
                 return Err(CliError::new(format!(
                     "context full ({n_ctx} tokens): the conversation no longer fits; raise it with -c"
                 )))

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use clap::Args;
+use pinfer::engine::EngineError;
 use pinfer::gguf::Gguf;
 use pinfer::loader::ModelFile;
 use pinfer::sampler::SamplerConfig;
@@ -401,7 +402,7 @@ pub fn generate(args: GenArgs) -> Result<(), CliError> {
     let t_prompt = Instant::now();
     let stop = match gen.feed(&mut session, &prompt) {
         Ok(()) => None,
-        Err(SessionError::ContextFull { needed, n_ctx }) => {
+        Err(SessionError::Engine(EngineError::ContextFull { needed, n_ctx })) => {
             return Err(CliError::new(format!(
             "context full: the prompt needs {needed} positions, the context holds {n_ctx}; raise it with -c"
         )))
