@@ -4,7 +4,7 @@ use core::arch::x86_64::*;
 
 use crate::kernels::reference::swiglu_ref;
 
-/// RMS norm (see [`super::reference::rms_norm_ref`]): squares in f32 summed in f64, in another
+/// RMS norm (see [`crate::kernels::reference::rms_norm_ref`]): squares in f32 summed in f64, in another
 /// order.
 ///
 /// # Safety
@@ -14,7 +14,7 @@ pub unsafe fn rms_norm_avx2(x: &[f32], out: &mut [f32], eps: f32) {
     unsafe { rms_norm_impl(x, out, eps) }
 }
 
-/// `silu(gate) * up`, bit-identical to [`super::reference::swiglu_ref`].
+/// `silu(gate) * up`, bit-identical to [`crate::kernels::reference::swiglu_ref`].
 ///
 /// # Safety
 /// The CPU must have AVX2, FMA and F16C.
@@ -63,7 +63,7 @@ fn rms_norm_impl(x: &[f32], out: &mut [f32], eps: f32) {
     }
 }
 
-/// [`super::reference::ggml_expf`] on 8 lanes, with the same operations in the same order.
+/// [`crate::kernels::reference::ggml_expf`] on 8 lanes, with the same operations in the same order.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 pub(super) fn expf8(x: __m256) -> __m256 {

@@ -6,7 +6,7 @@ use core::ops::Range;
 use crate::quant::blocks::F16Le;
 
 /// One query row of flash attention over an f16 KV cache (see
-/// [`super::reference::flash_attn_row_ref`]; the key dot is summed in f32 instead of f64).
+/// [`crate::kernels::reference::flash_attn_row_ref`]; the key dot is summed in f32 instead of f64).
 ///
 /// # Safety
 /// The CPU must have AVX2, FMA and F16C.

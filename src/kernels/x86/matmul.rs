@@ -31,7 +31,7 @@ use crate::kernels::packed::{matmul_ref, ActBlock, PackedFormat, PackedMatrix, B
 
 /// Packed matmul (see [`matmul_ref`] for the contract; float sums are in another order).
 ///
-/// Activation quants are assumed in `-127..=127`, which [`super::packed::quantize_act_ref`] gives
+/// Activation quants are assumed in `-127..=127`, which [`crate::kernels::packed::quantize_act_ref`] gives
 /// for every block whose largest magnitude is at least `127 / f32::MAX` (about 4e-37).
 ///
 /// With `vnni`, the block dots are `vpdpbusd` on ymm registers (integer results identical).
@@ -49,7 +49,7 @@ pub unsafe fn matmul_avx2(
     unsafe { matmul_impl(w, groups, acts, outs, vnni) }
 }
 
-/// Activation quantization, byte-identical to [`super::packed::quantize_act_ref`].
+/// Activation quantization, byte-identical to [`crate::kernels::packed::quantize_act_ref`].
 ///
 /// # Safety
 /// The CPU must have AVX2, FMA and F16C.
@@ -63,14 +63,17 @@ pub unsafe fn quantize_act_avx2(x: &[f32], out: &mut [ActBlock]) {
 // ---------------------------------------------------------------------------------------------
 
 /// Whether the CPU has `vpdpbusd` on ymm registers (AVX512-VNNI + AVX512VL, EVEX encoded;
-/// AVX-VNNI-only CPUs keep the AVX2 code): what [`super::KernelPath::Avx2Vnni`] needs.
-#[cfg(feature = "std")]
+/// AVX-VNNI-only CPUs keep the AVX2 code): what [`crate::kernels::KernelPath::Avx2Vnni`] needs.
+/// Without std, what the build targets.
 pub fn has_vnni() -> bool {
-    std::arch::is_x86_feature_detected!("avx512vnni") && std::arch::is_x86_feature_detected!("avx512vl")
-}
-#[cfg(not(feature = "std"))]
-pub fn has_vnni() -> bool {
-    cfg!(all(target_feature = "avx512vnni", target_feature = "avx512vl"))
+    #[cfg(feature = "std")]
+    {
+        std::arch::is_x86_feature_detected!("avx512vnni") && std::arch::is_x86_feature_detected!("avx512vl")
+    }
+    #[cfg(not(feature = "std"))]
+    {
+        cfg!(all(target_feature = "avx512vnni", target_feature = "avx512vl"))
+    }
 }
 
 /// `acc + sum of 4 u8 x i8 products` per int32 lane: `vpdpbusd` (fuses `maddubs`, `madd` and the

@@ -14,7 +14,7 @@ use crate::graph::{Graph, RopeMode};
 use crate::model::{HParams, ModelError};
 
 /// Builds the forward pass of `hp.arch` for `n_tokens` tokens with logits for `n_outputs` of them
-/// (see [`transformer::build`]): the builder of each architecture, chosen by an exhaustive match.
+/// (see `transformer.rs`): the builder of each architecture, chosen by an exhaustive match.
 pub fn build_forward<const N: usize>(
     g: &mut Graph<N>,
     gguf: &Gguf<'_>,
