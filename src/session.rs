@@ -421,11 +421,10 @@ impl Session {
             let packed = engine.packed_buffer();
             advise_huge_pages(packed.as_ptr().cast_mut(), packed.len());
         }
-        engine.repack(&Threads(opts.threads))?;
+        // Each matrix's file pages are given back as soon as it is packed (they are not read
+        // again, except rows of a tied embedding, which fault back in as needed).
+        engine.repack(&Threads(opts.threads), &|range| model.release(range))?;
         let repack_seconds = if from_cache { 0.0 } else { started.elapsed().as_secs_f64() };
-        for range in engine.repacked_sources() {
-            model.release(range);
-        }
         // After repacking, whose threads must not inherit the caller's pinning to one core.
         let config = PoolConfig {
             threads: opts.threads,

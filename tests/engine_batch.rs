@@ -24,7 +24,7 @@ fn engine(bytes: &'static [u8], n_seq: usize, n_batch: usize) -> TestEngine<'sta
     let planned = Planned::new(Model::open(bytes).unwrap(), &config, slots).unwrap();
     let memory = vec![0u8; planned.layout().bytes_needed()].into_boxed_slice();
     let mut engine = planned.bind(memory).unwrap();
-    engine.repack(&OnCaller).unwrap();
+    engine.repack(&OnCaller, &|_| {}).unwrap();
     engine
 }
 

@@ -34,7 +34,7 @@ fn tiny_qwen3_runs_on_the_no_std_engine_and_matches_llama_cpp() {
     let planned = Planned::new(Model::open(&bytes).unwrap(), &config, slots.as_mut_slice()).unwrap();
     let mut memory = vec![0u8; planned.layout().bytes_needed()];
     let mut engine: Engine<'_, &mut [GraphSlot], &mut [u8]> = planned.bind(memory.as_mut_slice()).unwrap();
-    engine.repack(&OnCaller).unwrap();
+    engine.repack(&OnCaller, &|_| {}).unwrap();
     assert!(!engine.planned().packed_entries().is_empty(), "the tiny model's matrices are repacked");
 
     let mut checked = 0;

@@ -550,9 +550,15 @@ pub struct Engine<'m, G, B> {
 }
 
 impl<'m, G: AsMut<[GraphSlot]> + AsRef<[GraphSlot]>, B: DerefMut<Target = [u8]>> Engine<'m, G, B> {
-    /// Repacks the weight matrices into the bound memory, `jobs` spreading them over threads.
+    /// Repacks the weight matrices into the bound memory, `jobs` spreading them over threads, and
+    /// calls `done` with each matrix's file range as soon as it is packed (the std layer gives
+    /// those pages back at once, so the load never holds the file and its repacked copy whole).
     /// (A repack cache, or an engine that repacks nothing, needs no call.)
-    pub fn repack(&mut self, jobs: &impl Parallel) -> Result<(), EngineError> {
+    pub fn repack(
+        &mut self,
+        jobs: &impl Parallel,
+        done: &(dyn Fn(core::ops::Range<usize>) + Sync),
+    ) -> Result<(), EngineError> {
         if self.repacked {
             return Ok(());
         }
@@ -569,7 +575,9 @@ impl<'m, G: AsMut<[GraphSlot]> + AsRef<[GraphSlot]>, B: DerefMut<Target = [u8]>>
             // Entries are planned at disjoint ranges, in order: job i owns its two planes.
             let ok = match (source, planes.get(e.quants_at, qn), planes.get(e.scales_at, sn)) {
                 (Some((ty, src)), Some(quants), Some(scales)) => {
-                    pack(ty, src, e.rows, e.k, quants, scales).is_ok()
+                    let ok = pack(ty, src, e.rows, e.k, quants, scales).is_ok();
+                    done(e.source_offset..e.source_offset + src.len());
+                    ok
                 }
                 _ => false,
             };
@@ -584,16 +592,6 @@ impl<'m, G: AsMut<[GraphSlot]> + AsRef<[GraphSlot]>, B: DerefMut<Target = [u8]>>
             }
             offset => Err(EngineError::Repack { offset }),
         }
-    }
-
-    /// The file ranges the repacked matrices came from (no longer read once repacked, except
-    /// rows of a tied embedding): the std layer releases their pages.
-    pub fn repacked_sources(&self) -> impl Iterator<Item = core::ops::Range<usize>> + '_ {
-        let sources = if self.planned.prepacked { &[][..] } else { &self.planned.packed[..] };
-        sources.iter().filter_map(|e| {
-            let (_, bytes) = self.planned.model.source(e.source_offset)?;
-            Some(e.source_offset..e.source_offset + bytes.len())
-        })
     }
 
     /// Runs one batch. Each entry's position must be the next of its sequence (entries of one
