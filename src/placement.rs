@@ -60,8 +60,12 @@ pub enum Reason {
     /// A matmul weight with a packed layout.
     Repacked,
     /// The embedding doubles as the output matrix: repacked for the output matmul, while
-    /// `get_rows` still reads token rows from the file (those pages fault in on demand).
+    /// `get_rows` still reads token rows from the file (those pages fault in on demand): the
+    /// repacked layout of its type does not hold the file's values exactly.
     TiedEmbedding,
+    /// The embedding doubles as the output matrix, repacked once: the output matmul and
+    /// `get_rows` both read the repacked copy (it holds the file's values exactly).
+    SharedEmbedding,
     /// A norm weight (never repacked or offloaded).
     Norm,
     /// A bias (never repacked or offloaded).
@@ -98,6 +102,9 @@ impl fmt::Display for Reason {
                     f,
                     "tied embedding: repacked for the output mul_mat; get_rows reads rows from the file"
                 )
+            }
+            Self::SharedEmbedding => {
+                write!(f, "tied embedding: repacked once; the output mul_mat and get_rows read that one copy")
             }
             Self::Norm => write!(f, "norm weight: stays in the file's type (never repacked or offloaded)"),
             Self::Bias => write!(f, "bias: stays in the file's type (never repacked or offloaded)"),
@@ -242,6 +249,7 @@ pub fn place(t: &TensorInfo<'_>, u: Use, repack: bool) -> Placement {
     }
     let (qn, sn) = packed_bytes(format, rows * experts, k);
     let reason = match (u.get_rows, u.mul_mat_id) {
+        (true, _) if t.ty.traits().rows_from_packed => Reason::SharedEmbedding,
         (true, _) => Reason::TiedEmbedding,
         (false, true) => Reason::Experts,
         (false, false) => Reason::Repacked,
@@ -352,7 +360,11 @@ mod tests {
         assert_eq!(place(&f16, mm, true).reason, Reason::NoLayout(GgmlType::F16));
         let tied = Use { mul_mat: true, get_rows: true, ..Use::default() };
         let embd = info("token_embd.weight", GgmlType::Q8_0, [64, 8, 1, 1]);
-        assert_eq!(place(&embd, tied, true).reason, Reason::TiedEmbedding);
+        // Q8_0's repacked copy holds the file's values: one copy serves both uses; Q6_K's rounds
+        // its scales, so its rows are read from the file.
+        assert_eq!(place(&embd, tied, true).reason, Reason::SharedEmbedding);
+        let k_embd = info("token_embd.weight", GgmlType::Q6_K, [256, 8, 1, 1]);
+        assert_eq!(place(&k_embd, tied, true).reason, Reason::TiedEmbedding);
         let rows = Use { get_rows: true, ..Use::default() };
         assert_eq!(place(&embd, rows, true).reason, Reason::Embedding);
         assert_eq!(place(&embd, Use::default(), true).reason, Reason::Unused);
@@ -363,9 +375,11 @@ mod tests {
         s.add(q.name, &place(&q, mm, true), q.nbytes as usize);
         s.add(embd.name, &place(&embd, tied, true), embd.nbytes as usize);
         s.add(f16.name, &place(&f16, mm, true), f16.nbytes as usize);
-        assert_eq!(s.repacked_total().0, 2);
+        s.add(k_embd.name, &place(&k_embd, tied, true), k_embd.nbytes as usize);
+        assert_eq!(s.repacked_total().0, 3);
         assert_eq!(s.mapped, (1, f16.nbytes as usize));
-        assert_eq!(s.mapped_rows, (1, embd.nbytes as usize));
+        // Only the embedding whose rows are still read from the file counts there.
+        assert_eq!(s.mapped_rows, (1, k_embd.nbytes as usize));
         assert_eq!(s.npu, (0, 0));
     }
 }

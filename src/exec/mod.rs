@@ -818,9 +818,19 @@ impl<'a, const N: usize> Bound<'a, N> {
             let ids: &[i32] = self.read(ids, 0, ne[1]);
             // The table may be a slice of a wider one: read ne[0] elements at each row's stride.
             let row_bytes = tt.ty.bytes_for(ne[0] as u64).unwrap_or(0) as usize;
+            // A tied embedding whose repacked copy holds the file's values exactly: its rows are
+            // read from that copy, the file's pages are never touched again.
+            let packed = self
+                .packed_weights(tt)
+                .filter(|w| tt.ty.traits().rows_from_packed && w.k == ne[0] && ne[0] == tt.ne[0]);
             for i1 in share(ne[1], ith, nth) {
                 let out: &mut [f32] = self.write(id, t.row_offset(i1, 0, 0), ne[0]);
                 match usize::try_from(ids[i1]).ok().filter(|&r| r < tt.ne[1]) {
+                    Some(r) if packed.is_some() => {
+                        if let Some(w) = &packed {
+                            crate::kernels::packed::dequantize_packed_row(w, r, out);
+                        }
+                    }
                     Some(r) => {
                         let bytes: &[u8] = self.read(table, r * tt.nb[1], row_bytes);
                         // Cannot fail: the builder accepted only dequantizable types.

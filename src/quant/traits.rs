@@ -33,10 +33,20 @@ pub struct TypeTraits {
     pub vec_dot: Option<(GgmlType, VecDotFn)>,
     /// The interleaved layout the SIMD kernels repack the type's weights into.
     pub packed: Option<PackedFormat>,
+    /// The repacked layout holds the file's values exactly (same scales, same quants), so
+    /// `get_rows` reads rows from it: a tied embedding keeps one resident copy. (K-quants round
+    /// their sub-block scales to f16 when repacked: their rows are read from the file.)
+    pub rows_from_packed: bool,
 }
 
-const NONE: TypeTraits =
-    TypeTraits { dequantize: None, quantize: None, from_float: None, vec_dot: None, packed: None };
+const NONE: TypeTraits = TypeTraits {
+    dequantize: None,
+    quantize: None,
+    from_float: None,
+    vec_dot: None,
+    packed: None,
+    rows_from_packed: false,
+};
 
 macro_rules! dequantize {
     ($f:path) => {
@@ -115,6 +125,7 @@ impl GgmlType {
                 quantize: quantize!(quantize_row_q4_0_ref),
                 vec_dot: dot!(Q8_0, vec_dot_q4_0_q8_0_ref),
                 packed: Some(P::Q4),
+                rows_from_packed: true,
                 ..NONE
             },
             T::Q4_1 => TypeTraits {
@@ -122,18 +133,21 @@ impl GgmlType {
                 quantize: quantize!(quantize_row_q4_1_ref),
                 vec_dot: dot!(Q8_1, vec_dot_q4_1_q8_1_ref),
                 packed: Some(P::Q4Min),
+                rows_from_packed: true,
                 ..NONE
             },
             T::Q5_0 => TypeTraits {
                 dequantize: dequantize!(dequantize_q5_0_ref),
                 vec_dot: dot!(Q8_0, vec_dot_q5_0_q8_0_ref),
                 packed: Some(P::Q8),
+                rows_from_packed: true,
                 ..NONE
             },
             T::Q5_1 => TypeTraits {
                 dequantize: dequantize!(dequantize_q5_1_ref),
                 vec_dot: dot!(Q8_1, vec_dot_q5_1_q8_1_ref),
                 packed: Some(P::Q8Min),
+                rows_from_packed: true,
                 ..NONE
             },
             T::Q8_0 => TypeTraits {
@@ -142,6 +156,7 @@ impl GgmlType {
                 from_float: quantize!(quantize_act_q8_0_ref),
                 vec_dot: dot!(Q8_0, vec_dot_q8_0_q8_0_ref),
                 packed: Some(P::Q8),
+                rows_from_packed: true,
             },
             T::Q8_1 => TypeTraits {
                 dequantize: dequantize!(dequantize_q8_1_ref),
@@ -254,6 +269,52 @@ mod tests {
             }
             if t.quantize.is_some() {
                 assert!(t.dequantize.is_some(), "{ty}: written but not read back");
+            }
+        }
+    }
+
+    /// Where rows are read from the repacked copy, they are the file's rows bit for bit.
+    #[test]
+    fn rows_from_packed_copies_are_exact() {
+        let (rows, k) = (4, 96);
+        let mut seed = 0x9e37_79b9_u32;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 17;
+            seed ^= seed << 5;
+            seed
+        };
+        for ty in GgmlType::all().filter(|t| t.traits().rows_from_packed) {
+            let format = ty.traits().packed.unwrap();
+            let row_bytes = ty.bytes_for(k as u64).unwrap() as usize;
+            let mut src = [0u8; 4 * 102];
+            let src = &mut src[..rows * row_bytes];
+            src.iter_mut().for_each(|b| *b = next() as u8);
+            // Finite scales (and mins) in the leading f16 fields of every block.
+            for block in src.chunks_exact_mut(ty.block_bytes()) {
+                for field in [0, 2] {
+                    let v = (next() % 2000) as f32 / 1e5 - 0.01;
+                    block[field..field + 2].copy_from_slice(&F16Le::from_f32(v).0);
+                }
+            }
+            let (qn, sn) = crate::kernels::packed::packed_bytes(format, rows, k);
+            let (mut quants, mut scales) = ([0u8; 1024], [0u8; 256]);
+            crate::kernels::packed::pack(ty, src, rows, k, &mut quants[..qn], &mut scales[..sn]).unwrap();
+            let w = crate::kernels::packed::PackedMatrix {
+                format,
+                rows,
+                k,
+                quants: &quants[..qn],
+                scales: &scales[..sn],
+            };
+            let dequantize = ty.traits().dequantize.unwrap();
+            for r in 0..rows {
+                let (mut want, mut got) = ([0f32; 96], [0f32; 96]);
+                assert!(dequantize(&src[r * row_bytes..(r + 1) * row_bytes], &mut want));
+                crate::kernels::packed::dequantize_packed_row(&w, r, &mut got);
+                for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                    assert_eq!(g.to_bits(), w.to_bits(), "{ty} row {r} [{i}]: {g} vs {w}");
+                }
             }
         }
     }
