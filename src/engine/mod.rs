@@ -24,7 +24,7 @@ use crate::build_config::GRAPH_CAPACITY;
 use crate::exec::{work_bytes, Bound, ExecError, MatmulOffload, PackedEntry, Step};
 use crate::gguf::{Gguf, GgufError, TensorInfo};
 use crate::graph::{plan, Graph, Plan, PlanError};
-use crate::kernels::packed::{pack, packed_bytes};
+use crate::kernels::packed::{pack, packed_bytes, GROUP_ROWS};
 use crate::kernels::KernelPath;
 use crate::model::{build_forward, check, context_size, Forward, HParams, KvLayout, ModelError, Vocab};
 use crate::placement::{self, Buffer, Placement};
@@ -575,9 +575,9 @@ impl<'m, G: AsMut<[GraphSlot]> + AsRef<[GraphSlot]>, B: DerefMut<Target = [u8]>>
             // Entries are planned at disjoint ranges, in order: job i owns its two planes.
             let ok = match (source, planes.get(e.quants_at, qn), planes.get(e.scales_at, sn)) {
                 (Some((ty, src)), Some(quants), Some(scales)) => {
-                    let ok = pack(ty, src, e.rows, e.k, quants, scales).is_ok();
-                    done(e.source_offset..e.source_offset + src.len());
-                    ok
+                    pack_in_chunks(ty, src, e, quants, scales, &|r: core::ops::Range<usize>| {
+                        done(e.source_offset + r.start..e.source_offset + r.end)
+                    })
                 }
                 _ => false,
             };
@@ -786,6 +786,46 @@ impl<'m, G: AsMut<[GraphSlot]> + AsRef<[GraphSlot]>, B: DerefMut<Target = [u8]>>
         let r = self.packed;
         &self.memory[self.skip + r.offset..self.skip + r.offset + r.len]
     }
+}
+
+/// Bytes of a matrix's source packed at a time: its pages can be given back after each chunk,
+/// so a load never holds much more than the repacked weights.
+const REPACK_CHUNK_BYTES: usize = 4 << 20;
+
+/// Packs matrix `e` (source `src`, type `ty`) into its planes a chunk of row groups at a time
+/// (groups are contiguous in both planes), calling `done` with each chunk's range in `src`.
+fn pack_in_chunks(
+    ty: GgmlType,
+    src: &[u8],
+    e: &PackedEntry,
+    quants: &mut [u8],
+    scales: &mut [u8],
+    done: &dyn Fn(core::ops::Range<usize>),
+) -> bool {
+    let row_bytes = src.len() / e.rows.max(1);
+    if row_bytes == 0 || row_bytes * e.rows != src.len() || e.rows % GROUP_ROWS != 0 {
+        return false;
+    }
+    let chunk = (REPACK_CHUNK_BYTES / row_bytes / GROUP_ROWS).max(1) * GROUP_ROWS;
+    let mut r0 = 0;
+    while r0 < e.rows {
+        let r1 = (r0 + chunk).min(e.rows);
+        let (q0, s0) = packed_bytes(e.format, r0, e.k);
+        let (qn, sn) = packed_bytes(e.format, r1 - r0, e.k);
+        let (Some(src_rows), Some(q), Some(s)) = (
+            src.get(r0 * row_bytes..r1 * row_bytes),
+            quants.get_mut(q0..q0 + qn),
+            scales.get_mut(s0..s0 + sn),
+        ) else {
+            return false;
+        };
+        if pack(ty, src_rows, r1 - r0, e.k, q, s).is_err() {
+            return false;
+        }
+        done(r0 * row_bytes..r1 * row_bytes);
+        r0 = r1;
+    }
+    true
 }
 
 /// The repacked-weight buffer shared by repacking jobs, each writing its own planes.
