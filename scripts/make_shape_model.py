@@ -1,0 +1,119 @@
+#!/usr/bin/env python3
+"""Shape models: real architectures' shapes and vocabularies with random weights of realistic scale,
+for speed and memory benchmarks at real sizes (scripts/scale_bench.sh). Every tensor gets its own
+random values (never tiled: identical pages would distort resident-memory figures). Written as F16
+(norms F32); quantize them with llama-quantize.
+
+Usage: make_shape_model.py SHAPE VOCAB_GGUF OUT_GGUF [--seed N]
+  SHAPE: llama-3.2-1b | llama-3.2-3b | qwen2.5-1.5b | qwen3-1.7b | gemma-3-1b
+  VOCAB_GGUF: llama.cpp's models/ggml-vocab-*.gguf of that family (llama-bpe, qwen2, gemma-3 ...)
+
+The weight scales follow trained models of this size: matrices N(0, 0.02) (outputs of attention and
+FFN smaller), the embedding N(0, 0.02), norms around 1. The text they generate is noise, but every
+byte read per token, every shape and the vocabulary are the real model's."""
+import argparse
+import numpy as np
+import gguf
+
+# name: (arch, n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff, n_ctx_train, rope_base, tied, extra)
+SHAPES = {
+    'llama-3.2-1b': ('llama', 2048, 16, 32, 8, 64, 8192, 131072, 500000.0, True, {}),
+    'llama-3.2-3b': ('llama', 3072, 28, 24, 8, 128, 8192, 131072, 500000.0, True, {}),
+    'qwen2.5-1.5b': ('qwen2', 1536, 28, 12, 2, 128, 8960, 32768, 1000000.0, True, {'qkv_bias': True}),
+    'qwen3-1.7b': ('qwen3', 2048, 28, 16, 8, 128, 6144, 40960, 1000000.0, True, {'qk_norm': True}),
+    'gemma-3-1b': ('gemma3', 1152, 26, 4, 1, 256, 6912, 32768, 1000000.0, True, {'gemma': True}),
+}
+
+
+def copy_vocab(w, path):
+    r = gguf.GGUFReader(path)
+    f = r.fields
+    w.add_tokenizer_model(f['tokenizer.ggml.model'].contents())
+    if 'tokenizer.ggml.pre' in f:
+        w.add_tokenizer_pre(f['tokenizer.ggml.pre'].contents())
+    toks = f['tokenizer.ggml.tokens'].contents()
+    w.add_token_list(toks)
+    if 'tokenizer.ggml.token_type' in f:
+        w.add_token_types(f['tokenizer.ggml.token_type'].contents())
+    if 'tokenizer.ggml.scores' in f:
+        w.add_token_scores(f['tokenizer.ggml.scores'].contents())
+    if 'tokenizer.ggml.merges' in f:
+        w.add_token_merges(f['tokenizer.ggml.merges'].contents())
+    for key, add in [('tokenizer.ggml.bos_token_id', w.add_bos_token_id),
+                     ('tokenizer.ggml.eos_token_id', w.add_eos_token_id),
+                     ('tokenizer.ggml.padding_token_id', w.add_pad_token_id),
+                     ('tokenizer.ggml.add_bos_token', w.add_add_bos_token)]:
+        if key in f:
+            add(f[key].contents())
+    return len(toks)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument('shape', choices=sorted(SHAPES))
+    ap.add_argument('vocab')
+    ap.add_argument('out')
+    ap.add_argument('--seed', type=int, default=1)
+    a = ap.parse_args()
+    arch, E, L, H, HKV, HD, F, CTX, BASE, tied, extra = SHAPES[a.shape]
+    rng = np.random.default_rng(a.seed)
+    w = gguf.GGUFWriter(a.out, arch)
+    w.add_name(f'shape-{a.shape}')
+    w.add_block_count(L)
+    w.add_context_length(CTX)
+    w.add_embedding_length(E)
+    w.add_feed_forward_length(F)
+    w.add_head_count(H)
+    w.add_head_count_kv(HKV)
+    w.add_key_length(HD)
+    w.add_value_length(HD)
+    w.add_rope_freq_base(BASE)
+    w.add_layer_norm_rms_eps(1e-6 if arch != 'llama' else 1e-5)
+    if arch == 'llama':
+        w.add_rope_dimension_count(HD)
+    if extra.get('gemma'):
+        w.add_sliding_window(512)
+    V = copy_vocab(w, a.vocab)
+    if arch == 'llama':
+        w.add_vocab_size(V)
+
+    def mat(name, rows, cols, scale):
+        x = rng.standard_normal(size=(rows, cols), dtype=np.float32) * scale
+        w.add_tensor(name, x.astype(np.float16))
+
+    def vec(name, n, mean, scale):
+        w.add_tensor(name, (mean + rng.standard_normal(size=n, dtype=np.float32) * scale).astype(np.float32))
+
+    mat('token_embd.weight', V, E, 0.02)
+    for i in range(L):
+        p = f'blk.{i}.'
+        vec(p + 'attn_norm.weight', E, 1.0, 0.05)
+        mat(p + 'attn_q.weight', H * HD, E, 0.02)
+        mat(p + 'attn_k.weight', HKV * HD, E, 0.02)
+        mat(p + 'attn_v.weight', HKV * HD, E, 0.02)
+        mat(p + 'attn_output.weight', E, H * HD, 0.02 / np.sqrt(2 * L))
+        if extra.get('qkv_bias'):
+            vec(p + 'attn_q.bias', H * HD, 0.0, 0.02)
+            vec(p + 'attn_k.bias', HKV * HD, 0.0, 0.02)
+            vec(p + 'attn_v.bias', HKV * HD, 0.0, 0.02)
+        if extra.get('qk_norm') or extra.get('gemma'):
+            vec(p + 'attn_q_norm.weight', HD, 1.0, 0.05)
+            vec(p + 'attn_k_norm.weight', HD, 1.0, 0.05)
+        if extra.get('gemma'):
+            vec(p + 'post_attention_norm.weight', E, 1.0, 0.05)
+            vec(p + 'post_ffw_norm.weight', E, 1.0, 0.05)
+        vec(p + 'ffn_norm.weight', E, 1.0, 0.05)
+        mat(p + 'ffn_gate.weight', F, E, 0.02)
+        mat(p + 'ffn_up.weight', F, E, 0.02)
+        mat(p + 'ffn_down.weight', E, F, 0.02 / np.sqrt(2 * L))
+    vec('output_norm.weight', E, 1.0, 0.05)
+    if not tied:
+        mat('output.weight', V, E, 0.02)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+if __name__ == '__main__':
+    main()

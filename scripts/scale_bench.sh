@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# pinfer beside llama.cpp at real sizes: shape models (real shapes and vocabularies, random weights of
+# realistic scale, scripts/make_shape_model.py) quantized with llama-quantize, then `pinfer bench` and
+# `llama-bench` in interleaved rounds (same threads, same prompt and generation lengths), and peak RSS
+# and load time of a 16-token generation (`pinfer generate` beside `llama-simple`). Prints a Markdown
+# table of pinfer/llama.cpp ratios (above 1 is pinfer faster; for RSS and load, below 1 is pinfer leaner).
+#
+#   scripts/scale_bench.sh [--shapes S1,S2] [--quants Q1,Q2] [-t THREADS] [--rounds N]
+#
+#   --shapes   llama-3.2-1b (default), llama-3.2-3b, qwen2.5-1.5b, qwen3-1.7b, gemma-3-1b
+#   --quants   Q4_0,Q4_K_M,Q8_0 (default)
+#   -t         threads of both programs (default 2)
+#   --rounds   interleaved rounds of each bench (default 2; each round runs 3 repetitions)
+#
+# llama.cpp is never a dependency of pinfer or of its CI: this script builds it for the instruction
+# level pinfer's x86 kernels use (AVX2/FMA/F16C, no AVX-512) from the llama-cpp-python sdist into
+# target/llama.cpp/ (cached), or takes LLAMA_CPP_BIN=DIR holding llama-bench, llama-simple and
+# llama-quantize. Shape models are cached in target/shape-models/ (about 2.5 GB of F16 per 1B model).
+set -euo pipefail
+shopt -s inherit_errexit
+cd "$(dirname "$0")/.."
+
+SHAPES=llama-3.2-1b
+QUANTS=Q4_0,Q4_K_M,Q8_0
+THREADS=2
+ROUNDS=2
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --shapes) SHAPES=$2; shift 2 ;;
+    --quants) QUANTS=$2; shift 2 ;;
+    -t) THREADS=$2; shift 2 ;;
+    --rounds) ROUNDS=$2; shift 2 ;;
+    *) echo "scale_bench: unknown option $1" >&2; exit 2 ;;
+  esac
+done
+log() { echo "scale_bench: $*" >&2; }
+
+LLAMA_VERSION=0.3.36
+build_llama() {
+  local root=target/llama.cpp
+  local bin=$root/build/bin
+  if [ -x "$bin/llama-bench" ] && [ -x "$bin/llama-simple" ] && [ -x "$bin/llama-quantize" ]; then
+    echo "$bin"; return
+  fi
+  log "building llama.cpp (llama-cpp-python $LLAMA_VERSION sdist, AVX2/FMA/F16C) in $root: about 15 minutes"
+  mkdir -p "$root"
+  if [ ! -d "$root/src" ]; then
+    python3 -m pip download --no-binary :all: --no-deps --no-build-isolation -d "$root" \
+      "llama-cpp-python==$LLAMA_VERSION" >&2
+    mkdir -p "$root/src"
+    tar -xzf "$root/llama_cpp_python-$LLAMA_VERSION.tar.gz" -C "$root/src" --strip-components=1
+  fi
+  cmake -S "$root/src/vendor/llama.cpp" -B "$root/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF \
+    -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_OPENMP=OFF -DLLAMA_CURL=OFF \
+    -DBUILD_SHARED_LIBS=OFF >&2
+  cmake --build "$root/build" --target llama-bench llama-simple llama-quantize -j "$(nproc)" >&2
+  echo "$bin"
+}
+
+vocab_of() {
+  case "$1" in
+    llama-*) echo target/tokenizer-vocabs/ggml-vocab-llama-bpe.gguf ;;
+    qwen*) echo target/tokenizer-vocabs/ggml-vocab-qwen2.gguf ;;
+    gemma-3-*) echo target/tokenizer-vocabs/ggml-vocab-gemma-3.gguf ;;
+    *) echo "scale_bench: no vocabulary for $1" >&2; exit 2 ;;
+  esac
+}
+
+BIN=${LLAMA_CPP_BIN:-$(build_llama)}
+[ -f target/tokenizer-vocabs/ggml-vocab-llama-bpe.gguf ] || scripts/tokenizer_fetch_vocabs.sh >&2
+cargo build --release --bin pinfer -q
+PINFER=target/release/pinfer
+MODELS=target/shape-models
+mkdir -p "$MODELS"
+PROMPT="The history of the printing press in Europe begins"
+
+# median of the numbers on stdin
+median() { sort -g | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'; }
+
+printf '| model | quant | file MiB | tg64 pinfer | tg64 llama.cpp | tg ratio | pp128 pinfer | pp128 llama.cpp | pp ratio | peak RSS MiB (pinfer / llama.cpp) | load s (pinfer / llama.cpp) |\n'
+printf '|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n'
+for shape in ${SHAPES//,/ }; do
+  f16=$MODELS/$shape.f16.gguf
+  if [ ! -f "$f16" ]; then
+    log "writing $f16"
+    python3 scripts/make_shape_model.py "$shape" "$(vocab_of "$shape")" "$f16.tmp"
+    mv "$f16.tmp" "$f16"
+  fi
+  for q in ${QUANTS//,/ }; do
+    m=$MODELS/$shape.$q.gguf
+    if [ ! -f "$m" ]; then
+      log "quantizing $m"
+      "$BIN/llama-quantize" "$f16" "$m.tmp" "$q" > "$m.log" 2>&1
+      mv "$m.tmp" "$m"
+    fi
+    declare -a ptg=() ppp=() ltg=() lpp=()
+    for ((r = 0; r < ROUNDS; r++)); do
+      out=$("$PINFER" bench -m "$m" -p 128 -n 64 -r 3 -t "$THREADS" -o json 2>/dev/null)
+      ptg+=("$(jq -r '.[] | select(.n_gen > 0) | .avg_ts' <<<"$out")")
+      ppp+=("$(jq -r '.[] | select(.n_prompt > 0) | .avg_ts' <<<"$out")")
+      out=$("$BIN/llama-bench" -m "$m" -p 128 -n 64 -r 3 -t "$THREADS" -o json 2>/dev/null)
+      ltg+=("$(jq -r '.[] | select(.n_gen > 0) | .avg_ts' <<<"$out")")
+      lpp+=("$(jq -r '.[] | select(.n_prompt > 0) | .avg_ts' <<<"$out")")
+    done
+    mtg=$(printf '%s\n' "${ptg[@]}" | median); mpp=$(printf '%s\n' "${ppp[@]}" | median)
+    ltgm=$(printf '%s\n' "${ltg[@]}" | median); lppm=$(printf '%s\n' "${lpp[@]}" | median)
+    # Peak RSS (KiB) and wall seconds of a 16-token generation, small context, each the median of 3.
+    prss=(); pwall=(); lrss=(); lwall=()
+    for _ in 1 2 3; do
+      read -r a b < <( { /usr/bin/time -f '%M %e' "$PINFER" generate -m "$m" -p "$PROMPT" -n 16 -c 512 --temp 0 \
+        -t "$THREADS" >/dev/null 2>/dev/null; } 2>&1 | tail -1)
+      prss+=("$a"); pwall+=("$b")
+      read -r a b < <( { /usr/bin/time -f '%M %e' "$BIN/llama-simple" -m "$m" -n 16 "$PROMPT" \
+        >/dev/null 2>/dev/null; } 2>&1 | tail -1)
+      lrss+=("$a"); lwall+=("$b")
+    done
+    pr=$(printf '%s\n' "${prss[@]}" | median); lr=$(printf '%s\n' "${lrss[@]}" | median)
+    pw=$(printf '%s\n' "${pwall[@]}" | median); lw=$(printf '%s\n' "${lwall[@]}" | median)
+    size=$(stat -c %s "$m")
+    awk -v s="$shape" -v q="$q" -v size="$size" -v a="$mtg" -v b="$ltgm" -v c="$mpp" -v d="$lppm" \
+      -v pr="$pr" -v lr="$lr" -v pw="$pw" -v lw="$lw" 'BEGIN {
+        printf "| %s | %s | %.0f | %.2f | %.2f | %.2fx | %.1f | %.1f | %.2fx | %.0f / %.0f (%.2fx) | %.2f / %.2f |\n",
+          s, q, size / 1048576, a, b, a / b, c, d, c / d, pr / 1024, lr / 1024, pr / lr, pw, lw }'
+  done
+done
