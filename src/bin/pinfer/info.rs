@@ -9,7 +9,7 @@ use pinfer::model::{validate_vocab, HParams, Vocab};
 use pinfer::placement::{self, Buffer, Placement, FORMATS};
 use serde_json::{json, Value as Json};
 
-use crate::runtime::{print_placement, summary, summary_text, Runtime, RuntimeArgs};
+use crate::runtime::{print_placement, resident_text, summary, summary_text, Runtime, RuntimeArgs};
 use crate::CliError;
 
 /// What `info` prints besides the summary.
@@ -210,6 +210,7 @@ impl Report<'_> {
             let rows = || self.gguf.tensors().zip(rows.iter().copied());
             print_placement(rows(), &mut std::io::stdout()).map_err(crate::streams::stdout_error)?;
             outln!("buffers: {}", summary_text(&summary(rows())))?;
+            outln!("file -> resident: {}", resident_text(rows()))?;
         }
         if tensors {
             outln!()?;

@@ -262,6 +262,34 @@ pub fn summary<'a>(rows: impl Iterator<Item = (TensorInfo<'a>, Placement)>) -> S
     s
 }
 
+/// File bytes beside resident bytes, per type and in total: `Q4_K 108.0 MiB in the file, 120.0
+/// resident; ...; total 235.4 -> 262.7 MiB (+11.6%)`. Resident: the repacked copy or the bytes
+/// read in place, plus a tied embedding's rows still read from the file; unused tensors count 0.
+pub fn resident_text<'a>(rows: impl Iterator<Item = (TensorInfo<'a>, Placement)>) -> String {
+    let mut by_type: Vec<(pinfer::quant::GgmlType, f64, f64)> = Vec::new();
+    for (t, p) in rows {
+        let resident = match (p.buffer, p.reason) {
+            (_, pinfer::placement::Reason::Unused) => 0,
+            (_, pinfer::placement::Reason::TiedEmbedding) => p.bytes + t.nbytes as usize,
+            _ => p.bytes,
+        };
+        let at = match by_type.iter().position(|r| r.0 == t.ty) {
+            Some(i) => i,
+            None => {
+                by_type.push((t.ty, 0.0, 0.0));
+                by_type.len() - 1
+            }
+        };
+        by_type[at].1 += t.nbytes as f64 / MIB;
+        by_type[at].2 += resident as f64 / MIB;
+    }
+    let (file, resident) = by_type.iter().fold((0.0, 0.0), |(f, r), t| (f + t.1, r + t.2));
+    let parts: Vec<String> =
+        by_type.iter().map(|(ty, f, r)| format!("{ty} {f:.1} MiB in the file, {r:.1} resident")).collect();
+    let change = if file > 0.0 { (resident / file - 1.0) * 100.0 } else { 0.0 };
+    format!("{}; total {file:.1} -> {resident:.1} MiB ({change:+.1}%)", parts.join("; "))
+}
+
 /// `repacked 80.1 MiB (211 tensors: q4mx4 210, q8x4 1); mapped ...; npu ...`.
 pub fn summary_text(s: &Summary) -> String {
     let (n, bytes) = s.repacked_total();
