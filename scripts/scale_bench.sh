@@ -77,8 +77,10 @@ PROMPT="The history of the printing press in Europe begins"
 # median of the numbers on stdin
 median() { sort -g | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'; }
 
-printf '| model | quant | file MiB | tg64 pinfer | tg64 llama.cpp | tg ratio | pp128 pinfer | pp128 llama.cpp | pp ratio | peak RSS MiB (pinfer / llama.cpp) | load s (pinfer / llama.cpp) |\n'
-printf '|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n'
+BW=$("$PINFER" bench -p 0 -n 1 -r 1 -t "$THREADS" --membw -o json 2>/dev/null | jq -r '.[0].membw_gbps')
+log "memory read bandwidth: $BW GB/s ($THREADS threads)"
+printf '| model | quant | file MiB | tg64 pinfer | tg64 llama.cpp | tg ratio | pinfer decode GB/s (of %.1f) | pp128 pinfer | pp128 llama.cpp | pp ratio | peak RSS MiB (pinfer / llama.cpp) | load s (pinfer / llama.cpp) |\n' "$BW"
+printf '|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n'
 for shape in ${SHAPES//,/ }; do
   f16=$MODELS/$shape.f16.gguf
   if [ ! -f "$f16" ]; then
@@ -93,16 +95,18 @@ for shape in ${SHAPES//,/ }; do
       "$BIN/llama-quantize" "$f16" "$m.tmp" "$q" > "$m.log" 2>&1
       mv "$m.tmp" "$m"
     fi
-    declare -a ptg=() ppp=() ltg=() lpp=()
+    declare -a ptg=() ppp=() ltg=() lpp=() pbw=()
     for ((r = 0; r < ROUNDS; r++)); do
       out=$("$PINFER" bench -m "$m" -p 128 -n 64 -r 3 -t "$THREADS" -o json 2>/dev/null)
       ptg+=("$(jq -r '.[] | select(.n_gen > 0) | .avg_ts' <<<"$out")")
+      pbw+=("$(jq -r '.[] | select(.n_gen > 0) | .decode_gbps' <<<"$out")")
       ppp+=("$(jq -r '.[] | select(.n_prompt > 0) | .avg_ts' <<<"$out")")
       out=$("$BIN/llama-bench" -m "$m" -p 128 -n 64 -r 3 -t "$THREADS" -o json 2>/dev/null)
       ltg+=("$(jq -r '.[] | select(.n_gen > 0) | .avg_ts' <<<"$out")")
       lpp+=("$(jq -r '.[] | select(.n_prompt > 0) | .avg_ts' <<<"$out")")
     done
     mtg=$(printf '%s\n' "${ptg[@]}" | median); mpp=$(printf '%s\n' "${ppp[@]}" | median)
+    mbw=$(printf '%s\n' "${pbw[@]}" | median)
     ltgm=$(printf '%s\n' "${ltg[@]}" | median); lppm=$(printf '%s\n' "${lpp[@]}" | median)
     # Peak RSS (KiB) and wall seconds of a 16-token generation, small context, each the median of 3.
     prss=(); pwall=(); lrss=(); lwall=()
@@ -117,9 +121,9 @@ for shape in ${SHAPES//,/ }; do
     pr=$(printf '%s\n' "${prss[@]}" | median); lr=$(printf '%s\n' "${lrss[@]}" | median)
     pw=$(printf '%s\n' "${pwall[@]}" | median); lw=$(printf '%s\n' "${lwall[@]}" | median)
     size=$(stat -c %s "$m")
-    awk -v s="$shape" -v q="$q" -v size="$size" -v a="$mtg" -v b="$ltgm" -v c="$mpp" -v d="$lppm" \
+    awk -v s="$shape" -v q="$q" -v size="$size" -v a="$mtg" -v b="$ltgm" -v c="$mpp" -v d="$lppm" -v bw="$mbw" \
       -v pr="$pr" -v lr="$lr" -v pw="$pw" -v lw="$lw" 'BEGIN {
-        printf "| %s | %s | %.0f | %.2f | %.2f | %.2fx | %.1f | %.1f | %.2fx | %.0f / %.0f (%.2fx) | %.2f / %.2f |\n",
-          s, q, size / 1048576, a, b, a / b, c, d, c / d, pr / 1024, lr / 1024, pr / lr, pw, lw }'
+        printf "| %s | %s | %.0f | %.2f | %.2f | %.2fx | %.2f | %.1f | %.1f | %.2fx | %.0f / %.0f (%.2fx) | %.2f / %.2f |\n",
+          s, q, size / 1048576, a, b, a / b, bw, c, d, c / d, pr / 1024, lr / 1024, pr / lr, pw, lw }'
   done
 done

@@ -361,6 +361,16 @@ fn bench_reports_prompt_and_generation_speed() {
         assert!(avg.is_finite() && avg > 0.0, "{row}");
         assert!(row["stddev_ts"].as_f64().unwrap() >= 0.0, "{row}");
         assert!(row["t/s"].as_str().unwrap().contains(" ± "), "{row}");
+        // Decode bandwidth: the weight bytes a token reads, times tokens per second.
+        let bytes = row["weight_bytes_per_token"].as_f64().unwrap();
+        assert!(bytes > 1e6, "{row}");
+        match n_gen {
+            0 => assert!(row["decode_gbps"].is_null(), "{row}"),
+            _ => assert!(
+                (row["decode_gbps"].as_f64().unwrap() / (bytes * avg / 1e9) - 1.0).abs() < 1e-9,
+                "{row}"
+            ),
+        }
     }
 
     let out = pinfer(&[&args[..], &["-o", "md"]].concat());
@@ -368,7 +378,10 @@ fn bench_reports_prompt_and_generation_speed() {
     let stdout = text_of(&out.stdout);
     let lines: Vec<&str> = stdout.lines().collect();
     let cells = |line: &str| -> Vec<String> { line.split('|').map(|c| c.trim().to_string()).collect() };
-    assert_eq!(cells(lines[0]), ["", "model", "size", "params", "backend", "threads", "test", "t/s", ""]);
+    assert_eq!(
+        cells(lines[0]),
+        ["", "model", "size", "params", "backend", "threads", "test", "t/s", "weights GB/s", ""]
+    );
     assert!(lines[1].starts_with("| ---") && lines[1].contains("---: |"), "{stdout}");
     let rows: Vec<Vec<String>> = lines[2..4].iter().map(|l| cells(l)).collect();
     assert_eq!((rows[0][6].as_str(), rows[1][6].as_str()), ("pp16", "tg4"), "{stdout}");
@@ -378,6 +391,9 @@ fn bench_reports_prompt_and_generation_speed() {
         assert_eq!(row[5], "2", "{stdout}");
         assert!(row[7].contains(" ± "), "{stdout}");
     }
+    assert_eq!(rows[0][8], "-", "prompt rows have no decode bandwidth: {stdout}");
+    assert!(rows[1][8].parse::<f64>().is_ok_and(|v| v > 0.0), "{stdout}");
+    assert!(stdout.contains("MiB of weights per token"), "{stdout}");
 
     // Zero tests, or a kernel path this CPU lacks, are errors.
     let out = pinfer(&["bench", "-m", &model, "-p", "0", "-n", "0"]);

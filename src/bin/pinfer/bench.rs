@@ -42,6 +42,10 @@ pub struct BenchArgs {
     /// Keep weight matrices in the file's layout (no repacking at load).
     #[arg(long = "no-repack")]
     pub no_repack: bool,
+    /// Also measure the machine's memory read bandwidth (a streaming read of 256 MiB on the
+    /// bench's threads), so each decode figure says how close it is to the limit.
+    #[arg(long = "membw")]
+    pub membw: bool,
 }
 
 /// One test: prompt processing of `n_prompt` tokens or generation of `n_gen`.
@@ -87,6 +91,10 @@ struct Setup {
     facts: Facts,
     /// `" +NPU fp16"` when matmuls go to the NPU.
     npu: String,
+    /// Weight bytes one decoded token reads (see [`weight_bytes_per_token`]).
+    weight_bytes: u64,
+    /// The measured memory read bandwidth, GB/s (`--membw`).
+    membw_gbps: Option<f64>,
 }
 
 impl Setup {
@@ -176,7 +184,7 @@ fn human_params(n: u64) -> String {
 }
 
 /// Columns of the Markdown table: header, width, right-aligned.
-const COLUMNS: [(&str, usize, bool); 7] = [
+const COLUMNS: [(&str, usize, bool); 8] = [
     ("model", 32, false),
     ("size", 10, true),
     ("params", 10, true),
@@ -184,6 +192,7 @@ const COLUMNS: [(&str, usize, bool); 7] = [
     ("threads", 7, true),
     ("test", 8, true),
     ("t/s", 20, true),
+    ("weights GB/s", 12, true),
 ];
 
 fn md_row(cells: &[String]) -> String {
@@ -218,7 +227,68 @@ fn md_line(setup: &Setup, o: &Outcome) -> String {
         setup.threads.to_string(),
         o.test.name(),
         format!("{mean:.2} ± {std:.2}"),
+        match o.test {
+            Test::Gen(_) => format!("{:.2}", decode_gbps(setup, mean)),
+            Test::Prompt(_) => "-".into(),
+        },
     ])
+}
+
+/// The weight bytes a decode at `tokens_per_s` streams per second, in GB/s.
+fn decode_gbps(setup: &Setup, tokens_per_s: f64) -> f64 {
+    setup.weight_bytes as f64 * tokens_per_s / 1e9
+}
+
+/// The weight bytes one decoded token reads where the session keeps them: every matrix a
+/// matmul reads (its repacked copy, or the file's bytes), the used share of MoE experts; an
+/// embedding table read by `get_rows` alone counts nothing (one row per token).
+fn weight_bytes_per_token(session: &Session) -> u64 {
+    use pinfer::placement::Reason;
+    let hp = session.hparams();
+    let expert_share =
+        if hp.n_expert > 0 { f64::from(hp.n_expert_used) / f64::from(hp.n_expert) } else { 1.0 };
+    let bytes: f64 = session
+        .placements()
+        .map(|(_, p)| match p.reason {
+            Reason::Unused | Reason::Embedding => 0.0,
+            Reason::Experts => p.bytes as f64 * expert_share,
+            _ => p.bytes as f64,
+        })
+        .sum();
+    bytes as u64
+}
+
+/// Streaming-read bandwidth of this machine in GB/s: the best of 5 reads of a 256 MiB buffer
+/// (far past any cache) split over `threads` threads, each summing its share.
+fn measure_membw(threads: usize) -> f64 {
+    const BYTES: usize = 256 << 20;
+    let buffer: Vec<u64> = (0..BYTES / 8).map(|i| i as u64 ^ 0x9e37_79b9_7f4a_7c15).collect();
+    let threads = threads.max(1);
+    let mut best = 0.0f64;
+    for _ in 0..5 {
+        let started = std::time::Instant::now();
+        let total: u64 = std::thread::scope(|scope| {
+            let handles: Vec<_> = buffer
+                .chunks(buffer.len().div_ceil(threads))
+                .map(|part| {
+                    scope.spawn(move || {
+                        // Eight independent sums keep the loads in flight.
+                        let mut acc = [0u64; 8];
+                        for block in part.chunks_exact(8) {
+                            for (a, v) in acc.iter_mut().zip(block) {
+                                *a = a.wrapping_add(*v);
+                            }
+                        }
+                        acc.iter().fold(0u64, |s, v| s.wrapping_add(*v))
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap_or(0)).fold(0, u64::wrapping_add)
+        });
+        std::hint::black_box(total);
+        best = best.max(BYTES as f64 / started.elapsed().as_secs_f64() / 1e9);
+    }
+    best
 }
 
 fn json_row(setup: &Setup, o: &Outcome) -> Json {
@@ -245,6 +315,12 @@ fn json_row(setup: &Setup, o: &Outcome) -> Json {
         "n_ctx": setup.n_ctx,
         "repacked_matrices": setup.repacked.0,
         "repacked_bytes": setup.repacked.1,
+        "weight_bytes_per_token": setup.weight_bytes,
+        "decode_gbps": match o.test {
+            Test::Gen(_) => Some(decode_gbps(setup, avg_ts)),
+            Test::Prompt(_) => None,
+        },
+        "membw_gbps": setup.membw_gbps,
         "repack_ms": setup.repacked.2 * 1e3,
         "board": setup.board.0,
         "board_name": setup.board.1,
@@ -319,6 +395,8 @@ pub fn run(args: BenchArgs) -> Result<(), CliError> {
         facts: facts(Path::new("/"), &cores),
         cores,
         npu: crate::npu::backend_suffix(&session),
+        weight_bytes: weight_bytes_per_token(&session),
+        membw_gbps: args.membw.then(|| measure_membw(session.threads())),
     };
 
     let markdown = args.output == "md";
@@ -343,6 +421,17 @@ pub fn run(args: BenchArgs) -> Result<(), CliError> {
     if markdown {
         outln!()?;
         outln!("build: pinfer {}, n_batch {}, n_ctx {}", pinfer::VERSION, setup.n_batch, setup.n_ctx)?;
+        let mib = setup.weight_bytes as f64 / (1 << 20) as f64;
+        match setup.membw_gbps {
+            Some(bw) => outln!(
+                "decode reads {mib:.1} MiB of weights per token; memory read bandwidth {bw:.2} GB/s \
+                 (--membw: 256 MiB streamed on {} threads)",
+                setup.threads
+            )?,
+            None => outln!(
+                "decode reads {mib:.1} MiB of weights per token (--membw measures the machine's bandwidth)"
+            )?,
+        }
         let f = &setup.facts;
         outln!(
             "board: {} ({}), cores {}, cpu governor {}, cpu {}{}, ddr {}",
