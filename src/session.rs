@@ -52,6 +52,9 @@ pub struct SessionOptions {
     pub check_numerics: bool,
     /// The kernels to run (`--kernels`; default: the fastest this CPU has).
     pub kernels: crate::kernels::KernelPath,
+    /// Called from the repacking threads with (bytes repacked so far, bytes to repack), after
+    /// every chunk (the CLI shows progress on a terminal when a load takes more than a second).
+    pub repack_progress: Option<fn(usize, usize)>,
     /// Refuse to load when the memory plan's total exceeds this many bytes (the CLI passes
     /// MemAvailable, or `--mem-limit`).
     pub memory_limit: Option<usize>,
@@ -73,6 +76,7 @@ impl Default for SessionOptions {
             rt_priority: None,
             check_numerics: false,
             kernels: crate::kernels::KernelPath::detect(),
+            repack_progress: None,
             memory_limit: None,
             #[cfg(feature = "npu")]
             npu: crate::npu::NpuConfig::default(),
@@ -423,7 +427,24 @@ impl Session {
         }
         // Each matrix's file pages are given back as soon as it is packed (they are not read
         // again, except rows of a tied embedding, which fault back in as needed).
-        engine.repack(&Threads(opts.threads), &|range| model.release(range))?;
+        // Progress counts file bytes: the sources of the repacked matrices.
+        let total: usize = engine
+            .planned()
+            .model()
+            .gguf()
+            .tensors()
+            .zip(&placements)
+            .filter(|(_, p)| matches!(p.buffer, Buffer::Repacked(_)))
+            .map(|(t, _)| t.nbytes as usize)
+            .sum();
+        let done = std::sync::atomic::AtomicUsize::new(0);
+        engine.repack(&Threads(opts.threads), &|range| {
+            let so_far = done.fetch_add(range.len(), std::sync::atomic::Ordering::Relaxed) + range.len();
+            model.release(range);
+            if let Some(progress) = opts.repack_progress {
+                progress(so_far, total);
+            }
+        })?;
         let repack_seconds = if from_cache { 0.0 } else { started.elapsed().as_secs_f64() };
         // After repacking, whose threads must not inherit the caller's pinning to one core.
         let config = PoolConfig {

@@ -95,6 +95,30 @@ pub struct Runtime {
     kernels: pinfer::kernels::KernelPath,
 }
 
+/// When the repacking threads started (the first call), and the last percentage shown.
+static PROGRESS: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+static SHOWN: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Repacking progress on stderr, once a load has taken a second and only on a terminal: one line
+/// rewritten in place, cleared at the end.
+fn repack_progress(done: usize, total: usize) {
+    use std::io::IsTerminal;
+    use std::sync::atomic::Ordering;
+    let started = *PROGRESS.get_or_init(std::time::Instant::now);
+    if total == 0 || started.elapsed().as_secs_f64() < 1.0 || !std::io::stderr().is_terminal() {
+        return;
+    }
+    let percent = (done * 100 / total).min(100);
+    if SHOWN.fetch_max(percent + 1, Ordering::Relaxed) > percent {
+        return; // another thread showed this one (or a later one) already
+    }
+    if percent == 100 {
+        err!("\r\x1b[K");
+    } else {
+        err!("\rpinfer: repacking weights {percent}% ({} of {} MiB)", done >> 20, total >> 20);
+    }
+}
+
 impl Runtime {
     /// Resolves the board and plans the workers; prints the notes on what was adjusted.
     pub fn new(args: &RuntimeArgs) -> Result<Self, CliError> {
@@ -136,6 +160,7 @@ impl Runtime {
             rt_priority: self.args.rt_priority,
             check_numerics: self.args.check_numerics,
             kernels: self.kernels,
+            repack_progress: Some(repack_progress),
             memory_limit: self.memory_limit().map(|(b, _)| b as usize),
             ..base
         };
