@@ -108,16 +108,22 @@ for shape in ${SHAPES//,/ }; do
     mtg=$(printf '%s\n' "${ptg[@]}" | median); mpp=$(printf '%s\n' "${ppp[@]}" | median)
     mbw=$(printf '%s\n' "${pbw[@]}" | median)
     ltgm=$(printf '%s\n' "${ltg[@]}" | median); lppm=$(printf '%s\n' "${lpp[@]}" | median)
-    # Peak RSS (KiB) and wall seconds of a 16-token generation, small context, each the median of 3.
+    # Peak RSS (KiB) of a 16-token generation, small context, and load seconds (pinfer: the wall time of
+    # that run, generation included; llama.cpp: the load time it reports), each the median of 3.
     prss=(); pwall=(); lrss=(); lwall=()
+    timing=$(mktemp)
     for _ in 1 2 3; do
-      read -r a b < <( { /usr/bin/time -f '%M %e' "$PINFER" generate -m "$m" -p "$PROMPT" -n 16 -c 512 --temp 0 \
-        -t "$THREADS" >/dev/null 2>/dev/null; } 2>&1 | tail -1)
+      /usr/bin/time -o "$timing" -f '%M %e' "$PINFER" generate -m "$m" -p "$PROMPT" -n 16 -c 512 --temp 0 \
+        -t "$THREADS" >/dev/null 2>&1
+      read -r a b < "$timing"
       prss+=("$a"); pwall+=("$b")
-      read -r a b < <( { /usr/bin/time -f '%M %e' "$BIN/llama-simple" -m "$m" -n 16 "$PROMPT" \
-        >/dev/null 2>/dev/null; } 2>&1 | tail -1)
-      lrss+=("$a"); lwall+=("$b")
+      # llama-simple's wall time is mostly its slow generation: its load is the time it reports.
+      /usr/bin/time -o "$timing" -f '%M' "$BIN/llama-simple" -m "$m" -n 16 "$PROMPT" >/dev/null 2>"$timing.log"
+      read -r a < "$timing"
+      b=$(sed -n 's/.*load time = *\([0-9.]*\) ms.*/\1/p' "$timing.log" | head -1)
+      lrss+=("$a"); lwall+=("$(awk -v ms="${b:-0}" 'BEGIN { print ms / 1000 }')")
     done
+    rm -f "$timing" "$timing.log"
     pr=$(printf '%s\n' "${prss[@]}" | median); lr=$(printf '%s\n' "${lrss[@]}" | median)
     pw=$(printf '%s\n' "${pwall[@]}" | median); lw=$(printf '%s\n' "${lwall[@]}" | median)
     size=$(stat -c %s "$m")
