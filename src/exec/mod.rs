@@ -825,18 +825,14 @@ impl<'a, const N: usize> Bound<'a, N> {
                 .filter(|w| tt.ty.traits().rows_from_packed && w.k == ne[0] && ne[0] == tt.ne[0]);
             for i1 in share(ne[1], ith, nth) {
                 let out: &mut [f32] = self.write(id, t.row_offset(i1, 0, 0), ne[0]);
-                match usize::try_from(ids[i1]).ok().filter(|&r| r < tt.ne[1]) {
-                    Some(r) if packed.is_some() => {
-                        if let Some(w) = &packed {
-                            crate::kernels::packed::dequantize_packed_row(w, r, out);
-                        }
-                    }
-                    Some(r) => {
+                match (usize::try_from(ids[i1]).ok().filter(|&r| r < tt.ne[1]), &packed) {
+                    (Some(r), Some(w)) => crate::kernels::packed::dequantize_packed_row(w, r, out),
+                    (Some(r), None) => {
                         let bytes: &[u8] = self.read(table, r * tt.nb[1], row_bytes);
                         // Cannot fail: the builder accepted only dequantizable types.
                         let _ = dequantize_row_ref(tt.ty, bytes, out);
                     }
-                    None => {
+                    (None, _) => {
                         out.fill(0.0);
                         self.fail(id, BAD_INDEX);
                     }
