@@ -3,9 +3,10 @@
 //! CPU has equals the reference (odd shapes, tails of token tiles, extreme values).
 //!
 //! Tolerances, and why:
-//! * dequantized rows: exact for Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 (same f16 scales, integer values); for the
-//!   K-quants the folded per-32 scale `d * sc` is rounded to f16 once: 2^-11 of each value's size.
-//! * reference matmul vs f64: one f32 rounding per block product and sum: 1e-5 of `sum |w| |a|`.
+//! * dequantized rows: exact for Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q6_K (same scales, integer values); for
+//!   Q4_K/Q5_K the folded per-32 scale `d * sc` is rounded to f16 once: 2^-11 of each value's size.
+//! * reference matmul vs f64: one f32 rounding per block product and sum: 1e-5 of `sum |w| |a|`
+//!   (Q6_K: plus its f16-rounded `d * sc`, 2^-11 of the same sum).
 //! * SIMD vs reference: the same integer block dots, float sums in another order: 1e-5 of
 //!   `sum |w| |a|` (measured worst cases are ~1e-7).
 
@@ -15,6 +16,7 @@ use pinfer::kernels::packed::{
     act_row_bytes, can_pack, dequantize_packed_row, matmul_ref, pack, packed_bytes, quantize_act_ref,
     ActBlock, PackedFormat, PackedMatrix, BLOCK,
 };
+use pinfer::kernels::widen::{widen_q6k, widen_q6k_ref, CHUNK_BLOCKS, CHUNK_GROUPS};
 use pinfer::kernels::{packed_matmul, quantize_act, KernelPath};
 use pinfer::quant::{dequantize_row_ref, GgmlType};
 
@@ -106,7 +108,7 @@ fn packed_rows_dequantize_to_the_original_rows() {
                 dequantize_row_ref(ty, &src[r * row_bytes..(r + 1) * row_bytes], &mut want).unwrap();
                 let mut got = vec![0f32; k];
                 dequantize_packed_row(&w, r, &mut got);
-                let exact = ty.block_len() == 32;
+                let exact = ty.block_len() == 32 || ty == GgmlType::Q6_K;
                 // K-quants: `d * sc` and `dmin * m` are each rounded to f16 once; a value can be
                 // the difference of the two, so the bound scales with the block's largest value.
                 let largest = want.iter().fold(0f32, |m, v| m.max(v.abs()));
@@ -187,9 +189,12 @@ fn reference_packed_matmul_equals_an_f64_dot_of_the_values() {
                     } else {
                         0.0
                     };
+                    // Q6K's matmul takes `d * sc` rounded to f16 (the values are exact): a
+                    // relative 2^-11 per product at most.
+                    let scale_slack = if format == PackedFormat::Q6K { 2f64.powi(-11) * size } else { 0.0 };
                     let g = f64::from(got[t][r]);
                     assert!(
-                        (g - want).abs() <= 1e-5 * size + min_slack + 1e-30,
+                        (g - want).abs() <= 1e-5 * size + min_slack + scale_slack + 1e-30,
                         "{ty:?} k={k} token {t} row {r}: {g} vs {want} (size {size})"
                     );
                 }
@@ -269,4 +274,61 @@ fn every_simd_path_quantizes_activations_like_the_reference() {
         }
     }
     assert_eq!(act_row_bytes(64), 80);
+}
+
+/// The SIMD widenings of the 6-bit layout give the reference's bytes (values and f16 scales).
+#[test]
+fn every_simd_path_widens_q6k_like_the_reference() {
+    let mut rng = Rng(0x6b);
+    let (rows, k) = (8, 512);
+    for scale in [1.0, 1000.0] {
+        let src = random_rows(GgmlType::Q6_K, rows, k, &mut rng, scale);
+        let (format, q, s) = packed_of(GgmlType::Q6_K, &src, rows, k);
+        let w = PackedMatrix { format, rows, k, quants: &q, scales: &s };
+        let nb = k / BLOCK;
+        for g in 0..rows / 4 {
+            // A block range that starts inside a super-block.
+            let blocks = 3..nb;
+            let (qn, sn) = (blocks.len() * 128, blocks.len() * 16);
+            let (mut wq, mut ws) = (vec![0u8; qn], vec![0u8; sn]);
+            widen_q6k_ref(&w, g, blocks.clone(), &mut wq, &mut ws);
+            for path in simd_paths() {
+                let (mut pq, mut ps) = (vec![1u8; qn], vec![1u8; sn]);
+                widen_q6k(path, &w, g, blocks.clone(), &mut pq, &mut ps);
+                assert!(pq == wq && ps == ws, "{} group {g} scale {scale}", path.name());
+            }
+        }
+    }
+}
+
+/// Q6_K matrices wider than one widening chunk (groups and blocks) and token counts past one kernel
+/// tile: the chunks along `k` add up to the reference.
+#[test]
+fn q6k_chunks_add_up_to_the_reference() {
+    let mut rng = Rng(0x6c);
+    let groups_total = 2 * CHUNK_GROUPS + 3;
+    let (rows, k) = (4 * groups_total, BLOCK * (CHUNK_BLOCKS + 8 * 3));
+    let src = random_rows(GgmlType::Q6_K, rows, k, &mut rng, 1.0);
+    let (format, q, s) = packed_of(GgmlType::Q6_K, &src, rows, k);
+    let w = PackedMatrix { format, rows, k, quants: &q, scales: &s };
+    for path in simd_paths() {
+        for tokens in [1usize, 3, 17] {
+            let acts = quantized_acts(&mut rng, tokens, k, 3.0);
+            let groups = 1..groups_total;
+            let want = run(matmul_ref, &w, &acts, groups.clone());
+            let got = run(|w, g, a, o| packed_matmul(path, w, g, a, o), &w, &acts, groups.clone());
+            for t in 0..tokens {
+                let size: f32 =
+                    acts[t].iter().map(|b| b.d * b.qs.iter().map(|&q| f32::from(q).abs()).sum::<f32>()).sum();
+                for (j, (&g, &v)) in got[t].iter().zip(&want[t]).enumerate() {
+                    // |w| <= 32 * 127 * 0.011 (the scales random_rows writes): a bound on sum |w a|.
+                    assert!(
+                        (g - v).abs() <= 1e-5 * 45.0 * size,
+                        "{} tokens {tokens} token {t} row {j}: {g} vs {v}",
+                        path.name()
+                    );
+                }
+            }
+        }
+    }
 }

@@ -7,6 +7,7 @@ pub mod reference;
 
 pub mod dot;
 pub mod packed;
+pub mod widen;
 
 #[cfg(target_arch = "aarch64")]
 pub mod neon;

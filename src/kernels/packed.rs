@@ -12,9 +12,18 @@
 //!     complement (`q - 8`: the XOR-0x88 trick applied at pack time). Shifting a byte left by 4, or
 //!     masking it with 0xF0, gives 16 times the signed value as an int8.
 //!   - 8-bit formats (128 bytes): byte `16c + 4r + j` (c in 0..8) is element `4c + j` of row `r`.
+//!   - 6-bit [`PackedFormat::Q6K`] (96 bytes): the 64 bytes of a 4-bit block holding the low 4 bits
+//!     of the unsigned value `u = q + 32` (same places), then 32 bytes of high bits: byte
+//!     `64 + 16h + 4r + j` (h in 0..2) holds, at bits `2f..2f+2` (f in 0..4), `u >> 4` of
+//!     element `4c + j` of row `r` with `c = 2f + h`: the high bits of the chunk pairs
+//!     `(2f, 2f + 1)` sit at one shift in both halves of a 32-byte load, so unpacking is a few
+//!     shifts and masks per 16 values (`u` is what `maddubs` takes; `u - 32` what `sdot` does).
 //! - **scales**: group `g`, block `b` at `(g * nb + b) * format.scale_bytes()`, f16 little-endian:
 //!   `d[4]` (one per row), then `m[4]` for the formats with a min, or for [`PackedFormat::Q8Sub16`]
 //!   the 4 scales of elements 16..32 after the 4 of elements 0..16.
+//!   [`PackedFormat::Q6K`] keeps the file's super-block scales, 72 bytes per group and 256
+//!   elements (9 per block): `d[4]` f16, then per block `p` of the super-block 8 int8 sub-block
+//!   scales, `sc[2p][r]` at byte `8 + 8p + r` and `sc[2p + 1][r]` at `12 + 8p + r`.
 //!
 //! One row range (or one expert of a stacked tensor) is therefore one contiguous slab in each plane.
 //!
@@ -24,11 +33,15 @@
 //! - [`PackedFormat::Q4Min`]: `w = d * (q + 8) + m` (the stored `q` is the unsigned nibble minus 8).
 //! - [`PackedFormat::Q8Min`]: `w = d * q + m`.
 //! - [`PackedFormat::Q8Sub16`]: `w = d_half * q`, one scale per 16 elements.
+//! - [`PackedFormat::Q6K`]: `w = (d * sc) * q`, `sc` the 16-element sub-block's int8 scale: the
+//!   file's values exactly (so a tied embedding's rows are read from it). The matmul uses
+//!   `d * sc` rounded to f16 (a relative 2^-11, far below the 6-bit step): x86 unpacks values and
+//!   scales in registers, the NEON paths widen chunks into Q8Sub16 (see [`super::widen`]).
 //!
-//! Sources: Q4_0 -> Q4; Q4_1, Q4_K -> Q4Min; Q8_0, Q5_0 -> Q8; Q5_1, Q5_K -> Q8Min; Q6_K -> Q8Sub16.
-//! K-quant super-block scales are folded into per-32 f16 scales (`d * sc`, `dmin * m`): a relative
-//! rounding of at most 2^-11, far below the 4-bit step. 5- and 6-bit values are widened to int8, which
-//! costs bytes but no unpacking.
+//! Sources: Q4_0 -> Q4; Q4_1, Q4_K -> Q4Min; Q8_0, Q5_0 -> Q8; Q5_1, Q5_K -> Q8Min; Q6_K -> Q6K.
+//! Q8Sub16 is what Q6K is widened into, no file type packs to it. Q4_K and Q5_K super-block scales
+//! are folded into per-32 f16 scales (`d * sc`, `dmin * m`): a relative rounding of at most 2^-11,
+//! far below the 4-bit step. 5-bit values are widened to int8, which costs bytes but no unpacking.
 
 use bytemuck::{Pod, Zeroable};
 
@@ -43,7 +56,7 @@ use super::reference::{f16_at, value};
 pub use super::reference::{f16_round, matmul_ref, quantize_act_ref};
 
 /// Bumped whenever the byte layout above changes (repacked-weight caches record it).
-pub const LAYOUT_VERSION: u32 = 1;
+pub const LAYOUT_VERSION: u32 = 2;
 /// Rows per interleaved group.
 pub const GROUP_ROWS: usize = 4;
 /// Elements per block (one scale per row and block).
@@ -62,6 +75,9 @@ pub enum PackedFormat {
     Q8Min,
     /// int8 values, one scale per 16 elements.
     Q8Sub16,
+    /// 6-bit values in a 4-bit and a 2-bit plane, int8 scales per 16 elements and an f16 scale per
+    /// 256 (Q6_K's own scales, as tight as the file).
+    Q6K,
 }
 
 impl PackedFormat {
@@ -75,6 +91,7 @@ impl PackedFormat {
         match self {
             Self::Q4 | Self::Q4Min => GROUP_ROWS * BLOCK / 2,
             Self::Q8 | Self::Q8Min | Self::Q8Sub16 => GROUP_ROWS * BLOCK,
+            Self::Q6K => GROUP_ROWS * BLOCK * 6 / 8,
         }
     }
 
@@ -83,6 +100,16 @@ impl PackedFormat {
         match self {
             Self::Q4 | Self::Q8 => GROUP_ROWS * 2,
             Self::Q4Min | Self::Q8Min | Self::Q8Sub16 => 2 * GROUP_ROWS * 2,
+            // Per super-block: d[4] (8 bytes) and 16 int8 scales per row (64).
+            Self::Q6K => SUPER_SCALE_BYTES / SUPER_BLOCKS,
+        }
+    }
+
+    /// Blocks that share the format's scale-plane unit: 8 for the super-block formats, else 1.
+    pub const fn blocks_per_unit(self) -> usize {
+        match self {
+            Self::Q6K => SUPER_BLOCKS,
+            Self::Q4 | Self::Q4Min | Self::Q8 | Self::Q8Min | Self::Q8Sub16 => 1,
         }
     }
 
@@ -104,13 +131,19 @@ impl PackedFormat {
             Self::Q8 => "q8x4",
             Self::Q8Min => "q8mx4",
             Self::Q8Sub16 => "q8sx4",
+            Self::Q6K => "q6kx4",
         }
     }
 }
 
+/// Blocks per K-quant super-block.
+pub const SUPER_BLOCKS: usize = QK_K / BLOCK;
+/// Scale-plane bytes of one group and super-block of [`PackedFormat::Q6K`].
+pub const SUPER_SCALE_BYTES: usize = GROUP_ROWS * 2 + GROUP_ROWS * QK_K / 16;
+
 /// Whether a `ty` matrix of `rows` x `k` can be repacked.
 pub fn can_pack(ty: GgmlType, rows: usize, k: usize) -> bool {
-    PackedFormat::for_type(ty).is_some()
+    PackedFormat::for_type(ty).is_some_and(|f| k % (f.blocks_per_unit() * BLOCK) == 0)
         && rows > 0
         && rows % GROUP_ROWS == 0
         && k > 0
@@ -174,7 +207,7 @@ impl<'a> PackedMatrix<'a> {
     /// Checks that the planes have the sizes the shape needs.
     pub fn is_consistent(&self) -> bool {
         self.rows % GROUP_ROWS == 0
-            && self.k % BLOCK == 0
+            && self.k % (BLOCK * self.format.blocks_per_unit()) == 0
             && packed_bytes(self.format, self.rows, self.k) == (self.quants.len(), self.scales.len())
     }
 }
@@ -207,6 +240,9 @@ pub fn pack(
     if src.len() != row_bytes * rows || packed_bytes(format, rows, k) != (quants.len(), scales.len()) {
         return Err(PackError::WrongSize);
     }
+    if format == PackedFormat::Q6K {
+        return pack_q6k(src, rows, k, row_bytes, quants, scales).map(|()| format);
+    }
     let nb = k / BLOCK;
     let (qb, sb) = (format.quant_bytes(), format.scale_bytes());
     for g in 0..rows / GROUP_ROWS {
@@ -222,6 +258,50 @@ pub fn pack(
         }
     }
     Ok(format)
+}
+
+/// [`pack`] for Q6_K: the file's 6-bit values and scales, re-laid for the kernels (see the module
+/// documentation), byte for byte as many as the file's.
+fn pack_q6k(
+    src: &[u8],
+    rows: usize,
+    k: usize,
+    row_bytes: usize,
+    quants: &mut [u8],
+    scales: &mut [u8],
+) -> Result<(), PackError> {
+    let (nb, qb) = (k / BLOCK, PackedFormat::Q6K.quant_bytes());
+    for g in 0..rows / GROUP_ROWS {
+        for sup in 0..nb / SUPER_BLOCKS {
+            let unit = g * (nb / SUPER_BLOCKS) + sup;
+            let sdst = &mut scales[unit * SUPER_SCALE_BYTES..(unit + 1) * SUPER_SCALE_BYTES];
+            // The bits below are OR-ed in: start from zero (packed memory is not zeroed).
+            let first = g * nb + sup * SUPER_BLOCKS;
+            quants[first * qb..(first + SUPER_BLOCKS) * qb].fill(0);
+            for r in 0..GROUP_ROWS {
+                let row = &src[(g * GROUP_ROWS + r) * row_bytes..][..row_bytes];
+                let blk: BlockQ6_K = one(row, sup).ok_or(PackError::Unsupported)?;
+                sdst[2 * r..2 * r + 2].copy_from_slice(&blk.d.0);
+                for p in 0..SUPER_BLOCKS {
+                    sdst[8 + 8 * p + r] = blk.scales[2 * p] as u8;
+                    sdst[12 + 8 * p + r] = blk.scales[2 * p + 1] as u8;
+                    let b = sup * SUPER_BLOCKS + p;
+                    let qdst = &mut quants[(g * nb + b) * qb..(g * nb + b + 1) * qb];
+                    for e in 0..BLOCK {
+                        let i = BLOCK * p + e; // element within the super-block
+                        let (half, i) = (i / 128, i % 128);
+                        let low = (blk.ql[64 * half + i % 64] >> (4 * (i / 64))) & 0xF;
+                        let high = (blk.qh[32 * half + i % 32] >> (2 * (i / 32))) & 3;
+                        let (c, j) = ((e % 16) / 4, e % 4);
+                        qdst[16 * c + 4 * r + j] |= if e < 16 { low } else { low << 4 };
+                        let (f, h) = (e / 8, (e / 4) % 2);
+                        qdst[64 + 16 * h + 4 * r + j] |= high << (2 * f);
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Writes row `r`'s block into the interleaved block `qdst` and its scales into `sdst`.
@@ -377,22 +457,31 @@ pub fn dequantize_packed_row(w: &PackedMatrix<'_>, row: usize, out: &mut [f32]) 
     let (qb, sb) = (w.format.quant_bytes(), w.format.scale_bytes());
     let (gq, gs) = (w.group_quants(g), w.group_scales(g));
     for (b, y) in out.chunks_exact_mut(BLOCK).enumerate().take(w.blocks()) {
-        let (block, sc) = (&gq[b * qb..(b + 1) * qb], &gs[b * sb..(b + 1) * sb]);
-        let d = f16_at(sc, r);
+        let block = &gq[b * qb..(b + 1) * qb];
+        // Per-block scales (Q6K's live in its super-block's scale unit).
+        let sc = if w.format == PackedFormat::Q6K { &[][..] } else { &gs[b * sb..(b + 1) * sb] };
         for (e, y) in y.iter_mut().enumerate() {
             let q = value(w.format, block, r, e) as f32;
             *y = match w.format {
-                PackedFormat::Q4 | PackedFormat::Q8 => d * q,
-                PackedFormat::Q4Min => d * (q + 8.0) + f16_at(sc, GROUP_ROWS + r),
-                PackedFormat::Q8Min => d * q + f16_at(sc, GROUP_ROWS + r),
-                PackedFormat::Q8Sub16 => {
-                    if e < 16 {
-                        d * q
-                    } else {
-                        f16_at(sc, GROUP_ROWS + r) * q
-                    }
+                PackedFormat::Q4 | PackedFormat::Q8 => f16_at(sc, r) * q,
+                PackedFormat::Q4Min => f16_at(sc, r) * (q + 8.0) + f16_at(sc, GROUP_ROWS + r),
+                PackedFormat::Q8Min => f16_at(sc, r) * q + f16_at(sc, GROUP_ROWS + r),
+                PackedFormat::Q8Sub16 => f16_at(sc, if e < 16 { r } else { GROUP_ROWS + r }) * q,
+                PackedFormat::Q6K => {
+                    // The file's arithmetic (`d * sc * q`): the file's values exactly.
+                    let (d, sc) = q6k_scales(gs, b, r);
+                    d * sc[e / 16] as f32 * q
                 }
             };
         }
     }
+}
+
+/// Row `r`'s super-block scale `d` and the int8 scales of both halves of block `b`, from a group's
+/// [`PackedFormat::Q6K`] scale plane `gs`.
+#[inline]
+pub(crate) fn q6k_scales(gs: &[u8], b: usize, r: usize) -> (f32, [i8; 2]) {
+    let sup = &gs[(b / SUPER_BLOCKS) * SUPER_SCALE_BYTES..][..SUPER_SCALE_BYTES];
+    let p = b % SUPER_BLOCKS;
+    (f16_at(sup, r), [sup[8 + 8 * p + r] as i8, sup[12 + 8 * p + r] as i8])
 }

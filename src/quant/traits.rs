@@ -34,8 +34,8 @@ pub struct TypeTraits {
     /// The interleaved layout the SIMD kernels repack the type's weights into.
     pub packed: Option<PackedFormat>,
     /// The repacked layout holds the file's values exactly (same scales, same quants), so
-    /// `get_rows` reads rows from it: a tied embedding keeps one resident copy. (K-quants round
-    /// their sub-block scales to f16 when repacked: their rows are read from the file.)
+    /// `get_rows` reads rows from it: a tied embedding keeps one resident copy. (Q4_K and Q5_K
+    /// round their sub-block scales to f16 when repacked: their rows are read from the file.)
     pub rows_from_packed: bool,
 }
 
@@ -190,7 +190,8 @@ impl GgmlType {
                 dequantize: dequantize!(dequantize_q6_k_ref),
                 quantize: quantize!(quantize_row_q6_k_ref),
                 vec_dot: dot!(Q8_K, vec_dot_q6_k_q8_k_ref),
-                packed: Some(P::Q8Sub16),
+                packed: Some(P::Q6K),
+                rows_from_packed: true,
                 ..NONE
             },
             T::Q8_K => TypeTraits {
@@ -276,7 +277,7 @@ mod tests {
     /// Where rows are read from the repacked copy, they are the file's rows bit for bit.
     #[test]
     fn rows_from_packed_copies_are_exact() {
-        let (rows, k) = (4, 96);
+        let (rows, k) = (4, 256);
         let mut seed = 0x9e37_79b9_u32;
         let mut next = move || {
             seed ^= seed << 13;
@@ -287,12 +288,13 @@ mod tests {
         for ty in GgmlType::all().filter(|t| t.traits().rows_from_packed) {
             let format = ty.traits().packed.unwrap();
             let row_bytes = ty.bytes_for(k as u64).unwrap() as usize;
-            let mut src = [0u8; 4 * 102];
+            let mut src = [0u8; 4 * 272];
             let src = &mut src[..rows * row_bytes];
             src.iter_mut().for_each(|b| *b = next() as u8);
-            // Finite scales (and mins) in the leading f16 fields of every block.
+            // Finite scales (and mins) in the f16 fields of every block (Q6_K's `d` is last).
+            let fields: &[usize] = if ty == GgmlType::Q6_K { &[208] } else { &[0, 2] };
             for block in src.chunks_exact_mut(ty.block_bytes()) {
-                for field in [0, 2] {
+                for &field in fields {
                     let v = (next() % 2000) as f32 / 1e5 - 0.01;
                     block[field..field + 2].copy_from_slice(&F16Le::from_f32(v).0);
                 }
@@ -309,7 +311,7 @@ mod tests {
             };
             let dequantize = ty.traits().dequantize.unwrap();
             for r in 0..rows {
-                let (mut want, mut got) = ([0f32; 96], [0f32; 96]);
+                let (mut want, mut got) = ([0f32; 256], [0f32; 256]);
                 assert!(dequantize(&src[r * row_bytes..(r + 1) * row_bytes], &mut want));
                 crate::kernels::packed::dequantize_packed_row(&w, r, &mut got);
                 for (i, (g, w)) in got.iter().zip(&want).enumerate() {

@@ -5,7 +5,10 @@ use core::arch::asm;
 use core::ops::Range;
 
 use super::*;
-use crate::kernels::packed::{quantize_act_ref, ActBlock, PackedFormat, PackedMatrix, BLOCK, GROUP_ROWS};
+use crate::kernels::packed::{
+    quantize_act_ref, ActBlock, PackedFormat, PackedMatrix, BLOCK, GROUP_ROWS, SUPER_BLOCKS,
+    SUPER_SCALE_BYTES,
+};
 
 // ---------------------------------------------------------------------------------------------
 // Shared matmul plumbing
@@ -864,20 +867,29 @@ pub unsafe fn matmul_dotprod(
     acts: &[&[ActBlock]],
     outs: &mut [&mut [f32]],
 ) {
+    if w.format == PackedFormat::Q6K {
+        return crate::kernels::widen::matmul_widened(
+            crate::kernels::KernelPath::NeonDotprod,
+            w,
+            groups,
+            acts,
+            outs,
+        );
+    }
     let Some(n) = matmul_tokens(w, &groups, acts, outs) else { return };
     let (gemv, tiles): (DotKernel, &[DotKernel]) = match w.format {
         PackedFormat::Q4 => (q4_gemv, &[q4_t1, q4_t2, q4_t3, q4_t4]),
         PackedFormat::Q8 => (q8_gemv, &[q8_t1, q8_t2, q8_t3, q8_t4]),
         PackedFormat::Q4Min => (q4m_gemv, &[q4m_t1, q4m_t2, q4m_t3]),
         PackedFormat::Q8Min => (q8m_gemv, &[q8m_t1, q8m_t2, q8m_t3]),
-        PackedFormat::Q8Sub16 => (q8s_gemv, &[q8s_t1, q8s_t2, q8s_t3]),
+        PackedFormat::Q8Sub16 | PackedFormat::Q6K => (q8s_gemv, &[q8s_t1, q8s_t2, q8s_t3]),
     };
     let wide: WideKernel = match w.format {
         PackedFormat::Q4 => q4_wide,
         PackedFormat::Q8 => q8_wide,
         PackedFormat::Q4Min => q4m_wide,
         PackedFormat::Q8Min => q8m_wide,
-        PackedFormat::Q8Sub16 => q8s_wide,
+        PackedFormat::Q8Sub16 | PackedFormat::Q6K => q8s_wide,
     };
     let nb = w.blocks();
     let (gq, gs) = (nb * w.format.quant_bytes(), nb * w.format.scale_bytes());
@@ -953,6 +965,63 @@ pub unsafe fn matmul_dotprod(
 }
 
 // ---------------------------------------------------------------------------------------------
+// Q6K widened to Q8Sub16 (see `crate::kernels::widen`)
+
+/// [`crate::kernels::widen::widen_q6k_ref`] on NEON: per output vector of 4 rows x 4 elements,
+/// the high bits shifted to the top (`shl`), the low nibble inserted below them (`sri`): `4u`;
+/// flipping the top bit makes it `4u - 128 = 4q`, and an arithmetic shift (`sshr`) gives `q`.
+pub fn widen_q6k(w: &PackedMatrix<'_>, g: usize, blocks: Range<usize>, quants: &mut [u8], scales: &mut [u8]) {
+    let (gq, gs) = (w.group_quants(g), w.group_scales(g));
+    let (qb, wq, ws) = (
+        PackedFormat::Q6K.quant_bytes(),
+        PackedFormat::Q8Sub16.quant_bytes(),
+        PackedFormat::Q8Sub16.scale_bytes(),
+    );
+    for (i, b) in blocks.enumerate() {
+        let src = &gq[b * qb..(b + 1) * qb];
+        let dst = &mut quants[i * wq..(i + 1) * wq];
+        // SAFETY: NEON is part of the aarch64 baseline; `src` holds 96 bytes and `dst` 128 (the
+        // slices above), every load and store is inside them.
+        unsafe {
+            let n: [uint8x16_t; 4] = core::array::from_fn(|c| vld1q_u8(src[16 * c..].as_ptr()));
+            let h = [vld1q_u8(src[64..].as_ptr()), vld1q_u8(src[80..].as_ptr())];
+            let hi = vdupq_n_u8(0xF0);
+            // Chunk c (elements 4c..4c + 4): low nibble of n[c] (c < 4) or high of n[c - 4]; high
+            // bits at field c / 2 of h[c % 2].
+            let lo = |c: usize| if c < 4 { vshlq_n_u8::<4>(n[c]) } else { vandq_u8(n[c - 4], hi) };
+            let out = [
+                vsriq_n_u8::<2>(vshlq_n_u8::<6>(h[0]), lo(0)),
+                vsriq_n_u8::<2>(vshlq_n_u8::<6>(h[1]), lo(1)),
+                vsriq_n_u8::<2>(vshlq_n_u8::<4>(h[0]), lo(2)),
+                vsriq_n_u8::<2>(vshlq_n_u8::<4>(h[1]), lo(3)),
+                vsriq_n_u8::<2>(vshlq_n_u8::<2>(h[0]), lo(4)),
+                vsriq_n_u8::<2>(vshlq_n_u8::<2>(h[1]), lo(5)),
+                vsriq_n_u8::<2>(h[0], lo(6)),
+                vsriq_n_u8::<2>(h[1], lo(7)),
+            ];
+            let top = vdupq_n_u8(0x80);
+            for (c, v) in out.into_iter().enumerate() {
+                let q = vshrq_n_s8::<2>(vreinterpretq_s8_u8(veorq_u8(v, top)));
+                vst1q_s8(dst[16 * c..].as_mut_ptr().cast(), q);
+            }
+        }
+        // Scales: f16(d * sc) of both halves' rows, in the order the Q6K plane keeps the int8 ones.
+        let sup = &gs[(b / SUPER_BLOCKS) * SUPER_SCALE_BYTES..][..SUPER_SCALE_BYTES];
+        let at = 8 + 8 * (b % SUPER_BLOCKS);
+        let sc: &[u8; 8] = sup[at..at + 8].try_into().unwrap_or(&[0; 8]);
+        // SAFETY: NEON is part of the aarch64 baseline; 8 bytes read from `sc`, 16 written to
+        // the block's 16 scale bytes.
+        unsafe {
+            let d = f16x4_to_f32(&sup[..8]);
+            let sc = vmovl_s8(vld1_s8(sc.as_ptr().cast()));
+            let lo = vmulq_f32(d, vcvtq_f32_s32(vmovl_s16(vget_low_s16(sc))));
+            let hi = vmulq_f32(d, vcvtq_f32_s32(vmovl_high_s16(sc)));
+            vst1q_u16(scales[i * ws..(i + 1) * ws].as_mut_ptr().cast(), f16_narrow(lo, hi));
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Packed matmul without `sdot` (A72/A53-class cores)
 
 /// Packed matmul without the dot-product extension: per 4 activation quants broadcast over the 4
@@ -960,6 +1029,15 @@ pub unsafe fn matmul_dotprod(
 /// |a| <= 127 fit), `sadalp` into int32. One token runs 4 groups per pass (sharing the
 /// broadcasts), several run 1 group x 4 tokens (sharing the unpacked weights).
 pub fn matmul(w: &PackedMatrix<'_>, groups: Range<usize>, acts: &[&[ActBlock]], outs: &mut [&mut [f32]]) {
+    if w.format == PackedFormat::Q6K {
+        return crate::kernels::widen::matmul_widened(
+            crate::kernels::KernelPath::Neon,
+            w,
+            groups,
+            acts,
+            outs,
+        );
+    }
     let Some(n) = matmul_tokens(w, &groups, acts, outs) else { return };
     // SAFETY: NEON is part of the aarch64 baseline (every arm).
     unsafe {
@@ -968,7 +1046,7 @@ pub fn matmul(w: &PackedMatrix<'_>, groups: Range<usize>, acts: &[&[ActBlock]], 
             PackedFormat::Q4Min => matmul_neon::<FMT_Q4MIN>(w, groups, acts, outs, n),
             PackedFormat::Q8 => matmul_neon::<FMT_Q8>(w, groups, acts, outs, n),
             PackedFormat::Q8Min => matmul_neon::<FMT_Q8MIN>(w, groups, acts, outs, n),
-            PackedFormat::Q8Sub16 => matmul_neon::<FMT_Q8SUB16>(w, groups, acts, outs, n),
+            PackedFormat::Q8Sub16 | PackedFormat::Q6K => matmul_neon::<FMT_Q8SUB16>(w, groups, acts, outs, n),
         }
     }
 }

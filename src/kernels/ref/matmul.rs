@@ -3,7 +3,7 @@
 
 use core::ops::Range;
 
-use crate::kernels::packed::{ActBlock, PackedFormat, PackedMatrix, BLOCK, GROUP_ROWS};
+use crate::kernels::packed::{q6k_scales, ActBlock, PackedFormat, PackedMatrix, BLOCK, GROUP_ROWS};
 use crate::quant::blocks::F16Le;
 
 /// Rounds to the nearest f16 value, kept as f32.
@@ -41,7 +41,13 @@ fn unpack_block(format: PackedFormat, block: &[u8]) -> [[i32; BLOCK]; GROUP_ROWS
     let mut q = [[0i32; BLOCK]; GROUP_ROWS];
     for (i, &byte) in block.iter().enumerate() {
         let (c, r, j) = (i / 16, (i / 4) % 4, i % 4);
-        if format.is_4bit() {
+        if format == PackedFormat::Q6K {
+            if i < 64 {
+                for e in [4 * c + j, 16 + 4 * c + j] {
+                    q[r][e] = value(format, block, r, e);
+                }
+            }
+        } else if format.is_4bit() {
             q[r][4 * c + j] = i32::from(((byte << 4) as i8) >> 4);
             q[r][16 + 4 * c + j] = i32::from((byte as i8) >> 4);
         } else {
@@ -54,13 +60,25 @@ fn unpack_block(format: PackedFormat, block: &[u8]) -> [[i32; BLOCK]; GROUP_ROWS
 /// Signed value of element `e` of row `r` in an interleaved block.
 #[inline]
 pub(crate) fn value(format: PackedFormat, block: &[u8], r: usize, e: usize) -> i32 {
-    if format.is_4bit() {
+    if format == PackedFormat::Q6K {
+        value_q6k(block, r, e)
+    } else if format.is_4bit() {
         let byte = block[16 * ((e % 16) / 4) + 4 * r + e % 4];
         let nibble = if e < 16 { byte << 4 } else { byte & 0xF0 };
         i32::from(nibble as i8) / 16
     } else {
         i32::from(block[16 * (e / 4) + 4 * r + e % 4] as i8)
     }
+}
+
+/// Signed value (-32..=31) of element `e` of row `r` in a [`PackedFormat::Q6K`] block: the low 4
+/// bits as in the 4-bit layout, the high 2 from the plane after them.
+#[inline]
+pub(crate) fn value_q6k(block: &[u8], r: usize, e: usize) -> i32 {
+    let byte = block[16 * ((e % 16) / 4) + 4 * r + e % 4];
+    let low = if e < 16 { byte & 0xF } else { byte >> 4 };
+    let high = (block[64 + 16 * ((e / 4) % 2) + 4 * r + e % 4] >> (2 * (e / 8))) & 3;
+    i32::from(low | (high << 4)) - 32
 }
 
 /// Reference matmul over row groups `groups` for `acts.len()` tokens: `outs[t][4 * (g -
@@ -76,7 +94,9 @@ pub fn matmul_ref(w: &PackedMatrix<'_>, groups: Range<usize>, acts: &[&[ActBlock
             let (gq, gs) = (w.group_quants(g), w.group_scales(g));
             let mut acc = [[0f32; GROUP_ROWS]; TILE];
             for b in 0..nb {
-                let (block, sc) = (&gq[b * qb..(b + 1) * qb], &gs[b * sb..(b + 1) * sb]);
+                let block = &gq[b * qb..(b + 1) * qb];
+                // Q6K's scales live in its super-block's unit (read below).
+                let sc = if format == PackedFormat::Q6K { &[][..] } else { &gs[b * sb..(b + 1) * sb] };
                 // Unpack the 4 rows once per block; every token of the tile reuses them.
                 let q = unpack_block(format, block);
                 for (acc, act) in acc.iter_mut().zip(tile_acts.iter()) {
@@ -84,7 +104,7 @@ pub fn matmul_ref(w: &PackedMatrix<'_>, groups: Range<usize>, acts: &[&[ActBlock
                     for (r, acc) in acc.iter_mut().enumerate() {
                         let dot =
                             |es: Range<usize>| -> i32 { es.map(|e| q[r][e] * i32::from(a.qs[e])).sum() };
-                        let d = f16_at(sc, r);
+                        let d = if format == PackedFormat::Q6K { 0.0 } else { f16_at(sc, r) };
                         match format {
                             PackedFormat::Q4 | PackedFormat::Q8 => *acc += (d * a.d) * dot(0..BLOCK) as f32,
                             PackedFormat::Q4Min | PackedFormat::Q8Min => {
@@ -97,6 +117,14 @@ pub fn matmul_ref(w: &PackedMatrix<'_>, groups: Range<usize>, acts: &[&[ActBlock
                             PackedFormat::Q8Sub16 => {
                                 let d_hi = f16_at(sc, GROUP_ROWS + r);
                                 *acc += (d * a.d) * dot(0..16) as f32;
+                                *acc += (d_hi * a.d) * dot(16..BLOCK) as f32;
+                            }
+                            PackedFormat::Q6K => {
+                                // `d * sc` rounded to f16: the numbers of the Q8Sub16 copy the
+                                // SIMD paths widen it into.
+                                let (d, sc) = q6k_scales(gs, b, r);
+                                let (d_lo, d_hi) = (f16_round(d * sc[0] as f32), f16_round(d * sc[1] as f32));
+                                *acc += (d_lo * a.d) * dot(0..16) as f32;
                                 *acc += (d_hi * a.d) * dot(16..BLOCK) as f32;
                             }
                         }

@@ -27,7 +27,9 @@ use core::arch::x86_64::*;
 use core::mem::MaybeUninit;
 use core::ops::Range;
 
-use crate::kernels::packed::{matmul_ref, ActBlock, PackedFormat, PackedMatrix, BLOCK, GROUP_ROWS};
+use crate::kernels::packed::{
+    matmul_ref, ActBlock, PackedFormat, PackedMatrix, BLOCK, GROUP_ROWS, SUPER_BLOCKS, SUPER_SCALE_BYTES,
+};
 
 /// Packed matmul (see [`matmul_ref`] for the contract; float sums are in another order).
 ///
@@ -127,22 +129,33 @@ const F_Q4MIN: u8 = 1;
 const F_Q8: u8 = 2;
 const F_Q8MIN: u8 = 3;
 const F_Q8SUB16: u8 = 4;
+const F_Q6K: u8 = 5;
 
 const fn is_4bit(f: u8) -> bool {
     f == F_Q4 || f == F_Q4MIN
 }
 
+/// Formats with a scale per 16 elements (the block's two halves summed apart).
+const fn has_sub16(f: u8) -> bool {
+    f == F_Q8SUB16 || f == F_Q6K
+}
+
 const fn quant_bytes(f: u8) -> usize {
     if is_4bit(f) {
         PackedFormat::Q4.quant_bytes()
+    } else if f == F_Q6K {
+        PackedFormat::Q6K.quant_bytes()
     } else {
         PackedFormat::Q8.quant_bytes()
     }
 }
 
+/// Scale bytes per block (Q6K: on average; its scales come in super-block units).
 const fn scale_bytes(f: u8) -> usize {
     if f == F_Q4 || f == F_Q8 {
         PackedFormat::Q4.scale_bytes()
+    } else if f == F_Q6K {
+        PackedFormat::Q6K.scale_bytes()
     } else {
         PackedFormat::Q4Min.scale_bytes()
     }
@@ -203,11 +216,13 @@ unsafe fn matmul_impl(
             (PackedFormat::Q8, false) => run::<F_Q8, false>(w, groups, acts, outs),
             (PackedFormat::Q8Min, false) => run::<F_Q8MIN, false>(w, groups, acts, outs),
             (PackedFormat::Q8Sub16, false) => run::<F_Q8SUB16, false>(w, groups, acts, outs),
+            (PackedFormat::Q6K, false) => run::<F_Q6K, false>(w, groups, acts, outs),
             (PackedFormat::Q4, true) => run::<F_Q4, true>(w, groups, acts, outs),
             (PackedFormat::Q4Min, true) => run::<F_Q4MIN, true>(w, groups, acts, outs),
             (PackedFormat::Q8, true) => run::<F_Q8, true>(w, groups, acts, outs),
             (PackedFormat::Q8Min, true) => run::<F_Q8MIN, true>(w, groups, acts, outs),
             (PackedFormat::Q8Sub16, true) => run::<F_Q8SUB16, true>(w, groups, acts, outs),
+            (PackedFormat::Q6K, true) => run::<F_Q6K, true>(w, groups, acts, outs),
         }
     }
 }
@@ -238,14 +253,17 @@ unsafe fn run<const F: u8, const VNNI: bool>(
         let mut t0 = 0;
         while t0 < acts.len() {
             let tt = (acts.len() - t0).min(TILE);
-            let chunks = nb.div_ceil(SCRATCH / tt);
-            let kc = nb.div_ceil(chunks);
+            // Q6K chunks start on super-blocks (whole scale units): multiples of 8 blocks.
+            let unit = if F == F_Q6K { SUPER_BLOCKS } else { 1 };
+            let cap = SCRATCH / tt / unit * unit;
+            let chunks = nb.div_ceil(cap);
+            let kc = nb.div_ceil(chunks).next_multiple_of(unit);
             let mut c0 = 0;
             while c0 < nb {
                 let kn = kc.min(nb - c0);
                 let corr = if is_4bit(F) {
                     Corr::Times8
-                } else if VNNI && tt == 1 && F != F_Q8SUB16 {
+                } else if VNNI && tt == 1 && !has_sub16(F) {
                     Corr::Times128
                 } else {
                     Corr::None
@@ -421,7 +439,7 @@ unsafe fn pass1<const F: u8, const VNNI: bool>(
     acts: &[&[ActBlock]],
     outs: &mut [&mut [f32]],
 ) {
-    if F == F_Q8SUB16 {
+    if has_sub16(F) {
         // SAFETY: `pass`'s contract, which is ours.
         return unsafe { pass::<F, VNNI, 1, 1>(chunk, acts, outs) };
     }
@@ -736,8 +754,10 @@ unsafe fn tile<const F: u8, const VNNI: bool, const T: usize, const G: usize>(
         for (gi, acc) in acc.iter_mut().enumerate() {
             // SAFETY: block b of group gi (the contract); 4-bit blocks are 64 bytes, 8-bit 128,
             // scales 8 or 16 bytes.
+            // (Q6K: `sp` is the block's super-block scale unit, `c0` being a multiple of 8.)
             let (qp, sp) = unsafe {
-                (q.add(gi * qstride + b * quant_bytes(F)), s.add(gi * sstride + b * scale_bytes(F)))
+                let sb = if F == F_Q6K { b / SUPER_BLOCKS * SUPER_SCALE_BYTES } else { b * scale_bytes(F) };
+                (q.add(gi * qstride + b * quant_bytes(F)), s.add(gi * sstride + sb))
             };
             // wv: the unsigned maddubs operands; ws: the sign sources (8-bit formats).
             let mut wv = [_mm256_setzero_si256(); 4];
@@ -753,6 +773,41 @@ unsafe fn tile<const F: u8, const VNNI: bool, const T: usize, const G: usize>(
                     _mm256_and_si256(_mm256_srli_epi16::<4>(x0), low4),
                     _mm256_and_si256(_mm256_srli_epi16::<4>(x1), low4),
                 ];
+            } else if F == F_Q6K {
+                // Low nibbles of chunk pairs (0,1), (2,3) in the 64 bytes at qp, their high nibbles
+                // (4,5), (6,7); the high bits of pair v at bits 2v of the 32 bytes after them,
+                // moved to bits 4..6 (the 16-bit shifts carry across bytes only bits the mask drops).
+                // SAFETY: 96 bytes at qp.
+                let (n0, n1, h) = unsafe {
+                    (
+                        _mm256_loadu_si256(qp.cast()),
+                        _mm256_loadu_si256(qp.add(32).cast()),
+                        _mm256_loadu_si256(qp.add(64).cast()),
+                    )
+                };
+                let x30 = _mm256_set1_epi8(0x30);
+                let u = [
+                    _mm256_or_si256(
+                        _mm256_and_si256(n0, low4),
+                        _mm256_and_si256(_mm256_slli_epi16::<4>(h), x30),
+                    ),
+                    _mm256_or_si256(
+                        _mm256_and_si256(n1, low4),
+                        _mm256_and_si256(_mm256_slli_epi16::<2>(h), x30),
+                    ),
+                    _mm256_or_si256(
+                        _mm256_and_si256(_mm256_srli_epi16::<4>(n0), low4),
+                        _mm256_and_si256(h, x30),
+                    ),
+                    _mm256_or_si256(
+                        _mm256_and_si256(_mm256_srli_epi16::<4>(n1), low4),
+                        _mm256_and_si256(_mm256_srli_epi16::<2>(h), x30),
+                    ),
+                ];
+                for v in 0..4 {
+                    ws[v] = _mm256_sub_epi8(u[v], _mm256_set1_epi8(32));
+                    wv[v] = _mm256_abs_epi8(ws[v]);
+                }
             } else {
                 for v in 0..4 {
                     // SAFETY: 128 bytes at qp.
@@ -763,8 +818,17 @@ unsafe fn tile<const F: u8, const VNNI: bool, const T: usize, const G: usize>(
             // Scales: d (8 bytes at sp), then m or the second d (8 bytes at sp + 8) when the format
             // has them. d2 = [d, d] (both halves).
             // SAFETY: 8 scale bytes at sp.
-            let d2 = _mm256_cvtph_ps(_mm_set1_epi64x(unsafe { sp.cast::<i64>().read_unaligned() }));
+            let mut d2 = _mm256_cvtph_ps(_mm_set1_epi64x(unsafe { sp.cast::<i64>().read_unaligned() }));
             let (mut m_lo, mut dh2) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+            if F == F_Q6K {
+                // f16(d * sc) of both halves (the reference's rounding), from the super-block's d
+                // (d2 as loaded) and the block's 8 int8 scales at 8 + 8 (b % 8).
+                // SAFETY: the 72-byte scale unit at sp.
+                let sc = unsafe { _mm_loadl_epi64(sp.add(8 + 8 * (b % SUPER_BLOCKS)).cast()) };
+                let f = _mm256_mul_ps(d2, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc)));
+                let f = _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(f));
+                (d2, dh2) = (_mm256_permute2f128_ps::<0x00>(f, f), _mm256_permute2f128_ps::<0x11>(f, f));
+            }
             if F == F_Q4MIN || F == F_Q8MIN {
                 // [m, 0] (and [d, 0]): the min term goes into the low half only.
                 // SAFETY: 16 scale bytes at sp for formats with a min.
@@ -814,7 +878,7 @@ unsafe fn tile<const F: u8, const VNNI: bool, const T: usize, const G: usize>(
                         // SAFETY: as above.
                         unsafe {
                             let lo = dpbusd(dpbusd(_mm256_setzero_si256(), wv[0], se[0]), wv[1], se[1]);
-                            if F == F_Q8SUB16 {
+                            if has_sub16(F) {
                                 (lo, dpbusd(dpbusd(_mm256_setzero_si256(), wv[2], se[2]), wv[3], se[3]))
                             } else {
                                 (dpbusd(dpbusd(lo, wv[2], se[2]), wv[3], se[3]), _mm256_setzero_si256())
@@ -824,14 +888,14 @@ unsafe fn tile<const F: u8, const VNNI: bool, const T: usize, const G: usize>(
                         let m = [0, 1, 2, 3]
                             .map(|v| _mm256_madd_epi16(_mm256_maddubs_epi16(wv[v], se[v]), ones16));
                         let (lo, hi) = (_mm256_add_epi32(m[0], m[1]), _mm256_add_epi32(m[2], m[3]));
-                        if F == F_Q8SUB16 {
+                        if has_sub16(F) {
                             (lo, hi)
                         } else {
                             (_mm256_add_epi32(lo, hi), _mm256_setzero_si256())
                         }
                     };
                     *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo), _mm256_mul_ps(d2, da), *acc);
-                    if F == F_Q8SUB16 {
+                    if has_sub16(F) {
                         *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hi), _mm256_mul_ps(dh2, da), *acc);
                     }
                 }

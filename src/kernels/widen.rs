@@ -1,0 +1,162 @@
+//! The narrow 6-bit layout ([`PackedFormat::Q6K`]) widened for the NEON int8 kernels.
+//!
+//! (The x86 kernels unpack Q6K in registers; on aarch64 this is the step before that.)
+//! Memory holds Q6_K weights at the file's 6.5625 bits per weight; the NEON paths turn a chunk of
+//! row groups at a time into the [`PackedFormat::Q8Sub16`] layout (int8 values, `d * sc` rounded to
+//! f16 per 16 elements) in a stack buffer that stays in L1/L2, and run that layout's kernels on it.
+//! Weights are read from memory once, at their narrow width; the widening costs a few vector
+//! instructions per 16 weights, shared by every token of a prompt tile. The reference twin
+//! ([`crate::kernels::packed::matmul_ref`]) computes the same numbers from the narrow layout
+//! directly.
+
+use core::ops::Range;
+
+use super::packed::{
+    q6k_scales, ActBlock, PackedFormat, PackedMatrix, BLOCK, GROUP_ROWS, SUPER_BLOCKS, SUPER_SCALE_BYTES,
+};
+use super::KernelPath;
+use crate::quant::blocks::F16Le;
+
+/// Row groups widened at once: a multiple of the dot-product kernels' single-token pass (4), and
+/// enough to spread each kernel call's set-up (activation expansion on x86) over many rows.
+pub const CHUNK_GROUPS: usize = 8;
+/// Blocks (of 32 elements) widened at once per group: whole rows up to k = 2048.
+pub const CHUNK_BLOCKS: usize = 64;
+/// Tokens per kernel call on a widened chunk (the dot-product kernels' widest tile).
+const TOKENS: usize = 16;
+
+/// Bytes of one widened block (Q8Sub16): quants and scales.
+const WIDE_Q: usize = PackedFormat::Q8Sub16.quant_bytes();
+const WIDE_S: usize = PackedFormat::Q8Sub16.scale_bytes();
+
+/// Widens blocks `blocks` of group `g` of a Q6K matrix into Q8Sub16 planes (`quants`: 128 bytes per
+/// block, `scales`: 16), the portable twin of the SIMD widenings.
+pub fn widen_q6k_ref(
+    w: &PackedMatrix<'_>,
+    g: usize,
+    blocks: Range<usize>,
+    quants: &mut [u8],
+    scales: &mut [u8],
+) {
+    let (gq, gs) = (w.group_quants(g), w.group_scales(g));
+    let qb = PackedFormat::Q6K.quant_bytes();
+    for (i, b) in blocks.enumerate() {
+        let block = &gq[b * qb..(b + 1) * qb];
+        let dst = &mut quants[i * WIDE_Q..(i + 1) * WIDE_Q];
+        for r in 0..GROUP_ROWS {
+            for e in 0..BLOCK {
+                dst[16 * (e / 4) + 4 * r + e % 4] = super::reference::value_q6k(block, r, e) as u8;
+            }
+        }
+        wide_scales(gs, b, &mut scales[i * WIDE_S..(i + 1) * WIDE_S]);
+    }
+}
+
+/// Block `b`'s Q8Sub16 scales (`f16(d * sc)` of both halves, 4 rows each) from a group's Q6K scale
+/// plane `gs`.
+#[inline]
+pub(crate) fn wide_scales(gs: &[u8], b: usize, out: &mut [u8]) {
+    for r in 0..GROUP_ROWS {
+        let (d, sc) = q6k_scales(gs, b, r);
+        out[2 * r..2 * r + 2].copy_from_slice(&F16Le::from_f32(d * sc[0] as f32).0);
+        let at = 2 * (GROUP_ROWS + r);
+        out[at..at + 2].copy_from_slice(&F16Le::from_f32(d * sc[1] as f32).0);
+    }
+}
+
+/// Widens blocks `blocks` of group `g` on `path` (same bytes on every path).
+pub fn widen_q6k(
+    path: KernelPath,
+    w: &PackedMatrix<'_>,
+    g: usize,
+    blocks: Range<usize>,
+    quants: &mut [u8],
+    scales: &mut [u8],
+) {
+    match path {
+        #[cfg(target_arch = "aarch64")]
+        KernelPath::Neon | KernelPath::NeonDotprod | KernelPath::NeonFp16 => {
+            super::neon::widen_q6k(w, g, blocks, quants, scales)
+        }
+        _ => widen_q6k_ref(w, g, blocks, quants, scales),
+    }
+}
+
+/// Packed matmul of a Q6K matrix on `path` (the contract of
+/// [`crate::kernels::packed::matmul_ref`]): chunks of [`CHUNK_GROUPS`] groups x [`CHUNK_BLOCKS`]
+/// blocks are widened, then every token tile runs `path`'s Q8Sub16 kernel on the chunk; the
+/// chunks along `k` add up.
+pub fn matmul_widened(
+    path: KernelPath,
+    w: &PackedMatrix<'_>,
+    groups: Range<usize>,
+    acts: &[&[ActBlock]],
+    outs: &mut [&mut [f32]],
+) {
+    let n = acts.len().min(outs.len());
+    let nb = w.blocks();
+    let sane = w.format == PackedFormat::Q6K
+        && w.is_consistent()
+        && groups.start <= groups.end
+        && groups.end <= w.groups()
+        && acts[..n].iter().all(|a| a.len() >= nb)
+        && outs[..n].iter().all(|o| o.len() >= GROUP_ROWS * groups.len());
+    if !sane || nb == 0 {
+        // The reference's own checks and messages (and its handling of empty rows).
+        return super::packed::matmul_ref(w, groups, acts, outs);
+    }
+    let mut quants = [0u8; CHUNK_GROUPS * CHUNK_BLOCKS * WIDE_Q];
+    let mut scales = [0u8; CHUNK_GROUPS * CHUNK_BLOCKS * WIDE_S];
+    let mut part = [[0f32; GROUP_ROWS * CHUNK_GROUPS]; TOKENS];
+    // Equal chunks along k (so a k of 2.5 chunks does not end in a sliver).
+    let kc = nb.div_ceil(nb.div_ceil(CHUNK_BLOCKS));
+    let mut g0 = groups.start;
+    while g0 < groups.end {
+        let gn = CHUNK_GROUPS.min(groups.end - g0);
+        let out0 = GROUP_ROWS * (g0 - groups.start);
+        let rows = GROUP_ROWS * gn;
+        let mut c0 = 0;
+        while c0 < nb {
+            let kn = kc.min(nb - c0);
+            let (q, s) = (&mut quants[..gn * kn * WIDE_Q], &mut scales[..gn * kn * WIDE_S]);
+            for gi in 0..gn {
+                let (qg, sg) =
+                    (&mut q[gi * kn * WIDE_Q..][..kn * WIDE_Q], &mut s[gi * kn * WIDE_S..][..kn * WIDE_S]);
+                widen_q6k(path, w, g0 + gi, c0..c0 + kn, qg, sg);
+            }
+            let view =
+                PackedMatrix { format: PackedFormat::Q8Sub16, rows, k: BLOCK * kn, quants: q, scales: s };
+            let mut t0 = 0;
+            while t0 < n {
+                let tn = TOKENS.min(n - t0);
+                let mut a: [&[ActBlock]; TOKENS] = [&[]; TOKENS];
+                for (a, act) in a.iter_mut().zip(&acts[t0..t0 + tn]) {
+                    *a = &act[c0..c0 + kn];
+                }
+                let mut o: [&mut [f32]; TOKENS] = Default::default();
+                if c0 == 0 {
+                    for (o, out) in o.iter_mut().zip(outs[t0..t0 + tn].iter_mut()) {
+                        *o = &mut out[out0..out0 + rows];
+                    }
+                    super::packed_matmul(path, &view, 0..gn, &a[..tn], &mut o[..tn]);
+                } else {
+                    for (o, p) in o.iter_mut().zip(part.iter_mut()) {
+                        *o = &mut p[..rows];
+                    }
+                    super::packed_matmul(path, &view, 0..gn, &a[..tn], &mut o[..tn]);
+                    for (out, p) in outs[t0..t0 + tn].iter_mut().zip(&part) {
+                        for (y, &v) in out[out0..out0 + rows].iter_mut().zip(p) {
+                            *y += v;
+                        }
+                    }
+                }
+                t0 += tn;
+            }
+            c0 += kn;
+        }
+        g0 += gn;
+    }
+}
+
+// The super-block constants the layout relies on.
+const _: () = assert!(SUPER_SCALE_BYTES == 72 && SUPER_BLOCKS == 8);
