@@ -177,8 +177,11 @@ struct Expanded {
     /// loads 0 and 1, `e[2]`, `e[3]` with their high nibbles.
     e: [__m256i; 4],
     /// `-8` (4-bit formats) or `-128` (int8 formats, one token, VNNI) times the sum of the
-    /// activations a half meets, per int32 lane (see [`Corr`]); else zero.
+    /// activations a half meets, per int32 lane (see [`Corr`]); Q6K: `-32` times the sum over
+    /// elements 0..16 only; else zero.
     neg_corr: __m256i,
+    /// Q6K: `-32` times the sum over elements 16..32 per int32 lane; else zero.
+    neg_corr_hi: __m256i,
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -263,6 +266,8 @@ unsafe fn run<const F: u8, const VNNI: bool>(
                 let kn = kc.min(nb - c0);
                 let corr = if is_4bit(F) {
                     Corr::Times8
+                } else if F == F_Q6K {
+                    Corr::Times32Halves
                 } else if VNNI && tt == 1 && !has_sub16(F) {
                     Corr::Times128
                 } else {
@@ -321,6 +326,8 @@ enum Corr {
     Times8,
     /// `-128 * sum`: int8 weights taken as `q + 128` (one token with VNNI, see [`block_isum`]).
     Times128,
+    /// `-32 * sum` of each 16-element half apart: Q6K's 6-bit weights taken as `q + 32`.
+    Times32Halves,
 }
 
 /// Expands `n` activation blocks from `src` into `dst`.
@@ -347,21 +354,32 @@ unsafe fn expand(src: *const ActBlock, n: usize, dst: *mut Expanded, corr: Corr)
             _mm256_permutevar8x32_epi32(qs, idx[2]),
             _mm256_permutevar8x32_epi32(qs, idx[3]),
         ];
-        let neg_corr = if corr == Corr::None {
-            _mm256_setzero_si256()
+        let zero = _mm256_setzero_si256();
+        let (neg_corr, neg_corr_hi) = if corr == Corr::None {
+            (zero, zero)
         } else {
-            // Per int32 lane, the sum of the 16 activations its half meets, times -8 or -128.
-            let s16 = _mm256_add_epi16(
-                _mm256_add_epi16(_mm256_maddubs_epi16(ones8, e[0]), _mm256_maddubs_epi16(ones8, e[1])),
-                _mm256_add_epi16(_mm256_maddubs_epi16(ones8, e[2]), _mm256_maddubs_epi16(ones8, e[3])),
-            );
-            let sum = _mm256_madd_epi16(s16, ones16);
-            let scaled =
-                if corr == Corr::Times8 { _mm256_slli_epi32::<3>(sum) } else { _mm256_slli_epi32::<7>(sum) };
-            _mm256_sub_epi32(_mm256_setzero_si256(), scaled)
+            // Per int32 lane, the sums of the activations its half meets in loads 0, 1 (elements
+            // 0..16) and 2, 3 (16..32).
+            let lo16 = _mm256_add_epi16(_mm256_maddubs_epi16(ones8, e[0]), _mm256_maddubs_epi16(ones8, e[1]));
+            let hi16 = _mm256_add_epi16(_mm256_maddubs_epi16(ones8, e[2]), _mm256_maddubs_epi16(ones8, e[3]));
+            match corr {
+                Corr::Times32Halves => (
+                    _mm256_sub_epi32(zero, _mm256_slli_epi32::<5>(_mm256_madd_epi16(lo16, ones16))),
+                    _mm256_sub_epi32(zero, _mm256_slli_epi32::<5>(_mm256_madd_epi16(hi16, ones16))),
+                ),
+                _ => {
+                    let sum = _mm256_madd_epi16(_mm256_add_epi16(lo16, hi16), ones16);
+                    let scaled = if corr == Corr::Times8 {
+                        _mm256_slli_epi32::<3>(sum)
+                    } else {
+                        _mm256_slli_epi32::<7>(sum)
+                    };
+                    (_mm256_sub_epi32(zero, scaled), zero)
+                }
+            }
         };
         // SAFETY: entry b < n of `dst` (the caller's contract).
-        unsafe { dst.add(b).write(Expanded { e, neg_corr }) };
+        unsafe { dst.add(b).write(Expanded { e, neg_corr, neg_corr_hi }) };
     }
 }
 
@@ -804,10 +822,8 @@ unsafe fn tile<const F: u8, const VNNI: bool, const T: usize, const G: usize>(
                         _mm256_and_si256(_mm256_srli_epi16::<2>(h), x30),
                     ),
                 ];
-                for v in 0..4 {
-                    ws[v] = _mm256_sub_epi8(u[v], _mm256_set1_epi8(32));
-                    wv[v] = _mm256_abs_epi8(ws[v]);
-                }
+                // u = q + 32, unsigned: `maddubs` takes it as is (the -32 sum is the expansion's).
+                wv = u;
             } else {
                 for v in 0..4 {
                     // SAFETY: 128 bytes at qp.
@@ -872,6 +888,29 @@ unsafe fn tile<const F: u8, const VNNI: bool, const T: usize, const G: usize>(
                         _mm256_add_epi32(_mm256_madd_epi16(p, ones16), ex.neg_corr)
                     };
                     *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(d2, da), *acc);
+                } else if F == F_Q6K {
+                    // Each half's dot of u = q + 32, plus -32 times its activation sum: exact (two
+                    // products of 63 * 127 per i16 lane, two lanes added: 32004 < 2^15).
+                    let (lo, hi) = if VNNI {
+                        // SAFETY: VNNI only when the CPU has it (the contract).
+                        unsafe {
+                            (
+                                dpbusd(dpbusd(ex.neg_corr, wv[0], ex.e[0]), wv[1], ex.e[1]),
+                                dpbusd(dpbusd(ex.neg_corr_hi, wv[2], ex.e[2]), wv[3], ex.e[3]),
+                            )
+                        }
+                    } else {
+                        let half = |a: usize, c: __m256i| {
+                            let p = _mm256_add_epi16(
+                                _mm256_maddubs_epi16(wv[a], ex.e[a]),
+                                _mm256_maddubs_epi16(wv[a + 1], ex.e[a + 1]),
+                            );
+                            _mm256_add_epi32(_mm256_madd_epi16(p, ones16), c)
+                        };
+                        (half(0, ex.neg_corr), half(2, ex.neg_corr_hi))
+                    };
+                    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo), _mm256_mul_ps(d2, da), *acc);
+                    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hi), _mm256_mul_ps(dh2, da), *acc);
                 } else {
                     let se = [0, 1, 2, 3].map(|v| _mm256_sign_epi8(ex.e[v], ws[v]));
                     let (lo, hi) = if VNNI {
