@@ -14,10 +14,11 @@
 //!   - 8-bit formats (128 bytes): byte `16c + 4r + j` (c in 0..8) is element `4c + j` of row `r`.
 //!   - 6-bit [`PackedFormat::Q6K`] (96 bytes): the 64 bytes of a 4-bit block holding the low 4 bits
 //!     of the unsigned value `u = q + 32` (same places), then 32 bytes of high bits: byte
-//!     `64 + 16h + 4r + j` (h in 0..2) holds, at bits `2f..2f+2` (f in 0..4), `u >> 4` of
-//!     element `4c + j` of row `r` with `c = 2f + h`: the high bits of the chunk pairs
-//!     `(2f, 2f + 1)` sit at one shift in both halves of a 32-byte load, so unpacking is a few
-//!     shifts and masks per 16 values (`u` is what `maddubs` takes; `u - 32` what `sdot` does).
+//!     `64 + 16h + 4r + j` (h in 0..2) holds, at bits `2f..2f+2` (f in 0..4), `(u >> 4) ^ 2` of
+//!     element `4c + j` of row `r` with `c = 2f + h`. The XOR makes `(high << 6) | (low << 2)`
+//!     the int8 `4q` (NEON: one `shl` and one `sri` per 16 values, for `sdot`), and the high bits
+//!     of the chunk pairs `(2f, 2f + 1)` sit at one shift in both halves of a 32-byte load (x86:
+//!     `u` is `(low | high << 4) ^ 0x20`, what `maddubs` takes).
 //! - **scales**: group `g`, block `b` at `(g * nb + b) * format.scale_bytes()`, f16 little-endian:
 //!   `d[4]` (one per row), then `m[4]` for the formats with a min, or for [`PackedFormat::Q8Sub16`]
 //!   the 4 scales of elements 16..32 after the 4 of elements 0..16.
@@ -295,7 +296,7 @@ fn pack_q6k(
                         let (c, j) = ((e % 16) / 4, e % 4);
                         qdst[16 * c + 4 * r + j] |= if e < 16 { low } else { low << 4 };
                         let (f, h) = (e / 8, (e / 4) % 2);
-                        qdst[64 + 16 * h + 4 * r + j] |= high << (2 * f);
+                        qdst[64 + 16 * h + 4 * r + j] |= (high ^ 2) << (2 * f);
                     }
                 }
             }

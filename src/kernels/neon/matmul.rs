@@ -868,13 +868,12 @@ pub unsafe fn matmul_dotprod(
     outs: &mut [&mut [f32]],
 ) {
     if w.format == PackedFormat::Q6K {
-        return crate::kernels::widen::matmul_widened(
-            crate::kernels::KernelPath::NeonDotprod,
-            w,
-            groups,
-            acts,
-            outs,
-        );
+        if acts.len().min(outs.len()) == 1 {
+            // SAFETY: the CPU has dotprod (this function's contract).
+            return unsafe { q6k_gemv(w, groups, acts, outs) };
+        }
+        let path = crate::kernels::KernelPath::NeonDotprod;
+        return crate::kernels::widen::matmul_widened(path, w, groups, acts, outs);
     }
     let Some(n) = matmul_tokens(w, &groups, acts, outs) else { return };
     let (gemv, tiles): (DotKernel, &[DotKernel]) = match w.format {
@@ -965,11 +964,141 @@ pub unsafe fn matmul_dotprod(
 }
 
 // ---------------------------------------------------------------------------------------------
+// Q6K, one token: unpacked in registers
+//
+// Per pass 4 row groups; per block and group the 96 quant bytes are loaded (v0-v3 nibbles, v4-v5
+// high bits) and unpacked into 8 vectors of 4 rows x 4 elements holding 4q as int8 (the stored
+// high bits are XOR 2, so `shl` of the high-bit byte to bit 6 and `sri` of the nibble to bits
+// 2..6 is the whole unpack), then 4 `sdot`s per half:
+//     v6-v11, v4, v5   chunks 0..8 (elements 4c..4c + 4 of the 4 rows)
+//     v12              nibble temporary;  v24  0xF0 mask
+//     v16-v19          accumulators of groups 0..3;  v20-v23  their super-block scales d (f32)
+//     v25              lane 0: the activation's d;  v26, v27  its 32 quants
+//     v28, v29         the half dots;  v30, v31  the halves' scales f16(d * sc) (f32)
+// The scale plane of a group is read in order: d[4] at each super-block, then 8 int8 scales per
+// block ([sc_lo r0..4, sc_hi r0..4]).
+
+/// One Q6K group's block: unpack, dots, scales, `F += (dot_lo s_lo + dot_hi s_hi) d_a`.
+#[rustfmt::skip]
+macro_rules! q6k_group { ($wq:ident, $ws:ident, $f:literal, $d:literal) => { concat!(
+    "ld1 {{v0.16b, v1.16b, v2.16b, v3.16b}}, [", op!($wq), "], #64\n",
+    "ld1 {{v4.16b, v5.16b}}, [", op!($wq), "], #32\n",
+    "shl v6.16b, v4.16b, #6\n",      "shl v7.16b, v5.16b, #6\n",
+    "shl v8.16b, v4.16b, #4\n",      "shl v9.16b, v5.16b, #4\n",
+    "shl v10.16b, v4.16b, #2\n",     "shl v11.16b, v5.16b, #2\n",
+    "and v12.16b, v0.16b, v24.16b\n", "sri v10.16b, v12.16b, #2\n",
+    "and v12.16b, v1.16b, v24.16b\n", "sri v11.16b, v12.16b, #2\n",
+    "and v12.16b, v2.16b, v24.16b\n", "sri v4.16b, v12.16b, #2\n",
+    "and v12.16b, v3.16b, v24.16b\n", "sri v5.16b, v12.16b, #2\n",
+    "shl v0.16b, v0.16b, #4\n",      "sri v6.16b, v0.16b, #2\n",
+    "shl v1.16b, v1.16b, #4\n",      "sri v7.16b, v1.16b, #2\n",
+    "shl v2.16b, v2.16b, #4\n",      "sri v8.16b, v2.16b, #2\n",
+    "shl v3.16b, v3.16b, #4\n",      "sri v9.16b, v3.16b, #2\n",
+    "movi v28.4s, #0\n",             "movi v29.4s, #0\n",
+    "sdot v28.4s, v6.16b, v26.4b[0]\n",  "sdot v29.4s, v10.16b, v27.4b[0]\n",
+    "sdot v28.4s, v7.16b, v26.4b[1]\n",  "sdot v29.4s, v11.16b, v27.4b[1]\n",
+    "sdot v28.4s, v8.16b, v26.4b[2]\n",  "sdot v29.4s, v4.16b, v27.4b[2]\n",
+    "sdot v28.4s, v9.16b, v26.4b[3]\n",  "sdot v29.4s, v5.16b, v27.4b[3]\n",
+    "ldr d30, [", op!($ws), "], #8\n",
+    "sxtl v30.8h, v30.8b\n",
+    "sxtl2 v31.4s, v30.8h\n",        "sxtl v30.4s, v30.4h\n",
+    "scvtf v30.4s, v30.4s\n",        "scvtf v31.4s, v31.4s\n",
+    "fmul v30.4s, v30.4s, v", $d, ".4s\n",  "fmul v31.4s, v31.4s, v", $d, ".4s\n",
+    "fcvtn v30.4h, v30.4s\n",        "fcvtn v31.4h, v31.4s\n",
+    "fcvtl v30.4s, v30.4h\n",        "fcvtl v31.4s, v31.4h\n",
+    "scvtf v28.4s, v28.4s, #2\n",    "scvtf v29.4s, v29.4s, #2\n",
+    "fmul v28.4s, v28.4s, v30.4s\n", "fmla v28.4s, v29.4s, v31.4s\n",
+    "fmla v", $f, ".4s, v28.4s, v25.s[0]\n",
+) } }
+
+/// One pass of [`q6k_gemv`]: 4 groups (quant and scale planes at `wq`, `ws`, block 0) against one
+/// activation row `a` of `8 nsup` blocks; writes 16 floats at `o`.
+///
+/// # Safety
+/// Each `wq[i]` readable for `96 * 8 nsup` bytes and `ws[i]` for `72 nsup`, `a` for `8 nsup`
+/// blocks, `o` writable for 16 floats, `nsup > 0`; the CPU has dotprod.
+#[target_feature(enable = "dotprod")]
+unsafe fn q6k_gemv4(wq: [*const u8; 4], ws: [*const u8; 4], a: *const ActBlock, nsup: usize, o: *mut f32) {
+    // SAFETY: by the contract every load stays inside the planes and the row, the store inside
+    // `o`; every register written is declared clobbered.
+    unsafe {
+        asm!(
+            "movi v24.16b, #0xf0",
+            "movi v16.4s, #0", "movi v17.4s, #0", "movi v18.4s, #0", "movi v19.4s, #0",
+            "1:",
+            "ldr d20, [{ws0}], #8", "ldr d21, [{ws1}], #8", "ldr d22, [{ws2}], #8", "ldr d23, [{ws3}], #8",
+            "fcvtl v20.4s, v20.4h", "fcvtl v21.4s, v21.4h", "fcvtl v22.4s, v22.4h", "fcvtl v23.4s, v23.4h",
+            "mov {k}, #8",
+            "2:",
+            "ldr s25, [{a}], #8",
+            "ld1 {{v26.16b, v27.16b}}, [{a}], #32",
+            q6k_group!(wq0, ws0, "16", "20"),
+            q6k_group!(wq1, ws1, "17", "21"),
+            q6k_group!(wq2, ws2, "18", "22"),
+            q6k_group!(wq3, ws3, "19", "23"),
+            "subs {k}, {k}, #1",
+            "b.ne 2b",
+            "subs {nsup}, {nsup}, #1",
+            "b.ne 1b",
+            "st1 {{v16.4s, v17.4s, v18.4s, v19.4s}}, [{o}]",
+            wq0 = inout(reg) wq[0] => _, wq1 = inout(reg) wq[1] => _,
+            wq2 = inout(reg) wq[2] => _, wq3 = inout(reg) wq[3] => _,
+            ws0 = inout(reg) ws[0] => _, ws1 = inout(reg) ws[1] => _,
+            ws2 = inout(reg) ws[2] => _, ws3 = inout(reg) ws[3] => _,
+            a = inout(reg) a => _,
+            nsup = inout(reg) nsup => _,
+            k = out(reg) _,
+            o = in(reg) o,
+            out("v0") _, out("v1") _, out("v2") _, out("v3") _,
+            out("v4") _, out("v5") _, out("v6") _, out("v7") _,
+            out("v8") _, out("v9") _, out("v10") _, out("v11") _,
+            out("v12") _, out("v16") _, out("v17") _, out("v18") _, out("v19") _,
+            out("v20") _, out("v21") _, out("v22") _, out("v23") _,
+            out("v24") _, out("v25") _, out("v26") _, out("v27") _,
+            out("v28") _, out("v29") _, out("v30") _, out("v31") _,
+            options(nostack),
+        );
+    }
+}
+
+/// Q6K against one token (the contract of [`crate::kernels::packed::matmul_ref`]): passes of 4
+/// groups; a tail of 1 to 3 groups runs as a pass with its last group repeated, into a spare.
+///
+/// # Safety
+/// The CPU must have dotprod.
+#[target_feature(enable = "dotprod")]
+unsafe fn q6k_gemv(
+    w: &PackedMatrix<'_>,
+    groups: Range<usize>,
+    acts: &[&[ActBlock]],
+    outs: &mut [&mut [f32]],
+) {
+    let Some(_) = matmul_tokens(w, &groups, acts, outs) else { return };
+    let nsup = w.blocks() / SUPER_BLOCKS;
+    let (act, out) = (acts[0], &mut *outs[0]);
+    let mut g = groups.start;
+    while g < groups.end {
+        let n = (groups.end - g).min(4);
+        let pick = |i: usize| g + i.min(n - 1);
+        let wq = core::array::from_fn(|i| w.group_quants(pick(i)).as_ptr());
+        let ws = core::array::from_fn(|i| w.group_scales(pick(i)).as_ptr());
+        let mut spare = [0f32; 16];
+        // SAFETY: `matmul_tokens` checked the planes (consistent: every group has 8 nsup > 0
+        // blocks of 96 quant bytes and nsup units of 72 scale bytes), the activation row (>= nb
+        // blocks) and the output row; `spare` holds 16 floats; the CPU has dotprod (our contract).
+        unsafe { q6k_gemv4(wq, ws, act.as_ptr(), nsup, spare.as_mut_ptr()) };
+        let at = GROUP_ROWS * (g - groups.start);
+        out[at..at + GROUP_ROWS * n].copy_from_slice(&spare[..GROUP_ROWS * n]);
+        g += n;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Q6K widened to Q8Sub16 (see `crate::kernels::widen`)
 
 /// [`crate::kernels::widen::widen_q6k_ref`] on NEON: per output vector of 4 rows x 4 elements,
-/// the high bits shifted to the top (`shl`), the low nibble inserted below them (`sri`): `4u`;
-/// flipping the top bit makes it `4u - 128 = 4q`, and an arithmetic shift (`sshr`) gives `q`.
+/// the high bits shifted to the top (`shl`) and the low nibble inserted below them (`sri`) make
+/// `4q`, and an arithmetic shift (`sshr`) gives `q`.
 pub fn widen_q6k(w: &PackedMatrix<'_>, g: usize, blocks: Range<usize>, quants: &mut [u8], scales: &mut [u8]) {
     let (gq, gs) = (w.group_quants(g), w.group_scales(g));
     let (qb, wq, ws) = (
@@ -999,9 +1128,8 @@ pub fn widen_q6k(w: &PackedMatrix<'_>, g: usize, blocks: Range<usize>, quants: &
                 vsriq_n_u8::<2>(h[0], lo(6)),
                 vsriq_n_u8::<2>(h[1], lo(7)),
             ];
-            let top = vdupq_n_u8(0x80);
             for (c, v) in out.into_iter().enumerate() {
-                let q = vshrq_n_s8::<2>(vreinterpretq_s8_u8(veorq_u8(v, top)));
+                let q = vshrq_n_s8::<2>(vreinterpretq_s8_u8(v));
                 vst1q_s8(dst[16 * c..].as_mut_ptr().cast(), q);
             }
         }

@@ -72,12 +72,12 @@ pub(crate) fn value(format: PackedFormat, block: &[u8], r: usize, e: usize) -> i
 }
 
 /// Signed value (-32..=31) of element `e` of row `r` in a [`PackedFormat::Q6K`] block: the low 4
-/// bits as in the 4-bit layout, the high 2 from the plane after them.
+/// bits as in the 4-bit layout, the high 2 (stored XOR 2) from the plane after them.
 #[inline]
 pub(crate) fn value_q6k(block: &[u8], r: usize, e: usize) -> i32 {
     let byte = block[16 * ((e % 16) / 4) + 4 * r + e % 4];
     let low = if e < 16 { byte & 0xF } else { byte >> 4 };
-    let high = (block[64 + 16 * ((e / 4) % 2) + 4 * r + e % 4] >> (2 * (e / 8))) & 3;
+    let high = ((block[64 + 16 * ((e / 4) % 2) + 4 * r + e % 4] >> (2 * (e / 8))) & 3) ^ 2;
     i32::from(low | (high << 4)) - 32
 }
 

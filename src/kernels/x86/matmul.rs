@@ -803,7 +803,7 @@ unsafe fn tile<const F: u8, const VNNI: bool, const T: usize, const G: usize>(
                         _mm256_loadu_si256(qp.add(64).cast()),
                     )
                 };
-                let x30 = _mm256_set1_epi8(0x30);
+                let (x30, x20) = (_mm256_set1_epi8(0x30), _mm256_set1_epi8(0x20));
                 let u = [
                     _mm256_or_si256(
                         _mm256_and_si256(n0, low4),
@@ -822,8 +822,9 @@ unsafe fn tile<const F: u8, const VNNI: bool, const T: usize, const G: usize>(
                         _mm256_and_si256(_mm256_srli_epi16::<2>(h), x30),
                     ),
                 ];
-                // u = q + 32, unsigned: `maddubs` takes it as is (the -32 sum is the expansion's).
-                wv = u;
+                // u = q + 32 (the stored high bits are XOR 2), unsigned: `maddubs` takes it as is
+                // (the -32 sum is the expansion's).
+                wv = u.map(|u| _mm256_xor_si256(u, x20));
             } else {
                 for v in 0..4 {
                     // SAFETY: 128 bytes at qp.
