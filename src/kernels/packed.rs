@@ -276,9 +276,6 @@ fn pack_q6k(
         for sup in 0..nb / SUPER_BLOCKS {
             let unit = g * (nb / SUPER_BLOCKS) + sup;
             let sdst = &mut scales[unit * SUPER_SCALE_BYTES..(unit + 1) * SUPER_SCALE_BYTES];
-            // The bits below are OR-ed in: start from zero (packed memory is not zeroed).
-            let first = g * nb + sup * SUPER_BLOCKS;
-            quants[first * qb..(first + SUPER_BLOCKS) * qb].fill(0);
             for r in 0..GROUP_ROWS {
                 let row = &src[(g * GROUP_ROWS + r) * row_bytes..][..row_bytes];
                 let blk: BlockQ6_K = one(row, sup).ok_or(PackError::Unsupported)?;
@@ -286,17 +283,25 @@ fn pack_q6k(
                 for p in 0..SUPER_BLOCKS {
                     sdst[8 + 8 * p + r] = blk.scales[2 * p] as u8;
                     sdst[12 + 8 * p + r] = blk.scales[2 * p + 1] as u8;
+                    // Block p of the super-block: its low nibbles are ql[64 (p / 4) + 32 (p % 2)..]
+                    // shifted by 4 ((p % 4) / 2), its high bits qh[32 (p / 4)..] shifted by 2 (p % 4).
+                    let ql = &blk.ql[64 * (p / 4) + 32 * (p % 2)..][..BLOCK];
+                    let qh = &blk.qh[32 * (p / 4)..][..BLOCK];
+                    let low = |e: usize| (ql[e] >> (4 * ((p % 4) / 2))) & 0xF;
+                    let high = |e: usize| ((qh[e] >> (2 * (p % 4))) & 3) ^ 2;
                     let b = sup * SUPER_BLOCKS + p;
                     let qdst = &mut quants[(g * nb + b) * qb..(g * nb + b + 1) * qb];
-                    for e in 0..BLOCK {
-                        let i = BLOCK * p + e; // element within the super-block
-                        let (half, i) = (i / 128, i % 128);
-                        let low = (blk.ql[64 * half + i % 64] >> (4 * (i / 64))) & 0xF;
-                        let high = (blk.qh[32 * half + i % 32] >> (2 * (i / 32))) & 3;
-                        let (c, j) = ((e % 16) / 4, e % 4);
-                        qdst[16 * c + 4 * r + j] |= if e < 16 { low } else { low << 4 };
-                        let (f, h) = (e / 8, (e / 4) % 2);
-                        qdst[64 + 16 * h + 4 * r + j] |= (high ^ 2) << (2 * f);
+                    for c in 0..4 {
+                        for j in 0..4 {
+                            qdst[16 * c + 4 * r + j] = low(4 * c + j) | (low(16 + 4 * c + j) << 4);
+                        }
+                    }
+                    for h in 0..2 {
+                        for j in 0..4 {
+                            let e = |f: usize| 4 * (2 * f + h) + j;
+                            qdst[64 + 16 * h + 4 * r + j] =
+                                high(e(0)) | (high(e(1)) << 2) | (high(e(2)) << 4) | (high(e(3)) << 6);
+                        }
                     }
                 }
             }
