@@ -204,7 +204,7 @@ fn reference_packed_matmul_equals_an_f64_dot_of_the_values() {
 }
 
 fn simd_paths() -> Vec<KernelPath> {
-    [KernelPath::Neon, KernelPath::NeonDotprod, KernelPath::Avx2, KernelPath::Avx2Vnni]
+    [KernelPath::Neon, KernelPath::NeonDotprod, KernelPath::NeonFp16, KernelPath::Avx2, KernelPath::Avx2Vnni]
         .into_iter()
         .filter(|p| p.is_available())
         .collect()

@@ -165,9 +165,14 @@ pub fn packed_matmul(
         #[cfg(target_arch = "aarch64")]
         KernelPath::Neon => neon::matmul(w, groups, acts, outs),
         #[cfg(target_arch = "aarch64")]
+        KernelPath::NeonFp16 if has_dotprod() && has_fp16() => {
+            // SAFETY: the CPU has dotprod and FEAT_FP16 (checked on this line).
+            unsafe { neon::matmul_dotprod(w, groups, acts, outs, true) }
+        }
+        #[cfg(target_arch = "aarch64")]
         KernelPath::NeonDotprod | KernelPath::NeonFp16 if has_dotprod() => {
             // SAFETY: the CPU has dotprod (checked on this line).
-            unsafe { neon::matmul_dotprod(w, groups, acts, outs) }
+            unsafe { neon::matmul_dotprod(w, groups, acts, outs, false) }
         }
         #[cfg(target_arch = "x86_64")]
         KernelPath::Avx2Vnni if has_avx2() && has_vnni() => {

@@ -858,19 +858,23 @@ const CHUNK_GROUPS: usize = 32;
 /// Packed matmul with `sdot`: one token runs 16 rows per pass; more run 4 rows x 16 tokens while
 /// 16 are left, then tiles of 8 rows x up to 4 tokens (3 for the two-scale formats).
 ///
+/// With `fp16`, Q6K's scales are computed in FEAT_FP16 arithmetic (same values, fewer
+/// instructions).
+///
 /// # Safety
-/// The CPU must have FEAT_DotProd.
+/// The CPU must have FEAT_DotProd, and FEAT_FP16 with `fp16`.
 #[target_feature(enable = "dotprod")]
 pub unsafe fn matmul_dotprod(
     w: &PackedMatrix<'_>,
     groups: Range<usize>,
     acts: &[&[ActBlock]],
     outs: &mut [&mut [f32]],
+    fp16: bool,
 ) {
     if w.format == PackedFormat::Q6K {
         if acts.len().min(outs.len()) == 1 {
-            // SAFETY: the CPU has dotprod (this function's contract).
-            return unsafe { q6k_gemv(w, groups, acts, outs) };
+            // SAFETY: the CPU has dotprod, and FEAT_FP16 with `fp16` (this function's contract).
+            return unsafe { q6k_gemv(w, groups, acts, outs, fp16) };
         }
         let path = crate::kernels::KernelPath::NeonDotprod;
         return crate::kernels::widen::matmul_widened(path, w, groups, acts, outs);
@@ -975,12 +979,14 @@ pub unsafe fn matmul_dotprod(
 //     v16-v19          accumulators of groups 0..3;  v20-v23  their super-block scales d (f32)
 //     v25              lane 0: the activation's d;  v26, v27  its 32 quants
 //     v28, v29         the half dots;  v30, v31  the halves' scales f16(d * sc) (f32)
+// With FEAT_FP16 the scales are one f16 multiply of 8 lanes (d kept twice as f16 in v20-v23).
 // The scale plane of a group is read in order: d[4] at each super-block, then 8 int8 scales per
 // block ([sc_lo r0..4, sc_hi r0..4]).
 
-/// One Q6K group's block: unpack, dots, scales, `F += (dot_lo s_lo + dot_hi s_hi) d_a`.
+/// One Q6K group's block: unpack, dots, the halves' scales (`$sc`), `F += (dot_lo s_lo + dot_hi
+/// s_hi) d_a`.
 #[rustfmt::skip]
-macro_rules! q6k_group { ($wq:ident, $ws:ident, $f:literal, $d:literal) => { concat!(
+macro_rules! q6k_group { ($wq:ident, $ws:ident, $f:literal, $d:literal, $sc:ident) => { concat!(
     "ld1 {{v0.16b, v1.16b, v2.16b, v3.16b}}, [", op!($wq), "], #64\n",
     "ld1 {{v4.16b, v5.16b}}, [", op!($wq), "], #32\n",
     "shl v6.16b, v4.16b, #6\n",      "shl v7.16b, v5.16b, #6\n",
@@ -999,6 +1005,15 @@ macro_rules! q6k_group { ($wq:ident, $ws:ident, $f:literal, $d:literal) => { con
     "sdot v28.4s, v7.16b, v26.4b[1]\n",  "sdot v29.4s, v11.16b, v27.4b[1]\n",
     "sdot v28.4s, v8.16b, v26.4b[2]\n",  "sdot v29.4s, v4.16b, v27.4b[2]\n",
     "sdot v28.4s, v9.16b, v26.4b[3]\n",  "sdot v29.4s, v5.16b, v27.4b[3]\n",
+    $sc!($ws, $d),
+    "scvtf v28.4s, v28.4s, #2\n",    "scvtf v29.4s, v29.4s, #2\n",
+    "fmul v28.4s, v28.4s, v30.4s\n", "fmla v28.4s, v29.4s, v31.4s\n",
+    "fmla v", $f, ".4s, v28.4s, v25.s[0]\n",
+) } }
+
+/// The halves' scales f16(d * sc) into v30/v31 (f32), d in f32 (`v$d.4s`).
+#[rustfmt::skip]
+macro_rules! q6k_sc_f32 { ($ws:ident, $d:literal) => { concat!(
     "ldr d30, [", op!($ws), "], #8\n",
     "sxtl v30.8h, v30.8b\n",
     "sxtl2 v31.4s, v30.8h\n",        "sxtl v30.4s, v30.4h\n",
@@ -1006,72 +1021,95 @@ macro_rules! q6k_group { ($wq:ident, $ws:ident, $f:literal, $d:literal) => { con
     "fmul v30.4s, v30.4s, v", $d, ".4s\n",  "fmul v31.4s, v31.4s, v", $d, ".4s\n",
     "fcvtn v30.4h, v30.4s\n",        "fcvtn v31.4h, v31.4s\n",
     "fcvtl v30.4s, v30.4h\n",        "fcvtl v31.4s, v31.4h\n",
-    "scvtf v28.4s, v28.4s, #2\n",    "scvtf v29.4s, v29.4s, #2\n",
-    "fmul v28.4s, v28.4s, v30.4s\n", "fmla v28.4s, v29.4s, v31.4s\n",
-    "fmla v", $f, ".4s, v28.4s, v25.s[0]\n",
+) } }
+/// As `q6k_sc_f32` in FEAT_FP16 arithmetic (d twice in `v$d.8h`): one f16 product of the exact
+/// operands is the f32 product rounded to f16, the same value.
+#[rustfmt::skip]
+macro_rules! q6k_sc_f16 { ($ws:ident, $d:literal) => { concat!(
+    "ldr d30, [", op!($ws), "], #8\n",
+    "sxtl v30.8h, v30.8b\n",
+    "scvtf v30.8h, v30.8h\n",
+    "fmul v30.8h, v30.8h, v", $d, ".8h\n",
+    "fcvtl2 v31.4s, v30.8h\n",       "fcvtl v30.4s, v30.4h\n",
+) } }
+/// The 4 groups' super-block scales d into v20-v23: f32, or twice f16.
+#[rustfmt::skip]
+macro_rules! q6k_d_f32 { () => { concat!(
+    "ldr d20, [{ws0}], #8\n", "ldr d21, [{ws1}], #8\n", "ldr d22, [{ws2}], #8\n", "ldr d23, [{ws3}], #8\n",
+    "fcvtl v20.4s, v20.4h\n", "fcvtl v21.4s, v21.4h\n", "fcvtl v22.4s, v22.4h\n", "fcvtl v23.4s, v23.4h\n",
+) } }
+#[rustfmt::skip]
+macro_rules! q6k_d_f16 { () => { concat!(
+    "ldr d20, [{ws0}], #8\n", "ldr d21, [{ws1}], #8\n", "ldr d22, [{ws2}], #8\n", "ldr d23, [{ws3}], #8\n",
+    "dup v20.2d, v20.d[0]\n", "dup v21.2d, v21.d[0]\n", "dup v22.2d, v22.d[0]\n", "dup v23.2d, v23.d[0]\n",
 ) } }
 
-/// One pass of [`q6k_gemv`]: 4 groups (quant and scale planes at `wq`, `ws`, block 0) against one
-/// activation row `a` of `8 nsup` blocks; writes 16 floats at `o`.
-///
-/// # Safety
-/// Each `wq[i]` readable for `96 * 8 nsup` bytes and `ws[i]` for `72 nsup`, `a` for `8 nsup`
-/// blocks, `o` writable for 16 floats, `nsup > 0`; the CPU has dotprod.
-#[target_feature(enable = "dotprod")]
-unsafe fn q6k_gemv4(wq: [*const u8; 4], ws: [*const u8; 4], a: *const ActBlock, nsup: usize, o: *mut f32) {
-    // SAFETY: by the contract every load stays inside the planes and the row, the store inside
-    // `o`; every register written is declared clobbered.
-    unsafe {
-        asm!(
-            "movi v24.16b, #0xf0",
-            "movi v16.4s, #0", "movi v17.4s, #0", "movi v18.4s, #0", "movi v19.4s, #0",
-            "1:",
-            "ldr d20, [{ws0}], #8", "ldr d21, [{ws1}], #8", "ldr d22, [{ws2}], #8", "ldr d23, [{ws3}], #8",
-            "fcvtl v20.4s, v20.4h", "fcvtl v21.4s, v21.4h", "fcvtl v22.4s, v22.4h", "fcvtl v23.4s, v23.4h",
-            "mov {k}, #8",
-            "2:",
-            "ldr s25, [{a}], #8",
-            "ld1 {{v26.16b, v27.16b}}, [{a}], #32",
-            q6k_group!(wq0, ws0, "16", "20"),
-            q6k_group!(wq1, ws1, "17", "21"),
-            q6k_group!(wq2, ws2, "18", "22"),
-            q6k_group!(wq3, ws3, "19", "23"),
-            "subs {k}, {k}, #1",
-            "b.ne 2b",
-            "subs {nsup}, {nsup}, #1",
-            "b.ne 1b",
-            "st1 {{v16.4s, v17.4s, v18.4s, v19.4s}}, [{o}]",
-            wq0 = inout(reg) wq[0] => _, wq1 = inout(reg) wq[1] => _,
-            wq2 = inout(reg) wq[2] => _, wq3 = inout(reg) wq[3] => _,
-            ws0 = inout(reg) ws[0] => _, ws1 = inout(reg) ws[1] => _,
-            ws2 = inout(reg) ws[2] => _, ws3 = inout(reg) ws[3] => _,
-            a = inout(reg) a => _,
-            nsup = inout(reg) nsup => _,
-            k = out(reg) _,
-            o = in(reg) o,
-            out("v0") _, out("v1") _, out("v2") _, out("v3") _,
-            out("v4") _, out("v5") _, out("v6") _, out("v7") _,
-            out("v8") _, out("v9") _, out("v10") _, out("v11") _,
-            out("v12") _, out("v16") _, out("v17") _, out("v18") _, out("v19") _,
-            out("v20") _, out("v21") _, out("v22") _, out("v23") _,
-            out("v24") _, out("v25") _, out("v26") _, out("v27") _,
-            out("v28") _, out("v29") _, out("v30") _, out("v31") _,
-            options(nostack),
-        );
+/// Defines a pass of [`q6k_gemv`]: 4 groups (quant and scale planes at `wq`, `ws`, block 0)
+/// against one activation row `a` of `8 nsup` blocks; writes 16 floats at `o`.
+#[rustfmt::skip]
+macro_rules! q6k_gemv_kernel { ($name:ident, $features:literal, $dl:ident, $sc:ident) => {
+    /// # Safety
+    /// Each `wq[i]` readable for `96 * 8 nsup` bytes and `ws[i]` for `72 nsup`, `a` for `8 nsup`
+    /// blocks, `o` writable for 16 floats, `nsup > 0`; the CPU has the target features.
+    #[target_feature(enable = $features)]
+    unsafe fn $name(wq: [*const u8; 4], ws: [*const u8; 4], a: *const ActBlock, nsup: usize, o: *mut f32) {
+        // SAFETY: by the contract every load stays inside the planes and the row, the store
+        // inside `o`; every register written is declared clobbered.
+        unsafe {
+            asm!(
+                "movi v24.16b, #0xf0",
+                "movi v16.4s, #0", "movi v17.4s, #0", "movi v18.4s, #0", "movi v19.4s, #0",
+                "1:",
+                $dl!(),
+                "mov {k}, #8",
+                "2:",
+                "ldr s25, [{a}], #8",
+                "ld1 {{v26.16b, v27.16b}}, [{a}], #32",
+                q6k_group!(wq0, ws0, "16", "20", $sc),
+                q6k_group!(wq1, ws1, "17", "21", $sc),
+                q6k_group!(wq2, ws2, "18", "22", $sc),
+                q6k_group!(wq3, ws3, "19", "23", $sc),
+                "subs {k}, {k}, #1",
+                "b.ne 2b",
+                "subs {nsup}, {nsup}, #1",
+                "b.ne 1b",
+                "st1 {{v16.4s, v17.4s, v18.4s, v19.4s}}, [{o}]",
+                wq0 = inout(reg) wq[0] => _, wq1 = inout(reg) wq[1] => _,
+                wq2 = inout(reg) wq[2] => _, wq3 = inout(reg) wq[3] => _,
+                ws0 = inout(reg) ws[0] => _, ws1 = inout(reg) ws[1] => _,
+                ws2 = inout(reg) ws[2] => _, ws3 = inout(reg) ws[3] => _,
+                a = inout(reg) a => _,
+                nsup = inout(reg) nsup => _,
+                k = out(reg) _,
+                o = in(reg) o,
+                out("v0") _, out("v1") _, out("v2") _, out("v3") _,
+                out("v4") _, out("v5") _, out("v6") _, out("v7") _,
+                out("v8") _, out("v9") _, out("v10") _, out("v11") _,
+                out("v12") _, out("v16") _, out("v17") _, out("v18") _, out("v19") _,
+                out("v20") _, out("v21") _, out("v22") _, out("v23") _,
+                out("v24") _, out("v25") _, out("v26") _, out("v27") _,
+                out("v28") _, out("v29") _, out("v30") _, out("v31") _,
+                options(nostack),
+            );
+        }
     }
-}
+} }
+
+q6k_gemv_kernel!(q6k_gemv4, "dotprod", q6k_d_f32, q6k_sc_f32);
+q6k_gemv_kernel!(q6k_gemv4_fp16, "dotprod,fp16", q6k_d_f16, q6k_sc_f16);
 
 /// Q6K against one token (the contract of [`crate::kernels::packed::matmul_ref`]): passes of 4
 /// groups; a tail of 1 to 3 groups runs as a pass with its last group repeated, into a spare.
 ///
 /// # Safety
-/// The CPU must have dotprod.
+/// The CPU must have dotprod, and FEAT_FP16 with `fp16`.
 #[target_feature(enable = "dotprod")]
 unsafe fn q6k_gemv(
     w: &PackedMatrix<'_>,
     groups: Range<usize>,
     acts: &[&[ActBlock]],
     outs: &mut [&mut [f32]],
+    fp16: bool,
 ) {
     let Some(_) = matmul_tokens(w, &groups, acts, outs) else { return };
     let nsup = w.blocks() / SUPER_BLOCKS;
@@ -1085,8 +1123,15 @@ unsafe fn q6k_gemv(
         let mut spare = [0f32; 16];
         // SAFETY: `matmul_tokens` checked the planes (consistent: every group has 8 nsup > 0
         // blocks of 96 quant bytes and nsup units of 72 scale bytes), the activation row (>= nb
-        // blocks) and the output row; `spare` holds 16 floats; the CPU has dotprod (our contract).
-        unsafe { q6k_gemv4(wq, ws, act.as_ptr(), nsup, spare.as_mut_ptr()) };
+        // blocks) and the output row; `spare` holds 16 floats; the CPU has dotprod, and FEAT_FP16
+        // with `fp16` (our contract).
+        unsafe {
+            if fp16 {
+                q6k_gemv4_fp16(wq, ws, act.as_ptr(), nsup, spare.as_mut_ptr())
+            } else {
+                q6k_gemv4(wq, ws, act.as_ptr(), nsup, spare.as_mut_ptr())
+            }
+        };
         let at = GROUP_ROWS * (g - groups.start);
         out[at..at + GROUP_ROWS * n].copy_from_slice(&spare[..GROUP_ROWS * n]);
         g += n;
