@@ -795,15 +795,19 @@ unsafe fn tile<const F: u8, const VNNI: bool, const T: usize, const G: usize>(
                 // Low nibbles of chunk pairs (0,1), (2,3) in the 64 bytes at qp, their high nibbles
                 // (4,5), (6,7); the high bits of pair v at bits 2v of the 32 bytes after them,
                 // moved to bits 4..6 (the 16-bit shifts carry across bytes only bits the mask drops).
+                // The stored high bits are XOR 2 per field: one XOR of the plane undoes all four.
                 // SAFETY: 96 bytes at qp.
                 let (n0, n1, h) = unsafe {
                     (
                         _mm256_loadu_si256(qp.cast()),
                         _mm256_loadu_si256(qp.add(32).cast()),
-                        _mm256_loadu_si256(qp.add(64).cast()),
+                        _mm256_xor_si256(
+                            _mm256_loadu_si256(qp.add(64).cast()),
+                            _mm256_set1_epi8(0xAAu8 as i8),
+                        ),
                     )
                 };
-                let (x30, x20) = (_mm256_set1_epi8(0x30), _mm256_set1_epi8(0x20));
+                let x30 = _mm256_set1_epi8(0x30);
                 let u = [
                     _mm256_or_si256(
                         _mm256_and_si256(n0, low4),
@@ -822,9 +826,8 @@ unsafe fn tile<const F: u8, const VNNI: bool, const T: usize, const G: usize>(
                         _mm256_and_si256(_mm256_srli_epi16::<2>(h), x30),
                     ),
                 ];
-                // u = q + 32 (the stored high bits are XOR 2), unsigned: `maddubs` takes it as is
-                // (the -32 sum is the expansion's).
-                wv = u.map(|u| _mm256_xor_si256(u, x20));
+                // u = q + 32, unsigned: `maddubs` takes it as is (the -32 sum is the expansion's).
+                wv = u;
             } else {
                 for v in 0..4 {
                     // SAFETY: 128 bytes at qp.
