@@ -17,8 +17,8 @@ use super::packed::{
 use super::KernelPath;
 use crate::quant::blocks::F16Le;
 
-/// Row groups widened at once: a multiple of the dot-product kernels' single-token pass (4), and
-/// enough to spread each kernel call's set-up (activation expansion on x86) over many rows.
+/// Row groups widened at once: a multiple of the dot-product kernels' 4-group passes, and enough
+/// to spread each kernel call's set-up over many rows.
 pub const CHUNK_GROUPS: usize = 8;
 /// Blocks (of 32 elements) widened at once per group: whole rows up to k = 2048.
 pub const CHUNK_BLOCKS: usize = 64;
@@ -55,7 +55,7 @@ pub fn widen_q6k_ref(
 /// Block `b`'s Q8Sub16 scales (`f16(d * sc)` of both halves, 4 rows each) from a group's Q6K scale
 /// plane `gs`.
 #[inline]
-pub(crate) fn wide_scales(gs: &[u8], b: usize, out: &mut [u8]) {
+fn wide_scales(gs: &[u8], b: usize, out: &mut [u8]) {
     for r in 0..GROUP_ROWS {
         let (d, sc) = q6k_scales(gs, b, r);
         out[2 * r..2 * r + 2].copy_from_slice(&F16Le::from_f32(d * sc[0] as f32).0);

@@ -104,24 +104,25 @@ pub fn matmul_ref(w: &PackedMatrix<'_>, groups: Range<usize>, acts: &[&[ActBlock
                     for (r, acc) in acc.iter_mut().enumerate() {
                         let dot =
                             |es: Range<usize>| -> i32 { es.map(|e| q[r][e] * i32::from(a.qs[e])).sum() };
-                        let d = if format == PackedFormat::Q6K { 0.0 } else { f16_at(sc, r) };
+                        // The block's row scale (not Q6K, whose scales are its super-block's).
+                        let d = || f16_at(sc, r);
                         match format {
-                            PackedFormat::Q4 | PackedFormat::Q8 => *acc += (d * a.d) * dot(0..BLOCK) as f32,
+                            PackedFormat::Q4 | PackedFormat::Q8 => *acc += (d() * a.d) * dot(0..BLOCK) as f32,
                             PackedFormat::Q4Min | PackedFormat::Q8Min => {
                                 let m = f16_at(sc, GROUP_ROWS + r);
                                 // Q4Min stores nibble - 8: the shift comes back through the min.
-                                let m = if format == PackedFormat::Q4Min { m + 8.0 * d } else { m };
-                                *acc += (d * a.d) * dot(0..BLOCK) as f32;
+                                let m = if format == PackedFormat::Q4Min { m + 8.0 * d() } else { m };
+                                *acc += (d() * a.d) * dot(0..BLOCK) as f32;
                                 *acc += m * a.s;
                             }
                             PackedFormat::Q8Sub16 => {
                                 let d_hi = f16_at(sc, GROUP_ROWS + r);
-                                *acc += (d * a.d) * dot(0..16) as f32;
+                                *acc += (d() * a.d) * dot(0..16) as f32;
                                 *acc += (d_hi * a.d) * dot(16..BLOCK) as f32;
                             }
                             PackedFormat::Q6K => {
-                                // `d * sc` rounded to f16: the numbers of the Q8Sub16 copy the
-                                // SIMD paths widen it into.
+                                // `d * sc` rounded to f16, as every SIMD path takes it (the NEON
+                                // prompt kernels read a widened Q8Sub16 copy with f16 scales).
                                 let (d, sc) = q6k_scales(gs, b, r);
                                 let (d_lo, d_hi) = (f16_round(d * sc[0] as f32), f16_round(d * sc[1] as f32));
                                 *acc += (d_lo * a.d) * dot(0..16) as f32;

@@ -163,7 +163,7 @@ const fn scale_bytes(f: u8) -> usize {
 
 /// Tokens per tile (weights are unpacked once per tile).
 const TILE: usize = 4;
-/// Expanded token-blocks held at once: 20 KiB of stack, so it stays in L1 next to the weights.
+/// Expanded token-blocks held at once: 24 KiB of stack, so it stays in L1 next to the weights.
 const SCRATCH: usize = 128;
 /// Quant bytes of the groups one pass over the tokens works on: well inside a 1 MiB L2.
 const STRIP_BYTES: usize = 512 << 10;
