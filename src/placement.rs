@@ -277,14 +277,7 @@ pub struct Summary {
 }
 
 /// The packed layouts, in the order [`Summary::repacked`] counts them.
-pub const FORMATS: [PackedFormat; 6] = [
-    PackedFormat::Q4,
-    PackedFormat::Q4Min,
-    PackedFormat::Q8,
-    PackedFormat::Q8Min,
-    PackedFormat::Q8Sub16,
-    PackedFormat::Q6K,
-];
+pub const FORMATS: [PackedFormat; PackedFormat::ALL.len()] = PackedFormat::ALL;
 
 impl Summary {
     /// Counts tensor `name` of `file_bytes` placed as `p`.
@@ -304,7 +297,7 @@ impl Summary {
         }
         match p.buffer {
             Buffer::Repacked(format) => {
-                let i = FORMATS.iter().position(|&f| f == format).unwrap_or(0);
+                let i = format.index();
                 self.repacked[i].0 += 1;
                 self.repacked[i].1 += p.bytes;
                 if p.reason == Reason::TiedEmbedding {
@@ -366,13 +359,15 @@ mod tests {
         assert_eq!(place(&f16, mm, true).reason, Reason::NoLayout(GgmlType::F16));
         let tied = Use { mul_mat: true, get_rows: true, ..Use::default() };
         let embd = info("token_embd.weight", GgmlType::Q8_0, [64, 8, 1, 1]);
-        // Q8_0's and Q6_K's repacked copies hold the file's values: one copy serves both uses;
-        // Q4_K's rounds its scales, so its rows are read from the file.
+        // Q8_0's, Q4_K's and Q6_K's repacked copies hold the file's values: one copy serves both
+        // uses; Q5_K's rounds its scales, so its rows are read from the file.
         assert_eq!(place(&embd, tied, true).reason, Reason::SharedEmbedding);
         let k6_embd = info("token_embd.weight", GgmlType::Q6_K, [256, 8, 1, 1]);
         assert_eq!(place(&k6_embd, tied, true).reason, Reason::SharedEmbedding);
         let k4_embd = info("token_embd.weight", GgmlType::Q4_K, [256, 8, 1, 1]);
-        assert_eq!(place(&k4_embd, tied, true).reason, Reason::TiedEmbedding);
+        assert_eq!(place(&k4_embd, tied, true).reason, Reason::SharedEmbedding);
+        let k5_embd = info("token_embd.weight", GgmlType::Q5_K, [256, 8, 1, 1]);
+        assert_eq!(place(&k5_embd, tied, true).reason, Reason::TiedEmbedding);
         let rows = Use { get_rows: true, ..Use::default() };
         assert_eq!(place(&embd, rows, true).reason, Reason::Embedding);
         assert_eq!(place(&embd, Use::default(), true).reason, Reason::Unused);
@@ -383,11 +378,11 @@ mod tests {
         s.add(q.name, &place(&q, mm, true), q.nbytes as usize);
         s.add(embd.name, &place(&embd, tied, true), embd.nbytes as usize);
         s.add(f16.name, &place(&f16, mm, true), f16.nbytes as usize);
-        s.add(k4_embd.name, &place(&k4_embd, tied, true), k4_embd.nbytes as usize);
+        s.add(k5_embd.name, &place(&k5_embd, tied, true), k5_embd.nbytes as usize);
         assert_eq!(s.repacked_total().0, 3);
         assert_eq!(s.mapped, (1, f16.nbytes as usize));
         // Only the embedding whose rows are still read from the file counts there.
-        assert_eq!(s.mapped_rows, (1, k4_embd.nbytes as usize));
+        assert_eq!(s.mapped_rows, (1, k5_embd.nbytes as usize));
         assert_eq!(s.npu, (0, 0));
     }
 }

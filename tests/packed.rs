@@ -3,20 +3,24 @@
 //! CPU has equals the reference (odd shapes, tails of token tiles, extreme values).
 //!
 //! Tolerances, and why:
-//! * dequantized rows: exact for Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q6_K (same scales, integer values); for
-//!   Q4_K/Q5_K the folded per-32 scale `d * sc` is rounded to f16 once: 2^-11 of each value's size.
+//! * dequantized rows: exact for Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q6_K (same scales, integer values);
+//!   for Q5_K the folded per-32 scale `d * sc` is rounded to f16 once: 2^-11 of each value's size.
 //! * reference matmul vs f64: one f32 rounding per block product and sum: 1e-5 of `sum |w| |a|`
-//!   (Q6_K: plus its f16-rounded `d * sc`, 2^-11 of the same sum).
+//!   (Q4_K, Q6_K: plus their f16-rounded `d * sc`, 2^-11 of the same sum, and Q4_K's f16-rounded
+//!   `dmin * m`, 2^-11 of `sum |dmin m| |s_a|`).
 //! * SIMD vs reference: the same integer block dots, float sums in another order: 1e-5 of
 //!   `sum |w| |a|` (measured worst cases are ~1e-7).
 
 #![allow(clippy::needless_range_loop)]
 
 use pinfer::kernels::packed::{
-    act_row_bytes, can_pack, dequantize_packed_row, matmul_ref, pack, packed_bytes, quantize_act_ref,
-    ActBlock, PackedFormat, PackedMatrix, BLOCK,
+    act_row_bytes, can_pack, dequantize_packed_row, matmul_ref, pack, packed_bytes, q4k_scales,
+    quantize_act_ref, ActBlock, PackedFormat, PackedMatrix, BLOCK, Q4K_SCALE_BYTES,
 };
-use pinfer::kernels::widen::{widen_q6k, widen_q6k_ref, CHUNK_BLOCKS, CHUNK_GROUPS};
+use pinfer::kernels::widen::{
+    q4k_scales as q4k_decode, q4k_scales_ref, widen_q6k, widen_q6k_ref, CHUNK_BLOCKS, CHUNK_GROUPS,
+    Q4K_WIDE_UNIT,
+};
 use pinfer::kernels::{packed_matmul, quantize_act, KernelPath};
 use pinfer::quant::{dequantize_row_ref, GgmlType};
 
@@ -108,7 +112,7 @@ fn packed_rows_dequantize_to_the_original_rows() {
                 dequantize_row_ref(ty, &src[r * row_bytes..(r + 1) * row_bytes], &mut want).unwrap();
                 let mut got = vec![0f32; k];
                 dequantize_packed_row(&w, r, &mut got);
-                let exact = ty.block_len() == 32 || ty == GgmlType::Q6_K;
+                let exact = ty != GgmlType::Q5_K;
                 // K-quants: `d * sc` and `dmin * m` are each rounded to f16 once; a value can be
                 // the difference of the two, so the bound scales with the block's largest value.
                 let largest = want.iter().fold(0f32, |m, v| m.max(v.abs()));
@@ -191,7 +195,22 @@ fn reference_packed_matmul_equals_an_f64_dot_of_the_values() {
                     };
                     // Q6K's matmul takes `d * sc` rounded to f16 (the values are exact): a
                     // relative 2^-11 per product at most.
-                    let scale_slack = if format == PackedFormat::Q6K { 2f64.powi(-11) * size } else { 0.0 };
+                    let scale_slack = match format {
+                        PackedFormat::Q6K => 2f64.powi(-11) * size,
+                        PackedFormat::Q4K => {
+                            let gs = &s[r / 4 * (k / BLOCK) * format.scale_bytes()..];
+                            let mins: f64 = a
+                                .iter()
+                                .enumerate()
+                                .map(|(b, ab)| {
+                                    let sc = q4k_scales(gs, b, r % 4);
+                                    f64::from(sc.dmin * f32::from(sc.m)) * f64::from(ab.s).abs()
+                                })
+                                .sum();
+                            2f64.powi(-11) * (size + mins)
+                        }
+                        _ => 0.0,
+                    };
                     let g = f64::from(got[t][r]);
                     assert!(
                         (g - want).abs() <= 1e-5 * size + min_slack + scale_slack + 1e-30,
@@ -301,32 +320,58 @@ fn every_simd_path_widens_q6k_like_the_reference() {
     }
 }
 
-/// Q6_K matrices wider than one widening chunk (groups and blocks) and token counts past one kernel
-/// tile: the chunks along `k` add up to the reference.
+/// The SIMD decoders of Q4K's scale units give the reference's bytes (scales of every size: f16
+/// overflow, subnormals).
 #[test]
-fn q6k_chunks_add_up_to_the_reference() {
+fn every_simd_path_decodes_q4k_scales_like_the_reference() {
+    let mut rng = Rng(0x4b);
+    for scale in [1.0, 1000.0, 1e-5] {
+        let src = random_rows(GgmlType::Q4_K, 8, 512, &mut rng, scale);
+        let (_, _, s) = packed_of(GgmlType::Q4_K, &src, 8, 512);
+        for unit in s.chunks_exact(Q4K_SCALE_BYTES) {
+            let mut want = [0u8; Q4K_WIDE_UNIT];
+            q4k_scales_ref(unit, &mut want);
+            for path in simd_paths() {
+                let mut got = [1u8; Q4K_WIDE_UNIT];
+                q4k_decode(path, unit, &mut got);
+                assert_eq!(got, want, "{} scale {scale}", path.name());
+            }
+        }
+    }
+}
+
+/// Q6_K and Q4_K matrices wider than one widening chunk (groups and blocks; Q4_K: rows so wide that
+/// fewer groups fit the decoded-scale scratch) and token counts past one kernel tile: the chunks
+/// add up to the reference.
+#[test]
+fn narrow_chunks_add_up_to_the_reference() {
     let mut rng = Rng(0x6c);
-    let groups_total = 2 * CHUNK_GROUPS + 3;
-    let (rows, k) = (4 * groups_total, BLOCK * (CHUNK_BLOCKS + 8 * 3));
-    let src = random_rows(GgmlType::Q6_K, rows, k, &mut rng, 1.0);
-    let (format, q, s) = packed_of(GgmlType::Q6_K, &src, rows, k);
-    let w = PackedMatrix { format, rows, k, quants: &q, scales: &s };
-    for path in simd_paths() {
-        for tokens in [1usize, 3, 17] {
-            let acts = quantized_acts(&mut rng, tokens, k, 3.0);
-            let groups = 1..groups_total;
-            let want = run(matmul_ref, &w, &acts, groups.clone());
-            let got = run(|w, g, a, o| packed_matmul(path, w, g, a, o), &w, &acts, groups.clone());
-            for t in 0..tokens {
-                let size: f32 =
-                    acts[t].iter().map(|b| b.d * b.qs.iter().map(|&q| f32::from(q).abs()).sum::<f32>()).sum();
-                for (j, (&g, &v)) in got[t].iter().zip(&want[t]).enumerate() {
-                    // |w| <= 32 * 127 * 0.011 (the scales random_rows writes): a bound on sum |w a|.
-                    assert!(
-                        (g - v).abs() <= 1e-5 * 45.0 * size,
-                        "{} tokens {tokens} token {t} row {j}: {g} vs {v}",
-                        path.name()
-                    );
+    for (ty, k) in [(GgmlType::Q6_K, BLOCK * (CHUNK_BLOCKS + 8 * 3)), (GgmlType::Q4_K, 256 * 40)] {
+        let groups_total = 2 * CHUNK_GROUPS + 3;
+        let rows = 4 * groups_total;
+        let src = random_rows(ty, rows, k, &mut rng, 1.0);
+        let (format, q, s) = packed_of(ty, &src, rows, k);
+        let w = PackedMatrix { format, rows, k, quants: &q, scales: &s };
+        for path in simd_paths() {
+            for tokens in [1usize, 3, 17] {
+                let acts = quantized_acts(&mut rng, tokens, k, 3.0);
+                let groups = 1..groups_total;
+                let want = run(matmul_ref, &w, &acts, groups.clone());
+                let got = run(|w, g, a, o| packed_matmul(path, w, g, a, o), &w, &acts, groups.clone());
+                for t in 0..tokens {
+                    let size: f32 = acts[t]
+                        .iter()
+                        .map(|b| b.d * b.qs.iter().map(|&q| f32::from(q).abs()).sum::<f32>() + b.s.abs())
+                        .sum();
+                    for (j, (&g, &v)) in got[t].iter().zip(&want[t]).enumerate() {
+                        // |w| <= 63 * 32 * 0.011 (Q4_K: 63 * 15 * 0.011 + 63 * 0.05; the scales
+                        // random_rows writes): a bound on sum |w a| and the min terms.
+                        assert!(
+                            (g - v).abs() <= 1e-5 * 45.0 * size,
+                            "{} {ty:?} tokens {tokens} token {t} row {j}: {g} vs {v}",
+                            path.name()
+                        );
+                    }
                 }
             }
         }

@@ -25,6 +25,12 @@
 //!   [`PackedFormat::Q6K`] keeps the file's super-block scales, 72 bytes per group and 256
 //!   elements (9 per block): `d[4]` f16, then per block `p` of the super-block 8 int8 sub-block
 //!   scales, `sc[2p][r]` at byte `8 + 8p + r` and `sc[2p + 1][r]` at `12 + 8p + r`.
+//!   [`PackedFormat::Q4K`] keeps the file's super-block scales too, 64 bytes per group and 256
+//!   elements (8 per block): `d[4]`, `dmin[4]` f16, then the 6-bit scale `sc[p][r]` and min
+//!   `m[p][r]` of block `p` of the super-block split into a nibble plane, byte `16 + 4p + r` =
+//!   `(sc & 15) | (m & 15) << 4`, and a 2-bit plane, byte `48 + 4 (p % 4) + r` holding `sc >> 4`
+//!   at bits `2 (p / 4)` and `m >> 4` at bits `4 + 2 (p / 4)`: a few vector shifts and masks give
+//!   all 64 fields of a unit as bytes.
 //!
 //! One row range (or one expert of a stacked tensor) is therefore one contiguous slab in each plane.
 //!
@@ -34,15 +40,19 @@
 //! - [`PackedFormat::Q4Min`]: `w = d * (q + 8) + m` (the stored `q` is the unsigned nibble minus 8).
 //! - [`PackedFormat::Q8Min`]: `w = d * q + m`.
 //! - [`PackedFormat::Q8Sub16`]: `w = d_half * q`, one scale per 16 elements.
+//! - [`PackedFormat::Q4K`]: `w = (d * sc) * (q + 8) - dmin * m`, the file's values exactly. The
+//!   matmul takes it as the [`PackedFormat::Q4Min`] block with `f16(d * sc)` and `f16(-dmin * m)`
+//!   ([`q4k_block_scales`]): the kernels decode a chunk's scales into that form (see
+//!   [`super::widen`]) and run the Q4Min code on the quant plane as it is.
 //! - [`PackedFormat::Q6K`]: `w = (d * sc) * q`, `sc` the 16-element sub-block's int8 scale: the
 //!   file's values exactly (so a tied embedding's rows are read from it). The matmul uses
 //!   `d * sc` rounded to f16 (a relative 2^-11, far below the 6-bit step): x86 unpacks values and
 //!   scales in registers, the NEON paths widen chunks into Q8Sub16 (see [`super::widen`]).
 //!
-//! Sources: Q4_0 -> Q4; Q4_1, Q4_K -> Q4Min; Q8_0, Q5_0 -> Q8; Q5_1, Q5_K -> Q8Min; Q6_K -> Q6K.
-//! Q8Sub16 is what Q6K is widened into, no file type packs to it. Q4_K and Q5_K super-block scales
-//! are folded into per-32 f16 scales (`d * sc`, `dmin * m`): a relative rounding of at most 2^-11,
-//! far below the 4-bit step. 5-bit values are widened to int8, which costs bytes but no unpacking.
+//! Sources: Q4_0 -> Q4; Q4_1 -> Q4Min; Q4_K -> Q4K; Q8_0, Q5_0 -> Q8; Q5_1, Q5_K -> Q8Min; Q6_K ->
+//! Q6K. Q8Sub16 is what Q6K is widened into, no file type packs to it. Q5_K super-block scales are
+//! folded into per-32 f16 scales (`d * sc`, `dmin * m`): a relative rounding of at most 2^-11, far
+//! below the 5-bit step. 5-bit values are widened to int8, which costs bytes but no unpacking.
 
 use bytemuck::{Pod, Zeroable};
 
@@ -57,7 +67,7 @@ use super::reference::{f16_at, value};
 pub use super::reference::{f16_round, matmul_ref, quantize_act_ref};
 
 /// Bumped whenever the byte layout above changes (repacked-weight caches record it).
-pub const LAYOUT_VERSION: u32 = 2;
+pub const LAYOUT_VERSION: u32 = 3;
 /// Rows per interleaved group.
 pub const GROUP_ROWS: usize = 4;
 /// Elements per block (one scale per row and block).
@@ -79,6 +89,9 @@ pub enum PackedFormat {
     /// 6-bit values in a 4-bit and a 2-bit plane, int8 scales per 16 elements and an f16 scale per
     /// 256 (Q6_K's own scales, as tight as the file).
     Q6K,
+    /// Unsigned 4-bit values (stored as [`PackedFormat::Q4Min`]'s), 6-bit scales and mins per block
+    /// and an f16 scale and min per 256 (Q4_K's own scales, as tight as the file).
+    Q4K,
 }
 
 impl PackedFormat {
@@ -90,7 +103,7 @@ impl PackedFormat {
     /// Quant bytes per group and block.
     pub const fn quant_bytes(self) -> usize {
         match self {
-            Self::Q4 | Self::Q4Min => GROUP_ROWS * BLOCK / 2,
+            Self::Q4 | Self::Q4Min | Self::Q4K => GROUP_ROWS * BLOCK / 2,
             Self::Q8 | Self::Q8Min | Self::Q8Sub16 => GROUP_ROWS * BLOCK,
             Self::Q6K => GROUP_ROWS * BLOCK * 6 / 8,
         }
@@ -103,25 +116,45 @@ impl PackedFormat {
             Self::Q4Min | Self::Q8Min | Self::Q8Sub16 => 2 * GROUP_ROWS * 2,
             // Per super-block: d[4] (8 bytes) and 16 int8 scales per row (64).
             Self::Q6K => SUPER_SCALE_BYTES / SUPER_BLOCKS,
+            // Per super-block: d[4] and dmin[4] (16 bytes) and 16 6-bit fields per row (48).
+            Self::Q4K => Q4K_SCALE_BYTES / SUPER_BLOCKS,
+        }
+    }
+
+    /// Scale-plane bytes of one group and scale unit ([`PackedFormat::blocks_per_unit`] blocks).
+    pub const fn unit_scale_bytes(self) -> usize {
+        match self {
+            Self::Q6K => SUPER_SCALE_BYTES,
+            Self::Q4K => Q4K_SCALE_BYTES,
+            Self::Q4 | Self::Q4Min | Self::Q8 | Self::Q8Min | Self::Q8Sub16 => self.scale_bytes(),
         }
     }
 
     /// Blocks that share the format's scale-plane unit: 8 for the super-block formats, else 1.
     pub const fn blocks_per_unit(self) -> usize {
         match self {
-            Self::Q6K => SUPER_BLOCKS,
+            Self::Q6K | Self::Q4K => SUPER_BLOCKS,
             Self::Q4 | Self::Q4Min | Self::Q8 | Self::Q8Min | Self::Q8Sub16 => 1,
         }
     }
 
-    /// Whether values are 4-bit (else int8).
-    pub const fn is_4bit(self) -> bool {
-        matches!(self, Self::Q4 | Self::Q4Min)
+    /// Every format, in declaration order ([`PackedFormat::index`]).
+    pub const ALL: [PackedFormat; 7] =
+        [Self::Q4, Self::Q4Min, Self::Q8, Self::Q8Min, Self::Q8Sub16, Self::Q6K, Self::Q4K];
+
+    /// Position in [`PackedFormat::ALL`].
+    pub const fn index(self) -> usize {
+        self as usize
     }
 
-    /// Whether the scale plane carries a min per row (`m[4]` after `d[4]`).
+    /// Whether values are 4-bit (else int8).
+    pub const fn is_4bit(self) -> bool {
+        matches!(self, Self::Q4 | Self::Q4Min | Self::Q4K)
+    }
+
+    /// Whether values carry a min per row and block (the plane's `m[4]` after `d[4]`, or Q4K's).
     pub const fn has_min(self) -> bool {
-        matches!(self, Self::Q4Min | Self::Q8Min)
+        matches!(self, Self::Q4Min | Self::Q8Min | Self::Q4K)
     }
 
     /// Short name for reports.
@@ -133,14 +166,25 @@ impl PackedFormat {
             Self::Q8Min => "q8mx4",
             Self::Q8Sub16 => "q8sx4",
             Self::Q6K => "q6kx4",
+            Self::Q4K => "q4kx4",
         }
     }
 }
+
+const _: () = {
+    let mut i = 0;
+    while i < PackedFormat::ALL.len() {
+        assert!(PackedFormat::ALL[i].index() == i);
+        i += 1;
+    }
+};
 
 /// Blocks per K-quant super-block.
 pub const SUPER_BLOCKS: usize = QK_K / BLOCK;
 /// Scale-plane bytes of one group and super-block of [`PackedFormat::Q6K`].
 pub const SUPER_SCALE_BYTES: usize = GROUP_ROWS * 2 + GROUP_ROWS * QK_K / 16;
+/// Scale-plane bytes of one group and super-block of [`PackedFormat::Q4K`].
+pub const Q4K_SCALE_BYTES: usize = 2 * GROUP_ROWS * 2 + 2 * GROUP_ROWS * SUPER_BLOCKS * 6 / 8;
 
 /// Whether a `ty` matrix of `rows` x `k` can be repacked.
 pub fn can_pack(ty: GgmlType, rows: usize, k: usize) -> bool {
@@ -244,6 +288,9 @@ pub fn pack(
     if format == PackedFormat::Q6K {
         return pack_q6k(src, rows, k, row_bytes, quants, scales).map(|()| format);
     }
+    if format == PackedFormat::Q4K {
+        return pack_q4k(src, rows, k, row_bytes, quants, scales).map(|()| format);
+    }
     let nb = k / BLOCK;
     let (qb, sb) = (format.quant_bytes(), format.scale_bytes());
     for g in 0..rows / GROUP_ROWS {
@@ -301,6 +348,50 @@ fn pack_q6k(
                             let e = |f: usize| 4 * (2 * f + h) + j;
                             qdst[64 + 16 * h + 4 * r + j] =
                                 high(e(0)) | (high(e(1)) << 2) | (high(e(2)) << 4) | (high(e(3)) << 6);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// [`pack`] for Q4_K: the file's nibbles in the 4-bit interleave and its scales re-laid per group
+/// (see the module documentation), as many bytes as the file's.
+fn pack_q4k(
+    src: &[u8],
+    rows: usize,
+    k: usize,
+    row_bytes: usize,
+    quants: &mut [u8],
+    scales: &mut [u8],
+) -> Result<(), PackError> {
+    let (nb, qb) = (k / BLOCK, PackedFormat::Q4K.quant_bytes());
+    for g in 0..rows / GROUP_ROWS {
+        for sup in 0..nb / SUPER_BLOCKS {
+            let unit = g * (nb / SUPER_BLOCKS) + sup;
+            let sdst = &mut scales[unit * Q4K_SCALE_BYTES..(unit + 1) * Q4K_SCALE_BYTES];
+            for r in 0..GROUP_ROWS {
+                let row = &src[(g * GROUP_ROWS + r) * row_bytes..][..row_bytes];
+                let blk: BlockQ4_K = one(row, sup).ok_or(PackError::Unsupported)?;
+                sdst[2 * r..2 * r + 2].copy_from_slice(&blk.d.0);
+                sdst[8 + 2 * r..8 + 2 * r + 2].copy_from_slice(&blk.dmin.0);
+                let fields: [(u8, u8); SUPER_BLOCKS] = core::array::from_fn(|p| scale_min_k4(p, &blk.scales));
+                for p in 0..SUPER_BLOCKS {
+                    let (sc, m) = fields[p];
+                    sdst[16 + 4 * p + r] = (sc & 15) | (m & 15) << 4;
+                    if p < 4 {
+                        let (sc4, m4) = fields[p + 4];
+                        sdst[48 + 4 * p + r] = (sc >> 4) | (sc4 >> 4) << 2 | (m >> 4) << 4 | (m4 >> 4) << 6;
+                    }
+                    // Block p: the nibbles qs[32 (p / 2)..] shifted by 4 (p % 2), stored q - 8.
+                    let b = sup * SUPER_BLOCKS + p;
+                    let qdst = &mut quants[(g * nb + b) * qb..(g * nb + b + 1) * qb];
+                    let nib = |e: usize| ((blk.qs[32 * (p / 2) + e] >> (4 * (p % 2))) & 0xF) ^ 8;
+                    for c in 0..4 {
+                        for j in 0..4 {
+                            qdst[16 * c + 4 * r + j] = nib(4 * c + j) | (nib(16 + 4 * c + j) << 4);
                         }
                     }
                 }
@@ -457,28 +548,59 @@ pub const fn act_row_bytes(k: usize) -> usize {
     k.div_ceil(BLOCK) * core::mem::size_of::<ActBlock>()
 }
 
-/// Dequantizes row `row` of a packed matrix (for tests and diagnostics).
+/// Dequantizes row `row` of a packed matrix (for tests, diagnostics and the rows of a tied
+/// embedding).
 pub fn dequantize_packed_row(w: &PackedMatrix<'_>, row: usize, out: &mut [f32]) {
     let (g, r) = (row / GROUP_ROWS, row % GROUP_ROWS);
-    let (qb, sb) = (w.format.quant_bytes(), w.format.scale_bytes());
+    let qb = w.format.quant_bytes();
     let (gq, gs) = (w.group_quants(g), w.group_scales(g));
     for (b, y) in out.chunks_exact_mut(BLOCK).enumerate().take(w.blocks()) {
         let block = &gq[b * qb..(b + 1) * qb];
-        // Per-block scales (Q6K's live in its super-block's scale unit).
-        let sc = if w.format == PackedFormat::Q6K { &[][..] } else { &gs[b * sb..(b + 1) * sb] };
         for (e, y) in y.iter_mut().enumerate() {
             let q = value(w.format, block, r, e) as f32;
             *y = match w.format {
-                PackedFormat::Q4 | PackedFormat::Q8 => f16_at(sc, r) * q,
-                PackedFormat::Q4Min => f16_at(sc, r) * (q + 8.0) + f16_at(sc, GROUP_ROWS + r),
-                PackedFormat::Q8Min => f16_at(sc, r) * q + f16_at(sc, GROUP_ROWS + r),
-                PackedFormat::Q8Sub16 => f16_at(sc, if e < 16 { r } else { GROUP_ROWS + r }) * q,
+                PackedFormat::Q4K => {
+                    // The file's arithmetic (`d * sc * nibble - dmin * m`): its values exactly.
+                    let k = q4k_scales(gs, b, r);
+                    k.d * k.sc as f32 * (q + 8.0) - k.dmin * k.m as f32
+                }
                 PackedFormat::Q6K => {
-                    // The file's arithmetic (`d * sc * q`): the file's values exactly.
                     let (d, sc) = q6k_scales(gs, b, r);
                     d * sc[e / 16] as f32 * q
                 }
+                _ => {
+                    let [d, m] = block_scales(w.format, gs, b, r);
+                    match w.format {
+                        PackedFormat::Q4Min => d * (q + 8.0) + m,
+                        PackedFormat::Q8Min => d * q + m,
+                        PackedFormat::Q8Sub16 if e >= 16 => m * q,
+                        _ => d * q,
+                    }
+                }
             };
+        }
+    }
+}
+
+/// Row `r`'s two scales of block `b` as the matmul takes them, from a group's scale plane `gs`:
+/// `[d, m]` for the formats with a min (Q4K: `f16(d * sc)`, `f16(-dmin * m)`, its Q4Min form),
+/// `[d, 0]` for Q4 and Q8, and the scales of elements 0..16 and 16..32 for Q8Sub16 and Q6K
+/// (`f16(d * sc)`).
+#[inline]
+pub fn block_scales(format: PackedFormat, gs: &[u8], b: usize, r: usize) -> [f32; 2] {
+    match format {
+        PackedFormat::Q4 | PackedFormat::Q8 => [f16_at(&gs[b * format.scale_bytes()..], r), 0.0],
+        PackedFormat::Q4Min | PackedFormat::Q8Min | PackedFormat::Q8Sub16 => {
+            let sc = &gs[b * format.scale_bytes()..];
+            [f16_at(sc, r), f16_at(sc, GROUP_ROWS + r)]
+        }
+        PackedFormat::Q4K => {
+            let k = q4k_scales(gs, b, r);
+            [f16_round(k.d * k.sc as f32), f16_round(-(k.dmin * k.m as f32))]
+        }
+        PackedFormat::Q6K => {
+            let (d, sc) = q6k_scales(gs, b, r);
+            [f16_round(d * sc[0] as f32), f16_round(d * sc[1] as f32)]
         }
     }
 }
@@ -490,4 +612,31 @@ pub(crate) fn q6k_scales(gs: &[u8], b: usize, r: usize) -> (f32, [i8; 2]) {
     let sup = &gs[(b / SUPER_BLOCKS) * SUPER_SCALE_BYTES..][..SUPER_SCALE_BYTES];
     let p = b % SUPER_BLOCKS;
     (f16_at(sup, r), [sup[8 + 8 * p + r] as i8, sup[12 + 8 * p + r] as i8])
+}
+
+/// One row's scales of one block of a [`PackedFormat::Q4K`] matrix: the file's.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Q4kScales {
+    /// The super-block's scale.
+    pub d: f32,
+    /// The super-block's min scale.
+    pub dmin: f32,
+    /// The block's 6-bit scale.
+    pub sc: u8,
+    /// The block's 6-bit min.
+    pub m: u8,
+}
+
+/// Row `r`'s scales of block `b` from a group's [`PackedFormat::Q4K`] scale plane `gs`.
+#[inline]
+pub fn q4k_scales(gs: &[u8], b: usize, r: usize) -> Q4kScales {
+    let unit = &gs[(b / SUPER_BLOCKS) * Q4K_SCALE_BYTES..][..Q4K_SCALE_BYTES];
+    let p = b % SUPER_BLOCKS;
+    let (low, high) = (unit[16 + 4 * p + r], unit[48 + 4 * (p % 4) + r] >> (2 * (p / 4)));
+    Q4kScales {
+        d: f16_at(unit, r),
+        dmin: f16_at(unit, GROUP_ROWS + r),
+        sc: (low & 15) | (high & 3) << 4,
+        m: (low >> 4) | ((high >> 4) & 3) << 4,
+    }
 }

@@ -1,4 +1,13 @@
-//! The narrow 6-bit layout ([`PackedFormat::Q6K`]) widened for the NEON int8 kernels.
+//! The narrow layouts widened for kernels that read a wider one.
+//!
+//! **Q4K scales.** [`PackedFormat::Q4K`] is [`PackedFormat::Q4Min`]'s quant plane with the file's
+//! 6-bit super-block scales: the kernels decode a chunk of groups' scales into Q4Min's per-block
+//! f16 `d * sc` and `-dmin * m` ([`q4k_scales`], a few vector instructions per 8 blocks), into a
+//! buffer that stays in L1, and run the Q4Min code on the quant plane as it is (x86 inside its
+//! passes, the NEON paths through [`matmul_q4k`]).
+//!
+//! **Q6K values.** The narrow 6-bit layout ([`PackedFormat::Q6K`]) widened for the NEON int8
+//! kernels.
 //!
 //! (The x86 kernels unpack Q6K in registers; on aarch64 this is the step before that.)
 //! Memory holds Q6_K weights at the file's 6.5625 bits per weight; the NEON paths turn a chunk of
@@ -12,7 +21,8 @@
 use core::ops::Range;
 
 use super::packed::{
-    q6k_scales, ActBlock, PackedFormat, PackedMatrix, BLOCK, GROUP_ROWS, SUPER_BLOCKS, SUPER_SCALE_BYTES,
+    block_scales, q6k_scales, ActBlock, PackedFormat, PackedMatrix, BLOCK, GROUP_ROWS, Q4K_SCALE_BYTES,
+    SUPER_BLOCKS, SUPER_SCALE_BYTES,
 };
 use super::KernelPath;
 use crate::quant::blocks::F16Le;
@@ -158,5 +168,103 @@ pub fn matmul_widened(
     }
 }
 
+/// Bytes of one Q4K scale unit decoded: 8 blocks of Q4Min scales.
+pub const Q4K_WIDE_UNIT: usize = SUPER_BLOCKS * PackedFormat::Q4Min.scale_bytes();
+
+/// Decodes one [`PackedFormat::Q4K`] scale unit (a group's super-block, [`Q4K_SCALE_BYTES`]) into
+/// the Q4Min scales of its 8 blocks ([`Q4K_WIDE_UNIT`] bytes: per block `f16(d * sc)` of the 4
+/// rows, then `f16(-dmin * m)`), the portable twin of the SIMD decoders. Wrong lengths write
+/// nothing.
+pub fn q4k_scales_ref(unit: &[u8], out: &mut [u8]) {
+    if unit.len() != Q4K_SCALE_BYTES || out.len() != Q4K_WIDE_UNIT {
+        return;
+    }
+    for (p, dst) in out.chunks_exact_mut(PackedFormat::Q4Min.scale_bytes()).enumerate() {
+        for r in 0..GROUP_ROWS {
+            let [d, m] = block_scales(PackedFormat::Q4K, unit, p, r);
+            dst[2 * r..2 * r + 2].copy_from_slice(&F16Le::from_f32(d).0);
+            dst[2 * (GROUP_ROWS + r)..2 * (GROUP_ROWS + r) + 2].copy_from_slice(&F16Le::from_f32(m).0);
+        }
+    }
+}
+
+/// [`q4k_scales_ref`] on `path` (the same bytes on every path).
+pub fn q4k_scales(path: KernelPath, unit: &[u8], out: &mut [u8]) {
+    match path {
+        #[cfg(target_arch = "aarch64")]
+        KernelPath::Neon | KernelPath::NeonDotprod | KernelPath::NeonFp16 => {
+            super::neon::q4k_scales(unit, out)
+        }
+        #[cfg(target_arch = "x86_64")]
+        KernelPath::Avx2 | KernelPath::Avx2Vnni if KernelPath::Avx2.is_available() => {
+            // SAFETY: the CPU has AVX2, FMA and F16C (checked on this line).
+            unsafe { super::x86::q4k_scales(unit, out) }
+        }
+        _ => q4k_scales_ref(unit, out),
+    }
+}
+
+/// Bytes of decoded scales [`matmul_q4k`] holds at once.
+const Q4K_SCRATCH: usize = 32 << 10;
+
+/// Packed matmul of a Q4K matrix on `path` through its Q4Min kernels (the contract of
+/// [`crate::kernels::packed::matmul_ref`]): per chunk of up to [`CHUNK_GROUPS`] groups (whole
+/// rows, as many as [`Q4K_SCRATCH`] holds), the scales are decoded and `path`'s Q4Min kernel runs
+/// on the quant plane's groups as they are.
+pub fn matmul_q4k(
+    path: KernelPath,
+    w: &PackedMatrix<'_>,
+    groups: Range<usize>,
+    acts: &[&[ActBlock]],
+    outs: &mut [&mut [f32]],
+) {
+    let n = acts.len().min(outs.len());
+    let nb = w.blocks();
+    let wide_row = nb * PackedFormat::Q4Min.scale_bytes();
+    let chunk = Q4K_SCRATCH.checked_div(wide_row).unwrap_or(0).min(CHUNK_GROUPS);
+    let sane = w.format == PackedFormat::Q4K
+        && w.is_consistent()
+        && groups.start <= groups.end
+        && groups.end <= w.groups()
+        && acts[..n].iter().all(|a| a.len() >= nb)
+        && outs[..n].iter().all(|o| o.len() >= GROUP_ROWS * groups.len());
+    // (No chunk: rows wider than the scratch, k > 2^16, which no model has: the reference.)
+    if !sane || chunk == 0 {
+        return super::packed::matmul_ref(w, groups, acts, outs);
+    }
+    let mut scales = [0u8; Q4K_SCRATCH];
+    let qrow = nb * PackedFormat::Q4K.quant_bytes();
+    let mut g0 = groups.start;
+    while g0 < groups.end {
+        let gn = chunk.min(groups.end - g0);
+        let s = &mut scales[..gn * wide_row];
+        for (gi, dst) in s.chunks_exact_mut(wide_row).enumerate() {
+            let src = w.group_scales(g0 + gi);
+            for (unit, out) in src.chunks_exact(Q4K_SCALE_BYTES).zip(dst.chunks_exact_mut(Q4K_WIDE_UNIT)) {
+                q4k_scales(path, unit, out);
+            }
+        }
+        let view = PackedMatrix {
+            format: PackedFormat::Q4Min,
+            rows: GROUP_ROWS * gn,
+            k: w.k,
+            quants: &w.quants[g0 * qrow..(g0 + gn) * qrow],
+            scales: s,
+        };
+        let out0 = GROUP_ROWS * (g0 - groups.start);
+        let mut t0 = 0;
+        while t0 < n {
+            let tn = TOKENS.min(n - t0);
+            let mut o: [&mut [f32]; TOKENS] = Default::default();
+            for (o, out) in o.iter_mut().zip(outs[t0..t0 + tn].iter_mut()) {
+                *o = &mut out[out0..out0 + GROUP_ROWS * gn];
+            }
+            super::packed_matmul(path, &view, 0..gn, &acts[t0..t0 + tn], &mut o[..tn]);
+            t0 += tn;
+        }
+        g0 += gn;
+    }
+}
+
 // The super-block constants the layout relies on.
-const _: () = assert!(SUPER_SCALE_BYTES == 72 && SUPER_BLOCKS == 8);
+const _: () = assert!(SUPER_SCALE_BYTES == 72 && Q4K_SCALE_BYTES == 64 && SUPER_BLOCKS == 8);

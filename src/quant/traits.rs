@@ -34,8 +34,8 @@ pub struct TypeTraits {
     /// The interleaved layout the SIMD kernels repack the type's weights into.
     pub packed: Option<PackedFormat>,
     /// The repacked layout holds the file's values exactly (same scales, same quants), so
-    /// `get_rows` reads rows from it: a tied embedding keeps one resident copy. (Q4_K and Q5_K
-    /// round their sub-block scales to f16 when repacked: their rows are read from the file.)
+    /// `get_rows` reads rows from it: a tied embedding keeps one resident copy. (Q5_K rounds its
+    /// sub-block scales to f16 when repacked: its rows are read from the file.)
     pub rows_from_packed: bool,
 }
 
@@ -177,7 +177,8 @@ impl GgmlType {
                 dequantize: dequantize!(dequantize_q4_k_ref),
                 quantize: quantize!(quantize_row_q4_k_ref),
                 vec_dot: dot!(Q8_K, vec_dot_q4_k_q8_k_ref),
-                packed: Some(P::Q4Min),
+                packed: Some(P::Q4K),
+                rows_from_packed: true,
                 ..NONE
             },
             T::Q5_K => TypeTraits {

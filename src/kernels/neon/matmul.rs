@@ -6,9 +6,10 @@ use core::ops::Range;
 
 use super::*;
 use crate::kernels::packed::{
-    quantize_act_ref, ActBlock, PackedFormat, PackedMatrix, BLOCK, GROUP_ROWS, SUPER_BLOCKS,
+    quantize_act_ref, ActBlock, PackedFormat, PackedMatrix, BLOCK, GROUP_ROWS, Q4K_SCALE_BYTES, SUPER_BLOCKS,
     SUPER_SCALE_BYTES,
 };
+use crate::kernels::widen::Q4K_WIDE_UNIT;
 
 // ---------------------------------------------------------------------------------------------
 // Shared matmul plumbing
@@ -871,6 +872,10 @@ pub unsafe fn matmul_dotprod(
     outs: &mut [&mut [f32]],
     fp16: bool,
 ) {
+    if w.format == PackedFormat::Q4K {
+        let path = crate::kernels::KernelPath::NeonDotprod;
+        return crate::kernels::widen::matmul_q4k(path, w, groups, acts, outs);
+    }
     if w.format == PackedFormat::Q6K {
         if acts.len().min(outs.len()) == 1 {
             // SAFETY: the CPU has dotprod, and FEAT_FP16 with `fp16` (this function's contract).
@@ -883,14 +888,15 @@ pub unsafe fn matmul_dotprod(
     let (gemv, tiles): (DotKernel, &[DotKernel]) = match w.format {
         PackedFormat::Q4 => (q4_gemv, &[q4_t1, q4_t2, q4_t3, q4_t4]),
         PackedFormat::Q8 => (q8_gemv, &[q8_t1, q8_t2, q8_t3, q8_t4]),
-        PackedFormat::Q4Min => (q4m_gemv, &[q4m_t1, q4m_t2, q4m_t3]),
+        // (Q4K went through `matmul_q4k`, which calls back with Q4Min.)
+        PackedFormat::Q4Min | PackedFormat::Q4K => (q4m_gemv, &[q4m_t1, q4m_t2, q4m_t3]),
         PackedFormat::Q8Min => (q8m_gemv, &[q8m_t1, q8m_t2, q8m_t3]),
         PackedFormat::Q8Sub16 | PackedFormat::Q6K => (q8s_gemv, &[q8s_t1, q8s_t2, q8s_t3]),
     };
     let wide: WideKernel = match w.format {
         PackedFormat::Q4 => q4_wide,
         PackedFormat::Q8 => q8_wide,
-        PackedFormat::Q4Min => q4m_wide,
+        PackedFormat::Q4Min | PackedFormat::Q4K => q4m_wide,
         PackedFormat::Q8Min => q8m_wide,
         PackedFormat::Q8Sub16 | PackedFormat::Q6K => q8s_wide,
     };
@@ -1194,6 +1200,53 @@ pub fn widen_q6k(w: &PackedMatrix<'_>, g: usize, blocks: Range<usize>, quants: &
     }
 }
 
+/// [`crate::kernels::widen::q4k_scales_ref`] on NEON: the 64 6-bit fields of a unit as bytes
+/// (nibble plane masked and shifted, the 2-bit plane shifted into bits 4..6), then per block the
+/// 4 scales and 4 mins widened to f32, times `d` and `-dmin`, narrowed to f16. Wrong lengths write
+/// nothing.
+pub fn q4k_scales(unit: &[u8], out: &mut [u8]) {
+    let (Ok(unit), Ok(out)): (Result<&[u8; Q4K_SCALE_BYTES], _>, Result<&mut [u8; Q4K_WIDE_UNIT], _>) =
+        (unit.try_into(), out.try_into())
+    else {
+        return;
+    };
+    // SAFETY: NEON is part of the aarch64 baseline; 48 bytes read from `unit` at 16, 128 written
+    // to `out` (the arrays above).
+    unsafe {
+        let d = f16x4_to_f32(&unit[..8]);
+        let neg_dmin = vnegq_f32(f16x4_to_f32(&unit[8..16]));
+        let (lo0, lo1, hi) =
+            (vld1q_u8(unit[16..].as_ptr()), vld1q_u8(unit[32..].as_ptr()), vld1q_u8(unit[48..].as_ptr()));
+        let (m4, m30) = (vdupq_n_u8(0x0F), vdupq_n_u8(0x30));
+        // Scales and mins of blocks 0..4 and 4..8, one byte per row and block.
+        let sc = [
+            vorrq_u8(vandq_u8(lo0, m4), vandq_u8(vshlq_n_u8::<4>(hi), m30)),
+            vorrq_u8(vandq_u8(lo1, m4), vandq_u8(vshlq_n_u8::<2>(hi), m30)),
+        ];
+        let mn = [
+            vorrq_u8(vshrq_n_u8::<4>(lo0), vandq_u8(hi, m30)),
+            vorrq_u8(vshrq_n_u8::<4>(lo1), vandq_u8(vshrq_n_u8::<2>(hi), m30)),
+        ];
+        for h in 0..2 {
+            let (s16, m16) = (
+                [vmovl_u8(vget_low_u8(sc[h])), vmovl_high_u8(sc[h])],
+                [vmovl_u8(vget_low_u8(mn[h])), vmovl_high_u8(mn[h])],
+            );
+            for p in 0..4 {
+                let (s, m) = (s16[p / 2], m16[p / 2]);
+                let (s, m) = if p % 2 == 0 {
+                    (vmovl_u16(vget_low_u16(s)), vmovl_u16(vget_low_u16(m)))
+                } else {
+                    (vmovl_high_u16(s), vmovl_high_u16(m))
+                };
+                let fs = vmulq_f32(vcvtq_f32_u32(s), d);
+                let fm = vmulq_f32(vcvtq_f32_u32(m), neg_dmin);
+                vst1q_u16(out[16 * (4 * h + p)..].as_mut_ptr().cast(), f16_narrow(fs, fm));
+            }
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Packed matmul without `sdot` (A72/A53-class cores)
 
@@ -1202,6 +1255,9 @@ pub fn widen_q6k(w: &PackedMatrix<'_>, g: usize, blocks: Range<usize>, quants: &
 /// |a| <= 127 fit), `sadalp` into int32. One token runs 4 groups per pass (sharing the
 /// broadcasts), several run 1 group x 4 tokens (sharing the unpacked weights).
 pub fn matmul(w: &PackedMatrix<'_>, groups: Range<usize>, acts: &[&[ActBlock]], outs: &mut [&mut [f32]]) {
+    if w.format == PackedFormat::Q4K {
+        return crate::kernels::widen::matmul_q4k(crate::kernels::KernelPath::Neon, w, groups, acts, outs);
+    }
     if w.format == PackedFormat::Q6K {
         return crate::kernels::widen::matmul_widened(
             crate::kernels::KernelPath::Neon,
@@ -1216,7 +1272,8 @@ pub fn matmul(w: &PackedMatrix<'_>, groups: Range<usize>, acts: &[&[ActBlock]], 
     unsafe {
         match w.format {
             PackedFormat::Q4 => matmul_neon::<FMT_Q4>(w, groups, acts, outs, n),
-            PackedFormat::Q4Min => matmul_neon::<FMT_Q4MIN>(w, groups, acts, outs, n),
+            // (Q4K went through `matmul_q4k`, which calls back with Q4Min.)
+            PackedFormat::Q4Min | PackedFormat::Q4K => matmul_neon::<FMT_Q4MIN>(w, groups, acts, outs, n),
             PackedFormat::Q8 => matmul_neon::<FMT_Q8>(w, groups, acts, outs, n),
             PackedFormat::Q8Min => matmul_neon::<FMT_Q8MIN>(w, groups, acts, outs, n),
             PackedFormat::Q8Sub16 | PackedFormat::Q6K => matmul_neon::<FMT_Q8SUB16>(w, groups, acts, outs, n),

@@ -3,7 +3,7 @@
 
 use core::ops::Range;
 
-use crate::kernels::packed::{q6k_scales, ActBlock, PackedFormat, PackedMatrix, BLOCK, GROUP_ROWS};
+use crate::kernels::packed::{block_scales, ActBlock, PackedFormat, PackedMatrix, BLOCK, GROUP_ROWS};
 use crate::quant::blocks::F16Le;
 
 /// Rounds to the nearest f16 value, kept as f32.
@@ -84,19 +84,18 @@ pub(crate) fn value_q6k(block: &[u8], r: usize, e: usize) -> i32 {
 /// Reference matmul over row groups `groups` for `acts.len()` tokens: `outs[t][4 * (g -
 /// groups.start) + r]` = row `4g + r` dotted with token `t`'s activations. Per block the integer dot
 /// is scaled by `d_w * d_a` in f32 and summed into an f32 accumulator, blocks in order; mins add
-/// `m * s_a` (Q4Min: `(m + 8d) * s_a`).
+/// `m * s_a` (Q4Min, Q4K: `(m + 8d) * s_a`). The scales are [`block_scales`].
 pub fn matmul_ref(w: &PackedMatrix<'_>, groups: Range<usize>, acts: &[&[ActBlock]], outs: &mut [&mut [f32]]) {
     const TILE: usize = 16;
     let (format, nb) = (w.format, w.blocks());
-    let (qb, sb) = (format.quant_bytes(), format.scale_bytes());
+    let qb = format.quant_bytes();
     for (tile_acts, tile_outs) in acts.chunks(TILE).zip(outs.chunks_mut(TILE)) {
         for (gi, g) in groups.clone().enumerate() {
             let (gq, gs) = (w.group_quants(g), w.group_scales(g));
             let mut acc = [[0f32; GROUP_ROWS]; TILE];
             for b in 0..nb {
                 let block = &gq[b * qb..(b + 1) * qb];
-                // Q6K's scales live in its super-block's unit (read below).
-                let sc = if format == PackedFormat::Q6K { &[][..] } else { &gs[b * sb..(b + 1) * sb] };
+                let scales: [[f32; 2]; GROUP_ROWS] = core::array::from_fn(|r| block_scales(format, gs, b, r));
                 // Unpack the 4 rows once per block; every token of the tile reuses them.
                 let q = unpack_block(format, block);
                 for (acc, act) in acc.iter_mut().zip(tile_acts.iter()) {
@@ -104,29 +103,19 @@ pub fn matmul_ref(w: &PackedMatrix<'_>, groups: Range<usize>, acts: &[&[ActBlock
                     for (r, acc) in acc.iter_mut().enumerate() {
                         let dot =
                             |es: Range<usize>| -> i32 { es.map(|e| q[r][e] * i32::from(a.qs[e])).sum() };
-                        // The block's row scale (not Q6K, whose scales are its super-block's).
-                        let d = || f16_at(sc, r);
+                        let [d, m] = scales[r];
                         match format {
-                            PackedFormat::Q4 | PackedFormat::Q8 => *acc += (d() * a.d) * dot(0..BLOCK) as f32,
-                            PackedFormat::Q4Min | PackedFormat::Q8Min => {
-                                let m = f16_at(sc, GROUP_ROWS + r);
-                                // Q4Min stores nibble - 8: the shift comes back through the min.
-                                let m = if format == PackedFormat::Q4Min { m + 8.0 * d() } else { m };
-                                *acc += (d() * a.d) * dot(0..BLOCK) as f32;
+                            PackedFormat::Q4 | PackedFormat::Q8 => *acc += (d * a.d) * dot(0..BLOCK) as f32,
+                            PackedFormat::Q4Min | PackedFormat::Q8Min | PackedFormat::Q4K => {
+                                // The 4-bit formats store nibble - 8: the shift comes back through
+                                // the min.
+                                let m = if format.is_4bit() { m + 8.0 * d } else { m };
+                                *acc += (d * a.d) * dot(0..BLOCK) as f32;
                                 *acc += m * a.s;
                             }
-                            PackedFormat::Q8Sub16 => {
-                                let d_hi = f16_at(sc, GROUP_ROWS + r);
-                                *acc += (d() * a.d) * dot(0..16) as f32;
-                                *acc += (d_hi * a.d) * dot(16..BLOCK) as f32;
-                            }
-                            PackedFormat::Q6K => {
-                                // `d * sc` rounded to f16, as every SIMD path takes it (the NEON
-                                // prompt kernels read a widened Q8Sub16 copy with f16 scales).
-                                let (d, sc) = q6k_scales(gs, b, r);
-                                let (d_lo, d_hi) = (f16_round(d * sc[0] as f32), f16_round(d * sc[1] as f32));
-                                *acc += (d_lo * a.d) * dot(0..16) as f32;
-                                *acc += (d_hi * a.d) * dot(16..BLOCK) as f32;
+                            PackedFormat::Q8Sub16 | PackedFormat::Q6K => {
+                                *acc += (d * a.d) * dot(0..16) as f32;
+                                *acc += (m * a.d) * dot(16..BLOCK) as f32;
                             }
                         }
                     }

@@ -28,7 +28,8 @@ use core::mem::MaybeUninit;
 use core::ops::Range;
 
 use crate::kernels::packed::{
-    matmul_ref, ActBlock, PackedFormat, PackedMatrix, BLOCK, GROUP_ROWS, SUPER_BLOCKS, SUPER_SCALE_BYTES,
+    matmul_ref, ActBlock, PackedFormat, PackedMatrix, BLOCK, GROUP_ROWS, Q4K_SCALE_BYTES, SUPER_BLOCKS,
+    SUPER_SCALE_BYTES,
 };
 
 /// Packed matmul (see [`matmul_ref`] for the contract; float sums are in another order).
@@ -220,12 +221,15 @@ unsafe fn matmul_impl(
             (PackedFormat::Q8Min, false) => run::<F_Q8MIN, false>(w, groups, acts, outs),
             (PackedFormat::Q8Sub16, false) => run::<F_Q8SUB16, false>(w, groups, acts, outs),
             (PackedFormat::Q6K, false) => run::<F_Q6K, false>(w, groups, acts, outs),
+            // Q4K runs as Q4Min, its scales decoded per chunk (see `Chunk::q4k`).
+            (PackedFormat::Q4K, false) => run::<F_Q4MIN, false>(w, groups, acts, outs),
             (PackedFormat::Q4, true) => run::<F_Q4, true>(w, groups, acts, outs),
             (PackedFormat::Q4Min, true) => run::<F_Q4MIN, true>(w, groups, acts, outs),
             (PackedFormat::Q8, true) => run::<F_Q8, true>(w, groups, acts, outs),
             (PackedFormat::Q8Min, true) => run::<F_Q8MIN, true>(w, groups, acts, outs),
             (PackedFormat::Q8Sub16, true) => run::<F_Q8SUB16, true>(w, groups, acts, outs),
             (PackedFormat::Q6K, true) => run::<F_Q6K, true>(w, groups, acts, outs),
+            (PackedFormat::Q4K, true) => run::<F_Q4MIN, true>(w, groups, acts, outs),
         }
     }
 }
@@ -238,7 +242,7 @@ unsafe fn matmul_impl(
 /// # Safety
 /// `w` consistent with format `F`, `groups` inside it, every activation row at least `w.blocks()`
 /// blocks and every output row at least `4 * groups.len()` long, `acts.len() == outs.len()`;
-/// `VNNI` only when the CPU has AVX512-VNNI and AVX512VL.
+/// `VNNI` only when the CPU has AVX512-VNNI and AVX512VL. `F` is Q4Min for a Q4K matrix.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn run<const F: u8, const VNNI: bool>(
     w: &PackedMatrix<'_>,
@@ -256,8 +260,8 @@ unsafe fn run<const F: u8, const VNNI: bool>(
         let mut t0 = 0;
         while t0 < acts.len() {
             let tt = (acts.len() - t0).min(TILE);
-            // Q6K chunks start on super-blocks (whole scale units): multiples of 8 blocks.
-            let unit = if F == F_Q6K { SUPER_BLOCKS } else { 1 };
+            // Q6K and Q4K chunks start on super-blocks (whole scale units): multiples of 8 blocks.
+            let unit = w.format.blocks_per_unit();
             let cap = SCRATCH / tt / unit * unit;
             let chunks = nb.div_ceil(cap);
             let kc = nb.div_ceil(chunks).next_multiple_of(unit);
@@ -278,8 +282,16 @@ unsafe fn run<const F: u8, const VNNI: bool>(
                     // of the scratch (tt * kc <= SCRATCH).
                     unsafe { expand(acts[t0 + ti].as_ptr().add(c0), kn, sp.add(ti * kc), corr) };
                 }
-                let chunk =
-                    Chunk { w, groups: strip.clone(), base: groups.start, c0, kn, exp: sp, estride: kc };
+                let chunk = Chunk {
+                    w,
+                    groups: strip.clone(),
+                    base: groups.start,
+                    c0,
+                    kn,
+                    exp: sp,
+                    estride: kc,
+                    q4k: w.format == PackedFormat::Q4K,
+                };
                 let (a, o) = (&acts[t0..t0 + tt], &mut outs[t0..t0 + tt]);
                 // SAFETY: the scratch holds the tt x kn expanded blocks; the rest is `run`'s contract.
                 unsafe {
@@ -315,6 +327,103 @@ struct Chunk<'w, 'a> {
     /// Expanded activations: token `t`, block `b` (relative to `c0`) at `exp + t * estride + b`.
     exp: *const Expanded,
     estride: usize,
+    /// The matrix is Q4K, run as Q4Min: the kernels read its scales decoded into that form (the
+    /// chunk's blocks of the groups at hand, see [`q4k_scales`]), not from the plane.
+    q4k: bool,
+}
+
+/// Decoded Q4K scales of up to 2 groups of a chunk (16 bytes per block).
+type ScaleBuf = [u8; 2 * SCRATCH * Q4MIN_SCALES];
+const Q4MIN_SCALES: usize = PackedFormat::Q4Min.scale_bytes();
+
+/// The scale pointer and group stride the kernels read for `n` groups from `g` (at most 2): the
+/// plane's, or for a Q4K matrix the chunk's blocks of those groups decoded into `buf` as Q4Min
+/// scales.
+///
+/// # Safety
+/// Groups `g..g + n` inside the matrix, the chunk's blocks inside its rows, `n * kn <= 2 *
+/// SCRATCH`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn chunk_scales<const F: u8>(
+    chunk: &Chunk<'_, '_>,
+    g: usize,
+    n: usize,
+    buf: &mut ScaleBuf,
+) -> (*const u8, usize) {
+    let w = chunk.w;
+    if !chunk.q4k {
+        let sstride = w.blocks() * scale_bytes(F);
+        // SAFETY: g and c0 inside the plane (the contract).
+        return (unsafe { w.scales.as_ptr().add(g * sstride + chunk.c0 * scale_bytes(F)) }, sstride);
+    }
+    let units = chunk.kn / SUPER_BLOCKS;
+    let stride = chunk.kn * Q4MIN_SCALES;
+    for i in 0..n {
+        let gs = w.group_scales(g + i);
+        for u in 0..units {
+            let unit = &gs[(chunk.c0 / SUPER_BLOCKS + u) * Q4K_SCALE_BYTES..][..Q4K_SCALE_BYTES];
+            let out = &mut buf[i * stride + u * SUPER_BLOCKS * Q4MIN_SCALES..][..SUPER_BLOCKS * Q4MIN_SCALES];
+            q4k_scales_impl(unit, out);
+        }
+    }
+    (buf.as_ptr(), stride)
+}
+
+/// One Q4K scale unit (a group's super-block, 64 bytes) decoded into the 8 blocks' Q4Min scales
+/// (`f16(d * sc)`, `f16(-dmin * m)`, 16 bytes per block): the twin of
+/// [`crate::kernels::widen::q4k_scales_ref`]. Wrong lengths write nothing.
+///
+/// # Safety
+/// The CPU must have AVX2, FMA and F16C.
+pub unsafe fn q4k_scales(unit: &[u8], out: &mut [u8]) {
+    // SAFETY: the caller guarantees the CPU features.
+    unsafe { q4k_scales_impl(unit, out) }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn q4k_scales_impl(unit: &[u8], out: &mut [u8]) {
+    let (unit, out): (&[u8; Q4K_SCALE_BYTES], &mut [u8; SUPER_BLOCKS * Q4MIN_SCALES]) =
+        match (unit.try_into(), out.try_into()) {
+            (Ok(u), Ok(o)) => (u, o),
+            _ => return,
+        };
+    // SAFETY: 64 bytes read from `unit`, 128 written to `out` (the arrays above).
+    unsafe {
+        let dd = _mm256_cvtph_ps(_mm_loadu_si128(unit.as_ptr().cast()));
+        // [d, -dmin]: the min term is subtracted.
+        let dd = _mm256_mul_ps(dd, _mm256_setr_ps(1.0, 1.0, 1.0, 1.0, -1.0, -1.0, -1.0, -1.0));
+        let lo0 = _mm_loadu_si128(unit.as_ptr().add(16).cast());
+        let lo1 = _mm_loadu_si128(unit.as_ptr().add(32).cast());
+        let hi = _mm_loadu_si128(unit.as_ptr().add(48).cast());
+        let (m4, m30) = (_mm_set1_epi8(0x0F), _mm_set1_epi8(0x30));
+        // Scales and mins of blocks 0..4 and 4..8 as bytes (the 16-bit shifts carry across bytes
+        // only bits the masks drop).
+        let sc = [
+            _mm_or_si128(_mm_and_si128(lo0, m4), _mm_and_si128(_mm_slli_epi16::<4>(hi), m30)),
+            _mm_or_si128(_mm_and_si128(lo1, m4), _mm_and_si128(_mm_slli_epi16::<2>(hi), m30)),
+        ];
+        let mn = [
+            _mm_or_si128(_mm_and_si128(_mm_srli_epi16::<4>(lo0), m4), _mm_and_si128(hi, m30)),
+            _mm_or_si128(
+                _mm_and_si128(_mm_srli_epi16::<4>(lo1), m4),
+                _mm_and_si128(_mm_srli_epi16::<2>(hi), m30),
+            ),
+        ];
+        for h in 0..2 {
+            // [sc, m] of blocks 4h, 4h + 1 and of 4h + 2, 4h + 3.
+            let pairs = [_mm_unpacklo_epi32(sc[h], mn[h]), _mm_unpackhi_epi32(sc[h], mn[h])];
+            for (i, v) in pairs.into_iter().enumerate() {
+                for (j, v) in [v, _mm_srli_si128::<8>(v)].into_iter().enumerate() {
+                    let f = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)), dd);
+                    let p = 4 * h + 2 * i + j;
+                    let dst = out.as_mut_ptr().add(p * Q4MIN_SCALES);
+                    _mm_storeu_si128(dst.cast(), _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(f));
+                }
+            }
+        }
+    }
 }
 
 /// Which multiple of the activation sums [`Expanded::neg_corr`] holds.
@@ -395,43 +504,46 @@ unsafe fn pass<const F: u8, const VNNI: bool, const T: usize, const G: usize>(
     outs: &mut [&mut [f32]],
 ) {
     let w = chunk.w;
-    let (qstride, sstride) = (w.blocks() * quant_bytes(F), w.blocks() * scale_bytes(F));
+    let qstride = w.blocks() * quant_bytes(F);
     let mut ap = [core::ptr::null::<ActBlock>(); T];
     for (p, a) in ap.iter_mut().zip(acts) {
         // SAFETY: c0 < nb <= a.len().
         *p = unsafe { a.as_ptr().add(chunk.c0) };
     }
     let first = chunk.c0 == 0;
+    let mut sbuf: ScaleBuf = [0; 2 * SCRATCH * Q4MIN_SCALES];
     let mut g = chunk.groups.start;
     while g < chunk.groups.end {
-        // SAFETY: g < groups.end <= w.groups() and c0 < nb: inside both planes.
-        let (q, s) = unsafe {
-            (
-                w.quants.as_ptr().add(g * qstride + chunk.c0 * quant_bytes(F)),
-                w.scales.as_ptr().add(g * sstride + chunk.c0 * scale_bytes(F)),
-            )
-        };
+        let left = chunk.groups.end - g;
+        // SAFETY: g < groups.end <= w.groups() and c0 < nb: inside the quant plane.
+        let q = unsafe { w.quants.as_ptr().add(g * qstride + chunk.c0 * quant_bytes(F)) };
         let n = if VNNI && is_4bit(F) && G == 2 {
             // A lone last group goes through the same arithmetic as a pair's (paired with
             // itself), so a row's result does not depend on how the threads split the groups.
-            let two = chunk.groups.end - g >= 2;
-            let step = if two { qstride } else { 0 };
-            let sstep = if two { sstride } else { 0 };
+            let n = left.min(2);
+            // SAFETY: groups g..g + n exist; n * kn <= 2 * SCRATCH.
+            let (s, sstride) = unsafe { chunk_scales::<F>(chunk, g, n, &mut sbuf) };
+            let (step, sstep) = if n == 2 { (qstride, sstride) } else { (0, 0) };
             // SAFETY: groups g and g + 1 (or g twice) exist, with the chunk's blocks; the rest as
             // below.
             let acc = unsafe { tile2_q4v::<F, T>(q, s, step, sstep, chunk, &ap) };
-            let n = if two { 2 } else { 1 };
             store_pair(&acc, outs, GROUP_ROWS * (g - chunk.base), GROUP_ROWS * n, first);
             n
-        } else if G > 1 && chunk.groups.end - g >= G {
+        } else if G > 1 && left >= G {
             // SAFETY: groups g..g + G exist, each with the chunk's blocks c0..c0 + kn; the
-            // activation rows and the scratch as `pass` requires.
-            let acc = unsafe { tile::<F, VNNI, T, G>(q, s, qstride, sstride, chunk, &ap) };
+            // activation rows and the scratch as `pass` requires (G <= 2).
+            let acc = unsafe {
+                let (s, sstride) = chunk_scales::<F>(chunk, g, G, &mut sbuf);
+                tile::<F, VNNI, T, G>(q, s, qstride, sstride, chunk, &ap)
+            };
             store(&acc, outs, GROUP_ROWS * (g - chunk.base), first);
             G
         } else {
             // SAFETY: as above, for group g alone.
-            let acc = unsafe { tile::<F, VNNI, T, 1>(q, s, qstride, sstride, chunk, &ap) };
+            let acc = unsafe {
+                let (s, sstride) = chunk_scales::<F>(chunk, g, 1, &mut sbuf);
+                tile::<F, VNNI, T, 1>(q, s, qstride, sstride, chunk, &ap)
+            };
             store(&acc, outs, GROUP_ROWS * (g - chunk.base), first);
             1
         };
@@ -467,18 +579,23 @@ unsafe fn pass1<const F: u8, const VNNI: bool>(
     let ap = unsafe { acts[0].as_ptr().add(chunk.c0) };
     let first = chunk.c0 == 0;
     // Prefetch distances: a fixed one along the planes when the chunk is whole rows, else the
-    // next group's part of the chunk (the rest of this row is read by later chunks).
-    let dist = if chunk.kn < w.blocks() {
+    // next group's part of the chunk (the rest of this row is read by later chunks). Decoded Q4K
+    // scales are in L1 already (their plane is read in order by the decoding, an eighth of the
+    // quant stream that the hardware prefetchers follow).
+    let dist = if chunk.q4k {
+        (if chunk.kn < w.blocks() { qstride } else { PREFETCH_BYTES }, 0)
+    } else if chunk.kn < w.blocks() {
         (qstride, sstride)
     } else {
         (PREFETCH_BYTES, PREFETCH_BYTES * scale_bytes(F) / quant_bytes(F))
     };
+    let mut sbuf: ScaleBuf = [0; 2 * SCRATCH * Q4MIN_SCALES];
     for g in chunk.groups.clone() {
         // SAFETY: g < groups.end <= w.groups() and c0 < nb: inside both planes; the group has the
         // chunk's blocks c0..c0 + kn, the activation row and the scratch have them too.
         let acc = unsafe {
             let q = w.quants.as_ptr().add(g * qstride + chunk.c0 * quant_bytes(F));
-            let s = w.scales.as_ptr().add(g * sstride + chunk.c0 * scale_bytes(F));
+            let (s, _) = chunk_scales::<F>(chunk, g, 1, &mut sbuf);
             dot1::<F, VNNI>(q, s, chunk.exp, ap, chunk.kn, dist)
         };
         store(&[[acc]], outs, GROUP_ROWS * (g - chunk.base), first);
