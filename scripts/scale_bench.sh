@@ -5,7 +5,9 @@
 # and load time of a 16-token generation (`pinfer generate` beside `llama-simple`). Prints a Markdown
 # table of pinfer/llama.cpp ratios (above 1 is pinfer faster; for RSS and load, below 1 is pinfer leaner).
 #
-#   scripts/scale_bench.sh [--shapes S1,S2] [--quants Q1,Q2] [-t THREADS] [--rounds N]
+#   scripts/scale_bench.sh [--shapes S1,S2] [--quants Q1,Q2] [-t THREADS] [--rounds N] [--svg FILE]
+#
+# --svg FILE: also draw the table as a chart (scripts/scale_chart.py; default target/scale-bench.svg).
 #
 #   --shapes   llama-3.2-1b (default), llama-3.2-3b, qwen2.5-1.5b, qwen3-1.7b, gemma-3-1b
 #   --quants   Q4_0,Q4_K_M,Q8_0 (default)
@@ -24,12 +26,14 @@ SHAPES=llama-3.2-1b
 QUANTS=Q4_0,Q4_K_M,Q8_0
 THREADS=2
 ROUNDS=2
+SVG=target/scale-bench.svg
 while [ $# -gt 0 ]; do
   case "$1" in
     --shapes) SHAPES=$2; shift 2 ;;
     --quants) QUANTS=$2; shift 2 ;;
     -t) THREADS=$2; shift 2 ;;
     --rounds) ROUNDS=$2; shift 2 ;;
+    --svg) SVG=$2; shift 2 ;;
     *) echo "scale_bench: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -45,6 +49,8 @@ build_llama() {
   log "building llama.cpp (llama-cpp-python $LLAMA_VERSION sdist, AVX2/FMA/F16C) in $root: about 15 minutes"
   mkdir -p "$root"
   if [ ! -d "$root/src" ]; then
+    # (The sdist's metadata step needs its build backend.)
+    python3 -m pip install -q scikit-build-core >&2
     python3 -m pip download --no-binary :all: --no-deps --no-build-isolation -d "$root" \
       "llama-cpp-python==$LLAMA_VERSION" >&2
     mkdir -p "$root/src"
@@ -81,6 +87,7 @@ BW=$("$PINFER" bench -p 0 -n 1 -r 1 -t "$THREADS" --membw -o json 2>/dev/null | 
 log "memory read bandwidth: $BW GB/s ($THREADS threads)"
 printf '| model | quant | file MiB | tg64 pinfer | tg64 llama.cpp | tg ratio | pinfer decode GB/s (of %.1f) | pp128 pinfer | pp128 llama.cpp | pp ratio | peak RSS MiB (pinfer / llama.cpp) | load s (pinfer / llama.cpp) |\n' "$BW"
 printf '|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n'
+RESULTS=$(mktemp)
 for shape in ${SHAPES//,/ }; do
   f16=$MODELS/$shape.f16.gguf
   if [ ! -f "$f16" ]; then
@@ -131,5 +138,10 @@ for shape in ${SHAPES//,/ }; do
       -v pr="$pr" -v lr="$lr" -v pw="$pw" -v lw="$lw" 'BEGIN {
         printf "| %s | %s | %.0f | %.2f | %.2f | %.2fx | %.2f | %.1f | %.1f | %.2fx | %.0f / %.0f (%.2fx) | %.2f / %.2f |\n",
           s, q, size / 1048576, a, b, a / b, bw, c, d, c / d, pr / 1024, lr / 1024, pr / lr, pw, lw }'
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$shape" "$q" "$((size / 1048576))" "$mtg" "$ltgm" \
+      "$mpp" "$lppm" "$((pr / 1024))" "$((lr / 1024))" >> "$RESULTS"
   done
 done
+python3 scripts/scale_chart.py "$RESULTS" "$SVG"
+rm -f "$RESULTS"
+log "chart: $SVG"

@@ -328,13 +328,21 @@ fn every_simd_path_decodes_q4k_scales_like_the_reference() {
     for scale in [1.0, 1000.0, 1e-5] {
         let src = random_rows(GgmlType::Q4_K, 8, 512, &mut rng, scale);
         let (_, _, s) = packed_of(GgmlType::Q4_K, &src, 8, 512);
-        for unit in s.chunks_exact(Q4K_SCALE_BYTES) {
-            let mut want = [0u8; Q4K_WIDE_UNIT];
-            q4k_scales_ref(unit, &mut want);
+        // One unit, and runs of units (a group's row, then the whole plane).
+        for units in [&s[..Q4K_SCALE_BYTES], &s[..s.len() / 2], &s[..]] {
+            let n = units.len() / Q4K_SCALE_BYTES * Q4K_WIDE_UNIT;
+            let mut want = vec![0u8; n];
+            q4k_scales_ref(units, &mut want);
             for path in simd_paths() {
-                let mut got = [1u8; Q4K_WIDE_UNIT];
-                q4k_decode(path, unit, &mut got);
+                let mut got = vec![1u8; n];
+                q4k_decode(path, units, &mut got);
                 assert_eq!(got, want, "{} scale {scale}", path.name());
+            }
+            // A length that does not match writes nothing.
+            let mut short = vec![1u8; n - 1];
+            for path in simd_paths() {
+                q4k_decode(path, units, &mut short);
+                assert!(short.iter().all(|&b| b == 1), "{}", path.name());
             }
         }
     }

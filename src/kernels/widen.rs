@@ -171,26 +171,39 @@ pub fn matmul_widened(
 /// Bytes of one Q4K scale unit decoded: 8 blocks of Q4Min scales.
 pub const Q4K_WIDE_UNIT: usize = SUPER_BLOCKS * PackedFormat::Q4Min.scale_bytes();
 
-/// Decodes one [`PackedFormat::Q4K`] scale unit (a group's super-block, [`Q4K_SCALE_BYTES`]) into
-/// the Q4Min scales of its 8 blocks ([`Q4K_WIDE_UNIT`] bytes: per block `f16(d * sc)` of the 4
-/// rows, then `f16(-dmin * m)`), the portable twin of the SIMD decoders. Wrong lengths write
-/// nothing.
-pub fn q4k_scales_ref(unit: &[u8], out: &mut [u8]) {
-    if unit.len() != Q4K_SCALE_BYTES || out.len() != Q4K_WIDE_UNIT {
+/// Decodes [`PackedFormat::Q4K`] scale units (each a group's super-block, [`Q4K_SCALE_BYTES`]) into
+/// the Q4Min scales of their 8 blocks ([`Q4K_WIDE_UNIT`] bytes per unit: per block `f16(d * sc)` of
+/// the 4 rows, then `f16(-dmin * m)`), the portable twin of the SIMD decoders. Lengths that are not
+/// whole units, or do not match, write nothing.
+pub fn q4k_scales_ref(units: &[u8], out: &mut [u8]) {
+    if !q4k_lengths_match(units, out) {
         return;
     }
-    for (p, dst) in out.chunks_exact_mut(PackedFormat::Q4Min.scale_bytes()).enumerate() {
-        for r in 0..GROUP_ROWS {
-            let [d, m] = block_scales(PackedFormat::Q4K, unit, p, r);
-            dst[2 * r..2 * r + 2].copy_from_slice(&F16Le::from_f32(d).0);
-            dst[2 * (GROUP_ROWS + r)..2 * (GROUP_ROWS + r) + 2].copy_from_slice(&F16Le::from_f32(m).0);
+    for (unit, out) in units.chunks_exact(Q4K_SCALE_BYTES).zip(out.chunks_exact_mut(Q4K_WIDE_UNIT)) {
+        for (p, dst) in out.chunks_exact_mut(PackedFormat::Q4Min.scale_bytes()).enumerate() {
+            for r in 0..GROUP_ROWS {
+                let [d, m] = block_scales(PackedFormat::Q4K, unit, p, r);
+                dst[2 * r..2 * r + 2].copy_from_slice(&F16Le::from_f32(d).0);
+                dst[2 * (GROUP_ROWS + r)..2 * (GROUP_ROWS + r) + 2].copy_from_slice(&F16Le::from_f32(m).0);
+            }
         }
     }
+}
+
+/// Whether `units` is whole Q4K scale units and `out` their decoded size.
+#[inline]
+pub fn q4k_lengths_match(units: &[u8], out: &[u8]) -> bool {
+    units.len() % Q4K_SCALE_BYTES == 0 && out.len() == units.len() / Q4K_SCALE_BYTES * Q4K_WIDE_UNIT
 }
 
 /// [`q4k_scales_ref`] on `path` (the same bytes on every path).
 pub fn q4k_scales(path: KernelPath, unit: &[u8], out: &mut [u8]) {
     match path {
+        #[cfg(target_arch = "aarch64")]
+        KernelPath::NeonFp16 if KernelPath::NeonFp16.is_available() => {
+            // SAFETY: the CPU has FEAT_FP16 (checked on this line).
+            unsafe { super::neon::q4k_scales_fp16(unit, out) }
+        }
         #[cfg(target_arch = "aarch64")]
         KernelPath::Neon | KernelPath::NeonDotprod | KernelPath::NeonFp16 => {
             super::neon::q4k_scales(unit, out)
@@ -238,12 +251,9 @@ pub fn matmul_q4k(
     while g0 < groups.end {
         let gn = chunk.min(groups.end - g0);
         let s = &mut scales[..gn * wide_row];
-        for (gi, dst) in s.chunks_exact_mut(wide_row).enumerate() {
-            let src = w.group_scales(g0 + gi);
-            for (unit, out) in src.chunks_exact(Q4K_SCALE_BYTES).zip(dst.chunks_exact_mut(Q4K_WIDE_UNIT)) {
-                q4k_scales(path, unit, out);
-            }
-        }
+        // The chunk's groups are one run of the scale plane.
+        let units = &w.scales[g0 * w.group_scales(0).len()..(g0 + gn) * w.group_scales(0).len()];
+        q4k_scales(path, units, s);
         let view = PackedMatrix {
             format: PackedFormat::Q4Min,
             rows: GROUP_ROWS * gn,

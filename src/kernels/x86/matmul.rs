@@ -361,29 +361,43 @@ unsafe fn chunk_scales<const F: u8>(
     let stride = chunk.kn * Q4MIN_SCALES;
     for i in 0..n {
         let gs = w.group_scales(g + i);
-        for u in 0..units {
-            let unit = &gs[(chunk.c0 / SUPER_BLOCKS + u) * Q4K_SCALE_BYTES..][..Q4K_SCALE_BYTES];
-            let out = &mut buf[i * stride + u * SUPER_BLOCKS * Q4MIN_SCALES..][..SUPER_BLOCKS * Q4MIN_SCALES];
-            q4k_scales_impl(unit, out);
-        }
+        let first = chunk.c0 / SUPER_BLOCKS;
+        q4k_scales_impl(
+            &gs[first * Q4K_SCALE_BYTES..(first + units) * Q4K_SCALE_BYTES],
+            &mut buf[i * stride..][..stride],
+        );
     }
     (buf.as_ptr(), stride)
 }
 
 /// One Q4K scale unit (a group's super-block, 64 bytes) decoded into the 8 blocks' Q4Min scales
 /// (`f16(d * sc)`, `f16(-dmin * m)`, 16 bytes per block): the twin of
-/// [`crate::kernels::widen::q4k_scales_ref`]. Wrong lengths write nothing.
+/// [`crate::kernels::widen::q4k_scales_ref`], unit after unit. Lengths that do not match write
+/// nothing.
 ///
 /// # Safety
 /// The CPU must have AVX2, FMA and F16C.
-pub unsafe fn q4k_scales(unit: &[u8], out: &mut [u8]) {
+pub unsafe fn q4k_scales(units: &[u8], out: &mut [u8]) {
     // SAFETY: the caller guarantees the CPU features.
-    unsafe { q4k_scales_impl(unit, out) }
+    unsafe { q4k_scales_impl(units, out) }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-fn q4k_scales_impl(unit: &[u8], out: &mut [u8]) {
+fn q4k_scales_impl(units: &[u8], out: &mut [u8]) {
+    if !crate::kernels::widen::q4k_lengths_match(units, out) {
+        return;
+    }
+    for (unit, out) in
+        units.chunks_exact(Q4K_SCALE_BYTES).zip(out.chunks_exact_mut(SUPER_BLOCKS * Q4MIN_SCALES))
+    {
+        q4k_unit(unit, out);
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn q4k_unit(unit: &[u8], out: &mut [u8]) {
     let (unit, out): (&[u8; Q4K_SCALE_BYTES], &mut [u8; SUPER_BLOCKS * Q4MIN_SCALES]) =
         match (unit.try_into(), out.try_into()) {
             (Ok(u), Ok(o)) => (u, o),
