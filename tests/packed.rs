@@ -349,13 +349,19 @@ fn every_simd_path_decodes_q4k_scales_like_the_reference() {
 }
 
 /// Q6_K and Q4_K matrices wider than one widening chunk (groups and blocks; Q4_K: rows so wide that
-/// fewer groups fit the decoded-scale scratch) and token counts past one kernel tile: the chunks
-/// add up to the reference.
+/// fewer groups fit the decoded-scale scratch, and more groups than one strip's decoded scales)
+/// and token counts past one kernel tile: the chunks add up to the reference.
 #[test]
 fn narrow_chunks_add_up_to_the_reference() {
     let mut rng = Rng(0x6c);
-    for (ty, k) in [(GgmlType::Q6_K, BLOCK * (CHUNK_BLOCKS + 8 * 3)), (GgmlType::Q4_K, 256 * 40)] {
-        let groups_total = 2 * CHUNK_GROUPS + 3;
+    let groups = 2 * CHUNK_GROUPS + 3;
+    // (Q4_K with a short row and many groups: more groups than x86 decodes scales for at once.)
+    let cases = [
+        (GgmlType::Q6_K, groups, BLOCK * (CHUNK_BLOCKS + 8 * 3)),
+        (GgmlType::Q4_K, groups, 256 * 40),
+        (GgmlType::Q4_K, 1100, 256),
+    ];
+    for (ty, groups_total, k) in cases {
         let rows = 4 * groups_total;
         let src = random_rows(ty, rows, k, &mut rng, 1.0);
         let (format, q, s) = packed_of(ty, &src, rows, k);

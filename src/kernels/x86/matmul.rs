@@ -250,6 +250,10 @@ unsafe fn run<const F: u8, const VNNI: bool>(
     acts: &[&[ActBlock]],
     outs: &mut [&mut [f32]],
 ) {
+    if w.format == PackedFormat::Q4K && acts.len() > 1 {
+        // SAFETY: our contract (F is Q4Min).
+        return unsafe { run_q4k_tiles::<VNNI>(w, groups, acts, outs) };
+    }
     let nb = w.blocks();
     let mut scratch = MaybeUninit::<[Expanded; SCRATCH]>::uninit();
     let sp = scratch.as_mut_ptr().cast::<Expanded>();
@@ -290,7 +294,12 @@ unsafe fn run<const F: u8, const VNNI: bool>(
                     kn,
                     exp: sp,
                     estride: kc,
-                    q4k: w.format == PackedFormat::Q4K,
+                    // (Only one token reaches here for Q4K.)
+                    scales: if w.format == PackedFormat::Q4K {
+                        Scales::DecodePerGroup
+                    } else {
+                        Scales::Plane
+                    },
                 };
                 let (a, o) = (&acts[t0..t0 + tt], &mut outs[t0..t0 + tt]);
                 // SAFETY: the scratch holds the tt x kn expanded blocks; the rest is `run`'s contract.
@@ -313,6 +322,97 @@ unsafe fn run<const F: u8, const VNNI: bool>(
     }
 }
 
+/// Bytes of decoded Q4K scales [`run_q4k_tiles`] holds: a strip's groups for one k-chunk.
+const Q4K_DECODED: usize = 64 << 10;
+
+/// [`run`] for several tokens of a Q4K matrix (as Q4Min): k-chunks of one size for every token
+/// tile, and per strip and chunk the strip's scales decoded once into Q4Min form for all tiles
+/// (the strip as long as that buffer allows).
+///
+/// # Safety
+/// [`run`]'s contract, `w` Q4K.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn run_q4k_tiles<const VNNI: bool>(
+    w: &PackedMatrix<'_>,
+    groups: Range<usize>,
+    acts: &[&[ActBlock]],
+    outs: &mut [&mut [f32]],
+) {
+    const F: u8 = F_Q4MIN;
+    let nb = w.blocks();
+    let mut scratch = MaybeUninit::<[Expanded; SCRATCH]>::uninit();
+    let sp = scratch.as_mut_ptr().cast::<Expanded>();
+    let mut decoded = [0u8; Q4K_DECODED];
+    // Chunks of whole super-blocks that a full tile's expansion fits (SCRATCH / TILE is 32 blocks).
+    let chunks = nb.div_ceil(SCRATCH / TILE);
+    let kc = nb.div_ceil(chunks).next_multiple_of(SUPER_BLOCKS);
+    let strip = (STRIP_BYTES / (nb * quant_bytes(F))).clamp(1, Q4K_DECODED / (kc * Q4MIN_SCALES));
+    let mut s0 = groups.start;
+    while s0 < groups.end {
+        let strip = s0..(s0 + strip).min(groups.end);
+        let mut c0 = 0;
+        while c0 < nb {
+            let kn = kc.min(nb - c0);
+            let stride = kn * Q4MIN_SCALES;
+            let (first, units) = (c0 / SUPER_BLOCKS, kn / SUPER_BLOCKS);
+            for (i, g) in strip.clone().enumerate() {
+                let gs = w.group_scales(g);
+                q4k_scales_impl(
+                    &gs[first * Q4K_SCALE_BYTES..(first + units) * Q4K_SCALE_BYTES],
+                    &mut decoded[i * stride..(i + 1) * stride],
+                );
+            }
+            let mut t0 = 0;
+            while t0 < acts.len() {
+                let tt = (acts.len() - t0).min(TILE);
+                for ti in 0..tt {
+                    // SAFETY: blocks c0..c0 + kn of a row of at least nb blocks; entries ti * kc..
+                    // of the scratch (tt * kc <= TILE * SCRATCH / TILE).
+                    unsafe { expand(acts[t0 + ti].as_ptr().add(c0), kn, sp.add(ti * kc), Corr::Times8) };
+                }
+                let chunk = Chunk {
+                    w,
+                    groups: strip.clone(),
+                    base: groups.start,
+                    c0,
+                    kn,
+                    exp: sp,
+                    estride: kc,
+                    scales: Scales::Decoded { base: decoded.as_ptr(), stride },
+                };
+                let (a, o) = (&acts[t0..t0 + tt], &mut outs[t0..t0 + tt]);
+                // SAFETY: the scratch holds the tt x kn expanded blocks, `decoded` the strip's
+                // scales for them; the rest is `run`'s contract.
+                unsafe {
+                    match tt {
+                        1 => pass::<F, VNNI, 1, 1>(&chunk, a, o),
+                        2 => pass::<F, VNNI, 2, 2>(&chunk, a, o),
+                        3 if VNNI => pass::<F, VNNI, 3, 2>(&chunk, a, o),
+                        3 => pass::<F, VNNI, 3, 1>(&chunk, a, o),
+                        _ if VNNI => pass::<F, VNNI, 4, 2>(&chunk, a, o),
+                        _ => pass::<F, VNNI, 4, 1>(&chunk, a, o),
+                    }
+                }
+                t0 += tt;
+            }
+            c0 += kn;
+        }
+        s0 = strip.end;
+    }
+}
+
+/// Where the kernels read a chunk's scales.
+#[derive(Clone, Copy)]
+enum Scales {
+    /// From the scale plane.
+    Plane,
+    /// Q4K (run as Q4Min), one token: each group's decoded as it is reached (see [`chunk_scales`]).
+    DecodePerGroup,
+    /// Q4K, several tokens: the strip's, decoded for the chunk by [`run_q4k_tiles`]: group `g` of
+    /// the strip at `base + (g - strip start) * stride`.
+    Decoded { base: *const u8, stride: usize },
+}
+
 /// One k-chunk of one token tile over one strip of groups.
 struct Chunk<'w, 'a> {
     w: &'w PackedMatrix<'a>,
@@ -327,9 +427,8 @@ struct Chunk<'w, 'a> {
     /// Expanded activations: token `t`, block `b` (relative to `c0`) at `exp + t * estride + b`.
     exp: *const Expanded,
     estride: usize,
-    /// The matrix is Q4K, run as Q4Min: the kernels read its scales decoded into that form (the
-    /// chunk's blocks of the groups at hand, see [`q4k_scales`]), not from the plane.
-    q4k: bool,
+    /// Where the scales are (a Q4K matrix runs as Q4Min on its scales decoded into that form).
+    scales: Scales,
 }
 
 /// Decoded Q4K scales of up to 2 groups of a chunk (16 bytes per block).
@@ -352,10 +451,17 @@ unsafe fn chunk_scales<const F: u8>(
     buf: &mut ScaleBuf,
 ) -> (*const u8, usize) {
     let w = chunk.w;
-    if !chunk.q4k {
-        let sstride = w.blocks() * scale_bytes(F);
-        // SAFETY: g and c0 inside the plane (the contract).
-        return (unsafe { w.scales.as_ptr().add(g * sstride + chunk.c0 * scale_bytes(F)) }, sstride);
+    match chunk.scales {
+        Scales::Plane => {
+            let sstride = w.blocks() * scale_bytes(F);
+            // SAFETY: g and c0 inside the plane (the contract).
+            return (unsafe { w.scales.as_ptr().add(g * sstride + chunk.c0 * scale_bytes(F)) }, sstride);
+        }
+        // SAFETY: the strip's groups were decoded there (`Scales::Decoded`).
+        Scales::Decoded { base, stride } => {
+            return (unsafe { base.add((g - chunk.groups.start) * stride) }, stride);
+        }
+        Scales::DecodePerGroup => {}
     }
     let units = chunk.kn / SUPER_BLOCKS;
     let stride = chunk.kn * Q4MIN_SCALES;
@@ -596,7 +702,7 @@ unsafe fn pass1<const F: u8, const VNNI: bool>(
     // next group's part of the chunk (the rest of this row is read by later chunks). Decoded Q4K
     // scales are in L1 already (their plane is read in order by the decoding, an eighth of the
     // quant stream that the hardware prefetchers follow).
-    let dist = if chunk.q4k {
+    let dist = if !matches!(chunk.scales, Scales::Plane) {
         (if chunk.kn < w.blocks() { qstride } else { PREFETCH_BYTES }, 0)
     } else if chunk.kn < w.blocks() {
         (qstride, sstride)
