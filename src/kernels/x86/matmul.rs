@@ -457,8 +457,8 @@ unsafe fn chunk_scales<const F: u8>(
             // SAFETY: g and c0 inside the plane (the contract).
             return (unsafe { w.scales.as_ptr().add(g * sstride + chunk.c0 * scale_bytes(F)) }, sstride);
         }
-        // SAFETY: the strip's groups were decoded there (`Scales::Decoded`).
         Scales::Decoded { base, stride } => {
+            // SAFETY: the strip's groups were decoded there (`Scales::Decoded`), g among them.
             return (unsafe { base.add((g - chunk.groups.start) * stride) }, stride);
         }
         Scales::DecodePerGroup => {}
