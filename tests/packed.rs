@@ -18,8 +18,8 @@ use pinfer::kernels::packed::{
     quantize_act_ref, ActBlock, PackedFormat, PackedMatrix, BLOCK, Q4K_SCALE_BYTES,
 };
 use pinfer::kernels::widen::{
-    q4k_scales as q4k_decode, q4k_scales_ref, widen_q6k, widen_q6k_ref, CHUNK_BLOCKS, CHUNK_GROUPS,
-    Q4K_WIDE_UNIT,
+    q4k_scales as q4k_decode, q4k_scales_ref, widen_q5, widen_q5_ref, widen_q6k, widen_q6k_ref, CHUNK_BLOCKS,
+    CHUNK_GROUPS, Q4K_WIDE_UNIT,
 };
 use pinfer::kernels::{packed_matmul, quantize_act, KernelPath};
 use pinfer::quant::{dequantize_row_ref, GgmlType};
@@ -320,6 +320,37 @@ fn every_simd_path_widens_q6k_like_the_reference() {
     }
 }
 
+/// The SIMD widenings of the 5-bit layout give the reference's bytes (values and scales).
+#[test]
+fn every_simd_path_widens_q5_like_the_reference() {
+    let mut rng = Rng(0x55);
+    let (rows, k) = (8, 320);
+    let src = random_rows(GgmlType::Q5_0, rows, k, &mut rng, 1.0);
+    let (format, q, s) = packed_of(GgmlType::Q5_0, &src, rows, k);
+    let w = PackedMatrix { format, rows, k, quants: &q, scales: &s };
+    let nb = k / BLOCK;
+    for g in 0..rows / 4 {
+        let blocks = 3..nb;
+        let (qn, sn) = (blocks.len() * 128, blocks.len() * 8);
+        let (mut wq, mut ws) = (vec![0u8; qn], vec![0u8; sn]);
+        widen_q5_ref(&w, g, blocks.clone(), &mut wq, &mut ws);
+        // The widened values are the packed ones.
+        for (i, b) in blocks.clone().enumerate() {
+            let mut row = vec![0f32; k];
+            dequantize_packed_row(&w, 4 * g, &mut row);
+            let d = half::f16::from_le_bytes([ws[8 * i], ws[8 * i + 1]]).to_f32();
+            for e in 0..BLOCK {
+                assert_eq!(d * f32::from(wq[128 * i + 16 * (e / 4) + e % 4] as i8), row[BLOCK * b + e]);
+            }
+        }
+        for path in simd_paths() {
+            let (mut pq, mut ps) = (vec![1u8; qn], vec![1u8; sn]);
+            widen_q5(path, &w, g, blocks.clone(), &mut pq, &mut ps);
+            assert!(pq == wq && ps == ws, "{} group {g}", path.name());
+        }
+    }
+}
+
 /// The SIMD decoders of Q4K's scale units give the reference's bytes (scales of every size: f16
 /// overflow, subnormals).
 #[test]
@@ -348,7 +379,7 @@ fn every_simd_path_decodes_q4k_scales_like_the_reference() {
     }
 }
 
-/// Q6_K and Q4_K matrices wider than one widening chunk (groups and blocks; Q4_K: rows so wide that
+/// Q6_K, Q5_0 and Q4_K matrices wider than one widening chunk (groups and blocks; Q4_K: rows so wide that
 /// fewer groups fit the decoded-scale scratch, and more groups than one strip's decoded scales)
 /// and token counts past one kernel tile: the chunks add up to the reference.
 #[test]
@@ -360,6 +391,7 @@ fn narrow_chunks_add_up_to_the_reference() {
         (GgmlType::Q6_K, groups, BLOCK * (CHUNK_BLOCKS + 8 * 3)),
         (GgmlType::Q4_K, groups, 256 * 40),
         (GgmlType::Q4_K, 1100, 256),
+        (GgmlType::Q5_0, groups, BLOCK * (CHUNK_BLOCKS + 5)),
     ];
     for (ty, groups_total, k) in cases {
         let rows = 4 * groups_total;

@@ -12,6 +12,11 @@
 //!     complement (`q - 8`: the XOR-0x88 trick applied at pack time). Shifting a byte left by 4, or
 //!     masking it with 0xF0, gives 16 times the signed value as an int8.
 //!   - 8-bit formats (128 bytes): byte `16c + 4r + j` (c in 0..8) is element `4c + j` of row `r`.
+//!   - 5-bit [`PackedFormat::Q5`] (80 bytes): the 64 bytes of a 4-bit block holding the low 4 bits
+//!     of the unsigned value `u = q + 16` (same places), then 16 bytes of high bits: byte
+//!     `64 + 4r + j` holds at bit `c` (c in 0..8) `(u >> 4) ^ 1` of element `4c + j` of row `r`.
+//!     The XOR makes `(high << 7) | (low << 3)` the int8 `8q` (NEON: `shl` and `sri` per 16
+//!     values); x86 takes `u` for `maddubs`.
 //!   - 6-bit [`PackedFormat::Q6K`] (96 bytes): the 64 bytes of a 4-bit block holding the low 4 bits
 //!     of the unsigned value `u = q + 32` (same places), then 32 bytes of high bits: byte
 //!     `64 + 16h + 4r + j` (h in 0..2) holds, at bits `2f..2f+2` (f in 0..4), `(u >> 4) ^ 2` of
@@ -36,7 +41,7 @@
 //!
 //! # Values
 //! With `q` the stored signed value, `d`, `m` the block's row scales, and activations `a = d_a * q_a`:
-//! - [`PackedFormat::Q4`], [`PackedFormat::Q8`]: `w = d * q`.
+//! - [`PackedFormat::Q4`], [`PackedFormat::Q8`], [`PackedFormat::Q5`]: `w = d * q`.
 //! - [`PackedFormat::Q4Min`]: `w = d * (q + 8) + m` (the stored `q` is the unsigned nibble minus 8).
 //! - [`PackedFormat::Q8Min`]: `w = d * q + m`.
 //! - [`PackedFormat::Q8Sub16`]: `w = d_half * q`, one scale per 16 elements.
@@ -49,8 +54,8 @@
 //!   `d * sc` rounded to f16 (a relative 2^-11, far below the 6-bit step): x86 unpacks values and
 //!   scales in registers, the NEON paths widen chunks into Q8Sub16 (see [`super::widen`]).
 //!
-//! Sources: Q4_0 -> Q4; Q4_1 -> Q4Min; Q4_K -> Q4K; Q8_0, Q5_0 -> Q8; Q5_1, Q5_K -> Q8Min; Q6_K ->
-//! Q6K. Q8Sub16 is what Q6K is widened into, no file type packs to it. Q5_K super-block scales are
+//! Sources: Q4_0 -> Q4; Q4_1 -> Q4Min; Q4_K -> Q4K; Q5_0 -> Q5; Q8_0 -> Q8; Q5_1, Q5_K -> Q8Min;
+//! Q6_K -> Q6K. Q8Sub16 is what Q6K is widened into, no file type packs to it. Q5_K super-block scales are
 //! folded into per-32 f16 scales (`d * sc`, `dmin * m`): a relative rounding of at most 2^-11, far
 //! below the 5-bit step. 5-bit values are widened to int8, which costs bytes but no unpacking.
 
@@ -92,6 +97,8 @@ pub enum PackedFormat {
     /// Unsigned 4-bit values (stored as [`PackedFormat::Q4Min`]'s), 6-bit scales and mins per block
     /// and an f16 scale and min per 256 (Q4_K's own scales, as tight as the file).
     Q4K,
+    /// Signed 5-bit values in a 4-bit and a 1-bit plane, one scale per block.
+    Q5,
 }
 
 impl PackedFormat {
@@ -106,13 +113,14 @@ impl PackedFormat {
             Self::Q4 | Self::Q4Min | Self::Q4K => GROUP_ROWS * BLOCK / 2,
             Self::Q8 | Self::Q8Min | Self::Q8Sub16 => GROUP_ROWS * BLOCK,
             Self::Q6K => GROUP_ROWS * BLOCK * 6 / 8,
+            Self::Q5 => GROUP_ROWS * BLOCK * 5 / 8,
         }
     }
 
     /// Scale bytes per group and block.
     pub const fn scale_bytes(self) -> usize {
         match self {
-            Self::Q4 | Self::Q8 => GROUP_ROWS * 2,
+            Self::Q4 | Self::Q8 | Self::Q5 => GROUP_ROWS * 2,
             Self::Q4Min | Self::Q8Min | Self::Q8Sub16 => 2 * GROUP_ROWS * 2,
             // Per super-block: d[4] (8 bytes) and 16 int8 scales per row (64).
             Self::Q6K => SUPER_SCALE_BYTES / SUPER_BLOCKS,
@@ -126,7 +134,7 @@ impl PackedFormat {
         match self {
             Self::Q6K => SUPER_SCALE_BYTES,
             Self::Q4K => Q4K_SCALE_BYTES,
-            Self::Q4 | Self::Q4Min | Self::Q8 | Self::Q8Min | Self::Q8Sub16 => self.scale_bytes(),
+            Self::Q4 | Self::Q4Min | Self::Q8 | Self::Q8Min | Self::Q8Sub16 | Self::Q5 => self.scale_bytes(),
         }
     }
 
@@ -134,13 +142,13 @@ impl PackedFormat {
     pub const fn blocks_per_unit(self) -> usize {
         match self {
             Self::Q6K | Self::Q4K => SUPER_BLOCKS,
-            Self::Q4 | Self::Q4Min | Self::Q8 | Self::Q8Min | Self::Q8Sub16 => 1,
+            Self::Q4 | Self::Q4Min | Self::Q8 | Self::Q8Min | Self::Q8Sub16 | Self::Q5 => 1,
         }
     }
 
     /// Every format, in declaration order ([`PackedFormat::index`]).
-    pub const ALL: [PackedFormat; 7] =
-        [Self::Q4, Self::Q4Min, Self::Q8, Self::Q8Min, Self::Q8Sub16, Self::Q6K, Self::Q4K];
+    pub const ALL: [PackedFormat; 8] =
+        [Self::Q4, Self::Q4Min, Self::Q8, Self::Q8Min, Self::Q8Sub16, Self::Q6K, Self::Q4K, Self::Q5];
 
     /// Position in [`PackedFormat::ALL`].
     pub const fn index(self) -> usize {
@@ -150,6 +158,11 @@ impl PackedFormat {
     /// Whether values are 4-bit (else int8).
     pub const fn is_4bit(self) -> bool {
         matches!(self, Self::Q4 | Self::Q4Min | Self::Q4K)
+    }
+
+    /// Whether values are 5-bit (a nibble plane and a bit plane).
+    pub const fn is_5bit(self) -> bool {
+        matches!(self, Self::Q5)
     }
 
     /// Whether values carry a min per row and block (the plane's `m[4]` after `d[4]`, or Q4K's).
@@ -167,6 +180,7 @@ impl PackedFormat {
             Self::Q8Sub16 => "q8sx4",
             Self::Q6K => "q6kx4",
             Self::Q4K => "q4kx4",
+            Self::Q5 => "q5x4",
         }
     }
 }
@@ -403,7 +417,19 @@ fn pack_q4k(
 
 /// Writes row `r`'s block into the interleaved block `qdst` and its scales into `sdst`.
 fn place(format: PackedFormat, rb: &RowBlock, r: usize, qdst: &mut [u8], sdst: &mut [u8]) {
-    if format.is_4bit() {
+    if format == PackedFormat::Q5 {
+        let u = |e: usize| (rb.q[e] + 16) as u8;
+        let mut bits = [0u8; 4];
+        for c in 0..4 {
+            for j in 0..4 {
+                qdst[16 * c + 4 * r + j] = (u(4 * c + j) & 15) | (u(16 + 4 * c + j) & 15) << 4;
+            }
+        }
+        for e in 0..BLOCK {
+            bits[e % 4] |= ((u(e) >> 4) ^ 1) << (e / 4);
+        }
+        qdst[64 + 4 * r..64 + 4 * r + 4].copy_from_slice(&bits);
+    } else if format.is_4bit() {
         for c in 0..4 {
             for j in 0..4 {
                 let lo = (rb.q[4 * c + j] as u8) & 0xF;
@@ -589,7 +615,9 @@ pub fn dequantize_packed_row(w: &PackedMatrix<'_>, row: usize, out: &mut [f32]) 
 #[inline]
 pub fn block_scales(format: PackedFormat, gs: &[u8], b: usize, r: usize) -> [f32; 2] {
     match format {
-        PackedFormat::Q4 | PackedFormat::Q8 => [f16_at(&gs[b * format.scale_bytes()..], r), 0.0],
+        PackedFormat::Q4 | PackedFormat::Q8 | PackedFormat::Q5 => {
+            [f16_at(&gs[b * format.scale_bytes()..], r), 0.0]
+        }
         PackedFormat::Q4Min | PackedFormat::Q8Min | PackedFormat::Q8Sub16 => {
             let sc = &gs[b * format.scale_bytes()..];
             [f16_at(sc, r), f16_at(sc, GROUP_ROWS + r)]

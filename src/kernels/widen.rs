@@ -6,8 +6,9 @@
 //! buffer that stays in L1, and run the Q4Min code on the quant plane as it is (x86 inside its
 //! passes, the NEON paths through [`matmul_q4k`]).
 //!
-//! **Q6K values.** The narrow 6-bit layout ([`PackedFormat::Q6K`]) widened for the NEON int8
-//! kernels.
+//! **Q6K and Q5 values.** The narrow 6-bit and 5-bit layouts ([`PackedFormat::Q6K`],
+//! [`PackedFormat::Q5`]) widened for the NEON int8 kernels' prompt tiles (and the plain-NEON path;
+//! one token runs their own GEMVs).
 //!
 //! (The x86 kernels unpack Q6K in registers; on aarch64 this is the step before that.)
 //! Memory holds Q6_K weights at the file's 6.5625 bits per weight; the NEON paths turn a chunk of
@@ -35,9 +36,58 @@ pub const CHUNK_BLOCKS: usize = 64;
 /// Tokens per kernel call on a widened chunk (the dot-product kernels' widest tile).
 const TOKENS: usize = 16;
 
-/// Bytes of one widened block (Q8Sub16): quants and scales.
+/// Bytes of one widened block: quants (int8) and scales (at most Q8Sub16's).
 const WIDE_Q: usize = PackedFormat::Q8Sub16.quant_bytes();
 const WIDE_S: usize = PackedFormat::Q8Sub16.scale_bytes();
+
+/// The int8 layout a narrow format is widened into: Q6K's scales per 16 need Q8Sub16, Q5 is Q8.
+pub const fn wide_format(format: PackedFormat) -> PackedFormat {
+    match format {
+        PackedFormat::Q5 => PackedFormat::Q8,
+        _ => PackedFormat::Q8Sub16,
+    }
+}
+
+/// Widens blocks `blocks` of group `g` of a Q5 matrix into Q8 planes (`quants`: 128 bytes per
+/// block, `scales`: 8), the portable twin of the SIMD widenings.
+pub fn widen_q5_ref(
+    w: &PackedMatrix<'_>,
+    g: usize,
+    blocks: Range<usize>,
+    quants: &mut [u8],
+    scales: &mut [u8],
+) {
+    let (gq, gs) = (w.group_quants(g), w.group_scales(g));
+    let (qb, sb) = (PackedFormat::Q5.quant_bytes(), PackedFormat::Q5.scale_bytes());
+    for (i, b) in blocks.enumerate() {
+        let block = &gq[b * qb..(b + 1) * qb];
+        let dst = &mut quants[i * WIDE_Q..(i + 1) * WIDE_Q];
+        for r in 0..GROUP_ROWS {
+            for e in 0..BLOCK {
+                dst[16 * (e / 4) + 4 * r + e % 4] = super::reference::value_q5(block, r, e) as u8;
+            }
+        }
+        scales[i * sb..(i + 1) * sb].copy_from_slice(&gs[b * sb..(b + 1) * sb]);
+    }
+}
+
+/// Widens blocks `blocks` of group `g` of a Q5 matrix on `path` (same bytes on every path).
+pub fn widen_q5(
+    path: KernelPath,
+    w: &PackedMatrix<'_>,
+    g: usize,
+    blocks: Range<usize>,
+    quants: &mut [u8],
+    scales: &mut [u8],
+) {
+    match path {
+        #[cfg(target_arch = "aarch64")]
+        KernelPath::Neon | KernelPath::NeonDotprod | KernelPath::NeonFp16 => {
+            super::neon::widen_q5(w, g, blocks, quants, scales)
+        }
+        _ => widen_q5_ref(w, g, blocks, quants, scales),
+    }
+}
 
 /// Widens blocks `blocks` of group `g` of a Q6K matrix into Q8Sub16 planes (`quants`: 128 bytes per
 /// block, `scales`: 16), the portable twin of the SIMD widenings.
@@ -92,10 +142,10 @@ pub fn widen_q6k(
     }
 }
 
-/// Packed matmul of a Q6K matrix on `path` (the contract of
+/// Packed matmul of a Q6K or Q5 matrix on `path` (the contract of
 /// [`crate::kernels::packed::matmul_ref`]): chunks of [`CHUNK_GROUPS`] groups x [`CHUNK_BLOCKS`]
-/// blocks are widened, then every token tile runs `path`'s Q8Sub16 kernel on the chunk; the
-/// chunks along `k` add up.
+/// blocks are widened ([`wide_format`]), then every token tile runs `path`'s kernel for that
+/// layout on the chunk; the chunks along `k` add up.
 pub fn matmul_widened(
     path: KernelPath,
     w: &PackedMatrix<'_>,
@@ -105,7 +155,7 @@ pub fn matmul_widened(
 ) {
     let n = acts.len().min(outs.len());
     let nb = w.blocks();
-    let sane = w.format == PackedFormat::Q6K
+    let sane = matches!(w.format, PackedFormat::Q6K | PackedFormat::Q5)
         && w.is_consistent()
         && groups.start <= groups.end
         && groups.end <= w.groups()
@@ -118,6 +168,8 @@ pub fn matmul_widened(
     let mut quants = [0u8; CHUNK_GROUPS * CHUNK_BLOCKS * WIDE_Q];
     let mut scales = [0u8; CHUNK_GROUPS * CHUNK_BLOCKS * WIDE_S];
     let mut part = [[0f32; GROUP_ROWS * CHUNK_GROUPS]; TOKENS];
+    let wide = wide_format(w.format);
+    let ws = wide.scale_bytes();
     // Equal chunks along k (so a k of 2.5 chunks does not end in a sliver).
     let kc = nb.div_ceil(nb.div_ceil(CHUNK_BLOCKS));
     let mut g0 = groups.start;
@@ -128,14 +180,16 @@ pub fn matmul_widened(
         let mut c0 = 0;
         while c0 < nb {
             let kn = kc.min(nb - c0);
-            let (q, s) = (&mut quants[..gn * kn * WIDE_Q], &mut scales[..gn * kn * WIDE_S]);
+            let (q, s) = (&mut quants[..gn * kn * WIDE_Q], &mut scales[..gn * kn * ws]);
             for gi in 0..gn {
-                let (qg, sg) =
-                    (&mut q[gi * kn * WIDE_Q..][..kn * WIDE_Q], &mut s[gi * kn * WIDE_S..][..kn * WIDE_S]);
-                widen_q6k(path, w, g0 + gi, c0..c0 + kn, qg, sg);
+                let (qg, sg) = (&mut q[gi * kn * WIDE_Q..][..kn * WIDE_Q], &mut s[gi * kn * ws..][..kn * ws]);
+                if w.format == PackedFormat::Q5 {
+                    widen_q5(path, w, g0 + gi, c0..c0 + kn, qg, sg);
+                } else {
+                    widen_q6k(path, w, g0 + gi, c0..c0 + kn, qg, sg);
+                }
             }
-            let view =
-                PackedMatrix { format: PackedFormat::Q8Sub16, rows, k: BLOCK * kn, quants: q, scales: s };
+            let view = PackedMatrix { format: wide, rows, k: BLOCK * kn, quants: q, scales: s };
             let mut t0 = 0;
             while t0 < n {
                 let tn = TOKENS.min(n - t0);

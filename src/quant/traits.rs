@@ -139,7 +139,7 @@ impl GgmlType {
             T::Q5_0 => TypeTraits {
                 dequantize: dequantize!(dequantize_q5_0_ref),
                 vec_dot: dot!(Q8_0, vec_dot_q5_0_q8_0_ref),
-                packed: Some(P::Q8),
+                packed: Some(P::Q5),
                 rows_from_packed: true,
                 ..NONE
             },

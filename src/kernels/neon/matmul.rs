@@ -882,6 +882,14 @@ pub unsafe fn matmul_dotprod(
             outs,
         );
     }
+    if w.format == PackedFormat::Q5 {
+        if acts.len().min(outs.len()) == 1 {
+            // SAFETY: the CPU has dotprod (this function's contract).
+            return unsafe { q5_gemv(w, groups, acts, outs) };
+        }
+        let path = crate::kernels::KernelPath::NeonDotprod;
+        return crate::kernels::widen::matmul_widened(path, w, groups, acts, outs);
+    }
     if w.format == PackedFormat::Q6K {
         if acts.len().min(outs.len()) == 1 {
             // SAFETY: the CPU has dotprod, and FEAT_FP16 with `fp16` (this function's contract).
@@ -893,7 +901,8 @@ pub unsafe fn matmul_dotprod(
     let Some(n) = matmul_tokens(w, &groups, acts, outs) else { return };
     let (gemv, tiles): (DotKernel, &[DotKernel]) = match w.format {
         PackedFormat::Q4 => (q4_gemv, &[q4_t1, q4_t2, q4_t3, q4_t4]),
-        PackedFormat::Q8 => (q8_gemv, &[q8_t1, q8_t2, q8_t3, q8_t4]),
+        // (Q5 went through `q5_gemv` or `matmul_widened`, which calls back with Q8.)
+        PackedFormat::Q8 | PackedFormat::Q5 => (q8_gemv, &[q8_t1, q8_t2, q8_t3, q8_t4]),
         // (Q4K went through `matmul_q4k`, which calls back with Q4Min.)
         PackedFormat::Q4Min | PackedFormat::Q4K => (q4m_gemv, &[q4m_t1, q4m_t2, q4m_t3]),
         PackedFormat::Q8Min => (q8m_gemv, &[q8m_t1, q8m_t2, q8m_t3]),
@@ -901,7 +910,7 @@ pub unsafe fn matmul_dotprod(
     };
     let wide: WideKernel = match w.format {
         PackedFormat::Q4 => q4_wide,
-        PackedFormat::Q8 => q8_wide,
+        PackedFormat::Q8 | PackedFormat::Q5 => q8_wide,
         PackedFormat::Q4Min | PackedFormat::Q4K => q4m_wide,
         PackedFormat::Q8Min => q8m_wide,
         PackedFormat::Q8Sub16 | PackedFormat::Q6K => q8s_wide,
@@ -1151,6 +1160,149 @@ unsafe fn q6k_gemv(
 }
 
 // ---------------------------------------------------------------------------------------------
+// Q5, one token: unpacked in registers
+//
+// Per pass 4 row groups; per block and group the 80 quant bytes are loaded (v0-v3 nibbles, v4 the
+// bit plane) and unpacked into 8 vectors of 4 rows x 4 elements holding 8q as int8 (the stored bit
+// is XOR 1, so `shl` of the bit byte to bit 7 and `sri` by 1 of the nibble held at bits 4..8 is the
+// whole unpack), then 8 `sdot`s:
+//     v5-v11, v4       chunks 0..8 (elements 4c..4c + 4 of the 4 rows)
+//     v12              nibble temporary;  v24  0xF0 mask
+//     v16-v19          accumulators of groups 0..3
+//     v25              lane 0: the activation's d;  v26, v27  its 32 quants
+//     v28              the block dot;  v30  the group's row scales d (f32)
+
+/// One Q5 group's block: unpack, dots, `F += (dot / 8 * d_w) * d_a`.
+#[rustfmt::skip]
+macro_rules! q5_group { ($wq:ident, $ws:ident, $f:literal) => { concat!(
+    "ld1 {{v0.16b, v1.16b, v2.16b, v3.16b}}, [", op!($wq), "], #64\n",
+    "ldr q4, [", op!($wq), "], #16\n",
+    "ldr d30, [", op!($ws), "], #8\n",
+    "shl v5.16b, v4.16b, #7\n",      "shl v12.16b, v0.16b, #4\n",    "sri v5.16b, v12.16b, #1\n",
+    "shl v6.16b, v4.16b, #6\n",      "shl v12.16b, v1.16b, #4\n",    "sri v6.16b, v12.16b, #1\n",
+    "shl v7.16b, v4.16b, #5\n",      "shl v12.16b, v2.16b, #4\n",    "sri v7.16b, v12.16b, #1\n",
+    "shl v8.16b, v4.16b, #4\n",      "shl v12.16b, v3.16b, #4\n",    "sri v8.16b, v12.16b, #1\n",
+    "shl v9.16b, v4.16b, #3\n",      "and v12.16b, v0.16b, v24.16b\n", "sri v9.16b, v12.16b, #1\n",
+    "shl v10.16b, v4.16b, #2\n",     "and v12.16b, v1.16b, v24.16b\n", "sri v10.16b, v12.16b, #1\n",
+    "shl v11.16b, v4.16b, #1\n",     "and v12.16b, v2.16b, v24.16b\n", "sri v11.16b, v12.16b, #1\n",
+    "and v12.16b, v3.16b, v24.16b\n", "sri v4.16b, v12.16b, #1\n",
+    "movi v28.4s, #0\n",
+    "fcvtl v30.4s, v30.4h\n",
+    "sdot v28.4s, v5.16b, v26.4b[0]\n",  "sdot v28.4s, v6.16b, v26.4b[1]\n",
+    "sdot v28.4s, v7.16b, v26.4b[2]\n",  "sdot v28.4s, v8.16b, v26.4b[3]\n",
+    "sdot v28.4s, v9.16b, v27.4b[0]\n",  "sdot v28.4s, v10.16b, v27.4b[1]\n",
+    "sdot v28.4s, v11.16b, v27.4b[2]\n", "sdot v28.4s, v4.16b, v27.4b[3]\n",
+    "scvtf v28.4s, v28.4s, #3\n",
+    "fmul v28.4s, v28.4s, v30.4s\n",
+    "fmla v", $f, ".4s, v28.4s, v25.s[0]\n",
+) } }
+
+/// A pass of [`q5_gemv`]: 4 groups (quant and scale planes at `wq`, `ws`, block 0) against one
+/// activation row `a` of `nb` blocks; writes 16 floats at `o`.
+///
+/// # Safety
+/// Each `wq[i]` readable for `80 nb` bytes and `ws[i]` for `8 nb`, `a` for `nb` blocks, `o`
+/// writable for 16 floats, `nb > 0`; the CPU has dotprod.
+#[target_feature(enable = "dotprod")]
+unsafe fn q5_gemv4(wq: [*const u8; 4], ws: [*const u8; 4], a: *const ActBlock, nb: usize, o: *mut f32) {
+    // SAFETY: by the contract every load stays inside the planes and the row, the store inside
+    // `o`; every register written is declared clobbered.
+    unsafe {
+        asm!(
+            "movi v24.16b, #0xf0",
+            "movi v16.4s, #0", "movi v17.4s, #0", "movi v18.4s, #0", "movi v19.4s, #0",
+            "2:",
+            "ldr s25, [{a}], #8",
+            "ld1 {{v26.16b, v27.16b}}, [{a}], #32",
+            q5_group!(wq0, ws0, "16"),
+            q5_group!(wq1, ws1, "17"),
+            q5_group!(wq2, ws2, "18"),
+            q5_group!(wq3, ws3, "19"),
+            "subs {nb}, {nb}, #1",
+            "b.ne 2b",
+            "st1 {{v16.4s, v17.4s, v18.4s, v19.4s}}, [{o}]",
+            wq0 = inout(reg) wq[0] => _, wq1 = inout(reg) wq[1] => _,
+            wq2 = inout(reg) wq[2] => _, wq3 = inout(reg) wq[3] => _,
+            ws0 = inout(reg) ws[0] => _, ws1 = inout(reg) ws[1] => _,
+            ws2 = inout(reg) ws[2] => _, ws3 = inout(reg) ws[3] => _,
+            a = inout(reg) a => _,
+            nb = inout(reg) nb => _,
+            o = in(reg) o,
+            out("v0") _, out("v1") _, out("v2") _, out("v3") _,
+            out("v4") _, out("v5") _, out("v6") _, out("v7") _,
+            out("v8") _, out("v9") _, out("v10") _, out("v11") _,
+            out("v12") _, out("v16") _, out("v17") _, out("v18") _, out("v19") _,
+            out("v24") _, out("v25") _, out("v26") _, out("v27") _,
+            out("v28") _, out("v30") _,
+            options(nostack),
+        );
+    }
+}
+
+/// Q5 against one token (the contract of [`crate::kernels::packed::matmul_ref`]): passes of 4
+/// groups; a tail of 1 to 3 groups runs as a pass with its last group repeated, into a spare.
+///
+/// # Safety
+/// The CPU must have dotprod.
+#[target_feature(enable = "dotprod")]
+unsafe fn q5_gemv(w: &PackedMatrix<'_>, groups: Range<usize>, acts: &[&[ActBlock]], outs: &mut [&mut [f32]]) {
+    let Some(_) = matmul_tokens(w, &groups, acts, outs) else { return };
+    let nb = w.blocks();
+    let (act, out) = (acts[0], &mut *outs[0]);
+    let mut g = groups.start;
+    while g < groups.end {
+        let n = (groups.end - g).min(4);
+        let pick = |i: usize| g + i.min(n - 1);
+        let wq = core::array::from_fn(|i| w.group_quants(pick(i)).as_ptr());
+        let ws = core::array::from_fn(|i| w.group_scales(pick(i)).as_ptr());
+        let mut spare = [0f32; 16];
+        // SAFETY: `matmul_tokens` checked the planes (consistent: every group has nb > 0 blocks of
+        // 80 quant bytes and 8 scale bytes), the activation row (>= nb blocks) and the output row;
+        // `spare` holds 16 floats; the CPU has dotprod (our contract).
+        unsafe { q5_gemv4(wq, ws, act.as_ptr(), nb, spare.as_mut_ptr()) };
+        let at = GROUP_ROWS * (g - groups.start);
+        out[at..at + GROUP_ROWS * n].copy_from_slice(&spare[..GROUP_ROWS * n]);
+        g += n;
+    }
+}
+
+/// [`crate::kernels::widen::widen_q5_ref`] on NEON: per output vector of 4 rows x 4 elements,
+/// the high bit shifted to the top (`shl`) and the low nibble inserted below it (`sri` by 1 of the
+/// nibble held at bits 4..8) make `8q`, and an arithmetic shift (`sshr`) gives `q`.
+pub fn widen_q5(w: &PackedMatrix<'_>, g: usize, blocks: Range<usize>, quants: &mut [u8], scales: &mut [u8]) {
+    let (gq, gs) = (w.group_quants(g), w.group_scales(g));
+    let (qb, sb, wq) =
+        (PackedFormat::Q5.quant_bytes(), PackedFormat::Q5.scale_bytes(), PackedFormat::Q8.quant_bytes());
+    for (i, b) in blocks.enumerate() {
+        let src = &gq[b * qb..(b + 1) * qb];
+        let dst = &mut quants[i * wq..(i + 1) * wq];
+        // SAFETY: NEON is part of the aarch64 baseline; `src` holds 80 bytes and `dst` 128 (the
+        // slices above), every load and store is inside them.
+        unsafe {
+            let n: [uint8x16_t; 4] = core::array::from_fn(|c| vld1q_u8(src[16 * c..].as_ptr()));
+            let h = vld1q_u8(src[64..].as_ptr());
+            let hi = vdupq_n_u8(0xF0);
+            let lo = |c: usize| if c < 4 { vshlq_n_u8::<4>(n[c]) } else { vandq_u8(n[c - 4], hi) };
+            let out = [
+                vsriq_n_u8::<1>(vshlq_n_u8::<7>(h), lo(0)),
+                vsriq_n_u8::<1>(vshlq_n_u8::<6>(h), lo(1)),
+                vsriq_n_u8::<1>(vshlq_n_u8::<5>(h), lo(2)),
+                vsriq_n_u8::<1>(vshlq_n_u8::<4>(h), lo(3)),
+                vsriq_n_u8::<1>(vshlq_n_u8::<3>(h), lo(4)),
+                vsriq_n_u8::<1>(vshlq_n_u8::<2>(h), lo(5)),
+                vsriq_n_u8::<1>(vshlq_n_u8::<1>(h), lo(6)),
+                vsriq_n_u8::<1>(h, lo(7)),
+            ];
+            for (c, v) in out.into_iter().enumerate() {
+                let q = vshrq_n_s8::<3>(vreinterpretq_s8_u8(v));
+                vst1q_s8(dst[16 * c..].as_mut_ptr().cast(), q);
+            }
+        }
+        scales[i * sb..(i + 1) * sb].copy_from_slice(&gs[b * sb..(b + 1) * sb]);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Q6K widened to Q8Sub16 (see `crate::kernels::widen`)
 
 /// [`crate::kernels::widen::widen_q6k_ref`] on NEON: per output vector of 4 rows x 4 elements,
@@ -1339,7 +1491,7 @@ pub fn matmul(w: &PackedMatrix<'_>, groups: Range<usize>, acts: &[&[ActBlock]], 
     if w.format == PackedFormat::Q4K {
         return crate::kernels::widen::matmul_q4k(crate::kernels::KernelPath::Neon, w, groups, acts, outs);
     }
-    if w.format == PackedFormat::Q6K {
+    if matches!(w.format, PackedFormat::Q6K | PackedFormat::Q5) {
         return crate::kernels::widen::matmul_widened(
             crate::kernels::KernelPath::Neon,
             w,
@@ -1355,7 +1507,7 @@ pub fn matmul(w: &PackedMatrix<'_>, groups: Range<usize>, acts: &[&[ActBlock]], 
             PackedFormat::Q4 => matmul_neon::<FMT_Q4>(w, groups, acts, outs, n),
             // (Q4K went through `matmul_q4k`, which calls back with Q4Min.)
             PackedFormat::Q4Min | PackedFormat::Q4K => matmul_neon::<FMT_Q4MIN>(w, groups, acts, outs, n),
-            PackedFormat::Q8 => matmul_neon::<FMT_Q8>(w, groups, acts, outs, n),
+            PackedFormat::Q8 | PackedFormat::Q5 => matmul_neon::<FMT_Q8>(w, groups, acts, outs, n),
             PackedFormat::Q8Min => matmul_neon::<FMT_Q8MIN>(w, groups, acts, outs, n),
             PackedFormat::Q8Sub16 | PackedFormat::Q6K => matmul_neon::<FMT_Q8SUB16>(w, groups, acts, outs, n),
         }

@@ -41,7 +41,7 @@ fn unpack_block(format: PackedFormat, block: &[u8]) -> [[i32; BLOCK]; GROUP_ROWS
     let mut q = [[0i32; BLOCK]; GROUP_ROWS];
     for (i, &byte) in block.iter().enumerate() {
         let (c, r, j) = (i / 16, (i / 4) % 4, i % 4);
-        if format == PackedFormat::Q6K {
+        if format == PackedFormat::Q6K || format == PackedFormat::Q5 {
             if i < 64 {
                 for e in [4 * c + j, 16 + 4 * c + j] {
                     q[r][e] = value(format, block, r, e);
@@ -62,6 +62,8 @@ fn unpack_block(format: PackedFormat, block: &[u8]) -> [[i32; BLOCK]; GROUP_ROWS
 pub(crate) fn value(format: PackedFormat, block: &[u8], r: usize, e: usize) -> i32 {
     if format == PackedFormat::Q6K {
         value_q6k(block, r, e)
+    } else if format == PackedFormat::Q5 {
+        value_q5(block, r, e)
     } else if format.is_4bit() {
         let byte = block[16 * ((e % 16) / 4) + 4 * r + e % 4];
         let nibble = if e < 16 { byte << 4 } else { byte & 0xF0 };
@@ -79,6 +81,16 @@ pub(crate) fn value_q6k(block: &[u8], r: usize, e: usize) -> i32 {
     let low = if e < 16 { byte & 0xF } else { byte >> 4 };
     let high = ((block[64 + 16 * ((e / 4) % 2) + 4 * r + e % 4] >> (2 * (e / 8))) & 3) ^ 2;
     i32::from(low | (high << 4)) - 32
+}
+
+/// Signed value (-16..=15) of element `e` of row `r` in a [`PackedFormat::Q5`] block: the low 4 bits
+/// as in the 4-bit layout, the high bit (stored XOR 1) from the plane after them.
+#[inline]
+pub(crate) fn value_q5(block: &[u8], r: usize, e: usize) -> i32 {
+    let byte = block[16 * ((e % 16) / 4) + 4 * r + e % 4];
+    let low = if e < 16 { byte & 0xF } else { byte >> 4 };
+    let high = ((block[64 + 4 * r + e % 4] >> (e / 4)) & 1) ^ 1;
+    i32::from(low | (high << 4)) - 16
 }
 
 /// Reference matmul over row groups `groups` for `acts.len()` tokens: `outs[t][4 * (g -
@@ -105,7 +117,9 @@ pub fn matmul_ref(w: &PackedMatrix<'_>, groups: Range<usize>, acts: &[&[ActBlock
                             |es: Range<usize>| -> i32 { es.map(|e| q[r][e] * i32::from(a.qs[e])).sum() };
                         let [d, m] = scales[r];
                         match format {
-                            PackedFormat::Q4 | PackedFormat::Q8 => *acc += (d * a.d) * dot(0..BLOCK) as f32,
+                            PackedFormat::Q4 | PackedFormat::Q8 | PackedFormat::Q5 => {
+                                *acc += (d * a.d) * dot(0..BLOCK) as f32
+                            }
                             PackedFormat::Q4Min | PackedFormat::Q8Min | PackedFormat::Q4K => {
                                 // The 4-bit formats store nibble - 8: the shift comes back through
                                 // the min.

@@ -131,9 +131,11 @@ const F_Q8: u8 = 2;
 const F_Q8MIN: u8 = 3;
 const F_Q8SUB16: u8 = 4;
 const F_Q6K: u8 = 5;
+const F_Q5: u8 = 6;
 
+/// Formats read through a nibble plane ([`nibble_operands`]): 4-bit, and 5-bit with its bit plane.
 const fn is_4bit(f: u8) -> bool {
-    f == F_Q4 || f == F_Q4MIN
+    f == F_Q4 || f == F_Q4MIN || f == F_Q5
 }
 
 /// Formats with a scale per 16 elements (the block's two halves summed apart).
@@ -142,7 +144,9 @@ const fn has_sub16(f: u8) -> bool {
 }
 
 const fn quant_bytes(f: u8) -> usize {
-    if is_4bit(f) {
+    if f == F_Q5 {
+        PackedFormat::Q5.quant_bytes()
+    } else if is_4bit(f) {
         PackedFormat::Q4.quant_bytes()
     } else if f == F_Q6K {
         PackedFormat::Q6K.quant_bytes()
@@ -153,7 +157,7 @@ const fn quant_bytes(f: u8) -> usize {
 
 /// Scale bytes per block (Q6K: on average; its scales come in super-block units).
 const fn scale_bytes(f: u8) -> usize {
-    if f == F_Q4 || f == F_Q8 {
+    if f == F_Q4 || f == F_Q8 || f == F_Q5 {
         PackedFormat::Q4.scale_bytes()
     } else if f == F_Q6K {
         PackedFormat::Q6K.scale_bytes()
@@ -223,6 +227,7 @@ unsafe fn matmul_impl(
             (PackedFormat::Q6K, false) => run::<F_Q6K, false>(w, groups, acts, outs),
             // Q4K runs as Q4Min, its scales decoded per chunk (see `Chunk::q4k`).
             (PackedFormat::Q4K, false) => run::<F_Q4MIN, false>(w, groups, acts, outs),
+            (PackedFormat::Q5, false) => run::<F_Q5, false>(w, groups, acts, outs),
             (PackedFormat::Q4, true) => run::<F_Q4, true>(w, groups, acts, outs),
             (PackedFormat::Q4Min, true) => run::<F_Q4MIN, true>(w, groups, acts, outs),
             (PackedFormat::Q8, true) => run::<F_Q8, true>(w, groups, acts, outs),
@@ -230,6 +235,7 @@ unsafe fn matmul_impl(
             (PackedFormat::Q8Sub16, true) => run::<F_Q8SUB16, true>(w, groups, acts, outs),
             (PackedFormat::Q6K, true) => run::<F_Q6K, true>(w, groups, acts, outs),
             (PackedFormat::Q4K, true) => run::<F_Q4MIN, true>(w, groups, acts, outs),
+            (PackedFormat::Q5, true) => run::<F_Q5, true>(w, groups, acts, outs),
         }
     }
 }
@@ -272,7 +278,9 @@ unsafe fn run<const F: u8, const VNNI: bool>(
             let mut c0 = 0;
             while c0 < nb {
                 let kn = kc.min(nb - c0);
-                let corr = if is_4bit(F) {
+                let corr = if F == F_Q5 {
+                    Corr::Times16
+                } else if is_4bit(F) {
                     Corr::Times8
                 } else if F == F_Q6K {
                     Corr::Times32Halves
@@ -436,8 +444,8 @@ type ScaleBuf = [u8; 2 * SCRATCH * Q4MIN_SCALES];
 const Q4MIN_SCALES: usize = PackedFormat::Q4Min.scale_bytes();
 
 /// The scale pointer and group stride the kernels read for `n` groups from `g` (at most 2): the
-/// plane's, or for a Q4K matrix the chunk's blocks of those groups decoded into `buf` as Q4Min
-/// scales.
+/// plane's, the strip's decoded ones, or for a lone token of a Q4K matrix the chunk's blocks of
+/// those groups decoded into `buf` (made on first use) as Q4Min scales.
 ///
 /// # Safety
 /// Groups `g..g + n` inside the matrix, the chunk's blocks inside its rows, `n * kn <= 2 *
@@ -448,7 +456,7 @@ unsafe fn chunk_scales<const F: u8>(
     chunk: &Chunk<'_, '_>,
     g: usize,
     n: usize,
-    buf: &mut ScaleBuf,
+    buf: &mut Option<ScaleBuf>,
 ) -> (*const u8, usize) {
     let w = chunk.w;
     match chunk.scales {
@@ -465,6 +473,7 @@ unsafe fn chunk_scales<const F: u8>(
     }
     let units = chunk.kn / SUPER_BLOCKS;
     let stride = chunk.kn * Q4MIN_SCALES;
+    let buf = buf.get_or_insert([0; 2 * SCRATCH * Q4MIN_SCALES]);
     for i in 0..n {
         let gs = w.group_scales(g + i);
         let first = chunk.c0 / SUPER_BLOCKS;
@@ -553,6 +562,8 @@ enum Corr {
     None,
     /// `-8 * sum`: 4-bit weights taken as `q + 8`.
     Times8,
+    /// `-16 * sum`: 5-bit weights taken as `q + 16`.
+    Times16,
     /// `-128 * sum`: int8 weights taken as `q + 128` (one token with VNNI, see [`block_isum`]).
     Times128,
     /// `-32 * sum` of each 16-element half apart: Q6K's 6-bit weights taken as `q + 32`.
@@ -600,6 +611,8 @@ unsafe fn expand(src: *const ActBlock, n: usize, dst: *mut Expanded, corr: Corr)
                     let sum = _mm256_madd_epi16(_mm256_add_epi16(lo16, hi16), ones16);
                     let scaled = if corr == Corr::Times8 {
                         _mm256_slli_epi32::<3>(sum)
+                    } else if corr == Corr::Times16 {
+                        _mm256_slli_epi32::<4>(sum)
                     } else {
                         _mm256_slli_epi32::<7>(sum)
                     };
@@ -631,7 +644,8 @@ unsafe fn pass<const F: u8, const VNNI: bool, const T: usize, const G: usize>(
         *p = unsafe { a.as_ptr().add(chunk.c0) };
     }
     let first = chunk.c0 == 0;
-    let mut sbuf: ScaleBuf = [0; 2 * SCRATCH * Q4MIN_SCALES];
+    // (Only a lone token decodes Q4K scales per group, in `pass1`; a pass finds them decoded.)
+    let mut sbuf: Option<ScaleBuf> = None;
     let mut g = chunk.groups.start;
     while g < chunk.groups.end {
         let left = chunk.groups.end - g;
@@ -709,7 +723,7 @@ unsafe fn pass1<const F: u8, const VNNI: bool>(
     } else {
         (PREFETCH_BYTES, PREFETCH_BYTES * scale_bytes(F) / quant_bytes(F))
     };
-    let mut sbuf: ScaleBuf = [0; 2 * SCRATCH * Q4MIN_SCALES];
+    let mut sbuf: Option<ScaleBuf> = None;
     for g in chunk.groups.clone() {
         // SAFETY: g < groups.end <= w.groups() and c0 < nb: inside both planes; the group has the
         // chunk's blocks c0..c0 + kn, the activation row and the scratch have them too.
@@ -719,6 +733,47 @@ unsafe fn pass1<const F: u8, const VNNI: bool>(
             dot1::<F, VNNI>(q, s, chunk.exp, ap, chunk.kn, dist)
         };
         store(&[[acc]], outs, GROUP_ROWS * (g - chunk.base), first);
+    }
+}
+
+/// The unsigned `maddubs` / `vpdpbusd` operands of one nibble-plane block at `qp`, for the chunk
+/// pairs (0, 1), (2, 3), (4, 5), (6, 7) (low, high 128-bit half): `q + 8` of the 4-bit formats
+/// (their two's-complement nibbles XOR 8), `q + 16` of Q5 (its nibbles as stored, with the high bit
+/// of each element's `u` from the bit plane, stored XOR 1: one XOR of the plane undoes it).
+///
+/// # Safety
+/// `quant_bytes(F)` readable bytes at `qp`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn nibble_operands<const F: u8>(qp: *const u8) -> [__m256i; 4] {
+    let low4 = _mm256_set1_epi8(0x0F);
+    // SAFETY: 64 bytes at qp.
+    let (w0, w1) = unsafe { (_mm256_loadu_si256(qp.cast()), _mm256_loadu_si256(qp.add(32).cast())) };
+    if F == F_Q5 {
+        // SAFETY: the 16 bytes of the bit plane after the nibbles.
+        let b = _mm_xor_si128(unsafe { _mm_loadu_si128(qp.add(64).cast()) }, _mm_set1_epi8(-1));
+        // Chunk c's bit is bit c of each byte; shifted right by 1 in the high half, the bits of
+        // the pair (2v, 2v + 1) both sit at bit 2v (the 16-bit shift carries into bit 7 only).
+        let b2 = _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(b), _mm_srli_epi16::<1>(b));
+        let bit = |v: i32| _mm256_and_si256(b2, _mm256_set1_epi8(1 << (2 * v)));
+        [
+            _mm256_or_si256(_mm256_and_si256(w0, low4), _mm256_slli_epi16::<4>(bit(0))),
+            _mm256_or_si256(_mm256_and_si256(w1, low4), _mm256_slli_epi16::<2>(bit(1))),
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(w0), low4), bit(2)),
+            _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16::<4>(w1), low4),
+                _mm256_srli_epi16::<2>(bit(3)),
+            ),
+        ]
+    } else {
+        let x88 = _mm256_set1_epi8(0x88u8 as i8);
+        let (x0, x1) = (_mm256_xor_si256(w0, x88), _mm256_xor_si256(w1, x88));
+        [
+            _mm256_and_si256(x0, low4),
+            _mm256_and_si256(x1, low4),
+            _mm256_and_si256(_mm256_srli_epi16::<4>(x0), low4),
+            _mm256_and_si256(_mm256_srli_epi16::<4>(x1), low4),
+        ]
     }
 }
 
@@ -734,17 +789,8 @@ unsafe fn pass1<const F: u8, const VNNI: bool>(
 unsafe fn block_isum<const F: u8, const VNNI: bool>(qp: *const u8, ex: &Expanded) -> __m256i {
     let ones16 = _mm256_set1_epi16(1);
     if is_4bit(F) {
-        let low4 = _mm256_set1_epi8(0x0F);
-        let x88 = _mm256_set1_epi8(0x88u8 as i8);
-        // SAFETY: 64 bytes at qp.
-        let (w0, w1) = unsafe { (_mm256_loadu_si256(qp.cast()), _mm256_loadu_si256(qp.add(32).cast())) };
-        let (x0, x1) = (_mm256_xor_si256(w0, x88), _mm256_xor_si256(w1, x88));
-        let wv = [
-            _mm256_and_si256(x0, low4),
-            _mm256_and_si256(x1, low4),
-            _mm256_and_si256(_mm256_srli_epi16::<4>(x0), low4),
-            _mm256_and_si256(_mm256_srli_epi16::<4>(x1), low4),
-        ];
+        // SAFETY: a block at qp.
+        let wv = unsafe { nibble_operands::<F>(qp) };
         if VNNI {
             // SAFETY: VNNI only when the CPU has it (the contract). Two chains, joined once.
             unsafe {
@@ -816,7 +862,7 @@ unsafe fn dot1<const F: u8, const VNNI: bool>(
             let (qp, sp) = (q.add(b * qb), s.add(b * sb));
             // Prefetches never fault; past the matrix they fetch what follows it in the buffer.
             _mm_prefetch::<_MM_HINT_T0>(qp.wrapping_add(qdist).cast());
-            if !is_4bit(F) {
+            if qb > 64 {
                 _mm_prefetch::<_MM_HINT_T0>(qp.wrapping_add(qdist + 64).cast());
             }
             if (sp as usize) % 64 < sb {
@@ -919,20 +965,9 @@ unsafe fn tile2_q4v<const F: u8, const T: usize>(
     ap: &[*const ActBlock; T],
 ) -> [__m256; T] {
     let (qb, sb) = (quant_bytes(F), scale_bytes(F));
-    let low4 = _mm256_set1_epi8(0x0F);
-    let x88 = _mm256_set1_epi8(0x88u8 as i8);
-    // The unsigned operands q + 8 of one 64-byte block (see `block_isum`).
-    // SAFETY: in the closure, 64 bytes at qp, a block of the contract's groups.
-    let unpack = |qp: *const u8| unsafe {
-        let (w0, w1) = (_mm256_loadu_si256(qp.cast()), _mm256_loadu_si256(qp.add(32).cast()));
-        let (x0, x1) = (_mm256_xor_si256(w0, x88), _mm256_xor_si256(w1, x88));
-        [
-            _mm256_and_si256(x0, low4),
-            _mm256_and_si256(x1, low4),
-            _mm256_and_si256(_mm256_srli_epi16::<4>(x0), low4),
-            _mm256_and_si256(_mm256_srli_epi16::<4>(x1), low4),
-        ]
-    };
+    // The unsigned operands of one block (see `nibble_operands`).
+    // SAFETY: in the closure, a block of the contract's groups at qp.
+    let unpack = |qp: *const u8| unsafe { nibble_operands::<F>(qp) };
     // 4 f16 per group at s0 and s1 (8 bytes each) as [first group's 4, second group's 4].
     // SAFETY: in the closure, 8 scale bytes at each, inside the contract's groups.
     let pair = |s0: *const u8, s1: *const u8| unsafe {
@@ -1002,7 +1037,6 @@ unsafe fn tile<const F: u8, const VNNI: bool, const T: usize, const G: usize>(
 ) -> [[__m256; T]; G] {
     let ones16 = _mm256_set1_epi16(1);
     let low4 = _mm256_set1_epi8(0x0F);
-    let x88 = _mm256_set1_epi8(0x88u8 as i8);
     let eight = _mm256_set1_ps(8.0);
     let mut acc = [[_mm256_setzero_ps(); T]; G];
     for b in 0..chunk.kn {
@@ -1018,16 +1052,8 @@ unsafe fn tile<const F: u8, const VNNI: bool, const T: usize, const G: usize>(
             let mut wv = [_mm256_setzero_si256(); 4];
             let mut ws = [_mm256_setzero_si256(); 4];
             if is_4bit(F) {
-                // SAFETY: 64 bytes at qp.
-                let (w0, w1) =
-                    unsafe { (_mm256_loadu_si256(qp.cast()), _mm256_loadu_si256(qp.add(32).cast())) };
-                let (x0, x1) = (_mm256_xor_si256(w0, x88), _mm256_xor_si256(w1, x88));
-                wv = [
-                    _mm256_and_si256(x0, low4),
-                    _mm256_and_si256(x1, low4),
-                    _mm256_and_si256(_mm256_srli_epi16::<4>(x0), low4),
-                    _mm256_and_si256(_mm256_srli_epi16::<4>(x1), low4),
-                ];
+                // SAFETY: a block at qp.
+                wv = unsafe { nibble_operands::<F>(qp) };
             } else if F == F_Q6K {
                 // Low nibbles of chunk pairs (0,1), (2,3) in the 64 bytes at qp, their high nibbles
                 // (4,5), (6,7); the high bits of pair v at bits 2v of the 32 bytes after them,
