@@ -240,10 +240,12 @@ unsafe fn matmul_impl(
     }
 }
 
-/// Cuts the groups into strips whose quants stay in L2, then tiles the tokens and cuts `k` into
-/// chunks whose expanded activations fit the scratch. Each strip's weights are fetched from memory
-/// once per call, whatever the token count (activations are re-expanded per strip instead, which
-/// costs a few percent when there is more than one).
+/// Cuts the groups into strips whose quants stay in L2 and `k` into chunks whose expanded
+/// activations fit the scratch. Several tokens go chunk by chunk, every token tile of a chunk in
+/// turn (a Q4K strip's scales decoded once per chunk for all of them); one token goes group by
+/// group ([`pass1`]). Each strip's weights are fetched from memory once per call, whatever the
+/// token count (activations are re-expanded per strip instead, which costs a few percent when
+/// there is more than one).
 ///
 /// # Safety
 /// `w` consistent with format `F`, `groups` inside it, every activation row at least `w.blocks()`
@@ -256,39 +258,59 @@ unsafe fn run<const F: u8, const VNNI: bool>(
     acts: &[&[ActBlock]],
     outs: &mut [&mut [f32]],
 ) {
-    if w.format == PackedFormat::Q4K && acts.len() > 1 {
-        // SAFETY: our contract (F is Q4Min).
-        return unsafe { run_q4k_tiles::<VNNI>(w, groups, acts, outs) };
-    }
     let nb = w.blocks();
     let mut scratch = MaybeUninit::<[Expanded; SCRATCH]>::uninit();
     let sp = scratch.as_mut_ptr().cast::<Expanded>();
-    let strip = (STRIP_BYTES / (nb * quant_bytes(F))).max(1);
+    let q4k = w.format == PackedFormat::Q4K;
+    let corr = if F == F_Q5 {
+        Corr::Times16
+    } else if is_4bit(F) {
+        Corr::Times8
+    } else if F == F_Q6K {
+        Corr::Times32Halves
+    } else if VNNI && acts.len() == 1 && !has_sub16(F) {
+        Corr::Times128
+    } else {
+        Corr::None
+    };
+    // Chunks of whole scale units (Q6K, Q4K: super-blocks of 8 blocks) that a full tile's
+    // expansion fits.
+    let tile = acts.len().min(TILE);
+    let unit = w.format.blocks_per_unit();
+    let chunks = nb.div_ceil(SCRATCH / tile / unit * unit);
+    let kc = nb.div_ceil(chunks).next_multiple_of(unit);
+    let mut strip = (STRIP_BYTES / (nb * quant_bytes(F))).max(1);
+    // Several tokens of a Q4K matrix: the strip's scales decoded per chunk (as many groups as fit).
+    let mut decoded: Option<[u8; Q4K_DECODED]> = None;
+    if q4k && acts.len() > 1 {
+        strip = strip.min(Q4K_DECODED / (kc * Q4MIN_SCALES));
+    }
     let mut s0 = groups.start;
     while s0 < groups.end {
         let strip = s0..(s0 + strip).min(groups.end);
-        let mut t0 = 0;
-        while t0 < acts.len() {
-            let tt = (acts.len() - t0).min(TILE);
-            // Q6K and Q4K chunks start on super-blocks (whole scale units): multiples of 8 blocks.
-            let unit = w.format.blocks_per_unit();
-            let cap = SCRATCH / tt / unit * unit;
-            let chunks = nb.div_ceil(cap);
-            let kc = nb.div_ceil(chunks).next_multiple_of(unit);
-            let mut c0 = 0;
-            while c0 < nb {
-                let kn = kc.min(nb - c0);
-                let corr = if F == F_Q5 {
-                    Corr::Times16
-                } else if is_4bit(F) {
-                    Corr::Times8
-                } else if F == F_Q6K {
-                    Corr::Times32Halves
-                } else if VNNI && tt == 1 && !has_sub16(F) {
-                    Corr::Times128
-                } else {
-                    Corr::None
-                };
+        let mut c0 = 0;
+        while c0 < nb {
+            let kn = kc.min(nb - c0);
+            let scales = if !q4k {
+                Scales::Plane
+            } else if acts.len() == 1 {
+                Scales::DecodePerGroup
+            } else {
+                let stride = kn * Q4MIN_SCALES;
+                let (first, units) = (c0 / SUPER_BLOCKS, kn / SUPER_BLOCKS);
+                let buf = decoded.get_or_insert([0; Q4K_DECODED]);
+                for (i, g) in strip.clone().enumerate() {
+                    let gs = w.group_scales(g);
+                    q4k_scales_impl(
+                        &gs[first * Q4K_SCALE_BYTES..(first + units) * Q4K_SCALE_BYTES],
+                        &mut buf[i * stride..(i + 1) * stride],
+                    );
+                }
+                Scales::Decoded { base: buf.as_ptr(), stride }
+            };
+            let mut t0 = 0;
+            while t0 < acts.len() {
+                let tt = (acts.len() - t0).min(TILE);
                 for ti in 0..tt {
                     // SAFETY: blocks c0..c0 + kn of a row of at least nb blocks; entries ti * kc..
                     // of the scratch (tt * kc <= SCRATCH).
@@ -302,102 +324,20 @@ unsafe fn run<const F: u8, const VNNI: bool>(
                     kn,
                     exp: sp,
                     estride: kc,
-                    // (Only one token reaches here for Q4K.)
-                    scales: if w.format == PackedFormat::Q4K {
-                        Scales::DecodePerGroup
-                    } else {
-                        Scales::Plane
-                    },
+                    scales,
                 };
                 let (a, o) = (&acts[t0..t0 + tt], &mut outs[t0..t0 + tt]);
-                // SAFETY: the scratch holds the tt x kn expanded blocks; the rest is `run`'s contract.
+                // SAFETY: the scratch holds the tt x kn expanded blocks (and `decoded` the strip's
+                // Q4K scales); the rest is `run`'s contract.
                 unsafe {
                     match tt {
-                        1 => pass1::<F, VNNI>(&chunk, a, o),
+                        1 if acts.len() == 1 => pass1::<F, VNNI>(&chunk, a, o),
+                        1 => pass::<F, VNNI, 1, 1>(&chunk, a, o),
                         2 => pass::<F, VNNI, 2, 2>(&chunk, a, o),
                         // Group pairs (see `tile2_q4v`) for the 4-bit formats with VNNI.
                         3 if VNNI && is_4bit(F) => pass::<F, VNNI, 3, 2>(&chunk, a, o),
                         3 => pass::<F, VNNI, 3, 1>(&chunk, a, o),
                         _ if VNNI && is_4bit(F) => pass::<F, VNNI, 4, 2>(&chunk, a, o),
-                        _ => pass::<F, VNNI, 4, 1>(&chunk, a, o),
-                    }
-                }
-                c0 += kn;
-            }
-            t0 += tt;
-        }
-        s0 = strip.end;
-    }
-}
-
-/// Bytes of decoded Q4K scales [`run_q4k_tiles`] holds: a strip's groups for one k-chunk.
-const Q4K_DECODED: usize = 64 << 10;
-
-/// [`run`] for several tokens of a Q4K matrix (as Q4Min): k-chunks of one size for every token
-/// tile, and per strip and chunk the strip's scales decoded once into Q4Min form for all tiles
-/// (the strip as long as that buffer allows).
-///
-/// # Safety
-/// [`run`]'s contract, `w` Q4K.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn run_q4k_tiles<const VNNI: bool>(
-    w: &PackedMatrix<'_>,
-    groups: Range<usize>,
-    acts: &[&[ActBlock]],
-    outs: &mut [&mut [f32]],
-) {
-    const F: u8 = F_Q4MIN;
-    let nb = w.blocks();
-    let mut scratch = MaybeUninit::<[Expanded; SCRATCH]>::uninit();
-    let sp = scratch.as_mut_ptr().cast::<Expanded>();
-    let mut decoded = [0u8; Q4K_DECODED];
-    // Chunks of whole super-blocks that a full tile's expansion fits (SCRATCH / TILE is 32 blocks).
-    let chunks = nb.div_ceil(SCRATCH / TILE);
-    let kc = nb.div_ceil(chunks).next_multiple_of(SUPER_BLOCKS);
-    let strip = (STRIP_BYTES / (nb * quant_bytes(F))).clamp(1, Q4K_DECODED / (kc * Q4MIN_SCALES));
-    let mut s0 = groups.start;
-    while s0 < groups.end {
-        let strip = s0..(s0 + strip).min(groups.end);
-        let mut c0 = 0;
-        while c0 < nb {
-            let kn = kc.min(nb - c0);
-            let stride = kn * Q4MIN_SCALES;
-            let (first, units) = (c0 / SUPER_BLOCKS, kn / SUPER_BLOCKS);
-            for (i, g) in strip.clone().enumerate() {
-                let gs = w.group_scales(g);
-                q4k_scales_impl(
-                    &gs[first * Q4K_SCALE_BYTES..(first + units) * Q4K_SCALE_BYTES],
-                    &mut decoded[i * stride..(i + 1) * stride],
-                );
-            }
-            let mut t0 = 0;
-            while t0 < acts.len() {
-                let tt = (acts.len() - t0).min(TILE);
-                for ti in 0..tt {
-                    // SAFETY: blocks c0..c0 + kn of a row of at least nb blocks; entries ti * kc..
-                    // of the scratch (tt * kc <= TILE * SCRATCH / TILE).
-                    unsafe { expand(acts[t0 + ti].as_ptr().add(c0), kn, sp.add(ti * kc), Corr::Times8) };
-                }
-                let chunk = Chunk {
-                    w,
-                    groups: strip.clone(),
-                    base: groups.start,
-                    c0,
-                    kn,
-                    exp: sp,
-                    estride: kc,
-                    scales: Scales::Decoded { base: decoded.as_ptr(), stride },
-                };
-                let (a, o) = (&acts[t0..t0 + tt], &mut outs[t0..t0 + tt]);
-                // SAFETY: the scratch holds the tt x kn expanded blocks, `decoded` the strip's
-                // scales for them; the rest is `run`'s contract.
-                unsafe {
-                    match tt {
-                        1 => pass::<F, VNNI, 1, 1>(&chunk, a, o),
-                        2 => pass::<F, VNNI, 2, 2>(&chunk, a, o),
-                        3 if VNNI => pass::<F, VNNI, 3, 2>(&chunk, a, o),
-                        3 => pass::<F, VNNI, 3, 1>(&chunk, a, o),
-                        _ if VNNI => pass::<F, VNNI, 4, 2>(&chunk, a, o),
                         _ => pass::<F, VNNI, 4, 1>(&chunk, a, o),
                     }
                 }
@@ -409,6 +349,9 @@ unsafe fn run_q4k_tiles<const VNNI: bool>(
     }
 }
 
+/// Bytes of decoded Q4K scales [`run`] holds for several tokens: a strip's groups for one chunk.
+const Q4K_DECODED: usize = 64 << 10;
+
 /// Where the kernels read a chunk's scales.
 #[derive(Clone, Copy)]
 enum Scales {
@@ -416,7 +359,7 @@ enum Scales {
     Plane,
     /// Q4K (run as Q4Min), one token: each group's decoded as it is reached (see [`chunk_scales`]).
     DecodePerGroup,
-    /// Q4K, several tokens: the strip's, decoded for the chunk by [`run_q4k_tiles`]: group `g` of
+    /// Q4K, several tokens: the strip's, decoded for the chunk by [`run`]: group `g` of
     /// the strip at `base + (g - strip start) * stride`.
     Decoded { base: *const u8, stride: usize },
 }
