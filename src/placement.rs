@@ -359,15 +359,14 @@ mod tests {
         assert_eq!(place(&f16, mm, true).reason, Reason::NoLayout(GgmlType::F16));
         let tied = Use { mul_mat: true, get_rows: true, ..Use::default() };
         let embd = info("token_embd.weight", GgmlType::Q8_0, [64, 8, 1, 1]);
-        // Q8_0's, Q4_K's and Q6_K's repacked copies hold the file's values: one copy serves both
-        // uses; Q5_K's rounds its scales, so its rows are read from the file.
+        // Every repacked layout holds the file's values: one copy serves both uses.
         assert_eq!(place(&embd, tied, true).reason, Reason::SharedEmbedding);
         let k6_embd = info("token_embd.weight", GgmlType::Q6_K, [256, 8, 1, 1]);
         assert_eq!(place(&k6_embd, tied, true).reason, Reason::SharedEmbedding);
         let k4_embd = info("token_embd.weight", GgmlType::Q4_K, [256, 8, 1, 1]);
         assert_eq!(place(&k4_embd, tied, true).reason, Reason::SharedEmbedding);
         let k5_embd = info("token_embd.weight", GgmlType::Q5_K, [256, 8, 1, 1]);
-        assert_eq!(place(&k5_embd, tied, true).reason, Reason::TiedEmbedding);
+        assert_eq!(place(&k5_embd, tied, true).reason, Reason::SharedEmbedding);
         let rows = Use { get_rows: true, ..Use::default() };
         assert_eq!(place(&embd, rows, true).reason, Reason::Embedding);
         assert_eq!(place(&embd, Use::default(), true).reason, Reason::Unused);
@@ -381,8 +380,8 @@ mod tests {
         s.add(k5_embd.name, &place(&k5_embd, tied, true), k5_embd.nbytes as usize);
         assert_eq!(s.repacked_total().0, 3);
         assert_eq!(s.mapped, (1, f16.nbytes as usize));
-        // Only the embedding whose rows are still read from the file counts there.
-        assert_eq!(s.mapped_rows, (1, k5_embd.nbytes as usize));
+        // Only an embedding whose rows are still read from the file would count there.
+        assert_eq!(s.mapped_rows, (0, 0));
         assert_eq!(s.npu, (0, 0));
     }
 }

@@ -3,8 +3,8 @@
 //! CPU has equals the reference (odd shapes, tails of token tiles, extreme values).
 //!
 //! Tolerances, and why:
-//! * dequantized rows: exact for Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q6_K (same scales, integer values);
-//!   for Q5_K the folded per-32 scale `d * sc` is rounded to f16 once: 2^-11 of each value's size.
+//! * dequantized rows: exact for every type (the file's scales and integer values, the file's
+//!   arithmetic).
 //! * reference matmul vs f64: one f32 rounding per block product and sum: 1e-5 of `sum |w| |a|`
 //!   (Q4_K, Q6_K: plus their f16-rounded `d * sc`, 2^-11 of the same sum, and Q4_K's f16-rounded
 //!   `dmin * m`, 2^-11 of `sum |dmin m| |s_a|`).
@@ -112,13 +112,8 @@ fn packed_rows_dequantize_to_the_original_rows() {
                 dequantize_row_ref(ty, &src[r * row_bytes..(r + 1) * row_bytes], &mut want).unwrap();
                 let mut got = vec![0f32; k];
                 dequantize_packed_row(&w, r, &mut got);
-                let exact = ty != GgmlType::Q5_K;
-                // K-quants: `d * sc` and `dmin * m` are each rounded to f16 once; a value can be
-                // the difference of the two, so the bound scales with the block's largest value.
-                let largest = want.iter().fold(0f32, |m, v| m.max(v.abs()));
                 for (e, (&g, &v)) in got.iter().zip(&want).enumerate() {
-                    let tol = if exact { 0.0 } else { 2f32.powi(-10) * (v.abs() + largest) };
-                    assert!((g - v).abs() <= tol, "{ty:?} {rows}x{k} row {r} element {e}: {g} vs {v}");
+                    assert_eq!(g.to_bits(), v.to_bits(), "{ty:?} {rows}x{k} row {r} element {e}: {g} vs {v}");
                 }
             }
         }
@@ -197,7 +192,7 @@ fn reference_packed_matmul_equals_an_f64_dot_of_the_values() {
                     // relative 2^-11 per product at most.
                     let scale_slack = match format {
                         PackedFormat::Q6K => 2f64.powi(-11) * size,
-                        PackedFormat::Q4K => {
+                        PackedFormat::Q4K | PackedFormat::Q5K => {
                             let gs = &s[r / 4 * (k / BLOCK) * format.scale_bytes()..];
                             let mins: f64 = a
                                 .iter()
@@ -320,33 +315,38 @@ fn every_simd_path_widens_q6k_like_the_reference() {
     }
 }
 
-/// The SIMD widenings of the 5-bit layout give the reference's bytes (values and scales).
+/// The SIMD widenings of the 5-bit layouts give the reference's bytes (values and scales), and
+/// those hold the packed values.
 #[test]
 fn every_simd_path_widens_q5_like_the_reference() {
     let mut rng = Rng(0x55);
     let (rows, k) = (8, 320);
-    let src = random_rows(GgmlType::Q5_0, rows, k, &mut rng, 1.0);
-    let (format, q, s) = packed_of(GgmlType::Q5_0, &src, rows, k);
-    let w = PackedMatrix { format, rows, k, quants: &q, scales: &s };
-    let nb = k / BLOCK;
-    for g in 0..rows / 4 {
-        let blocks = 3..nb;
-        let (qn, sn) = (blocks.len() * 128, blocks.len() * 8);
-        let (mut wq, mut ws) = (vec![0u8; qn], vec![0u8; sn]);
-        widen_q5_ref(&w, g, blocks.clone(), &mut wq, &mut ws);
-        // The widened values are the packed ones.
-        for (i, b) in blocks.clone().enumerate() {
+    for ty in [GgmlType::Q5_0, GgmlType::Q5_1] {
+        let src = random_rows(ty, rows, k, &mut rng, 1.0);
+        let (format, q, s) = packed_of(ty, &src, rows, k);
+        let w = PackedMatrix { format, rows, k, quants: &q, scales: &s };
+        let (nb, sb) = (k / BLOCK, format.scale_bytes());
+        for g in 0..rows / 4 {
+            let blocks = 3..nb;
+            let (qn, sn) = (blocks.len() * 128, blocks.len() * sb);
+            let (mut wq, mut ws) = (vec![0u8; qn], vec![0u8; sn]);
+            widen_q5_ref(&w, g, blocks.clone(), &mut wq, &mut ws);
             let mut row = vec![0f32; k];
             dequantize_packed_row(&w, 4 * g, &mut row);
-            let d = half::f16::from_le_bytes([ws[8 * i], ws[8 * i + 1]]).to_f32();
-            for e in 0..BLOCK {
-                assert_eq!(d * f32::from(wq[128 * i + 16 * (e / 4) + e % 4] as i8), row[BLOCK * b + e]);
+            for (i, b) in blocks.clone().enumerate() {
+                let f16 =
+                    |at: usize| half::f16::from_le_bytes([ws[sb * i + at], ws[sb * i + at + 1]]).to_f32();
+                let (d, m) = (f16(0), if sb > 8 { f16(8) } else { 0.0 });
+                for e in 0..BLOCK {
+                    let v = f32::from(wq[128 * i + 16 * (e / 4) + e % 4] as i8);
+                    assert_eq!(d * v + m, row[BLOCK * b + e], "{ty:?} block {b} element {e}");
+                }
             }
-        }
-        for path in simd_paths() {
-            let (mut pq, mut ps) = (vec![1u8; qn], vec![1u8; sn]);
-            widen_q5(path, &w, g, blocks.clone(), &mut pq, &mut ps);
-            assert!(pq == wq && ps == ws, "{} group {g}", path.name());
+            for path in simd_paths() {
+                let (mut pq, mut ps) = (vec![1u8; qn], vec![1u8; sn]);
+                widen_q5(path, &w, g, blocks.clone(), &mut pq, &mut ps);
+                assert!(pq == wq && ps == ws, "{} {ty:?} group {g}", path.name());
+            }
         }
     }
 }
@@ -379,7 +379,7 @@ fn every_simd_path_decodes_q4k_scales_like_the_reference() {
     }
 }
 
-/// Q6_K, Q5_0 and Q4_K matrices wider than one widening chunk (groups and blocks; Q4_K: rows so wide that
+/// Q6_K, Q5_0, Q5_1, Q5_K and Q4_K matrices wider than one widening chunk (groups and blocks; Q4_K: rows so wide that
 /// fewer groups fit the decoded-scale scratch, and more groups than one strip's decoded scales)
 /// and token counts past one kernel tile: the chunks add up to the reference.
 #[test]
@@ -392,6 +392,8 @@ fn narrow_chunks_add_up_to_the_reference() {
         (GgmlType::Q4_K, groups, 256 * 40),
         (GgmlType::Q4_K, 1100, 256),
         (GgmlType::Q5_0, groups, BLOCK * (CHUNK_BLOCKS + 5)),
+        (GgmlType::Q5_1, groups, BLOCK * (CHUNK_BLOCKS + 5)),
+        (GgmlType::Q5_K, groups, 256 * 3),
     ];
     for (ty, groups_total, k) in cases {
         let rows = 4 * groups_total;

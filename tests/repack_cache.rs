@@ -191,18 +191,22 @@ fn no_repack_on_a_cache_is_refused() {
 }
 
 /// Truncated anywhere, a cache is an error: in the header, in the data (the parser), and inside the
-/// planes of the last tensor past the size its type and shape give (the cache's own check).
+/// planes of the last tensor past the size its type and shape give (the cache's own check, for a
+/// layout wider than its file type; today's layouts are all as tight as the file, so that cut only
+/// runs if one is not).
 #[test]
 fn truncated_caches_are_refused_not_a_panic() {
-    // Q5_0 packs into int8 planes, larger than the file's blocks; the last tensor is one of them.
     let cache = cache_of("tiny/llama-untied-q5.gguf", "llama-truncated.cache.gguf");
     let bytes = std::fs::read(&cache).unwrap();
     let gguf = Gguf::parse(&bytes).unwrap();
     let last = gguf.tensors().last().unwrap();
     let name = last.name.to_string();
     let end_of_info = gguf.data_start() + (last.offset + last.nbytes) as usize;
-    assert!(end_of_info < bytes.len(), "the packed planes are larger than {name}'s size");
-    for cut in [100, bytes.len() / 2, end_of_info, bytes.len() - 1] {
+    let mut cuts = vec![100, bytes.len() / 2, bytes.len() - 1];
+    if end_of_info < bytes.len() {
+        cuts.push(end_of_info);
+    }
+    for cut in cuts {
         let path = Temp(temp_dir().join(format!("llama-cut-{cut}.cache.gguf")));
         std::fs::write(&path, &bytes[..cut]).unwrap();
         let err = session(&path).err().unwrap_or_else(|| panic!("a cache cut at {cut} loaded"));

@@ -35,13 +35,17 @@
 //!   `m[p][r]` of block `p` of the super-block split into a nibble plane, byte `16 + 4p + r` =
 //!   `(sc & 15) | (m & 15) << 4`, and a 2-bit plane, byte `48 + 4 (p % 4) + r` holding `sc >> 4`
 //!   at bits `2 (p / 4)` and `m >> 4` at bits `4 + 2 (p / 4)`: a few vector shifts and masks give
-//!   all 64 fields of a unit as bytes.
+//!   all 64 fields of a unit as bytes. [`PackedFormat::Q5K`]'s scale plane is the same.
 //!
 //! One row range (or one expert of a stacked tensor) is therefore one contiguous slab in each plane.
 //!
 //! # Values
 //! With `q` the stored signed value, `d`, `m` the block's row scales, and activations `a = d_a * q_a`:
 //! - [`PackedFormat::Q4`], [`PackedFormat::Q8`], [`PackedFormat::Q5`]: `w = d * q`.
+//! - [`PackedFormat::Q5Min`]: `w = d * u + m` with `u = q + 16` the unsigned 5-bit value (what the
+//!   reference and the kernels take, as the int8 copy did).
+//! - [`PackedFormat::Q5K`]: `w = (d * sc) * u - dmin * m`, the file's values exactly; the matmul
+//!   takes it as Q5Min with `f16(d * sc)` and `f16(-dmin * m)` (decoded as Q4K's scales).
 //! - [`PackedFormat::Q4Min`]: `w = d * (q + 8) + m` (the stored `q` is the unsigned nibble minus 8).
 //! - [`PackedFormat::Q8Min`]: `w = d * q + m`.
 //! - [`PackedFormat::Q8Sub16`]: `w = d_half * q`, one scale per 16 elements.
@@ -54,10 +58,9 @@
 //!   `d * sc` rounded to f16 (a relative 2^-11, far below the 6-bit step): x86 unpacks values and
 //!   scales in registers, the NEON paths widen chunks into Q8Sub16 (see [`super::widen`]).
 //!
-//! Sources: Q4_0 -> Q4; Q4_1 -> Q4Min; Q4_K -> Q4K; Q5_0 -> Q5; Q8_0 -> Q8; Q5_1, Q5_K -> Q8Min;
-//! Q6_K -> Q6K. Q8Sub16 is what Q6K is widened into, no file type packs to it. Q5_K super-block scales are
-//! folded into per-32 f16 scales (`d * sc`, `dmin * m`): a relative rounding of at most 2^-11, far
-//! below the 5-bit step. 5-bit values are widened to int8, which costs bytes but no unpacking.
+//! Sources: Q4_0 -> Q4; Q4_1 -> Q4Min; Q4_K -> Q4K; Q5_0 -> Q5; Q5_1 -> Q5Min; Q5_K -> Q5K; Q8_0 ->
+//! Q8; Q6_K -> Q6K. Q8Sub16 and Q8Min are what Q6K and Q5Min are widened into for some kernels;
+//! no file type packs to them.
 
 use bytemuck::{Pod, Zeroable};
 
@@ -99,6 +102,11 @@ pub enum PackedFormat {
     Q4K,
     /// Signed 5-bit values in a 4-bit and a 1-bit plane, one scale per block.
     Q5,
+    /// Unsigned 5-bit values (stored as [`PackedFormat::Q5`]'s), scale and min per block.
+    Q5Min,
+    /// Unsigned 5-bit values (stored as [`PackedFormat::Q5`]'s) with [`PackedFormat::Q4K`]'s
+    /// super-block scales (Q5_K's own, as tight as the file).
+    Q5K,
 }
 
 impl PackedFormat {
@@ -113,7 +121,7 @@ impl PackedFormat {
             Self::Q4 | Self::Q4Min | Self::Q4K => GROUP_ROWS * BLOCK / 2,
             Self::Q8 | Self::Q8Min | Self::Q8Sub16 => GROUP_ROWS * BLOCK,
             Self::Q6K => GROUP_ROWS * BLOCK * 6 / 8,
-            Self::Q5 => GROUP_ROWS * BLOCK * 5 / 8,
+            Self::Q5 | Self::Q5Min | Self::Q5K => GROUP_ROWS * BLOCK * 5 / 8,
         }
     }
 
@@ -121,11 +129,11 @@ impl PackedFormat {
     pub const fn scale_bytes(self) -> usize {
         match self {
             Self::Q4 | Self::Q8 | Self::Q5 => GROUP_ROWS * 2,
-            Self::Q4Min | Self::Q8Min | Self::Q8Sub16 => 2 * GROUP_ROWS * 2,
+            Self::Q4Min | Self::Q8Min | Self::Q8Sub16 | Self::Q5Min => 2 * GROUP_ROWS * 2,
             // Per super-block: d[4] (8 bytes) and 16 int8 scales per row (64).
             Self::Q6K => SUPER_SCALE_BYTES / SUPER_BLOCKS,
             // Per super-block: d[4] and dmin[4] (16 bytes) and 16 6-bit fields per row (48).
-            Self::Q4K => Q4K_SCALE_BYTES / SUPER_BLOCKS,
+            Self::Q4K | Self::Q5K => Q4K_SCALE_BYTES / SUPER_BLOCKS,
         }
     }
 
@@ -133,22 +141,44 @@ impl PackedFormat {
     pub const fn unit_scale_bytes(self) -> usize {
         match self {
             Self::Q6K => SUPER_SCALE_BYTES,
-            Self::Q4K => Q4K_SCALE_BYTES,
-            Self::Q4 | Self::Q4Min | Self::Q8 | Self::Q8Min | Self::Q8Sub16 | Self::Q5 => self.scale_bytes(),
+            Self::Q4K | Self::Q5K => Q4K_SCALE_BYTES,
+            Self::Q4 | Self::Q4Min | Self::Q8 | Self::Q8Min | Self::Q8Sub16 | Self::Q5 | Self::Q5Min => {
+                self.scale_bytes()
+            }
         }
     }
 
     /// Blocks that share the format's scale-plane unit: 8 for the super-block formats, else 1.
     pub const fn blocks_per_unit(self) -> usize {
         match self {
-            Self::Q6K | Self::Q4K => SUPER_BLOCKS,
-            Self::Q4 | Self::Q4Min | Self::Q8 | Self::Q8Min | Self::Q8Sub16 | Self::Q5 => 1,
+            Self::Q6K | Self::Q4K | Self::Q5K => SUPER_BLOCKS,
+            Self::Q4 | Self::Q4Min | Self::Q8 | Self::Q8Min | Self::Q8Sub16 | Self::Q5 | Self::Q5Min => 1,
         }
     }
 
     /// Every format, in declaration order ([`PackedFormat::index`]).
-    pub const ALL: [PackedFormat; 8] =
-        [Self::Q4, Self::Q4Min, Self::Q8, Self::Q8Min, Self::Q8Sub16, Self::Q6K, Self::Q4K, Self::Q5];
+    pub const ALL: [PackedFormat; 10] = [
+        Self::Q4,
+        Self::Q4Min,
+        Self::Q8,
+        Self::Q8Min,
+        Self::Q8Sub16,
+        Self::Q6K,
+        Self::Q4K,
+        Self::Q5,
+        Self::Q5Min,
+        Self::Q5K,
+    ];
+
+    /// The format whose kernels run a super-block-scale format once its scales are decoded per
+    /// block (Q4K -> Q4Min, Q5K -> Q5Min; the quant planes are the same).
+    pub const fn decoded(self) -> Self {
+        match self {
+            Self::Q4K => Self::Q4Min,
+            Self::Q5K => Self::Q5Min,
+            other => other,
+        }
+    }
 
     /// Position in [`PackedFormat::ALL`].
     pub const fn index(self) -> usize {
@@ -162,12 +192,12 @@ impl PackedFormat {
 
     /// Whether values are 5-bit (a nibble plane and a bit plane).
     pub const fn is_5bit(self) -> bool {
-        matches!(self, Self::Q5)
+        matches!(self, Self::Q5 | Self::Q5Min | Self::Q5K)
     }
 
     /// Whether values carry a min per row and block (the plane's `m[4]` after `d[4]`, or Q4K's).
     pub const fn has_min(self) -> bool {
-        matches!(self, Self::Q4Min | Self::Q8Min | Self::Q4K)
+        matches!(self, Self::Q4Min | Self::Q8Min | Self::Q4K | Self::Q5Min | Self::Q5K)
     }
 
     /// Short name for reports.
@@ -181,6 +211,8 @@ impl PackedFormat {
             Self::Q6K => "q6kx4",
             Self::Q4K => "q4kx4",
             Self::Q5 => "q5x4",
+            Self::Q5Min => "q5mx4",
+            Self::Q5K => "q5kx4",
         }
     }
 }
@@ -302,8 +334,8 @@ pub fn pack(
     if format == PackedFormat::Q6K {
         return pack_q6k(src, rows, k, row_bytes, quants, scales).map(|()| format);
     }
-    if format == PackedFormat::Q4K {
-        return pack_q4k(src, rows, k, row_bytes, quants, scales).map(|()| format);
+    if matches!(format, PackedFormat::Q4K | PackedFormat::Q5K) {
+        return pack_kscales(format, src, rows, k, row_bytes, quants, scales).map(|()| format);
     }
     let nb = k / BLOCK;
     let (qb, sb) = (format.quant_bytes(), format.scale_bytes());
@@ -371,9 +403,10 @@ fn pack_q6k(
     Ok(())
 }
 
-/// [`pack`] for Q4_K: the file's nibbles in the 4-bit interleave and its scales re-laid per group
-/// (see the module documentation), as many bytes as the file's.
-fn pack_q4k(
+/// [`pack`] for Q4_K and Q5_K: the file's values in the 4-bit (and bit-plane) interleave and its
+/// scales re-laid per group (see the module documentation), as many bytes as the file's.
+fn pack_kscales(
+    format: PackedFormat,
     src: &[u8],
     rows: usize,
     k: usize,
@@ -381,17 +414,24 @@ fn pack_q4k(
     quants: &mut [u8],
     scales: &mut [u8],
 ) -> Result<(), PackError> {
-    let (nb, qb) = (k / BLOCK, PackedFormat::Q4K.quant_bytes());
+    let (nb, qb) = (k / BLOCK, format.quant_bytes());
     for g in 0..rows / GROUP_ROWS {
         for sup in 0..nb / SUPER_BLOCKS {
             let unit = g * (nb / SUPER_BLOCKS) + sup;
             let sdst = &mut scales[unit * Q4K_SCALE_BYTES..(unit + 1) * Q4K_SCALE_BYTES];
             for r in 0..GROUP_ROWS {
                 let row = &src[(g * GROUP_ROWS + r) * row_bytes..][..row_bytes];
-                let blk: BlockQ4_K = one(row, sup).ok_or(PackError::Unsupported)?;
-                sdst[2 * r..2 * r + 2].copy_from_slice(&blk.d.0);
-                sdst[8 + 2 * r..8 + 2 * r + 2].copy_from_slice(&blk.dmin.0);
-                let fields: [(u8, u8); SUPER_BLOCKS] = core::array::from_fn(|p| scale_min_k4(p, &blk.scales));
+                // The K-quant fields both types share (Q5_K adds `qh`).
+                let (d, dmin, kscales, qs, qh) = if format == PackedFormat::Q5K {
+                    let blk: BlockQ5_K = one(row, sup).ok_or(PackError::Unsupported)?;
+                    (blk.d, blk.dmin, blk.scales, blk.qs, Some(blk.qh))
+                } else {
+                    let blk: BlockQ4_K = one(row, sup).ok_or(PackError::Unsupported)?;
+                    (blk.d, blk.dmin, blk.scales, blk.qs, None)
+                };
+                sdst[2 * r..2 * r + 2].copy_from_slice(&d.0);
+                sdst[8 + 2 * r..8 + 2 * r + 2].copy_from_slice(&dmin.0);
+                let fields: [(u8, u8); SUPER_BLOCKS] = core::array::from_fn(|p| scale_min_k4(p, &kscales));
                 for p in 0..SUPER_BLOCKS {
                     let (sc, m) = fields[p];
                     sdst[16 + 4 * p + r] = (sc & 15) | (m & 15) << 4;
@@ -399,14 +439,23 @@ fn pack_q4k(
                         let (sc4, m4) = fields[p + 4];
                         sdst[48 + 4 * p + r] = (sc >> 4) | (sc4 >> 4) << 2 | (m >> 4) << 4 | (m4 >> 4) << 6;
                     }
-                    // Block p: the nibbles qs[32 (p / 2)..] shifted by 4 (p % 2), stored q - 8.
+                    // Block p: the nibbles qs[32 (p / 2)..] shifted by 4 (p % 2), stored q - 8 (Q4_K)
+                    // or as the low bits of u (Q5_K, whose high bit p of qh[e] goes to the plane).
                     let b = sup * SUPER_BLOCKS + p;
                     let qdst = &mut quants[(g * nb + b) * qb..(g * nb + b + 1) * qb];
-                    let nib = |e: usize| ((blk.qs[32 * (p / 2) + e] >> (4 * (p % 2))) & 0xF) ^ 8;
+                    let flip = if qh.is_some() { 0 } else { 8 };
+                    let nib = |e: usize| ((qs[32 * (p / 2) + e] >> (4 * (p % 2))) & 0xF) ^ flip;
                     for c in 0..4 {
                         for j in 0..4 {
                             qdst[16 * c + 4 * r + j] = nib(4 * c + j) | (nib(16 + 4 * c + j) << 4);
                         }
+                    }
+                    if let Some(qh) = qh {
+                        let mut bits = [0u8; 4];
+                        for (e, &h) in qh.iter().enumerate() {
+                            bits[e % 4] |= (((h >> p) & 1) ^ 1) << (e / 4);
+                        }
+                        qdst[64 + 4 * r..64 + 4 * r + 4].copy_from_slice(&bits);
                     }
                 }
             }
@@ -417,8 +466,10 @@ fn pack_q4k(
 
 /// Writes row `r`'s block into the interleaved block `qdst` and its scales into `sdst`.
 fn place(format: PackedFormat, rb: &RowBlock, r: usize, qdst: &mut [u8], sdst: &mut [u8]) {
-    if format == PackedFormat::Q5 {
-        let u = |e: usize| (rb.q[e] + 16) as u8;
+    if format.is_5bit() {
+        // Q5_0's blocks hold q = u - 16, Q5_1's u.
+        let offset = if format == PackedFormat::Q5 { 16 } else { 0 };
+        let u = |e: usize| (rb.q[e] + offset) as u8;
         let mut bits = [0u8; 4];
         for c in 0..4 {
             for j in 0..4 {
@@ -585,10 +636,12 @@ pub fn dequantize_packed_row(w: &PackedMatrix<'_>, row: usize, out: &mut [f32]) 
         for (e, y) in y.iter_mut().enumerate() {
             let q = value(w.format, block, r, e) as f32;
             *y = match w.format {
-                PackedFormat::Q4K => {
-                    // The file's arithmetic (`d * sc * nibble - dmin * m`): its values exactly.
+                PackedFormat::Q4K | PackedFormat::Q5K => {
+                    // The file's arithmetic (`d * sc * u - dmin * m`): its values exactly (`value`
+                    // gives Q4K's nibble - 8 and Q5K's u).
                     let k = q4k_scales(gs, b, r);
-                    k.d * k.sc as f32 * (q + 8.0) - k.dmin * k.m as f32
+                    let u = if w.format == PackedFormat::Q4K { q + 8.0 } else { q };
+                    k.d * k.sc as f32 * u - k.dmin * k.m as f32
                 }
                 PackedFormat::Q6K => {
                     let (d, sc) = q6k_scales(gs, b, r);
@@ -598,7 +651,7 @@ pub fn dequantize_packed_row(w: &PackedMatrix<'_>, row: usize, out: &mut [f32]) 
                     let [d, m] = block_scales(w.format, gs, b, r);
                     match w.format {
                         PackedFormat::Q4Min => d * (q + 8.0) + m,
-                        PackedFormat::Q8Min => d * q + m,
+                        PackedFormat::Q8Min | PackedFormat::Q5Min => d * q + m,
                         PackedFormat::Q8Sub16 if e >= 16 => m * q,
                         _ => d * q,
                     }
@@ -618,11 +671,11 @@ pub fn block_scales(format: PackedFormat, gs: &[u8], b: usize, r: usize) -> [f32
         PackedFormat::Q4 | PackedFormat::Q8 | PackedFormat::Q5 => {
             [f16_at(&gs[b * format.scale_bytes()..], r), 0.0]
         }
-        PackedFormat::Q4Min | PackedFormat::Q8Min | PackedFormat::Q8Sub16 => {
+        PackedFormat::Q4Min | PackedFormat::Q8Min | PackedFormat::Q8Sub16 | PackedFormat::Q5Min => {
             let sc = &gs[b * format.scale_bytes()..];
             [f16_at(sc, r), f16_at(sc, GROUP_ROWS + r)]
         }
-        PackedFormat::Q4K => {
+        PackedFormat::Q4K | PackedFormat::Q5K => {
             let k = q4k_scales(gs, b, r);
             [f16_round(k.d * k.sc as f32), f16_round(-(k.dmin * k.m as f32))]
         }

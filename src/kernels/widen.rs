@@ -40,16 +40,18 @@ const TOKENS: usize = 16;
 const WIDE_Q: usize = PackedFormat::Q8Sub16.quant_bytes();
 const WIDE_S: usize = PackedFormat::Q8Sub16.scale_bytes();
 
-/// The int8 layout a narrow format is widened into: Q6K's scales per 16 need Q8Sub16, Q5 is Q8.
+/// The int8 layout a narrow format is widened into: Q6K's scales per 16 need Q8Sub16, Q5 is Q8,
+/// Q5Min Q8Min (its values as the unsigned `u`).
 pub const fn wide_format(format: PackedFormat) -> PackedFormat {
     match format {
         PackedFormat::Q5 => PackedFormat::Q8,
+        PackedFormat::Q5Min => PackedFormat::Q8Min,
         _ => PackedFormat::Q8Sub16,
     }
 }
 
-/// Widens blocks `blocks` of group `g` of a Q5 matrix into Q8 planes (`quants`: 128 bytes per
-/// block, `scales`: 8), the portable twin of the SIMD widenings.
+/// Widens blocks `blocks` of group `g` of a Q5 or Q5Min matrix into Q8 or Q8Min planes (`quants`:
+/// 128 bytes per block, `scales`: the format's, copied), the portable twin of the SIMD widenings.
 pub fn widen_q5_ref(
     w: &PackedMatrix<'_>,
     g: usize,
@@ -58,20 +60,20 @@ pub fn widen_q5_ref(
     scales: &mut [u8],
 ) {
     let (gq, gs) = (w.group_quants(g), w.group_scales(g));
-    let (qb, sb) = (PackedFormat::Q5.quant_bytes(), PackedFormat::Q5.scale_bytes());
+    let (qb, sb) = (w.format.quant_bytes(), w.format.scale_bytes());
     for (i, b) in blocks.enumerate() {
         let block = &gq[b * qb..(b + 1) * qb];
         let dst = &mut quants[i * WIDE_Q..(i + 1) * WIDE_Q];
         for r in 0..GROUP_ROWS {
             for e in 0..BLOCK {
-                dst[16 * (e / 4) + 4 * r + e % 4] = super::reference::value_q5(block, r, e) as u8;
+                dst[16 * (e / 4) + 4 * r + e % 4] = super::reference::value(w.format, block, r, e) as u8;
             }
         }
         scales[i * sb..(i + 1) * sb].copy_from_slice(&gs[b * sb..(b + 1) * sb]);
     }
 }
 
-/// Widens blocks `blocks` of group `g` of a Q5 matrix on `path` (same bytes on every path).
+/// Widens blocks `blocks` of group `g` of a Q5 or Q5Min matrix on `path` (same bytes on every path).
 pub fn widen_q5(
     path: KernelPath,
     w: &PackedMatrix<'_>,
@@ -155,7 +157,7 @@ pub fn matmul_widened(
 ) {
     let n = acts.len().min(outs.len());
     let nb = w.blocks();
-    let sane = matches!(w.format, PackedFormat::Q6K | PackedFormat::Q5)
+    let sane = matches!(w.format, PackedFormat::Q6K | PackedFormat::Q5 | PackedFormat::Q5Min)
         && w.is_consistent()
         && groups.start <= groups.end
         && groups.end <= w.groups()
@@ -183,7 +185,7 @@ pub fn matmul_widened(
             let (q, s) = (&mut quants[..gn * kn * WIDE_Q], &mut scales[..gn * kn * ws]);
             for gi in 0..gn {
                 let (qg, sg) = (&mut q[gi * kn * WIDE_Q..][..kn * WIDE_Q], &mut s[gi * kn * ws..][..kn * ws]);
-                if w.format == PackedFormat::Q5 {
+                if w.format.is_5bit() {
                     widen_q5(path, w, g0 + gi, c0..c0 + kn, qg, sg);
                 } else {
                     widen_q6k(path, w, g0 + gi, c0..c0 + kn, qg, sg);
@@ -274,7 +276,7 @@ pub fn q4k_scales(path: KernelPath, unit: &[u8], out: &mut [u8]) {
 /// Bytes of decoded scales [`matmul_q4k`] holds at once.
 const Q4K_SCRATCH: usize = 32 << 10;
 
-/// Packed matmul of a Q4K matrix on `path` through its Q4Min kernels (the contract of
+/// Packed matmul of a Q4K or Q5K matrix on `path` through its Q4Min or Q5Min kernels (the contract of
 /// [`crate::kernels::packed::matmul_ref`]): per chunk of up to [`CHUNK_GROUPS`] groups (whole
 /// rows, as many as [`Q4K_SCRATCH`] holds), the scales are decoded and `path`'s Q4Min kernel runs
 /// on the quant plane's groups as they are.
@@ -289,7 +291,7 @@ pub fn matmul_q4k(
     let nb = w.blocks();
     let wide_row = nb * PackedFormat::Q4Min.scale_bytes();
     let chunk = Q4K_SCRATCH.checked_div(wide_row).unwrap_or(0).min(CHUNK_GROUPS);
-    let sane = w.format == PackedFormat::Q4K
+    let sane = matches!(w.format, PackedFormat::Q4K | PackedFormat::Q5K)
         && w.is_consistent()
         && groups.start <= groups.end
         && groups.end <= w.groups()
@@ -300,7 +302,7 @@ pub fn matmul_q4k(
         return super::packed::matmul_ref(w, groups, acts, outs);
     }
     let mut scales = [0u8; Q4K_SCRATCH];
-    let qrow = nb * PackedFormat::Q4K.quant_bytes();
+    let qrow = nb * w.format.quant_bytes();
     let mut g0 = groups.start;
     while g0 < groups.end {
         let gn = chunk.min(groups.end - g0);
@@ -309,7 +311,7 @@ pub fn matmul_q4k(
         let units = &w.scales[g0 * w.group_scales(0).len()..(g0 + gn) * w.group_scales(0).len()];
         q4k_scales(path, units, s);
         let view = PackedMatrix {
-            format: PackedFormat::Q4Min,
+            format: w.format.decoded(),
             rows: GROUP_ROWS * gn,
             k: w.k,
             quants: &w.quants[g0 * qrow..(g0 + gn) * qrow],

@@ -34,8 +34,7 @@ pub struct TypeTraits {
     /// The interleaved layout the SIMD kernels repack the type's weights into.
     pub packed: Option<PackedFormat>,
     /// The repacked layout holds the file's values exactly (same scales, same quants), so
-    /// `get_rows` reads rows from it: a tied embedding keeps one resident copy. (Q5_K rounds its
-    /// sub-block scales to f16 when repacked: its rows are read from the file.)
+    /// `get_rows` reads rows from it: a tied embedding keeps one resident copy.
     pub rows_from_packed: bool,
 }
 
@@ -146,7 +145,7 @@ impl GgmlType {
             T::Q5_1 => TypeTraits {
                 dequantize: dequantize!(dequantize_q5_1_ref),
                 vec_dot: dot!(Q8_1, vec_dot_q5_1_q8_1_ref),
-                packed: Some(P::Q8Min),
+                packed: Some(P::Q5Min),
                 rows_from_packed: true,
                 ..NONE
             },
@@ -184,7 +183,8 @@ impl GgmlType {
             T::Q5_K => TypeTraits {
                 dequantize: dequantize!(dequantize_q5_k_ref),
                 vec_dot: dot!(Q8_K, vec_dot_q5_k_q8_k_ref),
-                packed: Some(P::Q8Min),
+                packed: Some(P::Q5K),
+                rows_from_packed: true,
                 ..NONE
             },
             T::Q6_K => TypeTraits {

@@ -872,7 +872,7 @@ pub unsafe fn matmul_dotprod(
     outs: &mut [&mut [f32]],
     fp16: bool,
 ) {
-    if w.format == PackedFormat::Q4K {
+    if matches!(w.format, PackedFormat::Q4K | PackedFormat::Q5K) {
         use crate::kernels::KernelPath::{NeonDotprod, NeonFp16};
         return crate::kernels::widen::matmul_q4k(
             if fp16 { NeonFp16 } else { NeonDotprod },
@@ -882,7 +882,7 @@ pub unsafe fn matmul_dotprod(
             outs,
         );
     }
-    if w.format == PackedFormat::Q5 {
+    if matches!(w.format, PackedFormat::Q5 | PackedFormat::Q5Min) {
         if acts.len().min(outs.len()) == 1 {
             // SAFETY: the CPU has dotprod (this function's contract).
             return unsafe { q5_gemv(w, groups, acts, outs) };
@@ -905,14 +905,16 @@ pub unsafe fn matmul_dotprod(
         PackedFormat::Q8 | PackedFormat::Q5 => (q8_gemv, &[q8_t1, q8_t2, q8_t3, q8_t4]),
         // (Q4K went through `matmul_q4k`, which calls back with Q4Min.)
         PackedFormat::Q4Min | PackedFormat::Q4K => (q4m_gemv, &[q4m_t1, q4m_t2, q4m_t3]),
-        PackedFormat::Q8Min => (q8m_gemv, &[q8m_t1, q8m_t2, q8m_t3]),
+        PackedFormat::Q8Min | PackedFormat::Q5Min | PackedFormat::Q5K => {
+            (q8m_gemv, &[q8m_t1, q8m_t2, q8m_t3])
+        }
         PackedFormat::Q8Sub16 | PackedFormat::Q6K => (q8s_gemv, &[q8s_t1, q8s_t2, q8s_t3]),
     };
     let wide: WideKernel = match w.format {
         PackedFormat::Q4 => q4_wide,
         PackedFormat::Q8 | PackedFormat::Q5 => q8_wide,
         PackedFormat::Q4Min | PackedFormat::Q4K => q4m_wide,
-        PackedFormat::Q8Min => q8m_wide,
+        PackedFormat::Q8Min | PackedFormat::Q5Min | PackedFormat::Q5K => q8m_wide,
         PackedFormat::Q8Sub16 | PackedFormat::Q6K => q8s_wide,
     };
     let nb = w.blocks();
@@ -1172,12 +1174,13 @@ unsafe fn q6k_gemv(
 //     v25              lane 0: the activation's d;  v26, v27  its 32 quants
 //     v28              the block dot;  v30  the group's row scales d (f32)
 
-/// One Q5 group's block: unpack, dots, `F += (dot / 8 * d_w) * d_a`.
+/// One Q5 group's block: unpack, dots, `F += (dot / 8 * d_w) * d_a`. The scale piece `$sc` loads
+/// the row scales (v30; Q5Min: mins in v31) and turns the dot of `8q` into that of the format's
+/// values (Q5Min: `8u = 8q + 128`, v29 holding `128 sum(a)`).
 #[rustfmt::skip]
-macro_rules! q5_group { ($wq:ident, $ws:ident, $f:literal) => { concat!(
+macro_rules! q5_group { ($wq:ident, $ws:ident, $f:literal, $sc:ident) => { concat!(
     "ld1 {{v0.16b, v1.16b, v2.16b, v3.16b}}, [", op!($wq), "], #64\n",
     "ldr q4, [", op!($wq), "], #16\n",
-    "ldr d30, [", op!($ws), "], #8\n",
     "shl v5.16b, v4.16b, #7\n",      "shl v12.16b, v0.16b, #4\n",    "sri v5.16b, v12.16b, #1\n",
     "shl v6.16b, v4.16b, #6\n",      "shl v12.16b, v1.16b, #4\n",    "sri v6.16b, v12.16b, #1\n",
     "shl v7.16b, v4.16b, #5\n",      "shl v12.16b, v2.16b, #4\n",    "sri v7.16b, v12.16b, #1\n",
@@ -1187,60 +1190,98 @@ macro_rules! q5_group { ($wq:ident, $ws:ident, $f:literal) => { concat!(
     "shl v11.16b, v4.16b, #1\n",     "and v12.16b, v2.16b, v24.16b\n", "sri v11.16b, v12.16b, #1\n",
     "and v12.16b, v3.16b, v24.16b\n", "sri v4.16b, v12.16b, #1\n",
     "movi v28.4s, #0\n",
-    "fcvtl v30.4s, v30.4h\n",
     "sdot v28.4s, v5.16b, v26.4b[0]\n",  "sdot v28.4s, v6.16b, v26.4b[1]\n",
     "sdot v28.4s, v7.16b, v26.4b[2]\n",  "sdot v28.4s, v8.16b, v26.4b[3]\n",
     "sdot v28.4s, v9.16b, v27.4b[0]\n",  "sdot v28.4s, v10.16b, v27.4b[1]\n",
     "sdot v28.4s, v11.16b, v27.4b[2]\n", "sdot v28.4s, v4.16b, v27.4b[3]\n",
+    $sc!($ws, $f),
+) } }
+
+/// Q5: `F += (dot / 8 * d) * d_a`.
+#[rustfmt::skip]
+macro_rules! q5_sc { ($ws:ident, $f:literal) => { concat!(
+    "ldr d30, [", op!($ws), "], #8\n",
+    "fcvtl v30.4s, v30.4h\n",
     "scvtf v28.4s, v28.4s, #3\n",
     "fmul v28.4s, v28.4s, v30.4s\n",
     "fmla v", $f, ".4s, v28.4s, v25.s[0]\n",
 ) } }
+/// Q5Min: `F += (dot(u) * d) * d_a + m * s_a`.
+#[rustfmt::skip]
+macro_rules! q5m_sc { ($ws:ident, $f:literal) => { concat!(
+    "ldr q30, [", op!($ws), "], #16\n",
+    "add v28.4s, v28.4s, v29.4s\n",
+    "fcvtl2 v31.4s, v30.8h\n",      "fcvtl v30.4s, v30.4h\n",
+    "scvtf v28.4s, v28.4s, #3\n",
+    "fmul v28.4s, v28.4s, v30.4s\n",
+    "fmla v", $f, ".4s, v28.4s, v25.s[0]\n",
+    "fmla v", $f, ".4s, v31.4s, v25.s[1]\n",
+) } }
 
-/// A pass of [`q5_gemv`]: 4 groups (quant and scale planes at `wq`, `ws`, block 0) against one
-/// activation row `a` of `nb` blocks; writes 16 floats at `o`.
-///
-/// # Safety
-/// Each `wq[i]` readable for `80 nb` bytes and `ws[i]` for `8 nb`, `a` for `nb` blocks, `o`
-/// writable for 16 floats, `nb > 0`; the CPU has dotprod.
-#[target_feature(enable = "dotprod")]
-unsafe fn q5_gemv4(wq: [*const u8; 4], ws: [*const u8; 4], a: *const ActBlock, nb: usize, o: *mut f32) {
-    // SAFETY: by the contract every load stays inside the planes and the row, the store inside
-    // `o`; every register written is declared clobbered.
-    unsafe {
-        asm!(
-            "movi v24.16b, #0xf0",
-            "movi v16.4s, #0", "movi v17.4s, #0", "movi v18.4s, #0", "movi v19.4s, #0",
-            "2:",
-            "ldr s25, [{a}], #8",
-            "ld1 {{v26.16b, v27.16b}}, [{a}], #32",
-            q5_group!(wq0, ws0, "16"),
-            q5_group!(wq1, ws1, "17"),
-            q5_group!(wq2, ws2, "18"),
-            q5_group!(wq3, ws3, "19"),
-            "subs {nb}, {nb}, #1",
-            "b.ne 2b",
-            "st1 {{v16.4s, v17.4s, v18.4s, v19.4s}}, [{o}]",
-            wq0 = inout(reg) wq[0] => _, wq1 = inout(reg) wq[1] => _,
-            wq2 = inout(reg) wq[2] => _, wq3 = inout(reg) wq[3] => _,
-            ws0 = inout(reg) ws[0] => _, ws1 = inout(reg) ws[1] => _,
-            ws2 = inout(reg) ws[2] => _, ws3 = inout(reg) ws[3] => _,
-            a = inout(reg) a => _,
-            nb = inout(reg) nb => _,
-            o = in(reg) o,
-            out("v0") _, out("v1") _, out("v2") _, out("v3") _,
-            out("v4") _, out("v5") _, out("v6") _, out("v7") _,
-            out("v8") _, out("v9") _, out("v10") _, out("v11") _,
-            out("v12") _, out("v16") _, out("v17") _, out("v18") _, out("v19") _,
-            out("v24") _, out("v25") _, out("v26") _, out("v27") _,
-            out("v28") _, out("v30") _,
-            options(nostack),
-        );
+/// Per block before the groups: Q5 nothing; Q5Min `128 sum(a)` in every lane of v29 (two `sdot`s
+/// with ones in v23, an across-lanes add).
+#[rustfmt::skip]
+macro_rules! q5_head { () => { "" } }
+#[rustfmt::skip]
+macro_rules! q5m_head { () => { concat!(
+    "movi v29.4s, #0\n",
+    "sdot v29.4s, v26.16b, v23.16b\n",  "sdot v29.4s, v27.16b, v23.16b\n",
+    "addv s29, v29.4s\n",
+    "shl v29.4s, v29.4s, #7\n",
+    "dup v29.4s, v29.s[0]\n",
+) } }
+
+/// Defines a pass of [`q5_gemv`]: 4 groups (quant and scale planes at `wq`, `ws`, block 0) against
+/// one activation row `a` of `nb` blocks; writes 16 floats at `o`.
+#[rustfmt::skip]
+macro_rules! q5_gemv_kernel { ($name:ident, $head:ident, $sc:ident) => {
+    /// # Safety
+    /// Each `wq[i]` readable for `80 nb` bytes and `ws[i]` for the format's scale bytes of `nb`
+    /// blocks, `a` for `nb` blocks, `o` writable for 16 floats, `nb > 0`; the CPU has dotprod.
+    #[target_feature(enable = "dotprod")]
+    unsafe fn $name(wq: [*const u8; 4], ws: [*const u8; 4], a: *const ActBlock, nb: usize, o: *mut f32) {
+        // SAFETY: by the contract every load stays inside the planes and the row, the store
+        // inside `o`; every register written is declared clobbered.
+        unsafe {
+            asm!(
+                "movi v24.16b, #0xf0",
+                "movi v23.16b, #1",
+                "movi v16.4s, #0", "movi v17.4s, #0", "movi v18.4s, #0", "movi v19.4s, #0",
+                "2:",
+                "ldr d25, [{a}], #8",
+                "ld1 {{v26.16b, v27.16b}}, [{a}], #32",
+                $head!(),
+                q5_group!(wq0, ws0, "16", $sc),
+                q5_group!(wq1, ws1, "17", $sc),
+                q5_group!(wq2, ws2, "18", $sc),
+                q5_group!(wq3, ws3, "19", $sc),
+                "subs {nb}, {nb}, #1",
+                "b.ne 2b",
+                "st1 {{v16.4s, v17.4s, v18.4s, v19.4s}}, [{o}]",
+                wq0 = inout(reg) wq[0] => _, wq1 = inout(reg) wq[1] => _,
+                wq2 = inout(reg) wq[2] => _, wq3 = inout(reg) wq[3] => _,
+                ws0 = inout(reg) ws[0] => _, ws1 = inout(reg) ws[1] => _,
+                ws2 = inout(reg) ws[2] => _, ws3 = inout(reg) ws[3] => _,
+                a = inout(reg) a => _,
+                nb = inout(reg) nb => _,
+                o = in(reg) o,
+                out("v0") _, out("v1") _, out("v2") _, out("v3") _,
+                out("v4") _, out("v5") _, out("v6") _, out("v7") _,
+                out("v8") _, out("v9") _, out("v10") _, out("v11") _,
+                out("v12") _, out("v16") _, out("v17") _, out("v18") _, out("v19") _,
+                out("v23") _, out("v24") _, out("v25") _, out("v26") _, out("v27") _,
+                out("v28") _, out("v29") _, out("v30") _, out("v31") _,
+                options(nostack),
+            );
+        }
     }
-}
+} }
 
-/// Q5 against one token (the contract of [`crate::kernels::packed::matmul_ref`]): passes of 4
-/// groups; a tail of 1 to 3 groups runs as a pass with its last group repeated, into a spare.
+q5_gemv_kernel!(q5_gemv4, q5_head, q5_sc);
+q5_gemv_kernel!(q5m_gemv4, q5m_head, q5m_sc);
+
+/// Q5 or Q5Min against one token (the contract of [`crate::kernels::packed::matmul_ref`]): passes
+/// of 4 groups; a tail of 1 to 3 groups runs as a pass with its last group repeated, into a spare.
 ///
 /// # Safety
 /// The CPU must have dotprod.
@@ -1257,9 +1298,15 @@ unsafe fn q5_gemv(w: &PackedMatrix<'_>, groups: Range<usize>, acts: &[&[ActBlock
         let ws = core::array::from_fn(|i| w.group_scales(pick(i)).as_ptr());
         let mut spare = [0f32; 16];
         // SAFETY: `matmul_tokens` checked the planes (consistent: every group has nb > 0 blocks of
-        // 80 quant bytes and 8 scale bytes), the activation row (>= nb blocks) and the output row;
-        // `spare` holds 16 floats; the CPU has dotprod (our contract).
-        unsafe { q5_gemv4(wq, ws, act.as_ptr(), nb, spare.as_mut_ptr()) };
+        // 80 quant bytes and the format's scale bytes), the activation row (>= nb blocks) and the
+        // output row; `spare` holds 16 floats; the CPU has dotprod (our contract).
+        unsafe {
+            if w.format == PackedFormat::Q5Min {
+                q5m_gemv4(wq, ws, act.as_ptr(), nb, spare.as_mut_ptr())
+            } else {
+                q5_gemv4(wq, ws, act.as_ptr(), nb, spare.as_mut_ptr())
+            }
+        };
         let at = GROUP_ROWS * (g - groups.start);
         out[at..at + GROUP_ROWS * n].copy_from_slice(&spare[..GROUP_ROWS * n]);
         g += n;
@@ -1271,8 +1318,9 @@ unsafe fn q5_gemv(w: &PackedMatrix<'_>, groups: Range<usize>, acts: &[&[ActBlock
 /// nibble held at bits 4..8) make `8q`, and an arithmetic shift (`sshr`) gives `q`.
 pub fn widen_q5(w: &PackedMatrix<'_>, g: usize, blocks: Range<usize>, quants: &mut [u8], scales: &mut [u8]) {
     let (gq, gs) = (w.group_quants(g), w.group_scales(g));
-    let (qb, sb, wq) =
-        (PackedFormat::Q5.quant_bytes(), PackedFormat::Q5.scale_bytes(), PackedFormat::Q8.quant_bytes());
+    let (qb, sb, wq) = (w.format.quant_bytes(), w.format.scale_bytes(), PackedFormat::Q8.quant_bytes());
+    // Q5Min widens to its unsigned values u = q + 16.
+    let offset = if w.format == PackedFormat::Q5Min { 16 } else { 0 };
     for (i, b) in blocks.enumerate() {
         let src = &gq[b * qb..(b + 1) * qb];
         let dst = &mut quants[i * wq..(i + 1) * wq];
@@ -1294,7 +1342,7 @@ pub fn widen_q5(w: &PackedMatrix<'_>, g: usize, blocks: Range<usize>, quants: &m
                 vsriq_n_u8::<1>(h, lo(7)),
             ];
             for (c, v) in out.into_iter().enumerate() {
-                let q = vshrq_n_s8::<3>(vreinterpretq_s8_u8(v));
+                let q = vaddq_s8(vshrq_n_s8::<3>(vreinterpretq_s8_u8(v)), vdupq_n_s8(offset));
                 vst1q_s8(dst[16 * c..].as_mut_ptr().cast(), q);
             }
         }
@@ -1488,10 +1536,10 @@ pub unsafe fn q4k_scales_fp16(units: &[u8], out: &mut [u8]) {
 /// |a| <= 127 fit), `sadalp` into int32. One token runs 4 groups per pass (sharing the
 /// broadcasts), several run 1 group x 4 tokens (sharing the unpacked weights).
 pub fn matmul(w: &PackedMatrix<'_>, groups: Range<usize>, acts: &[&[ActBlock]], outs: &mut [&mut [f32]]) {
-    if w.format == PackedFormat::Q4K {
+    if matches!(w.format, PackedFormat::Q4K | PackedFormat::Q5K) {
         return crate::kernels::widen::matmul_q4k(crate::kernels::KernelPath::Neon, w, groups, acts, outs);
     }
-    if matches!(w.format, PackedFormat::Q6K | PackedFormat::Q5) {
+    if matches!(w.format, PackedFormat::Q6K | PackedFormat::Q5 | PackedFormat::Q5Min) {
         return crate::kernels::widen::matmul_widened(
             crate::kernels::KernelPath::Neon,
             w,
@@ -1508,7 +1556,9 @@ pub fn matmul(w: &PackedMatrix<'_>, groups: Range<usize>, acts: &[&[ActBlock]], 
             // (Q4K went through `matmul_q4k`, which calls back with Q4Min.)
             PackedFormat::Q4Min | PackedFormat::Q4K => matmul_neon::<FMT_Q4MIN>(w, groups, acts, outs, n),
             PackedFormat::Q8 | PackedFormat::Q5 => matmul_neon::<FMT_Q8>(w, groups, acts, outs, n),
-            PackedFormat::Q8Min => matmul_neon::<FMT_Q8MIN>(w, groups, acts, outs, n),
+            PackedFormat::Q8Min | PackedFormat::Q5Min | PackedFormat::Q5K => {
+                matmul_neon::<FMT_Q8MIN>(w, groups, acts, outs, n)
+            }
             PackedFormat::Q8Sub16 | PackedFormat::Q6K => matmul_neon::<FMT_Q8SUB16>(w, groups, acts, outs, n),
         }
     }

@@ -41,7 +41,7 @@ fn unpack_block(format: PackedFormat, block: &[u8]) -> [[i32; BLOCK]; GROUP_ROWS
     let mut q = [[0i32; BLOCK]; GROUP_ROWS];
     for (i, &byte) in block.iter().enumerate() {
         let (c, r, j) = (i / 16, (i / 4) % 4, i % 4);
-        if format == PackedFormat::Q6K || format == PackedFormat::Q5 {
+        if format == PackedFormat::Q6K || format.is_5bit() {
             if i < 64 {
                 for e in [4 * c + j, 16 + 4 * c + j] {
                     q[r][e] = value(format, block, r, e);
@@ -57,13 +57,17 @@ fn unpack_block(format: PackedFormat, block: &[u8]) -> [[i32; BLOCK]; GROUP_ROWS
     q
 }
 
-/// Signed value of element `e` of row `r` in an interleaved block.
+/// Value of element `e` of row `r` in an interleaved block: signed, except the unsigned `u` of
+/// Q5Min and Q5K.
 #[inline]
 pub(crate) fn value(format: PackedFormat, block: &[u8], r: usize, e: usize) -> i32 {
     if format == PackedFormat::Q6K {
         value_q6k(block, r, e)
     } else if format == PackedFormat::Q5 {
         value_q5(block, r, e)
+    } else if format.is_5bit() {
+        // Q5Min, Q5K: the unsigned value.
+        value_q5(block, r, e) + 16
     } else if format.is_4bit() {
         let byte = block[16 * ((e % 16) / 4) + 4 * r + e % 4];
         let nibble = if e < 16 { byte << 4 } else { byte & 0xF0 };
@@ -120,7 +124,11 @@ pub fn matmul_ref(w: &PackedMatrix<'_>, groups: Range<usize>, acts: &[&[ActBlock
                             PackedFormat::Q4 | PackedFormat::Q8 | PackedFormat::Q5 => {
                                 *acc += (d * a.d) * dot(0..BLOCK) as f32
                             }
-                            PackedFormat::Q4Min | PackedFormat::Q8Min | PackedFormat::Q4K => {
+                            PackedFormat::Q4Min
+                            | PackedFormat::Q8Min
+                            | PackedFormat::Q4K
+                            | PackedFormat::Q5Min
+                            | PackedFormat::Q5K => {
                                 // The 4-bit formats store nibble - 8: the shift comes back through
                                 // the min.
                                 let m = if format.is_4bit() { m + 8.0 * d } else { m };

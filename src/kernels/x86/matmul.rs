@@ -132,10 +132,16 @@ const F_Q8MIN: u8 = 3;
 const F_Q8SUB16: u8 = 4;
 const F_Q6K: u8 = 5;
 const F_Q5: u8 = 6;
+const F_Q5MIN: u8 = 7;
 
 /// Formats read through a nibble plane ([`nibble_operands`]): 4-bit, and 5-bit with its bit plane.
 const fn is_4bit(f: u8) -> bool {
-    f == F_Q4 || f == F_Q4MIN || f == F_Q5
+    f == F_Q4 || f == F_Q4MIN || f == F_Q5 || f == F_Q5MIN
+}
+
+/// Formats with a min per block (`m[4]` after `d[4]` in the scales the kernels read).
+const fn has_min(f: u8) -> bool {
+    f == F_Q4MIN || f == F_Q8MIN || f == F_Q5MIN
 }
 
 /// Formats with a scale per 16 elements (the block's two halves summed apart).
@@ -144,7 +150,7 @@ const fn has_sub16(f: u8) -> bool {
 }
 
 const fn quant_bytes(f: u8) -> usize {
-    if f == F_Q5 {
+    if f == F_Q5 || f == F_Q5MIN {
         PackedFormat::Q5.quant_bytes()
     } else if is_4bit(f) {
         PackedFormat::Q4.quant_bytes()
@@ -225,9 +231,10 @@ unsafe fn matmul_impl(
             (PackedFormat::Q8Min, false) => run::<F_Q8MIN, false>(w, groups, acts, outs),
             (PackedFormat::Q8Sub16, false) => run::<F_Q8SUB16, false>(w, groups, acts, outs),
             (PackedFormat::Q6K, false) => run::<F_Q6K, false>(w, groups, acts, outs),
-            // Q4K runs as Q4Min, its scales decoded per chunk (see `Chunk::q4k`).
+            // Q4K and Q5K run as Q4Min and Q5Min, their scales decoded per chunk (see `Scales`).
             (PackedFormat::Q4K, false) => run::<F_Q4MIN, false>(w, groups, acts, outs),
             (PackedFormat::Q5, false) => run::<F_Q5, false>(w, groups, acts, outs),
+            (PackedFormat::Q5Min | PackedFormat::Q5K, false) => run::<F_Q5MIN, false>(w, groups, acts, outs),
             (PackedFormat::Q4, true) => run::<F_Q4, true>(w, groups, acts, outs),
             (PackedFormat::Q4Min, true) => run::<F_Q4MIN, true>(w, groups, acts, outs),
             (PackedFormat::Q8, true) => run::<F_Q8, true>(w, groups, acts, outs),
@@ -236,6 +243,7 @@ unsafe fn matmul_impl(
             (PackedFormat::Q6K, true) => run::<F_Q6K, true>(w, groups, acts, outs),
             (PackedFormat::Q4K, true) => run::<F_Q4MIN, true>(w, groups, acts, outs),
             (PackedFormat::Q5, true) => run::<F_Q5, true>(w, groups, acts, outs),
+            (PackedFormat::Q5Min | PackedFormat::Q5K, true) => run::<F_Q5MIN, true>(w, groups, acts, outs),
         }
     }
 }
@@ -261,9 +269,13 @@ unsafe fn run<const F: u8, const VNNI: bool>(
     let nb = w.blocks();
     let mut scratch = MaybeUninit::<[Expanded; SCRATCH]>::uninit();
     let sp = scratch.as_mut_ptr().cast::<Expanded>();
-    let q4k = w.format == PackedFormat::Q4K;
+    // (Q4K, Q5K: super-block scales, decoded into F's per-block ones.)
+    let q4k = w.format.decoded() != w.format;
     let corr = if F == F_Q5 {
         Corr::Times16
+    } else if F == F_Q5MIN {
+        // Q5Min's values are taken as the unsigned u they are (`w = d u + m`).
+        Corr::None
     } else if is_4bit(F) {
         Corr::Times8
     } else if F == F_Q6K {
@@ -692,7 +704,7 @@ unsafe fn nibble_operands<const F: u8>(qp: *const u8) -> [__m256i; 4] {
     let low4 = _mm256_set1_epi8(0x0F);
     // SAFETY: 64 bytes at qp.
     let (w0, w1) = unsafe { (_mm256_loadu_si256(qp.cast()), _mm256_loadu_si256(qp.add(32).cast())) };
-    if F == F_Q5 {
+    if F == F_Q5 || F == F_Q5MIN {
         // SAFETY: the 16 bytes of the bit plane after the nibbles.
         let b = _mm_xor_si128(unsafe { _mm_loadu_si128(qp.add(64).cast()) }, _mm_set1_epi8(-1));
         // Chunk c's bit is bit c of each byte; shifted right by 1 in the high half, the bits of
@@ -793,7 +805,7 @@ unsafe fn dot1<const F: u8, const VNNI: bool>(
 ) -> __m256 {
     let (qb, sb) = (quant_bytes(F), scale_bytes(F));
     // Formats with a min: the scales [d, m] times [8s, s] (Q4Min: (m + 8d) * s, the stored
-    // nibbles being q - 8) or [0, s] (Q8Min), added into the same row lanes as the dot.
+    // nibbles being q - 8) or [0, s] (Q8Min, Q5Min), added into the same row lanes as the dot.
     let s_mul = if F == F_Q4MIN {
         _mm256_setr_ps(8.0, 8.0, 8.0, 8.0, 1.0, 1.0, 1.0, 1.0)
     } else {
@@ -814,7 +826,7 @@ unsafe fn dot1<const F: u8, const VNNI: bool>(
             let ab = &*ap.add(b);
             let isum = block_isum::<F, VNNI>(qp, &*exp.add(b));
             let da = _mm256_set1_ps(ab.d);
-            if F == F_Q4MIN || F == F_Q8MIN {
+            if has_min(F) {
                 let dm = _mm256_cvtph_ps(_mm_loadu_si128(sp.cast()));
                 let d2 = _mm256_permute2f128_ps::<0x00>(dm, dm);
                 let acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(d2, da), acc);
@@ -926,6 +938,8 @@ unsafe fn tile2_q4v<const F: u8, const T: usize>(
             // Q4Min: m + 8d per row, rounded once as in the reference (8d is exact).
             let m = if F == F_Q4MIN {
                 _mm256_fmadd_ps(d, _mm256_set1_ps(8.0), pair(s0.add(8), s1.add(8)))
+            } else if F == F_Q5MIN {
+                pair(s0.add(8), s1.add(8))
             } else {
                 _mm256_setzero_ps()
             };
@@ -951,7 +965,7 @@ unsafe fn tile2_q4v<const F: u8, const T: usize>(
                 let ab = &*ap[t].add(b);
                 *acc =
                     _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(d, _mm256_set1_ps(ab.d)), *acc);
-                if F == F_Q4MIN {
+                if F == F_Q4MIN || F == F_Q5MIN {
                     *acc = _mm256_fmadd_ps(m, _mm256_set1_ps(ab.s), *acc);
                 }
             }
@@ -1055,7 +1069,7 @@ unsafe fn tile<const F: u8, const VNNI: bool, const T: usize, const G: usize>(
                 let f = _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(f));
                 (d2, dh2) = (_mm256_permute2f128_ps::<0x00>(f, f), _mm256_permute2f128_ps::<0x11>(f, f));
             }
-            if F == F_Q4MIN || F == F_Q8MIN {
+            if has_min(F) {
                 // [m, 0] (and [d, 0]): the min term goes into the low half only.
                 // SAFETY: 16 scale bytes at sp for formats with a min.
                 let m = _mm256_cvtph_ps(unsafe { _mm_loadl_epi64(sp.add(8).cast()) });
@@ -1148,7 +1162,7 @@ unsafe fn tile<const F: u8, const VNNI: bool, const T: usize, const G: usize>(
                         *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hi), _mm256_mul_ps(dh2, da), *acc);
                     }
                 }
-                if F == F_Q4MIN || F == F_Q8MIN {
+                if has_min(F) {
                     *acc = _mm256_fmadd_ps(m_lo, _mm256_set1_ps(ab.s), *acc);
                 }
             }
