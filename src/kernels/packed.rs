@@ -432,6 +432,15 @@ fn pack_kscales(
                 sdst[2 * r..2 * r + 2].copy_from_slice(&d.0);
                 sdst[8 + 2 * r..8 + 2 * r + 2].copy_from_slice(&dmin.0);
                 let fields: [(u8, u8); SUPER_BLOCKS] = core::array::from_fn(|p| scale_min_k4(p, &kscales));
+                // Q5_K: bit p of qh[e] is the high bit of element e of block p. The plane byte
+                // of block p, element column j holds those of elements 4c + j at bit c (XOR 1):
+                // one 8x8 bit transpose per column j gives all 8 blocks' bytes.
+                let bit_planes = qh.map(|qh| {
+                    core::array::from_fn::<[u8; SUPER_BLOCKS], 4, _>(|j| {
+                        let rows = u64::from_le_bytes(core::array::from_fn(|c| qh[4 * c + j]));
+                        (!transpose8(rows)).to_le_bytes()
+                    })
+                });
                 for p in 0..SUPER_BLOCKS {
                     let (sc, m) = fields[p];
                     sdst[16 + 4 * p + r] = (sc & 15) | (m & 15) << 4;
@@ -450,18 +459,26 @@ fn pack_kscales(
                             qdst[16 * c + 4 * r + j] = nib(4 * c + j) | (nib(16 + 4 * c + j) << 4);
                         }
                     }
-                    if let Some(qh) = qh {
-                        let mut bits = [0u8; 4];
-                        for (e, &h) in qh.iter().enumerate() {
-                            bits[e % 4] |= (((h >> p) & 1) ^ 1) << (e / 4);
+                    if let Some(planes) = &bit_planes {
+                        for j in 0..4 {
+                            qdst[64 + 4 * r + j] = planes[j][p];
                         }
-                        qdst[64 + 4 * r..64 + 4 * r + 4].copy_from_slice(&bits);
                     }
                 }
             }
         }
     }
     Ok(())
+}
+
+/// Transposes an 8x8 bit matrix: bit `c` of byte `p` of the result is bit `p` of byte `c`.
+const fn transpose8(x: u64) -> u64 {
+    let t = (x ^ (x >> 7)) & 0x00AA_00AA_00AA_00AA;
+    let x = x ^ t ^ (t << 7);
+    let t = (x ^ (x >> 14)) & 0x0000_CCCC_0000_CCCC;
+    let x = x ^ t ^ (t << 14);
+    let t = (x ^ (x >> 28)) & 0x0000_0000_F0F0_F0F0;
+    x ^ t ^ (t << 28)
 }
 
 /// Writes row `r`'s block into the interleaved block `qdst` and its scales into `sdst`.
