@@ -1023,7 +1023,7 @@ macro_rules! q6k_group { ($wq:ident, $ws:ident, $f:literal, $d:literal, $sc:iden
     "shl v1.16b, v1.16b, #4\n",      "sri v7.16b, v1.16b, #2\n",
     "shl v2.16b, v2.16b, #4\n",      "sri v8.16b, v2.16b, #2\n",
     "shl v3.16b, v3.16b, #4\n",      "sri v9.16b, v3.16b, #2\n",
-    "movi v28.4s, #0\n",             "movi v29.4s, #0\n",
+    "ld1 {{v28.16b, v29.16b}}, [{zp}]\n",
     "sdot v28.4s, v6.16b, v26.4b[0]\n",  "sdot v29.4s, v10.16b, v27.4b[0]\n",
     "sdot v28.4s, v7.16b, v26.4b[1]\n",  "sdot v29.4s, v11.16b, v27.4b[1]\n",
     "sdot v28.4s, v8.16b, v26.4b[2]\n",  "sdot v29.4s, v4.16b, v27.4b[2]\n",
@@ -1105,6 +1105,7 @@ macro_rules! q6k_gemv_kernel { ($name:ident, $features:literal, $dl:ident, $sc:i
                 nsup = inout(reg) nsup => _,
                 k = out(reg) _,
                 o = in(reg) o,
+                zp = in(reg) ZEROS.as_ptr(),
                 out("v0") _, out("v1") _, out("v2") _, out("v3") _,
                 out("v4") _, out("v5") _, out("v6") _, out("v7") _,
                 out("v8") _, out("v9") _, out("v10") _, out("v11") _,
@@ -1488,15 +1489,12 @@ pub unsafe fn q4k_scales_fp16(units: &[u8], out: &mut [u8]) {
             "ld1 {{v0.16b, v1.16b, v2.16b, v3.16b}}, [{u}], #64",
             "fneg v4.8h, v0.8h",
             "mov v0.d[1], v4.d[1]",
-            // Scales (v7: blocks 0..4, v17: 4..8) and mins (v18, v19), a byte per row and block.
-            "and v7.16b, v1.16b, v5.16b",   "shl v16.16b, v3.16b, #4",
-            "and v16.16b, v16.16b, v6.16b", "orr v7.16b, v7.16b, v16.16b",
-            "and v17.16b, v2.16b, v5.16b",  "shl v16.16b, v3.16b, #2",
-            "and v16.16b, v16.16b, v6.16b", "orr v17.16b, v17.16b, v16.16b",
-            "ushr v18.16b, v1.16b, #4",     "and v16.16b, v3.16b, v6.16b",
-            "orr v18.16b, v18.16b, v16.16b",
-            "ushr v19.16b, v2.16b, #4",     "ushr v16.16b, v3.16b, #2",
-            "and v16.16b, v16.16b, v6.16b", "orr v19.16b, v19.16b, v16.16b",
+            // Scales (v7: blocks 0..4, v17: 4..8) and mins (v18, v19), a byte per row and block:
+            // the nibble, and the 2-bit field moved to bits 4..6 and inserted there (`bit`).
+            "and v7.16b, v1.16b, v5.16b",   "shl v16.16b, v3.16b, #4",  "bit v7.16b, v16.16b, v6.16b",
+            "and v17.16b, v2.16b, v5.16b",  "shl v16.16b, v3.16b, #2",  "bit v17.16b, v16.16b, v6.16b",
+            "ushr v18.16b, v1.16b, #4",     "bit v18.16b, v3.16b, v6.16b",
+            "ushr v19.16b, v2.16b, #4",     "ushr v16.16b, v3.16b, #2", "bit v19.16b, v16.16b, v6.16b",
             // [sc, m] of blocks (0, 1), (2, 3), (4, 5), (6, 7).
             "zip1 v20.4s, v7.4s, v18.4s",   "zip2 v21.4s, v7.4s, v18.4s",
             "zip1 v22.4s, v17.4s, v19.4s",  "zip2 v23.4s, v17.4s, v19.4s",
