@@ -1005,6 +1005,15 @@ unsafe fn tile<const F: u8, const VNNI: bool, const T: usize, const G: usize>(
                 let sb = if F == F_Q6K { b / SUPER_BLOCKS * SUPER_SCALE_BYTES } else { b * scale_bytes(F) };
                 (q.add(gi * qstride + b * quant_bytes(F)), s.add(gi * sstride + sb))
             };
+            if T == 1 && G == 1 {
+                // One token (Q6K's decode, see `pass1`): the planes are streams; prefetch ahead
+                // as `dot1` does (prefetches never fault).
+                _mm_prefetch::<_MM_HINT_T0>(qp.wrapping_add(PREFETCH_BYTES).cast());
+                _mm_prefetch::<_MM_HINT_T0>(qp.wrapping_add(PREFETCH_BYTES + 64).cast());
+                if b % SUPER_BLOCKS == 0 {
+                    _mm_prefetch::<_MM_HINT_T0>(sp.wrapping_add(PREFETCH_BYTES * 3 / 32).cast());
+                }
+            }
             // wv: the unsigned maddubs operands; ws: the sign sources (8-bit formats).
             let mut wv = [_mm256_setzero_si256(); 4];
             let mut ws = [_mm256_setzero_si256(); 4];
