@@ -18,8 +18,7 @@ use pinfer::kernels::packed::{
     quantize_act_ref, ActBlock, PackedFormat, PackedMatrix, BLOCK, Q4K_SCALE_BYTES,
 };
 use pinfer::kernels::widen::{
-    q4k_scales as q4k_decode, q4k_scales_ref, widen_q5, widen_q5_ref, widen_q6k, widen_q6k_ref, CHUNK_BLOCKS,
-    CHUNK_GROUPS, Q4K_WIDE_UNIT,
+    q4k_scales as q4k_decode, q4k_scales_ref, widen, widen_ref, CHUNK_BLOCKS, CHUNK_GROUPS, Q4K_WIDE_UNIT,
 };
 use pinfer::kernels::{packed_matmul, quantize_act, KernelPath};
 use pinfer::quant::{dequantize_row_ref, GgmlType};
@@ -305,10 +304,10 @@ fn every_simd_path_widens_q6k_like_the_reference() {
             let blocks = 3..nb;
             let (qn, sn) = (blocks.len() * 128, blocks.len() * 16);
             let (mut wq, mut ws) = (vec![0u8; qn], vec![0u8; sn]);
-            widen_q6k_ref(&w, g, blocks.clone(), &mut wq, &mut ws);
+            widen_ref(&w, g, blocks.clone(), &mut wq, &mut ws);
             for path in simd_paths() {
                 let (mut pq, mut ps) = (vec![1u8; qn], vec![1u8; sn]);
-                widen_q6k(path, &w, g, blocks.clone(), &mut pq, &mut ps);
+                widen(path, &w, g, blocks.clone(), &mut pq, &mut ps);
                 assert!(pq == wq && ps == ws, "{} group {g} scale {scale}", path.name());
             }
         }
@@ -330,7 +329,7 @@ fn every_simd_path_widens_q5_like_the_reference() {
             let blocks = 3..nb;
             let (qn, sn) = (blocks.len() * 128, blocks.len() * sb);
             let (mut wq, mut ws) = (vec![0u8; qn], vec![0u8; sn]);
-            widen_q5_ref(&w, g, blocks.clone(), &mut wq, &mut ws);
+            widen_ref(&w, g, blocks.clone(), &mut wq, &mut ws);
             let mut row = vec![0f32; k];
             dequantize_packed_row(&w, 4 * g, &mut row);
             for (i, b) in blocks.clone().enumerate() {
@@ -344,7 +343,7 @@ fn every_simd_path_widens_q5_like_the_reference() {
             }
             for path in simd_paths() {
                 let (mut pq, mut ps) = (vec![1u8; qn], vec![1u8; sn]);
-                widen_q5(path, &w, g, blocks.clone(), &mut pq, &mut ps);
+                widen(path, &w, g, blocks.clone(), &mut pq, &mut ps);
                 assert!(pq == wq && ps == ws, "{} {ty:?} group {g}", path.name());
             }
         }

@@ -50,17 +50,12 @@ pub const fn wide_format(format: PackedFormat) -> PackedFormat {
     }
 }
 
-/// Widens blocks `blocks` of group `g` of a Q5 or Q5Min matrix into Q8 or Q8Min planes (`quants`:
-/// 128 bytes per block, `scales`: the format's, copied), the portable twin of the SIMD widenings.
-pub fn widen_q5_ref(
-    w: &PackedMatrix<'_>,
-    g: usize,
-    blocks: Range<usize>,
-    quants: &mut [u8],
-    scales: &mut [u8],
-) {
+/// Widens blocks `blocks` of group `g` of a Q6K, Q5 or Q5Min matrix into its [`wide_format`]
+/// planes (`quants`: 128 bytes per block; `scales`: Q8Sub16's `f16(d * sc)` of both halves for
+/// Q6K, the block's own scales copied for Q5 and Q5Min), the portable twin of the SIMD widenings.
+pub fn widen_ref(w: &PackedMatrix<'_>, g: usize, blocks: Range<usize>, quants: &mut [u8], scales: &mut [u8]) {
     let (gq, gs) = (w.group_quants(g), w.group_scales(g));
-    let (qb, sb) = (w.format.quant_bytes(), w.format.scale_bytes());
+    let (qb, ws) = (w.format.quant_bytes(), wide_format(w.format).scale_bytes());
     for (i, b) in blocks.enumerate() {
         let block = &gq[b * qb..(b + 1) * qb];
         let dst = &mut quants[i * WIDE_Q..(i + 1) * WIDE_Q];
@@ -69,55 +64,19 @@ pub fn widen_q5_ref(
                 dst[16 * (e / 4) + 4 * r + e % 4] = super::reference::value(w.format, block, r, e) as u8;
             }
         }
-        scales[i * sb..(i + 1) * sb].copy_from_slice(&gs[b * sb..(b + 1) * sb]);
-    }
-}
-
-/// Widens blocks `blocks` of group `g` of a Q5 or Q5Min matrix on `path` (same bytes on every path).
-pub fn widen_q5(
-    path: KernelPath,
-    w: &PackedMatrix<'_>,
-    g: usize,
-    blocks: Range<usize>,
-    quants: &mut [u8],
-    scales: &mut [u8],
-) {
-    match path {
-        #[cfg(target_arch = "aarch64")]
-        KernelPath::Neon | KernelPath::NeonDotprod | KernelPath::NeonFp16 => {
-            super::neon::widen_q5(w, g, blocks, quants, scales)
+        let out = &mut scales[i * ws..(i + 1) * ws];
+        if w.format == PackedFormat::Q6K {
+            q6k_wide_scales(gs, b, out);
+        } else {
+            out.copy_from_slice(&gs[b * ws..(b + 1) * ws]);
         }
-        _ => widen_q5_ref(w, g, blocks, quants, scales),
-    }
-}
-
-/// Widens blocks `blocks` of group `g` of a Q6K matrix into Q8Sub16 planes (`quants`: 128 bytes per
-/// block, `scales`: 16), the portable twin of the SIMD widenings.
-pub fn widen_q6k_ref(
-    w: &PackedMatrix<'_>,
-    g: usize,
-    blocks: Range<usize>,
-    quants: &mut [u8],
-    scales: &mut [u8],
-) {
-    let (gq, gs) = (w.group_quants(g), w.group_scales(g));
-    let qb = PackedFormat::Q6K.quant_bytes();
-    for (i, b) in blocks.enumerate() {
-        let block = &gq[b * qb..(b + 1) * qb];
-        let dst = &mut quants[i * WIDE_Q..(i + 1) * WIDE_Q];
-        for r in 0..GROUP_ROWS {
-            for e in 0..BLOCK {
-                dst[16 * (e / 4) + 4 * r + e % 4] = super::reference::value_q6k(block, r, e) as u8;
-            }
-        }
-        wide_scales(gs, b, &mut scales[i * WIDE_S..(i + 1) * WIDE_S]);
     }
 }
 
 /// Block `b`'s Q8Sub16 scales (`f16(d * sc)` of both halves, 4 rows each) from a group's Q6K scale
 /// plane `gs`.
 #[inline]
-fn wide_scales(gs: &[u8], b: usize, out: &mut [u8]) {
+fn q6k_wide_scales(gs: &[u8], b: usize, out: &mut [u8]) {
     for r in 0..GROUP_ROWS {
         let (d, sc) = q6k_scales(gs, b, r);
         out[2 * r..2 * r + 2].copy_from_slice(&F16Le::from_f32(d * sc[0] as f32).0);
@@ -126,8 +85,8 @@ fn wide_scales(gs: &[u8], b: usize, out: &mut [u8]) {
     }
 }
 
-/// Widens blocks `blocks` of group `g` on `path` (same bytes on every path).
-pub fn widen_q6k(
+/// [`widen_ref`] on `path` (same bytes on every path).
+pub fn widen(
     path: KernelPath,
     w: &PackedMatrix<'_>,
     g: usize,
@@ -137,10 +96,16 @@ pub fn widen_q6k(
 ) {
     match path {
         #[cfg(target_arch = "aarch64")]
-        KernelPath::Neon | KernelPath::NeonDotprod | KernelPath::NeonFp16 => {
+        KernelPath::Neon | KernelPath::NeonDotprod | KernelPath::NeonFp16
+            if w.format == PackedFormat::Q6K =>
+        {
             super::neon::widen_q6k(w, g, blocks, quants, scales)
         }
-        _ => widen_q6k_ref(w, g, blocks, quants, scales),
+        #[cfg(target_arch = "aarch64")]
+        KernelPath::Neon | KernelPath::NeonDotprod | KernelPath::NeonFp16 if w.format.is_5bit() => {
+            super::neon::widen_q5(w, g, blocks, quants, scales)
+        }
+        _ => widen_ref(w, g, blocks, quants, scales),
     }
 }
 
@@ -185,11 +150,7 @@ pub fn matmul_widened(
             let (q, s) = (&mut quants[..gn * kn * WIDE_Q], &mut scales[..gn * kn * ws]);
             for gi in 0..gn {
                 let (qg, sg) = (&mut q[gi * kn * WIDE_Q..][..kn * WIDE_Q], &mut s[gi * kn * ws..][..kn * ws]);
-                if w.format.is_5bit() {
-                    widen_q5(path, w, g0 + gi, c0..c0 + kn, qg, sg);
-                } else {
-                    widen_q6k(path, w, g0 + gi, c0..c0 + kn, qg, sg);
-                }
+                widen(path, w, g0 + gi, c0..c0 + kn, qg, sg);
             }
             let view = PackedMatrix { format: wide, rows, k: BLOCK * kn, quants: q, scales: s };
             let mut t0 = 0;

@@ -884,16 +884,19 @@ pub unsafe fn matmul_dotprod(
     }
     if matches!(w.format, PackedFormat::Q5 | PackedFormat::Q5Min) {
         if acts.len().min(outs.len()) == 1 {
-            // SAFETY: the CPU has dotprod (this function's contract).
-            return unsafe { q5_gemv(w, groups, acts, outs) };
+            let kernel: Gemv4 = if w.format == PackedFormat::Q5Min { q5m_gemv4 } else { q5_gemv4 };
+            // SAFETY: the CPU has dotprod (this function's contract); the Q5 passes loop over blocks.
+            return unsafe { gemv_passes(w, groups, acts, outs, kernel, w.blocks()) };
         }
         let path = crate::kernels::KernelPath::NeonDotprod;
         return crate::kernels::widen::matmul_widened(path, w, groups, acts, outs);
     }
     if w.format == PackedFormat::Q6K {
         if acts.len().min(outs.len()) == 1 {
-            // SAFETY: the CPU has dotprod, and FEAT_FP16 with `fp16` (this function's contract).
-            return unsafe { q6k_gemv(w, groups, acts, outs, fp16) };
+            let kernel: Gemv4 = if fp16 { q6k_gemv4_fp16 } else { q6k_gemv4 };
+            // SAFETY: the CPU has dotprod, and FEAT_FP16 with `fp16` (this function's contract);
+            // the Q6K pass loops over super-blocks.
+            return unsafe { gemv_passes(w, groups, acts, outs, kernel, w.blocks() / SUPER_BLOCKS) };
         }
         let path = crate::kernels::KernelPath::NeonDotprod;
         return crate::kernels::widen::matmul_widened(path, w, groups, acts, outs);
@@ -901,7 +904,7 @@ pub unsafe fn matmul_dotprod(
     let Some(n) = matmul_tokens(w, &groups, acts, outs) else { return };
     let (gemv, tiles): (DotKernel, &[DotKernel]) = match w.format {
         PackedFormat::Q4 => (q4_gemv, &[q4_t1, q4_t2, q4_t3, q4_t4]),
-        // (Q5 went through `q5_gemv` or `matmul_widened`, which calls back with Q8.)
+        // (Q5 went through `gemv_passes` or `matmul_widened`, which calls back with Q8.)
         PackedFormat::Q8 | PackedFormat::Q5 => (q8_gemv, &[q8_t1, q8_t2, q8_t3, q8_t4]),
         // (Q4K went through `matmul_q4k`, which calls back with Q4Min.)
         PackedFormat::Q4Min | PackedFormat::Q4K => (q4m_gemv, &[q4m_t1, q4m_t2, q4m_t3]),
@@ -1067,7 +1070,7 @@ macro_rules! q6k_d_f16 { () => { concat!(
     "dup v20.2d, v20.d[0]\n", "dup v21.2d, v21.d[0]\n", "dup v22.2d, v22.d[0]\n", "dup v23.2d, v23.d[0]\n",
 ) } }
 
-/// Defines a pass of [`q6k_gemv`]: 4 groups (quant and scale planes at `wq`, `ws`, block 0)
+/// Defines a single-token pass of Q6K ([`Gemv4`]): 4 groups (quant and scale planes at `wq`, `ws`, block 0)
 /// against one activation row `a` of `8 nsup` blocks; writes 16 floats at `o`.
 #[rustfmt::skip]
 macro_rules! q6k_gemv_kernel { ($name:ident, $features:literal, $dl:ident, $sc:ident) => {
@@ -1122,21 +1125,27 @@ macro_rules! q6k_gemv_kernel { ($name:ident, $features:literal, $dl:ident, $sc:i
 q6k_gemv_kernel!(q6k_gemv4, "dotprod", q6k_d_f32, q6k_sc_f32);
 q6k_gemv_kernel!(q6k_gemv4_fp16, "dotprod,fp16", q6k_d_f16, q6k_sc_f16);
 
-/// Q6K against one token (the contract of [`crate::kernels::packed::matmul_ref`]): passes of 4
-/// groups; a tail of 1 to 3 groups runs as a pass with its last group repeated, into a spare.
+/// A single-token pass over 4 row groups of a narrow format (`q6k_gemv4`, `q5_gemv4`, ...): the
+/// groups' quant and scale planes, the activation row, the kernel's loop count (blocks, or
+/// super-blocks for Q6K) and 16 output floats.
+type Gemv4 = unsafe fn([*const u8; 4], [*const u8; 4], *const ActBlock, usize, *mut f32);
+
+/// One token against a narrow format (the contract of [`crate::kernels::packed::matmul_ref`]):
+/// passes of 4 groups of `kernel`; a tail of 1 to 3 groups runs as a pass with its last group
+/// repeated, into a spare.
 ///
 /// # Safety
-/// The CPU must have dotprod, and FEAT_FP16 with `fp16`.
-#[target_feature(enable = "dotprod")]
-unsafe fn q6k_gemv(
+/// The CPU has `kernel`'s features; `kernel` is the single-token pass of `w`'s format and `count`
+/// its loop count for `w`'s rows.
+unsafe fn gemv_passes(
     w: &PackedMatrix<'_>,
     groups: Range<usize>,
     acts: &[&[ActBlock]],
     outs: &mut [&mut [f32]],
-    fp16: bool,
+    kernel: Gemv4,
+    count: usize,
 ) {
     let Some(_) = matmul_tokens(w, &groups, acts, outs) else { return };
-    let nsup = w.blocks() / SUPER_BLOCKS;
     let (act, out) = (acts[0], &mut *outs[0]);
     let mut g = groups.start;
     while g < groups.end {
@@ -1145,17 +1154,10 @@ unsafe fn q6k_gemv(
         let wq = core::array::from_fn(|i| w.group_quants(pick(i)).as_ptr());
         let ws = core::array::from_fn(|i| w.group_scales(pick(i)).as_ptr());
         let mut spare = [0f32; 16];
-        // SAFETY: `matmul_tokens` checked the planes (consistent: every group has 8 nsup > 0
-        // blocks of 96 quant bytes and nsup units of 72 scale bytes), the activation row (>= nb
-        // blocks) and the output row; `spare` holds 16 floats; the CPU has dotprod, and FEAT_FP16
-        // with `fp16` (our contract).
-        unsafe {
-            if fp16 {
-                q6k_gemv4_fp16(wq, ws, act.as_ptr(), nsup, spare.as_mut_ptr())
-            } else {
-                q6k_gemv4(wq, ws, act.as_ptr(), nsup, spare.as_mut_ptr())
-            }
-        };
+        // SAFETY: `matmul_tokens` checked the planes (consistent: every group has the blocks,
+        // units and bytes `kernel` reads for `count`), the activation row (>= nb blocks) and the
+        // output row; `spare` holds 16 floats; the CPU has the kernel's features (our contract).
+        unsafe { kernel(wq, ws, act.as_ptr(), count, spare.as_mut_ptr()) };
         let at = GROUP_ROWS * (g - groups.start);
         out[at..at + GROUP_ROWS * n].copy_from_slice(&spare[..GROUP_ROWS * n]);
         g += n;
@@ -1232,7 +1234,7 @@ macro_rules! q5m_head { () => { concat!(
     "dup v29.4s, v29.s[0]\n",
 ) } }
 
-/// Defines a pass of [`q5_gemv`]: 4 groups (quant and scale planes at `wq`, `ws`, block 0) against
+/// Defines a single-token pass of Q5 or Q5Min ([`Gemv4`]): 4 groups (quant and scale planes at `wq`, `ws`, block 0) against
 /// one activation row `a` of `nb` blocks; writes 16 floats at `o`.
 #[rustfmt::skip]
 macro_rules! q5_gemv_kernel { ($name:ident, $head:ident, $sc:ident) => {
@@ -1281,40 +1283,7 @@ macro_rules! q5_gemv_kernel { ($name:ident, $head:ident, $sc:ident) => {
 q5_gemv_kernel!(q5_gemv4, q5_head, q5_sc);
 q5_gemv_kernel!(q5m_gemv4, q5m_head, q5m_sc);
 
-/// Q5 or Q5Min against one token (the contract of [`crate::kernels::packed::matmul_ref`]): passes
-/// of 4 groups; a tail of 1 to 3 groups runs as a pass with its last group repeated, into a spare.
-///
-/// # Safety
-/// The CPU must have dotprod.
-#[target_feature(enable = "dotprod")]
-unsafe fn q5_gemv(w: &PackedMatrix<'_>, groups: Range<usize>, acts: &[&[ActBlock]], outs: &mut [&mut [f32]]) {
-    let Some(_) = matmul_tokens(w, &groups, acts, outs) else { return };
-    let nb = w.blocks();
-    let (act, out) = (acts[0], &mut *outs[0]);
-    let mut g = groups.start;
-    while g < groups.end {
-        let n = (groups.end - g).min(4);
-        let pick = |i: usize| g + i.min(n - 1);
-        let wq = core::array::from_fn(|i| w.group_quants(pick(i)).as_ptr());
-        let ws = core::array::from_fn(|i| w.group_scales(pick(i)).as_ptr());
-        let mut spare = [0f32; 16];
-        // SAFETY: `matmul_tokens` checked the planes (consistent: every group has nb > 0 blocks of
-        // 80 quant bytes and the format's scale bytes), the activation row (>= nb blocks) and the
-        // output row; `spare` holds 16 floats; the CPU has dotprod (our contract).
-        unsafe {
-            if w.format == PackedFormat::Q5Min {
-                q5m_gemv4(wq, ws, act.as_ptr(), nb, spare.as_mut_ptr())
-            } else {
-                q5_gemv4(wq, ws, act.as_ptr(), nb, spare.as_mut_ptr())
-            }
-        };
-        let at = GROUP_ROWS * (g - groups.start);
-        out[at..at + GROUP_ROWS * n].copy_from_slice(&spare[..GROUP_ROWS * n]);
-        g += n;
-    }
-}
-
-/// [`crate::kernels::widen::widen_q5_ref`] on NEON: per output vector of 4 rows x 4 elements,
+/// [`crate::kernels::widen::widen_ref`] for Q5 and Q5Min on NEON: per output vector of 4 rows x 4 elements,
 /// the high bit shifted to the top (`shl`) and the low nibble inserted below it (`sri` by 1 of the
 /// nibble held at bits 4..8) make `8q`, and an arithmetic shift (`sshr`) gives `q`.
 pub fn widen_q5(w: &PackedMatrix<'_>, g: usize, blocks: Range<usize>, quants: &mut [u8], scales: &mut [u8]) {
@@ -1354,7 +1323,7 @@ pub fn widen_q5(w: &PackedMatrix<'_>, g: usize, blocks: Range<usize>, quants: &m
 // ---------------------------------------------------------------------------------------------
 // Q6K widened to Q8Sub16 (see `crate::kernels::widen`)
 
-/// [`crate::kernels::widen::widen_q6k_ref`] on NEON: per output vector of 4 rows x 4 elements,
+/// [`crate::kernels::widen::widen_ref`] for Q6K on NEON: per output vector of 4 rows x 4 elements,
 /// the high bits shifted to the top (`shl`) and the low nibble inserted below them (`sri`) make
 /// `4q`, and an arithmetic shift (`sshr`) gives `q`.
 pub fn widen_q6k(w: &PackedMatrix<'_>, g: usize, blocks: Range<usize>, quants: &mut [u8], scales: &mut [u8]) {
