@@ -4,7 +4,7 @@
 //! 6-bit super-block scales: the kernels decode a chunk of groups' scales into Q4Min's per-block
 //! f16 `d * sc` and `-dmin * m` ([`q4k_scales`], a few vector instructions per 8 blocks), into a
 //! buffer that stays in L1, and run the Q4Min code on the quant plane as it is (x86 inside its
-//! passes, the NEON paths through [`matmul_q4k`]).
+//! passes, the NEON paths through [`matmul_decoded`]).
 //!
 //! **Q6K and Q5 values.** The narrow 6-bit and 5-bit layouts ([`PackedFormat::Q6K`],
 //! [`PackedFormat::Q5`]) widened for the NEON int8 kernels' prompt tiles (and the plain-NEON path;
@@ -234,14 +234,15 @@ pub fn q4k_scales(path: KernelPath, unit: &[u8], out: &mut [u8]) {
     }
 }
 
-/// Bytes of decoded scales [`matmul_q4k`] holds at once.
+/// Bytes of decoded scales [`matmul_decoded`] holds at once.
 const Q4K_SCRATCH: usize = 32 << 10;
 
-/// Packed matmul of a Q4K or Q5K matrix on `path` through its Q4Min or Q5Min kernels (the contract of
+/// Packed matmul of a Q4K or Q5K matrix on `path` through the kernels of its
+/// [`PackedFormat::decoded`] format, Q4Min or Q5Min (the contract of
 /// [`crate::kernels::packed::matmul_ref`]): per chunk of up to [`CHUNK_GROUPS`] groups (whole
-/// rows, as many as [`Q4K_SCRATCH`] holds), the scales are decoded and `path`'s Q4Min kernel runs
-/// on the quant plane's groups as they are.
-pub fn matmul_q4k(
+/// rows, as many as [`Q4K_SCRATCH`] holds), the scales are decoded and `path`'s kernel runs on the
+/// quant plane's groups as they are.
+pub fn matmul_decoded(
     path: KernelPath,
     w: &PackedMatrix<'_>,
     groups: Range<usize>,

@@ -874,7 +874,7 @@ pub unsafe fn matmul_dotprod(
 ) {
     if matches!(w.format, PackedFormat::Q4K | PackedFormat::Q5K) {
         use crate::kernels::KernelPath::{NeonDotprod, NeonFp16};
-        return crate::kernels::widen::matmul_q4k(
+        return crate::kernels::widen::matmul_decoded(
             if fp16 { NeonFp16 } else { NeonDotprod },
             w,
             groups,
@@ -906,7 +906,7 @@ pub unsafe fn matmul_dotprod(
         PackedFormat::Q4 => (q4_gemv, &[q4_t1, q4_t2, q4_t3, q4_t4]),
         // (Q5 went through `gemv_passes` or `matmul_widened`, which calls back with Q8.)
         PackedFormat::Q8 | PackedFormat::Q5 => (q8_gemv, &[q8_t1, q8_t2, q8_t3, q8_t4]),
-        // (Q4K went through `matmul_q4k`, which calls back with Q4Min.)
+        // (Q4K went through `matmul_decoded`, which calls back with Q4Min.)
         PackedFormat::Q4Min | PackedFormat::Q4K => (q4m_gemv, &[q4m_t1, q4m_t2, q4m_t3]),
         PackedFormat::Q8Min | PackedFormat::Q5Min | PackedFormat::Q5K => {
             (q8m_gemv, &[q8m_t1, q8m_t2, q8m_t3])
@@ -1504,7 +1504,13 @@ pub unsafe fn q4k_scales_fp16(units: &[u8], out: &mut [u8]) {
 /// broadcasts), several run 1 group x 4 tokens (sharing the unpacked weights).
 pub fn matmul(w: &PackedMatrix<'_>, groups: Range<usize>, acts: &[&[ActBlock]], outs: &mut [&mut [f32]]) {
     if matches!(w.format, PackedFormat::Q4K | PackedFormat::Q5K) {
-        return crate::kernels::widen::matmul_q4k(crate::kernels::KernelPath::Neon, w, groups, acts, outs);
+        return crate::kernels::widen::matmul_decoded(
+            crate::kernels::KernelPath::Neon,
+            w,
+            groups,
+            acts,
+            outs,
+        );
     }
     if matches!(w.format, PackedFormat::Q6K | PackedFormat::Q5 | PackedFormat::Q5Min) {
         return crate::kernels::widen::matmul_widened(
@@ -1520,7 +1526,7 @@ pub fn matmul(w: &PackedMatrix<'_>, groups: Range<usize>, acts: &[&[ActBlock]], 
     unsafe {
         match w.format {
             PackedFormat::Q4 => matmul_neon::<FMT_Q4>(w, groups, acts, outs, n),
-            // (Q4K went through `matmul_q4k`, which calls back with Q4Min.)
+            // (Q4K went through `matmul_decoded`, which calls back with Q4Min.)
             PackedFormat::Q4Min | PackedFormat::Q4K => matmul_neon::<FMT_Q4MIN>(w, groups, acts, outs, n),
             PackedFormat::Q8 | PackedFormat::Q5 => matmul_neon::<FMT_Q8>(w, groups, acts, outs, n),
             PackedFormat::Q8Min | PackedFormat::Q5Min | PackedFormat::Q5K => {
