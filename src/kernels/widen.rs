@@ -1,22 +1,19 @@
 //! The narrow layouts widened for kernels that read a wider one.
 //!
-//! **Q4K scales.** [`PackedFormat::Q4K`] is [`PackedFormat::Q4Min`]'s quant plane with the file's
-//! 6-bit super-block scales: the kernels decode a chunk of groups' scales into Q4Min's per-block
-//! f16 `d * sc` and `-dmin * m` ([`q4k_scales`], a few vector instructions per 8 blocks), into a
-//! buffer that stays in L1, and run the Q4Min code on the quant plane as it is (x86 inside its
-//! passes, the NEON paths through [`matmul_decoded`]).
+//! **Super-block scales.** [`PackedFormat::Q4K`] and [`PackedFormat::Q5K`] are the Q4Min and Q5Min
+//! quant planes with the file's 6-bit super-block scales: the kernels decode a chunk of groups'
+//! scales into per-block f16 `d * sc` and `-dmin * m` ([`q4k_scales`], a few vector instructions per
+//! 8 blocks), into a buffer that stays in L1, and run the Q4Min / Q5Min code on the quant plane as
+//! it is (x86 inside its passes, the NEON paths through [`matmul_decoded`]).
 //!
-//! **Q6K and Q5 values.** The narrow 6-bit and 5-bit layouts ([`PackedFormat::Q6K`],
-//! [`PackedFormat::Q5`]) widened for the NEON int8 kernels' prompt tiles (and the plain-NEON path;
-//! one token runs their own GEMVs).
-//!
-//! (The x86 kernels unpack Q6K in registers; on aarch64 this is the step before that.)
-//! Memory holds Q6_K weights at the file's 6.5625 bits per weight; the NEON paths turn a chunk of
-//! row groups at a time into the [`PackedFormat::Q8Sub16`] layout (int8 values, `d * sc` rounded to
-//! f16 per 16 elements) in a stack buffer that stays in L1/L2, and run that layout's kernels on it.
-//! Weights are read from memory once, at their narrow width; the widening costs a few vector
-//! instructions per 16 weights, shared by every token of a prompt tile. The reference twin
-//! ([`crate::kernels::packed::matmul_ref`]) computes the same numbers from the narrow layout
+//! **Q6K and 5-bit values.** The NEON int8 kernels' prompt tiles (and the plain-NEON path; one token
+//! runs their own GEMVs) read the 6-bit and 5-bit layouts widened a chunk of row groups at a time
+//! ([`wide_format`]: Q6K into [`PackedFormat::Q8Sub16`], int8 values and `d * sc` rounded to f16 per
+//! 16 elements; Q5 and Q5Min into Q8 and Q8Min) in a stack buffer that stays in L1/L2, then run
+//! that layout's kernels on it. (The x86 kernels unpack them in registers.) Weights are read from
+//! memory once, at their narrow width; the widening costs a few vector instructions per 16 weights,
+//! shared by every token of a prompt tile. The reference twin
+//! ([`crate::kernels::packed::matmul_ref`]) computes the same numbers from the narrow layouts
 //! directly.
 
 use core::ops::Range;
