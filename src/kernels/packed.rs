@@ -51,7 +51,7 @@
 //! - [`PackedFormat::Q8Sub16`]: `w = d_half * q`, one scale per 16 elements.
 //! - [`PackedFormat::Q4K`]: `w = (d * sc) * (q + 8) - dmin * m`, the file's values exactly. The
 //!   matmul takes it as the [`PackedFormat::Q4Min`] block with `f16(d * sc)` and `f16(-dmin * m)`
-//!   ([`q4k_block_scales`]): the kernels decode a chunk's scales into that form (see
+//!   ([`block_scales`]): the kernels decode a chunk's scales into that form (see
 //!   [`super::widen`]) and run the Q4Min code on the quant plane as it is.
 //! - [`PackedFormat::Q6K`]: `w = (d * sc) * q`, `sc` the 16-element sub-block's int8 scale: the
 //!   file's values exactly (so a tied embedding's rows are read from it). The matmul uses

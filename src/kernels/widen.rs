@@ -232,7 +232,7 @@ pub fn q4k_scales(path: KernelPath, unit: &[u8], out: &mut [u8]) {
 }
 
 /// Bytes of decoded scales [`matmul_decoded`] holds at once.
-const Q4K_SCRATCH: usize = 32 << 10;
+pub const Q4K_SCRATCH: usize = 32 << 10;
 
 /// Packed matmul of a Q4K or Q5K matrix on `path` through the kernels of its
 /// [`PackedFormat::decoded`] format, Q4Min or Q5Min (the contract of
