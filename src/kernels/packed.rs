@@ -137,17 +137,6 @@ impl PackedFormat {
         }
     }
 
-    /// Scale-plane bytes of one group and scale unit ([`PackedFormat::blocks_per_unit`] blocks).
-    pub const fn unit_scale_bytes(self) -> usize {
-        match self {
-            Self::Q6K => SUPER_SCALE_BYTES,
-            Self::Q4K | Self::Q5K => Q4K_SCALE_BYTES,
-            Self::Q4 | Self::Q4Min | Self::Q8 | Self::Q8Min | Self::Q8Sub16 | Self::Q5 | Self::Q5Min => {
-                self.scale_bytes()
-            }
-        }
-    }
-
     /// Blocks that share the format's scale-plane unit: 8 for the super-block formats, else 1.
     pub const fn blocks_per_unit(self) -> usize {
         match self {
@@ -384,11 +373,7 @@ fn pack_q6k(
                     let high = |e: usize| ((qh[e] >> (2 * (p % 4))) & 3) ^ 2;
                     let b = sup * SUPER_BLOCKS + p;
                     let qdst = &mut quants[(g * nb + b) * qb..(g * nb + b + 1) * qb];
-                    for c in 0..4 {
-                        for j in 0..4 {
-                            qdst[16 * c + 4 * r + j] = low(4 * c + j) | (low(16 + 4 * c + j) << 4);
-                        }
-                    }
+                    interleave_nibbles(qdst, r, low);
                     for h in 0..2 {
                         for j in 0..4 {
                             let e = |f: usize| 4 * (2 * f + h) + j;
@@ -431,6 +416,7 @@ fn pack_kscales(
                 };
                 sdst[2 * r..2 * r + 2].copy_from_slice(&d.0);
                 sdst[8 + 2 * r..8 + 2 * r + 2].copy_from_slice(&dmin.0);
+                let flip = if qh.is_some() { 0 } else { 8 };
                 let fields: [(u8, u8); SUPER_BLOCKS] = core::array::from_fn(|p| scale_min_k4(p, &kscales));
                 // Q5_K: bit p of qh[e] is the high bit of element e of block p. The plane byte
                 // of block p, element column j holds those of elements 4c + j at bit c (XOR 1):
@@ -452,13 +438,7 @@ fn pack_kscales(
                     // or as the low bits of u (Q5_K, whose high bit p of qh[e] goes to the plane).
                     let b = sup * SUPER_BLOCKS + p;
                     let qdst = &mut quants[(g * nb + b) * qb..(g * nb + b + 1) * qb];
-                    let flip = if qh.is_some() { 0 } else { 8 };
-                    let nib = |e: usize| ((qs[32 * (p / 2) + e] >> (4 * (p % 2))) & 0xF) ^ flip;
-                    for c in 0..4 {
-                        for j in 0..4 {
-                            qdst[16 * c + 4 * r + j] = nib(4 * c + j) | (nib(16 + 4 * c + j) << 4);
-                        }
-                    }
+                    interleave_nibbles(qdst, r, |e| ((qs[32 * (p / 2) + e] >> (4 * (p % 2))) & 0xF) ^ flip);
                     if let Some(planes) = &bit_planes {
                         for j in 0..4 {
                             qdst[64 + 4 * r + j] = planes[j][p];
@@ -469,6 +449,18 @@ fn pack_kscales(
         }
     }
     Ok(())
+}
+
+/// Writes row `r`'s 32 low nibbles `nib(e)` (each below 16) into the 4-bit interleave of the block
+/// `qdst`: element `4c + j` in the low nibble of byte `16c + 4r + j`, element `16 + 4c + j` in its
+/// high nibble.
+#[inline]
+fn interleave_nibbles(qdst: &mut [u8], r: usize, nib: impl Fn(usize) -> u8) {
+    for c in 0..4 {
+        for j in 0..4 {
+            qdst[16 * c + 4 * r + j] = nib(4 * c + j) | (nib(16 + 4 * c + j) << 4);
+        }
+    }
 }
 
 /// Transposes an 8x8 bit matrix: bit `c` of byte `p` of the result is bit `p` of byte `c`.
@@ -488,23 +480,13 @@ fn place(format: PackedFormat, rb: &RowBlock, r: usize, qdst: &mut [u8], sdst: &
         let offset = if format == PackedFormat::Q5 { 16 } else { 0 };
         let u = |e: usize| (rb.q[e] + offset) as u8;
         let mut bits = [0u8; 4];
-        for c in 0..4 {
-            for j in 0..4 {
-                qdst[16 * c + 4 * r + j] = (u(4 * c + j) & 15) | (u(16 + 4 * c + j) & 15) << 4;
-            }
-        }
+        interleave_nibbles(qdst, r, |e| u(e) & 15);
         for e in 0..BLOCK {
             bits[e % 4] |= ((u(e) >> 4) ^ 1) << (e / 4);
         }
         qdst[64 + 4 * r..64 + 4 * r + 4].copy_from_slice(&bits);
     } else if format.is_4bit() {
-        for c in 0..4 {
-            for j in 0..4 {
-                let lo = (rb.q[4 * c + j] as u8) & 0xF;
-                let hi = (rb.q[16 + 4 * c + j] as u8) & 0xF;
-                qdst[16 * c + 4 * r + j] = lo | (hi << 4);
-            }
-        }
+        interleave_nibbles(qdst, r, |e| (rb.q[e] as u8) & 0xF);
     } else {
         for c in 0..8 {
             for j in 0..4 {

@@ -120,11 +120,7 @@ pub fn matmul_widened(
     let n = acts.len().min(outs.len());
     let nb = w.blocks();
     let sane = matches!(w.format, PackedFormat::Q6K | PackedFormat::Q5 | PackedFormat::Q5Min)
-        && w.is_consistent()
-        && groups.start <= groups.end
-        && groups.end <= w.groups()
-        && acts[..n].iter().all(|a| a.len() >= nb)
-        && outs[..n].iter().all(|o| o.len() >= GROUP_ROWS * groups.len());
+        && shapes_fit(w, &groups, &acts[..n], &outs[..n]);
     if !sane || nb == 0 {
         // The reference's own checks and messages (and its handling of empty rows).
         return super::packed::matmul_ref(w, groups, acts, outs);
@@ -251,11 +247,7 @@ pub fn matmul_decoded(
     let wide_row = nb * PackedFormat::Q4Min.scale_bytes();
     let chunk = Q4K_SCRATCH.checked_div(wide_row).unwrap_or(0).min(CHUNK_GROUPS);
     let sane = matches!(w.format, PackedFormat::Q4K | PackedFormat::Q5K)
-        && w.is_consistent()
-        && groups.start <= groups.end
-        && groups.end <= w.groups()
-        && acts[..n].iter().all(|a| a.len() >= nb)
-        && outs[..n].iter().all(|o| o.len() >= GROUP_ROWS * groups.len());
+        && shapes_fit(w, &groups, &acts[..n], &outs[..n]);
     // (No chunk: rows wider than the scratch, k > 2^16, which no model has: the reference.)
     if !sane || chunk == 0 {
         return super::packed::matmul_ref(w, groups, acts, outs);
@@ -289,6 +281,21 @@ pub fn matmul_decoded(
         }
         g0 += gn;
     }
+}
+
+/// Whether the planes, the groups, the activation rows and the output rows fit each other (what the
+/// chunked drivers rely on; anything else goes to the reference, with its own checks).
+fn shapes_fit(
+    w: &PackedMatrix<'_>,
+    groups: &Range<usize>,
+    acts: &[&[ActBlock]],
+    outs: &[&mut [f32]],
+) -> bool {
+    w.is_consistent()
+        && groups.start <= groups.end
+        && groups.end <= w.groups()
+        && acts.iter().all(|a| a.len() >= w.blocks())
+        && outs.iter().all(|o| o.len() >= GROUP_ROWS * groups.len())
 }
 
 // The super-block constants the layout relies on.

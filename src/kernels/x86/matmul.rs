@@ -308,17 +308,9 @@ unsafe fn run<const F: u8, const VNNI: bool>(
             } else if acts.len() == 1 {
                 Scales::DecodePerGroup
             } else {
-                let stride = kn * Q4MIN_SCALES;
-                let (first, units) = (c0 / SUPER_BLOCKS, kn / SUPER_BLOCKS);
                 let buf = decoded.get_or_insert([0; Q4K_DECODED]);
-                for (i, g) in strip.clone().enumerate() {
-                    let gs = w.group_scales(g);
-                    q4k_scales_impl(
-                        &gs[first * Q4K_SCALE_BYTES..(first + units) * Q4K_SCALE_BYTES],
-                        &mut buf[i * stride..(i + 1) * stride],
-                    );
-                }
-                Scales::Decoded { base: buf.as_ptr(), stride }
+                decode_scales(w, strip.clone(), c0..c0 + kn, buf);
+                Scales::Decoded { base: buf.as_ptr(), stride: kn * Q4MIN_SCALES }
             };
             let mut t0 = 0;
             while t0 < acts.len() {
@@ -426,18 +418,21 @@ unsafe fn chunk_scales<const F: u8>(
         }
         Scales::DecodePerGroup => {}
     }
-    let units = chunk.kn / SUPER_BLOCKS;
-    let stride = chunk.kn * Q4MIN_SCALES;
     let buf = buf.get_or_insert([0; 2 * SCRATCH * Q4MIN_SCALES]);
-    for i in 0..n {
-        let gs = w.group_scales(g + i);
-        let first = chunk.c0 / SUPER_BLOCKS;
-        q4k_scales_impl(
-            &gs[first * Q4K_SCALE_BYTES..(first + units) * Q4K_SCALE_BYTES],
-            &mut buf[i * stride..][..stride],
-        );
+    decode_scales(w, g..g + n, chunk.c0..chunk.c0 + chunk.kn, buf);
+    (buf.as_ptr(), chunk.kn * Q4MIN_SCALES)
+}
+
+/// Decodes the super-block scales of blocks `blocks` (whole units) of groups `groups` of a Q4K or
+/// Q5K matrix into Q4Min form, group after group at the start of `out`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn decode_scales(w: &PackedMatrix<'_>, groups: Range<usize>, blocks: Range<usize>, out: &mut [u8]) {
+    let stride = blocks.len() * Q4MIN_SCALES;
+    let units = blocks.start / SUPER_BLOCKS * Q4K_SCALE_BYTES..blocks.end / SUPER_BLOCKS * Q4K_SCALE_BYTES;
+    for (g, out) in groups.zip(out.chunks_exact_mut(stride)) {
+        q4k_scales_impl(&w.group_scales(g)[units.clone()], out);
     }
-    (buf.as_ptr(), stride)
 }
 
 /// One Q4K scale unit (a group's super-block, 64 bytes) decoded into the 8 blocks' Q4Min scales
