@@ -67,13 +67,15 @@ vocab_of() {
   case "$1" in
     llama-*) echo target/tokenizer-vocabs/ggml-vocab-llama-bpe.gguf ;;
     qwen*) echo target/tokenizer-vocabs/ggml-vocab-qwen2.gguf ;;
-    gemma-3-*) echo target/tokenizer-vocabs/ggml-vocab-gemma-3.gguf ;;
+    # (llama.cpp ships no Gemma 3 vocabulary file: the 270M model carries the family's tokenizer.)
+    gemma-3-*) echo models/gemma-3-270m-q4_k_m.gguf ;;
     *) echo "scale_bench: no vocabulary for $1" >&2; exit 2 ;;
   esac
 }
 
 BIN=${LLAMA_CPP_BIN:-$(build_llama)}
 [ -f target/tokenizer-vocabs/ggml-vocab-llama-bpe.gguf ] || scripts/tokenizer_fetch_vocabs.sh >&2
+[[ $SHAPES != *gemma-3-* ]] || scripts/tokenizer_fetch_gemma3.sh >&2
 cargo build --release --bin pinfer -q
 PINFER=target/release/pinfer
 MODELS=target/shape-models
@@ -111,6 +113,7 @@ for shape in ${SHAPES//,/ }; do
       out=$("$BIN/llama-bench" -m "$m" -p 128 -n 64 -r 3 -t "$THREADS" -o json 2>/dev/null)
       ltg+=("$(jq -r '.[] | select(.n_gen > 0) | .avg_ts' <<<"$out")")
       lpp+=("$(jq -r '.[] | select(.n_prompt > 0) | .avg_ts' <<<"$out")")
+      log "$shape $q round $r: tg pinfer ${ptg[-1]} llama.cpp ${ltg[-1]}; pp pinfer ${ppp[-1]} llama.cpp ${lpp[-1]}"
     done
     mtg=$(printf '%s\n' "${ptg[@]}" | median); mpp=$(printf '%s\n' "${ppp[@]}" | median)
     mbw=$(printf '%s\n' "${pbw[@]}" | median)

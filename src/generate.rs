@@ -64,6 +64,10 @@ impl<E: fmt::Display> fmt::Display for GenerateError<E> {
 impl<E: fmt::Debug + fmt::Display> std::error::Error for GenerateError<E> {}
 
 /// A sampler, its buffers and the last logits: one stream of generation at a time.
+///
+/// A front end either runs the whole loop ([`run`](Self::run): the CLI), or drives it token by
+/// token ([`step`](Self::step) after [`set_logits`](Self::set_logits), then
+/// [`finish`](Self::finish): the server, which evaluates many streams in one batch).
 pub struct Generator<'t> {
     tok: &'t Tokenizer<'t>,
     sampler: Sampler,
@@ -76,6 +80,9 @@ pub struct Generator<'t> {
     stops: Vec<String>,
     /// Text decoded but held back: it may be the start of a stop string.
     held: String,
+    decoder: StreamDecoder,
+    /// Added to the logits of these tokens before sampling.
+    bias: Vec<(u32, f32)>,
 }
 
 impl<'t> Generator<'t> {
@@ -91,6 +98,8 @@ impl<'t> Generator<'t> {
             ignore_eos: false,
             stops: Vec::new(),
             held: String::new(),
+            decoder: StreamDecoder::new(),
+            bias: Vec::new(),
         })
     }
 
@@ -101,10 +110,92 @@ impl<'t> Generator<'t> {
         self.held = String::with_capacity(longest + self.piece.len());
     }
 
+    /// Values added to the logits of tokens before sampling (OpenAI's `logit_bias`; `-inf` bans a
+    /// token). Ids outside the vocabulary are ignored.
+    pub fn set_logit_bias(&mut self, bias: &[(u32, f32)]) {
+        let n_vocab = self.logits.len();
+        self.bias = bias.iter().copied().filter(|&(id, _)| (id as usize) < n_vocab).collect();
+    }
+
+    /// Takes the logits the next token is sampled from (the logit biases added).
+    pub fn set_logits(&mut self, logits: &[f32]) {
+        self.logits.copy_from_slice(logits);
+        for &(id, b) in &self.bias {
+            self.logits[id as usize] += b;
+        }
+    }
+
+    /// The logits the last token was (or the next will be) sampled from, biases included.
+    pub fn logits(&self) -> &[f32] {
+        &self.logits
+    }
+
+    /// The tokenizer.
+    pub fn tokenizer(&self) -> &'t Tokenizer<'t> {
+        self.tok
+    }
+
     /// Evaluates `tokens` after what `session` holds and keeps the logits of the last one.
     pub fn feed(&mut self, session: &mut Session, tokens: &[u32]) -> Result<(), SessionError> {
         let logits = session.eval(tokens)?;
-        self.logits.copy_from_slice(logits);
+        self.set_logits(logits);
+        Ok(())
+    }
+
+    /// Starts a new stream of text (nothing pending or held back).
+    pub fn begin(&mut self) {
+        self.decoder = StreamDecoder::new();
+        self.held.clear();
+    }
+
+    /// One token: samples from the held logits (the penalties reading `tokens`, the stream's
+    /// history), appends it to `tokens` (whose capacity must hold it: a full `tokens` ends the
+    /// stream as a full context does) and passes its text on to `each` (exactly once, possibly
+    /// with ""). `Some(reason)` ends the stream (an end-of-generation token is not appended);
+    /// then call [`finish`](Self::finish).
+    pub fn step<E>(
+        &mut self,
+        tokens: &mut Vec<u32>,
+        each: &mut impl FnMut(&str) -> Result<Flow, E>,
+    ) -> Result<Option<Stop>, GenerateError<E>> {
+        let window = tokens.len().saturating_sub(self.repeat_last_n);
+        let id = self
+            .sampler
+            .sample(&self.logits, &tokens[window..], &mut self.candidates)
+            .map_err(GenerateError::Sample)?;
+        if self.tok.is_eog(id) && !self.ignore_eos {
+            return Ok(Some(Stop::EndOfGeneration));
+        }
+        if tokens.len() == tokens.capacity() {
+            return Ok(Some(Stop::ContextFull));
+        }
+        tokens.push(id);
+        let text = self.decoder.push(self.tok, id, false, &mut self.piece).map_err(GenerateError::Decode)?;
+        let (flow, found) = pass_on(&self.stops, &mut self.held, text, each)?;
+        Ok(if found {
+            Some(Stop::StopString)
+        } else if flow == Flow::Stop {
+            Some(Stop::Cancelled)
+        } else {
+            None
+        })
+    }
+
+    /// Ends a stream that stopped for `stop`: passes on the text held back (an incomplete
+    /// character as U+FFFD), unless a stop string ended it.
+    pub fn finish<E>(
+        &mut self,
+        stop: Stop,
+        each: &mut impl FnMut(&str) -> Result<Flow, E>,
+    ) -> Result<(), GenerateError<E>> {
+        if stop != Stop::StopString {
+            let rest = self.decoder.finish(&mut self.piece);
+            self.held.push_str(rest);
+            if !self.held.is_empty() {
+                each(&self.held).map_err(GenerateError::Output)?;
+            }
+        }
+        self.begin();
         Ok(())
     }
 
@@ -120,51 +211,26 @@ impl<'t> Generator<'t> {
         limit: Option<usize>,
         mut each: impl FnMut(&str) -> Result<Flow, E>,
     ) -> Result<Stop, GenerateError<E>> {
-        let mut decoder = StreamDecoder::new();
-        self.held.clear();
+        self.begin();
         let mut n = 0usize;
         let stop = loop {
             if limit.is_some_and(|l| n >= l) {
                 break Stop::Limit;
             }
-            let window = tokens.len().saturating_sub(self.repeat_last_n);
-            let id = self
-                .sampler
-                .sample(&self.logits, &tokens[window..], &mut self.candidates)
-                .map_err(GenerateError::Sample)?;
-            if self.tok.is_eog(id) && !self.ignore_eos {
-                break Stop::EndOfGeneration;
+            if let Some(stop) = self.step(tokens, &mut each)? {
+                break stop;
             }
-            if tokens.len() == tokens.capacity() {
-                break Stop::ContextFull;
-            }
-            tokens.push(id);
             n += 1;
-            let text = decoder.push(self.tok, id, false, &mut self.piece).map_err(GenerateError::Decode)?;
-            let (flow, found) = pass_on(&self.stops, &mut self.held, text, &mut each)?;
-            if found {
-                break Stop::StopString;
-            }
-            if flow == Flow::Stop {
-                break Stop::Cancelled;
-            }
             if limit.is_some_and(|l| n >= l) {
                 break Stop::Limit;
             }
-            match session.eval(&[id]) {
-                Ok(l) => self.logits.copy_from_slice(l),
+            match session.eval(&tokens[tokens.len() - 1..]) {
+                Ok(l) => self.set_logits(l),
                 Err(SessionError::Engine(EngineError::ContextFull { .. })) => break Stop::ContextFull,
                 Err(e) => return Err(GenerateError::Session(e)),
             }
         };
-        if stop != Stop::StopString {
-            let rest = decoder.finish(&mut self.piece);
-            self.held.push_str(rest);
-            if !self.held.is_empty() {
-                each(&self.held).map_err(GenerateError::Output)?;
-            }
-        }
-        self.held.clear();
+        self.finish(stop, &mut each)?;
         Ok(stop)
     }
 }

@@ -85,8 +85,14 @@ pub struct SamplerConfig {
     pub min_p: f32,
     /// Repetition penalty, `> 0`; 1 = off (the default). Values above 1 discourage repeats.
     pub repeat_penalty: f32,
-    /// How many of the most recent tokens the penalty looks at; 0 = off. Default 64.
+    /// How many of the most recent tokens the penalties look at; 0 = off. Default 64.
     pub repeat_last_n: u32,
+    /// Subtracted from the logit of every token in the window once per occurrence (OpenAI's
+    /// `frequency_penalty`); 0 = off (the default).
+    pub frequency_penalty: f32,
+    /// Subtracted once from the logit of every token in the window (OpenAI's
+    /// `presence_penalty`); 0 = off (the default).
+    pub presence_penalty: f32,
     /// Seed of the random generator (unused when greedy). Default [`SamplerConfig::DEFAULT_SEED`].
     pub seed: u64,
 }
@@ -122,6 +128,12 @@ impl SamplerConfig {
         if !r.is_finite() || r <= 0.0 {
             return bad("repeat_penalty", r, "a finite number > 0 (1 = off)");
         }
+        if !self.frequency_penalty.is_finite() {
+            return bad("frequency_penalty", self.frequency_penalty, "a finite number (0 = off)");
+        }
+        if !self.presence_penalty.is_finite() {
+            return bad("presence_penalty", self.presence_penalty, "a finite number (0 = off)");
+        }
         Ok(())
     }
 }
@@ -137,6 +149,8 @@ impl Default for SamplerConfig {
             min_p: 0.05,
             repeat_penalty: 1.0,
             repeat_last_n: 64,
+            frequency_penalty: 0.0,
+            presence_penalty: 0.0,
             seed: Self::DEFAULT_SEED,
         }
     }
@@ -316,7 +330,7 @@ impl Sampler {
         let got = scratch.len();
         let cands = scratch.get_mut(..n).ok_or(SampleError::ScratchTooSmall { needed: n, got })?;
         load(cands, logits)?;
-        apply_penalties(cands, recent, self.config.repeat_penalty, self.config.repeat_last_n)?;
+        apply_penalties(cands, recent, &self.config)?;
 
         let c = self.config;
         if c.is_greedy() {
@@ -362,26 +376,30 @@ fn load(cands: &mut [Candidate], logits: &[f32]) -> Result<(), SampleError> {
     }
 }
 
-/// llama.cpp's repetition penalty on the identity-ordered candidate list `cands` (as `load` left it).
-fn apply_penalties(
-    cands: &mut [Candidate],
-    recent: &[u32],
-    penalty: f32,
-    last_n: u32,
-) -> Result<(), SampleError> {
-    if last_n == 0 || penalty == 1.0 {
+/// llama.cpp's penalties on the identity-ordered candidate list `cands` (as `load` left it), over
+/// the last `repeat_last_n` tokens of `recent`: per distinct token the repetition penalty, then
+/// `count * frequency_penalty + presence_penalty` subtracted (`p` counts the occurrences first).
+fn apply_penalties(cands: &mut [Candidate], recent: &[u32], c: &SamplerConfig) -> Result<(), SampleError> {
+    let (repeat, freq, presence) = (c.repeat_penalty, c.frequency_penalty, c.presence_penalty);
+    if c.repeat_last_n == 0 || (repeat == 1.0 && freq == 0.0 && presence == 0.0) {
         return Ok(());
     }
-    let window = &recent[recent.len().saturating_sub(last_n as usize)..];
+    let window = &recent[recent.len().saturating_sub(c.repeat_last_n as usize)..];
     let n_vocab = cands.len();
     for &token in window {
         let c = cands.get_mut(token as usize).ok_or(SampleError::RecentTokenOutOfRange { token, n_vocab })?;
-        if c.p != 0.0 {
+        c.p += 1.0;
+    }
+    for &token in window {
+        // (Checked above.)
+        let c = &mut cands[token as usize];
+        if c.p == 0.0 {
             continue; // already penalised: once per distinct token
         }
-        c.p = 1.0;
-        let l = c.logit;
-        let penalised = if l <= 0.0 { l * penalty } else { l / penalty };
+        let (l, count) = (c.logit, c.p);
+        c.p = 0.0;
+        let mut penalised = if l <= 0.0 { l * repeat } else { l / repeat };
+        penalised -= count * freq + presence;
         c.logit = if l.is_finite() { penalised.clamp(-f32::MAX, f32::MAX) } else { penalised };
     }
     Ok(())
@@ -777,9 +795,17 @@ mod tests {
         let mut c = [Candidate::default(); 5];
         load(&mut c, &[2.0, -1.0, 0.5, 0.0, 3.0]).unwrap();
         // Token 0 twice in the window: penalised once. Token 4 is outside the last 4.
-        apply_penalties(&mut c, &[4, 0, 1, 0, 3], 2.0, 4).unwrap();
+        let pen = SamplerConfig { repeat_penalty: 2.0, repeat_last_n: 4, ..SamplerConfig::greedy() };
+        apply_penalties(&mut c, &[4, 0, 1, 0, 3], &pen).unwrap();
         let got: [f32; 5] = core::array::from_fn(|i| c[i].logit);
         assert_eq!(got, [1.0, -2.0, 0.5, 0.0, 3.0]);
+        // Frequency: per occurrence; presence: once per distinct token (OpenAI's, as llama.cpp).
+        load(&mut c, &[2.0, -1.0, 0.5, 0.0, 3.0]).unwrap();
+        let fp = SamplerConfig { frequency_penalty: 0.5, presence_penalty: 0.25, repeat_last_n: 4, ..pen };
+        apply_penalties(&mut c, &[4, 0, 1, 0, 3], &SamplerConfig { repeat_penalty: 1.0, ..fp }).unwrap();
+        let got: [f32; 5] = core::array::from_fn(|i| c[i].logit);
+        assert_eq!(got, [2.0 - 1.0 - 0.25, -1.0 - 0.5 - 0.25, 0.5, -0.75, 3.0]);
+        assert!(c.iter().all(|c| c.p == 0.0));
 
         let mut scratch = [Candidate::default(); 4];
         let pen = SamplerConfig { repeat_penalty: 2.0, ..SamplerConfig::greedy() };

@@ -41,6 +41,9 @@ pub struct SessionOptions {
     pub cores: Option<Vec<usize>>,
     /// Pin threads to cores.
     pub pin: bool,
+    /// Sequences the KV cache holds, each of `n_ctx` positions (the server's slots; 1 for the
+    /// CLI). A step evaluates tokens of several sequences at once ([`Session::decode`]).
+    pub n_seq: usize,
     /// Also plan for graphs that return logits for every token (perplexity).
     pub logits_all: bool,
     /// Repack weight matrices at load into the interleaved layout of the SIMD kernels
@@ -71,6 +74,7 @@ impl Default for SessionOptions {
             threads: 1,
             cores: None,
             pin: false,
+            n_seq: 1,
             logits_all: false,
             repack: true,
             rt_priority: None,
@@ -363,8 +367,8 @@ impl Session {
         let config = EngineConfig {
             n_ctx: opts.n_ctx,
             n_batch: opts.n_batch,
-            n_seq: 1,
-            n_outputs: if opts.logits_all { opts.n_batch.max(1) } else { 1 },
+            n_seq: opts.n_seq,
+            n_outputs: if opts.logits_all { opts.n_batch.max(1) } else { opts.n_seq.clamp(1, opts.n_batch.max(1)) },
             repack: opts.repack,
             check_numerics: opts.check_numerics,
             kernels: opts.kernels,
@@ -596,9 +600,52 @@ impl Session {
         self.engine.kv_layout().n_ctx
     }
 
-    /// Tokens in the KV cache.
+    /// Tokens in the KV cache (of sequence 0).
     pub fn n_past(&self) -> usize {
         self.engine.seq_len(0)
+    }
+
+    /// Sequences the KV cache holds.
+    pub fn n_seq(&self) -> usize {
+        self.engine.kv_layout().n_seq
+    }
+
+    /// Most tokens one [`decode`](Self::decode) step takes.
+    pub fn n_batch(&self) -> usize {
+        self.engine.kv_layout().n_batch
+    }
+
+    /// Most entries of one step that may want logits.
+    pub fn n_outputs(&self) -> usize {
+        self.engine.planned().config().n_outputs
+    }
+
+    /// Positions sequence `seq` holds.
+    pub fn seq_len(&self, seq: usize) -> usize {
+        self.engine.seq_len(seq)
+    }
+
+    /// Forgets sequence `seq` from position `n` on (0: empties it).
+    pub fn truncate_seq(&mut self, seq: usize, n: usize) {
+        self.engine.truncate(seq, n);
+    }
+
+    /// One step over a batch of tokens from any sequences (each entry at its sequence's next
+    /// position, at most [`n_batch`](Self::n_batch) of them, at most
+    /// [`n_outputs`](Self::n_outputs) wanting logits); read the logits with
+    /// [`logits`](Self::logits). Nothing is allocated.
+    pub fn decode(&mut self, batch: &[Entry]) -> Result<(), SessionError> {
+        #[cfg(feature = "npu")]
+        let offload = self.npu.as_deref().map(|n| n as &dyn crate::exec::MatmulOffload);
+        #[cfg(not(feature = "npu"))]
+        let offload = None;
+        self.engine.step(batch, &self.pool, offload)?;
+        Ok(())
+    }
+
+    /// The logits of the `i`-th entry of the last [`decode`](Self::decode) that wanted them.
+    pub fn logits(&self, i: usize) -> Option<&[f32]> {
+        self.engine.logits(i)
     }
 
     /// Vocabulary size.
@@ -682,12 +729,10 @@ impl Session {
             token,
             logits: all || i + 1 == tokens.len(),
         }));
-        #[cfg(feature = "npu")]
-        let offload = self.npu.as_deref().map(|n| n as &dyn crate::exec::MatmulOffload);
-        #[cfg(not(feature = "npu"))]
-        let offload = None;
-        self.engine.step(&self.entries, &self.pool, offload)?;
-        Ok(())
+        let entries = core::mem::take(&mut self.entries);
+        let result = self.decode(&entries);
+        self.entries = entries;
+        result
     }
 }
 

@@ -63,6 +63,12 @@ pub struct GenArgs {
     /// Tokens the repeat penalty looks back on.
     #[arg(long = "repeat-last-n", default_value_t = 64)]
     pub repeat_last_n: u32,
+    /// Subtracted from a token's logit per occurrence in the last --repeat-last-n tokens (0: off).
+    #[arg(long = "frequency-penalty", default_value_t = 0.0, allow_negative_numbers = true)]
+    pub frequency_penalty: f32,
+    /// Subtracted once from the logit of every token in the last --repeat-last-n tokens (0: off).
+    #[arg(long = "presence-penalty", default_value_t = 0.0, allow_negative_numbers = true)]
+    pub presence_penalty: f32,
     /// Random seed (-1: a random one, printed with -v).
     #[arg(short = 's', long = "seed", default_value_t = -1, allow_negative_numbers = true)]
     pub seed: i64,
@@ -132,6 +138,8 @@ impl GenArgs {
             min_p: self.min_p,
             repeat_penalty: self.repeat_penalty,
             repeat_last_n: self.repeat_last_n,
+            frequency_penalty: self.frequency_penalty,
+            presence_penalty: self.presence_penalty,
             seed,
         };
         config.validate().map_err(|e| CliError::new(e.to_string()))?;
@@ -185,7 +193,7 @@ impl GenArgs {
 
 /// A seed from the OS's random source (or the clock where it is missing). 32 bits, as
 /// llama.cpp's, so `-s` can give it back.
-fn random_seed() -> u64 {
+pub(crate) fn random_seed() -> u64 {
     use std::io::Read;
     let mut bytes = [0u8; 4];
     let seed = match std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut bytes)) {

@@ -11,7 +11,8 @@ use clap::CommandFactory;
 use crate::{Cli, CliError};
 
 /// llama.cpp's single-dash spellings pinfer takes, and the long flag each means.
-const SPELLINGS: [(&str, &str); 7] = [
+const SPELLINGS: [(&str, &str); 8] = [
+    ("-np", "--parallel"),
     ("-cnv", "--conversation"),
     ("-no-cnv", "--no-conversation"),
     ("-ngl", "--n-gpu-layers"),

@@ -22,6 +22,7 @@ mod perplexity;
 mod quantize;
 mod repack;
 mod runtime;
+mod serve;
 mod signals;
 
 use runtime::RuntimeArgs;
@@ -99,6 +100,9 @@ enum Command {
     /// Write a repacked-weight cache: a GGUF with the weight matrices already in pinfer's packed
     /// layout for this CPU, which loads without repacking (`pinfer repack IN OUT`).
     Repack(repack::RepackArgs),
+    /// Serve the model over HTTP: the OpenAI API, llama-server's endpoints and the Ollama API on
+    /// one port, with parallel slots whose decode steps run as one batch.
+    Serve(serve::ServeArgs),
     /// Check a file pinfer wrote for itself (a repack cache) against its checksums; a plain GGUF
     /// is checked for structure and model metadata.
     Verify {
@@ -162,6 +166,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
         Command::Quantize(args) => quantize::run(args),
         Command::Repack(args) => repack::run(args),
         Command::Verify { file } => repack::verify(&file),
+        Command::Serve(args) => serve::run(args),
         Command::NpuPlan(args) => npu::plan(args),
         Command::Selftest(args) => npu::selftest(args),
     }

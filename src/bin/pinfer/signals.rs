@@ -23,15 +23,27 @@ static POLLED: AtomicBool = AtomicBool::new(false);
 
 extern "C" fn on_sigint(_: libc::c_int) {
     // Only async-signal-safe work here: atomics, unlink and _exit.
+    if SERVING.load(Ordering::SeqCst) && !TERMINATE.swap(true, Ordering::SeqCst) {
+        return;
+    }
     if POLLED.load(Ordering::SeqCst) && !INTERRUPTED.swap(true, Ordering::SeqCst) {
         return;
     }
     exit_now(130);
 }
 
+/// Set by the first SIGTERM or SIGINT in serve mode: the server stops accepting requests,
+/// finishes (or after a grace period cancels) the running ones and exits 0.
+static TERMINATE: AtomicBool = AtomicBool::new(false);
+/// Whether the server runs ([`serve_mode`]).
+static SERVING: AtomicBool = AtomicBool::new(false);
+
 /// SIGTERM and SIGHUP (a closed SSH session) end the process at once, as by default, but
-/// without leaving a writer's temporary file behind.
+/// without leaving a writer's temporary file behind; a server stops gracefully on the first one.
 extern "C" fn on_terminate(signal: libc::c_int) {
+    if SERVING.load(Ordering::SeqCst) && signal != libc::SIGHUP && !TERMINATE.swap(true, Ordering::SeqCst) {
+        return;
+    }
     exit_now(128 + signal);
 }
 
@@ -87,4 +99,15 @@ pub(crate) fn check_interrupt() -> Result<(), CliError> {
     } else {
         Ok(())
     }
+}
+
+/// From now on the first SIGTERM or SIGINT asks the server to stop ([`terminate_requested`]); a
+/// second one exits at once.
+pub(crate) fn serve_mode() {
+    SERVING.store(true, Ordering::SeqCst);
+}
+
+/// Whether a SIGTERM or SIGINT asked the server to stop.
+pub(crate) fn terminate_requested() -> bool {
+    TERMINATE.load(Ordering::SeqCst)
 }

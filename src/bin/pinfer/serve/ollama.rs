@@ -1,0 +1,218 @@
+//! The Ollama API on the same port (`/api/chat`, `/api/generate`, `/api/tags`, `/api/show`,
+//! `/api/ps`, `/api/version`), so Ollama clients and Open WebUI work unchanged: newline-delimited
+//! JSON streaming (on by default), durations in nanoseconds, `done_reason`.
+
+use axum::body::Body;
+use axum::extract::State as AxState;
+use axum::response::Response;
+use pinfer::chat::Role;
+use serde_json::{json, Map, Value};
+
+use super::api::{gen_params, json_response, read_json, ApiError, Dialect, Fields};
+use super::slots::{Event, Summary};
+use super::{collect, encode, finish_reason, messages, render_chat, rfc3339_now, streaming, submit, AppState, Shared};
+
+/// The version Ollama clients see (a recent Ollama's: clients check for features by it).
+const OLLAMA_VERSION: &str = "0.12.0";
+
+/// The durations and counts of a finished Ollama response.
+fn done_fields(v: &mut Value, s: &Summary) {
+    let ns = |ms: f64| (ms * 1e6) as u64;
+    v["done"] = json!(true);
+    v["done_reason"] = json!(finish_reason(s.stop));
+    v["total_duration"] = json!(ns(s.prompt_ms + s.generate_ms));
+    // The model stays loaded for the server's life: no request waits for a load.
+    v["load_duration"] = json!(0);
+    v["prompt_eval_count"] = json!(s.n_prompt - s.n_cached);
+    v["prompt_eval_duration"] = json!(ns(s.prompt_ms));
+    v["eval_count"] = json!(s.n_generated);
+    v["eval_duration"] = json!(ns(s.generate_ms));
+}
+
+/// Streams a generation as NDJSON lines made by `line` (text) and finished by `last`.
+fn ndjson(
+    mut sub: super::Submitted,
+    line: impl Fn(&str) -> Value + Send + 'static,
+    last: impl Fn(&Summary) -> Value + Send + 'static,
+) -> Response {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+    tokio::spawn(async move {
+        while let Some(event) = sub.events.recv().await {
+            let out = match event {
+                Event::Token { text, .. } if text.is_empty() => continue,
+                Event::Token { text, .. } => format!("{}\n", line(&text)),
+                Event::Done(s) => {
+                    let _ = tx.send(format!("{}\n", last(&s)));
+                    break;
+                }
+                Event::Failed(message) => {
+                    let _ = tx.send(format!("{}\n", json!({ "error": message })));
+                    break;
+                }
+            };
+            if tx.send(out).is_err() {
+                break; // the client left: dropping `sub` cancels the generation
+            }
+        }
+    });
+    streaming("application/x-ndjson", rx)
+}
+
+fn check_format(body: &Map<String, Value>) -> Result<(), ApiError> {
+    match body.get("format") {
+        None | Some(Value::Null) => Ok(()),
+        Some(Value::String(s)) if s.is_empty() => Ok(()),
+        Some(_) => Err(ApiError::invalid("'format': structured output is not supported yet")),
+    }
+}
+
+/// `POST /api/chat`.
+pub async fn chat(AxState(shared): AxState<AppState>, body: Body) -> Result<Response, ApiError> {
+    let state = shared.state()?;
+    let body = read_json(&state, body).await?;
+    check_format(&body)?;
+    if body.get("tools").is_some_and(|v| v.as_array().is_some_and(|a| !a.is_empty())) {
+        return Err(ApiError::invalid("'tools': tool calls are not supported yet"));
+    }
+    let params = gen_params(&state, &body, Dialect::Ollama)?;
+    let stream = Fields::new(&body).bool("stream")?.unwrap_or(true);
+    let prompt = render_chat(&state, &messages(&body)?)?;
+    let sub = submit(&shared, encode(&state, &prompt, true), params)?;
+    let model = shared.model_name.clone();
+    let message = |content: &str| json!({ "role": "assistant", "content": content });
+    if !stream {
+        let c = collect(sub).await?;
+        let mut v = json!({ "model": model, "created_at": rfc3339_now(), "message": message(&c.text) });
+        done_fields(&mut v, &c.summary);
+        return Ok(json_response(&v));
+    }
+    let m2 = model.clone();
+    Ok(ndjson(
+        sub,
+        move |text| json!({ "model": m2, "created_at": rfc3339_now(), "message": message(text), "done": false }),
+        move |s| {
+            let mut v = json!({ "model": model, "created_at": rfc3339_now(), "message": message("") });
+            done_fields(&mut v, s);
+            v
+        },
+    ))
+}
+
+/// `POST /api/generate`: the prompt through the chat template (with `system`), or as it is with
+/// `raw`; an empty prompt only loads the model (answered at once, as Ollama does).
+pub async fn generate(AxState(shared): AxState<AppState>, body: Body) -> Result<Response, ApiError> {
+    let state = shared.state()?;
+    let body = read_json(&state, body).await?;
+    check_format(&body)?;
+    let f = Fields::new(&body);
+    let prompt = f.str("prompt")?.unwrap_or("");
+    let model = shared.model_name.clone();
+    if prompt.is_empty() {
+        return Ok(json_response(&json!({
+            "model": model, "created_at": rfc3339_now(), "response": "", "done": true, "done_reason": "load",
+        })));
+    }
+    let params = gen_params(&state, &body, Dialect::Ollama)?;
+    let stream = f.bool("stream")?.unwrap_or(true);
+    let text = if f.bool("raw")?.unwrap_or(false) {
+        prompt.to_string()
+    } else {
+        let mut turns = Vec::new();
+        if let Some(system) = f.str("system")? {
+            turns.push((Role::System, system.to_string()));
+        }
+        turns.push((Role::User, prompt.to_string()));
+        render_chat(&state, &turns)?
+    };
+    let sub = submit(&shared, encode(&state, &text, true), params)?;
+    if !stream {
+        let c = collect(sub).await?;
+        let mut v = json!({ "model": model, "created_at": rfc3339_now(), "response": c.text });
+        done_fields(&mut v, &c.summary);
+        v["context"] = json!(c.summary.tokens);
+        return Ok(json_response(&v));
+    }
+    let m2 = model.clone();
+    Ok(ndjson(
+        sub,
+        move |text| json!({ "model": m2, "created_at": rfc3339_now(), "response": text, "done": false }),
+        move |s| {
+            let mut v = json!({ "model": model, "created_at": rfc3339_now(), "response": "" });
+            done_fields(&mut v, s);
+            v["context"] = json!(s.tokens);
+            v
+        },
+    ))
+}
+
+/// The model's entry in `/api/tags` and `/api/ps`.
+fn model_entry(shared: &Shared) -> Value {
+    let ready = shared.ready.get();
+    let family = ready.map_or("", |r| r.arch.as_str());
+    let size = ready.map_or(0, |r| r.n_params);
+    let parameter_size = if size >= 1_000_000_000 {
+        format!("{:.1}B", size as f64 / 1e9)
+    } else {
+        format!("{:.0}M", size as f64 / 1e6)
+    };
+    json!({
+        "name": shared.model_name,
+        "model": shared.model_name,
+        "modified_at": rfc3339_now(),
+        "size": shared.model_bytes,
+        "digest": format!("{:016x}{:016x}", shared.model_bytes, fnv(&shared.model_name)),
+        "details": {
+            "parent_model": "",
+            "format": "gguf",
+            "family": family,
+            "families": [family],
+            "parameter_size": parameter_size,
+            "quantization_level": ready.map_or("", |r| r.quant.as_str()),
+        },
+    })
+}
+
+/// FNV-1a of a name (a stable stand-in digest: the file is not hashed at startup).
+fn fnv(s: &str) -> u64 {
+    s.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3))
+}
+
+/// `GET /api/tags`: the one model.
+pub async fn tags(AxState(shared): AxState<AppState>) -> Response {
+    json_response(&json!({ "models": [model_entry(&shared)] }))
+}
+
+/// `GET /api/ps`: the model, loaded for as long as the server runs.
+pub async fn ps(AxState(shared): AxState<AppState>) -> Response {
+    let mut entry = model_entry(&shared);
+    entry["expires_at"] = json!("2318-01-01T00:00:00Z");
+    entry["size_vram"] = json!(0);
+    json_response(&json!({ "models": if shared.ready.get().is_some() { vec![entry] } else { vec![] } }))
+}
+
+/// `POST /api/show`.
+pub async fn show(AxState(shared): AxState<AppState>, body: Body) -> Result<Response, ApiError> {
+    let state = shared.state()?;
+    let _ = read_json(&state, body).await?;
+    let entry = model_entry(&shared);
+    let r = state.ready;
+    Ok(json_response(&json!({
+        "license": "",
+        "modelfile": format!("FROM {}\n", shared.model_path.display()),
+        "parameters": "",
+        "template": r.chat_template_text.clone().unwrap_or_default(),
+        "details": entry["details"],
+        "model_info": {
+            "general.architecture": r.arch,
+            "general.parameter_count": r.n_params,
+            format!("{}.context_length", r.arch): r.n_ctx_train,
+        },
+        "capabilities": ["completion"],
+        "modified_at": entry["modified_at"],
+    })))
+}
+
+/// `GET /api/version`.
+pub async fn version() -> Response {
+    json_response(&json!({ "version": OLLAMA_VERSION }))
+}

@@ -1,0 +1,362 @@
+//! The OpenAI endpoints (`/v1/chat/completions`, `/v1/completions`) and llama-server's native
+//! `/completion`, streaming by server-sent events.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use axum::body::Body;
+use axum::extract::State as AxState;
+use axum::response::Response;
+use pinfer::generate::Stop;
+use serde_json::{json, Map, Value};
+
+use super::api::{gen_params, json_response, read_json, ApiError, Dialect, Fields};
+use super::slots::{Event, Summary, TokenProbs};
+use super::{
+    collect, encode, finish_reason, messages, render_chat, streaming, submit, unix_now, AppState, State,
+    Submitted,
+};
+
+/// A response id: a prefix, the process's start and a counter.
+fn response_id(prefix: &str) -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    format!("{prefix}-{:x}{:06x}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed))
+}
+
+/// The prompt of a completion request: a string, token ids, or a list of one of them.
+fn prompt_tokens(state: &State<'_>, body: &Map<String, Value>) -> Result<Vec<u32>, ApiError> {
+    let bad = || ApiError::invalid("'prompt' must be a string, a list of token ids, or a list of one string");
+    let ids_of = |list: &[Value]| -> Result<Vec<u32>, ApiError> {
+        list.iter()
+            .map(|v| v.as_u64().filter(|&id| id < state.n_vocab as u64).map(|id| id as u32).ok_or_else(bad))
+            .collect()
+    };
+    match body.get("prompt") {
+        None | Some(Value::Null) => Err(ApiError::invalid("'prompt' is required")),
+        Some(Value::String(s)) => Ok(encode(state, s, true)),
+        Some(Value::Array(a)) if a.iter().all(Value::is_number) => ids_of(a),
+        Some(Value::Array(a)) if a.len() == 1 => match &a[0] {
+            Value::String(s) => Ok(encode(state, s, true)),
+            Value::Array(ids) => ids_of(ids),
+            _ => Err(bad()),
+        },
+        Some(_) => Err(bad()),
+    }
+}
+
+fn usage(n_prompt: usize, n_generated: usize) -> Value {
+    json!({
+        "prompt_tokens": n_prompt,
+        "completion_tokens": n_generated,
+        "total_tokens": n_prompt + n_generated,
+    })
+}
+
+/// llama-server's `timings` object.
+fn timings(s: &Summary) -> Value {
+    let n_prompt = s.n_prompt - s.n_cached;
+    let per = |ms: f64, n: usize| if n > 0 { ms / n as f64 } else { 0.0 };
+    let rate = |ms: f64, n: usize| if ms > 0.0 { 1e3 * n as f64 / ms } else { 0.0 };
+    json!({
+        "cache_n": s.n_cached,
+        "prompt_n": n_prompt,
+        "prompt_ms": s.prompt_ms,
+        "prompt_per_token_ms": per(s.prompt_ms, n_prompt),
+        "prompt_per_second": rate(s.prompt_ms, n_prompt),
+        "predicted_n": s.n_generated,
+        "predicted_ms": s.generate_ms,
+        "predicted_per_token_ms": per(s.generate_ms, s.n_generated),
+        "predicted_per_second": rate(s.generate_ms, s.n_generated),
+    })
+}
+
+fn bytes_text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// OpenAI chat logprobs of one token (`top` alternatives).
+fn chat_logprob(p: &TokenProbs, top: usize) -> Value {
+    json!({
+        "token": bytes_text(&p.bytes),
+        "logprob": p.logprob,
+        "bytes": p.bytes,
+        "top_logprobs": p.top.iter().take(top).map(|(_, b, lp)| json!({
+            "token": bytes_text(b), "logprob": lp, "bytes": b,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// OpenAI legacy completion logprobs of a list of tokens.
+fn completion_logprobs(probs: &[TokenProbs], top: usize) -> Value {
+    json!({
+        "tokens": probs.iter().map(|p| bytes_text(&p.bytes)).collect::<Vec<_>>(),
+        "token_logprobs": probs.iter().map(|p| p.logprob).collect::<Vec<_>>(),
+        "top_logprobs": probs.iter().map(|p| {
+            let m: Map<String, Value> = p.top.iter().take(top).map(|(_, b, lp)| (bytes_text(b), json!(lp))).collect();
+            Value::Object(m)
+        }).collect::<Vec<_>>(),
+    })
+}
+
+/// llama-server's `completion_probabilities` entry.
+fn native_prob(p: &TokenProbs) -> Value {
+    json!({
+        "id": p.id,
+        "token": bytes_text(&p.bytes),
+        "logprob": p.logprob,
+        "bytes": p.bytes,
+        "top_logprobs": p.top.iter().map(|(id, b, lp)| json!({
+            "id": id, "token": bytes_text(b), "logprob": lp, "bytes": b,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// Whether and how a request asked for logprobs: (wanted, top alternatives).
+fn logprobs_asked(body: &Map<String, Value>) -> Result<(bool, usize), ApiError> {
+    let f = Fields::new(body);
+    Ok(match body.get("logprobs") {
+        Some(Value::Number(_)) => (true, f.count("logprobs", 20)?.unwrap_or(0)),
+        _ => (f.bool("logprobs")?.unwrap_or(false), f.count("top_logprobs", 20)?.unwrap_or(0)),
+    })
+}
+
+/// The SSE line of a JSON value.
+fn sse(value: &Value) -> String {
+    format!("data: {value}\n\n")
+}
+
+/// Forwards a generation's events as SSE chunks made by `chunk` (text, probs) and `last` (the
+/// summary), then `[DONE]` when `done_marker`.
+fn sse_stream(
+    mut sub: Submitted,
+    mut chunk: impl FnMut(&str, Option<&TokenProbs>) -> Option<Value> + Send + 'static,
+    mut last: impl FnMut(&Summary) -> Vec<Value> + Send + 'static,
+    done_marker: bool,
+) -> Response {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+    tokio::spawn(async move {
+        while let Some(event) = sub.events.recv().await {
+            let out = match event {
+                Event::Token { text, probs } => match chunk(&text, probs.as_ref()) {
+                    Some(v) => sse(&v),
+                    None => continue,
+                },
+                Event::Done(summary) => {
+                    let mut out: String = last(&summary).iter().map(sse).collect();
+                    if done_marker {
+                        out.push_str("data: [DONE]\n\n");
+                    }
+                    let _ = tx.send(out);
+                    break;
+                }
+                Event::Failed(message) => {
+                    let _ = tx.send(format!("error: {}\n\n", ApiError::server(message).body()));
+                    break;
+                }
+            };
+            if tx.send(out).is_err() {
+                break; // the client left: dropping `sub` cancels the generation
+            }
+        }
+    });
+    streaming("text/event-stream", rx)
+}
+
+/// `POST /v1/chat/completions`.
+pub async fn chat_completions(AxState(shared): AxState<AppState>, body: Body) -> Result<Response, ApiError> {
+    let state = shared.state()?;
+    let body = read_json(&state, body).await?;
+    let params = gen_params(&state, &body, Dialect::OpenAi)?;
+    let (want_logprobs, top) = logprobs_asked(&body)?;
+    let f = Fields::new(&body);
+    let stream = f.bool("stream")?.unwrap_or(false);
+    let include_usage =
+        f.object("stream_options")?.map(|o| Fields::nested(o, "stream_options.").bool("include_usage")).transpose()?.flatten().unwrap_or(false);
+    if f.get("response_format").is_some_and(|v| v.get("type").and_then(Value::as_str) != Some("text")) {
+        return Err(ApiError::invalid("'response_format': structured output is not supported yet (only type \"text\")"));
+    }
+    if f.get("tools").is_some_and(|v| v.as_array().is_some_and(|a| !a.is_empty())) {
+        return Err(ApiError::invalid("'tools': tool calls are not supported yet"));
+    }
+    let prompt = render_chat(&state, &messages(&body)?)?;
+    let tokens = encode(&state, &prompt, true);
+    let model = shared.model_name.clone();
+    let sub = submit(&shared, tokens, params)?;
+    let (id, created) = (response_id("chatcmpl"), unix_now());
+    if !stream {
+        let n_prompt = sub.n_prompt;
+        let c = collect(sub).await?;
+        let logprobs = want_logprobs.then(|| json!({ "content": c.probs.iter().map(|p| chat_logprob(p, top)).collect::<Vec<_>>() }));
+        return Ok(json_response(&json!({
+            "id": id,
+            "object": "chat.completion",
+            "created": created,
+            "model": model,
+            "system_fingerprint": format!("pinfer-{}", pinfer::VERSION),
+            "choices": [{
+                "index": 0,
+                "message": { "role": "assistant", "content": c.text },
+                "logprobs": logprobs,
+                "finish_reason": finish_reason(c.summary.stop),
+            }],
+            "usage": usage(n_prompt, c.summary.n_generated),
+            "timings": timings(&c.summary),
+        })));
+    }
+    let head = move |id: &str, model: &str, choices: Value| {
+        json!({
+            "id": id,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+            "system_fingerprint": format!("pinfer-{}", pinfer::VERSION),
+            "choices": choices,
+        })
+    };
+    let (id2, model2) = (id.clone(), model.clone());
+    let mut first = true;
+    let chunk = move |text: &str, probs: Option<&TokenProbs>| {
+        let mut delta = Map::new();
+        if first {
+            delta.insert("role".into(), json!("assistant"));
+            first = false;
+        } else if text.is_empty() && probs.is_none() {
+            return None;
+        }
+        delta.insert("content".into(), json!(text));
+        let logprobs = match (want_logprobs, probs) {
+            (true, Some(p)) => json!({ "content": [chat_logprob(p, top)] }),
+            _ => Value::Null,
+        };
+        Some(head(&id2, &model2, json!([{ "index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": null }])))
+    };
+    let last = move |s: &Summary| {
+        let mut end = head(&id, &model, json!([{ "index": 0, "delta": {}, "logprobs": null, "finish_reason": finish_reason(s.stop) }]));
+        end["timings"] = timings(s);
+        let mut out = vec![end];
+        if include_usage {
+            let mut u = head(&id, &model, json!([]));
+            u["usage"] = usage(s.n_prompt, s.n_generated);
+            out.push(u);
+        }
+        out
+    };
+    Ok(sse_stream(sub, chunk, last, true))
+}
+
+/// `POST /v1/completions`.
+pub async fn completions(AxState(shared): AxState<AppState>, body: Body) -> Result<Response, ApiError> {
+    let state = shared.state()?;
+    let body = read_json(&state, body).await?;
+    let params = gen_params(&state, &body, Dialect::OpenAi)?;
+    let (want_logprobs, top) = logprobs_asked(&body)?;
+    let f = Fields::new(&body);
+    let stream = f.bool("stream")?.unwrap_or(false);
+    let include_usage =
+        f.object("stream_options")?.map(|o| Fields::nested(o, "stream_options.").bool("include_usage")).transpose()?.flatten().unwrap_or(false);
+    let tokens = prompt_tokens(&state, &body)?;
+    let model = shared.model_name.clone();
+    let sub = submit(&shared, tokens, params)?;
+    let (id, created) = (response_id("cmpl"), unix_now());
+    if !stream {
+        let n_prompt = sub.n_prompt;
+        let c = collect(sub).await?;
+        return Ok(json_response(&json!({
+            "id": id,
+            "object": "text_completion",
+            "created": created,
+            "model": model,
+            "choices": [{
+                "text": c.text,
+                "index": 0,
+                "logprobs": if want_logprobs { completion_logprobs(&c.probs, top) } else { Value::Null },
+                "finish_reason": finish_reason(c.summary.stop),
+            }],
+            "usage": usage(n_prompt, c.summary.n_generated),
+            "timings": timings(&c.summary),
+        })));
+    }
+    let head = move |id: &str, model: &str, choices: Value| {
+        json!({ "id": id, "object": "text_completion", "created": created, "model": model, "choices": choices })
+    };
+    let (id2, model2) = (id.clone(), model.clone());
+    let chunk = move |text: &str, probs: Option<&TokenProbs>| {
+        if text.is_empty() && probs.is_none() {
+            return None;
+        }
+        let logprobs = match (want_logprobs, probs) {
+            (true, Some(p)) => completion_logprobs(std::slice::from_ref(p), top),
+            _ => Value::Null,
+        };
+        Some(head(&id2, &model2, json!([{ "text": text, "index": 0, "logprobs": logprobs, "finish_reason": null }])))
+    };
+    let last = move |s: &Summary| {
+        let mut out =
+            vec![head(&id, &model, json!([{ "text": "", "index": 0, "logprobs": null, "finish_reason": finish_reason(s.stop) }]))];
+        if include_usage {
+            let mut u = head(&id, &model, json!([]));
+            u["usage"] = usage(s.n_prompt, s.n_generated);
+            out.push(u);
+        }
+        out
+    };
+    Ok(sse_stream(sub, chunk, last, true))
+}
+
+/// llama-server's `stop_type`.
+fn stop_type(stop: Stop) -> &'static str {
+    match stop {
+        Stop::EndOfGeneration => "eos",
+        Stop::Limit | Stop::ContextFull => "limit",
+        Stop::StopString => "word",
+        Stop::Cancelled => "none",
+    }
+}
+
+/// `POST /completion` (llama-server's native endpoint).
+pub async fn native_completion(AxState(shared): AxState<AppState>, body: Body) -> Result<Response, ApiError> {
+    let state = shared.state()?;
+    let body = read_json(&state, body).await?;
+    let params = gen_params(&state, &body, Dialect::Llama)?;
+    let stream = Fields::new(&body).bool("stream")?.unwrap_or(false);
+    let tokens = prompt_tokens(&state, &body)?;
+    let model = shared.model_name.clone();
+    let want_probs = params.n_probs > 0;
+    let sub = submit(&shared, tokens, params)?;
+    let end = move |s: &Summary, content: &str, probs: &[TokenProbs]| {
+        let mut v = json!({
+            "index": 0,
+            "content": content,
+            "tokens": [],
+            "id_slot": s.slot,
+            "stop": true,
+            "model": model,
+            "tokens_predicted": s.n_generated,
+            "tokens_evaluated": s.n_prompt,
+            "tokens_cached": s.n_cached,
+            "truncated": false,
+            "stop_type": stop_type(s.stop),
+            "stopping_word": s.stop_word.clone().unwrap_or_default(),
+            "timings": timings(s),
+        });
+        if want_probs {
+            v["completion_probabilities"] = Value::Array(probs.iter().map(native_prob).collect());
+        }
+        v
+    };
+    if !stream {
+        let c = collect(sub).await?;
+        return Ok(json_response(&end(&c.summary, &c.text, &c.probs)));
+    }
+    let chunk = move |text: &str, probs: Option<&TokenProbs>| {
+        if text.is_empty() && probs.is_none() {
+            return None;
+        }
+        let mut v = json!({ "index": 0, "content": text, "tokens": [], "stop": false });
+        if let Some(p) = probs {
+            v["completion_probabilities"] = json!([native_prob(p)]);
+        }
+        Some(v)
+    };
+    let last = move |s: &Summary| vec![end(s, "", &[])];
+    Ok(sse_stream(sub, chunk, last, false))
+}

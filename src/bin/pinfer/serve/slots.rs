@@ -1,0 +1,526 @@
+//! The server's engine thread: one [`Session`] whose KV cache holds one sequence per slot, and a
+//! scheduler that runs every active slot in one batch per step.
+//!
+//! Per step the batch takes, in this order, the next token of every slot that is generating (one
+//! pass over the weights serves them all: decode is bound by memory bandwidth), then prompt tokens
+//! of slots still reading their prompt, up to the batch size. So a long prompt is read in chunks
+//! between decode steps and never stalls the other streams for more than one chunk.
+//!
+//! Each slot keeps the tokens its KV sequence holds after a request ends: a request whose prompt
+//! starts with them (a chat's next turn) only evaluates the rest, and a new request goes to the
+//! idle slot whose cache shares the longest prefix with its prompt.
+//!
+//! Events go to the request's handler through an unbounded channel, so a slow client never blocks
+//! the engine; a closed channel (the client left) cancels the request at the next step.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::Instant;
+
+use pinfer::engine::Entry;
+use pinfer::generate::{Flow, GenerateError, Generator, Stop};
+use pinfer::sampler::SamplerConfig;
+use pinfer::session::Session;
+use pinfer::tokenizer::Tokenizer;
+use tokio::sync::mpsc::UnboundedSender;
+
+/// What a request asks the engine to generate.
+#[derive(Debug, Clone)]
+pub struct GenParams {
+    pub sampler: SamplerConfig,
+    /// Most tokens to generate (`None`: until end of generation or a full context).
+    pub n_predict: Option<usize>,
+    pub stops: Vec<String>,
+    pub ignore_eos: bool,
+    pub logit_bias: Vec<(u32, f32)>,
+    /// Probabilities of the `n_probs` most likely tokens with every generated token (0: none).
+    pub n_probs: usize,
+    /// Reuse the slot's cached prefix (default on).
+    pub cache_prompt: bool,
+    /// The slot to run in (`None`: the best idle one).
+    pub id_slot: Option<usize>,
+}
+
+/// One request for the engine thread.
+pub struct Job {
+    pub prompt: Vec<u32>,
+    pub params: GenParams,
+    pub events: UnboundedSender<Event>,
+}
+
+/// A token's probability and the most likely alternatives (natural-log probabilities).
+#[derive(Debug, Clone)]
+pub struct TokenProbs {
+    pub id: u32,
+    pub bytes: Vec<u8>,
+    pub logprob: f32,
+    pub top: Vec<(u32, Vec<u8>, f32)>,
+}
+
+/// What a request's handler receives.
+#[derive(Debug)]
+pub enum Event {
+    /// A generated token and the text it completes (possibly empty: held back for a stop string
+    /// or an incomplete character).
+    Token { text: String, probs: Option<TokenProbs> },
+    /// The stream ended.
+    Done(Summary),
+    /// It failed (the message says why); nothing more follows.
+    Failed(String),
+}
+
+/// How a stream ended, and its counts and times.
+#[derive(Debug, Clone)]
+pub struct Summary {
+    pub stop: Stop,
+    /// The stop string that ended it.
+    pub stop_word: Option<String>,
+    pub slot: usize,
+    pub n_prompt: usize,
+    /// Prompt tokens taken from the slot's cache (not evaluated).
+    pub n_cached: usize,
+    pub n_generated: usize,
+    pub prompt_ms: f64,
+    pub generate_ms: f64,
+    /// The prompt and generated tokens (Ollama's `context`).
+    pub tokens: Vec<u32>,
+}
+
+/// Counters the `/metrics`, `/slots` and `/props` endpoints read.
+#[derive(Default)]
+pub struct Stats {
+    pub prompt_tokens: AtomicU64,
+    pub prompt_us: AtomicU64,
+    pub generated_tokens: AtomicU64,
+    pub generate_us: AtomicU64,
+    pub requests_processing: AtomicUsize,
+    pub requests_deferred: AtomicUsize,
+    /// Positions held by all slots' caches.
+    pub kv_tokens: AtomicUsize,
+    pub steps: AtomicU64,
+    /// Per slot: whether it is running a request.
+    pub busy: Vec<AtomicBool>,
+    /// Per slot: positions its cache holds.
+    pub cached: Vec<AtomicUsize>,
+}
+
+impl Stats {
+    pub fn new(slots: usize) -> Self {
+        Self {
+            busy: (0..slots).map(|_| AtomicBool::new(false)).collect(),
+            cached: (0..slots).map(|_| AtomicUsize::new(0)).collect(),
+            ..Self::default()
+        }
+    }
+}
+
+enum Phase {
+    Idle,
+    /// Reading the prompt: `tokens[..done]` is in the cache.
+    Prompt { done: usize },
+    Generating,
+}
+
+/// A request running in a slot.
+struct Running {
+    job: Job,
+    generator: Generator<'static>,
+    /// Prompt and generated tokens (capacity: the slot's context, so a full one ends the stream).
+    tokens: Vec<u32>,
+    n_prompt: usize,
+    n_cached: usize,
+    n_generated: usize,
+    started: Instant,
+    prompt_done: Option<Instant>,
+    stop_word: Option<String>,
+}
+
+struct Slot {
+    phase: Phase,
+    /// Tokens the slot's KV sequence holds (valid in any phase: the cache after the last step).
+    cache: Vec<u32>,
+    run: Option<Running>,
+    last_used: u64,
+}
+
+/// The scheduler over a loaded session.
+pub struct Engine {
+    session: Session,
+    tok: &'static Tokenizer<'static>,
+    slots: Vec<Slot>,
+    queue: VecDeque<Job>,
+    entries: Vec<Entry>,
+    /// Which slot each logits row of the last step belongs to.
+    rows: Vec<usize>,
+    stats: Arc<Stats>,
+    clock: u64,
+    piece: Vec<u8>,
+}
+
+impl Engine {
+    pub fn new(session: Session, tok: &'static Tokenizer<'static>, stats: Arc<Stats>) -> Self {
+        let n_ctx = session.n_ctx();
+        let slots = (0..session.n_seq())
+            .map(|_| Slot { phase: Phase::Idle, cache: Vec::with_capacity(n_ctx + 1), run: None, last_used: 0 })
+            .collect();
+        let n_batch = session.n_batch();
+        Self {
+            piece: vec![0u8; pinfer::tokenizer::StreamDecoder::buffer_len(tok)],
+            session,
+            tok,
+            slots,
+            queue: VecDeque::new(),
+            entries: Vec::with_capacity(n_batch),
+            rows: Vec::with_capacity(n_batch),
+            stats,
+            clock: 0,
+        }
+    }
+
+    /// Runs until `jobs` is closed and every request has ended (or `stop` asks to cancel them).
+    pub fn serve(mut self, jobs: mpsc::Receiver<Job>, stop: &AtomicBool) {
+        let mut open = true;
+        loop {
+            let idle = self.slots.iter().all(|s| s.run.is_none()) && self.queue.is_empty();
+            if idle {
+                if !open {
+                    return;
+                }
+                match jobs.recv() {
+                    Ok(job) => self.queue.push_back(job),
+                    Err(_) => return,
+                }
+            }
+            while open {
+                match jobs.try_recv() {
+                    Ok(job) => self.queue.push_back(job),
+                    Err(mpsc::TryRecvError::Empty) => break,
+                    Err(mpsc::TryRecvError::Disconnected) => open = false,
+                }
+            }
+            if stop.load(Ordering::Relaxed) {
+                self.cancel_all();
+            }
+            self.assign();
+            self.step();
+        }
+    }
+
+    /// Ends every queued and running request (shutdown).
+    fn cancel_all(&mut self) {
+        for job in self.queue.drain(..) {
+            let _ = job.events.send(Event::Failed("the server is shutting down".into()));
+        }
+        for i in 0..self.slots.len() {
+            if self.slots[i].run.is_some() {
+                self.end(i, Stop::Cancelled);
+            }
+        }
+        self.stats.requests_deferred.store(0, Ordering::Relaxed);
+    }
+
+    /// Moves queued jobs into idle slots: the one asked for, else the idle slot whose cache shares
+    /// the longest prefix with the prompt (least recently used among equals).
+    fn assign(&mut self) {
+        let mut waiting = VecDeque::new();
+        while let Some(job) = self.queue.pop_front() {
+            if job.events.is_closed() {
+                continue;
+            }
+            let idle = |s: &Slot| s.run.is_none();
+            let pick = match job.params.id_slot {
+                Some(i) if i < self.slots.len() => Some(i).filter(|&i| idle(&self.slots[i])),
+                _ => (0..self.slots.len()).filter(|&i| idle(&self.slots[i])).max_by_key(|&i| {
+                    let shared = common_prefix(&self.slots[i].cache, &job.prompt);
+                    (shared, std::cmp::Reverse(self.slots[i].last_used))
+                }),
+            };
+            match pick {
+                Some(i) => self.start(i, job),
+                None => waiting.push_back(job),
+            }
+        }
+        self.queue = waiting;
+        self.stats.requests_deferred.store(self.queue.len(), Ordering::Relaxed);
+    }
+
+    fn start(&mut self, i: usize, job: Job) {
+        let n_ctx = self.session.n_ctx();
+        let mut generator = match Generator::new(self.tok, self.session.n_vocab(), job.params.sampler) {
+            Ok(g) => g,
+            Err(e) => {
+                let _ = job.events.send(Event::Failed(e.to_string()));
+                return;
+            }
+        };
+        generator.ignore_eos = job.params.ignore_eos;
+        let stops: Vec<&str> = job.params.stops.iter().map(String::as_str).collect();
+        generator.set_stop_strings(&stops);
+        generator.set_logit_bias(&job.params.logit_bias);
+        generator.begin();
+        let slot = &mut self.slots[i];
+        // At least the last prompt token is evaluated: its logits give the first token.
+        let keep = if job.params.cache_prompt {
+            common_prefix(&slot.cache, &job.prompt).min(job.prompt.len().saturating_sub(1))
+        } else {
+            0
+        };
+        self.session.truncate_seq(i, keep);
+        slot.cache.truncate(keep);
+        let mut tokens = Vec::with_capacity(n_ctx + 1);
+        tokens.extend_from_slice(&job.prompt);
+        slot.phase = Phase::Prompt { done: keep };
+        self.clock += 1;
+        slot.last_used = self.clock;
+        slot.run = Some(Running {
+            n_prompt: job.prompt.len(),
+            n_cached: keep,
+            job,
+            generator,
+            tokens,
+            n_generated: 0,
+            started: Instant::now(),
+            prompt_done: None,
+            stop_word: None,
+        });
+        self.stats.busy[i].store(true, Ordering::Relaxed);
+        self.stats.requests_processing.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// One batch over every active slot, then sampling for the slots that got logits.
+    fn step(&mut self) {
+        // Clients gone: their slots are freed before the step.
+        for i in 0..self.slots.len() {
+            if self.slots[i].run.as_ref().is_some_and(|r| r.job.events.is_closed()) {
+                self.end(i, Stop::Cancelled);
+            }
+        }
+        let n_batch = self.session.n_batch();
+        self.entries.clear();
+        self.rows.clear();
+        for (i, slot) in self.slots.iter().enumerate() {
+            if let (Phase::Generating, Some(run)) = (&slot.phase, &slot.run) {
+                let token = run.tokens[run.tokens.len() - 1];
+                self.entries.push(Entry { seq: i, pos: self.session.seq_len(i), token, logits: true });
+                self.rows.push(i);
+            }
+        }
+        for i in 0..self.slots.len() {
+            let room = n_batch - self.entries.len();
+            if room == 0 {
+                break;
+            }
+            let slot = &self.slots[i];
+            if let (Phase::Prompt { done }, Some(run)) = (&slot.phase, &slot.run) {
+                let end = run.n_prompt.min(done + room);
+                let pos = self.session.seq_len(i);
+                for (k, &token) in run.tokens[*done..end].iter().enumerate() {
+                    let last = *done + k + 1 == run.n_prompt;
+                    self.entries.push(Entry { seq: i, pos: pos + k, token, logits: last });
+                    if last {
+                        self.rows.push(i);
+                    }
+                }
+            }
+        }
+        if self.entries.is_empty() {
+            return;
+        }
+        let started = Instant::now();
+        if let Err(e) = self.session.decode(&self.entries) {
+            // A step fails as a whole: every slot in it ends with the error, caches dropped.
+            let message = e.to_string();
+            let involved: Vec<usize> = {
+                let mut v: Vec<usize> = self.entries.iter().map(|e| e.seq).collect();
+                v.dedup();
+                v
+            };
+            for i in involved {
+                if let Some(run) = self.slots[i].run.take() {
+                    let _ = run.job.events.send(Event::Failed(message.clone()));
+                }
+                self.reset(i);
+            }
+            return;
+        }
+        let elapsed = started.elapsed();
+        self.stats.steps.fetch_add(1, Ordering::Relaxed);
+        // Prompt progress and cache contents.
+        let mut prompt_tokens = 0;
+        for e in &self.entries {
+            let slot = &mut self.slots[e.seq];
+            slot.cache.push(e.token);
+            if let Phase::Prompt { done } = &mut slot.phase {
+                *done += 1;
+                prompt_tokens += 1;
+            }
+        }
+        let generated = self.entries.len() - prompt_tokens;
+        let us = elapsed.as_micros() as u64;
+        let share = |n: usize| us * n as u64 / self.entries.len() as u64;
+        self.stats.prompt_tokens.fetch_add(prompt_tokens as u64, Ordering::Relaxed);
+        self.stats.prompt_us.fetch_add(share(prompt_tokens), Ordering::Relaxed);
+        self.stats.generated_tokens.fetch_add(generated as u64, Ordering::Relaxed);
+        self.stats.generate_us.fetch_add(share(generated), Ordering::Relaxed);
+        for row in 0..self.rows.len() {
+            let i = self.rows[row];
+            let Some(logits) = self.session.logits(row) else { continue };
+            let slot = &mut self.slots[i];
+            let Some(run) = slot.run.as_mut() else { continue };
+            if matches!(slot.phase, Phase::Prompt { .. }) {
+                slot.phase = Phase::Generating;
+                run.prompt_done = Some(Instant::now());
+            }
+            run.generator.set_logits(logits);
+            let stop = sample(run, self.tok, &mut self.piece);
+            if let Some(stop) = stop {
+                self.end(i, stop);
+            }
+        }
+        let kv: usize = self.slots.iter().map(|s| s.cache.len()).sum();
+        self.stats.kv_tokens.store(kv, Ordering::Relaxed);
+        for (i, s) in self.slots.iter().enumerate() {
+            self.stats.cached[i].store(s.cache.len(), Ordering::Relaxed);
+        }
+    }
+
+    /// Ends slot `i`'s request: the text held back is passed on, then the summary.
+    fn end(&mut self, i: usize, stop: Stop) {
+        let slot = &mut self.slots[i];
+        let Some(mut run) = slot.run.take() else { return };
+        slot.phase = Phase::Idle;
+        // The cache holds what was evaluated; the last sampled token may not be.
+        let held = slot.cache.len();
+        let events = run.job.events.clone();
+        let mut pass = |text: &str| -> Result<Flow, ()> {
+            if !text.is_empty() {
+                let _ = events.send(Event::Token { text: text.to_string(), probs: None });
+            }
+            Ok(Flow::Continue)
+        };
+        let _ = run.generator.finish(stop, &mut pass);
+        let now = Instant::now();
+        let prompt_done = run.prompt_done.unwrap_or(now);
+        let summary = Summary {
+            stop,
+            stop_word: run.stop_word.take(),
+            slot: i,
+            n_prompt: run.n_prompt,
+            n_cached: run.n_cached,
+            n_generated: run.n_generated,
+            prompt_ms: (prompt_done - run.started).as_secs_f64() * 1e3,
+            generate_ms: (now - prompt_done).as_secs_f64() * 1e3,
+            tokens: std::mem::take(&mut run.tokens),
+        };
+        debug_assert!(held <= self.session.seq_len(i));
+        let _ = run.job.events.send(Event::Done(summary));
+        self.stats.busy[i].store(false, Ordering::Relaxed);
+        self.stats.requests_processing.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// Empties slot `i` (after a failed step its cache is not trusted).
+    fn reset(&mut self, i: usize) {
+        let slot = &mut self.slots[i];
+        if slot.run.take().is_some() {
+            self.stats.busy[i].store(false, Ordering::Relaxed);
+            self.stats.requests_processing.fetch_sub(1, Ordering::Relaxed);
+        }
+        slot.phase = Phase::Idle;
+        slot.cache.clear();
+        self.session.truncate_seq(i, 0);
+    }
+}
+
+/// Samples the next token of `run` from its logits and passes it on; `Some` ends the stream.
+fn sample(run: &mut Running, tok: &Tokenizer<'static>, piece: &mut [u8]) -> Option<Stop> {
+    if run.job.params.n_predict.is_some_and(|n| run.n_generated >= n) {
+        return Some(Stop::Limit);
+    }
+    let events = &run.job.events;
+    let n_probs = run.job.params.n_probs;
+    let before = run.tokens.len();
+    let mut texts: Vec<String> = Vec::new();
+    let mut pass = |text: &str| -> Result<Flow, ()> {
+        texts.push(text.to_string());
+        Ok(Flow::Continue)
+    };
+    let result = run.generator.step(&mut run.tokens, &mut pass);
+    let pushed = run.tokens.len() > before;
+    let probs = match (pushed, n_probs) {
+        (true, n) if n > 0 => Some(token_probs(run.generator.logits(), run.tokens[before], n, tok, piece)),
+        _ => None,
+    };
+    let text: String = texts.concat();
+    if pushed {
+        run.n_generated += 1;
+        if events.send(Event::Token { text, probs }).is_err() {
+            return Some(Stop::Cancelled);
+        }
+    }
+    match result {
+        Ok(Some(Stop::StopString)) => {
+            // Which stop string: the first that the generated text ends up containing.
+            let generated = &run.tokens[run.n_prompt..];
+            run.stop_word = stop_word(tok, generated, &run.job.params.stops, piece);
+            Some(Stop::StopString)
+        }
+        Ok(Some(stop)) => Some(stop),
+        Ok(None) if run.job.params.n_predict.is_some_and(|n| run.n_generated >= n) => Some(Stop::Limit),
+        Ok(None) => None,
+        Err(e) => {
+            let message = match e {
+                GenerateError::Sample(e) => e.to_string(),
+                GenerateError::Decode(e) => e.to_string(),
+                GenerateError::Session(e) => e.to_string(),
+                GenerateError::Output(()) => "the client went away".into(),
+            };
+            let _ = events.send(Event::Failed(message));
+            Some(Stop::Cancelled)
+        }
+    }
+}
+
+/// The stop string found in the text of `generated`.
+fn stop_word(tok: &Tokenizer<'static>, generated: &[u32], stops: &[String], piece: &mut [u8]) -> Option<String> {
+    let mut text = Vec::new();
+    for &id in generated {
+        if let Ok(n) = tok.token_to_piece(id, false, piece) {
+            text.extend_from_slice(&piece[..n]);
+        }
+    }
+    let text = String::from_utf8_lossy(&text);
+    stops.iter().filter_map(|s| text.find(s.as_str()).map(|at| (at, s))).min().map(|(_, s)| s.clone())
+}
+
+/// Log-probabilities (softmax of `logits`) of token `id` and of the `n` most likely tokens.
+pub fn token_probs(logits: &[f32], id: u32, n: usize, tok: &Tokenizer<'static>, piece: &mut [u8]) -> TokenProbs {
+    let max = logits.iter().fold(f32::NEG_INFINITY, |m, &l| m.max(l));
+    let sum: f64 = logits.iter().map(|&l| f64::from(l - max).exp()).sum();
+    let log_z = max as f64 + sum.ln();
+    let logprob = |i: u32| (f64::from(logits[i as usize]) - log_z) as f32;
+    let mut best: Vec<u32> = Vec::with_capacity(n + 1);
+    for (i, &l) in logits.iter().enumerate() {
+        if best.len() < n || l > logits[best[best.len() - 1] as usize] {
+            let at = best.partition_point(|&b| logits[b as usize] >= l);
+            best.insert(at, i as u32);
+            best.truncate(n);
+        }
+    }
+    let mut bytes_of = |i: u32| {
+        let n = tok.token_to_piece(i, true, piece).unwrap_or(0);
+        piece[..n].to_vec()
+    };
+    TokenProbs {
+        id,
+        bytes: bytes_of(id),
+        logprob: logprob(id),
+        top: best.into_iter().map(|i| (i, bytes_of(i), logprob(i))).collect(),
+    }
+}
+
+/// Length of the common prefix of two token lists.
+pub fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
