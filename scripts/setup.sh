@@ -61,6 +61,8 @@ install_toolchains() {
   fi
   # gguf pinned: golden/make_test_models.py writes byte-identical test models only with this version.
   pip_install "gguf:gguf==0.19.0" "numpy:numpy"
+  # The clients the server's tests speak through (tests/serve.rs runs scripts/serve_clients.py).
+  pip_install "openai:openai==3.57.0" "ollama:ollama==0.6.3"
 }
 
 PY="${PYTHON:-python3}"

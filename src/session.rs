@@ -368,7 +368,11 @@ impl Session {
             n_ctx: opts.n_ctx,
             n_batch: opts.n_batch,
             n_seq: opts.n_seq,
-            n_outputs: if opts.logits_all { opts.n_batch.max(1) } else { opts.n_seq.clamp(1, opts.n_batch.max(1)) },
+            n_outputs: if opts.logits_all {
+                opts.n_batch.max(1)
+            } else {
+                opts.n_seq.clamp(1, opts.n_batch.max(1))
+            },
             repack: opts.repack,
             check_numerics: opts.check_numerics,
             kernels: opts.kernels,

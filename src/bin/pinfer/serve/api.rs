@@ -71,7 +71,8 @@ impl IntoResponse for ApiError {
 
 /// A JSON response.
 pub fn json_response(value: &Value) -> Response {
-    (StatusCode::OK, [(header::CONTENT_TYPE, "application/json; charset=utf-8")], value.to_string()).into_response()
+    (StatusCode::OK, [(header::CONTENT_TYPE, "application/json; charset=utf-8")], value.to_string())
+        .into_response()
 }
 
 /// Reads the request body (at most the server's limit: 413 past it, 408 past the read timeout)
@@ -79,7 +80,13 @@ pub fn json_response(value: &Value) -> Response {
 pub async fn read_json(state: &State<'_>, body: Body) -> Result<Map<String, Value>, ApiError> {
     let limit = state.opts.body_limit;
     let bytes = match tokio::time::timeout(state.opts.timeout, axum::body::to_bytes(body, limit)).await {
-        Err(_) => return Err(ApiError::new(StatusCode::REQUEST_TIMEOUT, "timeout_error", "reading the request body timed out")),
+        Err(_) => {
+            return Err(ApiError::new(
+                StatusCode::REQUEST_TIMEOUT,
+                "timeout_error",
+                "reading the request body timed out",
+            ))
+        }
         Ok(Err(e)) => {
             // `to_bytes` fails on a body over the limit or a broken connection.
             let mut over = false;
@@ -186,7 +193,11 @@ impl<'a> Fields<'a> {
             Some(Value::String(s)) => Ok(vec![s.clone()]),
             Some(Value::Array(a)) => a
                 .iter()
-                .map(|v| v.as_str().map(str::to_string).ok_or_else(|| self.wrong(name, "a string or an array of strings")))
+                .map(|v| {
+                    v.as_str()
+                        .map(str::to_string)
+                        .ok_or_else(|| self.wrong(name, "a string or an array of strings"))
+                })
                 .collect(),
             Some(_) => Err(self.wrong(name, "a string or an array of strings")),
         }
@@ -211,7 +222,11 @@ pub enum Dialect {
 
 /// The generation settings of a request: the server's defaults (from its command line), then the
 /// request's fields. Ollama's sit under `options`.
-pub fn gen_params(state: &State<'_>, body: &Map<String, Value>, dialect: Dialect) -> Result<GenParams, ApiError> {
+pub fn gen_params(
+    state: &State<'_>,
+    body: &Map<String, Value>,
+    dialect: Dialect,
+) -> Result<GenParams, ApiError> {
     let top = Fields::new(body);
     let options = top.object("options")?;
     let f = match (dialect, options) {
@@ -280,7 +295,10 @@ pub fn gen_params(state: &State<'_>, body: &Map<String, Value>, dialect: Dialect
         p.id_slot = usize::try_from(n).ok();
         if let Some(i) = p.id_slot {
             if i >= state.n_slots {
-                return Err(ApiError::invalid(format!("'id_slot' {i}: the server has {} slots", state.n_slots)));
+                return Err(ApiError::invalid(format!(
+                    "'id_slot' {i}: the server has {} slots",
+                    state.n_slots
+                )));
             }
         }
     }
@@ -312,7 +330,11 @@ pub fn gen_params(state: &State<'_>, body: &Map<String, Value>, dialect: Dialect
 /// `logit_bias`: OpenAI's object `{"id": bias}`, or llama.cpp's list `[[id, bias], [id, false]]`
 /// (`false` bans the token); a key may also be a token's text.
 fn logit_bias(state: &State<'_>, f: &Fields<'_>) -> Result<Vec<(u32, f32)>, ApiError> {
-    let bad = || ApiError::invalid("'logit_bias' must map token ids (or texts) to numbers, or be a list of [id, bias] pairs");
+    let bad = || {
+        ApiError::invalid(
+            "'logit_bias' must map token ids (or texts) to numbers, or be a list of [id, bias] pairs",
+        )
+    };
     let bias_of = |v: &Value| match v {
         Value::Bool(false) => Ok(f32::NEG_INFINITY),
         v => v.as_f64().filter(|x| x.is_finite()).map(|x| x as f32).ok_or_else(bad),
@@ -322,7 +344,9 @@ fn logit_bias(state: &State<'_>, f: &Fields<'_>) -> Result<Vec<(u32, f32)>, ApiE
         match key {
             Value::Number(n) => {
                 let id = n.as_u64().filter(|&i| i < n_vocab as u64).ok_or_else(|| {
-                    ApiError::invalid(format!("'logit_bias': token id {n} is outside the vocabulary ({n_vocab} tokens)"))
+                    ApiError::invalid(format!(
+                        "'logit_bias': token id {n} is outside the vocabulary ({n_vocab} tokens)"
+                    ))
                 })?;
                 Ok(vec![id as u32])
             }
@@ -349,7 +373,8 @@ fn logit_bias(state: &State<'_>, f: &Fields<'_>) -> Result<Vec<(u32, f32)>, ApiE
         }
         Some(Value::Array(a)) => {
             for pair in a {
-                let Some([k, v]) = pair.as_array().map(Vec::as_slice).and_then(|s| <&[Value; 2]>::try_from(s).ok())
+                let Some([k, v]) =
+                    pair.as_array().map(Vec::as_slice).and_then(|s| <&[Value; 2]>::try_from(s).ok())
                 else {
                     return Err(bad());
                 };
@@ -367,11 +392,24 @@ fn logit_bias(state: &State<'_>, f: &Fields<'_>) -> Result<Vec<(u32, f32)>, ApiE
 /// llama.cpp's `samplers`: the stages to run. pinfer's chain has a fixed order (penalties, top-k,
 /// top-p, min-p, temperature); a stage left out of the list is turned off.
 fn apply_samplers(p: &mut GenParams, list: &[Value]) -> Result<(), ApiError> {
-    const KNOWN: [&str; 12] =
-        ["penalties", "dry", "top_n_sigma", "top_k", "typ_p", "typical_p", "top_p", "min_p", "xtc", "temperature", "infill", "k"];
+    const KNOWN: [&str; 12] = [
+        "penalties",
+        "dry",
+        "top_n_sigma",
+        "top_k",
+        "typ_p",
+        "typical_p",
+        "top_p",
+        "min_p",
+        "xtc",
+        "temperature",
+        "infill",
+        "k",
+    ];
     let mut names = Vec::new();
     for v in list {
-        let name = v.as_str().ok_or_else(|| ApiError::invalid("'samplers' must be an array of sampler names"))?;
+        let name =
+            v.as_str().ok_or_else(|| ApiError::invalid("'samplers' must be an array of sampler names"))?;
         if !KNOWN.contains(&name) {
             return Err(ApiError::invalid(format!(
                 "'samplers': unknown sampler {name:?} (known: penalties, top_k, top_p, min_p, temperature, ...)"

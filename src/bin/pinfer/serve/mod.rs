@@ -214,7 +214,8 @@ pub fn rfc3339_now() -> String {
 /// The chat messages of a request (`messages`: role and content, the content a string or a list
 /// of text parts), checked.
 pub fn messages(body: &Map<String, Value>) -> Result<Vec<(Role, String)>, ApiError> {
-    let list = Fields::new(body).array("messages")?.ok_or_else(|| ApiError::invalid("'messages' is required"))?;
+    let list =
+        Fields::new(body).array("messages")?.ok_or_else(|| ApiError::invalid("'messages' is required"))?;
     let mut out = Vec::with_capacity(list.len());
     for (i, m) in list.iter().enumerate() {
         let Value::Object(m) = m else {
@@ -249,7 +250,9 @@ pub fn messages(body: &Map<String, Value>) -> Result<Vec<(Role, String)>, ApiErr
                 text
             }
             Some(_) => {
-                return Err(ApiError::invalid(format!("'messages[{i}].content' must be a string or a list of parts")))
+                return Err(ApiError::invalid(format!(
+                    "'messages[{i}].content' must be a string or a list of parts"
+                )))
             }
         };
         out.push((role, content));
@@ -262,7 +265,8 @@ pub fn messages(body: &Map<String, Value>) -> Result<Vec<(Role, String)>, ApiErr
 
 /// The messages rendered with the model's chat template, the assistant's turn opened.
 pub fn render_chat(state: &State<'_>, messages: &[(Role, String)]) -> Result<String, ApiError> {
-    let list: Vec<Message<'_>> = messages.iter().map(|(role, content)| Message { role: *role, content }).collect();
+    let list: Vec<Message<'_>> =
+        messages.iter().map(|(role, content)| Message { role: *role, content }).collect();
     let mut out = String::new();
     state.ready.template.render(&list, true, &mut out).map_err(|e| ApiError::invalid(e.to_string()))?;
     Ok(out)
@@ -378,10 +382,16 @@ fn sampler_defaults(args: &GenArgs) -> Result<GenParams, CliError> {
 pub fn run(args: ServeArgs) -> Result<(), CliError> {
     let gen = &args.gen;
     if gen.prompt.is_some() || gen.file.is_some() || gen.conversation {
-        return Err(CliError::new("serve takes no prompt (-p/-f) or conversation (-cnv): requests bring them".into()));
+        return Err(CliError::new(
+            "serve takes no prompt (-p/-f) or conversation (-cnv): requests bring them".into(),
+        ));
     }
     if args.parallel == 0 || args.parallel > pinfer::engine::MAX_SEQ {
-        return Err(CliError::new(format!("--parallel {}: give 1 to {}", args.parallel, pinfer::engine::MAX_SEQ)));
+        return Err(CliError::new(format!(
+            "--parallel {}: give 1 to {}",
+            args.parallel,
+            pinfer::engine::MAX_SEQ
+        )));
     }
     let defaults = sampler_defaults(gen)?;
     let mut opts = gen.session_options()?;
@@ -526,10 +536,10 @@ fn load_engine(
         opts.n_ctx = (total_ctx / n_seq).max(1);
     }
     let session = runtime.load(&path, opts, gen.verbose)?;
-    let tok: &'static Tokenizer<'static> = Box::leak(Box::new(crate::generate::tokenizer(&path, session.gguf())?));
+    let tok: &'static Tokenizer<'static> =
+        Box::leak(Box::new(crate::generate::tokenizer(&path, session.gguf())?));
     let gguf = session.gguf();
-    let chat_template_text =
-        gguf.get_str_opt("tokenizer.chat_template").ok().flatten().map(str::to_string);
+    let chat_template_text = gguf.get_str_opt("tokenizer.chat_template").ok().flatten().map(str::to_string);
     let template = match &gen.chat_template {
         Some(name) => ChatTemplate::from_name(name)
             .or_else(|| ChatTemplate::detect(Some(name)).ok())
@@ -768,7 +778,8 @@ async fn metrics(AxState(shared): AxState<AppState>) -> Result<Response, ApiErro
     }
     let s = &shared.stats;
     let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
-    let (pt, pus, gt, gus) = (load(&s.prompt_tokens), load(&s.prompt_us), load(&s.generated_tokens), load(&s.generate_us));
+    let (pt, pus, gt, gus) =
+        (load(&s.prompt_tokens), load(&s.prompt_us), load(&s.generated_tokens), load(&s.generate_us));
     let rate = |n: u64, us: u64| if us > 0 { n as f64 * 1e6 / us as f64 } else { 0.0 };
     let kv = s.kv_tokens.load(Ordering::Relaxed);
     let capacity = state.ready.n_ctx * state.n_slots;
@@ -779,15 +790,32 @@ async fn metrics(AxState(shared): AxState<AppState>) -> Result<Response, ApiErro
         ("tokens_predicted_seconds_total", "counter", "Predict process time", gus as f64 / 1e6),
         ("prompt_tokens_seconds", "gauge", "Average prompt throughput in tokens/s.", rate(pt, pus)),
         ("predicted_tokens_seconds", "gauge", "Average generation throughput in tokens/s.", rate(gt, gus)),
-        ("kv_cache_usage_ratio", "gauge", "KV-cache usage. 1 means 100 percent usage.", kv as f64 / capacity.max(1) as f64),
+        (
+            "kv_cache_usage_ratio",
+            "gauge",
+            "KV-cache usage. 1 means 100 percent usage.",
+            kv as f64 / capacity.max(1) as f64,
+        ),
         ("kv_cache_tokens", "gauge", "KV-cache tokens.", kv as f64),
-        ("requests_processing", "gauge", "Number of requests processing.", s.requests_processing.load(Ordering::Relaxed) as f64),
-        ("requests_deferred", "gauge", "Number of requests deferred.", s.requests_deferred.load(Ordering::Relaxed) as f64),
+        (
+            "requests_processing",
+            "gauge",
+            "Number of requests processing.",
+            s.requests_processing.load(Ordering::Relaxed) as f64,
+        ),
+        (
+            "requests_deferred",
+            "gauge",
+            "Number of requests deferred.",
+            s.requests_deferred.load(Ordering::Relaxed) as f64,
+        ),
     ];
     let mut text = String::new();
     for (name, kind, help, value) in rows {
         // llama-server's metric names, so its dashboards work unchanged.
-        text.push_str(&format!("# HELP llamacpp:{name} {help}\n# TYPE llamacpp:{name} {kind}\nllamacpp:{name} {value}\n"));
+        text.push_str(&format!(
+            "# HELP llamacpp:{name} {help}\n# TYPE llamacpp:{name} {kind}\nllamacpp:{name} {value}\n"
+        ));
     }
     Ok((StatusCode::OK, [(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response())
 }

@@ -10,7 +10,9 @@ use serde_json::{json, Map, Value};
 
 use super::api::{gen_params, json_response, read_json, ApiError, Dialect, Fields};
 use super::slots::{Event, Summary};
-use super::{collect, encode, finish_reason, messages, render_chat, rfc3339_now, streaming, submit, AppState, Shared};
+use super::{
+    collect, encode, finish_reason, messages, render_chat, rfc3339_now, streaming, submit, AppState, Shared,
+};
 
 /// The version Ollama clients see (a recent Ollama's: clients check for features by it).
 const OLLAMA_VERSION: &str = "0.12.0";

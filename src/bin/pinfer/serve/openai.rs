@@ -169,10 +169,16 @@ pub async fn chat_completions(AxState(shared): AxState<AppState>, body: Body) ->
     let (want_logprobs, top) = logprobs_asked(&body)?;
     let f = Fields::new(&body);
     let stream = f.bool("stream")?.unwrap_or(false);
-    let include_usage =
-        f.object("stream_options")?.map(|o| Fields::nested(o, "stream_options.").bool("include_usage")).transpose()?.flatten().unwrap_or(false);
+    let include_usage = f
+        .object("stream_options")?
+        .map(|o| Fields::nested(o, "stream_options.").bool("include_usage"))
+        .transpose()?
+        .flatten()
+        .unwrap_or(false);
     if f.get("response_format").is_some_and(|v| v.get("type").and_then(Value::as_str) != Some("text")) {
-        return Err(ApiError::invalid("'response_format': structured output is not supported yet (only type \"text\")"));
+        return Err(ApiError::invalid(
+            "'response_format': structured output is not supported yet (only type \"text\")",
+        ));
     }
     if f.get("tools").is_some_and(|v| v.as_array().is_some_and(|a| !a.is_empty())) {
         return Err(ApiError::invalid("'tools': tool calls are not supported yet"));
@@ -185,7 +191,8 @@ pub async fn chat_completions(AxState(shared): AxState<AppState>, body: Body) ->
     if !stream {
         let n_prompt = sub.n_prompt;
         let c = collect(sub).await?;
-        let logprobs = want_logprobs.then(|| json!({ "content": c.probs.iter().map(|p| chat_logprob(p, top)).collect::<Vec<_>>() }));
+        let logprobs = want_logprobs
+            .then(|| json!({ "content": c.probs.iter().map(|p| chat_logprob(p, top)).collect::<Vec<_>>() }));
         return Ok(json_response(&json!({
             "id": id,
             "object": "chat.completion",
@@ -227,10 +234,18 @@ pub async fn chat_completions(AxState(shared): AxState<AppState>, body: Body) ->
             (true, Some(p)) => json!({ "content": [chat_logprob(p, top)] }),
             _ => Value::Null,
         };
-        Some(head(&id2, &model2, json!([{ "index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": null }])))
+        Some(head(
+            &id2,
+            &model2,
+            json!([{ "index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": null }]),
+        ))
     };
     let last = move |s: &Summary| {
-        let mut end = head(&id, &model, json!([{ "index": 0, "delta": {}, "logprobs": null, "finish_reason": finish_reason(s.stop) }]));
+        let mut end = head(
+            &id,
+            &model,
+            json!([{ "index": 0, "delta": {}, "logprobs": null, "finish_reason": finish_reason(s.stop) }]),
+        );
         end["timings"] = timings(s);
         let mut out = vec![end];
         if include_usage {
@@ -251,8 +266,12 @@ pub async fn completions(AxState(shared): AxState<AppState>, body: Body) -> Resu
     let (want_logprobs, top) = logprobs_asked(&body)?;
     let f = Fields::new(&body);
     let stream = f.bool("stream")?.unwrap_or(false);
-    let include_usage =
-        f.object("stream_options")?.map(|o| Fields::nested(o, "stream_options.").bool("include_usage")).transpose()?.flatten().unwrap_or(false);
+    let include_usage = f
+        .object("stream_options")?
+        .map(|o| Fields::nested(o, "stream_options.").bool("include_usage"))
+        .transpose()?
+        .flatten()
+        .unwrap_or(false);
     let tokens = prompt_tokens(&state, &body)?;
     let model = shared.model_name.clone();
     let sub = submit(&shared, tokens, params)?;
@@ -275,9 +294,7 @@ pub async fn completions(AxState(shared): AxState<AppState>, body: Body) -> Resu
             "timings": timings(&c.summary),
         })));
     }
-    let head = move |id: &str, model: &str, choices: Value| {
-        json!({ "id": id, "object": "text_completion", "created": created, "model": model, "choices": choices })
-    };
+    let head = move |id: &str, model: &str, choices: Value| json!({ "id": id, "object": "text_completion", "created": created, "model": model, "choices": choices });
     let (id2, model2) = (id.clone(), model.clone());
     let chunk = move |text: &str, probs: Option<&TokenProbs>| {
         if text.is_empty() && probs.is_none() {
@@ -287,11 +304,18 @@ pub async fn completions(AxState(shared): AxState<AppState>, body: Body) -> Resu
             (true, Some(p)) => completion_logprobs(std::slice::from_ref(p), top),
             _ => Value::Null,
         };
-        Some(head(&id2, &model2, json!([{ "text": text, "index": 0, "logprobs": logprobs, "finish_reason": null }])))
+        Some(head(
+            &id2,
+            &model2,
+            json!([{ "text": text, "index": 0, "logprobs": logprobs, "finish_reason": null }]),
+        ))
     };
     let last = move |s: &Summary| {
-        let mut out =
-            vec![head(&id, &model, json!([{ "text": "", "index": 0, "logprobs": null, "finish_reason": finish_reason(s.stop) }]))];
+        let mut out = vec![head(
+            &id,
+            &model,
+            json!([{ "text": "", "index": 0, "logprobs": null, "finish_reason": finish_reason(s.stop) }]),
+        )];
         if include_usage {
             let mut u = head(&id, &model, json!([]));
             u["usage"] = usage(s.n_prompt, s.n_generated);

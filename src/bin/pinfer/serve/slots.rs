@@ -119,7 +119,9 @@ impl Stats {
 enum Phase {
     Idle,
     /// Reading the prompt: `tokens[..done]` is in the cache.
-    Prompt { done: usize },
+    Prompt {
+        done: usize,
+    },
     Generating,
 }
 
@@ -163,7 +165,12 @@ impl Engine {
     pub fn new(session: Session, tok: &'static Tokenizer<'static>, stats: Arc<Stats>) -> Self {
         let n_ctx = session.n_ctx();
         let slots = (0..session.n_seq())
-            .map(|_| Slot { phase: Phase::Idle, cache: Vec::with_capacity(n_ctx + 1), run: None, last_used: 0 })
+            .map(|_| Slot {
+                phase: Phase::Idle,
+                cache: Vec::with_capacity(n_ctx + 1),
+                run: None,
+                last_used: 0,
+            })
             .collect();
         let n_batch = session.n_batch();
         Self {
@@ -374,7 +381,7 @@ impl Engine {
                 run.prompt_done = Some(Instant::now());
             }
             run.generator.set_logits(logits);
-            let stop = sample(run, self.tok, &mut self.piece);
+            let stop = sample(run, self.tok, &mut self.piece, self.session.n_ctx());
             if let Some(stop) = stop {
                 self.end(i, stop);
             }
@@ -434,9 +441,13 @@ impl Engine {
 }
 
 /// Samples the next token of `run` from its logits and passes it on; `Some` ends the stream.
-fn sample(run: &mut Running, tok: &Tokenizer<'static>, piece: &mut [u8]) -> Option<Stop> {
+/// A token that could not be evaluated in a slot of `n_ctx` positions ends it as a full context.
+fn sample(run: &mut Running, tok: &Tokenizer<'static>, piece: &mut [u8], n_ctx: usize) -> Option<Stop> {
     if run.job.params.n_predict.is_some_and(|n| run.n_generated >= n) {
         return Some(Stop::Limit);
+    }
+    if run.tokens.len() >= n_ctx {
+        return Some(Stop::ContextFull);
     }
     let events = &run.job.events;
     let n_probs = run.job.params.n_probs;
@@ -483,7 +494,12 @@ fn sample(run: &mut Running, tok: &Tokenizer<'static>, piece: &mut [u8]) -> Opti
 }
 
 /// The stop string found in the text of `generated`.
-fn stop_word(tok: &Tokenizer<'static>, generated: &[u32], stops: &[String], piece: &mut [u8]) -> Option<String> {
+fn stop_word(
+    tok: &Tokenizer<'static>,
+    generated: &[u32],
+    stops: &[String],
+    piece: &mut [u8],
+) -> Option<String> {
     let mut text = Vec::new();
     for &id in generated {
         if let Ok(n) = tok.token_to_piece(id, false, piece) {
@@ -495,7 +511,13 @@ fn stop_word(tok: &Tokenizer<'static>, generated: &[u32], stops: &[String], piec
 }
 
 /// Log-probabilities (softmax of `logits`) of token `id` and of the `n` most likely tokens.
-pub fn token_probs(logits: &[f32], id: u32, n: usize, tok: &Tokenizer<'static>, piece: &mut [u8]) -> TokenProbs {
+pub fn token_probs(
+    logits: &[f32],
+    id: u32,
+    n: usize,
+    tok: &Tokenizer<'static>,
+    piece: &mut [u8],
+) -> TokenProbs {
     let max = logits.iter().fold(f32::NEG_INFINITY, |m, &l| m.max(l));
     let sum: f64 = logits.iter().map(|&l| f64::from(l - max).exp()).sum();
     let log_z = max as f64 + sum.ln();

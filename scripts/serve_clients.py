@@ -1,0 +1,102 @@
+#!/usr/bin/env python3
+"""Speaks to a running `pinfer serve` through the real `openai` and `ollama` Python clients (the
+versions scripts/setup.sh pins) and checks what they get back. tests/serve.rs starts the server and
+runs this; by hand:
+
+    pinfer serve -m MODEL --port 8080 -c 1024 &
+    scripts/serve_clients.py http://127.0.0.1:8080
+
+Greedy (temperature 0) everywhere, so streamed and whole answers must be the same text.
+Exit status 0 and "serve_clients: ok" when every check passed.
+"""
+import sys
+
+import ollama
+import openai
+
+URL = sys.argv[1] if len(sys.argv) > 1 else "http://127.0.0.1:8080"
+N = 8
+MESSAGES = [{"role": "user", "content": "Tell me a long story about a dragon."}]
+
+
+def check(cond, what):
+    if not cond:
+        sys.exit(f"serve_clients: FAILED: {what}")
+
+
+def openai_checks():
+    client = openai.OpenAI(base_url=f"{URL}/v1", api_key="unused", max_retries=0)
+    models = client.models.list()
+    check(len(models.data) == 1 and models.data[0].id, f"models.list: {models}")
+    model = models.data[0].id
+
+    whole = client.chat.completions.create(model=model, messages=MESSAGES, temperature=0, max_tokens=N)
+    choice = whole.choices[0]
+    check(choice.message.role == "assistant" and choice.message.content, f"chat: {whole}")
+    check(choice.finish_reason == "length", f"chat finish_reason: {choice.finish_reason}")
+    check(whole.usage.completion_tokens == N and whole.usage.prompt_tokens > 0, f"chat usage: {whole.usage}")
+
+    stream = client.chat.completions.create(
+        model=model, messages=MESSAGES, temperature=0, max_tokens=N, stream=True,
+        stream_options={"include_usage": True})
+    text, finish, usage = "", None, None
+    for chunk in stream:
+        if chunk.usage:
+            usage = chunk.usage
+        for c in chunk.choices:
+            text += c.delta.content or ""
+            finish = c.finish_reason or finish
+    check(text == choice.message.content, f"streamed {text!r} vs whole {choice.message.content!r}")
+    check(finish == "length" and usage and usage.completion_tokens == N, f"stream end: {finish} {usage}")
+
+    probs = client.chat.completions.create(
+        model=model, messages=MESSAGES, temperature=0, max_tokens=3, logprobs=True, top_logprobs=2)
+    content = probs.choices[0].logprobs.content
+    check(len(content) == 3 and all(len(t.top_logprobs) == 2 and t.logprob <= 0 for t in content),
+          f"logprobs: {content}")
+
+    words = choice.message.content.split()
+    if len(words) > 2:
+        stopped = client.chat.completions.create(
+            model=model, messages=MESSAGES, temperature=0, max_tokens=N, stop=[words[2]])
+        got = stopped.choices[0].message.content
+        check(stopped.choices[0].finish_reason == "stop" and words[2] not in got, f"stop: {got!r}")
+
+    legacy = client.completions.create(model=model, prompt="The capital of France is", max_tokens=4, temperature=0)
+    check(legacy.choices[0].text and legacy.usage.completion_tokens == 4, f"completions: {legacy}")
+
+    try:
+        client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "word " * 5000}], max_tokens=1)
+        check(False, "a prompt longer than the context was accepted")
+    except openai.BadRequestError as e:
+        check(e.status_code == 400 and "context" in str(e), f"too long: {e}")
+    return choice.message.content
+
+
+def ollama_checks(openai_text):
+    client = ollama.Client(host=URL)
+    listed = client.list()
+    check(len(listed.models) == 1, f"list: {listed}")
+    model = listed.models[0].model
+    options = {"temperature": 0, "num_predict": N}
+    whole = client.chat(model=model, messages=MESSAGES, options=options)
+    check(whole.message.content == openai_text, f"ollama chat {whole.message.content!r} vs {openai_text!r}")
+    check(whole.done and whole.done_reason == "length" and whole.eval_count == N, f"ollama chat end: {whole}")
+    text = "".join(part.message.content for part in client.chat(model=model, messages=MESSAGES, options=options, stream=True))
+    check(text == openai_text, f"ollama streamed {text!r}")
+    gen = client.generate(model=model, prompt="Tell me a story.", options={"num_predict": 3, "temperature": 0})
+    check(gen.done and 1 <= gen.eval_count <= 3 and gen.response and gen.context, f"ollama generate: {gen}")
+    shown = client.show(model)
+    check(shown.details.format == "gguf", f"show: {shown}")
+    check(len(client.ps().models) == 1, "ps")
+
+
+def main():
+    text = openai_checks()
+    ollama_checks(text)
+    print("serve_clients: ok")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,527 @@
+//! `pinfer serve` end to end: the real binary on a free port with the default model, spoken to
+//! over plain HTTP/1.1 (the Python `openai` and `ollama` clients are exercised by
+//! scripts/serve_clients.py, which `./x test` runs too).
+
+mod cli_support;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use cli_support::{pinfer, pinfer_command, repo_file, text_of, through_qemu};
+use serde_json::{json, Value};
+
+const MODEL: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+
+/// A running server, killed on drop.
+struct Server {
+    child: Child,
+    port: u16,
+}
+
+impl Server {
+    /// Starts `pinfer serve --port 0 ARGS` and waits until /health answers 200.
+    fn start(args: &[&str]) -> Self {
+        Self::start_with(args, &[])
+    }
+
+    /// As [`start`](Self::start) with environment variables set.
+    fn start_with(args: &[&str], env: &[(&str, &str)]) -> Self {
+        let model = repo_file(MODEL);
+        let mut cmd = pinfer_command();
+        cmd.envs(env.iter().copied());
+        cmd.args(["serve", "-m", &model, "--port", "0", "-t", "2"]).args(args);
+        let mut child =
+            cmd.stderr(Stdio::piped()).stdout(Stdio::null()).spawn().expect("starting pinfer serve");
+        let stderr = child.stderr.take().unwrap();
+        let mut lines = BufReader::new(stderr).lines();
+        let port = loop {
+            let line = lines.next().expect("pinfer serve ended before listening").unwrap();
+            if let Some(rest) = line.split("listening on http://").nth(1) {
+                let addr = rest.split_whitespace().next().unwrap();
+                break addr.rsplit(':').next().unwrap().parse().unwrap();
+            }
+        };
+        // Keep draining stderr so the server never blocks on a full pipe.
+        std::thread::spawn(move || for _ in lines {});
+        let server = Self { child, port };
+        let deadline = Instant::now() + Duration::from_secs(300);
+        loop {
+            let r = server.request("GET", "/health", None, &[]);
+            if r.status == 200 {
+                break;
+            }
+            assert_eq!(r.status, 503, "health while loading: {}", r.body);
+            assert!(Instant::now() < deadline, "the model did not load in time");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        server
+    }
+
+    /// One request on a new connection; the whole response.
+    fn request(&self, method: &str, path: &str, body: Option<&[u8]>, headers: &[(&str, &str)]) -> Response {
+        let mut s = TcpStream::connect(("127.0.0.1", self.port)).expect("connecting");
+        s.set_read_timeout(Some(Duration::from_secs(600))).unwrap();
+        let mut head = format!("{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n");
+        for (k, v) in headers {
+            head.push_str(&format!("{k}: {v}\r\n"));
+        }
+        if let Some(b) = body {
+            head.push_str(&format!("Content-Type: application/json\r\nContent-Length: {}\r\n", b.len()));
+        }
+        head.push_str("\r\n");
+        s.write_all(head.as_bytes()).unwrap();
+        if let Some(b) = body {
+            // A server that answers before reading everything (413) may close early.
+            let _ = s.write_all(b);
+        }
+        let mut raw = Vec::new();
+        let _ = s.read_to_end(&mut raw);
+        Response::parse(&raw)
+    }
+
+    fn post(&self, path: &str, body: &Value) -> Response {
+        self.request("POST", path, Some(body.to_string().as_bytes()), &[])
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+struct Response {
+    status: u16,
+    headers: String,
+    body: String,
+}
+
+impl Response {
+    fn parse(raw: &[u8]) -> Self {
+        let text = String::from_utf8_lossy(raw);
+        let (head, rest) =
+            text.split_once("\r\n\r\n").unwrap_or_else(|| panic!("not an HTTP response: {text:?}"));
+        let status = head.split_whitespace().nth(1).and_then(|s| s.parse().ok()).expect("status");
+        let chunked = head.to_ascii_lowercase().contains("transfer-encoding: chunked");
+        let body = if chunked { dechunk(rest) } else { rest.to_string() };
+        Self { status, headers: head.to_string(), body }
+    }
+
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.body))
+    }
+
+    /// The JSON objects of an SSE stream's `data:` lines (without `[DONE]`), and whether it ended
+    /// with `[DONE]`.
+    fn sse(&self) -> (Vec<Value>, bool) {
+        let mut events = Vec::new();
+        let mut done = false;
+        for line in self.body.lines() {
+            if let Some(data) = line.strip_prefix("data: ") {
+                if data == "[DONE]" {
+                    done = true;
+                } else {
+                    assert!(!done, "data after [DONE]");
+                    events.push(
+                        serde_json::from_str(data).unwrap_or_else(|e| panic!("bad chunk ({e}): {data}")),
+                    );
+                }
+            }
+        }
+        (events, done)
+    }
+}
+
+fn dechunk(mut s: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = s.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        s = rest[n..].strip_prefix("\r\n").unwrap_or(&rest[n..]);
+    }
+    out
+}
+
+/// The error object of a response, checked for llama-server's shape and `status`.
+fn error_of(r: &Response, status: u16, kind: &str) -> Value {
+    assert_eq!(r.status, status, "{}", r.body);
+    let v = r.json();
+    let e = &v["error"];
+    assert_eq!(e["code"], json!(status), "{v}");
+    assert_eq!(e["type"], json!(kind), "{v}");
+    assert!(e["message"].as_str().is_some_and(|m| !m.is_empty()), "{v}");
+    e.clone()
+}
+
+fn greedy(prompt: &str, n: usize) -> Value {
+    json!({ "prompt": prompt, "n_predict": n, "temperature": 0, "cache_prompt": false })
+}
+
+const PROMPTS: [&str; 4] = [
+    "The capital of France is",
+    "Once upon a time, in a small village,",
+    "def fibonacci(n):",
+    "The three primary colors are",
+];
+
+/// How much of the suite to run: under qemu every token is slow.
+fn scale() -> usize {
+    if through_qemu().is_some() {
+        1
+    } else {
+        4
+    }
+}
+
+/// Greedy completions of [`PROMPTS`], one after the other, then all at once.
+fn sequential_and_concurrent(server: &Server, n: usize) -> (Vec<String>, Vec<String>) {
+    let content = |r: Response| {
+        assert_eq!(r.status, 200, "{}", r.body);
+        r.json()["content"].as_str().unwrap().to_string()
+    };
+    let sequential = PROMPTS.iter().map(|p| content(server.post("/completion", &greedy(p, n)))).collect();
+    let concurrent = std::thread::scope(|s| {
+        let handles: Vec<_> =
+            PROMPTS.iter().map(|p| s.spawn(move || server.post("/completion", &greedy(p, n)))).collect();
+        handles.into_iter().map(|h| content(h.join().unwrap())).collect()
+    });
+    (sequential, concurrent)
+}
+
+/// Concurrent requests run as one batch per step (their prompts in one chunk, then their decode
+/// steps together), each sequence attending only to its own cache: on the reference kernels, whose
+/// per-row arithmetic does not depend on the batch, the tokens are exactly those of sequential
+/// requests. (The SIMD kernels accumulate in tile-dependent order: a token computed in a batch may
+/// differ in the last bits from the same token alone, so greedy texts can part after a while.)
+#[test]
+fn batched_decode_is_exact() {
+    let server = Server::start_with(&["-np", "4", "-c", "2048"], &[("PINFER_KERNELS", "ref")]);
+    let (sequential, concurrent) = sequential_and_concurrent(&server, 4 * scale());
+    assert_eq!(concurrent, sequential);
+}
+
+#[test]
+fn completions_match_generate_and_reuse_the_cache() {
+    let n = 8 * scale();
+    let server = Server::start(&["-np", "4", "-c", "2048"]);
+    let first = server.post("/completion", &greedy(PROMPTS[0], n));
+    assert_eq!(first.status, 200, "{}", first.body);
+    let model = repo_file(MODEL);
+    let out = pinfer(&[
+        "generate",
+        "-m",
+        &model,
+        "-p",
+        PROMPTS[0],
+        "-n",
+        &n.to_string(),
+        "--temp",
+        "0",
+        "--no-display-prompt",
+        "-t",
+        "2",
+    ]);
+    assert!(out.status.success(), "{}", text_of(&out.stderr));
+    assert_eq!(text_of(&out.stdout).trim_end_matches('\n'), first.json()["content"].as_str().unwrap());
+    // Concurrent requests all complete, with as many tokens as asked.
+    let (_, concurrent) = sequential_and_concurrent(&server, n);
+    assert!(concurrent.iter().all(|t| !t.is_empty()), "{concurrent:?}");
+
+    // A chat's next turn reuses the slot's cache: only the new tokens are evaluated.
+    let chat = |messages: Value| {
+        let r = server.post(
+            "/v1/chat/completions",
+            &json!({ "messages": messages, "temperature": 0, "max_tokens": n, "id_slot": 0 }),
+        );
+        assert_eq!(r.status, 200, "{}", r.body);
+        r.json()
+    };
+    let first = chat(json!([{ "role": "user", "content": "Name a fruit." }]));
+    let reply = first["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+    let second = chat(json!([
+        { "role": "user", "content": "Name a fruit." },
+        { "role": "assistant", "content": reply },
+        { "role": "user", "content": "And a vegetable?" },
+    ]));
+    let cached = second["timings"]["cache_n"].as_u64().unwrap();
+    assert!(cached >= first["usage"]["prompt_tokens"].as_u64().unwrap(), "{second}");
+}
+
+#[test]
+fn openai_and_ollama_shapes() {
+    let n = 6;
+    let server = Server::start(&["-np", "2", "-c", "1024"]);
+    let messages = json!([{ "role": "user", "content": "What is the capital of France?" }]);
+    let body = json!({ "messages": messages, "temperature": 0, "max_tokens": n, "logprobs": true, "top_logprobs": 2 });
+    let r = server.post("/v1/chat/completions", &body);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let whole = r.json();
+    assert_eq!(whole["object"], "chat.completion");
+    let choice = &whole["choices"][0];
+    assert_eq!(choice["message"]["role"], "assistant");
+    assert_eq!(choice["finish_reason"], "length");
+    assert_eq!(whole["usage"]["completion_tokens"], json!(n));
+    let lp = choice["logprobs"]["content"].as_array().unwrap();
+    assert_eq!(lp.len(), n);
+    for t in lp {
+        let top = t["top_logprobs"].as_array().unwrap();
+        assert_eq!(top.len(), 2);
+        // Greedy: the chosen token is the most likely one.
+        assert_eq!(top[0]["token"], t["token"]);
+        assert!(t["logprob"].as_f64().unwrap() <= 0.0);
+    }
+
+    // Streaming: the role first, then the text, then finish_reason, usage, [DONE].
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    streamed["stream_options"] = json!({ "include_usage": true });
+    let r = server.post("/v1/chat/completions", &streamed);
+    assert_eq!(r.status, 200);
+    assert!(r.headers.to_ascii_lowercase().contains("text/event-stream"), "{}", r.headers);
+    let (chunks, done) = r.sse();
+    assert!(done);
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    let text: String = chunks.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect();
+    assert_eq!(text, choice["message"]["content"].as_str().unwrap());
+    let last = &chunks[chunks.len() - 2];
+    assert_eq!(last["choices"][0]["finish_reason"], "length");
+    assert_eq!(chunks[chunks.len() - 1]["usage"]["completion_tokens"], json!(n));
+
+    // A stop string ends the text before it.
+    let full = choice["message"]["content"].as_str().unwrap();
+    if let Some(word) = full.split_whitespace().nth(2) {
+        let mut stop = body.clone();
+        stop["stop"] = json!([word]);
+        let r = server.post("/v1/chat/completions", &stop).json();
+        assert_eq!(r["choices"][0]["finish_reason"], "stop");
+        let got = r["choices"][0]["message"]["content"].as_str().unwrap();
+        assert!(full.starts_with(got) && !got.contains(word), "{got:?} vs {full:?} stop {word:?}");
+    }
+
+    // Legacy completions.
+    let r = server
+        .post("/v1/completions", &json!({ "prompt": "Hello", "max_tokens": 3, "temperature": 0 }))
+        .json();
+    assert_eq!(r["object"], "text_completion");
+    assert_eq!(r["usage"]["completion_tokens"], json!(3));
+
+    // Ollama: NDJSON by default, the last line done with durations.
+    let r = server.post(
+        "/api/chat",
+        &json!({ "model": "x", "messages": messages, "options": { "temperature": 0, "num_predict": n } }),
+    );
+    assert_eq!(r.status, 200);
+    let lines: Vec<Value> = r.body.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let end = lines.last().unwrap();
+    assert_eq!(end["done"], json!(true));
+    assert_eq!(end["done_reason"], "length");
+    assert_eq!(end["eval_count"], json!(n));
+    let text: String = lines.iter().filter_map(|l| l["message"]["content"].as_str()).collect();
+    assert_eq!(text, full);
+    let r = server
+        .post("/api/generate", &json!({ "prompt": "Hi", "stream": false, "options": { "num_predict": 2 } }))
+        .json();
+    assert_eq!(r["done"], json!(true));
+    assert!(r["context"].as_array().is_some_and(|c| !c.is_empty()));
+    for path in ["/api/tags", "/api/ps"] {
+        let r = server.request("GET", path, None, &[]).json();
+        assert_eq!(r["models"][0]["details"]["format"], "gguf", "{path}: {r}");
+    }
+    assert!(server.request("GET", "/api/version", None, &[]).json()["version"].is_string());
+    assert!(server.request("GET", "/v1/models", None, &[]).json()["data"][0]["id"].is_string());
+
+    // llama-server's extras.
+    let ids = server.post("/tokenize", &json!({ "content": "Hello world" })).json()["tokens"].clone();
+    assert!(ids.as_array().is_some_and(|a| !a.is_empty()));
+    let text = server.post("/detokenize", &json!({ "tokens": ids })).json()["content"].clone();
+    assert_eq!(text, "Hello world");
+    let prompt = server.post("/apply-template", &json!({ "messages": messages })).json()["prompt"].clone();
+    assert!(prompt.as_str().unwrap().contains("What is the capital of France?"));
+    assert_eq!(server.request("GET", "/props", None, &[]).json()["total_slots"], json!(2));
+    assert_eq!(server.request("GET", "/slots", None, &[]).json().as_array().unwrap().len(), 2);
+    error_of(&server.request("GET", "/metrics", None, &[]), 501, "not_supported_error");
+}
+
+#[test]
+fn bad_requests_get_clear_errors_and_never_hurt_the_server() {
+    let server = Server::start(&["-np", "2", "-c", "256", "--body-limit", "65536", "-n", "2", "--metrics"]);
+    let reference = server.post("/completion", &greedy(PROMPTS[0], 4)).json()["content"].clone();
+
+    let e = error_of(
+        &server.request("POST", "/v1/chat/completions", Some(b"{not json"), &[]),
+        400,
+        "invalid_request_error",
+    );
+    assert!(e["message"].as_str().unwrap().contains("not valid JSON"), "{e}");
+    let e = error_of(
+        &server.post("/completion", &json!({ "prompt": "x", "temperature": "hot" })),
+        400,
+        "invalid_request_error",
+    );
+    assert!(e["message"].as_str().unwrap().contains("temperature"), "{e}");
+    let e = error_of(
+        &server.post("/v1/chat/completions", &json!({ "messages": "hi" })),
+        400,
+        "invalid_request_error",
+    );
+    assert!(e["message"].as_str().unwrap().contains("messages"), "{e}");
+    let long = "word ".repeat(600);
+    let e =
+        error_of(&server.post("/completion", &json!({ "prompt": long })), 400, "exceed_context_size_error");
+    assert!(e["n_prompt_tokens"].as_u64().unwrap() > 128 && e["n_ctx"] == json!(128), "{e}");
+    error_of(&server.request("GET", "/no/such/path", None, &[]), 404, "not_found_error");
+    let big = format!("{{\"prompt\": \"{}\"}}", "a".repeat(70_000));
+    error_of(&server.request("POST", "/completion", Some(big.as_bytes()), &[]), 413, "invalid_request_error");
+    let metrics = server.request("GET", "/metrics", None, &[]);
+    assert!(metrics.body.contains("llamacpp:tokens_predicted_total"), "{}", metrics.body);
+
+    // Random and mutated bodies: every answer is a response (never a 500 or a dropped
+    // connection), and afterwards the server still gives the same greedy output.
+    let seeds = [
+        json!({ "prompt": "Hi", "n_predict": 1, "temperature": 0.5, "top_k": 5, "stop": ["x"], "logit_bias": { "42": -1.0 } }),
+        json!({ "messages": [{ "role": "user", "content": "Hi" }], "max_tokens": 1, "logprobs": true, "top_logprobs": 1 }),
+        json!({ "model": "m", "messages": [{ "role": "user", "content": "Hi" }], "options": { "num_predict": 1, "seed": 3 } }),
+        json!({ "content": "Hello", "tokens": [1, 2, 3], "with_pieces": true }),
+    ];
+    let paths = [
+        "/completion",
+        "/v1/chat/completions",
+        "/api/chat",
+        "/tokenize",
+        "/v1/completions",
+        "/detokenize",
+        "/api/generate",
+        "/apply-template",
+    ];
+    let mut rng = 0x9E37_79B9_7F4A_7C15u64;
+    let mut next = move || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    let cases = 500 * scale();
+    let mut statuses = std::collections::BTreeMap::new();
+    for i in 0..cases {
+        let seed = seeds[i % seeds.len()].to_string().into_bytes();
+        let body = mutate(seed, &mut next);
+        let path = paths[(next() % paths.len() as u64) as usize];
+        let r = server.request("POST", path, Some(&body), &[]);
+        assert!(r.status < 500, "{path} {:?}: {} {}", String::from_utf8_lossy(&body), r.status, r.body);
+        if r.status != 200 {
+            error_of(&r, r.status, r.json()["error"]["type"].as_str().unwrap_or("?"));
+        }
+        *statuses.entry(r.status).or_insert(0) += 1;
+    }
+    assert!(statuses.len() > 1, "the mutations never reached past the parser: {statuses:?}");
+    assert_eq!(server.request("GET", "/health", None, &[]).status, 200);
+    assert_eq!(server.post("/completion", &greedy(PROMPTS[0], 4)).json()["content"], reference);
+}
+
+/// A mutation of a JSON body: byte flips, cuts, insertions of JSON fragments, or a field's value
+/// replaced by one of another type.
+fn mutate(mut b: Vec<u8>, next: &mut impl FnMut() -> u64) -> Vec<u8> {
+    const FRAGMENTS: [&str; 14] = [
+        "null",
+        "-1",
+        "1e309",
+        "\"\"",
+        "[]",
+        "{}",
+        "true",
+        "\"\\ud800\"",
+        "9999999999999999999",
+        "[[1,false]]",
+        "{\"a\":",
+        "\u{fffd}",
+        "0.5",
+        "\"stop\"",
+    ];
+    for _ in 0..=(next() % 3) {
+        let at = if b.is_empty() { 0 } else { (next() % b.len() as u64) as usize };
+        match next() % 5 {
+            0 if !b.is_empty() => b[at] ^= 1 << (next() % 8),
+            1 => b.truncate(at),
+            2 => {
+                let f = FRAGMENTS[(next() % FRAGMENTS.len() as u64) as usize].as_bytes();
+                b.splice(at..at, f.iter().copied());
+            }
+            3 => {
+                // Replace the value after a colon.
+                if let Some(colon) = b[at..].iter().position(|&c| c == b':').map(|p| at + p + 1) {
+                    let end = b[colon..]
+                        .iter()
+                        .position(|&c| c == b',' || c == b'}')
+                        .map_or(b.len(), |p| colon + p);
+                    let f = FRAGMENTS[(next() % FRAGMENTS.len() as u64) as usize].as_bytes();
+                    b.splice(colon..end, f.iter().copied());
+                }
+            }
+            _ => b.insert(at, (next() % 256) as u8),
+        }
+    }
+    b
+}
+
+#[test]
+fn api_keys_guard_everything_but_health_and_models() {
+    let server = Server::start(&["--api-key", "sesame", "-n", "2"]);
+    assert_eq!(server.request("GET", "/health", None, &[]).status, 200);
+    assert_eq!(server.request("GET", "/v1/models", None, &[]).status, 200);
+    let body = greedy("Hi", 2).to_string();
+    error_of(&server.request("POST", "/completion", Some(body.as_bytes()), &[]), 401, "authentication_error");
+    let wrong = [("Authorization", "Bearer open")];
+    error_of(
+        &server.request("POST", "/completion", Some(body.as_bytes()), &wrong),
+        401,
+        "authentication_error",
+    );
+    let right = [("Authorization", "Bearer sesame")];
+    assert_eq!(server.request("POST", "/completion", Some(body.as_bytes()), &right).status, 200);
+}
+
+#[test]
+fn sigterm_stops_the_server_cleanly() {
+    let mut server = Server::start(&[]);
+    let pid = server.child.id() as i32;
+    // SAFETY: kill(2) on our own child.
+    assert_eq!(unsafe { kill(pid, 15) }, 0);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some(status) = server.child.try_wait().unwrap() {
+            assert!(status.success(), "{status:?}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "pinfer serve did not stop on SIGTERM");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+extern "C" {
+    fn kill(pid: i32, sig: i32) -> i32;
+}
+
+#[test]
+fn the_openai_and_ollama_python_clients_work_unchanged() {
+    if through_qemu().is_some() {
+        return; // the protocol is the same on every CPU: checked on the host tier
+    }
+    let server = Server::start(&["-c", "1024"]);
+    let out = std::process::Command::new("python3")
+        .arg(repo_file("scripts/serve_clients.py"))
+        .arg(format!("http://127.0.0.1:{}", server.port))
+        .output()
+        .expect("running python3 (scripts/setup.sh installs it and the pinned clients)");
+    assert!(
+        out.status.success() && text_of(&out.stdout).contains("serve_clients: ok"),
+        "stdout: {}\nstderr: {}",
+        text_of(&out.stdout),
+        text_of(&out.stderr)
+    );
+}
