@@ -647,6 +647,29 @@ impl Session {
         Ok(())
     }
 
+    /// Bytes of the cache rows of `n` positions of one sequence.
+    pub fn sequence_bytes(&self, n: usize) -> usize {
+        self.engine.sequence_bytes(n)
+    }
+
+    /// The model file's bytes.
+    pub fn model_bytes(&self) -> &[u8] {
+        self.model.bytes()
+    }
+
+    /// The cache rows of sequence `seq`'s first `n` positions (a saved slot).
+    pub fn save_sequence(&self, seq: usize, n: usize) -> Result<Vec<u8>, SessionError> {
+        let mut out = Vec::with_capacity(self.engine.sequence_bytes(n));
+        self.engine.read_sequence(seq, n, &mut |rows| out.extend_from_slice(rows))?;
+        Ok(out)
+    }
+
+    /// Makes sequence `seq` hold `n` positions whose cache rows are `bytes` (from
+    /// [`save_sequence`](Self::save_sequence) on the same model and layout).
+    pub fn restore_sequence(&mut self, seq: usize, n: usize, bytes: &[u8]) -> Result<(), SessionError> {
+        Ok(self.engine.write_sequence(seq, n, bytes)?)
+    }
+
     /// The logits of the `i`-th entry of the last [`decode`](Self::decode) that wanted them.
     pub fn logits(&self, i: usize) -> Option<&[f32]> {
         self.engine.logits(i)

@@ -346,6 +346,7 @@ fn openai_and_ollama_shapes() {
     assert_eq!(server.request("GET", "/props", None, &[]).json()["total_slots"], json!(2));
     assert_eq!(server.request("GET", "/slots", None, &[]).json().as_array().unwrap().len(), 2);
     error_of(&server.request("GET", "/metrics", None, &[]), 501, "not_supported_error");
+    error_of(&server.post("/slots/0?action=erase", &json!({})), 501, "not_supported_error");
 }
 
 #[test]
@@ -524,4 +525,50 @@ fn the_openai_and_ollama_python_clients_work_unchanged() {
         text_of(&out.stdout),
         text_of(&out.stderr)
     );
+}
+
+#[test]
+fn slots_are_saved_restored_and_erased() {
+    let dir = std::env::temp_dir().join(format!("pinfer-slots-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let server = Server::start(&["-np", "2", "-c", "1024", "--slot-save-path", dir.to_str().unwrap()]);
+    let ask = |slot: usize| {
+        let body = json!({ "prompt": PROMPTS[1], "n_predict": 6, "temperature": 0, "id_slot": slot });
+        let r = server.post("/completion", &body);
+        assert_eq!(r.status, 200, "{}", r.body);
+        r.json()
+    };
+    let first = ask(0);
+    let saved = server.post("/slots/0?action=save", &json!({ "filename": "s0.bin" })).json();
+    assert!(saved["n_saved"].as_u64().unwrap() > 0, "{saved}");
+    assert!(dir.join("s0.bin").exists());
+    let erased = server.post("/slots/0?action=erase", &json!({})).json();
+    assert_eq!(erased["n_erased"], saved["n_saved"]);
+    let restored = server.post("/slots/1?action=restore", &json!({ "filename": "s0.bin" })).json();
+    assert_eq!(restored["n_restored"], saved["n_saved"], "{restored}");
+    // The restored cache serves the same prompt: all but its last token come from it.
+    let again = ask(1);
+    assert_eq!(again["content"], first["content"]);
+    assert!(
+        again["tokens_cached"].as_u64().unwrap() + 1 >= again["tokens_evaluated"].as_u64().unwrap(),
+        "{again}"
+    );
+
+    let mut bytes = std::fs::read(dir.join("s0.bin")).unwrap();
+    bytes[50] ^= 1;
+    std::fs::write(dir.join("bad.bin"), &bytes).unwrap();
+    let e = error_of(
+        &server.post("/slots/0?action=restore", &json!({ "filename": "bad.bin" })),
+        400,
+        "invalid_request_error",
+    );
+    assert!(e["message"].as_str().unwrap().contains("checksum"), "{e}");
+    error_of(
+        &server.post("/slots/0?action=save", &json!({ "filename": "../escape.bin" })),
+        400,
+        "invalid_request_error",
+    );
+    error_of(&server.post("/slots/9?action=erase", &json!({})), 400, "invalid_request_error");
+    error_of(&server.post("/slots/0?action=fly", &json!({})), 400, "invalid_request_error");
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -763,6 +763,71 @@ impl<'m, G: AsMut<[GraphSlot]> + AsRef<[GraphSlot]>, B: DerefMut<Target = [u8]>>
         Ok(())
     }
 
+    /// Bytes of the cache rows of one position: K and V of every layer.
+    fn position_bytes(&self) -> usize {
+        let hp = &self.planned.model.hp;
+        2 * hp.n_head_kv as usize * hp.head_dim_k.max(hp.head_dim_v) as usize
+    }
+
+    /// Bytes [`read_sequence`](Self::read_sequence) gives for `n` positions.
+    pub fn sequence_bytes(&self, n: usize) -> usize {
+        2 * self.planned.model.hp.n_layer as usize * n * self.position_bytes()
+    }
+
+    /// Calls `each` with the cache rows of the first `n` positions of sequence `seq`, layer by
+    /// layer, K then V (what a saved slot holds).
+    pub fn read_sequence(
+        &self,
+        seq: usize,
+        n: usize,
+        each: &mut dyn FnMut(&[u8]),
+    ) -> Result<(), EngineError> {
+        self.check_sequence(seq, n, self.seq_len(seq))?;
+        let (kv, row) = (self.planned.kv, self.position_bytes());
+        let cache = &self.memory[self.skip + self.kv.offset..][..kv.total_bytes];
+        for layer in 0..self.planned.model.hp.n_layer as usize {
+            for base in [kv.k_offset(layer), kv.v_offset(layer)] {
+                let from = base + seq * kv.n_ctx * row;
+                each(&cache[from..from + n * row]);
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes sequence `seq` hold `n` positions whose cache rows are `bytes`, as
+    /// [`read_sequence`](Self::read_sequence) gave them.
+    pub fn write_sequence(&mut self, seq: usize, n: usize, bytes: &[u8]) -> Result<(), EngineError> {
+        self.check_sequence(seq, n, self.planned.kv.n_ctx)?;
+        if bytes.len() != self.sequence_bytes(n) {
+            return Err(EngineError::Config("the saved cache rows do not match this model's cache"));
+        }
+        let (kv, row) = (self.planned.kv, self.position_bytes());
+        let cache = &mut self.memory[self.skip + self.kv.offset..][..kv.total_bytes];
+        let mut chunks = bytes.chunks_exact(n * row.max(1));
+        for layer in 0..self.planned.model.hp.n_layer as usize {
+            for base in [kv.k_offset(layer), kv.v_offset(layer)] {
+                let from = base + seq * kv.n_ctx * row;
+                if let Some(chunk) = chunks.next() {
+                    cache[from..from + n * row].copy_from_slice(chunk);
+                }
+            }
+        }
+        self.seq_len[seq] = n;
+        Ok(())
+    }
+
+    /// `seq` is a sequence and `n` at most `limit` positions.
+    fn check_sequence(&self, seq: usize, n: usize, limit: usize) -> Result<(), EngineError> {
+        let n_seq = self.planned.config.n_seq;
+        if seq >= n_seq {
+            return Err(EngineError::BadSequence { seq, n_seq });
+        }
+        if n > limit {
+            return Err(EngineError::ContextFull { needed: n, n_ctx: limit });
+        }
+        Ok(())
+    }
+
     /// The plan this engine runs.
     pub fn planned(&self) -> &Planned<'m, G> {
         &self.planned

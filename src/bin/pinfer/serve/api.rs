@@ -231,7 +231,7 @@ pub fn gen_params(
     let options = top.object("options")?;
     let f = match (dialect, options) {
         (Dialect::Ollama, Some(o)) => Fields::nested(o, "options."),
-        (Dialect::Ollama, None) => Fields::nested(&state.empty, "options."),
+        (Dialect::Ollama, None) => Fields::nested(state.empty, "options."),
         _ => Fields::new(body),
     };
     let mut p = state.defaults.clone();

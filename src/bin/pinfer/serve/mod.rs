@@ -9,6 +9,7 @@
 mod api;
 mod ollama;
 mod openai;
+mod slot_file;
 mod slots;
 
 use std::net::SocketAddr;
@@ -32,7 +33,7 @@ use serde_json::{json, Map, Value};
 use crate::generate::GenArgs;
 use crate::CliError;
 use api::{json_response, read_json, ApiError, Fields};
-use slots::{Event, GenParams, Job, Stats};
+use slots::{Event, GenParams, Job, Request as EngineRequest, SlotAction, Stats};
 
 /// Options of `pinfer serve`, spelled as llama-server spells them; the model, sampling and board
 /// options are `generate`'s (the sampling ones are the defaults of every request).
@@ -68,6 +69,9 @@ pub struct ServeArgs {
     /// Largest request body in bytes (413 past it).
     #[arg(long = "body-limit", value_name = "BYTES", default_value_t = 8 << 20)]
     pub body_limit: usize,
+    /// Directory of the files `POST /slots/{id}?action=save|restore` write and read.
+    #[arg(long = "slot-save-path", value_name = "DIR")]
+    pub slot_save_path: Option<PathBuf>,
     /// The model's name in the APIs (default: the file's name without .gguf).
     #[arg(short = 'a', long = "alias", value_name = "NAME")]
     pub alias: Option<String>,
@@ -80,6 +84,7 @@ pub struct Opts {
     pub api_keys: Vec<String>,
     pub metrics: bool,
     pub queue: usize,
+    pub slot_save_path: Option<PathBuf>,
 }
 
 /// Everything the handlers share.
@@ -101,7 +106,7 @@ pub struct Shared {
 pub struct Ready {
     pub tok: &'static Tokenizer<'static>,
     pub template: ChatTemplate,
-    pub jobs: mpsc::SyncSender<Job>,
+    pub jobs: mpsc::SyncSender<EngineRequest>,
     pub n_slots: usize,
     pub n_ctx: usize,
     pub n_vocab: usize,
@@ -309,7 +314,7 @@ pub fn submit(shared: &Arc<Shared>, prompt: Vec<u32>, params: GenParams) -> Resu
     state
         .ready
         .jobs
-        .try_send(Job { prompt, params, events: tx })
+        .try_send(EngineRequest::Generate(Job { prompt, params, events: tx }))
         .map_err(|_| ApiError::unavailable("the server is busy: the queue is full"))?;
     Ok(submitted)
 }
@@ -420,6 +425,7 @@ pub fn run(args: ServeArgs) -> Result<(), CliError> {
             api_keys,
             metrics: args.metrics,
             queue: args.queue,
+            slot_save_path: args.slot_save_path.clone(),
         },
         model_name,
         model_path: path.clone(),
@@ -445,7 +451,7 @@ pub fn run(args: ServeArgs) -> Result<(), CliError> {
     errln!("pinfer: listening on http://{local} (loading {})", path.display());
 
     // The engine thread loads the model (its pool's first worker is that thread), then serves.
-    let (jobs_tx, jobs_rx) = mpsc::sync_channel::<Job>(args.queue + args.parallel);
+    let (jobs_tx, jobs_rx) = mpsc::sync_channel::<EngineRequest>(args.queue + args.parallel + 8);
     let (loaded_tx, loaded_rx) = mpsc::channel::<Result<(), CliError>>();
     let engine_shared = shared.clone();
     let n_seq = args.parallel;
@@ -525,7 +531,7 @@ fn load_engine(
     total_ctx: usize,
     n_seq: usize,
     defaults: GenParams,
-    jobs: mpsc::SyncSender<Job>,
+    jobs: mpsc::SyncSender<EngineRequest>,
 ) -> Result<slots::Engine, CliError> {
     let path = crate::model_path(gen.model.clone());
     let mut opts = gen.session_options()?;
@@ -573,7 +579,13 @@ fn load_engine(
         chat_template_text,
         empty: Map::new(),
     };
-    let engine = slots::Engine::new(session, tok, shared.stats.clone());
+    let identity = slot_file::Identity {
+        model_size: session.model_bytes().len() as u64,
+        header_crc: crc32fast::hash(session.model_bytes().get(..gguf.data_start()).unwrap_or(&[])),
+        position_bytes: u32::try_from(session.sequence_bytes(1)).unwrap_or(u32::MAX),
+        layers: hp.n_layer,
+    };
+    let engine = slots::Engine::new(session, tok, shared.stats.clone(), identity);
     let _ = shared.ready.set(ready);
     Ok(engine)
 }
@@ -595,6 +607,7 @@ fn router(shared: AppState) -> Router {
         .route("/apply-template", post(apply_template))
         .route("/props", get(props))
         .route("/slots", get(slots_list))
+        .route("/slots/{id}", post(slot_action))
         .route("/metrics", get(metrics))
         .route("/api/chat", post(ollama::chat))
         .route("/api/generate", post(ollama::generate))
@@ -818,4 +831,56 @@ async fn metrics(AxState(shared): AxState<AppState>) -> Result<Response, ApiErro
         ));
     }
     Ok((StatusCode::OK, [(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response())
+}
+
+/// `POST /slots/{id}?action=save|restore|erase` (`{"filename": NAME}` for save and restore,
+/// a plain file name inside `--slot-save-path`).
+async fn slot_action(
+    AxState(shared): AxState<AppState>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+    axum::extract::RawQuery(query): axum::extract::RawQuery,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let state = shared.state()?;
+    let Some(dir) = state.opts.slot_save_path.clone() else {
+        return Err(ApiError::new(
+            StatusCode::NOT_IMPLEMENTED,
+            "not_supported_error",
+            "This server does not support slots action. Start it with `--slot-save-path`",
+        ));
+    };
+    let slot: usize = id.parse().map_err(|_| ApiError::invalid(format!("slot id {id:?} is not a number")))?;
+    let action =
+        query.as_deref().unwrap_or("").split('&').find_map(|kv| kv.strip_prefix("action=")).unwrap_or("");
+    let body = read_json(&state, body).await?;
+    let file = || -> Result<PathBuf, ApiError> {
+        let name =
+            Fields::new(&body).str("filename")?.ok_or_else(|| ApiError::invalid("'filename' is required"))?;
+        let plain = !name.is_empty()
+            && name.len() <= 255
+            && !name.contains(['/', '\\', '\0'])
+            && name != "."
+            && name != "..";
+        if !plain {
+            return Err(ApiError::invalid(format!("'filename' {name:?} must be a plain file name")));
+        }
+        Ok(dir.join(name))
+    };
+    let action = match action {
+        "save" => SlotAction::Save(file()?),
+        "restore" => SlotAction::Restore(file()?),
+        "erase" => SlotAction::Erase,
+        other => return Err(ApiError::invalid(format!("action {other:?}: give save, restore or erase"))),
+    };
+    let (reply, answer) = tokio::sync::oneshot::channel();
+    state
+        .ready
+        .jobs
+        .try_send(EngineRequest::Slot { slot, action, reply })
+        .map_err(|_| ApiError::unavailable("the server is busy: the queue is full"))?;
+    match answer.await {
+        Ok(Ok(v)) => Ok(json_response(&v)),
+        Ok(Err(message)) => Err(ApiError::invalid(message)),
+        Err(_) => Err(ApiError::server("the engine stopped")),
+    }
 }

@@ -50,6 +50,24 @@ pub struct Job {
     pub events: UnboundedSender<Event>,
 }
 
+/// What the engine thread is asked to do.
+pub enum Request {
+    Generate(Job),
+    /// Save, restore or erase an idle slot's cache; the reply is the response's JSON or an error
+    /// message (a 400).
+    Slot {
+        slot: usize,
+        action: SlotAction,
+        reply: tokio::sync::oneshot::Sender<Result<serde_json::Value, String>>,
+    },
+}
+
+pub enum SlotAction {
+    Save(std::path::PathBuf),
+    Restore(std::path::PathBuf),
+    Erase,
+}
+
 /// A token's probability and the most likely alternatives (natural-log probabilities).
 #[derive(Debug, Clone)]
 pub struct TokenProbs {
@@ -159,10 +177,17 @@ pub struct Engine {
     stats: Arc<Stats>,
     clock: u64,
     piece: Vec<u8>,
+    /// What a slot file must match: the model and the cache layout.
+    identity: super::slot_file::Identity,
 }
 
 impl Engine {
-    pub fn new(session: Session, tok: &'static Tokenizer<'static>, stats: Arc<Stats>) -> Self {
+    pub fn new(
+        session: Session,
+        tok: &'static Tokenizer<'static>,
+        stats: Arc<Stats>,
+        identity: super::slot_file::Identity,
+    ) -> Self {
         let n_ctx = session.n_ctx();
         let slots = (0..session.n_seq())
             .map(|_| Slot {
@@ -183,11 +208,12 @@ impl Engine {
             rows: Vec::with_capacity(n_batch),
             stats,
             clock: 0,
+            identity,
         }
     }
 
     /// Runs until `jobs` is closed and every request has ended (or `stop` asks to cancel them).
-    pub fn serve(mut self, jobs: mpsc::Receiver<Job>, stop: &AtomicBool) {
+    pub fn serve(mut self, jobs: mpsc::Receiver<Request>, stop: &AtomicBool) {
         let mut open = true;
         loop {
             let idle = self.slots.iter().all(|s| s.run.is_none()) && self.queue.is_empty();
@@ -196,13 +222,13 @@ impl Engine {
                     return;
                 }
                 match jobs.recv() {
-                    Ok(job) => self.queue.push_back(job),
+                    Ok(r) => self.take(r),
                     Err(_) => return,
                 }
             }
             while open {
                 match jobs.try_recv() {
-                    Ok(job) => self.queue.push_back(job),
+                    Ok(r) => self.take(r),
                     Err(mpsc::TryRecvError::Empty) => break,
                     Err(mpsc::TryRecvError::Disconnected) => open = false,
                 }
@@ -212,6 +238,69 @@ impl Engine {
             }
             self.assign();
             self.step();
+        }
+    }
+
+    fn take(&mut self, r: Request) {
+        match r {
+            Request::Generate(job) => self.queue.push_back(job),
+            Request::Slot { slot, action, reply } => {
+                let _ = reply.send(self.slot_action(slot, action));
+            }
+        }
+    }
+
+    /// Saves, restores or erases slot `i`'s cache (it must be idle).
+    fn slot_action(&mut self, i: usize, action: SlotAction) -> Result<serde_json::Value, String> {
+        let n_slots = self.slots.len();
+        let slot =
+            self.slots.get(i).ok_or_else(|| format!("slot {i} does not exist (the server has {n_slots})"))?;
+        if slot.run.is_some() {
+            return Err(format!("slot {i} is busy"));
+        }
+        let started = Instant::now();
+        let ms = |t: Instant| t.elapsed().as_secs_f64() * 1e3;
+        match action {
+            SlotAction::Erase => {
+                let n = slot.cache.len();
+                self.reset(i);
+                Ok(serde_json::json!({ "id_slot": i, "n_erased": n }))
+            }
+            SlotAction::Save(path) => {
+                let tokens = slot.cache.clone();
+                let rows = self.session.save_sequence(i, tokens.len()).map_err(|e| e.to_string())?;
+                let bytes = super::slot_file::encode(&self.identity, &tokens, &rows);
+                super::slot_file::write(&path, &bytes)?;
+                Ok(serde_json::json!({
+                    "id_slot": i, "filename": file_name(&path), "n_saved": tokens.len(),
+                    "n_written": bytes.len(), "timings": { "save_ms": ms(started) },
+                }))
+            }
+            SlotAction::Restore(path) => {
+                let bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", file_name(&path)))?;
+                let (tokens, rows) = super::slot_file::decode(&self.identity, &bytes)
+                    .map_err(|e| format!("{}: {e}", file_name(&path)))?;
+                if tokens.len() > self.session.n_ctx() {
+                    return Err(format!(
+                        "{}: {} tokens do not fit a slot of {}",
+                        file_name(&path),
+                        tokens.len(),
+                        self.session.n_ctx()
+                    ));
+                }
+                if tokens.iter().any(|&t| t as usize >= self.session.n_vocab()) {
+                    return Err(format!("{}: a token is outside the vocabulary", file_name(&path)));
+                }
+                self.session.restore_sequence(i, tokens.len(), rows).map_err(|e| e.to_string())?;
+                let slot = &mut self.slots[i];
+                slot.cache.clear();
+                slot.cache.extend_from_slice(&tokens);
+                self.stats.cached[i].store(tokens.len(), Ordering::Relaxed);
+                Ok(serde_json::json!({
+                    "id_slot": i, "filename": file_name(&path), "n_restored": tokens.len(),
+                    "n_read": bytes.len(), "timings": { "restore_ms": ms(started) },
+                }))
+            }
         }
     }
 
@@ -540,6 +629,10 @@ pub fn token_probs(
         logprob: logprob(id),
         top: best.into_iter().map(|i| (i, bytes_of(i), logprob(i))).collect(),
     }
+}
+
+fn file_name(path: &std::path::Path) -> String {
+    path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
 }
 
 /// Length of the common prefix of two token lists.

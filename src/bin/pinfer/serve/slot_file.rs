@@ -1,0 +1,105 @@
+//! A saved slot (`POST /slots/{id}?action=save`): the tokens a slot's cache holds and its cache
+//! rows, with what they must match to be restored.
+//!
+//! Layout (little-endian): magic `PINFSLOT`, version u32, the model's identity (file size u64,
+//! CRC32 of its GGUF header u32), bytes per cached position u32, layers u32, token count u32, the
+//! tokens (u32 each), the cache rows, and a CRC32 of everything before it. A file that does not
+//! match is refused with the reason, never loaded.
+
+use std::path::Path;
+
+const MAGIC: &[u8; 8] = b"PINFSLOT";
+const VERSION: u32 = 1;
+
+/// What a slot file must match.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Identity {
+    pub model_size: u64,
+    pub header_crc: u32,
+    /// `Session::save_sequence(_, 1)`'s length: bytes of one position in every layer.
+    pub position_bytes: u32,
+    pub layers: u32,
+}
+
+pub fn encode(id: &Identity, tokens: &[u32], rows: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(40 + 4 * tokens.len() + rows.len());
+    out.extend_from_slice(MAGIC);
+    for v in [VERSION] {
+        out.extend_from_slice(&v.to_le_bytes());
+    }
+    out.extend_from_slice(&id.model_size.to_le_bytes());
+    for v in [id.header_crc, id.position_bytes, id.layers, tokens.len() as u32] {
+        out.extend_from_slice(&v.to_le_bytes());
+    }
+    for t in tokens {
+        out.extend_from_slice(&t.to_le_bytes());
+    }
+    out.extend_from_slice(rows);
+    let crc = crc32fast::hash(&out);
+    out.extend_from_slice(&crc.to_le_bytes());
+    out
+}
+
+/// The tokens and cache rows of a slot file made for `id`, or why it cannot be used.
+pub fn decode<'b>(id: &Identity, bytes: &'b [u8]) -> Result<(Vec<u32>, &'b [u8]), String> {
+    let head = 8 + 4 + 8 + 4 * 4;
+    if bytes.len() < head + 4 || &bytes[..8] != MAGIC {
+        return Err("not a pinfer slot file".into());
+    }
+    let (body, crc) = bytes.split_at(bytes.len() - 4);
+    if crc32fast::hash(body).to_le_bytes() != crc {
+        return Err("damaged (checksum mismatch)".into());
+    }
+    let u32_at = |at: usize| u32::from_le_bytes(body[at..at + 4].try_into().unwrap_or([0; 4]));
+    if u32_at(8) != VERSION {
+        return Err(format!("slot file version {} (this pinfer reads {VERSION})", u32_at(8)));
+    }
+    let model_size = u64::from_le_bytes(body[12..20].try_into().unwrap_or([0; 8]));
+    let saved =
+        Identity { model_size, header_crc: u32_at(20), position_bytes: u32_at(24), layers: u32_at(28) };
+    if saved != *id {
+        return Err("saved from another model or cache layout".into());
+    }
+    let n = u32_at(32) as usize;
+    let rows_at = n.checked_mul(4).and_then(|b| b.checked_add(head)).filter(|&e| e <= body.len());
+    let Some(rows_at) = rows_at else { return Err("truncated".into()) };
+    let tokens =
+        body[head..rows_at].chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+    let rows = &body[rows_at..];
+    if rows.len() as u64 != n as u64 * u64::from(id.position_bytes) {
+        return Err("truncated".into());
+    }
+    Ok((tokens, rows))
+}
+
+/// Writes `bytes` to `path` through a temporary file renamed over it: a failed write leaves no
+/// partial file.
+pub fn write(path: &Path, bytes: &[u8]) -> Result<(), String> {
+    use std::io::Write;
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let mut out = pinfer::output_file::OutputFile::create(path, &[]).map_err(|e| format!("{name}: {e}"))?;
+    let mut file = out.file();
+    file.write_all(bytes).map_err(|e| format!("{name}: {e}"))?;
+    out.commit().map_err(|e| format!("{name}: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_slot_file_round_trips_and_refuses_what_does_not_match() {
+        let id = Identity { model_size: 1000, header_crc: 7, position_bytes: 8, layers: 2 };
+        let rows: Vec<u8> = (0..24).collect();
+        let bytes = encode(&id, &[5, 6, 7], &rows);
+        let (tokens, got) = decode(&id, &bytes).unwrap();
+        assert_eq!((tokens, got), (vec![5, 6, 7], &rows[..]));
+        let other = Identity { header_crc: 8, ..id };
+        assert!(decode(&other, &bytes).unwrap_err().contains("another model"));
+        let mut flipped = bytes.clone();
+        flipped[45] ^= 1;
+        assert!(decode(&id, &flipped).unwrap_err().contains("checksum"));
+        assert!(decode(&id, &bytes[..30]).is_err());
+        assert!(decode(&id, b"GGUF and more bytes than a header holds, and more").is_err());
+    }
+}
