@@ -24,9 +24,7 @@ pub struct Identity {
 pub fn encode(id: &Identity, tokens: &[u32], rows: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(40 + 4 * tokens.len() + rows.len());
     out.extend_from_slice(MAGIC);
-    for v in [VERSION] {
-        out.extend_from_slice(&v.to_le_bytes());
-    }
+    out.extend_from_slice(&VERSION.to_le_bytes());
     out.extend_from_slice(&id.model_size.to_le_bytes());
     for v in [id.header_crc, id.position_bytes, id.layers, tokens.len() as u32] {
         out.extend_from_slice(&v.to_le_bytes());
