@@ -638,6 +638,8 @@ unsafe fn pass<const F: u8, const VNNI: bool, const T: usize, const G: usize>(
 /// How far ahead of its reads a single-token pass prefetches the quant plane, in bytes (the scale
 /// plane at the same fraction of its own).
 const PREFETCH_BYTES: usize = 8192;
+/// Token tiles this small are memory-bound like a single token: their passes prefetch too.
+const SMALL_TILE: usize = 4;
 
 /// One token over `chunk.groups`, one group at a time: the quant and the scale plane are then
 /// read as two linear streams, which the hardware prefetchers follow and software prefetches run
@@ -929,6 +931,13 @@ unsafe fn tile2_q4v<const F: u8, const T: usize>(
         let (w0, w1, d, m) = unsafe {
             let (q0, s0) = (q.add(b * qb), s.add(b * sb));
             let (q1, s1) = (q0.add(qstride), s0.add(sstride));
+            if T <= SMALL_TILE {
+                // A few tokens (batched decode) take about as long per block as one: the two
+                // groups' rows are streams the hardware prefetchers do not follow (see `pass1`),
+                // so prefetch ahead on both (prefetches never fault).
+                _mm_prefetch::<_MM_HINT_T0>(q0.wrapping_add(PREFETCH_BYTES).cast());
+                _mm_prefetch::<_MM_HINT_T0>(q1.wrapping_add(PREFETCH_BYTES).cast());
+            }
             let d = pair(s0, s1);
             // Q4Min: m + 8d per row, rounded once as in the reference (8d is exact).
             let m = if F == F_Q4MIN {
@@ -1000,9 +1009,9 @@ unsafe fn tile<const F: u8, const VNNI: bool, const T: usize, const G: usize>(
                 let sb = if F == F_Q6K { b / SUPER_BLOCKS * SUPER_SCALE_BYTES } else { b * scale_bytes(F) };
                 (q.add(gi * qstride + b * quant_bytes(F)), s.add(gi * sstride + sb))
             };
-            if T == 1 && G == 1 {
-                // One token (Q6K's decode, see `pass1`): the planes are streams; prefetch ahead
-                // as `dot1` does (prefetches never fault).
+            if T <= SMALL_TILE {
+                // One token (Q6K's decode, see `pass1`) or a few (batched decode): the planes are
+                // streams; prefetch ahead as `dot1` does (prefetches never fault).
                 _mm_prefetch::<_MM_HINT_T0>(qp.wrapping_add(PREFETCH_BYTES).cast());
                 _mm_prefetch::<_MM_HINT_T0>(qp.wrapping_add(PREFETCH_BYTES + 64).cast());
                 if b % SUPER_BLOCKS == 0 {
