@@ -161,20 +161,35 @@ fn sse_stream(
     streaming("text/event-stream", rx)
 }
 
-/// `POST /v1/chat/completions`.
-pub async fn chat_completions(AxState(shared): AxState<AppState>, body: Body) -> Result<Response, ApiError> {
-    let state = shared.state()?;
-    let body = read_json(&state, body).await?;
-    let params = gen_params(&state, &body, Dialect::OpenAi)?;
-    let (want_logprobs, top) = logprobs_asked(&body)?;
-    let f = Fields::new(&body);
-    let stream = f.bool("stream")?.unwrap_or(false);
+/// The fields both OpenAI endpoints read.
+struct Common {
+    params: super::slots::GenParams,
+    want_logprobs: bool,
+    /// Alternatives per token in `logprobs`.
+    top: usize,
+    stream: bool,
+    include_usage: bool,
+}
+
+fn common(state: &State<'_>, body: &Map<String, Value>) -> Result<Common, ApiError> {
+    let params = gen_params(state, body, Dialect::OpenAi)?;
+    let (want_logprobs, top) = logprobs_asked(body)?;
+    let f = Fields::new(body);
     let include_usage = f
         .object("stream_options")?
         .map(|o| Fields::nested(o, "stream_options.").bool("include_usage"))
         .transpose()?
         .flatten()
         .unwrap_or(false);
+    Ok(Common { params, want_logprobs, top, stream: f.bool("stream")?.unwrap_or(false), include_usage })
+}
+
+/// `POST /v1/chat/completions`.
+pub async fn chat_completions(AxState(shared): AxState<AppState>, body: Body) -> Result<Response, ApiError> {
+    let state = shared.state()?;
+    let body = read_json(&state, body).await?;
+    let Common { params, want_logprobs, top, stream, include_usage } = common(&state, &body)?;
+    let f = Fields::new(&body);
     if f.get("response_format").is_some_and(|v| v.get("type").and_then(Value::as_str) != Some("text")) {
         return Err(ApiError::invalid(
             "'response_format': structured output is not supported yet (only type \"text\")",
@@ -262,16 +277,7 @@ pub async fn chat_completions(AxState(shared): AxState<AppState>, body: Body) ->
 pub async fn completions(AxState(shared): AxState<AppState>, body: Body) -> Result<Response, ApiError> {
     let state = shared.state()?;
     let body = read_json(&state, body).await?;
-    let params = gen_params(&state, &body, Dialect::OpenAi)?;
-    let (want_logprobs, top) = logprobs_asked(&body)?;
-    let f = Fields::new(&body);
-    let stream = f.bool("stream")?.unwrap_or(false);
-    let include_usage = f
-        .object("stream_options")?
-        .map(|o| Fields::nested(o, "stream_options.").bool("include_usage"))
-        .transpose()?
-        .flatten()
-        .unwrap_or(false);
+    let Common { params, want_logprobs, top, stream, include_usage } = common(&state, &body)?;
     let tokens = prompt_tokens(&state, &body)?;
     let model = shared.model_name.clone();
     let sub = submit(&shared, tokens, params)?;
