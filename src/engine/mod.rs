@@ -802,8 +802,12 @@ impl<'m, G: AsMut<[GraphSlot]> + AsRef<[GraphSlot]>, B: DerefMut<Target = [u8]>>
             return Err(EngineError::Config("the saved cache rows do not match this model's cache"));
         }
         let (kv, row) = (self.planned.kv, self.position_bytes());
+        if n == 0 || row == 0 {
+            self.seq_len[seq] = 0;
+            return Ok(());
+        }
         let cache = &mut self.memory[self.skip + self.kv.offset..][..kv.total_bytes];
-        let mut chunks = bytes.chunks_exact(n * row.max(1));
+        let mut chunks = bytes.chunks_exact(n * row);
         for layer in 0..self.planned.model.hp.n_layer as usize {
             for base in [kv.k_offset(layer), kv.v_offset(layer)] {
                 let from = base + seq * kv.n_ctx * row;

@@ -50,6 +50,12 @@ impl ApiError {
         e
     }
 
+    /// The error as Ollama sends it: `{"error": "message"}`.
+    pub fn ollama(self) -> Response {
+        let body = json!({ "error": self.message }).to_string();
+        (self.status, [(header::CONTENT_TYPE, "application/json; charset=utf-8")], body).into_response()
+    }
+
     pub fn body(&self) -> Value {
         let mut error = Map::new();
         error.insert("code".into(), json!(self.status.as_u16()));
@@ -335,9 +341,10 @@ fn logit_bias(state: &State<'_>, f: &Fields<'_>) -> Result<Vec<(u32, f32)>, ApiE
             "'logit_bias' must map token ids (or texts) to numbers, or be a list of [id, bias] pairs",
         )
     };
+    // OpenAI's range is -100..100; `false` bans the token.
     let bias_of = |v: &Value| match v {
         Value::Bool(false) => Ok(f32::NEG_INFINITY),
-        v => v.as_f64().filter(|x| x.is_finite()).map(|x| x as f32).ok_or_else(bad),
+        v => v.as_f64().filter(|x| x.is_finite()).map(|x| x.clamp(-100.0, 100.0) as f32).ok_or_else(bad),
     };
     let n_vocab = state.n_vocab;
     let ids_of = |key: &Value| -> Result<Vec<u32>, ApiError> {
@@ -355,7 +362,7 @@ fn logit_bias(state: &State<'_>, f: &Fields<'_>) -> Result<Vec<(u32, f32)>, ApiE
                 Ok(id) => Err(ApiError::invalid(format!(
                     "'logit_bias': token id {id} is outside the vocabulary ({n_vocab} tokens)"
                 ))),
-                Err(_) => Ok(super::encode(state, s, false)),
+                Err(_) => Ok(super::encode_plain(state.ready.tok, s, false)),
             },
             _ => Err(bad()),
         }

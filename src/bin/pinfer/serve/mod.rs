@@ -157,7 +157,7 @@ pub fn encode(state: &State<'_>, text: &str, special: bool) -> Vec<u32> {
 }
 
 /// Token ids of `text` without BOS/EOS (for /tokenize with add_special false, stop texts).
-fn encode_plain(tok: &Tokenizer<'static>, text: &str, special: bool) -> Vec<u32> {
+pub fn encode_plain(tok: &Tokenizer<'static>, text: &str, special: bool) -> Vec<u32> {
     let mut scratch = vec![0u32; tok.scratch_words(text.len())];
     let mut ids = vec![0u32; text.len() + 4];
     match tok.encode_with_scratch(text, special, false, &mut ids, &mut scratch) {
@@ -634,9 +634,13 @@ async fn auth(AxState(shared): AxState<AppState>, req: Request, next: Next) -> R
     }
 }
 
+/// The key a request gives: `Authorization: Bearer KEY` (any case of "bearer"), or `x-api-key`.
 fn bearer(headers: &HeaderMap) -> Option<&str> {
-    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
-    value.strip_prefix("Bearer ").or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()))
+    let auth = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| {
+        let (scheme, key) = v.split_once(' ')?;
+        scheme.eq_ignore_ascii_case("bearer").then(|| key.trim())
+    });
+    auth.or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()))
 }
 
 async fn not_found() -> Response {

@@ -39,7 +39,13 @@ fn ndjson(
 ) -> Response {
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<String>();
     tokio::spawn(async move {
-        while let Some(event) = sub.events.recv().await {
+        loop {
+            // A client gone ends the loop at once: dropping `sub` cancels the generation.
+            let event = tokio::select! {
+                e = sub.events.recv() => e,
+                () = tx.closed() => None,
+            };
+            let Some(event) = event else { break };
             let out = match event {
                 Event::Token { text, .. } if text.is_empty() => continue,
                 Event::Token { text, .. } => format!("{}\n", line(&text)),
@@ -69,12 +75,34 @@ fn check_format(body: &Map<String, Value>) -> Result<(), ApiError> {
 }
 
 /// `POST /api/chat`.
-pub async fn chat(AxState(shared): AxState<AppState>, body: Body) -> Result<Response, ApiError> {
+pub async fn chat(AxState(shared): AxState<AppState>, body: Body) -> Response {
+    chat_inner(shared, body).await.unwrap_or_else(ApiError::ollama)
+}
+
+/// `POST /api/generate`.
+pub async fn generate(AxState(shared): AxState<AppState>, body: Body) -> Response {
+    generate_inner(shared, body).await.unwrap_or_else(ApiError::ollama)
+}
+
+/// `POST /api/show`.
+pub async fn show(AxState(shared): AxState<AppState>, body: Body) -> Response {
+    show_inner(shared, body).await.unwrap_or_else(ApiError::ollama)
+}
+
+/// `POST /api/chat` (errors in Ollama's shape by [`chat`]).
+async fn chat_inner(shared: AppState, body: Body) -> Result<Response, ApiError> {
     let state = shared.state()?;
     let body = read_json(&state, body).await?;
     check_format(&body)?;
     if body.get("tools").is_some_and(|v| v.as_array().is_some_and(|a| !a.is_empty())) {
         return Err(ApiError::invalid("'tools': tool calls are not supported yet"));
+    }
+    if Fields::new(&body).array("messages")?.is_none_or(Vec::is_empty) {
+        // No messages only loads the model (Ollama's answer, which clients use to warm it up).
+        return Ok(json_response(&json!({
+            "model": shared.model_name, "created_at": rfc3339_now(),
+            "message": { "role": "assistant", "content": "" }, "done": true, "done_reason": "load",
+        })));
     }
     let params = gen_params(&state, &body, Dialect::Ollama)?;
     let stream = Fields::new(&body).bool("stream")?.unwrap_or(true);
@@ -100,9 +128,9 @@ pub async fn chat(AxState(shared): AxState<AppState>, body: Body) -> Result<Resp
     ))
 }
 
-/// `POST /api/generate`: the prompt through the chat template (with `system`), or as it is with
+/// `POST /api/generate` (see [`generate`]): the prompt through the chat template (with `system`), or as it is with
 /// `raw`; an empty prompt only loads the model (answered at once, as Ollama does).
-pub async fn generate(AxState(shared): AxState<AppState>, body: Body) -> Result<Response, ApiError> {
+async fn generate_inner(shared: AppState, body: Body) -> Result<Response, ApiError> {
     let state = shared.state()?;
     let body = read_json(&state, body).await?;
     check_format(&body)?;
@@ -192,8 +220,8 @@ pub async fn ps(AxState(shared): AxState<AppState>) -> Response {
     json_response(&json!({ "models": if shared.ready.get().is_some() { vec![entry] } else { vec![] } }))
 }
 
-/// `POST /api/show`.
-pub async fn show(AxState(shared): AxState<AppState>, body: Body) -> Result<Response, ApiError> {
+/// `POST /api/show` (see [`show`]).
+async fn show_inner(shared: AppState, body: Body) -> Result<Response, ApiError> {
     let state = shared.state()?;
     let _ = read_json(&state, body).await?;
     let entry = model_entry(&shared);

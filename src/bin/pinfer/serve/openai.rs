@@ -134,7 +134,14 @@ fn sse_stream(
 ) -> Response {
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<String>();
     tokio::spawn(async move {
-        while let Some(event) = sub.events.recv().await {
+        loop {
+            // A client gone (the body dropped) ends the loop at once: dropping `sub` cancels
+            // the generation, even while it waits in the queue or reads its prompt.
+            let event = tokio::select! {
+                e = sub.events.recv() => e,
+                () = tx.closed() => None,
+            };
+            let Some(event) = event else { break };
             let out = match event {
                 Event::Token { text, probs } => match chunk(&text, probs.as_ref()) {
                     Some(v) => sse(&v),
@@ -149,7 +156,8 @@ fn sse_stream(
                     break;
                 }
                 Event::Failed(message) => {
-                    let _ = tx.send(format!("error: {}\n\n", ApiError::server(message).body()));
+                    // A `data:` line: the OpenAI client raises on an `error` object there.
+                    let _ = tx.send(sse(&ApiError::server(message).body()));
                     break;
                 }
             };

@@ -277,6 +277,16 @@ impl Engine {
                 }))
             }
             SlotAction::Restore(path) => {
+                // Nothing larger than a full slot's file is read (a stray big file in the directory).
+                let n_ctx = self.session.n_ctx() as u64;
+                let largest = 64 + 4 * n_ctx + n_ctx * u64::from(self.identity.position_bytes);
+                let size = std::fs::metadata(&path).map_err(|e| format!("{}: {e}", file_name(&path)))?.len();
+                if size > largest {
+                    return Err(format!(
+                        "{}: {size} bytes, more than a slot file of this server holds",
+                        file_name(&path)
+                    ));
+                }
                 let bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", file_name(&path)))?;
                 let (tokens, rows) = super::slot_file::decode(&self.identity, &bytes)
                     .map_err(|e| format!("{}: {e}", file_name(&path)))?;
@@ -326,12 +336,19 @@ impl Engine {
                 continue;
             }
             let idle = |s: &Slot| s.run.is_none();
+            // A cache sharing at least half of the prompt (a chat's next turn) wins; else an empty
+            // slot, else the least recently used one (every prompt shares a template's first
+            // tokens with every cache: that alone is no reason to evict a conversation).
+            let score = |s: &Slot| {
+                let shared = common_prefix(&s.cache, &job.prompt);
+                let reuse = 2 * shared >= job.prompt.len() && shared > 0;
+                (reuse, reuse.then_some(shared), s.cache.is_empty(), std::cmp::Reverse(s.last_used))
+            };
             let pick = match job.params.id_slot {
                 Some(i) if i < self.slots.len() => Some(i).filter(|&i| idle(&self.slots[i])),
-                _ => (0..self.slots.len()).filter(|&i| idle(&self.slots[i])).max_by_key(|&i| {
-                    let shared = common_prefix(&self.slots[i].cache, &job.prompt);
-                    (shared, std::cmp::Reverse(self.slots[i].last_used))
-                }),
+                _ => (0..self.slots.len())
+                    .filter(|&i| idle(&self.slots[i]))
+                    .max_by_key(|&i| score(&self.slots[i])),
             };
             match pick {
                 Some(i) => self.start(i, job),
@@ -434,7 +451,7 @@ impl Engine {
                 v
             };
             for i in involved {
-                if let Some(run) = self.slots[i].run.take() {
+                if let Some(run) = &self.slots[i].run {
                     let _ = run.job.events.send(Event::Failed(message.clone()));
                 }
                 self.reset(i);
@@ -526,6 +543,7 @@ impl Engine {
         slot.phase = Phase::Idle;
         slot.cache.clear();
         self.session.truncate_seq(i, 0);
+        self.stats.cached[i].store(0, Ordering::Relaxed);
     }
 }
 
