@@ -352,8 +352,39 @@ pub fn finish_reason(stop: pinfer::generate::Stop) -> &'static str {
     }
 }
 
+/// Streams a generation's events as a response body (SSE or NDJSON): `render` turns each event
+/// into the text to send (`None`: nothing). The stream ends after `Done` or `Failed`, or as soon as
+/// the client leaves (the body dropped), which drops `sub` and so cancels the generation, even
+/// while it waits in the queue or reads its prompt.
+pub fn stream_events(
+    mut sub: Submitted,
+    content_type: &'static str,
+    mut render: impl FnMut(Event) -> Option<String> + Send + 'static,
+) -> Response {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+    tokio::spawn(async move {
+        loop {
+            let event = tokio::select! {
+                e = sub.events.recv() => e,
+                () = tx.closed() => None,
+            };
+            let Some(event) = event else { break };
+            let last = matches!(event, Event::Done(_) | Event::Failed(_));
+            if let Some(text) = render(event) {
+                if tx.send(text).is_err() {
+                    break;
+                }
+            }
+            if last {
+                break;
+            }
+        }
+    });
+    streaming(content_type, rx)
+}
+
 /// A streamed response body from a stream of text chunks (SSE or NDJSON).
-pub fn streaming(content_type: &'static str, rx: tokio::sync::mpsc::UnboundedReceiver<String>) -> Response {
+fn streaming(content_type: &'static str, rx: tokio::sync::mpsc::UnboundedReceiver<String>) -> Response {
     let stream = futures_util::stream::unfold(rx, |mut rx| async move {
         rx.recv().await.map(|chunk| (Ok::<_, std::convert::Infallible>(chunk), rx))
     });

@@ -11,7 +11,8 @@ use serde_json::{json, Map, Value};
 use super::api::{gen_params, json_response, read_json, ApiError, Dialect, Fields};
 use super::slots::{Event, Summary};
 use super::{
-    collect, encode, finish_reason, messages, render_chat, rfc3339_now, streaming, submit, AppState, Shared,
+    collect, encode, finish_reason, messages, render_chat, rfc3339_now, stream_events, submit, AppState,
+    Shared,
 };
 
 /// The version Ollama clients see (a recent Ollama's: clients check for features by it).
@@ -33,37 +34,16 @@ fn done_fields(v: &mut Value, s: &Summary) {
 
 /// Streams a generation as NDJSON lines made by `line` (text) and finished by `last`.
 fn ndjson(
-    mut sub: super::Submitted,
+    sub: super::Submitted,
     line: impl Fn(&str) -> Value + Send + 'static,
     last: impl Fn(&Summary) -> Value + Send + 'static,
 ) -> Response {
-    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<String>();
-    tokio::spawn(async move {
-        loop {
-            // A client gone ends the loop at once: dropping `sub` cancels the generation.
-            let event = tokio::select! {
-                e = sub.events.recv() => e,
-                () = tx.closed() => None,
-            };
-            let Some(event) = event else { break };
-            let out = match event {
-                Event::Token { text, .. } if text.is_empty() => continue,
-                Event::Token { text, .. } => format!("{}\n", line(&text)),
-                Event::Done(s) => {
-                    let _ = tx.send(format!("{}\n", last(&s)));
-                    break;
-                }
-                Event::Failed(message) => {
-                    let _ = tx.send(format!("{}\n", json!({ "error": message })));
-                    break;
-                }
-            };
-            if tx.send(out).is_err() {
-                break; // the client left: dropping `sub` cancels the generation
-            }
-        }
-    });
-    streaming("application/x-ndjson", rx)
+    stream_events(sub, "application/x-ndjson", move |event| match event {
+        Event::Token { text, .. } if text.is_empty() => None,
+        Event::Token { text, .. } => Some(format!("{}\n", line(&text))),
+        Event::Done(s) => Some(format!("{}\n", last(&s))),
+        Event::Failed(message) => Some(format!("{}\n", json!({ "error": message }))),
+    })
 }
 
 fn check_format(body: &Map<String, Value>) -> Result<(), ApiError> {

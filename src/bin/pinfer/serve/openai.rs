@@ -12,7 +12,7 @@ use serde_json::{json, Map, Value};
 use super::api::{gen_params, json_response, read_json, ApiError, Dialect, Fields};
 use super::slots::{Event, Summary, TokenProbs};
 use super::{
-    collect, encode, finish_reason, messages, render_chat, streaming, submit, unix_now, AppState, State,
+    collect, encode, finish_reason, messages, render_chat, stream_events, submit, unix_now, AppState, State,
     Submitted,
 };
 
@@ -49,6 +49,16 @@ fn usage(n_prompt: usize, n_generated: usize) -> Value {
         "completion_tokens": n_generated,
         "total_tokens": n_prompt + n_generated,
     })
+}
+
+/// A stream's last chunks: `end`, then with `include_usage` the usage chunk (`usage_head`: a chunk
+/// with no choices).
+fn closing(end: Value, mut usage_head: Value, s: &Summary, include_usage: bool) -> Vec<Value> {
+    if !include_usage {
+        return vec![end];
+    }
+    usage_head["usage"] = usage(s.n_prompt, s.n_generated);
+    vec![end, usage_head]
 }
 
 /// llama-server's `timings` object.
@@ -124,49 +134,26 @@ fn sse(value: &Value) -> String {
     format!("data: {value}\n\n")
 }
 
-/// Forwards a generation's events as SSE chunks made by `chunk` (text, probs) and `last` (the
-/// summary), then `[DONE]` when `done_marker`.
+/// Streams a generation as SSE chunks made by `chunk` (text, probs) and `last` (the summary),
+/// then `[DONE]` when `done_marker`.
 fn sse_stream(
-    mut sub: Submitted,
+    sub: Submitted,
     mut chunk: impl FnMut(&str, Option<&TokenProbs>) -> Option<Value> + Send + 'static,
     mut last: impl FnMut(&Summary) -> Vec<Value> + Send + 'static,
     done_marker: bool,
 ) -> Response {
-    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<String>();
-    tokio::spawn(async move {
-        loop {
-            // A client gone (the body dropped) ends the loop at once: dropping `sub` cancels
-            // the generation, even while it waits in the queue or reads its prompt.
-            let event = tokio::select! {
-                e = sub.events.recv() => e,
-                () = tx.closed() => None,
-            };
-            let Some(event) = event else { break };
-            let out = match event {
-                Event::Token { text, probs } => match chunk(&text, probs.as_ref()) {
-                    Some(v) => sse(&v),
-                    None => continue,
-                },
-                Event::Done(summary) => {
-                    let mut out: String = last(&summary).iter().map(sse).collect();
-                    if done_marker {
-                        out.push_str("data: [DONE]\n\n");
-                    }
-                    let _ = tx.send(out);
-                    break;
-                }
-                Event::Failed(message) => {
-                    // A `data:` line: the OpenAI client raises on an `error` object there.
-                    let _ = tx.send(sse(&ApiError::server(message).body()));
-                    break;
-                }
-            };
-            if tx.send(out).is_err() {
-                break; // the client left: dropping `sub` cancels the generation
+    stream_events(sub, "text/event-stream", move |event| match event {
+        Event::Token { text, probs } => chunk(&text, probs.as_ref()).map(|v| sse(&v)),
+        Event::Done(summary) => {
+            let mut out: String = last(&summary).iter().map(sse).collect();
+            if done_marker {
+                out.push_str("data: [DONE]\n\n");
             }
+            Some(out)
         }
-    });
-    streaming("text/event-stream", rx)
+        // A `data:` line: the OpenAI client raises on an `error` object there.
+        Event::Failed(message) => Some(sse(&ApiError::server(message).body())),
+    })
 }
 
 /// The fields both OpenAI endpoints read.
@@ -270,13 +257,7 @@ pub async fn chat_completions(AxState(shared): AxState<AppState>, body: Body) ->
             json!([{ "index": 0, "delta": {}, "logprobs": null, "finish_reason": finish_reason(s.stop) }]),
         );
         end["timings"] = timings(s);
-        let mut out = vec![end];
-        if include_usage {
-            let mut u = head(&id, &model, json!([]));
-            u["usage"] = usage(s.n_prompt, s.n_generated);
-            out.push(u);
-        }
-        out
+        closing(end, head(&id, &model, json!([])), s, include_usage)
     };
     Ok(sse_stream(sub, chunk, last, true))
 }
@@ -325,17 +306,12 @@ pub async fn completions(AxState(shared): AxState<AppState>, body: Body) -> Resu
         ))
     };
     let last = move |s: &Summary| {
-        let mut out = vec![head(
+        let end = head(
             &id,
             &model,
             json!([{ "text": "", "index": 0, "logprobs": null, "finish_reason": finish_reason(s.stop) }]),
-        )];
-        if include_usage {
-            let mut u = head(&id, &model, json!([]));
-            u["usage"] = usage(s.n_prompt, s.n_generated);
-            out.push(u);
-        }
-        out
+        );
+        closing(end, head(&id, &model, json!([])), s, include_usage)
     };
     Ok(sse_stream(sub, chunk, last, true))
 }
