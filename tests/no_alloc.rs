@@ -37,8 +37,12 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
+/// The counter is process-wide: the tests run one at a time.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 fn running_a_planned_graph_allocates_nothing() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let mut s = Setup::default();
     let out = transformer_block(&mut s, &mut Rng(5), &[1, 2, 3]);
     s.g.build(&[out]).unwrap();
@@ -68,4 +72,46 @@ fn running_a_planned_graph_allocates_nothing() {
     // The counter works: an allocation outside the run is seen.
     let v: Vec<u8> = Vec::with_capacity(16);
     assert!(ALLOCATIONS.load(Ordering::SeqCst) > before, "{}", v.capacity());
+}
+
+/// The server's step: several sequences in one batch (prompt tokens and single-token decodes
+/// mixed), on the real model and the worker pool.
+#[test]
+fn a_decode_step_over_several_sequences_allocates_nothing() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    use pinfer::engine::Entry;
+    use pinfer::loader::ModelFile;
+    use pinfer::session::{Session, SessionOptions};
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(path.exists(), "{} missing: run scripts/setup.sh", path.display());
+    let model = ModelFile::open_static(&path).unwrap();
+    let opts = SessionOptions { n_ctx: 64, n_seq: 3, threads: 2, ..Default::default() };
+    let mut session = Session::new(model, &opts).unwrap();
+    // Prompts of 3, 2 and 1 tokens; then every sequence decodes one token per step.
+    let prompt = [
+        Entry { seq: 0, pos: 0, token: 1, logits: false },
+        Entry { seq: 0, pos: 1, token: 2, logits: false },
+        Entry { seq: 0, pos: 2, token: 3, logits: true },
+        Entry { seq: 1, pos: 0, token: 4, logits: false },
+        Entry { seq: 1, pos: 1, token: 5, logits: true },
+        Entry { seq: 2, pos: 0, token: 6, logits: true },
+    ];
+    session.decode(&prompt).unwrap();
+    let mut batch = [Entry { seq: 0, pos: 0, token: 7, logits: true }; 3];
+    let step = |session: &mut Session, batch: &mut [Entry; 3]| {
+        for (seq, e) in batch.iter_mut().enumerate() {
+            *e = Entry { seq, pos: session.seq_len(seq), token: 7 + seq as u32, logits: true };
+        }
+        session.decode(&batch[..]).unwrap();
+        assert!((0..3).all(|i| session.logits(i).is_some_and(|l| l.iter().all(|v| v.is_finite()))));
+    };
+    // Warm up: the first step of this shape builds its graph.
+    step(&mut session, &mut batch);
+
+    let before = ALLOCATIONS.load(Ordering::SeqCst);
+    for _ in 0..4 {
+        step(&mut session, &mut batch);
+    }
+    assert_eq!(ALLOCATIONS.load(Ordering::SeqCst) - before, 0, "heap allocations in a batched decode step");
 }
