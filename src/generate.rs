@@ -130,11 +130,6 @@ impl<'t> Generator<'t> {
         &self.logits
     }
 
-    /// The tokenizer.
-    pub fn tokenizer(&self) -> &'t Tokenizer<'t> {
-        self.tok
-    }
-
     /// Evaluates `tokens` after what `session` holds and keeps the logits of the last one.
     pub fn feed(&mut self, session: &mut Session, tokens: &[u32]) -> Result<(), SessionError> {
         let logits = session.eval(tokens)?;

@@ -277,14 +277,24 @@ pub fn tokenizer(path: &Path, gguf: &Gguf<'static>) -> Result<Tokenizer<'static>
 
 /// Token ids of `text` (BOS/EOS as the model says).
 pub fn encode(tok: &Tokenizer<'_>, text: &str, parse_special: bool) -> Result<Vec<u32>, CliError> {
+    encode_with(tok, text, parse_special, true)
+}
+
+/// Token ids of `text`, with BOS/EOS as the model says when `add_special`.
+pub fn encode_with(
+    tok: &Tokenizer<'_>,
+    text: &str,
+    parse_special: bool,
+    add_special: bool,
+) -> Result<Vec<u32>, CliError> {
     let mut scratch = vec![0u32; tok.scratch_words(text.len())];
     // About one token per byte at most, plus BOS, EOS and a space prefix; the tokenizer says how
     // many it needs if that is not enough.
     let mut ids = vec![0u32; text.len() + 4];
-    let n = match tok.encode_with_scratch(text, parse_special, true, &mut ids, &mut scratch) {
+    let n = match tok.encode_with_scratch(text, parse_special, add_special, &mut ids, &mut scratch) {
         Err(pinfer::tokenizer::TokError::OutputTooSmall { needed, .. }) => {
             ids.resize(needed, 0);
-            tok.encode_with_scratch(text, parse_special, true, &mut ids, &mut scratch)
+            tok.encode_with_scratch(text, parse_special, add_special, &mut ids, &mut scratch)
         }
         other => other,
     }

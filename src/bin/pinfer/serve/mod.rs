@@ -146,33 +146,14 @@ impl Shared {
     }
 }
 
-/// A seed from the OS (a request's `seed: -1`).
-pub fn random_seed() -> u64 {
-    crate::generate::random_seed()
-}
-
 /// Token ids of `text` with the model's BOS rule; special-token text is parsed when `special`.
 pub fn encode(state: &State<'_>, text: &str, special: bool) -> Vec<u32> {
     crate::generate::encode(state.ready.tok, text, special).unwrap_or_default()
 }
 
-/// Token ids of `text` without BOS/EOS (for /tokenize with add_special false, stop texts).
+/// Token ids of `text` without BOS/EOS (for /tokenize with add_special false, logit_bias texts).
 pub fn encode_plain(tok: &Tokenizer<'static>, text: &str, special: bool) -> Vec<u32> {
-    let mut scratch = vec![0u32; tok.scratch_words(text.len())];
-    let mut ids = vec![0u32; text.len() + 4];
-    match tok.encode_with_scratch(text, special, false, &mut ids, &mut scratch) {
-        Ok(n) => {
-            ids.truncate(n);
-            ids
-        }
-        Err(pinfer::tokenizer::TokError::OutputTooSmall { needed, .. }) => {
-            ids.resize(needed, 0);
-            let n = tok.encode_with_scratch(text, special, false, &mut ids, &mut scratch).unwrap_or(0);
-            ids.truncate(n);
-            ids
-        }
-        Err(_) => Vec::new(),
-    }
+    crate::generate::encode_with(tok, text, special, false).unwrap_or_default()
 }
 
 /// Text of `ids` (special tokens rendered when `special`); invalid UTF-8 becomes U+FFFD.
@@ -400,7 +381,7 @@ fn sampler_defaults(args: &GenArgs) -> Result<GenParams, CliError> {
     let mut sampler = args.sampler()?;
     // A request without a seed gets a new one (llama-server's default seed is random).
     if args.seed == -1 {
-        sampler.seed = random_seed();
+        sampler.seed = crate::generate::random_seed();
     }
     Ok(GenParams {
         sampler,
