@@ -635,3 +635,70 @@ fn matmul_run(
     f(acts, &mut out_refs);
     outs
 }
+
+/// A server batches the decode steps of several users into one matmul: on the board's kernel
+/// paths (and the reference) a token's results must not depend on what else is in the batch, or
+/// the same greedy request would give another text under load. Each token of a batch of `n` is
+/// compared bit for bit with the same token alone, over whole matrices and the group ranges the
+/// worker threads take (odd starts and remainders). (The x86 kernels sum a single token's blocks
+/// in two chains and several tokens' in chunks of another length: agreement there is within
+/// the matmul tolerance only, see `packed_matmul_over_many_groups`.)
+#[test]
+fn packed_matmul_is_batch_invariant_on_board_paths() {
+    let mut rng = Rng(11);
+    let paths: Vec<KernelPath> =
+        [KernelPath::Reference, KernelPath::Neon, KernelPath::NeonDotprod, KernelPath::NeonFp16]
+            .into_iter()
+            .filter(|p| p.is_available())
+            .collect();
+    let types = [
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q5_0,
+        GgmlType::Q5_1,
+        GgmlType::Q8_0,
+        GgmlType::Q4_K,
+        GgmlType::Q5_K,
+        GgmlType::Q6_K,
+    ];
+    for path in paths {
+        for ty in types {
+            // One block row short of the kernels' chunking and well past it.
+            for k in [256, 2048] {
+                let rows = 4 * 21;
+                let (format, q, s) = matrix(ty, rows, k, &mut rng);
+                let w = PackedMatrix { format, rows, k, quants: &q, scales: &s };
+                let acts: Vec<Vec<ActBlock>> = (0..20)
+                    .map(|_| {
+                        let x: Vec<f32> = (0..k).map(|_| 3.0 * rng.f()).collect();
+                        let mut a = vec![ActBlock { d: 0.0, s: 0.0, qs: [0; BLOCK] }; k / BLOCK];
+                        quantize_act_ref(&x, &mut a);
+                        a
+                    })
+                    .collect();
+                let act_refs: Vec<&[ActBlock]> = acts.iter().map(|a| a.as_slice()).collect();
+                for groups in [0..21, 1..21, 3..8, 5..6] {
+                    let n_rows = 4 * groups.len();
+                    let run = |a: &[&[ActBlock]]| {
+                        matmul_run(a, n_rows, |a, o| packed_matmul(path, &w, groups.clone(), a, o))
+                    };
+                    let alone: Vec<Vec<f32>> = act_refs.iter().map(|a| run(&[a]).remove(0)).collect();
+                    for n in [2, 3, 4, 5, 7, 16, 17, 20] {
+                        let batch = run(&act_refs[..n]);
+                        for (t, (got, want)) in batch.iter().zip(&alone).enumerate() {
+                            let differs = got.iter().zip(want).position(|(g, w)| g.to_bits() != w.to_bits());
+                            assert!(
+                                differs.is_none(),
+                                "{} {ty:?} k {k} groups {groups:?}: token {t} of {n} differs from the same token alone at row {:?}: {} vs {}",
+                                path.name(),
+                                differs,
+                                got[differs.unwrap()],
+                                want[differs.unwrap()]
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
