@@ -83,6 +83,8 @@ pub struct Generator<'t> {
     decoder: StreamDecoder,
     /// Added to the logits of these tokens before sampling.
     bias: Vec<(u32, f32)>,
+    /// The stop string that ended the stream (index into `stops`).
+    stopped_by: Option<usize>,
 }
 
 impl<'t> Generator<'t> {
@@ -100,6 +102,7 @@ impl<'t> Generator<'t> {
             held: String::new(),
             decoder: StreamDecoder::new(),
             bias: Vec::new(),
+            stopped_by: None,
         })
     }
 
@@ -141,6 +144,12 @@ impl<'t> Generator<'t> {
     pub fn begin(&mut self) {
         self.decoder = StreamDecoder::new();
         self.held.clear();
+        self.stopped_by = None;
+    }
+
+    /// The stop string that ended the last stream ([`Stop::StopString`]), until the next begins.
+    pub fn stop_string(&self) -> Option<&str> {
+        self.stopped_by.and_then(|i| self.stops.get(i)).map(String::as_str)
     }
 
     /// One token: samples from the held logits (the penalties reading `tokens`, the stream's
@@ -167,7 +176,8 @@ impl<'t> Generator<'t> {
         tokens.push(id);
         let text = self.decoder.push(self.tok, id, false, &mut self.piece).map_err(GenerateError::Decode)?;
         let (flow, found) = pass_on(&self.stops, &mut self.held, text, each)?;
-        Ok(if found {
+        Ok(if found.is_some() {
+            self.stopped_by = found;
             Some(Stop::StopString)
         } else if flow == Flow::Stop {
             Some(Stop::Cancelled)
@@ -190,7 +200,8 @@ impl<'t> Generator<'t> {
                 each(&self.held).map_err(GenerateError::Output)?;
             }
         }
-        self.begin();
+        self.decoder = StreamDecoder::new();
+        self.held.clear();
         Ok(())
     }
 
@@ -232,22 +243,22 @@ impl<'t> Generator<'t> {
 
 /// Adds `text` to the held-back text and passes on what can no longer be part of a stop string
 /// (calling `each` exactly once per token, with "" when nothing can be passed on yet, so the
-/// caller can stop on every token); `true` when a stop string appeared (the text before it is
-/// passed on, the rest dropped).
+/// caller can stop on every token); the index of the stop string that appeared first, if one did
+/// (the text before it is passed on, the rest dropped).
 fn pass_on<E>(
     stops: &[String],
     held: &mut String,
     text: &str,
     each: &mut impl FnMut(&str) -> Result<Flow, E>,
-) -> Result<(Flow, bool), GenerateError<E>> {
+) -> Result<(Flow, Option<usize>), GenerateError<E>> {
     if stops.is_empty() {
-        return Ok((each(text).map_err(GenerateError::Output)?, false));
+        return Ok((each(text).map_err(GenerateError::Output)?, None));
     }
     held.push_str(text);
-    if let Some(at) = stops.iter().filter_map(|s| held.find(s.as_str())).min() {
+    if let Some((at, i)) = stops.iter().enumerate().filter_map(|(i, s)| Some((held.find(s.as_str())?, i))).min() {
         each(&held[..at]).map_err(GenerateError::Output)?;
         held.clear();
-        return Ok((Flow::Stop, true));
+        return Ok((Flow::Stop, Some(i)));
     }
     // Keep the longest tail of `held` that is a prefix of some stop string.
     let keep = stops
@@ -262,7 +273,7 @@ fn pass_on<E>(
     let cut = held.len() - keep;
     let flow = each(&held[..cut]).map_err(GenerateError::Output)?;
     held.drain(..cut);
-    Ok((flow, false))
+    Ok((flow, None))
 }
 
 #[cfg(test)]
@@ -279,7 +290,7 @@ mod tests {
                 Ok(Flow::Continue)
             })
             .unwrap();
-            if found {
+            if found.is_some() {
                 return (out, true);
             }
         }

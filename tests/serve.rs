@@ -304,6 +304,16 @@ fn openai_and_ollama_shapes() {
         assert_eq!(r["choices"][0]["finish_reason"], "stop");
         let got = r["choices"][0]["message"]["content"].as_str().unwrap();
         assert!(full.starts_with(got) && !got.contains(word), "{got:?} vs {full:?} stop {word:?}");
+        // The native endpoint names the stop string that ended it (first listed among others).
+        let native = json!({ "prompt": "Hi", "n_predict": n, "temperature": 0 });
+        let first = server.post("/completion", &native).json();
+        let text = first["content"].as_str().unwrap();
+        if let Some(word) = text.split_whitespace().nth(1) {
+            let mut native = native.clone();
+            native["stop"] = json!(["never-appears-here", word]);
+            let r = server.post("/completion", &native).json();
+            assert_eq!((&r["stop_type"], &r["stopping_word"]), (&json!("word"), &json!(word)), "{r}");
+        }
     }
 
     // Legacy completions.

@@ -237,10 +237,10 @@ pub fn gen_params(
     let options = top.object("options")?;
     let f = match (dialect, options) {
         (Dialect::Ollama, Some(o)) => Fields::nested(o, "options."),
-        (Dialect::Ollama, None) => Fields::nested(state.empty, "options."),
+        (Dialect::Ollama, None) => Fields::nested(&state.ready.empty, "options."),
         _ => Fields::new(body),
     };
-    let mut p = state.defaults.clone();
+    let mut p = state.ready.defaults.clone();
     let s = &mut p.sampler;
     if let Some(t) = f.f32("temperature")? {
         if t < 0.0 {
@@ -300,10 +300,10 @@ pub fn gen_params(
     if let Some(n) = top.i64("id_slot")? {
         p.id_slot = usize::try_from(n).ok();
         if let Some(i) = p.id_slot {
-            if i >= state.n_slots {
+            if i >= state.ready.n_slots {
                 return Err(ApiError::invalid(format!(
                     "'id_slot' {i}: the server has {} slots",
-                    state.n_slots
+                    state.ready.n_slots
                 )));
             }
         }
@@ -346,7 +346,7 @@ fn logit_bias(state: &State<'_>, f: &Fields<'_>) -> Result<Vec<(u32, f32)>, ApiE
         Value::Bool(false) => Ok(f32::NEG_INFINITY),
         v => v.as_f64().filter(|x| x.is_finite()).map(|x| x.clamp(-100.0, 100.0) as f32).ok_or_else(bad),
     };
-    let n_vocab = state.n_vocab;
+    let n_vocab = state.ready.n_vocab;
     let ids_of = |key: &Value| -> Result<Vec<u32>, ApiError> {
         match key {
             Value::Number(n) => {

@@ -123,10 +123,6 @@ pub struct Ready {
 pub struct State<'a> {
     pub ready: &'a Ready,
     pub opts: &'a Opts,
-    pub defaults: &'a GenParams,
-    pub n_slots: usize,
-    pub n_vocab: usize,
-    pub empty: &'a Map<String, Value>,
 }
 
 type AppState = Arc<Shared>;
@@ -135,14 +131,7 @@ impl Shared {
     /// The loaded model, or 503 while it loads.
     fn state(&self) -> Result<State<'_>, ApiError> {
         let ready = self.ready.get().ok_or_else(|| ApiError::unavailable("Loading model"))?;
-        Ok(State {
-            ready,
-            opts: &self.opts,
-            defaults: &ready.defaults,
-            n_slots: ready.n_slots,
-            n_vocab: ready.n_vocab,
-            empty: &ready.empty,
-        })
+        Ok(State { ready, opts: &self.opts })
     }
 }
 
@@ -156,7 +145,9 @@ pub fn encode_plain(tok: &Tokenizer<'static>, text: &str, special: bool) -> Vec<
     crate::generate::encode_with(tok, text, special, false).unwrap_or_default()
 }
 
-/// Text of `ids` (special tokens rendered when `special`); invalid UTF-8 becomes U+FFFD.
+/// Text of `ids` (special tokens rendered when `special`); invalid UTF-8 becomes U+FFFD. The
+/// pieces are joined as they are, as llama-server's /detokenize does: unlike
+/// `Tokenizer::decode`, a leading space of the first piece is kept.
 fn detokenize_text(tok: &Tokenizer<'static>, ids: &[u32], special: bool) -> String {
     let mut piece = vec![0u8; pinfer::tokenizer::StreamDecoder::buffer_len(tok)];
     let mut bytes = Vec::new();
@@ -284,7 +275,7 @@ pub fn submit(shared: &Arc<Shared>, prompt: Vec<u32>, params: GenParams) -> Resu
     if shared.stop.load(Ordering::Relaxed) {
         return Err(ApiError::unavailable("the server is shutting down"));
     }
-    let limit = state.opts.queue + state.n_slots;
+    let limit = state.opts.queue + state.ready.n_slots;
     if shared.in_flight.fetch_add(1, Ordering::Relaxed) >= limit {
         shared.in_flight.fetch_sub(1, Ordering::Relaxed);
         return Err(ApiError::unavailable("the server is busy: every slot is taken and the queue is full"));
@@ -726,11 +717,11 @@ async fn detokenize(AxState(shared): AxState<AppState>, body: Body) -> Result<Re
     let mut ids = Vec::with_capacity(list.len());
     for (i, v) in list.iter().enumerate() {
         match v.as_u64() {
-            Some(id) if id < state.n_vocab as u64 => ids.push(id as u32),
+            Some(id) if id < state.ready.n_vocab as u64 => ids.push(id as u32),
             _ => {
                 return Err(ApiError::invalid(format!(
                     "'tokens[{i}]' must be a token id below {}",
-                    state.n_vocab
+                    state.ready.n_vocab
                 )))
             }
         }
@@ -746,10 +737,10 @@ async fn apply_template(AxState(shared): AxState<AppState>, body: Body) -> Resul
 }
 
 fn settings(state: &State<'_>) -> Value {
-    let s = &state.defaults.sampler;
+    let s = &state.ready.defaults.sampler;
     json!({
         "n_ctx": state.ready.n_ctx,
-        "n_predict": state.defaults.n_predict.map_or(-1, |n| n as i64),
+        "n_predict": state.ready.defaults.n_predict.map_or(-1, |n| n as i64),
         "temperature": s.temperature,
         "top_k": s.top_k,
         "top_p": s.top_p,
@@ -759,8 +750,8 @@ fn settings(state: &State<'_>) -> Value {
         "presence_penalty": s.presence_penalty,
         "frequency_penalty": s.frequency_penalty,
         "seed": s.seed,
-        "stop": state.defaults.stops,
-        "ignore_eos": state.defaults.ignore_eos,
+        "stop": state.ready.defaults.stops,
+        "ignore_eos": state.ready.defaults.ignore_eos,
         "samplers": ["penalties", "top_k", "top_p", "min_p", "temperature"],
     })
 }
@@ -769,7 +760,7 @@ async fn props(AxState(shared): AxState<AppState>) -> Result<Response, ApiError>
     let state = shared.state()?;
     Ok(json_response(&json!({
         "default_generation_settings": settings(&state),
-        "total_slots": state.n_slots,
+        "total_slots": state.ready.n_slots,
         "model_path": shared.model_path.display().to_string(),
         "model_alias": shared.model_name,
         "chat_template": state.ready.chat_template_text.clone().unwrap_or_default(),
@@ -782,7 +773,7 @@ async fn props(AxState(shared): AxState<AppState>) -> Result<Response, ApiError>
 async fn slots_list(AxState(shared): AxState<AppState>) -> Result<Response, ApiError> {
     let state = shared.state()?;
     let stats = &shared.stats;
-    let list: Vec<Value> = (0..state.n_slots)
+    let list: Vec<Value> = (0..state.ready.n_slots)
         .map(|i| {
             json!({
                 "id": i,
@@ -811,7 +802,7 @@ async fn metrics(AxState(shared): AxState<AppState>) -> Result<Response, ApiErro
         (load(&s.prompt_tokens), load(&s.prompt_us), load(&s.generated_tokens), load(&s.generate_us));
     let rate = |n: u64, us: u64| if us > 0 { n as f64 * 1e6 / us as f64 } else { 0.0 };
     let kv = s.kv_tokens.load(Ordering::Relaxed);
-    let capacity = state.ready.n_ctx * state.n_slots;
+    let capacity = state.ready.n_ctx * state.ready.n_slots;
     let rows: [(&str, &str, &str, f64); 10] = [
         ("prompt_tokens_total", "counter", "Number of prompt tokens processed.", pt as f64),
         ("prompt_seconds_total", "counter", "Prompt process time", pus as f64 / 1e6),

@@ -559,9 +559,9 @@ fn sample(run: &mut Running, tok: &Tokenizer<'static>, piece: &mut [u8], n_ctx: 
     let events = &run.job.events;
     let n_probs = run.job.params.n_probs;
     let before = run.tokens.len();
-    let mut texts: Vec<String> = Vec::new();
-    let mut pass = |text: &str| -> Result<Flow, ()> {
-        texts.push(text.to_string());
+    let mut text = String::new();
+    let mut pass = |piece: &str| -> Result<Flow, ()> {
+        text.push_str(piece);
         Ok(Flow::Continue)
     };
     let result = run.generator.step(&mut run.tokens, &mut pass);
@@ -570,7 +570,6 @@ fn sample(run: &mut Running, tok: &Tokenizer<'static>, piece: &mut [u8], n_ctx: 
         (true, n) if n > 0 => Some(token_probs(run.generator.logits(), run.tokens[before], n, tok, piece)),
         _ => None,
     };
-    let text: String = texts.concat();
     if pushed {
         run.n_generated += 1;
         if events.send(Event::Token { text, probs }).is_err() {
@@ -579,9 +578,7 @@ fn sample(run: &mut Running, tok: &Tokenizer<'static>, piece: &mut [u8], n_ctx: 
     }
     match result {
         Ok(Some(Stop::StopString)) => {
-            // Which stop string: the first that the generated text ends up containing.
-            let generated = &run.tokens[run.n_prompt..];
-            run.stop_word = stop_word(tok, generated, &run.job.params.stops, piece);
+            run.stop_word = run.generator.stop_string().map(String::from);
             Some(Stop::StopString)
         }
         Ok(Some(stop)) => Some(stop),
@@ -598,23 +595,6 @@ fn sample(run: &mut Running, tok: &Tokenizer<'static>, piece: &mut [u8], n_ctx: 
             Some(Stop::Cancelled)
         }
     }
-}
-
-/// The stop string found in the text of `generated`.
-fn stop_word(
-    tok: &Tokenizer<'static>,
-    generated: &[u32],
-    stops: &[String],
-    piece: &mut [u8],
-) -> Option<String> {
-    let mut text = Vec::new();
-    for &id in generated {
-        if let Ok(n) = tok.token_to_piece(id, false, piece) {
-            text.extend_from_slice(&piece[..n]);
-        }
-    }
-    let text = String::from_utf8_lossy(&text);
-    stops.iter().filter_map(|s| text.find(s.as_str()).map(|at| (at, s))).min().map(|(_, s)| s.clone())
 }
 
 /// Log-probabilities (softmax of `logits`) of token `id` and of the `n` most likely tokens.
