@@ -255,7 +255,9 @@ fn pass_on<E>(
         return Ok((each(text).map_err(GenerateError::Output)?, None));
     }
     held.push_str(text);
-    if let Some((at, i)) = stops.iter().enumerate().filter_map(|(i, s)| Some((held.find(s.as_str())?, i))).min() {
+    if let Some((at, i)) =
+        stops.iter().enumerate().filter_map(|(i, s)| Some((held.find(s.as_str())?, i))).min()
+    {
         each(&held[..at]).map_err(GenerateError::Output)?;
         held.clear();
         return Ok((Flow::Stop, Some(i)));

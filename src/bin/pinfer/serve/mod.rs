@@ -33,7 +33,7 @@ use serde_json::{json, Map, Value};
 use crate::generate::GenArgs;
 use crate::CliError;
 use api::{json_response, read_json, ApiError, Fields};
-use slots::{Event, GenParams, Job, Request as EngineRequest, SlotAction, Stats};
+use slots::{Event, GenParams, Job, Request as EngineRequest, SlotAction, SlotDone, Stats};
 
 /// Options of `pinfer serve`, spelled as llama-server spells them; the model, sampling and board
 /// options are `generate`'s (the sampling ones are the defaults of every request).
@@ -117,6 +117,8 @@ pub struct Ready {
     pub n_ctx_train: u64,
     pub chat_template_text: Option<String>,
     pub empty: Map<String, Value>,
+    /// What a slot file must match: the model and the cache layout.
+    pub slot_identity: slot_file::Identity,
 }
 
 /// The handlers' view: the shared state with the model loaded.
@@ -581,14 +583,14 @@ fn load_engine(
         n_ctx_train: u64::from(hp.n_ctx_train),
         chat_template_text,
         empty: Map::new(),
+        slot_identity: slot_file::Identity {
+            model_size: session.model_bytes().len() as u64,
+            header_crc: crc32fast::hash(session.model_bytes().get(..gguf.data_start()).unwrap_or(&[])),
+            position_bytes: u32::try_from(session.sequence_bytes(1)).unwrap_or(u32::MAX),
+            layers: hp.n_layer,
+        },
     };
-    let identity = slot_file::Identity {
-        model_size: session.model_bytes().len() as u64,
-        header_crc: crc32fast::hash(session.model_bytes().get(..gguf.data_start()).unwrap_or(&[])),
-        position_bytes: u32::try_from(session.sequence_bytes(1)).unwrap_or(u32::MAX),
-        layers: hp.n_layer,
-    };
-    let engine = slots::Engine::new(session, tok, shared.stats.clone(), identity);
+    let engine = slots::Engine::new(session, tok, shared.stats.clone());
     let _ = shared.ready.set(ready);
     Ok(engine)
 }
@@ -873,10 +875,22 @@ async fn slot_action(
         }
         Ok(dir.join(name))
     };
-    let action = match action {
-        "save" => SlotAction::Save(file()?),
-        "restore" => SlotAction::Restore(file()?),
-        "erase" => SlotAction::Erase,
+    let started = std::time::Instant::now();
+    let ms = move || started.elapsed().as_secs_f64() * 1e3;
+    let blocking = |e: tokio::task::JoinError| ApiError::server(format!("slot file task failed: {e}"));
+    let (action, path) = match action {
+        "save" => (SlotAction::Save, Some(file()?)),
+        "restore" => {
+            let path = file()?;
+            let (id, n_ctx) = (state.ready.slot_identity, state.ready.n_ctx);
+            let read = {
+                let path = path.clone();
+                tokio::task::spawn_blocking(move || slot_file::read(&path, &id, n_ctx))
+            };
+            let (tokens, rows) = read.await.map_err(blocking)?.map_err(ApiError::invalid)?;
+            (SlotAction::Restore { tokens, rows }, Some(path))
+        }
+        "erase" => (SlotAction::Erase, None),
         other => return Err(ApiError::invalid(format!("action {other:?}: give save, restore or erase"))),
     };
     let (reply, answer) = tokio::sync::oneshot::channel();
@@ -885,9 +899,31 @@ async fn slot_action(
         .jobs
         .try_send(EngineRequest::Slot { slot, action, reply })
         .map_err(|_| ApiError::unavailable("the server is busy: the queue is full"))?;
-    match answer.await {
-        Ok(Ok(v)) => Ok(json_response(&v)),
-        Ok(Err(message)) => Err(ApiError::invalid(message)),
-        Err(_) => Err(ApiError::server("the engine stopped")),
-    }
+    let done = match answer.await {
+        Ok(Ok(done)) => done,
+        Ok(Err(message)) => return Err(ApiError::invalid(message)),
+        Err(_) => return Err(ApiError::server("the engine stopped")),
+    };
+    let filename = path.as_deref().and_then(|p| p.file_name()).map(|n| n.to_string_lossy().into_owned());
+    let v = match done {
+        SlotDone::Erased { n_tokens } => json!({ "id_slot": slot, "n_erased": n_tokens }),
+        SlotDone::Restored { n_tokens } => json!({
+            "id_slot": slot, "filename": filename, "n_restored": n_tokens,
+            "n_read": slot_file::encoded_len(n_tokens, state.ready.slot_identity.position_bytes),
+            "timings": { "restore_ms": ms() },
+        }),
+        SlotDone::Saved { tokens, rows } => {
+            let (id, path) = (state.ready.slot_identity, path.unwrap_or_default());
+            let write = tokio::task::spawn_blocking(move || {
+                let bytes = slot_file::encode(&id, &tokens, &rows);
+                slot_file::write(&path, &bytes).map(|()| (tokens.len(), bytes.len()))
+            });
+            let (n_saved, n_written) = write.await.map_err(blocking)?.map_err(ApiError::invalid)?;
+            json!({
+                "id_slot": slot, "filename": filename, "n_saved": n_saved,
+                "n_written": n_written, "timings": { "save_ms": ms() },
+            })
+        }
+    };
+    Ok(json_response(&v))
 }

@@ -27,7 +27,9 @@ fn prompt_tokens(state: &State<'_>, body: &Map<String, Value>) -> Result<Vec<u32
     let bad = || ApiError::invalid("'prompt' must be a string, a list of token ids, or a list of one string");
     let ids_of = |list: &[Value]| -> Result<Vec<u32>, ApiError> {
         list.iter()
-            .map(|v| v.as_u64().filter(|&id| id < state.ready.n_vocab as u64).map(|id| id as u32).ok_or_else(bad))
+            .map(|v| {
+                v.as_u64().filter(|&id| id < state.ready.n_vocab as u64).map(|id| id as u32).ok_or_else(bad)
+            })
             .collect()
     };
     match body.get("prompt") {

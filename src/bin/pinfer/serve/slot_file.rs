@@ -10,6 +10,8 @@ use std::path::Path;
 
 const MAGIC: &[u8; 8] = b"PINFSLOT";
 const VERSION: u32 = 1;
+/// Magic, version, identity and token count.
+const HEAD: usize = 8 + 4 + 8 + 4 * 4;
 
 /// What a slot file must match.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,7 +42,7 @@ pub fn encode(id: &Identity, tokens: &[u32], rows: &[u8]) -> Vec<u8> {
 
 /// The tokens and cache rows of a slot file made for `id`, or why it cannot be used.
 pub fn decode<'b>(id: &Identity, bytes: &'b [u8]) -> Result<(Vec<u32>, &'b [u8]), String> {
-    let head = 8 + 4 + 8 + 4 * 4;
+    let head = HEAD;
     if bytes.len() < head + 4 || &bytes[..8] != MAGIC {
         return Err("not a pinfer slot file".into());
     }
@@ -70,6 +72,24 @@ pub fn decode<'b>(id: &Identity, bytes: &'b [u8]) -> Result<(Vec<u32>, &'b [u8])
     Ok((tokens, rows))
 }
 
+/// Bytes of a slot file holding `n_tokens` positions of `position_bytes` each.
+pub fn encoded_len(n_tokens: usize, position_bytes: u32) -> u64 {
+    HEAD as u64 + 4 + n_tokens as u64 * (4 + u64::from(position_bytes))
+}
+
+/// Reads and decodes the slot file at `path` made for `id`, with at most `n_ctx` tokens (a larger
+/// file, say a stray big one in the directory, is refused before it is read).
+pub fn read(path: &Path, id: &Identity, n_ctx: usize) -> Result<(Vec<u32>, Vec<u8>), String> {
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let size = std::fs::metadata(path).map_err(|e| format!("{name}: {e}"))?.len();
+    if size > encoded_len(n_ctx, id.position_bytes) {
+        return Err(format!("{name}: {size} bytes, more than a slot file of this server holds"));
+    }
+    let bytes = std::fs::read(path).map_err(|e| format!("{name}: {e}"))?;
+    let (tokens, rows) = decode(id, &bytes).map_err(|e| format!("{name}: {e}"))?;
+    Ok((tokens, rows.to_vec()))
+}
+
 /// Writes `bytes` to `path` through a temporary file renamed over it: a failed write leaves no
 /// partial file.
 pub fn write(path: &Path, bytes: &[u8]) -> Result<(), String> {
@@ -92,6 +112,7 @@ mod tests {
         let bytes = encode(&id, &[5, 6, 7], &rows);
         let (tokens, got) = decode(&id, &bytes).unwrap();
         assert_eq!((tokens, got), (vec![5, 6, 7], &rows[..]));
+        assert_eq!(bytes.len() as u64, encoded_len(3, id.position_bytes));
         let other = Identity { header_crc: 8, ..id };
         assert!(decode(&other, &bytes).unwrap_err().contains("another model"));
         let mut flipped = bytes.clone();

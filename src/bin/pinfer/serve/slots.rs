@@ -53,19 +53,31 @@ pub struct Job {
 /// What the engine thread is asked to do.
 pub enum Request {
     Generate(Job),
-    /// Save, restore or erase an idle slot's cache; the reply is the response's JSON or an error
-    /// message (a 400).
+    /// Save, restore or erase an idle slot's cache; the reply is what was done or an error
+    /// message (a 400). The file is written or read by the handler, off this thread: a slow disk
+    /// never stalls the other slots' streams.
     Slot {
         slot: usize,
         action: SlotAction,
-        reply: tokio::sync::oneshot::Sender<Result<serde_json::Value, String>>,
+        reply: tokio::sync::oneshot::Sender<Result<SlotDone, String>>,
     },
 }
 
 pub enum SlotAction {
-    Save(std::path::PathBuf),
-    Restore(std::path::PathBuf),
+    /// Copy out the cache.
+    Save,
+    /// Load these tokens and their cache rows (from a validated slot file).
+    Restore {
+        tokens: Vec<u32>,
+        rows: Vec<u8>,
+    },
     Erase,
+}
+
+pub enum SlotDone {
+    Saved { tokens: Vec<u32>, rows: Vec<u8> },
+    Restored { n_tokens: usize },
+    Erased { n_tokens: usize },
 }
 
 /// A token's probability and the most likely alternatives (natural-log probabilities).
@@ -177,17 +189,10 @@ pub struct Engine {
     stats: Arc<Stats>,
     clock: u64,
     piece: Vec<u8>,
-    /// What a slot file must match: the model and the cache layout.
-    identity: super::slot_file::Identity,
 }
 
 impl Engine {
-    pub fn new(
-        session: Session,
-        tok: &'static Tokenizer<'static>,
-        stats: Arc<Stats>,
-        identity: super::slot_file::Identity,
-    ) -> Self {
+    pub fn new(session: Session, tok: &'static Tokenizer<'static>, stats: Arc<Stats>) -> Self {
         let n_ctx = session.n_ctx();
         let slots = (0..session.n_seq())
             .map(|_| Slot {
@@ -208,7 +213,6 @@ impl Engine {
             rows: Vec::with_capacity(n_batch),
             stats,
             clock: 0,
-            identity,
         }
     }
 
@@ -250,66 +254,42 @@ impl Engine {
         }
     }
 
-    /// Saves, restores or erases slot `i`'s cache (it must be idle).
-    fn slot_action(&mut self, i: usize, action: SlotAction) -> Result<serde_json::Value, String> {
+    /// Copies out, restores or erases slot `i`'s cache (it must be idle).
+    fn slot_action(&mut self, i: usize, action: SlotAction) -> Result<SlotDone, String> {
         let n_slots = self.slots.len();
         let slot =
             self.slots.get(i).ok_or_else(|| format!("slot {i} does not exist (the server has {n_slots})"))?;
         if slot.run.is_some() {
             return Err(format!("slot {i} is busy"));
         }
-        let started = Instant::now();
-        let ms = |t: Instant| t.elapsed().as_secs_f64() * 1e3;
         match action {
             SlotAction::Erase => {
-                let n = slot.cache.len();
+                let n_tokens = slot.cache.len();
                 self.reset(i);
-                Ok(serde_json::json!({ "id_slot": i, "n_erased": n }))
+                Ok(SlotDone::Erased { n_tokens })
             }
-            SlotAction::Save(path) => {
+            SlotAction::Save => {
                 let tokens = slot.cache.clone();
                 let rows = self.session.save_sequence(i, tokens.len()).map_err(|e| e.to_string())?;
-                let bytes = super::slot_file::encode(&self.identity, &tokens, &rows);
-                super::slot_file::write(&path, &bytes)?;
-                Ok(serde_json::json!({
-                    "id_slot": i, "filename": file_name(&path), "n_saved": tokens.len(),
-                    "n_written": bytes.len(), "timings": { "save_ms": ms(started) },
-                }))
+                Ok(SlotDone::Saved { tokens, rows })
             }
-            SlotAction::Restore(path) => {
-                // Nothing larger than a full slot's file is read (a stray big file in the directory).
-                let n_ctx = self.session.n_ctx() as u64;
-                let largest = 64 + 4 * n_ctx + n_ctx * u64::from(self.identity.position_bytes);
-                let size = std::fs::metadata(&path).map_err(|e| format!("{}: {e}", file_name(&path)))?.len();
-                if size > largest {
-                    return Err(format!(
-                        "{}: {size} bytes, more than a slot file of this server holds",
-                        file_name(&path)
-                    ));
-                }
-                let bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", file_name(&path)))?;
-                let (tokens, rows) = super::slot_file::decode(&self.identity, &bytes)
-                    .map_err(|e| format!("{}: {e}", file_name(&path)))?;
+            SlotAction::Restore { tokens, rows } => {
                 if tokens.len() > self.session.n_ctx() {
                     return Err(format!(
-                        "{}: {} tokens do not fit a slot of {}",
-                        file_name(&path),
+                        "{} tokens do not fit a slot of {}",
                         tokens.len(),
                         self.session.n_ctx()
                     ));
                 }
                 if tokens.iter().any(|&t| t as usize >= self.session.n_vocab()) {
-                    return Err(format!("{}: a token is outside the vocabulary", file_name(&path)));
+                    return Err("a token is outside the vocabulary".into());
                 }
-                self.session.restore_sequence(i, tokens.len(), rows).map_err(|e| e.to_string())?;
+                self.session.restore_sequence(i, tokens.len(), &rows).map_err(|e| e.to_string())?;
                 let slot = &mut self.slots[i];
                 slot.cache.clear();
                 slot.cache.extend_from_slice(&tokens);
                 self.stats.cached[i].store(tokens.len(), Ordering::Relaxed);
-                Ok(serde_json::json!({
-                    "id_slot": i, "filename": file_name(&path), "n_restored": tokens.len(),
-                    "n_read": bytes.len(), "timings": { "restore_ms": ms(started) },
-                }))
+                Ok(SlotDone::Restored { n_tokens: tokens.len() })
             }
         }
     }
@@ -627,10 +607,6 @@ pub fn token_probs(
         logprob: logprob(id),
         top: best.into_iter().map(|i| (i, bytes_of(i), logprob(i))).collect(),
     }
-}
-
-fn file_name(path: &std::path::Path) -> String {
-    path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
 }
 
 /// Length of the common prefix of two token lists.
