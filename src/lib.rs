@@ -36,6 +36,8 @@ pub mod tensor;
 pub mod tokenizer;
 
 #[cfg(feature = "std")]
+pub mod bundle;
+#[cfg(feature = "std")]
 pub mod generate;
 #[cfg(feature = "std")]
 pub mod loader;

@@ -23,6 +23,8 @@ pub const FETCH_MODEL_COMMAND: &str = "scripts/setup.sh model";
 /// A model file mapped into memory (or read into it: [`ModelFile::read`]).
 pub struct ModelFile {
     path: PathBuf,
+    /// Where the model starts in the file: 0, or its offset in a bundle ([`crate::bundle`]).
+    offset: u64,
     map: Bytes,
 }
 
@@ -70,6 +72,13 @@ pub enum LoadError {
         /// What is wrong with it.
         source: GgufError,
     },
+    /// A pinfer executable that carries no model, or a bundle that is truncated or damaged.
+    Bundle {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        why: String,
+    },
     /// A repack cache (a file pinfer wrote) that no longer parses: damaged after it was written.
     DamagedCache {
         /// The file.
@@ -91,6 +100,7 @@ impl fmt::Display for LoadError {
             }
             Self::Io { path, source } => write!(f, "{}: {source}", path.display()),
             Self::Gguf { path, source } => write!(f, "{}: {source}", path.display()),
+            Self::Bundle { path, why } => write!(f, "{}: {why}", path.display()),
             Self::DamagedCache { path, source } => {
                 // The parser's advice is for downloaded models; a cache is remade, not downloaded.
                 let text = source.to_string();
@@ -116,12 +126,15 @@ impl std::error::Error for LoadError {
         match self {
             Self::Io { source, .. } => Some(source),
             Self::Gguf { source, .. } | Self::DamagedCache { source, .. } => Some(source),
+            Self::Bundle { .. } => None,
         }
     }
 }
 
 impl ModelFile {
-    /// Maps `path` read-only.
+    /// Maps `path` read-only: a model file, or the model a pinfer bundle carries (an executable
+    /// with a model appended, [`crate::bundle`]: its trailer and header checksum are checked
+    /// before any model byte is used).
     pub fn open(path: &Path) -> Result<Self, LoadError> {
         use std::os::unix::fs::OpenOptionsExt;
         let io_err = |source| LoadError::Io { path: path.to_path_buf(), source };
@@ -141,11 +154,33 @@ impl ModelFile {
         if !file.metadata().map_err(io_err)?.is_file() {
             return Err(not_regular("is not a regular file: give a model file".into()));
         }
+        let bundle_err = |why: String| LoadError::Bundle { path: path.to_path_buf(), why };
+        let mut file = file;
+        let region =
+            match crate::bundle::inspect(&mut file).map_err(bundle_err)? {
+                crate::bundle::Contents::NotElf => None,
+                crate::bundle::Contents::Plain => return Err(bundle_err(
+                    "is a program, not a model file (a pinfer bundle carries one; this file carries none): \
+                     give a GGUF model"
+                        .into(),
+                )),
+                crate::bundle::Contents::Bundle(t) => Some(t),
+            };
+        let mut options = MmapOptions::new();
+        if let Some(t) = &region {
+            let len = usize::try_from(t.model_len)
+                .map_err(|_| bundle_err("the bundled model is too large".into()))?;
+            options.offset(t.model_offset).len(len);
+        }
         // SAFETY: the map is read-only and private, and only ever read through `&[u8]`. If another
         // process truncates the file while we run, access faults (SIGBUS) instead of reading stale
         // data; that is the documented limit of mmap loading (download to .part, then rename).
-        let map = unsafe { MmapOptions::new().map_copy_read_only(&file) }.map_err(io_err)?;
-        Ok(Self { path: path.to_path_buf(), map: Bytes::Map(map) })
+        let map = unsafe { options.map_copy_read_only(&file) }.map_err(io_err)?;
+        if let Some(t) = &region {
+            crate::bundle::check_header(t, &map).map_err(bundle_err)?;
+        }
+        let offset = region.map_or(0, |t| t.model_offset);
+        Ok(Self { path: path.to_path_buf(), offset, map: Bytes::Map(map) })
     }
 
     /// Reads `path` into memory instead of mapping it (llama.cpp's `--no-mmap`): no page faults
@@ -161,8 +196,9 @@ impl ModelFile {
         })?;
         blocks.resize(len.div_ceil(64), Block([0; 64]));
         let mut file = File::open(path).map_err(io_err)?;
+        std::io::Seek::seek(&mut file, std::io::SeekFrom::Start(mapped.offset)).map_err(io_err)?;
         file.read_exact(&mut bytemuck::cast_slice_mut::<Block, u8>(&mut blocks)[..len]).map_err(io_err)?;
-        Ok(Self { path: path.to_path_buf(), map: Bytes::Heap { blocks, len } })
+        Ok(Self { path: path.to_path_buf(), offset: mapped.offset, map: Bytes::Heap { blocks, len } })
     }
 
     /// [`ModelFile::read`] for the rest of the process (as [`ModelFile::open_static`]).

@@ -108,19 +108,26 @@ fn check_archive(arch: &str, machine: u16) -> PathBuf {
 }
 
 /// Greedy ids of the first golden case without near-ties in its first 8 steps, through
-/// `command` (the binary, possibly behind qemu), against llama.cpp's.
-fn check_greedy(mut command: Command, golden: &str) {
+/// `command` (the binary, possibly behind qemu; with `-m MODEL` unless it is a bundle), against
+/// llama.cpp's.
+fn check_greedy(command: Command, golden: &str) {
+    let model = repo().join(MODEL);
+    assert!(model.exists(), "{} missing: run scripts/setup.sh model", model.display());
+    check_greedy_with(command, golden, Some(&model));
+}
+
+fn check_greedy_with(mut command: Command, golden: &str, model: Option<&Path>) {
     let case = llama_golden::jsonl(golden)
         .into_iter()
         .find(|c| c["margins"].as_array().unwrap().iter().take(8).all(|m| m.as_f64().unwrap() >= 0.3))
         .expect("a golden case without near-ties in its first 8 steps");
     let want: Vec<String> =
         case["generated_ids"].as_array().unwrap().iter().take(8).map(Value::to_string).collect();
-    let model = repo().join(MODEL);
-    assert!(model.exists(), "{} missing: run scripts/setup.sh model", model.display());
+    command.arg("generate");
+    if let Some(model) = model {
+        command.arg("-m").arg(model);
+    }
     let out = command
-        .args(["generate", "-m"])
-        .arg(&model)
         .args(["-p", case["prompt"].as_str().unwrap(), "-n", "8", "--temp", "0", "--print-ids", "-t", "2"])
         .output()
         .unwrap();
@@ -139,6 +146,28 @@ fn aarch64_archive_has_the_glibc_floor_and_runs_under_qemu() {
     let mut qemu = Command::new("qemu-aarch64");
     qemu.args(["-cpu", "cortex-a76"]).arg(dir.join("pinfer"));
     check_greedy(qemu, &GOLDEN.replace(".greedy.jsonl", ".arm.greedy.jsonl"));
+}
+
+/// A PC makes the board's one-file bundle: the aarch64 binary with the model repacked for it
+/// (the target binary repacks under qemu); the bundle runs with no `-m`.
+#[test]
+#[ignore = "needs ./x dist; run by ./x test dist"]
+fn a_board_bundle_made_on_the_pc_runs_under_qemu() {
+    let dir = unpack("aarch64");
+    let out = dir.join("smollm2-board");
+    let made = Command::new(env!("CARGO_BIN_EXE_pinfer"))
+        .args(["bundle", "--repacked", "-m"])
+        .arg(repo().join(MODEL))
+        .arg("--target-binary")
+        .arg(dir.join("pinfer"))
+        .arg("-o")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
+    let mut qemu = Command::new("qemu-aarch64");
+    qemu.args(["-cpu", "cortex-a76"]).arg(&out);
+    check_greedy_with(qemu, &GOLDEN.replace(".greedy.jsonl", ".arm.greedy.jsonl"), None);
 }
 
 #[test]

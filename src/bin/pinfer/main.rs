@@ -12,6 +12,7 @@ use pinfer::loader::DEFAULT_MODEL_PATH;
 mod streams;
 
 mod bench;
+mod bundle;
 mod chat;
 mod generate;
 mod info;
@@ -100,6 +101,9 @@ enum Command {
     /// Write a repacked-weight cache: a GGUF with the weight matrices already in pinfer's packed
     /// layout for this CPU, which loads without repacking (`pinfer repack IN OUT`).
     Repack(repack::RepackArgs),
+    /// Write one executable that carries a model (`./NAME generate -p ...`, `./NAME serve`, bare
+    /// `./NAME` chats): the model is mapped from the executable's own file.
+    Bundle(bundle::BundleArgs),
     /// Serve the model over HTTP: the OpenAI API, llama-server's endpoints and the Ollama API on
     /// one port, with parallel slots whose decode steps run as one batch.
     Serve(serve::ServeArgs),
@@ -140,8 +144,17 @@ pub(crate) fn worker_threads(asked: Option<u16>) -> usize {
     asked.map_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()), usize::from)
 }
 
+/// `-m`, else the model this executable carries (a bundle: `pinfer bundle`), else the default
+/// model's path.
 pub(crate) fn model_path(model: Option<PathBuf>) -> PathBuf {
-    model.unwrap_or_else(|| PathBuf::from(DEFAULT_MODEL_PATH))
+    model.or_else(bundled_model).unwrap_or_else(|| PathBuf::from(DEFAULT_MODEL_PATH))
+}
+
+/// This executable's path when it carries a model (or bytes after its image: a damaged bundle,
+/// which loading then refuses by name).
+fn bundled_model() -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    pinfer::bundle::carries_model(&exe).then_some(exe)
 }
 
 fn run(cli: Cli) -> Result<(), CliError> {
@@ -165,6 +178,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
         Command::Bench(args) => bench::run(args),
         Command::Quantize(args) => quantize::run(args),
         Command::Repack(args) => repack::run(args),
+        Command::Bundle(args) => bundle::run(args),
         Command::Verify { file } => repack::verify(&file),
         Command::Serve(args) => serve::run(args),
         Command::NpuPlan(args) => npu::plan(args),
@@ -209,10 +223,18 @@ fn clap_exit(e: &clap::Error) -> Result<(), CliError> {
     out!("{text}")
 }
 
+/// A bundle run without arguments chats with its model.
+fn bare_bundle_chats(mut args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {
+    if args.len() == 1 && bundled_model().is_some() {
+        args.push("chat".into());
+    }
+    args
+}
+
 fn main() -> ExitCode {
     signals::install();
     let result = kernels_from_env()
-        .and_then(|()| llama_flags::rewrite(std::env::args_os().collect()))
+        .and_then(|()| llama_flags::rewrite(bare_bundle_chats(std::env::args_os().collect())))
         .and_then(|args| match Cli::try_parse_from(args) {
             Ok(cli) => run(cli),
             Err(e) => clap_exit(&e),
