@@ -487,3 +487,46 @@ fn quantize_refuses_unknown_types_and_missing_input() {
     assert!(err.contains("/nonexistent/in.gguf: no such file"), "{err}");
     assert!(!Path::new(target).exists() && !Path::new(&format!("{target}.part")).exists());
 }
+
+/// `pinfer doctor` on an Orange Pi 5's /proc and /sys (a fake tree): the board is recognised,
+/// and the slow clocks are named with the command that fixes them.
+#[test]
+fn doctor_names_what_is_missing_with_the_fix() {
+    let root = temp_file("doctor-marker", b"").parent().unwrap().join("doctor-root");
+    let put = |rel: &str, text: &[u8]| {
+        let p = root.join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, text).unwrap();
+    };
+    put("proc/device-tree/compatible", b"xunlong,orangepi-5\0rockchip,rk3588s\0");
+    put("proc/sys/kernel/osrelease", b"6.1.43-rockchip-rk3588\n");
+    put("proc/meminfo", b"MemTotal:        8052124 kB\nMemAvailable:    6123456 kB\n");
+    put("sys/devices/system/cpu/present", b"0-7\n");
+    for c in 0..8 {
+        let (governor, max) = if c >= 4 { ("schedutil", "2400000") } else { ("schedutil", "1800000") };
+        put(&format!("sys/devices/system/cpu/cpu{c}/cpufreq/scaling_governor"), governor.as_bytes());
+        put(&format!("sys/devices/system/cpu/cpu{c}/cpufreq/cpuinfo_max_freq"), max.as_bytes());
+        put(&format!("sys/devices/system/cpu/cpu{c}/cpufreq/scaling_cur_freq"), b"1416000");
+    }
+    put("sys/class/devfreq/dmc/governor", b"dmc_ondemand\n");
+    put("sys/class/devfreq/dmc/cur_freq", b"528000000\n");
+    put("sys/class/devfreq/fdab0000.npu/governor", b"rknpu_ondemand\n");
+    let out = pinfer(&["doctor", "--sysroot", root.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text_of(&out.stderr));
+    let text = text_of(&out.stdout);
+    for line in [
+        " ok kernel       Linux 6.1.43-rockchip-rk3588",
+        " ok board        Orange Pi 5",
+        "FIX big cores    cores 4-7 (big), governor schedutil, now 1416 MHz, max 2400 MHz",
+        "scaling_governor",
+        "FIX DDR clock    governor dmc_ondemand, now 528 MHz",
+        "/sys/class/devfreq/dmc/governor",
+        " ok memory       7863 MiB, 5979 MiB available",
+        " ok NPU driver   present (devfreq fdab0000.npu)",
+        "NPU runtime",
+        "SCHED_FIFO",
+        "mlock",
+    ] {
+        assert!(text.contains(line), "missing {line:?} in:\n{text}");
+    }
+}

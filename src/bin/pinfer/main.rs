@@ -14,6 +14,7 @@ mod streams;
 mod bench;
 mod bundle;
 mod chat;
+mod doctor;
 mod generate;
 mod info;
 mod kl_divergence;
@@ -104,6 +105,9 @@ enum Command {
     /// Write one executable that carries a model (`./NAME generate -p ...`, `./NAME serve`, bare
     /// `./NAME` chats): the model is mapped from the executable's own file.
     Bundle(bundle::BundleArgs),
+    /// Check this machine before a first run: glibc, kernel, board, big cores and clocks, memory,
+    /// NPU runtime and driver, SCHED_FIFO and mlock permissions, each with the fix when missing.
+    Doctor(doctor::DoctorArgs),
     /// Serve the model over HTTP: the OpenAI API, llama-server's endpoints and the Ollama API on
     /// one port, with parallel slots whose decode steps run as one batch.
     Serve(serve::ServeArgs),
@@ -179,6 +183,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
         Command::Quantize(args) => quantize::run(args),
         Command::Repack(args) => repack::run(args),
         Command::Bundle(args) => bundle::run(args),
+        Command::Doctor(args) => doctor::run(args),
         Command::Verify { file } => repack::verify(&file),
         Command::Serve(args) => serve::run(args),
         Command::NpuPlan(args) => npu::plan(args),
