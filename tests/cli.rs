@@ -395,6 +395,24 @@ fn bench_reports_prompt_and_generation_speed() {
     assert!(rows[1][8].parse::<f64>().is_ok_and(|v| v > 0.0), "{stdout}");
     assert!(stdout.contains("MiB of weights per token"), "{stdout}");
 
+    // At depth (llama-bench's -d): every test again after 24 tokens in the cache, named as
+    // llama-bench names them; the context holds depth, prompt and generation.
+    let out = pinfer(&[
+        "bench", "-m", &model, "-p", "8", "-n", "2", "-d", "0,24", "-r", "1", "-t", "2", "-o", "json",
+    ]);
+    assert!(out.status.success(), "stderr: {}", text_of(&out.stderr));
+    let rows: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let got: Vec<(String, u64, u64)> = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (r["test"].as_str().unwrap().into(), r["n_depth"].as_u64().unwrap(), r["n_ctx"].as_u64().unwrap())
+        })
+        .collect();
+    let want = [("pp8", 0), ("tg2", 0), ("pp8 @ d24", 24), ("tg2 @ d24", 24)];
+    assert_eq!(got, want.map(|(t, d)| (t.to_string(), d, 34)), "{rows}");
+
     // Zero tests, or a kernel path this CPU lacks, are errors.
     let out = pinfer(&["bench", "-m", &model, "-p", "0", "-n", "0"]);
     assert_eq!(out.status.code(), Some(1));

@@ -31,6 +31,11 @@ pub struct BenchArgs {
     /// Tokens of the generation test (0: skip it); a comma-separated list runs several.
     #[arg(short = 'n', long = "n-gen", value_delimiter = ',', default_value = "128")]
     pub n_gen: Vec<usize>,
+    /// Tokens already in the cache when each test runs (llama-bench's -d: speed at depth); a
+    /// comma-separated list runs every test at each depth. The cache is filled once per depth,
+    /// untimed, and cut back to it before every run.
+    #[arg(short = 'd', long = "n-depth", value_delimiter = ',', default_value = "0")]
+    pub n_depth: Vec<usize>,
     #[command(flatten)]
     pub runtime: RuntimeArgs,
     /// Timed repetitions of each test (after one untimed warm-up).
@@ -104,10 +109,22 @@ impl Setup {
     }
 }
 
-/// Timed repetitions of one test.
+/// Timed repetitions of one test at one depth.
 struct Outcome {
     test: Test,
+    depth: usize,
     samples_ns: Vec<u64>,
+}
+
+impl Outcome {
+    /// llama-bench's name: `pp512`, `tg128 @ d4096`.
+    fn name(&self) -> String {
+        if self.depth == 0 {
+            self.test.name()
+        } else {
+            format!("{} @ d{}", self.test.name(), self.depth)
+        }
+    }
 }
 
 impl Outcome {
@@ -147,10 +164,10 @@ fn token_ids(n: usize, n_vocab: usize, bos: Option<u32>) -> Vec<u32> {
     ids
 }
 
-/// One run of `test` from an empty cache; nanoseconds.
-fn run_once(session: &mut Session, test: Test, ids: &[u32]) -> Result<u64, CliError> {
+/// One run of `test` after the first `depth` tokens of the cache (the rest dropped); nanoseconds.
+fn run_once(session: &mut Session, test: Test, depth: usize, ids: &[u32]) -> Result<u64, CliError> {
     let fail = |e: pinfer::session::SessionError| CliError::new(format!("{}: {e}", test.name()));
-    session.truncate(0);
+    session.truncate(depth);
     let t = Instant::now();
     match test {
         Test::Prompt(_) => {
@@ -190,7 +207,7 @@ const COLUMNS: [(&str, usize, bool); 8] = [
     ("params", 10, true),
     ("backend", 20, false),
     ("threads", 7, true),
-    ("test", 8, true),
+    ("test", 14, true),
     ("t/s", 20, true),
     ("weights GB/s", 12, true),
 ];
@@ -225,7 +242,7 @@ fn md_line(setup: &Setup, o: &Outcome) -> String {
         human_params(setup.n_params),
         setup.backend(),
         setup.threads.to_string(),
-        o.test.name(),
+        o.name(),
         format!("{mean:.2} ± {std:.2}"),
         match o.test {
             Test::Gen(_) => format!("{:.2}", decode_gbps(setup, mean)),
@@ -330,7 +347,8 @@ fn json_row(setup: &Setup, o: &Outcome) -> Json {
         "cpu_max_freq_mhz": setup.facts.cpu_max_mhz,
         "ddr_freq_mhz": setup.facts.ddr_mhz,
         "ddr_governor": setup.facts.ddr_governor,
-        "test": o.test.name(),
+        "test": o.name(),
+        "n_depth": o.depth,
         "n_prompt": n_prompt,
         "n_gen": n_gen,
         "reps": o.samples_ns.len(),
@@ -361,17 +379,18 @@ pub fn run(args: BenchArgs) -> Result<(), CliError> {
         return Err(CliError::new("nothing to measure: -p and -n are both 0".into()));
     }
     let path = crate::model_path(args.model);
-    // Every test starts from an empty cache; like llama-bench, the context holds a prompt and a
-    // generation run one after the other.
+    // Every test starts from the cache cut back to its depth; like llama-bench, the context holds
+    // the depth, a prompt and a generation run one after the other.
     let max_p = args.n_prompt.iter().copied().max().unwrap_or(0);
     let max_n = args.n_gen.iter().copied().max().unwrap_or(0);
-    let n_ctx = max_p + max_n;
+    let max_d = args.n_depth.iter().copied().max().unwrap_or(0);
+    let n_ctx = max_d + max_p + max_n;
 
     let runtime = Runtime::new(&args.runtime)?;
     let mut opts = SessionOptions { n_ctx, ..Default::default() };
     opts.repack &= !args.no_repack; // the runtime also honours PINFER_NO_REPACK
     let mut session = runtime.load(&path, opts.clone(), 0).map_err(|e| match e {
-        CliError::Message(m) => CliError::new(format!("{m} (context of {n_ctx} tokens for -p and -n)")),
+        CliError::Message(m) => CliError::new(format!("{m} (context of {n_ctx} tokens for -d, -p and -n)")),
         other => other,
     })?;
     let cores = runtime.cores(&session);
@@ -404,18 +423,27 @@ pub fn run(args: BenchArgs) -> Result<(), CliError> {
         outln!("{}", md_header())?;
     }
     let mut rows = Vec::new();
-    for test in tests {
-        let ids = token_ids(test.tokens(), session.n_vocab(), bos);
-        run_once(&mut session, test, &ids)?; // warm-up: caches, page faults, lazily built graphs
-        let mut samples_ns = Vec::with_capacity(args.reps);
-        for _ in 0..args.reps {
-            samples_ns.push(run_once(&mut session, test, &ids)?);
-        }
-        let outcome = Outcome { test, samples_ns };
-        if markdown {
-            outln!("{}", md_line(&setup, &outcome))?;
-        } else {
-            rows.push(json_row(&setup, &outcome));
+    for &depth in &args.n_depth {
+        // The depth's tokens, evaluated once (untimed) in batches; every run keeps them.
+        let fill = token_ids(depth, session.n_vocab(), bos);
+        session.truncate(0);
+        session.eval(&fill).map_err(|e| CliError::new(format!("filling the cache to depth {depth}: {e}")))?;
+        for &test in &tests {
+            let mut ids = token_ids(test.tokens() + 1, session.n_vocab(), None);
+            // (A test at depth 0 starts with BOS, one at depth continues the text.)
+            let ids =
+                if depth == 0 { token_ids(test.tokens(), session.n_vocab(), bos) } else { ids.split_off(1) };
+            run_once(&mut session, test, depth, &ids)?; // warm-up: caches, page faults, lazily built graphs
+            let mut samples_ns = Vec::with_capacity(args.reps);
+            for _ in 0..args.reps {
+                samples_ns.push(run_once(&mut session, test, depth, &ids)?);
+            }
+            let outcome = Outcome { test, depth, samples_ns };
+            if markdown {
+                outln!("{}", md_line(&setup, &outcome))?;
+            } else {
+                rows.push(json_row(&setup, &outcome));
+            }
         }
     }
     if markdown {
