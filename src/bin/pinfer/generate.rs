@@ -102,6 +102,14 @@ pub struct GenArgs {
     /// Do not echo the prompt: stdout holds only the generated text.
     #[arg(long = "no-display-prompt")]
     pub no_display_prompt: bool,
+    /// Keep the KV cache of the processed prompt in FILE and reuse it when a later prompt starts
+    /// with the same tokens (llama-cli's --prompt-cache). A file that does not match this model
+    /// and cache, or is damaged, is ignored with a note.
+    #[arg(long = "prompt-cache", value_name = "FILE")]
+    pub prompt_cache: Option<PathBuf>,
+    /// Use the --prompt-cache file but never write it.
+    #[arg(long = "prompt-cache-ro", requires = "prompt_cache")]
+    pub prompt_cache_ro: bool,
     /// Print the generated token ids, space-separated, on the last line.
     #[arg(long = "print-ids")]
     pub print_ids: bool,
@@ -418,7 +426,10 @@ pub fn generate(args: GenArgs) -> Result<(), CliError> {
     }
     let polled = Polled::start();
     let t_prompt = Instant::now();
-    let stop = match gen.feed(&mut session, &prompt) {
+    let cache =
+        args.prompt_cache.as_deref().map(|file| crate::prompt_cache::PromptCache::new(file, &session));
+    let (reused, whole) = cache.as_ref().map_or((0, false), |c| c.restore(&mut session, &prompt));
+    let stop = match gen.feed(&mut session, &prompt[reused..]) {
         Ok(()) => None,
         Err(SessionError::Engine(EngineError::ContextFull { needed, n_ctx })) => {
             return Err(CliError::new(format!(
@@ -427,6 +438,11 @@ pub fn generate(args: GenArgs) -> Result<(), CliError> {
         }
         Err(e) => return Err(CliError::new(e.to_string())),
     };
+    if let (Some(c), false) = (&cache, args.prompt_cache_ro) {
+        if stop.is_none() && !whole {
+            c.save(&session, &prompt);
+        }
+    }
     let t_prompt = t_prompt.elapsed();
     let t_gen = Instant::now();
     let stop = match stop {

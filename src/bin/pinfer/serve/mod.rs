@@ -9,7 +9,6 @@
 mod api;
 mod ollama;
 mod openai;
-mod slot_file;
 mod slots;
 
 use std::net::SocketAddr;
@@ -118,7 +117,7 @@ pub struct Ready {
     pub chat_template_text: Option<String>,
     pub empty: Map<String, Value>,
     /// What a slot file must match: the model and the cache layout.
-    pub slot_identity: slot_file::Identity,
+    pub slot_identity: crate::kv_file::Identity,
 }
 
 /// The handlers' view: the shared state with the model loaded.
@@ -583,12 +582,7 @@ fn load_engine(
         n_ctx_train: u64::from(hp.n_ctx_train),
         chat_template_text,
         empty: Map::new(),
-        slot_identity: slot_file::Identity {
-            model_size: session.model_bytes().len() as u64,
-            header_crc: crc32fast::hash(session.model_bytes().get(..gguf.data_start()).unwrap_or(&[])),
-            position_bytes: u32::try_from(session.sequence_bytes(1)).unwrap_or(u32::MAX),
-            layers: hp.n_layer,
-        },
+        slot_identity: crate::kv_file::Identity::of(&session),
     };
     let engine = slots::Engine::new(session, tok, shared.stats.clone());
     let _ = shared.ready.set(ready);
@@ -885,7 +879,7 @@ async fn slot_action(
             let (id, n_ctx) = (state.ready.slot_identity, state.ready.n_ctx);
             let read = {
                 let path = path.clone();
-                tokio::task::spawn_blocking(move || slot_file::read(&path, &id, n_ctx))
+                tokio::task::spawn_blocking(move || crate::kv_file::read(&path, &id, n_ctx))
             };
             let (tokens, rows) = read.await.map_err(blocking)?.map_err(ApiError::invalid)?;
             (SlotAction::Restore { tokens, rows }, Some(path))
@@ -909,14 +903,14 @@ async fn slot_action(
         SlotDone::Erased { n_tokens } => json!({ "id_slot": slot, "n_erased": n_tokens }),
         SlotDone::Restored { n_tokens } => json!({
             "id_slot": slot, "filename": filename, "n_restored": n_tokens,
-            "n_read": slot_file::encoded_len(n_tokens, state.ready.slot_identity.position_bytes),
+            "n_read": crate::kv_file::encoded_len(n_tokens, state.ready.slot_identity.position_bytes),
             "timings": { "restore_ms": ms() },
         }),
         SlotDone::Saved { tokens, rows } => {
             let (id, path) = (state.ready.slot_identity, path.unwrap_or_default());
             let write = tokio::task::spawn_blocking(move || {
-                let bytes = slot_file::encode(&id, &tokens, &rows);
-                slot_file::write(&path, &bytes).map(|()| (tokens.len(), bytes.len()))
+                let bytes = crate::kv_file::encode(&id, &tokens, &rows);
+                crate::kv_file::write(&path, &bytes).map(|()| (tokens.len(), bytes.len()))
             });
             let (n_saved, n_written) = write.await.map_err(blocking)?.map_err(ApiError::invalid)?;
             json!({

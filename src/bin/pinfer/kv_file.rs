@@ -1,17 +1,19 @@
-//! A saved slot (`POST /slots/{id}?action=save`): the tokens a slot's cache holds and its cache
-//! rows, with what they must match to be restored.
+//! A saved KV cache: the tokens a sequence's cache holds and its cache rows, with what they must
+//! match to be used again. The server's slot files (`POST /slots/{id}?action=save`) and
+//! `generate --prompt-cache FILE` write it.
 //!
 //! Layout (little-endian): magic `PINFSLOT`, version u32, the model's identity (file size u64,
-//! CRC32 of its GGUF header u32), bytes per cached position u32, layers u32, token count u32, the
-//! tokens (u32 each), the cache rows, and a CRC32 of everything before it. A file that does not
-//! match is refused with the reason, never loaded.
+//! CRC32 of its GGUF header u32), bytes per cached position u32, layers u32, the cache's K and V
+//! types (GGML type ids, u16 each), token count u32, the tokens (u32 each), the cache rows, and a
+//! CRC32 of everything before it. A file that does not match is refused with the reason, never
+//! loaded.
 
 use std::path::Path;
 
 const MAGIC: &[u8; 8] = b"PINFSLOT";
-const VERSION: u32 = 1;
+const VERSION: u32 = 2;
 /// Magic, version, identity and token count.
-const HEAD: usize = 8 + 4 + 8 + 4 * 4;
+const HEAD: usize = 8 + 4 + 8 + 5 * 4;
 
 /// What a slot file must match.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -21,6 +23,23 @@ pub struct Identity {
     /// `Session::save_sequence(_, 1)`'s length: bytes of one position in every layer.
     pub position_bytes: u32,
     pub layers: u32,
+    /// The cache's K and V types (GGML type ids), `k << 16 | v`.
+    pub kv_types: u32,
+}
+
+impl Identity {
+    /// What a file saved from `session`'s cache carries.
+    pub fn of(session: &pinfer::session::Session) -> Self {
+        let header = session.model_bytes().get(..session.gguf().data_start()).unwrap_or(&[]);
+        let f16 = pinfer::quant::GgmlType::F16.id();
+        Self {
+            model_size: session.model_bytes().len() as u64,
+            header_crc: crc32fast::hash(header),
+            position_bytes: u32::try_from(session.sequence_bytes(1)).unwrap_or(u32::MAX),
+            layers: session.hparams().n_layer,
+            kv_types: f16 << 16 | f16,
+        }
+    }
 }
 
 pub fn encode(id: &Identity, tokens: &[u32], rows: &[u8]) -> Vec<u8> {
@@ -28,7 +47,7 @@ pub fn encode(id: &Identity, tokens: &[u32], rows: &[u8]) -> Vec<u8> {
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&VERSION.to_le_bytes());
     out.extend_from_slice(&id.model_size.to_le_bytes());
-    for v in [id.header_crc, id.position_bytes, id.layers, tokens.len() as u32] {
+    for v in [id.header_crc, id.position_bytes, id.layers, id.kv_types, tokens.len() as u32] {
         out.extend_from_slice(&v.to_le_bytes());
     }
     for t in tokens {
@@ -55,12 +74,17 @@ pub fn decode<'b>(id: &Identity, bytes: &'b [u8]) -> Result<(Vec<u32>, &'b [u8])
         return Err(format!("slot file version {} (this pinfer reads {VERSION})", u32_at(8)));
     }
     let model_size = u64::from_le_bytes(body[12..20].try_into().unwrap_or([0; 8]));
-    let saved =
-        Identity { model_size, header_crc: u32_at(20), position_bytes: u32_at(24), layers: u32_at(28) };
+    let saved = Identity {
+        model_size,
+        header_crc: u32_at(20),
+        position_bytes: u32_at(24),
+        layers: u32_at(28),
+        kv_types: u32_at(32),
+    };
     if saved != *id {
         return Err("saved from another model or cache layout".into());
     }
-    let n = u32_at(32) as usize;
+    let n = u32_at(36) as usize;
     let rows_at = n.checked_mul(4).and_then(|b| b.checked_add(head)).filter(|&e| e <= body.len());
     let Some(rows_at) = rows_at else { return Err("truncated".into()) };
     let tokens =
@@ -90,6 +114,19 @@ pub fn read(path: &Path, id: &Identity, n_ctx: usize) -> Result<(Vec<u32>, Vec<u
     Ok((tokens, rows.to_vec()))
 }
 
+/// Whether `path` may be replaced by a KV file: it does not exist, is empty, or is one (starts
+/// with the magic). Anything else (a model given by mistake, say) is never overwritten.
+pub fn replaceable(path: &Path) -> bool {
+    use std::io::Read;
+    let Ok(mut file) = std::fs::File::open(path) else { return !path.exists() };
+    let mut head = [0u8; 8];
+    match file.read(&mut head) {
+        Ok(0) => true,
+        Ok(_) => &head == MAGIC,
+        Err(_) => false,
+    }
+}
+
 /// Writes `bytes` to `path` through a temporary file renamed over it: a failed write leaves no
 /// partial file.
 pub fn write(path: &Path, bytes: &[u8]) -> Result<(), String> {
@@ -107,7 +144,8 @@ mod tests {
 
     #[test]
     fn a_slot_file_round_trips_and_refuses_what_does_not_match() {
-        let id = Identity { model_size: 1000, header_crc: 7, position_bytes: 8, layers: 2 };
+        let id =
+            Identity { model_size: 1000, header_crc: 7, position_bytes: 8, layers: 2, kv_types: 1 << 16 | 1 };
         let rows: Vec<u8> = (0..24).collect();
         let bytes = encode(&id, &[5, 6, 7], &rows);
         let (tokens, got) = decode(&id, &bytes).unwrap();
@@ -116,7 +154,7 @@ mod tests {
         let other = Identity { header_crc: 8, ..id };
         assert!(decode(&other, &bytes).unwrap_err().contains("another model"));
         let mut flipped = bytes.clone();
-        flipped[45] ^= 1;
+        flipped[49] ^= 1;
         assert!(decode(&id, &flipped).unwrap_err().contains("checksum"));
         assert!(decode(&id, &bytes[..30]).is_err());
         assert!(decode(&id, b"GGUF and more bytes than a header holds, and more").is_err());
