@@ -77,6 +77,9 @@ pub struct Generator<'t> {
     repeat_last_n: usize,
     /// Keep generating past end-of-generation tokens (benchmarks).
     pub ignore_eos: bool,
+    /// Context shift ([`Session::shift_context`]) when the cache is full, keeping this many
+    /// first positions; `None` ends the stream instead ([`Stop::ContextFull`]).
+    pub context_shift: Option<usize>,
     stops: Vec<String>,
     /// Text decoded but held back: it may be the start of a stop string.
     held: String,
@@ -98,6 +101,7 @@ impl<'t> Generator<'t> {
             logits: vec![0f32; n_vocab],
             repeat_last_n: config.repeat_last_n as usize,
             ignore_eos: false,
+            context_shift: None,
             stops: Vec::new(),
             held: String::new(),
             decoder: StreamDecoder::new(),
@@ -170,7 +174,8 @@ impl<'t> Generator<'t> {
         if self.tok.is_eog(id) && !self.ignore_eos {
             return Ok(Some(Stop::EndOfGeneration));
         }
-        if tokens.len() == tokens.capacity() {
+        // (With context shift the history outgrows the context: it grows instead.)
+        if tokens.len() == tokens.capacity() && self.context_shift.is_none() {
             return Ok(Some(Stop::ContextFull));
         }
         tokens.push(id);
@@ -229,6 +234,12 @@ impl<'t> Generator<'t> {
             n += 1;
             if limit.is_some_and(|l| n >= l) {
                 break Stop::Limit;
+            }
+            // llama.cpp shifts when the next token would leave no free position.
+            if let Some(keep) = self.context_shift {
+                if session.n_past() + 1 >= session.n_ctx() {
+                    session.shift_context(0, keep).map_err(GenerateError::Session)?;
+                }
             }
             match session.eval(&tokens[tokens.len() - 1..]) {
                 Ok(l) => self.set_logits(l),

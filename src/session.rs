@@ -696,6 +696,19 @@ impl Session {
         self.pool.n_threads()
     }
 
+    /// Context shift of sequence `seq` as llama.cpp's server does it when the cache is full:
+    /// keeps its first `keep` positions (at most the context less 4), drops half of the rest
+    /// (never all of it) and moves the others down, their keys re-rotated. Returns the positions
+    /// dropped.
+    pub fn shift_context(&mut self, seq: usize, keep: usize) -> Result<usize, SessionError> {
+        let n = self.engine.seq_len(seq);
+        let keep = keep.min(self.n_ctx().saturating_sub(4)).min(n);
+        let left = n - keep;
+        let discard = (left / 2).min(left.saturating_sub(1));
+        self.engine.shift_sequence(seq, keep, discard)?;
+        Ok(discard)
+    }
+
     /// Forgets the cache from position `n` on (0: start a new sequence).
     pub fn truncate(&mut self, n: usize) {
         self.engine.truncate(0, n);

@@ -548,3 +548,22 @@ fn doctor_names_what_is_missing_with_the_fix() {
         assert!(text.contains(line), "missing {line:?} in:\n{text}");
     }
 }
+
+/// `--context-shift` (llama.cpp's): generation goes on past a full context; without it, it ends
+/// there with a message; a --keep the context cannot hold is refused.
+#[test]
+fn context_shift_goes_on_past_a_full_context() {
+    let model = repo_file("models/tiny/qwen3-tiny.gguf");
+    let base =
+        ["generate", "-m", &model, "-p", "Hello there", "-c", "32", "--temp", "0", "--print-ids", "-t", "2"];
+    let out = pinfer(&[&base[..], &["-n", "80", "--context-shift", "--keep", "2"]].concat());
+    assert!(out.status.success(), "{}", text_of(&out.stderr));
+    let ids = text_of(&out.stdout).lines().last().unwrap().split_whitespace().count();
+    assert_eq!(ids, 80, "{}", text_of(&out.stdout));
+    let out = pinfer(&[&base[..], &["-n", "80"]].concat());
+    assert!(out.status.success(), "{}", text_of(&out.stderr));
+    assert!(text_of(&out.stderr).contains("context full"), "{}", text_of(&out.stderr));
+    let out = pinfer(&[&base[..], &["-n", "8", "--context-shift", "--keep", "40"]].concat());
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text_of(&out.stderr).contains("--keep 40"), "{}", text_of(&out.stderr));
+}

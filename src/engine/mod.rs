@@ -769,6 +769,83 @@ impl<'m, G: AsMut<[GraphSlot]> + AsRef<[GraphSlot]>, B: DerefMut<Target = [u8]>>
         2 * hp.n_head_kv as usize * hp.head_dim_k.max(hp.head_dim_v) as usize
     }
 
+    /// Context shift (llama.cpp's): drops positions `keep..keep + discard` of sequence `seq` and
+    /// moves the later ones down by `discard`, re-rotating their cached keys by `-discard`
+    /// positions (RoPE of a position difference composes), so the sequence goes on as if those
+    /// tokens had never been there. The keys are rotated in f32 from their f16 copies and
+    /// stored in f16 again, as llama.cpp's K-shift does.
+    pub fn shift_sequence(&mut self, seq: usize, keep: usize, discard: usize) -> Result<(), EngineError> {
+        let n = self.seq_len(seq);
+        self.check_sequence(seq, n, n)?;
+        if keep.checked_add(discard).is_none_or(|end| end > n) {
+            return Err(EngineError::Config("the context shift drops positions the sequence does not hold"));
+        }
+        if discard == 0 {
+            return Ok(());
+        }
+        let (kv, row) = (self.planned.kv, self.position_bytes());
+        let hp = &self.planned.model.hp;
+        let (hd, n_rot, n_head_kv) = (hp.head_dim_k as usize, hp.n_rot as usize, hp.n_head_kv as usize);
+        let neox = matches!(hp.arch.traits().rope, crate::graph::RopeMode::Neox);
+        let gguf = &self.planned.model.gguf;
+        let factors: Option<&[f32]> = gguf
+            .tensor("rope_freqs.weight")
+            .and_then(|t| bytemuck::try_cast_slice(gguf.tensor_data(&t)).ok())
+            .filter(|f: &&[f32]| f.len() >= n_rot / 2);
+        let moved = keep..n - discard;
+        let cache = &mut self.memory[self.skip + self.kv.offset..][..kv.total_bytes];
+        let (mut cos, mut sin) = ([0f32; 256], [0f32; 256]);
+        let (mut x, mut y) = ([0f32; 512], [0f32; 512]);
+        if n_rot / 2 > cos.len() || hd > x.len() || n_rot > hd {
+            return Err(EngineError::Config("the context shift supports heads of up to 512 dimensions"));
+        }
+        for layer in 0..hp.n_layer as usize {
+            for base in [kv.k_offset(layer), kv.v_offset(layer)] {
+                let at = base + seq * kv.n_ctx * row;
+                cache.copy_within(at + (keep + discard) * row..at + n * row, at + keep * row);
+            }
+            let (freq_base, freq_scale, _) = crate::model::layer_rope(hp, layer);
+            let p = crate::kernels::reference::RopeParams {
+                n_rot,
+                neox,
+                freq_base,
+                freq_scale,
+                freq_factors: factors,
+            };
+            // The angles of position `discard`, negated: cos is even, sin odd.
+            crate::kernels::reference::rope_table_ref(
+                discard,
+                &p,
+                0,
+                &mut cos[..n_rot / 2],
+                &mut sin[..n_rot / 2],
+            );
+            sin[..n_rot / 2].iter_mut().for_each(|s| *s = -*s);
+            let keys = kv.k_offset(layer) + seq * kv.n_ctx * row;
+            for r in moved.clone() {
+                for h in 0..n_head_kv {
+                    let head = &mut cache[keys + r * row + h * hd * 2..][..hd * 2];
+                    for (v, b) in x.iter_mut().zip(head.chunks_exact(2)) {
+                        *v = half::f16::from_le_bytes([b[0], b[1]]).to_f32();
+                    }
+                    crate::kernels::reference::rope_pairs_ref(
+                        &x[..hd],
+                        &mut y[..hd],
+                        0,
+                        &cos[..n_rot / 2],
+                        &sin[..n_rot / 2],
+                        &p,
+                    );
+                    for (i, b) in head.chunks_exact_mut(2).enumerate().take(n_rot) {
+                        b.copy_from_slice(&half::f16::from_f32(y[i]).to_le_bytes());
+                    }
+                }
+            }
+        }
+        self.seq_len[seq] = n - discard;
+        Ok(())
+    }
+
     /// Bytes [`read_sequence`](Self::read_sequence) gives for `n` positions.
     pub fn sequence_bytes(&self, n: usize) -> usize {
         2 * self.planned.model.hp.n_layer as usize * n * self.position_bytes()

@@ -83,6 +83,16 @@ pub struct GenArgs {
     pub ubatch: Option<usize>,
     #[command(flatten)]
     pub runtime: RuntimeArgs,
+    /// When the context is full, drop half of what follows the first --keep tokens and go on
+    /// (llama.cpp's context shift); without it generation ends there.
+    #[arg(long = "context-shift", overrides_with = "no_context_shift")]
+    pub context_shift: bool,
+    /// End generation when the context is full (the default).
+    #[arg(long = "no-context-shift")]
+    pub no_context_shift: bool,
+    /// Prompt tokens a context shift always keeps (besides BOS); -1: the whole prompt.
+    #[arg(long = "keep", default_value_t = 0, allow_negative_numbers = true, value_name = "N")]
+    pub keep: i64,
     /// Stop generating when this text appears (it is not printed); may be given several times.
     #[arg(short = 'r', long = "reverse-prompt", value_name = "TEXT", allow_hyphen_values = true)]
     pub reverse_prompt: Vec<String>,
@@ -164,6 +174,36 @@ impl GenArgs {
             ))),
             Some(n) => Ok(Some(n as usize)),
         }
+    }
+
+    /// The positions a context shift keeps (`None`: no context shift), as llama.cpp counts them:
+    /// `--keep` prompt tokens (-1: all of them) plus BOS; refused when the context cannot hold
+    /// them and room to go on.
+    pub(crate) fn shift_keep(
+        &self,
+        n_prompt: usize,
+        bos: bool,
+        n_ctx: usize,
+    ) -> Result<Option<usize>, CliError> {
+        if !self.context_shift || self.no_context_shift {
+            return Ok(None);
+        }
+        let keep = match self.keep {
+            -1 => n_prompt,
+            k if k < 0 => {
+                return Err(CliError::new(format!("--keep {k}: give a count, or -1 (the whole prompt)")))
+            }
+            k => usize::try_from(k).unwrap_or(usize::MAX),
+        };
+        let keep = keep.saturating_add(usize::from(bos));
+        if keep + 4 > n_ctx {
+            return Err(CliError::new(format!(
+                "--keep {}: a context shift must keep fewer than {} of the context's {n_ctx} positions; lower --keep or raise -c",
+                self.keep,
+                n_ctx - 4.min(n_ctx)
+            )));
+        }
+        Ok(Some(keep))
     }
 
     pub(crate) fn session_options(&self) -> Result<SessionOptions, CliError> {
@@ -412,8 +452,14 @@ pub fn generate(args: GenArgs) -> Result<(), CliError> {
     if prompt.is_empty() {
         return Err(CliError::new("the prompt is empty after tokenization".into()));
     }
-    // Every token the context can hold: the generated ones are appended without allocating.
-    let mut tokens = Vec::with_capacity(session.n_ctx().max(prompt.len()) + 1);
+    gen.context_shift = args.shift_keep(prompt.len(), tok.add_bos(), session.n_ctx())?;
+    // Every token the context can hold: the generated ones are appended without allocating (past
+    // a context shift the history may grow beyond it).
+    let room = match (gen.context_shift, limit) {
+        (Some(_), Some(n)) => prompt.len() + n,
+        _ => session.n_ctx().max(prompt.len()),
+    };
+    let mut tokens = Vec::with_capacity(room + 1);
     tokens.extend_from_slice(&prompt);
     let t_load = t_start.elapsed();
 

@@ -107,6 +107,18 @@ const GEMMA3_SWA_PERIOD: u32 = 6;
 /// RoPE base of Gemma 3's sliding-window layers.
 const GEMMA3_SWA_ROPE_BASE: f32 = 10_000.0;
 
+/// RoPE of one layer: its frequency base and scale, and whether it is a sliding-window layer
+/// (Gemma 3: five sliding-window layers with their own base, then one global layer). The forward
+/// pass and the context shift (which re-rotates cached keys) read it here.
+pub fn layer_rope(hp: &HParams, il: usize) -> (f32, f32, bool) {
+    let sliding = hp.arch.traits().gemma && (il as u32 % GEMMA3_SWA_PERIOD) < GEMMA3_SWA_PERIOD - 1;
+    if sliding {
+        (GEMMA3_SWA_ROPE_BASE, 1.0, true)
+    } else {
+        (hp.rope_freq_base, hp.rope_freq_scale, false)
+    }
+}
+
 /// Builds the forward pass for `n_tokens` tokens, with logits for `n_outputs` of them: all
 /// (`n_outputs == n_tokens`, perplexity), or the ones the output-rows input names (generation:
 /// the last token of each sequence), which skips the output matmul for the others. Each token
@@ -212,10 +224,7 @@ pub fn build<const N: usize>(
             k = named!("Kcur_norm", il, g.rms_norm(k, hp.rms_eps));
             k = named!("Kcur_normed", il, g.mul(k, kn));
         }
-        // Gemma 3: five sliding-window layers with their own RoPE base, then one global layer.
-        let sliding = traits.gemma && (il as u32 % GEMMA3_SWA_PERIOD) < GEMMA3_SWA_PERIOD - 1;
-        let (base, scale) =
-            if sliding { (GEMMA3_SWA_ROPE_BASE, 1.0) } else { (hp.rope_freq_base, hp.rope_freq_scale) };
+        let (base, scale, sliding) = layer_rope(hp, il);
         // One table of angles per parameter set (Gemma 3 has two), shared by every layer.
         let table = match rope_tables[sliding as usize] {
             Some(table) => table,
