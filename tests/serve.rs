@@ -599,3 +599,28 @@ fn slots_are_saved_restored_and_erased() {
     error_of(&server.post("/slots/0?action=fly", &json!({})), 400, "invalid_request_error");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `serve --context-shift`: a request runs past its slot's full context as `generate
+/// --context-shift` does (the same tokens); without it, it ends there with finish_reason length.
+#[test]
+fn context_shift_lets_a_request_outrun_its_slot() {
+    let n = 100;
+    let server = Server::start(&["-np", "1", "-c", "64", "--context-shift"]);
+    let r = server.post("/completion", &greedy(PROMPTS[1], n));
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.json()["tokens_predicted"], json!(n), "{}", r.body);
+    let model = repo_file(MODEL);
+    let args =
+        ["generate", "-m", &model, "-p", PROMPTS[1], "-n", "100", "--temp", "0", "--no-display-prompt"];
+    let out = pinfer(&[&args[..], &["-t", "2", "-c", "64", "--context-shift"]].concat());
+    assert!(out.status.success(), "{}", text_of(&out.stderr));
+    let content = r.json()["content"].as_str().unwrap().to_string();
+    assert_eq!(text_of(&out.stdout).trim_end_matches('\n'), content.trim_end_matches('\n'));
+    drop(server);
+    let server = Server::start(&["-np", "1", "-c", "64"]);
+    let r =
+        server.post("/v1/completions", &json!({ "prompt": PROMPTS[1], "max_tokens": n, "temperature": 0 }));
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.json()["choices"][0]["finish_reason"], "length", "{}", r.body);
+    assert!(r.json()["usage"]["completion_tokens"].as_u64().unwrap() < n as u64, "{}", r.body);
+}

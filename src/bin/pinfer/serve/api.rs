@@ -294,6 +294,15 @@ pub fn gen_params(
     if let Some(b) = top.bool("ignore_eos")? {
         p.ignore_eos = b;
     }
+    // Tokens a context shift keeps (the server's --context-shift decides whether one happens).
+    if let (Some(_), Some(n)) =
+        (p.n_keep, f.i64(if dialect == Dialect::Ollama { "num_keep" } else { "n_keep" })?)
+    {
+        if n < -1 {
+            return Err(ApiError::invalid(format!("'n_keep' {n}: give a count, or -1 (the whole prompt)")));
+        }
+        p.n_keep = Some(n);
+    }
     if let Some(b) = top.bool("cache_prompt")? {
         p.cache_prompt = b;
     }

@@ -384,6 +384,7 @@ fn sampler_defaults(args: &GenArgs) -> Result<GenParams, CliError> {
         n_probs: 0,
         cache_prompt: true,
         id_slot: None,
+        n_keep: (args.context_shift && !args.no_context_shift).then_some(args.keep),
     })
 }
 

@@ -41,6 +41,9 @@ pub struct GenParams {
     pub cache_prompt: bool,
     /// The slot to run in (`None`: the best idle one).
     pub id_slot: Option<usize>,
+    /// Context shift when the slot's cache is full (`serve --context-shift`), keeping the first
+    /// `n_keep` prompt tokens (-1: the whole prompt) and BOS; `None`: the request ends there.
+    pub n_keep: Option<i64>,
 }
 
 /// One request for the engine thread.
@@ -349,6 +352,8 @@ impl Engine {
             }
         };
         generator.ignore_eos = job.params.ignore_eos;
+        // (The history then outgrows the slot's context: only the cache is shifted.)
+        generator.context_shift = job.params.n_keep.map(|_| 0);
         let stops: Vec<&str> = job.params.stops.iter().map(String::as_str).collect();
         generator.set_stop_strings(&stops);
         generator.set_logit_bias(&job.params.logit_bias);
@@ -390,6 +395,7 @@ impl Engine {
                 self.end(i, Stop::Cancelled);
             }
         }
+        self.shift_full_slots();
         let n_batch = self.session.n_batch();
         self.entries.clear();
         self.rows.clear();
@@ -479,6 +485,32 @@ impl Engine {
         }
     }
 
+    /// Context shift of every generating slot whose next token would leave no free position and
+    /// whose request asked for it (llama-server's rule, see `Session::shift_context`).
+    fn shift_full_slots(&mut self) {
+        let n_ctx = self.session.n_ctx();
+        let bos = usize::from(self.tok.add_bos());
+        for i in 0..self.slots.len() {
+            let slot = &mut self.slots[i];
+            let (Phase::Generating, Some(run)) = (&slot.phase, &slot.run) else { continue };
+            let Some(n_keep) = run.job.params.n_keep else { continue };
+            if self.session.seq_len(i) + 1 < n_ctx {
+                continue;
+            }
+            let keep = usize::try_from(n_keep).unwrap_or(run.n_prompt) + bos;
+            match self.session.shift_context(i, keep) {
+                Ok(discard) => {
+                    let keep = keep.min(n_ctx.saturating_sub(4));
+                    slot.cache.drain(keep..keep + discard);
+                }
+                Err(e) => {
+                    let _ = run.job.events.send(Event::Failed(e.to_string()));
+                    self.reset(i);
+                }
+            }
+        }
+    }
+
     /// Ends slot `i`'s request: the text held back is passed on, then the summary.
     fn end(&mut self, i: usize, stop: Stop) {
         let slot = &mut self.slots[i];
@@ -533,7 +565,7 @@ fn sample(run: &mut Running, tok: &Tokenizer<'static>, piece: &mut [u8], n_ctx: 
     if run.job.params.n_predict.is_some_and(|n| run.n_generated >= n) {
         return Some(Stop::Limit);
     }
-    if run.tokens.len() >= n_ctx {
+    if run.job.params.n_keep.is_none() && run.tokens.len() >= n_ctx {
         return Some(Stop::ContextFull);
     }
     let events = &run.job.events;
