@@ -212,7 +212,9 @@ fn smollm2_context_shift_matches_llama_cpp() {
         let mut session = Session::new(model, &opts).unwrap();
         let mut logits = session.eval(&prompt).unwrap().to_vec();
         let mut shifts = 0;
-        for (step, (&want, &margin)) in expected.iter().zip(&margins).enumerate() {
+        // (Under qemu up to 20 steps past the shift, which comes at step 249.)
+        let steps = if emulated() { 270 } else { expected.len() };
+        for (step, (&want, &margin)) in expected.iter().zip(&margins).enumerate().take(steps) {
             let got = argmax(&logits) as u32;
             assert!(
                 got == want || margin <= flip,

@@ -286,7 +286,7 @@ fn flash_attn_rows_match_single_rows_bit_for_bit() {
     paths.push(KernelPath::Reference);
     for path in paths {
         for dim in [8, 16, 17, 24, 48, 64, 72, 128, 136, 256] {
-            for n_keys in [0usize, 1, 3, 31, 33, 64, 100] {
+            for n_keys in [0usize, 1, 3, 31, 33, 64, 100, 200] {
                 for rows in 1..=FLASH_ROWS {
                     let q_size = if n_keys % 2 == 0 { 1.0 } else { 40.0 };
                     let qs: Vec<Vec<f32>> =
@@ -587,14 +587,7 @@ fn packed_matmul_over_many_groups() {
                 let rows = 4 * 75;
                 let (format, q, s) = matrix(ty, rows, k, &mut rng);
                 let w = PackedMatrix { format, rows, k, quants: &q, scales: &s };
-                let acts: Vec<Vec<ActBlock>> = (0..tokens)
-                    .map(|_| {
-                        let x: Vec<f32> = (0..k).map(|_| 3.0 * rng.f()).collect();
-                        let mut a = vec![ActBlock { d: 0.0, s: 0.0, qs: [0; BLOCK] }; k / BLOCK];
-                        quantize_act_ref(&x, &mut a);
-                        a
-                    })
-                    .collect();
+                let acts = random_acts(tokens, k, &mut rng);
                 let act_refs: Vec<&[ActBlock]> = acts.iter().map(|a| a.as_slice()).collect();
                 // Whole runs of 4 and 2 groups, odd remainders, runs past 32 groups, odd starts.
                 for groups in [0..75, 1..75, 3..70, 0..5, 2..3, 40..47] {
@@ -622,6 +615,18 @@ fn packed_matmul_over_many_groups() {
             }
         }
     }
+}
+
+/// `tokens` activation rows of `k` values in [-3, 3), quantized.
+fn random_acts(tokens: usize, k: usize, rng: &mut Rng) -> Vec<Vec<ActBlock>> {
+    (0..tokens)
+        .map(|_| {
+            let x: Vec<f32> = (0..k).map(|_| 3.0 * rng.f()).collect();
+            let mut a = vec![ActBlock { d: 0.0, s: 0.0, qs: [0; BLOCK] }; k / BLOCK];
+            quantize_act_ref(&x, &mut a);
+            a
+        })
+        .collect()
 }
 
 /// Runs a packed matmul over `acts` into fresh rows of `rows` NaNs; returns them.
@@ -668,14 +673,7 @@ fn packed_matmul_is_batch_invariant_on_board_paths() {
                 let rows = 4 * 21;
                 let (format, q, s) = matrix(ty, rows, k, &mut rng);
                 let w = PackedMatrix { format, rows, k, quants: &q, scales: &s };
-                let acts: Vec<Vec<ActBlock>> = (0..20)
-                    .map(|_| {
-                        let x: Vec<f32> = (0..k).map(|_| 3.0 * rng.f()).collect();
-                        let mut a = vec![ActBlock { d: 0.0, s: 0.0, qs: [0; BLOCK] }; k / BLOCK];
-                        quantize_act_ref(&x, &mut a);
-                        a
-                    })
-                    .collect();
+                let acts = random_acts(20, k, &mut rng);
                 let act_refs: Vec<&[ActBlock]> = acts.iter().map(|a| a.as_slice()).collect();
                 for groups in [0..21, 1..21, 3..8, 5..6] {
                     let n_rows = 4 * groups.len();

@@ -289,12 +289,8 @@ pub fn flash_attn_rows<'k>(
         }
         #[cfg(target_arch = "x86_64")]
         KernelPath::Avx2 | KernelPath::Avx2Vnni if has_avx2() => {
-            for (r, (q, out)) in qs.iter().zip(outs.iter_mut()).enumerate() {
-                let (dk, dv) = (q.len(), out.len());
-                let (q16, acc16) = (&mut q16[r * dk..(r + 1) * dk], &mut acc16[r * dv..(r + 1) * dv]);
-                // SAFETY: the CPU has AVX2, FMA and F16C (checked on the match arm).
-                unsafe { x86::flash_attn_row_avx2(q, q16, keys.clone(), &key, &value, scale, acc16, out) }
-            }
+            // SAFETY: the CPU has AVX2, FMA and F16C (checked on the match arm).
+            unsafe { x86::flash_attn_rows_avx2(qs, q16, keys, key, value, scale, acc16, outs) }
         }
         _ => reference::flash_attn_rows_ref(qs, q16, keys, key, value, scale, acc16, outs),
     }

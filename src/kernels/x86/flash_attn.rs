@@ -194,9 +194,22 @@ fn update_regs<const V: usize, const RESCALE: bool>(
     true
 }
 
-/// The key loop of [`flash_attn_impl`]; returns the softmax sum. `V > 0`: the accumulator (`8 * V`
-/// elements long) lives in registers and is written back to `acc16` at the end (or around a key
-/// whose value row is too short).
+/// The running maximum score and softmax sum of one row.
+#[derive(Clone, Copy)]
+struct RowState {
+    max: f32,
+    sum: f32,
+}
+
+impl RowState {
+    const START: Self = Self { max: f32::NEG_INFINITY, sum: 0.0 };
+}
+
+/// The key loop of [`flash_attn_impl`] over `keys`, going on from `state` and the accumulator
+/// in `acc16` (so a row may take its keys in several runs, in 8-key batches from the same start:
+/// the same operations as in one run). `V > 0`: the accumulator (`8 * V` elements long) lives in
+/// registers and is written back to `acc16` at the end (or around a key whose value row is too
+/// short); f16 values either way, so the moves are exact.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
 fn attend<'k, const V: usize>(
@@ -207,7 +220,8 @@ fn attend<'k, const V: usize>(
     value: &impl Fn(usize) -> &'k [F16Le],
     scale: f32,
     acc16: &mut [F16Le],
-) -> f32 {
+    state: &mut RowState,
+) {
     debug_assert!(V == 0 || acc16.len() == 8 * V);
     let mut regs = [_mm256_setzero_ps(); V];
     let to_memory = |regs: &[__m256; V], acc16: &mut [F16Le]| {
@@ -222,7 +236,8 @@ fn attend<'k, const V: usize>(
             *r = _mm256_cvtph_ps(unsafe { _mm_loadu_si128(acc16.as_ptr().add(8 * i).cast()) });
         }
     };
-    let (mut max, mut sum) = (f32::NEG_INFINITY, 0.0f32);
+    from_memory(&mut regs, acc16);
+    let (mut max, mut sum) = (state.max, state.sum);
     // Keys in batches of 8: the scores, then the reference's sequential max decisions (cheap),
     // then the 8 exponentials at once, then the accumulator steps in key order.
     let mut j = keys.start;
@@ -272,21 +287,19 @@ fn attend<'k, const V: usize>(
         j += nk;
     }
     to_memory(&regs, acc16);
-    sum
+    *state = RowState { max, sum };
 }
 
+/// Keys one run of [`attend`] takes when several rows share them: their K and V rows (16 KiB at
+/// 64 dimensions) stay in L1 while every row goes over them, so the cache is read once per KV
+/// head instead of once per query head. A multiple of 8 (the batches of `attend`).
+const KEY_RUN: usize = 64;
+
+/// The query rounded to f16 (`q16`) and, when it fits, back in f32 (`qf`, exact); the
+/// accumulator zeroed.
 #[target_feature(enable = "avx2,fma,f16c")]
-#[allow(clippy::too_many_arguments)]
-fn flash_attn_impl<'k>(
-    q: &[f32],
-    q16: &mut [F16Le],
-    keys: Range<usize>,
-    key: impl Fn(usize) -> &'k [F16Le],
-    value: impl Fn(usize) -> &'k [F16Le],
-    scale: f32,
-    acc16: &mut [F16Le],
-    out: &mut [f32],
-) {
+#[inline]
+fn prepare(q: &[f32], q16: &mut [F16Le], qf: &mut [f32; QMAX], acc16: &mut [F16Le]) -> bool {
     let n = q.len().min(q16.len());
     let mut i = 0;
     while i + 8 <= n {
@@ -300,23 +313,41 @@ fn flash_attn_impl<'k>(
     for (h, &x) in q16[i..n].iter_mut().zip(&q[i..n]) {
         *h = F16Le::from_f32(x);
     }
-    // The rounded query once in f32 (exact), instead of widening it for every key.
-    let mut qf = [0f32; QMAX];
-    let qf = if q16.len() <= QMAX {
-        for (f, h) in qf.iter_mut().zip(q16.iter()) {
-            *f = h.to_f32();
-        }
-        Some(&qf[..q16.len()])
-    } else {
-        None
-    };
     acc16.fill(F16Le::from_f32(0.0));
-    let (key, value) = (&key, &value);
-    let sum = match acc16.len() {
-        64 => attend::<8>(q16, qf, keys, key, value, scale, acc16),
-        128 => attend::<16>(q16, qf, keys, key, value, scale, acc16),
-        _ => attend::<0>(q16, qf, keys, key, value, scale, acc16),
-    };
+    // The rounded query once in f32 (exact), instead of widening it for every key.
+    if q16.len() > QMAX {
+        return false;
+    }
+    for (f, h) in qf.iter_mut().zip(q16.iter()) {
+        *f = h.to_f32();
+    }
+    true
+}
+
+/// [`attend`] with the register accumulator for the common head sizes.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+fn attend_any<'k>(
+    q16: &[F16Le],
+    qf: Option<&[f32]>,
+    keys: Range<usize>,
+    key: &impl Fn(usize) -> &'k [F16Le],
+    value: &impl Fn(usize) -> &'k [F16Le],
+    scale: f32,
+    acc16: &mut [F16Le],
+    state: &mut RowState,
+) {
+    match acc16.len() {
+        64 => attend::<8>(q16, qf, keys, key, value, scale, acc16, state),
+        128 => attend::<16>(q16, qf, keys, key, value, scale, acc16, state),
+        _ => attend::<0>(q16, qf, keys, key, value, scale, acc16, state),
+    }
+}
+
+/// `out = acc / sum` (0 for an empty sum).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn finish(acc16: &[F16Le], sum: f32, out: &mut [f32]) {
     let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
     let n = out.len().min(acc16.len());
     let iv = _mm256_set1_ps(inv);
@@ -331,5 +362,117 @@ fn flash_attn_impl<'k>(
     }
     for (o, a) in out[i..n].iter_mut().zip(&acc16[i..n]) {
         *o = a.to_f32() * inv;
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+fn flash_attn_impl<'k>(
+    q: &[f32],
+    q16: &mut [F16Le],
+    keys: Range<usize>,
+    key: impl Fn(usize) -> &'k [F16Le],
+    value: impl Fn(usize) -> &'k [F16Le],
+    scale: f32,
+    acc16: &mut [F16Le],
+    out: &mut [f32],
+) {
+    let mut qf = [0f32; QMAX];
+    let fits = prepare(q, q16, &mut qf, acc16);
+    let qf = fits.then_some(&qf[..q16.len()]);
+    let mut state = RowState::START;
+    attend_any(q16, qf, keys, &key, &value, scale, acc16, &mut state);
+    finish(acc16, state.sum, out);
+}
+
+/// Up to [`crate::kernels::FLASH_ROWS`] query rows over the same keys (the query heads of one
+/// KV head): each row's result is [`flash_attn_row_avx2`]'s, bit for bit (the same batches of 8
+/// keys, the same operations), but the rows take the keys [`KEY_RUN`] at a time in turn, so
+/// each key and value row is read from memory once for all of them.
+///
+/// # Safety
+/// The CPU must have AVX2, FMA and F16C.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn flash_attn_rows_avx2<'k>(
+    qs: &[&[f32]],
+    q16: &mut [F16Le],
+    keys: Range<usize>,
+    key: impl Fn(usize) -> &'k [F16Le],
+    value: impl Fn(usize) -> &'k [F16Le],
+    scale: f32,
+    acc16: &mut [F16Le],
+    outs: &mut [&mut [f32]],
+) {
+    // SAFETY: the caller guarantees the CPU features.
+    unsafe { flash_attn_rows_impl(qs, q16, keys, key, value, scale, acc16, outs) }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+fn flash_attn_rows_impl<'k>(
+    qs: &[&[f32]],
+    q16: &mut [F16Le],
+    keys: Range<usize>,
+    key: impl Fn(usize) -> &'k [F16Le],
+    value: impl Fn(usize) -> &'k [F16Le],
+    scale: f32,
+    acc16: &mut [F16Le],
+    outs: &mut [&mut [f32]],
+) {
+    const ROWS: usize = crate::kernels::FLASH_ROWS;
+    let (dk, dv) = (qs.first().map_or(0, |q| q.len()), outs.first().map_or(0, |o| o.len()));
+    let (key, value) = (&key, &value);
+    // Passes of up to ROWS rows (each row's result is the same whatever the pass).
+    let count = qs.len().min(outs.len());
+    for (p, outs) in outs[..count].chunks_mut(ROWS).enumerate() {
+        let rows = p * ROWS..p * ROWS + outs.len();
+        let (Some(q16), Some(acc16)) =
+            (q16.get_mut(rows.start * dk..rows.end * dk), acc16.get_mut(rows.start * dv..rows.end * dv))
+        else {
+            return;
+        };
+        rows_pass(&qs[rows], q16, keys.clone(), key, value, scale, acc16, outs);
+    }
+}
+
+/// One pass of [`flash_attn_rows_impl`]: at most `FLASH_ROWS` rows, `q16` and `acc16` exactly
+/// their size.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+fn rows_pass<'k>(
+    qs: &[&[f32]],
+    q16: &mut [F16Le],
+    keys: Range<usize>,
+    key: &impl Fn(usize) -> &'k [F16Le],
+    value: &impl Fn(usize) -> &'k [F16Le],
+    scale: f32,
+    acc16: &mut [F16Le],
+    outs: &mut [&mut [f32]],
+) {
+    const ROWS: usize = crate::kernels::FLASH_ROWS;
+    let n = qs.len().min(outs.len()).min(ROWS);
+    let (dk, dv) = (qs.first().map_or(0, |q| q.len()), outs.first().map_or(0, |o| o.len()));
+    if n == 0 || q16.len() < n * dk || acc16.len() < n * dv {
+        return;
+    }
+    let mut qf = [[0f32; QMAX]; ROWS];
+    let mut fits = [false; ROWS];
+    let mut states = [RowState::START; ROWS];
+    for r in 0..n {
+        let (q16, acc16) = (&mut q16[r * dk..(r + 1) * dk], &mut acc16[r * dv..(r + 1) * dv]);
+        fits[r] = qs[r].len() == dk && prepare(qs[r], q16, &mut qf[r], acc16);
+    }
+    let mut j = keys.start;
+    while j < keys.end {
+        let run = j..(j + KEY_RUN).min(keys.end);
+        for r in 0..n {
+            let (q16, acc16) = (&q16[r * dk..(r + 1) * dk], &mut acc16[r * dv..(r + 1) * dv]);
+            let qf = fits[r].then_some(&qf[r][..dk]);
+            attend_any(q16, qf, run.clone(), key, value, scale, acc16, &mut states[r]);
+        }
+        j = run.end;
+    }
+    for r in 0..n {
+        finish(&acc16[r * dv..(r + 1) * dv], states[r].sum, outs[r]);
     }
 }
