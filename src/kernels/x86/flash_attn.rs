@@ -379,7 +379,7 @@ fn flash_attn_impl<'k>(
 ) {
     let mut qf = [0f32; QMAX];
     let fits = prepare(q, q16, &mut qf, acc16);
-    let qf = fits.then_some(&qf[..q16.len()]);
+    let qf = fits.then(|| &qf[..q16.len()]);
     let mut state = RowState::START;
     attend_any(q16, qf, keys, &key, &value, scale, acc16, &mut state);
     finish(acc16, state.sum, out);
@@ -467,7 +467,7 @@ fn rows_pass<'k>(
         let run = j..(j + KEY_RUN).min(keys.end);
         for r in 0..n {
             let (q16, acc16) = (&q16[r * dk..(r + 1) * dk], &mut acc16[r * dv..(r + 1) * dv]);
-            let qf = fits[r].then_some(&qf[r][..dk]);
+            let qf = fits[r].then(|| &qf[r][..dk]);
             attend_any(q16, qf, run.clone(), key, value, scale, acc16, &mut states[r]);
         }
         j = run.end;
