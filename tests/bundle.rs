@@ -8,16 +8,10 @@ mod cli_support;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use cli_support::{pinfer, repo_file, text_of, through_qemu};
+use cli_support::{pinfer, repo_file, text_of, through_qemu, Scratch};
 
 const MODEL: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
 const PROMPT: &str = "The capital of France is";
-
-fn dir() -> PathBuf {
-    let d = std::env::temp_dir().join(format!("pinfer-bundle-test-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
 
 /// Runs the executable at `exe` (through qemu when the tests do) with `args`.
 fn run(exe: &Path, args: &[&str]) -> Output {
@@ -39,8 +33,8 @@ fn greedy_ids(out: &Output) -> String {
 
 const GREEDY: [&str; 8] = ["generate", "-p", PROMPT, "-n", "6", "--temp", "0", "--print-ids"];
 
-fn bundle(name: &str, extra: &[&str]) -> PathBuf {
-    let out = dir().join(name);
+fn bundle(dir: &Scratch, name: &str, extra: &[&str]) -> PathBuf {
+    let out = dir.join(name);
     let model = repo_file(MODEL);
     let mut args = vec!["bundle", "-m", &model, "-o", out.to_str().unwrap()];
     args.extend_from_slice(extra);
@@ -51,20 +45,21 @@ fn bundle(name: &str, extra: &[&str]) -> PathBuf {
 
 #[test]
 fn a_bundle_runs_its_own_model_like_dash_m() {
+    let dir = Scratch::new("bundle-runs");
     let model = repo_file(MODEL);
     let mut with_m = GREEDY.to_vec();
     with_m.extend_from_slice(&["-m", &model]);
     let want = greedy_ids(&pinfer(&with_m));
-    let exe = bundle("plain", &[]);
+    let exe = bundle(&dir, "plain", &[]);
     assert_eq!(greedy_ids(&run(&exe, &GREEDY)), want);
     // Repacked: the weights stored in this CPU's layout.
-    let repacked = bundle("repacked", &["--repacked"]);
+    let repacked = bundle(&dir, "repacked", &["--repacked"]);
     assert_eq!(greedy_ids(&run(&repacked, &GREEDY)), want);
     // `-m BUNDLE` reads the model a bundle carries; bundling a bundle keeps one executable image.
     let mut via_m = GREEDY.to_vec();
     via_m.extend_from_slice(&["-m", exe.to_str().unwrap()]);
     assert_eq!(greedy_ids(&pinfer(&via_m)), want);
-    let again = dir().join("again");
+    let again = dir.join("again");
     let r = pinfer(&[
         "bundle",
         "-m",
@@ -80,10 +75,11 @@ fn a_bundle_runs_its_own_model_like_dash_m() {
 
 #[test]
 fn damaged_bundles_and_wrong_inputs_are_refused_by_name() {
-    let exe = bundle("to-damage", &[]);
+    let dir = Scratch::new("bundle-damaged");
+    let exe = bundle(&dir, "to-damage", &[]);
     let bytes = std::fs::read(&exe).unwrap();
     let write = |name: &str, b: &[u8]| {
-        let p = dir().join(name);
+        let p = dir.join(name);
         std::fs::write(&p, b).unwrap();
         std::fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
         p
@@ -112,7 +108,7 @@ fn damaged_bundles_and_wrong_inputs_are_refused_by_name() {
     // Bundling something that is not a pinfer.
     let model = repo_file(MODEL);
     let out =
-        pinfer(&["bundle", "-m", &model, "--target-binary", &model, "-o", dir().join("x").to_str().unwrap()]);
+        pinfer(&["bundle", "-m", &model, "--target-binary", &model, "-o", dir.join("x").to_str().unwrap()]);
     assert!(text_of(&out.stderr).contains("not an executable"), "{}", text_of(&out.stderr));
     // The output may not be an input.
     let out = pinfer(&["bundle", "-m", &model, "-o", &model]);

@@ -4,11 +4,13 @@
 //! These tests need the archives, so they are ignored by a plain `cargo test`; `./x test dist`
 //! builds them and runs these with `--ignored`.
 
+mod cli_support;
 mod llama_golden;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use cli_support::Scratch;
 use serde_json::Value;
 
 /// The newest glibc symbol version a dist binary may need: Rockchip's `librknnrt.so` needs 2.17,
@@ -23,16 +25,13 @@ fn repo() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// The archive for `arch` unpacked into a fresh directory; its top folder.
-fn unpack(arch: &str) -> PathBuf {
+/// The archive for `arch` unpacked into `dir`; its top folder.
+fn unpack(arch: &str, dir: &Scratch) -> PathBuf {
     let version = env!("CARGO_PKG_VERSION");
     let name = format!("pinfer-{version}-{arch}-linux-gnu");
     let archive = repo().join("target/dist").join(format!("{name}.tar.gz"));
     assert!(archive.exists(), "{} missing: run ./x dist", archive.display());
-    let dir = std::env::temp_dir().join(format!("pinfer-dist-test-{}-{arch}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let status = Command::new("tar").arg("xzf").arg(&archive).arg("-C").arg(&dir).status().unwrap();
+    let status = Command::new("tar").arg("xzf").arg(&archive).arg("-C").arg(dir.join("")).status().unwrap();
     assert!(status.success(), "tar could not unpack {}", archive.display());
     dir.join(name)
 }
@@ -81,8 +80,8 @@ fn glibc_version(name: &str) -> Option<(u32, u32)> {
 
 /// The archive's files are there and match its SHA256SUMS; the binary is stripped, small, and
 /// needs no glibc symbol above the floor.
-fn check_archive(arch: &str, machine: u16) -> PathBuf {
-    let dir = unpack(arch);
+fn check_archive(arch: &str, machine: u16, scratch: &Scratch) -> PathBuf {
+    let dir = unpack(arch, scratch);
     for file in ["pinfer", "README.md", "pinfer.service", "LICENSE-MIT", "LICENSE-APACHE", "THIRD-PARTY.md"] {
         assert!(dir.join(file).is_file(), "{arch} archive lacks {file}");
     }
@@ -140,7 +139,8 @@ fn check_greedy_with(mut command: Command, golden: &str, model: Option<&Path>) {
 #[ignore = "needs ./x dist; run by ./x test dist"]
 fn aarch64_archive_has_the_glibc_floor_and_runs_under_qemu() {
     const EM_AARCH64: u16 = 183;
-    let dir = check_archive("aarch64", EM_AARCH64);
+    let scratch = Scratch::new("dist-aarch64");
+    let dir = check_archive("aarch64", EM_AARCH64, &scratch);
     // qemu's cortex-a76 has FEAT_FP16: the binary takes the fp16 path, held to llama.cpp's
     // aarch64 outputs.
     let mut qemu = Command::new("qemu-aarch64");
@@ -153,7 +153,8 @@ fn aarch64_archive_has_the_glibc_floor_and_runs_under_qemu() {
 #[test]
 #[ignore = "needs ./x dist; run by ./x test dist"]
 fn a_board_bundle_made_on_the_pc_runs_under_qemu() {
-    let dir = unpack("aarch64");
+    let scratch = Scratch::new("dist-bundle");
+    let dir = unpack("aarch64", &scratch);
     let out = dir.join("smollm2-board");
     let made = Command::new(env!("CARGO_BIN_EXE_pinfer"))
         .args(["bundle", "--repacked", "-m"])
@@ -174,7 +175,8 @@ fn a_board_bundle_made_on_the_pc_runs_under_qemu() {
 #[ignore = "needs ./x dist; run by ./x test dist"]
 fn x86_64_archive_has_the_glibc_floor_and_runs() {
     const EM_X86_64: u16 = 62;
-    let dir = check_archive("x86_64", EM_X86_64);
+    let scratch = Scratch::new("dist-x86_64");
+    let dir = check_archive("x86_64", EM_X86_64, &scratch);
     check_greedy(Command::new(dir.join("pinfer")), GOLDEN);
 }
 

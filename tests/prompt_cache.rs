@@ -5,19 +5,13 @@
 
 mod cli_support;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use cli_support::{pinfer, repo_file, text_of};
+use cli_support::{pinfer, repo_file, text_of, Scratch};
 
 const MODEL: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
 const PROMPT: &str = "The capital of France is";
 const LONGER: &str = "The capital of France is a city that";
-
-fn dir() -> PathBuf {
-    let d = std::env::temp_dir().join(format!("pinfer-prompt-cache-test-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
 
 /// Greedy ids of `prompt` (with `--prompt-cache cache` when given, plus `extra`); the ids and
 /// stderr.
@@ -40,7 +34,8 @@ fn run(prompt: &str, cache: Option<&Path>, extra: &[&str]) -> (String, String) {
 fn a_prompt_cache_reuses_the_shared_prefix_and_changes_no_token() {
     let (want, _) = run(PROMPT, None, &[]);
     let (want_longer, _) = run(LONGER, None, &[]);
-    let cache = dir().join("reuse.bin");
+    let dir = Scratch::new("prompt-cache-reuse");
+    let cache = dir.join("reuse.bin");
     let (ids, err) = run(PROMPT, Some(&cache), &[]);
     assert_eq!(ids, want);
     assert!(err.contains("not found") && err.contains("saved 5 tokens"), "{err}");
@@ -65,11 +60,12 @@ fn a_prompt_cache_reuses_the_shared_prefix_and_changes_no_token() {
 #[test]
 fn bad_prompt_cache_files_give_a_note_and_a_normal_run() {
     let (want, _) = run(PROMPT, None, &[]);
-    let good = dir().join("good.bin");
+    let dir = Scratch::new("prompt-cache-bad");
+    let good = dir.join("good.bin");
     run(PROMPT, Some(&good), &[]);
     let bytes = std::fs::read(&good).unwrap();
     let put = |name: &str, b: &[u8]| {
-        let p = dir().join(name);
+        let p = dir.join(name);
         std::fs::write(&p, b).unwrap();
         p
     };
@@ -85,7 +81,7 @@ fn bad_prompt_cache_files_give_a_note_and_a_normal_run() {
     }
     // From another model: refused by its identity.
     let tiny = repo_file("models/tiny/qwen3-tiny.gguf");
-    let other = dir().join("other.bin");
+    let other = dir.join("other.bin");
     let out = pinfer(&[
         "generate",
         "-m",
@@ -104,7 +100,7 @@ fn bad_prompt_cache_files_give_a_note_and_a_normal_run() {
     // Not a prompt cache at all (zeros, a model, a directory): a note, and never overwritten.
     let zeros = put("zeros.bin", &vec![0u8; bytes.len()]);
     let model_copy = put("model-copy.gguf", &std::fs::read(repo_file(MODEL)).unwrap()[..4096]);
-    let directory = dir().join("a-directory");
+    let directory = dir.join("a-directory");
     std::fs::create_dir_all(&directory).unwrap();
     for p in [&zeros, &model_copy, &directory] {
         let before = if p.is_file() { std::fs::read(p).unwrap() } else { Vec::new() };
@@ -116,7 +112,7 @@ fn bad_prompt_cache_files_give_a_note_and_a_normal_run() {
         }
     }
     // An unwritable place.
-    let nowhere = dir().join("no-such-dir/cache.bin");
+    let nowhere = dir.join("no-such-dir/cache.bin");
     let (ids, err) = run(PROMPT, Some(&nowhere), &[]);
     assert_eq!(ids, want);
     assert!(err.contains("not written"), "{err}");

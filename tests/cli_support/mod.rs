@@ -64,3 +64,26 @@ pub fn repo_file(rel: &str) -> String {
     assert!(path.exists(), "{} missing: run scripts/setup.sh", path.display());
     path.to_str().unwrap().to_string()
 }
+
+/// A fresh directory for one test, removed with everything in it when dropped (also when the
+/// test fails): tests that write models and executables leave nothing behind.
+pub struct Scratch(PathBuf);
+
+impl Scratch {
+    pub fn new(name: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("pinfer-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Self(dir)
+    }
+
+    pub fn join(&self, rel: impl AsRef<Path>) -> PathBuf {
+        self.0.join(rel)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
