@@ -474,7 +474,7 @@ pub fn generate(args: GenArgs) -> Result<(), CliError> {
     let t_prompt = Instant::now();
     let cache =
         args.prompt_cache.as_deref().map(|file| crate::prompt_cache::PromptCache::new(file, &session));
-    let (reused, whole) = cache.as_ref().map_or((0, false), |c| c.restore(&mut session, &prompt));
+    let (reused, shared) = cache.as_ref().map_or((0, 0), |c| c.restore(&mut session, &prompt));
     let stop = match gen.feed(&mut session, &prompt[reused..]) {
         Ok(()) => None,
         Err(SessionError::Engine(EngineError::ContextFull { needed, n_ctx })) => {
@@ -485,7 +485,7 @@ pub fn generate(args: GenArgs) -> Result<(), CliError> {
         Err(e) => return Err(CliError::new(e.to_string())),
     };
     if let (Some(c), false) = (&cache, args.prompt_cache_ro) {
-        if stop.is_none() && !whole {
+        if stop.is_none() && shared < prompt.len() {
             c.save(&session, &prompt);
         }
     }

@@ -132,10 +132,11 @@ pub fn replaceable(path: &Path) -> bool {
 pub fn write(path: &Path, bytes: &[u8]) -> Result<(), String> {
     use std::io::Write;
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let mut out = pinfer::output_file::OutputFile::create(path, &[]).map_err(|e| format!("{name}: {e}"))?;
+    // (The output's errors name the file already.)
+    let mut out = pinfer::output_file::OutputFile::create(path, &[]).map_err(|e| e.to_string())?;
     let mut file = out.file();
     file.write_all(bytes).map_err(|e| format!("{name}: {e}"))?;
-    out.commit().map_err(|e| format!("{name}: {e}"))
+    out.commit().map_err(|e| e.to_string())
 }
 
 #[cfg(test)]

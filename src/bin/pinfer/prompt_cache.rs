@@ -26,14 +26,8 @@ impl PromptCache {
 
     /// Loads the file into the (empty) cache and keeps the part shared with `prompt`, leaving
     /// at least the prompt's last token to evaluate (its logits are needed); the tokens kept,
-    /// and whether the file already holds the whole prompt (nothing new to save).
-    pub fn restore(&self, session: &mut Session, prompt: &[u32]) -> (usize, bool) {
-        let keep = self.restore_prefix(session, prompt);
-        (keep.0, keep.1 >= prompt.len())
-    }
-
-    /// [`restore`](Self::restore): the tokens kept and the tokens the file shares with `prompt`.
-    fn restore_prefix(&self, session: &mut Session, prompt: &[u32]) -> (usize, usize) {
+    /// and the tokens the file shares with `prompt` (all of them: nothing new to save).
+    pub fn restore(&self, session: &mut Session, prompt: &[u32]) -> (usize, usize) {
         if !self.path.exists() {
             self.note("not found: it will be written once the prompt is processed");
             return (0, 0);
