@@ -18,7 +18,7 @@ come from the two-line numpy port below (marked "port" in the manifest). gguf 0.
 as 40 bytes per block; ggml's block is 36 (see block_size). With MODEL.gguf, also the
 first 8 rows of the model's first Q4_1 and first Q8_0 tensor.
 
-Quant cases: Q4_0, Q4_1 and Q8_0 (what gguf.quants quantizes among pinfer's quantizers) of a random
+Quant cases: Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 (what gguf.quants quantizes among pinfer's quantizers) of a random
 vector with edge-case blocks: all zeros, all -0.0, one huge value, exact rounding ties, equal
 magnitudes of opposite sign, a constant block.
 """
@@ -200,7 +200,7 @@ def quant_input(rng: np.random.Generator) -> np.ndarray:
 
 def quant_cases(rng: np.random.Generator, w: Writer) -> None:
     x = quant_input(rng)
-    for qtype in (T.Q4_0, T.Q4_1, T.Q8_0):
+    for qtype in (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0):
         w.quant(f"quant_{qtype.name.lower()}", qtype, x, quantize(x, qtype))
 
 

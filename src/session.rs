@@ -55,6 +55,8 @@ pub struct SessionOptions {
     pub check_numerics: bool,
     /// The kernels to run (`--kernels`; default: the fastest this CPU has).
     pub kernels: crate::kernels::KernelPath,
+    /// The KV cache's types (`-ctk/-ctv`; default f16).
+    pub kv_types: crate::model::KvTypes,
     /// Called from the repacking threads with (bytes repacked so far, bytes to repack), after
     /// every chunk (the CLI shows progress on a terminal when a load takes more than a second).
     pub repack_progress: Option<fn(usize, usize)>,
@@ -80,6 +82,7 @@ impl Default for SessionOptions {
             rt_priority: None,
             check_numerics: false,
             kernels: crate::kernels::KernelPath::detect(),
+            kv_types: crate::model::KvTypes::default(),
             repack_progress: None,
             memory_limit: None,
             #[cfg(feature = "npu")]
@@ -138,6 +141,8 @@ pub struct MemoryPlan {
     pub repacked_in_file: bool,
     /// KV cache and token ids (the arena's persistent part).
     pub kv: usize,
+    /// The KV cache's types.
+    pub kv_types: crate::model::KvTypes,
     /// Activations (the arena's planned part).
     pub activations: usize,
     /// Converted matmul inputs (the arena's work part).
@@ -166,8 +171,10 @@ impl fmt::Display for MemoryPlan {
         )?;
         write!(
             f,
-            " + KV cache {:.1} + activations {:.1} + work {:.1} + graphs and logits {:.1}",
+            " + KV cache {:.1} (K {}, V {}) + activations {:.1} + work {:.1} + graphs and logits {:.1}",
             mib(self.kv),
+            crate::quant::Lowercase(self.kv_types.k.name()),
+            crate::quant::Lowercase(self.kv_types.v.name()),
             mib(self.activations),
             mib(self.work),
             mib(self.other)
@@ -376,6 +383,7 @@ impl Session {
             repack: opts.repack,
             check_numerics: opts.check_numerics,
             kernels: opts.kernels,
+            kv_types: opts.kv_types,
         };
         let slots: Vec<GraphSlot> = (0..graph_slots(&config)).map(|_| GraphSlot::new()).collect();
         let mut planned = Planned::new(Model::from_gguf(model.bytes(), gguf)?, &config, slots)?;
@@ -399,6 +407,7 @@ impl Session {
             repacked: packed_total,
             repacked_in_file: from_cache,
             kv: layout.kv,
+            kv_types: opts.kv_types,
             activations: layout.activations,
             work: layout.work,
             other: planned.graphs().count() * size_of::<GraphSlot>()
@@ -597,6 +606,11 @@ impl Session {
     /// The model's hyper-parameters.
     pub fn hparams(&self) -> &HParams {
         self.engine.planned().model().hparams()
+    }
+
+    /// The KV cache's types.
+    pub fn kv_types(&self) -> crate::model::KvTypes {
+        self.engine.kv_layout().types
     }
 
     /// Context size in tokens.

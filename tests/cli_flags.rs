@@ -73,7 +73,13 @@ fn values_may_start_with_a_dash_and_llama_spellings_are_read_whole() {
         "16",
     ]));
     // What pinfer lacks is named, not misread; a typo gets a suggestion.
-    failed(&pinfer(&["generate", "-m", &m, "-p", "x", "-ctk", "q8_0"]), 1, &["-ctk", "not have yet"]);
+    failed(&pinfer(&["generate", "-m", &m, "-p", "x", "-dkvc"]), 1, &["-dkvc", "not have yet"]);
+    // KV cache types by llama.cpp's names; an unknown one lists the supported ones.
+    let out = ok(&pinfer(&[
+        "generate", "-m", &m, "-p", "Hi", "-n", "2", "--temp", "0", "-ctk", "q8_0", "-ctv", "Q4_0",
+    ]));
+    assert!(out.starts_with("Hi"), "{out}");
+    failed(&pinfer(&["generate", "-m", &m, "-p", "x", "-ctk", "q4_k"]), 2, &["q4_k", "f16, q4_0", "q8_0"]);
     failed(&pinfer(&["generate", "-m", &m, "-p", "x", "--tmep", "0"]), 2, &["--temp"]);
     // llama-cli is typed without a subcommand.
     let out = ok(&pinfer(&["-m", &m, "-p", "Hi", "-n", "2", "--temp", "0"]));

@@ -23,9 +23,13 @@
 //!   score moves by ~1e-7 relative; that can flip an f16 rounding of the accumulator (2^-11 of it)
 //!   at a key, and later keys carry the flip: a handful of f16 ulps of values bounded by `max |v|`.
 //!   With queries and keys on a coarse grid the dots are exact in any order: bit-identical.
+//! * attention over other cache types (`kv_attn`): the SIMD row operations (q8_0 key dots, q8_0
+//!   and f16 value widening, the fused update) bit-identical to the reference operations, through
+//!   the same loop; the loop itself against f64 attention over the values the cache holds.
 //! * packed matmul: 1e-5 of `sum |w a| + sum |s|`, as in `tests/packed.rs` (same integer block dots,
 //!   float sums in another order).
 
+use pinfer::kernels::kv_attn::{flash_attn_rows_typed, KvOps};
 use pinfer::kernels::packed::{
     dequantize_packed_row, matmul_ref, pack, packed_bytes, quantize_act_ref, ActBlock, PackedFormat,
     PackedMatrix, BLOCK,
@@ -696,6 +700,149 @@ fn packed_matmul_is_batch_invariant_on_board_paths() {
                             );
                         }
                     }
+                }
+            }
+        }
+    }
+}
+
+/// The cache types attention reads (`-ctk/-ctv`).
+fn kv_cache_types() -> Vec<GgmlType> {
+    (0..64).filter_map(GgmlType::from_u32).filter(|t| t.is_kv_cache_type()).collect()
+}
+
+/// `rows` rows of `dim` values stored as cache type `ty` (as a cache write stores them).
+fn cache_rows(ty: GgmlType, rows: &[f32], dim: usize) -> Vec<u8> {
+    let row_bytes = ty.bytes_for(dim as u64).unwrap() as usize;
+    let mut out = vec![0u8; rows.len() / dim * row_bytes];
+    for (x, o) in rows.chunks_exact(dim).zip(out.chunks_exact_mut(row_bytes)) {
+        assert!(ty.kv_writer().unwrap()(x, o), "{ty}");
+    }
+    out
+}
+
+/// Runs the typed attention kernel with `ops` on up to FLASH_ROWS queries.
+#[allow(clippy::too_many_arguments)]
+fn typed_run(
+    ops: &KvOps,
+    qs: &[Vec<f32>],
+    keys: std::ops::Range<usize>,
+    k: &[u8],
+    kb: usize,
+    v: &[u8],
+    vb: usize,
+    dim: usize,
+    scale: f32,
+) -> Vec<Vec<f32>> {
+    let mut outs: Vec<Vec<f32>> = qs.iter().map(|_| vec![f32::NAN; dim]).collect();
+    let mut qconv = vec![0u8; FLASH_ROWS * 4 * dim];
+    let (mut acc, mut vrow) = (vec![0f32; FLASH_ROWS * dim], vec![0f32; dim]);
+    let q_refs: Vec<&[f32]> = qs.iter().map(|q| &q[..]).collect();
+    let mut out_refs: Vec<&mut [f32]> = outs.iter_mut().map(|o| &mut o[..]).collect();
+    flash_attn_rows_typed(
+        ops,
+        &q_refs,
+        &mut qconv,
+        keys,
+        |j| &k[j * kb..(j + 1) * kb],
+        |j| &v[j * vb..(j + 1) * vb],
+        scale,
+        &mut acc,
+        &mut vrow,
+        &mut out_refs,
+    );
+    outs
+}
+
+/// Attention over a quantized (or f32/bf16) KV cache: every SIMD path's row operations give the
+/// reference operations' bits (integer block sums, the same f32 products, fused updates), for
+/// every pair of cache types, 1 to FLASH_ROWS rows, odd key counts and sizes, ordinary, large and
+/// tiny values.
+#[test]
+fn kv_cache_attention_is_bit_identical_to_reference_ops() {
+    let mut rng = Rng(11);
+    let types = kv_cache_types();
+    for path in simd_paths() {
+        for &kt in &types {
+            for &vt in &types {
+                for dim in [32, 64, 96, 256] {
+                    for (n_keys, n_rows, size) in
+                        [(1usize, 1usize, 1.0f32), (17, 3, 1.0), (100, 4, 300.0), (64, 2, 1e-3)]
+                    {
+                        let qs: Vec<Vec<f32>> =
+                            (0..n_rows).map(|_| (0..dim).map(|_| 3.0 * rng.f()).collect()).collect();
+                        let kf: Vec<f32> = (0..dim * n_keys).map(|_| size * rng.f()).collect();
+                        let vf: Vec<f32> = (0..dim * n_keys).map(|_| size * rng.f()).collect();
+                        let (k, v) = (cache_rows(kt, &kf, dim), cache_rows(vt, &vf, dim));
+                        let (kb, vb) = (k.len() / n_keys, v.len() / n_keys);
+                        let scale = 1.0 / (dim as f32).sqrt();
+                        let keys = n_keys / 4..n_keys;
+                        let reference = KvOps::reference(kt, vt).unwrap();
+                        let simd = KvOps::new(path, kt, vt).unwrap();
+                        let want = typed_run(&reference, &qs, keys.clone(), &k, kb, &v, vb, dim, scale);
+                        let got = typed_run(&simd, &qs, keys.clone(), &k, kb, &v, vb, dim, scale);
+                        for (r, (g, w)) in got.iter().zip(&want).enumerate() {
+                            for i in 0..dim {
+                                assert!(
+                                    same_bits(g[i], w[i]),
+                                    "{} K {kt} V {vt} dim={dim} keys={n_keys} row {r} [{i}]: {} vs reference {}",
+                                    path.name(),
+                                    g[i],
+                                    w[i]
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The typed kernel computes attention: against softmax(q k / sqrt(d)) v in f64 over the values
+/// the cache holds, within what the query's conversion costs (exact for f32 keys: 1e-5 of
+/// max |v|; a q8_0/q8_1 query, about 1/254 of each query value, moves scores by up to ~1%: 3e-2).
+#[test]
+fn kv_cache_attention_is_attention() {
+    let mut rng = Rng(12);
+    let dim = 64;
+    let n_keys = 50;
+    for &kt in &kv_cache_types() {
+        for vt in [GgmlType::F32, GgmlType::Q8_0, GgmlType::Q4_0] {
+            let qs: Vec<Vec<f32>> = (0..3).map(|_| (0..dim).map(|_| 2.0 * rng.f()).collect()).collect();
+            let kf: Vec<f32> = (0..dim * n_keys).map(|_| rng.f()).collect();
+            let vf: Vec<f32> = (0..dim * n_keys).map(|_| 4.0 * rng.f()).collect();
+            let (k, v) = (cache_rows(kt, &kf, dim), cache_rows(vt, &vf, dim));
+            let (kb, vb) = (k.len() / n_keys, v.len() / n_keys);
+            let widen = |ty: GgmlType, bytes: &[u8]| {
+                let mut out = vec![0f32; bytes.len() / ty.bytes_for(dim as u64).unwrap() as usize * dim];
+                pinfer::quant::dequantize_row_ref(ty, bytes, &mut out).unwrap();
+                out
+            };
+            let (kx, vx) = (widen(kt, &k), widen(vt, &v));
+            let vmax = vx.iter().fold(0f32, |m, x| m.max(x.abs()));
+            let scale = 1.0 / (dim as f32).sqrt();
+            let got =
+                typed_run(&KvOps::reference(kt, vt).unwrap(), &qs, 0..n_keys, &k, kb, &v, vb, dim, scale);
+            for (q, g) in qs.iter().zip(&got) {
+                let s: Vec<f64> = (0..n_keys)
+                    .map(|j| {
+                        (0..dim).map(|i| f64::from(q[i]) * f64::from(kx[j * dim + i])).sum::<f64>()
+                            * f64::from(scale)
+                    })
+                    .collect();
+                let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let w: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+                let total: f64 = w.iter().sum();
+                let tol = if kt == GgmlType::F32 { 1e-5 } else { 3e-2 } * f64::from(vmax);
+                for i in 0..dim {
+                    let want: f64 =
+                        (0..n_keys).map(|j| w[j] * f64::from(vx[j * dim + i])).sum::<f64>() / total;
+                    assert!(
+                        (f64::from(g[i]) - want).abs() <= tol,
+                        "K {kt} V {vt} [{i}]: {} vs {want} (tolerance {tol})",
+                        g[i]
+                    );
                 }
             }
         }

@@ -236,7 +236,7 @@ fn forward_graphs_share_one_rope_table_per_parameter_set() {
         let gguf = model.parse().unwrap();
         let hp = HParams::from_gguf(&gguf).unwrap();
         let mut graph: Box<Graph> = Box::new(Graph::new());
-        let kv = KvLayout::new(&hp, 64, 8, 1).unwrap();
+        let kv = KvLayout::new(&hp, 64, 8, 1, Default::default()).unwrap();
         build_forward(&mut graph, &gguf, &hp, &kv, 8, 1).unwrap();
         let nodes: Vec<_> = graph.order().iter().map(|&id| (id, graph.tensor(id))).collect();
         let tables: Vec<_> = nodes.iter().filter(|(_, t)| t.op == Op::RopeTable).map(|(id, _)| *id).collect();
@@ -249,6 +249,44 @@ fn forward_graphs_share_one_rope_table_per_parameter_set() {
             assert_eq!(graph.tensor(table).ne[..2], [hp.n_rot as usize, 8], "{file}: one row per token");
         }
     }
+}
+
+/// KV cache types (`-ctk/-ctv`): a q8_0 cache takes exactly 8.5/16 of an f16 one (34-byte
+/// blocks of 32 values against 2 bytes a value), q4_0 4.5/16; a type the heads cannot hold
+/// (block size does not divide the head size) and a type that is no cache type are refused
+/// with the reason.
+#[test]
+fn kv_cache_types_are_planned_and_checked() {
+    use pinfer::model::{KvLayout, KvTypeError, KvTypes};
+    use pinfer::quant::GgmlType;
+    let path = format!("{}/models/SmolLM2-135M-Instruct.Q4_1.gguf", env!("CARGO_MANIFEST_DIR"));
+    let model = pinfer::loader::ModelFile::open(std::path::Path::new(&path)).expect("run scripts/setup.sh");
+    let gguf = model.parse().unwrap();
+    let mut hp = HParams::from_gguf(&gguf).unwrap();
+    let layout = |k, v| KvLayout::new(&hp, 4096, 8, 1, KvTypes { k, v }).unwrap();
+    let f16 = layout(GgmlType::F16, GgmlType::F16);
+    let q8 = layout(GgmlType::Q8_0, GgmlType::Q8_0);
+    let q4 = layout(GgmlType::Q4_0, GgmlType::F16);
+    // SmolLM2: 3 KV heads of 64 dimensions.
+    assert_eq!((f16.k_row_bytes, q8.k_row_bytes, q8.v_row_bytes), (384, 204, 204));
+    assert_eq!(q8.k_layer_bytes * 16, f16.k_layer_bytes * 17 / 2);
+    assert_eq!((q4.k_row_bytes * 16, q4.v_row_bytes), (384 * 9 / 2, 384));
+    let cache = |l: &KvLayout| l.ids_offset;
+    assert_eq!(cache(&q8) * 32, cache(&f16) * 17, "q8_0 K and V: 8.5/16 of f16");
+    for ty in [GgmlType::F32, GgmlType::BF16, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1] {
+        KvTypes { k: ty, v: ty }.check(&hp).unwrap();
+    }
+
+    let e = KvTypes { k: GgmlType::Q4_K, v: GgmlType::F16 }.check(&hp).unwrap_err();
+    assert_eq!(e, KvTypeError::NotACacheType(GgmlType::Q4_K));
+    let msg = e.to_string();
+    assert!(msg.contains("q4_k cannot hold") && msg.contains("q8_0, bf16"), "{msg}");
+    hp.head_dim_k = 48;
+    hp.head_dim_v = 48;
+    let e = KvTypes { k: GgmlType::F16, v: GgmlType::Q8_0 }.check(&hp).unwrap_err();
+    let msg = e.to_string();
+    assert!(msg.contains("q8_0") && msg.contains("48") && msg.contains("32"), "{msg}");
+    KvTypes { k: GgmlType::F16, v: GgmlType::BF16 }.check(&hp).unwrap();
 }
 
 /// Keys whose values change the math are read, and values pinfer does not compute are refused by

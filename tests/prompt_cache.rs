@@ -97,6 +97,11 @@ fn bad_prompt_cache_files_give_a_note_and_a_normal_run() {
     let (ids, err) = run(PROMPT, Some(&other), &["--prompt-cache-ro"]);
     assert_eq!(ids, want);
     assert!(err.contains("another model") && err.contains("not used"), "{err}");
+    // Saved with another KV cache type: named, not used (the rows would be read as q8_0).
+    let (want_q8, _) = run(PROMPT, None, &["-ctk", "q8_0"]);
+    let (ids, err) = run(PROMPT, Some(&good), &["-ctk", "q8_0", "--prompt-cache-ro"]);
+    assert_eq!(ids, want_q8);
+    assert!(err.contains("another KV cache type (K f16, V f16; this run uses K q8_0, V f16)"), "{err}");
     // Not a prompt cache at all (zeros, a model, a directory): a note, and never overwritten.
     let zeros = put("zeros.bin", &vec![0u8; bytes.len()]);
     let model_copy = put("model-copy.gguf", &std::fs::read(repo_file(MODEL)).unwrap()[..4096]);

@@ -5,7 +5,7 @@
 //! * Dequantization: 0 ULP (`a == b`, with -0.0 == +0.0). Both sides perform the same f32 operations in
 //!   the same order (f16 -> f32 is exact; then e.g. `(d * sc) * q - dmin * m`), and neither fuses
 //!   multiply-adds, so any difference is a bug, not rounding.
-//! * Quantization: byte-identical, except the one documented numpy-vs-ggml difference: for a q4_0
+//! * Quantization: byte-identical, except the one documented numpy-vs-ggml difference: for a q4_0 (and q5_0)
 //!   block whose elements are all zero and whose first element is -0.0, numpy takes `max = x[0] = -0.0`
 //!   and stores `d = -0.0 / -8 = +0.0` (f16 bits 0x0000) where ggml's C reference (and pinfer) start from
 //!   `max = 0.0` and store `d = -0.0` (0x8000). Both decode to zeros. Rounding ties agree: numpy's q8_0
@@ -27,7 +27,7 @@ const DEQUANT_MAX_ULP: u32 = 0;
 const SHOWN: usize = 8;
 
 /// Every case the script must produce; a missing one is a failure, not a silent pass.
-const EXPECTED_CASES: [&str; 20] = [
+const EXPECTED_CASES: [&str; 22] = [
     "f16",
     "bf16",
     "f32",
@@ -47,6 +47,8 @@ const EXPECTED_CASES: [&str; 20] = [
     "model_q8_0",
     "quant_q4_0",
     "quant_q4_1",
+    "quant_q5_0",
+    "quant_q5_1",
     "quant_q8_0",
 ];
 
@@ -149,6 +151,8 @@ fn check_quant(name: &str, ty: GgmlType, x: &[f32], expected: &[u8]) -> (Vec<Str
     match ty {
         GgmlType::Q4_0 => quantize_row_q4_0_ref(x, blocks_of_mut(&mut ours).unwrap()),
         GgmlType::Q4_1 => quantize_row_q4_1_ref(x, blocks_of_mut(&mut ours).unwrap()),
+        GgmlType::Q5_0 => quantize_row_q5_0_ref(x, blocks_of_mut(&mut ours).unwrap()),
+        GgmlType::Q5_1 => quantize_row_q5_1_ref(x, blocks_of_mut(&mut ours).unwrap()),
         GgmlType::Q8_0 => quantize_row_q8_0_ref(x, blocks_of_mut(&mut ours).unwrap()),
         _ => return (vec![format!("{name}: no quantizer for {ty}")], 0),
     }
@@ -160,7 +164,7 @@ fn check_quant(name: &str, ty: GgmlType, x: &[f32], expected: &[u8]) -> (Vec<Str
             continue;
         }
         let xs = &x[block * bl..(block + 1) * bl];
-        let documented = ty == GgmlType::Q4_0
+        let documented = matches!(ty, GgmlType::Q4_0 | GgmlType::Q5_0)
             && xs.iter().all(|&v| v == 0.0)
             && xs[0].is_sign_negative()
             && a[..2] == [0x00, 0x80]
@@ -255,16 +259,21 @@ fn round_trip_error_within_ggml_budget() {
     let x = synthetic(N, 0.0);
     let mut y = vec![0f32; N];
     let mut report = Vec::new();
-    for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q8_K] {
+    for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::Q8_K]
+    {
         let mut q = vec![0u8; N / ty.block_len() * ty.block_bytes()];
         let step = match ty {
             GgmlType::Q4_0 => 2.1 / 8.0,
             GgmlType::Q4_1 => 4.2 / 15.0,
+            GgmlType::Q5_0 => 2.1 / 16.0,
+            GgmlType::Q5_1 => 4.2 / 31.0,
             _ => 2.1 / 127.0,
         };
         match ty {
             GgmlType::Q4_0 => quantize_row_q4_0_ref(&x, blocks_of_mut(&mut q).unwrap()),
             GgmlType::Q4_1 => quantize_row_q4_1_ref(&x, blocks_of_mut(&mut q).unwrap()),
+            GgmlType::Q5_0 => quantize_row_q5_0_ref(&x, blocks_of_mut(&mut q).unwrap()),
+            GgmlType::Q5_1 => quantize_row_q5_1_ref(&x, blocks_of_mut(&mut q).unwrap()),
             GgmlType::Q8_0 => quantize_row_q8_0_ref(&x, blocks_of_mut(&mut q).unwrap()),
             _ => quantize_row_q8_k_ref(&x, blocks_of_mut(&mut q).unwrap()),
         }

@@ -26,7 +26,9 @@ use crate::gguf::{Gguf, GgufError, TensorInfo};
 use crate::graph::{plan, Graph, Plan, PlanError};
 use crate::kernels::packed::{pack, packed_bytes, GROUP_ROWS};
 use crate::kernels::KernelPath;
-use crate::model::{build_forward, check, context_size, Forward, HParams, KvLayout, ModelError, Vocab};
+use crate::model::{
+    build_forward, check, context_size, Forward, HParams, KvLayout, KvTypeError, KvTypes, ModelError, Vocab,
+};
 use crate::placement::{self, Buffer, Placement};
 use crate::quant::GgmlType;
 
@@ -55,6 +57,8 @@ pub struct EngineConfig {
     pub check_numerics: bool,
     /// The kernels to run (default: the fastest this CPU has; a path it lacks runs the reference).
     pub kernels: KernelPath,
+    /// The KV cache's types (default F16 keys and values).
+    pub kv_types: KvTypes,
 }
 
 impl Default for EngineConfig {
@@ -67,6 +71,7 @@ impl Default for EngineConfig {
             repack: true,
             check_numerics: false,
             kernels: KernelPath::detect(),
+            kv_types: KvTypes::default(),
         }
     }
 }
@@ -81,6 +86,8 @@ pub enum EngineError {
     Model(ModelError),
     /// A bad configuration value.
     Config(&'static str),
+    /// A KV cache type the model cannot use.
+    KvType(KvTypeError),
     /// A graph could not be planned.
     Plan(PlanError),
     /// The caller's memory or graph slots are too small.
@@ -143,6 +150,7 @@ impl fmt::Display for EngineError {
             Self::Gguf(e) => write!(f, "{e}"),
             Self::Model(e) => write!(f, "{e}"),
             Self::Config(msg) => write!(f, "{msg}"),
+            Self::KvType(e) => write!(f, "{e}"),
             Self::Plan(e) => write!(f, "planning: {e}"),
             Self::Memory(e) => write!(f, "{e}"),
             Self::TooManyMatrices => {
@@ -373,7 +381,8 @@ impl<'m, G: AsMut<[GraphSlot]> + AsRef<[GraphSlot]>> Planned<'m, G> {
         let n_batch = config.n_batch.min(n_ctx * config.n_seq);
         let n_outputs = config.n_outputs.min(n_batch);
         let config = EngineConfig { n_ctx, n_batch, n_outputs, ..*config };
-        let kv = KvLayout::new(hp, n_ctx, n_batch, config.n_seq)
+        config.kv_types.check(hp).map_err(EngineError::KvType)?;
+        let kv = KvLayout::new(hp, n_ctx, n_batch, config.n_seq, config.kv_types)
             .ok_or(EngineError::Config("context size too large"))?;
 
         // Size the activations from the graphs the engine must run: decode (slot 0, also the
@@ -749,11 +758,9 @@ impl<'m, G: AsMut<[GraphSlot]> + AsRef<[GraphSlot]>, B: DerefMut<Target = [u8]>>
         }
         if src != dst {
             let kv = self.planned.kv;
-            let hp = &self.planned.model.hp;
-            let row = 2 * hp.n_head_kv as usize * hp.head_dim_k.max(hp.head_dim_v) as usize;
             let cache = &mut self.memory[self.skip + self.kv.offset..][..kv.total_bytes];
-            for layer in 0..hp.n_layer as usize {
-                for base in [kv.k_offset(layer), kv.v_offset(layer)] {
+            for layer in 0..self.planned.model.hp.n_layer as usize {
+                for (base, row) in kv.layer_caches(layer) {
                     let from = base + src * kv.n_ctx * row;
                     cache.copy_within(from..from + n * row, base + dst * kv.n_ctx * row);
                 }
@@ -763,17 +770,11 @@ impl<'m, G: AsMut<[GraphSlot]> + AsRef<[GraphSlot]>, B: DerefMut<Target = [u8]>>
         Ok(())
     }
 
-    /// Bytes of the cache rows of one position: K and V of every layer.
-    fn position_bytes(&self) -> usize {
-        let hp = &self.planned.model.hp;
-        2 * hp.n_head_kv as usize * hp.head_dim_k.max(hp.head_dim_v) as usize
-    }
-
     /// Context shift (llama.cpp's): drops positions `keep..keep + discard` of sequence `seq` and
     /// moves the later ones down by `discard`, re-rotating their cached keys by `-discard`
     /// positions (RoPE of a position difference composes), so the sequence goes on as if those
-    /// tokens had never been there. The keys are rotated in f32 from their f16 copies and
-    /// stored in f16 again, as llama.cpp's K-shift does.
+    /// tokens had never been there. The keys are rotated in f32 from their cached copies and
+    /// stored in the cache's type again, as llama.cpp's K-shift does.
     pub fn shift_sequence(&mut self, seq: usize, keep: usize, discard: usize) -> Result<(), EngineError> {
         let n = self.seq_len(seq);
         self.check_sequence(seq, n, n)?;
@@ -783,9 +784,15 @@ impl<'m, G: AsMut<[GraphSlot]> + AsRef<[GraphSlot]>, B: DerefMut<Target = [u8]>>
         if discard == 0 {
             return Ok(());
         }
-        let (kv, row) = (self.planned.kv, self.position_bytes());
+        let kv = self.planned.kv;
         let hp = &self.planned.model.hp;
         let (hd, n_rot, n_head_kv) = (hp.head_dim_k as usize, hp.n_rot as usize, hp.n_head_kv as usize);
+        let k_ty = kv.types.k;
+        let (Some(widen), Some(store)) = (k_ty.traits().dequantize, k_ty.kv_writer()) else {
+            return Err(EngineError::Config("the context shift cannot rewrite this cache type"));
+        };
+        let head_bytes = k_ty.bytes_for(hd as u64).unwrap_or(0) as usize;
+        let rotation = kv.types.k_rotation(hp.head_dim_k);
         let neox = matches!(hp.arch.traits().rope, crate::graph::RopeMode::Neox);
         let gguf = &self.planned.model.gguf;
         let factors: Option<&[f32]> = gguf
@@ -800,7 +807,7 @@ impl<'m, G: AsMut<[GraphSlot]> + AsRef<[GraphSlot]>, B: DerefMut<Target = [u8]>>
             return Err(EngineError::Config("the context shift supports heads of up to 512 dimensions"));
         }
         for layer in 0..hp.n_layer as usize {
-            for base in [kv.k_offset(layer), kv.v_offset(layer)] {
+            for (base, row) in kv.layer_caches(layer) {
                 let at = base + seq * kv.n_ctx * row;
                 cache.copy_within(at + (keep + discard) * row..at + n * row, at + keep * row);
             }
@@ -821,12 +828,17 @@ impl<'m, G: AsMut<[GraphSlot]> + AsRef<[GraphSlot]>, B: DerefMut<Target = [u8]>>
                 &mut sin[..n_rot / 2],
             );
             sin[..n_rot / 2].iter_mut().for_each(|s| *s = -*s);
-            let keys = kv.k_offset(layer) + seq * kv.n_ctx * row;
+            let (keys, row) = (kv.k_offset(layer) + seq * kv.n_ctx * kv.k_row_bytes, kv.k_row_bytes);
             for r in moved.clone() {
                 for h in 0..n_head_kv {
-                    let head = &mut cache[keys + r * row + h * hd * 2..][..hd * 2];
-                    for (v, b) in x.iter_mut().zip(head.chunks_exact(2)) {
-                        *v = half::f16::from_le_bytes([b[0], b[1]]).to_f32();
+                    let head = &mut cache[keys + r * row + h * head_bytes..][..head_bytes];
+                    if !widen(head, &mut x[..hd]) {
+                        return Err(EngineError::Config("the context shift cannot rewrite this cache type"));
+                    }
+                    if let Some(n) = rotation {
+                        // Rotated keys: back to RoPE's basis first (the rotation is its own inverse).
+                        crate::kernels::reference::hadamard_ref(&x[..hd], &mut y[..hd], n);
+                        x[..hd].copy_from_slice(&y[..hd]);
                     }
                     crate::kernels::reference::rope_pairs_ref(
                         &x[..hd],
@@ -836,9 +848,14 @@ impl<'m, G: AsMut<[GraphSlot]> + AsRef<[GraphSlot]>, B: DerefMut<Target = [u8]>>
                         &sin[..n_rot / 2],
                         &p,
                     );
-                    for (i, b) in head.chunks_exact_mut(2).enumerate().take(n_rot) {
-                        b.copy_from_slice(&half::f16::from_f32(y[i]).to_le_bytes());
+                    // Dimensions past the rotated ones keep their values; a head is stored
+                    // whole (a quantized one is quantized again, as llama.cpp's K-shift does).
+                    y[n_rot..hd].copy_from_slice(&x[n_rot..hd]);
+                    if let Some(n) = rotation {
+                        crate::kernels::reference::hadamard_ref(&y[..hd], &mut x[..hd], n);
+                        y[..hd].copy_from_slice(&x[..hd]);
                     }
+                    store(&y[..hd], head);
                 }
             }
         }
@@ -848,7 +865,8 @@ impl<'m, G: AsMut<[GraphSlot]> + AsRef<[GraphSlot]>, B: DerefMut<Target = [u8]>>
 
     /// Bytes [`read_sequence`](Self::read_sequence) gives for `n` positions.
     pub fn sequence_bytes(&self, n: usize) -> usize {
-        2 * self.planned.model.hp.n_layer as usize * n * self.position_bytes()
+        let kv = &self.planned.kv;
+        self.planned.model.hp.n_layer as usize * n * (kv.k_row_bytes + kv.v_row_bytes)
     }
 
     /// Calls `each` with the cache rows of the first `n` positions of sequence `seq`, layer by
@@ -860,10 +878,10 @@ impl<'m, G: AsMut<[GraphSlot]> + AsRef<[GraphSlot]>, B: DerefMut<Target = [u8]>>
         each: &mut dyn FnMut(&[u8]),
     ) -> Result<(), EngineError> {
         self.check_sequence(seq, n, self.seq_len(seq))?;
-        let (kv, row) = (self.planned.kv, self.position_bytes());
+        let kv = self.planned.kv;
         let cache = &self.memory[self.skip + self.kv.offset..][..kv.total_bytes];
         for layer in 0..self.planned.model.hp.n_layer as usize {
-            for base in [kv.k_offset(layer), kv.v_offset(layer)] {
+            for (base, row) in kv.layer_caches(layer) {
                 let from = base + seq * kv.n_ctx * row;
                 each(&cache[from..from + n * row]);
             }
@@ -878,19 +896,19 @@ impl<'m, G: AsMut<[GraphSlot]> + AsRef<[GraphSlot]>, B: DerefMut<Target = [u8]>>
         if bytes.len() != self.sequence_bytes(n) {
             return Err(EngineError::Config("the saved cache rows do not match this model's cache"));
         }
-        let (kv, row) = (self.planned.kv, self.position_bytes());
-        if n == 0 || row == 0 {
+        let kv = self.planned.kv;
+        if n == 0 {
             self.seq_len[seq] = 0;
             return Ok(());
         }
         let cache = &mut self.memory[self.skip + self.kv.offset..][..kv.total_bytes];
-        let mut chunks = bytes.chunks_exact(n * row);
+        let mut rest = bytes;
         for layer in 0..self.planned.model.hp.n_layer as usize {
-            for base in [kv.k_offset(layer), kv.v_offset(layer)] {
+            for (base, row) in kv.layer_caches(layer) {
                 let from = base + seq * kv.n_ctx * row;
-                if let Some(chunk) = chunks.next() {
-                    cache[from..from + n * row].copy_from_slice(chunk);
-                }
+                let (chunk, after) = rest.split_at(n * row);
+                cache[from..from + n * row].copy_from_slice(chunk);
+                rest = after;
             }
         }
         self.seq_len[seq] = n;

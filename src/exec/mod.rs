@@ -27,6 +27,7 @@ use crate::arena::Region;
 use crate::graph::{Graph, Op, Plan};
 use crate::kernels;
 use crate::kernels::dot::{from_float_ref, vec_dot_ref, vec_dot_type};
+use crate::kernels::kv_attn::KvOps;
 use crate::kernels::packed::{act_row_bytes, ActBlock, PackedFormat, PackedMatrix, GROUP_ROWS};
 use crate::kernels::reference as kref;
 use crate::quant::blocks::F16Le;
@@ -672,9 +673,14 @@ impl<'a, const N: usize> Bound<'a, N> {
         }
         let ne = t.ne_for(step.n_kv);
         match t.op {
-            Op::Scale | Op::RmsNorm | Op::LayerNorm | Op::Silu | Op::Sigmoid | Op::Gelu | Op::SoftMax => {
-                self.unary(id, t, ne, step, ith, nth)
-            }
+            Op::Scale
+            | Op::Hadamard
+            | Op::RmsNorm
+            | Op::LayerNorm
+            | Op::Silu
+            | Op::Sigmoid
+            | Op::Gelu
+            | Op::SoftMax => self.unary(id, t, ne, step, ith, nth),
             Op::Add | Op::Mul | Op::SwiGlu | Op::GeGlu => self.binary(id, t, ne, step, ith, nth),
             Op::RopeTable => self.rope_table(id, t, ne, step, ith, nth),
             Op::Rope => self.rope(id, t, ne, ith, nth),
@@ -710,6 +716,7 @@ impl<'a, const N: usize> Bound<'a, N> {
                 let p = t.params;
                 match t.op {
                     Op::Scale => out.iter_mut().zip(x).for_each(|(o, v)| *o = v * p.f[0]),
+                    Op::Hadamard => kref::hadamard_ref(x, out, p.i[0] as usize),
                     Op::RmsNorm => kernels::rms_norm(path, x, out, p.f[0]),
                     Op::LayerNorm => kref::layer_norm_ref(x, out, p.f[0]),
                     Op::Silu => kref::silu_ref(x, out),
@@ -970,6 +977,16 @@ impl<'a, const N: usize> Bound<'a, N> {
                     kernels::f32_to_f16(path, x, out);
                     continue;
                 }
+                if !transposed && tc.ty != GgmlType::F32 {
+                    // Another cache type: the row converted or quantized whole (the graph
+                    // checked the type; its rows are whole blocks).
+                    let bytes = tc.ty.bytes_for(x.len() as u64).unwrap_or(0) as usize;
+                    let out: &mut [u8] = self.write(id, pos * tc.nb[1], bytes);
+                    if !tc.ty.kv_writer().is_some_and(|store| store(x, out)) {
+                        self.fail(id, BAD_INDEX);
+                    }
+                    continue;
+                }
                 for (e, &v) in x.iter().enumerate() {
                     let at = if transposed {
                         e * tc.nb[1] + pos * tc.nb[0]
@@ -998,6 +1015,17 @@ impl<'a, const N: usize> Bound<'a, N> {
             let (causal, window, scale) = (t.params.i[0] != 0, t.params.i[1] as usize, t.params.f[0]);
             let mut q16 = [F16Le::from_f32(0.0); kernels::FLASH_ROWS * 1024];
             let mut acc16 = [F16Le::from_f32(0.0); kernels::FLASH_ROWS * 1024];
+            // A cache of other types than f16 keys and values takes the typed kernel.
+            let typed = match (tk.ty, tv.ty) {
+                (GgmlType::F16, GgmlType::F16) => None,
+                (kt, vt) => match KvOps::new(path, kt, vt) {
+                    Some(ops) => Some(ops),
+                    None => {
+                        self.fail(id, BAD_INDEX);
+                        return;
+                    }
+                },
+            };
             // Work units are (token, KV head, run of its query heads): the heads of one KV
             // head share their keys and values, up to FLASH_ROWS per kernel call; single
             // heads when that leaves too few units to share between the threads.
@@ -1034,6 +1062,22 @@ impl<'a, const N: usize> Bound<'a, N> {
                 let kp = self.ptrs[k.index()].wrapping_add(tk.row_offset(0, kv_head, 0)) as *const u8;
                 let vp = self.ptrs[v.index()].wrapping_add(tv.row_offset(0, kv_head, 0)) as *const u8;
                 let (ks, vs) = (tk.nb[1], tv.nb[1]);
+                if let Some(ops) = &typed {
+                    let (kb, vb) = (
+                        tk.ty.bytes_for(hd as u64).unwrap_or(0) as usize,
+                        tv.ty.bytes_for(hd_v as u64).unwrap_or(0) as usize,
+                    );
+                    flash_attn_typed(
+                        ops,
+                        &qs[..n],
+                        start..end,
+                        |j| core::slice::from_raw_parts(kp.wrapping_add(j * ks), kb),
+                        |j| core::slice::from_raw_parts(vp.wrapping_add(j * vs), vb),
+                        scale,
+                        &mut outs[..n],
+                    );
+                    continue;
+                }
                 kernels::flash_attn_rows(
                     path,
                     &qs[..n],
@@ -1390,6 +1434,27 @@ fn root_of<const N: usize>(g: &Graph<N>, mut id: TensorId) -> (TensorId, usize) 
 }
 
 /// Keys a query at position `pos` sees: `[start, end)` of `n_kv`.
+/// [`kernels::kv_attn::flash_attn_rows_typed`] with its scratch on this frame: a call of its
+/// own so the f16 path's frame stays small.
+#[inline(never)]
+fn flash_attn_typed<'k>(
+    ops: &KvOps,
+    qs: &[&[f32]],
+    keys: Range<usize>,
+    key: impl Fn(usize) -> &'k [u8],
+    value: impl Fn(usize) -> &'k [u8],
+    scale: f32,
+    outs: &mut [&mut [f32]],
+) {
+    // Converted queries of up to 1024 dimensions (f32 keys: 4 bytes each), accumulators, one value.
+    let mut qconv = [0u8; kernels::FLASH_ROWS * 4096];
+    let mut acc = [0f32; kernels::FLASH_ROWS * 1024];
+    let mut vrow = [0f32; 1024];
+    kernels::kv_attn::flash_attn_rows_typed(
+        ops, qs, &mut qconv, keys, key, value, scale, &mut acc, &mut vrow, outs,
+    );
+}
+
 fn visible_keys(causal: bool, window: usize, pos: usize, n_kv: usize) -> (usize, usize) {
     if !causal {
         return (0, n_kv);

@@ -231,6 +231,15 @@ impl<const N: usize> Graph<N> {
         self.unary(Op::Scale, a, OpParams { f: [s, 0.0, 0.0, 0.0], ..Default::default() })
     }
 
+    /// `a`'s rows rotated by the Walsh-Hadamard matrix of size `n` in runs of `n` values (see
+    /// [`Op::Hadamard`]); `n` a power of two dividing the row length.
+    pub fn hadamard(&mut self, a: TensorId, n: usize) -> Result<TensorId> {
+        if !n.is_power_of_two() || n < 2 || self.tensor(a).ne[0] % n != 0 || n > i32::MAX as usize {
+            return Err(self.invalid(Op::Hadamard, a, "the size must be a power of two dividing the rows"));
+        }
+        self.unary(Op::Hadamard, a, OpParams { i: [n as i32, 0, 0, 0], ..Default::default() })
+    }
+
     /// RMS norm of each row.
     pub fn rms_norm(&mut self, a: TensorId, eps: f32) -> Result<TensorId> {
         self.unary(Op::RmsNorm, a, OpParams { f: [eps, 0.0, 0.0, 0.0], ..Default::default() })
@@ -499,17 +508,24 @@ impl<const N: usize> Graph<N> {
 
     /// Writes rows of F32 `src` (`[row, n_tokens]`) into `cache` at rows `n_past..`: a cache of
     /// shape `[row, n_ctx]`, or with `transposed` `[n_ctx, row]` (each element's history contiguous,
-    /// as attention's V wants it). The cache is F32 or F16. Returns a view of the whole cache that
-    /// depends on the write, for the attention reads to go through.
+    /// as attention's V wants it). The cache is of a KV cache type ([`GgmlType::is_kv_cache_type`]:
+    /// rows are converted or quantized as they are written); a transposed one is F32 or F16.
+    /// Returns a view of the whole cache that depends on the write, for the attention reads to go
+    /// through.
     pub fn kv_write(&mut self, cache: TensorId, src: TensorId, transposed: bool) -> Result<TensorId> {
         self.f32_input(Op::KvWrite, src)?;
         let (tc, ts) = (self.tensor(cache), self.tensor(src));
-        if !tc.is_contiguous()
-            || !matches!(tc.ty, GgmlType::F32 | GgmlType::F16)
-            || tc.ne[2] != 1
-            || tc.ne[3] != 1
-        {
-            return Err(self.invalid(Op::KvWrite, cache, "cache must be a contiguous 2-D F32/F16 matrix"));
+        let type_ok = if transposed {
+            matches!(tc.ty, GgmlType::F32 | GgmlType::F16)
+        } else {
+            tc.ty.is_kv_cache_type()
+        };
+        if !tc.is_contiguous() || !type_ok || tc.ne[2] != 1 || tc.ne[3] != 1 {
+            return Err(self.invalid(
+                Op::KvWrite,
+                cache,
+                "cache must be a contiguous 2-D matrix of a KV cache type (F32/F16 when transposed)",
+            ));
         }
         if !matches!(tc.storage, Storage::Persistent { .. }) {
             return Err(self.invalid(
@@ -532,9 +548,10 @@ impl<const N: usize> Graph<N> {
         self.push(t)
     }
 
-    /// Attention of `q` (`[head_dim, n_tokens, n_head]`, F32, rows contiguous) over F16 keys `k`
-    /// and values `v` (`[head_dim, n_kv, n_kv_head]`, typically views of the KV cache with a
-    /// dynamic `n_kv`): see [`Op::FlashAttn`]. The result is `[head_dim_v, n_head, n_tokens]`.
+    /// Attention of `q` (`[head_dim, n_tokens, n_head]`, F32, rows contiguous) over keys `k`
+    /// and values `v` (`[head_dim, n_kv, n_kv_head]` of KV cache types, typically views of the KV
+    /// cache with a dynamic `n_kv`): see [`Op::FlashAttn`]. The result is
+    /// `[head_dim_v, n_head, n_tokens]`.
     pub fn flash_attn(
         &mut self,
         q: TensorId,
@@ -547,11 +564,11 @@ impl<const N: usize> Graph<N> {
         self.f32_input(Op::FlashAttn, q)?;
         let (tq, tk, tv) = (self.tensor(q), self.tensor(k), self.tensor(v));
         for (id, t) in [(k, tk), (v, tv)] {
-            if t.ty != GgmlType::F16 || !t.rows_are_contiguous() || t.ne[3] != 1 {
+            if !t.ty.is_kv_cache_type() || !t.rows_are_contiguous() || t.ne[3] != 1 {
                 return Err(self.invalid(
                     Op::FlashAttn,
                     id,
-                    "keys and values must be 3-D F16 with contiguous rows",
+                    "keys and values must be 3-D, of a KV cache type, with contiguous rows",
                 ));
             }
         }

@@ -24,6 +24,10 @@ pub enum Op {
     Mul,
     /// `src[0] * params.f[0]`.
     Scale,
+    /// Each run of `params.i[0]` (a power of two) values of every row times the orthonormal
+    /// Walsh-Hadamard matrix of that size (symmetric, its own inverse): spreads outliers before a
+    /// quantized KV cache stores the values, as llama.cpp does.
+    Hadamard,
     /// `x / sqrt(mean(x^2) + eps)` per row, `eps = params.f[0]`.
     RmsNorm,
     /// `(x - mean) / sqrt(var + eps)` per row, `eps = params.f[0]`.
@@ -92,6 +96,7 @@ impl Op {
             Op::Add => "add",
             Op::Mul => "mul",
             Op::Scale => "scale",
+            Op::Hadamard => "hadamard",
             Op::RmsNorm => "rms_norm",
             Op::LayerNorm => "layer_norm",
             Op::Rope => "rope",

@@ -28,7 +28,7 @@ use crate::quant::GgmlType;
 /// used without the `std` feature or a compile-time `fp16`/`f16c` target feature, is several times
 /// slower). Same values as [`F16Le::to_f32`] (a NaN stays a NaN, not necessarily a quiet one).
 #[inline(always)]
-fn f16(h: F16Le) -> f32 {
+pub(crate) fn f16(h: F16Le) -> f32 {
     let h = h.to_bits();
     let sign = ((h & 0x8000) as u32) << 16;
     let bits = ((h & 0x7fff) as u32) << 13;

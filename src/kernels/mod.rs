@@ -6,6 +6,7 @@
 pub mod reference;
 
 pub mod dot;
+pub mod kv_attn;
 pub mod packed;
 pub mod widen;
 

@@ -15,6 +15,16 @@ pub use blocks::{blocks_of, blocks_of_mut};
 pub use dequant::{dequantize_row_ref, QuantError};
 pub use traits::{TypeList, TypeTraits};
 
+/// A name shown in lower case (type names as llama.cpp's options spell them: `q8_0`).
+pub struct Lowercase<'a>(pub &'a str);
+
+impl core::fmt::Display for Lowercase<'_> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        use core::fmt::Write;
+        self.0.chars().try_for_each(|c| f.write_char(c.to_ascii_lowercase()))
+    }
+}
+
 /// Elements per K-quant super-block.
 pub const QK_K: usize = 256;
 

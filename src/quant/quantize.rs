@@ -1,6 +1,6 @@
 //! Scalar reference quantizers, following ggml's `quantize_row_*_ref` rules exactly.
 //!
-//! q4_0/q4_1/q8_0 quantize weights (and q8_0 activations); q4_K and q6_K quantize weights with ggml's
+//! q4_0/q4_1/q5_0/q5_1/q8_0 quantize weights (and KV cache rows) (and q8_0 activations); q4_K and q6_K quantize weights with ggml's
 //! searched per-group scales (what `llama-quantize` does without an importance matrix); q8_K quantizes
 //! activations for the K-quant dot products. [`quantize_row_ref`] dispatches on a type over raw bytes.
 //! Lengths are the caller's job in the typed functions (`debug_assert!`; in release a short `out` just
@@ -82,6 +82,55 @@ pub fn quantize_row_q4_1_ref(x: &[f32], out: &mut [BlockQ4_1]) {
             let q1 = (((x1 - min) * id + 0.5) as i8).clamp(0, 15) as u8;
             *q = q0 | (q1 << 4);
         }
+    }
+}
+
+/// The 5-bit quants of one block as q5_0/q5_1 store them: low nibbles in split-halves order
+/// (element `j` low, `j + 16` high) and the fifth bits as a little-endian u32, bit `j` for element
+/// `j`. `quant(x)` is the block's rule for one value (at most 31).
+fn pack_q5(x: &[f32], quant: impl Fn(f32) -> u8, qs: &mut [u8; QK / 2], qh: &mut [u8; 4]) {
+    let mut high = 0u32;
+    let (lo, hi) = x.split_at(QK / 2);
+    for (j, ((q, &x0), &x1)) in qs.iter_mut().zip(lo).zip(hi).enumerate() {
+        let (q0, q1) = (quant(x0), quant(x1));
+        *q = (q0 & 0xF) | ((q1 & 0xF) << 4);
+        high |= u32::from(q0 >> 4) << j | u32::from(q1 >> 4) << (j + QK / 2);
+    }
+    *qh = high.to_le_bytes();
+}
+
+/// q5_0: `d = max / -16` with the signed element of largest magnitude, quant =
+/// `min(31, trunc(x / d + 16.5))`; the extreme element maps to 0.
+pub fn quantize_row_q5_0_ref(x: &[f32], out: &mut [BlockQ5_0]) {
+    debug_assert_eq!(x.len(), out.len() * QK);
+    for (x, b) in x.chunks_exact(QK).zip(out.iter_mut()) {
+        let (max, _) = signed_max(x);
+        let d = max / -16.0;
+        let id = inverse(d);
+        b.d = F16Le::from_f32(d);
+        // `as i8` truncates like C's (int8_t) cast; the clamp only matters for non-finite input.
+        pack_q5(x, |v| ((v * id + 16.5) as i8).clamp(0, 31) as u8, &mut b.qs, &mut b.qh);
+    }
+}
+
+/// q5_1: `d = (max - min) / 31`, `m = min`, quant = `min(31, trunc((x - min) / d + 0.5))`.
+pub fn quantize_row_q5_1_ref(x: &[f32], out: &mut [BlockQ5_1]) {
+    debug_assert_eq!(x.len(), out.len() * QK);
+    for (x, b) in x.chunks_exact(QK).zip(out.iter_mut()) {
+        let (mut min, mut max) = (f32::MAX, -f32::MAX);
+        for &v in x {
+            if v < min {
+                min = v;
+            }
+            if v > max {
+                max = v;
+            }
+        }
+        let d = (max - min) / 31.0;
+        let id = inverse(d);
+        b.d = F16Le::from_f32(d);
+        b.m = F16Le::from_f32(min);
+        pack_q5(x, |v| (((v - min) * id + 0.5) as i8).clamp(0, 31) as u8, &mut b.qs, &mut b.qh);
     }
 }
 

@@ -36,6 +36,10 @@ pub struct TypeTraits {
     /// The repacked layout holds the file's values exactly (same scales, same quants), so
     /// `get_rows` reads rows from it: a tied embedding keeps one resident copy.
     pub rows_from_packed: bool,
+    /// The type can hold the KV cache (`-ctk/-ctv`, llama.cpp's list less iq4_nl): rows are
+    /// written by its activation converter or quantizer, keys dotted with the query in its dot
+    /// product, values widened by its dequantizer.
+    pub kv_cache: bool,
 }
 
 const NONE: TypeTraits = TypeTraits {
@@ -45,6 +49,7 @@ const NONE: TypeTraits = TypeTraits {
     vec_dot: None,
     packed: None,
     rows_from_packed: false,
+    kv_cache: false,
 };
 
 macro_rules! dequantize {
@@ -105,18 +110,21 @@ impl GgmlType {
                 dequantize: dequantize!(dequantize_f32_ref),
                 from_float: Some(f32_from_float),
                 vec_dot: dot!(F32, vec_dot_f32_f32_ref),
+                kv_cache: true,
                 ..NONE
             },
             T::F16 => TypeTraits {
                 dequantize: dequantize!(dequantize_f16_ref),
                 from_float: Some(f16_from_float),
                 vec_dot: dot!(F16, vec_dot_f16_f16_ref),
+                kv_cache: true,
                 ..NONE
             },
             T::BF16 => TypeTraits {
                 dequantize: dequantize!(dequantize_bf16_ref),
                 from_float: Some(bf16_from_float),
                 vec_dot: dot!(BF16, vec_dot_bf16_bf16_ref),
+                kv_cache: true,
                 ..NONE
             },
             T::Q4_0 => TypeTraits {
@@ -125,6 +133,7 @@ impl GgmlType {
                 vec_dot: dot!(Q8_0, vec_dot_q4_0_q8_0_ref),
                 packed: Some(P::Q4),
                 rows_from_packed: true,
+                kv_cache: true,
                 ..NONE
             },
             T::Q4_1 => TypeTraits {
@@ -133,20 +142,25 @@ impl GgmlType {
                 vec_dot: dot!(Q8_1, vec_dot_q4_1_q8_1_ref),
                 packed: Some(P::Q4Min),
                 rows_from_packed: true,
+                kv_cache: true,
                 ..NONE
             },
             T::Q5_0 => TypeTraits {
                 dequantize: dequantize!(dequantize_q5_0_ref),
+                quantize: quantize!(quantize_row_q5_0_ref),
                 vec_dot: dot!(Q8_0, vec_dot_q5_0_q8_0_ref),
                 packed: Some(P::Q5),
                 rows_from_packed: true,
+                kv_cache: true,
                 ..NONE
             },
             T::Q5_1 => TypeTraits {
                 dequantize: dequantize!(dequantize_q5_1_ref),
+                quantize: quantize!(quantize_row_q5_1_ref),
                 vec_dot: dot!(Q8_1, vec_dot_q5_1_q8_1_ref),
                 packed: Some(P::Q5Min),
                 rows_from_packed: true,
+                kv_cache: true,
                 ..NONE
             },
             T::Q8_0 => TypeTraits {
@@ -156,6 +170,7 @@ impl GgmlType {
                 vec_dot: dot!(Q8_0, vec_dot_q8_0_q8_0_ref),
                 packed: Some(P::Q8),
                 rows_from_packed: true,
+                kv_cache: true,
             },
             T::Q8_1 => TypeTraits {
                 dequantize: dequantize!(dequantize_q8_1_ref),
@@ -222,6 +237,20 @@ impl GgmlType {
         }
     }
 
+    /// Whether the type can hold the KV cache (see [`TypeTraits::kv_cache`]).
+    pub fn is_kv_cache_type(self) -> bool {
+        let t = self.traits();
+        t.kv_cache && self.kv_writer().is_some() && t.vec_dot.is_some() && t.dequantize.is_some()
+    }
+
+    /// How a KV cache of this type stores f32 rows: the activation converter where there is one
+    /// (f32, f16, bf16, and q8_0 rounding as llama.cpp's SIMD `from_float`), else the reference
+    /// quantizer (q4_0, q4_1, q5_0, q5_1, as ggml's `set_rows`).
+    pub fn kv_writer(self) -> Option<QuantizeFn> {
+        let t = self.traits();
+        t.from_float.or(t.quantize)
+    }
+
     /// Every type, in the table's order.
     pub fn all() -> impl Iterator<Item = GgmlType> {
         super::TYPE_TABLE.iter().map(|row| row.0)
@@ -248,6 +277,13 @@ impl core::fmt::Display for TypeList {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cache_types_are_llama_cpps() {
+        let mut list = heapless::String::<128>::new();
+        core::fmt::write(&mut list, format_args!("{}", TypeList(GgmlType::is_kv_cache_type))).unwrap();
+        assert_eq!(list, "F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, BF16");
+    }
 
     #[test]
     fn every_row_is_consistent() {

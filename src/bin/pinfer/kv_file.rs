@@ -31,13 +31,13 @@ impl Identity {
     /// What a file saved from `session`'s cache carries.
     pub fn of(session: &pinfer::session::Session) -> Self {
         let header = session.model_bytes().get(..session.gguf().data_start()).unwrap_or(&[]);
-        let f16 = pinfer::quant::GgmlType::F16.id();
+        let types = session.kv_types();
         Self {
             model_size: session.model_bytes().len() as u64,
             header_crc: crc32fast::hash(header),
             position_bytes: u32::try_from(session.sequence_bytes(1)).unwrap_or(u32::MAX),
             layers: session.hparams().n_layer,
-            kv_types: f16 << 16 | f16,
+            kv_types: types.k.id() << 16 | types.v.id(),
         }
     }
 }
@@ -57,6 +57,14 @@ pub fn encode(id: &Identity, tokens: &[u32], rows: &[u8]) -> Vec<u8> {
     let crc = crc32fast::hash(&out);
     out.extend_from_slice(&crc.to_le_bytes());
     out
+}
+
+/// `K q8_0, V f16` for an identity's `kv_types`.
+fn types_named(kv_types: u32) -> String {
+    use pinfer::quant::{GgmlType, Lowercase};
+    let name =
+        |id: u32| GgmlType::from_u32(id).map_or(format!("type {id}"), |t| Lowercase(t.name()).to_string());
+    format!("K {}, V {}", name(kv_types >> 16), name(kv_types & 0xffff))
 }
 
 /// The tokens and cache rows of a slot file made for `id`, or why it cannot be used.
@@ -82,6 +90,15 @@ pub fn decode<'b>(id: &Identity, bytes: &'b [u8]) -> Result<(Vec<u32>, &'b [u8])
         kv_types: u32_at(32),
     };
     if saved != *id {
+        let same_model =
+            Identity { kv_types: id.kv_types, position_bytes: id.position_bytes, ..saved } == *id;
+        if same_model && saved.kv_types != id.kv_types {
+            return Err(format!(
+                "saved with another KV cache type ({}; this run uses {})",
+                types_named(saved.kv_types),
+                types_named(id.kv_types)
+            ));
+        }
         return Err("saved from another model or cache layout".into());
     }
     let n = u32_at(36) as usize;

@@ -11,8 +11,10 @@ use clap::CommandFactory;
 use crate::{Cli, CliError};
 
 /// llama.cpp's single-dash spellings pinfer takes, and the long flag each means.
-const SPELLINGS: [(&str, &str); 8] = [
+const SPELLINGS: [(&str, &str); 10] = [
     ("-np", "--parallel"),
+    ("-ctk", "--cache-type-k"),
+    ("-ctv", "--cache-type-v"),
     ("-cnv", "--conversation"),
     ("-no-cnv", "--no-conversation"),
     ("-ngl", "--n-gpu-layers"),
@@ -23,9 +25,7 @@ const SPELLINGS: [(&str, &str); 8] = [
 ];
 
 /// llama.cpp flags pinfer does not have yet: refused by name instead of being misread.
-const NOT_YET: [(&str, &str); 9] = [
-    ("-ctk", "--cache-type-k (quantized KV cache)"),
-    ("-ctv", "--cache-type-v (quantized KV cache)"),
+const NOT_YET: [(&str, &str); 7] = [
     ("-nkvo", "--no-kv-offload"),
     ("-dkvc", "--dump-kv-cache"),
     ("-sm", "--split-mode"),

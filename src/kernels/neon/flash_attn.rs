@@ -1149,3 +1149,101 @@ mod tests {
         }
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Row operations of attention over a quantized cache (`kernels::kv_attn`): the reference's bits.
+
+/// q8_0 key row `k` times q8_0 query row `q`: `vec_dot_q8_0_q8_0_ref`'s result bit for bit (each
+/// block's integer sum is exact; the f32 steps are the reference's, in its order). 0.0 if the
+/// rows are not the same whole number of blocks.
+pub fn kv_dot_q8_0(k: &[u8], q: &[u8]) -> f32 {
+    // SAFETY: NEON is part of the aarch64 baseline.
+    unsafe { kv_dot_q8_0_neon(k, q) }
+}
+
+#[target_feature(enable = "neon")]
+fn kv_dot_q8_0_neon(k: &[u8], q: &[u8]) -> f32 {
+    const B: usize = 34;
+    if k.len() != q.len() || k.len() % B != 0 {
+        return 0.0;
+    }
+    let mut sumf = 0.0f32;
+    for (x, y) in k.chunks_exact(B).zip(q.chunks_exact(B)) {
+        let (x0, x1) = (ld_s8x16(&x[2..]), ld_s8x16(&x[18..]));
+        let (y0, y1) = (ld_s8x16(&y[2..]), ld_s8x16(&y[18..]));
+        // i8 x i8 products fit i16; pairs of them summed into i32 lanes.
+        let mut s = vpaddlq_s16(vmull_s8(vget_low_s8(x0), vget_low_s8(y0)));
+        s = vpadalq_s16(s, vmull_high_s8(x0, y0));
+        s = vpadalq_s16(s, vmull_s8(vget_low_s8(x1), vget_low_s8(y1)));
+        s = vpadalq_s16(s, vmull_high_s8(x1, y1));
+        let sumi = vaddvq_s32(s);
+        let d = |b: &[u8]| crate::kernels::dot::f16(F16Le([b[0], b[1]]));
+        sumf += sumi as f32 * (d(x) * d(y));
+    }
+    sumf
+}
+
+/// q8_0 row to f32 (`q * d` per element, as `dequantize_q8_0_ref`); `false` if `out` is not the
+/// row's length.
+pub fn kv_widen_q8_0(src: &[u8], out: &mut [f32]) -> bool {
+    // SAFETY: NEON is part of the aarch64 baseline.
+    unsafe { kv_widen_q8_0_neon(src, out) }
+}
+
+#[target_feature(enable = "neon")]
+fn kv_widen_q8_0_neon(src: &[u8], out: &mut [f32]) -> bool {
+    const B: usize = 34;
+    if src.len() % B != 0 || out.len() != src.len() / B * 32 {
+        return false;
+    }
+    for (b, o) in src.chunks_exact(B).zip(out.chunks_exact_mut(32)) {
+        let d = crate::kernels::dot::f16(F16Le([b[0], b[1]]));
+        for (h, o) in o.chunks_exact_mut(16).enumerate() {
+            let q = ld_s8x16(&b[2 + 16 * h..]);
+            let (lo, hi) = (vmovl_s8(vget_low_s8(q)), vmovl_high_s8(q));
+            let w = [
+                vcvtq_f32_s32(vmovl_s16(vget_low_s16(lo))),
+                vcvtq_f32_s32(vmovl_high_s16(lo)),
+                vcvtq_f32_s32(vmovl_s16(vget_low_s16(hi))),
+                vcvtq_f32_s32(vmovl_high_s16(hi)),
+            ];
+            st_f32x16(o, w.map(|v| vmulq_n_f32(v, d)));
+        }
+    }
+    true
+}
+
+/// f16 row to f32 (exact); `false` if `out` is not the row's length.
+pub fn kv_widen_f16(src: &[u8], out: &mut [f32]) -> bool {
+    if out.len() * 2 != src.len() {
+        return false;
+    }
+    let whole = out.len() - out.len() % 4;
+    for (o, h) in out[..whole].chunks_exact_mut(4).zip(src.chunks_exact(8)) {
+        // SAFETY: NEON is part of the aarch64 baseline.
+        unsafe { st_f32x4(o, f16x4_to_f32(h)) };
+    }
+    for (o, h) in out[whole..].iter_mut().zip(src[2 * whole..].chunks_exact(2)) {
+        *o = crate::kernels::dot::f16(F16Le([h[0], h[1]]));
+    }
+    true
+}
+
+/// `acc[i] = fma(v[i], s, acc[i])` over the shorter length (`kv_attn::axpy_ref`'s bits).
+pub fn kv_axpy(acc: &mut [f32], v: &[f32], s: f32) {
+    // SAFETY: NEON is part of the aarch64 baseline.
+    unsafe { kv_axpy_neon(acc, v, s) }
+}
+
+#[target_feature(enable = "neon")]
+fn kv_axpy_neon(acc: &mut [f32], v: &[f32], s: f32) {
+    let n = acc.len().min(v.len());
+    let whole = n - n % 16;
+    for (a, x) in acc[..whole].chunks_exact_mut(16).zip(v.chunks_exact(16)) {
+        let (av, xv) = (ld_f32x16(a), ld_f32x16(x));
+        st_f32x16(a, [0, 1, 2, 3].map(|i| vfmaq_n_f32(av[i], xv[i], s)));
+    }
+    for (a, &x) in acc[whole..n].iter_mut().zip(&v[whole..n]) {
+        *a = libm::fmaf(x, s, *a);
+    }
+}

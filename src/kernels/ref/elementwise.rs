@@ -55,6 +55,31 @@ pub fn soft_max_ref(x: &[f32], out: &mut [f32], scale: f32, first_visible: usize
     }
 }
 
+/// `x` times the orthonormal Walsh-Hadamard matrix of size `n` in each run of `n` values (`H[i][j]
+/// = (-1)^popcount(i & j) / sqrt(n)`, Sylvester's order, as llama.cpp's KV cache rotation): the fast
+/// transform's butterflies, then the scale. `n` a power of two; a tail shorter than `n` is copied.
+pub fn hadamard_ref(x: &[f32], out: &mut [f32], n: usize) {
+    let len = x.len().min(out.len());
+    out[..len].copy_from_slice(&x[..len]);
+    if n < 2 || !n.is_power_of_two() {
+        return;
+    }
+    let scale = 1.0 / libm::sqrtf(n as f32);
+    for run in out[..len].chunks_exact_mut(n) {
+        let mut h = 1;
+        while h < n {
+            for pair in run.chunks_exact_mut(2 * h) {
+                let (lo, hi) = pair.split_at_mut(h);
+                for (a, b) in lo.iter_mut().zip(hi) {
+                    (*a, *b) = (*a + *b, *a - *b);
+                }
+            }
+            h *= 2;
+        }
+        run.iter_mut().for_each(|v| *v *= scale);
+    }
+}
+
 /// SiLU: `x * sigmoid(x)`.
 pub fn silu_ref(x: &[f32], out: &mut [f32]) {
     for (o, &v) in out.iter_mut().zip(x) {

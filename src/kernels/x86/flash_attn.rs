@@ -476,3 +476,111 @@ fn rows_pass<'k>(
         finish(&acc16[r * dv..(r + 1) * dv], states[r].sum, outs[r]);
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Row operations of attention over a quantized cache (`kernels::kv_attn`): the reference's bits.
+
+/// q8_0 key row `k` times q8_0 query row `q`: `vec_dot_q8_0_q8_0_ref`'s result bit for bit (each
+/// block's integer sum is exact; the f32 steps are the reference's, in its order). 0.0 if the
+/// rows are not the same whole number of blocks.
+///
+/// # Safety
+/// The CPU must have AVX2 and FMA.
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn kv_dot_q8_0_avx2(k: &[u8], q: &[u8]) -> f32 {
+    const B: usize = 34;
+    if k.len() != q.len() || k.len() % B != 0 {
+        return 0.0;
+    }
+    let ones = _mm256_set1_epi16(1);
+    let mut sumf = 0.0f32;
+    for (x, y) in k.chunks_exact(B).zip(q.chunks_exact(B)) {
+        // SAFETY: each block holds 2 scale bytes then 32 quants; unaligned loads.
+        let (xq, yq) = unsafe {
+            (_mm256_loadu_si256(x.as_ptr().add(2).cast()), _mm256_loadu_si256(y.as_ptr().add(2).cast()))
+        };
+        // |x| * (y with x's sign): u8 x i8 pairs summed to i16 (at most 2 * 128 * 127, no
+        // saturation), then to i32.
+        let p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(xq, xq), _mm256_sign_epi8(yq, xq));
+        let p32 = _mm256_madd_epi16(p16, ones);
+        let s4 = _mm_add_epi32(_mm256_castsi256_si128(p32), _mm256_extracti128_si256::<1>(p32));
+        let s2 = _mm_add_epi32(s4, _mm_unpackhi_epi64(s4, s4));
+        let s1 = _mm_add_epi32(s2, _mm_shuffle_epi32::<0b01>(s2));
+        let sumi = _mm_cvtsi128_si32(s1);
+        let d = |b: &[u8]| crate::kernels::dot::f16(F16Le([b[0], b[1]]));
+        sumf += sumi as f32 * (d(x) * d(y));
+    }
+    sumf
+}
+
+/// q8_0 row to f32 (`q * d` per element, as `dequantize_q8_0_ref`); `false` if `out` is not
+/// the row's length.
+///
+/// # Safety
+/// The CPU must have AVX2.
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn kv_widen_q8_0_avx2(src: &[u8], out: &mut [f32]) -> bool {
+    const B: usize = 34;
+    if src.len() % B != 0 || out.len() != src.len() / B * 32 {
+        return false;
+    }
+    for (b, o) in src.chunks_exact(B).zip(out.chunks_exact_mut(32)) {
+        let d = _mm256_set1_ps(crate::kernels::dot::f16(F16Le([b[0], b[1]])));
+        for i in 0..4 {
+            // SAFETY: 8 quants at 2 + 8i of a 34-byte block; 8 floats at 8i of a 32-float chunk.
+            unsafe {
+                let q = _mm_loadl_epi64(b.as_ptr().add(2 + 8 * i).cast());
+                let v = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d);
+                _mm256_storeu_ps(o.as_mut_ptr().add(8 * i), v);
+            }
+        }
+    }
+    true
+}
+
+/// f16 row to f32 (exact); `false` if `out` is not the row's length.
+///
+/// # Safety
+/// The CPU must have AVX2 and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn kv_widen_f16_avx2(src: &[u8], out: &mut [f32]) -> bool {
+    if out.len() * 2 != src.len() {
+        return false;
+    }
+    let mut i = 0;
+    while i + 8 <= out.len() {
+        // SAFETY: elements i..i + 8 of both rows.
+        unsafe {
+            let h = _mm_loadu_si128(src.as_ptr().add(2 * i).cast());
+            _mm256_storeu_ps(out.as_mut_ptr().add(i), _mm256_cvtph_ps(h));
+        }
+        i += 8;
+    }
+    for (o, h) in out[i..].iter_mut().zip(src[2 * i..].chunks_exact(2)) {
+        *o = crate::kernels::dot::f16(F16Le([h[0], h[1]]));
+    }
+    true
+}
+
+/// `acc[i] = fma(v[i], s, acc[i])` over the shorter length (`kv_attn::axpy_ref`'s bits).
+///
+/// # Safety
+/// The CPU must have AVX2 and FMA.
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn kv_axpy_avx2(acc: &mut [f32], v: &[f32], s: f32) {
+    let n = acc.len().min(v.len());
+    let sv = _mm256_set1_ps(s);
+    let mut i = 0;
+    while i + 8 <= n {
+        // SAFETY: elements i..i + 8 of both slices.
+        unsafe {
+            let a = _mm256_loadu_ps(acc.as_ptr().add(i));
+            let x = _mm256_loadu_ps(v.as_ptr().add(i));
+            _mm256_storeu_ps(acc.as_mut_ptr().add(i), _mm256_fmadd_ps(x, sv, a));
+        }
+        i += 8;
+    }
+    for (a, &x) in acc[i..n].iter_mut().zip(&v[i..n]) {
+        *a = libm::fmaf(x, s, *a);
+    }
+}

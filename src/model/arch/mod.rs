@@ -7,7 +7,7 @@ mod transformer;
 
 use core::fmt;
 
-pub use transformer::{layer_rope, Forward, KvLayout, MODEL_BUFFER};
+pub use transformer::{layer_rope, Forward, KvLayout, KvTypeError, KvTypes, MODEL_BUFFER};
 
 use crate::gguf::Gguf;
 use crate::graph::{Graph, RopeMode};

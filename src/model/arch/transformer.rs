@@ -10,18 +10,103 @@ use super::Ffn;
 use crate::gguf::{name_of, Gguf};
 use crate::graph::{Graph, GraphError};
 use crate::model::{HParams, ModelError};
-use crate::quant::GgmlType;
+use crate::quant::{GgmlType, Lowercase};
 use crate::tensor::{Storage, TensorId};
 
 /// Index of the model file in the executor's buffer table.
 pub const MODEL_BUFFER: u8 = 0;
 
+/// The types of the KV cache (`-ctk/-ctv`): F16 by default, or any type for which
+/// [`GgmlType::is_kv_cache_type`] holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvTypes {
+    /// Type of the keys.
+    pub k: GgmlType,
+    /// Type of the values.
+    pub v: GgmlType,
+}
+
+impl Default for KvTypes {
+    fn default() -> Self {
+        Self { k: GgmlType::F16, v: GgmlType::F16 }
+    }
+}
+
+/// Why a KV cache type cannot be used with a model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvTypeError {
+    /// The type cannot hold a cache at all (the message lists the ones that can).
+    NotACacheType(GgmlType),
+    /// The head size is not a whole number of the type's blocks.
+    HeadSize {
+        /// The type.
+        ty: GgmlType,
+        /// The model's head size.
+        head_dim: u32,
+        /// Elements per block of the type.
+        block: usize,
+    },
+}
+
+impl core::fmt::Display for KvTypeError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match *self {
+            Self::NotACacheType(ty) => {
+                write!(f, "{} cannot hold the KV cache (cache types:", Lowercase(ty.name()))?;
+                for (i, t) in GgmlType::all().filter(|t| t.is_kv_cache_type()).enumerate() {
+                    write!(f, "{}{}", if i == 0 { " " } else { ", " }, Lowercase(t.name()))?;
+                }
+                f.write_str(")")
+            }
+            Self::HeadSize { ty, head_dim, block } => write!(
+                f,
+                "a {} KV cache stores blocks of {block} values, and this model's heads have {head_dim} \
+                 (not a multiple of {block}); use f16, bf16 or f32",
+                Lowercase(ty.name())
+            ),
+        }
+    }
+}
+
+impl KvTypes {
+    /// The Walsh-Hadamard rotation of queries and keys before a quantized K cache stores them (the
+    /// largest power of two from 64 up dividing the head size), as llama.cpp rotates them: dot
+    /// products are unchanged and outliers are spread over the block, so quantizing loses less.
+    /// `None` for f32/f16/bf16 keys or heads that are not a multiple of 64.
+    pub fn k_rotation(&self, head_dim: u32) -> Option<usize> {
+        let hd = head_dim as usize;
+        (self.k.is_quantized() && hd % 64 == 0).then(|| 1 << hd.trailing_zeros())
+    }
+
+    /// The rotation of values before a quantized V cache stores them, undone on attention's
+    /// output (runs of 64, llama.cpp's choice for V); `None` as for [`KvTypes::k_rotation`].
+    pub fn v_rotation(&self, head_dim: u32) -> Option<usize> {
+        (self.v.is_quantized() && head_dim % 64 == 0).then_some(64)
+    }
+
+    /// Checks that both types can hold `hp`'s cache: cache types whose blocks divide the head
+    /// sizes.
+    pub fn check(&self, hp: &HParams) -> Result<(), KvTypeError> {
+        for (ty, head_dim) in [(self.k, hp.head_dim_k), (self.v, hp.head_dim_v)] {
+            if !ty.is_kv_cache_type() {
+                return Err(KvTypeError::NotACacheType(ty));
+            }
+            let block = ty.block_len();
+            if head_dim as usize % block != 0 || (hp.head_dim_k.max(hp.head_dim_v) as usize) % block != 0 {
+                return Err(KvTypeError::HeadSize { ty, head_dim, block });
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Where the per-layer KV caches and the step's inputs sit in the arena's persistent region.
 ///
 /// The cache holds `n_seq` sequences of `n_ctx` positions each: sequence `s` owns rows
-/// `s * n_ctx..(s + 1) * n_ctx` of every layer's K and V. A step's inputs are, per token, its
-/// id, its place (first cache row of its sequence, position) and, for the tokens whose logits
-/// are wanted, their index in the batch.
+/// `s * n_ctx..(s + 1) * n_ctx` of every layer's K and V, each row one position's keys (values)
+/// of every KV head in the cache's type. A step's inputs are, per token, its id, its place (first
+/// cache row of its sequence, position) and, for the tokens whose logits are wanted, their index
+/// in the batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KvLayout {
     /// Positions the cache holds per sequence.
@@ -30,8 +115,18 @@ pub struct KvLayout {
     pub n_seq: usize,
     /// Most tokens one graph evaluates (size of the inputs).
     pub n_batch: usize,
-    /// Bytes of one layer's K cache (the V cache has the same size).
-    pub layer_bytes: usize,
+    /// The cache's types.
+    pub types: KvTypes,
+    /// Elements of one cache row (every KV head of one position).
+    pub row_width: usize,
+    /// Bytes of one position's K row in one layer.
+    pub k_row_bytes: usize,
+    /// Bytes of one position's V row in one layer.
+    pub v_row_bytes: usize,
+    /// Bytes of one layer's K cache.
+    pub k_layer_bytes: usize,
+    /// Bytes of one layer's V cache.
+    pub v_layer_bytes: usize,
     /// Offset of the token-id input (I32 `[n_batch]`).
     pub ids_offset: usize,
     /// Offset of the token places (I32 `[2, n_batch]`: first cache row, position).
@@ -48,13 +143,22 @@ fn aligned(n: usize) -> usize {
 }
 
 impl KvLayout {
-    /// The layout for `hp` with `n_seq` sequences of `n_ctx` positions (F16 K and V per layer)
-    /// and batches of up to `n_batch` tokens; `None` if the sizes overflow.
-    pub fn new(hp: &HParams, n_ctx: usize, n_batch: usize, n_seq: usize) -> Option<Self> {
-        let width = (hp.n_head_kv as usize).checked_mul(hp.head_dim_k.max(hp.head_dim_v) as usize)?;
+    /// The layout for `hp` with `n_seq` sequences of `n_ctx` positions in a cache of `types`
+    /// and batches of up to `n_batch` tokens; `None` if the sizes overflow or a type cannot
+    /// hold rows of the model's width (see [`KvTypes::check`] for the reason).
+    pub fn new(hp: &HParams, n_ctx: usize, n_batch: usize, n_seq: usize, types: KvTypes) -> Option<Self> {
+        let row_width = (hp.n_head_kv as usize).checked_mul(hp.head_dim_k.max(hp.head_dim_v) as usize)?;
+        let row_bytes = |ty: GgmlType| -> Option<usize> {
+            if row_width % ty.block_len() != 0 {
+                return None;
+            }
+            usize::try_from(ty.bytes_for(row_width as u64)?).ok()
+        };
+        let (k_row_bytes, v_row_bytes) = (row_bytes(types.k)?, row_bytes(types.v)?);
         let rows = n_ctx.checked_mul(n_seq)?;
-        let layer_bytes = aligned(width.checked_mul(rows)?.checked_mul(2)?);
-        let caches = layer_bytes.checked_mul(2)?.checked_mul(hp.n_layer as usize)?;
+        let k_layer_bytes = aligned(k_row_bytes.checked_mul(rows)?);
+        let v_layer_bytes = aligned(v_row_bytes.checked_mul(rows)?);
+        let caches = k_layer_bytes.checked_add(v_layer_bytes)?.checked_mul(hp.n_layer as usize)?;
         let input = aligned(n_batch.checked_mul(4)?);
         let ids_offset = caches;
         let places_offset = ids_offset.checked_add(input)?;
@@ -64,7 +168,12 @@ impl KvLayout {
             n_ctx,
             n_seq,
             n_batch,
-            layer_bytes,
+            types,
+            row_width,
+            k_row_bytes,
+            v_row_bytes,
+            k_layer_bytes,
+            v_layer_bytes,
             ids_offset,
             places_offset,
             outputs_offset,
@@ -79,12 +188,17 @@ impl KvLayout {
 
     /// Offset of layer `layer`'s K cache.
     pub fn k_offset(&self, layer: usize) -> usize {
-        2 * layer * self.layer_bytes
+        layer * (self.k_layer_bytes + self.v_layer_bytes)
     }
 
     /// Offset of layer `layer`'s V cache.
     pub fn v_offset(&self, layer: usize) -> usize {
-        (2 * layer + 1) * self.layer_bytes
+        self.k_offset(layer) + self.k_layer_bytes
+    }
+
+    /// Each layer's K and V caches as (offset, bytes of one position's row), K first.
+    pub fn layer_caches(&self, layer: usize) -> [(usize, usize); 2] {
+        [(self.k_offset(layer), self.k_row_bytes), (self.v_offset(layer), self.v_row_bytes)]
     }
 }
 
@@ -238,13 +352,22 @@ pub fn build<const N: usize>(
         };
         q = named!("Qcur_rope", il, g.rope_with(q, table, traits.rope));
         k = named!("Kcur_rope", il, g.rope_with(k, table, traits.rope));
+        if let Some(n) = kv.types.k_rotation(hp.head_dim_k) {
+            q = named!("Qcur_rot", il, g.hadamard(q, n));
+            k = named!("Kcur_rot", il, g.hadamard(k, n));
+        }
+        let v_rotation = kv.types.v_rotation(hp.head_dim_v);
+        if let Some(n) = v_rotation {
+            v = named!("Vcur_rot", il, g.hadamard(v, n));
+        }
 
-        // Cache: K and V as [kv_w, n_ctx * n_seq] F16, one row per position of each sequence.
+        // Cache: K and V as [kv_w, n_ctx * n_seq] of the cache types, one row per position of
+        // each sequence.
         let mut label = crate::gguf::Name::new();
         let _ = write!(label, "cache_k.{il}");
         let k_cache = e_(g.leaf(
             &label,
-            GgmlType::F16,
+            kv.types.k,
             [kv_w, n_rows, 1, 1],
             Storage::Persistent { offset: kv.k_offset(il) },
         ))?;
@@ -252,7 +375,7 @@ pub fn build<const N: usize>(
         let _ = write!(label, "cache_v.{il}");
         let v_cache = e_(g.leaf(
             &label,
-            GgmlType::F16,
+            kv.types.v,
             [kv_w, n_rows, 1, 1],
             Storage::Persistent { offset: kv.v_offset(il) },
         ))?;
@@ -262,16 +385,23 @@ pub fn build<const N: usize>(
         g.at_positions(k_all, places).map_err(ModelError::Graph)?;
         g.at_positions(v_all, places).map_err(ModelError::Graph)?;
         // Per head: [head_dim, rows, n_kv_head]; each token reads its sequence's rows.
-        let row = kv_w * 2;
-        let k_view = e_(g.view(k_all, [hd_k, n_rows, n_head_kv, 1], [2, row, hd_k * 2, row * n_rows], 0, 0))?;
-        let v_view = e_(g.view(v_all, [hd_v, n_rows, n_head_kv, 1], [2, row, hd_v * 2, row * n_rows], 0, 0))?;
+        let head_view = |g: &mut Graph<N>, all: TensorId, ty: GgmlType, hd: usize, row: usize| {
+            let (block, head) = (ty.block_bytes(), hd / ty.block_len() * ty.block_bytes());
+            e_(g.view(all, [hd, n_rows, n_head_kv, 1], [block, row, head, row * n_rows], 0, 0))
+        };
+        let k_view = head_view(g, k_all, kv.types.k, hd_k, kv.k_row_bytes)?;
+        let v_view = head_view(g, v_all, kv.types.v, hd_v, kv.v_row_bytes)?;
         let q = e_(g.permute(q, [0, 2, 1, 3]))?;
         let window = if sliding { hp.sliding_window } else { 0 };
         // Attention as llama.cpp's CPU flash attention computes it, so results match it closely.
         let kq_scale = 1.0 / libm::sqrtf(hd_k as f32);
         let attn = named!("kqv_out", il, g.flash_attn(q, k_view, v_view, kq_scale, true, window));
         g.at_positions(attn, places).map_err(ModelError::Graph)?;
-        let attn = e_(g.reshape(attn, [hd_v * n_head, t, 1, 1]))?;
+        let mut attn = e_(g.reshape(attn, [hd_v * n_head, t, 1, 1]))?;
+        if let Some(n) = v_rotation {
+            // The rotation is its own inverse: the values' weighted sum rotated back.
+            attn = named!("kqv_out_unrot", il, g.hadamard(attn, n));
+        }
         let mut o = named!("attn_out", il, g.mul_mat(wo, attn));
         if traits.gemma {
             o = named!("attn_post_norm_raw", il, g.rms_norm(o, hp.rms_eps));

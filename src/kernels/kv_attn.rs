@@ -1,0 +1,205 @@
+//! Flash attention over a KV cache of any cache type (`-ctk/-ctv`: f32, f16, bf16, q8_0, q4_0,
+//! q4_1, q5_0, q5_1), as ggml's CPU flash attention reads a quantized cache: each query row is
+//! converted once to the keys' dot partner type (q8_0 for q8_0/q4_0/q5_0 keys, q8_1 for
+//! q4_1/q5_1), scored against each key row in the keys' own dot product, and each value row is
+//! widened to f32 and added into an f32 accumulator with an online softmax. No f32 copy of the
+//! cache is made. (An f16 K and V cache takes the f16 kernels of `flash_attn_rows`, whose
+//! accumulator is f16 as ggml's.)
+//!
+//! One loop serves every path; the row operations ([`KvOps`]) are the reference ones or SIMD ones
+//! that give the same bits (integer block sums, the same f32 products, fused multiply-adds), so
+//! the SIMD paths are tested bit for bit against [`KvOps::reference`].
+
+use core::ops::Range;
+
+use super::KernelPath;
+use crate::quant::traits::{DequantizeFn, QuantizeFn, VecDotFn};
+use crate::quant::GgmlType;
+
+/// `acc += v * s` per element, one rounding (`fma`).
+pub type AxpyFn = fn(&mut [f32], &[f32], f32);
+
+/// The row operations of attention over one (K type, V type) pair on one kernel path.
+#[derive(Clone, Copy)]
+pub struct KvOps {
+    /// The keys' dot partner type (the converted query's type).
+    q_type: GgmlType,
+    q_convert: QuantizeFn,
+    dot: VecDotFn,
+    widen: DequantizeFn,
+    axpy: AxpyFn,
+}
+
+/// The reference `acc += v * s`.
+pub fn axpy_ref(acc: &mut [f32], v: &[f32], s: f32) {
+    for (a, &x) in acc.iter_mut().zip(v) {
+        *a = libm::fmaf(x, s, *a);
+    }
+}
+
+impl KvOps {
+    /// The reference operations for keys of type `k` and values of type `v`; `None` unless both
+    /// are cache types ([`GgmlType::is_kv_cache_type`]).
+    pub fn reference(k: GgmlType, v: GgmlType) -> Option<Self> {
+        if !k.is_kv_cache_type() || !v.is_kv_cache_type() {
+            return None;
+        }
+        let (q_type, dot) = k.traits().vec_dot?;
+        Some(Self {
+            q_type,
+            q_convert: q_type.traits().from_float?,
+            dot,
+            widen: v.traits().dequantize?,
+            axpy: axpy_ref,
+        })
+    }
+
+    /// The operations `path` runs: [`KvOps::reference`]'s with the SIMD ones this CPU has
+    /// swapped in (q8_0 key dots; q8_0, f16 value widening; the update).
+    pub fn new(path: KernelPath, k: GgmlType, v: GgmlType) -> Option<Self> {
+        let mut ops = Self::reference(k, v)?;
+        match path {
+            #[cfg(target_arch = "aarch64")]
+            KernelPath::Neon | KernelPath::NeonDotprod | KernelPath::NeonFp16 => {
+                if k == GgmlType::Q8_0 {
+                    ops.dot = super::neon::kv_dot_q8_0;
+                }
+                match v {
+                    GgmlType::Q8_0 => ops.widen = super::neon::kv_widen_q8_0,
+                    GgmlType::F16 => ops.widen = super::neon::kv_widen_f16,
+                    _ => {}
+                }
+                ops.axpy = super::neon::kv_axpy;
+            }
+            #[cfg(target_arch = "x86_64")]
+            KernelPath::Avx2 | KernelPath::Avx2Vnni if super::has_avx2() => {
+                // The wrappers below are only stored here, where the features were checked.
+                if k == GgmlType::Q8_0 {
+                    ops.dot = x86_ops::dot_q8_0;
+                }
+                match v {
+                    GgmlType::Q8_0 => ops.widen = x86_ops::widen_q8_0,
+                    GgmlType::F16 => ops.widen = x86_ops::widen_f16,
+                    _ => {}
+                }
+                ops.axpy = x86_ops::axpy;
+            }
+            _ => {}
+        }
+        Some(ops)
+    }
+
+    /// Bytes of a query row of `dk` elements converted for the keys (`None` if `dk` is not a
+    /// whole number of the partner type's blocks).
+    pub fn query_bytes(&self, dk: usize) -> Option<usize> {
+        if dk % self.q_type.block_len() != 0 {
+            return None;
+        }
+        self.q_type.bytes_for(dk as u64).map(|b| b as usize)
+    }
+}
+
+/// The x86 operations as plain function pointers. Only [`KvOps::new`] stores them, after
+/// checking that the CPU has AVX2, FMA and F16C; `KvOps`'s fields are private, so nothing else
+/// can call them.
+#[cfg(target_arch = "x86_64")]
+mod x86_ops {
+    use crate::kernels::x86;
+
+    pub fn dot_q8_0(k: &[u8], q: &[u8]) -> f32 {
+        // SAFETY: stored by `KvOps::new` only when the CPU has AVX2 and FMA (see the module).
+        unsafe { x86::kv_dot_q8_0_avx2(k, q) }
+    }
+
+    pub fn widen_q8_0(src: &[u8], out: &mut [f32]) -> bool {
+        // SAFETY: as `dot_q8_0`.
+        unsafe { x86::kv_widen_q8_0_avx2(src, out) }
+    }
+
+    pub fn widen_f16(src: &[u8], out: &mut [f32]) -> bool {
+        // SAFETY: as `dot_q8_0` (F16C checked with AVX2).
+        unsafe { x86::kv_widen_f16_avx2(src, out) }
+    }
+
+    pub fn axpy(acc: &mut [f32], v: &[f32], s: f32) {
+        // SAFETY: as `dot_q8_0`.
+        unsafe { x86::kv_axpy_avx2(acc, v, s) }
+    }
+}
+
+/// Up to [`super::FLASH_ROWS`] query rows `qs` of flash attention over the same keys: for each
+/// key `j` in `keys`, `s = dot(key(j), q) * scale`, then the online softmax of ggml (a new maximum
+/// rescales the accumulator by `exp(old - new)` and adds the value with weight 1, else the value
+/// is added with weight `exp(s - max)`), and `outs[r] = acc / sum`. Scratch: `qconv` holds the
+/// converted queries ([`KvOps::query_bytes`] each), `acc` `outs.len() * dv` accumulators and `vrow`
+/// `dv` widened values (`dv = outs[r].len()`). An empty range gives zeros. Rows whose sizes do not
+/// fit the scratch are left untouched (the executor sizes it).
+#[allow(clippy::too_many_arguments)]
+pub fn flash_attn_rows_typed<'k>(
+    ops: &KvOps,
+    qs: &[&[f32]],
+    qconv: &mut [u8],
+    keys: Range<usize>,
+    key: impl Fn(usize) -> &'k [u8],
+    value: impl Fn(usize) -> &'k [u8],
+    scale: f32,
+    acc: &mut [f32],
+    vrow: &mut [f32],
+    outs: &mut [&mut [f32]],
+) {
+    let n = qs.len().min(outs.len()).min(super::FLASH_ROWS);
+    let (Some(&q0), Some(dv)) = (qs.first(), outs.first().map(|o| o.len())) else { return };
+    let Some(qb) = ops.query_bytes(q0.len()) else { return };
+    if qconv.len() < n * qb || acc.len() < n * dv || vrow.len() < dv {
+        return;
+    }
+    let vrow = &mut vrow[..dv];
+    for (r, q) in qs[..n].iter().enumerate() {
+        (ops.q_convert)(q, &mut qconv[r * qb..(r + 1) * qb]);
+    }
+    acc[..n * dv].fill(0.0);
+    let mut max = [f32::NEG_INFINITY; super::FLASH_ROWS];
+    let mut sum = [0f32; super::FLASH_ROWS];
+    for j in keys {
+        let k = key(j);
+        if !(ops.widen)(value(j), vrow) {
+            continue;
+        }
+        for r in 0..n {
+            let s = (ops.dot)(k, &qconv[r * qb..(r + 1) * qb]) * scale;
+            let a = &mut acc[r * dv..(r + 1) * dv];
+            let (mut ms, mut vs) = (1.0f32, 1.0f32);
+            if s > max[r] {
+                // A new maximum rescales what was accumulated.
+                ms = libm::expf(max[r] - s);
+                max[r] = s;
+                a.iter_mut().for_each(|x| *x *= ms);
+            } else {
+                vs = libm::expf(s - max[r]);
+            }
+            (ops.axpy)(a, vrow, vs);
+            sum[r] = sum[r] * ms + vs;
+        }
+    }
+    for (r, out) in outs[..n].iter_mut().enumerate() {
+        let inv = if sum[r] == 0.0 { 0.0 } else { 1.0 / sum[r] };
+        for (o, &a) in out.iter_mut().zip(&acc[r * dv..(r + 1) * dv]) {
+            *o = a * inv;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_cache_types_have_operations() {
+        assert!(KvOps::reference(GgmlType::Q8_0, GgmlType::Q4_0).is_some());
+        assert!(KvOps::reference(GgmlType::Q4_K, GgmlType::F16).is_none());
+        assert!(KvOps::reference(GgmlType::F16, GgmlType::Q8_K).is_none());
+        let ops = KvOps::reference(GgmlType::Q5_1, GgmlType::F32).unwrap();
+        assert_eq!(ops.query_bytes(64), Some(72));
+        assert_eq!(ops.query_bytes(48), None);
+    }
+}
