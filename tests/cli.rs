@@ -332,6 +332,47 @@ fn chat_keeps_the_conversation_over_three_turns() {
     assert!(text_of(&out.stderr).contains("chatml template"), "{}", text_of(&out.stderr));
 }
 
+/// `chat --context-shift`: a conversation longer than the context drops its oldest exchanges
+/// (the system message stays) and goes on; without it, it stops with "context full".
+#[test]
+fn chat_with_context_shift_goes_on_past_a_full_context() {
+    let model = repo_file("models/tiny/qwen3-tiny.gguf");
+    let run = |extra: &[&str]| {
+        let mut child = pinfer_command()
+            .args([
+                "chat",
+                "-m",
+                &model,
+                "--temp",
+                "0",
+                "-c",
+                "64",
+                "-t",
+                "2",
+                "-n",
+                "6",
+                "-sys",
+                "Be brief.",
+            ])
+            .args(extra)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let lines: String = (0..8).map(|i| format!("Tell me about the number {i} please\n")).collect();
+        child.stdin.take().unwrap().write_all(lines.as_bytes()).unwrap();
+        child.wait_with_output().unwrap()
+    };
+    let out = run(&["--context-shift"]);
+    assert!(out.status.success(), "stderr: {}", text_of(&out.stderr));
+    assert_eq!(text_of(&out.stdout).matches("> ").count(), 9, "{}", text_of(&out.stdout));
+    assert!(text_of(&out.stderr).contains("dropped the"), "{}", text_of(&out.stderr));
+    let out = run(&[]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text_of(&out.stderr).contains("context full"), "{}", text_of(&out.stderr));
+}
+
 /// `pinfer bench`: JSON rows with llama-bench's fields and raw samples; Markdown with its header
 /// and one row per test.
 #[test]

@@ -28,6 +28,19 @@ pub struct KvOps {
     dot: VecDotFn,
     widen: DequantizeFn,
     axpy: AxpyFn,
+    /// The SIMD kernel that runs [`attend`] (with these operations where it has none of its own).
+    simd: Option<Simd>,
+    k: GgmlType,
+    v: GgmlType,
+}
+
+/// Which SIMD kernel runs the loop.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Simd {
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+    #[cfg(target_arch = "aarch64")]
+    Neon,
 }
 
 /// The reference `acc += v * s`.
@@ -51,6 +64,9 @@ impl KvOps {
             dot,
             widen: v.traits().dequantize?,
             axpy: axpy_ref,
+            simd: None,
+            k,
+            v,
         })
     }
 
@@ -70,6 +86,7 @@ impl KvOps {
                     _ => {}
                 }
                 ops.axpy = super::neon::kv_axpy;
+                ops.simd = Some(Simd::Neon);
             }
             #[cfg(target_arch = "x86_64")]
             KernelPath::Avx2 | KernelPath::Avx2Vnni if super::has_avx2() => {
@@ -83,10 +100,31 @@ impl KvOps {
                     _ => {}
                 }
                 ops.axpy = x86_ops::axpy;
+                ops.simd = Some(Simd::Avx2);
             }
             _ => {}
         }
         Some(ops)
+    }
+
+    /// The keys' type.
+    pub fn key_type(&self) -> GgmlType {
+        self.k
+    }
+
+    /// The values' type.
+    pub fn value_type(&self) -> GgmlType {
+        self.v
+    }
+
+    /// The key dot product (the SIMD one where the path has it).
+    pub fn dot(&self) -> VecDotFn {
+        self.dot
+    }
+
+    /// The value widening (the SIMD one where the path has it).
+    pub fn widen(&self) -> DequantizeFn {
+        self.widen
     }
 
     /// Bytes of a query row of `dk` elements converted for the keys (`None` if `dk` is not a
@@ -127,13 +165,17 @@ mod x86_ops {
     }
 }
 
+/// Keys scored (and their softmax weights computed) together by [`attend`].
+pub const KEY_CHUNK: usize = 16;
+
 /// Up to [`super::FLASH_ROWS`] query rows `qs` of flash attention over the same keys: for each
 /// key `j` in `keys`, `s = dot(key(j), q) * scale`, then the online softmax of ggml (a new maximum
 /// rescales the accumulator by `exp(old - new)` and adds the value with weight 1, else the value
 /// is added with weight `exp(s - max)`), and `outs[r] = acc / sum`. Scratch: `qconv` holds the
 /// converted queries ([`KvOps::query_bytes`] each), `acc` `outs.len() * dv` accumulators and `vrow`
 /// `dv` widened values (`dv = outs[r].len()`). An empty range gives zeros. Rows whose sizes do not
-/// fit the scratch are left untouched (the executor sizes it).
+/// fit the scratch are left untouched (the executor sizes it). Every path gives the reference
+/// operations' bits.
 #[allow(clippy::too_many_arguments)]
 pub fn flash_attn_rows_typed<'k>(
     ops: &KvOps,
@@ -153,40 +195,125 @@ pub fn flash_attn_rows_typed<'k>(
     if qconv.len() < n * qb || acc.len() < n * dv || vrow.len() < dv {
         return;
     }
-    let vrow = &mut vrow[..dv];
     for (r, q) in qs[..n].iter().enumerate() {
         (ops.q_convert)(q, &mut qconv[r * qb..(r + 1) * qb]);
     }
-    acc[..n * dv].fill(0.0);
-    let mut max = [f32::NEG_INFINITY; super::FLASH_ROWS];
-    let mut sum = [0f32; super::FLASH_ROWS];
-    for j in keys {
-        let k = key(j);
-        if !(ops.widen)(value(j), vrow) {
-            continue;
+    let a = Attend { n, qb, dv, qconv: &qconv[..n * qb], scale };
+    let (acc, vrow) = (&mut acc[..n * dv], &mut vrow[..dv]);
+    let sums = match ops.simd {
+        #[cfg(target_arch = "x86_64")]
+        Some(Simd::Avx2) => {
+            // SAFETY: `KvOps::new` chose Avx2 after checking that the CPU has AVX2, FMA and F16C.
+            unsafe { super::x86::kv_attend_avx2(ops, &a, keys, key, value, acc, vrow) }
+        }
+        #[cfg(target_arch = "aarch64")]
+        Some(Simd::Neon) => super::neon::kv_attend(ops, &a, keys, key, value, acc, vrow),
+        _ => {
+            let (dot, widen) = (ops.dot, ops.widen);
+            attend(
+                &a,
+                keys,
+                key,
+                value,
+                acc,
+                vrow,
+                dot,
+                |x| x.iter_mut().for_each(|v| *v = libm::expf(*v)),
+                |v, out| {
+                    widen(v, out);
+                },
+                axpy_ref,
+            )
+        }
+    };
+    for (r, out) in outs[..n].iter_mut().enumerate() {
+        let inv = if sums[r] == 0.0 { 0.0 } else { 1.0 / sums[r] };
+        for (o, &x) in out.iter_mut().zip(&acc[r * dv..(r + 1) * dv]) {
+            *o = x * inv;
+        }
+    }
+}
+
+/// The sizes and converted queries of one [`flash_attn_rows_typed`] call.
+pub struct Attend<'a> {
+    /// Query rows.
+    pub n: usize,
+    /// Bytes of one converted query.
+    pub qb: usize,
+    /// Elements of a value row.
+    pub dv: usize,
+    /// The converted queries, `qb` bytes each.
+    pub qconv: &'a [u8],
+    /// The scores' scale.
+    pub scale: f32,
+}
+
+/// The loop every path runs, its row operations given (inlined into each path's kernel, so a
+/// SIMD path compiles it with its target features): keys in chunks of [`KEY_CHUNK`]; each chunk's
+/// scores for every row, then per row the running maximum key by key and one vector of
+/// exponentials (`exp(old - new)` where a key raises the maximum, `exp(s - max)` elsewhere), then
+/// per key the value widened once and every row's rescale and update. The same operations in the
+/// same order as a key-by-key loop. Returns each row's softmax sum; `acc` holds the rows' sums
+/// of weighted values.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub fn attend<'k>(
+    a: &Attend<'_>,
+    keys: Range<usize>,
+    key: impl Fn(usize) -> &'k [u8],
+    value: impl Fn(usize) -> &'k [u8],
+    acc: &mut [f32],
+    vrow: &mut [f32],
+    dot: impl Fn(&[u8], &[u8]) -> f32,
+    exps: impl Fn(&mut [f32; KEY_CHUNK]),
+    widen: impl Fn(&[u8], &mut [f32]),
+    axpy: impl Fn(&mut [f32], &[f32], f32),
+) -> [f32; super::FLASH_ROWS] {
+    const R: usize = super::FLASH_ROWS;
+    let (n, dv) = (a.n.min(R), a.dv);
+    acc.fill(0.0);
+    let mut max = [f32::NEG_INFINITY; R];
+    let mut sum = [0f32; R];
+    let mut start = keys.start;
+    while start < keys.end {
+        let len = (keys.end - start).min(KEY_CHUNK);
+        // Exponents, and whether each key raises its row's maximum.
+        let mut e = [[0f32; KEY_CHUNK]; R];
+        let mut raises = [[false; KEY_CHUNK]; R];
+        for i in 0..len {
+            let k = key(start + i);
+            for (r, row) in e[..n].iter_mut().enumerate() {
+                row[i] = dot(k, &a.qconv[r * a.qb..(r + 1) * a.qb]) * a.scale;
+            }
         }
         for r in 0..n {
-            let s = (ops.dot)(k, &qconv[r * qb..(r + 1) * qb]) * scale;
-            let a = &mut acc[r * dv..(r + 1) * dv];
-            let (mut ms, mut vs) = (1.0f32, 1.0f32);
-            if s > max[r] {
-                // A new maximum rescales what was accumulated.
-                ms = libm::expf(max[r] - s);
-                max[r] = s;
-                a.iter_mut().for_each(|x| *x *= ms);
-            } else {
-                vs = libm::expf(s - max[r]);
+            for i in 0..len {
+                let s = e[r][i];
+                if s > max[r] {
+                    e[r][i] = max[r] - s;
+                    raises[r][i] = true;
+                    max[r] = s;
+                } else {
+                    e[r][i] = s - max[r];
+                }
             }
-            (ops.axpy)(a, vrow, vs);
-            sum[r] = sum[r] * ms + vs;
+            exps(&mut e[r]);
         }
-    }
-    for (r, out) in outs[..n].iter_mut().enumerate() {
-        let inv = if sum[r] == 0.0 { 0.0 } else { 1.0 / sum[r] };
-        for (o, &a) in out.iter_mut().zip(&acc[r * dv..(r + 1) * dv]) {
-            *o = a * inv;
+        for i in 0..len {
+            widen(value(start + i), vrow);
+            for r in 0..n {
+                let row = &mut acc[r * dv..(r + 1) * dv];
+                let (ms, vs) = if raises[r][i] { (e[r][i], 1.0) } else { (1.0, e[r][i]) };
+                if raises[r][i] {
+                    row.iter_mut().for_each(|x| *x *= ms);
+                }
+                axpy(row, vrow, vs);
+                sum[r] = sum[r] * ms + vs;
+            }
         }
+        start += len;
     }
+    sum
 }
 
 #[cfg(test)]

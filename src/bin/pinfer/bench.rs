@@ -100,12 +100,17 @@ struct Setup {
     weight_bytes: u64,
     /// The measured memory read bandwidth, GB/s (`--membw`).
     membw_gbps: Option<f64>,
+    /// The KV cache's types (llama-bench's `type_k`, `type_v`).
+    kv_types: (String, String),
 }
 
 impl Setup {
+    /// Kernels, layout and NPU; the KV cache's types when they are not f16.
     fn backend(&self) -> String {
         let repack = if self.repack { "repack" } else { "no-repack" };
-        format!("CPU {} {repack}{}", self.kernels.name(), self.npu)
+        let (k, v) = &self.kv_types;
+        let kv = if k == "f16" && v == "f16" { String::new() } else { format!(" kv {k}/{v}") };
+        format!("CPU {} {repack}{}{kv}", self.kernels.name(), self.npu)
     }
 }
 
@@ -330,6 +335,8 @@ fn json_row(setup: &Setup, o: &Outcome) -> Json {
         "threads": setup.threads,
         "n_batch": setup.n_batch,
         "n_ctx": setup.n_ctx,
+        "type_k": setup.kv_types.0,
+        "type_v": setup.kv_types.1,
         "repacked_matrices": setup.repacked.0,
         "repacked_bytes": setup.repacked.1,
         "weight_bytes_per_token": setup.weight_bytes,
@@ -416,6 +423,12 @@ pub fn run(args: BenchArgs) -> Result<(), CliError> {
         npu: crate::npu::backend_suffix(&session),
         weight_bytes: weight_bytes_per_token(&session),
         membw_gbps: args.membw.then(|| measure_membw(session.threads())),
+        kv_types: {
+            let (t, name) = (session.kv_types(), |ty: pinfer::quant::GgmlType| {
+                pinfer::quant::Lowercase(ty.name()).to_string()
+            });
+            (name(t.k), name(t.v))
+        },
     };
 
     let markdown = args.output == "md";

@@ -9,7 +9,7 @@ use pinfer::generate::{Generator, Stop};
 use pinfer::gguf::Gguf;
 use pinfer::session::SessionError;
 
-use crate::generate::{encode, gen_error, load, print_piece, process_escapes, GenArgs};
+use crate::generate::{encode, encode_with, gen_error, load, print_piece, process_escapes, GenArgs};
 use crate::runtime::CacheCheck;
 use crate::signals::{take_interrupt, Polled};
 use crate::CliError;
@@ -38,8 +38,9 @@ fn chat_template(args: &GenArgs, gguf: &Gguf<'_>, path: &Path) -> Result<ChatTem
 
 /// `pinfer chat` (and `generate -cnv`): a conversation on stdin/stdout with the model's chat
 /// template, one message per line, an empty line or end of input ends it. The KV cache is kept
-/// across turns: each turn evaluates only what the cache does not hold yet. Ctrl-C stops the
-/// reply and returns to the prompt; at the prompt it exits.
+/// across turns: each turn evaluates only what the cache does not hold yet. With
+/// `--context-shift` a conversation outgrowing the context drops its oldest exchanges. Ctrl-C
+/// stops the reply and returns to the prompt; at the prompt it exits.
 pub fn chat(args: GenArgs) -> Result<(), CliError> {
     use std::io::BufRead;
     let config = args.sampler()?;
@@ -56,6 +57,19 @@ pub fn chat(args: GenArgs) -> Result<(), CliError> {
     let stops: Vec<&str> = args.reverse_prompt.iter().map(String::as_str).collect();
     gen.set_stop_strings(&stops);
     let mut turns: Vec<(Role, String)> = system.into_iter().map(|s| (Role::System, s)).collect();
+    // --context-shift: `--keep -1` keeps the system message's tokens through a shift inside a
+    // reply (N keeps N tokens, the default only BOS).
+    let system_tokens = match turns.first() {
+        Some((_, text)) => {
+            let mut rendered = String::new();
+            template
+                .render(&[Message { role: Role::System, content: text }], false, &mut rendered)
+                .map_err(|e| CliError::new(e.to_string()))?;
+            encode_with(&tok, &rendered, true, false)?.len()
+        }
+        None => 0,
+    };
+    gen.context_shift = args.shift_keep(system_tokens, tok.add_bos(), session.n_ctx())?;
     let mut cached: Vec<u32> = Vec::with_capacity(session.n_ctx() + 1);
     errln!(
         "pinfer: chat with {} ({} template); an empty line or end of input ends it, Ctrl-C stops a reply",
@@ -87,19 +101,51 @@ pub fn chat(args: GenArgs) -> Result<(), CliError> {
             break;
         }
         turns.push((Role::User, line));
-        let messages: Vec<Message<'_>> =
-            turns.iter().map(|(role, text)| Message { role: *role, content: text }).collect();
-        let mut rendered = String::new();
-        template.render(&messages, true, &mut rendered).map_err(|e| CliError::new(e.to_string()))?;
-        let tokens = encode(&tok, &rendered, true)?;
+        let render = |turns: &[(Role, String)]| -> Result<Vec<u32>, CliError> {
+            let messages: Vec<Message<'_>> =
+                turns.iter().map(|(role, text)| Message { role: *role, content: text }).collect();
+            let mut rendered = String::new();
+            template.render(&messages, true, &mut rendered).map_err(|e| CliError::new(e.to_string()))?;
+            encode(&tok, &rendered, true)
+        };
+        let mut tokens = render(&turns)?;
+        if gen.context_shift.is_some() {
+            // A context shift between turns drops the oldest exchanges (the system message
+            // stays) until the conversation leaves a quarter of the context for the reply;
+            // within a reply the generator shifts token by token.
+            let room = session.n_ctx() / 4;
+            let mut dropped = 0;
+            while tokens.len() + room > session.n_ctx() {
+                let Some(first) = turns.iter().position(|(role, _)| *role != Role::System) else { break };
+                if first + 1 >= turns.len() {
+                    break; // only the new message is left
+                }
+                turns.remove(first);
+                dropped += 1;
+                if turns.get(first).is_some_and(|(role, _)| *role == Role::Assistant)
+                    && first + 1 < turns.len()
+                {
+                    turns.remove(first);
+                    dropped += 1;
+                }
+                tokens = render(&turns)?;
+            }
+            if dropped > 0 {
+                errln!(
+                    "pinfer: context shift: dropped the {dropped} oldest message(s); the conversation is now {} tokens",
+                    tokens.len()
+                );
+            }
+        }
         // Reuse the cache for the part of the conversation it already holds.
         let keep = cached.iter().zip(&tokens).take_while(|(a, b)| a == b).count().min(tokens.len() - 1);
         session.truncate(keep);
         cached.truncate(keep);
         if tokens.len() >= cached.capacity() {
             return Err(CliError::new(format!(
-                "context full ({} tokens): the conversation no longer fits; raise it with -c",
-                session.n_ctx()
+                "context full ({} tokens): the conversation no longer fits; raise it with -c{}",
+                session.n_ctx(),
+                if gen.context_shift.is_some() { "" } else { " or drop old messages with --context-shift" }
             )));
         }
         let polled = Polled::start();
@@ -107,7 +153,12 @@ pub fn chat(args: GenArgs) -> Result<(), CliError> {
             Ok(()) => {}
             Err(SessionError::Engine(EngineError::ContextFull { n_ctx, .. })) => {
                 return Err(CliError::new(format!(
-                    "context full ({n_ctx} tokens): the conversation no longer fits; raise it with -c"
+                    "context full ({n_ctx} tokens): the conversation no longer fits; raise it with -c{}",
+                    if gen.context_shift.is_some() {
+                        ""
+                    } else {
+                        " or drop old messages with --context-shift"
+                    }
                 )))
             }
             Err(e) => return Err(CliError::new(e.to_string())),

@@ -1247,3 +1247,54 @@ fn kv_axpy_neon(acc: &mut [f32], v: &[f32], s: f32) {
         *a = libm::fmaf(x, s, *a);
     }
 }
+
+/// `kv_attn::attend` with the NEON operations: q8_0 key dots, q8_0 and f16 value widening and the
+/// update, the exponentials 4 at a time (`expf4`, `libm::expf` where it is not exact); other key
+/// and value types through `ops`' functions. The reference operations' bits.
+pub fn kv_attend<'k>(
+    ops: &crate::kernels::kv_attn::KvOps,
+    a: &crate::kernels::kv_attn::Attend<'_>,
+    keys: Range<usize>,
+    key: impl Fn(usize) -> &'k [u8],
+    value: impl Fn(usize) -> &'k [u8],
+    acc: &mut [f32],
+    vrow: &mut [f32],
+) -> [f32; FLASH_ROWS] {
+    use crate::kernels::kv_attn::{attend, KEY_CHUNK};
+    use crate::quant::GgmlType;
+    let (k_q8, v_ty, dot, widen) =
+        (ops.key_type() == GgmlType::Q8_0, ops.value_type(), ops.dot(), ops.widen());
+    attend(
+        a,
+        keys,
+        key,
+        value,
+        acc,
+        vrow,
+        |k, q| if k_q8 { kv_dot_q8_0(k, q) } else { dot(k, q) },
+        |x: &mut [f32; KEY_CHUNK]| {
+            for c in x.chunks_exact_mut(4) {
+                // SAFETY: NEON is part of the aarch64 baseline.
+                let (y, exact) = unsafe { expf4(ld_f32x4(c)) };
+                let mut lanes = [0f32; 4];
+                let mut ok = [0u32; 4];
+                // SAFETY: as above; 4 lanes each.
+                unsafe {
+                    vst1q_f32(lanes.as_mut_ptr(), y);
+                    vst1q_u32(ok.as_mut_ptr(), exact);
+                }
+                for ((v, l), o) in c.iter_mut().zip(lanes).zip(ok) {
+                    *v = if o != 0 { l } else { libm::expf(*v) };
+                }
+            }
+        },
+        |v, out| {
+            match v_ty {
+                GgmlType::Q8_0 => kv_widen_q8_0(v, out),
+                GgmlType::F16 => kv_widen_f16(v, out),
+                _ => widen(v, out),
+            };
+        },
+        kv_axpy,
+    )
+}

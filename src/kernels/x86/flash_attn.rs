@@ -486,6 +486,7 @@ fn rows_pass<'k>(
 ///
 /// # Safety
 /// The CPU must have AVX2 and FMA.
+#[inline]
 #[target_feature(enable = "avx2,fma")]
 pub unsafe fn kv_dot_q8_0_avx2(k: &[u8], q: &[u8]) -> f32 {
     const B: usize = 34;
@@ -518,6 +519,7 @@ pub unsafe fn kv_dot_q8_0_avx2(k: &[u8], q: &[u8]) -> f32 {
 ///
 /// # Safety
 /// The CPU must have AVX2.
+#[inline]
 #[target_feature(enable = "avx2,fma")]
 pub unsafe fn kv_widen_q8_0_avx2(src: &[u8], out: &mut [f32]) -> bool {
     const B: usize = 34;
@@ -542,6 +544,7 @@ pub unsafe fn kv_widen_q8_0_avx2(src: &[u8], out: &mut [f32]) -> bool {
 ///
 /// # Safety
 /// The CPU must have AVX2 and F16C.
+#[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn kv_widen_f16_avx2(src: &[u8], out: &mut [f32]) -> bool {
     if out.len() * 2 != src.len() {
@@ -566,6 +569,7 @@ pub unsafe fn kv_widen_f16_avx2(src: &[u8], out: &mut [f32]) -> bool {
 ///
 /// # Safety
 /// The CPU must have AVX2 and FMA.
+#[inline]
 #[target_feature(enable = "avx2,fma")]
 pub unsafe fn kv_axpy_avx2(acc: &mut [f32], v: &[f32], s: f32) {
     let n = acc.len().min(v.len());
@@ -583,4 +587,63 @@ pub unsafe fn kv_axpy_avx2(acc: &mut [f32], v: &[f32], s: f32) {
     for (a, &x) in acc[i..n].iter_mut().zip(&v[i..n]) {
         *a = libm::fmaf(x, s, *a);
     }
+}
+
+/// `kv_attn::attend` with the AVX2 operations: q8_0 key dots, q8_0 and f16 value widening and
+/// the update inlined, the exponentials 8 at a time (`libm_expf8`, `libm::expf`'s bits); other
+/// key and value types through `ops`' functions. The reference operations' bits.
+///
+/// # Safety
+/// The CPU must have AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn kv_attend_avx2<'k>(
+    ops: &crate::kernels::kv_attn::KvOps,
+    a: &crate::kernels::kv_attn::Attend<'_>,
+    keys: Range<usize>,
+    key: impl Fn(usize) -> &'k [u8],
+    value: impl Fn(usize) -> &'k [u8],
+    acc: &mut [f32],
+    vrow: &mut [f32],
+) -> [f32; crate::kernels::FLASH_ROWS] {
+    use crate::kernels::kv_attn::{attend, KEY_CHUNK};
+    use crate::quant::GgmlType;
+    let (k_q8, v_ty, dot, widen) =
+        (ops.key_type() == GgmlType::Q8_0, ops.value_type(), ops.dot(), ops.widen());
+    attend(
+        a,
+        keys,
+        key,
+        value,
+        acc,
+        vrow,
+        |k, q| {
+            if k_q8 {
+                // SAFETY: this function runs with AVX2, FMA and F16C.
+                unsafe { kv_dot_q8_0_avx2(k, q) }
+            } else {
+                dot(k, q)
+            }
+        },
+        |x: &mut [f32; KEY_CHUNK]| {
+            for c in x.chunks_exact_mut(8) {
+                // SAFETY: 8 floats of the chunk; AVX2, FMA and F16C as above.
+                unsafe { _mm256_storeu_ps(c.as_mut_ptr(), libm_expf8(_mm256_loadu_ps(c.as_ptr()))) };
+            }
+        },
+        |v, out| {
+            match v_ty {
+                GgmlType::Q8_0 => {
+                    // SAFETY: AVX2, FMA and F16C as above.
+                    unsafe { kv_widen_q8_0_avx2(v, out) }
+                }
+                GgmlType::F16 => {
+                    // SAFETY: AVX2, FMA and F16C as above.
+                    unsafe { kv_widen_f16_avx2(v, out) }
+                }
+                _ => widen(v, out),
+            };
+        },
+        // SAFETY: AVX2 and FMA as above.
+        |acc, v, s| unsafe { kv_axpy_avx2(acc, v, s) },
+    )
 }
