@@ -9,6 +9,9 @@
 #   --gen N1,N2       generated-token counts of the two generation runs (default 8,40)
 #   --prompt P1,P2    prompt lengths in tokens of the two prompt runs (default 64,128: one and two
 #                     batches of 64, pinfer's batch size and the one of llama.cpp's reference figures)
+#   --depth N         the generation runs start from a prompt of N tokens (decode at depth N; the
+#                     prompt's cost cancels in the difference)
+#   --flags "ARGS"    more pinfer flags for every run, e.g. "-ctk q8_0 -ctv q8_0"
 #   --no-build        use the binary already built
 #   --keep            keep the work directory (per-run stdout, stderr and counts)
 #
@@ -31,6 +34,8 @@ GEN=(8 40)
 PROMPT=(64 128)
 BUILD=1
 KEEP=0
+DEPTH=0
+EXTRA=()
 MODELS=()
 
 die() { echo "insn_per_token: $*" >&2; exit 1; }
@@ -46,9 +51,11 @@ while [ $# -gt 0 ]; do
     --cpu) CPU=${2:?--cpu needs a value}; shift 2 ;;
     --gen) v=$(pair --gen "${2:-}"); read -r -a GEN <<<"$v"; shift 2 ;;
     --prompt) v=$(pair --prompt "${2:-}"); read -r -a PROMPT <<<"$v"; shift 2 ;;
+    --depth) [[ ${2:-} =~ ^[0-9]+$ ]] || die "--depth wants a token count"; DEPTH=$2; shift 2 ;;
+    --flags) read -r -a EXTRA <<<"${2:-}"; shift 2 ;;
     --no-build) BUILD=0; shift ;;
     --keep) KEEP=1; shift ;;
-    -h|--help) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) die "unknown option '$1' (see --help)" ;;
     *) MODELS+=("$1"); shift ;;
   esac
@@ -85,7 +92,7 @@ WORK=$(mktemp -d "${TMPDIR:-/tmp}/insn_per_token.XXXXXX")
 if [ "$KEEP" = 1 ]; then log "work directory: $WORK"; else trap 'rm -rf "$WORK"' EXIT; fi
 
 QEMU=(qemu-aarch64 -cpu "$CPU")
-GENERATE_FLAGS=(--temp 0 -t 1)
+GENERATE_FLAGS=(--temp 0 -t 1 "${EXTRA[@]}")
 if "${QEMU[@]}" "$BIN" generate --help | grep -q -- '--ignore-eos'; then
   GENERATE_FLAGS+=(--ignore-eos)
   EOS_NOTE=""
@@ -142,6 +149,7 @@ for model in "${MODELS[@]}"; do
   name=$(basename "$model")
   log "$name: qemu -cpu $CPU, pinfer -t 1 ${EOS_NOTE}"
   gen_prompt="${WORDS[*]:0:12}"
+  if ((DEPTH > 0)); then gen_prompt=$(prompt_of "$model" "$DEPTH"); fi
   run "$name.gen${GEN[0]}" "$model" "$gen_prompt" "${GEN[0]}"; gi1=$INSNS gr1=$RUNS
   run "$name.gen${GEN[1]}" "$model" "$gen_prompt" "${GEN[1]}"; gi2=$INSNS gr2=$RUNS
   ((gr1 == GEN[0] - 1 && gr2 == GEN[1] - 1)) \
@@ -159,7 +167,7 @@ for model in "${MODELS[@]}"; do
 done
 
 echo
-echo "guest instructions per token, qemu-aarch64 -cpu $CPU, pinfer -t 1 (M = 10^6)"
+echo "guest instructions per token, qemu-aarch64 -cpu $CPU, pinfer -t 1 ${EXTRA[*]} (M = 10^6)$( ((DEPTH > 0)) && echo ", generation at depth $DEPTH")"
 echo
 printf '| %-40s | %23s | %20s |\n' model "per generated token (M)" "per prompt token (M)"
 printf '| %-40s | %23s | %20s |\n' "$(printf -- '-%.0s' {1..40})" "----------------------:" "-------------------:"
