@@ -18,6 +18,37 @@ pub use matmul::*;
 mod tests {
     use super::*;
 
+    /// The fast transform is the product with Sylvester's orthonormal matrix (`(-1)^popcount(i &
+    /// j) / sqrt(n)`, llama.cpp's `ggml_gen_hadamard`), run by run, and applying it twice gives
+    /// the input back (the rotation is its own inverse).
+    #[test]
+    fn hadamard_is_sylvesters_matrix_and_its_own_inverse() {
+        let x: [f32; 136] = core::array::from_fn(|i| libm::sinf(i as f32 * 0.7) * (1 + i % 5) as f32);
+        for n in [2usize, 4, 64, 128] {
+            let mut y = [0f32; 136];
+            hadamard_ref(&x, &mut y, n);
+            let whole = x.len() - x.len() % n;
+            for run in 0..whole / n {
+                for i in 0..n {
+                    let want: f64 = (0..n)
+                        .map(|j| {
+                            let sign = if (i & j).count_ones() % 2 == 0 { 1.0 } else { -1.0 };
+                            sign * f64::from(x[run * n + j])
+                        })
+                        .sum::<f64>()
+                        / libm::sqrt(n as f64);
+                    assert!((f64::from(y[run * n + i]) - want).abs() < 1e-5, "n={n} run {run} [{i}]");
+                }
+            }
+            assert_eq!(y[whole..], x[whole..], "n={n}: the tail is copied");
+            let mut back = [0f32; 136];
+            hadamard_ref(&y, &mut back, n);
+            for (a, b) in back.iter().zip(&x) {
+                assert!((a - b).abs() < 1e-5, "n={n}: {a} vs {b}");
+            }
+        }
+    }
+
     #[test]
     fn softmax_masks_and_normalises() {
         let x = [1.0, 2.0, 3.0, 100.0];
