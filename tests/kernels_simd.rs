@@ -29,7 +29,7 @@
 //! * packed matmul: 1e-5 of `sum |w a| + sum |s|`, as in `tests/packed.rs` (same integer block dots,
 //!   float sums in another order).
 
-use pinfer::kernels::kv_attn::{flash_attn_rows_typed, KvOps};
+use pinfer::kernels::kv_attn::{flash_attn_rows_typed, KvOps, TYPED_ROWS};
 use pinfer::kernels::packed::{
     dequantize_packed_row, matmul_ref, pack, packed_bytes, quantize_act_ref, ActBlock, PackedFormat,
     PackedMatrix, BLOCK,
@@ -726,7 +726,7 @@ fn cache_rows(ty: GgmlType, rows: &[f32], dim: usize) -> Vec<u8> {
 fn typed_run(
     ops: &KvOps,
     qs: &[Vec<f32>],
-    keys: std::ops::Range<usize>,
+    keys: &[std::ops::Range<usize>],
     k: &[u8],
     kb: usize,
     v: &[u8],
@@ -735,8 +735,8 @@ fn typed_run(
     scale: f32,
 ) -> Vec<Vec<f32>> {
     let mut outs: Vec<Vec<f32>> = qs.iter().map(|_| vec![f32::NAN; dim]).collect();
-    let mut qconv = vec![0u8; FLASH_ROWS * 4 * dim];
-    let (mut acc, mut vrow) = (vec![0f32; FLASH_ROWS * dim], vec![0f32; dim]);
+    let mut qconv = vec![0u8; qs.len() * 4 * dim];
+    let (mut acc, mut vrow) = (vec![0f32; qs.len() * dim], vec![0f32; dim]);
     let q_refs: Vec<&[f32]> = qs.iter().map(|q| &q[..]).collect();
     let mut out_refs: Vec<&mut [f32]> = outs.iter_mut().map(|o| &mut o[..]).collect();
     flash_attn_rows_typed(
@@ -779,8 +779,9 @@ fn kv_cache_attention_is_bit_identical_to_reference_ops() {
                         let keys = n_keys / 4..n_keys;
                         let reference = KvOps::reference(kt, vt).unwrap();
                         let simd = KvOps::new(path, kt, vt).unwrap();
-                        let want = typed_run(&reference, &qs, keys.clone(), &k, kb, &v, vb, dim, scale);
-                        let got = typed_run(&simd, &qs, keys.clone(), &k, kb, &v, vb, dim, scale);
+                        let keys = vec![keys; n_rows];
+                        let want = typed_run(&reference, &qs, &keys, &k, kb, &v, vb, dim, scale);
+                        let got = typed_run(&simd, &qs, &keys, &k, kb, &v, vb, dim, scale);
                         for (r, (g, w)) in got.iter().zip(&want).enumerate() {
                             for i in 0..dim {
                                 assert!(
@@ -795,6 +796,53 @@ fn kv_cache_attention_is_bit_identical_to_reference_ops() {
                     }
                 }
             }
+        }
+    }
+}
+
+/// A prompt's tokens in one call (TYPED_ROWS rows, each with its own keys: causal ends, a window's
+/// starts, an empty row, two sequences' disjoint rows) give every row the bits it gets alone, on
+/// every path.
+#[test]
+fn kv_cache_attention_rows_with_their_own_keys_match_single_rows() {
+    let mut rng = Rng(13);
+    let (dim, n_keys) = (64, 300);
+    for path in [KernelPath::Reference].into_iter().chain(simd_paths()) {
+        for (kt, vt) in [
+            (GgmlType::Q8_0, GgmlType::Q8_0),
+            (GgmlType::Q4_0, GgmlType::F16),
+            (GgmlType::F32, GgmlType::Q5_1),
+        ] {
+            let ops = KvOps::new(path, kt, vt).unwrap();
+            let n = TYPED_ROWS;
+            let qs: Vec<Vec<f32>> = (0..n).map(|_| (0..dim).map(|_| 2.0 * rng.f()).collect()).collect();
+            let kf: Vec<f32> = (0..dim * n_keys).map(|_| rng.f()).collect();
+            let vf: Vec<f32> = (0..dim * n_keys).map(|_| 3.0 * rng.f()).collect();
+            let (k, v) = (cache_rows(kt, &kf, dim), cache_rows(vt, &vf, dim));
+            let (kb, vb) = (k.len() / n_keys, v.len() / n_keys);
+            let keys: Vec<std::ops::Range<usize>> = (0..n)
+                .map(|r| match r {
+                    0 => 5..5,
+                    1..=8 => 0..100 + 7 * r,
+                    9..=12 => (30 * r - 250)..(30 * r - 100),
+                    _ => 200..200 + 17 * (r - 12),
+                })
+                .collect();
+            let together = typed_run(&ops, &qs, &keys, &k, kb, &v, vb, dim, 0.125);
+            for r in 0..n {
+                let alone = typed_run(&ops, &qs[r..r + 1], &keys[r..r + 1], &k, kb, &v, vb, dim, 0.125);
+                for i in 0..dim {
+                    assert!(
+                        same_bits(together[r][i], alone[0][i]),
+                        "{} K {kt} V {vt} row {r} ({:?}) [{i}]: {} together, {} alone",
+                        path.name(),
+                        keys[r],
+                        together[r][i],
+                        alone[0][i]
+                    );
+                }
+            }
+            assert!(together[0].iter().all(|&x| x == 0.0), "no keys: zeros");
         }
     }
 }
@@ -822,8 +870,17 @@ fn kv_cache_attention_is_attention() {
             let (kx, vx) = (widen(kt, &k), widen(vt, &v));
             let vmax = vx.iter().fold(0f32, |m, x| m.max(x.abs()));
             let scale = 1.0 / (dim as f32).sqrt();
-            let got =
-                typed_run(&KvOps::reference(kt, vt).unwrap(), &qs, 0..n_keys, &k, kb, &v, vb, dim, scale);
+            let got = typed_run(
+                &KvOps::reference(kt, vt).unwrap(),
+                &qs,
+                &vec![0..n_keys; 3],
+                &k,
+                kb,
+                &v,
+                vb,
+                dim,
+                scale,
+            );
             for (q, g) in qs.iter().zip(&got) {
                 let s: Vec<f64> = (0..n_keys)
                     .map(|j| {

@@ -1016,16 +1016,13 @@ impl<'a, const N: usize> Bound<'a, N> {
             let mut q16 = [F16Le::from_f32(0.0); kernels::FLASH_ROWS * 1024];
             let mut acc16 = [F16Le::from_f32(0.0); kernels::FLASH_ROWS * 1024];
             // A cache of other types than f16 keys and values takes the typed kernel.
-            let typed = match (tk.ty, tv.ty) {
-                (GgmlType::F16, GgmlType::F16) => None,
-                (kt, vt) => match KvOps::new(path, kt, vt) {
-                    Some(ops) => Some(ops),
-                    None => {
-                        self.fail(id, BAD_INDEX);
-                        return;
-                    }
-                },
-            };
+            if (tk.ty, tv.ty) != (GgmlType::F16, GgmlType::F16) {
+                match KvOps::new(path, tk.ty, tv.ty) {
+                    Some(ops) => self.flash_attn_tiles(id, t, ne, step, &ops, ith, nth),
+                    None => self.fail(id, BAD_INDEX),
+                }
+                return;
+            }
             // Work units are (token, KV head, run of its query heads): the heads of one KV
             // head share their keys and values, up to FLASH_ROWS per kernel call; single
             // heads when that leaves too few units to share between the threads.
@@ -1062,22 +1059,6 @@ impl<'a, const N: usize> Bound<'a, N> {
                 let kp = self.ptrs[k.index()].wrapping_add(tk.row_offset(0, kv_head, 0)) as *const u8;
                 let vp = self.ptrs[v.index()].wrapping_add(tv.row_offset(0, kv_head, 0)) as *const u8;
                 let (ks, vs) = (tk.nb[1], tv.nb[1]);
-                if let Some(ops) = &typed {
-                    let (kb, vb) = (
-                        tk.ty.bytes_for(hd as u64).unwrap_or(0) as usize,
-                        tv.ty.bytes_for(hd_v as u64).unwrap_or(0) as usize,
-                    );
-                    flash_attn_typed(
-                        ops,
-                        &qs[..n],
-                        start..end,
-                        |j| core::slice::from_raw_parts(kp.wrapping_add(j * ks), kb),
-                        |j| core::slice::from_raw_parts(vp.wrapping_add(j * vs), vb),
-                        scale,
-                        &mut outs[..n],
-                    );
-                    continue;
-                }
                 kernels::flash_attn_rows(
                     path,
                     &qs[..n],
@@ -1090,6 +1071,107 @@ impl<'a, const N: usize> Bound<'a, N> {
                     &mut outs[..n],
                 );
             }
+        }
+    }
+
+    /// The keys token `tok` of an attention node sees (its sequence's rows up to its position,
+    /// within the window); `None` for a bad place (the node fails).
+    fn visible(&self, t: &Tensor, tok: usize, n_kv: usize, step: Step) -> Option<Range<usize>> {
+        let (causal, window) = (t.params.i[0] != 0, t.params.i[1] as usize);
+        match self.place(t.src[3], tok) {
+            Some(Some((first, pos))) if first + pos < n_kv => {
+                let (start, end) = visible_keys(causal, window, pos, pos + 1);
+                Some(first + start..first + end)
+            }
+            Some(_) => None,
+            None => {
+                let (start, end) = visible_keys(causal, window, step.n_past + tok, n_kv);
+                Some(start..end)
+            }
+        }
+    }
+
+    /// Attention over a cache of other types than f16 (the typed kernel), in work units of
+    /// (tokens, KV head, run of its query heads): a prompt's tokens go in tiles, each row with
+    /// its own keys, so every key and value row is read once per tile instead of once per token.
+    #[allow(clippy::too_many_arguments)]
+    fn flash_attn_tiles(
+        &self,
+        id: TensorId,
+        t: &Tensor,
+        ne: [usize; 4],
+        step: Step,
+        ops: &KvOps,
+        ith: usize,
+        nth: usize,
+    ) {
+        use kernels::kv_attn::TYPED_ROWS;
+        let src = |i: usize| t.src[i].map(|s| (s, self.graph.tensor(s)));
+        let (Some((q, tq)), Some((k, tk)), Some((v, tv))) = (src(0), src(1), src(2)) else { return };
+        let (hd, hd_v, scale) = (tq.ne[0], tv.ne[0], t.params.f[0]);
+        let n_kv = tk.ne_for(step.n_kv)[1];
+        let group = (tq.ne[2] / tk.ne[2]).max(1);
+        let n_kv_heads = ne[1] / group;
+        let Some(qb) = ops.query_bytes(hd) else {
+            self.fail(id, BAD_INDEX);
+            return;
+        };
+        // Rows per call: what the scratch of `flash_attn_typed` holds.
+        let most = TYPED_ROWS.min(TYPED_ACC / hd_v.max(1)).min(TYPED_QCONV / qb.max(1)).max(1);
+        let mut run = group.min(most);
+        let mut tile = (most / run).max(1);
+        // Enough units for every thread: smaller tiles, then single heads (decode).
+        while tile > 1 && ne[2].div_ceil(tile) * n_kv_heads * group.div_ceil(run) < 2 * nth {
+            tile /= 2;
+        }
+        if ne[2] * n_kv_heads * group.div_ceil(run) < 2 * nth {
+            run = 1;
+        }
+        let (runs, tiles) = (group.div_ceil(run), ne[2].div_ceil(tile));
+        let (kb, vb) = (
+            tk.ty.bytes_for(hd as u64).unwrap_or(0) as usize,
+            tv.ty.bytes_for(hd_v as u64).unwrap_or(0) as usize,
+        );
+        let (ks, vs) = (tk.nb[1], tv.nb[1]);
+        for u in share(tiles * n_kv_heads * runs, ith, nth) {
+            let (tl, kv_head, c) = (u / (n_kv_heads * runs), u / runs % n_kv_heads, u % runs);
+            let first = kv_head * group + c * run;
+            let heads = first..(first + run).min((kv_head + 1) * group);
+            let tokens = tl * tile..((tl + 1) * tile).min(ne[2]);
+            let mut qs: [&[f32]; TYPED_ROWS] = [&[]; TYPED_ROWS];
+            let mut outs: [&mut [f32]; TYPED_ROWS] = Default::default();
+            let mut keys: [Range<usize>; TYPED_ROWS] = Default::default();
+            let mut n = 0;
+            for tok in tokens {
+                let Some(range) = self.visible(t, tok, n_kv, step) else {
+                    self.fail(id, BAD_INDEX);
+                    return;
+                };
+                for head in heads.clone() {
+                    // SAFETY: shapes and strides were checked by the graph builder, spans by
+                    // `new`; this unit's (token, head) rows belong to this thread.
+                    unsafe {
+                        qs[n] = self.read(q, tq.row_offset(tok, head, 0), hd);
+                        outs[n] = self.write(id, t.row_offset(head, tok, 0), hd_v);
+                    }
+                    keys[n] = range.clone();
+                    n += 1;
+                }
+            }
+            // Row j of this KV head's keys (values) is at base + j stride.
+            let kp = self.ptrs[k.index()].wrapping_add(tk.row_offset(0, kv_head, 0)) as *const u8;
+            let vp = self.ptrs[v.index()].wrapping_add(tv.row_offset(0, kv_head, 0)) as *const u8;
+            flash_attn_typed(
+                ops,
+                &qs[..n],
+                &keys[..n],
+                // SAFETY: rows j < n_kv of the cache views, inside their checked spans.
+                |j| unsafe { core::slice::from_raw_parts(kp.wrapping_add(j * ks), kb) },
+                // SAFETY: as above.
+                |j| unsafe { core::slice::from_raw_parts(vp.wrapping_add(j * vs), vb) },
+                scale,
+                &mut outs[..n],
+            );
         }
     }
 
@@ -1434,21 +1516,25 @@ fn root_of<const N: usize>(g: &Graph<N>, mut id: TensorId) -> (TensorId, usize) 
 }
 
 /// Keys a query at position `pos` sees: `[start, end)` of `n_kv`.
+/// Bytes of converted queries and floats of accumulators the typed kernel's scratch holds (rows
+/// per call: as many as fit, up to `TYPED_ROWS`; at least one head of up to 1024 dimensions).
+const TYPED_QCONV: usize = 16384;
+const TYPED_ACC: usize = 4096;
+
 /// [`kernels::kv_attn::flash_attn_rows_typed`] with its scratch on this frame: a call of its
 /// own so the f16 path's frame stays small.
 #[inline(never)]
 fn flash_attn_typed<'k>(
     ops: &KvOps,
     qs: &[&[f32]],
-    keys: Range<usize>,
+    keys: &[Range<usize>],
     key: impl Fn(usize) -> &'k [u8],
     value: impl Fn(usize) -> &'k [u8],
     scale: f32,
     outs: &mut [&mut [f32]],
 ) {
-    // Converted queries of up to 1024 dimensions (f32 keys: 4 bytes each), accumulators, one value.
-    let mut qconv = [0u8; kernels::FLASH_ROWS * 4096];
-    let mut acc = [0f32; kernels::FLASH_ROWS * 1024];
+    let mut qconv = [0u8; TYPED_QCONV];
+    let mut acc = [0f32; TYPED_ACC];
     let mut vrow = [0f32; 1024];
     kernels::kv_attn::flash_attn_rows_typed(
         ops, qs, &mut qconv, keys, key, value, scale, &mut acc, &mut vrow, outs,

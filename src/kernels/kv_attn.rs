@@ -168,20 +168,25 @@ mod x86_ops {
 /// Keys scored (and their softmax weights computed) together by [`attend`].
 pub const KEY_CHUNK: usize = 16;
 
-/// Up to [`super::FLASH_ROWS`] query rows `qs` of flash attention over the same keys: for each
-/// key `j` in `keys`, `s = dot(key(j), q) * scale`, then the online softmax of ggml (a new maximum
-/// rescales the accumulator by `exp(old - new)` and adds the value with weight 1, else the value
-/// is added with weight `exp(s - max)`), and `outs[r] = acc / sum`. Scratch: `qconv` holds the
-/// converted queries ([`KvOps::query_bytes`] each), `acc` `outs.len() * dv` accumulators and `vrow`
-/// `dv` widened values (`dv = outs[r].len()`). An empty range gives zeros. Rows whose sizes do not
-/// fit the scratch are left untouched (the executor sizes it). Every path gives the reference
-/// operations' bits.
+/// Most query rows one [`flash_attn_rows_typed`] call takes: the query heads of one KV head for
+/// several tokens of a prompt, so each key and value row is read once for all of them.
+pub const TYPED_ROWS: usize = 16;
+
+/// Up to [`TYPED_ROWS`] query rows `qs` of flash attention over keys of the same cache, row `r`
+/// over keys `keys[r]` (the tokens of a prompt see different keys): for each of its keys `j`,
+/// `s = dot(key(j), q) * scale`, then the online softmax of ggml (a new maximum rescales the
+/// accumulator by `exp(old - new)` and adds the value with weight 1, else the value is added with
+/// weight `exp(s - max)`), and `outs[r] = acc / sum`. Each row's result is the one it gets alone.
+/// Scratch: `qconv` holds the converted queries ([`KvOps::query_bytes`] each), `acc`
+/// `outs.len() * dv` accumulators and `vrow` `dv` widened values (`dv = outs[r].len()`). An empty
+/// range gives zeros. Rows whose sizes do not fit the scratch are left untouched (the executor
+/// sizes it). Every path gives the reference operations' bits.
 #[allow(clippy::too_many_arguments)]
 pub fn flash_attn_rows_typed<'k>(
     ops: &KvOps,
     qs: &[&[f32]],
     qconv: &mut [u8],
-    keys: Range<usize>,
+    keys: &[Range<usize>],
     key: impl Fn(usize) -> &'k [u8],
     value: impl Fn(usize) -> &'k [u8],
     scale: f32,
@@ -189,7 +194,7 @@ pub fn flash_attn_rows_typed<'k>(
     vrow: &mut [f32],
     outs: &mut [&mut [f32]],
 ) {
-    let n = qs.len().min(outs.len()).min(super::FLASH_ROWS);
+    let n = qs.len().min(outs.len()).min(keys.len()).min(TYPED_ROWS);
     let (Some(&q0), Some(dv)) = (qs.first(), outs.first().map(|o| o.len())) else { return };
     let Some(qb) = ops.query_bytes(q0.len()) else { return };
     if qconv.len() < n * qb || acc.len() < n * dv || vrow.len() < dv {
@@ -198,21 +203,20 @@ pub fn flash_attn_rows_typed<'k>(
     for (r, q) in qs[..n].iter().enumerate() {
         (ops.q_convert)(q, &mut qconv[r * qb..(r + 1) * qb]);
     }
-    let a = Attend { n, qb, dv, qconv: &qconv[..n * qb], scale };
+    let a = Attend { n, qb, dv, qconv: &qconv[..n * qb], scale, keys: &keys[..n] };
     let (acc, vrow) = (&mut acc[..n * dv], &mut vrow[..dv]);
     let sums = match ops.simd {
         #[cfg(target_arch = "x86_64")]
         Some(Simd::Avx2) => {
             // SAFETY: `KvOps::new` chose Avx2 after checking that the CPU has AVX2, FMA and F16C.
-            unsafe { super::x86::kv_attend_avx2(ops, &a, keys, key, value, acc, vrow) }
+            unsafe { super::x86::kv_attend_avx2(ops, &a, key, value, acc, vrow) }
         }
         #[cfg(target_arch = "aarch64")]
-        Some(Simd::Neon) => super::neon::kv_attend(ops, &a, keys, key, value, acc, vrow),
+        Some(Simd::Neon) => super::neon::kv_attend(ops, &a, key, value, acc, vrow),
         _ => {
             let (dot, widen) = (ops.dot, ops.widen);
             attend(
                 &a,
-                keys,
                 key,
                 value,
                 acc,
@@ -246,20 +250,21 @@ pub struct Attend<'a> {
     pub qconv: &'a [u8],
     /// The scores' scale.
     pub scale: f32,
+    /// Each row's keys.
+    pub keys: &'a [Range<usize>],
 }
 
 /// The loop every path runs, its row operations given (inlined into each path's kernel, so a
-/// SIMD path compiles it with its target features): keys in chunks of [`KEY_CHUNK`]; each chunk's
-/// scores for every row, then per row the running maximum key by key and one vector of
-/// exponentials (`exp(old - new)` where a key raises the maximum, `exp(s - max)` elsewhere), then
-/// per key the value widened once and every row's rescale and update. The same operations in the
-/// same order as a key-by-key loop. Returns each row's softmax sum; `acc` holds the rows' sums
-/// of weighted values.
+/// SIMD path compiles it with its target features): the keys of every row in chunks of
+/// [`KEY_CHUNK`]; each chunk's scores for the rows that see them, then per row the running maximum
+/// key by key and one vector of exponentials (`exp(old - new)` where a key raises the maximum,
+/// `exp(s - max)` elsewhere), then per key the value widened once and each of those rows rescaled
+/// and updated. Each row gets the operations of a key-by-key loop over its own keys, in order.
+/// Returns each row's softmax sum; `acc` holds the rows' sums of weighted values.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub fn attend<'k>(
     a: &Attend<'_>,
-    keys: Range<usize>,
     key: impl Fn(usize) -> &'k [u8],
     value: impl Fn(usize) -> &'k [u8],
     acc: &mut [f32],
@@ -268,26 +273,43 @@ pub fn attend<'k>(
     exps: impl Fn(&mut [f32; KEY_CHUNK]),
     widen: impl Fn(&[u8], &mut [f32]),
     axpy: impl Fn(&mut [f32], &[f32], f32),
-) -> [f32; super::FLASH_ROWS] {
-    const R: usize = super::FLASH_ROWS;
-    let (n, dv) = (a.n.min(R), a.dv);
+) -> [f32; TYPED_ROWS] {
+    const R: usize = TYPED_ROWS;
+    let (n, dv) = (a.n.min(R).min(a.keys.len()), a.dv);
+    let rows = &a.keys[..n];
     acc.fill(0.0);
     let mut max = [f32::NEG_INFINITY; R];
     let mut sum = [0f32; R];
-    let mut start = keys.start;
-    while start < keys.end {
-        let len = (keys.end - start).min(KEY_CHUNK);
+    let first = rows.iter().filter(|k| !k.is_empty()).map(|k| k.start).min().unwrap_or(0);
+    let last = rows.iter().map(|k| k.end).max().unwrap_or(0);
+    let mut start = first;
+    while start < last {
+        let len = (last - start).min(KEY_CHUNK);
+        // Which keys of the chunk each row sees (a run: its keys are a range).
+        let mut span = [(0usize, 0usize); R];
+        for (sp, k) in span.iter_mut().zip(rows) {
+            let lo = k.start.clamp(start, start + len) - start;
+            let hi = k.end.clamp(start, start + len) - start;
+            *sp = (lo, hi.max(lo));
+        }
+        if span[..n].iter().all(|&(lo, hi)| lo == hi) {
+            start += len;
+            continue;
+        }
         // Exponents, and whether each key raises its row's maximum.
         let mut e = [[0f32; KEY_CHUNK]; R];
         let mut raises = [[false; KEY_CHUNK]; R];
         for i in 0..len {
             let k = key(start + i);
             for (r, row) in e[..n].iter_mut().enumerate() {
-                row[i] = dot(k, &a.qconv[r * a.qb..(r + 1) * a.qb]) * a.scale;
+                if (span[r].0..span[r].1).contains(&i) {
+                    row[i] = dot(k, &a.qconv[r * a.qb..(r + 1) * a.qb]) * a.scale;
+                }
             }
         }
         for r in 0..n {
-            for i in 0..len {
+            let (lo, hi) = span[r];
+            for i in lo..hi {
                 let s = e[r][i];
                 if s > max[r] {
                     e[r][i] = max[r] - s;
@@ -297,11 +319,19 @@ pub fn attend<'k>(
                     e[r][i] = s - max[r];
                 }
             }
-            exps(&mut e[r]);
+            if lo < hi {
+                exps(&mut e[r]);
+            }
         }
         for i in 0..len {
+            if !span[..n].iter().any(|&(lo, hi)| (lo..hi).contains(&i)) {
+                continue;
+            }
             widen(value(start + i), vrow);
             for r in 0..n {
+                if !(span[r].0..span[r].1).contains(&i) {
+                    continue;
+                }
                 let row = &mut acc[r * dv..(r + 1) * dv];
                 let (ms, vs) = if raises[r][i] { (e[r][i], 1.0) } else { (1.0, e[r][i]) };
                 if raises[r][i] {

@@ -599,19 +599,17 @@ pub unsafe fn kv_axpy_avx2(acc: &mut [f32], v: &[f32], s: f32) {
 pub unsafe fn kv_attend_avx2<'k>(
     ops: &crate::kernels::kv_attn::KvOps,
     a: &crate::kernels::kv_attn::Attend<'_>,
-    keys: Range<usize>,
     key: impl Fn(usize) -> &'k [u8],
     value: impl Fn(usize) -> &'k [u8],
     acc: &mut [f32],
     vrow: &mut [f32],
-) -> [f32; crate::kernels::FLASH_ROWS] {
+) -> [f32; crate::kernels::kv_attn::TYPED_ROWS] {
     use crate::kernels::kv_attn::{attend, KEY_CHUNK};
     use crate::quant::GgmlType;
     let (k_q8, v_ty, dot, widen) =
         (ops.key_type() == GgmlType::Q8_0, ops.value_type(), ops.dot(), ops.widen());
     attend(
         a,
-        keys,
         key,
         value,
         acc,
