@@ -31,6 +31,22 @@ fn signed_max(x: &[f32]) -> (f32, f32) {
     (max, amax)
 }
 
+/// `(min, max)` of a block as ggml's `_1` quantizers find them (strict comparisons from
+/// `(FLT_MAX, -FLT_MAX)`).
+#[inline]
+fn min_max(x: &[f32]) -> (f32, f32) {
+    let (mut min, mut max) = (f32::MAX, -f32::MAX);
+    for &v in x {
+        if v < min {
+            min = v;
+        }
+        if v > max {
+            max = v;
+        }
+    }
+    (min, max)
+}
+
 #[inline]
 fn inverse(d: f32) -> f32 {
     if d != 0.0 {
@@ -63,15 +79,7 @@ pub fn quantize_row_q4_0_ref(x: &[f32], out: &mut [BlockQ4_0]) {
 pub fn quantize_row_q4_1_ref(x: &[f32], out: &mut [BlockQ4_1]) {
     debug_assert_eq!(x.len(), out.len() * QK);
     for (x, b) in x.chunks_exact(QK).zip(out.iter_mut()) {
-        let (mut min, mut max) = (f32::MAX, -f32::MAX);
-        for &v in x {
-            if v < min {
-                min = v;
-            }
-            if v > max {
-                max = v;
-            }
-        }
+        let (min, max) = min_max(x);
         let d = (max - min) / 15.0;
         let id = inverse(d);
         b.d = F16Le::from_f32(d);
@@ -117,15 +125,7 @@ pub fn quantize_row_q5_0_ref(x: &[f32], out: &mut [BlockQ5_0]) {
 pub fn quantize_row_q5_1_ref(x: &[f32], out: &mut [BlockQ5_1]) {
     debug_assert_eq!(x.len(), out.len() * QK);
     for (x, b) in x.chunks_exact(QK).zip(out.iter_mut()) {
-        let (mut min, mut max) = (f32::MAX, -f32::MAX);
-        for &v in x {
-            if v < min {
-                min = v;
-            }
-            if v > max {
-                max = v;
-            }
-        }
+        let (min, max) = min_max(x);
         let d = (max - min) / 31.0;
         let id = inverse(d);
         b.d = F16Le::from_f32(d);
