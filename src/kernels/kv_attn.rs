@@ -41,6 +41,8 @@ enum Simd {
     Avx2,
     #[cfg(target_arch = "aarch64")]
     Neon,
+    #[cfg(target_arch = "aarch64")]
+    NeonDotprod,
 }
 
 /// The reference `acc += v * s`.
@@ -86,7 +88,8 @@ impl KvOps {
                     _ => {}
                 }
                 ops.axpy = super::neon::kv_axpy;
-                ops.simd = Some(Simd::Neon);
+                let dotprod = path != KernelPath::Neon && super::has_dotprod();
+                ops.simd = Some(if dotprod { Simd::NeonDotprod } else { Simd::Neon });
             }
             #[cfg(target_arch = "x86_64")]
             KernelPath::Avx2 | KernelPath::Avx2Vnni if super::has_avx2() => {
@@ -213,6 +216,11 @@ pub fn flash_attn_rows_typed<'k>(
         }
         #[cfg(target_arch = "aarch64")]
         Some(Simd::Neon) => super::neon::kv_attend(ops, &a, key, value, acc, vrow),
+        #[cfg(target_arch = "aarch64")]
+        Some(Simd::NeonDotprod) => {
+            // SAFETY: `KvOps::new` chose NeonDotprod after checking that the CPU has FEAT_DotProd.
+            unsafe { super::neon::kv_attend_dotprod(ops, &a, key, value, acc, vrow) }
+        }
         _ => {
             let (dot, widen) = (ops.dot, ops.widen);
             attend(

@@ -1259,6 +1259,73 @@ pub fn kv_attend<'k>(
     acc: &mut [f32],
     vrow: &mut [f32],
 ) -> [f32; crate::kernels::kv_attn::TYPED_ROWS] {
+    kv_attend_with(ops, a, key, value, acc, vrow, kv_dot_q8_0)
+}
+
+/// [`kv_attend`] with the q8_0 key dots in `sdot` (the same integer sums, so the same bits).
+///
+/// # Safety
+/// The CPU must have FEAT_DotProd.
+#[target_feature(enable = "dotprod")]
+pub unsafe fn kv_attend_dotprod<'k>(
+    ops: &crate::kernels::kv_attn::KvOps,
+    a: &crate::kernels::kv_attn::Attend<'_>,
+    key: impl Fn(usize) -> &'k [u8],
+    value: impl Fn(usize) -> &'k [u8],
+    acc: &mut [f32],
+    vrow: &mut [f32],
+) -> [f32; crate::kernels::kv_attn::TYPED_ROWS] {
+    // SAFETY: this function runs with FEAT_DotProd.
+    kv_attend_with(ops, a, key, value, acc, vrow, |k, q| unsafe { kv_dot_q8_0_sdot(k, q) })
+}
+
+/// q8_0 key row times q8_0 query row with `sdot`: [`kv_dot_q8_0`]'s result.
+///
+/// # Safety
+/// The CPU must have FEAT_DotProd.
+#[target_feature(enable = "dotprod")]
+#[inline]
+unsafe fn kv_dot_q8_0_sdot(k: &[u8], q: &[u8]) -> f32 {
+    const B: usize = 34;
+    if k.len() != q.len() || k.len() % B != 0 {
+        return 0.0;
+    }
+    let mut sumf = 0.0f32;
+    for (x, y) in k.chunks_exact(B).zip(q.chunks_exact(B)) {
+        let (x0, x1) = (ld_s8x16(&x[2..]), ld_s8x16(&x[18..]));
+        let (y0, y1) = (ld_s8x16(&y[2..]), ld_s8x16(&y[18..]));
+        let mut s = vdupq_n_s32(0);
+        // SAFETY: register-only dot products (FEAT_DotProd, which the caller guarantees).
+        unsafe {
+            asm!(
+                "sdot {s:v}.4s, {x0:v}.16b, {y0:v}.16b",
+                "sdot {s:v}.4s, {x1:v}.16b, {y1:v}.16b",
+                s = inout(vreg) s,
+                x0 = in(vreg) x0,
+                y0 = in(vreg) y0,
+                x1 = in(vreg) x1,
+                y1 = in(vreg) y1,
+                options(pure, nomem, nostack, preserves_flags)
+            );
+        }
+        let sumi = vaddvq_s32(s);
+        let d = |b: &[u8]| crate::kernels::dot::f16(F16Le([b[0], b[1]]));
+        sumf += sumi as f32 * (d(x) * d(y));
+    }
+    sumf
+}
+
+/// The body of [`kv_attend`] and [`kv_attend_dotprod`], the q8_0 key dot given.
+#[inline(always)]
+fn kv_attend_with<'k>(
+    ops: &crate::kernels::kv_attn::KvOps,
+    a: &crate::kernels::kv_attn::Attend<'_>,
+    key: impl Fn(usize) -> &'k [u8],
+    value: impl Fn(usize) -> &'k [u8],
+    acc: &mut [f32],
+    vrow: &mut [f32],
+    dot_q8: impl Fn(&[u8], &[u8]) -> f32,
+) -> [f32; crate::kernels::kv_attn::TYPED_ROWS] {
     use crate::kernels::kv_attn::{attend, KEY_CHUNK};
     use crate::quant::GgmlType;
     let (k_q8, v_ty, dot, widen) =
@@ -1269,11 +1336,17 @@ pub fn kv_attend<'k>(
         value,
         acc,
         vrow,
-        |k, q| if k_q8 { kv_dot_q8_0(k, q) } else { dot(k, q) },
+        |k, q| if k_q8 { dot_q8(k, q) } else { dot(k, q) },
         |x: &mut [f32; KEY_CHUNK]| {
             for c in x.chunks_exact_mut(4) {
                 // SAFETY: NEON is part of the aarch64 baseline.
                 let (y, exact) = unsafe { expf4(ld_f32x4(c)) };
+                // SAFETY: as above.
+                if unsafe { vminvq_u32(exact) } != 0 {
+                    // SAFETY: as above.
+                    unsafe { st_f32x4(c, y) };
+                    continue;
+                }
                 let mut lanes = [0f32; 4];
                 let mut ok = [0u32; 4];
                 // SAFETY: as above; 4 lanes each.
