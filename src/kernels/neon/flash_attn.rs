@@ -1163,24 +1163,16 @@ pub fn kv_dot_q8_0(k: &[u8], q: &[u8]) -> f32 {
 
 #[target_feature(enable = "neon")]
 fn kv_dot_q8_0_neon(k: &[u8], q: &[u8]) -> f32 {
-    const B: usize = 34;
-    if k.len() != q.len() || k.len() % B != 0 {
-        return 0.0;
-    }
-    let mut sumf = 0.0f32;
-    for (x, y) in k.chunks_exact(B).zip(q.chunks_exact(B)) {
-        let (x0, x1) = (ld_s8x16(&x[2..]), ld_s8x16(&x[18..]));
-        let (y0, y1) = (ld_s8x16(&y[2..]), ld_s8x16(&y[18..]));
+    crate::kernels::kv_attn::q8_0_dot_by(k, q, |x, y| {
+        let (x0, x1) = (ld_s8x16(x), ld_s8x16(&x[16..]));
+        let (y0, y1) = (ld_s8x16(y), ld_s8x16(&y[16..]));
         // i8 x i8 products fit i16; pairs of them summed into i32 lanes.
         let mut s = vpaddlq_s16(vmull_s8(vget_low_s8(x0), vget_low_s8(y0)));
         s = vpadalq_s16(s, vmull_high_s8(x0, y0));
         s = vpadalq_s16(s, vmull_s8(vget_low_s8(x1), vget_low_s8(y1)));
         s = vpadalq_s16(s, vmull_high_s8(x1, y1));
-        let sumi = vaddvq_s32(s);
-        let d = |b: &[u8]| crate::kernels::dot::f16(F16Le([b[0], b[1]]));
-        sumf += sumi as f32 * (d(x) * d(y));
-    }
-    sumf
+        vaddvq_s32(s)
+    })
 }
 
 /// q8_0 row to f32 (`q * d` per element, as `dequantize_q8_0_ref`); `false` if `out` is not the
@@ -1286,14 +1278,9 @@ pub unsafe fn kv_attend_dotprod<'k>(
 #[target_feature(enable = "dotprod")]
 #[inline]
 unsafe fn kv_dot_q8_0_sdot(k: &[u8], q: &[u8]) -> f32 {
-    const B: usize = 34;
-    if k.len() != q.len() || k.len() % B != 0 {
-        return 0.0;
-    }
-    let mut sumf = 0.0f32;
-    for (x, y) in k.chunks_exact(B).zip(q.chunks_exact(B)) {
-        let (x0, x1) = (ld_s8x16(&x[2..]), ld_s8x16(&x[18..]));
-        let (y0, y1) = (ld_s8x16(&y[2..]), ld_s8x16(&y[18..]));
+    crate::kernels::kv_attn::q8_0_dot_by(k, q, |x, y| {
+        let (x0, x1) = (ld_s8x16(x), ld_s8x16(&x[16..]));
+        let (y0, y1) = (ld_s8x16(y), ld_s8x16(&y[16..]));
         let mut s = vdupq_n_s32(0);
         // SAFETY: register-only dot products (FEAT_DotProd, which the caller guarantees).
         unsafe {
@@ -1308,11 +1295,8 @@ unsafe fn kv_dot_q8_0_sdot(k: &[u8], q: &[u8]) -> f32 {
                 options(pure, nomem, nostack, preserves_flags)
             );
         }
-        let sumi = vaddvq_s32(s);
-        let d = |b: &[u8]| crate::kernels::dot::f16(F16Le([b[0], b[1]]));
-        sumf += sumi as f32 * (d(x) * d(y));
-    }
-    sumf
+        vaddvq_s32(s)
+    })
 }
 
 /// The body of [`kv_attend`] and [`kv_attend_dotprod`], the q8_0 key dot given.

@@ -489,17 +489,11 @@ fn rows_pass<'k>(
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 pub unsafe fn kv_dot_q8_0_avx2(k: &[u8], q: &[u8]) -> f32 {
-    const B: usize = 34;
-    if k.len() != q.len() || k.len() % B != 0 {
-        return 0.0;
-    }
     let ones = _mm256_set1_epi16(1);
-    let mut sumf = 0.0f32;
-    for (x, y) in k.chunks_exact(B).zip(q.chunks_exact(B)) {
-        // SAFETY: each block holds 2 scale bytes then 32 quants; unaligned loads.
-        let (xq, yq) = unsafe {
-            (_mm256_loadu_si256(x.as_ptr().add(2).cast()), _mm256_loadu_si256(y.as_ptr().add(2).cast()))
-        };
+    crate::kernels::kv_attn::q8_0_dot_by(k, q, |xq, yq| {
+        // SAFETY: 32 quant bytes of each block; unaligned loads.
+        let (xq, yq) =
+            unsafe { (_mm256_loadu_si256(xq.as_ptr().cast()), _mm256_loadu_si256(yq.as_ptr().cast())) };
         // |x| * (y with x's sign): u8 x i8 pairs summed to i16 (at most 2 * 128 * 127, no
         // saturation), then to i32.
         let p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(xq, xq), _mm256_sign_epi8(yq, xq));
@@ -507,11 +501,8 @@ pub unsafe fn kv_dot_q8_0_avx2(k: &[u8], q: &[u8]) -> f32 {
         let s4 = _mm_add_epi32(_mm256_castsi256_si128(p32), _mm256_extracti128_si256::<1>(p32));
         let s2 = _mm_add_epi32(s4, _mm_unpackhi_epi64(s4, s4));
         let s1 = _mm_add_epi32(s2, _mm_shuffle_epi32::<0b01>(s2));
-        let sumi = _mm_cvtsi128_si32(s1);
-        let d = |b: &[u8]| crate::kernels::dot::f16(F16Le([b[0], b[1]]));
-        sumf += sumi as f32 * (d(x) * d(y));
-    }
-    sumf
+        _mm_cvtsi128_si32(s1)
+    })
 }
 
 /// q8_0 row to f32 (`q * d` per element, as `dequantize_q8_0_ref`); `false` if `out` is not
