@@ -6,9 +6,10 @@
 //! cache is made. (An f16 K and V cache takes the f16 kernels of `flash_attn_rows`, whose
 //! accumulator is f16 as ggml's.)
 //!
-//! One loop serves every path; the row operations ([`KvOps`]) are the reference ones or SIMD ones
-//! that give the same bits (integer block sums, the same f32 products, fused multiply-adds), so
-//! the SIMD paths are tested bit for bit against [`KvOps::reference`].
+//! One loop ([`attend`]) serves every path: the reference runs it with the types' reference
+//! operations, the AVX2 and NEON kernels inline it with SIMD operations that give the same bits
+//! (integer block sums, the same f32 products, fused multiply-adds) where they have them, so the
+//! SIMD paths are tested bit for bit against [`KvOps::reference`].
 
 use core::ops::Range;
 
@@ -16,10 +17,8 @@ use super::KernelPath;
 use crate::quant::traits::{DequantizeFn, QuantizeFn, VecDotFn};
 use crate::quant::GgmlType;
 
-/// `acc += v * s` per element, one rounding (`fma`).
-pub type AxpyFn = fn(&mut [f32], &[f32], f32);
-
-/// The row operations of attention over one (K type, V type) pair on one kernel path.
+/// The row operations of attention over one (K type, V type) pair, and the kernel that runs them
+/// on one path.
 #[derive(Clone, Copy)]
 pub struct KvOps {
     /// The keys' dot partner type (the converted query's type).
@@ -27,8 +26,8 @@ pub struct KvOps {
     q_convert: QuantizeFn,
     dot: VecDotFn,
     widen: DequantizeFn,
-    axpy: AxpyFn,
-    /// The SIMD kernel that runs [`attend`] (with these operations where it has none of its own).
+    /// The SIMD kernel that runs [`attend`] (with these reference operations where it has none
+    /// of its own); `None`: the reference loop.
     simd: Option<Simd>,
     k: GgmlType,
     v: GgmlType,
@@ -65,46 +64,25 @@ impl KvOps {
             q_convert: q_type.traits().from_float?,
             dot,
             widen: v.traits().dequantize?,
-            axpy: axpy_ref,
             simd: None,
             k,
             v,
         })
     }
 
-    /// The operations `path` runs: [`KvOps::reference`]'s with the SIMD ones this CPU has
-    /// swapped in (q8_0 key dots; q8_0, f16 value widening; the update).
+    /// The operations `path` runs: [`KvOps::reference`]'s, run by the path's SIMD kernel where
+    /// this CPU has one (which does q8_0 key dots, q8_0 and f16 value widening, the update and the
+    /// exponentials its own way).
     pub fn new(path: KernelPath, k: GgmlType, v: GgmlType) -> Option<Self> {
         let mut ops = Self::reference(k, v)?;
         match path {
             #[cfg(target_arch = "aarch64")]
             KernelPath::Neon | KernelPath::NeonDotprod | KernelPath::NeonFp16 => {
-                if k == GgmlType::Q8_0 {
-                    ops.dot = super::neon::kv_dot_q8_0;
-                }
-                match v {
-                    GgmlType::Q8_0 => ops.widen = super::neon::kv_widen_q8_0,
-                    GgmlType::F16 => ops.widen = super::neon::kv_widen_f16,
-                    _ => {}
-                }
-                ops.axpy = super::neon::kv_axpy;
                 let dotprod = path != KernelPath::Neon && super::has_dotprod();
                 ops.simd = Some(if dotprod { Simd::NeonDotprod } else { Simd::Neon });
             }
             #[cfg(target_arch = "x86_64")]
-            KernelPath::Avx2 | KernelPath::Avx2Vnni if super::has_avx2() => {
-                // The wrappers below are only stored here, where the features were checked.
-                if k == GgmlType::Q8_0 {
-                    ops.dot = x86_ops::dot_q8_0;
-                }
-                match v {
-                    GgmlType::Q8_0 => ops.widen = x86_ops::widen_q8_0,
-                    GgmlType::F16 => ops.widen = x86_ops::widen_f16,
-                    _ => {}
-                }
-                ops.axpy = x86_ops::axpy;
-                ops.simd = Some(Simd::Avx2);
-            }
+            KernelPath::Avx2 | KernelPath::Avx2Vnni if super::has_avx2() => ops.simd = Some(Simd::Avx2),
             _ => {}
         }
         Some(ops)
@@ -120,12 +98,12 @@ impl KvOps {
         self.v
     }
 
-    /// The key dot product (the SIMD one where the path has it).
+    /// The keys' reference dot product.
     pub fn dot(&self) -> VecDotFn {
         self.dot
     }
 
-    /// The value widening (the SIMD one where the path has it).
+    /// The values' reference widening.
     pub fn widen(&self) -> DequantizeFn {
         self.widen
     }
@@ -155,34 +133,6 @@ pub fn q8_0_dot_by(k: &[u8], q: &[u8], sumi: impl Fn(&[u8], &[u8]) -> i32) -> f3
         sumf += sumi(&x[2..], &y[2..]) as f32 * (d(x) * d(y));
     }
     sumf
-}
-
-/// The x86 operations as plain function pointers. Only [`KvOps::new`] stores them, after
-/// checking that the CPU has AVX2, FMA and F16C; `KvOps`'s fields are private, so nothing else
-/// can call them.
-#[cfg(target_arch = "x86_64")]
-mod x86_ops {
-    use crate::kernels::x86;
-
-    pub fn dot_q8_0(k: &[u8], q: &[u8]) -> f32 {
-        // SAFETY: stored by `KvOps::new` only when the CPU has AVX2 and FMA (see the module).
-        unsafe { x86::kv_dot_q8_0_avx2(k, q) }
-    }
-
-    pub fn widen_q8_0(src: &[u8], out: &mut [f32]) -> bool {
-        // SAFETY: as `dot_q8_0`.
-        unsafe { x86::kv_widen_q8_0_avx2(src, out) }
-    }
-
-    pub fn widen_f16(src: &[u8], out: &mut [f32]) -> bool {
-        // SAFETY: as `dot_q8_0` (F16C checked with AVX2).
-        unsafe { x86::kv_widen_f16_avx2(src, out) }
-    }
-
-    pub fn axpy(acc: &mut [f32], v: &[f32], s: f32) {
-        // SAFETY: as `dot_q8_0`.
-        unsafe { x86::kv_axpy_avx2(acc, v, s) }
-    }
 }
 
 /// Keys scored (and their softmax weights computed) together by [`attend`].

@@ -1156,7 +1156,7 @@ mod tests {
 /// q8_0 key row `k` times q8_0 query row `q`: `vec_dot_q8_0_q8_0_ref`'s result bit for bit (each
 /// block's integer sum is exact; the f32 steps are the reference's, in its order). 0.0 if the
 /// rows are not the same whole number of blocks.
-pub fn kv_dot_q8_0(k: &[u8], q: &[u8]) -> f32 {
+fn kv_dot_q8_0(k: &[u8], q: &[u8]) -> f32 {
     // SAFETY: NEON is part of the aarch64 baseline.
     unsafe { kv_dot_q8_0_neon(k, q) }
 }
@@ -1177,7 +1177,7 @@ fn kv_dot_q8_0_neon(k: &[u8], q: &[u8]) -> f32 {
 
 /// q8_0 row to f32 (`q * d` per element, as `dequantize_q8_0_ref`); `false` if `out` is not the
 /// row's length.
-pub fn kv_widen_q8_0(src: &[u8], out: &mut [f32]) -> bool {
+fn kv_widen_q8_0(src: &[u8], out: &mut [f32]) -> bool {
     // SAFETY: NEON is part of the aarch64 baseline.
     unsafe { kv_widen_q8_0_neon(src, out) }
 }
@@ -1206,7 +1206,7 @@ fn kv_widen_q8_0_neon(src: &[u8], out: &mut [f32]) -> bool {
 }
 
 /// f16 row to f32 (exact); `false` if `out` is not the row's length.
-pub fn kv_widen_f16(src: &[u8], out: &mut [f32]) -> bool {
+fn kv_widen_f16(src: &[u8], out: &mut [f32]) -> bool {
     if out.len() * 2 != src.len() {
         return false;
     }
@@ -1222,7 +1222,7 @@ pub fn kv_widen_f16(src: &[u8], out: &mut [f32]) -> bool {
 }
 
 /// `acc[i] = fma(v[i], s, acc[i])` over the shorter length (`kv_attn::axpy_ref`'s bits).
-pub fn kv_axpy(acc: &mut [f32], v: &[f32], s: f32) {
+fn kv_axpy(acc: &mut [f32], v: &[f32], s: f32) {
     // SAFETY: NEON is part of the aarch64 baseline.
     unsafe { kv_axpy_neon(acc, v, s) }
 }

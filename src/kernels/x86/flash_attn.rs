@@ -488,7 +488,7 @@ fn rows_pass<'k>(
 /// The CPU must have AVX2 and FMA.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-pub unsafe fn kv_dot_q8_0_avx2(k: &[u8], q: &[u8]) -> f32 {
+unsafe fn kv_dot_q8_0_avx2(k: &[u8], q: &[u8]) -> f32 {
     let ones = _mm256_set1_epi16(1);
     crate::kernels::kv_attn::q8_0_dot_by(k, q, |xq, yq| {
         // SAFETY: 32 quant bytes of each block; unaligned loads.
@@ -512,7 +512,7 @@ pub unsafe fn kv_dot_q8_0_avx2(k: &[u8], q: &[u8]) -> f32 {
 /// The CPU must have AVX2.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-pub unsafe fn kv_widen_q8_0_avx2(src: &[u8], out: &mut [f32]) -> bool {
+unsafe fn kv_widen_q8_0_avx2(src: &[u8], out: &mut [f32]) -> bool {
     const B: usize = 34;
     if src.len() % B != 0 || out.len() != src.len() / B * 32 {
         return false;
@@ -537,7 +537,7 @@ pub unsafe fn kv_widen_q8_0_avx2(src: &[u8], out: &mut [f32]) -> bool {
 /// The CPU must have AVX2 and F16C.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn kv_widen_f16_avx2(src: &[u8], out: &mut [f32]) -> bool {
+unsafe fn kv_widen_f16_avx2(src: &[u8], out: &mut [f32]) -> bool {
     if out.len() * 2 != src.len() {
         return false;
     }
@@ -562,7 +562,7 @@ pub unsafe fn kv_widen_f16_avx2(src: &[u8], out: &mut [f32]) -> bool {
 /// The CPU must have AVX2 and FMA.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-pub unsafe fn kv_axpy_avx2(acc: &mut [f32], v: &[f32], s: f32) {
+unsafe fn kv_axpy_avx2(acc: &mut [f32], v: &[f32], s: f32) {
     let n = acc.len().min(v.len());
     let sv = _mm256_set1_ps(s);
     let mut i = 0;
