@@ -281,3 +281,40 @@ fn the_batch_size_changes_nothing() {
     assert_eq!(c1, c2, "n_batch 8 vs 16 same tokens");
     assert_eq!(a, b);
 }
+
+fn engine_ctx(bytes: &'static [u8], n_seq: usize, n_batch: usize, n_ctx: usize) -> TestEngine<'static> {
+    let config = EngineConfig { n_ctx, n_batch, n_seq, n_outputs: n_seq, ..EngineConfig::default() };
+    let slots: Vec<GraphSlot> = (0..GRAPH_SLOTS).map(|_| GraphSlot::new()).collect();
+    let planned = Planned::new(Model::open(bytes).unwrap(), &config, slots).unwrap();
+    let memory = vec![0u8; planned.layout().bytes_needed()].into_boxed_slice();
+    let mut engine = planned.bind(memory).unwrap();
+    engine.repack(&OnCaller, &|_| {}).unwrap();
+    engine
+}
+
+/// A batch of 64 tokens or more takes the f32 attention tiles (as llama.cpp's), each row with its
+/// own keys: a second sequence's prompt in the same batch (its rows in the same tiles, before
+/// and after the first's) and two worker threads instead of one change none of the first
+/// sequence's bits. (`graph_ops` checks the tiles' attention against f64.)
+#[test]
+fn a_long_prompt_in_tiles_ignores_other_sequences_and_threads() {
+    let bytes = model_bytes("qwen2-tiny.gguf");
+    let p: Vec<u32> = (0..100).map(|i| (i * 7919 + 13) % 4000 + 5).collect();
+    let other: Vec<u32> = (0..70).map(|i| (i * 104_729 + 3) % 4000 + 5).collect();
+    let mut e1 = engine_ctx(bytes, 1, 128, 256);
+    e1.step(&batch_of(&p), &OnCaller, None).unwrap();
+    let alone = e1.logits(0).unwrap().to_vec();
+    let other_seq = |range: std::ops::Range<usize>| -> Vec<Entry> {
+        range.map(|pos| Entry { seq: 1, pos, token: other[pos], logits: false }).collect()
+    };
+    let pool = Pool::new(2, None, false).unwrap();
+    let mut e2 = engine_ctx(bytes, 2, 256, 256);
+    let mut batch = other_seq(0..30);
+    batch.extend(batch_of(&p));
+    batch.extend(other_seq(30..70));
+    e2.step(&batch, &pool, None).unwrap();
+    let mixed = e2.logits(0).unwrap();
+    for (i, (a, b)) in mixed.iter().zip(&alone).enumerate() {
+        assert_eq!(a.to_bits(), b.to_bits(), "logit {i}: {a} beside another sequence, {b} alone");
+    }
+}

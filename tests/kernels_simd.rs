@@ -29,6 +29,7 @@
 //! * packed matmul: 1e-5 of `sum |w a| + sum |s|`, as in `tests/packed.rs` (same integer block dots,
 //!   float sums in another order).
 
+use pinfer::kernels::attn_tile::{flash_attn_tile, flash_attn_tile_ref, tile_rows, TileScratch};
 use pinfer::kernels::kv_attn::{flash_attn_rows_typed, KvOps, TYPED_ROWS};
 use pinfer::kernels::packed::{
     dequantize_packed_row, matmul_ref, pack, packed_bytes, quantize_act_ref, ActBlock, PackedFormat,
@@ -898,6 +899,153 @@ fn kv_cache_attention_is_attention() {
                     assert!(
                         (f64::from(g[i]) - want).abs() <= tol,
                         "K {kt} V {vt} [{i}]: {} vs {want} (tolerance {tol})",
+                        g[i]
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Runs the tiled prompt attention on `path` (rows of `dk`, outputs of `dv`).
+#[allow(clippy::too_many_arguments)]
+fn tile_run(
+    path: KernelPath,
+    ty: GgmlType,
+    qs: &[Vec<f32>],
+    keys: &[std::ops::Range<usize>],
+    k: &[u8],
+    kb: usize,
+    v: &[u8],
+    vb: usize,
+    dv: usize,
+    scale: f32,
+) -> Vec<Vec<f32>> {
+    let mut outs: Vec<Vec<f32>> = qs.iter().map(|_| vec![f32::NAN; dv]).collect();
+    let q_refs: Vec<&[f32]> = qs.iter().map(|q| &q[..]).collect();
+    let mut out_refs: Vec<&mut [f32]> = outs.iter_mut().map(|o| &mut o[..]).collect();
+    let mut scratch = Box::new(TileScratch::new());
+    flash_attn_tile(
+        path,
+        ty,
+        &q_refs,
+        keys,
+        |j| &k[j * kb..(j + 1) * kb],
+        |j| &v[j * vb..(j + 1) * vb],
+        scale,
+        &mut scratch,
+        &mut out_refs,
+    );
+    outs
+}
+
+/// The tiled prompt attention (f16 and f32 caches) on every path gives each row the bits
+/// `flash_attn_tile_ref` gives it alone: 1 to tile_rows rows (lane tails), head sizes that are
+/// and are not multiples of the vectors, keys of their own per row (causal ends, a window's
+/// starts inside a tile, an empty row, two sequences' disjoint rows, tile-aligned and not),
+/// ordinary, large and tiny values.
+#[test]
+fn prompt_tiles_are_bit_identical_to_the_reference() {
+    let mut rng = Rng(21);
+    let n_keys = 300;
+    for path in [KernelPath::Reference].into_iter().chain(simd_paths()) {
+        for ty in [GgmlType::F16, GgmlType::F32] {
+            for (dk, dv) in [(64, 64), (96, 96), (256, 256), (40, 24), (7, 9), (128, 64)] {
+                for (n, size) in [(1usize, 1.0f32), (3, 1.0), (9, 30.0), (32, 1e-3), (tile_rows(dk, dv), 2.0)]
+                {
+                    let n = n.min(tile_rows(dk, dv));
+                    let qs: Vec<Vec<f32>> =
+                        (0..n).map(|_| (0..dk).map(|_| 2.0 * rng.f()).collect()).collect();
+                    let kf: Vec<f32> = (0..dk * n_keys).map(|_| size * rng.f()).collect();
+                    let vf: Vec<f32> = (0..dv * n_keys).map(|_| size * rng.f()).collect();
+                    let (k, v) = (cache_rows(ty, &kf, dk), cache_rows(ty, &vf, dv));
+                    let (kb, vb) = (k.len() / n_keys, v.len() / n_keys);
+                    let keys: Vec<std::ops::Range<usize>> = (0..n)
+                        .map(|r| match r % 6 {
+                            0 if r > 0 => 5..5,
+                            1 => 0..100 + 7 * r,
+                            2 => (13 + 9 * r)..(150 + r),
+                            3 => 200..(200 + 17 * r).min(n_keys),
+                            4 => 64..96,
+                            _ => (r % 5)..(250 + r % 40),
+                        })
+                        .map(|k| k.start.min(n_keys)..k.end.min(n_keys))
+                        .collect();
+                    let scale = 1.0 / (dk as f32).sqrt();
+                    let got = tile_run(path, ty, &qs, &keys, &k, kb, &v, vb, dv, scale);
+                    for r in 0..n {
+                        let mut want = vec![f32::NAN; dv];
+                        flash_attn_tile_ref(
+                            ty,
+                            &qs[r],
+                            keys[r].clone(),
+                            |j| &k[j * kb..(j + 1) * kb],
+                            |j| &v[j * vb..(j + 1) * vb],
+                            scale,
+                            &mut want,
+                        );
+                        for i in 0..dv {
+                            assert!(
+                                same_bits(got[r][i], want[i]),
+                                "{} {ty} dk={dk} dv={dv} rows={n} row {r} ({:?}) [{i}]: {} vs reference {}",
+                                path.name(),
+                                keys[r],
+                                got[r][i],
+                                want[i]
+                            );
+                        }
+                        if keys[r].is_empty() {
+                            assert!(got[r].iter().all(|&x| x == 0.0), "no keys: zeros");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The tiles compute attention: against softmax(q k / sqrt(d)) v in f64 over the cached values
+/// (f32 sums of f32 products: 1e-5 of max |v|), for keys that start and end inside tiles.
+#[test]
+fn prompt_tiles_are_attention() {
+    let mut rng = Rng(22);
+    let (dk, dv, n_keys) = (64, 48, 200);
+    for ty in [GgmlType::F16, GgmlType::F32] {
+        let qs: Vec<Vec<f32>> = (0..5).map(|_| (0..dk).map(|_| 2.0 * rng.f()).collect()).collect();
+        let kf: Vec<f32> = (0..dk * n_keys).map(|_| rng.f()).collect();
+        let vf: Vec<f32> = (0..dv * n_keys).map(|_| 4.0 * rng.f()).collect();
+        let (k, v) = (cache_rows(ty, &kf, dk), cache_rows(ty, &vf, dv));
+        let (kb, vb) = (k.len() / n_keys, v.len() / n_keys);
+        let widen = |bytes: &[u8], d: usize| {
+            let mut out = vec![0f32; bytes.len() / ty.bytes_for(d as u64).unwrap() as usize * d];
+            pinfer::quant::dequantize_row_ref(ty, bytes, &mut out).unwrap();
+            out
+        };
+        let (kx, vx) = (widen(&k, dk), widen(&v, dv));
+        let vmax = vx.iter().fold(0f32, |m, x| m.max(x.abs()));
+        let scale = 1.0 / (dk as f32).sqrt();
+        let keys = [0..n_keys, 3..77, 40..41, 31..33, 100..200];
+        for path in [KernelPath::Reference].into_iter().chain(simd_paths()) {
+            let got = tile_run(path, ty, &qs, &keys, &k, kb, &v, vb, dv, scale);
+            for ((q, g), ks) in qs.iter().zip(&got).zip(&keys) {
+                let s: Vec<f64> = ks
+                    .clone()
+                    .map(|j| {
+                        (0..dk).map(|i| f64::from(q[i]) * f64::from(kx[j * dk + i])).sum::<f64>()
+                            * f64::from(scale)
+                    })
+                    .collect();
+                let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let w: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+                let total: f64 = w.iter().sum();
+                let tol = 1e-5 * f64::from(vmax);
+                for i in 0..dv {
+                    let want: f64 =
+                        ks.clone().zip(&w).map(|(j, w)| w * f64::from(vx[j * dv + i])).sum::<f64>() / total;
+                    assert!(
+                        (f64::from(g[i]) - want).abs() <= tol,
+                        "{} {ty} keys {ks:?} [{i}]: {} vs {want} (tolerance {tol})",
+                        path.name(),
                         g[i]
                     );
                 }

@@ -26,8 +26,9 @@ use half::f16;
 use crate::arena::Region;
 use crate::graph::{Graph, Op, Plan};
 use crate::kernels;
+use crate::kernels::attn_tile;
 use crate::kernels::dot::{from_float_ref, vec_dot_ref, vec_dot_type};
-use crate::kernels::kv_attn::KvOps;
+use crate::kernels::kv_attn::{KvOps, TYPED_ROWS};
 use crate::kernels::packed::{act_row_bytes, ActBlock, PackedFormat, PackedMatrix, GROUP_ROWS};
 use crate::kernels::reference as kref;
 use crate::quant::blocks::F16Le;
@@ -1015,10 +1016,16 @@ impl<'a, const N: usize> Bound<'a, N> {
             let (causal, window, scale) = (t.params.i[0] != 0, t.params.i[1] as usize, t.params.f[0]);
             let mut q16 = [F16Le::from_f32(0.0); kernels::FLASH_ROWS * 1024];
             let mut acc16 = [F16Le::from_f32(0.0); kernels::FLASH_ROWS * 1024];
-            // A cache of other types than f16 keys and values takes the typed kernel.
+            // A prompt's tokens over an f16 or f32 cache take the f32 tiles (as llama.cpp's
+            // batches of 64 tokens or more); a cache of other types than f16 keys and values
+            // the typed kernel.
+            if ne[2] >= attn_tile::TILE_MIN_TOKENS && attn_tile::takes_tiles(tk.ty, tv.ty, hd, hd_v) {
+                self.flash_attn_tiles(id, t, ne, step, TileKernel::Float(path, tk.ty), ith, nth);
+                return;
+            }
             if (tk.ty, tv.ty) != (GgmlType::F16, GgmlType::F16) {
                 match KvOps::new(path, tk.ty, tv.ty) {
-                    Some(ops) => self.flash_attn_tiles(id, t, ne, step, &ops, ith, nth),
+                    Some(ops) => self.flash_attn_tiles(id, t, ne, step, TileKernel::Typed(ops), ith, nth),
                     None => self.fail(id, BAD_INDEX),
                 }
                 return;
@@ -1091,9 +1098,9 @@ impl<'a, const N: usize> Bound<'a, N> {
         }
     }
 
-    /// Attention over a cache of other types than f16 (the typed kernel), in work units of
-    /// (tokens, KV head, run of its query heads): a prompt's tokens go in tiles, each row with
-    /// its own keys, so every key and value row is read once per tile instead of once per token.
+    /// Attention in work units of (tokens, KV head, run of its query heads) by a kernel that
+    /// takes rows with keys of their own (the typed kernel, the f32 tiles): a prompt's tokens go
+    /// in tiles, so every key and value row is read once per tile instead of once per token.
     #[allow(clippy::too_many_arguments)]
     fn flash_attn_tiles(
         &self,
@@ -1101,23 +1108,28 @@ impl<'a, const N: usize> Bound<'a, N> {
         t: &Tensor,
         ne: [usize; 4],
         step: Step,
-        ops: &KvOps,
+        kernel: TileKernel,
         ith: usize,
         nth: usize,
     ) {
-        use kernels::kv_attn::TYPED_ROWS;
+        const ROWS: usize = if TYPED_ROWS > attn_tile::TILE_ROWS { TYPED_ROWS } else { attn_tile::TILE_ROWS };
         let src = |i: usize| t.src[i].map(|s| (s, self.graph.tensor(s)));
         let (Some((q, tq)), Some((k, tk)), Some((v, tv))) = (src(0), src(1), src(2)) else { return };
         let (hd, hd_v, scale) = (tq.ne[0], tv.ne[0], t.params.f[0]);
         let n_kv = tk.ne_for(step.n_kv)[1];
         let group = (tq.ne[2] / tk.ne[2]).max(1);
         let n_kv_heads = ne[1] / group;
-        let Some(qb) = ops.query_bytes(hd) else {
-            self.fail(id, BAD_INDEX);
-            return;
+        // Rows per call: what the kernel's scratch holds.
+        let most = match kernel {
+            TileKernel::Typed(ops) => {
+                let Some(qb) = ops.query_bytes(hd) else {
+                    self.fail(id, BAD_INDEX);
+                    return;
+                };
+                TYPED_ROWS.min(TYPED_ACC / hd_v.max(1)).min(TYPED_QCONV / qb.max(1)).max(1)
+            }
+            TileKernel::Float(..) => attn_tile::tile_rows(hd, hd_v),
         };
-        // Rows per call: what the scratch of `flash_attn_typed` holds.
-        let most = TYPED_ROWS.min(TYPED_ACC / hd_v.max(1)).min(TYPED_QCONV / qb.max(1)).max(1);
         let mut run = group.min(most);
         let mut tile = (most / run).max(1);
         // Enough units for every thread: smaller tiles, then single heads (decode).
@@ -1138,9 +1150,9 @@ impl<'a, const N: usize> Bound<'a, N> {
             let first = kv_head * group + c * run;
             let heads = first..(first + run).min((kv_head + 1) * group);
             let tokens = tl * tile..((tl + 1) * tile).min(ne[2]);
-            let mut qs: [&[f32]; TYPED_ROWS] = [&[]; TYPED_ROWS];
-            let mut outs: [&mut [f32]; TYPED_ROWS] = Default::default();
-            let mut keys: [Range<usize>; TYPED_ROWS] = Default::default();
+            let mut qs: [&[f32]; ROWS] = [&[]; ROWS];
+            let mut outs: [&mut [f32]; ROWS] = Default::default();
+            let mut keys: [Range<usize>; ROWS] = Default::default();
             let mut n = 0;
             for tok in tokens {
                 let Some(range) = self.visible(t, tok, n_kv, step) else {
@@ -1161,17 +1173,18 @@ impl<'a, const N: usize> Bound<'a, N> {
             // Row j of this KV head's keys (values) is at base + j stride.
             let kp = self.ptrs[k.index()].wrapping_add(tk.row_offset(0, kv_head, 0)) as *const u8;
             let vp = self.ptrs[v.index()].wrapping_add(tv.row_offset(0, kv_head, 0)) as *const u8;
-            flash_attn_typed(
-                ops,
-                &qs[..n],
-                &keys[..n],
-                // SAFETY: rows j < n_kv of the cache views, inside their checked spans.
-                |j| unsafe { core::slice::from_raw_parts(kp.wrapping_add(j * ks), kb) },
-                // SAFETY: as above.
-                |j| unsafe { core::slice::from_raw_parts(vp.wrapping_add(j * vs), vb) },
-                scale,
-                &mut outs[..n],
-            );
+            // SAFETY: rows j < n_kv of the cache views, inside their checked spans.
+            let key = |j| unsafe { core::slice::from_raw_parts(kp.wrapping_add(j * ks), kb) };
+            // SAFETY: as above.
+            let value = |j| unsafe { core::slice::from_raw_parts(vp.wrapping_add(j * vs), vb) };
+            match kernel {
+                TileKernel::Typed(ops) => {
+                    flash_attn_typed(&ops, &qs[..n], &keys[..n], key, value, scale, &mut outs[..n])
+                }
+                TileKernel::Float(path, ty) => {
+                    flash_attn_float(path, ty, &qs[..n], &keys[..n], key, value, scale, &mut outs[..n])
+                }
+            }
         }
     }
 
@@ -1539,6 +1552,31 @@ fn flash_attn_typed<'k>(
     kernels::kv_attn::flash_attn_rows_typed(
         ops, qs, &mut qconv, keys, key, value, scale, &mut acc, &mut vrow, outs,
     );
+}
+
+/// [`kernels::attn_tile::flash_attn_tile`] with its scratch on this frame.
+#[inline(never)]
+#[allow(clippy::too_many_arguments)]
+fn flash_attn_float<'k>(
+    path: kernels::KernelPath,
+    ty: GgmlType,
+    qs: &[&[f32]],
+    keys: &[Range<usize>],
+    key: impl Fn(usize) -> &'k [u8],
+    value: impl Fn(usize) -> &'k [u8],
+    scale: f32,
+    outs: &mut [&mut [f32]],
+) {
+    let mut scratch = attn_tile::TileScratch::new();
+    attn_tile::flash_attn_tile(path, ty, qs, keys, key, value, scale, &mut scratch, outs);
+}
+
+/// The kernel of [`Bound::flash_attn_tiles`]: the typed kernel (any cache types), or the f32
+/// tiles of a prompt over an f16 or f32 cache.
+#[derive(Clone, Copy)]
+enum TileKernel {
+    Typed(KvOps),
+    Float(kernels::KernelPath, GgmlType),
 }
 
 fn visible_keys(causal: bool, window: usize, pos: usize, n_kv: usize) -> (usize, usize) {

@@ -5,6 +5,7 @@
 #[path = "ref/mod.rs"]
 pub mod reference;
 
+pub mod attn_tile;
 pub mod dot;
 pub mod kv_attn;
 pub mod packed;

@@ -636,3 +636,85 @@ pub unsafe fn kv_attend_avx2<'k>(
         |acc, v, s| unsafe { kv_axpy_avx2(acc, v, s) },
     )
 }
+
+// ---------------------------------------------------------------------------------------------
+// Tiled attention for prompts (`kernels::attn_tile`): query rows in the 8 lanes.
+
+use crate::kernels::attn_tile::{tile_loop, Lanes, TileScratch, Tiles};
+
+/// 8 f32 lanes for [`tile_loop`]; used only inside [`attn_tile_avx2`] (AVX2, FMA and F16C).
+#[derive(Clone, Copy)]
+struct Ymm(__m256);
+
+impl Lanes for Ymm {
+    const N: usize = 8;
+    #[inline(always)]
+    fn splat(x: f32) -> Self {
+        // SAFETY: every method runs inlined into `attn_tile_avx2`, whose CPU has AVX2, FMA and
+        // F16C; loads and stores touch the first 8 floats of slices checked to hold them.
+        Self(unsafe { _mm256_set1_ps(x) })
+    }
+    #[inline(always)]
+    fn load(x: &[f32]) -> Self {
+        let x: &[f32; 8] = x[..8].try_into().unwrap();
+        // SAFETY: see `splat`.
+        Self(unsafe { _mm256_loadu_ps(x.as_ptr()) })
+    }
+    #[inline(always)]
+    fn store(self, x: &mut [f32]) {
+        let x: &mut [f32; 8] = (&mut x[..8]).try_into().unwrap();
+        // SAFETY: see `splat`.
+        unsafe { _mm256_storeu_ps(x.as_mut_ptr(), self.0) }
+    }
+    #[inline(always)]
+    fn mul_add(self, b: Self, c: Self) -> Self {
+        // SAFETY: see `splat`.
+        Self(unsafe { _mm256_fmadd_ps(self.0, b.0, c.0) })
+    }
+    #[inline(always)]
+    fn mul(self, b: Self) -> Self {
+        // SAFETY: see `splat`.
+        Self(unsafe { _mm256_mul_ps(self.0, b.0) })
+    }
+    #[inline(always)]
+    fn add(self, b: Self) -> Self {
+        // SAFETY: see `splat`.
+        Self(unsafe { _mm256_add_ps(self.0, b.0) })
+    }
+    #[inline(always)]
+    fn sub(self, b: Self) -> Self {
+        // SAFETY: see `splat`.
+        Self(unsafe { _mm256_sub_ps(self.0, b.0) })
+    }
+    #[inline(always)]
+    fn max(self, b: Self) -> Self {
+        // SAFETY: see `splat`.
+        Self(unsafe { _mm256_max_ps(self.0, b.0) })
+    }
+    #[inline(always)]
+    fn exp(self) -> Self {
+        // SAFETY: see `splat`.
+        Self(unsafe { libm_expf8(self.0) })
+    }
+    #[inline(always)]
+    fn widen_f16(row: &[u8], out: &mut [f32]) {
+        // SAFETY: see `splat` (the row is `out.len() * 2` bytes: `Lanes::widen_f16`).
+        unsafe { kv_widen_f16_avx2(row, out) };
+    }
+}
+
+/// [`crate::kernels::attn_tile::flash_attn_tile`] on AVX2: [`tile_loop`] in 8-lane vectors.
+///
+/// # Safety
+/// The CPU must have AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn attn_tile_avx2<'k>(
+    t: &Tiles<'_>,
+    qs: &[&[f32]],
+    key: impl Fn(usize) -> &'k [u8],
+    value: impl Fn(usize) -> &'k [u8],
+    scratch: &mut TileScratch,
+    outs: &mut [&mut [f32]],
+) {
+    tile_loop::<Ymm>(t, qs, key, value, scratch, outs)
+}
