@@ -1145,8 +1145,10 @@ impl<'a, const N: usize> Bound<'a, N> {
             tv.ty.bytes_for(hd_v as u64).unwrap_or(0) as usize,
         );
         let (ks, vs) = (tk.nb[1], tv.nb[1]);
+        // KV head outermost: a thread's consecutive units read the same keys and values, which
+        // stay in its cache between them.
         for u in share(tiles * n_kv_heads * runs, ith, nth) {
-            let (tl, kv_head, c) = (u / (n_kv_heads * runs), u / runs % n_kv_heads, u % runs);
+            let (kv_head, tl, c) = (u / (tiles * runs), u / runs % tiles, u % runs);
             let first = kv_head * group + c * run;
             let heads = first..(first + run).min((kv_head + 1) * group);
             let tokens = tl * tile..((tl + 1) * tile).min(ne[2]);

@@ -395,21 +395,26 @@ fn scores_group<L: Lanes, const G: usize>(
     js: Range<usize>,
     s: &mut [f32],
 ) {
+    // Each step's row vectors as one slice of exactly G vectors (one bounds check per step).
+    let w = G * L::N;
+    let col = |d: usize| &qt[d * lanes + v..d * lanes + v + w];
     let mut j = js.start;
     while j + 2 <= js.end {
         let (k0, k1) = (&kf[j * dk..(j + 1) * dk], &kf[(j + 1) * dk..(j + 2) * dk]);
         let mut acc = [[L::splat(0.0); G]; 2];
         for (d, (&x0, &x1)) in k0.iter().zip(k1).enumerate() {
+            let q = col(d);
             let (x0, x1) = (L::splat(x0), L::splat(x1));
             for g in 0..G {
-                let q = L::load(&qt[d * lanes + v + g * L::N..]);
+                let q = L::load(&q[g * L::N..]);
                 acc[0][g] = x0.mul_add(q, acc[0][g]);
                 acc[1][g] = x1.mul_add(q, acc[1][g]);
             }
         }
         for (i, row) in acc.iter().enumerate() {
+            let out = &mut s[(j + i) * lanes + v..(j + i) * lanes + v + w];
             for (g, x) in row.iter().enumerate() {
-                x.store(&mut s[(j + i) * lanes + v + g * L::N..]);
+                x.store(&mut out[g * L::N..]);
             }
         }
         j += 2;
@@ -418,13 +423,14 @@ fn scores_group<L: Lanes, const G: usize>(
         let k0 = &kf[j * dk..(j + 1) * dk];
         let mut acc = [L::splat(0.0); G];
         for (d, &x0) in k0.iter().enumerate() {
-            let x0 = L::splat(x0);
+            let (q, x0) = (col(d), L::splat(x0));
             for (g, a) in acc.iter_mut().enumerate() {
-                *a = x0.mul_add(L::load(&qt[d * lanes + v + g * L::N..]), *a);
+                *a = x0.mul_add(L::load(&q[g * L::N..]), *a);
             }
         }
+        let out = &mut s[j * lanes + v..j * lanes + v + w];
         for (g, x) in acc.iter().enumerate() {
-            x.store(&mut s[j * lanes + v + g * L::N..]);
+            x.store(&mut out[g * L::N..]);
         }
     }
 }
@@ -456,32 +462,48 @@ fn update_group<L: Lanes, const G: usize>(
     js: Range<usize>,
     p: &[f32],
 ) {
+    let w = G * L::N;
+    // Each key's weights as one slice of exactly G vectors, and its value row.
+    let weights = |j: usize| &p[j * lanes + v..j * lanes + v + w];
+    let values = |j: usize| &vf[j * dv..(j + 1) * dv];
     let mut d = 0;
-    while d < dv {
-        let two = d + 1 < dv;
+    while d + 2 <= dv {
+        let (c0, c1) = (d * lanes + v, (d + 1) * lanes + v);
         let mut a = [[L::splat(0.0); G]; 2];
         for g in 0..G {
-            a[0][g] = L::load(&acc[d * lanes + v + g * L::N..]);
-            if two {
-                a[1][g] = L::load(&acc[(d + 1) * lanes + v + g * L::N..]);
-            }
+            a[0][g] = L::load(&acc[c0 + g * L::N..c0 + w]);
+            a[1][g] = L::load(&acc[c1 + g * L::N..c1 + w]);
         }
         for j in js.clone() {
-            let x0 = L::splat(vf[j * dv + d]);
-            let x1 = L::splat(if two { vf[j * dv + d + 1] } else { 0.0 });
+            let (p, x) = (weights(j), values(j));
+            let (x0, x1) = (L::splat(x[d]), L::splat(x[d + 1]));
             for g in 0..G {
-                let w = L::load(&p[j * lanes + v + g * L::N..]);
-                a[0][g] = x0.mul_add(w, a[0][g]);
-                a[1][g] = x1.mul_add(w, a[1][g]);
+                let p = L::load(&p[g * L::N..]);
+                a[0][g] = x0.mul_add(p, a[0][g]);
+                a[1][g] = x1.mul_add(p, a[1][g]);
             }
         }
         for g in 0..G {
-            a[0][g].store(&mut acc[d * lanes + v + g * L::N..]);
-            if two {
-                a[1][g].store(&mut acc[(d + 1) * lanes + v + g * L::N..]);
-            }
+            a[0][g].store(&mut acc[c0 + g * L::N..c0 + w]);
+            a[1][g].store(&mut acc[c1 + g * L::N..c1 + w]);
         }
         d += 2;
+    }
+    if d < dv {
+        let c0 = d * lanes + v;
+        let mut a = [L::splat(0.0); G];
+        for (g, a) in a.iter_mut().enumerate() {
+            *a = L::load(&acc[c0 + g * L::N..c0 + w]);
+        }
+        for j in js.clone() {
+            let (p, x0) = (weights(j), L::splat(values(j)[d]));
+            for (g, a) in a.iter_mut().enumerate() {
+                *a = x0.mul_add(L::load(&p[g * L::N..]), *a);
+            }
+        }
+        for (g, a) in a.iter().enumerate() {
+            a.store(&mut acc[c0 + g * L::N..c0 + w]);
+        }
     }
 }
 
