@@ -1847,14 +1847,16 @@ fn graph_capacity_is_enforced() {
 /// causal masking with n_past > 0 and a sliding window, against softmax attention in f64 on the
 /// F16-rounded inputs. A few tokens take the f16 kernels, which round the query to F16 and
 /// accumulate values in F16 like ggml, hence the tolerance; a prompt of 64 tokens or more takes
-/// the f32 tiles (f32 query and accumulators: 1e-5).
+/// the f32 tiles where the path has them (f32 query and accumulators: 1e-5).
 #[test]
 fn flash_attn_matches_softmax_attention() {
     let (hd, n_head, n_kv_head) = (16usize, 4usize, 2usize);
     for (seed, window, t, n_past, ctx) in
         [(1u64, 0u32, 3usize, 6usize, 12usize), (2, 4, 3, 6, 12), (3, 0, 70, 30, 112), (4, 37, 70, 30, 112)]
     {
-        let tiles = t >= pinfer::kernels::attn_tile::TILE_MIN_TOKENS;
+        let path = pinfer::kernels::KernelPath::detect();
+        let tiles =
+            pinfer::kernels::attn_tile::prompt_takes_tiles(path, t, GgmlType::F16, GgmlType::F16, hd, hd);
         let qr = |x: f32| if tiles { x } else { f16r(x) };
         let mut rng = Rng(seed);
         let mut s = Setup::default();

@@ -1019,7 +1019,7 @@ impl<'a, const N: usize> Bound<'a, N> {
             // A prompt's tokens over an f16 or f32 cache take the f32 tiles (as llama.cpp's
             // batches of 64 tokens or more); a cache of other types than f16 keys and values
             // the typed kernel.
-            if ne[2] >= attn_tile::TILE_MIN_TOKENS && attn_tile::takes_tiles(tk.ty, tv.ty, hd, hd_v) {
+            if attn_tile::prompt_takes_tiles(path, ne[2], tk.ty, tv.ty, hd, hd_v) {
                 self.flash_attn_tiles(id, t, ne, step, TileKernel::Float(path, tk.ty), ith, nth);
                 return;
             }

@@ -39,6 +39,23 @@ pub fn takes_tiles(k: GgmlType, v: GgmlType, dk: usize, dv: usize) -> bool {
         && (1..=TILE_DIM).contains(&dv)
 }
 
+/// Whether an attention node of `tokens` query tokens over keys of type `k` and values of type
+/// `v` takes the tiles on `path`: a prompt batch ([`TILE_MIN_TOKENS`] tokens or more) over a cache
+/// [`takes_tiles`] accepts, on every path but FEAT_FP16's, whose f16 kernels (8 lanes of f16
+/// arithmetic, as llama.cpp's aarch64 build computes attention) cost fewer instructions: about
+/// 67 per query row and key against 144 for these f32 tiles in 4 lanes (qemu cortex-a76,
+/// SmolLM2-135M, prompt tokens at depth 448-512).
+pub fn prompt_takes_tiles(
+    path: KernelPath,
+    tokens: usize,
+    k: GgmlType,
+    v: GgmlType,
+    dk: usize,
+    dv: usize,
+) -> bool {
+    path != KernelPath::NeonFp16 && tokens >= TILE_MIN_TOKENS && takes_tiles(k, v, dk, dv)
+}
+
 /// Query rows one call takes for heads of `dk` and `dv` (a multiple of the widest vector).
 pub fn tile_rows(dk: usize, dv: usize) -> usize {
     let fit = ROW_FLOATS / dk.max(dv).max(1);
