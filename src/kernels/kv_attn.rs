@@ -3,8 +3,8 @@
 //! converted once to the keys' dot partner type (q8_0 for q8_0/q4_0/q5_0 keys, q8_1 for
 //! q4_1/q5_1), scored against each key row in the keys' own dot product, and each value row is
 //! widened to f32 and added into an f32 accumulator with an online softmax. No f32 copy of the
-//! cache is made. (An f16 K and V cache takes the f16 kernels of `flash_attn_rows`, whose
-//! accumulator is f16 as ggml's.)
+//! cache is made. (An f16 K and V cache takes the f16 kernels of `flash_attn_rows`, or for a
+//! prompt the f32 tiles of `attn_tile`; the f16 kernels' accumulator is f16 as ggml's.)
 //!
 //! One loop ([`attend`]) serves every path: the reference runs it with the types' reference
 //! operations, the AVX2 and NEON kernels inline it with SIMD operations that give the same bits
