@@ -19,13 +19,7 @@ fn model_bytes(name: &str) -> &'static [u8] {
 }
 
 fn engine(bytes: &'static [u8], n_seq: usize, n_batch: usize) -> TestEngine<'static> {
-    let config = EngineConfig { n_ctx: 96, n_batch, n_seq, n_outputs: n_seq, ..EngineConfig::default() };
-    let slots: Vec<GraphSlot> = (0..GRAPH_SLOTS).map(|_| GraphSlot::new()).collect();
-    let planned = Planned::new(Model::open(bytes).unwrap(), &config, slots).unwrap();
-    let memory = vec![0u8; planned.layout().bytes_needed()].into_boxed_slice();
-    let mut engine = planned.bind(memory).unwrap();
-    engine.repack(&OnCaller, &|_| {}).unwrap();
-    engine
+    engine_ctx(bytes, n_seq, n_batch, 96)
 }
 
 fn argmax(logits: &[f32]) -> u32 {
