@@ -1907,3 +1907,78 @@ fn flash_attn_matches_softmax_attention() {
         assert!(wrong.iter().zip(&got).any(|(a, b)| (a - b).abs() > 1e-2));
     }
 }
+
+/// A decode step over a long cache splits each row's keys into parts that threads share, merged
+/// in a second phase: the result is still the attention over the row's keys (f16, q8_0 and q4_0
+/// caches; one token and two), the same bits on 1 and 3 threads (`run_ops`). A window shorter
+/// than the split's minimum keeps the one-pass kernel, and so does a graph with many heads.
+#[test]
+fn long_decode_splits_its_keys_and_stays_attention() {
+    let (hd, n_head, n_kv_head, ctx) = (32usize, 6usize, 2usize, 1024usize);
+    let q8 = GgmlType::Q8_0;
+    for (seed, ty, t, n_past, window) in [
+        (1u64, F16, 1usize, 900usize, 0u32),
+        (2, q8, 1, 1000, 0),
+        (3, GgmlType::Q4_0, 1, 700, 0),
+        (4, F16, 2, 600, 0),
+        (5, F16, 1, 900, 100),
+        (6, q8, 1, 511, 0),
+    ] {
+        let mut rng = Rng(seed);
+        let mut s = Setup::default();
+        let q_data = rng.vec(hd * t * n_head);
+        let (k_data, v_data) = (rng.vec(hd * n_kv_head * ctx), rng.vec(hd * n_kv_head * ctx));
+        let (kc, k_vals) = typed_leaf(&mut s, &mut rng, "k", ty, [hd * n_kv_head, ctx, 1, 1], &k_data);
+        let (vc, v_vals) = typed_leaf(&mut s, &mut rng, "v", ty, [hd * n_kv_head, ctx, 1, 1], &v_data);
+        let q = leaf(&mut s, "q", [hd, t, n_head, 1], &q_data);
+        let (block, row) = (ty.block_bytes(), hd * n_kv_head / ty.block_len() * ty.block_bytes());
+        let head = hd / ty.block_len() * ty.block_bytes();
+        let kv = s.g.view(kc, [hd, ctx, n_kv_head, 1], [block, row, head, row * ctx], 0, 0).unwrap();
+        let vv = s.g.view(vc, [hd, ctx, n_kv_head, 1], [block, row, head, row * ctx], 0, 0).unwrap();
+        let scale = 0.43;
+        let out = s.g.flash_attn(q, kv, vv, scale, true, window).unwrap();
+        let n_kv = n_past + t;
+        let got = run_ops(&mut s, &[out], &[Step { n_past, n_kv }]).remove(0);
+        assert!(work_bytes(&s.g) > 0, "seed {seed}: a decode graph over {ctx} rows can split");
+        // The query as the kernel rounds it: to f16, or quantized as the cache's keys are.
+        let query = |x: &[f32]| -> Vec<f32> {
+            match ty {
+                F16 => x.iter().map(|&v| f16r(v)).collect(),
+                _ => decode(q8, &encode(q8, x, hd, &mut Rng(0)), hd),
+            }
+        };
+        let mut want = vec![0f64; hd * n_head * t];
+        for tok in 0..t {
+            let pos = n_past + tok;
+            let start = if window > 0 { (pos + 1).saturating_sub(window as usize) } else { 0 };
+            for h in 0..n_head {
+                let kh = h / (n_head / n_kv_head);
+                let qv = query(&(0..hd).map(|d| q_data[d + hd * (tok + t * h)]).collect::<Vec<_>>());
+                let kk = |j: usize, d: usize| f64::from(k_vals[j * hd * n_kv_head + kh * hd + d]);
+                let vk = |j: usize, d: usize| f64::from(v_vals[j * hd * n_kv_head + kh * hd + d]);
+                let keys = start..pos + 1;
+                let scores: Vec<f64> = keys
+                    .clone()
+                    .map(|j| (0..hd).map(|d| f64::from(qv[d]) * kk(j, d)).sum::<f64>() * f64::from(scale))
+                    .collect();
+                let max = scores.iter().cloned().fold(f64::MIN, f64::max);
+                let e: Vec<f64> = scores.iter().map(|x| (x - max).exp()).collect();
+                let sum: f64 = e.iter().sum();
+                for d in 0..hd {
+                    want[d + hd * (h + n_head * tok)] =
+                        keys.clone().zip(&e).map(|(j, p)| p / sum * vk(j, d)).sum();
+                }
+            }
+        }
+        // f16 caches accumulate in f16 (as ggml's kernel), the others in f32.
+        check(&format!("seed {seed} ({ty:?})"), &got, &want, 0.0, if ty == F16 { 2e-3 } else { 2e-5 });
+    }
+    // Eight KV heads keep every thread busy without a split.
+    let mut s = Setup::default();
+    let kc = s.leaf_bytes("k", F16, [32 * 8, 1024, 1, 1], &vec![0u8; 32 * 8 * 1024 * 2]);
+    let q = leaf(&mut s, "q", [32, 1, 8, 1], &[0.5; 32 * 8]);
+    let kv = s.g.view(kc, [32, 1024, 8, 1], [2, 512, 64, 512 * 1024], 0, 0).unwrap();
+    let out = s.g.flash_attn(q, kv, kv, 1.0, true, 0).unwrap();
+    s.g.build(&[out]).unwrap();
+    assert_eq!(work_bytes(&s.g), 0);
+}

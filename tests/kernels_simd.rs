@@ -37,7 +37,7 @@ use pinfer::kernels::packed::{
 };
 use pinfer::kernels::reference::{
     f32_to_f16_ref, flash_attn_row_f32dot_ref, flash_attn_row_ref, flash_attn_rows_f32dot_ref,
-    flash_attn_rows_ref, rms_norm_ref, rope_ref, rope_table_ref, swiglu_ref, RopeParams,
+    flash_attn_rows_ref, rms_norm_ref, rope_ref, rope_table_ref, swiglu_ref, RopeParams, RowSoftmax,
 };
 use pinfer::kernels::{
     f32_to_f16, flash_attn_row, flash_attn_rows, packed_matmul, quantize_act, rms_norm, rope_rotate, swiglu,
@@ -225,10 +225,10 @@ fn flash_attn_row_matches_within_f16_rounding() {
                     let scale = 1.0 / (dim as f32).sqrt();
                     let key = |j: usize| &k[j * dim..(j + 1) * dim];
                     let value = |j: usize| &v[j * dim..(j + 1) * dim];
-                    let (want_q16, want) = flash_run(dim, |q16, acc, out| {
+                    let (want_q16, want, _) = flash_run(dim, |q16, acc, out| {
                         flash_attn_row_ref(&q, q16, keys.clone(), key, value, scale, acc, out)
                     });
-                    let (got_q16, got) = flash_run(dim, |q16, acc, out| {
+                    let (got_q16, got, _) = flash_run(dim, |q16, acc, out| {
                         flash_attn_row(path, &q, q16, keys.clone(), key, value, scale, acc, out)
                     });
                     assert_eq!(got_q16, want_q16, "{} dim={dim} keys={n_keys}: q16", path.name());
@@ -261,12 +261,17 @@ fn flash_attn_row_with_exact_scores_is_bit_identical() {
                 let v = f16s(&(0..dim * n_keys).map(|_| 4.0 * rng.f()).collect::<Vec<f32>>());
                 let key = |j: usize| &k[j * dim..(j + 1) * dim];
                 let value = |j: usize| &v[j * dim..(j + 1) * dim];
-                let (_, want) = flash_run(dim, |q16, acc, out| {
+                let (_, want, want_end) = flash_run(dim, |q16, acc, out| {
                     flash_attn_row_ref(&q, q16, 0..n_keys, key, value, 0.3, acc, out)
                 });
-                let (_, got) = flash_run(dim, |q16, acc, out| {
+                let (_, got, got_end) = flash_run(dim, |q16, acc, out| {
                     flash_attn_row(path, &q, q16, 0..n_keys, key, value, 0.3, acc, out)
                 });
+                assert!(
+                    same_end(got_end, want_end),
+                    "{} dim={dim} keys={n_keys}: {got_end:?} vs {want_end:?}",
+                    path.name()
+                );
                 for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
                     assert!(
                         same_bits(g, w),
@@ -315,7 +320,7 @@ fn flash_attn_rows_match_single_rows_bit_for_bit() {
                         (vec![F16Le::from_f32(9.0); rows * dim], vec![F16Le::from_f32(9.0); rows * dim]);
                     let mut outs = vec![vec![9.0f32; dim]; rows];
                     let mut orefs: Vec<&mut [f32]> = outs.iter_mut().map(|o| o.as_mut_slice()).collect();
-                    if path == KernelPath::Reference {
+                    let ends = if path == KernelPath::Reference {
                         flash_attn_rows_ref(
                             &qrefs,
                             &mut q16,
@@ -325,7 +330,7 @@ fn flash_attn_rows_match_single_rows_bit_for_bit() {
                             scale,
                             &mut acc,
                             &mut orefs,
-                        );
+                        )
                     } else {
                         flash_attn_rows(
                             path,
@@ -337,10 +342,10 @@ fn flash_attn_rows_match_single_rows_bit_for_bit() {
                             scale,
                             &mut acc,
                             &mut orefs,
-                        );
-                    }
+                        )
+                    };
                     for (r, q) in qs.iter().enumerate() {
-                        let (want_q16, want) = flash_run(dim, |q16, acc, out| {
+                        let (want_q16, want, want_end) = flash_run(dim, |q16, acc, out| {
                             if path == KernelPath::Reference {
                                 flash_attn_row_ref(q, q16, keys.clone(), key, value, scale, acc, out)
                             } else {
@@ -349,6 +354,11 @@ fn flash_attn_rows_match_single_rows_bit_for_bit() {
                         });
                         let what = format!("{} dim={dim} keys={n_keys} rows={rows} row {r}", path.name());
                         assert_eq!(&q16[r * dim..(r + 1) * dim], &want_q16[..], "{what}: q16");
+                        assert!(
+                            same_end(ends[r], want_end),
+                            "{what}: {:?} vs single row {want_end:?}",
+                            ends[r]
+                        );
                         for (i, (&g, &w)) in outs[r].iter().zip(&want).enumerate() {
                             assert!(same_bits(g, w), "{what} [{i}]: {g} vs single row {w}");
                         }
@@ -417,7 +427,7 @@ fn check_flash_paths_against_twin(paths: &[KernelPath], twin: FlashTwin, seed: u
                     let value = |j: usize| &v[j * dim..(j + 1) * dim];
                     let what = format!("{} dim={dim} keys={n_keys} rows={rows} regime {regime}", path.name());
                     // Single rows.
-                    let (want_q16, want) = flash_run(dim, |q16, acc, out| {
+                    let (want_q16, want, want_end) = flash_run(dim, |q16, acc, out| {
                         let (q, k) = (&qs[0], keys.clone());
                         match twin {
                             FlashTwin::F32Dot => {
@@ -428,10 +438,11 @@ fn check_flash_paths_against_twin(paths: &[KernelPath], twin: FlashTwin, seed: u
                             }
                         }
                     });
-                    let (got_q16, got) = flash_run(dim, |q16, acc, out| {
+                    let (got_q16, got, got_end) = flash_run(dim, |q16, acc, out| {
                         flash_attn_row(path, &qs[0], q16, keys.clone(), key, value, scale, acc, out)
                     });
                     assert_eq!(got_q16, want_q16, "{what}: single row q16");
+                    assert!(same_end(got_end, want_end), "{what}: single row {got_end:?} vs {want_end:?}");
                     for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
                         assert!(same_bits(g, w), "{what} single row [{i}]: {g} vs {twin:?} twin {w}");
                     }
@@ -443,7 +454,7 @@ fn check_flash_paths_against_twin(paths: &[KernelPath], twin: FlashTwin, seed: u
                         let mut outs = vec![vec![9.0f32; dim]; rows];
                         let mut orefs: Vec<&mut [f32]> = outs.iter_mut().map(|o| o.as_mut_slice()).collect();
                         let (q, k, o) = (&qrefs[..], keys.clone(), &mut orefs[..]);
-                        match (use_twin, twin) {
+                        let ends = match (use_twin, twin) {
                             (false, _) => {
                                 flash_attn_rows(path, q, &mut q16, k, key, value, scale, &mut acc, o)
                             }
@@ -453,11 +464,19 @@ fn check_flash_paths_against_twin(paths: &[KernelPath], twin: FlashTwin, seed: u
                             (true, FlashTwin::F16Arith) => {
                                 flash_attn_rows_f16arith_ref(q, &mut q16, k, key, value, scale, &mut acc, o)
                             }
-                        }
-                        (q16, outs)
+                        };
+                        (q16, outs, ends)
                     };
-                    let ((want_q16, want), (got_q16, got)) = (run(true), run(false));
+                    let ((want_q16, want, want_ends), (got_q16, got, got_ends)) = (run(true), run(false));
                     assert_eq!(got_q16, want_q16, "{what}: q16");
+                    for r in 0..rows {
+                        assert!(
+                            same_end(got_ends[r], want_ends[r]),
+                            "{what} row {r}: {:?} vs {:?}",
+                            got_ends[r],
+                            want_ends[r]
+                        );
+                    }
                     for r in 0..rows {
                         for (i, (&g, &w)) in got[r].iter().zip(&want[r]).enumerate() {
                             assert!(same_bits(g, w), "{what} row {r} [{i}]: {g} vs {twin:?} twin {w}");
@@ -544,11 +563,19 @@ fn f32_to_f16_is_bit_identical() {
 }
 
 /// Runs one flash attention row into fresh buffers (holding junk first); returns `(q16, out)`.
-fn flash_run(dim: usize, f: impl Fn(&mut [F16Le], &mut [F16Le], &mut [f32])) -> (Vec<F16Le>, Vec<f32>) {
+fn flash_run(
+    dim: usize,
+    f: impl Fn(&mut [F16Le], &mut [F16Le], &mut [f32]) -> RowSoftmax,
+) -> (Vec<F16Le>, Vec<f32>, RowSoftmax) {
     let (mut q16, mut acc, mut out) =
         (vec![F16Le::from_f32(9.0); dim], vec![F16Le::from_f32(9.0); dim], vec![9.0; dim]);
-    f(&mut q16, &mut acc, &mut out);
-    (q16, out)
+    let end = f(&mut q16, &mut acc, &mut out);
+    (q16, out, end)
+}
+
+/// Two softmax ends with the same bits.
+fn same_end(a: RowSoftmax, b: RowSoftmax) -> bool {
+    same_bits(a.max, b.max) && same_bits(a.sum, b.sum)
 }
 
 /// A packed random `rows` x `k` matrix of `ty` (random quants, small scales).
@@ -734,13 +761,13 @@ fn typed_run(
     vb: usize,
     dim: usize,
     scale: f32,
-) -> Vec<Vec<f32>> {
+) -> (Vec<Vec<f32>>, Vec<RowSoftmax>) {
     let mut outs: Vec<Vec<f32>> = qs.iter().map(|_| vec![f32::NAN; dim]).collect();
     let mut qconv = vec![0u8; qs.len() * 4 * dim];
     let (mut acc, mut vrow) = (vec![0f32; qs.len() * dim], vec![0f32; dim]);
     let q_refs: Vec<&[f32]> = qs.iter().map(|q| &q[..]).collect();
     let mut out_refs: Vec<&mut [f32]> = outs.iter_mut().map(|o| &mut o[..]).collect();
-    flash_attn_rows_typed(
+    let ends = flash_attn_rows_typed(
         ops,
         &q_refs,
         &mut qconv,
@@ -752,7 +779,7 @@ fn typed_run(
         &mut vrow,
         &mut out_refs,
     );
-    outs
+    (outs, ends[..qs.len()].to_vec())
 }
 
 /// Attention over a quantized (or f32/bf16) KV cache: every SIMD path's row operations give the
@@ -781,8 +808,15 @@ fn kv_cache_attention_is_bit_identical_to_reference_ops() {
                         let reference = KvOps::reference(kt, vt).unwrap();
                         let simd = KvOps::new(path, kt, vt).unwrap();
                         let keys = vec![keys; n_rows];
-                        let want = typed_run(&reference, &qs, &keys, &k, kb, &v, vb, dim, scale);
-                        let got = typed_run(&simd, &qs, &keys, &k, kb, &v, vb, dim, scale);
+                        let (want, want_ends) = typed_run(&reference, &qs, &keys, &k, kb, &v, vb, dim, scale);
+                        let (got, got_ends) = typed_run(&simd, &qs, &keys, &k, kb, &v, vb, dim, scale);
+                        for (r, (g, w)) in got_ends.iter().zip(&want_ends).enumerate() {
+                            assert!(
+                                same_end(*g, *w),
+                                "{} K {kt} V {vt} dim={dim} keys={n_keys} row {r}: {g:?} vs {w:?}",
+                                path.name()
+                            );
+                        }
                         for (r, (g, w)) in got.iter().zip(&want).enumerate() {
                             for i in 0..dim {
                                 assert!(
@@ -829,9 +863,17 @@ fn kv_cache_attention_rows_with_their_own_keys_match_single_rows() {
                     _ => 200..200 + 17 * (r - 12),
                 })
                 .collect();
-            let together = typed_run(&ops, &qs, &keys, &k, kb, &v, vb, dim, 0.125);
+            let (together, ends) = typed_run(&ops, &qs, &keys, &k, kb, &v, vb, dim, 0.125);
             for r in 0..n {
-                let alone = typed_run(&ops, &qs[r..r + 1], &keys[r..r + 1], &k, kb, &v, vb, dim, 0.125);
+                let (alone, end) =
+                    typed_run(&ops, &qs[r..r + 1], &keys[r..r + 1], &k, kb, &v, vb, dim, 0.125);
+                assert!(
+                    same_end(ends[r], end[0]),
+                    "{} K {kt} V {vt} row {r}: {:?} together, {:?} alone",
+                    path.name(),
+                    ends[r],
+                    end[0]
+                );
                 for i in 0..dim {
                     assert!(
                         same_bits(together[r][i], alone[0][i]),
@@ -871,7 +913,7 @@ fn kv_cache_attention_is_attention() {
             let (kx, vx) = (widen(kt, &k), widen(vt, &v));
             let vmax = vx.iter().fold(0f32, |m, x| m.max(x.abs()));
             let scale = 1.0 / (dim as f32).sqrt();
-            let got = typed_run(
+            let (got, ends) = typed_run(
                 &KvOps::reference(kt, vt).unwrap(),
                 &qs,
                 &vec![0..n_keys; 3],
@@ -882,7 +924,7 @@ fn kv_cache_attention_is_attention() {
                 dim,
                 scale,
             );
-            for (q, g) in qs.iter().zip(&got) {
+            for ((q, g), end) in qs.iter().zip(&got).zip(&ends) {
                 let s: Vec<f64> = (0..n_keys)
                     .map(|j| {
                         (0..dim).map(|i| f64::from(q[i]) * f64::from(kx[j * dim + i])).sum::<f64>()
@@ -892,6 +934,14 @@ fn kv_cache_attention_is_attention() {
                 let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
                 let w: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
                 let total: f64 = w.iter().sum();
+                // Where the softmax ended: the log of its total, `max + ln sum`, is the scores'.
+                let smax = s.iter().fold(0f64, |a, x| a.max(x.abs()));
+                let lse = f64::from(end.max) + f64::from(end.sum).ln();
+                let lse_tol = if kt == GgmlType::F32 { 1e-5 } else { 3e-2 } * smax.max(1.0);
+                assert!(
+                    (lse - (m + total.ln())).abs() <= lse_tol,
+                    "K {kt} V {vt}: {end:?} vs max {m} sum {total}"
+                );
                 let tol = if kt == GgmlType::F32 { 1e-5 } else { 3e-2 } * f64::from(vmax);
                 for i in 0..dim {
                     let want: f64 =
@@ -1052,4 +1102,56 @@ fn prompt_tiles_are_attention() {
             }
         }
     }
+}
+
+/// A row's attention over disjoint parts of its keys, merged by where each part's softmax ended
+/// (`merge_attn_parts`, the split decode's second phase), is its attention over all of them:
+/// parts of any sizes, empty parts among them, large scores; no keys at all gives zeros.
+#[test]
+fn merged_key_parts_are_the_whole_rows_attention() {
+    use pinfer::kernels::merge_attn_parts;
+    let mut rng = Rng(21);
+    let (dim, n_keys) = (64usize, 301usize);
+    let ops = KvOps::reference(GgmlType::F32, GgmlType::F32).unwrap();
+    for q_size in [1.0f32, 30.0] {
+        let qs = vec![(0..dim).map(|_| q_size * rng.f()).collect::<Vec<f32>>()];
+        let kf: Vec<f32> = (0..dim * n_keys).map(|_| rng.f()).collect();
+        let vf: Vec<f32> = (0..dim * n_keys).map(|_| 3.0 * rng.f()).collect();
+        let (k, v) = (cache_rows(GgmlType::F32, &kf, dim), cache_rows(GgmlType::F32, &vf, dim));
+        let (kb, vb) = (k.len() / n_keys, v.len() / n_keys);
+        let (whole, _) =
+            typed_run(&ops, &qs, core::slice::from_ref(&(0..n_keys)), &k, kb, &v, vb, dim, 0.125);
+        for cuts in [vec![0, 150, 301], vec![0, 0, 1, 37, 37, 200, 301, 301], vec![0, 301]] {
+            let parts: Vec<(Vec<f32>, RowSoftmax)> = cuts
+                .windows(2)
+                .map(|w| {
+                    let (o, e) = typed_run(
+                        &ops,
+                        &qs,
+                        core::slice::from_ref(&(w[0]..w[1])),
+                        &k,
+                        kb,
+                        &v,
+                        vb,
+                        dim,
+                        0.125,
+                    );
+                    (o[0].clone(), e[0])
+                })
+                .collect();
+            let ends: Vec<RowSoftmax> = parts.iter().map(|p| p.1).collect();
+            let mut got = vec![f32::NAN; dim];
+            merge_attn_parts(&ends, |c| &parts[c].0, &mut got);
+            for i in 0..dim {
+                let (g, w) = (got[i], whole[0][i]);
+                assert!(
+                    (g - w).abs() <= 1e-5 * (1.0 + w.abs()),
+                    "q x{q_size} cuts {cuts:?} [{i}]: {g} vs {w}"
+                );
+            }
+        }
+    }
+    let mut none = vec![f32::NAN; dim];
+    merge_attn_parts(&[RowSoftmax::EMPTY; 3], |_| &[], &mut none);
+    assert!(none.iter().all(|&x| x == 0.0));
 }

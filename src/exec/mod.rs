@@ -31,6 +31,7 @@ use crate::kernels::dot::{from_float_ref, vec_dot_ref, vec_dot_type};
 use crate::kernels::kv_attn::{KvOps, TYPED_ROWS};
 use crate::kernels::packed::{act_row_bytes, ActBlock, PackedFormat, PackedMatrix, GROUP_ROWS};
 use crate::kernels::reference as kref;
+use crate::kernels::RowSoftmax;
 use crate::quant::blocks::F16Le;
 use crate::quant::{dequantize_row_ref, GgmlType};
 use crate::tensor::{Storage, Tensor, TensorId};
@@ -198,9 +199,45 @@ impl PackedEntry {
 }
 
 /// Bytes of work region a graph needs: the largest matmul input converted once per node to the
-/// weights' activation type (shared by the threads of that node).
+/// weights' activation type (shared by the threads of that node), or the largest split
+/// attention's parts.
 pub fn work_bytes<const N: usize>(g: &Graph<N>) -> usize {
-    g.order().iter().map(|&id| converted_bytes(g, g.tensor(id))).max().unwrap_or(0).next_multiple_of(64)
+    g.order()
+        .iter()
+        .map(|&id| converted_bytes(g, g.tensor(id)).max(split_bytes(g, g.tensor(id))))
+        .max()
+        .unwrap_or(0)
+        .next_multiple_of(64)
+}
+
+/// A decode step over a long context splits each query row's keys into [`SPLIT_PARTS`] parts,
+/// merged in a second phase (llama.cpp splits a decode step's keys between its threads from 512
+/// keys on): the step's (token, KV head) units are too few to keep every thread busy, and
+/// threads taking single query heads instead would read each KV head's keys once per head. The
+/// parts are fixed, not one per thread, so a result does not depend on the thread count.
+const SPLIT_MIN_KEYS: usize = 512;
+/// Parts per row: a multiple of twice the usual thread counts (the pool hands an attention's
+/// units out in `2 nth` shares), so every thread gets as many.
+const SPLIT_PARTS: usize = 16;
+/// Steps split when they have fewer (token, KV head) units than this.
+const SPLIT_BELOW_UNITS: usize = 8;
+
+/// Floats per part of a split row in the work region: where its softmax ended (max, sum), then
+/// its normalized output.
+fn split_stride(dv: usize) -> usize {
+    dv + 2
+}
+
+/// Bytes of work region flash attention node `t` needs for its parts; 0 if it never splits (more
+/// tokens or KV heads than [`SPLIT_BELOW_UNITS`], or a cache shorter than [`SPLIT_MIN_KEYS`]).
+fn split_bytes<const N: usize>(g: &Graph<N>, t: &Tensor) -> usize {
+    let Some(k) = t.src[1].filter(|_| t.op == Op::FlashAttn) else { return 0 };
+    let tk = g.tensor(k);
+    let (dv, heads, tokens) = (t.ne[0], t.ne[1], t.ne[2]);
+    if tokens.saturating_mul(tk.ne[2]) >= SPLIT_BELOW_UNITS || tk.ne[1] < SPLIT_MIN_KEYS {
+        return 0;
+    }
+    tokens * heads * SPLIT_PARTS * split_stride(dv) * size_of::<f32>()
 }
 
 /// A graph bound to its memory, ready to run.
@@ -487,7 +524,7 @@ impl<'a, const N: usize> Bound<'a, N> {
         if !done {
             // The device failed: this thread computes the whole node, input conversion included
             // (the other threads skipped phase 0 and wait at the barrier).
-            if self.phases(id) == 2 {
+            if self.converts_input(id) {
                 self.convert_input(id, t, step, 0, 1);
             }
             self.mul_mat(id, t, step, 0, 1);
@@ -649,14 +686,43 @@ impl<'a, const N: usize> Bound<'a, N> {
     }
 
     /// How many phases node `id` runs in, with a barrier after each: 0 for leaves and views, 2
-    /// for matmuls that first convert their input (once per node, split over the threads), else 1.
+    /// for matmuls that first convert their input (once per node, split over the threads) and
+    /// for attention that may split its keys (parts, then their merge), else 1.
     pub(crate) fn phases(&self, id: TensorId) -> usize {
         let t = self.graph.tensor(id);
-        match (t.op.computes(), t.src[0].map(|w| converted_input(t, self.graph.tensor(w)))) {
-            (false, _) => 0,
-            (true, Some(Some(_))) => 2,
-            (true, _) => 1,
+        if !t.op.computes() {
+            0
+        } else if self.converts_input(id) || split_bytes(self.graph, t) > 0 {
+            2
+        } else {
+            1
         }
+    }
+
+    /// Whether node `id` is a matmul whose phase 0 converts its input into the work region.
+    pub(crate) fn converts_input(&self, id: TensorId) -> bool {
+        let t = self.graph.tensor(id);
+        t.src[0].is_some_and(|w| converted_input(t, self.graph.tensor(w)).is_some())
+    }
+
+    /// Whether phase `phase` of node `id` has work this step: the merge phase of an attention
+    /// that does not split this step has none (the pool skips it, barrier included).
+    pub(crate) fn phase_works(&self, id: TensorId, phase: usize, step: Step) -> bool {
+        let t = self.graph.tensor(id);
+        !(t.op == Op::FlashAttn && phase == 1) || self.splits(t, step)
+    }
+
+    /// Whether attention node `t` splits its keys this step (see [`SPLIT_PARTS`]): it can (its
+    /// parts fit the work region) and some row sees [`SPLIT_MIN_KEYS`] keys or more.
+    fn splits(&self, t: &Tensor, step: Step) -> bool {
+        let bytes = split_bytes(self.graph, t);
+        let Some(k) = t.src[1] else { return false };
+        let n_kv = self.graph.tensor(k).ne_for(step.n_kv)[1];
+        bytes > 0
+            && bytes <= self.converted_len
+            && (self.converted as usize) % align_of::<f32>() == 0
+            && (0..t.ne[2])
+                .any(|tok| self.visible(t, tok, n_kv, step).is_some_and(|r| r.len() >= SPLIT_MIN_KEYS))
     }
 
     /// Runs thread `ith` of `nth`'s share of phase `phase` of node `id`.
@@ -665,7 +731,7 @@ impl<'a, const N: usize> Bound<'a, N> {
         if !t.op.computes() {
             return;
         }
-        if phase == 0 && self.phases(id) == 2 {
+        if phase == 0 && self.converts_input(id) {
             // An offloaded matmul reads its F32 input as is (and converts it itself on failure).
             if self.offload.is_none() || self.offload_of(t, step).is_none() {
                 self.convert_input(id, t, step, ith, nth);
@@ -698,7 +764,12 @@ impl<'a, const N: usize> Bound<'a, N> {
             Op::Cpy => self.cpy(id, t, ne, step, ith, nth),
             Op::Concat => self.concat(id, t, ne, step, ith, nth),
             Op::KvWrite => self.kv_write(id, t, step, ith, nth),
-            Op::FlashAttn => self.flash_attn(id, t, ne, step, ith, nth),
+            Op::FlashAttn => match (phase, self.splits(t, step)) {
+                (0, false) => self.flash_attn(id, t, ne, step, ith, nth),
+                (0, true) => self.flash_attn_parts(id, t, ne, step, ith, nth),
+                (_, true) => self.merge_attn_parts(id, ne, ith, nth),
+                (_, false) => {}
+            },
             Op::None | Op::View => {}
         }
     }
@@ -1081,6 +1152,144 @@ impl<'a, const N: usize> Bound<'a, N> {
         }
     }
 
+    /// Phase 0 of a split attention (see [`SPLIT_PARTS`]): units of (token, KV head, run of its
+    /// query heads, part), each attending over its part of the token's keys into its rows' slots
+    /// of the work region.
+    fn flash_attn_parts(&self, id: TensorId, t: &Tensor, ne: [usize; 4], step: Step, ith: usize, nth: usize) {
+        const ROWS: usize = if TYPED_ROWS > kernels::FLASH_ROWS { TYPED_ROWS } else { kernels::FLASH_ROWS };
+        let src = |i: usize| t.src[i].map(|s| (s, self.graph.tensor(s)));
+        let (Some((q, tq)), Some((k, tk)), Some((v, tv))) = (src(0), src(1), src(2)) else { return };
+        let (hd, hd_v, scale) = (tq.ne[0], tv.ne[0], t.params.f[0]);
+        let n_kv = tk.ne_for(step.n_kv)[1];
+        let group = (tq.ne[2] / tk.ne[2]).max(1);
+        let n_kv_heads = ne[1] / group;
+        // An f16 cache takes the f16 kernel, any other the typed one (as `flash_attn`).
+        let typed = if (tk.ty, tv.ty) == (GgmlType::F16, GgmlType::F16) {
+            None
+        } else {
+            match KvOps::new(self.path, tk.ty, tv.ty) {
+                Some(ops) => Some(ops),
+                None => return self.fail(id, BAD_INDEX),
+            }
+        };
+        let most = match typed {
+            Some(ops) => {
+                let Some(qb) = ops.query_bytes(hd) else { return self.fail(id, BAD_INDEX) };
+                TYPED_ROWS.min(TYPED_ACC / hd_v.max(1)).min(TYPED_QCONV / qb.max(1)).max(1)
+            }
+            None => kernels::FLASH_ROWS,
+        };
+        let run = group.min(most);
+        let runs = group.div_ceil(run);
+        let stride = split_stride(hd_v);
+        let (kb, vb) = (
+            tk.ty.bytes_for(hd as u64).unwrap_or(0) as usize,
+            tv.ty.bytes_for(hd_v as u64).unwrap_or(0) as usize,
+        );
+        let (ks, vs) = (tk.nb[1], tv.nb[1]);
+        let mut q16 = [F16Le::from_f32(0.0); kernels::FLASH_ROWS * 1024];
+        let mut acc16 = [F16Le::from_f32(0.0); kernels::FLASH_ROWS * 1024];
+        for u in share(ne[2] * n_kv_heads * runs * SPLIT_PARTS, ith, nth) {
+            let part = u % SPLIT_PARTS;
+            let (tok, kv_head, c) = (
+                u / (SPLIT_PARTS * runs * n_kv_heads),
+                u / (SPLIT_PARTS * runs) % n_kv_heads,
+                u / SPLIT_PARTS % runs,
+            );
+            let first = kv_head * group + c * run;
+            let heads = first..(first + run).min((kv_head + 1) * group);
+            let Some(seen) = self.visible(t, tok, n_kv, step) else { return self.fail(id, BAD_INDEX) };
+            let len = seen.len();
+            let keys = seen.start + len * part / SPLIT_PARTS..seen.start + len * (part + 1) / SPLIT_PARTS;
+            let mut qs: [&[f32]; ROWS] = [&[]; ROWS];
+            let mut outs: [&mut [f32]; ROWS] = Default::default();
+            let mut ends: [&mut [f32]; ROWS] = Default::default();
+            let n = heads.len();
+            for (i, head) in heads.enumerate() {
+                let slot = (tok * ne[1] + head) * SPLIT_PARTS + part;
+                // SAFETY: shapes and strides were checked by the graph builder, spans by `new`;
+                // the slots of rows (tok, head) at this part lie in the work region (`splits`
+                // checked its size and alignment) and belong to this unit alone.
+                unsafe {
+                    qs[i] = self.read(q, tq.row_offset(tok, head, 0), hd);
+                    let slot = core::slice::from_raw_parts_mut(
+                        self.converted.cast::<f32>().add(slot * stride),
+                        stride,
+                    );
+                    (ends[i], outs[i]) = slot.split_at_mut(2);
+                }
+            }
+            let mut put = |i: usize, end: RowSoftmax| {
+                ends[i][0] = end.max;
+                ends[i][1] = end.sum;
+            };
+            if keys.is_empty() {
+                (0..n).for_each(|i| put(i, RowSoftmax::EMPTY));
+                continue;
+            }
+            // Row j of this KV head's keys (values) is at base + j stride.
+            let kp = self.ptrs[k.index()].wrapping_add(tk.row_offset(0, kv_head, 0)) as *const u8;
+            let vp = self.ptrs[v.index()].wrapping_add(tv.row_offset(0, kv_head, 0)) as *const u8;
+            match typed {
+                Some(ops) => {
+                    // SAFETY: rows j < n_kv of the cache views, inside their checked spans.
+                    let key = |j| unsafe { core::slice::from_raw_parts(kp.wrapping_add(j * ks), kb) };
+                    // SAFETY: as above.
+                    let value = |j| unsafe { core::slice::from_raw_parts(vp.wrapping_add(j * vs), vb) };
+                    let ranges: [Range<usize>; ROWS] = core::array::from_fn(|_| keys.clone());
+                    let got =
+                        flash_attn_typed(&ops, &qs[..n], &ranges[..n], key, value, scale, &mut outs[..n]);
+                    (0..n).for_each(|i| put(i, got[i]));
+                }
+                None => {
+                    // SAFETY: f16 rows j < n_kv of the cache views, inside their checked spans.
+                    let key = |j| unsafe {
+                        core::slice::from_raw_parts(kp.wrapping_add(j * ks).cast::<F16Le>(), hd)
+                    };
+                    // SAFETY: as above.
+                    let value = |j| unsafe {
+                        core::slice::from_raw_parts(vp.wrapping_add(j * vs).cast::<F16Le>(), hd_v)
+                    };
+                    let got = kernels::flash_attn_rows(
+                        self.path,
+                        &qs[..n],
+                        &mut q16[..n * hd],
+                        keys,
+                        key,
+                        value,
+                        scale,
+                        &mut acc16[..n * hd_v],
+                        &mut outs[..n],
+                    );
+                    (0..n).for_each(|i| put(i, got[i]));
+                }
+            }
+        }
+    }
+
+    /// Phase 1 of a split attention: each output row merged from its parts' slots.
+    fn merge_attn_parts(&self, id: TensorId, ne: [usize; 4], ith: usize, nth: usize) {
+        let (dv, heads) = (ne[0], ne[1]);
+        let stride = split_stride(dv);
+        let t = self.graph.tensor(id);
+        for row in share(ne[2] * heads, ith, nth) {
+            let (tok, head) = (row / heads, row % heads);
+            // SAFETY: the row's slots lie in the work region (`splits` checked it), written in
+            // phase 0 a barrier ago and read-only now; output row (head, tok) is inside the
+            // node's checked span and belongs to this thread.
+            let (parts, out) = unsafe {
+                let at = self.converted.cast::<f32>().add(row * SPLIT_PARTS * stride);
+                (
+                    core::slice::from_raw_parts(at, SPLIT_PARTS * stride),
+                    self.write::<f32>(id, t.row_offset(head, tok, 0), dv),
+                )
+            };
+            let ends: [RowSoftmax; SPLIT_PARTS] =
+                core::array::from_fn(|c| RowSoftmax { max: parts[c * stride], sum: parts[c * stride + 1] });
+            kernels::merge_attn_parts(&ends, |c| &parts[c * stride + 2..(c + 1) * stride], out);
+        }
+    }
+
     /// The keys token `tok` of an attention node sees (its sequence's rows up to its position,
     /// within the window); `None` for a bad place (the node fails).
     fn visible(&self, t: &Tensor, tok: usize, n_kv: usize, step: Step) -> Option<Range<usize>> {
@@ -1181,7 +1390,7 @@ impl<'a, const N: usize> Bound<'a, N> {
             let value = |j| unsafe { core::slice::from_raw_parts(vp.wrapping_add(j * vs), vb) };
             match kernel {
                 TileKernel::Typed(ops) => {
-                    flash_attn_typed(&ops, &qs[..n], &keys[..n], key, value, scale, &mut outs[..n])
+                    flash_attn_typed(&ops, &qs[..n], &keys[..n], key, value, scale, &mut outs[..n]);
                 }
                 TileKernel::Float(path, ty) => {
                     flash_attn_float(path, ty, &qs[..n], &keys[..n], key, value, scale, &mut outs[..n])
@@ -1547,13 +1756,13 @@ fn flash_attn_typed<'k>(
     value: impl Fn(usize) -> &'k [u8],
     scale: f32,
     outs: &mut [&mut [f32]],
-) {
+) -> [RowSoftmax; TYPED_ROWS] {
     let mut qconv = [0u8; TYPED_QCONV];
     let mut acc = [0f32; TYPED_ACC];
     let mut vrow = [0f32; 1024];
     kernels::kv_attn::flash_attn_rows_typed(
         ops, qs, &mut qconv, keys, key, value, scale, &mut acc, &mut vrow, outs,
-    );
+    )
 }
 
 /// [`kernels::attn_tile::flash_attn_tile`] with its scratch on this frame.

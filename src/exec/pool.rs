@@ -277,7 +277,8 @@ fn phase_accesses<const N: usize>(
     out: &mut [Access; PHASE_ACCESSES],
 ) -> usize {
     let t = bound.graph().tensor(id);
-    let converting = bound.phases(id) == 2;
+    let converting = bound.converts_input(id);
+    let splitting = t.op == Op::FlashAttn && bound.phases(id) == 2;
     let converted = bound.converted as usize;
     let work = (converted, converted + bound.converted_len);
     let mut n = 0;
@@ -291,6 +292,16 @@ fn phase_accesses<const N: usize>(
         // The input conversion: reads the F32 input, writes the shared work region.
         add(t.src[1].and_then(|x| span_of(bound, x)), false);
         add(Some(work), true);
+    } else if splitting {
+        // An attention that may split its keys: phase 0 reads the sources and writes the parts
+        // (or, unsplit, the output), phase 1 merges the parts into the output.
+        if phase == 0 {
+            for s in t.src.iter().flatten() {
+                add(span_of(bound, *s), false);
+            }
+        }
+        add(Some(work), phase == 0);
+        add(span_of(bound, id), true);
     } else {
         for s in t.src.iter().flatten() {
             add(span_of(bound, *s), false);
@@ -313,7 +324,7 @@ fn runs_alone<const N: usize>(bound: &Bound<'_, N>, id: TensorId, phase: usize, 
     // Elements, weighted by their cost relative to a norm's or an add's (a rope table takes a
     // sine or a cosine per element, the cache writes, copies and row gathers go element by element).
     let work = match t.op {
-        Op::MulMat | Op::MulMatId if bound.phases(id) == 2 && phase == 0 => elements(t.src[1]),
+        Op::MulMat | Op::MulMatId if bound.converts_input(id) && phase == 0 => elements(t.src[1]),
         Op::MulMat | Op::MulMatId | Op::FlashAttn => return false,
         // The output is the whole cache; the work is the rows written.
         Op::KvWrite => elements(t.src[0]).saturating_mul(4),
@@ -367,8 +378,11 @@ fn run_scheduled<const N: usize>(
     for &id in bound.graph().order() {
         let phases = bound.phases(id);
         for phase in 0..phases {
-            let conversion = phases == 2 && phase == 0;
+            let conversion = bound.converts_input(id) && phase == 0;
             if conversion && converted.is_some_and(|(m, _)| same_conversion(bound, m, id)) {
+                continue;
+            }
+            if !bound.phase_works(id, phase, step) {
                 continue;
             }
             let alone = runs_alone(bound, id, phase, step);

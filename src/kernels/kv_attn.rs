@@ -13,7 +13,7 @@
 
 use core::ops::Range;
 
-use super::KernelPath;
+use super::{KernelPath, RowSoftmax};
 use crate::quant::traits::{DequantizeFn, QuantizeFn, VecDotFn};
 use crate::quant::GgmlType;
 
@@ -150,7 +150,8 @@ pub const TYPED_ROWS: usize = 16;
 /// Scratch: `qconv` holds the converted queries ([`KvOps::query_bytes`] each), `acc`
 /// `outs.len() * dv` accumulators and `vrow` `dv` widened values (`dv = outs[r].len()`). An empty
 /// range gives zeros. Rows whose sizes do not fit the scratch are left untouched (the executor
-/// sizes it). Every path gives the reference operations' bits.
+/// sizes it). Every path gives the reference operations' bits. Returns where each row's softmax
+/// ended.
 #[allow(clippy::too_many_arguments)]
 pub fn flash_attn_rows_typed<'k>(
     ops: &KvOps,
@@ -163,19 +164,20 @@ pub fn flash_attn_rows_typed<'k>(
     acc: &mut [f32],
     vrow: &mut [f32],
     outs: &mut [&mut [f32]],
-) {
+) -> [RowSoftmax; TYPED_ROWS] {
+    let none = [RowSoftmax::EMPTY; TYPED_ROWS];
     let n = qs.len().min(outs.len()).min(keys.len()).min(TYPED_ROWS);
-    let (Some(&q0), Some(dv)) = (qs.first(), outs.first().map(|o| o.len())) else { return };
-    let Some(qb) = ops.query_bytes(q0.len()) else { return };
+    let (Some(&q0), Some(dv)) = (qs.first(), outs.first().map(|o| o.len())) else { return none };
+    let Some(qb) = ops.query_bytes(q0.len()) else { return none };
     if qconv.len() < n * qb || acc.len() < n * dv || vrow.len() < dv {
-        return;
+        return none;
     }
     for (r, q) in qs[..n].iter().enumerate() {
         (ops.q_convert)(q, &mut qconv[r * qb..(r + 1) * qb]);
     }
     let a = Attend { n, qb, dv, qconv: &qconv[..n * qb], scale, keys: &keys[..n] };
     let (acc, vrow) = (&mut acc[..n * dv], &mut vrow[..dv]);
-    let sums = match ops.simd {
+    let ends = match ops.simd {
         #[cfg(target_arch = "x86_64")]
         Some(Simd::Avx2) => {
             // SAFETY: `KvOps::new` chose Avx2 after checking that the CPU has AVX2, FMA and F16C.
@@ -206,11 +208,12 @@ pub fn flash_attn_rows_typed<'k>(
         }
     };
     for (r, out) in outs[..n].iter_mut().enumerate() {
-        let inv = if sums[r] == 0.0 { 0.0 } else { 1.0 / sums[r] };
+        let inv = if ends[r].sum == 0.0 { 0.0 } else { 1.0 / ends[r].sum };
         for (o, &x) in out.iter_mut().zip(&acc[r * dv..(r + 1) * dv]) {
             *o = x * inv;
         }
     }
+    ends
 }
 
 /// The sizes and converted queries of one [`flash_attn_rows_typed`] call.
@@ -235,7 +238,7 @@ pub struct Attend<'a> {
 /// key by key and one vector of exponentials (`exp(old - new)` where a key raises the maximum,
 /// `exp(s - max)` elsewhere), then per key the value widened once and each of those rows rescaled
 /// and updated. Each row gets the operations of a key-by-key loop over its own keys, in order.
-/// Returns each row's softmax sum; `acc` holds the rows' sums of weighted values.
+/// Returns where each row's softmax ended; `acc` holds the rows' sums of weighted values.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub fn attend<'k>(
@@ -248,7 +251,7 @@ pub fn attend<'k>(
     exps: impl Fn(&mut [f32; KEY_CHUNK]),
     widen: impl Fn(&[u8], &mut [f32]),
     axpy: impl Fn(&mut [f32], &[f32], f32),
-) -> [f32; TYPED_ROWS] {
+) -> [RowSoftmax; TYPED_ROWS] {
     const R: usize = TYPED_ROWS;
     let (n, dv) = (a.n.min(R).min(a.keys.len()), a.dv);
     let rows = &a.keys[..n];
@@ -318,7 +321,7 @@ pub fn attend<'k>(
         }
         start += len;
     }
-    sum
+    core::array::from_fn(|r| RowSoftmax { max: max[r], sum: sum[r] })
 }
 
 #[cfg(test)]

@@ -22,7 +22,7 @@ use packed::{ActBlock, PackedMatrix};
 
 use crate::quant::blocks::F16Le;
 
-pub use reference::FLASH_ROWS;
+pub use reference::{merge_attn_parts, RowSoftmax, FLASH_ROWS};
 
 /// Which implementation runs the SIMD-able kernels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -233,7 +233,8 @@ pub fn swiglu(path: KernelPath, gate: &[f32], up: &[f32], out: &mut [f32]) {
     }
 }
 
-/// One query row of flash attention on `path` (see [`reference::flash_attn_row_ref`]).
+/// One query row of flash attention on `path` (see [`reference::flash_attn_row_ref`]); returns
+/// where its softmax ended.
 #[allow(clippy::too_many_arguments)]
 pub fn flash_attn_row<'k>(
     path: KernelPath,
@@ -245,7 +246,7 @@ pub fn flash_attn_row<'k>(
     scale: f32,
     acc16: &mut [F16Le],
     out: &mut [f32],
-) {
+) -> RowSoftmax {
     match path {
         #[cfg(target_arch = "aarch64")]
         KernelPath::NeonFp16 if has_fp16() => {
@@ -266,7 +267,8 @@ pub fn flash_attn_row<'k>(
 }
 
 /// Up to [`FLASH_ROWS`] query rows of flash attention over the same keys on `path` (see
-/// [`reference::flash_attn_rows_ref`]); every row's result is [`flash_attn_row`]'s.
+/// [`reference::flash_attn_rows_ref`]); every row's result is [`flash_attn_row`]'s. Returns where
+/// each row's softmax ended.
 #[allow(clippy::too_many_arguments)]
 pub fn flash_attn_rows<'k>(
     path: KernelPath,
@@ -278,7 +280,7 @@ pub fn flash_attn_rows<'k>(
     scale: f32,
     acc16: &mut [F16Le],
     outs: &mut [&mut [f32]],
-) {
+) -> [RowSoftmax; FLASH_ROWS] {
     match path {
         #[cfg(target_arch = "aarch64")]
         KernelPath::NeonFp16 if has_fp16() => {

@@ -6,7 +6,8 @@ use core::ops::Range;
 
 use super::*;
 use crate::kernels::reference::{
-    flash_attn_row_f32dot_ref, flash_attn_rows_f16arith_ref, flash_attn_rows_f32dot_ref, FLASH_ROWS,
+    flash_attn_row_f32dot_ref, flash_attn_rows_f16arith_ref, flash_attn_rows_f32dot_ref, RowSoftmax,
+    FLASH_ROWS,
 };
 use crate::quant::blocks::F16Le;
 
@@ -32,13 +33,13 @@ pub fn flash_attn_row<'k>(
     scale: f32,
     acc16: &mut [F16Le],
     out: &mut [f32],
-) {
+) -> RowSoftmax {
     let (dk, dv) = (q.len(), out.len());
     if !f32dot_fits(dk, dv) || q16.len() < dk || acc16.len() < dv {
         return flash_attn_row_f32dot_ref(q, q16, keys, key, value, scale, acc16, out);
     }
     // SAFETY: the shapes were checked above; NEON is part of the aarch64 baseline.
-    unsafe { attend_rows::<F32Dot<1>>(&[q], q16, keys, key, value, scale, acc16, &mut [out]) }
+    unsafe { attend_rows::<F32Dot<1>>(&[q], q16, keys, key, value, scale, acc16, &mut [out])[0] }
 }
 
 /// Several query rows over the same keys (the query heads of one KV head):
@@ -54,10 +55,10 @@ pub fn flash_attn_rows<'k>(
     scale: f32,
     acc16: &mut [F16Le],
     outs: &mut [&mut [f32]],
-) {
+) -> [RowSoftmax; FLASH_ROWS] {
     let n = qs.len().min(outs.len());
     if n == 0 {
-        return;
+        return [RowSoftmax::EMPTY; FLASH_ROWS];
     }
     let (dk, dv) = (qs[0].len(), outs[0].len());
     let fits = n <= FLASH_ROWS
@@ -187,7 +188,7 @@ unsafe fn attend_rows<'k, F: Family>(
     scale: f32,
     acc16: &mut [F16Le],
     outs: &mut [&mut [f32]],
-) {
+) -> [RowSoftmax; FLASH_ROWS] {
     let (dk, dv, n) = (qs[0].len(), outs[0].len(), qs.len());
     let pieces = dk.div_ceil(32);
     let mut qp = F::NO_QUERIES;
@@ -229,8 +230,10 @@ unsafe fn attend_rows<'k, F: Family>(
         }
         j += m;
     }
-    let mut sums = [0f32; 4];
+    let (mut sums, mut maxes) = ([0f32; 4], [0f32; 4]);
     st_f32x4(&mut sums, sum);
+    st_f32x4(&mut maxes, max);
+    let mut ends = [RowSoftmax::EMPTY; FLASH_ROWS];
     for (r, out) in outs.iter_mut().enumerate() {
         let inv = if sums[r] == 0.0 { 0.0 } else { 1.0 / sums[r] };
         for (o, a) in out.chunks_exact_mut(8).zip(acc16[r * dv..(r + 1) * dv].chunks_exact(8)) {
@@ -238,7 +241,9 @@ unsafe fn attend_rows<'k, F: Family>(
             st_f32x4(o, vmulq_n_f32(f16_lo(h), inv));
             st_f32x4(&mut o[4..], vmulq_n_f32(f16_hi(h), inv));
         }
+        ends[r] = RowSoftmax { max: maxes[r], sum: sums[r] };
     }
+    ends
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -720,10 +725,10 @@ pub unsafe fn flash_attn_rows_fp16<'k>(
     scale: f32,
     acc16: &mut [F16Le],
     outs: &mut [&mut [f32]],
-) {
+) -> [RowSoftmax; FLASH_ROWS] {
     let n = qs.len().min(outs.len());
     if n == 0 {
-        return;
+        return [RowSoftmax::EMPTY; FLASH_ROWS];
     }
     let (dk, dv) = (qs[0].len(), outs[0].len());
     let fits = n <= FLASH_ROWS
@@ -767,9 +772,9 @@ pub unsafe fn flash_attn_row_fp16<'k>(
     scale: f32,
     acc16: &mut [F16Le],
     out: &mut [f32],
-) {
+) -> RowSoftmax {
     // SAFETY: the CPU has FEAT_FP16 (this function's contract).
-    unsafe { flash_attn_rows_fp16(&[q], q16, keys, key, value, scale, acc16, &mut [out]) }
+    unsafe { flash_attn_rows_fp16(&[q], q16, keys, key, value, scale, acc16, &mut [out])[0] }
 }
 
 /// The FEAT_FP16 family for `R` rows: queries rounded to f16, packed per 32 dimensions (row 0's,
@@ -1250,7 +1255,7 @@ pub fn kv_attend<'k>(
     value: impl Fn(usize) -> &'k [u8],
     acc: &mut [f32],
     vrow: &mut [f32],
-) -> [f32; crate::kernels::kv_attn::TYPED_ROWS] {
+) -> [RowSoftmax; crate::kernels::kv_attn::TYPED_ROWS] {
     kv_attend_with(ops, a, key, value, acc, vrow, kv_dot_q8_0)
 }
 
@@ -1266,7 +1271,7 @@ pub unsafe fn kv_attend_dotprod<'k>(
     value: impl Fn(usize) -> &'k [u8],
     acc: &mut [f32],
     vrow: &mut [f32],
-) -> [f32; crate::kernels::kv_attn::TYPED_ROWS] {
+) -> [RowSoftmax; crate::kernels::kv_attn::TYPED_ROWS] {
     // SAFETY: this function runs with FEAT_DotProd.
     kv_attend_with(ops, a, key, value, acc, vrow, |k, q| unsafe { kv_dot_q8_0_sdot(k, q) })
 }
@@ -1309,7 +1314,7 @@ fn kv_attend_with<'k>(
     acc: &mut [f32],
     vrow: &mut [f32],
     dot_q8: impl Fn(&[u8], &[u8]) -> f32,
-) -> [f32; crate::kernels::kv_attn::TYPED_ROWS] {
+) -> [RowSoftmax; crate::kernels::kv_attn::TYPED_ROWS] {
     use crate::kernels::kv_attn::{attend, KEY_CHUNK};
     use crate::quant::GgmlType;
     let (k_q8, v_ty, dot, widen) =

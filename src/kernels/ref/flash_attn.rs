@@ -19,7 +19,7 @@ pub fn flash_attn_row_ref<'k>(
     scale: f32,
     acc16: &mut [F16Le],
     out: &mut [f32],
-) {
+) -> RowSoftmax {
     flash_attn_row_by(vec_dot_f16_f16_ref, rescale_f32, mad_f32, q, q16, keys, key, value, scale, acc16, out)
 }
 
@@ -53,7 +53,7 @@ fn flash_attn_row_by<'k>(
     scale: f32,
     acc16: &mut [F16Le],
     out: &mut [f32],
-) {
+) -> RowSoftmax {
     for (h, &x) in q16.iter_mut().zip(q) {
         *h = F16Le::from_f32(x);
     }
@@ -79,6 +79,7 @@ fn flash_attn_row_by<'k>(
     for (o, a) in out.iter_mut().zip(acc16.iter()) {
         *o = a.to_f32() * inv;
     }
+    RowSoftmax { max, sum }
 }
 
 /// `row(q, q16, acc16, out)` for each query row with its slices of the rows' scratch (`dk =
@@ -88,16 +89,58 @@ fn each_row(
     q16: &mut [F16Le],
     acc16: &mut [F16Le],
     outs: &mut [&mut [f32]],
-    mut row: impl FnMut(&[f32], &mut [F16Le], &mut [F16Le], &mut [f32]),
-) {
+    mut row: impl FnMut(&[f32], &mut [F16Le], &mut [F16Le], &mut [f32]) -> RowSoftmax,
+) -> [RowSoftmax; FLASH_ROWS] {
+    let mut ends = [RowSoftmax::EMPTY; FLASH_ROWS];
     for (r, (q, out)) in qs.iter().zip(outs.iter_mut()).enumerate() {
         let (dk, dv) = (q.len(), out.len());
-        row(q, &mut q16[r * dk..(r + 1) * dk], &mut acc16[r * dv..(r + 1) * dv], out);
+        let end = row(q, &mut q16[r * dk..(r + 1) * dk], &mut acc16[r * dv..(r + 1) * dv], out);
+        if let Some(e) = ends.get_mut(r) {
+            *e = end;
+        }
     }
+    ends
 }
 
 /// Most query rows one [`flash_attn_rows_ref`] call (and its SIMD twins) takes.
 pub const FLASH_ROWS: usize = 4;
+
+/// Where one row's online softmax ended: its largest score and its sum of `exp(score - max)`
+/// (`-inf` and 0 over no keys). A row's results over disjoint key ranges merge by these
+/// ([`merge_attn_parts`]): the decode of a long context splits its keys between threads.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RowSoftmax {
+    /// The largest scaled score.
+    pub max: f32,
+    /// Sum of `exp(score - max)` over the keys.
+    pub sum: f32,
+}
+
+impl RowSoftmax {
+    /// No keys.
+    pub const EMPTY: Self = Self { max: f32::NEG_INFINITY, sum: 0.0 };
+}
+
+/// One attention row from its results over disjoint key ranges: part `c` is a normalized
+/// output `outs(c)` and where its softmax ended, `ends[c]`. Each part weighs `sum exp(max - M)`
+/// (`M` the largest `max`), which turns its normalized output back into its share of the whole
+/// softmax; parts without keys weigh nothing. No keys at all gives zeros, as the kernels do.
+pub fn merge_attn_parts<'p>(ends: &[RowSoftmax], outs: impl Fn(usize) -> &'p [f32], out: &mut [f32]) {
+    let top = ends.iter().filter(|e| e.sum > 0.0).map(|e| e.max).fold(f32::NEG_INFINITY, f32::max);
+    out.fill(0.0);
+    let mut total = 0.0f32;
+    for (c, e) in ends.iter().enumerate() {
+        if e.sum > 0.0 {
+            let w = e.sum * expf(e.max - top);
+            total += w;
+            for (o, &x) in out.iter_mut().zip(outs(c)) {
+                *o += w * x;
+            }
+        }
+    }
+    let inv = if total > 0.0 { 1.0 / total } else { 0.0 };
+    out.iter_mut().for_each(|o| *o *= inv);
+}
 
 /// Several query rows of flash attention over the same keys and values (the query heads of one
 /// KV head, GQA): row `r` is [`flash_attn_row_ref`] of `qs[r]` into `outs[r]`, its scratch
@@ -113,10 +156,10 @@ pub fn flash_attn_rows_ref<'k>(
     scale: f32,
     acc16: &mut [F16Le],
     outs: &mut [&mut [f32]],
-) {
+) -> [RowSoftmax; FLASH_ROWS] {
     each_row(qs, q16, acc16, outs, |q, q16, acc16, out| {
         flash_attn_row_ref(q, q16, keys.clone(), &key, &value, scale, acc16, out)
-    });
+    })
 }
 
 /// The f16 key dot as ggml's x86 build sums it (AVX2, `ggml_vec_dot_f16`): the exact f32
@@ -151,7 +194,7 @@ pub fn flash_attn_row_f32dot_ref<'k>(
     scale: f32,
     acc16: &mut [F16Le],
     out: &mut [f32],
-) {
+) -> RowSoftmax {
     flash_attn_row_by(vec_dot_f16_ggml_ref, rescale_f32, mad_f32, q, q16, keys, key, value, scale, acc16, out)
 }
 
@@ -166,10 +209,10 @@ pub fn flash_attn_rows_f32dot_ref<'k>(
     scale: f32,
     acc16: &mut [F16Le],
     outs: &mut [&mut [f32]],
-) {
+) -> [RowSoftmax; FLASH_ROWS] {
     each_row(qs, q16, acc16, outs, |q, q16, acc16, out| {
         flash_attn_row_f32dot_ref(q, q16, keys.clone(), &key, &value, scale, acc16, out)
-    });
+    })
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -265,7 +308,7 @@ pub fn flash_attn_row_f16arith_ref<'k>(
     scale: f32,
     acc16: &mut [F16Le],
     out: &mut [f32],
-) {
+) -> RowSoftmax {
     let rescale = |acc16: &mut [F16Le], ms: f32| {
         let m16 = F16Le::from_f32(ms);
         for a in acc16.iter_mut() {
@@ -292,8 +335,8 @@ pub fn flash_attn_rows_f16arith_ref<'k>(
     scale: f32,
     acc16: &mut [F16Le],
     outs: &mut [&mut [f32]],
-) {
+) -> [RowSoftmax; FLASH_ROWS] {
     each_row(qs, q16, acc16, outs, |q, q16, acc16, out| {
         flash_attn_row_f16arith_ref(q, q16, keys.clone(), &key, &value, scale, acc16, out)
-    });
+    })
 }

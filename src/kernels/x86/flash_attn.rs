@@ -3,6 +3,8 @@
 use core::arch::x86_64::*;
 use core::ops::Range;
 
+use crate::kernels::reference::RowSoftmax;
+use crate::kernels::FLASH_ROWS;
 use crate::quant::blocks::F16Le;
 
 /// One query row of flash attention over an f16 KV cache (see
@@ -20,7 +22,7 @@ pub unsafe fn flash_attn_row_avx2<'k>(
     scale: f32,
     acc16: &mut [F16Le],
     out: &mut [f32],
-) {
+) -> RowSoftmax {
     // SAFETY: the caller guarantees the CPU features.
     unsafe { flash_attn_impl(q, q16, keys, key, value, scale, acc16, out) }
 }
@@ -194,17 +196,6 @@ fn update_regs<const V: usize, const RESCALE: bool>(
     true
 }
 
-/// The running maximum score and softmax sum of one row.
-#[derive(Clone, Copy)]
-struct RowState {
-    max: f32,
-    sum: f32,
-}
-
-impl RowState {
-    const START: Self = Self { max: f32::NEG_INFINITY, sum: 0.0 };
-}
-
 /// The key loop of [`flash_attn_impl`] over `keys`, going on from `state` and the accumulator
 /// in `acc16` (so a row may take its keys in several runs, in 8-key batches from the same start:
 /// the same operations as in one run). `V > 0`: the accumulator (`8 * V` elements long) lives in
@@ -220,7 +211,7 @@ fn attend<'k, const V: usize>(
     value: &impl Fn(usize) -> &'k [F16Le],
     scale: f32,
     acc16: &mut [F16Le],
-    state: &mut RowState,
+    state: &mut RowSoftmax,
 ) {
     debug_assert!(V == 0 || acc16.len() == 8 * V);
     let mut regs = [_mm256_setzero_ps(); V];
@@ -287,7 +278,7 @@ fn attend<'k, const V: usize>(
         j += nk;
     }
     to_memory(&regs, acc16);
-    *state = RowState { max, sum };
+    *state = RowSoftmax { max, sum };
 }
 
 /// Keys one run of [`attend`] takes when several rows share them: their K and V rows (16 KiB at
@@ -335,7 +326,7 @@ fn attend_any<'k>(
     value: &impl Fn(usize) -> &'k [F16Le],
     scale: f32,
     acc16: &mut [F16Le],
-    state: &mut RowState,
+    state: &mut RowSoftmax,
 ) {
     match acc16.len() {
         64 => attend::<8>(q16, qf, keys, key, value, scale, acc16, state),
@@ -376,13 +367,14 @@ fn flash_attn_impl<'k>(
     scale: f32,
     acc16: &mut [F16Le],
     out: &mut [f32],
-) {
+) -> RowSoftmax {
     let mut qf = [0f32; QMAX];
     let fits = prepare(q, q16, &mut qf, acc16);
     let qf = fits.then(|| &qf[..q16.len()]);
-    let mut state = RowState::START;
+    let mut state = RowSoftmax::EMPTY;
     attend_any(q16, qf, keys, &key, &value, scale, acc16, &mut state);
     finish(acc16, state.sum, out);
+    state
 }
 
 /// Up to [`crate::kernels::FLASH_ROWS`] query rows over the same keys (the query heads of one
@@ -402,7 +394,7 @@ pub unsafe fn flash_attn_rows_avx2<'k>(
     scale: f32,
     acc16: &mut [F16Le],
     outs: &mut [&mut [f32]],
-) {
+) -> [RowSoftmax; FLASH_ROWS] {
     // SAFETY: the caller guarantees the CPU features.
     unsafe { flash_attn_rows_impl(qs, q16, keys, key, value, scale, acc16, outs) }
 }
@@ -418,10 +410,11 @@ fn flash_attn_rows_impl<'k>(
     scale: f32,
     acc16: &mut [F16Le],
     outs: &mut [&mut [f32]],
-) {
-    const ROWS: usize = crate::kernels::FLASH_ROWS;
+) -> [RowSoftmax; FLASH_ROWS] {
+    const ROWS: usize = FLASH_ROWS;
     let (dk, dv) = (qs.first().map_or(0, |q| q.len()), outs.first().map_or(0, |o| o.len()));
     let (key, value) = (&key, &value);
+    let mut ends = [RowSoftmax::EMPTY; FLASH_ROWS];
     // Passes of up to ROWS rows (each row's result is the same whatever the pass).
     let count = qs.len().min(outs.len());
     for (p, outs) in outs[..count].chunks_mut(ROWS).enumerate() {
@@ -429,10 +422,14 @@ fn flash_attn_rows_impl<'k>(
         let (Some(q16), Some(acc16)) =
             (q16.get_mut(rows.start * dk..rows.end * dk), acc16.get_mut(rows.start * dv..rows.end * dv))
         else {
-            return;
+            return ends;
         };
-        rows_pass(&qs[rows], q16, keys.clone(), key, value, scale, acc16, outs);
+        let pass = rows_pass(&qs[rows], q16, keys.clone(), key, value, scale, acc16, outs);
+        if p == 0 {
+            ends = pass;
+        }
     }
+    ends
 }
 
 /// One pass of [`flash_attn_rows_impl`]: at most `FLASH_ROWS` rows, `q16` and `acc16` exactly
@@ -448,16 +445,16 @@ fn rows_pass<'k>(
     scale: f32,
     acc16: &mut [F16Le],
     outs: &mut [&mut [f32]],
-) {
-    const ROWS: usize = crate::kernels::FLASH_ROWS;
+) -> [RowSoftmax; FLASH_ROWS] {
+    const ROWS: usize = FLASH_ROWS;
     let n = qs.len().min(outs.len()).min(ROWS);
     let (dk, dv) = (qs.first().map_or(0, |q| q.len()), outs.first().map_or(0, |o| o.len()));
     if n == 0 || q16.len() < n * dk || acc16.len() < n * dv {
-        return;
+        return [RowSoftmax::EMPTY; FLASH_ROWS];
     }
     let mut qf = [[0f32; QMAX]; ROWS];
     let mut fits = [false; ROWS];
-    let mut states = [RowState::START; ROWS];
+    let mut states = [RowSoftmax::EMPTY; ROWS];
     for r in 0..n {
         let (q16, acc16) = (&mut q16[r * dk..(r + 1) * dk], &mut acc16[r * dv..(r + 1) * dv]);
         fits[r] = qs[r].len() == dk && prepare(qs[r], q16, &mut qf[r], acc16);
@@ -475,6 +472,7 @@ fn rows_pass<'k>(
     for r in 0..n {
         finish(&acc16[r * dv..(r + 1) * dv], states[r].sum, outs[r]);
     }
+    states
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -594,7 +592,7 @@ pub unsafe fn kv_attend_avx2<'k>(
     value: impl Fn(usize) -> &'k [u8],
     acc: &mut [f32],
     vrow: &mut [f32],
-) -> [f32; crate::kernels::kv_attn::TYPED_ROWS] {
+) -> [RowSoftmax; crate::kernels::kv_attn::TYPED_ROWS] {
     use crate::kernels::kv_attn::{attend, KEY_CHUNK};
     use crate::quant::GgmlType;
     let (k_q8, v_ty, dot, widen) =
