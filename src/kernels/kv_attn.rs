@@ -119,15 +119,21 @@ impl KvOps {
 }
 
 /// `vec_dot_q8_0_q8_0_ref`'s block loop with each block's integer sum given (`sumi(xq, yq)` of the
-/// two blocks' 32 quant bytes): the f32 steps are the reference's, in its order, so a SIMD block
-/// sum gives the reference's bits. 0.0 if the rows are not the same whole number of blocks.
+/// two blocks' 32 quant bytes) and the scales' exact f16 widening (`widen`): the f32 steps are the
+/// reference's, in its order, so a SIMD block sum gives the reference's bits. 0.0 if the rows are
+/// not the same whole number of blocks.
 #[inline(always)]
-pub fn q8_0_dot_by(k: &[u8], q: &[u8], sumi: impl Fn(&[u8], &[u8]) -> i32) -> f32 {
+pub fn q8_0_dot_by(
+    k: &[u8],
+    q: &[u8],
+    widen: impl Fn(crate::quant::blocks::F16Le) -> f32,
+    sumi: impl Fn(&[u8], &[u8]) -> i32,
+) -> f32 {
     const B: usize = 34;
     if k.len() != q.len() || k.len() % B != 0 {
         return 0.0;
     }
-    let d = |b: &[u8]| super::dot::f16(crate::quant::blocks::F16Le([b[0], b[1]]));
+    let d = |b: &[u8]| widen(crate::quant::blocks::F16Le([b[0], b[1]]));
     let mut sumf = 0.0f32;
     for (x, y) in k.chunks_exact(B).zip(q.chunks_exact(B)) {
         sumf += sumi(&x[2..], &y[2..]) as f32 * (d(x) * d(y));

@@ -1168,7 +1168,7 @@ fn kv_dot_q8_0(k: &[u8], q: &[u8]) -> f32 {
 
 #[target_feature(enable = "neon")]
 fn kv_dot_q8_0_neon(k: &[u8], q: &[u8]) -> f32 {
-    crate::kernels::kv_attn::q8_0_dot_by(k, q, |x, y| {
+    crate::kernels::kv_attn::q8_0_dot_by(k, q, crate::kernels::dot::f16, |x, y| {
         let (x0, x1) = (ld_s8x16(x), ld_s8x16(&x[16..]));
         let (y0, y1) = (ld_s8x16(y), ld_s8x16(&y[16..]));
         // i8 x i8 products fit i16; pairs of them summed into i32 lanes.
@@ -1283,7 +1283,7 @@ pub unsafe fn kv_attend_dotprod<'k>(
 #[target_feature(enable = "dotprod")]
 #[inline]
 unsafe fn kv_dot_q8_0_sdot(k: &[u8], q: &[u8]) -> f32 {
-    crate::kernels::kv_attn::q8_0_dot_by(k, q, |x, y| {
+    crate::kernels::kv_attn::q8_0_dot_by(k, q, crate::kernels::dot::f16, |x, y| {
         let (x0, x1) = (ld_s8x16(x), ld_s8x16(&x[16..]));
         let (y0, y1) = (ld_s8x16(y), ld_s8x16(&y[16..]));
         let mut s = vdupq_n_s32(0);

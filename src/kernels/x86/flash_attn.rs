@@ -479,44 +479,73 @@ fn rows_pass<'k>(
 // Row operations of attention over a quantized cache (`kernels::kv_attn`): the reference's bits.
 
 /// q8_0 key row `k` times q8_0 query row `q`: `vec_dot_q8_0_q8_0_ref`'s result bit for bit (each
-/// block's integer sum is exact; the f32 steps are the reference's, in its order). 0.0 if the
-/// rows are not the same whole number of blocks.
+/// block's integer sum is exact in any order; the f32 steps are the reference's, in its order).
+/// Blocks go in pairs whose 8-lane integer sums are reduced together, which halves the
+/// horizontal work of one block at a time. 0.0 if the rows are not the same whole number of
+/// blocks.
 ///
 /// # Safety
-/// The CPU must have AVX2 and FMA.
+/// The CPU must have AVX2, FMA and F16C.
 #[inline]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn kv_dot_q8_0_avx2(k: &[u8], q: &[u8]) -> f32 {
+    const B: usize = 34;
+    if k.len() != q.len() || k.len() % B != 0 {
+        return 0.0;
+    }
     let ones = _mm256_set1_epi16(1);
-    crate::kernels::kv_attn::q8_0_dot_by(k, q, |xq, yq| {
-        // SAFETY: 32 quant bytes of each block; unaligned loads.
-        let (xq, yq) =
-            unsafe { (_mm256_loadu_si256(xq.as_ptr().cast()), _mm256_loadu_si256(yq.as_ptr().cast())) };
-        // |x| * (y with x's sign): u8 x i8 pairs summed to i16 (at most 2 * 128 * 127, no
-        // saturation), then to i32.
-        let p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(xq, xq), _mm256_sign_epi8(yq, xq));
-        let p32 = _mm256_madd_epi16(p16, ones);
-        let s4 = _mm_add_epi32(_mm256_castsi256_si128(p32), _mm256_extracti128_si256::<1>(p32));
+    // Block b's products in 8 i32 lanes: |x| * (y with x's sign), u8 x i8 pairs summed to i16 (at
+    // most 2 * 128 * 127, no saturation), then to i32.
+    let lanes = |b: usize| {
+        // SAFETY: 32 quant bytes at 34 b + 2 of both rows (b < k.len() / 34); unaligned loads.
+        let (x, y) = unsafe {
+            (
+                _mm256_loadu_si256(k.as_ptr().add(B * b + 2).cast()),
+                _mm256_loadu_si256(q.as_ptr().add(B * b + 2).cast()),
+            )
+        };
+        _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x)), ones)
+    };
+    let scale = |b: usize| {
+        let d = |r: &[u8]| f16c_to_f32(F16Le([r[B * b], r[B * b + 1]]));
+        d(k) * d(q)
+    };
+    let blocks = k.len() / B;
+    let mut sumf = 0.0f32;
+    let mut b = 0;
+    while b + 2 <= blocks {
+        // [a01, a23, b01, b23 | a45, a67, b45, b67], halves added, then pairs: [a, b, a, b].
+        let h = _mm256_hadd_epi32(lanes(b), lanes(b + 1));
+        let s = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h));
+        let s = _mm_hadd_epi32(s, s);
+        sumf += _mm_cvtsi128_si32(s) as f32 * scale(b);
+        sumf += _mm_extract_epi32::<1>(s) as f32 * scale(b + 1);
+        b += 2;
+    }
+    if b < blocks {
+        let m = lanes(b);
+        let s4 = _mm_add_epi32(_mm256_castsi256_si128(m), _mm256_extracti128_si256::<1>(m));
         let s2 = _mm_add_epi32(s4, _mm_unpackhi_epi64(s4, s4));
         let s1 = _mm_add_epi32(s2, _mm_shuffle_epi32::<0b01>(s2));
-        _mm_cvtsi128_si32(s1)
-    })
+        sumf += _mm_cvtsi128_si32(s1) as f32 * scale(b);
+    }
+    sumf
 }
 
 /// q8_0 row to f32 (`q * d` per element, as `dequantize_q8_0_ref`); `false` if `out` is not
 /// the row's length.
 ///
 /// # Safety
-/// The CPU must have AVX2.
+/// The CPU must have AVX2, FMA and F16C.
 #[inline]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn kv_widen_q8_0_avx2(src: &[u8], out: &mut [f32]) -> bool {
     const B: usize = 34;
     if src.len() % B != 0 || out.len() != src.len() / B * 32 {
         return false;
     }
     for (b, o) in src.chunks_exact(B).zip(out.chunks_exact_mut(32)) {
-        let d = _mm256_set1_ps(crate::kernels::dot::f16(F16Le([b[0], b[1]])));
+        let d = _mm256_set1_ps(f16c_to_f32(F16Le([b[0], b[1]])));
         for i in 0..4 {
             // SAFETY: 8 quants at 2 + 8i of a 34-byte block; 8 floats at 8i of a 32-float chunk.
             unsafe {
@@ -527,6 +556,15 @@ unsafe fn kv_widen_q8_0_avx2(src: &[u8], out: &mut [f32]) -> bool {
         }
     }
     true
+}
+
+/// f16 to f32 by F16C: exact, as the portable `dot::f16`, but without its multiply, whose
+/// subnormal input (a block scale that is an f16 subnormal) costs a microcode assist on x86: at
+/// depth 4096 SmolLM2's q8_0 cache spent two thirds of a decode step there.
+#[inline]
+#[target_feature(enable = "f16c")]
+fn f16c_to_f32(h: F16Le) -> f32 {
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(h.to_bits()))))
 }
 
 /// f16 row to f32 (exact); `false` if `out` is not the row's length.
@@ -549,7 +587,7 @@ unsafe fn kv_widen_f16_avx2(src: &[u8], out: &mut [f32]) -> bool {
         i += 8;
     }
     for (o, h) in out[i..].iter_mut().zip(src[2 * i..].chunks_exact(2)) {
-        *o = crate::kernels::dot::f16(F16Le([h[0], h[1]]));
+        *o = f16c_to_f32(F16Le([h[0], h[1]]));
     }
     true
 }
