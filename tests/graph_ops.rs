@@ -1848,6 +1848,48 @@ fn graph_capacity_is_enforced() {
 /// F16-rounded inputs. A few tokens take the f16 kernels, which round the query to F16 and
 /// accumulate values in F16 like ggml, hence the tolerance; a prompt of 64 tokens or more takes
 /// the f32 tiles where the path has them (f32 query and accumulators: 1e-5).
+/// Causal softmax attention in f64: `t` query tokens at positions `n_past..` (token `tok`'s row
+/// of head `h` is `query(tok, h)`, rounded as the kernel rounds it), each seeing the keys up to
+/// its position (within `window` if not 0) of caches `k` and `v` laid out `[hd * n_kv_head, rows]`;
+/// the output is `[hd, n_head, t]`.
+#[allow(clippy::too_many_arguments)]
+fn attention_f64(
+    (hd, n_head, n_kv_head): (usize, usize, usize),
+    t: usize,
+    n_past: usize,
+    n_kv: usize,
+    window: u32,
+    scale: f32,
+    query: impl Fn(usize, usize) -> Vec<f32>,
+    k: &[f32],
+    v: &[f32],
+) -> Vec<f64> {
+    let mut want = vec![0f64; hd * n_head * t];
+    for tok in 0..t {
+        let pos = n_past + tok;
+        let start = if window > 0 { (pos + 1).saturating_sub(window as usize) } else { 0 };
+        for h in 0..n_head {
+            let kh = h / (n_head / n_kv_head);
+            let qv = query(tok, h);
+            let kk = |j: usize, d: usize| f64::from(k[j * hd * n_kv_head + kh * hd + d]);
+            let vk = |j: usize, d: usize| f64::from(v[j * hd * n_kv_head + kh * hd + d]);
+            let keys = start..(pos + 1).min(n_kv);
+            let scores: Vec<f64> = keys
+                .clone()
+                .map(|j| (0..hd).map(|d| f64::from(qv[d]) * kk(j, d)).sum::<f64>() * f64::from(scale))
+                .collect();
+            let max = scores.iter().cloned().fold(f64::MIN, f64::max);
+            let e: Vec<f64> = scores.iter().map(|x| (x - max).exp()).collect();
+            let sum: f64 = e.iter().sum();
+            for d in 0..hd {
+                want[d + hd * (h + n_head * tok)] =
+                    keys.clone().zip(&e).map(|(j, p)| p / sum * vk(j, d)).sum();
+            }
+        }
+    }
+    want
+}
+
 #[test]
 fn flash_attn_matches_softmax_attention() {
     let (hd, n_head, n_kv_head) = (16usize, 4usize, 2usize);
@@ -1878,29 +1920,9 @@ fn flash_attn_matches_softmax_attention() {
         let out = s.g.flash_attn(q, kv, vv, scale, true, window).unwrap();
         let n_kv = n_past + t;
         let got = run_ops(&mut s, &[out], &[Step { n_past, n_kv }]).remove(0);
-        let mut want = vec![0f64; hd * n_head * t];
-        for tok in 0..t {
-            let pos = n_past + tok;
-            let start = if window > 0 { (pos + 1).saturating_sub(window as usize) } else { 0 };
-            for h in 0..n_head {
-                let kh = h / (n_head / n_kv_head);
-                let qv: Vec<f64> = (0..hd).map(|d| f64::from(qr(q_data[d + hd * (tok + t * h)]))).collect();
-                let kk = |j: usize, d: usize| f64::from(k_data[j * hd * n_kv_head + kh * hd + d]);
-                let vk = |j: usize, d: usize| f64::from(v_data[j * hd * n_kv_head + kh * hd + d]);
-                let keys = start..(pos + 1).min(n_kv);
-                let scores: Vec<f64> = keys
-                    .clone()
-                    .map(|j| (0..hd).map(|d| qv[d] * kk(j, d)).sum::<f64>() * f64::from(scale))
-                    .collect();
-                let max = scores.iter().cloned().fold(f64::MIN, f64::max);
-                let e: Vec<f64> = scores.iter().map(|x| (x - max).exp()).collect();
-                let sum: f64 = e.iter().sum();
-                for d in 0..hd {
-                    let o: f64 = keys.clone().zip(&e).map(|(j, p)| p / sum * vk(j, d)).sum();
-                    want[d + hd * (h + n_head * tok)] = o;
-                }
-            }
-        }
+        let query = |tok: usize, h: usize| (0..hd).map(|d| qr(q_data[d + hd * (tok + t * h)])).collect();
+        let heads = (hd, n_head, n_kv_head);
+        let want = attention_f64(heads, t, n_past, n_kv, window, scale, query, &k_data, &v_data);
         check("flash_attn", &got, &want, 0.0, if tiles { 1e-5 } else { 2e-3 });
         // Positions past n_kv and outside the window must not count: a wrong n_past differs.
         let wrong = run_ops(&mut s, &[out], &[Step { n_past: n_past - 1, n_kv }]).remove(0);
@@ -1947,29 +1969,11 @@ fn long_decode_splits_its_keys_and_stays_attention() {
                 _ => decode(q8, &encode(q8, x, hd, &mut Rng(0)), hd),
             }
         };
-        let mut want = vec![0f64; hd * n_head * t];
-        for tok in 0..t {
-            let pos = n_past + tok;
-            let start = if window > 0 { (pos + 1).saturating_sub(window as usize) } else { 0 };
-            for h in 0..n_head {
-                let kh = h / (n_head / n_kv_head);
-                let qv = query(&(0..hd).map(|d| q_data[d + hd * (tok + t * h)]).collect::<Vec<_>>());
-                let kk = |j: usize, d: usize| f64::from(k_vals[j * hd * n_kv_head + kh * hd + d]);
-                let vk = |j: usize, d: usize| f64::from(v_vals[j * hd * n_kv_head + kh * hd + d]);
-                let keys = start..pos + 1;
-                let scores: Vec<f64> = keys
-                    .clone()
-                    .map(|j| (0..hd).map(|d| f64::from(qv[d]) * kk(j, d)).sum::<f64>() * f64::from(scale))
-                    .collect();
-                let max = scores.iter().cloned().fold(f64::MIN, f64::max);
-                let e: Vec<f64> = scores.iter().map(|x| (x - max).exp()).collect();
-                let sum: f64 = e.iter().sum();
-                for d in 0..hd {
-                    want[d + hd * (h + n_head * tok)] =
-                        keys.clone().zip(&e).map(|(j, p)| p / sum * vk(j, d)).sum();
-                }
-            }
-        }
+        let query = |tok: usize, h: usize| {
+            query(&(0..hd).map(|d| q_data[d + hd * (tok + t * h)]).collect::<Vec<_>>())
+        };
+        let heads = (hd, n_head, n_kv_head);
+        let want = attention_f64(heads, t, n_past, n_kv, window, scale, query, &k_vals, &v_vals);
         // f16 caches accumulate in f16 (as ggml's kernel), the others in f32.
         check(&format!("seed {seed} ({ty:?})"), &got, &want, 0.0, if ty == F16 { 2e-3 } else { 2e-5 });
     }

@@ -1173,10 +1173,10 @@ impl<'a, const N: usize> Bound<'a, N> {
             }
         };
         let most = match typed {
-            Some(ops) => {
-                let Some(qb) = ops.query_bytes(hd) else { return self.fail(id, BAD_INDEX) };
-                TYPED_ROWS.min(TYPED_ACC / hd_v.max(1)).min(TYPED_QCONV / qb.max(1)).max(1)
-            }
+            Some(ops) => match typed_rows(&ops, hd, hd_v) {
+                Some(rows) => rows,
+                None => return self.fail(id, BAD_INDEX),
+            },
             None => kernels::FLASH_ROWS,
         };
         let run = group.min(most);
@@ -1330,13 +1330,10 @@ impl<'a, const N: usize> Bound<'a, N> {
         let n_kv_heads = ne[1] / group;
         // Rows per call: what the kernel's scratch holds.
         let most = match kernel {
-            TileKernel::Typed(ops) => {
-                let Some(qb) = ops.query_bytes(hd) else {
-                    self.fail(id, BAD_INDEX);
-                    return;
-                };
-                TYPED_ROWS.min(TYPED_ACC / hd_v.max(1)).min(TYPED_QCONV / qb.max(1)).max(1)
-            }
+            TileKernel::Typed(ops) => match typed_rows(&ops, hd, hd_v) {
+                Some(rows) => rows,
+                None => return self.fail(id, BAD_INDEX),
+            },
             TileKernel::Float(..) => attn_tile::tile_rows(hd, hd_v),
         };
         let mut run = group.min(most);
@@ -1744,6 +1741,14 @@ fn root_of<const N: usize>(g: &Graph<N>, mut id: TensorId) -> (TensorId, usize) 
 /// per call: as many as fit, up to `TYPED_ROWS`; at least one head of up to 1024 dimensions).
 const TYPED_QCONV: usize = 16384;
 const TYPED_ACC: usize = 4096;
+
+/// Query rows one typed-kernel call takes: as many as its scratch holds (converted queries of
+/// `dk`, accumulators of `dv`), up to `TYPED_ROWS`; `None` for a head size the cache type cannot
+/// hold.
+fn typed_rows(ops: &KvOps, dk: usize, dv: usize) -> Option<usize> {
+    let qb = ops.query_bytes(dk)?;
+    Some(TYPED_ROWS.min(TYPED_ACC / dv.max(1)).min(TYPED_QCONV / qb.max(1)).max(1))
+}
 
 /// [`kernels::kv_attn::flash_attn_rows_typed`] with its scratch on this frame: a call of its
 /// own so the f16 path's frame stays small.
