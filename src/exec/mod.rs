@@ -580,7 +580,7 @@ impl<'a, const N: usize> Bound<'a, N> {
         self.begin();
         for &id in self.graph.order() {
             let phases = self.phases(id);
-            for phase in 0..phases {
+            for phase in (0..phases).filter(|&phase| self.phase_works(id, phase, step)) {
                 self.compute(id, step, phase, 0, 1);
             }
             if self.check_numerics && phases > 0 {
