@@ -1932,14 +1932,18 @@ fn flash_attn_matches_softmax_attention() {
 
 /// A decode step over a long cache splits each row's keys into parts that threads share, merged
 /// in a second phase: the result is still the attention over the row's keys (f16, q8_0 and q4_0
-/// caches; one token and two), the same bits on 1 and 3 threads (`run_ops`). A window shorter
-/// than the split's minimum keeps the one-pass kernel, and so does a graph with many heads.
+/// caches; one token and two; 2, 4 and 16 parts), the same bits on 1 and 3 threads (`run_ops`).
+/// A window shorter than the split's minimum keeps the one-pass kernel, and so does a graph with
+/// many heads.
 #[test]
 fn long_decode_splits_its_keys_and_stays_attention() {
-    let (hd, n_head, n_kv_head, ctx) = (32usize, 6usize, 2usize, 1024usize);
+    let (hd, n_head, n_kv_head, ctx) = (32usize, 6usize, 2usize, 4352usize);
     let q8 = GgmlType::Q8_0;
+    // 2 parts up to 767 keys, 4 at 1100, 16 at 4200.
     for (seed, ty, t, n_past, window) in [
         (1u64, F16, 1usize, 900usize, 0u32),
+        (7, q8, 1, 4200, 0),
+        (8, F16, 1, 1100, 0),
         (2, q8, 1, 1000, 0),
         (3, GgmlType::Q4_0, 1, 700, 0),
         (4, F16, 2, 600, 0),

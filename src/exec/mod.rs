@@ -210,15 +210,26 @@ pub fn work_bytes<const N: usize>(g: &Graph<N>) -> usize {
         .next_multiple_of(64)
 }
 
-/// A decode step over a long context splits each query row's keys into [`SPLIT_PARTS`] parts,
-/// merged in a second phase (llama.cpp splits a decode step's keys between its threads from 512
-/// keys on): the step's (token, KV head) units are too few to keep every thread busy, and
+/// A decode step over a long context splits each query row's keys into up to [`SPLIT_PARTS`]
+/// parts, merged in a second phase (llama.cpp splits a decode step's keys between its threads
+/// from 512 keys on): the step's (token, KV head) units are too few to keep every thread busy, and
 /// threads taking single query heads instead would read each KV head's keys once per head. The
-/// parts are fixed, not one per thread, so a result does not depend on the thread count.
+/// parts follow the keys, not the threads, so a result does not depend on the thread count.
 const SPLIT_MIN_KEYS: usize = 512;
-/// Parts per row: a multiple of twice the usual thread counts (the pool hands an attention's
-/// units out in `2 nth` shares), so every thread gets as many.
+/// Most parts per row: a multiple of twice the usual thread counts (the pool hands an
+/// attention's units out in `2 nth` shares), so every thread gets as many.
 const SPLIT_PARTS: usize = 16;
+/// Keys per part at least: a part's fixed costs (its queries converted, its output written and
+/// merged) stay small beside its keys (16 parts of 32 keys cost a single thread 10% more
+/// instructions per token at depth 520).
+const SPLIT_PART_KEYS: usize = 256;
+
+/// Parts of every row when the longest sees `longest` keys: a power of two from 2 to
+/// [`SPLIT_PARTS`], each part of at least [`SPLIT_PART_KEYS`] keys where it can be.
+fn split_parts(longest: usize) -> usize {
+    let parts = (longest / SPLIT_PART_KEYS).clamp(2, SPLIT_PARTS);
+    1 << parts.ilog2()
+}
 /// Steps split when they have fewer (token, KV head) units than this.
 const SPLIT_BELOW_UNITS: usize = 8;
 
@@ -709,20 +720,22 @@ impl<'a, const N: usize> Bound<'a, N> {
     /// that does not split this step has none (the pool skips it, barrier included).
     pub(crate) fn phase_works(&self, id: TensorId, phase: usize, step: Step) -> bool {
         let t = self.graph.tensor(id);
-        !(t.op == Op::FlashAttn && phase == 1) || self.splits(t, step)
+        !(t.op == Op::FlashAttn && phase == 1) || self.split_of(t, step).is_some()
     }
 
-    /// Whether attention node `t` splits its keys this step (see [`SPLIT_PARTS`]): it can (its
-    /// parts fit the work region) and some row sees [`SPLIT_MIN_KEYS`] keys or more.
-    fn splits(&self, t: &Tensor, step: Step) -> bool {
+    /// How many parts attention node `t` splits each row's keys into this step, if it splits
+    /// (see [`SPLIT_PARTS`]): it can (its parts fit the work region) and some row sees
+    /// [`SPLIT_MIN_KEYS`] keys or more.
+    fn split_of(&self, t: &Tensor, step: Step) -> Option<usize> {
         let bytes = split_bytes(self.graph, t);
-        let Some(k) = t.src[1] else { return false };
+        let k = t.src[1]?;
+        if bytes == 0 || bytes > self.converted_len || (self.converted as usize) % align_of::<f32>() != 0 {
+            return None;
+        }
         let n_kv = self.graph.tensor(k).ne_for(step.n_kv)[1];
-        bytes > 0
-            && bytes <= self.converted_len
-            && (self.converted as usize) % align_of::<f32>() == 0
-            && (0..t.ne[2])
-                .any(|tok| self.visible(t, tok, n_kv, step).is_some_and(|r| r.len() >= SPLIT_MIN_KEYS))
+        let longest =
+            (0..t.ne[2]).filter_map(|tok| self.visible(t, tok, n_kv, step)).map(|r| r.len()).max()?;
+        (longest >= SPLIT_MIN_KEYS).then(|| split_parts(longest))
     }
 
     /// Runs thread `ith` of `nth`'s share of phase `phase` of node `id`.
@@ -764,11 +777,11 @@ impl<'a, const N: usize> Bound<'a, N> {
             Op::Cpy => self.cpy(id, t, ne, step, ith, nth),
             Op::Concat => self.concat(id, t, ne, step, ith, nth),
             Op::KvWrite => self.kv_write(id, t, step, ith, nth),
-            Op::FlashAttn => match (phase, self.splits(t, step)) {
-                (0, false) => self.flash_attn(id, t, ne, step, ith, nth),
-                (0, true) => self.flash_attn_parts(id, t, ne, step, ith, nth),
-                (_, true) => self.merge_attn_parts(id, ne, ith, nth),
-                (_, false) => {}
+            Op::FlashAttn => match (phase, self.split_of(t, step)) {
+                (0, None) => self.flash_attn(id, t, ne, step, ith, nth),
+                (0, Some(parts)) => self.flash_attn_parts(id, t, ne, step, parts, ith, nth),
+                (_, Some(parts)) => self.merge_attn_parts(id, ne, parts, ith, nth),
+                (_, None) => {}
             },
             Op::None | Op::View => {}
         }
@@ -1153,9 +1166,19 @@ impl<'a, const N: usize> Bound<'a, N> {
     }
 
     /// Phase 0 of a split attention (see [`SPLIT_PARTS`]): units of (token, KV head, run of its
-    /// query heads, part), each attending over its part of the token's keys into its rows' slots
-    /// of the work region.
-    fn flash_attn_parts(&self, id: TensorId, t: &Tensor, ne: [usize; 4], step: Step, ith: usize, nth: usize) {
+    /// query heads, part of `parts`), each attending over its part of the token's keys into its
+    /// rows' slots of the work region.
+    #[allow(clippy::too_many_arguments)]
+    fn flash_attn_parts(
+        &self,
+        id: TensorId,
+        t: &Tensor,
+        ne: [usize; 4],
+        step: Step,
+        parts: usize,
+        ith: usize,
+        nth: usize,
+    ) {
         const ROWS: usize = if TYPED_ROWS > kernels::FLASH_ROWS { TYPED_ROWS } else { kernels::FLASH_ROWS };
         let src = |i: usize| t.src[i].map(|s| (s, self.graph.tensor(s)));
         let (Some((q, tq)), Some((k, tk)), Some((v, tv))) = (src(0), src(1), src(2)) else { return };
@@ -1189,18 +1212,15 @@ impl<'a, const N: usize> Bound<'a, N> {
         let (ks, vs) = (tk.nb[1], tv.nb[1]);
         let mut q16 = [F16Le::from_f32(0.0); kernels::FLASH_ROWS * 1024];
         let mut acc16 = [F16Le::from_f32(0.0); kernels::FLASH_ROWS * 1024];
-        for u in share(ne[2] * n_kv_heads * runs * SPLIT_PARTS, ith, nth) {
-            let part = u % SPLIT_PARTS;
-            let (tok, kv_head, c) = (
-                u / (SPLIT_PARTS * runs * n_kv_heads),
-                u / (SPLIT_PARTS * runs) % n_kv_heads,
-                u / SPLIT_PARTS % runs,
-            );
+        for u in share(ne[2] * n_kv_heads * runs * parts, ith, nth) {
+            let part = u % parts;
+            let (tok, kv_head, c) =
+                (u / (parts * runs * n_kv_heads), u / (parts * runs) % n_kv_heads, u / parts % runs);
             let first = kv_head * group + c * run;
             let heads = first..(first + run).min((kv_head + 1) * group);
             let Some(seen) = self.visible(t, tok, n_kv, step) else { return self.fail(id, BAD_INDEX) };
             let len = seen.len();
-            let keys = seen.start + len * part / SPLIT_PARTS..seen.start + len * (part + 1) / SPLIT_PARTS;
+            let keys = seen.start + len * part / parts..seen.start + len * (part + 1) / parts;
             let mut qs: [&[f32]; ROWS] = [&[]; ROWS];
             let mut outs: [&mut [f32]; ROWS] = Default::default();
             let mut ends: [&mut [f32]; ROWS] = Default::default();
@@ -1208,7 +1228,7 @@ impl<'a, const N: usize> Bound<'a, N> {
             for (i, head) in heads.enumerate() {
                 let slot = (tok * ne[1] + head) * SPLIT_PARTS + part;
                 // SAFETY: shapes and strides were checked by the graph builder, spans by `new`;
-                // the slots of rows (tok, head) at this part lie in the work region (`splits`
+                // the slots of rows (tok, head) at this part lie in the work region (`split_of`
                 // checked its size and alignment) and belong to this unit alone.
                 unsafe {
                     qs[i] = self.read(q, tq.row_offset(tok, head, 0), hd);
@@ -1268,25 +1288,30 @@ impl<'a, const N: usize> Bound<'a, N> {
     }
 
     /// Phase 1 of a split attention: each output row merged from its parts' slots.
-    fn merge_attn_parts(&self, id: TensorId, ne: [usize; 4], ith: usize, nth: usize) {
+    fn merge_attn_parts(&self, id: TensorId, ne: [usize; 4], parts: usize, ith: usize, nth: usize) {
         let (dv, heads) = (ne[0], ne[1]);
         let stride = split_stride(dv);
         let t = self.graph.tensor(id);
         for row in share(ne[2] * heads, ith, nth) {
             let (tok, head) = (row / heads, row % heads);
-            // SAFETY: the row's slots lie in the work region (`splits` checked it), written in
+            // SAFETY: the row's slots lie in the work region (`split_of` checked it), written in
             // phase 0 a barrier ago and read-only now; output row (head, tok) is inside the
             // node's checked span and belongs to this thread.
-            let (parts, out) = unsafe {
+            let (slots, out) = unsafe {
                 let at = self.converted.cast::<f32>().add(row * SPLIT_PARTS * stride);
                 (
-                    core::slice::from_raw_parts(at, SPLIT_PARTS * stride),
+                    core::slice::from_raw_parts(at, parts * stride),
                     self.write::<f32>(id, t.row_offset(head, tok, 0), dv),
                 )
             };
-            let ends: [RowSoftmax; SPLIT_PARTS] =
-                core::array::from_fn(|c| RowSoftmax { max: parts[c * stride], sum: parts[c * stride + 1] });
-            kernels::merge_attn_parts(&ends, |c| &parts[c * stride + 2..(c + 1) * stride], out);
+            let ends: [RowSoftmax; SPLIT_PARTS] = core::array::from_fn(|c| {
+                if c < parts {
+                    RowSoftmax { max: slots[c * stride], sum: slots[c * stride + 1] }
+                } else {
+                    RowSoftmax::EMPTY
+                }
+            });
+            kernels::merge_attn_parts(&ends[..parts], |c| &slots[c * stride + 2..(c + 1) * stride], out);
         }
     }
 
