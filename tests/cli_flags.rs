@@ -274,7 +274,8 @@ fn sigint_stops_generation_with_timings() {
 /// In chat, SIGINT stops the reply and returns to the prompt; at the prompt it exits (130).
 #[test]
 fn sigint_in_chat_stops_the_reply_then_exits_at_the_prompt() {
-    let mut child = spawn(&["chat", "-m", &smollm2(), "-n", "-1", "-c", "4096"]);
+    // --ignore-eos: a reply cannot end by itself before the interrupt reaches it.
+    let mut child = spawn(&["chat", "-m", &smollm2(), "-n", "-1", "-c", "4096", "--ignore-eos"]);
     let mut stdin = child.stdin.take().unwrap();
     let mut stdout = child.stdout.take().unwrap();
     read_until(&mut stdout, "> ");

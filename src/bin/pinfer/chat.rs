@@ -55,6 +55,7 @@ pub fn chat(args: GenArgs) -> Result<(), CliError> {
     let mut gen =
         Generator::new(&tok, session.n_vocab(), config).map_err(|e| CliError::new(e.to_string()))?;
     let stops: Vec<&str> = args.reverse_prompt.iter().map(String::as_str).collect();
+    gen.ignore_eos = args.ignore_eos;
     gen.set_stop_strings(&stops);
     let mut turns: Vec<(Role, String)> = system.into_iter().map(|s| (Role::System, s)).collect();
     // --context-shift: `--keep -1` keeps the system message's tokens through a shift inside a
