@@ -30,7 +30,7 @@
 //!   float sums in another order).
 
 use pinfer::kernels::attn_tile::{flash_attn_tile, flash_attn_tile_ref, tile_rows, TileScratch};
-use pinfer::kernels::kv_attn::{flash_attn_rows_typed, KvOps, TYPED_ROWS};
+use pinfer::kernels::kv_attn::{flash_attn_rows_typed, KvOps, KEY_CHUNK, TYPED_ROWS};
 use pinfer::kernels::packed::{
     dequantize_packed_row, matmul_ref, pack, packed_bytes, quantize_act_ref, ActBlock, PackedFormat,
     PackedMatrix, BLOCK,
@@ -749,7 +749,8 @@ fn cache_rows(ty: GgmlType, rows: &[f32], dim: usize) -> Vec<u8> {
     out
 }
 
-/// Runs the typed attention kernel with `ops` on up to FLASH_ROWS queries.
+/// Runs the typed attention kernel with `ops` on up to FLASH_ROWS queries (value scratch for a
+/// whole chunk of keys).
 #[allow(clippy::too_many_arguments)]
 fn typed_run(
     ops: &KvOps,
@@ -762,9 +763,26 @@ fn typed_run(
     dim: usize,
     scale: f32,
 ) -> (Vec<Vec<f32>>, Vec<RowSoftmax>) {
+    typed_run_chunked(ops, qs, keys, k, kb, v, vb, dim, scale, KEY_CHUNK)
+}
+
+/// [`typed_run`] with value scratch for `chunk` keys (the kernel takes that many at a time).
+#[allow(clippy::too_many_arguments)]
+fn typed_run_chunked(
+    ops: &KvOps,
+    qs: &[Vec<f32>],
+    keys: &[std::ops::Range<usize>],
+    k: &[u8],
+    kb: usize,
+    v: &[u8],
+    vb: usize,
+    dim: usize,
+    scale: f32,
+    chunk: usize,
+) -> (Vec<Vec<f32>>, Vec<RowSoftmax>) {
     let mut outs: Vec<Vec<f32>> = qs.iter().map(|_| vec![f32::NAN; dim]).collect();
     let mut qconv = vec![0u8; qs.len() * 4 * dim];
-    let (mut acc, mut vrow) = (vec![0f32; qs.len() * dim], vec![0f32; dim]);
+    let (mut acc, mut vals) = (vec![0f32; qs.len() * dim], vec![0f32; chunk * dim]);
     let q_refs: Vec<&[f32]> = qs.iter().map(|q| &q[..]).collect();
     let mut out_refs: Vec<&mut [f32]> = outs.iter_mut().map(|o| &mut o[..]).collect();
     let ends = flash_attn_rows_typed(
@@ -776,7 +794,7 @@ fn typed_run(
         |j| &v[j * vb..(j + 1) * vb],
         scale,
         &mut acc,
-        &mut vrow,
+        &mut vals,
         &mut out_refs,
     );
     (outs, ends[..qs.len()].to_vec())
@@ -808,8 +826,13 @@ fn kv_cache_attention_is_bit_identical_to_reference_ops() {
                         let reference = KvOps::reference(kt, vt).unwrap();
                         let simd = KvOps::new(path, kt, vt).unwrap();
                         let keys = vec![keys; n_rows];
-                        let (want, want_ends) = typed_run(&reference, &qs, &keys, &k, kb, &v, vb, dim, scale);
-                        let (got, got_ends) = typed_run(&simd, &qs, &keys, &k, kb, &v, vb, dim, scale);
+                        // The reference key by key; the SIMD path a chunk at a time, and 3 keys
+                        // at a time (value scratch for 3).
+                        let (want, want_ends) =
+                            typed_run_chunked(&reference, &qs, &keys, &k, kb, &v, vb, dim, scale, 1);
+                        let chunk = [KEY_CHUNK, 3][(n_keys + dim) % 2];
+                        let (got, got_ends) =
+                            typed_run_chunked(&simd, &qs, &keys, &k, kb, &v, vb, dim, scale, chunk);
                         for (r, (g, w)) in got_ends.iter().zip(&want_ends).enumerate() {
                             assert!(
                                 same_end(*g, *w),

@@ -1766,6 +1766,9 @@ fn root_of<const N: usize>(g: &Graph<N>, mut id: TensorId) -> (TensorId, usize) 
 /// per call: as many as fit, up to `TYPED_ROWS`; at least one head of up to 1024 dimensions).
 const TYPED_QCONV: usize = 16384;
 const TYPED_ACC: usize = 4096;
+/// Floats of widened value rows the typed kernel's scratch holds: a chunk of keys for heads of up
+/// to 256 dimensions, fewer keys at a time above.
+const TYPED_VALS: usize = kernels::kv_attn::KEY_CHUNK * 256;
 
 /// Query rows one typed-kernel call takes: as many as its scratch holds (converted queries of
 /// `dk`, accumulators of `dv`), up to `TYPED_ROWS`; `None` for a head size the cache type cannot
@@ -1789,9 +1792,9 @@ fn flash_attn_typed<'k>(
 ) -> [RowSoftmax; TYPED_ROWS] {
     let mut qconv = [0u8; TYPED_QCONV];
     let mut acc = [0f32; TYPED_ACC];
-    let mut vrow = [0f32; 1024];
+    let mut vals = [0f32; TYPED_VALS];
     kernels::kv_attn::flash_attn_rows_typed(
-        ops, qs, &mut qconv, keys, key, value, scale, &mut acc, &mut vrow, outs,
+        ops, qs, &mut qconv, keys, key, value, scale, &mut acc, &mut vals, outs,
     )
 }
 

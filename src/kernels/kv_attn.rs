@@ -154,7 +154,8 @@ pub const TYPED_ROWS: usize = 16;
 /// accumulator by `exp(old - new)` and adds the value with weight 1, else the value is added with
 /// weight `exp(s - max)`), and `outs[r] = acc / sum`. Each row's result is the one it gets alone.
 /// Scratch: `qconv` holds the converted queries ([`KvOps::query_bytes`] each), `acc`
-/// `outs.len() * dv` accumulators and `vrow` `dv` widened values (`dv = outs[r].len()`). An empty
+/// `outs.len() * dv` accumulators and `vals` widened values of at least one key (`dv = outs[r].len()`;
+/// [`KEY_CHUNK`] keys' worth lets every row take a chunk of keys at once). An empty
 /// range gives zeros. Rows whose sizes do not fit the scratch are left untouched (the executor
 /// sizes it). Every path gives the reference operations' bits. Returns where each row's softmax
 /// ended.
@@ -168,33 +169,34 @@ pub fn flash_attn_rows_typed<'k>(
     value: impl Fn(usize) -> &'k [u8],
     scale: f32,
     acc: &mut [f32],
-    vrow: &mut [f32],
+    vals: &mut [f32],
     outs: &mut [&mut [f32]],
 ) -> [RowSoftmax; TYPED_ROWS] {
     let none = [RowSoftmax::EMPTY; TYPED_ROWS];
     let n = qs.len().min(outs.len()).min(keys.len()).min(TYPED_ROWS);
     let (Some(&q0), Some(dv)) = (qs.first(), outs.first().map(|o| o.len())) else { return none };
     let Some(qb) = ops.query_bytes(q0.len()) else { return none };
-    if qconv.len() < n * qb || acc.len() < n * dv || vrow.len() < dv {
+    if qconv.len() < n * qb || acc.len() < n * dv || vals.len() < dv {
         return none;
     }
     for (r, q) in qs[..n].iter().enumerate() {
         (ops.q_convert)(q, &mut qconv[r * qb..(r + 1) * qb]);
     }
     let a = Attend { n, qb, dv, qconv: &qconv[..n * qb], scale, keys: &keys[..n] };
-    let (acc, vrow) = (&mut acc[..n * dv], &mut vrow[..dv]);
+    let whole_keys = vals.len() / dv.max(1) * dv;
+    let (acc, vals) = (&mut acc[..n * dv], &mut vals[..whole_keys]);
     let ends = match ops.simd {
         #[cfg(target_arch = "x86_64")]
         Some(Simd::Avx2) => {
             // SAFETY: `KvOps::new` chose Avx2 after checking that the CPU has AVX2, FMA and F16C.
-            unsafe { super::x86::kv_attend_avx2(ops, &a, key, value, acc, vrow) }
+            unsafe { super::x86::kv_attend_avx2(ops, &a, key, value, acc, vals) }
         }
         #[cfg(target_arch = "aarch64")]
-        Some(Simd::Neon) => super::neon::kv_attend(ops, &a, key, value, acc, vrow),
+        Some(Simd::Neon) => super::neon::kv_attend(ops, &a, key, value, acc, vals),
         #[cfg(target_arch = "aarch64")]
         Some(Simd::NeonDotprod) => {
             // SAFETY: `KvOps::new` chose NeonDotprod after checking that the CPU has FEAT_DotProd.
-            unsafe { super::neon::kv_attend_dotprod(ops, &a, key, value, acc, vrow) }
+            unsafe { super::neon::kv_attend_dotprod(ops, &a, key, value, acc, vals) }
         }
         _ => {
             let (dot, widen) = (ops.dot, ops.widen);
@@ -203,13 +205,13 @@ pub fn flash_attn_rows_typed<'k>(
                 key,
                 value,
                 acc,
-                vrow,
-                dot,
+                vals,
+                |ks, q, out| scores_by(ks, q, out, dot),
                 |x| x.iter_mut().for_each(|v| *v = libm::expf(*v)),
                 |v, out| {
                     widen(v, out);
                 },
-                axpy_ref,
+                update_ref,
             )
         }
     };
@@ -238,13 +240,42 @@ pub struct Attend<'a> {
     pub keys: &'a [Range<usize>],
 }
 
+/// The reference update of one row's accumulator by the keys of a chunk: for key `i` (values
+/// `vals[i * dv..]`, `dv = acc.len()`), `acc *= w[i]` then `acc += vals * 1` where the key raised
+/// the row's maximum (`raises[i]`), else `acc += vals * w[i]` (fused).
+pub fn update_ref(acc: &mut [f32], vals: &[f32], w: &[f32], raises: &[bool]) {
+    let dv = acc.len();
+    if dv == 0 {
+        return;
+    }
+    for ((v, &w), &raise) in vals.chunks_exact(dv).zip(w).zip(raises) {
+        if raise {
+            acc.iter_mut().for_each(|x| *x *= w);
+            axpy_ref(acc, v, 1.0);
+        } else {
+            axpy_ref(acc, v, w);
+        }
+    }
+}
+
+/// The reference scores: `dot(keys[i], q)` into `out[i]`.
+#[inline(always)]
+pub fn scores_by(keys: &[&[u8]], q: &[u8], out: &mut [f32], dot: impl Fn(&[u8], &[u8]) -> f32) {
+    for (o, k) in out.iter_mut().zip(keys) {
+        *o = dot(k, q);
+    }
+}
+
 /// The loop every path runs, its row operations given (inlined into each path's kernel, so a
-/// SIMD path compiles it with its target features): the keys of every row in chunks of
-/// [`KEY_CHUNK`]; each chunk's scores for the rows that see them, then per row the running maximum
-/// key by key and one vector of exponentials (`exp(old - new)` where a key raises the maximum,
-/// `exp(s - max)` elsewhere), then per key the value widened once and each of those rows rescaled
-/// and updated. Each row gets the operations of a key-by-key loop over its own keys, in order.
-/// Returns where each row's softmax ended; `acc` holds the rows' sums of weighted values.
+/// SIMD path compiles it with its target features): the keys of every row in chunks of up to
+/// [`KEY_CHUNK`] (fewer when `vals` cannot hold that many widened value rows); each chunk's values
+/// widened once into `vals` (`dv` floats per key) for every row, then per row the chunk's scores
+/// (`scores(keys, q, out)`: the unscaled dots of a run of keys with the row's converted query),
+/// the running maximum key by key, one vector of exponentials (`exp(old - new)` where a key
+/// raises the maximum, `exp(s - max)` elsewhere) and the accumulator's update over the chunk
+/// (`update`, [`update_ref`]'s operations). Each row gets the operations of a key-by-key loop over
+/// its own keys, in order. Returns where each row's softmax ended; `acc` holds the rows' sums of
+/// weighted values.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub fn attend<'k>(
@@ -252,78 +283,71 @@ pub fn attend<'k>(
     key: impl Fn(usize) -> &'k [u8],
     value: impl Fn(usize) -> &'k [u8],
     acc: &mut [f32],
-    vrow: &mut [f32],
-    dot: impl Fn(&[u8], &[u8]) -> f32,
+    vals: &mut [f32],
+    scores: impl Fn(&[&'k [u8]], &[u8], &mut [f32]),
     exps: impl Fn(&mut [f32; KEY_CHUNK]),
     widen: impl Fn(&[u8], &mut [f32]),
-    axpy: impl Fn(&mut [f32], &[f32], f32),
+    update: impl Fn(&mut [f32], &[f32], &[f32], &[bool]),
 ) -> [RowSoftmax; TYPED_ROWS] {
     const R: usize = TYPED_ROWS;
     let (n, dv) = (a.n.min(R).min(a.keys.len()), a.dv);
     let rows = &a.keys[..n];
-    acc.fill(0.0);
     let mut max = [f32::NEG_INFINITY; R];
     let mut sum = [0f32; R];
+    let chunk = KEY_CHUNK.min(vals.len() / dv.max(1));
+    if chunk == 0 || acc.len() < n * dv {
+        return core::array::from_fn(|_| RowSoftmax::EMPTY);
+    }
+    acc.fill(0.0);
     let first = rows.iter().filter(|k| !k.is_empty()).map(|k| k.start).min().unwrap_or(0);
     let last = rows.iter().map(|k| k.end).max().unwrap_or(0);
+    let empty: &[u8] = &[];
+    let mut ks = [empty; KEY_CHUNK];
     let mut start = first;
     while start < last {
-        let len = (last - start).min(KEY_CHUNK);
-        // Which keys of the chunk each row sees (a run: its keys are a range).
+        let len = (last - start).min(chunk);
+        // Which keys of the chunk each row sees (a run: its keys are a range), and which keys
+        // any row sees.
         let mut span = [(0usize, 0usize); R];
         for (sp, k) in span.iter_mut().zip(rows) {
             let lo = k.start.clamp(start, start + len) - start;
             let hi = k.end.clamp(start, start + len) - start;
             *sp = (lo, hi.max(lo));
         }
-        if span[..n].iter().all(|&(lo, hi)| lo == hi) {
+        let lo_all = span[..n].iter().filter(|s| s.0 < s.1).map(|s| s.0).min();
+        let Some(lo_all) = lo_all else {
             start += len;
             continue;
+        };
+        let hi_all = span[..n].iter().map(|s| s.1).max().unwrap_or(lo_all);
+        for i in lo_all..hi_all {
+            ks[i] = key(start + i);
+            widen(value(start + i), &mut vals[i * dv..(i + 1) * dv]);
         }
-        // Exponents, and whether each key raises its row's maximum.
-        let mut e = [[0f32; KEY_CHUNK]; R];
-        let mut raises = [[false; KEY_CHUNK]; R];
-        for i in 0..len {
-            let k = key(start + i);
-            for (r, row) in e[..n].iter_mut().enumerate() {
-                if (span[r].0..span[r].1).contains(&i) {
-                    row[i] = dot(k, &a.qconv[r * a.qb..(r + 1) * a.qb]) * a.scale;
-                }
-            }
-        }
-        for r in 0..n {
-            let (lo, hi) = span[r];
-            for i in lo..hi {
-                let s = e[r][i];
-                if s > max[r] {
-                    e[r][i] = max[r] - s;
-                    raises[r][i] = true;
-                    max[r] = s;
-                } else {
-                    e[r][i] = s - max[r];
-                }
-            }
-            if lo < hi {
-                exps(&mut e[r]);
-            }
-        }
-        for i in 0..len {
-            if !span[..n].iter().any(|&(lo, hi)| (lo..hi).contains(&i)) {
+        for (r, &(lo, hi)) in span[..n].iter().enumerate() {
+            if lo == hi {
                 continue;
             }
-            widen(value(start + i), vrow);
-            for r in 0..n {
-                if !(span[r].0..span[r].1).contains(&i) {
-                    continue;
+            // Exponents, and whether each key raises the row's maximum.
+            let mut e = [0f32; KEY_CHUNK];
+            let mut raises = [false; KEY_CHUNK];
+            scores(&ks[lo..hi], &a.qconv[r * a.qb..(r + 1) * a.qb], &mut e[lo..hi]);
+            for i in lo..hi {
+                let s = e[i] * a.scale;
+                if s > max[r] {
+                    e[i] = max[r] - s;
+                    raises[i] = true;
+                    max[r] = s;
+                } else {
+                    e[i] = s - max[r];
                 }
-                let row = &mut acc[r * dv..(r + 1) * dv];
-                let (ms, vs) = if raises[r][i] { (e[r][i], 1.0) } else { (1.0, e[r][i]) };
-                if raises[r][i] {
-                    row.iter_mut().for_each(|x| *x *= ms);
-                }
-                axpy(row, vrow, vs);
+            }
+            exps(&mut e);
+            for i in lo..hi {
+                let (ms, vs) = if raises[i] { (e[i], 1.0) } else { (1.0, e[i]) };
                 sum[r] = sum[r] * ms + vs;
             }
+            update(&mut acc[r * dv..(r + 1) * dv], &vals[lo * dv..hi * dv], &e[lo..hi], &raises[lo..hi]);
         }
         start += len;
     }

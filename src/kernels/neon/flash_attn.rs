@@ -1226,22 +1226,52 @@ fn kv_widen_f16(src: &[u8], out: &mut [f32]) -> bool {
     true
 }
 
-/// `acc[i] = fma(v[i], s, acc[i])` over the shorter length (`kv_attn::axpy_ref`'s bits).
-fn kv_axpy(acc: &mut [f32], v: &[f32], s: f32) {
-    // SAFETY: NEON is part of the aarch64 baseline.
-    unsafe { kv_axpy_neon(acc, v, s) }
+/// [`crate::kernels::kv_attn::update_ref`] (its bits: the same products and fused adds per
+/// element) with the accumulator in registers across the chunk's keys, 64 columns at a time.
+fn kv_update(acc: &mut [f32], vals: &[f32], w: &[f32], raises: &[bool]) {
+    let dv = acc.len();
+    if dv == 0 {
+        return;
+    }
+    let m = w.len().min(raises.len()).min(vals.len() / dv);
+    let mut c = 0;
+    while c + 64 <= dv {
+        // SAFETY: NEON is part of the aarch64 baseline.
+        unsafe { update_cols::<16>(&mut acc[c..c + 64], &vals[c..], dv, &w[..m], &raises[..m]) };
+        c += 64;
+    }
+    while c + 4 <= dv {
+        // SAFETY: as above.
+        unsafe { update_cols::<1>(&mut acc[c..c + 4], &vals[c..], dv, &w[..m], &raises[..m]) };
+        c += 4;
+    }
+    for (i, (&w, &raise)) in w[..m].iter().zip(&raises[..m]).enumerate() {
+        for (a, &v) in acc[c..].iter_mut().zip(&vals[i * dv + c..(i + 1) * dv]) {
+            *a = if raise { libm::fmaf(v, 1.0, *a * w) } else { libm::fmaf(v, w, *a) };
+        }
+    }
 }
 
+/// `4 V` columns of [`kv_update`]: `acc` those columns, `vals` the values from the first of
+/// them (key `i`'s at `i * dv`).
 #[target_feature(enable = "neon")]
-fn kv_axpy_neon(acc: &mut [f32], v: &[f32], s: f32) {
-    let n = acc.len().min(v.len());
-    let whole = n - n % 16;
-    for (a, x) in acc[..whole].chunks_exact_mut(16).zip(v.chunks_exact(16)) {
-        let (av, xv) = (ld_f32x16(a), ld_f32x16(x));
-        st_f32x16(a, [0, 1, 2, 3].map(|i| vfmaq_n_f32(av[i], xv[i], s)));
+fn update_cols<const V: usize>(acc: &mut [f32], vals: &[f32], dv: usize, w: &[f32], raises: &[bool]) {
+    let acc: &mut [f32] = &mut acc[..4 * V];
+    let mut r: [float32x4_t; V] = core::array::from_fn(|i| ld_f32x4(&acc[4 * i..]));
+    for (i, (&w, &raise)) in w.iter().zip(raises).enumerate() {
+        let v = &vals[i * dv..i * dv + 4 * V];
+        let s = if raise {
+            r.iter_mut().for_each(|x| *x = vmulq_n_f32(*x, w));
+            1.0
+        } else {
+            w
+        };
+        for (j, x) in r.iter_mut().enumerate() {
+            *x = vfmaq_n_f32(*x, ld_f32x4(&v[4 * j..]), s);
+        }
     }
-    for (a, &x) in acc[whole..n].iter_mut().zip(&v[whole..n]) {
-        *a = libm::fmaf(x, s, *a);
+    for (j, x) in r.iter().enumerate() {
+        st_f32x4(&mut acc[4 * j..], *x);
     }
 }
 
@@ -1254,9 +1284,11 @@ pub fn kv_attend<'k>(
     key: impl Fn(usize) -> &'k [u8],
     value: impl Fn(usize) -> &'k [u8],
     acc: &mut [f32],
-    vrow: &mut [f32],
+    vals: &mut [f32],
 ) -> [RowSoftmax; crate::kernels::kv_attn::TYPED_ROWS] {
-    kv_attend_with(ops, a, key, value, acc, vrow, kv_dot_q8_0)
+    kv_attend_with(ops, a, key, value, acc, vals, |ks, q, out| {
+        crate::kernels::kv_attn::scores_by(ks, q, out, kv_dot_q8_0)
+    })
 }
 
 /// [`kv_attend`] with the q8_0 key dots in `sdot` (the same integer sums, so the same bits).
@@ -1270,10 +1302,10 @@ pub unsafe fn kv_attend_dotprod<'k>(
     key: impl Fn(usize) -> &'k [u8],
     value: impl Fn(usize) -> &'k [u8],
     acc: &mut [f32],
-    vrow: &mut [f32],
+    vals: &mut [f32],
 ) -> [RowSoftmax; crate::kernels::kv_attn::TYPED_ROWS] {
     // SAFETY: this function runs with FEAT_DotProd.
-    kv_attend_with(ops, a, key, value, acc, vrow, |k, q| unsafe { kv_dot_q8_0_sdot(k, q) })
+    kv_attend_with(ops, a, key, value, acc, vals, |ks, q, out| unsafe { kv_scores_q8_0_sdot(ks, q, out) })
 }
 
 /// q8_0 key row times q8_0 query row with `sdot`: [`kv_dot_q8_0`]'s result.
@@ -1304,7 +1336,62 @@ unsafe fn kv_dot_q8_0_sdot(k: &[u8], q: &[u8]) -> f32 {
     })
 }
 
-/// The body of [`kv_attend`] and [`kv_attend_dotprod`], the q8_0 key dot given.
+/// The q8_0 dots of `keys` with the q8_0 query `q` into `out` ([`kv_dot_q8_0_sdot`]'s results,
+/// so `vec_dot_q8_0_q8_0_ref`'s bits): 4 keys at a time, one per lane, the query's block loaded
+/// once for them, their integer sums reduced by two pairwise adds and their scales widened by one
+/// conversion; the f32 steps are the reference's per lane (`sumf + sumi * (dk * dq)`, not fused).
+///
+/// # Safety
+/// The CPU must have FEAT_DotProd.
+#[target_feature(enable = "neon,dotprod")]
+unsafe fn kv_scores_q8_0_sdot(keys: &[&[u8]], q: &[u8], out: &mut [f32]) {
+    const B: usize = 34;
+    let n = keys.len().min(out.len());
+    let same = q.len() % B == 0 && keys[..n].iter().all(|k| k.len() == q.len());
+    let whole = if same { n - n % 4 } else { 0 };
+    let sdot2 = |x0: int8x16_t, y0: int8x16_t, x1: int8x16_t, y1: int8x16_t| {
+        let mut s = vdupq_n_s32(0);
+        // SAFETY: register-only dot products (FEAT_DotProd, which the caller guarantees).
+        unsafe {
+            asm!(
+                "sdot {s:v}.4s, {x0:v}.16b, {y0:v}.16b",
+                "sdot {s:v}.4s, {x1:v}.16b, {y1:v}.16b",
+                s = inout(vreg) s,
+                x0 = in(vreg) x0,
+                y0 = in(vreg) y0,
+                x1 = in(vreg) x1,
+                y1 = in(vreg) y1,
+                options(pure, nomem, nostack, preserves_flags)
+            );
+        }
+        s
+    };
+    for (ks, o) in keys[..whole].chunks_exact(4).zip(out[..whole].chunks_exact_mut(4)) {
+        let mut sumf = vdupq_n_f32(0.0);
+        for (b, y) in q.chunks_exact(B).enumerate() {
+            let at = B * b;
+            let (y0, y1) = (ld_s8x16(&y[2..]), ld_s8x16(&y[18..]));
+            let s: [int32x4_t; 4] = core::array::from_fn(|j| {
+                let x = &ks[j][at + 2..at + B];
+                sdot2(ld_s8x16(x), y0, ld_s8x16(&x[16..]), y1)
+            });
+            let sumi = vpaddq_s32(vpaddq_s32(s[0], s[1]), vpaddq_s32(s[2], s[3]));
+            let mut h = [0u8; 8];
+            for (h, k) in h.chunks_exact_mut(2).zip(ks) {
+                h.copy_from_slice(&k[at..at + 2]);
+            }
+            let d = vmulq_n_f32(f16x4_to_f32(&h), crate::kernels::dot::f16(F16Le([y[0], y[1]])));
+            sumf = vaddq_f32(sumf, vmulq_f32(vcvtq_f32_s32(sumi), d));
+        }
+        st_f32x4(o, sumf);
+    }
+    for (o, k) in out[whole..n].iter_mut().zip(&keys[whole..n]) {
+        // SAFETY: FEAT_DotProd as above.
+        *o = unsafe { kv_dot_q8_0_sdot(k, q) };
+    }
+}
+
+/// The body of [`kv_attend`] and [`kv_attend_dotprod`], the q8_0 keys' scores given.
 #[inline(always)]
 fn kv_attend_with<'k>(
     ops: &crate::kernels::kv_attn::KvOps,
@@ -1312,10 +1399,10 @@ fn kv_attend_with<'k>(
     key: impl Fn(usize) -> &'k [u8],
     value: impl Fn(usize) -> &'k [u8],
     acc: &mut [f32],
-    vrow: &mut [f32],
-    dot_q8: impl Fn(&[u8], &[u8]) -> f32,
+    vals: &mut [f32],
+    scores_q8: impl Fn(&[&'k [u8]], &[u8], &mut [f32]),
 ) -> [RowSoftmax; crate::kernels::kv_attn::TYPED_ROWS] {
-    use crate::kernels::kv_attn::{attend, KEY_CHUNK};
+    use crate::kernels::kv_attn::{attend, scores_by, KEY_CHUNK};
     use crate::quant::GgmlType;
     let (k_q8, v_ty, dot, widen) =
         (ops.key_type() == GgmlType::Q8_0, ops.value_type(), ops.dot(), ops.widen());
@@ -1324,8 +1411,8 @@ fn kv_attend_with<'k>(
         key,
         value,
         acc,
-        vrow,
-        |k, q| if k_q8 { dot_q8(k, q) } else { dot(k, q) },
+        vals,
+        |ks, q, out| if k_q8 { scores_q8(ks, q, out) } else { scores_by(ks, q, out, dot) },
         |x: &mut [f32; KEY_CHUNK]| {
             for c in x.chunks_exact_mut(4) {
                 // SAFETY: NEON is part of the aarch64 baseline.
@@ -1355,7 +1442,7 @@ fn kv_attend_with<'k>(
                 _ => widen(v, out),
             };
         },
-        kv_axpy,
+        kv_update,
     )
 }
 
