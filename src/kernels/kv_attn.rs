@@ -258,6 +258,19 @@ pub fn update_ref(acc: &mut [f32], vals: &[f32], w: &[f32], raises: &[bool]) {
     }
 }
 
+/// [`update_ref`] on the columns from `from` on (the SIMD updates' tail past their vectors).
+pub fn update_tail_ref(acc: &mut [f32], vals: &[f32], from: usize, w: &[f32], raises: &[bool]) {
+    let dv = acc.len();
+    if dv == 0 {
+        return;
+    }
+    for ((v, &w), &raise) in vals.chunks_exact(dv).zip(w).zip(raises) {
+        for (a, &x) in acc.iter_mut().zip(v).skip(from) {
+            *a = if raise { libm::fmaf(x, 1.0, *a * w) } else { libm::fmaf(x, w, *a) };
+        }
+    }
+}
+
 /// The reference scores: `dot(keys[i], q)` into `out[i]`.
 #[inline(always)]
 pub fn scores_by(keys: &[&[u8]], q: &[u8], out: &mut [f32], dot: impl Fn(&[u8], &[u8]) -> f32) {

@@ -1245,11 +1245,7 @@ fn kv_update(acc: &mut [f32], vals: &[f32], w: &[f32], raises: &[bool]) {
         unsafe { update_cols::<1>(&mut acc[c..c + 4], &vals[c..], dv, &w[..m], &raises[..m]) };
         c += 4;
     }
-    for (i, (&w, &raise)) in w[..m].iter().zip(&raises[..m]).enumerate() {
-        for (a, &v) in acc[c..].iter_mut().zip(&vals[i * dv + c..(i + 1) * dv]) {
-            *a = if raise { libm::fmaf(v, 1.0, *a * w) } else { libm::fmaf(v, w, *a) };
-        }
-    }
+    crate::kernels::kv_attn::update_tail_ref(acc, &vals[..m * dv], c, &w[..m], &raises[..m]);
 }
 
 /// `4 V` columns of [`kv_update`]: `acc` those columns, `vals` the values from the first of
@@ -1318,22 +1314,29 @@ unsafe fn kv_dot_q8_0_sdot(k: &[u8], q: &[u8]) -> f32 {
     crate::kernels::kv_attn::q8_0_dot_by(k, q, crate::kernels::dot::f16, |x, y| {
         let (x0, x1) = (ld_s8x16(x), ld_s8x16(&x[16..]));
         let (y0, y1) = (ld_s8x16(y), ld_s8x16(&y[16..]));
-        let mut s = vdupq_n_s32(0);
-        // SAFETY: register-only dot products (FEAT_DotProd, which the caller guarantees).
-        unsafe {
-            asm!(
-                "sdot {s:v}.4s, {x0:v}.16b, {y0:v}.16b",
-                "sdot {s:v}.4s, {x1:v}.16b, {y1:v}.16b",
-                s = inout(vreg) s,
-                x0 = in(vreg) x0,
-                y0 = in(vreg) y0,
-                x1 = in(vreg) x1,
-                y1 = in(vreg) y1,
-                options(pure, nomem, nostack, preserves_flags)
-            );
-        }
-        vaddvq_s32(s)
+        vaddvq_s32(sdot_pair(x0, y0, x1, y1))
     })
+}
+
+/// `x0 . y0 + x1 . y1` in 4 i32 lanes (each lane the sum of 4 + 4 byte products): two `sdot`.
+#[target_feature(enable = "neon,dotprod")]
+#[inline]
+fn sdot_pair(x0: int8x16_t, y0: int8x16_t, x1: int8x16_t, y1: int8x16_t) -> int32x4_t {
+    let mut s = vdupq_n_s32(0);
+    // SAFETY: register-only dot products (this function's CPU has FEAT_DotProd).
+    unsafe {
+        asm!(
+            "sdot {s:v}.4s, {x0:v}.16b, {y0:v}.16b",
+            "sdot {s:v}.4s, {x1:v}.16b, {y1:v}.16b",
+            s = inout(vreg) s,
+            x0 = in(vreg) x0,
+            y0 = in(vreg) y0,
+            x1 = in(vreg) x1,
+            y1 = in(vreg) y1,
+            options(pure, nomem, nostack, preserves_flags)
+        );
+    }
+    s
 }
 
 /// The q8_0 dots of `keys` with the q8_0 query `q` into `out` ([`kv_dot_q8_0_sdot`]'s results,
@@ -1349,23 +1352,6 @@ unsafe fn kv_scores_q8_0_sdot(keys: &[&[u8]], q: &[u8], out: &mut [f32]) {
     let n = keys.len().min(out.len());
     let same = q.len() % B == 0 && keys[..n].iter().all(|k| k.len() == q.len());
     let whole = if same { n - n % 4 } else { 0 };
-    let sdot2 = |x0: int8x16_t, y0: int8x16_t, x1: int8x16_t, y1: int8x16_t| {
-        let mut s = vdupq_n_s32(0);
-        // SAFETY: register-only dot products (FEAT_DotProd, which the caller guarantees).
-        unsafe {
-            asm!(
-                "sdot {s:v}.4s, {x0:v}.16b, {y0:v}.16b",
-                "sdot {s:v}.4s, {x1:v}.16b, {y1:v}.16b",
-                s = inout(vreg) s,
-                x0 = in(vreg) x0,
-                y0 = in(vreg) y0,
-                x1 = in(vreg) x1,
-                y1 = in(vreg) y1,
-                options(pure, nomem, nostack, preserves_flags)
-            );
-        }
-        s
-    };
     for (ks, o) in keys[..whole].chunks_exact(4).zip(out[..whole].chunks_exact_mut(4)) {
         let mut sumf = vdupq_n_f32(0.0);
         for (b, y) in q.chunks_exact(B).enumerate() {
@@ -1373,7 +1359,7 @@ unsafe fn kv_scores_q8_0_sdot(keys: &[&[u8]], q: &[u8], out: &mut [f32]) {
             let (y0, y1) = (ld_s8x16(&y[2..]), ld_s8x16(&y[18..]));
             let s: [int32x4_t; 4] = core::array::from_fn(|j| {
                 let x = &ks[j][at + 2..at + B];
-                sdot2(ld_s8x16(x), y0, ld_s8x16(&x[16..]), y1)
+                sdot_pair(ld_s8x16(x), y0, ld_s8x16(&x[16..]), y1)
             });
             let sumi = vpaddq_s32(vpaddq_s32(s[0], s[1]), vpaddq_s32(s[2], s[3]));
             let mut h = [0u8; 8];

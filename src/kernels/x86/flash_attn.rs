@@ -609,11 +609,7 @@ fn kv_update_avx2(acc: &mut [f32], vals: &[f32], w: &[f32], raises: &[bool]) {
         update_cols::<1>(&mut acc[c..c + 8], &vals[c..], dv, &w[..m], &raises[..m]);
         c += 8;
     }
-    for (i, (&w, &raise)) in w[..m].iter().zip(&raises[..m]).enumerate() {
-        for (a, &v) in acc[c..].iter_mut().zip(&vals[i * dv + c..(i + 1) * dv]) {
-            *a = if raise { libm::fmaf(v, 1.0, *a * w) } else { libm::fmaf(v, w, *a) };
-        }
-    }
+    crate::kernels::kv_attn::update_tail_ref(acc, &vals[..m * dv], c, &w[..m], &raises[..m]);
 }
 
 /// `8 V` columns of [`kv_update_avx2`]: `acc` those columns, `vals` the values from the first
