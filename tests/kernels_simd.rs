@@ -749,26 +749,10 @@ fn cache_rows(ty: GgmlType, rows: &[f32], dim: usize) -> Vec<u8> {
     out
 }
 
-/// Runs the typed attention kernel with `ops` on up to FLASH_ROWS queries (value scratch for a
-/// whole chunk of keys).
+/// Runs the typed attention kernel with `ops` on up to FLASH_ROWS queries, with value scratch for
+/// `chunk` keys (the kernel takes that many at a time).
 #[allow(clippy::too_many_arguments)]
 fn typed_run(
-    ops: &KvOps,
-    qs: &[Vec<f32>],
-    keys: &[std::ops::Range<usize>],
-    k: &[u8],
-    kb: usize,
-    v: &[u8],
-    vb: usize,
-    dim: usize,
-    scale: f32,
-) -> (Vec<Vec<f32>>, Vec<RowSoftmax>) {
-    typed_run_chunked(ops, qs, keys, k, kb, v, vb, dim, scale, KEY_CHUNK)
-}
-
-/// [`typed_run`] with value scratch for `chunk` keys (the kernel takes that many at a time).
-#[allow(clippy::too_many_arguments)]
-fn typed_run_chunked(
     ops: &KvOps,
     qs: &[Vec<f32>],
     keys: &[std::ops::Range<usize>],
@@ -829,10 +813,9 @@ fn kv_cache_attention_is_bit_identical_to_reference_ops() {
                         // The reference key by key; the SIMD path a chunk at a time, and 3 keys
                         // at a time (value scratch for 3).
                         let (want, want_ends) =
-                            typed_run_chunked(&reference, &qs, &keys, &k, kb, &v, vb, dim, scale, 1);
+                            typed_run(&reference, &qs, &keys, &k, kb, &v, vb, dim, scale, 1);
                         let chunk = [KEY_CHUNK, 3][(n_keys + dim) % 2];
-                        let (got, got_ends) =
-                            typed_run_chunked(&simd, &qs, &keys, &k, kb, &v, vb, dim, scale, chunk);
+                        let (got, got_ends) = typed_run(&simd, &qs, &keys, &k, kb, &v, vb, dim, scale, chunk);
                         for (r, (g, w)) in got_ends.iter().zip(&want_ends).enumerate() {
                             assert!(
                                 same_end(*g, *w),
@@ -886,10 +869,10 @@ fn kv_cache_attention_rows_with_their_own_keys_match_single_rows() {
                     _ => 200..200 + 17 * (r - 12),
                 })
                 .collect();
-            let (together, ends) = typed_run(&ops, &qs, &keys, &k, kb, &v, vb, dim, 0.125);
+            let (together, ends) = typed_run(&ops, &qs, &keys, &k, kb, &v, vb, dim, 0.125, KEY_CHUNK);
             for r in 0..n {
                 let (alone, end) =
-                    typed_run(&ops, &qs[r..r + 1], &keys[r..r + 1], &k, kb, &v, vb, dim, 0.125);
+                    typed_run(&ops, &qs[r..r + 1], &keys[r..r + 1], &k, kb, &v, vb, dim, 0.125, KEY_CHUNK);
                 assert!(
                     same_end(ends[r], end[0]),
                     "{} K {kt} V {vt} row {r}: {:?} together, {:?} alone",
@@ -946,6 +929,7 @@ fn kv_cache_attention_is_attention() {
                 vb,
                 dim,
                 scale,
+                KEY_CHUNK,
             );
             for ((q, g), end) in qs.iter().zip(&got).zip(&ends) {
                 let s: Vec<f64> = (0..n_keys)
@@ -1143,7 +1127,7 @@ fn merged_key_parts_are_the_whole_rows_attention() {
         let (k, v) = (cache_rows(GgmlType::F32, &kf, dim), cache_rows(GgmlType::F32, &vf, dim));
         let (kb, vb) = (k.len() / n_keys, v.len() / n_keys);
         let (whole, _) =
-            typed_run(&ops, &qs, core::slice::from_ref(&(0..n_keys)), &k, kb, &v, vb, dim, 0.125);
+            typed_run(&ops, &qs, core::slice::from_ref(&(0..n_keys)), &k, kb, &v, vb, dim, 0.125, KEY_CHUNK);
         for cuts in [vec![0, 150, 301], vec![0, 0, 1, 37, 37, 200, 301, 301], vec![0, 301]] {
             let parts: Vec<(Vec<f32>, RowSoftmax)> = cuts
                 .windows(2)
@@ -1158,6 +1142,7 @@ fn merged_key_parts_are_the_whole_rows_attention() {
                         vb,
                         dim,
                         0.125,
+                        KEY_CHUNK,
                     );
                     (o[0].clone(), e[0])
                 })

@@ -44,13 +44,6 @@ enum Simd {
     NeonDotprod,
 }
 
-/// The reference `acc += v * s`.
-pub fn axpy_ref(acc: &mut [f32], v: &[f32], s: f32) {
-    for (a, &x) in acc.iter_mut().zip(v) {
-        *a = libm::fmaf(x, s, *a);
-    }
-}
-
 impl KvOps {
     /// The reference operations for keys of type `k` and values of type `v`; `None` unless both
     /// are cache types ([`GgmlType::is_kv_cache_type`]).
@@ -183,8 +176,7 @@ pub fn flash_attn_rows_typed<'k>(
         (ops.q_convert)(q, &mut qconv[r * qb..(r + 1) * qb]);
     }
     let a = Attend { n, qb, dv, qconv: &qconv[..n * qb], scale, keys: &keys[..n] };
-    let whole_keys = vals.len() / dv.max(1) * dv;
-    let (acc, vals) = (&mut acc[..n * dv], &mut vals[..whole_keys]);
+    let acc = &mut acc[..n * dv];
     let ends = match ops.simd {
         #[cfg(target_arch = "x86_64")]
         Some(Simd::Avx2) => {
@@ -244,21 +236,10 @@ pub struct Attend<'a> {
 /// `vals[i * dv..]`, `dv = acc.len()`), `acc *= w[i]` then `acc += vals * 1` where the key raised
 /// the row's maximum (`raises[i]`), else `acc += vals * w[i]` (fused).
 pub fn update_ref(acc: &mut [f32], vals: &[f32], w: &[f32], raises: &[bool]) {
-    let dv = acc.len();
-    if dv == 0 {
-        return;
-    }
-    for ((v, &w), &raise) in vals.chunks_exact(dv).zip(w).zip(raises) {
-        if raise {
-            acc.iter_mut().for_each(|x| *x *= w);
-            axpy_ref(acc, v, 1.0);
-        } else {
-            axpy_ref(acc, v, w);
-        }
-    }
+    update_tail_ref(acc, vals, 0, w, raises);
 }
 
-/// [`update_ref`] on the columns from `from` on (the SIMD updates' tail past their vectors).
+/// [`update_ref`] on the columns from `from` on (also the SIMD updates' tail past their vectors).
 pub fn update_tail_ref(acc: &mut [f32], vals: &[f32], from: usize, w: &[f32], raises: &[bool]) {
     let dv = acc.len();
     if dv == 0 {
