@@ -188,6 +188,13 @@ fn register_pending(tmp: &Path) -> Option<usize> {
     slot
 }
 
+/// Takes a path off [`PENDING`] (its string stays leaked: a handler may be reading it).
+fn unlist(slot: Option<usize>) {
+    if let Some(slot) = slot {
+        PENDING[slot].store(std::ptr::null_mut(), Ordering::SeqCst);
+    }
+}
+
 /// Removes every temporary file still being written. Async-signal-safe (atomics and `unlink`
 /// only): a SIGINT/SIGTERM/SIGHUP handler calls it before `_exit`, which skips destructors.
 pub fn remove_pending_temporaries() {
@@ -242,27 +249,36 @@ impl OutputFile {
             tmp_name.push(std::ffi::OsStr::from_bytes(&name.as_bytes()[..keep]));
             tmp_name.push(&suffix);
             let tmp = dir.join(tmp_name);
+            // Listed for the signal handlers before it exists: a signal arriving just after the
+            // file is created must find it (CI saw one left by a SIGTERM in that window).
+            let pending = register_pending(&tmp);
             // create_new is O_CREAT|O_EXCL: it never follows a symbolic link and never opens a
             // file that exists, so nothing but this run's own new file is written.
             match OpenOptions::new().read(true).write(true).create_new(true).open(&tmp) {
                 Ok(file) => {
+                    let out = Self { target: target.into(), real, tmp, file, inputs: ids, pending };
                     if let Some(mode) = mode {
                         let perms = std::os::unix::fs::PermissionsExt::from_mode(mode);
-                        if let Err(source) = file.set_permissions(perms) {
-                            let _ = std::fs::remove_file(&tmp);
-                            return Err(OutputError::Io { path: tmp, doing: "setting permissions", source });
+                        if let Err(source) = out.file.set_permissions(perms) {
+                            // Dropping `out` removes the file and takes it off the list.
+                            let path = out.tmp.clone();
+                            drop(out);
+                            return Err(OutputError::Io { path, doing: "setting permissions", source });
                         }
                     }
-                    let pending = register_pending(&tmp);
-                    return Ok(Self { target: target.into(), real, tmp, file, inputs: ids, pending });
+                    return Ok(out);
                 }
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => last_err = Some(e),
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                    unlist(pending);
+                    last_err = Some(e);
+                }
                 Err(source) => {
+                    unlist(pending);
                     return Err(OutputError::Io {
                         path: dir,
                         doing: "creating a temporary file in the output's directory",
                         source,
-                    })
+                    });
                 }
             }
         }
@@ -327,9 +343,7 @@ impl OutputFile {
 impl OutputFile {
     /// Takes `tmp` off the list a signal handler removes.
     fn forget_pending(&mut self) {
-        if let Some(slot) = self.pending.take() {
-            PENDING[slot].store(std::ptr::null_mut(), Ordering::SeqCst);
-        }
+        unlist(self.pending.take());
     }
 }
 
