@@ -1,6 +1,10 @@
 """llama.cpp's logits for golden prompts, from the two builds the golden files speak of (build 0c1e570):
 
-- x86: the host's llama.cpp through `llama_cpp` (`pip install llama-cpp-python==0.3.36` compiles it);
+- x86: the host's llama.cpp through `llama_cpp` (`pip install llama-cpp-python==0.3.36` compiles it),
+  or, when that is not installed, scripts/llama_replay.c built natively against the same source and named
+  by LLAMA_REPLAY (`g++ -O2 -x c scripts/llama_replay.c -x none -I$L/include -I$L/ggml/include
+  -Wl,--start-group build/src/libllama.a build/ggml/src/libggml*.a -Wl,--end-group -lpthread`, with
+  L=src/vendor/llama.cpp in scripts/scale_bench.sh's target/llama.cpp build);
 - arm: an aarch64 build (armv8.2-a+dotprod+fp16, as tests/golden/README.md's instruction counts) running
   scripts/llama_replay.c under `qemu-aarch64 -cpu cortex-a76`; see scripts/golden_spread.py for how to
   build it.
@@ -18,7 +22,13 @@ import numpy as np
 
 
 def x86_logits(path, fa, repack, plans):
-    import llama_cpp
+    try:
+        import llama_cpp
+    except ImportError:
+        replay = os.environ.get("LLAMA_REPLAY")
+        if not replay:
+            raise SystemExit("llama_ref: neither the llama_cpp module nor LLAMA_REPLAY (a native llama_replay)")
+        return replay_logits([replay], path, fa, repack, plans)
 
     mp = llama_cpp.llama_model_default_params()
     mp.use_extra_bufts = repack
@@ -46,10 +56,13 @@ def x86_logits(path, fa, repack, plans):
 
 def logits(path, fa, repack, plans, arm=None):
     """The x86 build's logits, or with `arm` (the aarch64 llama_replay binary) that build's."""
-    return arm_logits(arm, path, fa, repack, plans) if arm else x86_logits(path, fa, repack, plans)
+    if arm:
+        return replay_logits(["qemu-aarch64", "-cpu", "cortex-a76", arm], path, fa, repack, plans)
+    return x86_logits(path, fa, repack, plans)
 
 
-def arm_logits(replay, path, fa, repack, plans):
+def replay_logits(command, path, fa, repack, plans):
+    """The logits of a llama_replay binary run as `command` (with its runner, if any)."""
     import gguf
 
     n_vocab = len(gguf.GGUFReader(path).fields["tokenizer.ggml.tokens"].data)
@@ -60,7 +73,7 @@ def arm_logits(replay, path, fa, repack, plans):
         lines.append(" ".join(map(str, forced)))
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "logits.f32")
-        cmd = ["qemu-aarch64", "-cpu", "cortex-a76", replay, path, str(fa), str(int(repack)), "2", out]
+        cmd = command + [path, str(fa), str(int(repack)), "2", out]
         subprocess.run(cmd, input="\n".join(lines) + "\n", text=True, check=True, stdout=subprocess.DEVNULL)
         flat = np.fromfile(out, dtype=np.float32).reshape(-1, n_vocab)
     runs, at = [], 0

@@ -146,6 +146,37 @@ fn qwen3_tiny_greedy_matches_llama_cpp() {
     check_greedy("tiny/qwen3-tiny.gguf", "qwen3-tiny.greedy.jsonl", if emulated() { 4 } else { 24 });
 }
 
+/// Granite: embedding, attention, residual and logit multipliers.
+#[test]
+fn granite_tiny_greedy_matches_llama_cpp() {
+    check_greedy("tiny/granite-tiny.gguf", "granite-tiny.greedy.jsonl", if emulated() { 4 } else { 24 });
+}
+
+/// SmolLM3: the fourth layer runs without RoPE.
+#[test]
+fn smollm3_tiny_greedy_matches_llama_cpp() {
+    check_greedy("tiny/smollm3-tiny.gguf", "smollm3-tiny.greedy.jsonl", if emulated() { 4 } else { 24 });
+}
+
+/// Phi-3: fused QKV and gate|up (their parts read from the repacked fused matrices), LongRoPE's long
+/// factors and attention factor (the 256-position context exceeds the model's original 128),
+/// partial rotation.
+#[test]
+fn phi3_tiny_greedy_matches_llama_cpp() {
+    check_greedy("tiny/phi3-tiny.gguf", "phi3-tiny.greedy.jsonl", if emulated() { 4 } else { 24 });
+}
+
+/// The same without repacking: the fused matrices' parts read in the file's layout.
+#[test]
+fn phi3_tiny_greedy_matches_llama_cpp_without_repacking() {
+    check_greedy_with(
+        "tiny/phi3-tiny.gguf",
+        "phi3-tiny.greedy.jsonl",
+        if emulated() { 4 } else { 24 },
+        false,
+    );
+}
+
 #[test]
 fn gemma3_greedy_matches_llama_cpp() {
     let path = model_path("gemma-3-270m-q4_k_m.gguf");

@@ -67,7 +67,7 @@ fn the_default_model_is_valid() {
 
 #[test]
 fn every_supported_architecture_validates() {
-    for arch in ["llama", "qwen2", "qwen3", "gemma3", "qwen3moe", "qwen2moe"] {
+    for arch in ["llama", "qwen2", "qwen3", "gemma3", "qwen3moe", "qwen2moe", "granite", "smollm3", "phi3"] {
         let hp = validate(&tiny(arch)).unwrap_or_else(|e| panic!("{arch}: {e}"));
         assert_eq!(hp.arch.name(), arch);
         assert_eq!((hp.head_dim_k, hp.n_expert_used), (16, if arch.ends_with("moe") { 2 } else { 0 }));
@@ -287,6 +287,60 @@ fn kv_cache_types_are_planned_and_checked() {
     let msg = e.to_string();
     assert!(msg.contains("q8_0") && msg.contains("48") && msg.contains("32"), "{msg}");
     KvTypes { k: GgmlType::F16, v: GgmlType::BF16 }.check(&hp).unwrap();
+}
+
+/// granite, smollm3 and phi3: their keys are read, and what pinfer does not compute (or a file that
+/// lacks what the architecture needs) is refused naming the key or tensor.
+#[test]
+fn granite_smollm3_phi3_files_are_read_and_checked() {
+    let granite = validate(&tiny("granite")).unwrap();
+    assert_eq!((granite.logit_scale, granite.residual_scale, granite.embedding_scale), (8.0, 0.22, 1.0));
+    assert_eq!(granite.attention_scale, None, "absent: 1/sqrt(head size)");
+    refused("no logit scale", &remove(tiny("granite"), "granite.logit_scale"), &["granite.logit_scale"]);
+    refused(
+        "granite without RoPE",
+        &set(tiny("granite"), "granite.rope.scaling.finetuned", Val::Bool(0)),
+        &["granite.rope.scaling.finetuned", "false"],
+    );
+    refused(
+        "nan scale",
+        &set(tiny("granite"), "granite.residual_scale", Val::F32(f32::NAN)),
+        &["residual_scale"],
+    );
+    // A zero multiplier is none, as in llama.cpp.
+    let zero = validate(&set(tiny("granite"), "granite.embedding_scale", Val::F32(0.0))).unwrap();
+    assert_eq!(zero.embedding_scale, 1.0);
+
+    let phi = || tiny("phi3");
+    let hp = validate(&set(phi(), "phi3.rope.scaling.attn_factor", Val::F32(1.19))).unwrap();
+    assert_eq!((hp.rope_attn_factor, hp.n_ctx_orig), (1.19, 128));
+    validate(&set(phi(), "phi3.rope.scaling.type", Val::str("longrope"))).unwrap();
+    refused(
+        "phi3 yarn",
+        &set(phi(), "phi3.rope.scaling.type", Val::str("yarn")),
+        &["rope.scaling.type", "yarn"],
+    );
+    // The fused matrices must hold every part.
+    refused("short qkv", &retype(phi(), "blk.1.attn_qkv.weight", &[E, E], Q4_0), &["blk.1.attn_qkv.weight"]);
+    refused("short gate|up", &retype(phi(), "blk.0.ffn_up.weight", &[E, 64], Q4_0), &["blk.0.ffn_up.weight"]);
+    let no_down = {
+        let mut b = phi();
+        b.tensors.retain(|t| t.name != "blk.0.attn_qkv.weight");
+        b
+    };
+    refused("no qkv at all", &no_down, &["blk.0.attn_q.weight"]);
+    refused(
+        "bad factors",
+        &phi().tensor("rope_factors_long.weight", &[3], common::ggml::F32),
+        &["rope_factors_long.weight"],
+    );
+    // A llama file may store Q, K and V fused too (llama.cpp reads either).
+    let mut fused = tiny("llama");
+    fused.tensors.retain(|t| {
+        !matches!(t.name.as_str(), "blk.0.attn_q.weight" | "blk.0.attn_k.weight" | "blk.0.attn_v.weight")
+    });
+    let kvw = E / 4 * 2;
+    validate(&fused.tensor("blk.0.attn_qkv.weight", &[E, E + 2 * kvw], Q4_0)).unwrap();
 }
 
 /// Keys whose values change the math are read, and values pinfer does not compute are refused by

@@ -796,7 +796,7 @@ impl<'m, G: AsMut<[GraphSlot]> + AsRef<[GraphSlot]>, B: DerefMut<Target = [u8]>>
         let neox = matches!(hp.arch.traits().rope, crate::graph::RopeMode::Neox);
         let gguf = &self.planned.model.gguf;
         let factors: Option<&[f32]> = gguf
-            .tensor("rope_freqs.weight")
+            .tensor(crate::model::rope_factors_name(hp, kv.n_ctx))
             .and_then(|t| bytemuck::try_cast_slice(gguf.tensor_data(&t)).ok())
             .filter(|f: &&[f32]| f.len() >= n_rot / 2);
         let moved = keep..n - discard;
@@ -811,12 +811,16 @@ impl<'m, G: AsMut<[GraphSlot]> + AsRef<[GraphSlot]>, B: DerefMut<Target = [u8]>>
                 let at = base + seq * kv.n_ctx * row;
                 cache.copy_within(at + (keep + discard) * row..at + n * row, at + keep * row);
             }
-            let (freq_base, freq_scale, _) = crate::model::layer_rope(hp, layer);
+            let rope = crate::model::layer_rope(hp, layer);
+            if !rope.rotates {
+                // Keys stored without RoPE stay as they are (their rows moved above).
+                continue;
+            }
             let p = crate::kernels::reference::RopeParams {
                 n_rot,
                 neox,
-                freq_base,
-                freq_scale,
+                freq_base: rope.base,
+                freq_scale: rope.scale,
                 freq_factors: factors,
             };
             // The angles of position `discard`, negated: cos is even, sin odd.

@@ -543,17 +543,32 @@ impl<'a, const N: usize> Bound<'a, N> {
         true
     }
 
-    /// The repacked form of matmul weights `w` (a 2-D tensor in model buffer 0), if any.
+    /// The repacked form of matmul weights `w` (a 2-D tensor in model buffer 0: a whole matrix,
+    /// or whole row groups of one, as the parts of a fused weight), if any.
     fn packed_weights(&self, w: &Tensor) -> Option<PackedMatrix<'a>> {
         let Storage::External { buffer: 0, offset } = w.storage else { return None };
         if w.ne[2] != 1 || w.ne[3] != 1 {
             return None;
         }
-        let at = self.packed.binary_search_by_key(&offset, |e| e.source_offset).ok()?;
+        // The matrix starting at or last before `offset`.
+        let at = match self.packed.binary_search_by_key(&offset, |e| e.source_offset) {
+            Ok(at) => at,
+            Err(after) => after.checked_sub(1)?,
+        };
         let entry = &self.packed[at];
-        (entry.rows == w.ne[1] && entry.k == w.ne[0] && PackedFormat::for_type(w.ty) == Some(entry.format))
-            .then(|| entry.matrix(self.packed_buffer))
-            .flatten()
+        if entry.k != w.ne[0] || PackedFormat::for_type(w.ty) != Some(entry.format) {
+            return None;
+        }
+        let matrix = entry.matrix(self.packed_buffer)?;
+        if offset == entry.source_offset && entry.rows == w.ne[1] {
+            return Some(matrix);
+        }
+        let row_bytes = usize::try_from(w.ty.bytes_for(w.ne[0] as u64)?).ok()?;
+        let first_row = (offset - entry.source_offset) / row_bytes;
+        let whole_groups = (offset - entry.source_offset) % row_bytes == 0
+            && first_row % GROUP_ROWS == 0
+            && w.ne[1] % GROUP_ROWS == 0;
+        whole_groups.then(|| matrix.row_groups(first_row / GROUP_ROWS, w.ne[1] / GROUP_ROWS)).flatten()
     }
 
     /// The repacked form of expert weights `w` (`[k, m, n_expert]` in model buffer 0, packed as
@@ -877,6 +892,11 @@ impl<'a, const N: usize> Bound<'a, N> {
                     None => step.n_past + i1,
                 };
                 kref::rope_table_ref(pos, &p, 0, cos, sin);
+                let mscale = t.params.f[2];
+                if mscale != 1.0 {
+                    // ggml multiplies each cosine and sine by the attention factor.
+                    cos.iter_mut().chain(sin.iter_mut()).for_each(|v| *v *= mscale);
+                }
             }
         }
     }

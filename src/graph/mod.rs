@@ -364,14 +364,15 @@ impl<const N: usize> Graph<N> {
         freq_scale: f32,
         freq_factors: Option<TensorId>,
     ) -> Result<TensorId> {
-        let table = self.rope_table(x, n_rot, freq_base, freq_scale, freq_factors)?;
+        let table = self.rope_table(x, n_rot, freq_base, freq_scale, freq_factors, 1.0)?;
         self.rope_with(x, table, mode)
     }
 
     /// The cosines and sines RoPE rotates by, one row per token of `x` (`[head_dim, n_head,
     /// n_tokens]`, F32; only its shape is used): `[n_rot, n_tokens]`, the `n_rot / 2` cosines
     /// then the sines at the token's position. Angles cost a `cosf` and a `sinf` each, so a
-    /// graph computes them once per token, not once per head and layer.
+    /// graph computes them once per token, not once per head and layer. `mscale` multiplies the
+    /// cosines and sines (LongRoPE's attention factor; 1: none).
     pub fn rope_table(
         &mut self,
         x: TensorId,
@@ -379,14 +380,16 @@ impl<const N: usize> Graph<N> {
         freq_base: f32,
         freq_scale: f32,
         freq_factors: Option<TensorId>,
+        mscale: f32,
     ) -> Result<TensorId> {
         self.f32_input(Op::Rope, x)?;
         let t = self.tensor(x);
         if n_rot == 0 || n_rot % 2 != 0 || n_rot > t.ne[0] || t.ne[3] != 1 {
             return Err(self.invalid(Op::Rope, x, "n_rot must be even and at most the head size, input 3-D"));
         }
-        if !(freq_base.is_finite() && freq_base > 0.0 && freq_scale.is_finite() && freq_scale > 0.0) {
-            return Err(self.invalid(Op::Rope, x, "frequency base and scale must be positive"));
+        let positive = |v: f32| v.is_finite() && v > 0.0;
+        if !(positive(freq_base) && positive(freq_scale) && positive(mscale)) {
+            return Err(self.invalid(Op::Rope, x, "frequency base, scale and mscale must be positive"));
         }
         let mut src: heapless::Vec<TensorId, 2> = heapless::Vec::new();
         let _ = src.push(x);
@@ -397,7 +400,7 @@ impl<const N: usize> Graph<N> {
             }
             let _ = src.push(ff);
         }
-        let params = OpParams { i: [n_rot as i32, 0, 0, 0], f: [freq_base, freq_scale, 0.0, 0.0] };
+        let params = OpParams { i: [n_rot as i32, 0, 0, 0], f: [freq_base, freq_scale, mscale, 0.0] };
         let ne = [n_rot, t.ne[2], 1, 1];
         self.node(Op::RopeTable, GgmlType::F32, ne, &src, params)
     }

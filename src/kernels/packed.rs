@@ -284,6 +284,19 @@ impl<'a> PackedMatrix<'a> {
         &self.scales[g * n..(g + 1) * n]
     }
 
+    /// Row groups `first..first + n` as a matrix of their own (the rows of one part of a fused
+    /// weight); `None` past the end.
+    pub fn row_groups(&self, first: usize, n: usize) -> Option<Self> {
+        let (qn, sn) = (self.blocks() * self.format.quant_bytes(), self.blocks() * self.format.scale_bytes());
+        let end = first.checked_add(n).filter(|&end| end <= self.groups())?;
+        Some(Self {
+            rows: n * GROUP_ROWS,
+            quants: self.quants.get(first * qn..end * qn)?,
+            scales: self.scales.get(first * sn..end * sn)?,
+            ..*self
+        })
+    }
+
     /// Checks that the planes have the sizes the shape needs.
     pub fn is_consistent(&self) -> bool {
         self.rows % GROUP_ROWS == 0

@@ -55,6 +55,20 @@ pub struct HParams {
     pub n_ff_shared: u32,
     /// Sliding attention window (gemma3 local layers), 0 when none.
     pub sliding_window: u32,
+    /// Multiplier of the input embeddings (granite's `embedding_scale`); 1: none.
+    pub embedding_scale: f32,
+    /// Multiplier of each block's attention and FFN outputs before their residual adds (granite's
+    /// `residual_scale`); 1: none.
+    pub residual_scale: f32,
+    /// Scale of attention scores (granite's `attention.scale`); `None`: 1/sqrt(head size).
+    pub attention_scale: Option<f32>,
+    /// Divisor of the logits (granite's `logit_scale`); 1: none.
+    pub logit_scale: f32,
+    /// Multiplier of RoPE's cosines and sines (`rope.scaling.attn_factor`, LongRoPE); 1: none.
+    pub rope_attn_factor: f32,
+    /// Context before RoPE scaling (`rope.scaling.original_context_length`, default the training
+    /// context): LongRoPE takes its long factors for contexts above it.
+    pub n_ctx_orig: u32,
 }
 
 /// `{arch}.{suffix}` as a key.
@@ -113,9 +127,11 @@ enum Computes {
 /// `{arch}.` keys whose values change the math beyond what [`HParams`] holds: the architecture that
 /// reads them (as llama.cpp's `load_hparams` does; `None`: every one), what pinfer computes, and
 /// that in words. A file with another value is refused naming the key, never run with wrong numbers.
-const MATH_KEYS: [(&str, Option<Arch>, Computes, &str); 6] = [
+const MATH_KEYS: [(&str, Option<Arch>, Computes, &str); 7] = [
     ("rope.scaling.type", None, Computes::OneOf(&["none", "linear"]), "none or linear"),
     ("rope.scaling.attn_factor", None, Computes::Only(1.0), "1"),
+    // false: Granite without RoPE on any layer.
+    ("rope.scaling.finetuned", Some(Arch::Granite), Computes::Flag(true), "true"),
     ("attention.causal", None, Computes::Flag(true), "true"),
     ("attention.sliding_window_pattern", Some(Arch::Gemma3), Computes::Only(6.0), "6"),
     ("rope.freq_base_swa", Some(Arch::Gemma3), Computes::Only(10000.0), "10000"),
@@ -147,9 +163,20 @@ fn value_text(v: &crate::gguf::Value<'_>) -> Name {
 /// Refuses a file whose metadata asks for math pinfer does not compute (see [`MATH_KEYS`]).
 fn refuse_math_we_do_not_compute(g: &Gguf<'_>, arch: Arch, n_layer: u32) -> Result<(), ModelError> {
     use crate::gguf::Value;
-    for (suffix, only_for, computes, words) in MATH_KEYS {
+    for (suffix, only_for, mut computes, mut words) in MATH_KEYS {
         if only_for.is_some_and(|a| a != arch) {
             continue;
+        }
+        if arch.traits().long_rope {
+            // LongRoPE is the factor tensors and the attention factor, both computed.
+            match suffix {
+                "rope.scaling.attn_factor" => continue,
+                "rope.scaling.type" => {
+                    (computes, words) =
+                        (Computes::OneOf(&["none", "linear", "longrope"]), "none, linear or longrope")
+                }
+                _ => {}
+            }
         }
         let key = arch_key(arch, suffix);
         let Some(v) = g.get(&key) else { continue };
@@ -260,6 +287,30 @@ impl HParams {
             return Err(bad(&k("attention.sliding_window"), 0, "gemma3 needs a sliding window"));
         }
         refuse_math_we_do_not_compute(g, arch, n_layer)?;
+        let rope_attn_factor = if arch.traits().long_rope {
+            f32_in(g, &k("rope.scaling.attn_factor"), Some(1.0), 0.0, 100.0)?
+        } else {
+            1.0
+        };
+        let n_ctx_orig =
+            u32_in(g, &k("rope.scaling.original_context_length"), Some(n_ctx_train), 1..=u32::MAX)?;
+        // Granite's multipliers: 0 (or absent) means none, as in llama.cpp; the logit scale is
+        // required there.
+        let multiplier = |suffix: &'static str, required: bool| -> Result<Option<f32>, ModelError> {
+            if !arch.traits().multipliers {
+                return Ok(None);
+            }
+            let key = k(suffix);
+            match g.get_f32_opt(&key)? {
+                None if required => Err(GgufError::MissingKey { key }.into()),
+                None | Some(0.0) => Ok(None),
+                Some(_) => f32_in(g, &key, None, 0.0, 1e6).map(Some),
+            }
+        };
+        let embedding_scale = multiplier("embedding_scale", false)?.unwrap_or(1.0);
+        let residual_scale = multiplier("residual_scale", false)?.unwrap_or(1.0);
+        let attention_scale = multiplier("attention.scale", false)?;
+        let logit_scale = multiplier("logit_scale", true)?.unwrap_or(1.0);
         // A model that stores a per-layer array for one of these is a variant we do not run.
         for suffix in ["attention.head_count", "feed_forward_length"] {
             if matches!(g.get(&k(suffix)), Some(v) if v.value_type() == ValueType::Array) {
@@ -285,6 +336,12 @@ impl HParams {
             n_ff_expert,
             n_ff_shared,
             sliding_window,
+            embedding_scale,
+            residual_scale,
+            attention_scale,
+            logit_scale,
+            rope_attn_factor,
+            n_ctx_orig,
         })
     }
 

@@ -10,7 +10,10 @@ mod validate;
 
 use core::fmt;
 
-pub use arch::{build_forward, layer_rope, Forward, KvLayout, KvTypeError, KvTypes, MODEL_BUFFER};
+pub use arch::{
+    build_forward, layer_rope, rope_factors_name, Forward, KvLayout, KvTypeError, KvTypes, LayerRope,
+    MODEL_BUFFER,
+};
 pub use arch::{Arch, ArchTraits, Ffn, Supported};
 pub use hparams::{HParams, MAX_LAYERS};
 pub use open::{check, context_size, Checked, DEFAULT_CTX};

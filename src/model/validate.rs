@@ -226,7 +226,9 @@ pub fn validate_tensors(g: &Gguf<'_>, hp: &HParams, n_vocab: u32) -> Result<(), 
     check(expect(format_args!("token_embd.weight"), &[e, v], Weight, true))?;
     check(expect(format_args!("output_norm.weight"), &[e], Norm, true))?;
     check(expect(format_args!("output.weight"), &[e, v], Weight, false))?;
-    check(expect(format_args!("rope_freqs.weight"), &[u64::from(hp.n_rot / 2)], Norm, false))?;
+    for factors in ["rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"] {
+        check(expect(format_args!("{factors}"), &[u64::from(hp.n_rot / 2)], Norm, false))?;
+    }
 
     let (qw, kw, vw) = (hp.q_width(), hp.k_width(), hp.v_width());
     let attn_out_in = u64::from(hp.n_head) * u64::from(hp.head_dim_v);
@@ -237,9 +239,16 @@ pub fn validate_tensors(g: &Gguf<'_>, hp: &HParams, n_vocab: u32) -> Result<(), 
     let (qk_norm, qkv_bias) = (traits.qk_norm, traits.qkv_bias);
     for i in 0..hp.n_layer {
         check(expect(format_args!("blk.{i}.attn_norm.weight"), &[e], Norm, true))?;
-        check(expect(format_args!("blk.{i}.attn_q.weight"), &[e, qw], Weight, true))?;
-        check(expect(format_args!("blk.{i}.attn_k.weight"), &[e, kw], Weight, true))?;
-        check(expect(format_args!("blk.{i}.attn_v.weight"), &[e, vw], Weight, true))?;
+        let mut fused = Name::new();
+        let _ = write!(fused, "blk.{i}.attn_qkv.weight");
+        if g.tensor(&fused).is_some() {
+            // Q, K and V in one matrix (any architecture may store them so, as llama.cpp reads).
+            check(expect(format_args!("{fused}"), &[e, qw + kw + vw], Weight, true))?;
+        } else {
+            check(expect(format_args!("blk.{i}.attn_q.weight"), &[e, qw], Weight, true))?;
+            check(expect(format_args!("blk.{i}.attn_k.weight"), &[e, kw], Weight, true))?;
+            check(expect(format_args!("blk.{i}.attn_v.weight"), &[e, vw], Weight, true))?;
+        }
         check(expect(format_args!("blk.{i}.attn_output.weight"), &[attn_out_in, e], Weight, true))?;
         check(expect(format_args!("blk.{i}.ffn_norm.weight"), &[e], Norm, true))?;
         if qkv_bias {
@@ -260,6 +269,9 @@ pub fn validate_tensors(g: &Gguf<'_>, hp: &HParams, n_vocab: u32) -> Result<(), 
             check(expect(format_args!("blk.{i}.ffn_gate_exps.weight"), &[e, fe, ne], Weight, true))?;
             check(expect(format_args!("blk.{i}.ffn_up_exps.weight"), &[e, fe, ne], Weight, true))?;
             check(expect(format_args!("blk.{i}.ffn_down_exps.weight"), &[fe, e, ne], Weight, true))?;
+        } else if traits.fused_gate_up {
+            check(expect(format_args!("blk.{i}.ffn_up.weight"), &[e, 2 * f], Weight, true))?;
+            check(expect(format_args!("blk.{i}.ffn_down.weight"), &[f, e], Weight, true))?;
         } else {
             check(expect(format_args!("blk.{i}.ffn_gate.weight"), &[e, f], Weight, true))?;
             check(expect(format_args!("blk.{i}.ffn_up.weight"), &[e, f], Weight, true))?;

@@ -640,6 +640,9 @@ pub fn tiny_model(arch: &str) -> GgufBuilder {
     if arch == "gemma3" {
         b = b.kv(&k("attention.sliding_window"), Val::U32(32));
     }
+    if arch == "granite" {
+        b = b.kv(&k("logit_scale"), Val::F32(8.0)).kv(&k("residual_scale"), Val::F32(0.22));
+    }
     let moe = arch.ends_with("moe");
     if moe {
         b = b
@@ -656,9 +659,13 @@ pub fn tiny_model(arch: &str) -> GgufBuilder {
     for i in 0..2 {
         let t = |b: GgufBuilder, n: &str, dims: &[u64], ty| b.tensor(&format!("blk.{i}.{n}"), dims, ty);
         b = t(b, "attn_norm.weight", &[E], ggml::F32);
-        b = t(b, "attn_q.weight", &[E, E], ggml::Q4_0);
-        b = t(b, "attn_k.weight", &[E, kvw], ggml::Q4_0);
-        b = t(b, "attn_v.weight", &[E, kvw], ggml::Q4_0);
+        if arch == "phi3" {
+            b = t(b, "attn_qkv.weight", &[E, E + 2 * kvw], ggml::Q4_0);
+        } else {
+            b = t(b, "attn_q.weight", &[E, E], ggml::Q4_0);
+            b = t(b, "attn_k.weight", &[E, kvw], ggml::Q4_0);
+            b = t(b, "attn_v.weight", &[E, kvw], ggml::Q4_0);
+        }
         b = t(b, "attn_output.weight", &[E, E], ggml::Q4_0);
         b = t(b, "ffn_norm.weight", &[E], ggml::F32);
         if arch.starts_with("qwen2") {
@@ -679,6 +686,9 @@ pub fn tiny_model(arch: &str) -> GgufBuilder {
             b = t(b, "ffn_gate_exps.weight", &[E, FF, 4], ggml::Q4_0);
             b = t(b, "ffn_up_exps.weight", &[E, FF, 4], ggml::Q4_0);
             b = t(b, "ffn_down_exps.weight", &[FF, E, 4], ggml::Q4_0);
+        } else if arch == "phi3" {
+            b = t(b, "ffn_up.weight", &[E, 2 * FF], ggml::Q4_0);
+            b = t(b, "ffn_down.weight", &[FF, E], ggml::Q4_0);
         } else {
             b = t(b, "ffn_gate.weight", &[E, FF], ggml::Q4_0);
             b = t(b, "ffn_up.weight", &[E, FF], ggml::Q4_0);

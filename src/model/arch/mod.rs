@@ -7,7 +7,9 @@ mod transformer;
 
 use core::fmt;
 
-pub use transformer::{layer_rope, Forward, KvLayout, KvTypeError, KvTypes, MODEL_BUFFER};
+pub use transformer::{
+    layer_rope, rope_factors_name, Forward, KvLayout, KvTypeError, KvTypes, LayerRope, MODEL_BUFFER,
+};
 
 use crate::gguf::Gguf;
 use crate::graph::{Graph, RopeMode};
@@ -24,9 +26,15 @@ pub fn build_forward<const N: usize>(
     n_outputs: usize,
 ) -> Result<Forward, ModelError> {
     match hp.arch {
-        Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe | Arch::Qwen2Moe | Arch::Gemma3 => {
-            transformer::build(g, gguf, hp, kv, n_tokens, n_outputs)
-        }
+        Arch::Llama
+        | Arch::Qwen2
+        | Arch::Qwen3
+        | Arch::Qwen3Moe
+        | Arch::Qwen2Moe
+        | Arch::Gemma3
+        | Arch::Granite
+        | Arch::SmolLm3
+        | Arch::Phi3 => transformer::build(g, gguf, hp, kv, n_tokens, n_outputs),
     }
 }
 
@@ -45,6 +53,12 @@ pub enum Arch {
     Qwen2Moe,
     /// Gemma 3.
     Gemma3,
+    /// IBM Granite 3.x / 4.0 dense (embedding, attention, residual and logit multipliers).
+    Granite,
+    /// SmolLM3 (no RoPE on every fourth layer).
+    SmolLm3,
+    /// Phi-3 / Phi-3.5 / Phi-4-mini (fused QKV and gate|up projections, LongRoPE factors).
+    Phi3,
 }
 
 /// The feed-forward block of an architecture.
@@ -77,12 +91,33 @@ pub struct ArchTraits {
     pub gemma: bool,
     /// The feed-forward block.
     pub ffn: Ffn,
+    /// Granite's multipliers: `{arch}.embedding_scale`, `.attention.scale`, `.residual_scale`,
+    /// `.logit_scale` (logits are divided by it).
+    pub multipliers: bool,
+    /// Every `n`th layer (the 4th, 8th, ...) runs without RoPE (SmolLM3: 4, llama.cpp's fixed
+    /// interval); 0: every layer rotates.
+    pub no_rope_every: u32,
+    /// Gate and up projections fused in one `ffn_up` of twice the width, gate first (phi3).
+    pub fused_gate_up: bool,
+    /// LongRoPE: per-pair frequency divisors `rope_factors_long/short.weight`, the long ones when
+    /// the context exceeds `rope.scaling.original_context_length`, and cosines and sines scaled by
+    /// `rope.scaling.attn_factor` (phi3). Queries are scaled by 1/sqrt(head size) before attention.
+    pub long_rope: bool,
 }
 
 impl Arch {
     /// Every architecture, in the order messages list them.
-    pub const ALL: [Arch; 6] =
-        [Arch::Llama, Arch::Qwen2, Arch::Qwen3, Arch::Qwen3Moe, Arch::Qwen2Moe, Arch::Gemma3];
+    pub const ALL: [Arch; 9] = [
+        Arch::Llama,
+        Arch::Qwen2,
+        Arch::Qwen3,
+        Arch::Qwen3Moe,
+        Arch::Qwen2Moe,
+        Arch::Gemma3,
+        Arch::Granite,
+        Arch::SmolLm3,
+        Arch::Phi3,
+    ];
 
     /// The architecture's row.
     pub const fn traits(self) -> ArchTraits {
@@ -93,6 +128,10 @@ impl Arch {
             qk_norm: false,
             gemma: false,
             ffn: Ffn::Dense,
+            multipliers: false,
+            no_rope_every: 0,
+            fused_gate_up: false,
+            long_rope: false,
         };
         match self {
             Arch::Llama => ArchTraits { name: "llama", rope: RopeMode::Normal, ..DENSE },
@@ -111,6 +150,13 @@ impl Arch {
                 ..DENSE
             },
             Arch::Gemma3 => ArchTraits { name: "gemma3", qk_norm: true, gemma: true, ..DENSE },
+            Arch::Granite => {
+                ArchTraits { name: "granite", rope: RopeMode::Normal, multipliers: true, ..DENSE }
+            }
+            Arch::SmolLm3 => {
+                ArchTraits { name: "smollm3", rope: RopeMode::Normal, no_rope_every: 4, ..DENSE }
+            }
+            Arch::Phi3 => ArchTraits { name: "phi3", fused_gate_up: true, long_rope: true, ..DENSE },
         }
     }
 

@@ -221,15 +221,44 @@ const GEMMA3_SWA_PERIOD: u32 = 6;
 /// RoPE base of Gemma 3's sliding-window layers.
 const GEMMA3_SWA_ROPE_BASE: f32 = 10_000.0;
 
-/// RoPE of one layer: its frequency base and scale, and whether it is a sliding-window layer
-/// (Gemma 3: five sliding-window layers with their own base, then one global layer). The forward
-/// pass and the context shift (which re-rotates cached keys) read it here.
-pub fn layer_rope(hp: &HParams, il: usize) -> (f32, f32, bool) {
-    let sliding = hp.arch.traits().gemma && (il as u32 % GEMMA3_SWA_PERIOD) < GEMMA3_SWA_PERIOD - 1;
+/// RoPE of one layer (Gemma 3: five sliding-window layers with their own base, then one global
+/// layer; SmolLM3: every fourth layer without RoPE). The forward pass and the context shift (which
+/// re-rotates cached keys) read it here.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LayerRope {
+    /// Frequency base.
+    pub base: f32,
+    /// Frequency scale (linear position scaling).
+    pub scale: f32,
+    /// A sliding-window layer (its own table of angles).
+    pub sliding: bool,
+    /// Whether the layer rotates queries and keys at all.
+    pub rotates: bool,
+}
+
+/// The RoPE of layer `il`.
+pub fn layer_rope(hp: &HParams, il: usize) -> LayerRope {
+    let traits = hp.arch.traits();
+    let sliding = traits.gemma && (il as u32 % GEMMA3_SWA_PERIOD) < GEMMA3_SWA_PERIOD - 1;
+    let every = traits.no_rope_every;
+    let rotates = every == 0 || (il as u32 + 1) % every != 0;
     if sliding {
-        (GEMMA3_SWA_ROPE_BASE, 1.0, true)
+        LayerRope { base: GEMMA3_SWA_ROPE_BASE, scale: 1.0, sliding, rotates }
     } else {
-        (hp.rope_freq_base, hp.rope_freq_scale, false)
+        LayerRope { base: hp.rope_freq_base, scale: hp.rope_freq_scale, sliding, rotates }
+    }
+}
+
+/// The tensor of per-pair RoPE frequency divisors a context of `n_ctx` positions uses, if the
+/// file has it: LongRoPE's long factors above the original context, else its short ones
+/// (llama.cpp's choice, made once from the context size), or llama 3's `rope_freqs`.
+pub fn rope_factors_name(hp: &HParams, n_ctx: usize) -> &'static str {
+    if !hp.arch.traits().long_rope {
+        "rope_freqs.weight"
+    } else if n_ctx > hp.n_ctx_orig as usize {
+        "rope_factors_long.weight"
+    } else {
+        "rope_factors_short.weight"
     }
 }
 
@@ -266,6 +295,22 @@ pub fn build<const N: usize>(
     };
     let required =
         |w: Option<TensorId>, name: &str| w.ok_or_else(|| ModelError::MissingTensor { name: name_of(name) });
+    // Rows `first..first + n` of a fused 2-D weight (Q, K, V of `attn_qkv`; gate, up of phi3's
+    // `ffn_up`) as a weight of its own: the rows are contiguous in the file, and a matmul over
+    // them gives the fused matmul's outputs bit for bit. `part` names it.
+    let rows_of = |g: &mut Graph<N>, name: &str, part: &str, first: usize, n: usize| {
+        let info = gguf.tensor(name).ok_or_else(|| ModelError::MissingTensor { name: name_of(name) })?;
+        let row_bytes = info.ty.bytes_for(info.ne[0]).unwrap_or(0) as usize;
+        if first + n > info.ne[1] as usize || info.ne[2] != 1 || info.ne[3] != 1 {
+            let expected = [info.ne[0], (first + n) as u64, 1, 1];
+            return Err(ModelError::TensorShape { name: name_of(name), expected, found: info.ne });
+        }
+        let offset = data_start + info.offset as usize + first * row_bytes;
+        let storage = Storage::External { buffer: MODEL_BUFFER, offset };
+        let mut label = crate::gguf::Name::new();
+        let _ = write!(label, "{name}:{part}");
+        g.leaf(&label, info.ty, [info.ne[0] as usize, n, 1, 1], storage).map_err(ModelError::Graph)
+    };
 
     let (e, t) = (hp.n_embd as usize, n_tokens);
     let (n_head, n_head_kv) = (hp.n_head as usize, hp.n_head_kv as usize);
@@ -276,7 +321,7 @@ pub fn build<const N: usize>(
     let tok_embd = required(weight(g, format_args!("token_embd.weight"))?, "token_embd.weight")?;
     let output_norm = required(weight(g, format_args!("output_norm.weight"))?, "output_norm.weight")?;
     let output = weight(g, format_args!("output.weight"))?.unwrap_or(tok_embd);
-    let rope_freqs = weight(g, format_args!("rope_freqs.weight"))?;
+    let rope_freqs = weight(g, format_args!("{}", rope_factors_name(hp, kv.n_ctx)))?;
     let ids = g
         .leaf("token_ids", GgmlType::I32, [t, 1, 1, 1], Storage::Persistent { offset: kv.ids_offset })
         .map_err(ModelError::Graph)?;
@@ -301,6 +346,8 @@ pub fn build<const N: usize>(
     let mut x = named!("inp_embd", g.get_rows(tok_embd, ids));
     if traits.gemma {
         x = named!("inp_scaled", g.scale(x, libm::sqrtf(e as f32)));
+    } else if hp.embedding_scale != 1.0 {
+        x = named!("inp_scaled", g.scale(x, hp.embedding_scale));
     }
     let mut rope_tables: [Option<TensorId>; 2] = [None, None];
     for il in 0..hp.n_layer as usize {
@@ -310,12 +357,20 @@ pub fn build<const N: usize>(
             weight(g, format_args!("{name}"))?.ok_or(ModelError::MissingTensor { name })
         };
         let attn_norm = need(g, "attn_norm.weight")?;
-        let (wq, wk, wv, wo) = (
-            need(g, "attn_q.weight")?,
-            need(g, "attn_k.weight")?,
-            need(g, "attn_v.weight")?,
-            need(g, "attn_output.weight")?,
-        );
+        let mut fused = crate::gguf::Name::new();
+        let _ = write!(fused, "blk.{il}.attn_qkv.weight");
+        let (wq, wk, wv) = if gguf.tensor(&fused).is_some() {
+            // Q, K and V in one matrix, their rows in that order (llama.cpp's build_qkv).
+            let (qw, kw) = (n_head * hd_k, n_head_kv * hd_k);
+            (
+                rows_of(g, &fused, "q", 0, qw)?,
+                rows_of(g, &fused, "k", qw, kw)?,
+                rows_of(g, &fused, "v", qw + kw, n_head_kv * hd_v)?,
+            )
+        } else {
+            (need(g, "attn_q.weight")?, need(g, "attn_k.weight")?, need(g, "attn_v.weight")?)
+        };
+        let wo = need(g, "attn_output.weight")?;
         let e_ = |r: Result<TensorId, GraphError>| r.map_err(ModelError::Graph);
 
         let cur = named!("norm", il, g.rms_norm(x, hp.rms_eps));
@@ -338,20 +393,33 @@ pub fn build<const N: usize>(
             k = named!("Kcur_norm", il, g.rms_norm(k, hp.rms_eps));
             k = named!("Kcur_normed", il, g.mul(k, kn));
         }
-        let (base, scale, sliding) = layer_rope(hp, il);
-        // One table of angles per parameter set (Gemma 3 has two), shared by every layer.
-        let table = match rope_tables[sliding as usize] {
-            Some(table) => table,
-            None => {
-                let name = if sliding { "rope_table_swa" } else { "rope_table" };
-                let table = named!(name, g.rope_table(q, hp.n_rot as usize, base, scale, rope_freqs));
-                g.at_positions(table, places).map_err(ModelError::Graph)?;
-                rope_tables[sliding as usize] = Some(table);
-                table
-            }
-        };
-        q = named!("Qcur_rope", il, g.rope_with(q, table, traits.rope));
-        k = named!("Kcur_rope", il, g.rope_with(k, table, traits.rope));
+        let rope = layer_rope(hp, il);
+        let sliding = rope.sliding;
+        if rope.rotates {
+            // One table of angles per parameter set (Gemma 3 has two), shared by every layer.
+            let table = match rope_tables[sliding as usize] {
+                Some(table) => table,
+                None => {
+                    let name = if sliding { "rope_table_swa" } else { "rope_table" };
+                    let n_rot = hp.n_rot as usize;
+                    let table =
+                        g.rope_table(q, n_rot, rope.base, rope.scale, rope_freqs, hp.rope_attn_factor);
+                    let table = named!(name, table);
+                    g.at_positions(table, places).map_err(ModelError::Graph)?;
+                    rope_tables[sliding as usize] = Some(table);
+                    table
+                }
+            };
+            q = named!("Qcur_rope", il, g.rope_with(q, table, traits.rope));
+            k = named!("Kcur_rope", il, g.rope_with(k, table, traits.rope));
+        }
+        // Attention as llama.cpp's CPU flash attention computes it, so results match it closely:
+        // phi3 scales the queries first and the scores by 1.
+        let mut kq_scale = hp.attention_scale.unwrap_or(1.0 / libm::sqrtf(hd_k as f32));
+        if traits.long_rope {
+            q = named!("Qcur_scaled", il, g.scale(q, kq_scale));
+            kq_scale = 1.0;
+        }
         if let Some(n) = kv.types.k_rotation(hp.head_dim_k) {
             q = named!("Qcur_rot", il, g.hadamard(q, n));
             k = named!("Kcur_rot", il, g.hadamard(k, n));
@@ -393,8 +461,6 @@ pub fn build<const N: usize>(
         let v_view = head_view(g, v_all, kv.types.v, hd_v, kv.v_row_bytes)?;
         let q = e_(g.permute(q, [0, 2, 1, 3]))?;
         let window = if sliding { hp.sliding_window } else { 0 };
-        // Attention as llama.cpp's CPU flash attention computes it, so results match it closely.
-        let kq_scale = 1.0 / libm::sqrtf(hd_k as f32);
         let attn = named!("kqv_out", il, g.flash_attn(q, k_view, v_view, kq_scale, true, window));
         g.at_positions(attn, places).map_err(ModelError::Graph)?;
         let mut attn = e_(g.reshape(attn, [hd_v * n_head, t, 1, 1]))?;
@@ -407,6 +473,9 @@ pub fn build<const N: usize>(
             o = named!("attn_post_norm_raw", il, g.rms_norm(o, hp.rms_eps));
             let norm = need(g, "post_attention_norm.weight")?;
             o = named!("attn_post_norm", il, g.mul(o, norm));
+        }
+        if hp.residual_scale != 1.0 {
+            o = named!("attn_out_scaled", il, g.scale(o, hp.residual_scale));
         }
         x = named!("ffn_inp", il, g.add(x, o));
 
@@ -454,8 +523,16 @@ pub fn build<const N: usize>(
             }
             moe
         } else {
-            let (wg, wu, wd) =
-                (need(g, "ffn_gate.weight")?, need(g, "ffn_up.weight")?, need(g, "ffn_down.weight")?);
+            let (wg, wu) = if traits.fused_gate_up {
+                // One `ffn_up` of 2 * n_ff rows: the gate's, then the up projection's.
+                let mut fused = crate::gguf::Name::new();
+                let _ = write!(fused, "blk.{il}.ffn_up.weight");
+                let f = hp.n_ff as usize;
+                (rows_of(g, &fused, "gate", 0, f)?, rows_of(g, &fused, "up", f, f)?)
+            } else {
+                (need(g, "ffn_gate.weight")?, need(g, "ffn_up.weight")?)
+            };
+            let wd = need(g, "ffn_down.weight")?;
             let gate = named!("ffn_gate", il, g.mul_mat(wg, cur));
             let up = named!("ffn_up", il, g.mul_mat(wu, cur));
             let act = if traits.gemma {
@@ -469,6 +546,9 @@ pub fn build<const N: usize>(
             down = named!("ffn_post_norm_raw", il, g.rms_norm(down, hp.rms_eps));
             let norm = need(g, "post_ffw_norm.weight")?;
             down = named!("ffn_post_norm", il, g.mul(down, norm));
+        }
+        if hp.residual_scale != 1.0 {
+            down = named!("ffn_out_scaled", il, g.scale(down, hp.residual_scale));
         }
         x = named!("l_out", il, g.add(x, down));
     }
@@ -487,7 +567,11 @@ pub fn build<const N: usize>(
     }
     let x = named!("result_norm_raw", g.rms_norm(x, hp.rms_eps));
     let x = named!("result_norm", g.mul(x, output_norm));
-    let logits = g.mul_mat(output, x).map_err(ModelError::Graph)?;
+    let mut logits = g.mul_mat(output, x).map_err(ModelError::Graph)?;
+    if hp.logit_scale != 1.0 {
+        g.set_name(logits, format_args!("result_output_raw"));
+        logits = g.scale(logits, 1.0 / hp.logit_scale).map_err(ModelError::Graph)?;
+    }
     g.set_name(logits, format_args!("logits"));
     g.build(&[logits]).map_err(ModelError::Graph)?;
     Ok(Forward { ids, logits, n_tokens, n_outputs })
