@@ -168,6 +168,9 @@ pub enum ChatTemplate {
     Phi3,
     /// Phi-4: `<|im_start|>role<|im_sep|>content<|im_end|>`.
     Phi4,
+    /// IBM Granite 3.x and 4.x: `<|start_of_role|>role<|end_of_role|>content<|end_of_text|>\n`
+    /// (llama.cpp's granite-4.0/4.1 differ only in tool-call turns, which pinfer does not write).
+    Granite,
 }
 
 /// Families llama.cpp detects after Llama 3, none implemented here: (name, markers that must all
@@ -180,6 +183,7 @@ const LATER_FAMILIES: &[(&str, &[&str])] = &[
     ("exaone", &["[|system|]", "[|assistant|]", "[|endofturn|]"]),
     ("rwkv-world", &["rwkv-world"]),
     ("rwkv-world", &["{{- 'User: ' + message['content']|trim + '\\n\\n' -}}"]),
+    // (Implemented: detect returns ChatTemplate::Granite here.)
     ("granite", &["<|start_of_role|>"]),
     ("gigachat", &["additional_special_tokens[0] + message['content'] + additional_special_tokens[1]"]),
     ("megrez", &["<|role_start|>"]),
@@ -212,7 +216,6 @@ const OTHER_NAMES: &[&str] = &[
     "exaone3",
     "exaone4",
     "rwkv-world",
-    "granite",
     "gigachat",
     "megrez",
     "yandex",
@@ -232,7 +235,7 @@ fn c_trim(s: &str) -> &str {
 
 impl ChatTemplate {
     /// Every format, in the order of [`ChatTemplate::name`]'s documentation.
-    pub const ALL: [ChatTemplate; 14] = [
+    pub const ALL: [ChatTemplate; 15] = [
         Self::ChatMl,
         Self::Llama3,
         Self::Gemma,
@@ -247,6 +250,7 @@ impl ChatTemplate {
         Self::MistralV7Tekken,
         Self::Phi3,
         Self::Phi4,
+        Self::Granite,
     ];
 
     /// llama.cpp's name for the format (`chatml`, `llama3`, `gemma`, `llama2-sys`, ...).
@@ -266,6 +270,7 @@ impl ChatTemplate {
             Self::MistralV7Tekken => "mistral-v7-tekken",
             Self::Phi3 => "phi3",
             Self::Phi4 => "phi4",
+            Self::Granite => "granite",
         }
     }
 
@@ -365,7 +370,7 @@ impl ChatTemplate {
         }
         for &(family, markers) in LATER_FAMILIES {
             if markers.iter().all(|m| has(m)) {
-                return other(family);
+                return if family == "granite" { Ok(Granite) } else { other(family) };
             }
         }
         Err(ChatError::Unrecognized)
@@ -379,6 +384,7 @@ impl ChatTemplate {
             Self::Llama3 => "<|eot_id|>",
             Self::Gemma => "<end_of_turn>",
             Self::Phi3 => "<|end|>",
+            Self::Granite => "<|end_of_text|>",
             Self::Llama2
             | Self::Llama2Sys
             | Self::Llama2SysBos
@@ -455,6 +461,15 @@ impl ChatTemplate {
                 }
                 if gen {
                     out.write_str("<|im_start|>assistant<|im_sep|>")?;
+                }
+            }
+            Self::Granite => {
+                for m in messages {
+                    let role = m.role.as_str();
+                    write!(out, "<|start_of_role|>{role}<|end_of_role|>{}<|end_of_text|>\n", m.content)?;
+                }
+                if gen {
+                    out.write_str("<|start_of_role|>assistant<|end_of_role|>")?;
                 }
             }
         }
@@ -597,6 +612,8 @@ mod tests {
             ("[AVAILABLE_TOOLS] {{ \"[INST]\" }}", ChatTemplate::MistralV3Tekken),
             ("[SYSTEM_PROMPT] [INST]", ChatTemplate::MistralV7),
             ("<|user|>x<|end|>\n<|assistant|>", ChatTemplate::Phi3),
+            ("{{'<|start_of_role|>' + m['role'] + '<|end_of_role|>'}}", ChatTemplate::Granite),
+            ("<|start_of_role|>{% if tools %}<tools>{% endif %}", ChatTemplate::Granite),
             // <|im_start|> wins over a Llama 3 header, as in llama.cpp.
             ("<|im_start|><|start_header_id|><|end_header_id|>", ChatTemplate::ChatMl),
         ];
@@ -611,7 +628,6 @@ mod tests {
             ("USER: {{c}} ASSISTANT: ", "vicuna"),
             ("<|START_OF_TURN_TOKEN|><|USER_TOKEN|>", "command-r"),
             ("<|header_start|>user<|header_end|>", "llama4"),
-            ("<|start_of_role|>user<|end_of_role|>", "granite"),
         ];
         for (text, family) in others {
             assert_eq!(ChatTemplate::detect(Some(text)), Err(ChatError::Unsupported { family }), "{text}");
@@ -637,6 +653,7 @@ mod tests {
         assert_eq!(ChatTemplate::Llama3.end_of_turn(), "<|eot_id|>");
         assert_eq!(ChatTemplate::Gemma.end_of_turn(), "<end_of_turn>");
         assert_eq!(ChatTemplate::Phi3.end_of_turn(), "<|end|>");
+        assert_eq!(ChatTemplate::Granite.end_of_turn(), "<|end_of_text|>");
         assert_eq!(ChatTemplate::MistralV7.end_of_turn(), "</s>");
     }
 
@@ -647,6 +664,26 @@ mod tests {
         let s = render(ChatTemplate::ChatMl, &[Message::user("Hi")], false);
         assert_eq!(s, "<|im_start|>user\nHi<|im_end|>\n");
         assert_eq!(render(ChatTemplate::Llama3, &[], false), "");
+    }
+
+    /// llama.cpp's granite output (LLM_CHAT_TEMPLATE_GRANITE_3_X), contents untrimmed.
+    #[test]
+    fn granite_roles_and_generation_prompt() {
+        let m = [
+            Message::system("Be brief."),
+            Message::user(" Hi"),
+            Message::assistant("Hello"),
+            Message::user("Q"),
+        ];
+        let s = render(ChatTemplate::Granite, &m, true);
+        assert_eq!(
+            s,
+            "<|start_of_role|>system<|end_of_role|>Be brief.<|end_of_text|>\n\
+             <|start_of_role|>user<|end_of_role|> Hi<|end_of_text|>\n\
+             <|start_of_role|>assistant<|end_of_role|>Hello<|end_of_text|>\n\
+             <|start_of_role|>user<|end_of_role|>Q<|end_of_text|>\n\
+             <|start_of_role|>assistant<|end_of_role|>"
+        );
     }
 
     #[test]
