@@ -466,7 +466,7 @@ impl ChatTemplate {
             Self::Granite => {
                 for m in messages {
                     let role = m.role.as_str();
-                    write!(out, "<|start_of_role|>{role}<|end_of_role|>{}<|end_of_text|>\n", m.content)?;
+                    writeln!(out, "<|start_of_role|>{role}<|end_of_role|>{}<|end_of_text|>", m.content)?;
                 }
                 if gen {
                     out.write_str("<|start_of_role|>assistant<|end_of_role|>")?;
