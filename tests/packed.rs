@@ -119,6 +119,28 @@ fn packed_rows_dequantize_to_the_original_rows() {
     }
 }
 
+/// A run of row groups of a packed matrix (a part of a fused weight: phi3's Q, K, V of `attn_qkv`)
+/// is the packing of those rows alone, byte for byte; runs past the end are refused.
+#[test]
+fn row_groups_of_a_packed_matrix_are_those_rows_packed() {
+    let mut rng = Rng(0x51_7cc1_b727_220a);
+    for ty in TYPES {
+        let (rows, k) = (16, k_for(ty, 1));
+        let src = random_rows(ty, rows, k, &mut rng, 1.0);
+        let (format, q, s) = packed_of(ty, &src, rows, k);
+        let whole = PackedMatrix { format, rows, k, quants: &q, scales: &s };
+        let row_bytes = src.len() / rows;
+        for (first, n) in [(0, 1), (1, 2), (3, 1), (0, 4)] {
+            let part = whole.row_groups(first, n).unwrap();
+            let rows_of = &src[first * 4 * row_bytes..(first + n) * 4 * row_bytes];
+            let (_, pq, ps) = packed_of(ty, rows_of, 4 * n, k);
+            assert_eq!((part.rows, part.k), (4 * n, k), "{ty:?}");
+            assert!(part.quants == &pq[..] && part.scales == &ps[..], "{ty:?} groups {first}+{n}");
+        }
+        assert!(whole.row_groups(3, 2).is_none() && whole.row_groups(5, 0).is_none(), "{ty:?}");
+    }
+}
+
 #[test]
 fn shapes_that_do_not_divide_are_not_packed() {
     assert!(!can_pack(GgmlType::Q4_0, 6, 64));
