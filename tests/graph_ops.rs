@@ -1775,12 +1775,14 @@ fn invalid_views_and_shapes_are_graph_errors() {
     assert_eq!(invalid_op(g.rope(x, 4, RopeMode::Neox, 0.0, 1.0, None)), "rope", "zero base");
     assert_eq!(invalid_op(g.rope(x, 4, RopeMode::Neox, 1e4, f32::NAN, None)), "rope", "NaN scale");
     // A shared table must suit the rope it serves: a table, one row per token, n_rot <= head size.
-    let (table_1_token, table_6_rot) =
-        (g.rope_table(v4, 4, 1e4, 1.0, None, 1.0).unwrap(), g.rope_table(u, 6, 1e4, 1.0, None, 1.0).unwrap());
+    let (table_1_token, table_6_rot) = (
+        g.rope_table(v4, 4, 1e4, 1.0, None, 1.0, None).unwrap(),
+        g.rope_table(u, 6, 1e4, 1.0, None, 1.0, None).unwrap(),
+    );
     assert_eq!(invalid_op(g.rope_with(x, table_1_token, RopeMode::Neox)), "rope", "1 row for 2 tokens");
     assert_eq!(invalid_op(g.rope_with(x, table_6_rot, RopeMode::Neox)), "rope", "table n_rot > head");
     assert_eq!(invalid_op(g.rope_with(x, y, RopeMode::Neox)), "rope", "not a rope table");
-    let shared = g.rope_table(z, 4, 1e4, 1.0, None, 1.0).unwrap();
+    let shared = g.rope_table(z, 4, 1e4, 1.0, None, 1.0, None).unwrap();
     assert!(
         g.rope_with(x, shared, RopeMode::Normal).is_ok() && g.rope_with(w, shared, RopeMode::Neox).is_ok()
     );

@@ -507,6 +507,7 @@ fn rope_by_table_is_bit_identical() {
                         freq_base: if scaled { 500_000.0 } else { 10_000.0 },
                         freq_scale: if scaled { 0.25 } else { 1.0 },
                         freq_factors: scaled.then_some(&factors[..]),
+                        yarn: None,
                     };
                     let x: Vec<f32> = (0..len).map(|_| 3.0 * rng.f()).collect();
                     let mut want = vec![9.0f32; len];

@@ -315,11 +315,7 @@ fn granite_smollm3_phi3_files_are_read_and_checked() {
     let hp = validate(&set(phi(), "phi3.rope.scaling.attn_factor", Val::F32(1.19))).unwrap();
     assert_eq!((hp.rope_attn_factor, hp.n_ctx_orig), (1.19, 128));
     validate(&set(phi(), "phi3.rope.scaling.type", Val::str("longrope"))).unwrap();
-    refused(
-        "phi3 yarn",
-        &set(phi(), "phi3.rope.scaling.type", Val::str("yarn")),
-        &["rope.scaling.type", "yarn"],
-    );
+    refused("phi3 su", &set(phi(), "phi3.rope.scaling.type", Val::str("su")), &["rope.scaling.type", "su"]);
     // The fused matrices must hold every part.
     refused("short qkv", &retype(phi(), "blk.1.attn_qkv.weight", &[E, E], Q4_0), &["blk.1.attn_qkv.weight"]);
     refused("short gate|up", &retype(phi(), "blk.0.ffn_up.weight", &[E, 64], Q4_0), &["blk.0.ffn_up.weight"]);
@@ -348,7 +344,7 @@ fn granite_smollm3_phi3_files_are_read_and_checked() {
 #[test]
 fn math_pinfer_does_not_compute_is_refused_by_key() {
     let b = || tiny("llama");
-    for ty in ["yarn", "longrope", "llama3", "something-new"] {
+    for ty in ["longrope", "llama3", "something-new"] {
         refused(ty, &set(b(), "llama.rope.scaling.type", Val::str(ty)), &["llama.rope.scaling.type", ty]);
     }
     refused(
@@ -368,11 +364,25 @@ fn math_pinfer_does_not_compute_is_refused_by_key() {
     for (key, v) in [
         ("llama.rope.scaling.type", Val::str("linear")),
         ("llama.rope.scaling.type", Val::str("none")),
+        ("llama.rope.scaling.type", Val::str("yarn")),
         ("llama.rope.scaling.attn_factor", Val::F32(1.0)),
         ("llama.attention.causal", Val::Bool(1)),
     ] {
         validate(&set(b(), key, v)).unwrap_or_else(|e| panic!("{key}: {e}"));
     }
+    // YaRN: the factor, the flag, the original context (default: the training context).
+    let yarn = set(
+        set(
+            set(b(), "llama.rope.scaling.type", Val::str("yarn")),
+            "llama.rope.scaling.factor",
+            Val::F32(4.0),
+        ),
+        "llama.rope.scaling.original_context_length",
+        Val::U32(32),
+    );
+    let hp = validate(&yarn).unwrap();
+    assert_eq!((hp.rope_yarn, hp.rope_freq_scale, hp.n_ctx_orig), (true, 0.25, 32));
+    assert!(!validate(&b()).unwrap().rope_yarn);
     let old = validate(&set(b(), "llama.rope.scale_linear", Val::F32(4.0))).unwrap();
     assert_eq!(old.rope_freq_scale, 0.25);
     let zero = validate(&set(b(), "llama.rope.scaling.factor", Val::F32(0.0))).unwrap();

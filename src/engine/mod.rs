@@ -822,6 +822,7 @@ impl<'m, G: AsMut<[GraphSlot]> + AsRef<[GraphSlot]>, B: DerefMut<Target = [u8]>>
                 freq_base: rope.base,
                 freq_scale: rope.scale,
                 freq_factors: factors,
+                yarn: rope.yarn,
             };
             // The angles of position `discard`, negated: cos is even, sin odd.
             crate::kernels::reference::rope_table_ref(

@@ -872,12 +872,15 @@ impl<'a, const N: usize> Bound<'a, N> {
         unsafe {
             // The builder checked the factors hold at least n_rot / 2 contiguous values.
             let factors = src(1).map(|(f, tf)| self.read::<f32>(f, 0, tf.n_elements()));
+            let ext_factor = t.params.f[3];
+            let corr_dims = [f32::from_bits(t.params.i[1] as u32), f32::from_bits(t.params.i[2] as u32)];
             let p = kref::RopeParams {
                 n_rot: ne[0],
                 neox: false,
                 freq_base: t.params.f[0],
                 freq_scale: t.params.f[1],
                 freq_factors: factors,
+                yarn: (ext_factor != 0.0).then_some(kref::Yarn { ext_factor, corr_dims }),
             };
             let half = ne[0] / 2;
             for i1 in share(ne[1], ith, nth) {

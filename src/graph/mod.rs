@@ -364,7 +364,7 @@ impl<const N: usize> Graph<N> {
         freq_scale: f32,
         freq_factors: Option<TensorId>,
     ) -> Result<TensorId> {
-        let table = self.rope_table(x, n_rot, freq_base, freq_scale, freq_factors, 1.0)?;
+        let table = self.rope_table(x, n_rot, freq_base, freq_scale, freq_factors, 1.0, None)?;
         self.rope_with(x, table, mode)
     }
 
@@ -372,7 +372,9 @@ impl<const N: usize> Graph<N> {
     /// n_tokens]`, F32; only its shape is used): `[n_rot, n_tokens]`, the `n_rot / 2` cosines
     /// then the sines at the token's position. Angles cost a `cosf` and a `sinf` each, so a
     /// graph computes them once per token, not once per head and layer. `mscale` multiplies the
-    /// cosines and sines (LongRoPE's attention factor; 1: none).
+    /// cosines and sines (LongRoPE's attention factor, YaRN's correction; 1: none); `yarn` blends
+    /// the angles as YaRN does.
+    #[allow(clippy::too_many_arguments)]
     pub fn rope_table(
         &mut self,
         x: TensorId,
@@ -381,6 +383,7 @@ impl<const N: usize> Graph<N> {
         freq_scale: f32,
         freq_factors: Option<TensorId>,
         mscale: f32,
+        yarn: Option<crate::kernels::reference::Yarn>,
     ) -> Result<TensorId> {
         self.f32_input(Op::Rope, x)?;
         let t = self.tensor(x);
@@ -400,7 +403,13 @@ impl<const N: usize> Graph<N> {
             }
             let _ = src.push(ff);
         }
-        let params = OpParams { i: [n_rot as i32, 0, 0, 0], f: [freq_base, freq_scale, mscale, 0.0] };
+        // YaRN's ramp ends travel as f32 bits in the integer slots; ext_factor 0 means no YaRN.
+        let (ext, [lo, hi]) = yarn.map_or((0.0, [0.0; 2]), |y| (y.ext_factor, y.corr_dims));
+        if !(ext.is_finite() && lo.is_finite() && hi.is_finite()) {
+            return Err(self.invalid(Op::Rope, x, "YaRN parameters must be finite"));
+        }
+        let i = [n_rot as i32, lo.to_bits() as i32, hi.to_bits() as i32, 0];
+        let params = OpParams { i, f: [freq_base, freq_scale, mscale, ext] };
         let ne = [n_rot, t.ne[2], 1, 1];
         self.node(Op::RopeTable, GgmlType::F32, ne, &src, params)
     }

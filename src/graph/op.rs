@@ -37,8 +37,9 @@ pub enum Op {
     Rope,
     /// RoPE's cosines and sines: F32 `[n_rot, n_tokens]`, row `t` the `n_rot / 2` cosines then the
     /// sines of the angles at position `n_past + t` (`n_tokens` is `src[0]`'s `ne[2]`; its values
-    /// are not read). `params.i[0] = n_rot`, `params.f = [freq_base, freq_scale, mscale]` (cosines and
-    /// sines times mscale); optional
+    /// are not read). `params.i = [n_rot, yarn low, yarn high]` (the YaRN ramp's ends as f32 bits),
+    /// `params.f = [freq_base, freq_scale, mscale, yarn ext_factor]` (cosines and sines times
+    /// mscale; ext_factor 0: no YaRN); optional
     /// `src[1]`: F32 per-pair frequency divisors (`rope_freqs`).
     RopeTable,
     /// Softmax per row of `src[0] * params.f[0]` (`[n_kv, n_tokens, n_head]`), with an optional

@@ -67,8 +67,11 @@ pub struct HParams {
     /// Multiplier of RoPE's cosines and sines (`rope.scaling.attn_factor`, LongRoPE); 1: none.
     pub rope_attn_factor: f32,
     /// Context before RoPE scaling (`rope.scaling.original_context_length`, default the training
-    /// context): LongRoPE takes its long factors for contexts above it.
+    /// context): LongRoPE takes its long factors for contexts above it; YaRN's ramp is sized by it.
     pub n_ctx_orig: u32,
+    /// `rope.scaling.type` is yarn: angles blend interpolation and extrapolation per pair, and
+    /// RoPE's cosines and sines grow by 1 + 0.1 ln(factor) (see `model::LayerRope`).
+    pub rope_yarn: bool,
 }
 
 /// `{arch}.{suffix}` as a key.
@@ -128,7 +131,7 @@ enum Computes {
 /// reads them (as llama.cpp's `load_hparams` does; `None`: every one), what pinfer computes, and
 /// that in words. A file with another value is refused naming the key, never run with wrong numbers.
 const MATH_KEYS: [(&str, Option<Arch>, Computes, &str); 7] = [
-    ("rope.scaling.type", None, Computes::OneOf(&["none", "linear"]), "none or linear"),
+    ("rope.scaling.type", None, Computes::OneOf(&["none", "linear", "yarn"]), "none, linear or yarn"),
     ("rope.scaling.attn_factor", None, Computes::Only(1.0), "1"),
     // false: Granite without RoPE on any layer.
     ("rope.scaling.finetuned", Some(Arch::Granite), Computes::Flag(true), "true"),
@@ -172,8 +175,10 @@ fn refuse_math_we_do_not_compute(g: &Gguf<'_>, arch: Arch, n_layer: u32) -> Resu
             match suffix {
                 "rope.scaling.attn_factor" => continue,
                 "rope.scaling.type" => {
-                    (computes, words) =
-                        (Computes::OneOf(&["none", "linear", "longrope"]), "none, linear or longrope")
+                    (computes, words) = (
+                        Computes::OneOf(&["none", "linear", "yarn", "longrope"]),
+                        "none, linear, yarn or longrope",
+                    )
                 }
                 _ => {}
             }
@@ -264,7 +269,9 @@ impl HParams {
             _ => f32_in(g, &k(factor_key), Some(1.0), 0.0, 1e6)?,
         };
         // llama.cpp scales positions only for a scaling type other than "none".
-        let scaling = if g.get_str_opt(&k("rope.scaling.type"))? == Some("none") { 1.0 } else { scaling };
+        let scaling_type = g.get_str_opt(&k("rope.scaling.type"))?;
+        let scaling = if scaling_type == Some("none") { 1.0 } else { scaling };
+        let rope_yarn = scaling_type == Some("yarn");
         let rms_eps = f32_in(g, &k("attention.layer_norm_rms_epsilon"), None, 0.0, 1.0)?;
 
         let (n_expert, n_expert_used, n_ff_expert, n_ff_shared) = if arch.is_moe() {
@@ -342,6 +349,7 @@ impl HParams {
             logit_scale,
             rope_attn_factor,
             n_ctx_orig,
+            rope_yarn,
         })
     }
 

@@ -1,6 +1,6 @@
 //! Row kernels: norms, activations, softmax, MoE routing, RoPE, f32 to f16.
 
-use libm::{cosf, sinf, sqrtf, tanhf};
+use libm::{ceilf, cosf, floorf, logf, sinf, sqrtf, tanhf};
 
 use crate::quant::blocks::F16Le;
 
@@ -238,6 +238,48 @@ pub struct RopeParams<'a> {
     pub freq_scale: f32,
     /// Optional per-pair frequency divisors (`n_rot / 2` of them).
     pub freq_factors: Option<&'a [f32]>,
+    /// YaRN's blend of interpolated and extrapolated angles, if the model scales RoPE so.
+    pub yarn: Option<Yarn>,
+}
+
+/// YaRN (ggml's `rope_yarn`): pairs below `corr_dims[0]` keep their extrapolated (unscaled) angle,
+/// pairs above `corr_dims[1]` the interpolated one (times the frequency scale), a linear ramp
+/// between; `ext_factor` weighs the blend (1 for YaRN files).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Yarn {
+    /// Weight of the extrapolated angle.
+    pub ext_factor: f32,
+    /// First and last pair of the ramp (ggml's `ggml_rope_yarn_corr_dims`).
+    pub corr_dims: [f32; 2],
+}
+
+impl Yarn {
+    /// The ramp's ends for `n_rot` rotated dimensions, a model trained at `n_ctx_orig` positions,
+    /// RoPE base `freq_base` and llama.cpp's beta_fast/beta_slow (32 and 1 unless a model says).
+    pub fn corr_dims(
+        n_rot: usize,
+        n_ctx_orig: u32,
+        freq_base: f32,
+        beta_fast: f32,
+        beta_slow: f32,
+    ) -> [f32; 2] {
+        let dim = |n_rotations: f32| {
+            n_rot as f32 * logf(n_ctx_orig as f32 / (n_rotations * 2.0 * core::f32::consts::PI))
+                / (2.0 * logf(freq_base))
+        };
+        let start = floorf(dim(beta_fast));
+        let end = ceilf(dim(beta_slow));
+        [start.max(0.0), end.min(n_rot as f32 - 1.0)]
+    }
+
+    /// The angle of pair `i` from its extrapolated angle `theta_extrap` at `freq_scale`.
+    #[inline]
+    fn theta(&self, i: usize, theta_extrap: f32, freq_scale: f32) -> f32 {
+        let theta_interp = freq_scale * theta_extrap;
+        let y = (i as f32 - self.corr_dims[0]) / (self.corr_dims[1] - self.corr_dims[0]).max(0.001);
+        let ramp_mix = (1.0 - y.clamp(0.0, 1.0)) * self.ext_factor;
+        theta_interp * (1.0 - ramp_mix) + theta_extrap * ramp_mix
+    }
 }
 
 /// Rotates one head vector `x` at position `pos` into `out`; dimensions past `n_rot` are copied.
@@ -265,7 +307,11 @@ pub fn rope_table_ref(pos: usize, p: &RopeParams<'_>, first: usize, cos: &mut [f
     }
     for (i, (c, s)) in cos.iter_mut().zip(sin.iter_mut()).enumerate() {
         let factor = p.freq_factors.map_or(1.0, |f| f[first + i]);
-        let theta = p.freq_scale * theta_base / factor;
+        let theta = match &p.yarn {
+            // ggml's order: the extrapolated angle first, then scaled.
+            Some(yarn) => yarn.theta(first + i, theta_base / factor, p.freq_scale),
+            None => p.freq_scale * theta_base / factor,
+        };
         (*c, *s) = (cosf(theta), sinf(theta));
         theta_base *= theta_scale;
     }
@@ -294,7 +340,7 @@ pub fn rope_pairs_ref(
 /// all `n_rot / 2` pairs (NeoX pairs when `neox`) and copies the rest: [`rope_ref`]'s result.
 pub fn rope_rotate_ref(x: &[f32], out: &mut [f32], cos: &[f32], sin: &[f32], neox: bool) {
     let n_rot = 2 * cos.len();
-    let p = RopeParams { n_rot, neox, freq_base: 0.0, freq_scale: 0.0, freq_factors: None };
+    let p = RopeParams { n_rot, neox, freq_base: 0.0, freq_scale: 0.0, freq_factors: None, yarn: None };
     rope_pairs_ref(x, out, 0, cos, sin, &p);
     out[n_rot..].copy_from_slice(&x[n_rot..]);
 }

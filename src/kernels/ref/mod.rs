@@ -60,11 +60,47 @@ mod tests {
         assert_eq!(out, [0.0; 4], "a row with nothing visible is zeros, not NaN");
     }
 
+    /// YaRN's ramp ends (ggml_rope_yarn_corr_dims, checked by hand in f32) and its blend: pairs
+    /// below the ramp keep the unscaled angle, pairs above take the scaled one.
+    #[test]
+    fn yarn_ramp_and_blend() {
+        assert_eq!(Yarn::corr_dims(128, 32768, 1e6, 32.0, 1.0), [23.0, 40.0]);
+        assert_eq!(Yarn::corr_dims(32, 64, 1e6, 32.0, 1.0), [0.0, 3.0]);
+        // As ggml: only the end is clamped (to n_rot - 1), the start only to 0.
+        assert_eq!(Yarn::corr_dims(16, 1 << 20, 10.0, 32.0, 1.0), [29.0, 15.0]);
+        let yarn = Yarn { ext_factor: 1.0, corr_dims: [2.0, 6.0] };
+        let p = |yarn| RopeParams {
+            n_rot: 16,
+            neox: false,
+            freq_base: 100.0,
+            freq_scale: 0.25,
+            freq_factors: None,
+            yarn,
+        };
+        let (plain, scaled) = (RopeParams { freq_scale: 1.0, ..p(None) }, p(None));
+        let table = |p: &RopeParams<'_>| {
+            let (mut c, mut s) = ([0f32; 8], [0f32; 8]);
+            rope_table_ref(37, p, 0, &mut c, &mut s);
+            c
+        };
+        let (got, unscaled, linear) = (table(&p(Some(yarn))), table(&plain), table(&scaled));
+        assert_eq!(got[..3], unscaled[..3], "pairs 0..=2: extrapolated");
+        assert_eq!(got[6..], linear[6..], "pairs 6..: interpolated");
+        assert!(got[3..6].iter().zip(&unscaled[3..6]).all(|(g, u)| g != u), "the ramp blends");
+    }
+
     #[test]
     fn rope_at_position_zero_is_identity_and_preserves_norm() {
         let x: [f32; 8] = [0.5, -1.0, 2.0, 0.25, 1.5, -0.5, 3.0, 1.0];
         for neox in [false, true] {
-            let p = RopeParams { n_rot: 6, neox, freq_base: 10000.0, freq_scale: 1.0, freq_factors: None };
+            let p = RopeParams {
+                n_rot: 6,
+                neox,
+                freq_base: 10000.0,
+                freq_scale: 1.0,
+                freq_factors: None,
+                yarn: None,
+            };
             let mut out = [0.0; 8];
             rope_ref(&x, &mut out, 0, &p);
             assert_eq!(out, x);

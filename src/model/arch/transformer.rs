@@ -9,6 +9,7 @@ use core::fmt::Write;
 use super::Ffn;
 use crate::gguf::{name_of, Gguf};
 use crate::graph::{Graph, GraphError};
+use crate::kernels::reference::Yarn;
 use crate::model::{HParams, ModelError};
 use crate::quant::{GgmlType, Lowercase};
 use crate::tensor::{Storage, TensorId};
@@ -234,7 +235,16 @@ pub struct LayerRope {
     pub sliding: bool,
     /// Whether the layer rotates queries and keys at all.
     pub rotates: bool,
+    /// YaRN's blend of angles, for YaRN-scaled models.
+    pub yarn: Option<Yarn>,
+    /// Multiplier of the forward pass's cosines and sines (LongRoPE's attention factor, YaRN's
+    /// magnitude correction); the context shift rotates by the bare angles.
+    pub mscale: f32,
 }
+
+/// llama.cpp's YaRN betas for the architectures here (it reads no key for them).
+const YARN_BETA_FAST: f32 = 32.0;
+const YARN_BETA_SLOW: f32 = 1.0;
 
 /// The RoPE of layer `il`.
 pub fn layer_rope(hp: &HParams, il: usize) -> LayerRope {
@@ -242,11 +252,21 @@ pub fn layer_rope(hp: &HParams, il: usize) -> LayerRope {
     let sliding = traits.gemma && (il as u32 % GEMMA3_SWA_PERIOD) < GEMMA3_SWA_PERIOD - 1;
     let every = traits.no_rope_every;
     let rotates = every == 0 || (il as u32 + 1) % every != 0;
-    if sliding {
-        LayerRope { base: GEMMA3_SWA_ROPE_BASE, scale: 1.0, sliding, rotates }
-    } else {
-        LayerRope { base: hp.rope_freq_base, scale: hp.rope_freq_scale, sliding, rotates }
-    }
+    let (base, scale) =
+        if sliding { (GEMMA3_SWA_ROPE_BASE, 1.0) } else { (hp.rope_freq_base, hp.rope_freq_scale) };
+    let mut mscale = hp.rope_attn_factor;
+    let yarn = hp.rope_yarn.then(|| {
+        // llama.cpp's float steps: the context's attention factor get_mscale(f) / (1 + 0.1 ln f)
+        // (the model's factor f), then ggml's rope_yarn times 1 + 0.1 ln(1 / layer scale).
+        let factor = 1.0 / hp.rope_freq_scale;
+        let get_mscale = if factor <= 1.0 { 1.0 } else { 0.1 * libm::logf(factor) + 1.0 };
+        let context = get_mscale * (1.0 / (1.0 + 0.1 * libm::logf(factor))) * hp.rope_attn_factor;
+        mscale = context * (1.0 + 0.1 * libm::logf(1.0 / scale));
+        let corr_dims =
+            Yarn::corr_dims(hp.n_rot as usize, hp.n_ctx_orig, base, YARN_BETA_FAST, YARN_BETA_SLOW);
+        Yarn { ext_factor: 1.0, corr_dims }
+    });
+    LayerRope { base, scale, sliding, rotates, yarn, mscale }
 }
 
 /// The tensor of per-pair RoPE frequency divisors a context of `n_ctx` positions uses, if the
@@ -403,7 +423,7 @@ pub fn build<const N: usize>(
                     let name = if sliding { "rope_table_swa" } else { "rope_table" };
                     let n_rot = hp.n_rot as usize;
                     let table =
-                        g.rope_table(q, n_rot, rope.base, rope.scale, rope_freqs, hp.rope_attn_factor);
+                        g.rope_table(q, n_rot, rope.base, rope.scale, rope_freqs, rope.mscale, rope.yarn);
                     let table = named!(name, table);
                     g.at_positions(table, places).map_err(ModelError::Graph)?;
                     rope_tables[sliding as usize] = Some(table);
