@@ -118,6 +118,20 @@ fn exact_acts(rng: &mut Rng, rows: usize, k: usize) -> Vec<f32> {
     out
 }
 
+/// `x` as [`pinfer::kernels::kv_attn::quantize_q15`] rounds it (the query of q8_0 keys).
+fn q15_rounded(x: &[f32]) -> Vec<f32> {
+    use pinfer::kernels::kv_attn::{quantize_q15, Q15_BYTES, Q15_LEN};
+    let mut b = vec![0u8; x.len() / Q15_LEN * Q15_BYTES];
+    assert!(quantize_q15(x, &mut b));
+    b.chunks_exact(Q15_BYTES)
+        .flat_map(|b| {
+            let d = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+            (0..Q15_LEN)
+                .map(move |i| (128 * i32::from(b[4 + i] as i8) + i32::from(b[4 + Q15_LEN + i])) as f32 * d)
+        })
+        .collect()
+}
+
 /// Asserts `|got - want| <= rel * |want| + abs` element by element.
 fn check(what: &str, got: &[f32], want: &[f64], rel: f64, abs: f64) {
     assert_eq!(got.len(), want.len(), "{what}: lengths differ");
@@ -1968,10 +1982,12 @@ fn long_decode_splits_its_keys_and_stays_attention() {
         let n_kv = n_past + t;
         let got = run_ops(&mut s, &[out], &[Step { n_past, n_kv }]).remove(0);
         assert!(work_bytes(&s.g) > 0, "seed {seed}: a decode graph over {ctx} rows can split");
-        // The query as the kernel rounds it: to f16, or quantized as the cache's keys are.
+        // The query as the kernel rounds it: to f16, to 15-bit blocks for q8_0 keys, to q8_0
+        // for q4_0 keys.
         let query = |x: &[f32]| -> Vec<f32> {
             match ty {
                 F16 => x.iter().map(|&v| f16r(v)).collect(),
+                GgmlType::Q8_0 => q15_rounded(x),
                 _ => decode(q8, &encode(q8, x, hd, &mut Rng(0)), hd),
             }
         };

@@ -1,10 +1,16 @@
 //! Flash attention over a KV cache of any cache type (`-ctk/-ctv`: f32, f16, bf16, q8_0, q4_0,
 //! q4_1, q5_0, q5_1), as ggml's CPU flash attention reads a quantized cache: each query row is
-//! converted once to the keys' dot partner type (q8_0 for q8_0/q4_0/q5_0 keys, q8_1 for
-//! q4_1/q5_1), scored against each key row in the keys' own dot product, and each value row is
-//! widened to f32 and added into an f32 accumulator with an online softmax. No f32 copy of the
-//! cache is made. (An f16 K and V cache takes the f16 kernels of `flash_attn_rows`, or for a
-//! prompt the f32 tiles of `attn_tile`; the f16 kernels' accumulator is f16 as ggml's.)
+//! converted once to the keys' dot partner type (q8_0 for q4_0/q5_0 keys, q8_1 for q4_1/q5_1),
+//! scored against each key row in the keys' own dot product, and each value row is widened to f32
+//! and added into an f32 accumulator with an online softmax. No f32 copy of the cache is made.
+//! (An f16 K and V cache takes the f16 kernels of `flash_attn_rows`, or for a prompt the f32
+//! tiles of `attn_tile`; the f16 kernels' accumulator is f16 as ggml's.)
+//!
+//! q8_0 keys are the one departure from ggml: their query is converted to 15-bit blocks
+//! ([`quantize_q15`]), not to q8_0. Rounding the query to 8 bits was most of what q8_0 keys cost
+//! Gemma-3-270M's perplexity (256-wide heads; figures in the README's "KV cache types"); the
+//! integer block sums stay exact, and the split into a high and a low byte keeps them in byte dot
+//! products (`sdot`, `maddubs`).
 //!
 //! One loop ([`attend`]) serves every path: the reference runs it with the types' reference
 //! operations, the AVX2 and NEON kernels inline it with SIMD operations that give the same bits
@@ -21,8 +27,8 @@ use crate::quant::GgmlType;
 /// on one path.
 #[derive(Clone, Copy)]
 pub struct KvOps {
-    /// The keys' dot partner type (the converted query's type).
-    q_type: GgmlType,
+    /// The converted query's form.
+    query: QueryForm,
     q_convert: QuantizeFn,
     dot: VecDotFn,
     widen: DequantizeFn,
@@ -31,6 +37,15 @@ pub struct KvOps {
     simd: Option<Simd>,
     k: GgmlType,
     v: GgmlType,
+}
+
+/// What a query row is converted to for the keys' dot product.
+#[derive(Clone, Copy)]
+enum QueryForm {
+    /// The keys' ggml dot partner type.
+    Ggml(GgmlType),
+    /// [`quantize_q15`]'s blocks (q8_0 keys).
+    Q15,
 }
 
 /// Which SIMD kernel runs the loop.
@@ -51,16 +66,13 @@ impl KvOps {
         if !k.is_kv_cache_type() || !v.is_kv_cache_type() {
             return None;
         }
-        let (q_type, dot) = k.traits().vec_dot?;
-        Some(Self {
-            q_type,
-            q_convert: q_type.traits().from_float?,
-            dot,
-            widen: v.traits().dequantize?,
-            simd: None,
-            k,
-            v,
-        })
+        let (query, q_convert, dot) = if k == GgmlType::Q8_0 {
+            (QueryForm::Q15, quantize_q15 as QuantizeFn, dot_q8_0_q15_ref as VecDotFn)
+        } else {
+            let (q_type, dot) = k.traits().vec_dot?;
+            (QueryForm::Ggml(q_type), q_type.traits().from_float?, dot)
+        };
+        Some(Self { query, q_convert, dot, widen: v.traits().dequantize?, simd: None, k, v })
     }
 
     /// The operations `path` runs: [`KvOps::reference`]'s, run by the path's SIMD kernel where
@@ -104,32 +116,81 @@ impl KvOps {
     /// Bytes of a query row of `dk` elements converted for the keys (`None` if `dk` is not a
     /// whole number of the partner type's blocks).
     pub fn query_bytes(&self, dk: usize) -> Option<usize> {
-        if dk % self.q_type.block_len() != 0 {
-            return None;
+        match self.query {
+            QueryForm::Ggml(t) if dk % t.block_len() == 0 => t.bytes_for(dk as u64).map(|b| b as usize),
+            QueryForm::Q15 if dk % Q15_LEN == 0 => Some(dk / Q15_LEN * Q15_BYTES),
+            _ => None,
         }
-        self.q_type.bytes_for(dk as u64).map(|b| b as usize)
     }
 }
 
-/// `vec_dot_q8_0_q8_0_ref`'s block loop with each block's integer sum given (`sumi(xq, yq)` of the
-/// two blocks' 32 quant bytes) and the scales' exact f16 widening (`widen`): the f32 steps are the
-/// reference's, in its order, so a SIMD block sum gives the reference's bits. 0.0 if the rows are
-/// not the same whole number of blocks.
+/// Elements of a [`quantize_q15`] block.
+pub const Q15_LEN: usize = 32;
+/// Bytes of a [`quantize_q15`] block: the f32 scale, the 32 high bytes, the 32 low bytes.
+pub const Q15_BYTES: usize = 4 + 2 * Q15_LEN;
+/// The largest quant magnitude: 127 * 128, so the high byte stays within -127..=127 (the sign
+/// trick of `maddubs` cannot negate -128).
+pub const Q15_MAX: i32 = 127 * 128;
+
+/// A query row in 15-bit blocks of 32 for q8_0 keys: per block `d = amax / Q15_MAX`,
+/// `q = round(x / d)` (as q8_0's `roundf(x * (1 / d))`), stored as the f32 `d` (little-endian),
+/// the high parts `q >> 7` (i8, -127..=127) and the low parts `q & 127` (0..=127), so
+/// `q = 128 * hi + lo` and a key's dot is two byte dot products. `false` if the sizes do not
+/// match.
+pub fn quantize_q15(x: &[f32], out: &mut [u8]) -> bool {
+    if x.len() % Q15_LEN != 0 || out.len() != x.len() / Q15_LEN * Q15_BYTES {
+        return false;
+    }
+    for (x, b) in x.chunks_exact(Q15_LEN).zip(out.chunks_exact_mut(Q15_BYTES)) {
+        let amax = x.iter().fold(0f32, |m, v| m.max(libm::fabsf(*v)));
+        let d = amax / Q15_MAX as f32;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        b[..4].copy_from_slice(&d.to_le_bytes());
+        let (hi, lo) = b[4..].split_at_mut(Q15_LEN);
+        for ((h, l), &v) in hi.iter_mut().zip(lo.iter_mut()).zip(x) {
+            let q = (libm::roundf(v * id) as i32).clamp(-Q15_MAX, Q15_MAX);
+            *h = (q >> 7) as i8 as u8;
+            *l = (q & 127) as u8;
+        }
+    }
+    true
+}
+
+/// A q8_0 key row times a [`quantize_q15`] query row: per block the exact integer sum
+/// `128 * sum(k * hi) + sum(k * lo)`, then `sumf += sumi * (dk * dq)` in f32, block by block.
+/// 0.0 if the rows are not the same whole number of blocks.
+pub fn dot_q8_0_q15_ref(k: &[u8], q: &[u8]) -> f32 {
+    q8_0_q15_dot_by(k, q, crate::kernels::dot::f16, |x, hi, lo| {
+        let dot = |y: &[u8], sign: bool| -> i32 {
+            x.iter()
+                .zip(y)
+                .map(|(&a, &b)| i32::from(a as i8) * if sign { i32::from(b as i8) } else { i32::from(b) })
+                .sum()
+        };
+        128 * dot(hi, true) + dot(lo, false)
+    })
+}
+
+/// [`dot_q8_0_q15_ref`]'s block loop with each block's integer sum given (`sumi(kq, hi, lo)` of
+/// the key block's 32 quant bytes and the query block's high and low bytes) and the keys' exact
+/// f16 scale widening (`widen`): the f32 steps are the reference's, in its order, so a SIMD block
+/// sum gives the reference's bits. 0.0 if the rows are not the same whole number of blocks.
 #[inline(always)]
-pub fn q8_0_dot_by(
+pub fn q8_0_q15_dot_by(
     k: &[u8],
     q: &[u8],
     widen: impl Fn(crate::quant::blocks::F16Le) -> f32,
-    sumi: impl Fn(&[u8], &[u8]) -> i32,
+    sumi: impl Fn(&[u8], &[u8], &[u8]) -> i32,
 ) -> f32 {
     const B: usize = 34;
-    if k.len() != q.len() || k.len() % B != 0 {
+    if k.len() % B != 0 || q.len() != k.len() / B * Q15_BYTES {
         return 0.0;
     }
-    let d = |b: &[u8]| widen(crate::quant::blocks::F16Le([b[0], b[1]]));
     let mut sumf = 0.0f32;
-    for (x, y) in k.chunks_exact(B).zip(q.chunks_exact(B)) {
-        sumf += sumi(&x[2..], &y[2..]) as f32 * (d(x) * d(y));
+    for (x, y) in k.chunks_exact(B).zip(q.chunks_exact(Q15_BYTES)) {
+        let dk = widen(crate::quant::blocks::F16Le([x[0], x[1]]));
+        let dq = f32::from_le_bytes([y[0], y[1], y[2], y[3]]);
+        sumf += sumi(&x[2..], &y[4..4 + Q15_LEN], &y[4 + Q15_LEN..]) as f32 * (dk * dq);
     }
     sumf
 }
@@ -360,5 +421,72 @@ mod tests {
         let ops = KvOps::reference(GgmlType::Q5_1, GgmlType::F32).unwrap();
         assert_eq!(ops.query_bytes(64), Some(72));
         assert_eq!(ops.query_bytes(48), None);
+        let ops = KvOps::reference(GgmlType::Q8_0, GgmlType::F16).unwrap();
+        assert_eq!(ops.query_bytes(64), Some(2 * Q15_BYTES));
+        assert_eq!(ops.query_bytes(80), None);
+    }
+
+    /// The 15-bit query: `128 * hi + lo` is `round(x / d)`, within half a step of `x / d`, the
+    /// high byte in -127..=127 and the low one in 0..=127, at the extremes and in a zero block.
+    #[test]
+    fn q15_query_blocks() {
+        let mut x = [0f32; 2 * Q15_LEN];
+        for (i, v) in x.iter_mut().enumerate() {
+            *v = (i as f32 * 0.37).sin() * 3.0;
+        }
+        x[5] = -3.5; // the block's extreme, negative: q = -Q15_MAX
+        x[Q15_LEN..].fill(0.0);
+        x[Q15_LEN + 3] = 1e30; // a huge value: q = Q15_MAX, the rest round to 0
+        x[Q15_LEN + 4] = -1e-30;
+        let mut out = [0u8; 2 * Q15_BYTES];
+        assert!(quantize_q15(&x, &mut out));
+        assert!(!quantize_q15(&x[..31], &mut out[..Q15_BYTES]));
+        assert!(!quantize_q15(&x, &mut out[..Q15_BYTES]));
+        for (xb, b) in x.chunks_exact(Q15_LEN).zip(out.chunks_exact(Q15_BYTES)) {
+            let d = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+            for (i, &v) in xb.iter().enumerate() {
+                let (hi, lo) = (i32::from(b[4 + i] as i8), i32::from(b[4 + Q15_LEN + i]));
+                assert!((-127..=127).contains(&hi) && (0..=127).contains(&lo), "{hi} {lo}");
+                let q = 128 * hi + lo;
+                assert!((f64::from(q) - f64::from(v) / f64::from(d)).abs() <= 0.5 + 1e-3, "{v}: {q} * {d}");
+            }
+        }
+        let q = |b: &[u8], i: usize| 128 * i32::from(b[4 + i] as i8) + i32::from(b[4 + Q15_LEN + i]);
+        assert_eq!(q(&out, 5), -Q15_MAX);
+        assert_eq!(q(&out[Q15_BYTES..], 3), Q15_MAX);
+        assert_eq!(q(&out[Q15_BYTES..], 4), 0);
+        let zeros = [0f32; Q15_LEN];
+        assert!(quantize_q15(&zeros, &mut out[..Q15_BYTES]));
+        assert!(out[..Q15_BYTES].iter().all(|&b| b == 0));
+    }
+
+    /// A q8_0 key dotted with a 15-bit query is the dot of the two rows' decoded values (exact
+    /// integers times the scales), and far closer to the f32 dot than a q8_0 query's.
+    #[test]
+    fn q8_0_keys_dot_a_q15_query() {
+        use crate::quant::GgmlType as T;
+        extern crate std;
+        use std::{vec, vec::Vec};
+        let n = 256;
+        let k: Vec<f32> = (0..n).map(|i| ((i * 7 % 13) as f32 - 6.0) * 0.1).collect();
+        let x: Vec<f32> = (0..n).map(|i| (i as f32 * 0.91).cos() * (1.0 + (i % 5) as f32)).collect();
+        let q8_0 = |v: &[f32]| {
+            let mut b = vec![0u8; n / 32 * 34];
+            crate::quant::quantize::quantize_row_ref(T::Q8_0, v, &mut b).unwrap();
+            b
+        };
+        let kb = q8_0(&k);
+        let mut kd = vec![0f32; n];
+        crate::quant::dequantize_row_ref(T::Q8_0, &kb, &mut kd).unwrap();
+        let mut q = vec![0u8; n / Q15_LEN * Q15_BYTES];
+        assert!(quantize_q15(&x, &mut q));
+        let exact: f64 = kd.iter().zip(&x).map(|(a, b)| f64::from(*a) * f64::from(*b)).sum();
+        let got = f64::from(dot_q8_0_q15_ref(&kb, &q));
+        let q8 = q8_0(&x);
+        let old = f64::from((T::Q8_0.traits().vec_dot.unwrap().1)(&kb, &q8));
+        let scale: f64 = kd.iter().zip(&x).map(|(a, b)| f64::from(a.abs()) * f64::from(b.abs())).sum();
+        assert!((got - exact).abs() <= 1e-4 * scale, "{got} vs {exact}");
+        assert!((got - exact).abs() * 20.0 < (old - exact).abs(), "{got} {old} vs {exact}");
+        assert_eq!(dot_q8_0_q15_ref(&kb, &q[..Q15_BYTES]), 0.0);
     }
 }

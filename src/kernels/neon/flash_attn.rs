@@ -1168,15 +1168,18 @@ fn kv_dot_q8_0(k: &[u8], q: &[u8]) -> f32 {
 
 #[target_feature(enable = "neon")]
 fn kv_dot_q8_0_neon(k: &[u8], q: &[u8]) -> f32 {
-    crate::kernels::kv_attn::q8_0_dot_by(k, q, crate::kernels::dot::f16, |x, y| {
+    crate::kernels::kv_attn::q8_0_q15_dot_by(k, q, crate::kernels::dot::f16, |x, hi, lo| {
         let (x0, x1) = (ld_s8x16(x), ld_s8x16(&x[16..]));
-        let (y0, y1) = (ld_s8x16(y), ld_s8x16(&y[16..]));
-        // i8 x i8 products fit i16; pairs of them summed into i32 lanes.
-        let mut s = vpaddlq_s16(vmull_s8(vget_low_s8(x0), vget_low_s8(y0)));
-        s = vpadalq_s16(s, vmull_high_s8(x0, y0));
-        s = vpadalq_s16(s, vmull_s8(vget_low_s8(x1), vget_low_s8(y1)));
-        s = vpadalq_s16(s, vmull_high_s8(x1, y1));
-        vaddvq_s32(s)
+        // i8 x i8 products fit i16 (the low bytes are 0..=127); pairs of them summed into i32
+        // lanes.
+        let sum = |y: &[u8]| {
+            let (y0, y1) = (ld_s8x16(y), ld_s8x16(&y[16..]));
+            let mut s = vpaddlq_s16(vmull_s8(vget_low_s8(x0), vget_low_s8(y0)));
+            s = vpadalq_s16(s, vmull_high_s8(x0, y0));
+            s = vpadalq_s16(s, vmull_s8(vget_low_s8(x1), vget_low_s8(y1)));
+            vpadalq_s16(s, vmull_high_s8(x1, y1))
+        };
+        vaddvq_s32(vaddq_s32(vshlq_n_s32::<7>(sum(hi)), sum(lo)))
     })
 }
 
@@ -1304,69 +1307,85 @@ pub unsafe fn kv_attend_dotprod<'k>(
     kv_attend_with(ops, a, key, value, acc, vals, |ks, q, out| unsafe { kv_scores_q8_0_sdot(ks, q, out) })
 }
 
-/// q8_0 key row times q8_0 query row with `sdot`: [`kv_dot_q8_0`]'s result.
+/// q8_0 key row times 15-bit query row with `sdot`: [`kv_dot_q8_0`]'s result.
 ///
 /// # Safety
 /// The CPU must have FEAT_DotProd.
 #[target_feature(enable = "dotprod")]
 #[inline]
 unsafe fn kv_dot_q8_0_sdot(k: &[u8], q: &[u8]) -> f32 {
-    crate::kernels::kv_attn::q8_0_dot_by(k, q, crate::kernels::dot::f16, |x, y| {
-        let (x0, x1) = (ld_s8x16(x), ld_s8x16(&x[16..]));
-        let (y0, y1) = (ld_s8x16(y), ld_s8x16(&y[16..]));
-        vaddvq_s32(sdot_pair(x0, y0, x1, y1))
+    crate::kernels::kv_attn::q8_0_q15_dot_by(k, q, crate::kernels::dot::f16, |x, hi, lo| {
+        let y = Q15Block { hi: [ld_s8x16(hi), ld_s8x16(&hi[16..])], lo: [ld_s8x16(lo), ld_s8x16(&lo[16..])] };
+        vaddvq_s32(sdot_q15([ld_s8x16(x), ld_s8x16(&x[16..])], &y))
     })
 }
 
-/// `x0 . y0 + x1 . y1` in 4 i32 lanes (each lane the sum of 4 + 4 byte products): two `sdot`.
+/// A 15-bit query block's high and low bytes in registers.
+struct Q15Block {
+    hi: [int8x16_t; 2],
+    lo: [int8x16_t; 2],
+}
+
+/// `128 * (x . hi) + x . lo` of a key block `x` and a query block in 4 i32 lanes: two `sdot`
+/// into the high sums, a shift by 7, two more into the same lanes (each lane at most 16 products
+/// of 128 * 127 before the shift: no overflow).
 #[target_feature(enable = "neon,dotprod")]
 #[inline]
-fn sdot_pair(x0: int8x16_t, y0: int8x16_t, x1: int8x16_t, y1: int8x16_t) -> int32x4_t {
+fn sdot_q15(x: [int8x16_t; 2], y: &Q15Block) -> int32x4_t {
     let mut s = vdupq_n_s32(0);
-    // SAFETY: register-only dot products (this function's CPU has FEAT_DotProd).
+    // SAFETY: register-only dot products and a shift (this function's CPU has FEAT_DotProd).
     unsafe {
         asm!(
-            "sdot {s:v}.4s, {x0:v}.16b, {y0:v}.16b",
-            "sdot {s:v}.4s, {x1:v}.16b, {y1:v}.16b",
+            "sdot {s:v}.4s, {x0:v}.16b, {h0:v}.16b",
+            "sdot {s:v}.4s, {x1:v}.16b, {h1:v}.16b",
+            "shl {s:v}.4s, {s:v}.4s, #7",
+            "sdot {s:v}.4s, {x0:v}.16b, {l0:v}.16b",
+            "sdot {s:v}.4s, {x1:v}.16b, {l1:v}.16b",
             s = inout(vreg) s,
-            x0 = in(vreg) x0,
-            y0 = in(vreg) y0,
-            x1 = in(vreg) x1,
-            y1 = in(vreg) y1,
+            x0 = in(vreg) x[0],
+            x1 = in(vreg) x[1],
+            h0 = in(vreg) y.hi[0],
+            h1 = in(vreg) y.hi[1],
+            l0 = in(vreg) y.lo[0],
+            l1 = in(vreg) y.lo[1],
             options(pure, nomem, nostack, preserves_flags)
         );
     }
     s
 }
 
-/// The q8_0 dots of `keys` with the q8_0 query `q` into `out` ([`kv_dot_q8_0_sdot`]'s results,
-/// so `vec_dot_q8_0_q8_0_ref`'s bits): 4 keys at a time, one per lane, the query's block loaded
-/// once for them, their integer sums reduced by two pairwise adds and their scales widened by one
+/// The dots of q8_0 `keys` with the 15-bit query `q` into `out` ([`kv_dot_q8_0_sdot`]'s results,
+/// so `dot_q8_0_q15_ref`'s bits): 4 keys at a time, one per lane, the query's block loaded once
+/// for them, their integer sums reduced by two pairwise adds and their scales widened by one
 /// conversion; the f32 steps are the reference's per lane (`sumf + sumi * (dk * dq)`, not fused).
 ///
 /// # Safety
 /// The CPU must have FEAT_DotProd.
 #[target_feature(enable = "neon,dotprod")]
 unsafe fn kv_scores_q8_0_sdot(keys: &[&[u8]], q: &[u8], out: &mut [f32]) {
+    use crate::kernels::kv_attn::{Q15_BYTES, Q15_LEN};
     const B: usize = 34;
     let n = keys.len().min(out.len());
-    let same = q.len() % B == 0 && keys[..n].iter().all(|k| k.len() == q.len());
+    let blocks = q.len() / Q15_BYTES;
+    let same = q.len() % Q15_BYTES == 0 && keys[..n].iter().all(|k| k.len() == blocks * B);
     let whole = if same { n - n % 4 } else { 0 };
     for (ks, o) in keys[..whole].chunks_exact(4).zip(out[..whole].chunks_exact_mut(4)) {
         let mut sumf = vdupq_n_f32(0.0);
-        for (b, y) in q.chunks_exact(B).enumerate() {
+        for (b, y) in q.chunks_exact(Q15_BYTES).enumerate() {
             let at = B * b;
-            let (y0, y1) = (ld_s8x16(&y[2..]), ld_s8x16(&y[18..]));
+            let (hi, lo) = (&y[4..4 + Q15_LEN], &y[4 + Q15_LEN..]);
+            let yb =
+                Q15Block { hi: [ld_s8x16(hi), ld_s8x16(&hi[16..])], lo: [ld_s8x16(lo), ld_s8x16(&lo[16..])] };
             let s: [int32x4_t; 4] = core::array::from_fn(|j| {
                 let x = &ks[j][at + 2..at + B];
-                sdot_pair(ld_s8x16(x), y0, ld_s8x16(&x[16..]), y1)
+                sdot_q15([ld_s8x16(x), ld_s8x16(&x[16..])], &yb)
             });
             let sumi = vpaddq_s32(vpaddq_s32(s[0], s[1]), vpaddq_s32(s[2], s[3]));
             let mut h = [0u8; 8];
             for (h, k) in h.chunks_exact_mut(2).zip(ks) {
                 h.copy_from_slice(&k[at..at + 2]);
             }
-            let d = vmulq_n_f32(f16x4_to_f32(&h), crate::kernels::dot::f16(F16Le([y[0], y[1]])));
+            let d = vmulq_n_f32(f16x4_to_f32(&h), f32::from_le_bytes([y[0], y[1], y[2], y[3]]));
             sumf = vaddq_f32(sumf, vmulq_f32(vcvtq_f32_s32(sumi), d));
         }
         st_f32x4(o, sumf);

@@ -478,7 +478,29 @@ fn rows_pass<'k>(
 // ---------------------------------------------------------------------------------------------
 // Row operations of attention over a quantized cache (`kernels::kv_attn`): the reference's bits.
 
-/// q8_0 key row `k` times q8_0 query row `q`: `vec_dot_q8_0_q8_0_ref`'s result bit for bit (each
+/// One block's products of a q8_0 key block (quants at `x`) and a 15-bit query block (high bytes
+/// at `hi`, low at `lo`) in 8 i32 lanes: `128 * |x| * (hi with x's sign) + lo * x`, each byte
+/// product pair summed to i16 by `maddubs` (at most 2 * 128 * 127, no saturation), then to i32 by
+/// `madd` with 128 or 1.
+///
+/// # Safety
+/// The CPU must have AVX2; 32 bytes readable at each pointer.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn q8_0_q15_lanes(x: *const u8, hi: *const u8, lo: *const u8) -> __m256i {
+    // SAFETY: the caller's 32 bytes at each pointer; unaligned loads.
+    let (x, h, l) = unsafe {
+        (_mm256_loadu_si256(x.cast()), _mm256_loadu_si256(hi.cast()), _mm256_loadu_si256(lo.cast()))
+    };
+    let ph = _mm256_maddubs_epi16(_mm256_sign_epi8(x, x), _mm256_sign_epi8(h, x));
+    let pl = _mm256_maddubs_epi16(l, x);
+    _mm256_add_epi32(
+        _mm256_madd_epi16(ph, _mm256_set1_epi16(128)),
+        _mm256_madd_epi16(pl, _mm256_set1_epi16(1)),
+    )
+}
+
+/// q8_0 key row `k` times 15-bit query row `q`: `dot_q8_0_q15_ref`'s result bit for bit (each
 /// block's integer sum is exact in any order; the f32 steps are the reference's, in its order).
 /// Blocks go in pairs whose 8-lane integer sums are reduced together, which halves the
 /// horizontal work of one block at a time. 0.0 if the rows are not the same whole number of
@@ -489,26 +511,21 @@ fn rows_pass<'k>(
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn kv_dot_q8_0_avx2(k: &[u8], q: &[u8]) -> f32 {
+    use crate::kernels::kv_attn::{Q15_BYTES, Q15_LEN};
     const B: usize = 34;
-    if k.len() != q.len() || k.len() % B != 0 {
+    if k.len() % B != 0 || q.len() != k.len() / B * Q15_BYTES {
         return 0.0;
     }
-    let ones = _mm256_set1_epi16(1);
-    // Block b's products in 8 i32 lanes: |x| * (y with x's sign), u8 x i8 pairs summed to i16 (at
-    // most 2 * 128 * 127, no saturation), then to i32.
     let lanes = |b: usize| {
-        // SAFETY: 32 quant bytes at 34 b + 2 of both rows (b < k.len() / 34); unaligned loads.
-        let (x, y) = unsafe {
-            (
-                _mm256_loadu_si256(k.as_ptr().add(B * b + 2).cast()),
-                _mm256_loadu_si256(q.as_ptr().add(B * b + 2).cast()),
-            )
-        };
-        _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x)), ones)
+        let y = Q15_BYTES * b + 4;
+        // SAFETY: 32 quant bytes at 34 b + 2 of the key and the high and low bytes of the query's
+        // block b (b < k.len() / 34, the query as many blocks long).
+        unsafe { q8_0_q15_lanes(k.as_ptr().add(B * b + 2), q.as_ptr().add(y), q.as_ptr().add(y + Q15_LEN)) }
     };
     let scale = |b: usize| {
-        let d = |r: &[u8]| f16c_to_f32(F16Le([r[B * b], r[B * b + 1]]));
-        d(k) * d(q)
+        let y = Q15_BYTES * b;
+        f16c_to_f32(F16Le([k[B * b], k[B * b + 1]]))
+            * f32::from_le_bytes([q[y], q[y + 1], q[y + 2], q[y + 3]])
     };
     let blocks = k.len() / B;
     let mut sumf = 0.0f32;
@@ -532,31 +549,35 @@ unsafe fn kv_dot_q8_0_avx2(k: &[u8], q: &[u8]) -> f32 {
     sumf
 }
 
-/// The q8_0 dots of `keys` with the q8_0 query `q` into `out` ([`kv_dot_q8_0_avx2`]'s results,
-/// so `vec_dot_q8_0_q8_0_ref`'s bits): 8 keys at a time, one key per lane. Each block's 8 integer
+/// The dots of q8_0 `keys` with the 15-bit query `q` into `out` ([`kv_dot_q8_0_avx2`]'s results,
+/// so `dot_q8_0_q15_ref`'s bits): 8 keys at a time, one key per lane. Each block's 8 integer
 /// sums are reduced together (the horizontal adds of 8 keys in 9 instructions instead of 8
 /// reductions), the 8 keys' scales widened by one F16C conversion, and the f32 steps are the
 /// reference's per lane (`sumf + sumi * (dk * dq)`, not fused).
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 fn kv_scores_q8_0_avx2(keys: &[&[u8]], q: &[u8], out: &mut [f32]) {
+    use crate::kernels::kv_attn::{Q15_BYTES, Q15_LEN};
     const B: usize = 34;
     let n = keys.len().min(out.len());
-    let same = q.len() % B == 0 && keys[..n].iter().all(|k| k.len() == q.len());
+    let blocks = q.len() / Q15_BYTES;
+    let same = q.len() % Q15_BYTES == 0 && keys[..n].iter().all(|k| k.len() == blocks * B);
     let whole = if same { n - n % 8 } else { 0 };
-    let ones = _mm256_set1_epi16(1);
     for (ks, o) in keys[..whole].chunks_exact(8).zip(out[..whole].chunks_exact_mut(8)) {
         let ks: &[&[u8]; 8] = ks.try_into().unwrap();
         let mut sumf = _mm256_setzero_ps();
-        for b in 0..q.len() / B {
-            let at = B * b;
-            // SAFETY: 32 quant bytes at 34 b + 2 of the query and of every key (all q.len()
-            // bytes long, b < q.len() / 34); unaligned loads.
-            let y = unsafe { _mm256_loadu_si256(q.as_ptr().add(at + 2).cast()) };
+        for b in 0..blocks {
+            let (at, y) = (B * b, Q15_BYTES * b);
             let p: [__m256i; 8] = core::array::from_fn(|j| {
-                // SAFETY: as above.
-                let x = unsafe { _mm256_loadu_si256(ks[j].as_ptr().add(at + 2).cast()) };
-                _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x)), ones)
+                // SAFETY: 32 quant bytes at 34 b + 2 of every key (all `blocks` blocks long) and
+                // the high and low bytes of the query's block b.
+                unsafe {
+                    q8_0_q15_lanes(
+                        ks[j].as_ptr().add(at + 2),
+                        q.as_ptr().add(y + 4),
+                        q.as_ptr().add(y + 4 + Q15_LEN),
+                    )
+                }
             });
             // [k0 k1 k2 k3 (lanes 0-3) | k0 k1 k2 k3 (lanes 4-7)] sums, the same for k4-k7, then
             // the two halves added: lane j is key j's block sum.
@@ -577,7 +598,8 @@ fn kv_scores_q8_0_avx2(keys: &[&[u8]], q: &[u8], out: &mut [f32]) {
                 scale(ks[6]),
                 scale(ks[7]),
             ));
-            let d = _mm256_mul_ps(dk, _mm256_set1_ps(f16c_to_f32(F16Le([q[at], q[at + 1]]))));
+            let dq = f32::from_le_bytes([q[y], q[y + 1], q[y + 2], q[y + 3]]);
+            let d = _mm256_mul_ps(dk, _mm256_set1_ps(dq));
             sumf = _mm256_add_ps(sumf, _mm256_mul_ps(_mm256_cvtepi32_ps(sumi), d));
         }
         let o: &mut [f32; 8] = o.try_into().unwrap();
@@ -700,7 +722,7 @@ unsafe fn kv_widen_f16_avx2(src: &[u8], out: &mut [f32]) -> bool {
     true
 }
 
-/// `kv_attn::attend` with the AVX2 operations: q8_0 key dots 8 keys at a time, q8_0 and f16
+/// `kv_attn::attend` with the AVX2 operations: q8_0 key dots (15-bit query) 8 keys at a time, q8_0 and f16
 /// value widening, the update with the accumulator in registers, the exponentials 8 at a time (`libm_expf8`, `libm::expf`'s bits); other
 /// key and value types through `ops`' functions. The reference operations' bits.
 ///
