@@ -1,4 +1,5 @@
-//! Byte-level BPE on one pre-tokenized word (llama.cpp's `llm_tokenizer_bpe_session`).
+//! BPE on one pre-tokenized word (llama.cpp's `llm_tokenizer_bpe_session`), byte-level or over
+//! raw UTF-8 characters (SentencePiece-style BPE, [`encode_word_spm`]).
 //!
 //! Every byte of the word starts as a symbol holding the token of its byte-level character. The
 //! adjacent pair with the lowest merge rank (then the leftmost) is merged, repeatedly, until no
@@ -39,6 +40,82 @@ pub(crate) fn encode_word(
         emit(tok, word, tok.byte_tokens[word[0] as usize], out);
         return Ok(());
     }
+    merge(tok, word, scratch, |i| (1, tok.byte_tokens[word[i] as usize]), |raw, id| emit(tok, raw, id, out))
+}
+
+/// Tokenizes one word of SentencePiece-style BPE (`VocabKind::SpmBpe`, llama.cpp's gemma4 path)
+/// and pushes the tokens to `out`: the word is raw text whose spaces stand for U+2581; every
+/// UTF-8 character starts as a symbol holding the token of its text, then merges as above. A
+/// word of newlines only that is a token is taken whole. A symbol that is not a token gives the
+/// `<0xNN>` tokens of its (escaped) bytes.
+pub(crate) fn encode_word_spm(
+    tok: &Tokenizer<'_>,
+    word: &[u8],
+    scratch: &mut [u32],
+    out: &mut Out<'_>,
+) -> Result<(), TokError> {
+    if word.is_empty() {
+        return Ok(());
+    }
+    if word.iter().all(|&b| b == b'\n') {
+        if let Some(id) = tok.find(&word) {
+            out.push(id);
+            return Ok(());
+        }
+    }
+    let space = tok.find(&SPACE.as_slice()).unwrap_or(NONE);
+    let symbol = |i: usize| {
+        let len = utf8_len(word[i]).min(word.len() - i);
+        let id = if word[i] == b' ' { space } else { tok.find(&&word[i..i + len]).unwrap_or(NONE) };
+        (len, id)
+    };
+    let emit = |raw: &[u8], id: u32, out: &mut Out<'_>| {
+        if id != NONE {
+            out.push(id);
+            return;
+        }
+        for &b in raw {
+            let escaped: &[u8] = if b == b' ' { &SPACE } else { core::slice::from_ref(&b) };
+            for &e in escaped {
+                let t = tok.byte_tokens[e as usize];
+                if t != NONE {
+                    out.push(t);
+                }
+            }
+        }
+    };
+    if symbol(0).0 == word.len() {
+        emit(word, symbol(0).1, out);
+        return Ok(());
+    }
+    merge(tok, word, scratch, symbol, |raw, id| emit(raw, id, out))
+}
+
+/// U+2581, the escaped space.
+const SPACE: [u8; 3] = [0xE2, 0x96, 0x81];
+
+/// A UTF-8 character's length from its first byte (1 for a stray continuation byte), as
+/// llama.cpp's `unicode_len_utf8`.
+fn utf8_len(b: u8) -> usize {
+    match b >> 4 {
+        0xC | 0xD => 2,
+        0xE => 3,
+        0xF => 4,
+        _ => 1,
+    }
+}
+
+/// The merge loop over a word of `n > 1` bytes whose symbols start where `symbol(i)` says: the
+/// symbol at byte `i` is `(len, id)`, the next one starts at `i + len`. Pushes each final
+/// symbol's bytes and id to `emit`.
+fn merge(
+    tok: &Tokenizer<'_>,
+    word: &[u8],
+    scratch: &mut [u32],
+    symbol: impl Fn(usize) -> (usize, u32),
+    mut emit: impl FnMut(&[u8], u32),
+) -> Result<(), TokError> {
+    let n = word.len();
     if scratch.len() < scratch_for(n) {
         return Err(SCRATCH);
     }
@@ -48,16 +125,25 @@ pub(crate) fn encode_word(
     let (heap, rest) = rest.split_at_mut(n);
     let (pos, rest) = rest.split_at_mut(n);
     let prio = &mut rest[..n];
-    for i in 0..n {
-        len[i] = 1;
-        prev[i] = if i == 0 { NONE } else { i as u32 - 1 };
-        id[i] = tok.byte_tokens[word[i] as usize];
+    let mut i = 0;
+    let mut last = NONE;
+    while i < n {
+        let (l, t) = symbol(i);
+        let l = l.clamp(1, n - i);
+        (len[i], prev[i], id[i]) = (l as u32, last, t);
+        last = i as u32;
+        i += l;
     }
     let mut q = Heap::new(heap, pos, prio);
-    for i in 0..n - 1 {
-        if let Some((rank, _)) = tok.merge(id[i], id[i + 1]) {
-            q.set(i as u32, rank);
+    let mut i = 0;
+    while i < n {
+        let k = i + len[i] as usize;
+        if k < n {
+            if let Some((rank, _)) = tok.merge(id[i], id[k]) {
+                q.set(i as u32, rank);
+            }
         }
+        i = k;
     }
     while let Some(i) = q.pop() {
         let i = i as usize;
@@ -85,7 +171,7 @@ pub(crate) fn encode_word(
     let mut i = 0;
     while i < n {
         let l = len[i] as usize;
-        emit(tok, &word[i..i + l], id[i], out);
+        emit(&word[i..i + l], id[i]);
         i += l;
     }
     Ok(())

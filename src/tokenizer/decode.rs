@@ -16,7 +16,7 @@ impl Tokenizer<'_> {
             text.iter().for_each(|&b| f(b));
         } else if a & TokenAttr::NORMAL != 0 {
             match self.kind {
-                VocabKind::Spm => {
+                VocabKind::Spm | VocabKind::SpmBpe => {
                     // U+2581 -> space
                     let mut i = 0;
                     while i < text.len() {

@@ -83,6 +83,10 @@ pub enum VocabKind {
     Bpe,
     /// SentencePiece-style (`tokenizer.ggml.model = llama`).
     Spm,
+    /// SentencePiece-style BPE (`tokenizer.ggml.model = gemma4`): spaces escaped to U+2581, the
+    /// text split only at runs of newlines, BPE merges over raw UTF-8 characters (not byte-level
+    /// ones), `<0xNN>` tokens for bytes no token holds.
+    SpmBpe,
 }
 
 /// Token attributes, as llama.cpp derives them from `tokenizer.ggml.token_type` (bit values of
@@ -369,10 +373,13 @@ impl Plan {
         let kind = match model {
             "gpt2" => VocabKind::Bpe,
             "llama" => VocabKind::Spm,
+            "gemma4" => VocabKind::SpmBpe,
             other => return Err(TokError::UnsupportedModel { model: name_of(other) }),
         };
         let (pre, ignore_merges, add_bos_default) = match kind {
             VocabKind::Spm => (PreTokenizer::Default, false, true),
+            // Its split is fixed (runs of newlines); llama.cpp adds BOS whatever the file says.
+            VocabKind::SpmBpe => (PreTokenizer::Default, false, true),
             VocabKind::Bpe => {
                 let name = g.get_str_opt(KEY_PRE)?.unwrap_or("default");
                 let e = pretok::lookup_pre(name)
@@ -410,7 +417,7 @@ impl Plan {
             return Err(bad(KEY_TOKENS, "token texts exceed 4 GiB in total", blob_bytes as u64));
         }
         let n_merges = match kind {
-            VocabKind::Bpe => g.get_array(KEY_MERGES, ValueType::String)?.len(),
+            VocabKind::Bpe | VocabKind::SpmBpe => g.get_array(KEY_MERGES, ValueType::String)?.len(),
             VocabKind::Spm => 0,
         };
         // Load factors of at most 2/3 (linear probing).
@@ -811,17 +818,16 @@ impl<'a> Tokenizer<'a> {
                     tok.find(&&enc[..len as usize]).unwrap_or(NONE)
                 }
                 VocabKind::Spm => {
-                    const HEX: &[u8; 16] = b"0123456789ABCDEF";
-                    let name = [b'<', b'0', b'x', HEX[(b >> 4) as usize], HEX[(b & 15) as usize], b'>'];
-                    tok.find(&&name[..]).or_else(|| tok.find(&&[b][..])).unwrap_or(NONE)
+                    tok.find(&&byte_token_text(b)[..]).or_else(|| tok.find(&&[b][..])).unwrap_or(NONE)
                 }
+                VocabKind::SpmBpe => tok.find(&&byte_token_text(b)[..]).unwrap_or(NONE),
             };
             tok.single_byte[b as usize] = tok.find(&&[b][..]).unwrap_or(NONE);
         }
 
         let mut merge_probes = 0;
         // Merges: "left right" (split at the first space after the first byte) -> (rank, result).
-        if plan.kind == VocabKind::Bpe {
+        if matches!(plan.kind, VocabKind::Bpe | VocabKind::SpmBpe) {
             merges.fill(0);
             let list = g.get_array(KEY_MERGES, ValueType::String)?;
             let mut items = list.iter().enumerate().take(plan.n_merges);
@@ -987,6 +993,7 @@ impl<'a> Tokenizer<'a> {
         let (bos_default, eos_default) = match self.kind {
             VocabKind::Spm => (1, 2),
             VocabKind::Bpe => (11, 11),
+            VocabKind::SpmBpe => (NONE, NONE),
         };
         let id = |key: &str, default: u32| -> Result<u32, TokError> {
             let default = if default < n { default } else { NONE };
@@ -999,6 +1006,8 @@ impl<'a> Tokenizer<'a> {
         self.bos = id("tokenizer.ggml.bos_token_id", bos_default)?;
         self.eos = id("tokenizer.ggml.eos_token_id", eos_default)?;
         self.add_bos = g.get_bool_opt("tokenizer.ggml.add_bos_token")?.unwrap_or(add_bos_default);
+        // llama.cpp overrides a false add_bos_token for gemma4 (its models need the BOS).
+        self.add_bos |= self.kind == VocabKind::SpmBpe;
         self.add_eos = g.get_bool_opt("tokenizer.ggml.add_eos_token")?.unwrap_or(false);
         if let Some(p) = g.get_bool_opt("tokenizer.ggml.add_space_prefix")? {
             self.add_space_prefix = p;
@@ -1235,6 +1244,22 @@ impl<'a> Tokenizer<'a> {
                                     .map_err(|e| if e == bpe::SCRATCH { too_small.clone() } else { e })
                             })?;
                         }
+                        VocabKind::SpmBpe => {
+                            // Runs of newlines and runs of anything else (llama.cpp's
+                            // `[^\n]+|[\n]+`).
+                            let bytes = piece.as_bytes();
+                            let mut c = 0;
+                            while c < bytes.len() {
+                                let nl = bytes[c] == b'\n';
+                                let d = bytes[c..]
+                                    .iter()
+                                    .position(|&b| (b == b'\n') != nl)
+                                    .map_or(bytes.len(), |k| c + k);
+                                bpe::encode_word_spm(self, &bytes[c..d], scratch, &mut sink)
+                                    .map_err(|e| if e == bpe::SCRATCH { too_small.clone() } else { e })?;
+                                c = d;
+                            }
+                        }
                     }
                     prev_special = false;
                 }
@@ -1250,6 +1275,12 @@ impl<'a> Tokenizer<'a> {
         }
         Ok(sink.n)
     }
+}
+
+/// The text of byte `b`'s `<0xHH>` token.
+pub(crate) fn byte_token_text(b: u8) -> [u8; 6] {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    [b'<', b'0', b'x', HEX[(b >> 4) as usize], HEX[(b & 15) as usize], b'>']
 }
 
 /// The byte of a `<0xHH>` token text.
