@@ -146,6 +146,12 @@ pub enum ChatTemplate {
     /// Gemma: `<start_of_turn>user|model\n` ... `<end_of_turn>\n`; system text merged into the next
     /// user turn.
     Gemma,
+    /// Gemma 4: `<|turn>system|user|model\n` + trimmed content + `<turn|>\n` (a first system
+    /// message opens the prompt; a model turn's thinking, `<|channel>...<channel|>`, is dropped),
+    /// and the generation prompt `<|turn>model\n<|channel>thought\n<channel|>` (thinking off: an
+    /// empty thought channel), as the model's own Jinja template renders a conversation without
+    /// tools. llama.cpp has no built-in for it; `gemma4` is pinfer's name.
+    Gemma4,
     /// Llama 2 without system support (a system message becomes a plain first line).
     Llama2,
     /// Llama 2 with `<<SYS>>` system blocks.
@@ -230,15 +236,21 @@ const OTHER_NAMES: &[&str] = &[
 /// Trims what C's `isspace` calls space (llama.cpp's `trim`): space, `\t`, `\n`, `\v`, `\f`, `\r`.
 /// Unlike `str::trim`, no other Unicode space.
 fn c_trim(s: &str) -> &str {
-    s.trim_matches(|c| matches!(c, ' ' | '\t' | '\n' | '\x0B' | '\x0C' | '\r'))
+    s.trim_matches(is_c_space)
+}
+
+/// C's `isspace` in the "C" locale.
+fn is_c_space(c: char) -> bool {
+    matches!(c, ' ' | '\t' | '\n' | '\x0B' | '\x0C' | '\r')
 }
 
 impl ChatTemplate {
     /// Every format, in the order of [`ChatTemplate::name`]'s documentation.
-    pub const ALL: [ChatTemplate; 15] = [
+    pub const ALL: [ChatTemplate; 16] = [
         Self::ChatMl,
         Self::Llama3,
         Self::Gemma,
+        Self::Gemma4,
         Self::Llama2,
         Self::Llama2Sys,
         Self::Llama2SysBos,
@@ -259,6 +271,7 @@ impl ChatTemplate {
             Self::ChatMl => "chatml",
             Self::Llama3 => "llama3",
             Self::Gemma => "gemma",
+            Self::Gemma4 => "gemma4",
             Self::Llama2 => "llama2",
             Self::Llama2Sys => "llama2-sys",
             Self::Llama2SysBos => "llama2-sys-bos",
@@ -347,6 +360,10 @@ impl ChatTemplate {
         if has("bos_token + message['role']") {
             return other("monarch");
         }
+        // Gemma 4 (llama.cpp leaves it to its Jinja engine).
+        if has("<|turn>") && has("<turn|>") {
+            return Ok(Gemma4);
+        }
         if has("<start_of_turn>") {
             return Ok(Gemma);
         }
@@ -383,6 +400,7 @@ impl ChatTemplate {
             Self::ChatMl | Self::Phi4 => "<|im_end|>",
             Self::Llama3 => "<|eot_id|>",
             Self::Gemma => "<end_of_turn>",
+            Self::Gemma4 => "<turn|>",
             Self::Phi3 => "<|end|>",
             Self::Granite => "<|end_of_text|>",
             Self::Llama2
@@ -431,6 +449,25 @@ impl ChatTemplate {
                 }
             }
             Self::Gemma => render_gemma(messages, gen, out)?,
+            Self::Gemma4 => {
+                for m in messages {
+                    let role = match m.role {
+                        Role::System => "system",
+                        Role::User => "user",
+                        Role::Assistant => "model",
+                    };
+                    write!(out, "<|turn>{role}\n")?;
+                    if m.role == Role::Assistant {
+                        write_without_thinking(m.content, out)?;
+                    } else {
+                        out.write_str(c_trim(m.content))?;
+                    }
+                    out.write_str("<turn|>\n")?;
+                }
+                if gen {
+                    out.write_str("<|turn>model\n<|channel>thought\n<channel|>")?;
+                }
+            }
             Self::Llama2 | Self::Llama2Sys | Self::Llama2SysBos | Self::Llama2SysStrip => {
                 render_llama2(*self, messages, out)?
             }
@@ -475,6 +512,29 @@ impl ChatTemplate {
         }
         Ok(())
     }
+}
+
+/// A Gemma 4 model turn as its template's `strip_thinking` writes it: of each part of the text
+/// between `<channel|>` markers, what comes before a `<|channel>` (all of a part without one),
+/// the parts joined, then trimmed (leading white space skipped until text starts, the joined
+/// text cut after the last part with text).
+fn write_without_thinking(text: &str, out: &mut impl Write) -> Result<(), ChatError> {
+    let parts = || text.split("<channel|>").map(|part| part.split("<|channel>").next().unwrap_or(""));
+    let Some(last) = parts().enumerate().filter(|(_, k)| !c_trim(k).is_empty()).map(|(i, _)| i).last() else {
+        return Ok(());
+    };
+    let mut started = false;
+    for (i, mut k) in parts().enumerate().take(last + 1) {
+        if !started {
+            k = k.trim_start_matches(is_c_space);
+            started = !k.is_empty();
+        }
+        if i == last {
+            k = k.trim_end_matches(is_c_space);
+        }
+        out.write_str(k)?;
+    }
+    Ok(())
 }
 
 /// Gemma has no system role: system texts (trimmed, concatenated) open the next user turn, followed
@@ -684,6 +744,37 @@ mod tests {
              <|start_of_role|>user<|end_of_role|>Q<|end_of_text|>\n\
              <|start_of_role|>assistant<|end_of_role|>"
         );
+    }
+
+    /// The output of Gemma 4's own Jinja template (jinja2 3.1, `bos_token` empty, no tools, thinking
+    /// off) for the same messages.
+    #[test]
+    fn gemma4_renders_as_its_jinja_template() {
+        let m = [
+            Message::system(" Be brief. "),
+            Message::user(" Hi "),
+            Message::assistant("  <|channel>thought\nhmm<channel|>Hello <|channel>x<channel|> there \n"),
+            Message::user("Q"),
+        ];
+        let want =
+            "<|turn>system\nBe brief.<turn|>\n<|turn>user\nHi<turn|>\n<|turn>model\nHello  there<turn|>\n\
+                    <|turn>user\nQ<turn|>\n";
+        assert_eq!(render(ChatTemplate::Gemma4, &m, false), want);
+        let gen = render(ChatTemplate::Gemma4, &m, true);
+        assert_eq!(gen.strip_prefix(want), Some("<|turn>model\n<|channel>thought\n<channel|>"));
+        let m = [
+            Message::user("Hi"),
+            Message::assistant("<|channel>only thinking<channel|>  "),
+            Message::system("Later"),
+            Message::user("Q"),
+        ];
+        assert_eq!(
+            render(ChatTemplate::Gemma4, &m, false),
+            "<|turn>user\nHi<turn|>\n<|turn>model\n<turn|>\n<|turn>system\nLater<turn|>\n<|turn>user\nQ<turn|>\n"
+        );
+        assert_eq!(ChatTemplate::Gemma4.end_of_turn(), "<turn|>");
+        let t = "{{ '<|turn>' + role + '\\n' }}{{ '<turn|>\\n' }}<start_of_turn>";
+        assert_eq!(ChatTemplate::detect(Some(t)), Ok(ChatTemplate::Gemma4));
     }
 
     #[test]

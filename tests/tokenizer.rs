@@ -378,6 +378,18 @@ fn llama_cpp_vocab_gemma_4() {
     let ids = encode(t.tok, "a  b", false, false);
     assert_eq!(decode(t.tok, &ids), b"a  b");
     assert!(ids.iter().all(|&id| !t.tok.token_text(id).unwrap().contains(&b' ')));
+    // Its chat template is recognised, and the turn markers are single special tokens.
+    let bytes = std::fs::read(vocab_dir().join("ggml-vocab-gemma-4.gguf")).unwrap();
+    let template = Gguf::parse(&bytes).unwrap().get_str("tokenizer.chat_template").unwrap().to_string();
+    let format = pinfer::chat::ChatTemplate::detect(Some(&template)).unwrap();
+    assert_eq!(format, pinfer::chat::ChatTemplate::Gemma4);
+    let mut prompt = String::new();
+    format.render(&[pinfer::chat::Message::user("Hi")], true, &mut prompt).unwrap();
+    let ids = encode(t.tok, &prompt, true, true);
+    let turn = t.tok.token_id(b"<|turn>").unwrap();
+    let end = t.tok.token_id(format.end_of_turn().as_bytes()).unwrap();
+    assert_eq!((ids[0], ids[1], ids.iter().filter(|&&i| i == end).count()), (2, turn, 1), "{ids:?}");
+    assert!(t.tok.is_eog(end));
 }
 
 #[test]
