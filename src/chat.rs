@@ -456,7 +456,7 @@ impl ChatTemplate {
                         Role::User => "user",
                         Role::Assistant => "model",
                     };
-                    write!(out, "<|turn>{role}\n")?;
+                    writeln!(out, "<|turn>{role}")?;
                     if m.role == Role::Assistant {
                         write_without_thinking(m.content, out)?;
                     } else {
