@@ -127,18 +127,53 @@ enum Computes {
     Flag(bool),
 }
 
-/// `{arch}.` keys whose values change the math beyond what [`HParams`] holds: the architecture that
-/// reads them (as llama.cpp's `load_hparams` does; `None`: every one), what pinfer computes, and
-/// that in words. A file with another value is refused naming the key, never run with wrong numbers.
-const MATH_KEYS: [(&str, Option<Arch>, Computes, &str); 7] = [
-    ("rope.scaling.type", None, Computes::OneOf(&["none", "linear", "yarn"]), "none, linear or yarn"),
-    ("rope.scaling.attn_factor", None, Computes::Only(1.0), "1"),
+/// Which architectures a row of [`MATH_KEYS`] applies to.
+#[derive(Clone, Copy)]
+enum ReadBy {
+    /// Every architecture.
+    Every,
+    /// This one.
+    Arch(Arch),
+    /// Those with LongRoPE (`true`: its factor tensors and attention factor are computed) or
+    /// those without.
+    LongRope(bool),
+}
+
+impl ReadBy {
+    fn applies_to(self, arch: Arch) -> bool {
+        match self {
+            Self::Every => true,
+            Self::Arch(a) => a == arch,
+            Self::LongRope(long) => arch.traits().long_rope == long,
+        }
+    }
+}
+
+/// `{arch}.` keys whose values change the math beyond what [`HParams`] holds: the architectures
+/// whose values pinfer checks (as llama.cpp's `load_hparams` reads them), what pinfer computes,
+/// and that in words. A file with another value is refused naming the key, never run with wrong
+/// numbers.
+const MATH_KEYS: [(&str, ReadBy, Computes, &str); 8] = [
+    (
+        "rope.scaling.type",
+        ReadBy::LongRope(false),
+        Computes::OneOf(&["none", "linear", "yarn"]),
+        "none, linear or yarn",
+    ),
+    (
+        "rope.scaling.type",
+        ReadBy::LongRope(true),
+        Computes::OneOf(&["none", "linear", "yarn", "longrope"]),
+        "none, linear, yarn or longrope",
+    ),
+    // LongRoPE's attention factor is computed (`HParams::rope_attn_factor`).
+    ("rope.scaling.attn_factor", ReadBy::LongRope(false), Computes::Only(1.0), "1"),
     // false: Granite without RoPE on any layer.
-    ("rope.scaling.finetuned", Some(Arch::Granite), Computes::Flag(true), "true"),
-    ("attention.causal", None, Computes::Flag(true), "true"),
-    ("attention.sliding_window_pattern", Some(Arch::Gemma3), Computes::Only(6.0), "6"),
-    ("rope.freq_base_swa", Some(Arch::Gemma3), Computes::Only(10000.0), "10000"),
-    ("final_logit_softcapping", Some(Arch::Gemma3), Computes::Only(0.0), "0 (no soft-capping)"),
+    ("rope.scaling.finetuned", ReadBy::Arch(Arch::Granite), Computes::Flag(true), "true"),
+    ("attention.causal", ReadBy::Every, Computes::Flag(true), "true"),
+    ("attention.sliding_window_pattern", ReadBy::Arch(Arch::Gemma3), Computes::Only(6.0), "6"),
+    ("rope.freq_base_swa", ReadBy::Arch(Arch::Gemma3), Computes::Only(10000.0), "10000"),
+    ("final_logit_softcapping", ReadBy::Arch(Arch::Gemma3), Computes::Only(0.0), "0 (no soft-capping)"),
 ];
 
 /// Key-length keys of sliding-window layers: pinfer runs them only with the full layers' sizes.
@@ -166,22 +201,9 @@ fn value_text(v: &crate::gguf::Value<'_>) -> Name {
 /// Refuses a file whose metadata asks for math pinfer does not compute (see [`MATH_KEYS`]).
 fn refuse_math_we_do_not_compute(g: &Gguf<'_>, arch: Arch, n_layer: u32) -> Result<(), ModelError> {
     use crate::gguf::Value;
-    for (suffix, only_for, mut computes, mut words) in MATH_KEYS {
-        if only_for.is_some_and(|a| a != arch) {
+    for (suffix, read_by, computes, words) in MATH_KEYS {
+        if !read_by.applies_to(arch) {
             continue;
-        }
-        if arch.traits().long_rope {
-            // LongRoPE is the factor tensors and the attention factor, both computed.
-            match suffix {
-                "rope.scaling.attn_factor" => continue,
-                "rope.scaling.type" => {
-                    (computes, words) = (
-                        Computes::OneOf(&["none", "linear", "yarn", "longrope"]),
-                        "none, linear, yarn or longrope",
-                    )
-                }
-                _ => {}
-            }
         }
         let key = arch_key(arch, suffix);
         let Some(v) = g.get(&key) else { continue };
