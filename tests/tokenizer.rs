@@ -153,6 +153,22 @@ fn golden_qwen2_tiny() {
     check_golden(tok, "qwen2-tiny.tokenize.jsonl", true);
 }
 
+/// GPT-4o's pre-tokenizer (Phi-4-mini, Llama 4) on the SmolLM2 vocabulary, against llama.cpp's
+/// ids (scripts/tokenizer_golden_pre.py: letter case runs, contractions, `\p{N}{1,3}`, `/` after
+/// punctuation).
+#[test]
+fn golden_gpt_4o_pre_tokenizer() {
+    let tok = smollm2_vocab_with_pre("gpt-4o");
+    assert_eq!(tok.pre_tokenizer(), PreTokenizer::Gpt4o);
+    check_golden(tok, "gpt-4o.tokenize.jsonl", true);
+    // The same texts cut as Llama 3 or GPT-2 cut them differ (BPE hides most cuts: a word's
+    // merges rarely cross where the two pre-tokenizers disagree).
+    for (pre, least) in [("llama-bpe", 1), ("gpt2", 5)] {
+        let n = check_golden(smollm2_vocab_with_pre(pre), "gpt-4o.tokenize.jsonl", false);
+        assert!(n >= least, "{pre}: {n}");
+    }
+}
+
 /// The golden checks can fail: the same vocabulary with the wrong pre-tokenizer gets some strings
 /// wrong (Qwen2 and Llama 3 keep "\n" apart from the indentation after it, SmolLM does not).
 #[test]

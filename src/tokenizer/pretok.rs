@@ -7,6 +7,10 @@
 //! * Llama 3: `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|
 //!   ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`.
 //! * Qwen2: Llama 3 with single digits `\p{N}`; Qwen3.5: Qwen2 with `[\p{L}\p{M}]` for letters.
+//! * GPT-4o (Phi-4-mini, Llama 4): `[^\r\n\p{L}\p{N}]?U*L+C?|[^\r\n\p{L}\p{N}]?U+L*C?|\p{N}{1,3}|
+//!   ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+` with `U` a letter but `a-z`, `L` a letter but
+//!   `A-Z` (llama.cpp's `(?=[\p{L}])([^a-z])`: over its collapsed text every non-ASCII letter is
+//!   both) and `C` a contraction (`'s`, `'T`, `'re`...).
 //! * SmolLM (also StarCoder, Refact, Command-R): first every `\p{N}` on its own, then GPT-2 on
 //!   each piece.
 //! * default: `[\p{P}\$\+<=>\^~\|]+`, then GPT-2, then `\p{N}+`, then `[0-9][0-9][0-9]`, each
@@ -33,6 +37,9 @@ pub enum PreTokenizer {
     Qwen2,
     /// Qwen3.5 (`qwen35`): Qwen2 with combining marks counted as letters.
     Qwen35,
+    /// GPT-4o (`gpt-4o`, `llama4`...): letter runs split before an upper-case run that follows
+    /// lower case, contractions kept with their word, digits in groups of up to three.
+    Gpt4o,
     /// SmolLM (`smollm`, `starcoder`, `refact`, `command-r`...): single digits, then GPT-2.
     SmolLm,
     /// llama.cpp's fallback (`default`, or no `tokenizer.ggml.pre` at all).
@@ -80,6 +87,10 @@ pub(crate) static PRE_TABLE: &[PreEntry] = &[
     e("stablelm2", PreTokenizer::Qwen2, false, false),
     e("hunyuan", PreTokenizer::Qwen2, false, false),
     e("qwen35", PreTokenizer::Qwen35, false, false),
+    e("gpt-4o", PreTokenizer::Gpt4o, false, false),
+    e("llama4", PreTokenizer::Gpt4o, false, false),
+    e("kanana2", PreTokenizer::Gpt4o, false, false),
+    e("talkie", PreTokenizer::Gpt4o, false, false),
     e("smollm", PreTokenizer::SmolLm, false, false),
     e("starcoder", PreTokenizer::SmolLm, false, false),
     e("refact", PreTokenizer::SmolLm, false, false),
@@ -106,6 +117,15 @@ pub(crate) fn split(pre: PreTokenizer, text: &str, f: &mut Sink<'_>) -> Result<(
         PreTokenizer::Llama3 => llama3(t, 0, n, 3, false, f),
         PreTokenizer::Qwen2 => llama3(t, 0, n, 1, false, f),
         PreTokenizer::Qwen35 => llama3(t, 0, n, 1, true, f),
+        PreTokenizer::Gpt4o => {
+            let mut pos = 0;
+            while pos < n {
+                let end = gpt4o_next(t, pos, n);
+                f(pos, end)?;
+                pos = end;
+            }
+            Ok(())
+        }
         PreTokenizer::SmolLm => each_piece(t, 0, n, single_numbers, &mut |a, b| gpt2(t, a, b, f)),
         PreTokenizer::Default => each_piece(t, 0, n, punctuation_runs, &mut |a, b| {
             gpt2(t, a, b, &mut |c, d| {
@@ -293,6 +313,89 @@ fn llama3_next(t: &[u8], pos: usize, hi: usize, digits: usize, marks: bool) -> u
     p1
 }
 
+fn gpt4o_next(t: &[u8], pos: usize, hi: usize) -> usize {
+    let (c, cl) = char_at(t, pos);
+    let f = flags(c);
+    let ascii = |c: u32, a: u8, z: u8| (u32::from(a)..=u32::from(z)).contains(&c);
+    // U: a letter but a-z; L: a letter but A-Z (a non-ASCII letter is both).
+    let upper = |c: u32| flags(c).is_letter() && !ascii(c, b'a', b'z');
+    let lower = |c: u32| flags(c).is_letter() && !ascii(c, b'A', b'Z');
+    let run_of = |mut p: usize, pred: &dyn Fn(u32) -> bool| {
+        while p < hi {
+            let (cp, len) = char_at(t, p);
+            if !pred(cp) {
+                break;
+            }
+            p += len;
+        }
+        p
+    };
+    let with_contraction = |end: usize| {
+        if end < hi && t[end] == b'\'' {
+            contraction(t, end, hi, true).unwrap_or(end)
+        } else {
+            end
+        }
+    };
+    // [^\r\n\p{L}\p{N}]? then U*L+ (backtracking: the longest run of U followed by an L), else U+L*.
+    let newline = c == u32::from(b'\r') || c == u32::from(b'\n');
+    let start = if newline || f.is_letter() || f.is_number() { pos } else { pos + cl };
+    let u_end = run_of(start, &upper);
+    if u_end < hi && ascii(char_at(t, u_end).0, b'a', b'z') {
+        return with_contraction(run_of(u_end, &lower));
+    }
+    // Within the U run the L characters are the non-ASCII letters: L+ takes the last of them
+    // alone (the U characters after it are A-Z, and what follows the run is no L).
+    let mut last_both = None;
+    let mut p = start;
+    while p < u_end {
+        let (cp, len) = char_at(t, p);
+        if lower(cp) {
+            last_both = Some(p + len);
+        }
+        p += len;
+    }
+    if let Some(end) = last_both {
+        return with_contraction(end);
+    }
+    if u_end > start {
+        return with_contraction(run_of(u_end, &lower));
+    }
+    // \p{N}{1,3}
+    if f.is_number() {
+        let mut p = pos;
+        let mut k = 0;
+        while k < 3 && fl(t, p, hi).is_number() {
+            p += char_at(t, p).1;
+            k += 1;
+        }
+        return p;
+    }
+    // ' ?[^\s\p{L}\p{N}]+[\r\n/]*'
+    let space = c == u32::from(b' ');
+    let f2 = if space { fl(t, pos + cl, hi) } else { f };
+    let other = |f: Flags| !(f.is_whitespace() || f.is_letter() || f.is_number());
+    if other(f2) {
+        let mut p = run(t, if space { pos + cl } else { pos }, hi, |f| f.is_in() && other(f));
+        while p < hi && matches!(t[p], b'\r' | b'\n' | b'/') {
+            p += 1;
+        }
+        return p;
+    }
+    // \s*[\r\n]+ | \s+(?!\S) | \s+
+    let (n_ws, last, end, rn) = whitespace_run(t, pos, hi);
+    if let Some(rn) = rn {
+        return rn;
+    }
+    if n_ws > 1 && end < hi {
+        return last;
+    }
+    if n_ws > 0 {
+        return end;
+    }
+    pos + cl
+}
+
 /// Calls `f` for each piece of `[lo, hi)` cut by a regex stage: `next(t, pos, hi)` gives the end of
 /// the piece starting at `pos` (a match, or the text up to the next match).
 fn each_piece(
@@ -416,6 +519,23 @@ mod tests {
         // The combining acute accent is a mark: a letter for Qwen3.5, not for Qwen2.
         assert_eq!(words(PreTokenizer::Qwen35, "e\u{301}x"), ["e\u{301}x"]);
         assert_eq!(words(PreTokenizer::Qwen2, "e\u{301}x"), ["e", "\u{301}x"]);
+    }
+
+    /// GPT-4o: a letter run ends where an upper-case run follows lower case (non-ASCII letters count
+    /// as either case), contractions stay with their word, `/` closes a punctuation run.
+    #[test]
+    fn gpt4o_letter_case_runs() {
+        let w = |s| words(PreTokenizer::Gpt4o, s);
+        assert_eq!(w("HTTPServerError"), ["HTTPServer", "Error"]);
+        assert_eq!(w("HELLO world"), ["HELLO", " world"]);
+        assert_eq!(w(" it'S they'RE"), [" it'S", " they'RE"]);
+        assert_eq!(w("'s"), ["'s"]);
+        assert_eq!(w("ÄB"), ["Ä", "B"]);
+        // U*L+ first: its L+ can only take the É, so the rest is the U+ alternative's.
+        assert_eq!(w("ÉCOLE straße"), ["É", "COLE", " straße"]);
+        assert_eq!(w("12345"), ["123", "45"]);
+        assert_eq!(w("a+/\nb"), ["a", "+/\n", "b"]);
+        assert_eq!(w("x  \n\n y"), ["x", "  \n\n", " y"]);
     }
 
     #[test]
