@@ -117,15 +117,7 @@ pub(crate) fn split(pre: PreTokenizer, text: &str, f: &mut Sink<'_>) -> Result<(
         PreTokenizer::Llama3 => llama3(t, 0, n, 3, false, f),
         PreTokenizer::Qwen2 => llama3(t, 0, n, 1, false, f),
         PreTokenizer::Qwen35 => llama3(t, 0, n, 1, true, f),
-        PreTokenizer::Gpt4o => {
-            let mut pos = 0;
-            while pos < n {
-                let end = gpt4o_next(t, pos, n);
-                f(pos, end)?;
-                pos = end;
-            }
-            Ok(())
-        }
+        PreTokenizer::Gpt4o => each_piece(t, 0, n, gpt4o_next, f),
         PreTokenizer::SmolLm => each_piece(t, 0, n, single_numbers, &mut |a, b| gpt2(t, a, b, f)),
         PreTokenizer::Default => each_piece(t, 0, n, punctuation_runs, &mut |a, b| {
             gpt2(t, a, b, &mut |c, d| {
@@ -278,6 +270,22 @@ fn llama3_next(t: &[u8], pos: usize, hi: usize, digits: usize, marks: bool) -> u
     if !(newline || f.is_number()) && (letter(f) || letter(fl(t, p1, hi))) {
         return run(t, p1, hi, letter);
     }
+    numbers_punctuation_spaces(t, pos, hi, digits, letter, b"\r\n")
+}
+
+/// The alternatives Llama 3's and GPT-4o's patterns end with, at `pos` where no letter run starts:
+/// `\p{N}{1,digits}| ?[^\s\p{L}\p{N}]+[trail]*|\s*[\r\n]+|\s+(?!\S)|\s+`, with `letter` what
+/// counts as `\p{L}`.
+fn numbers_punctuation_spaces(
+    t: &[u8],
+    pos: usize,
+    hi: usize,
+    digits: usize,
+    letter: impl Fn(Flags) -> bool,
+    trail: &[u8],
+) -> usize {
+    let (c, cl) = char_at(t, pos);
+    let (f, p1) = (flags(c), pos + cl);
     // \p{N}{1,digits}
     if f.is_number() {
         let mut p = pos;
@@ -288,13 +296,13 @@ fn llama3_next(t: &[u8], pos: usize, hi: usize, digits: usize, marks: bool) -> u
         }
         return p;
     }
-    // ' ?[^\s\p{L}\p{N}]+[\r\n]*'
+    // ' ?[^\s\p{L}\p{N}]+[trail]*'
     let space = c == u32::from(b' ');
     let f2 = if space { fl(t, p1, hi) } else { f };
     let other = |f: Flags| !(f.is_whitespace() || letter(f) || f.is_number());
     if other(f2) {
         let mut p = run(t, if space { p1 } else { pos }, hi, |f| f.is_in() && other(f));
-        while p < hi && (t[p] == b'\r' || t[p] == b'\n') {
+        while p < hi && trail.contains(&t[p]) {
             p += 1;
         }
         return p;
@@ -361,39 +369,7 @@ fn gpt4o_next(t: &[u8], pos: usize, hi: usize) -> usize {
     if u_end > start {
         return with_contraction(run_of(u_end, &lower));
     }
-    // \p{N}{1,3}
-    if f.is_number() {
-        let mut p = pos;
-        let mut k = 0;
-        while k < 3 && fl(t, p, hi).is_number() {
-            p += char_at(t, p).1;
-            k += 1;
-        }
-        return p;
-    }
-    // ' ?[^\s\p{L}\p{N}]+[\r\n/]*'
-    let space = c == u32::from(b' ');
-    let f2 = if space { fl(t, pos + cl, hi) } else { f };
-    let other = |f: Flags| !(f.is_whitespace() || f.is_letter() || f.is_number());
-    if other(f2) {
-        let mut p = run(t, if space { pos + cl } else { pos }, hi, |f| f.is_in() && other(f));
-        while p < hi && matches!(t[p], b'\r' | b'\n' | b'/') {
-            p += 1;
-        }
-        return p;
-    }
-    // \s*[\r\n]+ | \s+(?!\S) | \s+
-    let (n_ws, last, end, rn) = whitespace_run(t, pos, hi);
-    if let Some(rn) = rn {
-        return rn;
-    }
-    if n_ws > 1 && end < hi {
-        return last;
-    }
-    if n_ws > 0 {
-        return end;
-    }
-    pos + cl
+    numbers_punctuation_spaces(t, pos, hi, 3, Flags::is_letter, b"\r\n/")
 }
 
 /// Calls `f` for each piece of `[lo, hi)` cut by a regex stage: `next(t, pos, hi)` gives the end of
