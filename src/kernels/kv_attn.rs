@@ -161,13 +161,8 @@ pub fn quantize_q15(x: &[f32], out: &mut [u8]) -> bool {
 /// 0.0 if the rows are not the same whole number of blocks.
 pub fn dot_q8_0_q15_ref(k: &[u8], q: &[u8]) -> f32 {
     q8_0_q15_dot_by(k, q, crate::kernels::dot::f16, |x, hi, lo| {
-        let dot = |y: &[u8], sign: bool| -> i32 {
-            x.iter()
-                .zip(y)
-                .map(|(&a, &b)| i32::from(a as i8) * if sign { i32::from(b as i8) } else { i32::from(b) })
-                .sum()
-        };
-        128 * dot(hi, true) + dot(lo, false)
+        let q = |i: usize| 128 * i32::from(hi[i] as i8) + i32::from(lo[i]);
+        x.iter().enumerate().map(|(i, &k)| i32::from(k as i8) * q(i)).sum()
     })
 }
 
