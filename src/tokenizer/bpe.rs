@@ -8,6 +8,8 @@
 //! is at `i + len[i]`. Working memory: 6 words per byte of the word, O(n log n) time.
 
 use super::heap::{Heap, NONE};
+use super::spm::SPACE;
+use super::unicode::char_at;
 use super::unicode::BYTE_TO_UTF8;
 use super::{ByteLevel, Out, TokError, Tokenizer};
 
@@ -65,7 +67,7 @@ pub(crate) fn encode_word_spm(
     }
     let space = tok.find(&SPACE.as_slice()).unwrap_or(NONE);
     let symbol = |i: usize| {
-        let len = utf8_len(word[i]).min(word.len() - i);
+        let len = char_at(word, i).1.min(word.len() - i);
         let id = if word[i] == b' ' { space } else { tok.find(&&word[i..i + len]).unwrap_or(NONE) };
         (len, id)
     };
@@ -84,25 +86,12 @@ pub(crate) fn encode_word_spm(
             }
         }
     };
-    if symbol(0).0 == word.len() {
-        emit(word, symbol(0).1, out);
+    let (first_len, first_id) = symbol(0);
+    if first_len == word.len() {
+        emit(word, first_id, out);
         return Ok(());
     }
     merge(tok, word, scratch, symbol, |raw, id| emit(raw, id, out))
-}
-
-/// U+2581, the escaped space.
-const SPACE: [u8; 3] = [0xE2, 0x96, 0x81];
-
-/// A UTF-8 character's length from its first byte (1 for a stray continuation byte), as
-/// llama.cpp's `unicode_len_utf8`.
-fn utf8_len(b: u8) -> usize {
-    match b >> 4 {
-        0xC | 0xD => 2,
-        0xE => 3,
-        0xF => 4,
-        _ => 1,
-    }
 }
 
 /// The merge loop over a word of `n > 1` bytes whose symbols start where `symbol(i)` says: the

@@ -1245,20 +1245,10 @@ impl<'a> Tokenizer<'a> {
                             })?;
                         }
                         VocabKind::SpmBpe => {
-                            // Runs of newlines and runs of anything else (llama.cpp's
-                            // `[^\n]+|[\n]+`).
-                            let bytes = piece.as_bytes();
-                            let mut c = 0;
-                            while c < bytes.len() {
-                                let nl = bytes[c] == b'\n';
-                                let d = bytes[c..]
-                                    .iter()
-                                    .position(|&b| (b == b'\n') != nl)
-                                    .map_or(bytes.len(), |k| c + k);
-                                bpe::encode_word_spm(self, &bytes[c..d], scratch, &mut sink)
-                                    .map_err(|e| if e == bpe::SCRATCH { too_small.clone() } else { e })?;
-                                c = d;
-                            }
+                            pretok::split_newline_runs(piece, &mut |c, d| {
+                                bpe::encode_word_spm(self, &piece.as_bytes()[c..d], scratch, &mut sink)
+                                    .map_err(|e| if e == bpe::SCRATCH { too_small.clone() } else { e })
+                            })?;
                         }
                     }
                     prev_special = false;

@@ -127,6 +127,19 @@ pub(crate) fn split(pre: PreTokenizer, text: &str, f: &mut Sink<'_>) -> Result<(
     }
 }
 
+/// Cuts `text` into runs of newlines and runs of anything else (the split of SentencePiece-style
+/// BPE, llama.cpp's `[^\n]+|[\n]+` for gemma4) and calls `f(start, end)` for each, in order.
+pub(crate) fn split_newline_runs(text: &str, f: &mut Sink<'_>) -> Result<(), TokError> {
+    let t = text.as_bytes();
+    each_piece(t, 0, t.len(), newline_run, f)
+}
+
+/// End of the run of newlines, or of other bytes, that starts at `pos`.
+fn newline_run(t: &[u8], pos: usize, hi: usize) -> usize {
+    let nl = t[pos] == b'\n';
+    t[pos..hi].iter().position(|&b| (b == b'\n') != nl).map_or(hi, |k| pos + k)
+}
+
 /// Flags of the character at `p`, or [`Flags::OUT`] at or past `hi`.
 #[inline]
 fn fl(t: &[u8], p: usize, hi: usize) -> Flags {
@@ -495,6 +508,18 @@ mod tests {
         // The combining acute accent is a mark: a letter for Qwen3.5, not for Qwen2.
         assert_eq!(words(PreTokenizer::Qwen35, "e\u{301}x"), ["e\u{301}x"]);
         assert_eq!(words(PreTokenizer::Qwen2, "e\u{301}x"), ["e", "\u{301}x"]);
+    }
+
+    #[test]
+    fn newline_runs_for_sentencepiece_style_bpe() {
+        let mut out = Vec::new();
+        let text = "a b\n\nc\n";
+        split_newline_runs(text, &mut |a, b| {
+            out.push(String::from(&text[a..b]));
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(out, ["a b", "\n\n", "c", "\n"]);
     }
 
     /// GPT-4o: a letter run ends where an upper-case run follows lower case (non-ASCII letters count

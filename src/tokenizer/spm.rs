@@ -21,7 +21,8 @@ struct Escaped<'t> {
     b: usize,
 }
 
-const SPACE: [u8; 3] = [0xE2, 0x96, 0x81];
+/// U+2581, SentencePiece's escaped space.
+pub(crate) const SPACE: [u8; 3] = [0xE2, 0x96, 0x81];
 
 impl Escaped<'_> {
     #[inline]
