@@ -120,12 +120,12 @@ fn exact_acts(rng: &mut Rng, rows: usize, k: usize) -> Vec<f32> {
 
 /// `x` as [`pinfer::kernels::kv_attn::quantize_q15`] rounds it (the query of q8_0 keys).
 fn q15_rounded(x: &[f32]) -> Vec<f32> {
-    use pinfer::kernels::kv_attn::{quantize_q15, Q15_BYTES, Q15_LEN};
+    use pinfer::kernels::kv_attn::{q15_scale, quantize_q15, Q15_BYTES, Q15_LEN};
     let mut b = vec![0u8; x.len() / Q15_LEN * Q15_BYTES];
     assert!(quantize_q15(x, &mut b));
     b.chunks_exact(Q15_BYTES)
         .flat_map(|b| {
-            let d = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+            let d = q15_scale(b);
             (0..Q15_LEN)
                 .map(move |i| (128 * i32::from(b[4 + i] as i8) + i32::from(b[4 + Q15_LEN + i])) as f32 * d)
         })

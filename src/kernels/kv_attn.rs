@@ -156,6 +156,15 @@ pub fn quantize_q15(x: &[f32], out: &mut [u8]) -> bool {
     true
 }
 
+/// The scale `d` of a [`quantize_q15`] block (its first 4 bytes; 0.0 if it has none).
+#[inline(always)]
+pub fn q15_scale(block: &[u8]) -> f32 {
+    match block {
+        [a, b, c, d, ..] => f32::from_le_bytes([*a, *b, *c, *d]),
+        _ => 0.0,
+    }
+}
+
 /// A q8_0 key row times a [`quantize_q15`] query row: per block the exact integer sum
 /// `128 * sum(k * hi) + sum(k * lo)`, then `sumf += sumi * (dk * dq)` in f32, block by block.
 /// 0.0 if the rows are not the same whole number of blocks.
@@ -184,7 +193,7 @@ pub fn q8_0_q15_dot_by(
     let mut sumf = 0.0f32;
     for (x, y) in k.chunks_exact(B).zip(q.chunks_exact(Q15_BYTES)) {
         let dk = widen(crate::quant::blocks::F16Le([x[0], x[1]]));
-        let dq = f32::from_le_bytes([y[0], y[1], y[2], y[3]]);
+        let dq = q15_scale(y);
         sumf += sumi(&x[2..], &y[4..4 + Q15_LEN], &y[4 + Q15_LEN..]) as f32 * (dk * dq);
     }
     sumf
@@ -438,7 +447,7 @@ mod tests {
         assert!(!quantize_q15(&x[..31], &mut out[..Q15_BYTES]));
         assert!(!quantize_q15(&x, &mut out[..Q15_BYTES]));
         for (xb, b) in x.chunks_exact(Q15_LEN).zip(out.chunks_exact(Q15_BYTES)) {
-            let d = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+            let d = q15_scale(b);
             for (i, &v) in xb.iter().enumerate() {
                 let (hi, lo) = (i32::from(b[4 + i] as i8), i32::from(b[4 + Q15_LEN + i]));
                 assert!((-127..=127).contains(&hi) && (0..=127).contains(&lo), "{hi} {lo}");

@@ -1315,8 +1315,7 @@ pub unsafe fn kv_attend_dotprod<'k>(
 #[inline]
 unsafe fn kv_dot_q8_0_sdot(k: &[u8], q: &[u8]) -> f32 {
     crate::kernels::kv_attn::q8_0_q15_dot_by(k, q, crate::kernels::dot::f16, |x, hi, lo| {
-        let y = Q15Block { hi: [ld_s8x16(hi), ld_s8x16(&hi[16..])], lo: [ld_s8x16(lo), ld_s8x16(&lo[16..])] };
-        vaddvq_s32(sdot_q15([ld_s8x16(x), ld_s8x16(&x[16..])], &y))
+        vaddvq_s32(sdot_q15([ld_s8x16(x), ld_s8x16(&x[16..])], &Q15Block::load(hi, lo)))
     })
 }
 
@@ -1324,6 +1323,15 @@ unsafe fn kv_dot_q8_0_sdot(k: &[u8], q: &[u8]) -> f32 {
 struct Q15Block {
     hi: [int8x16_t; 2],
     lo: [int8x16_t; 2],
+}
+
+impl Q15Block {
+    /// The block's 32 high bytes `hi` and 32 low bytes `lo`.
+    #[target_feature(enable = "neon")]
+    #[inline]
+    fn load(hi: &[u8], lo: &[u8]) -> Self {
+        Self { hi: [ld_s8x16(hi), ld_s8x16(&hi[16..])], lo: [ld_s8x16(lo), ld_s8x16(&lo[16..])] }
+    }
 }
 
 /// `128 * (x . hi) + x . lo` of a key block `x` and a query block in 4 i32 lanes: two `sdot`
@@ -1374,8 +1382,7 @@ unsafe fn kv_scores_q8_0_sdot(keys: &[&[u8]], q: &[u8], out: &mut [f32]) {
         for (b, y) in q.chunks_exact(Q15_BYTES).enumerate() {
             let at = B * b;
             let (hi, lo) = (&y[4..4 + Q15_LEN], &y[4 + Q15_LEN..]);
-            let yb =
-                Q15Block { hi: [ld_s8x16(hi), ld_s8x16(&hi[16..])], lo: [ld_s8x16(lo), ld_s8x16(&lo[16..])] };
+            let yb = Q15Block::load(hi, lo);
             let s: [int32x4_t; 4] = core::array::from_fn(|j| {
                 let x = &ks[j][at + 2..at + B];
                 sdot_q15([ld_s8x16(x), ld_s8x16(&x[16..])], &yb)
@@ -1385,7 +1392,7 @@ unsafe fn kv_scores_q8_0_sdot(keys: &[&[u8]], q: &[u8], out: &mut [f32]) {
             for (h, k) in h.chunks_exact_mut(2).zip(ks) {
                 h.copy_from_slice(&k[at..at + 2]);
             }
-            let d = vmulq_n_f32(f16x4_to_f32(&h), f32::from_le_bytes([y[0], y[1], y[2], y[3]]));
+            let d = vmulq_n_f32(f16x4_to_f32(&h), crate::kernels::kv_attn::q15_scale(y));
             sumf = vaddq_f32(sumf, vmulq_f32(vcvtq_f32_s32(sumi), d));
         }
         st_f32x4(o, sumf);

@@ -524,8 +524,7 @@ unsafe fn kv_dot_q8_0_avx2(k: &[u8], q: &[u8]) -> f32 {
     };
     let scale = |b: usize| {
         let y = Q15_BYTES * b;
-        f16c_to_f32(F16Le([k[B * b], k[B * b + 1]]))
-            * f32::from_le_bytes([q[y], q[y + 1], q[y + 2], q[y + 3]])
+        f16c_to_f32(F16Le([k[B * b], k[B * b + 1]])) * crate::kernels::kv_attn::q15_scale(&q[y..])
     };
     let blocks = k.len() / B;
     let mut sumf = 0.0f32;
@@ -598,7 +597,7 @@ fn kv_scores_q8_0_avx2(keys: &[&[u8]], q: &[u8], out: &mut [f32]) {
                 scale(ks[6]),
                 scale(ks[7]),
             ));
-            let dq = f32::from_le_bytes([q[y], q[y + 1], q[y + 2], q[y + 3]]);
+            let dq = crate::kernels::kv_attn::q15_scale(&q[y..]);
             let d = _mm256_mul_ps(dk, _mm256_set1_ps(dq));
             sumf = _mm256_add_ps(sumf, _mm256_mul_ps(_mm256_cvtepi32_ps(sumi), d));
         }
