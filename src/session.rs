@@ -643,9 +643,12 @@ impl Session {
         self.engine.seq_len(seq)
     }
 
-    /// Forgets sequence `seq` from position `n` on (0: empties it).
-    pub fn truncate_seq(&mut self, seq: usize, n: usize) {
-        self.engine.truncate(seq, n);
+    /// Forgets sequence `seq` from position `n` on (0: empties it); returns the positions kept
+    /// (see [`Engine::truncate`](crate::engine::Engine::truncate): a model with recurrent layers
+    /// keeps a sequence whole or empties it).
+    #[must_use = "a recurrent model may keep fewer positions than asked"]
+    pub fn truncate_seq(&mut self, seq: usize, n: usize) -> usize {
+        self.engine.truncate(seq, n)
     }
 
     /// One step over a batch of tokens from any sequences (each entry at its sequence's next
@@ -723,9 +726,11 @@ impl Session {
         Ok(discard)
     }
 
-    /// Forgets the cache from position `n` on (0: start a new sequence).
-    pub fn truncate(&mut self, n: usize) {
-        self.engine.truncate(0, n);
+    /// Forgets the cache from position `n` on (0: start a new sequence); returns the positions
+    /// kept (fewer than `n` for a model with recurrent layers: see [`Self::truncate_seq`]).
+    #[must_use = "a recurrent model may keep fewer positions than asked"]
+    pub fn truncate(&mut self, n: usize) -> usize {
+        self.engine.truncate(0, n)
     }
 
     /// Evaluates `tokens` after the cached ones; returns the logits of the last one.

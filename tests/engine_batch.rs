@@ -223,7 +223,7 @@ fn bad_batches_are_refused_with_what_is_wrong() {
     assert_eq!(err, EngineError::ContextFull { needed: n_ctx + 1, n_ctx });
     e.step(&[entry(0, 0, 1)], &OnCaller, None).unwrap();
     assert!(e.logits(0).is_some() && e.logits(1).is_none());
-    e.truncate(1, 3);
+    assert_eq!(e.truncate(1, 3), 3);
     assert_eq!(e.seq_len(1), 3);
     // Too few graph slots for the configuration: refused at planning, with the function to ask.
     let config = EngineConfig { n_ctx: 64, n_batch: 8, ..EngineConfig::default() };

@@ -42,7 +42,7 @@ fn tiny_qwen3_runs_on_the_no_std_engine_and_matches_llama_cpp() {
         let prompt: Vec<u32> = numbers(line, "prompt_ids").iter().map(|&v| v as u32).collect();
         let expected: Vec<u32> = numbers(line, "generated_ids").iter().map(|&v| v as u32).collect();
         let margins = numbers(line, "margins");
-        engine.truncate(0, 0);
+        let _ = engine.truncate(0, 0);
         let batch: Vec<Entry> = prompt
             .iter()
             .enumerate()

@@ -63,7 +63,7 @@ fn check_greedy_with(model: &str, golden: &str, max_steps: usize, repack: bool) 
         let (prompt_ids, expected) = (ids(&case["prompt_ids"]), ids(&case["generated_ids"]));
         let margins: Vec<f64> =
             case["margins"].as_array().unwrap().iter().map(|m| m.as_f64().unwrap()).collect();
-        session.truncate(0);
+        let _ = session.truncate(0);
         let mut logits = session.eval(&prompt_ids).unwrap().to_vec();
         for (step, &want) in expected.iter().enumerate().take(max_steps) {
             if let Some(top5) = case["top5"].get(step) {
@@ -164,6 +164,13 @@ fn smollm3_tiny_greedy_matches_llama_cpp() {
 #[test]
 fn phi3_tiny_greedy_matches_llama_cpp() {
     check_greedy("tiny/phi3-tiny.gguf", "phi3-tiny.greedy.jsonl", if emulated() { 4 } else { 24 });
+}
+
+/// LFM2: short-convolution layers (their recurrent states carried from step to step) around
+/// attention layers with Q/K norms.
+#[test]
+fn lfm2_tiny_greedy_matches_llama_cpp() {
+    check_greedy("tiny/lfm2-tiny.gguf", "lfm2-tiny.greedy.jsonl", if emulated() { 4 } else { 24 });
 }
 
 /// The same without repacking: the fused matrices' parts read in the file's layout.

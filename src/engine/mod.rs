@@ -323,6 +323,10 @@ impl MemoryLayout {
     }
 }
 
+/// Why a sequence of a model with recurrent layers cannot be cut.
+const RECURRENT_WHOLE: &str =
+    "this model has recurrent layers: a sequence is kept, copied or saved whole, or not at all";
+
 /// Runs a bound graph: [`OnCaller`] on the calling thread, or a pool of threads (std).
 pub trait Runner {
     /// Runs every node of `bound` for `step`.
@@ -682,6 +686,12 @@ impl<'m, G: AsMut<[GraphSlot]> + AsRef<[GraphSlot]>, B: DerefMut<Target = [u8]>>
         }
         let result = runner.run(&mut bound, Step { n_past: 0, n_kv: kv.cache_rows() });
         self.last = None;
+        if result.is_err() && self.has_recurrent_layers() {
+            // The batch's recurrent states may have moved on: its sequences start over.
+            for e in batch {
+                self.seq_len[e.seq] = 0;
+            }
+        }
         result?;
         self.seq_len = next;
         self.last = Some((slot, if wanted == 0 { 0 } else { outputs }));
@@ -736,11 +746,24 @@ impl<'m, G: AsMut<[GraphSlot]> + AsRef<[GraphSlot]>, B: DerefMut<Target = [u8]>>
         self.seq_len.get(seq).copied().unwrap_or(0)
     }
 
-    /// Forgets sequence `seq` from position `n` on (0: empties it).
-    pub fn truncate(&mut self, seq: usize, n: usize) {
-        if let Some(len) = self.seq_len.get_mut(seq) {
-            *len = (*len).min(n);
+    /// Forgets sequence `seq` from position `n` on (0: empties it) and returns the positions it
+    /// keeps: `n` or fewer. A model with recurrent layers keeps no earlier state than its last, so
+    /// cutting a sequence short empties it (llama.cpp's recurrent memory refuses the same cut and
+    /// its callers start over): the caller evaluates from the returned position.
+    #[must_use = "a recurrent model may keep fewer positions than asked"]
+    pub fn truncate(&mut self, seq: usize, n: usize) -> usize {
+        let recurrent = self.has_recurrent_layers();
+        let Some(len) = self.seq_len.get_mut(seq) else { return 0 };
+        if n < *len {
+            *len = if recurrent { 0 } else { n };
         }
+        *len
+    }
+
+    /// Whether some layers carry a recurrent state instead of a KV cache (whose sequences can
+    /// only be kept whole or emptied).
+    pub fn has_recurrent_layers(&self) -> bool {
+        self.planned.kv.recurrent.count() > 0
     }
 
     /// Makes sequence `dst` the first `n` positions of sequence `src` (a prompt computed once,
@@ -756,14 +779,20 @@ impl<'m, G: AsMut<[GraphSlot]> + AsRef<[GraphSlot]>, B: DerefMut<Target = [u8]>>
         if n > have {
             return Err(EngineError::BadPosition { seq: src, pos: n, expected: have });
         }
+        if self.has_recurrent_layers() && n != have && n != 0 {
+            return Err(EngineError::Config(RECURRENT_WHOLE));
+        }
         if src != dst {
             let kv = self.planned.kv;
             let cache = &mut self.memory[self.skip + self.kv.offset..][..kv.total_bytes];
-            for layer in 0..self.planned.model.hp.n_layer as usize {
+            for layer in kv.cached_layers() {
                 for (base, row) in kv.layer_caches(layer) {
                     let from = base + src * kv.n_ctx * row;
                     cache.copy_within(from..from + n * row, base + dst * kv.n_ctx * row);
                 }
+            }
+            for ((from, bytes), (to, _)) in kv.sequence_states(src).zip(kv.sequence_states(dst)) {
+                cache.copy_within(from..from + bytes, to);
             }
         }
         self.seq_len[dst] = n;
@@ -774,7 +803,8 @@ impl<'m, G: AsMut<[GraphSlot]> + AsRef<[GraphSlot]>, B: DerefMut<Target = [u8]>>
     /// moves the later ones down by `discard`, re-rotating their cached keys by `-discard`
     /// positions (RoPE of a position difference composes), so the sequence goes on as if those
     /// tokens had never been there. The keys are rotated in f32 from their cached copies and
-    /// stored in the cache's type again, as llama.cpp's K-shift does.
+    /// stored in the cache's type again, as llama.cpp's K-shift does. Recurrent states are kept
+    /// as they are (they hold what they have seen, as in llama.cpp).
     pub fn shift_sequence(&mut self, seq: usize, keep: usize, discard: usize) -> Result<(), EngineError> {
         let n = self.seq_len(seq);
         self.check_sequence(seq, n, n)?;
@@ -806,7 +836,7 @@ impl<'m, G: AsMut<[GraphSlot]> + AsRef<[GraphSlot]>, B: DerefMut<Target = [u8]>>
         if n_rot / 2 > cos.len() || hd > x.len() || n_rot > hd {
             return Err(EngineError::Config("the context shift supports heads of up to 512 dimensions"));
         }
-        for layer in 0..hp.n_layer as usize {
+        for layer in kv.cached_layers() {
             for (base, row) in kv.layer_caches(layer) {
                 let at = base + seq * kv.n_ctx * row;
                 cache.copy_within(at + (keep + discard) * row..at + n * row, at + keep * row);
@@ -868,14 +898,17 @@ impl<'m, G: AsMut<[GraphSlot]> + AsRef<[GraphSlot]>, B: DerefMut<Target = [u8]>>
         Ok(())
     }
 
-    /// Bytes [`read_sequence`](Self::read_sequence) gives for `n` positions.
+    /// Bytes [`read_sequence`](Self::read_sequence) gives for `n` positions: the cache rows, and
+    /// the recurrent states when `n > 0`.
     pub fn sequence_bytes(&self, n: usize) -> usize {
         let kv = &self.planned.kv;
-        self.planned.model.hp.n_layer as usize * n * (kv.k_row_bytes + kv.v_row_bytes)
+        let rows = kv.cached_layers().count() * n * (kv.k_row_bytes + kv.v_row_bytes);
+        rows + if n > 0 { kv.sequence_states(0).map(|(_, bytes)| bytes).sum() } else { 0 }
     }
 
     /// Calls `each` with the cache rows of the first `n` positions of sequence `seq`, layer by
-    /// layer, K then V (what a saved slot holds).
+    /// layer, K then V, then each recurrent layer's state (what a saved slot holds). A model with
+    /// recurrent layers gives whole sequences only.
     pub fn read_sequence(
         &self,
         seq: usize,
@@ -883,12 +916,20 @@ impl<'m, G: AsMut<[GraphSlot]> + AsRef<[GraphSlot]>, B: DerefMut<Target = [u8]>>
         each: &mut dyn FnMut(&[u8]),
     ) -> Result<(), EngineError> {
         self.check_sequence(seq, n, self.seq_len(seq))?;
+        if self.has_recurrent_layers() && n != self.seq_len(seq) && n != 0 {
+            return Err(EngineError::Config(RECURRENT_WHOLE));
+        }
         let kv = self.planned.kv;
         let cache = &self.memory[self.skip + self.kv.offset..][..kv.total_bytes];
-        for layer in 0..self.planned.model.hp.n_layer as usize {
+        for layer in kv.cached_layers() {
             for (base, row) in kv.layer_caches(layer) {
                 let from = base + seq * kv.n_ctx * row;
                 each(&cache[from..from + n * row]);
+            }
+        }
+        if n > 0 {
+            for (from, bytes) in kv.sequence_states(seq) {
+                each(&cache[from..from + bytes]);
             }
         }
         Ok(())
@@ -908,13 +949,18 @@ impl<'m, G: AsMut<[GraphSlot]> + AsRef<[GraphSlot]>, B: DerefMut<Target = [u8]>>
         }
         let cache = &mut self.memory[self.skip + self.kv.offset..][..kv.total_bytes];
         let mut rest = bytes;
-        for layer in 0..self.planned.model.hp.n_layer as usize {
+        for layer in kv.cached_layers() {
             for (base, row) in kv.layer_caches(layer) {
                 let from = base + seq * kv.n_ctx * row;
                 let (chunk, after) = rest.split_at(n * row);
                 cache[from..from + n * row].copy_from_slice(chunk);
                 rest = after;
             }
+        }
+        for (from, bytes) in kv.sequence_states(seq) {
+            let (chunk, after) = rest.split_at(bytes);
+            cache[from..from + bytes].copy_from_slice(chunk);
+            rest = after;
         }
         self.seq_len[seq] = n;
         Ok(())

@@ -792,6 +792,7 @@ impl<'a, const N: usize> Bound<'a, N> {
             Op::Cpy => self.cpy(id, t, ne, step, ith, nth),
             Op::Concat => self.concat(id, t, ne, step, ith, nth),
             Op::KvWrite => self.kv_write(id, t, step, ith, nth),
+            Op::ShortConv => self.short_conv(id, t, ith, nth),
             Op::FlashAttn => match (phase, self.split_of(t, step)) {
                 (0, None) => self.flash_attn(id, t, ne, step, ith, nth),
                 (0, Some(parts)) => self.flash_attn_parts(id, t, ne, step, parts, ith, nth),
@@ -1046,6 +1047,41 @@ impl<'a, const N: usize> Bound<'a, N> {
                         idx[dim] -= ne_a[dim];
                         self.element(b, tb, idx, ne_b)
                     };
+                }
+            }
+        }
+    }
+
+    /// The short convolution (see [`Op::ShortConv`]): each thread owns a share of the channels
+    /// and walks the tokens in batch order, so every channel's state moves on token by token.
+    fn short_conv(&self, id: TensorId, t: &Tensor, ith: usize, nth: usize) {
+        let [Some(x), Some(taps), Some(states), Some(places)] = t.src else { return };
+        let (tx, ts) = (self.graph.tensor(x), self.graph.tensor(states));
+        let (n_ch, n_tokens) = (tx.ne[0], tx.ne[1]);
+        let (k, n_seq) = (self.graph.tensor(taps).ne[0], ts.ne[1]);
+        let rows_per_seq = t.params.i[0] as usize;
+        let channels = share(n_ch, ith, nth);
+        // SAFETY: shapes were checked by the graph builder, spans by `new`; this thread reads and
+        // writes only its own channels' inputs, taps, states and outputs.
+        unsafe {
+            let w: &[f32] = self.read(taps, channels.start * k * 4, channels.len() * k);
+            for tok in 0..n_tokens {
+                let Some(Some((first, pos))) = self.place(Some(places), tok) else {
+                    self.fail(id, BAD_INDEX);
+                    return;
+                };
+                let seq = first / rows_per_seq;
+                if seq >= n_seq {
+                    self.fail(id, BAD_INDEX);
+                    return;
+                }
+                let input: &[f32] = self.read(x, tok * tx.nb[1] + channels.start * 4, channels.len());
+                let out: &mut [f32] = self.write(id, tok * t.nb[1] + channels.start * 4, channels.len());
+                let at = seq * ts.nb[1] + channels.start * (k - 1) * 4;
+                let state: &mut [f32] = self.write(states, at, channels.len() * (k - 1));
+                for (c, (o, &v)) in out.iter_mut().zip(input).enumerate() {
+                    let window = &mut state[c * (k - 1)..(c + 1) * (k - 1)];
+                    *o = kref::short_conv_step_ref(window, &w[c * k..(c + 1) * k], v, pos == 0);
                 }
             }
         }

@@ -560,6 +560,52 @@ impl<const N: usize> Graph<N> {
         self.push(t)
     }
 
+    /// The short convolution of `x` (F32 `[n_ch, n_tokens]`) by `taps` (F32 `[k, n_ch]`) with
+    /// rolling `states` (F32 `[(k - 1) * n_ch, n_seq]` in the persistent region) at the tokens'
+    /// `places` (I32 `[2, n_tokens]`, sequences of `rows_per_seq` cache rows): see
+    /// [`Op::ShortConv`]. The result is F32 `[n_ch, n_tokens]`.
+    pub fn short_conv(
+        &mut self,
+        x: TensorId,
+        taps: TensorId,
+        states: TensorId,
+        places: TensorId,
+        rows_per_seq: usize,
+    ) -> Result<TensorId> {
+        self.f32_input(Op::ShortConv, x)?;
+        let (tx, tk, ts, tp) = (self.tensor(x), self.tensor(taps), self.tensor(states), self.tensor(places));
+        let (n_ch, n_tokens, k) = (tx.ne[0], tx.ne[1], tk.ne[0]);
+        if !tx.is_contiguous() || tx.ne[2] != 1 || tx.ne[3] != 1 {
+            return Err(self.invalid(Op::ShortConv, x, "inputs must be a contiguous F32 [channels, tokens]"));
+        }
+        if tk.ty != GgmlType::F32 || !tk.is_contiguous() || k < 2 || tk.ne[1] != n_ch || tk.ne[2] != 1 {
+            return Err(self.invalid(
+                Op::ShortConv,
+                taps,
+                "taps must be a contiguous F32 [k >= 2, channels]",
+            ));
+        }
+        let persistent = matches!(ts.storage, Storage::Persistent { .. });
+        if ts.ty != GgmlType::F32 || !ts.is_contiguous() || !persistent || ts.ne[0] != (k - 1) * n_ch {
+            return Err(self.invalid(
+                Op::ShortConv,
+                states,
+                "states must be a persistent contiguous F32 [(k - 1) * channels, sequences]",
+            ));
+        }
+        if tp.ty != GgmlType::I32 || !tp.is_contiguous() || tp.ne != [2, n_tokens, 1, 1] {
+            return Err(self.invalid(Op::ShortConv, places, "places must be contiguous I32 [2, tokens]"));
+        }
+        let Ok(rows) = i32::try_from(rows_per_seq) else {
+            return Err(self.invalid(Op::ShortConv, places, "too many rows per sequence"));
+        };
+        if rows == 0 {
+            return Err(self.invalid(Op::ShortConv, places, "sequences need at least one row"));
+        }
+        let params = OpParams { i: [rows, 0, 0, 0], ..Default::default() };
+        self.node(Op::ShortConv, GgmlType::F32, [n_ch, n_tokens, 1, 1], &[x, taps, states, places], params)
+    }
+
     /// Attention of `q` (`[head_dim, n_tokens, n_head]`, F32, rows contiguous) over keys `k`
     /// and values `v` (`[head_dim, n_kv, n_kv_head]` of KV cache types, typically views of the KV
     /// cache with a dynamic `n_kv`): see [`Op::FlashAttn`]. The result is

@@ -86,6 +86,15 @@ pub enum Op {
     /// scores are scaled by `params.f[0]`, masked like `SoftMax` (`params.i = [causal, window]`), and
     /// the values are accumulated with an online softmax in an F16 accumulator.
     FlashAttn,
+    /// Causal depthwise convolution with a rolling state (LFM2's short convolution; ggml's
+    /// `ssm_conv` over the state and the inputs joined): inputs `src[0]` (F32 `[n_ch, n_tokens]`),
+    /// taps `src[1]` (F32 `[k, n_ch]`, the last tap on the current input), states `src[2]` (F32
+    /// `[(k - 1) * n_ch, n_seq]`, persistent: each channel's last `k - 1` inputs, oldest first),
+    /// places `src[3]` (as [`crate::graph::Graph::at_positions`]; sequence = first cache row /
+    /// `params.i[0]`). Token by token in batch order, each channel's output is
+    /// `sum_j window[j] * taps[j]` over the state and the input (summed from the oldest, as ggml),
+    /// then the state moves on by the input. A token at position 0 starts from a zero state.
+    ShortConv,
 }
 
 impl Op {
@@ -118,6 +127,7 @@ impl Op {
             Op::Concat => "concat",
             Op::KvWrite => "kv_write",
             Op::FlashAttn => "flash_attn",
+            Op::ShortConv => "short_conv",
         }
     }
 

@@ -15,6 +15,8 @@ const MAX_HEADS: u32 = 1024;
 const MAX_HEAD_DIM: u32 = 1024;
 /// Most experts accepted.
 const MAX_EXPERTS: u32 = 1024;
+/// Most taps of a short convolution accepted (LFM2 has 3).
+const MAX_CONV_KERNEL: u32 = 64;
 
 /// The hyper-parameters of a model, all validated.
 #[derive(Debug, Clone, PartialEq)]
@@ -72,6 +74,45 @@ pub struct HParams {
     /// `rope.scaling.type` is yarn: angles blend interpolation and extrapolation per pair, and
     /// RoPE's cosines and sines grow by 1 + 0.1 ln(factor) (see `model::LayerRope`).
     pub rope_yarn: bool,
+    /// Layers without attention and KV cache, carrying a recurrent state instead (LFM2's short
+    /// convolutions: the layers whose `attention.head_count_kv` entry is 0).
+    pub recurrent: LayerMask,
+    /// Taps of the short convolution (`shortconv.l_cache`, at least 2), 0 without one.
+    pub conv_kernel: u32,
+}
+
+/// One bit per layer, for the per-layer kinds of hybrid models.
+#[derive(Clone, Copy, PartialEq, Eq, Default)]
+pub struct LayerMask([u64; MAX_LAYERS as usize / 64]);
+
+impl LayerMask {
+    /// Whether layer `il` is in the set.
+    pub fn contains(&self, il: usize) -> bool {
+        self.0.get(il / 64).is_some_and(|w| (w >> (il % 64)) & 1 == 1)
+    }
+
+    /// Adds layer `il` (below [`MAX_LAYERS`]).
+    pub fn insert(&mut self, il: usize) {
+        if let Some(w) = self.0.get_mut(il / 64) {
+            *w |= 1 << (il % 64);
+        }
+    }
+
+    /// Layers in the set below layer `il`.
+    pub fn count_below(&self, il: usize) -> usize {
+        (0..il.min(MAX_LAYERS as usize)).filter(|&i| self.contains(i)).count()
+    }
+
+    /// Layers in the set.
+    pub fn count(&self) -> usize {
+        self.count_below(MAX_LAYERS as usize)
+    }
+}
+
+impl core::fmt::Debug for LayerMask {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_set().entries((0..MAX_LAYERS as usize).filter(|&i| self.contains(i))).finish()
+    }
 }
 
 /// `{arch}.{suffix}` as a key.
@@ -246,6 +287,61 @@ fn refuse_math_we_do_not_compute(g: &Gguf<'_>, arch: Arch, n_layer: u32) -> Resu
     Ok(())
 }
 
+/// `attention.head_count_kv`, one value or one per layer: the attention layers' count (they must
+/// agree and divide `head_count`) and the layers with 0, which hybrid architectures run as
+/// recurrent blocks (any other refuses a 0, naming the layer).
+fn kv_heads_per_layer(
+    g: &Gguf<'_>,
+    arch: Arch,
+    n_layer: u32,
+    n_head: u32,
+) -> Result<(u32, LayerMask), ModelError> {
+    use crate::gguf::Value;
+    let key = arch_key(arch, "attention.head_count_kv");
+    let mut recurrent = LayerMask::default();
+    let layer_err = |layer: usize, value: i128, problem| ModelError::BadLayerParam {
+        key: key.clone(),
+        layer: layer as u32,
+        value: value as f64,
+        problem,
+    };
+    let n_head_kv = match g.get(&key) {
+        Some(Value::Array(a)) => {
+            if a.len() != n_layer as usize {
+                return Err(bad(&key, a.len() as f64, "has another number of entries than block_count"));
+            }
+            let mut common = None;
+            for (il, v) in a.iter().enumerate() {
+                let n = v.as_integer().ok_or_else(|| layer_err(il, -1, "is not an integer"))?;
+                if n == 0 && arch.traits().short_conv {
+                    recurrent.insert(il);
+                    continue;
+                }
+                if !(1..=i128::from(MAX_HEADS)).contains(&n) {
+                    return Err(layer_err(il, n, "is outside 1..=1024 on an attention layer"));
+                }
+                match common {
+                    None => common = Some(n as u32),
+                    Some(c) if i128::from(c) != n => {
+                        return Err(layer_err(
+                            il,
+                            n,
+                            "differs from the other attention layers' (per-layer KV head counts are not supported)",
+                        ))
+                    }
+                    Some(_) => {}
+                }
+            }
+            common.unwrap_or(n_head)
+        }
+        _ => u32_in(g, &key, Some(n_head), 1..=MAX_HEADS)?,
+    };
+    if n_head % n_head_kv != 0 {
+        return Err(bad(&key, n_head_kv, "does not divide head_count"));
+    }
+    Ok((n_head_kv, recurrent))
+}
+
 impl HParams {
     /// Reads the architecture and its hyper-parameters, refusing unsupported architectures by name
     /// and values outside sane ranges.
@@ -268,10 +364,7 @@ impl HParams {
         let n_embd = u32_in(g, &k("embedding_length"), None, 1..=MAX_WIDTH)?;
         let n_ctx_train = u32_in(g, &k("context_length"), None, 1..=u32::MAX)?;
         let n_head = u32_in(g, &k("attention.head_count"), None, 1..=MAX_HEADS)?;
-        let n_head_kv = u32_in(g, &k("attention.head_count_kv"), Some(n_head), 1..=MAX_HEADS)?;
-        if n_head % n_head_kv != 0 {
-            return Err(bad(&k("attention.head_count_kv"), n_head_kv, "does not divide head_count"));
-        }
+        let (n_head_kv, recurrent) = kv_heads_per_layer(g, arch, n_layer, n_head)?;
         let default_head_dim = (n_embd % n_head == 0).then_some(n_embd / n_head);
         let head_dim_k = u32_in(g, &k("attention.key_length"), default_head_dim, 1..=MAX_HEAD_DIM)?;
         let head_dim_v = u32_in(g, &k("attention.value_length"), Some(head_dim_k), 1..=MAX_HEAD_DIM)?;
@@ -316,6 +409,11 @@ impl HParams {
             return Err(bad(&k("attention.sliding_window"), 0, "gemma3 needs a sliding window"));
         }
         refuse_math_we_do_not_compute(g, arch, n_layer)?;
+        let conv_kernel = if arch.traits().short_conv {
+            u32_in(g, &k("shortconv.l_cache"), None, 2..=MAX_CONV_KERNEL)?
+        } else {
+            0
+        };
         let rope_attn_factor = if arch.traits().long_rope {
             f32_in(g, &k("rope.scaling.attn_factor"), Some(1.0), 0.0, 100.0)?
         } else {
@@ -372,6 +470,8 @@ impl HParams {
             rope_attn_factor,
             n_ctx_orig,
             rope_yarn,
+            recurrent,
+            conv_kernel,
         })
     }
 
@@ -388,5 +488,11 @@ impl HParams {
     /// Width of all value heads together.
     pub fn v_width(&self) -> u64 {
         u64::from(self.n_head_kv) * u64::from(self.head_dim_v)
+    }
+
+    /// F32 values of one sequence's recurrent state in one recurrent layer (the short
+    /// convolution's last `conv_kernel - 1` inputs of every channel).
+    pub fn recurrent_state_len(&self) -> usize {
+        self.conv_kernel.saturating_sub(1) as usize * self.n_embd as usize
     }
 }

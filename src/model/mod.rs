@@ -15,7 +15,7 @@ pub use arch::{
     MODEL_BUFFER,
 };
 pub use arch::{Arch, ArchTraits, Ffn, Supported};
-pub use hparams::{HParams, MAX_LAYERS};
+pub use hparams::{HParams, LayerMask, MAX_LAYERS};
 pub use open::{check, context_size, Checked, DEFAULT_CTX};
 pub use validate::{validate_tensors, validate_vocab, TensorKind, Vocab};
 
@@ -73,6 +73,17 @@ pub enum ModelError {
         /// The key.
         key: Name,
         /// The value found.
+        value: f64,
+        /// What is wrong.
+        problem: &'static str,
+    },
+    /// A per-layer hyper-parameter is wrong for one layer.
+    BadLayerParam {
+        /// The key.
+        key: Name,
+        /// The layer.
+        layer: u32,
+        /// The value found (-1: not a number).
         value: f64,
         /// What is wrong.
         problem: &'static str,
@@ -156,6 +167,9 @@ impl fmt::Display for ModelError {
             ),
             Self::BadHParam { key, value, problem } => {
                 write!(f, "hyper-parameter {key} = {value}: {problem}")
+            }
+            Self::BadLayerParam { key, layer, value, problem } => {
+                write!(f, "hyper-parameter {key} of layer {layer} = {value}: {problem}")
             }
             Self::Uncomputed { key, found, computes } => write!(
                 f,

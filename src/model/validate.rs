@@ -21,6 +21,8 @@ pub enum TensorKind {
     Bias,
     /// MoE router: kept in float and on the CPU (a quantized router gave NaN routing elsewhere).
     Router,
+    /// A convolution's taps: f32, as the convolution reads them.
+    Taps,
 }
 
 impl TensorKind {
@@ -32,6 +34,7 @@ impl TensorKind {
             TensorKind::Norm | TensorKind::Bias | TensorKind::Router => {
                 |ty| matches!(ty, GgmlType::F32 | GgmlType::F16)
             }
+            TensorKind::Taps => |ty| ty == GgmlType::F32,
         }
     }
 
@@ -224,7 +227,7 @@ pub fn validate_tensors(g: &Gguf<'_>, hp: &HParams, n_vocab: u32) -> Result<(), 
     };
     use TensorKind::*;
     check(expect(format_args!("token_embd.weight"), &[e, v], Weight, true))?;
-    check(expect(format_args!("output_norm.weight"), &[e], Norm, true))?;
+    check(expect(format_args!("{}", hp.arch.traits().output_norm), &[e], Norm, true))?;
     check(expect(format_args!("output.weight"), &[e, v], Weight, false))?;
     for factors in ["rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"] {
         check(expect(format_args!("{factors}"), &[u64::from(hp.n_rot / 2)], Norm, false))?;
@@ -237,33 +240,7 @@ pub fn validate_tensors(g: &Gguf<'_>, hp: &HParams, n_vocab: u32) -> Result<(), 
         (u64::from(hp.n_ff), u64::from(hp.n_ff_expert), u64::from(hp.n_ff_shared), u64::from(hp.n_expert));
     let traits = hp.arch.traits();
     let (qk_norm, qkv_bias) = (traits.qk_norm, traits.qkv_bias);
-    for i in 0..hp.n_layer {
-        check(expect(format_args!("blk.{i}.attn_norm.weight"), &[e], Norm, true))?;
-        let mut fused = Name::new();
-        let _ = write!(fused, "blk.{i}.attn_qkv.weight");
-        if g.tensor(&fused).is_some() {
-            // Q, K and V in one matrix (any architecture may store them so, as llama.cpp reads).
-            check(expect(format_args!("{fused}"), &[e, qw + kw + vw], Weight, true))?;
-        } else {
-            check(expect(format_args!("blk.{i}.attn_q.weight"), &[e, qw], Weight, true))?;
-            check(expect(format_args!("blk.{i}.attn_k.weight"), &[e, kw], Weight, true))?;
-            check(expect(format_args!("blk.{i}.attn_v.weight"), &[e, vw], Weight, true))?;
-        }
-        check(expect(format_args!("blk.{i}.attn_output.weight"), &[attn_out_in, e], Weight, true))?;
-        check(expect(format_args!("blk.{i}.ffn_norm.weight"), &[e], Norm, true))?;
-        if qkv_bias {
-            check(expect(format_args!("blk.{i}.attn_q.bias"), &[qw], Bias, true))?;
-            check(expect(format_args!("blk.{i}.attn_k.bias"), &[kw], Bias, true))?;
-            check(expect(format_args!("blk.{i}.attn_v.bias"), &[vw], Bias, true))?;
-        }
-        if qk_norm {
-            check(expect(format_args!("blk.{i}.attn_q_norm.weight"), &[hd], Norm, true))?;
-            check(expect(format_args!("blk.{i}.attn_k_norm.weight"), &[hd], Norm, true))?;
-        }
-        if traits.gemma {
-            check(expect(format_args!("blk.{i}.post_attention_norm.weight"), &[e], Norm, true))?;
-            check(expect(format_args!("blk.{i}.post_ffw_norm.weight"), &[e], Norm, true))?;
-        }
+    let check_ffn = |i: u32| -> Result<(), ModelError> {
         if hp.arch.is_moe() {
             check(expect(format_args!("blk.{i}.ffn_gate_inp.weight"), &[e, ne], Router, true))?;
             check(expect(format_args!("blk.{i}.ffn_gate_exps.weight"), &[e, fe, ne], Weight, true))?;
@@ -282,6 +259,45 @@ pub fn validate_tensors(g: &Gguf<'_>, hp: &HParams, n_vocab: u32) -> Result<(), 
             check(expect(format_args!("blk.{i}.ffn_gate_shexp.weight"), &[e, fs], Weight, true))?;
             check(expect(format_args!("blk.{i}.ffn_up_shexp.weight"), &[e, fs], Weight, true))?;
             check(expect(format_args!("blk.{i}.ffn_down_shexp.weight"), &[fs, e], Weight, true))?;
+        }
+        Ok(())
+    };
+    for i in 0..hp.n_layer {
+        check(expect(format_args!("blk.{i}.attn_norm.weight"), &[e], Norm, true))?;
+        check(expect(format_args!("blk.{i}.ffn_norm.weight"), &[e], Norm, true))?;
+        check_ffn(i)?;
+        if hp.recurrent.contains(i as usize) {
+            // A short-convolution block: B, C and X projections in one matrix, the taps per
+            // channel (read as f32 by the convolution), the output projection.
+            let taps = u64::from(hp.conv_kernel);
+            check(expect(format_args!("blk.{i}.shortconv.in_proj.weight"), &[e, 3 * e], Weight, true))?;
+            check(expect(format_args!("blk.{i}.shortconv.conv.weight"), &[taps, e], Taps, true))?;
+            check(expect(format_args!("blk.{i}.shortconv.out_proj.weight"), &[e, e], Weight, true))?;
+            continue;
+        }
+        let mut fused = Name::new();
+        let _ = write!(fused, "blk.{i}.attn_qkv.weight");
+        if g.tensor(&fused).is_some() {
+            // Q, K and V in one matrix (any architecture may store them so, as llama.cpp reads).
+            check(expect(format_args!("{fused}"), &[e, qw + kw + vw], Weight, true))?;
+        } else {
+            check(expect(format_args!("blk.{i}.attn_q.weight"), &[e, qw], Weight, true))?;
+            check(expect(format_args!("blk.{i}.attn_k.weight"), &[e, kw], Weight, true))?;
+            check(expect(format_args!("blk.{i}.attn_v.weight"), &[e, vw], Weight, true))?;
+        }
+        check(expect(format_args!("blk.{i}.attn_output.weight"), &[attn_out_in, e], Weight, true))?;
+        if qkv_bias {
+            check(expect(format_args!("blk.{i}.attn_q.bias"), &[qw], Bias, true))?;
+            check(expect(format_args!("blk.{i}.attn_k.bias"), &[kw], Bias, true))?;
+            check(expect(format_args!("blk.{i}.attn_v.bias"), &[vw], Bias, true))?;
+        }
+        if qk_norm {
+            check(expect(format_args!("blk.{i}.attn_q_norm.weight"), &[hd], Norm, true))?;
+            check(expect(format_args!("blk.{i}.attn_k_norm.weight"), &[hd], Norm, true))?;
+        }
+        if traits.gemma {
+            check(expect(format_args!("blk.{i}.post_attention_norm.weight"), &[e], Norm, true))?;
+            check(expect(format_args!("blk.{i}.post_ffw_norm.weight"), &[e], Norm, true))?;
         }
     }
     Ok(())

@@ -169,10 +169,14 @@ fn token_ids(n: usize, n_vocab: usize, bos: Option<u32>) -> Vec<u32> {
     ids
 }
 
-/// One run of `test` after the first `depth` tokens of the cache (the rest dropped); nanoseconds.
-fn run_once(session: &mut Session, test: Test, depth: usize, ids: &[u32]) -> Result<u64, CliError> {
+/// One run of `test` after the `fill` tokens of the cache (the rest dropped: a model with
+/// recurrent layers, which cannot drop them, evaluates `fill` again, untimed); nanoseconds.
+fn run_once(session: &mut Session, test: Test, fill: &[u32], ids: &[u32]) -> Result<u64, CliError> {
     let fail = |e: pinfer::session::SessionError| CliError::new(format!("{}: {e}", test.name()));
-    session.truncate(depth);
+    let kept = session.truncate(fill.len());
+    if kept < fill.len() {
+        session.eval(&fill[kept..]).map_err(fail)?;
+    }
     let t = Instant::now();
     match test {
         Test::Prompt(_) => {
@@ -439,17 +443,17 @@ pub fn run(args: BenchArgs) -> Result<(), CliError> {
     for &depth in &args.n_depth {
         // The depth's tokens, evaluated once (untimed) in batches; every run keeps them.
         let fill = token_ids(depth, session.n_vocab(), bos);
-        session.truncate(0);
+        let _ = session.truncate(0);
         session.eval(&fill).map_err(|e| CliError::new(format!("filling the cache to depth {depth}: {e}")))?;
         for &test in &tests {
             let mut ids = token_ids(test.tokens() + 1, session.n_vocab(), None);
             // (A test at depth 0 starts with BOS, one at depth continues the text.)
             let ids =
                 if depth == 0 { token_ids(test.tokens(), session.n_vocab(), bos) } else { ids.split_off(1) };
-            run_once(&mut session, test, depth, &ids)?; // warm-up: caches, page faults, lazily built graphs
+            run_once(&mut session, test, &fill, &ids)?; // warm-up: caches, page faults, lazily built graphs
             let mut samples_ns = Vec::with_capacity(args.reps);
             for _ in 0..args.reps {
-                samples_ns.push(run_once(&mut session, test, depth, &ids)?);
+                samples_ns.push(run_once(&mut session, test, &fill, &ids)?);
             }
             let outcome = Outcome { test, depth, samples_ns };
             if markdown {

@@ -140,7 +140,8 @@ pub fn chat(args: GenArgs) -> Result<(), CliError> {
         }
         // Reuse the cache for the part of the conversation it already holds.
         let keep = cached.iter().zip(&tokens).take_while(|(a, b)| a == b).count().min(tokens.len() - 1);
-        session.truncate(keep);
+        // (A model with recurrent layers keeps the cache whole or not at all.)
+        let keep = session.truncate(keep);
         cached.truncate(keep);
         if tokens.len() >= cached.capacity() {
             return Err(CliError::new(format!(

@@ -4,16 +4,17 @@
 //!
 //! Layout (little-endian): magic `PINFSLOT`, version u32, the model's identity (file size u64,
 //! CRC32 of its GGUF header u32), bytes per cached position u32, layers u32, the cache's K and V
-//! types (GGML type ids, u16 each), token count u32, the tokens (u32 each), the cache rows, and a
-//! CRC32 of everything before it. A file that does not match is refused with the reason, never
+//! types (GGML type ids, u16 each), bytes of the recurrent states u32 (0 without recurrent layers),
+//! token count u32, the tokens (u32 each), the cache rows then the recurrent states, and a CRC32 of
+//! everything before it. A file that does not match is refused with the reason, never
 //! loaded.
 
 use std::path::Path;
 
 const MAGIC: &[u8; 8] = b"PINFSLOT";
-const VERSION: u32 = 2;
+const VERSION: u32 = 3;
 /// Magic, version, identity and token count.
-const HEAD: usize = 8 + 4 + 8 + 5 * 4;
+const HEAD: usize = 8 + 4 + 8 + 6 * 4;
 
 /// What a slot file must match.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,6 +26,8 @@ pub struct Identity {
     pub layers: u32,
     /// The cache's K and V types (GGML type ids), `k << 16 | v`.
     pub kv_types: u32,
+    /// Bytes of a sequence's recurrent states (after the rows of a non-empty sequence).
+    pub state_bytes: u32,
 }
 
 impl Identity {
@@ -35,10 +38,18 @@ impl Identity {
         Self {
             model_size: session.model_bytes().len() as u64,
             header_crc: crc32fast::hash(header),
-            position_bytes: u32::try_from(session.sequence_bytes(1)).unwrap_or(u32::MAX),
+            position_bytes: u32::try_from(session.sequence_bytes(2) - session.sequence_bytes(1))
+                .unwrap_or(u32::MAX),
             layers: session.hparams().n_layer,
             kv_types: types.k.id() << 16 | types.v.id(),
+            state_bytes: u32::try_from(2 * session.sequence_bytes(1) - session.sequence_bytes(2))
+                .unwrap_or(u32::MAX),
         }
+    }
+
+    /// Bytes of the rows and states of `n` saved positions.
+    fn rows_len(&self, n: usize) -> u64 {
+        n as u64 * u64::from(self.position_bytes) + if n > 0 { u64::from(self.state_bytes) } else { 0 }
     }
 }
 
@@ -47,7 +58,7 @@ pub fn encode(id: &Identity, tokens: &[u32], rows: &[u8]) -> Vec<u8> {
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&VERSION.to_le_bytes());
     out.extend_from_slice(&id.model_size.to_le_bytes());
-    for v in [id.header_crc, id.position_bytes, id.layers, id.kv_types, tokens.len() as u32] {
+    for v in [id.header_crc, id.position_bytes, id.layers, id.kv_types, id.state_bytes, tokens.len() as u32] {
         out.extend_from_slice(&v.to_le_bytes());
     }
     for t in tokens {
@@ -88,6 +99,7 @@ pub fn decode<'b>(id: &Identity, bytes: &'b [u8]) -> Result<(Vec<u32>, &'b [u8])
         position_bytes: u32_at(24),
         layers: u32_at(28),
         kv_types: u32_at(32),
+        state_bytes: u32_at(36),
     };
     if saved != *id {
         let same_model =
@@ -101,21 +113,21 @@ pub fn decode<'b>(id: &Identity, bytes: &'b [u8]) -> Result<(Vec<u32>, &'b [u8])
         }
         return Err("saved from another model or cache layout".into());
     }
-    let n = u32_at(36) as usize;
+    let n = u32_at(40) as usize;
     let rows_at = n.checked_mul(4).and_then(|b| b.checked_add(head)).filter(|&e| e <= body.len());
     let Some(rows_at) = rows_at else { return Err("truncated".into()) };
     let tokens =
         body[head..rows_at].chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
     let rows = &body[rows_at..];
-    if rows.len() as u64 != n as u64 * u64::from(id.position_bytes) {
+    if rows.len() as u64 != id.rows_len(n) {
         return Err("truncated".into());
     }
     Ok((tokens, rows))
 }
 
-/// Bytes of a slot file holding `n_tokens` positions of `position_bytes` each.
-pub fn encoded_len(n_tokens: usize, position_bytes: u32) -> u64 {
-    HEAD as u64 + 4 + n_tokens as u64 * (4 + u64::from(position_bytes))
+/// Bytes of a slot file made for `id` holding `n_tokens` positions.
+pub fn encoded_len(n_tokens: usize, id: &Identity) -> u64 {
+    HEAD as u64 + 4 + n_tokens as u64 * 4 + id.rows_len(n_tokens)
 }
 
 /// Reads and decodes the slot file at `path` made for `id`, with at most `n_ctx` tokens (a larger
@@ -123,7 +135,7 @@ pub fn encoded_len(n_tokens: usize, position_bytes: u32) -> u64 {
 pub fn read(path: &Path, id: &Identity, n_ctx: usize) -> Result<(Vec<u32>, Vec<u8>), String> {
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let size = std::fs::metadata(path).map_err(|e| format!("{name}: {e}"))?.len();
-    if size > encoded_len(n_ctx, id.position_bytes) {
+    if size > encoded_len(n_ctx, id) {
         return Err(format!("{name}: {size} bytes, more than a slot file of this server holds"));
     }
     let bytes = std::fs::read(path).map_err(|e| format!("{name}: {e}"))?;
@@ -162,13 +174,19 @@ mod tests {
 
     #[test]
     fn a_slot_file_round_trips_and_refuses_what_does_not_match() {
-        let id =
-            Identity { model_size: 1000, header_crc: 7, position_bytes: 8, layers: 2, kv_types: 1 << 16 | 1 };
+        let id = Identity {
+            model_size: 1000,
+            header_crc: 7,
+            position_bytes: 8,
+            layers: 2,
+            kv_types: 1 << 16 | 1,
+            state_bytes: 0,
+        };
         let rows: Vec<u8> = (0..24).collect();
         let bytes = encode(&id, &[5, 6, 7], &rows);
         let (tokens, got) = decode(&id, &bytes).unwrap();
         assert_eq!((tokens, got), (vec![5, 6, 7], &rows[..]));
-        assert_eq!(bytes.len() as u64, encoded_len(3, id.position_bytes));
+        assert_eq!(bytes.len() as u64, encoded_len(3, &id));
         let other = Identity { header_crc: 8, ..id };
         assert!(decode(&other, &bytes).unwrap_err().contains("another model"));
         let mut flipped = bytes.clone();
@@ -176,5 +194,26 @@ mod tests {
         assert!(decode(&id, &flipped).unwrap_err().contains("checksum"));
         assert!(decode(&id, &bytes[..30]).is_err());
         assert!(decode(&id, b"GGUF and more bytes than a header holds, and more").is_err());
+    }
+
+    #[test]
+    fn recurrent_states_follow_the_rows_once() {
+        let id = Identity {
+            model_size: 1000,
+            header_crc: 7,
+            position_bytes: 8,
+            layers: 2,
+            kv_types: 1 << 16 | 1,
+            state_bytes: 12,
+        };
+        let rows: Vec<u8> = (0..24 + 12).collect();
+        let bytes = encode(&id, &[5, 6, 7], &rows);
+        assert_eq!(decode(&id, &bytes).unwrap().1, &rows[..]);
+        assert_eq!(bytes.len() as u64, encoded_len(3, &id));
+        // Rows without the states, or states of another size, are refused.
+        assert!(decode(&id, &encode(&id, &[5, 6, 7], &rows[..24])).unwrap_err().contains("truncated"));
+        let other = Identity { state_bytes: 16, ..id };
+        assert!(decode(&other, &bytes).is_err());
+        assert_eq!(encoded_len(0, &id), HEAD as u64 + 4);
     }
 }

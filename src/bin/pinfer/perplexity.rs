@@ -177,7 +177,7 @@ fn for_each_scored(
         if let Some(bos) = bos {
             input[0] = bos;
         }
-        session.truncate(0);
+        let _ = session.truncate(0);
         let mut failed = Ok(());
         session
             .eval_all(&input, |i, logits| {

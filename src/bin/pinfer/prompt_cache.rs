@@ -47,10 +47,15 @@ impl PromptCache {
         }
         if let Err(e) = session.restore_sequence(0, tokens.len(), &rows) {
             self.note(&format!("{e}; not used"));
-            session.truncate(0);
+            let _ = session.truncate(0);
             return (0, 0);
         }
-        session.truncate(keep);
+        let keep = session.truncate(keep);
+        if keep == 0 {
+            // A model with recurrent layers reuses a saved prompt only whole.
+            self.note("holds a longer prompt than the part this one shares, and this model's recurrent layers cannot be cut; not used");
+            return (0, 0);
+        }
         errln!(
             "pinfer: prompt cache {}: reused {keep} of the prompt's {} tokens",
             self.path.display(),

@@ -150,6 +150,25 @@ pub fn moe_sum_ref(experts: &[f32], weights: &[f32], out: &mut [f32]) {
     }
 }
 
+/// One step of a channel's short convolution: the output for input `x` over the channel's
+/// `state` (its last `taps.len() - 1` inputs, oldest first; zeros when `fresh`), summed from the
+/// oldest tap as ggml's `ssm_conv`; the state then moves on by `x`.
+pub fn short_conv_step_ref(state: &mut [f32], taps: &[f32], x: f32, fresh: bool) -> f32 {
+    if fresh {
+        state.fill(0.0);
+    }
+    let mut sum = 0.0f32;
+    for (&s, &w) in state.iter().zip(taps) {
+        sum += s * w;
+    }
+    sum += x * taps[state.len()];
+    if let Some(last) = state.len().checked_sub(1) {
+        state.copy_within(1.., 0);
+        state[last] = x;
+    }
+    sum
+}
+
 /// GELU with the tanh approximation.
 pub fn gelu_ref(x: &[f32], out: &mut [f32]) {
     for (o, &v) in out.iter_mut().zip(x) {

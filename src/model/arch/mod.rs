@@ -34,7 +34,8 @@ pub fn build_forward<const N: usize>(
         | Arch::Gemma3
         | Arch::Granite
         | Arch::SmolLm3
-        | Arch::Phi3 => transformer::build(g, gguf, hp, kv, n_tokens, n_outputs),
+        | Arch::Phi3
+        | Arch::Lfm2 => transformer::build(g, gguf, hp, kv, n_tokens, n_outputs),
     }
 }
 
@@ -59,6 +60,8 @@ pub enum Arch {
     SmolLm3,
     /// Phi-3 / Phi-3.5 / Phi-4-mini (fused QKV and gate|up projections, LongRoPE factors).
     Phi3,
+    /// Liquid LFM2 / LFM2.5 (short-convolution layers between attention layers).
+    Lfm2,
 }
 
 /// The feed-forward block of an architecture.
@@ -103,11 +106,17 @@ pub struct ArchTraits {
     /// the context exceeds `rope.scaling.original_context_length`, and cosines and sines scaled by
     /// `rope.scaling.attn_factor` (phi3). Queries are scaled by 1/sqrt(head size) before attention.
     pub long_rope: bool,
+    /// Layers whose `attention.head_count_kv` entry is 0 are short-convolution blocks (LFM2):
+    /// gated causal depthwise convolution over the last `shortconv.l_cache` inputs, with a
+    /// recurrent state per sequence instead of a KV cache.
+    pub short_conv: bool,
+    /// The final norm's tensor.
+    pub output_norm: &'static str,
 }
 
 impl Arch {
     /// Every architecture, in the order messages list them.
-    pub const ALL: [Arch; 9] = [
+    pub const ALL: [Arch; 10] = [
         Arch::Llama,
         Arch::Qwen2,
         Arch::Qwen3,
@@ -117,6 +126,7 @@ impl Arch {
         Arch::Granite,
         Arch::SmolLm3,
         Arch::Phi3,
+        Arch::Lfm2,
     ];
 
     /// The architecture's row.
@@ -132,6 +142,8 @@ impl Arch {
             no_rope_every: 0,
             fused_gate_up: false,
             long_rope: false,
+            short_conv: false,
+            output_norm: "output_norm.weight",
         };
         match self {
             Arch::Llama => ArchTraits { name: "llama", rope: RopeMode::Normal, ..DENSE },
@@ -157,6 +169,14 @@ impl Arch {
                 ArchTraits { name: "smollm3", rope: RopeMode::Normal, no_rope_every: 4, ..DENSE }
             }
             Arch::Phi3 => ArchTraits { name: "phi3", fused_gate_up: true, long_rope: true, ..DENSE },
+            // (llama.cpp's converter names LFM2's final norm after the embeddings.)
+            Arch::Lfm2 => ArchTraits {
+                name: "lfm2",
+                qk_norm: true,
+                short_conv: true,
+                output_norm: "token_embd_norm.weight",
+                ..DENSE
+            },
         }
     }
 

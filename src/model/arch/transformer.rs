@@ -10,7 +10,7 @@ use super::Ffn;
 use crate::gguf::{name_of, Gguf};
 use crate::graph::{Graph, GraphError};
 use crate::kernels::reference::Yarn;
-use crate::model::{HParams, ModelError};
+use crate::model::{HParams, LayerMask, ModelError};
 use crate::quant::{GgmlType, Lowercase};
 use crate::tensor::{Storage, TensorId};
 
@@ -128,6 +128,14 @@ pub struct KvLayout {
     pub k_layer_bytes: usize,
     /// Bytes of one layer's V cache.
     pub v_layer_bytes: usize,
+    /// Layers of the model.
+    pub n_layer: usize,
+    /// The layers without a KV cache, with a recurrent state per sequence instead.
+    pub recurrent: LayerMask,
+    /// Bytes of one sequence's recurrent state in one recurrent layer (F32).
+    pub state_bytes: usize,
+    /// Offset of the recurrent states: per recurrent layer, `n_seq` states.
+    pub states_offset: usize,
     /// Offset of the token-id input (I32 `[n_batch]`).
     pub ids_offset: usize,
     /// Offset of the token places (I32 `[2, n_batch]`: first cache row, position).
@@ -159,9 +167,15 @@ impl KvLayout {
         let rows = n_ctx.checked_mul(n_seq)?;
         let k_layer_bytes = aligned(k_row_bytes.checked_mul(rows)?);
         let v_layer_bytes = aligned(v_row_bytes.checked_mul(rows)?);
-        let caches = k_layer_bytes.checked_add(v_layer_bytes)?.checked_mul(hp.n_layer as usize)?;
+        let n_layer = hp.n_layer as usize;
+        let recurrent = hp.recurrent;
+        let cached_layers = n_layer - recurrent.count();
+        let caches = k_layer_bytes.checked_add(v_layer_bytes)?.checked_mul(cached_layers)?;
+        let state_bytes = hp.recurrent_state_len().checked_mul(4)?;
+        let states = aligned(state_bytes.checked_mul(n_seq)?.checked_mul(recurrent.count())?);
+        let states_offset = caches;
         let input = aligned(n_batch.checked_mul(4)?);
-        let ids_offset = caches;
+        let ids_offset = caches.checked_add(states)?;
         let places_offset = ids_offset.checked_add(input)?;
         let outputs_offset = places_offset.checked_add(input.checked_mul(2)?)?;
         let total_bytes = outputs_offset.checked_add(input)?;
@@ -175,6 +189,10 @@ impl KvLayout {
             v_row_bytes,
             k_layer_bytes,
             v_layer_bytes,
+            n_layer,
+            recurrent,
+            state_bytes,
+            states_offset,
             ids_offset,
             places_offset,
             outputs_offset,
@@ -187,9 +205,27 @@ impl KvLayout {
         self.n_ctx * self.n_seq
     }
 
-    /// Offset of layer `layer`'s K cache.
+    /// Offset of layer `layer`'s K cache (the layers with one are packed: recurrent layers take
+    /// no room).
     pub fn k_offset(&self, layer: usize) -> usize {
-        layer * (self.k_layer_bytes + self.v_layer_bytes)
+        (layer - self.recurrent.count_below(layer)) * (self.k_layer_bytes + self.v_layer_bytes)
+    }
+
+    /// The layers with a KV cache, in order.
+    pub fn cached_layers(&self) -> impl Iterator<Item = usize> + '_ {
+        (0..self.n_layer).filter(|&il| !self.recurrent.contains(il))
+    }
+
+    /// Offset of recurrent layer `layer`'s states (`n_seq` of [`Self::state_bytes`] each).
+    pub fn states_of(&self, layer: usize) -> usize {
+        self.states_offset + self.recurrent.count_below(layer) * self.n_seq * self.state_bytes
+    }
+
+    /// Each recurrent layer's state of sequence `seq`: (offset, bytes).
+    pub fn sequence_states(&self, seq: usize) -> impl Iterator<Item = (usize, usize)> + '_ {
+        (0..self.n_layer)
+            .filter(|&il| self.recurrent.contains(il))
+            .map(move |il| (self.states_of(il) + seq * self.state_bytes, self.state_bytes))
     }
 
     /// Offset of layer `layer`'s V cache.
@@ -339,7 +375,7 @@ pub fn build<const N: usize>(
     let n_rows = kv.cache_rows();
 
     let tok_embd = required(weight(g, format_args!("token_embd.weight"))?, "token_embd.weight")?;
-    let output_norm = required(weight(g, format_args!("output_norm.weight"))?, "output_norm.weight")?;
+    let output_norm = required(weight(g, format_args!("{}", traits.output_norm))?, traits.output_norm)?;
     let output = weight(g, format_args!("output.weight"))?.unwrap_or(tok_embd);
     let rope_freqs = weight(g, format_args!("{}", rope_factors_name(hp, kv.n_ctx)))?;
     let ids = g
@@ -376,119 +412,145 @@ pub fn build<const N: usize>(
             let _ = write!(name, "blk.{il}.{suffix}");
             weight(g, format_args!("{name}"))?.ok_or(ModelError::MissingTensor { name })
         };
-        let attn_norm = need(g, "attn_norm.weight")?;
-        let mut fused = crate::gguf::Name::new();
-        let _ = write!(fused, "blk.{il}.attn_qkv.weight");
-        let (wq, wk, wv) = if gguf.tensor(&fused).is_some() {
-            // Q, K and V in one matrix, their rows in that order (llama.cpp's build_qkv).
-            let (qw, kw) = (n_head * hd_k, n_head_kv * hd_k);
-            (
-                rows_of(g, &fused, "q", 0, qw)?,
-                rows_of(g, &fused, "k", qw, kw)?,
-                rows_of(g, &fused, "v", qw + kw, n_head_kv * hd_v)?,
-            )
-        } else {
-            (need(g, "attn_q.weight")?, need(g, "attn_k.weight")?, need(g, "attn_v.weight")?)
-        };
-        let wo = need(g, "attn_output.weight")?;
         let e_ = |r: Result<TensorId, GraphError>| r.map_err(ModelError::Graph);
-
+        let attn_norm = need(g, "attn_norm.weight")?;
         let cur = named!("norm", il, g.rms_norm(x, hp.rms_eps));
         let cur = named!("attn_norm", il, g.mul(cur, attn_norm));
-        let mut q = named!("Qcur", il, g.mul_mat(wq, cur));
-        let mut k = named!("Kcur", il, g.mul_mat(wk, cur));
-        let mut v = named!("Vcur", il, g.mul_mat(wv, cur));
-        if traits.qkv_bias {
-            let (bq, bk, bv) = (need(g, "attn_q.bias")?, need(g, "attn_k.bias")?, need(g, "attn_v.bias")?);
-            q = named!("Qcur_bias", il, g.add(q, bq));
-            k = named!("Kcur_bias", il, g.add(k, bk));
-            v = named!("Vcur_bias", il, g.add(v, bv));
-        }
-        q = e_(g.reshape(q, [hd_k, n_head, t, 1]))?;
-        k = e_(g.reshape(k, [hd_k, n_head_kv, t, 1]))?;
-        if traits.qk_norm {
-            let (qn, kn) = (need(g, "attn_q_norm.weight")?, need(g, "attn_k_norm.weight")?);
-            q = named!("Qcur_norm", il, g.rms_norm(q, hp.rms_eps));
-            q = named!("Qcur_normed", il, g.mul(q, qn));
-            k = named!("Kcur_norm", il, g.rms_norm(k, hp.rms_eps));
-            k = named!("Kcur_normed", il, g.mul(k, kn));
-        }
-        let rope = layer_rope(hp, il);
-        let sliding = rope.sliding;
-        if rope.rotates {
-            // One table of angles per parameter set (Gemma 3 has two), shared by every layer.
-            let table = match rope_tables[sliding as usize] {
-                Some(table) => table,
-                None => {
-                    let name = if sliding { "rope_table_swa" } else { "rope_table" };
-                    let n_rot = hp.n_rot as usize;
-                    let table =
-                        g.rope_table(q, n_rot, rope.base, rope.scale, rope_freqs, rope.mscale, rope.yarn);
-                    let table = named!(name, table);
-                    g.at_positions(table, places).map_err(ModelError::Graph)?;
-                    rope_tables[sliding as usize] = Some(table);
-                    table
-                }
+        let mut o = if hp.recurrent.contains(il) {
+            // LFM2's short-convolution block: B, C and X projections (rows of one matrix), the
+            // convolution of B * X over the sequence's last inputs, gated by C.
+            let mut in_proj = crate::gguf::Name::new();
+            let _ = write!(in_proj, "blk.{il}.shortconv.in_proj.weight");
+            let wb = rows_of(g, &in_proj, "b", 0, e)?;
+            let wc = rows_of(g, &in_proj, "c", e, e)?;
+            let wx = rows_of(g, &in_proj, "x", 2 * e, e)?;
+            let (taps, out_proj) = (need(g, "shortconv.conv.weight")?, need(g, "shortconv.out_proj.weight")?);
+            let mut label = crate::gguf::Name::new();
+            let _ = write!(label, "conv_state.{il}");
+            let states = e_(g.leaf(
+                &label,
+                GgmlType::F32,
+                [hp.recurrent_state_len(), kv.n_seq, 1, 1],
+                Storage::Persistent { offset: kv.states_of(il) },
+            ))?;
+            let b = named!("conv_b", il, g.mul_mat(wb, cur));
+            let c = named!("conv_c", il, g.mul_mat(wc, cur));
+            let xs = named!("conv_x", il, g.mul_mat(wx, cur));
+            let bx = named!("conv_bx", il, g.mul(b, xs));
+            let conv = named!("conv_conv", il, g.short_conv(bx, taps, states, places, kv.n_ctx));
+            let y = named!("conv_y", il, g.mul(c, conv));
+            named!("conv_out", il, g.mul_mat(out_proj, y))
+        } else {
+            let mut fused = crate::gguf::Name::new();
+            let _ = write!(fused, "blk.{il}.attn_qkv.weight");
+            let (wq, wk, wv) = if gguf.tensor(&fused).is_some() {
+                // Q, K and V in one matrix, their rows in that order (llama.cpp's build_qkv).
+                let (qw, kw) = (n_head * hd_k, n_head_kv * hd_k);
+                (
+                    rows_of(g, &fused, "q", 0, qw)?,
+                    rows_of(g, &fused, "k", qw, kw)?,
+                    rows_of(g, &fused, "v", qw + kw, n_head_kv * hd_v)?,
+                )
+            } else {
+                (need(g, "attn_q.weight")?, need(g, "attn_k.weight")?, need(g, "attn_v.weight")?)
             };
-            q = named!("Qcur_rope", il, g.rope_with(q, table, traits.rope));
-            k = named!("Kcur_rope", il, g.rope_with(k, table, traits.rope));
-        }
-        // Attention as llama.cpp's CPU flash attention computes it, so results match it closely:
-        // phi3 scales the queries first and the scores by 1.
-        let mut kq_scale = hp.attention_scale.unwrap_or(1.0 / libm::sqrtf(hd_k as f32));
-        if traits.long_rope {
-            q = named!("Qcur_scaled", il, g.scale(q, kq_scale));
-            kq_scale = 1.0;
-        }
-        if let Some(n) = kv.types.k_rotation(hp.head_dim_k) {
-            q = named!("Qcur_rot", il, g.hadamard(q, n));
-            k = named!("Kcur_rot", il, g.hadamard(k, n));
-        }
-        let v_rotation = kv.types.v_rotation(hp.head_dim_v);
-        if let Some(n) = v_rotation {
-            v = named!("Vcur_rot", il, g.hadamard(v, n));
-        }
+            let wo = need(g, "attn_output.weight")?;
+            let mut q = named!("Qcur", il, g.mul_mat(wq, cur));
+            let mut k = named!("Kcur", il, g.mul_mat(wk, cur));
+            let mut v = named!("Vcur", il, g.mul_mat(wv, cur));
+            if traits.qkv_bias {
+                let (bq, bk, bv) =
+                    (need(g, "attn_q.bias")?, need(g, "attn_k.bias")?, need(g, "attn_v.bias")?);
+                q = named!("Qcur_bias", il, g.add(q, bq));
+                k = named!("Kcur_bias", il, g.add(k, bk));
+                v = named!("Vcur_bias", il, g.add(v, bv));
+            }
+            q = e_(g.reshape(q, [hd_k, n_head, t, 1]))?;
+            k = e_(g.reshape(k, [hd_k, n_head_kv, t, 1]))?;
+            if traits.qk_norm {
+                let (qn, kn) = (need(g, "attn_q_norm.weight")?, need(g, "attn_k_norm.weight")?);
+                q = named!("Qcur_norm", il, g.rms_norm(q, hp.rms_eps));
+                q = named!("Qcur_normed", il, g.mul(q, qn));
+                k = named!("Kcur_norm", il, g.rms_norm(k, hp.rms_eps));
+                k = named!("Kcur_normed", il, g.mul(k, kn));
+            }
+            let rope = layer_rope(hp, il);
+            let sliding = rope.sliding;
+            if rope.rotates {
+                // One table of angles per parameter set (Gemma 3 has two), shared by every layer.
+                let table = match rope_tables[sliding as usize] {
+                    Some(table) => table,
+                    None => {
+                        let name = if sliding { "rope_table_swa" } else { "rope_table" };
+                        let n_rot = hp.n_rot as usize;
+                        let table =
+                            g.rope_table(q, n_rot, rope.base, rope.scale, rope_freqs, rope.mscale, rope.yarn);
+                        let table = named!(name, table);
+                        g.at_positions(table, places).map_err(ModelError::Graph)?;
+                        rope_tables[sliding as usize] = Some(table);
+                        table
+                    }
+                };
+                q = named!("Qcur_rope", il, g.rope_with(q, table, traits.rope));
+                k = named!("Kcur_rope", il, g.rope_with(k, table, traits.rope));
+            }
+            // Attention as llama.cpp's CPU flash attention computes it, so results match it closely:
+            // phi3 scales the queries first and the scores by 1.
+            let mut kq_scale = hp.attention_scale.unwrap_or(1.0 / libm::sqrtf(hd_k as f32));
+            if traits.long_rope {
+                q = named!("Qcur_scaled", il, g.scale(q, kq_scale));
+                kq_scale = 1.0;
+            }
+            if let Some(n) = kv.types.k_rotation(hp.head_dim_k) {
+                q = named!("Qcur_rot", il, g.hadamard(q, n));
+                k = named!("Kcur_rot", il, g.hadamard(k, n));
+            }
+            let v_rotation = kv.types.v_rotation(hp.head_dim_v);
+            if let Some(n) = v_rotation {
+                v = named!("Vcur_rot", il, g.hadamard(v, n));
+            }
 
-        // Cache: K and V as [kv_w, n_ctx * n_seq] of the cache types, one row per position of
-        // each sequence.
-        let mut label = crate::gguf::Name::new();
-        let _ = write!(label, "cache_k.{il}");
-        let k_cache = e_(g.leaf(
-            &label,
-            kv.types.k,
-            [kv_w, n_rows, 1, 1],
-            Storage::Persistent { offset: kv.k_offset(il) },
-        ))?;
-        label.clear();
-        let _ = write!(label, "cache_v.{il}");
-        let v_cache = e_(g.leaf(
-            &label,
-            kv.types.v,
-            [kv_w, n_rows, 1, 1],
-            Storage::Persistent { offset: kv.v_offset(il) },
-        ))?;
-        let k_flat = e_(g.reshape(k, [hd_k * n_head_kv, t, 1, 1]))?;
-        let k_all = named!("k_cache_write", il, g.kv_write(k_cache, k_flat, false));
-        let v_all = named!("v_cache_write", il, g.kv_write(v_cache, v, false));
-        g.at_positions(k_all, places).map_err(ModelError::Graph)?;
-        g.at_positions(v_all, places).map_err(ModelError::Graph)?;
-        // Per head: [head_dim, rows, n_kv_head]; each token reads its sequence's rows.
-        let head_view = |g: &mut Graph<N>, all: TensorId, ty: GgmlType, hd: usize, row: usize| {
-            let (block, head) = (ty.block_bytes(), hd / ty.block_len() * ty.block_bytes());
-            e_(g.view(all, [hd, n_rows, n_head_kv, 1], [block, row, head, row * n_rows], 0, 0))
+            // Cache: K and V as [kv_w, n_ctx * n_seq] of the cache types, one row per position of
+            // each sequence.
+            let mut label = crate::gguf::Name::new();
+            let _ = write!(label, "cache_k.{il}");
+            let k_cache = e_(g.leaf(
+                &label,
+                kv.types.k,
+                [kv_w, n_rows, 1, 1],
+                Storage::Persistent { offset: kv.k_offset(il) },
+            ))?;
+            label.clear();
+            let _ = write!(label, "cache_v.{il}");
+            let v_cache = e_(g.leaf(
+                &label,
+                kv.types.v,
+                [kv_w, n_rows, 1, 1],
+                Storage::Persistent { offset: kv.v_offset(il) },
+            ))?;
+            let k_flat = e_(g.reshape(k, [hd_k * n_head_kv, t, 1, 1]))?;
+            let k_all = named!("k_cache_write", il, g.kv_write(k_cache, k_flat, false));
+            let v_all = named!("v_cache_write", il, g.kv_write(v_cache, v, false));
+            g.at_positions(k_all, places).map_err(ModelError::Graph)?;
+            g.at_positions(v_all, places).map_err(ModelError::Graph)?;
+            // Per head: [head_dim, rows, n_kv_head]; each token reads its sequence's rows.
+            let head_view = |g: &mut Graph<N>, all: TensorId, ty: GgmlType, hd: usize, row: usize| {
+                let (block, head) = (ty.block_bytes(), hd / ty.block_len() * ty.block_bytes());
+                e_(g.view(all, [hd, n_rows, n_head_kv, 1], [block, row, head, row * n_rows], 0, 0))
+            };
+            let k_view = head_view(g, k_all, kv.types.k, hd_k, kv.k_row_bytes)?;
+            let v_view = head_view(g, v_all, kv.types.v, hd_v, kv.v_row_bytes)?;
+            let q = e_(g.permute(q, [0, 2, 1, 3]))?;
+            let window = if sliding { hp.sliding_window } else { 0 };
+            let attn = named!("kqv_out", il, g.flash_attn(q, k_view, v_view, kq_scale, true, window));
+            g.at_positions(attn, places).map_err(ModelError::Graph)?;
+            let mut attn = e_(g.reshape(attn, [hd_v * n_head, t, 1, 1]))?;
+            if let Some(n) = v_rotation {
+                // The rotation is its own inverse: the values' weighted sum rotated back.
+                attn = named!("kqv_out_unrot", il, g.hadamard(attn, n));
+            }
+            named!("attn_out", il, g.mul_mat(wo, attn))
         };
-        let k_view = head_view(g, k_all, kv.types.k, hd_k, kv.k_row_bytes)?;
-        let v_view = head_view(g, v_all, kv.types.v, hd_v, kv.v_row_bytes)?;
-        let q = e_(g.permute(q, [0, 2, 1, 3]))?;
-        let window = if sliding { hp.sliding_window } else { 0 };
-        let attn = named!("kqv_out", il, g.flash_attn(q, k_view, v_view, kq_scale, true, window));
-        g.at_positions(attn, places).map_err(ModelError::Graph)?;
-        let mut attn = e_(g.reshape(attn, [hd_v * n_head, t, 1, 1]))?;
-        if let Some(n) = v_rotation {
-            // The rotation is its own inverse: the values' weighted sum rotated back.
-            attn = named!("kqv_out_unrot", il, g.hadamard(attn, n));
-        }
-        let mut o = named!("attn_out", il, g.mul_mat(wo, attn));
         if traits.gemma {
             o = named!("attn_post_norm_raw", il, g.rms_norm(o, hp.rms_eps));
             let norm = need(g, "post_attention_norm.weight")?;

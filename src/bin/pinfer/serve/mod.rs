@@ -904,7 +904,7 @@ async fn slot_action(
         SlotDone::Erased { n_tokens } => json!({ "id_slot": slot, "n_erased": n_tokens }),
         SlotDone::Restored { n_tokens } => json!({
             "id_slot": slot, "filename": filename, "n_restored": n_tokens,
-            "n_read": crate::kv_file::encoded_len(n_tokens, state.ready.slot_identity.position_bytes),
+            "n_read": crate::kv_file::encoded_len(n_tokens, &state.ready.slot_identity),
             "timings": { "restore_ms": ms() },
         }),
         SlotDone::Saved { tokens, rows } => {

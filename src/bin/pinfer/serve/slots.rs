@@ -365,7 +365,8 @@ impl Engine {
         } else {
             0
         };
-        self.session.truncate_seq(i, keep);
+        // (A model with recurrent layers keeps a slot's cache whole or not at all.)
+        let keep = self.session.truncate_seq(i, keep);
         slot.cache.truncate(keep);
         let mut tokens = Vec::with_capacity(n_ctx + 1);
         tokens.extend_from_slice(&job.prompt);
@@ -554,7 +555,7 @@ impl Engine {
         }
         slot.phase = Phase::Idle;
         slot.cache.clear();
-        self.session.truncate_seq(i, 0);
+        let _ = self.session.truncate_seq(i, 0);
         self.stats.cached[i].store(0, Ordering::Relaxed);
     }
 }
