@@ -139,8 +139,10 @@ pub struct MemoryPlan {
     pub repacked: usize,
     /// Whether the repacked weights are pages of the file (a repack cache), not a buffer.
     pub repacked_in_file: bool,
-    /// KV cache and token ids (the arena's persistent part).
+    /// KV cache, recurrent states and token ids (the arena's persistent part).
     pub kv: usize,
+    /// Of which the recurrent layers' states (every sequence's).
+    pub recurrent_states: usize,
     /// The KV cache's types.
     pub kv_types: crate::model::KvTypes,
     /// Activations (the arena's planned part).
@@ -179,6 +181,10 @@ impl fmt::Display for MemoryPlan {
             mib(self.work),
             mib(self.other)
         )?;
+        if self.recurrent_states > 0 {
+            let kib = self.recurrent_states as f64 / 1024.0;
+            write!(f, "; the KV cache holds the recurrent layers' states ({kib:.1} KiB)")?;
+        }
         if self.mapped_rows > 0 {
             write!(
                 f,
@@ -407,6 +413,10 @@ impl Session {
             repacked: packed_total,
             repacked_in_file: from_cache,
             kv: layout.kv,
+            recurrent_states: {
+                let kv = planned.kv_layout();
+                kv.state_bytes * kv.n_seq * kv.recurrent.count()
+            },
             kv_types: opts.kv_types,
             activations: layout.activations,
             work: layout.work,

@@ -151,6 +151,46 @@ fn four_sequences_in_one_batch_match_four_separate_runs_untied_q5() {
     check_model("llama-untied-q5.gguf");
 }
 
+/// LFM2: each sequence's short-convolution states move on only with its own tokens, whatever
+/// else shares the batch.
+#[test]
+fn four_sequences_in_one_batch_match_four_separate_runs_lfm2() {
+    check_model("lfm2-tiny.gguf");
+}
+
+/// A model with recurrent layers keeps a sequence whole or not at all: a cut empties it, a copy or
+/// a save takes it whole, and what is restored or started over continues like a fresh run.
+#[test]
+fn a_recurrent_sequence_is_kept_whole_or_started_over() {
+    let bytes = model_bytes("lfm2-tiny.gguf");
+    let prompt = &prompts()[1];
+    let mut e = engine(bytes, 3, 16);
+    assert!(e.has_recurrent_layers());
+    e.step(&batch_of(prompt), &OnCaller, None).unwrap();
+    let next = alone(bytes, prompt, 2, &OnCaller);
+    assert_eq!(argmax(e.logits(0).unwrap()), next[0]);
+
+    // Part of it cannot be copied or saved; the whole can.
+    assert!(matches!(e.copy_prefix(0, 1, 7), Err(EngineError::Config(_))));
+    assert!(e.read_sequence(0, 7, &mut |_| {}).is_err());
+    e.copy_prefix(0, 1, prompt.len()).unwrap();
+    let mut saved = Vec::new();
+    e.read_sequence(0, prompt.len(), &mut |b| saved.extend_from_slice(b)).unwrap();
+    assert_eq!(saved.len(), e.sequence_bytes(prompt.len()));
+    e.write_sequence(2, prompt.len(), &saved).unwrap();
+    for seq in [0, 1, 2] {
+        let pos = e.seq_len(seq);
+        e.step(&[Entry { seq, pos, token: next[0], logits: true }], &OnCaller, None).unwrap();
+        assert_eq!(argmax(e.logits(0).unwrap()), next[1], "sequence {seq}");
+    }
+
+    // A cut empties the sequence; evaluated again from 0 it is a fresh run (the states restart).
+    assert_eq!(e.truncate(0, 5), 0);
+    assert_eq!(e.truncate(1, 100), prompt.len() + 1, "a longer limit keeps everything");
+    e.step(&batch_of(prompt), &OnCaller, None).unwrap();
+    assert_eq!(argmax(e.logits(0).unwrap()), next[0]);
+}
+
 #[test]
 fn a_copied_prefix_continues_like_a_fresh_run() {
     let bytes = model_bytes("qwen2-tiny.gguf");

@@ -2008,3 +2008,78 @@ fn long_decode_splits_its_keys_and_stays_attention() {
     s.g.build(&[out]).unwrap();
     assert_eq!(work_bytes(&s.g), 0);
 }
+
+/// The short convolution against an f64 model of it: odd channel count, four taps, three
+/// sequences interleaved in one batch (one starting at position 0), two steps so the states carry
+/// over; 1 and 3 threads give the same bits (`run_ops`).
+#[test]
+fn short_conv_carries_each_sequence_state_and_restarts_at_position_zero() {
+    let (n_ch, k, n_seq, rows) = (13usize, 4usize, 3usize, 10usize);
+    // (sequence, position) of each token; sequence 0 starts fresh in the batch.
+    let places = [(1, 5), (0, 0), (1, 6), (2, 2), (0, 1), (1, 7), (1, 8)];
+    let n_tok = places.len();
+    let mut rng = Rng(41);
+    let x: Vec<f32> = (0..n_ch * n_tok).map(|_| rng.f32() * 4.0).collect();
+    let taps: Vec<f32> = rng.vec(k * n_ch);
+    let mut s = Setup::default();
+    let xs = leaf(&mut s, "x", [n_ch, n_tok, 1, 1], &x);
+    let ws = leaf(&mut s, "taps", [k, n_ch, 1, 1], &taps);
+    let states = s.persistent("states", F32, [(k - 1) * n_ch, n_seq, 1, 1]);
+    let flat: Vec<i32> = places.iter().flat_map(|&(q, p)| [(q * rows) as i32, p]).collect();
+    let pl = s.ids("places", [2, n_tok, 1, 1], &flat);
+    let out = s.g.short_conv(xs, ws, states, pl, rows).unwrap();
+    let step = Step { n_past: 0, n_kv: 1 };
+    let got = run_ops(&mut s, &[out], &[step, step]);
+
+    // The model: each (sequence, channel) keeps its last k - 1 inputs; two runs of the batch.
+    let mut state = vec![vec![vec![0f64; k - 1]; n_ch]; n_seq];
+    let mut want = vec![0f64; n_ch * n_tok];
+    for _ in 0..2 {
+        for (t, &(q, p)) in places.iter().enumerate() {
+            for c in 0..n_ch {
+                let w = &mut state[q][c];
+                if p == 0 {
+                    w.fill(0.0);
+                }
+                let v = f64::from(x[t * n_ch + c]);
+                let tap = |j: usize| f64::from(taps[c * k + j]);
+                want[t * n_ch + c] = (0..k - 1).map(|j| w[j] * tap(j)).sum::<f64>() + v * tap(k - 1);
+                w.rotate_left(1);
+                w[k - 2] = v;
+            }
+        }
+    }
+    check("short_conv", &got[0], &want, 1e-5, 1e-5);
+
+    // The scalar twin on its own: a fresh window, then one that holds inputs.
+    let mut window = [5.0f32, 6.0, 7.0];
+    let taps1 = [1.0f32, 10.0, 100.0, 1000.0];
+    assert_eq!(pinfer::kernels::reference::short_conv_step_ref(&mut window, &taps1, 2.0, true), 2000.0);
+    assert_eq!(window, [0.0, 0.0, 2.0]);
+    assert_eq!(pinfer::kernels::reference::short_conv_step_ref(&mut window, &taps1, 3.0, false), 3200.0);
+    assert_eq!(window, [0.0, 2.0, 3.0]);
+}
+
+#[test]
+fn short_conv_refuses_bad_shapes_and_sequences_past_its_states() {
+    let mut s = Setup::default();
+    let x = leaf(&mut s, "x", [6, 2, 1, 1], &[0.5; 12]);
+    let taps = leaf(&mut s, "taps", [3, 6, 1, 1], &[1.0; 18]);
+    let one_tap = leaf(&mut s, "one", [1, 6, 1, 1], &[1.0; 6]);
+    let states = s.persistent("states", F32, [12, 2, 1, 1]);
+    let short_states = s.persistent("short", F32, [6, 2, 1, 1]);
+    let not_persistent = leaf(&mut s, "np", [12, 2, 1, 1], &[0.0; 24]);
+    let places = s.ids("places", [2, 2, 1, 1], &[0, 0, 10, 0]);
+    let places_3 = s.ids("places3", [2, 3, 1, 1], &[0; 6]);
+    let past = s.ids("past", [2, 2, 1, 1], &[0, 0, 20, 0]);
+    let g = &mut s.g;
+    assert_eq!(invalid_op(g.short_conv(x, one_tap, states, places, 10)), "short_conv", "one tap");
+    assert_eq!(invalid_op(g.short_conv(x, taps, short_states, places, 10)), "short_conv", "state size");
+    assert_eq!(invalid_op(g.short_conv(x, taps, not_persistent, places, 10)), "short_conv", "not persistent");
+    assert_eq!(invalid_op(g.short_conv(x, taps, states, places_3, 10)), "short_conv", "3 places");
+    assert_eq!(invalid_op(g.short_conv(x, taps, states, places, 0)), "short_conv", "0 rows");
+    // Sequence 2 of 2 states: the run stops with a bad index, not a write past the states.
+    let out = s.g.short_conv(x, taps, states, past, 10).unwrap();
+    let e = run_err(&mut s, &[out], &[Step { n_past: 0, n_kv: 1 }]);
+    assert!(matches!(e, ExecError::BadIndex { op: "short_conv", .. }), "{e:?}");
+}

@@ -67,7 +67,9 @@ fn the_default_model_is_valid() {
 
 #[test]
 fn every_supported_architecture_validates() {
-    for arch in ["llama", "qwen2", "qwen3", "gemma3", "qwen3moe", "qwen2moe", "granite", "smollm3", "phi3"] {
+    for arch in
+        ["llama", "qwen2", "qwen3", "gemma3", "qwen3moe", "qwen2moe", "granite", "smollm3", "phi3", "lfm2"]
+    {
         let hp = validate(&tiny(arch)).unwrap_or_else(|e| panic!("{arch}: {e}"));
         assert_eq!(hp.arch.name(), arch);
         assert_eq!((hp.head_dim_k, hp.n_expert_used), (16, if arch.ends_with("moe") { 2 } else { 0 }));
@@ -341,6 +343,41 @@ fn granite_smollm3_phi3_files_are_read_and_checked() {
 
 /// Keys whose values change the math are read, and values pinfer does not compute are refused by
 /// key and value (a YaRN file run with linear scaling gives every position wrong, silently).
+/// LFM2: per-layer KV head counts (0: a short-convolution layer), the convolution's taps, and
+/// what is wrong with them refused naming the key and the layer.
+#[test]
+fn lfm2_layers_and_per_layer_head_counts_are_read_and_checked() {
+    let hp = validate(&tiny("lfm2")).unwrap();
+    assert!(hp.recurrent.contains(0) && !hp.recurrent.contains(1));
+    assert_eq!((hp.n_head_kv, hp.conv_kernel, hp.recurrent.count()), (2, 3, 1));
+    let kv_heads = |arch: &str, v: &[u32]| {
+        let key = format!("{arch}.attention.head_count_kv");
+        set(tiny(arch), &key, Val::Array(4, v.iter().map(|&n| Val::U32(n)).collect()))
+    };
+    refused("3 entries for 2 layers", &kv_heads("lfm2", &[0, 2, 2]), &["head_count_kv", "block_count"]);
+    refused("0 on an attention layer", &kv_heads("llama", &[0, 2]), &["head_count_kv", "layer 0"]);
+    refused("counts that differ", &kv_heads("llama", &[2, 1]), &["head_count_kv", "layer 1", "differs"]);
+    refused("a count that divides nothing", &kv_heads("lfm2", &[0, 3]), &["head_count_kv", "divide"]);
+    // The same count on every layer, as an array, is read as the one value.
+    assert_eq!(validate(&kv_heads("llama", &[2, 2])).unwrap().n_head_kv, 2);
+    for taps in [0, 1] {
+        let b = set(tiny("lfm2"), "lfm2.shortconv.l_cache", Val::U32(taps));
+        refused("a convolution of 0 or 1 taps", &b, &["lfm2.shortconv.l_cache"]);
+    }
+    refused("no taps key", &remove(tiny("lfm2"), "lfm2.shortconv.l_cache"), &["lfm2.shortconv.l_cache"]);
+    let f16_taps = retype(tiny("lfm2"), "blk.0.shortconv.conv.weight", &[3, E], common::ggml::F16);
+    refused("f16 taps", &f16_taps, &["blk.0.shortconv.conv.weight", "accepted: F32"]);
+    let mut no_in_proj = tiny("lfm2");
+    no_in_proj.tensors.retain(|t| t.name != "blk.0.shortconv.in_proj.weight");
+    refused("no in_proj", &no_in_proj, &["blk.0.shortconv.in_proj.weight", "missing"]);
+    let wrong = retype(tiny("lfm2"), "blk.0.shortconv.conv.weight", &[4, E], common::ggml::F32);
+    refused("4 taps for l_cache 3", &wrong, &["blk.0.shortconv.conv.weight", "[3, 64]"]);
+    // An attention layer of an lfm2 file needs its attention tensors.
+    let mut no_q = tiny("lfm2");
+    no_q.tensors.retain(|t| t.name != "blk.1.attn_q.weight");
+    refused("no attn_q", &no_q, &["blk.1.attn_q.weight"]);
+}
+
 #[test]
 fn math_pinfer_does_not_compute_is_refused_by_key() {
     let b = || tiny("llama");

@@ -16,7 +16,12 @@ const LONGER: &str = "The capital of France is a city that";
 /// Greedy ids of `prompt` (with `--prompt-cache cache` when given, plus `extra`); the ids and
 /// stderr.
 fn run(prompt: &str, cache: Option<&Path>, extra: &[&str]) -> (String, String) {
-    let model = repo_file(MODEL);
+    run_model(MODEL, prompt, cache, extra)
+}
+
+/// As [`run`] with another model.
+fn run_model(model: &str, prompt: &str, cache: Option<&Path>, extra: &[&str]) -> (String, String) {
+    let model = repo_file(model);
     let mut args =
         vec!["generate", "-m", &model, "-p", prompt, "-n", "6", "--temp", "0", "--print-ids", "-t", "2"];
     let cache_arg;
@@ -55,6 +60,26 @@ fn a_prompt_cache_reuses_the_shared_prefix_and_changes_no_token() {
     assert_eq!(ids, want);
     assert!(err.contains("reused 4 of the prompt's 5 tokens") && !err.contains("saved"), "{err}");
     assert_eq!(std::fs::read(&cache).unwrap(), now);
+}
+
+/// A model with recurrent layers (LFM2) reuses a saved prompt only whole (its states cannot be
+/// cut back): a longer prompt continues from the file; a prompt sharing part of it runs normally
+/// with a note. The tokens are those of runs without the file either way.
+#[test]
+fn a_recurrent_model_reuses_a_saved_prompt_only_whole() {
+    const LFM2: &str = "models/tiny/lfm2-tiny.gguf";
+    let (want, _) = run_model(LFM2, PROMPT, None, &[]);
+    let (want_longer, _) = run_model(LFM2, LONGER, None, &[]);
+    let dir = Scratch::new("prompt-cache-recurrent");
+    let cache = dir.join("lfm2.bin");
+    let (ids, err) = run_model(LFM2, PROMPT, Some(&cache), &[]);
+    assert!(ids == want && err.contains("saved 5 tokens"), "{err}");
+    let (ids, err) = run_model(LFM2, LONGER, Some(&cache), &[]);
+    assert_eq!(ids, want_longer);
+    assert!(err.contains("reused 5 of the prompt's"), "{err}");
+    let (ids, err) = run_model(LFM2, PROMPT, Some(&cache), &[]);
+    assert_eq!(ids, want);
+    assert!(err.contains("recurrent layers cannot be cut; not used"), "{err}");
 }
 
 #[test]

@@ -467,6 +467,11 @@ impl<'m, G: AsMut<[GraphSlot]> + AsRef<[GraphSlot]>> Planned<'m, G> {
         self.layout
     }
 
+    /// Where the KV caches, recurrent states and step inputs go.
+    pub fn kv_layout(&self) -> &KvLayout {
+        &self.kv
+    }
+
     /// The model.
     pub fn model(&self) -> &Model<'m> {
         &self.model

@@ -616,7 +616,8 @@ fn tokens() -> Vec<String> {
     (0..VOCAB).map(|i| format!("t{i}")).collect()
 }
 
-/// A complete, valid tiny model of `arch` (llama, qwen2, qwen3, gemma3, qwen3moe or qwen2moe).
+/// A complete, valid tiny model of `arch` (any supported architecture; lfm2's layer 0 is a
+/// short-convolution block).
 pub fn tiny_model(arch: &str) -> GgufBuilder {
     let k = |s: &str| format!("{arch}.{s}");
     let toks = tokens();
@@ -643,6 +644,13 @@ pub fn tiny_model(arch: &str) -> GgufBuilder {
     if arch == "granite" {
         b = b.kv(&k("logit_scale"), Val::F32(8.0)).kv(&k("residual_scale"), Val::F32(0.22));
     }
+    let lfm2 = arch == "lfm2";
+    if lfm2 {
+        b.kvs.retain(|(key, _)| *key != k("attention.head_count_kv"));
+        b = b
+            .kv(&k("attention.head_count_kv"), Val::Array(4, vec![Val::U32(0), Val::U32(KV_HEADS)]))
+            .kv(&k("shortconv.l_cache"), Val::U32(3));
+    }
     let moe = arch.ends_with("moe");
     if moe {
         b = b
@@ -655,25 +663,32 @@ pub fn tiny_model(arch: &str) -> GgufBuilder {
     }
     let (v, hd) = (VOCAB as u64, E / u64::from(HEADS));
     let kvw = hd * u64::from(KV_HEADS);
-    b = b.tensor("token_embd.weight", &[E, v], ggml::Q8_0).tensor("output_norm.weight", &[E], ggml::F32);
+    let output_norm = if lfm2 { "token_embd_norm.weight" } else { "output_norm.weight" };
+    b = b.tensor("token_embd.weight", &[E, v], ggml::Q8_0).tensor(output_norm, &[E], ggml::F32);
     for i in 0..2 {
         let t = |b: GgufBuilder, n: &str, dims: &[u64], ty| b.tensor(&format!("blk.{i}.{n}"), dims, ty);
         b = t(b, "attn_norm.weight", &[E], ggml::F32);
-        if arch == "phi3" {
+        if lfm2 && i == 0 {
+            b = t(b, "shortconv.in_proj.weight", &[E, 3 * E], ggml::Q4_0);
+            b = t(b, "shortconv.conv.weight", &[3, E], ggml::F32);
+            b = t(b, "shortconv.out_proj.weight", &[E, E], ggml::Q4_0);
+        } else if arch == "phi3" {
             b = t(b, "attn_qkv.weight", &[E, E + 2 * kvw], ggml::Q4_0);
         } else {
             b = t(b, "attn_q.weight", &[E, E], ggml::Q4_0);
             b = t(b, "attn_k.weight", &[E, kvw], ggml::Q4_0);
             b = t(b, "attn_v.weight", &[E, kvw], ggml::Q4_0);
         }
-        b = t(b, "attn_output.weight", &[E, E], ggml::Q4_0);
+        if !(lfm2 && i == 0) {
+            b = t(b, "attn_output.weight", &[E, E], ggml::Q4_0);
+        }
         b = t(b, "ffn_norm.weight", &[E], ggml::F32);
         if arch.starts_with("qwen2") {
             b = t(b, "attn_q.bias", &[E], ggml::F32);
             b = t(b, "attn_k.bias", &[kvw], ggml::F32);
             b = t(b, "attn_v.bias", &[kvw], ggml::F32);
         }
-        if matches!(arch, "qwen3" | "qwen3moe" | "gemma3") {
+        if matches!(arch, "qwen3" | "qwen3moe" | "gemma3") || (lfm2 && i == 1) {
             b = t(b, "attn_q_norm.weight", &[hd], ggml::F32);
             b = t(b, "attn_k_norm.weight", &[hd], ggml::F32);
         }
