@@ -5,8 +5,10 @@ random values (never tiled: identical pages would distort resident-memory figure
 (norms F32); quantize them with llama-quantize.
 
 Usage: make_shape_model.py SHAPE VOCAB_GGUF OUT_GGUF [--seed N]
-  SHAPE: llama-3.2-1b | llama-3.2-3b | qwen2.5-1.5b | qwen3-1.7b | gemma-3-1b
-  VOCAB_GGUF: llama.cpp's models/ggml-vocab-*.gguf of that family (llama-bpe, qwen2, gemma-3 ...)
+  SHAPE: llama-3.2-1b | llama-3.2-3b | qwen2.5-1.5b | qwen3-1.7b | gemma-3-1b | lfm2-1.2b
+  VOCAB_GGUF: llama.cpp's models/ggml-vocab-*.gguf of that family (llama-bpe, qwen2, gemma-3 ...);
+  llama.cpp ships no LFM2 vocabulary: lfm2-1.2b takes Falcon's byte-level BPE (65024 tokens) padded
+  with control tokens to LFM2's 65536, under LFM2's pre-tokenizer name.
 
 The weight scales follow trained models of this size: matrices N(0, 0.02) (outputs of attention and
 FFN smaller), the embedding N(0, 0.02), norms around 1. The text they generate is noise, but every
@@ -22,19 +24,29 @@ SHAPES = {
     'qwen2.5-1.5b': ('qwen2', 1536, 28, 12, 2, 128, 8960, 32768, 1000000.0, True, {'qkv_bias': True}),
     'qwen3-1.7b': ('qwen3', 2048, 28, 16, 8, 128, 6144, 40960, 1000000.0, True, {'qk_norm': True}),
     'gemma-3-1b': ('gemma3', 1152, 26, 4, 1, 256, 6912, 32768, 1000000.0, True, {'gemma': True}),
+    # LiquidAI/LFM2-1.2B: 10 short-convolution layers (3 taps) and 6 attention layers.
+    'lfm2-1.2b': ('lfm2', 2048, 16, 32, 8, 64, 8192, 128000, 1000000.0, True,
+                  {'qk_norm': True, 'conv_layers': (0, 1, 3, 4, 6, 7, 9, 11, 13, 15), 'vocab': 65536,
+                   'pre': 'lfm2'}),
 }
 
 
-def copy_vocab(w, path):
+def copy_vocab(w, path, pad_to=None, pre=None):
     r = gguf.GGUFReader(path)
     f = r.fields
     w.add_tokenizer_model(f['tokenizer.ggml.model'].contents())
-    if 'tokenizer.ggml.pre' in f:
-        w.add_tokenizer_pre(f['tokenizer.ggml.pre'].contents())
-    toks = f['tokenizer.ggml.tokens'].contents()
+    if pre or 'tokenizer.ggml.pre' in f:
+        w.add_tokenizer_pre(pre or f['tokenizer.ggml.pre'].contents())
+    toks = list(f['tokenizer.ggml.tokens'].contents())
+    types = list(f['tokenizer.ggml.token_type'].contents()) if 'tokenizer.ggml.token_type' in f else None
+    if pad_to and len(toks) < pad_to:
+        # Control tokens up to the model's vocabulary size (never produced by the tokenizer).
+        extra = pad_to - len(toks)
+        toks += [f'<|pad_{i}|>' for i in range(extra)]
+        types = (types or [1] * (pad_to - extra)) + [3] * extra
     w.add_token_list(toks)
-    if 'tokenizer.ggml.token_type' in f:
-        w.add_token_types(f['tokenizer.ggml.token_type'].contents())
+    if types is not None:
+        w.add_token_types(types)
     if 'tokenizer.ggml.scores' in f:
         w.add_token_scores(f['tokenizer.ggml.scores'].contents())
     if 'tokenizer.ggml.merges' in f:
@@ -64,16 +76,19 @@ def main():
     w.add_embedding_length(E)
     w.add_feed_forward_length(F)
     w.add_head_count(H)
-    w.add_head_count_kv(HKV)
+    conv = extra.get('conv_layers', ())
+    w.add_head_count_kv([0 if i in conv else HKV for i in range(L)] if conv else HKV)
+    if conv:
+        w.add_shortconv_l_cache(3)
     w.add_key_length(HD)
     w.add_value_length(HD)
     w.add_rope_freq_base(BASE)
-    w.add_layer_norm_rms_eps(1e-6 if arch != 'llama' else 1e-5)
+    w.add_layer_norm_rms_eps(1e-6 if arch not in ('llama', 'lfm2') else 1e-5)
     if arch == 'llama':
         w.add_rope_dimension_count(HD)
     if extra.get('gemma'):
         w.add_sliding_window(512)
-    V = copy_vocab(w, a.vocab)
+    V = copy_vocab(w, a.vocab, extra.get('vocab'), extra.get('pre'))
     if arch == 'llama':
         w.add_vocab_size(V)
 
@@ -88,6 +103,17 @@ def main():
     for i in range(L):
         p = f'blk.{i}.'
         vec(p + 'attn_norm.weight', E, 1.0, 0.05)
+        if i in conv:
+            # B, C and X projections in one matrix, 3 taps per channel (kept f32), the output.
+            mat(p + 'shortconv.in_proj.weight', 3 * E, E, 0.02)
+            w.add_tensor(p + 'shortconv.conv.weight',
+                         (rng.standard_normal(size=(E, 3), dtype=np.float32) * 0.3).astype(np.float32))
+            mat(p + 'shortconv.out_proj.weight', E, E, 0.02 / np.sqrt(2 * L))
+            vec(p + 'ffn_norm.weight', E, 1.0, 0.05)
+            mat(p + 'ffn_gate.weight', F, E, 0.02)
+            mat(p + 'ffn_up.weight', F, E, 0.02)
+            mat(p + 'ffn_down.weight', E, F, 0.02 / np.sqrt(2 * L))
+            continue
         mat(p + 'attn_q.weight', H * HD, E, 0.02)
         mat(p + 'attn_k.weight', HKV * HD, E, 0.02)
         mat(p + 'attn_v.weight', HKV * HD, E, 0.02)
@@ -106,7 +132,7 @@ def main():
         mat(p + 'ffn_gate.weight', F, E, 0.02)
         mat(p + 'ffn_up.weight', F, E, 0.02)
         mat(p + 'ffn_down.weight', E, F, 0.02 / np.sqrt(2 * L))
-    vec('output_norm.weight', E, 1.0, 0.05)
+    vec('token_embd_norm.weight' if arch == 'lfm2' else 'output_norm.weight', E, 1.0, 0.05)
     if not tied:
         mat('output.weight', V, E, 0.02)
     w.write_header_to_file()

@@ -145,6 +145,7 @@ TINY_MODELS=(
   "smollm3-tiny.gguf 4705666ec332d4085901205a5023bce9dbfaabe600d0d3e85c0e0b5cf16024cc"
   "phi3-tiny.gguf 6ad120afaffaa9da2189617831c55f10b5e7994c650b3a77f3584f66080e81bb"
   "lfm2-tiny.gguf 4266100cb292c0f2dcaa4c40171e6b735ac38b4eff24dd333d3a1355216ca366"
+  "lfm2moe-tiny.gguf 646788d551fd690d4cfbd2eff65d6082332dbb89d07405ec7a93be56c8bb056c"
 )
 
 tiny_ok() {

@@ -156,6 +156,7 @@ fn four_sequences_in_one_batch_match_four_separate_runs_untied_q5() {
 #[test]
 fn four_sequences_in_one_batch_match_four_separate_runs_lfm2() {
     check_model("lfm2-tiny.gguf");
+    check_model("lfm2moe-tiny.gguf");
 }
 
 /// A model with recurrent layers keeps a sequence whole or not at all: a cut empties it, a copy or

@@ -173,6 +173,13 @@ fn lfm2_tiny_greedy_matches_llama_cpp() {
     check_greedy("tiny/lfm2-tiny.gguf", "lfm2-tiny.greedy.jsonl", if emulated() { 4 } else { 24 });
 }
 
+/// LFM2's mixture of experts: a dense first layer, then experts chosen by sigmoid scores plus a
+/// selection bias, weighted by the unbiased scores.
+#[test]
+fn lfm2moe_tiny_greedy_matches_llama_cpp() {
+    check_greedy("tiny/lfm2moe-tiny.gguf", "lfm2moe-tiny.greedy.jsonl", if emulated() { 4 } else { 24 });
+}
+
 /// The same without repacking: the fused matrices' parts read in the file's layout.
 #[test]
 fn phi3_tiny_greedy_matches_llama_cpp_without_repacking() {

@@ -67,9 +67,10 @@ fn the_default_model_is_valid() {
 
 #[test]
 fn every_supported_architecture_validates() {
-    for arch in
-        ["llama", "qwen2", "qwen3", "gemma3", "qwen3moe", "qwen2moe", "granite", "smollm3", "phi3", "lfm2"]
-    {
+    for arch in [
+        "llama", "qwen2", "qwen3", "gemma3", "qwen3moe", "qwen2moe", "granite", "smollm3", "phi3", "lfm2",
+        "lfm2moe",
+    ] {
         let hp = validate(&tiny(arch)).unwrap_or_else(|e| panic!("{arch}: {e}"));
         assert_eq!(hp.arch.name(), arch);
         assert_eq!((hp.head_dim_k, hp.n_expert_used), (16, if arch.ends_with("moe") { 2 } else { 0 }));
@@ -372,6 +373,17 @@ fn lfm2_layers_and_per_layer_head_counts_are_read_and_checked() {
     refused("no in_proj", &no_in_proj, &["blk.0.shortconv.in_proj.weight", "missing"]);
     let wrong = retype(tiny("lfm2"), "blk.0.shortconv.conv.weight", &[4, E], common::ggml::F32);
     refused("4 taps for l_cache 3", &wrong, &["blk.0.shortconv.conv.weight", "[3, 64]"]);
+    // lfm2moe: a dense lead, then experts with a selection bias, under sigmoid gating only.
+    let moe = validate(&tiny("lfm2moe")).unwrap();
+    assert!(moe.experts_at(0).is_none() && moe.experts_at(1).is_some_and(|x| x.selection_bias));
+    let mut no_bias = tiny("lfm2moe");
+    no_bias.tensors.retain(|t| t.name != "blk.1.exp_probs_b.bias");
+    refused("no selection bias", &no_bias, &["blk.1.exp_probs_b.bias", "missing"]);
+    let softmax = set(tiny("lfm2moe"), "lfm2moe.expert_gating_func", Val::U32(1));
+    refused("softmax gating", &softmax, &["lfm2moe.expert_gating_func"]);
+    refused("no gating", &remove(tiny("lfm2moe"), "lfm2moe.expert_gating_func"), &["expert_gating_func"]);
+    let lead = set(tiny("lfm2moe"), "lfm2moe.leading_dense_block_count", Val::U32(3));
+    refused("3 dense layers of 2", &lead, &["leading_dense_block_count"]);
     // An attention layer of an lfm2 file needs its attention tensors.
     let mut no_q = tiny("lfm2");
     no_q.tensors.retain(|t| t.name != "blk.1.attn_q.weight");

@@ -2,7 +2,7 @@
 
 use core::fmt::Write;
 
-use super::{Arch, ModelError};
+use super::{Arch, Gating, ModelError};
 use crate::gguf::{name_of, Gguf, GgufError, Name, ValueType};
 
 /// Most layers accepted (llama.cpp's own limit; no public model comes close).
@@ -79,6 +79,9 @@ pub struct HParams {
     pub recurrent: LayerMask,
     /// Taps of the short convolution (`shortconv.l_cache`, at least 2), 0 without one.
     pub conv_kernel: u32,
+    /// Leading layers with a dense FFN in a mixture-of-experts model
+    /// (`leading_dense_block_count`, lfm2moe).
+    pub n_dense_lead: u32,
 }
 
 /// One bit per layer, for the per-layer kinds of hybrid models.
@@ -409,6 +412,24 @@ impl HParams {
             return Err(bad(&k("attention.sliding_window"), 0, "gemma3 needs a sliding window"));
         }
         refuse_math_we_do_not_compute(g, arch, n_layer)?;
+        let n_dense_lead =
+            if arch.is_moe() { u32_in(g, &k("leading_dense_block_count"), Some(0), 0..=n_layer)? } else { 0 };
+        if let Some(x) = arch.experts() {
+            // llama.cpp's gating functions: 1 softmax, 2 sigmoid.
+            let want = match x.gating {
+                Gating::Softmax => 1,
+                Gating::Sigmoid => 2,
+            };
+            let key = k("expert_gating_func");
+            match g.get_int::<u32>(&key)? {
+                None if x.gating == Gating::Softmax => {}
+                Some(v) if v == want => {}
+                other => {
+                    let found = other.map_or(-1.0, f64::from);
+                    return Err(bad(&key, found, "is not this architecture's gating (1 softmax, 2 sigmoid)"));
+                }
+            }
+        }
         let conv_kernel = if arch.traits().short_conv {
             u32_in(g, &k("shortconv.l_cache"), None, 2..=MAX_CONV_KERNEL)?
         } else {
@@ -472,6 +493,7 @@ impl HParams {
             rope_yarn,
             recurrent,
             conv_kernel,
+            n_dense_lead,
         })
     }
 
@@ -488,6 +510,12 @@ impl HParams {
     /// Width of all value heads together.
     pub fn v_width(&self) -> u64 {
         u64::from(self.n_head_kv) * u64::from(self.head_dim_v)
+    }
+
+    /// How layer `il`'s FFN routes its experts, if it is a mixture of experts (the leading dense
+    /// layers of lfm2moe are not).
+    pub fn experts_at(&self, il: usize) -> Option<crate::model::Experts> {
+        self.arch.experts().filter(|_| il >= self.n_dense_lead as usize)
     }
 
     /// F32 values of one sequence's recurrent state in one recurrent layer (the short

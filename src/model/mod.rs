@@ -14,7 +14,7 @@ pub use arch::{
     build_forward, layer_rope, rope_factors_name, Forward, KvLayout, KvTypeError, KvTypes, LayerRope,
     MODEL_BUFFER,
 };
-pub use arch::{Arch, ArchTraits, Ffn, Supported};
+pub use arch::{Arch, ArchTraits, Experts, Ffn, Gating, Supported};
 pub use hparams::{HParams, LayerMask, MAX_LAYERS};
 pub use open::{check, context_size, Checked, DEFAULT_CTX};
 pub use validate::{validate_tensors, validate_vocab, TensorKind, Vocab};

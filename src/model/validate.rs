@@ -241,8 +241,12 @@ pub fn validate_tensors(g: &Gguf<'_>, hp: &HParams, n_vocab: u32) -> Result<(), 
     let traits = hp.arch.traits();
     let (qk_norm, qkv_bias) = (traits.qk_norm, traits.qkv_bias);
     let check_ffn = |i: u32| -> Result<(), ModelError> {
-        if hp.arch.is_moe() {
+        let experts = hp.experts_at(i as usize);
+        if let Some(x) = experts {
             check(expect(format_args!("blk.{i}.ffn_gate_inp.weight"), &[e, ne], Router, true))?;
+            if x.selection_bias {
+                check(expect(format_args!("blk.{i}.exp_probs_b.bias"), &[ne], Bias, true))?;
+            }
             check(expect(format_args!("blk.{i}.ffn_gate_exps.weight"), &[e, fe, ne], Weight, true))?;
             check(expect(format_args!("blk.{i}.ffn_up_exps.weight"), &[e, fe, ne], Weight, true))?;
             check(expect(format_args!("blk.{i}.ffn_down_exps.weight"), &[fe, e, ne], Weight, true))?;
@@ -254,7 +258,7 @@ pub fn validate_tensors(g: &Gguf<'_>, hp: &HParams, n_vocab: u32) -> Result<(), 
             check(expect(format_args!("blk.{i}.ffn_up.weight"), &[e, f], Weight, true))?;
             check(expect(format_args!("blk.{i}.ffn_down.weight"), &[f, e], Weight, true))?;
         }
-        if hp.arch.has_shared_expert() {
+        if experts.is_some_and(|x| x.shared_expert) {
             check(expect(format_args!("blk.{i}.ffn_gate_inp_shexp.weight"), &[e], Router, true))?;
             check(expect(format_args!("blk.{i}.ffn_gate_shexp.weight"), &[e, fs], Weight, true))?;
             check(expect(format_args!("blk.{i}.ffn_up_shexp.weight"), &[e, fs], Weight, true))?;

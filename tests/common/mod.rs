@@ -644,7 +644,7 @@ pub fn tiny_model(arch: &str) -> GgufBuilder {
     if arch == "granite" {
         b = b.kv(&k("logit_scale"), Val::F32(8.0)).kv(&k("residual_scale"), Val::F32(0.22));
     }
-    let lfm2 = arch == "lfm2";
+    let lfm2 = arch.starts_with("lfm2");
     if lfm2 {
         b.kvs.retain(|(key, _)| *key != k("attention.head_count_kv"));
         b = b
@@ -659,6 +659,10 @@ pub fn tiny_model(arch: &str) -> GgufBuilder {
             .kv(&k("expert_feed_forward_length"), Val::U32(FF as u32));
         if arch == "qwen2moe" {
             b = b.kv(&k("expert_shared_feed_forward_length"), Val::U32(64));
+        }
+        if arch == "lfm2moe" {
+            // Layer 0 dense, layer 1 experts chosen by biased sigmoid scores.
+            b = b.kv(&k("leading_dense_block_count"), Val::U32(1)).kv(&k("expert_gating_func"), Val::U32(2));
         }
     }
     let (v, hd) = (VOCAB as u64, E / u64::from(HEADS));
@@ -696,7 +700,10 @@ pub fn tiny_model(arch: &str) -> GgufBuilder {
             b = t(b, "post_attention_norm.weight", &[E], ggml::F32);
             b = t(b, "post_ffw_norm.weight", &[E], ggml::F32);
         }
-        if moe {
+        if moe && !(arch == "lfm2moe" && i == 0) {
+            if arch == "lfm2moe" {
+                b = t(b, "exp_probs_b.bias", &[4], ggml::F32);
+            }
             b = t(b, "ffn_gate_inp.weight", &[E, 4], ggml::F32);
             b = t(b, "ffn_gate_exps.weight", &[E, FF, 4], ggml::Q4_0);
             b = t(b, "ffn_up_exps.weight", &[E, FF, 4], ggml::Q4_0);

@@ -117,6 +117,10 @@ pub fn top_k_ref(row: &[f32], out: &mut [i32]) -> bool {
     true
 }
 
+/// Smallest sum the renormalised expert weights are divided by (llama.cpp's clamp: f16's
+/// smallest normal).
+pub const MOE_WEIGHT_SUM_MIN: f32 = 6.103_515_6e-5;
+
 /// `probs` at the indices `ids`; with `normalize`, divided by their sum (summed in f64, as ggml's
 /// `sum_rows`). Returns false if an index is outside `probs` (its weight is then 0).
 pub fn moe_weights_ref(probs: &[f32], ids: &[i32], normalize: bool, out: &mut [f32]) -> bool {
@@ -131,7 +135,9 @@ pub fn moe_weights_ref(probs: &[f32], ids: &[i32], normalize: bool, out: &mut [f
         };
     }
     if normalize {
+        // ggml's sum (in double), clamped below as llama.cpp's build_moe_ffn does.
         let sum = out.iter().map(|&w| f64::from(w)).sum::<f64>() as f32;
+        let sum = sum.max(MOE_WEIGHT_SUM_MIN);
         out.iter_mut().for_each(|w| *w /= sum);
     }
     ok

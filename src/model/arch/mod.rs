@@ -35,7 +35,8 @@ pub fn build_forward<const N: usize>(
         | Arch::Granite
         | Arch::SmolLm3
         | Arch::Phi3
-        | Arch::Lfm2 => transformer::build(g, gguf, hp, kv, n_tokens, n_outputs),
+        | Arch::Lfm2
+        | Arch::Lfm2Moe => transformer::build(g, gguf, hp, kv, n_tokens, n_outputs),
     }
 }
 
@@ -62,6 +63,9 @@ pub enum Arch {
     Phi3,
     /// Liquid LFM2 / LFM2.5 (short-convolution layers between attention layers).
     Lfm2,
+    /// Liquid LFM2 mixture of experts (LFM2-8B-A1B): dense leading layers, sigmoid routing with
+    /// a selection bias.
+    Lfm2Moe,
 }
 
 /// The feed-forward block of an architecture.
@@ -70,12 +74,31 @@ pub enum Ffn {
     /// One gated MLP per layer.
     Dense,
     /// A mixture of experts (llama.cpp's `build_moe_ffn`).
-    Experts {
-        /// The top-k weights are renormalised to sum to 1.
-        normalize_weights: bool,
-        /// A shared expert scaled by its own sigmoid gate is added (qwen2moe).
-        shared_expert: bool,
-    },
+    Experts(Experts),
+}
+
+/// How a mixture of experts routes and adds up its experts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Experts {
+    /// The top-k weights are renormalised to sum to 1.
+    pub normalize_weights: bool,
+    /// A shared expert scaled by its own sigmoid gate is added (qwen2moe).
+    pub shared_expert: bool,
+    /// How router logits become expert probabilities.
+    pub gating: Gating,
+    /// A per-expert bias (`exp_probs_b.bias`) is added to the probabilities for choosing the
+    /// experts only; the weights are the unbiased probabilities (lfm2moe).
+    pub selection_bias: bool,
+}
+
+/// How a mixture of experts turns router logits into probabilities
+/// (`{arch}.expert_gating_func`: 1 softmax, 2 sigmoid).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gating {
+    /// Softmax over the experts.
+    Softmax,
+    /// Each expert's own sigmoid.
+    Sigmoid,
 }
 
 /// What sets an architecture apart in the shared forward pass.
@@ -116,7 +139,7 @@ pub struct ArchTraits {
 
 impl Arch {
     /// Every architecture, in the order messages list them.
-    pub const ALL: [Arch; 10] = [
+    pub const ALL: [Arch; 11] = [
         Arch::Llama,
         Arch::Qwen2,
         Arch::Qwen3,
@@ -127,6 +150,7 @@ impl Arch {
         Arch::SmolLm3,
         Arch::Phi3,
         Arch::Lfm2,
+        Arch::Lfm2Moe,
     ];
 
     /// The architecture's row.
@@ -145,6 +169,20 @@ impl Arch {
             short_conv: false,
             output_norm: "output_norm.weight",
         };
+        const SOFTMAX_EXPERTS: Experts = Experts {
+            normalize_weights: false,
+            shared_expert: false,
+            gating: Gating::Softmax,
+            selection_bias: false,
+        };
+        // (llama.cpp's converter names LFM2's final norm after the embeddings.)
+        const LFM2: ArchTraits = ArchTraits {
+            name: "lfm2",
+            qk_norm: true,
+            short_conv: true,
+            output_norm: "token_embd_norm.weight",
+            ..DENSE
+        };
         match self {
             Arch::Llama => ArchTraits { name: "llama", rope: RopeMode::Normal, ..DENSE },
             Arch::Qwen2 => ArchTraits { name: "qwen2", qkv_bias: true, ..DENSE },
@@ -152,13 +190,13 @@ impl Arch {
             Arch::Qwen3Moe => ArchTraits {
                 name: "qwen3moe",
                 qk_norm: true,
-                ffn: Ffn::Experts { normalize_weights: true, shared_expert: false },
+                ffn: Ffn::Experts(Experts { normalize_weights: true, ..SOFTMAX_EXPERTS }),
                 ..DENSE
             },
             Arch::Qwen2Moe => ArchTraits {
                 name: "qwen2moe",
                 qkv_bias: true,
-                ffn: Ffn::Experts { normalize_weights: false, shared_expert: true },
+                ffn: Ffn::Experts(Experts { shared_expert: true, ..SOFTMAX_EXPERTS }),
                 ..DENSE
             },
             Arch::Gemma3 => ArchTraits { name: "gemma3", qk_norm: true, gemma: true, ..DENSE },
@@ -169,13 +207,16 @@ impl Arch {
                 ArchTraits { name: "smollm3", rope: RopeMode::Normal, no_rope_every: 4, ..DENSE }
             }
             Arch::Phi3 => ArchTraits { name: "phi3", fused_gate_up: true, long_rope: true, ..DENSE },
-            // (llama.cpp's converter names LFM2's final norm after the embeddings.)
-            Arch::Lfm2 => ArchTraits {
-                name: "lfm2",
-                qk_norm: true,
-                short_conv: true,
-                output_norm: "token_embd_norm.weight",
-                ..DENSE
+            Arch::Lfm2 => LFM2,
+            Arch::Lfm2Moe => ArchTraits {
+                name: "lfm2moe",
+                ffn: Ffn::Experts(Experts {
+                    normalize_weights: true,
+                    shared_expert: false,
+                    gating: Gating::Sigmoid,
+                    selection_bias: true,
+                }),
+                ..LFM2
             },
         }
     }
@@ -192,12 +233,20 @@ impl Arch {
 
     /// Whether feed-forward layers are mixtures of experts.
     pub fn is_moe(self) -> bool {
-        matches!(self.traits().ffn, Ffn::Experts { .. })
+        matches!(self.traits().ffn, Ffn::Experts(_))
+    }
+
+    /// How the mixture of experts routes, for a mixture-of-experts architecture.
+    pub fn experts(self) -> Option<Experts> {
+        match self.traits().ffn {
+            Ffn::Dense => None,
+            Ffn::Experts(x) => Some(x),
+        }
     }
 
     /// Whether the mixture of experts adds a shared expert.
     pub fn has_shared_expert(self) -> bool {
-        matches!(self.traits().ffn, Ffn::Experts { shared_expert: true, .. })
+        self.experts().is_some_and(|x| x.shared_expert)
     }
 }
 

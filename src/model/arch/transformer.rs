@@ -6,7 +6,7 @@
 
 use core::fmt::Write;
 
-use super::Ffn;
+use super::Gating;
 use crate::gguf::{name_of, Gguf};
 use crate::graph::{Graph, GraphError};
 use crate::kernels::reference::Yarn;
@@ -564,16 +564,26 @@ pub fn build<const N: usize>(
         let ffn_norm = need(g, "ffn_norm.weight")?;
         let cur = named!("norm", il, g.rms_norm(x, hp.rms_eps));
         let cur = named!("ffn_norm", il, g.mul(cur, ffn_norm));
-        let mut down = if hp.arch.is_moe() {
-            // Mixture of experts, as llama.cpp's build_moe_ffn: softmax router (kept in float on
-            // the CPU), top-k experts, their weights (renormalised for qwen3moe), SwiGLU experts
-            // through mul_mat_id, weighted sum.
+        let mut down = if let Some(route) = hp.experts_at(il) {
+            // Mixture of experts, as llama.cpp's build_moe_ffn: softmax or sigmoid router (kept
+            // in float on the CPU), top-k experts (chosen with lfm2moe's bias), their weights
+            // (renormalised for qwen3moe and lfm2moe), SwiGLU experts through mul_mat_id,
+            // weighted sum.
             let router = need(g, "ffn_gate_inp.weight")?;
             let k_used = hp.n_expert_used as usize;
             let logits = named!("ffn_moe_logits", il, g.mul_mat(router, cur));
-            let probs = named!("ffn_moe_probs", il, g.soft_max(logits, 1.0, false, 0));
-            let picked = named!("ffn_moe_topk", il, g.top_k(probs, k_used));
-            let normalize = matches!(traits.ffn, Ffn::Experts { normalize_weights: true, .. });
+            let probs = match route.gating {
+                Gating::Softmax => named!("ffn_moe_probs", il, g.soft_max(logits, 1.0, false, 0)),
+                Gating::Sigmoid => named!("ffn_moe_probs", il, g.sigmoid(logits)),
+            };
+            let chosen_by = if route.selection_bias {
+                let bias = need(g, "exp_probs_b.bias")?;
+                named!("ffn_moe_probs_biased", il, g.add(probs, bias))
+            } else {
+                probs
+            };
+            let picked = named!("ffn_moe_topk", il, g.top_k(chosen_by, k_used));
+            let normalize = route.normalize_weights;
             let weights = named!("ffn_moe_weights", il, g.moe_weights(probs, picked, normalize));
             let (wg, wu, wd) = (
                 need(g, "ffn_gate_exps.weight")?,
@@ -586,7 +596,7 @@ pub fn build<const N: usize>(
             let act = named!("ffn_moe_swiglu", il, g.swiglu(gate, up));
             let experts = named!("ffn_moe_down", il, g.mul_mat_id(wd, act, picked));
             let mut moe = named!("ffn_moe_out", il, g.moe_sum(experts, weights));
-            if hp.arch.has_shared_expert() {
+            if route.shared_expert {
                 // The shared expert, scaled by its own sigmoid gate.
                 let gate_inp = need(g, "ffn_gate_inp_shexp.weight")?;
                 let (sg, su, sd) = (
