@@ -415,7 +415,7 @@ impl Session {
             kv: layout.kv,
             recurrent_states: {
                 let kv = planned.kv_layout();
-                kv.state_bytes * kv.n_seq * kv.recurrent.count()
+                kv.state_bytes() * kv.n_seq * kv.recurrent.count()
             },
             kv_types: opts.kv_types,
             activations: layout.activations,

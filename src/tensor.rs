@@ -9,7 +9,7 @@ use crate::graph::{Op, OpParams};
 use crate::quant::GgmlType;
 
 /// Most sources an op reads (flash attention: queries, keys, values, token positions).
-pub const MAX_SRC: usize = 4;
+pub const MAX_SRC: usize = 8;
 
 /// Index of a tensor in its graph.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]

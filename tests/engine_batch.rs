@@ -159,6 +159,12 @@ fn four_sequences_in_one_batch_match_four_separate_runs_lfm2() {
     check_model("lfm2moe-tiny.gguf");
 }
 
+/// Qwen3.5: each sequence's convolution and delta-rule states move on only with its own tokens.
+#[test]
+fn four_sequences_in_one_batch_match_four_separate_runs_qwen35() {
+    check_model("qwen35-tiny.gguf");
+}
+
 /// A model with recurrent layers keeps a sequence whole or not at all: a cut empties it, a copy or
 /// a save takes it whole, and what is restored or started over continues like a fresh run.
 #[test]

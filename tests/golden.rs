@@ -180,6 +180,14 @@ fn lfm2moe_tiny_greedy_matches_llama_cpp() {
     check_greedy("tiny/lfm2moe-tiny.gguf", "lfm2moe-tiny.greedy.jsonl", if emulated() { 4 } else { 24 });
 }
 
+/// Qwen3.5: gated-delta-rule layers (a convolution over Q, K, V, four value heads sharing two
+/// query/key heads, states carried from step to step) between attention layers whose output is
+/// gated and whose rotation is partial.
+#[test]
+fn qwen35_tiny_greedy_matches_llama_cpp() {
+    check_greedy("tiny/qwen35-tiny.gguf", "qwen35-tiny.greedy.jsonl", if emulated() { 4 } else { 24 });
+}
+
 /// The same without repacking: the fused matrices' parts read in the file's layout.
 #[test]
 fn phi3_tiny_greedy_matches_llama_cpp_without_repacking() {

@@ -2083,3 +2083,107 @@ fn short_conv_refuses_bad_shapes_and_sequences_past_its_states() {
     let e = run_err(&mut s, &[out], &[Step { n_past: 0, n_kv: 1 }]);
     assert!(matches!(e, ExecError::BadIndex { op: "short_conv", .. }), "{e:?}");
 }
+
+/// The gated delta rule against an f64 model of it: heads of 12 (not a multiple of the 8-lane
+/// dot), 2 query/key heads shared by 4 value heads (value head h reads query/key head h % 2, as
+/// ggml's), two sequences interleaved in one batch (one starting at position 0), two steps so the
+/// states carry over; 1 and 3 threads give the same bits (`run_ops`).
+#[test]
+fn gated_delta_net_carries_each_head_state_and_restarts_at_position_zero() {
+    let (d, nk, nv, n_seq, rows) = (12usize, 2usize, 4usize, 2usize, 16usize);
+    let places = [(1, 3), (0, 0), (1, 4), (0, 1), (0, 2)];
+    let n_tok = places.len();
+    let mut rng = Rng(77);
+    let unit = |rng: &mut Rng, n: usize| -> Vec<f32> {
+        // L2-normalised rows of d, as the model gives the op.
+        let mut x = rng.vec(n);
+        for row in x.chunks_mut(d) {
+            let norm = row.iter().map(|v| v * v).sum::<f32>().sqrt();
+            row.iter_mut().for_each(|v| *v /= norm);
+        }
+        x
+    };
+    let q = unit(&mut rng, d * nk * n_tok);
+    let k = unit(&mut rng, d * nk * n_tok);
+    let v: Vec<f32> = rng.vec(d * nv * n_tok).iter().map(|x| x * 3.0).collect();
+    let g: Vec<f32> = rng.vec(nv * n_tok).iter().map(|x| -0.5 - x.abs()).collect();
+    let beta: Vec<f32> = rng.vec(nv * n_tok).iter().map(|x| 0.5 + 0.5 * x).collect();
+    let mut s = Setup::default();
+    let qs = leaf(&mut s, "q", [d, nk, n_tok, 1], &q);
+    let ks = leaf(&mut s, "k", [d, nk, n_tok, 1], &k);
+    let vs = leaf(&mut s, "v", [d, nv, n_tok, 1], &v);
+    let gs = leaf(&mut s, "g", [nv, n_tok, 1, 1], &g);
+    let bs = leaf(&mut s, "beta", [nv, n_tok, 1, 1], &beta);
+    let states = s.persistent("states", F32, [d * d * nv, n_seq, 1, 1]);
+    let flat: Vec<i32> = places.iter().flat_map(|&(q, p)| [(q * rows) as i32, p]).collect();
+    let pl = s.ids("places", [2, n_tok, 1, 1], &flat);
+    let out = s.g.gated_delta_net(qs, ks, vs, gs, bs, states, pl, rows).unwrap();
+    let step = Step { n_past: 0, n_kv: 1 };
+    let got = run_ops(&mut s, &[out], &[step, step]);
+
+    // The model: S[seq][h] is d x d, S[i][j]; decay, write along k, read along q.
+    let mut st = vec![vec![vec![0f64; d * d]; nv]; n_seq];
+    let mut want = vec![0f64; d * nv * n_tok];
+    for _ in 0..2 {
+        for (t, &(sq, p)) in places.iter().enumerate() {
+            for h in 0..nv {
+                let m = &mut st[sq][h];
+                if p == 0 {
+                    m.fill(0.0);
+                }
+                let at =
+                    |x: &[f32], heads: usize, hh: usize, i: usize| f64::from(x[(t * heads + hh) * d + i]);
+                let decay = f64::from(g[t * nv + h]).exp();
+                m.iter_mut().for_each(|x| *x *= decay);
+                let b = f64::from(beta[t * nv + h]);
+                let delta: Vec<f64> = (0..d)
+                    .map(|j| {
+                        (at(&v, nv, h, j) - (0..d).map(|i| m[i * d + j] * at(&k, nk, h % nk, i)).sum::<f64>())
+                            * b
+                    })
+                    .collect();
+                for i in 0..d {
+                    for j in 0..d {
+                        m[i * d + j] += at(&k, nk, h % nk, i) * delta[j];
+                    }
+                }
+                for j in 0..d {
+                    let o: f64 = (0..d).map(|i| m[i * d + j] * at(&q, nk, h % nk, i)).sum();
+                    want[(t * nv + h) * d + j] = o / (d as f64).sqrt();
+                }
+            }
+        }
+    }
+    check("gated_delta_net", &got[0], &want, 1e-4, 1e-5);
+}
+
+#[test]
+fn gated_delta_net_refuses_bad_shapes_and_softplus_is_ggml_s() {
+    let mut s = Setup::default();
+    let q = leaf(&mut s, "q", [8, 2, 3, 1], &[0.1; 48]);
+    let q3 = leaf(&mut s, "q3", [8, 3, 3, 1], &[0.1; 72]);
+    let v = leaf(&mut s, "v", [8, 4, 3, 1], &[0.1; 96]);
+    let g = leaf(&mut s, "g", [4, 3, 1, 1], &[0.1; 12]);
+    let g_short = leaf(&mut s, "g2", [3, 3, 1, 1], &[0.1; 9]);
+    let states = s.persistent("states", F32, [8 * 8 * 4, 2, 1, 1]);
+    let small = s.persistent("small", F32, [8 * 8 * 2, 2, 1, 1]);
+    let places = s.ids("places", [2, 3, 1, 1], &[0; 6]);
+    let gg = &mut s.g;
+    assert!(gg.gated_delta_net(q, q, v, g, g, states, places, 8).is_ok());
+    assert_eq!(
+        invalid_op(gg.gated_delta_net(q3, q3, v, g, g, states, places, 8)),
+        "gated_delta_net",
+        "3 of 4"
+    );
+    assert_eq!(invalid_op(gg.gated_delta_net(q, q, v, g_short, g, states, places, 8)), "gated_delta_net");
+    assert_eq!(invalid_op(gg.gated_delta_net(q, q, v, g, g, small, places, 8)), "gated_delta_net", "states");
+    assert_eq!(invalid_op(gg.gated_delta_net(q, q, v, g, g, states, places, 0)), "gated_delta_net", "rows");
+
+    let x = [-30.0f32, -1.0, 0.0, 0.5, 19.9, 20.0, 20.5, 100.0];
+    let mut out = [0f32; 8];
+    pinfer::kernels::reference::softplus_ref(&x, &mut out);
+    for (&xi, &o) in x.iter().zip(&out) {
+        let want = if xi > 20.0 { f64::from(xi) } else { (1.0 + f64::from(xi).exp()).ln() };
+        assert!((f64::from(o) - want).abs() <= 1e-6 * want.abs().max(1e-6) + 1e-12, "softplus({xi}) = {o}");
+    }
+}

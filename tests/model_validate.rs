@@ -69,7 +69,7 @@ fn the_default_model_is_valid() {
 fn every_supported_architecture_validates() {
     for arch in [
         "llama", "qwen2", "qwen3", "gemma3", "qwen3moe", "qwen2moe", "granite", "smollm3", "phi3", "lfm2",
-        "lfm2moe",
+        "lfm2moe", "qwen35",
     ] {
         let hp = validate(&tiny(arch)).unwrap_or_else(|e| panic!("{arch}: {e}"));
         assert_eq!(hp.arch.name(), arch);
@@ -388,6 +388,47 @@ fn lfm2_layers_and_per_layer_head_counts_are_read_and_checked() {
     let mut no_q = tiny("lfm2");
     no_q.tensors.retain(|t| t.name != "blk.1.attn_q.weight");
     refused("no attn_q", &no_q, &["blk.1.attn_q.weight"]);
+}
+
+/// Qwen3.5: the gated delta rule's sizes, which layers run it, its tensors, the multi-token
+/// prediction blocks left out, and M-RoPE sections that would leave text pairs unrotated refused.
+#[test]
+fn qwen35_layers_sizes_and_sections_are_read_and_checked() {
+    let hp = validate(&tiny("qwen35")).unwrap();
+    let d = hp.delta.unwrap();
+    assert!(hp.recurrent.contains(0) && !hp.recurrent.contains(1));
+    assert_eq!((d.conv_kernel, d.head_dim, d.n_k_heads, d.n_v_heads, d.conv_channels()), (4, 16, 2, 4, 128));
+    assert_eq!((hp.conv_state_len(), hp.delta_state_len()), (3 * 128, 16 * 16 * 4));
+    let q = |key: &str, v: Val| set(tiny("qwen35"), &format!("qwen35.{key}"), v);
+    refused("3 value heads for 2 key heads", &q("ssm.time_step_rank", Val::U32(3)), &["ssm.time_step_rank"]);
+    refused("inner size", &q("ssm.inner_size", Val::U32(60)), &["ssm.inner_size"]);
+    refused("conv kernel 0", &q("ssm.conv_kernel", Val::U32(0)), &["ssm.conv_kernel"]);
+    refused("no state size", &remove(tiny("qwen35"), "qwen35.ssm.state_size"), &["ssm.state_size"]);
+    refused("interval 0", &q("full_attention_interval", Val::U32(0)), &["full_attention_interval"]);
+    // Every layer attends with interval 1: layer 0's Q, K, V matrix is read as attention's.
+    refused(
+        "interval 1",
+        &q("full_attention_interval", Val::U32(1)),
+        &["blk.0.attn_qkv.weight", "[64, 192]"],
+    );
+    let flags =
+        |v: &[u8]| q("attention.recurrent_layers", Val::Array(7, v.iter().map(|&b| Val::Bool(b)).collect()));
+    assert!(validate(&flags(&[1, 0])).unwrap().recurrent.contains(0));
+    refused("3 flags for 2 layers", &flags(&[1, 0, 0]), &["attention.recurrent_layers"]);
+    let mut no_a = tiny("qwen35");
+    no_a.tensors.retain(|t| t.name != "blk.0.ssm_a");
+    refused("no ssm_a", &no_a, &["blk.0.ssm_a", "missing"]);
+    let narrow_q = retype(tiny("qwen35"), "blk.1.attn_q.weight", &[E, E], Q4_0);
+    refused("Q without its gate", &narrow_q, &["blk.1.attn_q.weight", "[64, 128]"]);
+    // A multi-token-prediction block after the model's own is not run (nor checked).
+    let mtp = set(q("nextn_predict_layers", Val::U32(1)), "qwen35.block_count", Val::U32(3));
+    assert_eq!(validate(&mtp).unwrap().n_layer, 2);
+    // Sections: [3, 3, 3, 0] cover 8 rotated pairs; [3, 3, 1, 0] leave pair 5 to the image position.
+    let sections =
+        |v: [u32; 4]| q("rope.dimension_sections", Val::Array(4, v.iter().map(|&n| Val::U32(n)).collect()));
+    let with_rot = |b: GgufBuilder| set(b, "qwen35.rope.dimension_count", Val::U32(16));
+    validate(&with_rot(sections([3, 3, 3, 0]))).unwrap();
+    refused("sections", &with_rot(sections([3, 3, 1, 0])), &["rope.dimension_sections"]);
 }
 
 #[test]

@@ -774,6 +774,7 @@ impl<'a, const N: usize> Bound<'a, N> {
             | Op::LayerNorm
             | Op::Silu
             | Op::Sigmoid
+            | Op::Softplus
             | Op::Gelu
             | Op::SoftMax => self.unary(id, t, ne, step, ith, nth),
             Op::Add | Op::Mul | Op::SwiGlu | Op::GeGlu => self.binary(id, t, ne, step, ith, nth),
@@ -793,6 +794,7 @@ impl<'a, const N: usize> Bound<'a, N> {
             Op::Concat => self.concat(id, t, ne, step, ith, nth),
             Op::KvWrite => self.kv_write(id, t, step, ith, nth),
             Op::ShortConv => self.short_conv(id, t, ith, nth),
+            Op::GatedDeltaNet => self.gated_delta_net(id, t, ith, nth),
             Op::FlashAttn => match (phase, self.split_of(t, step)) {
                 (0, None) => self.flash_attn(id, t, ne, step, ith, nth),
                 (0, Some(parts)) => self.flash_attn_parts(id, t, ne, step, parts, ith, nth),
@@ -822,6 +824,7 @@ impl<'a, const N: usize> Bound<'a, N> {
                     Op::LayerNorm => kref::layer_norm_ref(x, out, p.f[0]),
                     Op::Silu => kref::silu_ref(x, out),
                     Op::Sigmoid => kref::sigmoid_ref(x, out),
+                    Op::Softplus => kref::softplus_ref(x, out),
                     Op::Gelu => kref::gelu_ref(x, out),
                     _ => {
                         let (start, end) =
@@ -1055,7 +1058,7 @@ impl<'a, const N: usize> Bound<'a, N> {
     /// The short convolution (see [`Op::ShortConv`]): each thread owns a share of the channels
     /// and walks the tokens in batch order, so every channel's state moves on token by token.
     fn short_conv(&self, id: TensorId, t: &Tensor, ith: usize, nth: usize) {
-        let [Some(x), Some(taps), Some(states), Some(places)] = t.src else { return };
+        let [Some(x), Some(taps), Some(states), Some(places), ..] = t.src else { return };
         let (tx, ts) = (self.graph.tensor(x), self.graph.tensor(states));
         let (n_ch, n_tokens) = (tx.ne[0], tx.ne[1]);
         let (k, n_seq) = (self.graph.tensor(taps).ne[0], ts.ne[1]);
@@ -1082,6 +1085,56 @@ impl<'a, const N: usize> Bound<'a, N> {
                 for (c, (o, &v)) in out.iter_mut().zip(input).enumerate() {
                     let window = &mut state[c * (k - 1)..(c + 1) * (k - 1)];
                     *o = kref::short_conv_step_ref(window, &w[c * k..(c + 1) * k], v, pos == 0);
+                }
+            }
+        }
+    }
+
+    /// The gated delta rule (see [`Op::GatedDeltaNet`]): each thread owns a share of the value
+    /// heads and walks the tokens in batch order, so every head's state moves on token by token.
+    fn gated_delta_net(&self, id: TensorId, t: &Tensor, ith: usize, nth: usize) {
+        let [Some(q), Some(k), Some(v), Some(g), Some(beta), Some(states), Some(places), _] = t.src else {
+            return;
+        };
+        let (tq, tk, tv, ts) =
+            (self.graph.tensor(q), self.graph.tensor(k), self.graph.tensor(v), self.graph.tensor(states));
+        let (d, n_v, n_tokens, n_k, n_seq) = (tv.ne[0], tv.ne[1], tv.ne[2], tq.ne[1], ts.ne[1]);
+        let rows_per_seq = t.params.i[0] as usize;
+        let mut delta = [0f32; 1024];
+        // SAFETY: shapes were checked by the graph builder, spans by `new`; this thread reads and
+        // writes only its own heads' states and outputs, and reads inputs nothing writes.
+        unsafe {
+            for tok in 0..n_tokens {
+                let Some(Some((first, pos))) = self.place(Some(places), tok) else {
+                    self.fail(id, BAD_INDEX);
+                    return;
+                };
+                let seq = first / rows_per_seq;
+                if seq >= n_seq {
+                    self.fail(id, BAD_INDEX);
+                    return;
+                }
+                let gs: &[f32] = self.read(g, tok * n_v * 4, n_v);
+                let betas: &[f32] = self.read(beta, tok * n_v * 4, n_v);
+                for h in share(n_v, ith, nth) {
+                    let hk = h % n_k;
+                    let qh: &[f32] = self.read(q, tq.row_offset(hk, tok, 0), d);
+                    let kh: &[f32] = self.read(k, tk.row_offset(hk, tok, 0), d);
+                    let vh: &[f32] = self.read(v, tv.row_offset(h, tok, 0), d);
+                    let state: &mut [f32] = self.write(states, seq * ts.nb[1] + h * d * d * 4, d * d);
+                    let out: &mut [f32] = self.write(id, t.row_offset(h, tok, 0), d);
+                    let fresh = pos == 0;
+                    kref::gated_delta_step_ref(
+                        state,
+                        qh,
+                        kh,
+                        vh,
+                        gs[h],
+                        betas[h],
+                        fresh,
+                        &mut delta[..d],
+                        out,
+                    );
                 }
             }
         }

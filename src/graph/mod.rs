@@ -174,10 +174,7 @@ impl<const N: usize> Graph<N> {
         let first = src[0];
         let nb =
             contiguous_strides(ty, ne).ok_or_else(|| self.invalid(op, first, "result size overflows"))?;
-        let mut srcs = [None; MAX_SRC];
-        for (slot, s) in srcs.iter_mut().zip(src) {
-            *slot = Some(*s);
-        }
+        let srcs = sources(src);
         // A result depends on the KV length when a source's dimension it inherits does.
         let dyn_kv = self.tensor(first).dyn_kv;
         let name = self.tensor(first).name.clone();
@@ -258,6 +255,11 @@ impl<const N: usize> Graph<N> {
     /// Logistic sigmoid.
     pub fn sigmoid(&mut self, a: TensorId) -> Result<TensorId> {
         self.unary(Op::Sigmoid, a, OpParams::default())
+    }
+
+    /// `ln(1 + exp(x))` (see [`Op::Softplus`]).
+    pub fn softplus(&mut self, a: TensorId) -> Result<TensorId> {
+        self.unary(Op::Softplus, a, OpParams::default())
     }
 
     /// Indices of the `k` largest values of each row of F32 `probs` (`[n, n_tokens]`), as I32
@@ -553,7 +555,7 @@ impl<const N: usize> Graph<N> {
         let t = Tensor {
             op: Op::KvWrite,
             params: OpParams { i: [transposed as i32, 0, 0, 0], ..Default::default() },
-            src: [Some(src), Some(cache), None, None],
+            src: sources(&[src, cache]),
             storage: Storage::View { base: cache, offset: 0 },
             ..tc.clone()
         };
@@ -604,6 +606,70 @@ impl<const N: usize> Graph<N> {
         }
         let params = OpParams { i: [rows, 0, 0, 0], ..Default::default() };
         self.node(Op::ShortConv, GgmlType::F32, [n_ch, n_tokens, 1, 1], &[x, taps, states, places], params)
+    }
+
+    /// The gated delta rule over `q`, `k` (F32 `[d, n_k_heads, n_tokens]`, rows contiguous), `v`
+    /// (F32 `[d, n_v_heads, n_tokens]`), log-decays `g` and strengths `beta` (contiguous F32
+    /// `[n_v_heads, n_tokens]`) with `states` (F32 `[d * d * n_v_heads, n_seq]`, persistent) at the
+    /// tokens' `places` (sequences of `rows_per_seq` cache rows): see [`Op::GatedDeltaNet`]. The
+    /// result is F32 `[d, n_v_heads, n_tokens]`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gated_delta_net(
+        &mut self,
+        q: TensorId,
+        k: TensorId,
+        v: TensorId,
+        g: TensorId,
+        beta: TensorId,
+        states: TensorId,
+        places: TensorId,
+        rows_per_seq: usize,
+    ) -> Result<TensorId> {
+        const OP: Op = Op::GatedDeltaNet;
+        for x in [q, k, v, g, beta] {
+            self.f32_input(OP, x)?;
+        }
+        let (tq, tk, tv) = (self.tensor(q), self.tensor(k), self.tensor(v));
+        let (d, n_v, n_tokens) = (tv.ne[0], tv.ne[1], tv.ne[2]);
+        let n_k = tq.ne[1];
+        if tq.ne != tk.ne || tq.ne[0] != d || tq.ne[2] != n_tokens || n_k == 0 || n_v % n_k != 0 {
+            return Err(self.invalid(
+                OP,
+                q,
+                "q and k must be [d, n_k_heads, tokens], n_k_heads dividing v's",
+            ));
+        }
+        if tq.ne[3] != 1 || tv.ne[3] != 1 || d == 0 || d > 1024 {
+            return Err(self.invalid(OP, v, "q, k, v must be 3-D with heads of at most 1024"));
+        }
+        for x in [g, beta] {
+            let t = self.tensor(x);
+            if !t.is_contiguous() || t.ne != [n_v, n_tokens, 1, 1] {
+                return Err(self.invalid(
+                    OP,
+                    x,
+                    "decays and strengths must be contiguous [n_v_heads, tokens]",
+                ));
+            }
+        }
+        let (ts, tp) = (self.tensor(states), self.tensor(places));
+        let persistent = matches!(ts.storage, Storage::Persistent { .. });
+        if ts.ty != GgmlType::F32 || !ts.is_contiguous() || !persistent || ts.ne[0] != d * d * n_v {
+            return Err(self.invalid(
+                OP,
+                states,
+                "states must be a persistent contiguous F32 [d * d * n_v_heads, sequences]",
+            ));
+        }
+        if tp.ty != GgmlType::I32 || !tp.is_contiguous() || tp.ne != [2, n_tokens, 1, 1] {
+            return Err(self.invalid(OP, places, "places must be contiguous I32 [2, tokens]"));
+        }
+        let rows = i32::try_from(rows_per_seq).ok().filter(|&r| r > 0);
+        let Some(rows) = rows else {
+            return Err(self.invalid(OP, places, "sequences need 1..=i32::MAX rows"));
+        };
+        let params = OpParams { i: [rows, 0, 0, 0], ..Default::default() };
+        self.node(OP, GgmlType::F32, [d, n_v, n_tokens, 1], &[q, k, v, g, beta, states, places], params)
     }
 
     /// Attention of `q` (`[head_dim, n_tokens, n_head]`, F32, rows contiguous) over keys `k`
@@ -696,7 +762,7 @@ impl<const N: usize> Graph<N> {
             storage: Storage::View { base, offset },
             op: Op::View,
             params: OpParams::default(),
-            src: [Some(base), None, None, None],
+            src: sources(&[base]),
             ..b.clone()
         };
         let fits = ne.iter().all(|&n| n > 0)
@@ -752,7 +818,7 @@ impl<const N: usize> Graph<N> {
             storage: Storage::View { base, offset: 0 },
             op: Op::View,
             params: OpParams::default(),
-            src: [Some(base), None, None, None],
+            src: sources(&[base]),
             ..b.clone()
         })?;
         Ok(id)
@@ -817,4 +883,13 @@ impl<const N: usize> Graph<N> {
         }
         Ok(())
     }
+}
+
+/// A node's source slots holding `ids` (at most [`MAX_SRC`]), the rest empty.
+fn sources(ids: &[TensorId]) -> [Option<TensorId>; MAX_SRC] {
+    let mut srcs = [None; MAX_SRC];
+    for (slot, &id) in srcs.iter_mut().zip(ids) {
+        *slot = Some(id);
+    }
+    srcs
 }

@@ -50,6 +50,8 @@ pub enum Op {
     Silu,
     /// `1 / (1 + exp(-x))`.
     Sigmoid,
+    /// `ln(1 + exp(x))`, `x` itself above 20 (ggml's).
+    Softplus,
     /// GELU, tanh approximation.
     Gelu,
     /// `silu(src[0]) * src[1]`.
@@ -95,6 +97,15 @@ pub enum Op {
     /// `sum_j window[j] * taps[j]` over the state and the input (summed from the oldest, as ggml),
     /// then the state moves on by the input. A token at position 0 starts from a zero state.
     ShortConv,
+    /// The gated delta rule (Qwen3.5's linear attention; ggml's `gated_delta_net`): queries
+    /// `src[0]` and keys `src[1]` (F32 `[d, n_k_heads, n_tokens]`, L2-normalised rows), values
+    /// `src[2]` (F32 `[d, n_v_heads, n_tokens]`), log-decays `src[3]` and write strengths `src[4]`
+    /// (F32 `[n_v_heads, n_tokens]`), states `src[5]` (F32 `[d * d * n_v_heads, n_seq]`,
+    /// persistent), places `src[6]` (sequence = first cache row / `params.i[0]`). Token by token
+    /// in batch order, value head `h` (query and key head `h % n_k_heads`) decays its state `S`
+    /// by `exp(g)`, writes `beta * (v - S^T k)` along `k`, and reads `S^T q / sqrt(d)` → F32
+    /// `[d, n_v_heads, n_tokens]`. A token at position 0 starts from a zero state.
+    GatedDeltaNet,
 }
 
 impl Op {
@@ -115,6 +126,7 @@ impl Op {
             Op::SoftMax => "soft_max",
             Op::Silu => "silu",
             Op::Sigmoid => "sigmoid",
+            Op::Softplus => "softplus",
             Op::Gelu => "gelu",
             Op::SwiGlu => "swiglu",
             Op::GeGlu => "geglu",
@@ -128,6 +140,7 @@ impl Op {
             Op::KvWrite => "kv_write",
             Op::FlashAttn => "flash_attn",
             Op::ShortConv => "short_conv",
+            Op::GatedDeltaNet => "gated_delta_net",
         }
     }
 

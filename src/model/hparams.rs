@@ -79,9 +79,36 @@ pub struct HParams {
     pub recurrent: LayerMask,
     /// Taps of the short convolution (`shortconv.l_cache`, at least 2), 0 without one.
     pub conv_kernel: u32,
+    /// The gated delta rule's sizes (Qwen3.5's linear-attention layers), `None` without them.
+    pub delta: Option<DeltaNet>,
     /// Leading layers with a dense FFN in a mixture-of-experts model
     /// (`leading_dense_block_count`, lfm2moe).
     pub n_dense_lead: u32,
+}
+
+/// The sizes of Qwen3.5's linear-attention (gated delta rule) layers (`{arch}.ssm.*`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeltaNet {
+    /// Taps of the convolution over Q, K and V (`ssm.conv_kernel`).
+    pub conv_kernel: u32,
+    /// Size of a key, query and value head, and of each head's state (`ssm.state_size`).
+    pub head_dim: u32,
+    /// Query and key heads (`ssm.group_count`).
+    pub n_k_heads: u32,
+    /// Value heads, each with its own state (`ssm.time_step_rank`).
+    pub n_v_heads: u32,
+}
+
+impl DeltaNet {
+    /// Channels of the convolution: queries, keys and values together.
+    pub fn conv_channels(&self) -> usize {
+        (2 * self.n_k_heads as usize + self.n_v_heads as usize) * self.head_dim as usize
+    }
+
+    /// Width of all value heads together (the gate's and the output projection's).
+    pub fn v_width(&self) -> usize {
+        self.n_v_heads as usize * self.head_dim as usize
+    }
 }
 
 /// One bit per layer, for the per-layer kinds of hybrid models.
@@ -278,6 +305,9 @@ fn refuse_math_we_do_not_compute(g: &Gguf<'_>, arch: Arch, n_layer: u32) -> Resu
             }
         }
     }
+    if arch.traits().delta_net {
+        check_text_rope_sections(g, arch)?;
+    }
     // Gemma 3 27B scales attention by 1/sqrt(n_embd/n_head), not by the head size (llama.cpp
     // tells it by its 62 layers).
     if arch == Arch::Gemma3 && n_layer == 62 {
@@ -288,6 +318,59 @@ fn refuse_math_we_do_not_compute(g: &Gguf<'_>, arch: Arch, n_layer: u32) -> Resu
         });
     }
     Ok(())
+}
+
+/// Qwen3.5's linear-attention layers: `attention.recurrent_layers` (one flag per block), else
+/// all but every `full_attention_interval`-th (default 4).
+fn delta_net_layers(
+    g: &Gguf<'_>,
+    arch: Arch,
+    n_layer: u32,
+    n_layer_all: u32,
+) -> Result<LayerMask, ModelError> {
+    use crate::gguf::Value;
+    let mut mask = LayerMask::default();
+    let key = arch_key(arch, "attention.recurrent_layers");
+    if let Some(v) = g.get(&key) {
+        let Value::Array(a) = v else { return Err(bad(&key, 0, "is not an array of flags")) };
+        if a.len() != n_layer_all as usize {
+            return Err(bad(&key, a.len() as f64, "has another number of entries than block_count"));
+        }
+        for (il, flag) in a.iter().enumerate().take(n_layer as usize) {
+            let on = match flag {
+                Value::Bool(b) => b,
+                other => other.as_integer().ok_or_else(|| bad(&key, il as f64, "entry is not a flag"))? != 0,
+            };
+            if on {
+                mask.insert(il);
+            }
+        }
+        return Ok(mask);
+    }
+    let interval = u32_in(g, &arch_key(arch, "full_attention_interval"), Some(4), 1..=n_layer)?;
+    for il in 0..n_layer {
+        if (il + 1) % interval != 0 {
+            mask.insert(il as usize);
+        }
+    }
+    Ok(mask)
+}
+
+/// The sizes of the gated delta rule (`{arch}.ssm.*`), checked against each other.
+fn delta_net_sizes(g: &Gguf<'_>, arch: Arch) -> Result<DeltaNet, ModelError> {
+    let k = |suffix| arch_key(arch, suffix);
+    let conv_kernel = u32_in(g, &k("ssm.conv_kernel"), None, 2..=MAX_CONV_KERNEL)?;
+    let head_dim = u32_in(g, &k("ssm.state_size"), None, 1..=MAX_HEAD_DIM)?;
+    let n_k_heads = u32_in(g, &k("ssm.group_count"), None, 1..=MAX_HEADS)?;
+    let n_v_heads = u32_in(g, &k("ssm.time_step_rank"), None, 1..=MAX_HEADS)?;
+    if n_v_heads % n_k_heads != 0 {
+        return Err(bad(&k("ssm.time_step_rank"), n_v_heads, "is not a multiple of ssm.group_count"));
+    }
+    let inner = u32_in(g, &k("ssm.inner_size"), None, 1..=MAX_WIDTH)?;
+    if u64::from(inner) != u64::from(n_v_heads) * u64::from(head_dim) {
+        return Err(bad(&k("ssm.inner_size"), inner, "is not ssm.time_step_rank x ssm.state_size"));
+    }
+    Ok(DeltaNet { conv_kernel, head_dim, n_k_heads, n_v_heads })
 }
 
 /// `attention.head_count_kv`, one value or one per layer: the attention layers' count (they must
@@ -345,6 +428,45 @@ fn kv_heads_per_layer(
     Ok((n_head_kv, recurrent))
 }
 
+/// Qwen3.5 rotates by interleaved M-RoPE (`rope.dimension_sections`); for text every rotated
+/// pair takes the token's position, which is plain NeoX RoPE, unless a section layout leaves pairs
+/// to the fourth (image) position, which text holds at 0: such a file is refused.
+fn check_text_rope_sections(g: &Gguf<'_>, arch: Arch) -> Result<(), ModelError> {
+    use crate::gguf::Value;
+    let key = arch_key(arch, "rope.dimension_sections");
+    let Some(v) = g.get(&key) else { return Ok(()) };
+    let mut sections = [0i128; 4];
+    if let Value::Array(a) = v {
+        for (s, x) in sections.iter_mut().zip(a.iter()) {
+            *s = x.as_integer().unwrap_or(-1);
+        }
+    }
+    let head_dim = g.get_int::<u32>(&arch_key(arch, "attention.key_length"))?;
+    let n_rot = g.get_int::<u32>(&arch_key(arch, "rope.dimension_count"))?.or(head_dim).unwrap_or(0);
+    let total: i128 = sections.iter().sum();
+    let refuse = || ModelError::Uncomputed {
+        key: key.clone(),
+        found: value_text(&v),
+        computes: "sections giving every rotated pair of a text token its position",
+    };
+    if sections.iter().any(|&s| s < 0) || total <= 0 {
+        return Err(refuse());
+    }
+    // ggml's interleaved assignment: pair i falls in sector i mod total; sectors 3k+1 below
+    // 3 * sections[1] rotate by the height position, 3k+2 below 3 * sections[2] by the width,
+    // 3k below 3 * sections[0] by the time; any other by the fourth.
+    for pair in 0..i128::from(n_rot / 2) {
+        let s = pair % total;
+        let text = (s % 3 == 1 && s < 3 * sections[1])
+            || (s % 3 == 2 && s < 3 * sections[2])
+            || (s % 3 == 0 && s < 3 * sections[0]);
+        if !text {
+            return Err(refuse());
+        }
+    }
+    Ok(())
+}
+
 impl HParams {
     /// Reads the architecture and its hyper-parameters, refusing unsupported architectures by name
     /// and values outside sane ranges.
@@ -363,11 +485,20 @@ impl HParams {
             }
         }
 
-        let n_layer = u32_in(g, &k("block_count"), None, 1..=MAX_LAYERS)?;
+        let n_layer_all = u32_in(g, &k("block_count"), None, 1..=MAX_LAYERS)?;
+        // Multi-token-prediction blocks follow the model's own (llama.cpp runs them only to draft).
+        let n_nextn = u32_in(g, &k("nextn_predict_layers"), Some(0), 0..=n_layer_all - 1)?;
+        let n_layer = n_layer_all - n_nextn;
         let n_embd = u32_in(g, &k("embedding_length"), None, 1..=MAX_WIDTH)?;
         let n_ctx_train = u32_in(g, &k("context_length"), None, 1..=u32::MAX)?;
         let n_head = u32_in(g, &k("attention.head_count"), None, 1..=MAX_HEADS)?;
-        let (n_head_kv, recurrent) = kv_heads_per_layer(g, arch, n_layer, n_head)?;
+        let (n_head_kv, mut recurrent) = kv_heads_per_layer(g, arch, n_layer_all, n_head)?;
+        let delta = if arch.traits().delta_net {
+            recurrent = delta_net_layers(g, arch, n_layer, n_layer_all)?;
+            Some(delta_net_sizes(g, arch)?)
+        } else {
+            None
+        };
         let default_head_dim = (n_embd % n_head == 0).then_some(n_embd / n_head);
         let head_dim_k = u32_in(g, &k("attention.key_length"), default_head_dim, 1..=MAX_HEAD_DIM)?;
         let head_dim_v = u32_in(g, &k("attention.value_length"), Some(head_dim_k), 1..=MAX_HEAD_DIM)?;
@@ -493,6 +624,7 @@ impl HParams {
             rope_yarn,
             recurrent,
             conv_kernel,
+            delta,
             n_dense_lead,
         })
     }
@@ -518,9 +650,18 @@ impl HParams {
         self.arch.experts().filter(|_| il >= self.n_dense_lead as usize)
     }
 
-    /// F32 values of one sequence's recurrent state in one recurrent layer (the short
-    /// convolution's last `conv_kernel - 1` inputs of every channel).
-    pub fn recurrent_state_len(&self) -> usize {
-        self.conv_kernel.saturating_sub(1) as usize * self.n_embd as usize
+    /// F32 values of one sequence's convolution state in one recurrent layer: the last
+    /// `taps - 1` inputs of every channel (LFM2's short convolution, Qwen3.5's over Q, K, V).
+    pub fn conv_state_len(&self) -> usize {
+        match self.delta {
+            Some(d) => (d.conv_kernel as usize - 1) * d.conv_channels(),
+            None => self.conv_kernel.saturating_sub(1) as usize * self.n_embd as usize,
+        }
+    }
+
+    /// F32 values of one sequence's delta-rule state in one recurrent layer (a `d x d` matrix
+    /// per value head; 0 without the delta rule).
+    pub fn delta_state_len(&self) -> usize {
+        self.delta.map_or(0, |d| d.head_dim as usize * d.head_dim as usize * d.n_v_heads as usize)
     }
 }

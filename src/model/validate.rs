@@ -234,6 +234,8 @@ pub fn validate_tensors(g: &Gguf<'_>, hp: &HParams, n_vocab: u32) -> Result<(), 
     }
 
     let (qw, kw, vw) = (hp.q_width(), hp.k_width(), hp.v_width());
+    // (Qwen3.5's Q projection carries each head's output gate after its queries.)
+    let qw_out = if hp.arch.traits().attn_output_gate { 2 * qw } else { qw };
     let attn_out_in = u64::from(hp.n_head) * u64::from(hp.head_dim_v);
     let hd = u64::from(hp.head_dim_k);
     let (f, fe, fs, ne) =
@@ -268,8 +270,29 @@ pub fn validate_tensors(g: &Gguf<'_>, hp: &HParams, n_vocab: u32) -> Result<(), 
     };
     for i in 0..hp.n_layer {
         check(expect(format_args!("blk.{i}.attn_norm.weight"), &[e], Norm, true))?;
-        check(expect(format_args!("blk.{i}.ffn_norm.weight"), &[e], Norm, true))?;
+        check(expect(format_args!("blk.{i}.{}", traits.ffn_norm), &[e], Norm, true))?;
         check_ffn(i)?;
+        if let (true, Some(d)) = (hp.recurrent.contains(i as usize), hp.delta) {
+            // A gated-delta-rule block: Q, K, V in one matrix, the output gate, the convolution's
+            // taps, the decay (bias, -exp(A)), the strength, the gated norm, the output.
+            let (ch, vw) = (d.conv_channels() as u64, d.v_width() as u64);
+            let (nv, hd) = (u64::from(d.n_v_heads), u64::from(d.head_dim));
+            check(expect(format_args!("blk.{i}.attn_qkv.weight"), &[e, ch], Weight, true))?;
+            check(expect(format_args!("blk.{i}.attn_gate.weight"), &[e, vw], Weight, true))?;
+            check(expect(
+                format_args!("blk.{i}.ssm_conv1d.weight"),
+                &[u64::from(d.conv_kernel), ch],
+                Taps,
+                true,
+            ))?;
+            check(expect(format_args!("blk.{i}.ssm_dt.bias"), &[nv], Bias, true))?;
+            check(expect(format_args!("blk.{i}.ssm_a"), &[nv], Taps, true))?;
+            check(expect(format_args!("blk.{i}.ssm_beta.weight"), &[e, nv], Weight, true))?;
+            check(expect(format_args!("blk.{i}.ssm_alpha.weight"), &[e, nv], Weight, true))?;
+            check(expect(format_args!("blk.{i}.ssm_norm.weight"), &[hd], Norm, true))?;
+            check(expect(format_args!("blk.{i}.ssm_out.weight"), &[vw, e], Weight, true))?;
+            continue;
+        }
         if hp.recurrent.contains(i as usize) {
             // A short-convolution block: B, C and X projections in one matrix, the taps per
             // channel (read as f32 by the convolution), the output projection.
@@ -283,9 +306,9 @@ pub fn validate_tensors(g: &Gguf<'_>, hp: &HParams, n_vocab: u32) -> Result<(), 
         let _ = write!(fused, "blk.{i}.attn_qkv.weight");
         if g.tensor(&fused).is_some() {
             // Q, K and V in one matrix (any architecture may store them so, as llama.cpp reads).
-            check(expect(format_args!("{fused}"), &[e, qw + kw + vw], Weight, true))?;
+            check(expect(format_args!("{fused}"), &[e, qw_out + kw + vw], Weight, true))?;
         } else {
-            check(expect(format_args!("blk.{i}.attn_q.weight"), &[e, qw], Weight, true))?;
+            check(expect(format_args!("blk.{i}.attn_q.weight"), &[e, qw_out], Weight, true))?;
             check(expect(format_args!("blk.{i}.attn_k.weight"), &[e, kw], Weight, true))?;
             check(expect(format_args!("blk.{i}.attn_v.weight"), &[e, vw], Weight, true))?;
         }

@@ -645,6 +645,19 @@ pub fn tiny_model(arch: &str) -> GgufBuilder {
         b = b.kv(&k("logit_scale"), Val::F32(8.0)).kv(&k("residual_scale"), Val::F32(0.22));
     }
     let lfm2 = arch.starts_with("lfm2");
+    // Qwen3.5: layer 0 runs the gated delta rule (heads of 16: 2 query/key, 4 value), layer 1
+    // attends with an output gate.
+    let qwen35 = arch == "qwen35";
+    let (dk, nk, nv) = (16u64, 2u64, 4u64);
+    if qwen35 {
+        b = b
+            .kv(&k("full_attention_interval"), Val::U32(2))
+            .kv(&k("ssm.conv_kernel"), Val::U32(4))
+            .kv(&k("ssm.state_size"), Val::U32(dk as u32))
+            .kv(&k("ssm.group_count"), Val::U32(nk as u32))
+            .kv(&k("ssm.time_step_rank"), Val::U32(nv as u32))
+            .kv(&k("ssm.inner_size"), Val::U32((nv * dk) as u32));
+    }
     if lfm2 {
         b.kvs.retain(|(key, _)| *key != k("attention.head_count_kv"));
         b = b
@@ -672,7 +685,22 @@ pub fn tiny_model(arch: &str) -> GgufBuilder {
     for i in 0..2 {
         let t = |b: GgufBuilder, n: &str, dims: &[u64], ty| b.tensor(&format!("blk.{i}.{n}"), dims, ty);
         b = t(b, "attn_norm.weight", &[E], ggml::F32);
-        if lfm2 && i == 0 {
+        if qwen35 && i == 0 {
+            let ch = (2 * nk + nv) * dk;
+            b = t(b, "attn_qkv.weight", &[E, ch], ggml::Q4_0);
+            b = t(b, "attn_gate.weight", &[E, nv * dk], ggml::Q4_0);
+            b = t(b, "ssm_conv1d.weight", &[4, ch], ggml::F32);
+            b = t(b, "ssm_dt.bias", &[nv], ggml::F32);
+            b = t(b, "ssm_a", &[nv], ggml::F32);
+            b = t(b, "ssm_beta.weight", &[E, nv], ggml::F32);
+            b = t(b, "ssm_alpha.weight", &[E, nv], ggml::F32);
+            b = t(b, "ssm_norm.weight", &[dk], ggml::F32);
+            b = t(b, "ssm_out.weight", &[nv * dk, E], ggml::Q4_0);
+        } else if qwen35 {
+            b = t(b, "attn_q.weight", &[E, 2 * E], ggml::Q4_0);
+            b = t(b, "attn_k.weight", &[E, kvw], ggml::Q4_0);
+            b = t(b, "attn_v.weight", &[E, kvw], ggml::Q4_0);
+        } else if lfm2 && i == 0 {
             b = t(b, "shortconv.in_proj.weight", &[E, 3 * E], ggml::Q4_0);
             b = t(b, "shortconv.conv.weight", &[3, E], ggml::F32);
             b = t(b, "shortconv.out_proj.weight", &[E, E], ggml::Q4_0);
@@ -683,16 +711,16 @@ pub fn tiny_model(arch: &str) -> GgufBuilder {
             b = t(b, "attn_k.weight", &[E, kvw], ggml::Q4_0);
             b = t(b, "attn_v.weight", &[E, kvw], ggml::Q4_0);
         }
-        if !(lfm2 && i == 0) {
+        if !((lfm2 || qwen35) && i == 0) {
             b = t(b, "attn_output.weight", &[E, E], ggml::Q4_0);
         }
-        b = t(b, "ffn_norm.weight", &[E], ggml::F32);
+        b = t(b, if qwen35 { "post_attention_norm.weight" } else { "ffn_norm.weight" }, &[E], ggml::F32);
         if arch.starts_with("qwen2") {
             b = t(b, "attn_q.bias", &[E], ggml::F32);
             b = t(b, "attn_k.bias", &[kvw], ggml::F32);
             b = t(b, "attn_v.bias", &[kvw], ggml::F32);
         }
-        if matches!(arch, "qwen3" | "qwen3moe" | "gemma3") || (lfm2 && i == 1) {
+        if matches!(arch, "qwen3" | "qwen3moe" | "gemma3") || ((lfm2 || qwen35) && i == 1) {
             b = t(b, "attn_q_norm.weight", &[hd], ggml::F32);
             b = t(b, "attn_k_norm.weight", &[hd], ggml::F32);
         }

@@ -175,6 +175,62 @@ pub fn short_conv_step_ref(state: &mut [f32], taps: &[f32], x: f32, fresh: bool)
     sum
 }
 
+/// `ln(1 + exp(x))`, and `x` itself above 20, as ggml computes it.
+pub fn softplus_ref(x: &[f32], out: &mut [f32]) {
+    for (o, &v) in out.iter_mut().zip(x) {
+        *o = if v > 20.0 { v } else { libm::logf(1.0 + libm::expf(v)) };
+    }
+}
+
+/// `sum_i a[i] * b[i]` in eight lanes (the shape of ggml's vectorised f32 dot, and one the
+/// compiler vectorises), lanes added pairwise at the end.
+pub fn dot_f32_lanes(a: &[f32], b: &[f32]) -> f32 {
+    let mut lanes = [0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = ca.remainder().iter().zip(cb.remainder()).map(|(x, y)| x * y).sum();
+    for (x, y) in ca.zip(cb) {
+        for l in 0..8 {
+            lanes[l] += x[l] * y[l];
+        }
+    }
+    let quads = [lanes[0] + lanes[4], lanes[1] + lanes[5], lanes[2] + lanes[6], lanes[3] + lanes[7]];
+    (quads[0] + quads[2]) + (quads[1] + quads[3]) + tail
+}
+
+/// One token of one head of the gated delta rule (see `Op::GatedDeltaNet`): `state` is the
+/// head's `d x d` matrix stored transposed (`state[j * d + i] = S[i][j]`, zeros first when
+/// `fresh`), decayed by `exp(g)`, written `beta * (v - S^T k)` along `k`; `out = S^T q / sqrt(d)`.
+/// `delta` is `d` floats of scratch.
+#[allow(clippy::too_many_arguments)]
+pub fn gated_delta_step_ref(
+    state: &mut [f32],
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    g: f32,
+    beta: f32,
+    fresh: bool,
+    delta: &mut [f32],
+    out: &mut [f32],
+) {
+    let d = v.len();
+    if fresh {
+        state.fill(0.0);
+    }
+    let decay = libm::expf(g);
+    state.iter_mut().for_each(|s| *s *= decay);
+    for (j, dj) in delta.iter_mut().enumerate() {
+        *dj = (v[j] - dot_f32_lanes(&state[j * d..(j + 1) * d], k)) * beta;
+    }
+    for (j, &dj) in delta.iter().enumerate() {
+        state[j * d..(j + 1) * d].iter_mut().zip(k).for_each(|(s, &ki)| *s += ki * dj);
+    }
+    let scale = 1.0 / libm::sqrtf(d as f32);
+    for (j, o) in out.iter_mut().enumerate() {
+        *o = dot_f32_lanes(&state[j * d..(j + 1) * d], q) * scale;
+    }
+}
+
 /// GELU with the tanh approximation.
 pub fn gelu_ref(x: &[f32], out: &mut [f32]) {
     for (o, &v) in out.iter_mut().zip(x) {

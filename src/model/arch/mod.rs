@@ -36,7 +36,8 @@ pub fn build_forward<const N: usize>(
         | Arch::SmolLm3
         | Arch::Phi3
         | Arch::Lfm2
-        | Arch::Lfm2Moe => transformer::build(g, gguf, hp, kv, n_tokens, n_outputs),
+        | Arch::Lfm2Moe
+        | Arch::Qwen35 => transformer::build(g, gguf, hp, kv, n_tokens, n_outputs),
     }
 }
 
@@ -66,6 +67,8 @@ pub enum Arch {
     /// Liquid LFM2 mixture of experts (LFM2-8B-A1B): dense leading layers, sigmoid routing with
     /// a selection bias.
     Lfm2Moe,
+    /// Qwen3.5 / Qwen3.6 dense (three of four layers gated delta rule, gated attention).
+    Qwen35,
 }
 
 /// The feed-forward block of an architecture.
@@ -135,11 +138,21 @@ pub struct ArchTraits {
     pub short_conv: bool,
     /// The final norm's tensor.
     pub output_norm: &'static str,
+    /// The FFN's norm's tensor (per layer, after `blk.N.`).
+    pub ffn_norm: &'static str,
+    /// Layers other than every `full_attention_interval`-th are gated-delta-rule blocks
+    /// (Qwen3.5's linear attention: a convolution over Q, K and V, the delta rule with a state
+    /// per value head, an RMS norm gated by `attn_gate`), with recurrent states instead of a KV
+    /// cache.
+    pub delta_net: bool,
+    /// The Q projection gives each head's queries then a gate of the same size; the attention
+    /// output is multiplied by the gate's sigmoid (Qwen3.5).
+    pub attn_output_gate: bool,
 }
 
 impl Arch {
     /// Every architecture, in the order messages list them.
-    pub const ALL: [Arch; 11] = [
+    pub const ALL: [Arch; 12] = [
         Arch::Llama,
         Arch::Qwen2,
         Arch::Qwen3,
@@ -151,6 +164,7 @@ impl Arch {
         Arch::Phi3,
         Arch::Lfm2,
         Arch::Lfm2Moe,
+        Arch::Qwen35,
     ];
 
     /// The architecture's row.
@@ -168,6 +182,9 @@ impl Arch {
             long_rope: false,
             short_conv: false,
             output_norm: "output_norm.weight",
+            ffn_norm: "ffn_norm.weight",
+            delta_net: false,
+            attn_output_gate: false,
         };
         const SOFTMAX_EXPERTS: Experts = Experts {
             normalize_weights: false,
@@ -208,6 +225,14 @@ impl Arch {
             }
             Arch::Phi3 => ArchTraits { name: "phi3", fused_gate_up: true, long_rope: true, ..DENSE },
             Arch::Lfm2 => LFM2,
+            Arch::Qwen35 => ArchTraits {
+                name: "qwen35",
+                qk_norm: true,
+                ffn_norm: "post_attention_norm.weight",
+                delta_net: true,
+                attn_output_gate: true,
+                ..DENSE
+            },
             Arch::Lfm2Moe => ArchTraits {
                 name: "lfm2moe",
                 ffn: Ffn::Experts(Experts {

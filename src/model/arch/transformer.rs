@@ -132,9 +132,12 @@ pub struct KvLayout {
     pub n_layer: usize,
     /// The layers without a KV cache, with a recurrent state per sequence instead.
     pub recurrent: LayerMask,
-    /// Bytes of one sequence's recurrent state in one recurrent layer (F32).
-    pub state_bytes: usize,
-    /// Offset of the recurrent states: per recurrent layer, `n_seq` states.
+    /// Bytes of one sequence's convolution state in one recurrent layer (F32).
+    pub conv_state_bytes: usize,
+    /// Bytes of one sequence's delta-rule state in one recurrent layer (F32; 0 without).
+    pub delta_state_bytes: usize,
+    /// Offset of the recurrent states: per recurrent layer, `n_seq` convolution states, then
+    /// `n_seq` delta-rule states.
     pub states_offset: usize,
     /// Offset of the token-id input (I32 `[n_batch]`).
     pub ids_offset: usize,
@@ -171,7 +174,9 @@ impl KvLayout {
         let recurrent = hp.recurrent;
         let cached_layers = n_layer - recurrent.count();
         let caches = k_layer_bytes.checked_add(v_layer_bytes)?.checked_mul(cached_layers)?;
-        let state_bytes = hp.recurrent_state_len().checked_mul(4)?;
+        let conv_state_bytes = hp.conv_state_len().checked_mul(4)?;
+        let delta_state_bytes = hp.delta_state_len().checked_mul(4)?;
+        let state_bytes = conv_state_bytes.checked_add(delta_state_bytes)?;
         let states = aligned(state_bytes.checked_mul(n_seq)?.checked_mul(recurrent.count())?);
         let states_offset = caches;
         let input = aligned(n_batch.checked_mul(4)?);
@@ -191,7 +196,8 @@ impl KvLayout {
             v_layer_bytes,
             n_layer,
             recurrent,
-            state_bytes,
+            conv_state_bytes,
+            delta_state_bytes,
             states_offset,
             ids_offset,
             places_offset,
@@ -216,16 +222,31 @@ impl KvLayout {
         (0..self.n_layer).filter(|&il| !self.recurrent.contains(il))
     }
 
-    /// Offset of recurrent layer `layer`'s states (`n_seq` of [`Self::state_bytes`] each).
-    pub fn states_of(&self, layer: usize) -> usize {
-        self.states_offset + self.recurrent.count_below(layer) * self.n_seq * self.state_bytes
+    /// Bytes of one sequence's states in one recurrent layer.
+    pub fn state_bytes(&self) -> usize {
+        self.conv_state_bytes + self.delta_state_bytes
     }
 
-    /// Each recurrent layer's state of sequence `seq`: (offset, bytes).
+    /// Offset of recurrent layer `layer`'s convolution states (`n_seq` of
+    /// [`Self::conv_state_bytes`]).
+    pub fn conv_states_of(&self, layer: usize) -> usize {
+        self.states_offset + self.recurrent.count_below(layer) * self.n_seq * self.state_bytes()
+    }
+
+    /// Offset of recurrent layer `layer`'s delta-rule states (`n_seq` of
+    /// [`Self::delta_state_bytes`]).
+    pub fn delta_states_of(&self, layer: usize) -> usize {
+        self.conv_states_of(layer) + self.n_seq * self.conv_state_bytes
+    }
+
+    /// Each recurrent layer's states of sequence `seq`: (offset, bytes), the convolution's then
+    /// the delta rule's.
     pub fn sequence_states(&self, seq: usize) -> impl Iterator<Item = (usize, usize)> + '_ {
-        (0..self.n_layer)
-            .filter(|&il| self.recurrent.contains(il))
-            .map(move |il| (self.states_of(il) + seq * self.state_bytes, self.state_bytes))
+        (0..self.n_layer).filter(|&il| self.recurrent.contains(il)).flat_map(move |il| {
+            let conv = (self.conv_states_of(il) + seq * self.conv_state_bytes, self.conv_state_bytes);
+            let delta = (self.delta_states_of(il) + seq * self.delta_state_bytes, self.delta_state_bytes);
+            [conv, delta].into_iter().filter(|&(_, bytes)| bytes > 0)
+        })
     }
 
     /// Offset of layer `layer`'s V cache.
@@ -370,6 +391,8 @@ pub fn build<const N: usize>(
 
     let (e, t) = (hp.n_embd as usize, n_tokens);
     let (n_head, n_head_kv) = (hp.n_head as usize, hp.n_head_kv as usize);
+    // (Qwen3.5's Q projection gives a gate as wide as the queries after each head's queries.)
+    let q_parts = if traits.attn_output_gate { 2 } else { 1 };
     let (hd_k, hd_v) = (hp.head_dim_k as usize, hp.head_dim_v as usize);
     let kv_w = n_head_kv * hd_k.max(hd_v);
     let n_rows = kv.cache_rows();
@@ -416,7 +439,68 @@ pub fn build<const N: usize>(
         let attn_norm = need(g, "attn_norm.weight")?;
         let cur = named!("norm", il, g.rms_norm(x, hp.rms_eps));
         let cur = named!("attn_norm", il, g.mul(cur, attn_norm));
-        let mut o = if hp.recurrent.contains(il) {
+        let mut o = if let (true, Some(d)) = (hp.recurrent.contains(il), hp.delta) {
+            // Qwen3.5's gated delta rule: Q, K, V through a causal convolution (its state per
+            // sequence) and SiLU, L2-normalised Q and K, the delta rule (a state per value head
+            // and sequence), an RMS norm gated by SiLU(attn_gate), the output projection.
+            let (hd, nk, nv) = (d.head_dim as usize, d.n_k_heads as usize, d.n_v_heads as usize);
+            let ch = d.conv_channels();
+            let eps = hp.rms_eps;
+            let (w_qkv, w_gate) = (need(g, "attn_qkv.weight")?, need(g, "attn_gate.weight")?);
+            let (w_beta, w_alpha) = (need(g, "ssm_beta.weight")?, need(g, "ssm_alpha.weight")?);
+            let (dt_bias, a) = (need(g, "ssm_dt.bias")?, need(g, "ssm_a")?);
+            let (taps, norm, w_out) =
+                (need(g, "ssm_conv1d.weight")?, need(g, "ssm_norm.weight")?, need(g, "ssm_out.weight")?);
+            let qkv = named!("linear_attn_qkv_mixed", il, g.mul_mat(w_qkv, cur));
+            let z = named!("z", il, g.mul_mat(w_gate, cur));
+            let beta = named!("beta", il, g.mul_mat(w_beta, cur));
+            let beta = named!("beta_sigmoid", il, g.sigmoid(beta));
+            let alpha = named!("alpha", il, g.mul_mat(w_alpha, cur));
+            let alpha = named!("alpha_biased", il, g.add(alpha, dt_bias));
+            let alpha = named!("a_softplus", il, g.softplus(alpha));
+            let decay = named!("gate", il, g.mul(alpha, a));
+            let mut label = crate::gguf::Name::new();
+            let _ = write!(label, "conv_state.{il}");
+            let conv_states = e_(g.leaf(
+                &label,
+                GgmlType::F32,
+                [hp.conv_state_len(), kv.n_seq, 1, 1],
+                Storage::Persistent { offset: kv.conv_states_of(il) },
+            ))?;
+            label.clear();
+            let _ = write!(label, "delta_state.{il}");
+            let delta_states = e_(g.leaf(
+                &label,
+                GgmlType::F32,
+                [hp.delta_state_len(), kv.n_seq, 1, 1],
+                Storage::Persistent { offset: kv.delta_states_of(il) },
+            ))?;
+            let conv = named!("conv_output_raw", il, g.short_conv(qkv, taps, conv_states, places, kv.n_ctx));
+            let conv = named!("conv_output_silu", il, g.silu(conv));
+            // Q, K and V heads of each token's convolved row; Q and K L2-normalised as llama.cpp
+            // does (an RMS norm with eps / d, times 1 / sqrt(d)).
+            let nb = [4, hd * 4, ch * 4, ch * t * 4];
+            let q = e_(g.view(conv, [hd, nk, t, 1], nb, 0, 0))?;
+            let k = e_(g.view(conv, [hd, nk, t, 1], nb, nk * hd * 4, 0))?;
+            let v = e_(g.view(conv, [hd, nv, t, 1], nb, 2 * nk * hd * 4, 0))?;
+            let l2 = 1.0 / libm::sqrtf(hd as f32);
+            let q = named!("q_conv_norm", il, g.rms_norm(q, eps / hd as f32));
+            let q = named!("q_conv_predelta", il, g.scale(q, l2));
+            let k = named!("k_conv_norm", il, g.rms_norm(k, eps / hd as f32));
+            let k = named!("k_conv_predelta", il, g.scale(k, l2));
+            let out = named!(
+                "attn_output",
+                il,
+                g.gated_delta_net(q, k, v, decay, beta, delta_states, places, kv.n_ctx)
+            );
+            let out = named!("attn_output_norm", il, g.rms_norm(out, eps));
+            let out = named!("attn_output_normed", il, g.mul(out, norm));
+            let z = e_(g.reshape(z, [hd, nv, t, 1]))?;
+            let z = named!("z_silu", il, g.silu(z));
+            let out = named!("attn_out_gated", il, g.mul(out, z));
+            let out = e_(g.reshape(out, [hd * nv, t, 1, 1]))?;
+            named!("linear_attn_out", il, g.mul_mat(w_out, out))
+        } else if hp.recurrent.contains(il) {
             // LFM2's short-convolution block: B, C and X projections (rows of one matrix), the
             // convolution of B * X over the sequence's last inputs, gated by C.
             let mut in_proj = crate::gguf::Name::new();
@@ -430,8 +514,8 @@ pub fn build<const N: usize>(
             let states = e_(g.leaf(
                 &label,
                 GgmlType::F32,
-                [hp.recurrent_state_len(), kv.n_seq, 1, 1],
-                Storage::Persistent { offset: kv.states_of(il) },
+                [hp.conv_state_len(), kv.n_seq, 1, 1],
+                Storage::Persistent { offset: kv.conv_states_of(il) },
             ))?;
             let b = named!("conv_b", il, g.mul_mat(wb, cur));
             let c = named!("conv_c", il, g.mul_mat(wc, cur));
@@ -445,7 +529,7 @@ pub fn build<const N: usize>(
             let _ = write!(fused, "blk.{il}.attn_qkv.weight");
             let (wq, wk, wv) = if gguf.tensor(&fused).is_some() {
                 // Q, K and V in one matrix, their rows in that order (llama.cpp's build_qkv).
-                let (qw, kw) = (n_head * hd_k, n_head_kv * hd_k);
+                let (qw, kw) = (n_head * hd_k * q_parts, n_head_kv * hd_k);
                 (
                     rows_of(g, &fused, "q", 0, qw)?,
                     rows_of(g, &fused, "k", qw, kw)?,
@@ -465,7 +549,15 @@ pub fn build<const N: usize>(
                 k = named!("Kcur_bias", il, g.add(k, bk));
                 v = named!("Vcur_bias", il, g.add(v, bv));
             }
-            q = e_(g.reshape(q, [hd_k, n_head, t, 1]))?;
+            let mut output_gate = None;
+            if traits.attn_output_gate {
+                // Each head's queries, then its gate (Qwen3.5): two strided views of one output.
+                let nb = [4, 2 * hd_k * 4, 2 * hd_k * n_head * 4, 2 * hd_k * n_head * t * 4];
+                output_gate = Some(e_(g.view(q, [hd_k, n_head, t, 1], nb, hd_k * 4, 0))?);
+                q = e_(g.view(q, [hd_k, n_head, t, 1], nb, 0, 0))?;
+            } else {
+                q = e_(g.reshape(q, [hd_k, n_head, t, 1]))?;
+            }
             k = e_(g.reshape(k, [hd_k, n_head_kv, t, 1]))?;
             if traits.qk_norm {
                 let (qn, kn) = (need(g, "attn_q_norm.weight")?, need(g, "attn_k_norm.weight")?);
@@ -549,6 +641,11 @@ pub fn build<const N: usize>(
                 // The rotation is its own inverse: the values' weighted sum rotated back.
                 attn = named!("kqv_out_unrot", il, g.hadamard(attn, n));
             }
+            if let Some(gate) = output_gate {
+                let gate = named!("gate_sigmoid", il, g.sigmoid(gate));
+                let gate = e_(g.reshape(gate, [hd_v * n_head, t, 1, 1]))?;
+                attn = named!("attn_gated", il, g.mul(attn, gate));
+            }
             named!("attn_out", il, g.mul_mat(wo, attn))
         };
         if traits.gemma {
@@ -561,7 +658,7 @@ pub fn build<const N: usize>(
         }
         x = named!("ffn_inp", il, g.add(x, o));
 
-        let ffn_norm = need(g, "ffn_norm.weight")?;
+        let ffn_norm = need(g, traits.ffn_norm)?;
         let cur = named!("norm", il, g.rms_norm(x, hp.rms_eps));
         let cur = named!("ffn_norm", il, g.mul(cur, ffn_norm));
         let mut down = if let Some(route) = hp.experts_at(il) {
