@@ -5,10 +5,11 @@ random values (never tiled: identical pages would distort resident-memory figure
 (norms F32); quantize them with llama-quantize.
 
 Usage: make_shape_model.py SHAPE VOCAB_GGUF OUT_GGUF [--seed N]
-  SHAPE: llama-3.2-1b | llama-3.2-3b | qwen2.5-1.5b | qwen3-1.7b | gemma-3-1b | lfm2-1.2b
+  SHAPE: llama-3.2-1b | llama-3.2-3b | qwen2.5-1.5b | qwen3-1.7b | gemma-3-1b | lfm2-1.2b | qwen3.5-0.8b
   VOCAB_GGUF: llama.cpp's models/ggml-vocab-*.gguf of that family (llama-bpe, qwen2, gemma-3 ...);
   llama.cpp ships no LFM2 vocabulary: lfm2-1.2b takes Falcon's byte-level BPE (65024 tokens) padded
-  with control tokens to LFM2's 65536, under LFM2's pre-tokenizer name.
+  with control tokens to LFM2's 65536, under LFM2's pre-tokenizer name; qwen3.5-0.8b pads llama.cpp's
+  qwen35 vocabulary (151936 tokens) to the model's 248320 the same way.
 
 The weight scales follow trained models of this size: matrices N(0, 0.02) (outputs of attention and
 FFN smaller), the embedding N(0, 0.02), norms around 1. The text they generate is noise, but every
@@ -28,6 +29,10 @@ SHAPES = {
     'lfm2-1.2b': ('lfm2', 2048, 16, 32, 8, 64, 8192, 128000, 1000000.0, True,
                   {'qk_norm': True, 'conv_layers': (0, 1, 3, 4, 6, 7, 9, 11, 13, 15), 'vocab': 65536,
                    'pre': 'lfm2'}),
+    # Qwen/Qwen3.5-0.8B: 18 gated-delta-rule layers (16 key and 16 value heads of 128) and 6
+    # gated-attention layers (8 heads of 256, 2 KV heads, a quarter of each head rotated).
+    'qwen3.5-0.8b': ('qwen35', 1024, 24, 8, 2, 256, 3584, 262144, 10000000.0, True,
+                     {'qk_norm': True, 'delta': (128, 16, 16), 'n_rot': 64, 'vocab': 248320}),
 }
 
 
@@ -80,6 +85,17 @@ def main():
     w.add_head_count_kv([0 if i in conv else HKV for i in range(L)] if conv else HKV)
     if conv:
         w.add_shortconv_l_cache(3)
+    delta = extra.get('delta')
+    if delta:
+        dk, nk, nv = delta
+        w.add_full_attention_interval(4)
+        w.add_ssm_conv_kernel(4)
+        w.add_ssm_state_size(dk)
+        w.add_ssm_group_count(nk)
+        w.add_ssm_time_step_rank(nv)
+        w.add_ssm_inner_size(nv * dk)
+        w.add_rope_dimension_count(extra['n_rot'])
+        w.add_rope_dimension_sections([11, 11, 10, 0])
     w.add_key_length(HD)
     w.add_value_length(HD)
     w.add_rope_freq_base(BASE)
@@ -103,6 +119,25 @@ def main():
     for i in range(L):
         p = f'blk.{i}.'
         vec(p + 'attn_norm.weight', E, 1.0, 0.05)
+        if delta and (i + 1) % 4 != 0:
+            # Q, K, V in one matrix, the output gate, 4 taps per channel (f32), the decay's bias
+            # and -exp(A), the strength and decay projections, the gated norm, the output.
+            ch = (2 * nk + nv) * dk
+            mat(p + 'attn_qkv.weight', ch, E, 0.02)
+            mat(p + 'attn_gate.weight', nv * dk, E, 0.02)
+            w.add_tensor(p + 'ssm_conv1d.weight',
+                         (rng.standard_normal(size=(ch, 4), dtype=np.float32) * 0.3).astype(np.float32))
+            vec(p + 'ssm_dt.bias', nv, 0.0, 0.5)
+            w.add_tensor(p + 'ssm_a', (-np.exp(rng.standard_normal(size=nv, dtype=np.float32))).astype(np.float32))
+            mat(p + 'ssm_beta.weight', nv, E, 0.02)
+            mat(p + 'ssm_alpha.weight', nv, E, 0.02)
+            vec(p + 'ssm_norm.weight', dk, 1.0, 0.05)
+            mat(p + 'ssm_out.weight', E, nv * dk, 0.02 / np.sqrt(2 * L))
+            vec(p + 'post_attention_norm.weight', E, 1.0, 0.05)
+            mat(p + 'ffn_gate.weight', F, E, 0.02)
+            mat(p + 'ffn_up.weight', F, E, 0.02)
+            mat(p + 'ffn_down.weight', E, F, 0.02 / np.sqrt(2 * L))
+            continue
         if i in conv:
             # B, C and X projections in one matrix, 3 taps per channel (kept f32), the output.
             mat(p + 'shortconv.in_proj.weight', 3 * E, E, 0.02)
@@ -114,7 +149,7 @@ def main():
             mat(p + 'ffn_up.weight', F, E, 0.02)
             mat(p + 'ffn_down.weight', E, F, 0.02 / np.sqrt(2 * L))
             continue
-        mat(p + 'attn_q.weight', H * HD, E, 0.02)
+        mat(p + 'attn_q.weight', H * HD * (2 if delta else 1), E, 0.02)
         mat(p + 'attn_k.weight', HKV * HD, E, 0.02)
         mat(p + 'attn_v.weight', HKV * HD, E, 0.02)
         mat(p + 'attn_output.weight', E, H * HD, 0.02 / np.sqrt(2 * L))
@@ -128,7 +163,7 @@ def main():
         if extra.get('gemma'):
             vec(p + 'post_attention_norm.weight', E, 1.0, 0.05)
             vec(p + 'post_ffw_norm.weight', E, 1.0, 0.05)
-        vec(p + 'ffn_norm.weight', E, 1.0, 0.05)
+        vec(p + ('post_attention_norm.weight' if delta else 'ffn_norm.weight'), E, 1.0, 0.05)
         mat(p + 'ffn_gate.weight', F, E, 0.02)
         mat(p + 'ffn_up.weight', F, E, 0.02)
         mat(p + 'ffn_down.weight', E, F, 0.02 / np.sqrt(2 * L))

@@ -1100,7 +1100,6 @@ impl<'a, const N: usize> Bound<'a, N> {
             (self.graph.tensor(q), self.graph.tensor(k), self.graph.tensor(v), self.graph.tensor(states));
         let (d, n_v, n_tokens, n_k, n_seq) = (tv.ne[0], tv.ne[1], tv.ne[2], tq.ne[1], ts.ne[1]);
         let rows_per_seq = t.params.i[0] as usize;
-        let mut delta = [0f32; 1024];
         // SAFETY: shapes were checked by the graph builder, spans by `new`; this thread reads and
         // writes only its own heads' states and outputs, and reads inputs nothing writes.
         unsafe {
@@ -1124,17 +1123,7 @@ impl<'a, const N: usize> Bound<'a, N> {
                     let state: &mut [f32] = self.write(states, seq * ts.nb[1] + h * d * d * 4, d * d);
                     let out: &mut [f32] = self.write(id, t.row_offset(h, tok, 0), d);
                     let fresh = pos == 0;
-                    kref::gated_delta_step_ref(
-                        state,
-                        qh,
-                        kh,
-                        vh,
-                        gs[h],
-                        betas[h],
-                        fresh,
-                        &mut delta[..d],
-                        out,
-                    );
+                    kref::gated_delta_step_ref(state, qh, kh, vh, gs[h], betas[h], fresh, out);
                 }
             }
         }

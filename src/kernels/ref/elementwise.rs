@@ -200,7 +200,6 @@ pub fn dot_f32_lanes(a: &[f32], b: &[f32]) -> f32 {
 /// One token of one head of the gated delta rule (see `Op::GatedDeltaNet`): `state` is the
 /// head's `d x d` matrix stored transposed (`state[j * d + i] = S[i][j]`, zeros first when
 /// `fresh`), decayed by `exp(g)`, written `beta * (v - S^T k)` along `k`; `out = S^T q / sqrt(d)`.
-/// `delta` is `d` floats of scratch.
 #[allow(clippy::too_many_arguments)]
 pub fn gated_delta_step_ref(
     state: &mut [f32],
@@ -210,7 +209,6 @@ pub fn gated_delta_step_ref(
     g: f32,
     beta: f32,
     fresh: bool,
-    delta: &mut [f32],
     out: &mut [f32],
 ) {
     let d = v.len();
@@ -218,16 +216,15 @@ pub fn gated_delta_step_ref(
         state.fill(0.0);
     }
     let decay = libm::expf(g);
-    state.iter_mut().for_each(|s| *s *= decay);
-    for (j, dj) in delta.iter_mut().enumerate() {
-        *dj = (v[j] - dot_f32_lanes(&state[j * d..(j + 1) * d], k)) * beta;
-    }
-    for (j, &dj) in delta.iter().enumerate() {
-        state[j * d..(j + 1) * d].iter_mut().zip(k).for_each(|(s, &ki)| *s += ki * dj);
-    }
     let scale = 1.0 / libm::sqrtf(d as f32);
-    for (j, o) in out.iter_mut().enumerate() {
-        *o = dot_f32_lanes(&state[j * d..(j + 1) * d], q) * scale;
+    // Row j of the stored matrix (column j of S) is all that its delta, its update and its output
+    // read: one pass per row while it is in cache, the same operations in the same order as
+    // ggml's four passes over the whole state.
+    for (j, (row, o)) in state.chunks_exact_mut(d).zip(out.iter_mut()).enumerate() {
+        row.iter_mut().for_each(|s| *s *= decay);
+        let delta = (v[j] - dot_f32_lanes(row, k)) * beta;
+        row.iter_mut().zip(k).for_each(|(s, &ki)| *s += ki * delta);
+        *o = dot_f32_lanes(row, q) * scale;
     }
 }
 
