@@ -685,6 +685,20 @@ impl<'a, const N: usize> Bound<'a, N> {
         Some(usize::try_from(pair[0]).ok().zip(usize::try_from(pair[1]).ok()))
     }
 
+    /// Token `tok`'s (sequence, position) from places table `places`, for a recurrent state of
+    /// `n_seq` sequences of `rows_per_seq` cache rows each; `None` for a place outside them.
+    fn sequence_of(
+        &self,
+        places: TensorId,
+        tok: usize,
+        rows_per_seq: usize,
+        n_seq: usize,
+    ) -> Option<(usize, usize)> {
+        let (first, pos) = self.place(Some(places), tok)??;
+        let seq = first / rows_per_seq;
+        (seq < n_seq).then_some((seq, pos))
+    }
+
     fn fail(&self, id: TensorId, kind: u32) {
         if self.error.compare_exchange(0, id.0 as u32 + 1, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
             self.error_kind.store(kind, Ordering::Relaxed);
@@ -1069,15 +1083,10 @@ impl<'a, const N: usize> Bound<'a, N> {
         unsafe {
             let w: &[f32] = self.read(taps, channels.start * k * 4, channels.len() * k);
             for tok in 0..n_tokens {
-                let Some(Some((first, pos))) = self.place(Some(places), tok) else {
+                let Some((seq, pos)) = self.sequence_of(places, tok, rows_per_seq, n_seq) else {
                     self.fail(id, BAD_INDEX);
                     return;
                 };
-                let seq = first / rows_per_seq;
-                if seq >= n_seq {
-                    self.fail(id, BAD_INDEX);
-                    return;
-                }
                 let input: &[f32] = self.read(x, tok * tx.nb[1] + channels.start * 4, channels.len());
                 let out: &mut [f32] = self.write(id, tok * t.nb[1] + channels.start * 4, channels.len());
                 let at = seq * ts.nb[1] + channels.start * (k - 1) * 4;
@@ -1104,15 +1113,10 @@ impl<'a, const N: usize> Bound<'a, N> {
         // writes only its own heads' states and outputs, and reads inputs nothing writes.
         unsafe {
             for tok in 0..n_tokens {
-                let Some(Some((first, pos))) = self.place(Some(places), tok) else {
+                let Some((seq, pos)) = self.sequence_of(places, tok, rows_per_seq, n_seq) else {
                     self.fail(id, BAD_INDEX);
                     return;
                 };
-                let seq = first / rows_per_seq;
-                if seq >= n_seq {
-                    self.fail(id, BAD_INDEX);
-                    return;
-                }
                 let gs: &[f32] = self.read(g, tok * n_v * 4, n_v);
                 let betas: &[f32] = self.read(beta, tok * n_v * 4, n_v);
                 for h in share(n_v, ith, nth) {

@@ -172,16 +172,21 @@ pub fn write(path: &Path, bytes: &[u8]) -> Result<(), String> {
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_slot_file_round_trips_and_refuses_what_does_not_match() {
-        let id = Identity {
+    /// A model's identity with `state_bytes` of recurrent states.
+    fn identity(state_bytes: u32) -> Identity {
+        Identity {
             model_size: 1000,
             header_crc: 7,
             position_bytes: 8,
             layers: 2,
             kv_types: 1 << 16 | 1,
-            state_bytes: 0,
-        };
+            state_bytes,
+        }
+    }
+
+    #[test]
+    fn a_slot_file_round_trips_and_refuses_what_does_not_match() {
+        let id = identity(0);
         let rows: Vec<u8> = (0..24).collect();
         let bytes = encode(&id, &[5, 6, 7], &rows);
         let (tokens, got) = decode(&id, &bytes).unwrap();
@@ -198,14 +203,7 @@ mod tests {
 
     #[test]
     fn recurrent_states_follow_the_rows_once() {
-        let id = Identity {
-            model_size: 1000,
-            header_crc: 7,
-            position_bytes: 8,
-            layers: 2,
-            kv_types: 1 << 16 | 1,
-            state_bytes: 12,
-        };
+        let id = identity(12);
         let rows: Vec<u8> = (0..24 + 12).collect();
         let bytes = encode(&id, &[5, 6, 7], &rows);
         assert_eq!(decode(&id, &bytes).unwrap().1, &rows[..]);

@@ -389,6 +389,13 @@ pub fn build<const N: usize>(
         g.leaf(&label, info.ty, [info.ne[0] as usize, n, 1, 1], storage).map_err(ModelError::Graph)
     };
 
+    // Layer `il`'s recurrent states of one kind: F32 `[len, n_seq]` in the persistent region.
+    let state_leaf = |g: &mut Graph<N>, kind: &str, il: usize, len: usize, offset: usize| {
+        let mut label = crate::gguf::Name::new();
+        let _ = write!(label, "{kind}.{il}");
+        let storage = Storage::Persistent { offset };
+        g.leaf(&label, GgmlType::F32, [len, kv.n_seq, 1, 1], storage).map_err(ModelError::Graph)
+    };
     let (e, t) = (hp.n_embd as usize, n_tokens);
     let (n_head, n_head_kv) = (hp.n_head as usize, hp.n_head_kv as usize);
     // (Qwen3.5's Q projection gives a gate as wide as the queries after each head's queries.)
@@ -459,22 +466,9 @@ pub fn build<const N: usize>(
             let alpha = named!("alpha_biased", il, g.add(alpha, dt_bias));
             let alpha = named!("a_softplus", il, g.softplus(alpha));
             let decay = named!("gate", il, g.mul(alpha, a));
-            let mut label = crate::gguf::Name::new();
-            let _ = write!(label, "conv_state.{il}");
-            let conv_states = e_(g.leaf(
-                &label,
-                GgmlType::F32,
-                [hp.conv_state_len(), kv.n_seq, 1, 1],
-                Storage::Persistent { offset: kv.conv_states_of(il) },
-            ))?;
-            label.clear();
-            let _ = write!(label, "delta_state.{il}");
-            let delta_states = e_(g.leaf(
-                &label,
-                GgmlType::F32,
-                [hp.delta_state_len(), kv.n_seq, 1, 1],
-                Storage::Persistent { offset: kv.delta_states_of(il) },
-            ))?;
+            let conv_states = state_leaf(g, "conv_state", il, hp.conv_state_len(), kv.conv_states_of(il))?;
+            let delta_states =
+                state_leaf(g, "delta_state", il, hp.delta_state_len(), kv.delta_states_of(il))?;
             let conv = named!("conv_output_raw", il, g.short_conv(qkv, taps, conv_states, places, kv.n_ctx));
             let conv = named!("conv_output_silu", il, g.silu(conv));
             // Q, K and V heads of each token's convolved row; Q and K L2-normalised as llama.cpp
@@ -509,14 +503,7 @@ pub fn build<const N: usize>(
             let wc = rows_of(g, &in_proj, "c", e, e)?;
             let wx = rows_of(g, &in_proj, "x", 2 * e, e)?;
             let (taps, out_proj) = (need(g, "shortconv.conv.weight")?, need(g, "shortconv.out_proj.weight")?);
-            let mut label = crate::gguf::Name::new();
-            let _ = write!(label, "conv_state.{il}");
-            let states = e_(g.leaf(
-                &label,
-                GgmlType::F32,
-                [hp.conv_state_len(), kv.n_seq, 1, 1],
-                Storage::Persistent { offset: kv.conv_states_of(il) },
-            ))?;
+            let states = state_leaf(g, "conv_state", il, hp.conv_state_len(), kv.conv_states_of(il))?;
             let b = named!("conv_b", il, g.mul_mat(wb, cur));
             let c = named!("conv_c", il, g.mul_mat(wc, cur));
             let xs = named!("conv_x", il, g.mul_mat(wx, cur));
