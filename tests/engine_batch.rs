@@ -191,6 +191,15 @@ fn a_recurrent_sequence_is_kept_whole_or_started_over() {
         assert_eq!(argmax(e.logits(0).unwrap()), next[1], "sequence {seq}");
     }
 
+    // The context shift moves the attention layers' keys; the states keep what they hold, and
+    // the sequence goes on from its shortened length.
+    let before = e.seq_len(2);
+    e.shift_sequence(2, 2, 4).unwrap();
+    assert_eq!(e.seq_len(2), before - 4);
+    let pos = e.seq_len(2);
+    e.step(&[Entry { seq: 2, pos, token: next[1], logits: true }], &OnCaller, None).unwrap();
+    assert!(e.logits(0).unwrap().iter().all(|v| v.is_finite()));
+
     // A cut empties the sequence; evaluated again from 0 it is a fresh run (the states restart).
     assert_eq!(e.truncate(0, 5), 0);
     assert_eq!(e.truncate(1, 100), prompt.len() + 1, "a longer limit keeps everything");

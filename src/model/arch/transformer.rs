@@ -437,9 +437,14 @@ pub fn build<const N: usize>(
     }
     let mut rope_tables: [Option<TensorId>; 2] = [None, None];
     for il in 0..hp.n_layer as usize {
-        let need = |g: &mut Graph<N>, suffix: &str| -> Result<TensorId, ModelError> {
+        // This layer's tensor `blk.{il}.{suffix}`: its name, and the tensor as a weight leaf.
+        let layer_name = |suffix: &str| {
             let mut name = crate::gguf::Name::new();
             let _ = write!(name, "blk.{il}.{suffix}");
+            name
+        };
+        let need = |g: &mut Graph<N>, suffix: &str| -> Result<TensorId, ModelError> {
+            let name = layer_name(suffix);
             weight(g, format_args!("{name}"))?.ok_or(ModelError::MissingTensor { name })
         };
         let e_ = |r: Result<TensorId, GraphError>| r.map_err(ModelError::Graph);
@@ -497,8 +502,7 @@ pub fn build<const N: usize>(
         } else if hp.recurrent.contains(il) {
             // LFM2's short-convolution block: B, C and X projections (rows of one matrix), the
             // convolution of B * X over the sequence's last inputs, gated by C.
-            let mut in_proj = crate::gguf::Name::new();
-            let _ = write!(in_proj, "blk.{il}.shortconv.in_proj.weight");
+            let in_proj = layer_name("shortconv.in_proj.weight");
             let wb = rows_of(g, &in_proj, "b", 0, e)?;
             let wc = rows_of(g, &in_proj, "c", e, e)?;
             let wx = rows_of(g, &in_proj, "x", 2 * e, e)?;
@@ -512,8 +516,7 @@ pub fn build<const N: usize>(
             let y = named!("conv_y", il, g.mul(c, conv));
             named!("conv_out", il, g.mul_mat(out_proj, y))
         } else {
-            let mut fused = crate::gguf::Name::new();
-            let _ = write!(fused, "blk.{il}.attn_qkv.weight");
+            let fused = layer_name("attn_qkv.weight");
             let (wq, wk, wv) = if gguf.tensor(&fused).is_some() {
                 // Q, K and V in one matrix, their rows in that order (llama.cpp's build_qkv).
                 let (qw, kw) = (n_head * hd_k * q_parts, n_head_kv * hd_k);
@@ -701,8 +704,7 @@ pub fn build<const N: usize>(
         } else {
             let (wg, wu) = if traits.fused_gate_up {
                 // One `ffn_up` of 2 * n_ff rows: the gate's, then the up projection's.
-                let mut fused = crate::gguf::Name::new();
-                let _ = write!(fused, "blk.{il}.ffn_up.weight");
+                let fused = layer_name("ffn_up.weight");
                 let f = hp.n_ff as usize;
                 (rows_of(g, &fused, "gate", 0, f)?, rows_of(g, &fused, "up", f, f)?)
             } else {
