@@ -37,11 +37,12 @@ use pinfer::kernels::packed::{
 };
 use pinfer::kernels::reference::{
     f32_to_f16_ref, flash_attn_row_f32dot_ref, flash_attn_row_ref, flash_attn_rows_f32dot_ref,
-    flash_attn_rows_ref, rms_norm_ref, rope_ref, rope_table_ref, swiglu_ref, RopeParams, RowSoftmax,
+    flash_attn_rows_ref, rms_norm_ref, rope_ref, rope_table_ref, silu_ref, swiglu_ref, RopeParams,
+    RowSoftmax,
 };
 use pinfer::kernels::{
-    f32_to_f16, flash_attn_row, flash_attn_rows, packed_matmul, quantize_act, rms_norm, rope_rotate, swiglu,
-    KernelPath, FLASH_ROWS,
+    f32_to_f16, flash_attn_row, flash_attn_rows, packed_matmul, quantize_act, rms_norm, rope_rotate, silu,
+    swiglu, KernelPath, FLASH_ROWS,
 };
 use pinfer::quant::blocks::F16Le;
 use pinfer::quant::GgmlType;
@@ -99,6 +100,31 @@ fn regimes(n: usize, rng: &mut Rng) -> Vec<(&'static str, Vec<f32>)> {
 
 fn same_bits(a: f32, b: f32) -> bool {
     a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan())
+}
+
+/// SiLU through SwiGLU's kernels (an up projection of ones) is the reference's bit for bit.
+#[test]
+fn silu_is_bit_identical() {
+    let mut rng = Rng(2);
+    for path in simd_paths() {
+        for n in LENGTHS.into_iter().chain([64, 65, 200]) {
+            for (name, x) in regimes(n, &mut rng) {
+                let (mut want, mut got) = (vec![0f32; n], vec![f32::NAN; n]);
+                silu_ref(&x, &mut want);
+                silu(path, &x, &mut got);
+                for i in 0..n {
+                    assert!(
+                        same_bits(got[i], want[i]),
+                        "{} n={n} {name} [{i}]: silu({}) = {} vs {}",
+                        path.name(),
+                        x[i],
+                        got[i],
+                        want[i]
+                    );
+                }
+            }
+        }
+    }
 }
 
 #[test]

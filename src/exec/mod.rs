@@ -836,7 +836,7 @@ impl<'a, const N: usize> Bound<'a, N> {
                     Op::Hadamard => kref::hadamard_ref(x, out, p.i[0] as usize),
                     Op::RmsNorm => kernels::rms_norm(path, x, out, p.f[0]),
                     Op::LayerNorm => kref::layer_norm_ref(x, out, p.f[0]),
-                    Op::Silu => kref::silu_ref(x, out),
+                    Op::Silu => kernels::silu(path, x, out),
                     Op::Sigmoid => kref::sigmoid_ref(x, out),
                     Op::Softplus => kref::softplus_ref(x, out),
                     Op::Gelu => kref::gelu_ref(x, out),
