@@ -304,8 +304,8 @@ fn check_generation(
         let (prompt, expected) = (ids(&case["prompt_ids"]), ids(&case["generated_ids"]));
         let margins: Vec<f64> =
             case["margins"].as_array().unwrap().iter().map(|m| m.as_f64().unwrap()).collect();
-        npu.truncate(0);
-        cpu.truncate(0);
+        let _ = npu.truncate(0);
+        let _ = cpu.truncate(0);
         let mut logits = npu.eval(&prompt).unwrap().to_vec();
         let mut reference = cpu.eval(&prompt).unwrap().to_vec();
         for (step, &want) in expected.iter().enumerate().take(max_steps) {
