@@ -9,14 +9,11 @@ use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
-use cli_support::{pinfer, pinfer_command, repo_file, text_of};
+use cli_support::{pinfer, pinfer_command, repo_file, text_of, Scratch};
 
-/// A fresh directory for one test.
-fn dir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("pinfer-files-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+/// A fresh directory for one test, removed with what the test wrote when it ends.
+fn dir(name: &str) -> Scratch {
+    Scratch::new(&format!("files-{name}"))
 }
 
 /// A copy of the tiny qwen3 model at `dir/name`.

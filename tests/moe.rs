@@ -11,7 +11,7 @@ fn model_path(name: &str) -> PathBuf {
 }
 
 /// qwen3moe-tiny with every router weight of layer `layer` set to `value`.
-fn poisoned_router(layer: usize, value: f32) -> PathBuf {
+fn poisoned_router(dir: &Path, layer: usize, value: f32) -> PathBuf {
     let original = std::fs::read(model_path("tiny/qwen3moe-tiny.gguf")).unwrap();
     let mut bytes = original.clone();
     let g = pinfer::gguf::Gguf::parse(&original).unwrap();
@@ -20,8 +20,6 @@ fn poisoned_router(layer: usize, value: f32) -> PathBuf {
     for v in bytes[start..start + t.nbytes as usize].chunks_mut(4) {
         v.copy_from_slice(&value.to_le_bytes());
     }
-    let dir = std::env::temp_dir().join(format!("pinfer-moe-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join(format!("router-{layer}-{value}.gguf"));
     std::fs::write(&path, bytes).unwrap();
     path
@@ -29,9 +27,13 @@ fn poisoned_router(layer: usize, value: f32) -> PathBuf {
 
 #[test]
 fn a_non_finite_router_stops_generation_naming_the_layer() {
+    // (A scratch directory of the test's own, removed when it ends.)
+    let scratch = std::env::temp_dir().join(format!("pinfer-moe-test-{}", std::process::id()));
+    std::fs::create_dir_all(&scratch).unwrap();
+    let _cleanup = RemoveOnDrop(scratch.clone());
     for (layer, value) in [(1, f32::NAN), (2, f32::INFINITY)] {
         for repack in [true, false] {
-            let path = poisoned_router(layer, value);
+            let path = poisoned_router(&scratch, layer, value);
             let model = ModelFile::open_static(&path).unwrap();
             let opts = SessionOptions { threads: 2, n_ctx: 64, repack, ..Default::default() };
             let mut session = Session::new(model, &opts).unwrap();
@@ -42,5 +44,14 @@ fn a_non_finite_router_stops_generation_naming_the_layer() {
                 "layer {layer}, {value}, repack {repack}: {err}"
             );
         }
+    }
+}
+
+/// Removes a directory when dropped (when the test ends, passed or failed).
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
