@@ -7,7 +7,7 @@ use std::io::Write;
 use std::path::Path;
 use std::process::Output;
 
-use cli_support::{pinfer, pinfer_command, pinfer_in, repo_file, temp_file, text_of};
+use cli_support::{pinfer, pinfer_command, pinfer_in, repo_file, temp_file, text_of, Scratch};
 
 #[test]
 fn version_prints_crate_version() {
@@ -59,7 +59,7 @@ fn missing_and_malformed_models_are_clear_errors() {
 #[test]
 fn missing_default_model_names_the_fetch_command() {
     // Run from an empty directory so the relative default path cannot resolve.
-    let dir = temp_file("marker", b"").parent().unwrap().to_path_buf();
+    let dir = Scratch::new("cli-no-default-model");
     let out = pinfer_in(&dir, &["info"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(text_of(&out.stderr).contains("scripts/setup.sh model"), "{}", text_of(&out.stderr));
@@ -470,7 +470,7 @@ fn bench_reports_prompt_and_generation_speed() {
 #[test]
 fn quantize_writes_a_model_that_loads_and_runs() {
     let model = repo_file("models/tiny/qwen3-tiny.gguf");
-    let dir = temp_file("quantize-marker", b"").parent().unwrap().to_path_buf();
+    let dir = Scratch::new("cli-quantize");
     let input = std::fs::read(&model).unwrap();
     let input = pinfer::gguf::Gguf::parse(&input).unwrap();
     for (ty, file_type) in [("Q8_0", 7u32), ("Q4_K", 14)] {
@@ -527,7 +527,7 @@ fn quantize_writes_a_model_that_loads_and_runs() {
 #[test]
 fn quantize_refuses_unknown_types_and_missing_input() {
     let model = repo_file("models/tiny/qwen3-tiny.gguf");
-    let dir = temp_file("quantize-err-marker", b"").parent().unwrap().to_path_buf();
+    let dir = Scratch::new("cli-quantize-errors");
     let target = dir.join("never-written.gguf");
     let target = target.to_str().unwrap();
 
@@ -551,7 +551,8 @@ fn quantize_refuses_unknown_types_and_missing_input() {
 /// and the slow clocks are named with the command that fixes them.
 #[test]
 fn doctor_names_what_is_missing_with_the_fix() {
-    let root = temp_file("doctor-marker", b"").parent().unwrap().join("doctor-root");
+    let scratch = Scratch::new("cli-doctor");
+    let root = scratch.join("doctor-root");
     let put = |rel: &str, text: &[u8]| {
         let p = root.join(rel);
         std::fs::create_dir_all(p.parent().unwrap()).unwrap();

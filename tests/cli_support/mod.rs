@@ -51,12 +51,41 @@ pub fn text_of(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
-pub fn temp_file(name: &str, bytes: &[u8]) -> PathBuf {
+/// A file holding `bytes` in the test process's temporary directory, removed when dropped (and
+/// the directory with its last file).
+pub fn temp_file(name: &str, bytes: &[u8]) -> TempFile {
     let dir = std::env::temp_dir().join(format!("pinfer-cli-test-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join(name);
     std::fs::File::create(&path).unwrap().write_all(bytes).unwrap();
-    path
+    TempFile(path)
+}
+
+/// See [`temp_file`].
+pub struct TempFile(PathBuf);
+
+impl std::ops::Deref for TempFile {
+    type Target = Path;
+
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl AsRef<Path> for TempFile {
+    fn as_ref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+        if let Some(dir) = self.0.parent() {
+            // Only succeeds once the directory is empty: the last test's file takes it along.
+            let _ = std::fs::remove_dir(dir);
+        }
+    }
 }
 
 pub fn repo_file(rel: &str) -> String {
