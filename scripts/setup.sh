@@ -147,6 +147,7 @@ TINY_MODELS=(
   "lfm2-tiny.gguf 4266100cb292c0f2dcaa4c40171e6b735ac38b4eff24dd333d3a1355216ca366"
   "lfm2moe-tiny.gguf 646788d551fd690d4cfbd2eff65d6082332dbb89d07405ec7a93be56c8bb056c"
   "qwen35-tiny.gguf 92d6dc6d7183c3853e6b8119b0b64c62f6b2ab12b334a1c17ce1ee41656ddc9d"
+  "gemma4-tiny.gguf e7acbb70bd1008a6bc08e28dd984a89bf68fdd176692f7ecc0e629ce4b770a73"
 )
 
 tiny_ok() {

@@ -188,6 +188,14 @@ fn qwen35_tiny_greedy_matches_llama_cpp() {
     check_greedy("tiny/qwen35-tiny.gguf", "qwen35-tiny.greedy.jsonl", if emulated() { 4 } else { 24 });
 }
 
+/// Gemma 4: sliding-window layers with their own head and rotated sizes, full layers with
+/// frequency factors, KV-sharing layers reading earlier layers' caches, a layer with values from
+/// the keys' projection, per-layer token embeddings, layer output scales, soft-capped logits.
+#[test]
+fn gemma4_tiny_greedy_matches_llama_cpp() {
+    check_greedy("tiny/gemma4-tiny.gguf", "gemma4-tiny.greedy.jsonl", if emulated() { 4 } else { 24 });
+}
+
 /// The same without repacking: the fused matrices' parts read in the file's layout.
 #[test]
 fn phi3_tiny_greedy_matches_llama_cpp_without_repacking() {

@@ -821,26 +821,20 @@ impl<'m, G: AsMut<[GraphSlot]> + AsRef<[GraphSlot]>, B: DerefMut<Target = [u8]>>
         }
         let kv = self.planned.kv;
         let hp = &self.planned.model.hp;
-        let (hd, n_rot, n_head_kv) = (hp.head_dim_k as usize, hp.n_rot as usize, hp.n_head_kv as usize);
+        let n_head_kv = hp.n_head_kv as usize;
         let k_ty = kv.types.k;
         let (Some(widen), Some(store)) = (k_ty.traits().dequantize, k_ty.kv_writer()) else {
             return Err(EngineError::Config("the context shift cannot rewrite this cache type"));
         };
-        let head_bytes = k_ty.bytes_for(hd as u64).unwrap_or(0) as usize;
-        let rotation = kv.types.k_rotation(hp.head_dim_k);
         let neox = matches!(hp.arch.traits().rope, crate::graph::RopeMode::Neox);
         let gguf = &self.planned.model.gguf;
-        let factors: Option<&[f32]> = gguf
+        let all_factors: Option<&[f32]> = gguf
             .tensor(crate::model::rope_factors_name(hp, kv.n_ctx))
-            .and_then(|t| bytemuck::try_cast_slice(gguf.tensor_data(&t)).ok())
-            .filter(|f: &&[f32]| f.len() >= n_rot / 2);
+            .and_then(|t| bytemuck::try_cast_slice(gguf.tensor_data(&t)).ok());
         let moved = keep..n - discard;
         let cache = &mut self.memory[self.skip + self.kv.offset..][..kv.total_bytes];
         let (mut cos, mut sin) = ([0f32; 256], [0f32; 256]);
         let (mut x, mut y) = ([0f32; 512], [0f32; 512]);
-        if n_rot / 2 > cos.len() || hd > x.len() || n_rot > hd {
-            return Err(EngineError::Config("the context shift supports heads of up to 512 dimensions"));
-        }
         for layer in kv.cached_layers() {
             for (base, row) in kv.layer_caches(layer) {
                 let at = base + seq * kv.n_ctx * row;
@@ -851,6 +845,14 @@ impl<'m, G: AsMut<[GraphSlot]> + AsRef<[GraphSlot]>, B: DerefMut<Target = [u8]>>
                 // Keys stored without RoPE stay as they are (their rows moved above).
                 continue;
             }
+            let (hd, n_rot) = (hp.head_dim_k_at(layer) as usize, rope.n_rot);
+            if n_rot / 2 > cos.len() || hd > x.len() || n_rot > hd {
+                return Err(EngineError::Config("the context shift supports heads of up to 512 dimensions"));
+            }
+            let head_bytes = k_ty.bytes_for(hd as u64).unwrap_or(0) as usize;
+            let rotation = kv.types.k_rotation(hd as u32);
+            // (The file's frequency factors belong to full-attention layers.)
+            let factors = all_factors.filter(|f| !rope.sliding && f.len() >= n_rot / 2);
             let p = crate::kernels::reference::RopeParams {
                 n_rot,
                 neox,
@@ -868,7 +870,8 @@ impl<'m, G: AsMut<[GraphSlot]> + AsRef<[GraphSlot]>, B: DerefMut<Target = [u8]>>
                 &mut sin[..n_rot / 2],
             );
             sin[..n_rot / 2].iter_mut().for_each(|s| *s = -*s);
-            let (keys, row) = (kv.k_offset(layer) + seq * kv.n_ctx * kv.k_row_bytes, kv.k_row_bytes);
+            let row = kv.rows_of(layer).k_row_bytes;
+            let keys = kv.k_offset(layer) + seq * kv.n_ctx * row;
             for r in moved.clone() {
                 for h in 0..n_head_kv {
                     let head = &mut cache[keys + r * row + h * head_bytes..][..head_bytes];
@@ -907,7 +910,7 @@ impl<'m, G: AsMut<[GraphSlot]> + AsRef<[GraphSlot]>, B: DerefMut<Target = [u8]>>
     /// the recurrent states when `n > 0`.
     pub fn sequence_bytes(&self, n: usize) -> usize {
         let kv = &self.planned.kv;
-        let rows = kv.cached_layers().count() * n * (kv.k_row_bytes + kv.v_row_bytes);
+        let rows = n * kv.position_bytes();
         rows + if n > 0 { kv.sequence_states(0).map(|(_, bytes)| bytes).sum() } else { 0 }
     }
 

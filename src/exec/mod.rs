@@ -789,6 +789,7 @@ impl<'a, const N: usize> Bound<'a, N> {
             | Op::Silu
             | Op::Sigmoid
             | Op::Softplus
+            | Op::Tanh
             | Op::Gelu
             | Op::SoftMax => self.unary(id, t, ne, step, ith, nth),
             Op::Add | Op::Mul | Op::SwiGlu | Op::GeGlu => self.binary(id, t, ne, step, ith, nth),
@@ -839,6 +840,7 @@ impl<'a, const N: usize> Bound<'a, N> {
                     Op::Silu => kernels::silu(path, x, out),
                     Op::Sigmoid => kref::sigmoid_ref(x, out),
                     Op::Softplus => kref::softplus_ref(x, out),
+                    Op::Tanh => out.iter_mut().zip(x).for_each(|(o, &v)| *o = libm::tanhf(v)),
                     Op::Gelu => kref::gelu_ref(x, out),
                     _ => {
                         let (start, end) =

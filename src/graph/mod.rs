@@ -257,6 +257,11 @@ impl<const N: usize> Graph<N> {
         self.unary(Op::Sigmoid, a, OpParams::default())
     }
 
+    /// `tanh(x)` (final-logit soft-capping).
+    pub fn tanh(&mut self, a: TensorId) -> Result<TensorId> {
+        self.unary(Op::Tanh, a, OpParams::default())
+    }
+
     /// `ln(1 + exp(x))` (see [`Op::Softplus`]).
     pub fn softplus(&mut self, a: TensorId) -> Result<TensorId> {
         self.unary(Op::Softplus, a, OpParams::default())

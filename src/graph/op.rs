@@ -52,6 +52,8 @@ pub enum Op {
     Sigmoid,
     /// `ln(1 + exp(x))`, `x` itself above 20 (ggml's).
     Softplus,
+    /// `tanh(x)` (libm's, as ggml's CPU `tanhf`).
+    Tanh,
     /// GELU, tanh approximation.
     Gelu,
     /// `silu(src[0]) * src[1]`.
@@ -127,6 +129,7 @@ impl Op {
             Op::Silu => "silu",
             Op::Sigmoid => "sigmoid",
             Op::Softplus => "softplus",
+            Op::Tanh => "tanh",
             Op::Gelu => "gelu",
             Op::SwiGlu => "swiglu",
             Op::GeGlu => "geglu",

@@ -2,7 +2,7 @@
 
 use core::fmt::Write;
 
-use super::{Arch, Gating, ModelError};
+use super::{Arch, Gating, ModelError, SwaLayers};
 use crate::gguf::{name_of, Gguf, GgufError, Name, ValueType};
 
 /// Most layers accepted (llama.cpp's own limit; no public model comes close).
@@ -84,6 +84,29 @@ pub struct HParams {
     /// Leading layers with a dense FFN in a mixture-of-experts model
     /// (`leading_dense_block_count`, lfm2moe).
     pub n_dense_lead: u32,
+    /// Sliding-window attention layers (Gemma 3: five of every six; Gemma 4:
+    /// `attention.sliding_window_pattern`).
+    pub sliding: LayerMask,
+    /// Key head size of sliding-window layers (`attention.key_length_swa`, Gemma 4).
+    pub head_dim_k_swa: u32,
+    /// Value head size of sliding-window layers.
+    pub head_dim_v_swa: u32,
+    /// Dimensions rotated in sliding-window layers (`rope.dimension_count_swa`).
+    pub n_rot_swa: u32,
+    /// RoPE frequency base of sliding-window layers (`rope.freq_base_swa`).
+    pub rope_freq_base_swa: f32,
+    /// Layers from the first with a KV cache of their own; the later ones read the cache of the
+    /// last such layer of their kind (Gemma 4's `attention.shared_kv_layers`). `n_layer` without
+    /// sharing.
+    pub n_layer_kv: u32,
+    /// Width of each layer's slice of the per-layer token embeddings
+    /// (`embedding_length_per_layer_input`, Gemma 4), 0 without them.
+    pub n_embd_per_layer: u32,
+    /// Logits become `c * tanh(logits / c)` (`final_logit_softcapping`); 0: none.
+    pub final_logit_softcap: f32,
+    /// Feed-forward width per layer when `feed_forward_length` is an array (Gemma 4's wider
+    /// MLP in KV-sharing layers); empty: every layer has `n_ff`.
+    pub n_ff_layers: heapless::Vec<u32, { MAX_LAYERS as usize }>,
 }
 
 /// The sizes of Qwen3.5's linear-attention (gated delta rule) layers (`{arch}.ssm.*`).
@@ -247,7 +270,8 @@ const MATH_KEYS: [(&str, ReadBy, Computes, &str); 8] = [
     ("final_logit_softcapping", ReadBy::Arch(Arch::Gemma3), Computes::Only(0.0), "0 (no soft-capping)"),
 ];
 
-/// Key-length keys of sliding-window layers: pinfer runs them only with the full layers' sizes.
+/// Key-length keys of sliding-window layers: pinfer runs them with other sizes than the full
+/// layers' only where the architecture reads them (`ArchTraits::swa_sizes`).
 const SWA_SIZE_KEYS: [(&str, &str); 3] = [
     ("attention.key_length_swa", "attention.key_length"),
     ("attention.value_length_swa", "attention.value_length"),
@@ -292,7 +316,7 @@ fn refuse_math_we_do_not_compute(g: &Gguf<'_>, arch: Arch, n_layer: u32) -> Resu
             return Err(ModelError::Uncomputed { key, found: value_text(&v), computes: words });
         }
     }
-    for (swa, full) in SWA_SIZE_KEYS {
+    for (swa, full) in SWA_SIZE_KEYS.into_iter().filter(|_| !arch.traits().swa_sizes) {
         let swa_key = arch_key(arch, swa);
         if let Some(v) = g.get(&swa_key) {
             let full_value = g.get(&arch_key(arch, full)).and_then(|f| f.as_integer());
@@ -318,6 +342,101 @@ fn refuse_math_we_do_not_compute(g: &Gguf<'_>, arch: Arch, n_layer: u32) -> Resu
         });
     }
     Ok(())
+}
+
+/// An array of one u32 per block (`n_layer_all` entries), each in `range`; an entry outside it
+/// is refused naming the layer.
+fn per_layer_u32(
+    g: &Gguf<'_>,
+    key: &str,
+    n_layer_all: u32,
+    range: core::ops::RangeInclusive<u32>,
+) -> Result<heapless::Vec<u32, { MAX_LAYERS as usize }>, ModelError> {
+    use crate::gguf::Value;
+    let Some(Value::Array(a)) = g.get(key) else { return Err(bad(key, 0, "is not an array")) };
+    if a.len() != n_layer_all as usize {
+        return Err(bad(key, a.len() as f64, "has another number of entries than block_count"));
+    }
+    let mut out = heapless::Vec::new();
+    for (il, v) in a.iter().enumerate() {
+        let n = v.as_integer().unwrap_or(-1);
+        if !(i128::from(*range.start())..=i128::from(*range.end())).contains(&n) {
+            return Err(ModelError::BadLayerParam {
+                key: name_of(key),
+                layer: il as u32,
+                value: n as f64,
+                problem: "is outside the accepted range",
+            });
+        }
+        let _ = out.push(n as u32);
+    }
+    Ok(out)
+}
+
+/// Sliding-window layers: Gemma 3's five of every six, Gemma 4's
+/// `attention.sliding_window_pattern` (one flag per block).
+fn sliding_layers(g: &Gguf<'_>, arch: Arch, n_layer: u32, n_layer_all: u32) -> Result<LayerMask, ModelError> {
+    use crate::gguf::Value;
+    let mut mask = LayerMask::default();
+    match arch.traits().swa {
+        SwaLayers::None => {}
+        SwaLayers::Period(period) => {
+            (0..n_layer).filter(|il| il % period < period - 1).for_each(|il| mask.insert(il as usize));
+        }
+        SwaLayers::Pattern => {
+            let key = arch_key(arch, "attention.sliding_window_pattern");
+            let Some(Value::Array(a)) = g.get(&key) else {
+                return Err(GgufError::MissingKey { key }.into());
+            };
+            if a.len() != n_layer_all as usize {
+                return Err(bad(&key, a.len() as f64, "has another number of entries than block_count"));
+            }
+            for (il, flag) in a.iter().enumerate().take(n_layer as usize) {
+                let on = match flag {
+                    Value::Bool(b) => b,
+                    other => {
+                        other.as_integer().ok_or_else(|| bad(&key, il as f64, "entry is not a flag"))? != 0
+                    }
+                };
+                if on {
+                    mask.insert(il);
+                }
+            }
+        }
+    }
+    Ok(mask)
+}
+
+/// The first layer reading another layer's KV cache (Gemma 4's `attention.shared_kv_layers`
+/// counts them from the end), checked so that every reader's source (llama.cpp's: the last
+/// layer with a cache for full attention, the one before for a sliding window) is a layer of
+/// the reader's kind with a cache.
+fn shared_kv_start(g: &Gguf<'_>, arch: Arch, n_layer: u32, sliding: &LayerMask) -> Result<u32, ModelError> {
+    let key = arch_key(arch, "attention.shared_kv_layers");
+    if !arch.traits().swa_sizes {
+        return Ok(n_layer);
+    }
+    let shared = u32_in(g, &key, Some(0), 0..=u32::MAX)?;
+    if shared == 0 {
+        return Ok(n_layer);
+    }
+    if shared > n_layer.saturating_sub(2) {
+        return Err(bad(&key, shared, "leaves fewer than two layers with a KV cache to share"));
+    }
+    let n_kv = n_layer - shared;
+    for il in n_kv..n_layer {
+        let reader_sliding = sliding.contains(il as usize);
+        let source = n_kv - if reader_sliding { 2 } else { 1 };
+        if sliding.contains(source as usize) != reader_sliding {
+            return Err(ModelError::BadLayerParam {
+                key: key.clone(),
+                layer: il,
+                value: f64::from(source),
+                problem: "would read the KV cache of a layer of the other attention kind",
+            });
+        }
+    }
+    Ok(n_kv)
 }
 
 /// Qwen3.5's linear-attention layers: `attention.recurrent_layers` (one flag per block), else
@@ -536,8 +655,16 @@ impl HParams {
         } else {
             (0, 0, 0, 0)
         };
-        // MoE models may omit the dense width; dense ones need it.
-        let n_ff = u32_in(g, &k("feed_forward_length"), arch.is_moe().then_some(n_ff_expert), 1..=MAX_WIDTH)?;
+        // MoE models may omit the dense width; dense ones need it. Gemma 4 may give one per layer.
+        let mut n_ff_layers = heapless::Vec::new();
+        let n_ff = match g.get(&k("feed_forward_length")) {
+            Some(crate::gguf::Value::Array(_)) if arch.traits().swa_sizes => {
+                let widths = per_layer_u32(g, &k("feed_forward_length"), n_layer_all, 1..=MAX_WIDTH)?;
+                n_ff_layers.extend(widths.iter().copied().take(n_layer as usize));
+                n_ff_layers.iter().copied().max().unwrap_or(1)
+            }
+            _ => u32_in(g, &k("feed_forward_length"), arch.is_moe().then_some(n_ff_expert), 1..=MAX_WIDTH)?,
+        };
         let sliding_window = u32_in(g, &k("attention.sliding_window"), Some(0), 0..=u32::MAX)?;
         if arch.traits().gemma && sliding_window == 0 {
             return Err(bad(&k("attention.sliding_window"), 0, "gemma3 needs a sliding window"));
@@ -592,10 +719,41 @@ impl HParams {
         let logit_scale = multiplier("logit_scale", true)?.unwrap_or(1.0);
         // A model that stores a per-layer array for one of these is a variant we do not run.
         for suffix in ["attention.head_count", "feed_forward_length"] {
-            if matches!(g.get(&k(suffix)), Some(v) if v.value_type() == ValueType::Array) {
+            if matches!(g.get(&k(suffix)), Some(v) if v.value_type() == ValueType::Array)
+                && !(suffix == "feed_forward_length" && arch.traits().swa_sizes)
+            {
                 return Err(bad(&k(suffix), 0, "per-layer values are not supported"));
             }
         }
+        let sliding = sliding_layers(g, arch, n_layer, n_layer_all)?;
+        // Sliding-window layers' own sizes and RoPE base (Gemma 4; Gemma 3's equal the full
+        // layers' but for the base, which MATH_KEYS pins to 10000).
+        let (head_dim_k_swa, head_dim_v_swa, n_rot_swa) = if arch.traits().swa_sizes {
+            let hk = u32_in(g, &k("attention.key_length_swa"), Some(head_dim_k), 1..=MAX_HEAD_DIM)?;
+            let hv = u32_in(g, &k("attention.value_length_swa"), Some(head_dim_v), 1..=MAX_HEAD_DIM)?;
+            let rot = u32_in(g, &k("rope.dimension_count_swa"), Some(n_rot.min(hk)), 2..=hk)?;
+            if rot % 2 != 0 {
+                return Err(bad(&k("rope.dimension_count_swa"), rot, "must be even"));
+            }
+            (hk, hv, rot)
+        } else {
+            (head_dim_k, head_dim_v, n_rot)
+        };
+        let rope_freq_base_swa = f32_in(g, &k("rope.freq_base_swa"), Some(10000.0), 0.0, 1e12)?;
+        let n_layer_kv = shared_kv_start(g, arch, n_layer, &sliding)?;
+        let n_embd_per_layer = if arch.traits().swa_sizes {
+            u32_in(g, &k("embedding_length_per_layer_input"), None, 0..=MAX_WIDTH)?
+        } else {
+            0
+        };
+        // (llama.cpp's default for Gemma 4 is 30; an explicit 0 turns it off.)
+        let final_logit_softcap = match g.get_f32_opt(&k("final_logit_softcapping"))? {
+            None if arch.traits().swa_sizes => 30.0,
+            None | Some(0.0) => 0.0,
+            Some(_) => f32_in(g, &k("final_logit_softcapping"), None, 0.0, 1e6)?,
+        };
+        // Gemma 4 normalises queries and keys and scales scores by 1.
+        let attention_scale = if arch.traits().swa_sizes { Some(1.0) } else { attention_scale };
         Ok(HParams {
             arch,
             n_layer,
@@ -626,22 +784,86 @@ impl HParams {
             conv_kernel,
             delta,
             n_dense_lead,
+            sliding,
+            head_dim_k_swa,
+            head_dim_v_swa,
+            n_rot_swa,
+            rope_freq_base_swa,
+            n_layer_kv,
+            n_embd_per_layer,
+            final_logit_softcap,
+            n_ff_layers,
         })
     }
 
-    /// Width of all query heads together.
-    pub fn q_width(&self) -> u64 {
-        u64::from(self.n_head) * u64::from(self.head_dim_k)
+    /// Whether layer `il` attends through a sliding window.
+    pub fn is_sliding(&self, il: usize) -> bool {
+        self.sliding.contains(il)
     }
 
-    /// Width of all key heads together.
-    pub fn k_width(&self) -> u64 {
-        u64::from(self.n_head_kv) * u64::from(self.head_dim_k)
+    /// Key head size of layer `il`.
+    pub fn head_dim_k_at(&self, il: usize) -> u32 {
+        if self.is_sliding(il) {
+            self.head_dim_k_swa
+        } else {
+            self.head_dim_k
+        }
     }
 
-    /// Width of all value heads together.
-    pub fn v_width(&self) -> u64 {
-        u64::from(self.n_head_kv) * u64::from(self.head_dim_v)
+    /// Value head size of layer `il`.
+    pub fn head_dim_v_at(&self, il: usize) -> u32 {
+        if self.is_sliding(il) {
+            self.head_dim_v_swa
+        } else {
+            self.head_dim_v
+        }
+    }
+
+    /// Dimensions RoPE rotates in layer `il`.
+    pub fn n_rot_at(&self, il: usize) -> u32 {
+        if self.is_sliding(il) {
+            self.n_rot_swa
+        } else {
+            self.n_rot
+        }
+    }
+
+    /// Feed-forward width of layer `il`.
+    pub fn n_ff_at(&self, il: usize) -> u32 {
+        self.n_ff_layers.get(il).copied().unwrap_or(self.n_ff)
+    }
+
+    /// The layer whose KV cache layer `il` reads: its own, or for a KV-sharing layer (Gemma 4)
+    /// llama.cpp's choice, the last layer with a cache for a full-attention reader and the one
+    /// before it for a sliding one (checked at load to be of the reader's kind).
+    pub fn kv_source(&self, il: usize) -> usize {
+        let n_kv = self.n_layer_kv as usize;
+        if il < n_kv {
+            il
+        } else {
+            n_kv - if self.is_sliding(il) { 2 } else { 1 }
+        }
+    }
+
+    /// Whether layer `il` writes a KV cache of its own (attention layers before the KV-sharing
+    /// ones).
+    pub fn has_own_kv(&self, il: usize) -> bool {
+        il < self.n_layer_kv as usize && !self.recurrent.contains(il)
+    }
+
+    /// Width of all query heads of layer `il` together.
+    pub fn q_width(&self, il: usize) -> u64 {
+        u64::from(self.n_head) * u64::from(self.head_dim_k_at(il))
+    }
+
+    /// Width of all key heads of layer `il` together.
+    pub fn k_width(&self, il: usize) -> u64 {
+        u64::from(self.n_head_kv) * u64::from(self.head_dim_k_at(il))
+    }
+
+    /// Width of all value heads of layer `il` together.
+    pub fn v_width(&self, il: usize) -> u64 {
+        u64::from(self.n_head_kv) * u64::from(self.head_dim_v_at(il))
     }
 
     /// How layer `il`'s FFN routes its experts, if it is a mixture of experts (the leading dense

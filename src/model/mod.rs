@@ -11,10 +11,10 @@ mod validate;
 use core::fmt;
 
 pub use arch::{
-    build_forward, layer_rope, rope_factors_name, Forward, KvLayout, KvTypeError, KvTypes, LayerRope,
-    MODEL_BUFFER,
+    build_forward, layer_rope, rope_factors_name, CacheRows, Forward, KvLayout, KvTypeError, KvTypes,
+    LayerRope, MODEL_BUFFER,
 };
-pub use arch::{Arch, ArchTraits, Experts, Ffn, Gating, Supported};
+pub use arch::{Arch, ArchTraits, Experts, Ffn, Gating, Supported, SwaLayers};
 pub use hparams::{HParams, LayerMask, MAX_LAYERS};
 pub use open::{check, context_size, Checked, DEFAULT_CTX};
 pub use validate::{validate_tensors, validate_vocab, TensorKind, Vocab};

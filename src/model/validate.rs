@@ -183,6 +183,13 @@ fn check_special_ids(g: &Gguf<'_>, model: &str, n: usize) -> Result<(), ModelErr
     Ok(())
 }
 
+/// Layer `i`'s V projection's name.
+fn format_v(i: u32) -> Name {
+    let mut n = Name::new();
+    let _ = write!(n, "blk.{i}.attn_v.weight");
+    n
+}
+
 /// One tensor an architecture needs.
 struct Expect {
     name: Name,
@@ -229,20 +236,28 @@ pub fn validate_tensors(g: &Gguf<'_>, hp: &HParams, n_vocab: u32) -> Result<(), 
     check(expect(format_args!("token_embd.weight"), &[e, v], Weight, true))?;
     check(expect(format_args!("{}", hp.arch.traits().output_norm), &[e], Norm, true))?;
     check(expect(format_args!("output.weight"), &[e, v], Weight, false))?;
+    // (Gemma 4's full-attention layers need their factors, one per pair of the head, as
+    // llama.cpp requires them.)
+    let gemma4_factors = hp.arch.traits().swa_sizes && (0..hp.n_layer as usize).any(|il| !hp.is_sliding(il));
+    let pairs = if hp.arch.traits().swa_sizes { hp.head_dim_k / 2 } else { hp.n_rot / 2 };
     for factors in ["rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"] {
-        check(expect(format_args!("{factors}"), &[u64::from(hp.n_rot / 2)], Norm, false))?;
+        let required = gemma4_factors && factors == "rope_freqs.weight";
+        check(expect(format_args!("{factors}"), &[u64::from(pairs)], Norm, required))?;
     }
 
-    let (qw, kw, vw) = (hp.q_width(), hp.k_width(), hp.v_width());
-    // (Qwen3.5's Q projection carries each head's output gate after its queries.)
-    let qw_out = if hp.arch.traits().attn_output_gate { 2 * qw } else { qw };
-    let attn_out_in = u64::from(hp.n_head) * u64::from(hp.head_dim_v);
-    let hd = u64::from(hp.head_dim_k);
-    let (f, fe, fs, ne) =
-        (u64::from(hp.n_ff), u64::from(hp.n_ff_expert), u64::from(hp.n_ff_shared), u64::from(hp.n_expert));
+    let p = u64::from(hp.n_embd_per_layer);
+    if p > 0 {
+        // Gemma 4's per-layer token embeddings and the projection of the embeddings beside them.
+        let all = p * u64::from(hp.n_layer);
+        check(expect(format_args!("per_layer_token_embd.weight"), &[all, v], Weight, true))?;
+        check(expect(format_args!("per_layer_model_proj.weight"), &[e, all], Weight, true))?;
+        check(expect(format_args!("per_layer_proj_norm.weight"), &[p], Norm, true))?;
+    }
+    let (fe, fs, ne) = (u64::from(hp.n_ff_expert), u64::from(hp.n_ff_shared), u64::from(hp.n_expert));
     let traits = hp.arch.traits();
     let (qk_norm, qkv_bias) = (traits.qk_norm, traits.qkv_bias);
     let check_ffn = |i: u32| -> Result<(), ModelError> {
+        let f = u64::from(hp.n_ff_at(i as usize));
         let experts = hp.experts_at(i as usize);
         if let Some(x) = experts {
             check(expect(format_args!("blk.{i}.ffn_gate_inp.weight"), &[e, ne], Router, true))?;
@@ -302,6 +317,15 @@ pub fn validate_tensors(g: &Gguf<'_>, hp: &HParams, n_vocab: u32) -> Result<(), 
             check(expect(format_args!("blk.{i}.shortconv.out_proj.weight"), &[e, e], Weight, true))?;
             continue;
         }
+        let il = i as usize;
+        let (qw, kw, vw) = (hp.q_width(il), hp.k_width(il), hp.v_width(il));
+        // (Qwen3.5's Q projection carries each head's output gate after its queries.)
+        let qw_out = if traits.attn_output_gate { 2 * qw } else { qw };
+        let attn_out_in = u64::from(hp.n_head) * u64::from(hp.head_dim_v_at(il));
+        let hd = u64::from(hp.head_dim_k_at(il));
+        // KV-sharing layers (Gemma 4) need no K and V projections; Gemma 4 may reuse K as V.
+        let own_kv = hp.has_own_kv(il);
+        let v_required = own_kv && !traits.swa_sizes;
         let mut fused = Name::new();
         let _ = write!(fused, "blk.{i}.attn_qkv.weight");
         if g.tensor(&fused).is_some() {
@@ -309,8 +333,12 @@ pub fn validate_tensors(g: &Gguf<'_>, hp: &HParams, n_vocab: u32) -> Result<(), 
             check(expect(format_args!("{fused}"), &[e, qw_out + kw + vw], Weight, true))?;
         } else {
             check(expect(format_args!("blk.{i}.attn_q.weight"), &[e, qw_out], Weight, true))?;
-            check(expect(format_args!("blk.{i}.attn_k.weight"), &[e, kw], Weight, true))?;
-            check(expect(format_args!("blk.{i}.attn_v.weight"), &[e, vw], Weight, true))?;
+            check(expect(format_args!("blk.{i}.attn_k.weight"), &[e, kw], Weight, own_kv))?;
+            check(expect(format_args!("blk.{i}.attn_v.weight"), &[e, vw], Weight, v_required))?;
+            if traits.swa_sizes && own_kv && g.tensor(&name_of(&format_v(i))).is_none() && kw != vw {
+                // Values from the keys' projection need the keys' width.
+                return Err(ModelError::MissingTensor { name: format_v(i) });
+            }
         }
         check(expect(format_args!("blk.{i}.attn_output.weight"), &[attn_out_in, e], Weight, true))?;
         if qkv_bias {
@@ -320,11 +348,20 @@ pub fn validate_tensors(g: &Gguf<'_>, hp: &HParams, n_vocab: u32) -> Result<(), 
         }
         if qk_norm {
             check(expect(format_args!("blk.{i}.attn_q_norm.weight"), &[hd], Norm, true))?;
-            check(expect(format_args!("blk.{i}.attn_k_norm.weight"), &[hd], Norm, true))?;
+            check(expect(format_args!("blk.{i}.attn_k_norm.weight"), &[hd], Norm, own_kv))?;
         }
         if traits.gemma {
             check(expect(format_args!("blk.{i}.post_attention_norm.weight"), &[e], Norm, true))?;
             check(expect(format_args!("blk.{i}.post_ffw_norm.weight"), &[e], Norm, true))?;
+        }
+        if p > 0 {
+            check(expect(format_args!("blk.{i}.inp_gate.weight"), &[e, p], Weight, true))?;
+            check(expect(format_args!("blk.{i}.proj.weight"), &[p, e], Weight, true))?;
+            check(expect(format_args!("blk.{i}.post_norm.weight"), &[e], Norm, true))?;
+        }
+        if traits.swa_sizes {
+            // One F32 factor, read when the graph is built.
+            check(expect(format_args!("blk.{i}.layer_output_scale.weight"), &[1], Taps, false))?;
         }
     }
     Ok(())

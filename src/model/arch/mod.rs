@@ -8,7 +8,8 @@ mod transformer;
 use core::fmt;
 
 pub use transformer::{
-    layer_rope, rope_factors_name, Forward, KvLayout, KvTypeError, KvTypes, LayerRope, MODEL_BUFFER,
+    layer_rope, rope_factors_name, CacheRows, Forward, KvLayout, KvTypeError, KvTypes, LayerRope,
+    MODEL_BUFFER,
 };
 
 use crate::gguf::Gguf;
@@ -37,7 +38,8 @@ pub fn build_forward<const N: usize>(
         | Arch::Phi3
         | Arch::Lfm2
         | Arch::Lfm2Moe
-        | Arch::Qwen35 => transformer::build(g, gguf, hp, kv, n_tokens, n_outputs),
+        | Arch::Qwen35
+        | Arch::Gemma4 => transformer::build(g, gguf, hp, kv, n_tokens, n_outputs),
     }
 }
 
@@ -69,6 +71,20 @@ pub enum Arch {
     Lfm2Moe,
     /// Qwen3.5 / Qwen3.6 dense (three of four layers gated delta rule, gated attention).
     Qwen35,
+    /// Gemma 4 dense (E2B, E4B, 31B): per-layer token embeddings, sliding-window layers with
+    /// their own head size, later layers reading earlier layers' KV caches, soft-capped logits.
+    Gemma4,
+}
+
+/// Which layers attend through a sliding window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SwaLayers {
+    /// None.
+    None,
+    /// All but every `n`th (Gemma 3: 6, llama.cpp's fixed pattern).
+    Period(u32),
+    /// Those flagged in `attention.sliding_window_pattern` (Gemma 4).
+    Pattern,
 }
 
 /// The feed-forward block of an architecture.
@@ -148,11 +164,19 @@ pub struct ArchTraits {
     /// The Q projection gives each head's queries then a gate of the same size; the attention
     /// output is multiplied by the gate's sigmoid (Qwen3.5).
     pub attn_output_gate: bool,
+    /// Which layers attend through a sliding window.
+    pub swa: SwaLayers,
+    /// Gemma 4's layer geometry: sliding-window layers with their own head and rotation sizes
+    /// and RoPE base (`*_swa` keys), per-layer FFN widths, KV-sharing layers
+    /// (`attention.shared_kv_layers`), per-layer token embeddings, values RMS-normalised without
+    /// a weight (and the keys' projection reused when a layer has no `attn_v`), scores scaled by
+    /// 1, an optional `layer_output_scale` per layer, `rope_freqs` on full-attention layers only.
+    pub swa_sizes: bool,
 }
 
 impl Arch {
     /// Every architecture, in the order messages list them.
-    pub const ALL: [Arch; 12] = [
+    pub const ALL: [Arch; 13] = [
         Arch::Llama,
         Arch::Qwen2,
         Arch::Qwen3,
@@ -165,6 +189,7 @@ impl Arch {
         Arch::Lfm2,
         Arch::Lfm2Moe,
         Arch::Qwen35,
+        Arch::Gemma4,
     ];
 
     /// The architecture's row.
@@ -185,6 +210,8 @@ impl Arch {
             ffn_norm: "ffn_norm.weight",
             delta_net: false,
             attn_output_gate: false,
+            swa: SwaLayers::None,
+            swa_sizes: false,
         };
         const SOFTMAX_EXPERTS: Experts = Experts {
             normalize_weights: false,
@@ -216,7 +243,17 @@ impl Arch {
                 ffn: Ffn::Experts(Experts { shared_expert: true, ..SOFTMAX_EXPERTS }),
                 ..DENSE
             },
-            Arch::Gemma3 => ArchTraits { name: "gemma3", qk_norm: true, gemma: true, ..DENSE },
+            Arch::Gemma3 => {
+                ArchTraits { name: "gemma3", qk_norm: true, gemma: true, swa: SwaLayers::Period(6), ..DENSE }
+            }
+            Arch::Gemma4 => ArchTraits {
+                name: "gemma4",
+                qk_norm: true,
+                gemma: true,
+                swa: SwaLayers::Pattern,
+                swa_sizes: true,
+                ..DENSE
+            },
             Arch::Granite => {
                 ArchTraits { name: "granite", rope: RopeMode::Normal, multipliers: true, ..DENSE }
             }

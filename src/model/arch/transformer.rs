@@ -88,13 +88,15 @@ impl KvTypes {
     /// Checks that both types can hold `hp`'s cache: cache types whose blocks divide the head
     /// sizes.
     pub fn check(&self, hp: &HParams) -> Result<(), KvTypeError> {
-        for (ty, head_dim) in [(self.k, hp.head_dim_k), (self.v, hp.head_dim_v)] {
-            if !ty.is_kv_cache_type() {
-                return Err(KvTypeError::NotACacheType(ty));
-            }
-            let block = ty.block_len();
-            if head_dim as usize % block != 0 || (hp.head_dim_k.max(hp.head_dim_v) as usize) % block != 0 {
-                return Err(KvTypeError::HeadSize { ty, head_dim, block });
+        for (hd_k, hd_v) in [(hp.head_dim_k, hp.head_dim_v), (hp.head_dim_k_swa, hp.head_dim_v_swa)] {
+            for (ty, head_dim) in [(self.k, hd_k), (self.v, hd_v)] {
+                if !ty.is_kv_cache_type() {
+                    return Err(KvTypeError::NotACacheType(ty));
+                }
+                let block = ty.block_len();
+                if head_dim as usize % block != 0 || (hd_k.max(hd_v) as usize) % block != 0 {
+                    return Err(KvTypeError::HeadSize { ty, head_dim, block });
+                }
             }
         }
         Ok(())
@@ -105,9 +107,10 @@ impl KvTypes {
 ///
 /// The cache holds `n_seq` sequences of `n_ctx` positions each: sequence `s` owns rows
 /// `s * n_ctx..(s + 1) * n_ctx` of every layer's K and V, each row one position's keys (values)
-/// of every KV head in the cache's type. A step's inputs are, per token, its id, its place (first
-/// cache row of its sequence, position) and, for the tokens whose logits are wanted, their index
-/// in the batch.
+/// of every KV head in the cache's type. Layers with a cache of their own are packed (recurrent
+/// layers and KV-sharing layers take no room); a sliding-window layer's rows may be of another
+/// width (Gemma 4). A step's inputs are, per token, its id, its place (first cache row of its
+/// sequence, position) and, for the tokens whose logits are wanted, their index in the batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KvLayout {
     /// Positions the cache holds per sequence.
@@ -118,20 +121,16 @@ pub struct KvLayout {
     pub n_batch: usize,
     /// The cache's types.
     pub types: KvTypes,
-    /// Elements of one cache row (every KV head of one position).
-    pub row_width: usize,
-    /// Bytes of one position's K row in one layer.
-    pub k_row_bytes: usize,
-    /// Bytes of one position's V row in one layer.
-    pub v_row_bytes: usize,
-    /// Bytes of one layer's K cache.
-    pub k_layer_bytes: usize,
-    /// Bytes of one layer's V cache.
-    pub v_layer_bytes: usize,
+    /// The rows of full-attention layers (`[0]`) and of sliding-window layers (`[1]`).
+    pub kinds: [CacheRows; 2],
     /// Layers of the model.
     pub n_layer: usize,
     /// The layers without a KV cache, with a recurrent state per sequence instead.
     pub recurrent: LayerMask,
+    /// The sliding-window layers (rows of `kinds[1]`).
+    pub sliding: LayerMask,
+    /// The layers with a KV cache of their own.
+    pub cached: LayerMask,
     /// Bytes of one sequence's convolution state in one recurrent layer (F32).
     pub conv_state_bytes: usize,
     /// Bytes of one sequence's delta-rule state in one recurrent layer (F32; 0 without).
@@ -149,17 +148,30 @@ pub struct KvLayout {
     pub total_bytes: usize,
 }
 
+/// The cache rows of one kind of layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CacheRows {
+    /// Elements of one cache row (every KV head of one position).
+    pub row_width: usize,
+    /// Bytes of one position's K row in one layer.
+    pub k_row_bytes: usize,
+    /// Bytes of one position's V row in one layer.
+    pub v_row_bytes: usize,
+    /// Bytes of one layer's K cache.
+    pub k_layer_bytes: usize,
+    /// Bytes of one layer's V cache.
+    pub v_layer_bytes: usize,
+}
+
 /// Bytes rounded up to the arena alignment.
 fn aligned(n: usize) -> usize {
     n.next_multiple_of(crate::arena::ARENA_ALIGN)
 }
 
-impl KvLayout {
-    /// The layout for `hp` with `n_seq` sequences of `n_ctx` positions in a cache of `types`
-    /// and batches of up to `n_batch` tokens; `None` if the sizes overflow or a type cannot
-    /// hold rows of the model's width (see [`KvTypes::check`] for the reason).
-    pub fn new(hp: &HParams, n_ctx: usize, n_batch: usize, n_seq: usize, types: KvTypes) -> Option<Self> {
-        let row_width = (hp.n_head_kv as usize).checked_mul(hp.head_dim_k.max(hp.head_dim_v) as usize)?;
+impl CacheRows {
+    /// Rows of `n_head_kv` heads of `hd_k`-wide keys and `hd_v`-wide values, `rows` per layer.
+    fn new(n_head_kv: u32, hd_k: u32, hd_v: u32, rows: usize, types: KvTypes) -> Option<Self> {
+        let row_width = (n_head_kv as usize).checked_mul(hd_k.max(hd_v) as usize)?;
         let row_bytes = |ty: GgmlType| -> Option<usize> {
             if row_width % ty.block_len() != 0 {
                 return None;
@@ -167,13 +179,35 @@ impl KvLayout {
             usize::try_from(ty.bytes_for(row_width as u64)?).ok()
         };
         let (k_row_bytes, v_row_bytes) = (row_bytes(types.k)?, row_bytes(types.v)?);
-        let rows = n_ctx.checked_mul(n_seq)?;
         let k_layer_bytes = aligned(k_row_bytes.checked_mul(rows)?);
         let v_layer_bytes = aligned(v_row_bytes.checked_mul(rows)?);
+        Some(Self { row_width, k_row_bytes, v_row_bytes, k_layer_bytes, v_layer_bytes })
+    }
+
+    /// Bytes of one layer's K and V caches.
+    fn layer_bytes(&self) -> usize {
+        self.k_layer_bytes + self.v_layer_bytes
+    }
+}
+
+impl KvLayout {
+    /// The layout for `hp` with `n_seq` sequences of `n_ctx` positions in a cache of `types`
+    /// and batches of up to `n_batch` tokens; `None` if the sizes overflow or a type cannot
+    /// hold rows of the model's width (see [`KvTypes::check`] for the reason).
+    pub fn new(hp: &HParams, n_ctx: usize, n_batch: usize, n_seq: usize, types: KvTypes) -> Option<Self> {
+        let rows = n_ctx.checked_mul(n_seq)?;
+        let kinds = [
+            CacheRows::new(hp.n_head_kv, hp.head_dim_k, hp.head_dim_v, rows, types)?,
+            CacheRows::new(hp.n_head_kv, hp.head_dim_k_swa, hp.head_dim_v_swa, rows, types)?,
+        ];
         let n_layer = hp.n_layer as usize;
         let recurrent = hp.recurrent;
-        let cached_layers = n_layer - recurrent.count();
-        let caches = k_layer_bytes.checked_add(v_layer_bytes)?.checked_mul(cached_layers)?;
+        let mut cached = LayerMask::default();
+        let mut caches = 0usize;
+        for il in (0..n_layer).filter(|&il| hp.has_own_kv(il)) {
+            cached.insert(il);
+            caches = caches.checked_add(kinds[hp.is_sliding(il) as usize].layer_bytes())?;
+        }
         let conv_state_bytes = hp.conv_state_len().checked_mul(4)?;
         let delta_state_bytes = hp.delta_state_len().checked_mul(4)?;
         let state_bytes = conv_state_bytes.checked_add(delta_state_bytes)?;
@@ -189,13 +223,11 @@ impl KvLayout {
             n_seq,
             n_batch,
             types,
-            row_width,
-            k_row_bytes,
-            v_row_bytes,
-            k_layer_bytes,
-            v_layer_bytes,
+            kinds,
             n_layer,
             recurrent,
+            sliding: hp.sliding,
+            cached,
             conv_state_bytes,
             delta_state_bytes,
             states_offset,
@@ -211,15 +243,19 @@ impl KvLayout {
         self.n_ctx * self.n_seq
     }
 
-    /// Offset of layer `layer`'s K cache (the layers with one are packed: recurrent layers take
-    /// no room).
-    pub fn k_offset(&self, layer: usize) -> usize {
-        (layer - self.recurrent.count_below(layer)) * (self.k_layer_bytes + self.v_layer_bytes)
+    /// The rows of layer `layer`'s cache.
+    pub fn rows_of(&self, layer: usize) -> &CacheRows {
+        &self.kinds[self.sliding.contains(layer) as usize]
     }
 
-    /// The layers with a KV cache, in order.
+    /// Offset of layer `layer`'s K cache (the layers with one are packed).
+    pub fn k_offset(&self, layer: usize) -> usize {
+        self.cached_layers().take_while(|&il| il < layer).map(|il| self.rows_of(il).layer_bytes()).sum()
+    }
+
+    /// The layers with a KV cache of their own, in order.
     pub fn cached_layers(&self) -> impl Iterator<Item = usize> + '_ {
-        (0..self.n_layer).filter(|&il| !self.recurrent.contains(il))
+        (0..self.n_layer).filter(|&il| self.cached.contains(il))
     }
 
     /// Bytes of one sequence's states in one recurrent layer.
@@ -251,12 +287,18 @@ impl KvLayout {
 
     /// Offset of layer `layer`'s V cache.
     pub fn v_offset(&self, layer: usize) -> usize {
-        self.k_offset(layer) + self.k_layer_bytes
+        self.k_offset(layer) + self.rows_of(layer).k_layer_bytes
     }
 
     /// Each layer's K and V caches as (offset, bytes of one position's row), K first.
     pub fn layer_caches(&self, layer: usize) -> [(usize, usize); 2] {
-        [(self.k_offset(layer), self.k_row_bytes), (self.v_offset(layer), self.v_row_bytes)]
+        let rows = self.rows_of(layer);
+        [(self.k_offset(layer), rows.k_row_bytes), (self.v_offset(layer), rows.v_row_bytes)]
+    }
+
+    /// Bytes of one position's rows in every layer with a cache (K and V).
+    pub fn position_bytes(&self) -> usize {
+        self.cached_layers().map(|il| self.rows_of(il).k_row_bytes + self.rows_of(il).v_row_bytes).sum()
     }
 }
 
@@ -274,22 +316,20 @@ pub struct Forward {
     pub n_outputs: usize,
 }
 
-/// Gemma 3 makes every sixth layer global and the others sliding-window (llama.cpp's pattern).
-const GEMMA3_SWA_PERIOD: u32 = 6;
-/// RoPE base of Gemma 3's sliding-window layers.
-const GEMMA3_SWA_ROPE_BASE: f32 = 10_000.0;
-
-/// RoPE of one layer (Gemma 3: five sliding-window layers with their own base, then one global
-/// layer; SmolLM3: every fourth layer without RoPE). The forward pass and the context shift (which
-/// re-rotates cached keys) read it here.
+/// RoPE of one layer (Gemma 3 and 4: sliding-window layers with their own base, Gemma 4's also
+/// with their own rotated size; SmolLM3: every fourth layer without RoPE). The forward pass and
+/// the context shift (which re-rotates cached keys) read it here.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct LayerRope {
     /// Frequency base.
     pub base: f32,
     /// Frequency scale (linear position scaling).
     pub scale: f32,
-    /// A sliding-window layer (its own table of angles).
+    /// A sliding-window layer (its own table of angles, without the file's frequency factors:
+    /// `rope_freqs` belongs to full-attention layers, as llama.cpp gives it).
     pub sliding: bool,
+    /// Dimensions rotated.
+    pub n_rot: usize,
     /// Whether the layer rotates queries and keys at all.
     pub rotates: bool,
     /// YaRN's blend of angles, for YaRN-scaled models.
@@ -306,11 +346,12 @@ const YARN_BETA_SLOW: f32 = 1.0;
 /// The RoPE of layer `il`.
 pub fn layer_rope(hp: &HParams, il: usize) -> LayerRope {
     let traits = hp.arch.traits();
-    let sliding = traits.gemma && (il as u32 % GEMMA3_SWA_PERIOD) < GEMMA3_SWA_PERIOD - 1;
+    let sliding = hp.is_sliding(il);
     let every = traits.no_rope_every;
     let rotates = every == 0 || (il as u32 + 1) % every != 0;
+    let n_rot = hp.n_rot_at(il) as usize;
     let (base, scale) =
-        if sliding { (GEMMA3_SWA_ROPE_BASE, 1.0) } else { (hp.rope_freq_base, hp.rope_freq_scale) };
+        if sliding { (hp.rope_freq_base_swa, 1.0) } else { (hp.rope_freq_base, hp.rope_freq_scale) };
     let mut mscale = hp.rope_attn_factor;
     let yarn = hp.rope_yarn.then(|| {
         // llama.cpp's float steps: the context's attention factor get_mscale(f) / (1 + 0.1 ln f)
@@ -319,11 +360,10 @@ pub fn layer_rope(hp: &HParams, il: usize) -> LayerRope {
         let get_mscale = if factor <= 1.0 { 1.0 } else { 0.1 * libm::logf(factor) + 1.0 };
         let context = get_mscale * (1.0 / (1.0 + 0.1 * libm::logf(factor))) * hp.rope_attn_factor;
         mscale = context * (1.0 + 0.1 * libm::logf(1.0 / scale));
-        let corr_dims =
-            Yarn::corr_dims(hp.n_rot as usize, hp.n_ctx_orig, base, YARN_BETA_FAST, YARN_BETA_SLOW);
+        let corr_dims = Yarn::corr_dims(n_rot, hp.n_ctx_orig, base, YARN_BETA_FAST, YARN_BETA_SLOW);
         Yarn { ext_factor: 1.0, corr_dims }
     });
-    LayerRope { base, scale, sliding, rotates, yarn, mscale }
+    LayerRope { base, scale, sliding, n_rot, rotates, yarn, mscale }
 }
 
 /// The tensor of per-pair RoPE frequency divisors a context of `n_ctx` positions uses, if the
@@ -337,6 +377,16 @@ pub fn rope_factors_name(hp: &HParams, n_ctx: usize) -> &'static str {
     } else {
         "rope_factors_short.weight"
     }
+}
+
+/// The value of a layer's one-element F32 `layer_output_scale` (Gemma 4), if the file has one.
+fn layer_output_scale(gguf: &Gguf<'_>, name: &str) -> Option<f32> {
+    let info = gguf.tensor(name)?;
+    if info.ty != GgmlType::F32 || info.ne != [1, 1, 1, 1] {
+        return None;
+    }
+    let bytes = gguf.tensor_data(&info).get(..4)?;
+    Some(f32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]))
 }
 
 /// Builds the forward pass for `n_tokens` tokens, with logits for `n_outputs` of them: all
@@ -400,8 +450,6 @@ pub fn build<const N: usize>(
     let (n_head, n_head_kv) = (hp.n_head as usize, hp.n_head_kv as usize);
     // (Qwen3.5's Q projection gives a gate as wide as the queries after each head's queries.)
     let q_parts = if traits.attn_output_gate { 2 } else { 1 };
-    let (hd_k, hd_v) = (hp.head_dim_k as usize, hp.head_dim_v as usize);
-    let kv_w = n_head_kv * hd_k.max(hd_v);
     let n_rows = kv.cache_rows();
 
     let tok_embd = required(weight(g, format_args!("token_embd.weight"))?, "token_embd.weight")?;
@@ -435,8 +483,37 @@ pub fn build<const N: usize>(
     } else if hp.embedding_scale != 1.0 {
         x = named!("inp_scaled", g.scale(x, hp.embedding_scale));
     }
+    // Gemma 4's per-layer inputs `[p, n_layer, t]`: each token's slice of every layer from
+    // `per_layer_token_embd` (times sqrt(p)) plus a projection of its scaled embedding (times
+    // 1/sqrt(n_embd), RMS-normed per slice), the sum times 1/sqrt(2).
+    let p = hp.n_embd_per_layer as usize;
+    let per_layer_inputs = if p > 0 {
+        let need_global = |g: &mut Graph<N>, name: &str| required(weight(g, format_args!("{name}"))?, name);
+        let table = need_global(g, "per_layer_token_embd.weight")?;
+        let proj = need_global(g, "per_layer_model_proj.weight")?;
+        let norm = need_global(g, "per_layer_proj_norm.weight")?;
+        let n_layer = hp.n_layer as usize;
+        let rows = named!("inp_per_layer_rows", g.get_rows(table, ids));
+        let rows = named!("inp_per_layer_selected", g.scale(rows, libm::sqrtf(p as f32)));
+        let rows = g.reshape(rows, [p, n_layer, t, 1]).map_err(ModelError::Graph)?;
+        let projected = named!("per_layer_proj_raw", g.mul_mat(proj, x));
+        let projected = named!("per_layer_proj_scaled", g.scale(projected, 1.0 / libm::sqrtf(e as f32)));
+        let projected = g.reshape(projected, [p, n_layer, t, 1]).map_err(ModelError::Graph)?;
+        let projected = named!("per_layer_proj_norm", g.rms_norm(projected, hp.rms_eps));
+        let projected = named!("per_layer_proj", g.mul(projected, norm));
+        let sum = named!("inp_per_layer_sum", g.add(projected, rows));
+        Some(named!("inp_per_layer", g.scale(sum, 1.0 / libm::sqrtf(2.0))))
+    } else {
+        None
+    };
+    // Layers whose caches KV-sharing layers read (Gemma 4): (layer, its K and V after this
+    // step's writes, so readers run after the writes).
+    let mut shared_caches: heapless::Vec<(usize, TensorId, TensorId), 2> = heapless::Vec::new();
     let mut rope_tables: [Option<TensorId>; 2] = [None, None];
     for il in 0..hp.n_layer as usize {
+        let (hd_k, hd_v) = (hp.head_dim_k_at(il) as usize, hp.head_dim_v_at(il) as usize);
+        let kv_w = n_head_kv * hd_k.max(hd_v);
+        let rows = kv.rows_of(il);
         // This layer's tensor `blk.{il}.{suffix}`: its name, and the tensor as a weight leaf.
         let layer_name = |suffix: &str| {
             let mut name = crate::gguf::Name::new();
@@ -516,22 +593,45 @@ pub fn build<const N: usize>(
             let y = named!("conv_y", il, g.mul(c, conv));
             named!("conv_out", il, g.mul_mat(out_proj, y))
         } else {
+            // A KV-sharing layer (Gemma 4) computes queries only and reads its source's cache.
+            let own_kv = hp.has_own_kv(il);
             let fused = layer_name("attn_qkv.weight");
             let (wq, wk, wv) = if gguf.tensor(&fused).is_some() {
                 // Q, K and V in one matrix, their rows in that order (llama.cpp's build_qkv).
                 let (qw, kw) = (n_head * hd_k * q_parts, n_head_kv * hd_k);
-                (
-                    rows_of(g, &fused, "q", 0, qw)?,
-                    rows_of(g, &fused, "k", qw, kw)?,
-                    rows_of(g, &fused, "v", qw + kw, n_head_kv * hd_v)?,
-                )
+                let q = rows_of(g, &fused, "q", 0, qw)?;
+                if own_kv {
+                    (
+                        q,
+                        Some(rows_of(g, &fused, "k", qw, kw)?),
+                        Some(rows_of(g, &fused, "v", qw + kw, n_head_kv * hd_v)?),
+                    )
+                } else {
+                    (q, None, None)
+                }
+            } else if own_kv {
+                // (Gemma 4 layers without `attn_v` take the keys' projection as values.)
+                let wk = need(g, "attn_k.weight")?;
+                let wv = match weight(g, format_args!("{}", layer_name("attn_v.weight")))? {
+                    None if traits.swa_sizes => wk,
+                    other => required(other, &layer_name("attn_v.weight"))?,
+                };
+                (need(g, "attn_q.weight")?, Some(wk), Some(wv))
             } else {
-                (need(g, "attn_q.weight")?, need(g, "attn_k.weight")?, need(g, "attn_v.weight")?)
+                (need(g, "attn_q.weight")?, None, None)
             };
             let wo = need(g, "attn_output.weight")?;
             let mut q = named!("Qcur", il, g.mul_mat(wq, cur));
-            let mut k = named!("Kcur", il, g.mul_mat(wk, cur));
-            let mut v = named!("Vcur", il, g.mul_mat(wv, cur));
+            // (A KV-sharing layer's K and V stand for nothing: the cache views below replace them.)
+            let mut k = match wk {
+                Some(wk) => named!("Kcur", il, g.mul_mat(wk, cur)),
+                None => q,
+            };
+            let mut v = match wv {
+                Some(wv) if Some(wv) == wk => k,
+                Some(wv) => named!("Vcur", il, g.mul_mat(wv, cur)),
+                None => q,
+            };
             if traits.qkv_bias {
                 let (bq, bk, bv) =
                     (need(g, "attn_q.bias")?, need(g, "attn_k.bias")?, need(g, "attn_v.bias")?);
@@ -548,25 +648,43 @@ pub fn build<const N: usize>(
             } else {
                 q = e_(g.reshape(q, [hd_k, n_head, t, 1]))?;
             }
-            k = e_(g.reshape(k, [hd_k, n_head_kv, t, 1]))?;
+            if own_kv {
+                k = e_(g.reshape(k, [hd_k, n_head_kv, t, 1]))?;
+            }
             if traits.qk_norm {
-                let (qn, kn) = (need(g, "attn_q_norm.weight")?, need(g, "attn_k_norm.weight")?);
+                let qn = need(g, "attn_q_norm.weight")?;
                 q = named!("Qcur_norm", il, g.rms_norm(q, hp.rms_eps));
                 q = named!("Qcur_normed", il, g.mul(q, qn));
-                k = named!("Kcur_norm", il, g.rms_norm(k, hp.rms_eps));
-                k = named!("Kcur_normed", il, g.mul(k, kn));
+                if own_kv {
+                    let kn = need(g, "attn_k_norm.weight")?;
+                    k = named!("Kcur_norm", il, g.rms_norm(k, hp.rms_eps));
+                    k = named!("Kcur_normed", il, g.mul(k, kn));
+                }
+            }
+            if traits.swa_sizes && own_kv {
+                // Gemma 4: each value head RMS-normalised, without a weight.
+                v = e_(g.reshape(v, [hd_v, n_head_kv, t, 1]))?;
+                v = named!("Vcur_normed", il, g.rms_norm(v, hp.rms_eps));
             }
             let rope = layer_rope(hp, il);
             let sliding = rope.sliding;
             if rope.rotates {
-                // One table of angles per parameter set (Gemma 3 has two), shared by every layer.
+                // One table of angles per parameter set (Gemma 3 and 4 have two), shared by every
+                // layer; the file's frequency factors belong to full-attention layers.
                 let table = match rope_tables[sliding as usize] {
                     Some(table) => table,
                     None => {
                         let name = if sliding { "rope_table_swa" } else { "rope_table" };
-                        let n_rot = hp.n_rot as usize;
-                        let table =
-                            g.rope_table(q, n_rot, rope.base, rope.scale, rope_freqs, rope.mscale, rope.yarn);
+                        let factors = if sliding { None } else { rope_freqs };
+                        let table = g.rope_table(
+                            q,
+                            rope.n_rot,
+                            rope.base,
+                            rope.scale,
+                            factors,
+                            rope.mscale,
+                            rope.yarn,
+                        );
                         let table = named!(name, table);
                         g.at_positions(table, places).map_err(ModelError::Graph)?;
                         rope_tables[sliding as usize] = Some(table);
@@ -574,7 +692,9 @@ pub fn build<const N: usize>(
                     }
                 };
                 q = named!("Qcur_rope", il, g.rope_with(q, table, traits.rope));
-                k = named!("Kcur_rope", il, g.rope_with(k, table, traits.rope));
+                if own_kv {
+                    k = named!("Kcur_rope", il, g.rope_with(k, table, traits.rope));
+                }
             }
             // Attention as llama.cpp's CPU flash attention computes it, so results match it closely:
             // phi3 scales the queries first and the scores by 1.
@@ -583,45 +703,64 @@ pub fn build<const N: usize>(
                 q = named!("Qcur_scaled", il, g.scale(q, kq_scale));
                 kq_scale = 1.0;
             }
-            if let Some(n) = kv.types.k_rotation(hp.head_dim_k) {
+            if let Some(n) = kv.types.k_rotation(hd_k as u32) {
                 q = named!("Qcur_rot", il, g.hadamard(q, n));
-                k = named!("Kcur_rot", il, g.hadamard(k, n));
+                if own_kv {
+                    k = named!("Kcur_rot", il, g.hadamard(k, n));
+                }
             }
-            let v_rotation = kv.types.v_rotation(hp.head_dim_v);
-            if let Some(n) = v_rotation {
+            let v_rotation = kv.types.v_rotation(hd_v as u32);
+            if let (Some(n), true) = (v_rotation, own_kv) {
                 v = named!("Vcur_rot", il, g.hadamard(v, n));
             }
 
-            // Cache: K and V as [kv_w, n_ctx * n_seq] of the cache types, one row per position of
-            // each sequence.
-            let mut label = crate::gguf::Name::new();
-            let _ = write!(label, "cache_k.{il}");
-            let k_cache = e_(g.leaf(
-                &label,
-                kv.types.k,
-                [kv_w, n_rows, 1, 1],
-                Storage::Persistent { offset: kv.k_offset(il) },
-            ))?;
-            label.clear();
-            let _ = write!(label, "cache_v.{il}");
-            let v_cache = e_(g.leaf(
-                &label,
-                kv.types.v,
-                [kv_w, n_rows, 1, 1],
-                Storage::Persistent { offset: kv.v_offset(il) },
-            ))?;
-            let k_flat = e_(g.reshape(k, [hd_k * n_head_kv, t, 1, 1]))?;
-            let k_all = named!("k_cache_write", il, g.kv_write(k_cache, k_flat, false));
-            let v_all = named!("v_cache_write", il, g.kv_write(v_cache, v, false));
-            g.at_positions(k_all, places).map_err(ModelError::Graph)?;
-            g.at_positions(v_all, places).map_err(ModelError::Graph)?;
+            let (k_all, v_all) = if own_kv {
+                // Cache: K and V as [kv_w, n_ctx * n_seq] of the cache types, one row per
+                // position of each sequence.
+                let mut label = crate::gguf::Name::new();
+                let _ = write!(label, "cache_k.{il}");
+                let k_cache = e_(g.leaf(
+                    &label,
+                    kv.types.k,
+                    [kv_w, n_rows, 1, 1],
+                    Storage::Persistent { offset: kv.k_offset(il) },
+                ))?;
+                label.clear();
+                let _ = write!(label, "cache_v.{il}");
+                let v_cache = e_(g.leaf(
+                    &label,
+                    kv.types.v,
+                    [kv_w, n_rows, 1, 1],
+                    Storage::Persistent { offset: kv.v_offset(il) },
+                ))?;
+                let k_flat = e_(g.reshape(k, [hd_k * n_head_kv, t, 1, 1]))?;
+                let v_flat = e_(g.reshape(v, [hd_v * n_head_kv, t, 1, 1]))?;
+                let k_all = named!("k_cache_write", il, g.kv_write(k_cache, k_flat, false));
+                let v_all = named!("v_cache_write", il, g.kv_write(v_cache, v_flat, false));
+                g.at_positions(k_all, places).map_err(ModelError::Graph)?;
+                g.at_positions(v_all, places).map_err(ModelError::Graph)?;
+                if (il + 1..hp.n_layer as usize).any(|r| !hp.has_own_kv(r) && hp.kv_source(r) == il) {
+                    let _ = shared_caches.push((il, k_all, v_all));
+                }
+                (k_all, v_all)
+            } else {
+                let source = hp.kv_source(il);
+                let Some(&(_, k_all, v_all)) = shared_caches.iter().find(|c| c.0 == source) else {
+                    return Err(ModelError::Graph(GraphError::Invalid {
+                        op: "forward",
+                        name: heapless::String::new(),
+                        problem: "a KV-sharing layer's source layer has no cache",
+                    }));
+                };
+                (k_all, v_all)
+            };
             // Per head: [head_dim, rows, n_kv_head]; each token reads its sequence's rows.
             let head_view = |g: &mut Graph<N>, all: TensorId, ty: GgmlType, hd: usize, row: usize| {
                 let (block, head) = (ty.block_bytes(), hd / ty.block_len() * ty.block_bytes());
                 e_(g.view(all, [hd, n_rows, n_head_kv, 1], [block, row, head, row * n_rows], 0, 0))
             };
-            let k_view = head_view(g, k_all, kv.types.k, hd_k, kv.k_row_bytes)?;
-            let v_view = head_view(g, v_all, kv.types.v, hd_v, kv.v_row_bytes)?;
+            let k_view = head_view(g, k_all, kv.types.k, hd_k, rows.k_row_bytes)?;
+            let v_view = head_view(g, v_all, kv.types.v, hd_v, rows.v_row_bytes)?;
             let q = e_(g.permute(q, [0, 2, 1, 3]))?;
             let window = if sliding { hp.sliding_window } else { 0 };
             let attn = named!("kqv_out", il, g.flash_attn(q, k_view, v_view, kq_scale, true, window));
@@ -705,7 +844,7 @@ pub fn build<const N: usize>(
             let (wg, wu) = if traits.fused_gate_up {
                 // One `ffn_up` of 2 * n_ff rows: the gate's, then the up projection's.
                 let fused = layer_name("ffn_up.weight");
-                let f = hp.n_ff as usize;
+                let f = hp.n_ff_at(il) as usize;
                 (rows_of(g, &fused, "gate", 0, f)?, rows_of(g, &fused, "up", f, f)?)
             } else {
                 (need(g, "ffn_gate.weight")?, need(g, "ffn_up.weight")?)
@@ -728,7 +867,28 @@ pub fn build<const N: usize>(
         if hp.residual_scale != 1.0 {
             down = named!("ffn_out_scaled", il, g.scale(down, hp.residual_scale));
         }
-        x = named!("l_out", il, g.add(x, down));
+        x = named!("ffn_residual", il, g.add(x, down));
+        if let Some(inputs) = per_layer_inputs {
+            // Gemma 4's per-layer input: GELU of a projection to its width, times this layer's
+            // slice of the inputs, projected back, RMS-normed, added.
+            let (w_gate, w_proj, norm) =
+                (need(g, "inp_gate.weight")?, need(g, "proj.weight")?, need(g, "post_norm.weight")?);
+            // (This layer's slice of each token's inputs: rows `p * n_layer` floats apart.)
+            let token = p * hp.n_layer as usize * 4;
+            let slice = e_(g.view(inputs, [p, t, 1, 1], [4, token, token * t, token * t], il * p * 4, 0))?;
+            let gate = named!("per_layer_gate", il, g.mul_mat(w_gate, x));
+            let gate = named!("per_layer_gelu", il, g.gelu(gate));
+            let gated = named!("per_layer_gated", il, g.mul(gate, slice));
+            let out = named!("per_layer_out", il, g.mul_mat(w_proj, gated));
+            let out = named!("per_layer_norm", il, g.rms_norm(out, hp.rms_eps));
+            let out = named!("per_layer_embd_out", il, g.mul(out, norm));
+            x = named!("per_layer_residual", il, g.add(x, out));
+        }
+        if let Some(scale) = layer_output_scale(gguf, &layer_name("layer_output_scale.weight")) {
+            // (llama.cpp multiplies by the one-element tensor: the same products.)
+            x = named!("out_scaled", il, g.scale(x, scale));
+        }
+        g.set_name(x, format_args!("l_out-{il}"));
     }
     if n_outputs < t {
         // Generation needs the logits of a few tokens only (the last of each sequence): gather
@@ -749,6 +909,14 @@ pub fn build<const N: usize>(
     if hp.logit_scale != 1.0 {
         g.set_name(logits, format_args!("result_output_raw"));
         logits = g.scale(logits, 1.0 / hp.logit_scale).map_err(ModelError::Graph)?;
+    }
+    if hp.final_logit_softcap > 0.0 {
+        // c * tanh(logits / c), in llama.cpp's three steps.
+        let c = hp.final_logit_softcap;
+        g.set_name(logits, format_args!("result_output_raw"));
+        let scaled = named!("result_output_capped_in", g.scale(logits, 1.0 / c));
+        let capped = named!("result_output_tanh", g.tanh(scaled));
+        logits = g.scale(capped, c).map_err(ModelError::Graph)?;
     }
     g.set_name(logits, format_args!("logits"));
     g.build(&[logits]).map_err(ModelError::Graph)?;
