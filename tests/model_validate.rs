@@ -271,11 +271,16 @@ fn kv_cache_types_are_planned_and_checked() {
     let q8 = layout(GgmlType::Q8_0, GgmlType::Q8_0);
     let q4 = layout(GgmlType::Q4_0, GgmlType::F16);
     // SmolLM2: 3 KV heads of 64 dimensions.
+    let (f16, q8, q4) = (f16.kinds[0], q8.kinds[0], q4.kinds[0]);
     assert_eq!((f16.k_row_bytes, q8.k_row_bytes, q8.v_row_bytes), (384, 204, 204));
     assert_eq!(q8.k_layer_bytes * 16, f16.k_layer_bytes * 17 / 2);
     assert_eq!((q4.k_row_bytes * 16, q4.v_row_bytes), (384 * 9 / 2, 384));
-    let cache = |l: &KvLayout| l.ids_offset;
-    assert_eq!(cache(&q8) * 32, cache(&f16) * 17, "q8_0 K and V: 8.5/16 of f16");
+    let cache = |k, v| layout(k, v).ids_offset;
+    assert_eq!(
+        cache(GgmlType::Q8_0, GgmlType::Q8_0) * 32,
+        cache(GgmlType::F16, GgmlType::F16) * 17,
+        "q8_0 K and V: 8.5/16 of f16"
+    );
     for ty in [GgmlType::F32, GgmlType::BF16, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1] {
         KvTypes { k: ty, v: ty }.check(&hp).unwrap();
     }
@@ -492,4 +497,155 @@ fn math_pinfer_does_not_compute_is_refused_by_key() {
     assert_eq!(validate(&linear).unwrap().rope_freq_scale, 0.25);
     let gemma = validate(&set(g(), "gemma3.rope.freq_base_swa", Val::F32(10000.0)));
     gemma.expect("the base pinfer uses");
+}
+
+/// Gemma 4's three layers in small: a sliding layer (heads of 16) and a full one (heads of 32)
+/// with caches of their own, then a sliding layer reading layer 0's cache with an FFN twice as
+/// wide; per-layer token embeddings of 32 per layer.
+fn gemma4() -> GgufBuilder {
+    use common::ggml::F32;
+    let k = |s: &str| format!("gemma4.{s}");
+    let toks: Vec<String> = (0..VOCAB).map(|i| format!("t{i}")).collect();
+    let refs: Vec<&str> = toks.iter().map(String::as_str).collect();
+    let u32s = |v: &[u32]| Val::Array(4, v.iter().map(|&n| Val::U32(n)).collect());
+    let mut b = GgufBuilder::new()
+        .kv("general.architecture", Val::str("gemma4"))
+        .kv(&k("block_count"), Val::U32(3))
+        .kv(&k("context_length"), Val::U32(128))
+        .kv(&k("embedding_length"), Val::U32(E as u32))
+        .kv(&k("feed_forward_length"), u32s(&[96, 96, 192]))
+        .kv(&k("attention.head_count"), Val::U32(4))
+        .kv(&k("attention.head_count_kv"), Val::U32(2))
+        .kv(&k("attention.key_length"), Val::U32(32))
+        .kv(&k("attention.value_length"), Val::U32(32))
+        .kv(&k("attention.key_length_swa"), Val::U32(16))
+        .kv(&k("attention.value_length_swa"), Val::U32(16))
+        .kv(&k("rope.dimension_count_swa"), Val::U32(16))
+        .kv(&k("attention.layer_norm_rms_epsilon"), Val::F32(1e-6))
+        .kv(&k("attention.sliding_window"), Val::U32(8))
+        .kv(
+            &k("attention.sliding_window_pattern"),
+            Val::Array(7, vec![Val::Bool(1), Val::Bool(0), Val::Bool(1)]),
+        )
+        .kv(&k("attention.shared_kv_layers"), Val::U32(1))
+        .kv(&k("embedding_length_per_layer_input"), Val::U32(32))
+        .kv("tokenizer.ggml.model", Val::str("gpt2"))
+        .kv("tokenizer.ggml.tokens", Val::strs(&refs))
+        .kv("tokenizer.ggml.token_type", Val::Array(5, vec![Val::I32(1); VOCAB]))
+        .kv("tokenizer.ggml.merges", Val::strs(&["t1 t2", "t3 t4"]))
+        .kv("tokenizer.ggml.bos_token_id", Val::U32(1))
+        .kv("tokenizer.ggml.eos_token_id", Val::U32(2));
+    let v = VOCAB as u64;
+    b = b
+        .tensor("token_embd.weight", &[E, v], Q8_0)
+        .tensor("output_norm.weight", &[E], F32)
+        .tensor("rope_freqs.weight", &[16], F32)
+        .tensor("per_layer_token_embd.weight", &[96, v], Q8_0)
+        .tensor("per_layer_model_proj.weight", &[E, 96], Q8_0)
+        .tensor("per_layer_proj_norm.weight", &[32], F32);
+    for (i, (hd, ff)) in [(16u64, 96u64), (32, 96), (16, 192)].into_iter().enumerate() {
+        let t = |b: GgufBuilder, n: &str, dims: &[u64], ty| b.tensor(&format!("blk.{i}.{n}"), dims, ty);
+        b = t(b, "attn_norm.weight", &[E], F32);
+        b = t(b, "attn_q.weight", &[E, 4 * hd], Q8_0);
+        b = t(b, "attn_q_norm.weight", &[hd], F32);
+        if i < 2 {
+            b = t(b, "attn_k.weight", &[E, 2 * hd], Q8_0);
+            b = t(b, "attn_v.weight", &[E, 2 * hd], Q8_0);
+            b = t(b, "attn_k_norm.weight", &[hd], F32);
+        }
+        b = t(b, "attn_output.weight", &[4 * hd, E], Q8_0);
+        for norm in ["post_attention_norm", "ffn_norm", "post_ffw_norm", "post_norm"] {
+            b = t(b, &format!("{norm}.weight"), &[E], F32);
+        }
+        b = t(b, "ffn_gate.weight", &[E, ff], Q8_0);
+        b = t(b, "ffn_up.weight", &[E, ff], Q8_0);
+        b = t(b, "ffn_down.weight", &[ff, E], F32);
+        b = t(b, "inp_gate.weight", &[E, 32], Q8_0);
+        b = t(b, "proj.weight", &[32, E], Q8_0);
+        b = t(b, "layer_output_scale.weight", &[1], F32);
+    }
+    b
+}
+
+/// Gemma 4: per-layer head sizes, FFN widths and sliding flags, which layers share whose KV
+/// cache, the per-layer embeddings' tensors, and what is wrong with them refused naming the key,
+/// the layer or the tensor.
+#[test]
+fn gemma4_layers_are_read_and_checked() {
+    use pinfer::model::KvLayout;
+    let hp = validate(&gemma4()).unwrap();
+    assert!(hp.is_sliding(0) && !hp.is_sliding(1) && hp.is_sliding(2));
+    assert_eq!((hp.head_dim_k_at(0), hp.head_dim_k_at(1), hp.n_rot_at(0), hp.n_rot_at(1)), (16, 32, 16, 32));
+    assert_eq!((hp.n_ff_at(0), hp.n_ff_at(2), hp.n_ff), (96, 192, 192));
+    assert_eq!((hp.n_layer_kv, hp.kv_source(2), hp.has_own_kv(2)), (2, 0, false));
+    assert_eq!((hp.n_embd_per_layer, hp.final_logit_softcap, hp.attention_scale), (32, 30.0, Some(1.0)));
+    // Caches for layers 0 and 1 only, each as wide as its heads.
+    let kv = KvLayout::new(&hp, 64, 8, 1, Default::default()).unwrap();
+    assert_eq!(kv.cached_layers().collect::<Vec<_>>(), [0, 1]);
+    assert_eq!((kv.rows_of(0).row_width, kv.rows_of(1).row_width), (32, 64));
+    assert_eq!(kv.k_offset(1), kv.rows_of(0).k_layer_bytes + kv.rows_of(0).v_layer_bytes);
+    assert_eq!(kv.position_bytes(), 2 * (32 + 64) * 2);
+
+    let g = |key: &str, v: Val| set(gemma4(), &format!("gemma4.{key}"), v);
+    let flags = |v: &[u8]| Val::Array(7, v.iter().map(|&b| Val::Bool(b)).collect());
+    let u32s = |v: &[u32]| Val::Array(4, v.iter().map(|&n| Val::U32(n)).collect());
+    refused(
+        "2 flags for 3 layers",
+        &g("attention.sliding_window_pattern", flags(&[1, 0])),
+        &["sliding_window_pattern", "block_count"],
+    );
+    refused(
+        "no pattern",
+        &remove(gemma4(), "gemma4.attention.sliding_window_pattern"),
+        &["sliding_window_pattern"],
+    );
+    refused("sharing past the model", &g("attention.shared_kv_layers", Val::U32(2)), &["shared_kv_layers"]);
+    refused(
+        "a full layer's cache read by a sliding one",
+        &g("attention.sliding_window_pattern", flags(&[0, 1, 1])),
+        &["shared_kv_layers", "layer 2", "other attention kind"],
+    );
+    refused(
+        "2 widths for 3 layers",
+        &g("feed_forward_length", u32s(&[96, 96])),
+        &["feed_forward_length", "block_count"],
+    );
+    refused(
+        "a width of 0",
+        &g("feed_forward_length", u32s(&[96, 0, 96])),
+        &["feed_forward_length", "layer 1"],
+    );
+    refused("sliding heads of 0", &g("attention.key_length_swa", Val::U32(0)), &["key_length_swa"]);
+    refused("odd sliding rotation", &g("rope.dimension_count_swa", Val::U32(7)), &["dimension_count_swa"]);
+    refused("experts", &g("expert_count", Val::U32(8)), &["gemma4", "8 experts"]);
+    refused(
+        "layer 2's FFN",
+        &retype(gemma4(), "blk.2.ffn_up.weight", &[E, 96], Q8_0),
+        &["blk.2.ffn_up.weight", "[64, 192]"],
+    );
+    refused(
+        "layer 1's heads",
+        &retype(gemma4(), "blk.1.attn_q.weight", &[E, 64], Q8_0),
+        &["blk.1.attn_q.weight", "[64, 128]"],
+    );
+    let mut no_factors = gemma4();
+    no_factors.tensors.retain(|t| t.name != "rope_freqs.weight");
+    refused("no rope_freqs", &no_factors, &["rope_freqs.weight", "missing"]);
+    let mut no_k = gemma4();
+    no_k.tensors.retain(|t| t.name != "blk.1.attn_k.weight");
+    refused("no attn_k on a layer with a cache", &no_k, &["blk.1.attn_k.weight", "missing"]);
+    refused(
+        "per-layer table for 2 layers",
+        &retype(gemma4(), "per_layer_token_embd.weight", &[64, VOCAB as u64], Q8_0),
+        &["per_layer_token_embd.weight"],
+    );
+    let f16_scale = retype(gemma4(), "blk.0.layer_output_scale.weight", &[1], common::ggml::F16);
+    refused("an f16 output scale", &f16_scale, &["blk.0.layer_output_scale.weight"]);
+    // A layer without attn_v takes its values from the keys' projection; a layer that shares
+    // needs no K or V at all (checked above: layer 2 has none).
+    let mut no_v = gemma4();
+    no_v.tensors.retain(|t| t.name != "blk.1.attn_v.weight");
+    validate(&no_v).unwrap();
+    // An explicit 0 turns the soft-capping off.
+    assert_eq!(validate(&g("final_logit_softcapping", Val::F32(0.0))).unwrap().final_logit_softcap, 0.0);
 }
