@@ -6,10 +6,12 @@ random values (never tiled: identical pages would distort resident-memory figure
 
 Usage: make_shape_model.py SHAPE VOCAB_GGUF OUT_GGUF [--seed N]
   SHAPE: llama-3.2-1b | llama-3.2-3b | qwen2.5-1.5b | qwen3-1.7b | gemma-3-1b | lfm2-1.2b | qwen3.5-0.8b
+         | gemma-4-e2b
   VOCAB_GGUF: llama.cpp's models/ggml-vocab-*.gguf of that family (llama-bpe, qwen2, gemma-3 ...);
   llama.cpp ships no LFM2 vocabulary: lfm2-1.2b takes Falcon's byte-level BPE (65024 tokens) padded
   with control tokens to LFM2's 65536, under LFM2's pre-tokenizer name; qwen3.5-0.8b pads llama.cpp's
-  qwen35 vocabulary (151936 tokens) to the model's 248320 the same way.
+  qwen35 vocabulary (151936 tokens) to the model's 248320 the same way; gemma-4-e2b takes llama.cpp's
+  gemma-4 vocabulary as it is.
 
 The weight scales follow trained models of this size: matrices N(0, 0.02) (outputs of attention and
 FFN smaller), the embedding N(0, 0.02), norms around 1. The text they generate is noise, but every
@@ -33,7 +35,63 @@ SHAPES = {
     # gated-attention layers (8 heads of 256, 2 KV heads, a quarter of each head rotated).
     'qwen3.5-0.8b': ('qwen35', 1024, 24, 8, 2, 256, 3584, 262144, 10000000.0, True,
                      {'qk_norm': True, 'delta': (128, 16, 16), 'n_rot': 64, 'vocab': 248320}),
+    # google/gemma-4-E2B: 35 layers, four sliding-window layers (heads of 256) then one full
+    # (heads of 512, a quarter rotated through frequency factors), the last 20 layers reading the
+    # caches of layers 13 and 14 with a twice as wide FFN, 256 per-layer embedding values per
+    # layer and token.
+    'gemma-4-e2b': ('gemma4', 1536, 35, 8, 1, 512, 6144, 131072, 1000000.0, True,
+                    {'gemma4': dict(hd_swa=256, shared=20, ple=256, period=5)}),
 }
+
+
+def write_gemma4(w, rng, V, E, L, H, HKV, HD, F, g4, mat, vec):
+    """Gemma 4's keys and tensors (see the 'gemma-4-e2b' row)."""
+    hd_swa, shared, P, period = g4['hd_swa'], g4['shared'], g4['ple'], g4['period']
+    swa = [i % period != period - 1 for i in range(L)]
+    n_ff = [F if i < L - shared else 2 * F for i in range(L)]
+    w.add_array('gemma4.feed_forward_length', n_ff)
+    w.add_uint32('gemma4.attention.key_length_swa', hd_swa)
+    w.add_uint32('gemma4.attention.value_length_swa', hd_swa)
+    w.add_rope_dimension_count(HD)
+    w.add_uint32('gemma4.rope.dimension_count_swa', hd_swa)
+    w.add_float32('gemma4.rope.freq_base_swa', 10000.0)
+    w.add_sliding_window(512)
+    w.add_array('gemma4.attention.sliding_window_pattern', swa)
+    w.add_uint32('gemma4.attention.shared_kv_layers', shared)
+    w.add_uint32('gemma4.embedding_length_per_layer_input', P)
+    w.add_float32('gemma4.final_logit_softcapping', 30.0)
+    # A quarter of each full head's pairs rotate; the rest are held still by huge divisors.
+    rot = HD // 8
+    w.add_tensor('rope_freqs.weight', np.concatenate([np.ones(rot), np.full(HD // 2 - rot, 1e30)]).astype(np.float32))
+    # The per-layer table is the model's largest tensor (V x L*P): filled in row chunks.
+    table = np.empty((V, L * P), dtype=np.float16)
+    for r in range(0, V, 8192):
+        n = min(8192, V - r)
+        table[r:r + n] = rng.standard_normal(size=(n, L * P), dtype=np.float32) * 0.02
+    w.add_tensor('per_layer_token_embd.weight', table)
+    mat('per_layer_model_proj.weight', L * P, E, 0.02)
+    vec('per_layer_proj_norm.weight', P, 1.0, 0.05)
+    for i in range(L):
+        p = f'blk.{i}.'
+        d = hd_swa if swa[i] else HD
+        vec(p + 'attn_norm.weight', E, 1.0, 0.05)
+        mat(p + 'attn_q.weight', H * d, E, 0.02)
+        vec(p + 'attn_q_norm.weight', d, 1.0, 0.05)
+        if i < L - shared:
+            mat(p + 'attn_k.weight', HKV * d, E, 0.02)
+            mat(p + 'attn_v.weight', HKV * d, E, 0.02)
+            vec(p + 'attn_k_norm.weight', d, 1.0, 0.05)
+        mat(p + 'attn_output.weight', E, H * d, 0.02 / np.sqrt(2 * L))
+        vec(p + 'post_attention_norm.weight', E, 1.0, 0.05)
+        vec(p + 'ffn_norm.weight', E, 1.0, 0.05)
+        mat(p + 'ffn_gate.weight', n_ff[i], E, 0.02)
+        mat(p + 'ffn_up.weight', n_ff[i], E, 0.02)
+        mat(p + 'ffn_down.weight', E, n_ff[i], 0.02 / np.sqrt(2 * L))
+        vec(p + 'post_ffw_norm.weight', E, 1.0, 0.05)
+        mat(p + 'inp_gate.weight', P, E, 0.02)
+        mat(p + 'proj.weight', E, P, 0.02)
+        vec(p + 'post_norm.weight', E, 1.0, 0.05)
+        vec(p + 'layer_output_scale.weight', 1, 0.5, 0.1)
 
 
 def copy_vocab(w, path, pad_to=None, pre=None):
@@ -79,7 +137,8 @@ def main():
     w.add_block_count(L)
     w.add_context_length(CTX)
     w.add_embedding_length(E)
-    w.add_feed_forward_length(F)
+    if 'gemma4' not in extra:
+        w.add_feed_forward_length(F)
     w.add_head_count(H)
     conv = extra.get('conv_layers', ())
     w.add_head_count_kv([0 if i in conv else HKV for i in range(L)] if conv else HKV)
@@ -116,6 +175,9 @@ def main():
         w.add_tensor(name, (mean + rng.standard_normal(size=n, dtype=np.float32) * scale).astype(np.float32))
 
     mat('token_embd.weight', V, E, 0.02)
+    if 'gemma4' in extra:
+        write_gemma4(w, rng, V, E, L, H, HKV, HD, F, extra['gemma4'], mat, vec)
+        L = 0  # (its layers are written)
     for i in range(L):
         p = f'blk.{i}.'
         vec(p + 'attn_norm.weight', E, 1.0, 0.05)

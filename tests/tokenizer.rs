@@ -399,6 +399,9 @@ fn llama_cpp_vocab_gemma_4() {
     let template = Gguf::parse(&bytes).unwrap().get_str("tokenizer.chat_template").unwrap().to_string();
     let format = pinfer::chat::ChatTemplate::detect(Some(&template)).unwrap();
     assert_eq!(format, pinfer::chat::ChatTemplate::Gemma4);
+    // The model loader takes this vocabulary too.
+    let vocab = pinfer::model::validate_vocab(&Gguf::parse(&bytes).unwrap()).unwrap();
+    assert_eq!((vocab.model, vocab.n_vocab), ("gemma4", t.tok.n_vocab()));
     let mut prompt = String::new();
     format.render(&[pinfer::chat::Message::user("Hi")], true, &mut prompt).unwrap();
     let ids = encode(t.tok, &prompt, true, true);

@@ -52,7 +52,8 @@ impl TensorKind {
 /// The validated vocabulary summary.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Vocab<'a> {
-    /// `tokenizer.ggml.model`: `gpt2` (byte-level BPE) or `llama` (SentencePiece).
+    /// `tokenizer.ggml.model`: `gpt2` (byte-level BPE), `llama` (SentencePiece) or `gemma4`
+    /// (SentencePiece-style BPE).
     pub model: &'a str,
     /// `tokenizer.ggml.pre` (BPE pre-tokenizer), if given.
     pub pre: Option<&'a str>,
@@ -71,10 +72,10 @@ fn vocab_err(key: &str, problem: &'static str, value: u64) -> ModelError {
 /// Works on vocabulary-only files.
 pub fn validate_vocab<'a>(g: &Gguf<'a>) -> Result<Vocab<'a>, ModelError> {
     let model = g.get_str("tokenizer.ggml.model")?;
-    if !matches!(model, "gpt2" | "llama") {
+    if !matches!(model, "gpt2" | "llama" | "gemma4") {
         return Err(vocab_err(
             "tokenizer.ggml.model",
-            "tokenizer kind not supported (gpt2 and llama are)",
+            "tokenizer kind not supported (gpt2, llama and gemma4 are)",
             0,
         ));
     }
@@ -133,7 +134,7 @@ pub fn validate_vocab<'a>(g: &Gguf<'a>) -> Result<Vocab<'a>, ModelError> {
             }
             merges.len()
         }
-        None if model == "gpt2" => {
+        None if model != "llama" => {
             return Err(vocab_err("tokenizer.ggml.merges", "BPE vocabulary without merges", 0))
         }
         None => 0,
