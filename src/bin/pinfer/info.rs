@@ -183,7 +183,29 @@ impl Report<'_> {
                 )?;
             }
             if hp.sliding_window > 0 {
-                outln!("sliding window: {}", hp.sliding_window)?;
+                let layers = (0..hp.n_layer as usize).filter(|&il| hp.is_sliding(il)).count();
+                outln!(
+                    "sliding window: {} ({} layers, head dim {}/{}, rope dims {}, freq base {})",
+                    hp.sliding_window,
+                    layers,
+                    hp.head_dim_k_swa,
+                    hp.head_dim_v_swa,
+                    hp.n_rot_swa,
+                    hp.rope_freq_base_swa
+                )?;
+            }
+            if hp.n_layer_kv < hp.n_layer {
+                outln!(
+                    "shared KV:     layers {}..{} read earlier layers' caches",
+                    hp.n_layer_kv,
+                    hp.n_layer - 1
+                )?;
+            }
+            if hp.n_embd_per_layer > 0 {
+                outln!("per-layer inputs: {} per layer and token", hp.n_embd_per_layer)?;
+            }
+            if hp.final_logit_softcap > 0.0 {
+                outln!("logit softcap: {}", hp.final_logit_softcap)?;
             }
         }
         if let Some(v) = &self.vocab {
@@ -249,6 +271,8 @@ impl Report<'_> {
                 "rope_freq_scale": hp.rope_freq_scale, "rms_eps": hp.rms_eps, "n_expert": hp.n_expert,
                 "n_expert_used": hp.n_expert_used, "n_ff_expert": hp.n_ff_expert,
                 "n_ff_shared": hp.n_ff_shared, "sliding_window": hp.sliding_window,
+                "n_layer_kv": hp.n_layer_kv, "n_embd_per_layer": hp.n_embd_per_layer,
+                "final_logit_softcap": hp.final_logit_softcap,
             });
         }
         if let Some(v) = &self.vocab {
