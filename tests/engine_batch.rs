@@ -295,7 +295,14 @@ fn bad_batches_are_refused_with_what_is_wrong() {
     assert!(e.logits(0).is_some() && e.logits(1).is_none());
     assert_eq!(e.truncate(1, 3), 3);
     assert_eq!(e.seq_len(1), 3);
-    // Too few graph slots for the configuration: refused at planning, with the function to ask.
+    too_few_graph_slots_are_refused(bytes);
+}
+
+/// Too few graph slots for the configuration: refused at planning, with the function to ask.
+/// (A function of its own: a release build inlines the engines above into one frame, and a
+/// second plan in it overflowed the test thread's 2 MiB stack.)
+#[inline(never)]
+fn too_few_graph_slots_are_refused(bytes: &'static [u8]) {
     let config = EngineConfig { n_ctx: 64, n_batch: 8, ..EngineConfig::default() };
     let slots: Vec<GraphSlot> = (0..graph_slots(&config) - 1).map(|_| GraphSlot::new()).collect();
     let err = Planned::new(Model::open(bytes).unwrap(), &config, slots).err().unwrap();
