@@ -1631,7 +1631,16 @@ impl<'a, const N: usize> Bound<'a, N> {
                 }
                 Some(act) => {
                     let len = act.bytes_for(op.ne_x[0] as u64).unwrap_or(0) as usize;
-                    vec_dot_ref(op.tw.ty, w_bytes, self.converted_row(act, op.tx, op.ne_x, xi, len))
+                    let x_bytes = self.converted_row(act, op.tx, op.ne_x, xi, len);
+                    if (op.tw.ty, act) == (GgmlType::F16, GgmlType::F16) {
+                        // f16 weights are never repacked: this is their kernel.
+                        crate::kernels::dot::vec_dot_f16_lanes(
+                            bytemuck::cast_slice(w_bytes),
+                            bytemuck::cast_slice(x_bytes),
+                        )
+                    } else {
+                        vec_dot_ref(op.tw.ty, w_bytes, x_bytes)
+                    }
                 }
             }
         }
