@@ -37,12 +37,12 @@ use pinfer::kernels::packed::{
 };
 use pinfer::kernels::reference::{
     f32_to_f16_ref, flash_attn_row_f32dot_ref, flash_attn_row_ref, flash_attn_rows_f32dot_ref,
-    flash_attn_rows_ref, rms_norm_ref, rope_ref, rope_table_ref, silu_ref, swiglu_ref, RopeParams,
-    RowSoftmax,
+    flash_attn_rows_ref, rms_norm_ref, rope_ref, rope_table_ref, silu_ref, swiglu_ref, vec_dot_f16_ggml_ref,
+    RopeParams, RowSoftmax,
 };
 use pinfer::kernels::{
-    f32_to_f16, flash_attn_row, flash_attn_rows, packed_matmul, quantize_act, rms_norm, rope_rotate, silu,
-    swiglu, KernelPath, FLASH_ROWS,
+    dot_f16, f32_to_f16, flash_attn_row, flash_attn_rows, packed_matmul, quantize_act, rms_norm, rope_rotate,
+    silu, swiglu, KernelPath, FLASH_ROWS,
 };
 use pinfer::quant::blocks::F16Le;
 use pinfer::quant::GgmlType;
@@ -149,6 +149,25 @@ fn swiglu_is_bit_identical() {
                         want[i]
                     );
                 }
+            }
+        }
+    }
+}
+
+/// The f16 dot of matmuls on f16 weights is its twin's (ggml's AVX2 order) bit for bit on every
+/// path, every tail length and every regime (f16 overflow to infinity, subnormals, NaN from inf * 0).
+#[test]
+fn f16_dot_is_bit_identical_to_its_twin() {
+    let mut rng = Rng(9);
+    let mut paths = simd_paths();
+    paths.push(KernelPath::Reference);
+    for path in paths {
+        for n in LENGTHS.into_iter().chain([31, 32, 33, 64, 65, 200, 1536]) {
+            for (name, a) in regimes(n, &mut rng) {
+                let b: Vec<f32> = (0..n).map(|_| 4.0 * rng.f()).collect();
+                let (a, b) = (f16s(&a), f16s(&b));
+                let (got, want) = (dot_f16(path, &a, &b), vec_dot_f16_ggml_ref(&a, &b));
+                assert!(same_bits(got, want), "{} n={n} {name}: {got} vs twin {want}", path.name());
             }
         }
     }

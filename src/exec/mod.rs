@@ -1634,7 +1634,8 @@ impl<'a, const N: usize> Bound<'a, N> {
                     let x_bytes = self.converted_row(act, op.tx, op.ne_x, xi, len);
                     if (op.tw.ty, act) == (GgmlType::F16, GgmlType::F16) {
                         // f16 weights are never repacked: this is their kernel.
-                        crate::kernels::dot::vec_dot_f16_lanes(
+                        crate::kernels::dot_f16(
+                            self.path,
                             bytemuck::cast_slice(w_bytes),
                             bytemuck::cast_slice(x_bytes),
                         )

@@ -219,6 +219,19 @@ pub fn rms_norm(path: KernelPath, x: &[f32], out: &mut [f32], eps: f32) {
     }
 }
 
+/// f16 dot product of a matmul on f16 weights on `path` (see [`dot::vec_dot_f16_lanes`], its
+/// twin [`reference::vec_dot_f16_ggml_ref`]).
+pub fn dot_f16(path: KernelPath, x: &[F16Le], y: &[F16Le]) -> f32 {
+    match path {
+        #[cfg(target_arch = "x86_64")]
+        KernelPath::Avx2 | KernelPath::Avx2Vnni if has_avx2() => {
+            // SAFETY: the CPU has AVX2, FMA and F16C (checked on this line).
+            unsafe { x86::dot_f16_avx2(x, y) }
+        }
+        _ => dot::vec_dot_f16_lanes(x, y),
+    }
+}
+
 /// `silu(gate) * up` on `path` (see [`reference::swiglu_ref`]).
 pub fn swiglu(path: KernelPath, gate: &[f32], up: &[f32], out: &mut [f32]) {
     match path {
