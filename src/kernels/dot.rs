@@ -703,7 +703,7 @@ mod tests {
         let specials = [0x0001u16, 0x03ff, 0x7bff, 0xfbff, 0x8000, 0x0000, 0x7c00, 0xfc00, 0x7e00, 0x3c00];
         for n in (0..=100).chain([255, 256, 257, 1000]) {
             for round in 0..3 {
-                let mut row = |next: &mut dyn FnMut() -> u64| -> [F16Le; 1000] {
+                let row = |next: &mut dyn FnMut() -> u64| -> [F16Le; 1000] {
                     core::array::from_fn(|_| {
                         let r = next();
                         let bits = match round {
