@@ -167,30 +167,37 @@ pub fn vec_dot_f16_f16_ref(x: &[F16Le], y: &[F16Le]) -> f32 {
 /// numbers of [`crate::kernels::reference::vec_dot_f16_ggml_ref`] bit for bit, in 4 x 8 lanes of
 /// f32 the compiler vectorises (the scalar path's chain of f64 additions is ~10x slower).
 pub fn vec_dot_f16_lanes(x: &[F16Le], y: &[F16Le]) -> f32 {
-    let n = x.len().min(y.len());
     let mut acc = [[0f32; 8]; 4];
-    let (mut px, mut py) = ([F16Le::from_bits(0); 32], [F16Le::from_bits(0); 32]);
-    for (g, start) in (0..n).step_by(32).enumerate() {
-        let end = (start + 32).min(n);
-        // (A last group shorter than 32 is zero-padded, as the AVX2 loads are.)
-        let (gx, gy) = if end - start == 32 {
-            (&x[start..end], &y[start..end])
-        } else {
-            px[..end - start].copy_from_slice(&x[start..end]);
-            py[..end - start].copy_from_slice(&y[start..end]);
-            (&px[..], &py[..])
-        };
+    f16_groups_of_32(x, y, |first, gx, gy| {
         for (c, a) in acc.iter_mut().enumerate() {
             for (l, a) in a.iter_mut().enumerate() {
                 // Exact in f32 (11-bit significands).
                 let p = f16(gx[8 * c + l]) * f16(gy[8 * c + l]);
-                *a = if g == 0 { p } else { *a + p };
+                *a = if first { p } else { *a + p };
             }
         }
-    }
+    });
     let x: [f32; 8] = core::array::from_fn(|l| (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]));
     let t: [f32; 4] = core::array::from_fn(|i| x[i] + x[i + 4]);
     (t[0] + t[1]) + (t[2] + t[3])
+}
+
+/// Calls `f(first, x, y)` with each run of 32 elements of `x` and `y` in order (`first` for the
+/// first run), a last run shorter than 32 zero-padded, as ggml's vector loads read it.
+#[inline(always)]
+pub(crate) fn f16_groups_of_32(x: &[F16Le], y: &[F16Le], mut f: impl FnMut(bool, &[F16Le], &[F16Le])) {
+    let n = x.len().min(y.len());
+    let (mut px, mut py) = ([F16Le::from_bits(0); 32], [F16Le::from_bits(0); 32]);
+    for start in (0..n).step_by(32) {
+        let end = (start + 32).min(n);
+        if end - start == 32 {
+            f(start == 0, &x[start..end], &y[start..end]);
+        } else {
+            px[..end - start].copy_from_slice(&x[start..end]);
+            py[..end - start].copy_from_slice(&y[start..end]);
+            f(start == 0, &px, &py);
+        }
+    }
 }
 
 /// bf16 dot product (ggml's scalar path).

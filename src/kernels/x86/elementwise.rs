@@ -2,6 +2,7 @@
 
 use core::arch::x86_64::*;
 
+use crate::kernels::dot::f16_groups_of_32;
 use crate::kernels::reference::swiglu_ref;
 use crate::quant::blocks::F16Le;
 
@@ -17,21 +18,11 @@ pub unsafe fn dot_f16_avx2(x: &[F16Le], y: &[F16Le]) -> f32 {
 
 #[target_feature(enable = "avx2,fma,f16c")]
 fn dot_f16_impl(x: &[F16Le], y: &[F16Le]) -> f32 {
-    let n = x.len().min(y.len());
     let mut acc = [_mm256_setzero_ps(); 4];
-    let (mut px, mut py) = ([F16Le::from_bits(0); 32], [F16Le::from_bits(0); 32]);
-    for (g, start) in (0..n).step_by(32).enumerate() {
-        let end = (start + 32).min(n);
-        // (A last group shorter than 32 is zero-padded, as ggml's loads are.)
-        let (gx, gy) = if end - start == 32 {
-            (&x[start..end], &y[start..end])
-        } else {
-            px[..end - start].copy_from_slice(&x[start..end]);
-            py[..end - start].copy_from_slice(&y[start..end]);
-            (&px[..], &py[..])
-        };
+    f16_groups_of_32(x, y, |first, gx, gy| {
         for (c, a) in acc.iter_mut().enumerate() {
-            // SAFETY: 8 f16 (16 bytes) at 8c of the group's 32.
+            // SAFETY: 8 f16 (16 bytes) at 8c of the group's 32; the CPU features are this
+            // function's.
             let (vx, vy) = unsafe {
                 (
                     _mm256_cvtph_ps(_mm_loadu_si128(gx.as_ptr().add(8 * c).cast())),
@@ -40,9 +31,9 @@ fn dot_f16_impl(x: &[F16Le], y: &[F16Le]) -> f32 {
             };
             // Exact products (11-bit significands); added as the twin adds them.
             let p = _mm256_mul_ps(vx, vy);
-            *a = if g == 0 { p } else { _mm256_add_ps(*a, p) };
+            *a = if first { p } else { _mm256_add_ps(*a, p) };
         }
-    }
+    });
     let v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[2]), _mm256_add_ps(acc[1], acc[3]));
     let t = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
     let mut lanes = [0f32; 4];

@@ -717,22 +717,13 @@ pub fn build<const N: usize>(
             let (k_all, v_all) = if own_kv {
                 // Cache: K and V as [kv_w, n_ctx * n_seq] of the cache types, one row per
                 // position of each sequence.
-                let mut label = crate::gguf::Name::new();
-                let _ = write!(label, "cache_k.{il}");
-                let k_cache = e_(g.leaf(
-                    &label,
-                    kv.types.k,
-                    [kv_w, n_rows, 1, 1],
-                    Storage::Persistent { offset: kv.k_offset(il) },
-                ))?;
-                label.clear();
-                let _ = write!(label, "cache_v.{il}");
-                let v_cache = e_(g.leaf(
-                    &label,
-                    kv.types.v,
-                    [kv_w, n_rows, 1, 1],
-                    Storage::Persistent { offset: kv.v_offset(il) },
-                ))?;
+                let cache = |g: &mut Graph<N>, kind: &str, ty: GgmlType, offset: usize| {
+                    let mut label = crate::gguf::Name::new();
+                    let _ = write!(label, "cache_{kind}.{il}");
+                    e_(g.leaf(&label, ty, [kv_w, n_rows, 1, 1], Storage::Persistent { offset }))
+                };
+                let k_cache = cache(g, "k", kv.types.k, kv.k_offset(il))?;
+                let v_cache = cache(g, "v", kv.types.v, kv.v_offset(il))?;
                 let k_flat = e_(g.reshape(k, [hd_k * n_head_kv, t, 1, 1]))?;
                 let v_flat = e_(g.reshape(v, [hd_v * n_head_kv, t, 1, 1]))?;
                 let k_all = named!("k_cache_write", il, g.kv_write(k_cache, k_flat, false));
