@@ -376,7 +376,6 @@ fn per_layer_u32(
 /// Sliding-window layers: Gemma 3's five of every six, Gemma 4's
 /// `attention.sliding_window_pattern` (one flag per block).
 fn sliding_layers(g: &Gguf<'_>, arch: Arch, n_layer: u32, n_layer_all: u32) -> Result<LayerMask, ModelError> {
-    use crate::gguf::Value;
     let mut mask = LayerMask::default();
     match arch.traits().swa {
         SwaLayers::None => {}
@@ -385,23 +384,34 @@ fn sliding_layers(g: &Gguf<'_>, arch: Arch, n_layer: u32, n_layer_all: u32) -> R
         }
         SwaLayers::Pattern => {
             let key = arch_key(arch, "attention.sliding_window_pattern");
-            let Some(Value::Array(a)) = g.get(&key) else {
-                return Err(GgufError::MissingKey { key }.into());
-            };
-            if a.len() != n_layer_all as usize {
-                return Err(bad(&key, a.len() as f64, "has another number of entries than block_count"));
-            }
-            for (il, flag) in a.iter().enumerate().take(n_layer as usize) {
-                let on = match flag {
-                    Value::Bool(b) => b,
-                    other => {
-                        other.as_integer().ok_or_else(|| bad(&key, il as f64, "entry is not a flag"))? != 0
-                    }
-                };
-                if on {
-                    mask.insert(il);
-                }
-            }
+            let Some(v) = g.get(&key) else { return Err(GgufError::MissingKey { key }.into()) };
+            return layer_flags(&key, v, n_layer, n_layer_all);
+        }
+    }
+    Ok(mask)
+}
+
+/// A per-block flag array (`key`'s value `v`, one entry per block, bools or integers) as the
+/// mask of the model's `n_layer` blocks flagged.
+fn layer_flags(
+    key: &str,
+    v: crate::gguf::Value<'_>,
+    n_layer: u32,
+    n_layer_all: u32,
+) -> Result<LayerMask, ModelError> {
+    use crate::gguf::Value;
+    let Value::Array(a) = v else { return Err(bad(key, 0, "is not an array of flags")) };
+    if a.len() != n_layer_all as usize {
+        return Err(bad(key, a.len() as f64, "has another number of entries than block_count"));
+    }
+    let mut mask = LayerMask::default();
+    for (il, flag) in a.iter().enumerate().take(n_layer as usize) {
+        let on = match flag {
+            Value::Bool(b) => b,
+            other => other.as_integer().ok_or_else(|| bad(key, il as f64, "entry is not a flag"))? != 0,
+        };
+        if on {
+            mask.insert(il);
         }
     }
     Ok(mask)
@@ -447,25 +457,11 @@ fn delta_net_layers(
     n_layer: u32,
     n_layer_all: u32,
 ) -> Result<LayerMask, ModelError> {
-    use crate::gguf::Value;
-    let mut mask = LayerMask::default();
     let key = arch_key(arch, "attention.recurrent_layers");
     if let Some(v) = g.get(&key) {
-        let Value::Array(a) = v else { return Err(bad(&key, 0, "is not an array of flags")) };
-        if a.len() != n_layer_all as usize {
-            return Err(bad(&key, a.len() as f64, "has another number of entries than block_count"));
-        }
-        for (il, flag) in a.iter().enumerate().take(n_layer as usize) {
-            let on = match flag {
-                Value::Bool(b) => b,
-                other => other.as_integer().ok_or_else(|| bad(&key, il as f64, "entry is not a flag"))? != 0,
-            };
-            if on {
-                mask.insert(il);
-            }
-        }
-        return Ok(mask);
+        return layer_flags(&key, v, n_layer, n_layer_all);
     }
+    let mut mask = LayerMask::default();
     let interval = u32_in(g, &arch_key(arch, "full_attention_interval"), Some(4), 1..=n_layer)?;
     for il in 0..n_layer {
         if (il + 1) % interval != 0 {
