@@ -13,6 +13,9 @@
 #                     prompt's cost cancels in the difference)
 #   --flags "ARGS"    more pinfer flags for every run, e.g. "-ctk q8_0 -ctv q8_0"
 #   --no-build        use the binary already built
+#   --llama REPLAY    also count llama.cpp the same way: REPLAY is an aarch64 build of
+#                     scripts/llama_replay.c (flash attention, repacked weights, one thread), fed the
+#                     same prompt ids; its prompt is one batch (pinfer's: batches of 64)
 #   --keep            keep the work directory (per-run stdout, stderr and counts)
 #
 # Each figure is a difference of two runs, so loading, repacking and start-up cancel out:
@@ -37,6 +40,7 @@ KEEP=0
 DEPTH=0
 EXTRA=()
 MODELS=()
+LLAMA=
 
 die() { echo "insn_per_token: $*" >&2; exit 1; }
 log() { echo "insn_per_token: $*" >&2; }
@@ -55,7 +59,8 @@ while [ $# -gt 0 ]; do
     --flags) read -r -a EXTRA <<<"${2:-}"; shift 2 ;;
     --no-build) BUILD=0; shift ;;
     --keep) KEEP=1; shift ;;
-    -h|--help) sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --llama) LLAMA=${2:?--llama needs an aarch64 llama_replay binary}; shift 2 ;;
+    -h|--help) sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) die "unknown option '$1' (see --help)" ;;
     *) MODELS+=("$1"); shift ;;
   esac
@@ -87,6 +92,7 @@ if [ "$BUILD" = 1 ]; then
   RUSTC=/usr/bin/rustc cargo build --release --target aarch64-unknown-linux-gnu --bin pinfer -q
 fi
 [ -x "$BIN" ] || die "$BIN missing (run without --no-build, or ./x build-arm)"
+[ -z "$LLAMA" ] || [ -x "$LLAMA" ] || die "$LLAMA: not an executable (an aarch64 build of scripts/llama_replay.c)"
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/insn_per_token.XXXXXX")
 if [ "$KEEP" = 1 ]; then log "work directory: $WORK"; else trap 'rm -rf "$WORK"' EXIT; fi
@@ -142,6 +148,21 @@ run() {
     "$name" "$INSNS" "$PTOK" "$RUNS" $((SECONDS - start)))"
 }
 
+# llama_run NAME MODEL PROMPT STEPS: llama.cpp's count of the prompt as one batch and STEPS - 1
+# greedy evals after it (as pinfer's -n STEPS); sets INSNS
+llama_run() {
+  local name=$1 model=$2 start=$SECONDS ids
+  ids=$("${QEMU[@]}" "$BIN" tokenize -m "$model" -p "$3" --ids)
+  printf '1\n%s 0 %s\n%s\n' "$(wc -w <<<"$ids")" "$4" "$ids" >"$WORK/$name.plan"
+  "${QEMU[@]}" -plugin "$PLUGIN,out=$WORK/$name.count" "$LLAMA" "$model" 1 1 1 "$WORK/$name.f32" \
+    <"$WORK/$name.plan" >"$WORK/$name.out" 2>"$WORK/$name.err" \
+    || { cat "$WORK/$name.err" >&2; die "$name: llama_replay failed"; }
+  rm -f "$WORK/$name.f32"
+  INSNS=$(cat "$WORK/$name.count")
+  [[ $INSNS =~ ^[0-9]+$ ]] || die "$name: cannot read the count (run with --keep)"
+  log "$(printf '%-44s %14s instructions, %4d s' "$name" "$INSNS" $((SECONDS - start)))"
+}
+
 mega() { awk -v d="$1" -v n="$2" 'BEGIN { printf "%.2f", d / n / 1e6 }'; }
 
 ROWS=()
@@ -164,6 +185,14 @@ for model in "${MODELS[@]}"; do
 
   ROWS+=("$(printf '| %-40s | %23s | %20s |' "$name" \
     "$(mega $((gi2 - gi1)) $((gr2 - gr1)))" "$(mega $((pi2 - pi1)) $((pt2 - pt1)))")")
+  if [ -n "$LLAMA" ]; then
+    llama_run "$name.llama.gen${GEN[0]}" "$model" "$gen_prompt" "${GEN[0]}"; li1=$INSNS
+    llama_run "$name.llama.gen${GEN[1]}" "$model" "$gen_prompt" "${GEN[1]}"; li2=$INSNS
+    llama_run "$name.llama.prompt${PROMPT[0]}" "$model" "$p1" 1; lp1=$INSNS
+    llama_run "$name.llama.prompt${PROMPT[1]}" "$model" "$p2" 1; lp2=$INSNS
+    ROWS+=("$(printf '| %-40s | %23s | %20s |' "$name (llama.cpp)" \
+      "$(mega $((li2 - li1)) $((GEN[1] - GEN[0])))" "$(mega $((lp2 - lp1)) $((pt2 - pt1)))")")
+  fi
 done
 
 echo

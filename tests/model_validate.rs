@@ -649,3 +649,27 @@ fn gemma4_layers_are_read_and_checked() {
     // An explicit 0 turns the soft-capping off.
     assert_eq!(validate(&g("final_logit_softcapping", Val::F32(0.0))).unwrap().final_logit_softcap, 0.0);
 }
+
+/// Layer sets count by popcount: every count below a layer agrees with counting the layers one by
+/// one, across the 64-layer words, and intersections keep the layers in both sets only.
+#[test]
+fn layer_masks_count_across_words() {
+    use pinfer::model::{LayerMask, MAX_LAYERS};
+    let (mut a, mut b) = (LayerMask::default(), LayerMask::default());
+    for il in (0..MAX_LAYERS as usize).filter(|i| i % 3 == 0 || i % 64 == 63) {
+        a.insert(il);
+    }
+    for il in (0..MAX_LAYERS as usize).filter(|i| i % 2 == 0) {
+        b.insert(il);
+    }
+    for il in 0..=MAX_LAYERS as usize + 3 {
+        let naive = |m: &LayerMask| (0..il).filter(|&i| m.contains(i)).count();
+        assert_eq!(a.count_below(il), naive(&a), "below {il}");
+        assert_eq!(a.and(&b).count_below(il), (0..il).filter(|&i| a.contains(i) && b.contains(i)).count());
+        assert_eq!(
+            a.and_not(&b).count_below(il),
+            (0..il).filter(|&i| a.contains(i) && !b.contains(i)).count()
+        );
+    }
+    assert_eq!(a.count(), (0..MAX_LAYERS as usize).filter(|i| i % 3 == 0 || i % 64 == 63).count());
+}

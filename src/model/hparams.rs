@@ -151,14 +151,27 @@ impl LayerMask {
         }
     }
 
-    /// Layers in the set below layer `il`.
+    /// Layers in the set below layer `il` (a few popcounts: graph builds ask for every layer).
     pub fn count_below(&self, il: usize) -> usize {
-        (0..il.min(MAX_LAYERS as usize)).filter(|&i| self.contains(i)).count()
+        let (whole, bits) = (il / 64, il % 64);
+        let below: u32 = self.0.iter().take(whole).map(|w| w.count_ones()).sum();
+        let partial = self.0.get(whole).map_or(0, |w| (w & ((1u64 << bits) - 1)).count_ones());
+        (below + partial) as usize
     }
 
     /// Layers in the set.
     pub fn count(&self) -> usize {
         self.count_below(MAX_LAYERS as usize)
+    }
+
+    /// The layers in both sets.
+    pub fn and(&self, other: &Self) -> Self {
+        Self(core::array::from_fn(|i| self.0[i] & other.0[i]))
+    }
+
+    /// The layers in this set and not in `other`.
+    pub fn and_not(&self, other: &Self) -> Self {
+        Self(core::array::from_fn(|i| self.0[i] & !other.0[i]))
     }
 }
 

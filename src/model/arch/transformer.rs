@@ -250,7 +250,9 @@ impl KvLayout {
 
     /// Offset of layer `layer`'s K cache (the layers with one are packed).
     pub fn k_offset(&self, layer: usize) -> usize {
-        self.cached_layers().take_while(|&il| il < layer).map(|il| self.rows_of(il).layer_bytes()).sum()
+        let full = self.cached.and_not(&self.sliding).count_below(layer);
+        let sliding = self.cached.and(&self.sliding).count_below(layer);
+        full * self.kinds[0].layer_bytes() + sliding * self.kinds[1].layer_bytes()
     }
 
     /// The layers with a KV cache of their own, in order.
