@@ -1,0 +1,208 @@
+//! pinfer without an operating system. The image boots on QEMU's `virt` machine (or a board's
+//! DRAM through U-Boot), reads the boot header the runner placed below it (model address and
+//! length, prompt, token count), and runs the model on the no_std engine on one core: greedy
+//! generation, the text on the UART, the timings and the token ids after it.
+//!
+//! Memory (docs/baremetal.md): the image at 0x4008_0000, the boot header in the page below it, the
+//! arena from the image's end up to the model, which the loader put at the top of RAM. With the
+//! `embed-model` feature the model is inside the image and the header is optional.
+#![no_std]
+#![no_main]
+#![deny(unsafe_op_in_unsafe_fn)]
+#![deny(clippy::undocumented_unsafe_blocks)]
+
+mod console;
+mod platform;
+
+use core::fmt::{self, Write};
+
+use pinfer::engine::{graph_slots, Engine, EngineConfig, EngineError, Entry, GraphSlot, Model, OnCaller, Planned};
+use pinfer::tokenizer::{StreamDecoder, TokError, Tokenizer};
+
+use console::{diag, Uart};
+use platform::{BootHeader, Exit, Region};
+
+core::arch::global_asm!(include_str!("boot.s"));
+
+/// The engine's graph slots: a static array, as the engine's docs suggest for bare metal.
+static mut GRAPH_SLOTS: [GraphSlot; pinfer::engine::GRAPH_SLOTS] =
+    [const { GraphSlot::new() }; pinfer::engine::GRAPH_SLOTS];
+
+/// Longest prompt in tokens.
+const MAX_PROMPT_TOKENS: usize = 512;
+
+/// Why a run stopped early; printed on the UART before the image halts.
+enum Error {
+    Engine(EngineError),
+    Tokenizer(TokError),
+    Arena { needed: usize, available: usize },
+    Setup(&'static str),
+}
+
+impl From<EngineError> for Error {
+    fn from(e: EngineError) -> Self {
+        Self::Engine(e)
+    }
+}
+
+impl From<TokError> for Error {
+    fn from(e: TokError) -> Self {
+        Self::Tokenizer(e)
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Engine(e) => write!(f, "{e}"),
+            Self::Tokenizer(e) => write!(f, "tokenizer: {e}"),
+            Self::Arena { needed, available } => write!(
+                f,
+                "the arena is too small: the model needs {needed} bytes ({} MiB), the RAM between the image \
+                 and the model has {available} ({} MiB); give QEMU more memory (-m) or a smaller context",
+                needed >> 20,
+                available >> 20
+            ),
+            Self::Setup(msg) => f.write_str(msg),
+        }
+    }
+}
+
+/// Entered from boot.s with the MMU, caches and FP/SIMD on and BSS cleared.
+#[no_mangle]
+extern "C" fn pinfer_main() -> ! {
+    let boot = platform::counter();
+    let header = platform::boot_header();
+    console::init(header.as_ref().map_or(0, |h| h.flags));
+    let exit = Exit::from_flags(header.as_ref().map_or(0, |h| h.flags));
+    match run(header.as_ref(), boot) {
+        Ok(()) => exit.finish(0),
+        Err(e) => {
+            let _ = writeln!(diag(), "pinfer: error: {e}");
+            exit.finish(1)
+        }
+    }
+}
+
+fn run(header: Option<&BootHeader>, boot: u64) -> Result<(), Error> {
+    let (model_bytes, prompt, n_predict, n_ctx, arena) = platform::inputs(header).map_err(Error::Setup)?;
+    let model = Model::open(model_bytes)?;
+    let tokenizer_words = Tokenizer::storage_words(model.gguf())?;
+    let mut arena = Region::new(arena);
+    let storage = arena.take_words(tokenizer_words).ok_or(Error::Arena {
+        needed: tokenizer_words * 4,
+        available: arena.remaining(),
+    })?;
+    let tokenizer = Tokenizer::new(model.gguf(), storage)?;
+
+    let mut ids = [0u32; MAX_PROMPT_TOKENS];
+    let n_prompt = tokenizer.encode(prompt, true, true, &mut ids)?;
+    if n_prompt == 0 {
+        return Err(Error::Setup("the prompt has no tokens"));
+    }
+    let n_ctx = if n_ctx == 0 { 512 } else { n_ctx };
+    if n_prompt + n_predict > n_ctx {
+        return Err(Error::Setup("the prompt and the tokens to generate do not fit the context (n_ctx)"));
+    }
+
+    let config = EngineConfig { n_ctx, ..EngineConfig::default() };
+    // SAFETY: pinfer_main runs once, on one core, and nothing else names GRAPH_SLOTS.
+    let slots = unsafe { &mut *core::ptr::addr_of_mut!(GRAPH_SLOTS) };
+    let planned = Planned::new(model, &config, &mut slots[..graph_slots(&config)])?;
+    let needed = planned.layout().bytes_needed();
+    let available = arena.remaining();
+    let memory = arena.take(needed, 64).ok_or(Error::Arena { needed, available })?;
+    let mut engine: Engine<'_, &mut [GraphSlot], &mut [u8]> = planned.bind(memory)?;
+    let _ = writeln!(
+        diag(),
+        "pinfer: {} kernels, context {n_ctx}, {} MiB of arena used, prompt {n_prompt} tokens",
+        config.kernels.name(),
+        (tokenizer_words * 4 + needed) >> 20
+    );
+    engine.repack(&OnCaller, &|_| {})?;
+
+    for (start, chunk) in ids[..n_prompt].chunks(config.n_batch).enumerate().map(|(i, c)| (i * config.n_batch, c)) {
+        let mut batch = [Entry { seq: 0, pos: 0, token: 0, logits: false }; 64];
+        let batch = &mut batch[..chunk.len()];
+        for (i, (e, &token)) in batch.iter_mut().zip(chunk).enumerate() {
+            *e = Entry { seq: 0, pos: start + i, token, logits: start + i + 1 == n_prompt };
+        }
+        engine.step(batch, &OnCaller, None)?;
+    }
+
+    let mut out = [0u8; 1024];
+    if StreamDecoder::buffer_len(&tokenizer) > out.len() {
+        return Err(Error::Setup("a token's text is longer than the output buffer"));
+    }
+    let mut decoder = StreamDecoder::new();
+    let mut generated = [0u32; 4096];
+    let n_predict = n_predict.min(generated.len());
+    let mut n_gen = 0;
+    let (mut first_token, mut last) = (0u64, 0u64);
+    let mut uart = Uart;
+    while n_gen < n_predict {
+        let logits = engine.logits(0).ok_or(Error::Setup("the step produced no logits"))?;
+        let token = argmax(logits);
+        if n_gen == 0 {
+            first_token = platform::counter();
+        }
+        generated[n_gen] = token;
+        n_gen += 1;
+        if tokenizer.is_eog(token) {
+            break;
+        }
+        let _ = uart.write_str(decoder.push(&tokenizer, token, false, &mut out)?);
+        if n_gen == n_predict {
+            break;
+        }
+        let pos = engine.seq_len(0);
+        engine.step(&[Entry { seq: 0, pos, token, logits: true }], &OnCaller, None)?;
+        last = platform::counter();
+    }
+    let _ = uart.write_str(decoder.finish(&mut out));
+    let _ = uart.write_str("\n");
+
+    let ms = |ticks: u64| ticks as f64 * 1000.0 / platform::counter_hz() as f64;
+    let mut d = diag();
+    let _ = writeln!(d, "pinfer: boot to first token {:.0} ms", ms(first_token - boot));
+    if n_gen > 1 && last > first_token {
+        let per = ms(last - first_token) / (n_gen - 1) as f64;
+        let _ = writeln!(d, "pinfer: {} tokens, {:.1} ms per token ({:.2} tokens/s)", n_gen, per, 1000.0 / per);
+    }
+    let _ = write!(d, "pinfer: ids");
+    for id in &generated[..n_gen] {
+        let _ = write!(d, " {id}");
+    }
+    let _ = writeln!(d);
+    Ok(())
+}
+
+/// The first largest logit (greedy, as llama.cpp's goldens).
+fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &v) in logits.iter().enumerate() {
+        if v > logits[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// A fault: what the CPU says about it, then a halt.
+#[no_mangle]
+extern "C" fn pinfer_exception(kind: u64, esr: u64, elr: u64, far: u64) -> ! {
+    const KINDS: [&str; 4] = ["synchronous", "IRQ", "FIQ", "SError"];
+    let _ = writeln!(
+        Uart,
+        "\npinfer: exception: {} from vector {kind} (ESR_EL1 {esr:#x}, class {:#x}; ELR_EL1 {elr:#x}; FAR_EL1 {far:#x})",
+        KINDS[(kind % 4) as usize],
+        esr >> 26
+    );
+    Exit::from_flags(console::flags()).finish(3)
+}
+
+#[panic_handler]
+fn panic(info: &core::panic::PanicInfo<'_>) -> ! {
+    let _ = writeln!(diag(), "\npinfer: panic: {info}");
+    Exit::from_flags(console::flags()).finish(2)
+}
