@@ -3,7 +3,7 @@
 # it under qemu-system-aarch64 -M virt -cpu cortex-a76 with the model placed in RAM.
 #
 #   scripts/baremetal.sh build [--embed MODEL] [--prompt P]   the image (with the model inside: --embed)
-#   scripts/baremetal.sh run -m MODEL [-p PROMPT] [-n N] [-c CTX] [--mem SIZE] [--count]
+#   scripts/baremetal.sh run -m MODEL [-p PROMPT] [-n N] [-c CTX] [--mem SIZE] [--count] [--el2] [--fault]
 #   scripts/baremetal.sh run --embedded [--mem SIZE]          the image built with --embed
 #
 # run: the generated text on stdout; diagnostics (kernels, arena, boot-to-first-token time, ms per
@@ -11,6 +11,8 @@
 # 3 CPU exception). --count adds the guest instructions of the whole run (QEMU's TCG plugin,
 # scripts/qemu-plugin/insn_count.c) on stderr. The model goes at the top of RAM (--mem, default
 # 1G), the boot header in the page below the image (docs/baremetal.md has the memory map).
+# --el2 starts the image at EL2 as U-Boot does on RK3588 boards (-M virt,virtualization=on);
+# --fault makes it read an unmapped address first (a test of its exception vectors).
 #
 # Needs: Debian's rustc-web and rust-web-src (RUSTC=/usr/bin/rustc, -Zbuild-std=core),
 # binutils-aarch64-linux-gnu (the linker), qemu-system-arm; scripts/setup.sh toolchains installs them.
@@ -62,7 +64,7 @@ case "$cmd" in
     fi
     ;;
   run)
-    model="" prompt="The capital of France is" n=32 ctx=0 mem=1G count=0 embedded=0
+    model="" prompt="The capital of France is" n=32 ctx=0 mem=1G count=0 embedded=0 machine=virt flags=1
     while [ $# -gt 0 ]; do
       case "$1" in
         -m) model=${2:?-m needs a model}; shift 2 ;;
@@ -72,6 +74,8 @@ case "$cmd" in
         --mem) mem=${2:?--mem needs a size}; shift 2 ;;
         --count) count=1; shift ;;
         --embedded) embedded=1; shift ;;
+        --el2) machine=virt,virtualization=on; shift ;;
+        --fault) flags=$((flags | 0x100)); shift ;;
         *) die "unknown option '$1' (see the top of scripts/baremetal.sh)" ;;
       esac
     done
@@ -97,12 +101,12 @@ case "$cmd" in
     work=$(mktemp -d "${TMPDIR:-/tmp}/baremetal.XXXXXX")
     trap 'rm -rf "$work"' EXIT
     # The boot header (platform.rs's BootHeader): magic, version 1, flags (1 = semihosting exit and
-    # stderr), model address and length, end of RAM, tokens, context, prompt length, the prompt.
-    python3 - "$work/header.bin" "$model_addr" "$model_len" "$ram_end" "$n" "$ctx" "$prompt" <<'PY'
+    # stderr, 0x100 = fault test), model address and length, end of RAM, tokens, context, prompt length, the prompt.
+    python3 - "$work/header.bin" "$flags" "$model_addr" "$model_len" "$ram_end" "$n" "$ctx" "$prompt" <<'PY'
 import struct, sys
-out, addr, length, ram_end, n, ctx, prompt = sys.argv[1:]
+out, flags, addr, length, ram_end, n, ctx, prompt = sys.argv[1:]
 p = prompt.encode()
-h = struct.pack('<8sIIQQQIIII', b'PINFBOOT', 1, 1, int(addr), int(length), int(ram_end), int(n), int(ctx), len(p), 0)
+h = struct.pack('<8sIIQQQIIII', b'PINFBOOT', 1, int(flags), int(addr), int(length), int(ram_end), int(n), int(ctx), len(p), 0)
 if len(h) + len(p) > 4096:
     sys.exit(f'baremetal: the prompt is {len(p)} bytes; the boot header page holds {4096 - len(h)}')
 open(out, 'wb').write(h + p)
@@ -119,11 +123,11 @@ PY
       plugin=(-plugin "$so,out=$work/count")
     fi
     status=0
-    qemu-system-aarch64 -M virt -cpu cortex-a76 -m "$mem" -nographic -monitor none \
+    qemu-system-aarch64 -M "$machine" -cpu cortex-a76 -m "$mem" -nographic -monitor none \
       -semihosting-config enable=on,target=native "${plugin[@]}" \
       -kernel "$image" "${loaders[@]}" || status=$?
     [ "$count" = 0 ] || echo "pinfer: guest instructions of the whole run: $(cat "$work/count")" >&2
     exit $status
     ;;
-  *) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; [ -z "$cmd" ] || [ "$cmd" = help ] || exit 2 ;;
+  *) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; [ -z "$cmd" ] || [ "$cmd" = help ] || exit 2 ;;
 esac

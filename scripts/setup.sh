@@ -26,6 +26,8 @@ APT_PACKAGES=(
   gcc-aarch64-linux-gnu          # linker for aarch64-unknown-linux-gnu
   libc6-dev-arm64-cross          # C headers for cc/bindgen when cross-compiling
   qemu-user                      # runs aarch64 test binaries (-cpu cortex-a76 / cortex-a72)
+  qemu-system-arm                # qemu-system-aarch64: boots the bare-metal image (boards/qemu-virt)
+  binutils-aarch64-linux-gnu     # aarch64-linux-gnu-ld: links the bare-metal image
   libclang-dev                   # bindgen (rknn-sys regeneration check)
   file                           # the test tier checks the binary's architecture with it
   valgrind                       # tests/cli_flags.rs counts heap allocations per generated token

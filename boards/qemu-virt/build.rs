@@ -12,7 +12,8 @@ fn main() {
         let Some(model) = std::env::var_os("PINFER_EMBED_MODEL") else {
             panic!("the embed-model feature needs PINFER_EMBED_MODEL=path/to/model.gguf");
         };
-        let model = std::fs::canonicalize(&model).unwrap_or_else(|e| panic!("{}: {e}", PathBuf::from(&model).display()));
+        let model = std::fs::canonicalize(&model)
+            .unwrap_or_else(|e| panic!("{}: {e}", PathBuf::from(&model).display()));
         println!("cargo:rerun-if-changed={}", model.display());
         println!("cargo:rustc-env=PINFER_EMBEDDED_MODEL_PATH={}", model.display());
     }

@@ -8,8 +8,8 @@
 _start:
     mrs     x0, CurrentEL
     lsr     x0, x0, #2
-    and     x0, x0, #3
-    cmp     x0, #2
+    and     x20, x0, #3             // the exception level the image started at, for pinfer_main
+    cmp     x20, #2
     b.ne    1f
     // EL2: run EL1 in AArch64, leave its timers and FP/SIMD untrapped, enter it with DAIF masked.
     mov     x0, #(1 << 31)
@@ -59,7 +59,8 @@ _start:
     b.hs    3f
     stp     xzr, xzr, [x0], #16
     b       2b
-3:  bl      pinfer_main
+3:  mov     x0, x20
+    bl      pinfer_main
 4:  wfe
     b       4b
 

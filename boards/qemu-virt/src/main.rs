@@ -10,13 +10,17 @@
 #![no_main]
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(clippy::undocumented_unsafe_blocks)]
+// The error travels once, on the way to the halt: its size does not matter (as in the core).
+#![allow(clippy::result_large_err)]
 
 mod console;
 mod platform;
 
 use core::fmt::{self, Write};
 
-use pinfer::engine::{graph_slots, Engine, EngineConfig, EngineError, Entry, GraphSlot, Model, OnCaller, Planned};
+use pinfer::engine::{
+    graph_slots, Engine, EngineConfig, EngineError, Entry, GraphSlot, Model, OnCaller, Planned,
+};
 use pinfer::tokenizer::{StreamDecoder, TokError, Tokenizer};
 
 use console::{diag, Uart};
@@ -68,13 +72,18 @@ impl fmt::Display for Error {
     }
 }
 
-/// Entered from boot.s with the MMU, caches and FP/SIMD on and BSS cleared.
+/// Entered from boot.s at EL1 with the MMU, caches and FP/SIMD on and BSS cleared;
+/// `started_at` is the exception level the image was entered at (2 when a boot loader left it at EL2).
 #[no_mangle]
-extern "C" fn pinfer_main() -> ! {
+extern "C" fn pinfer_main(started_at: u64) -> ! {
     let boot = platform::counter();
     let header = platform::boot_header();
     console::init(header.as_ref().map_or(0, |h| h.flags));
     let exit = Exit::from_flags(header.as_ref().map_or(0, |h| h.flags));
+    if console::flags() & platform::flags::FAULT_TEST != 0 {
+        platform::fault();
+    }
+    let _ = writeln!(diag(), "pinfer: bare metal, started at EL{started_at}, running at EL1");
     match run(header.as_ref(), boot) {
         Ok(()) => exit.finish(0),
         Err(e) => {
@@ -89,10 +98,9 @@ fn run(header: Option<&BootHeader>, boot: u64) -> Result<(), Error> {
     let model = Model::open(model_bytes)?;
     let tokenizer_words = Tokenizer::storage_words(model.gguf())?;
     let mut arena = Region::new(arena);
-    let storage = arena.take_words(tokenizer_words).ok_or(Error::Arena {
-        needed: tokenizer_words * 4,
-        available: arena.remaining(),
-    })?;
+    let storage = arena
+        .take_words(tokenizer_words)
+        .ok_or(Error::Arena { needed: tokenizer_words * 4, available: arena.remaining() })?;
     let tokenizer = Tokenizer::new(model.gguf(), storage)?;
 
     let mut ids = [0u32; MAX_PROMPT_TOKENS];
@@ -121,7 +129,9 @@ fn run(header: Option<&BootHeader>, boot: u64) -> Result<(), Error> {
     );
     engine.repack(&OnCaller, &|_| {})?;
 
-    for (start, chunk) in ids[..n_prompt].chunks(config.n_batch).enumerate().map(|(i, c)| (i * config.n_batch, c)) {
+    for (start, chunk) in
+        ids[..n_prompt].chunks(config.n_batch).enumerate().map(|(i, c)| (i * config.n_batch, c))
+    {
         let mut batch = [Entry { seq: 0, pos: 0, token: 0, logits: false }; 64];
         let batch = &mut batch[..chunk.len()];
         for (i, (e, &token)) in batch.iter_mut().zip(chunk).enumerate() {
@@ -167,7 +177,8 @@ fn run(header: Option<&BootHeader>, boot: u64) -> Result<(), Error> {
     let _ = writeln!(d, "pinfer: boot to first token {:.0} ms", ms(first_token - boot));
     if n_gen > 1 && last > first_token {
         let per = ms(last - first_token) / (n_gen - 1) as f64;
-        let _ = writeln!(d, "pinfer: {} tokens, {:.1} ms per token ({:.2} tokens/s)", n_gen, per, 1000.0 / per);
+        let _ =
+            writeln!(d, "pinfer: {} tokens, {:.1} ms per token ({:.2} tokens/s)", n_gen, per, 1000.0 / per);
     }
     let _ = write!(d, "pinfer: ids");
     for id in &generated[..n_gen] {

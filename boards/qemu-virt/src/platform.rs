@@ -21,6 +21,8 @@ pub mod flags {
     pub const PSCI_HVC: u32 = 2;
     /// End with PSCI SYSTEM_OFF through `smc` (a board's trusted firmware).
     pub const PSCI_SMC: u32 = 4;
+    /// Read an unmapped address before anything else: a test of the exception vectors.
+    pub const FAULT_TEST: u32 = 0x100;
 }
 
 /// What the runner (scripts/baremetal.sh) writes in the page below the image, little-endian.
@@ -94,7 +96,8 @@ pub fn inputs(header: Option<&BootHeader>) -> Result<Inputs, &'static str> {
             }
             // SAFETY: the range is RAM above the image (checked above) where the loader placed
             // the model; the arena ends below it, so nothing writes it while it is borrowed.
-            let bytes = unsafe { core::slice::from_raw_parts(h.model_addr as *const u8, h.model_len as usize) };
+            let bytes =
+                unsafe { core::slice::from_raw_parts(h.model_addr as *const u8, h.model_len as usize) };
             (bytes, h.model_addr)
         }
         (_, Some(bytes)) => (bytes, ram_end),
@@ -134,6 +137,14 @@ mod embedded {
     pub fn model() -> Option<&'static [u8]> {
         None
     }
+}
+
+/// Reads an address past the identity map: the CPU takes a translation fault to the vectors.
+pub fn fault() -> ! {
+    // SAFETY: not sound to complete, and it does not: the access faults (no mapping above
+    // 16 GiB) and the exception handler halts the image.
+    let v = unsafe { core::ptr::read_volatile(0x40_0000_0000 as *const u64) };
+    panic!("read {v:#x} from an unmapped address")
 }
 
 /// A bump allocator over the arena: each part taken once, for the rest of the run.
