@@ -201,6 +201,20 @@ impl ModelFile {
         Ok(Self { path: path.to_path_buf(), offset: mapped.offset, map: Bytes::Heap { blocks, len } })
     }
 
+    /// A copy of `bytes` in memory as a model named `name` (the C ABI's open-from-memory: the
+    /// caller's buffer may be freed afterwards). The GGUF checks happen at [`ModelFile::parse`].
+    pub fn from_bytes(bytes: &[u8], name: &Path) -> Result<Self, LoadError> {
+        let len = bytes.len();
+        let mut blocks = Vec::new();
+        blocks.try_reserve_exact(len.div_ceil(64)).map_err(|_| LoadError::Io {
+            path: name.to_path_buf(),
+            source: std::io::Error::other(std::format!("cannot allocate {len} bytes for the model")),
+        })?;
+        blocks.resize(len.div_ceil(64), Block([0; 64]));
+        bytemuck::cast_slice_mut::<Block, u8>(&mut blocks)[..len].copy_from_slice(bytes);
+        Ok(Self { path: name.to_path_buf(), offset: 0, map: Bytes::Heap { blocks, len } })
+    }
+
     /// [`ModelFile::read`] for the rest of the process (as [`ModelFile::open_static`]).
     pub fn read_static(path: &Path) -> Result<&'static Self, LoadError> {
         Ok(std::boxed::Box::leak(std::boxed::Box::new(Self::read(path)?)))
