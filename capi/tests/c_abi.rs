@@ -213,6 +213,7 @@ fn numbers(line: &str, key: &str) -> Vec<f64> {
 }
 
 /// The static library cargo built beside this test (the newest, if several builds left one).
+#[cfg(target_arch = "x86_64")]
 fn static_library() -> PathBuf {
     let deps = std::env::current_exe().unwrap().parent().unwrap().to_path_buf();
     let mut libs: Vec<_> = std::fs::read_dir(&deps)
