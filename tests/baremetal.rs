@@ -109,7 +109,8 @@ fn bad_models_small_arenas_and_faults_are_reported() {
     std::fs::create_dir_all(&dir).unwrap();
     let check = |args: &[&str], status: i32, says: &[&str]| {
         let out = baremetal(args);
-        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        // Errors are on the UART (stdout); the runner's own refusals on stderr.
+        let err = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
         assert_eq!(out.status.code(), Some(status), "{args:?}: {err}");
         for s in says {
             assert!(err.contains(s), "{args:?} should say {s:?}: {err}");

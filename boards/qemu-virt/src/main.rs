@@ -1,7 +1,8 @@
 //! pinfer without an operating system. The image boots on QEMU's `virt` machine (or a board's
 //! DRAM through U-Boot), reads the boot header the runner placed below it (model address and
 //! length, prompt, token count), and runs the model on the no_std engine on one core: greedy
-//! generation, the text on the UART, the timings and the token ids after it.
+//! generation, the text on the UART, the timings and the token ids after it (on the host's stderr
+//! through semihosting when the header asks, else on the UART too); errors on the UART.
 //!
 //! Memory (docs/baremetal.md): the image at 0x4008_0000, the boot header in the page below it, the
 //! arena from the image's end up to the model, which the loader put at the top of RAM. With the
@@ -87,7 +88,8 @@ extern "C" fn pinfer_main(started_at: u64) -> ! {
     match run(header.as_ref(), boot) {
         Ok(()) => exit.finish(0),
         Err(e) => {
-            let _ = writeln!(diag(), "pinfer: error: {e}");
+            // On the board's console: it is where someone looks when the image stops.
+            let _ = writeln!(Uart, "pinfer: error: {e}");
             exit.finish(1)
         }
     }
@@ -214,6 +216,6 @@ extern "C" fn pinfer_exception(kind: u64, esr: u64, elr: u64, far: u64) -> ! {
 
 #[panic_handler]
 fn panic(info: &core::panic::PanicInfo<'_>) -> ! {
-    let _ = writeln!(diag(), "\npinfer: panic: {info}");
+    let _ = writeln!(Uart, "\npinfer: panic: {info}");
     Exit::from_flags(console::flags()).finish(2)
 }
