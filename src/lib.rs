@@ -34,6 +34,7 @@ pub mod quant;
 pub mod sampler;
 pub mod tensor;
 pub mod tokenizer;
+pub mod train;
 
 #[cfg(feature = "std")]
 pub mod bundle;

@@ -629,6 +629,20 @@ impl<'a, const N: usize> Bound<'a, N> {
         unsafe { core::slice::from_raw_parts(ptr, self.graph.tensor(id).span_bytes()) }
     }
 
+    /// The bytes of tensor `id` to change between runs (a training step's parameters); only
+    /// tensors in the arena (persistent or planned), never a caller's read-only buffer.
+    pub fn data_mut(&mut self, id: TensorId) -> &mut [u8] {
+        let ptr = self.ptrs.get(id.index()).copied().unwrap_or(core::ptr::null_mut());
+        let in_arena =
+            matches!(self.graph.tensor(id).storage, Storage::Persistent { .. } | Storage::Activation);
+        if ptr.is_null() || !in_arena {
+            return &mut [];
+        }
+        // SAFETY: the span was checked in `new`; `&mut self` excludes runs and other borrows of
+        // the memory the graph was bound to.
+        unsafe { core::slice::from_raw_parts_mut(ptr, self.graph.tensor(id).span_bytes()) }
+    }
+
     /// Tensor `id`'s data as F32 values (empty for other types), e.g. the logits.
     pub fn data_f32(&self, id: TensorId) -> &[f32] {
         if self.graph.tensor(id).ty != GgmlType::F32 {
@@ -783,6 +797,8 @@ impl<'a, const N: usize> Bound<'a, N> {
         let ne = t.ne_for(step.n_kv);
         match t.op {
             Op::Scale
+            | Op::Sqr
+            | Op::Sqrt
             | Op::Hadamard
             | Op::RmsNorm
             | Op::LayerNorm
@@ -792,7 +808,10 @@ impl<'a, const N: usize> Bound<'a, N> {
             | Op::Tanh
             | Op::Gelu
             | Op::SoftMax => self.unary(id, t, ne, step, ith, nth),
-            Op::Add | Op::Mul | Op::SwiGlu | Op::GeGlu => self.binary(id, t, ne, step, ith, nth),
+            Op::Add | Op::Sub | Op::Mul | Op::Div | Op::SwiGlu | Op::GeGlu => {
+                self.binary(id, t, ne, step, ith, nth)
+            }
+            Op::Sum | Op::Repeat | Op::RepeatBack | Op::Fill => self.reshape_sum(id, t, ne, step, ith, nth),
             Op::RopeTable => self.rope_table(id, t, ne, step, ith, nth),
             Op::Rope => self.rope(id, t, ne, ith, nth),
             Op::GetRows => self.get_rows(id, t, ne, ith, nth),
@@ -834,6 +853,8 @@ impl<'a, const N: usize> Bound<'a, N> {
                 let p = t.params;
                 match t.op {
                     Op::Scale => out.iter_mut().zip(x).for_each(|(o, v)| *o = v * p.f[0]),
+                    Op::Sqr => out.iter_mut().zip(x).for_each(|(o, v)| *o = v * v),
+                    Op::Sqrt => out.iter_mut().zip(x).for_each(|(o, &v)| *o = libm::sqrtf(v)),
                     Op::Hadamard => kref::hadamard_ref(x, out, p.i[0] as usize),
                     Op::RmsNorm => kernels::rms_norm(path, x, out, p.f[0]),
                     Op::LayerNorm => kref::layer_norm_ref(x, out, p.f[0]),
@@ -870,13 +891,17 @@ impl<'a, const N: usize> Bound<'a, N> {
                     let b = y[0];
                     match t.op {
                         Op::Add => out.iter_mut().zip(x).for_each(|(o, a)| *o = a + b),
+                        Op::Sub => out.iter_mut().zip(x).for_each(|(o, a)| *o = a - b),
+                        Op::Div => out.iter_mut().zip(x).for_each(|(o, a)| *o = a / b),
                         _ => out.iter_mut().zip(x).for_each(|(o, a)| *o = a * b),
                     }
                     continue;
                 }
                 match t.op {
                     Op::Add => out.iter_mut().zip(x.iter().zip(y)).for_each(|(o, (a, b))| *o = a + b),
+                    Op::Sub => out.iter_mut().zip(x.iter().zip(y)).for_each(|(o, (a, b))| *o = a - b),
                     Op::Mul => out.iter_mut().zip(x.iter().zip(y)).for_each(|(o, (a, b))| *o = a * b),
+                    Op::Div => out.iter_mut().zip(x.iter().zip(y)).for_each(|(o, (a, b))| *o = a / b),
                     Op::SwiGlu => kernels::swiglu(path, x, y, out),
                     _ => kref::geglu_ref(x, y, out),
                 }
@@ -1042,6 +1067,53 @@ impl<'a, const N: usize> Bound<'a, N> {
                 for i0 in 0..ne[0] {
                     let v = self.element(a, ta, [i0, i1, i2, i3], ne_a);
                     self.put(id, t.ty, row + i0 * t.nb[0], v);
+                }
+            }
+        }
+    }
+
+    /// Sum of all elements, tiling, summing back to a smaller shape, and constants (the training
+    /// ops; sums in f64, in a fixed order, so a gradient does not depend on the thread count).
+    fn reshape_sum(&self, id: TensorId, t: &Tensor, ne: [usize; 4], step: Step, ith: usize, nth: usize) {
+        let src = t.src[0].map(|s| (s, self.graph.tensor(s)));
+        // SAFETY: shapes and strides were checked by the graph builder, spans by `new`; rows come
+        // from `share`, which gives each thread disjoint ones.
+        unsafe {
+            for (i1, i2, i3) in rows(ne, share(rows_of(ne), ith, nth)) {
+                let out: &mut [f32] = self.write(id, t.row_offset(i1, i2, i3), ne[0]);
+                match (t.op, src) {
+                    (Op::Fill, _) => out.fill(t.params.f[0]),
+                    (Op::Sum, Some((a, ta))) => {
+                        let na = ta.ne_for(step.n_kv);
+                        let mut total = 0f64;
+                        for idx in elements_of(na) {
+                            total += self.element(a, ta, idx, na) as f64;
+                        }
+                        out[0] = total as f32;
+                    }
+                    (Op::Repeat, Some((a, ta))) => {
+                        let na = ta.ne_for(step.n_kv);
+                        for (i0, o) in out.iter_mut().enumerate() {
+                            *o = self.element(a, ta, [i0 % na[0], i1 % na[1], i2 % na[2], i3 % na[3]], na);
+                        }
+                    }
+                    (Op::RepeatBack, Some((a, ta))) => {
+                        let na = ta.ne_for(step.n_kv);
+                        for (i0, o) in out.iter_mut().enumerate() {
+                            let mut total = 0f64;
+                            for j3 in (i3..na[3]).step_by(ne[3]) {
+                                for j2 in (i2..na[2]).step_by(ne[2]) {
+                                    for j1 in (i1..na[1]).step_by(ne[1]) {
+                                        for j0 in (i0..na[0]).step_by(ne[0]) {
+                                            total += self.element(a, ta, [j0, j1, j2, j3], na) as f64;
+                                        }
+                                    }
+                                }
+                            }
+                            *o = total as f32;
+                        }
+                    }
+                    _ => {}
                 }
             }
         }
@@ -1947,6 +2019,14 @@ fn visible_keys(causal: bool, window: usize, pos: usize, n_kv: usize) -> (usize,
     let end = (pos + 1).min(n_kv);
     let start = if window > 0 { (pos + 1).saturating_sub(window) } else { 0 };
     (start, end)
+}
+
+/// Every index of shape `ne`, innermost first.
+fn elements_of(ne: [usize; 4]) -> impl Iterator<Item = [usize; 4]> {
+    let n = ne.iter().product::<usize>();
+    (0..n).map(move |i| {
+        [i % ne[0], i / ne[0] % ne[1], i / (ne[0] * ne[1]) % ne[2], i / (ne[0] * ne[1] * ne[2])]
+    })
 }
 
 /// Thread `ith` of `nth`'s share of `n` items.

@@ -217,6 +217,87 @@ impl<const N: usize> Graph<N> {
         self.binary(Op::Mul, a, b)
     }
 
+    /// `a - b` (`b` broadcast).
+    pub fn sub(&mut self, a: TensorId, b: TensorId) -> Result<TensorId> {
+        self.binary(Op::Sub, a, b)
+    }
+
+    /// `a / b` elementwise (`b` broadcast).
+    pub fn div(&mut self, a: TensorId, b: TensorId) -> Result<TensorId> {
+        self.binary(Op::Div, a, b)
+    }
+
+    /// `a * a`.
+    pub fn sqr(&mut self, a: TensorId) -> Result<TensorId> {
+        self.unary(Op::Sqr, a, OpParams::default())
+    }
+
+    /// `sqrt(a)`.
+    pub fn sqrt(&mut self, a: TensorId) -> Result<TensorId> {
+        self.unary(Op::Sqrt, a, OpParams::default())
+    }
+
+    /// The sum of all of `a`'s elements, F32 `[1, 1, 1, 1]`.
+    pub fn sum(&mut self, a: TensorId) -> Result<TensorId> {
+        self.f32_input(Op::Sum, a)?;
+        self.node(Op::Sum, GgmlType::F32, [1; 4], &[a], OpParams::default())
+    }
+
+    /// `a` tiled to shape `ne` (each dimension a multiple of `a`'s).
+    pub fn repeat(&mut self, a: TensorId, ne: [usize; 4]) -> Result<TensorId> {
+        self.f32_input(Op::Repeat, a)?;
+        let na = self.tensor(a).ne;
+        if (0..4).any(|d| na[d] == 0 || ne[d] % na[d] != 0) {
+            return Err(self.invalid(Op::Repeat, a, "the shape is not a multiple of the source's"));
+        }
+        self.node(Op::Repeat, GgmlType::F32, ne, &[a], OpParams::default())
+    }
+
+    /// `a` summed down to shape `ne` (each of `a`'s dimensions a multiple of it).
+    pub fn repeat_back(&mut self, a: TensorId, ne: [usize; 4]) -> Result<TensorId> {
+        self.f32_input(Op::RepeatBack, a)?;
+        let na = self.tensor(a).ne;
+        if (0..4).any(|d| ne[d] == 0 || na[d] % ne[d] != 0) {
+            return Err(self.invalid(Op::RepeatBack, a, "the source's shape is not a multiple of this one"));
+        }
+        self.node(Op::RepeatBack, GgmlType::F32, ne, &[a], OpParams::default())
+    }
+
+    /// Makes computed tensor `id` write its result at `offset` in the arena's persistent region
+    /// instead of a planned activation slot (a gradient the optimizer reads after the run).
+    pub fn persist(&mut self, id: TensorId, offset: usize) -> Result<()> {
+        let t = &self.tensors[id.index()];
+        if !t.op.computes() || t.storage != Storage::Activation {
+            return Err(self.invalid(
+                t.op,
+                id,
+                "only a computed tensor in an activation slot can be made persistent",
+            ));
+        }
+        self.tensors[id.index()].storage = Storage::Persistent { offset };
+        Ok(())
+    }
+
+    /// An F32 tensor of shape `ne` with every element `value`.
+    pub fn fill(&mut self, name: &str, ne: [usize; 4], value: f32) -> Result<TensorId> {
+        let nb = contiguous_strides(GgmlType::F32, ne).ok_or(GraphError::Invalid {
+            op: "fill",
+            name: label(name),
+            problem: "the size overflows",
+        })?;
+        self.push(Tensor {
+            ty: GgmlType::F32,
+            ne,
+            nb,
+            dyn_kv: 0,
+            storage: Storage::Activation,
+            op: Op::Fill,
+            params: OpParams { f: [value, 0.0, 0.0, 0.0], ..Default::default() },
+            src: [None; MAX_SRC],
+            name: label(name),
+        })
+    }
+
     fn unary(&mut self, op: Op, a: TensorId, params: OpParams) -> Result<TensorId> {
         self.f32_input(op, a)?;
         let ne = self.tensor(a).ne;
@@ -854,15 +935,27 @@ impl<const N: usize> Graph<N> {
 
     /// Orders the nodes that `outputs` depend on, sources first (depth-first, iterative).
     pub fn build(&mut self, outputs: &[TensorId]) -> Result<()> {
+        self.build_with_roots(outputs, &[])
+    }
+
+    /// [`Graph::build`], also computing `roots` (and what they need) without making them outputs:
+    /// nodes that write persistent storage, such as a training step's gradients (any number of
+    /// them, where outputs are at most [`MAX_OUTPUTS`]).
+    pub fn build_with_roots(&mut self, outputs: &[TensorId], roots: &[TensorId]) -> Result<()> {
         self.order.clear();
         self.outputs.clear();
+        if outputs.len() > MAX_OUTPUTS {
+            return Err(GraphError::TooManyOutputs { max: MAX_OUTPUTS });
+        }
         let n = self.tensors.len();
         // 0 = unvisited, 1 = on the stack, 2 = done.
         let mut state: heapless::Vec<u8, N> = heapless::Vec::new();
         let _ = state.resize(n, 0);
         let mut stack: heapless::Vec<(TensorId, u8), N> = heapless::Vec::new();
-        for &out in outputs {
-            self.outputs.push(out).map_err(|_| GraphError::TooManyOutputs { max: MAX_OUTPUTS })?;
+        for (i, &out) in outputs.iter().chain(roots).enumerate() {
+            if i < outputs.len() {
+                let _ = self.outputs.push(out);
+            }
             if state[out.index()] != 0 {
                 continue;
             }

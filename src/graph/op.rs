@@ -22,8 +22,25 @@ pub enum Op {
     Add,
     /// `src[0] * src[1]` elementwise, broadcast like `Add`.
     Mul,
+    /// `src[0] - src[1]`, broadcast like `Add`.
+    Sub,
+    /// `src[0] / src[1]`, broadcast like `Add`.
+    Div,
     /// `src[0] * params.f[0]`.
     Scale,
+    /// `x * x`.
+    Sqr,
+    /// `sqrt(x)`.
+    Sqrt,
+    /// The sum of every element of `src[0]` → F32 `[1, 1, 1, 1]` (a training loss), in f64.
+    Sum,
+    /// `src[0]` tiled to this tensor's shape (each dimension a multiple of the source's).
+    Repeat,
+    /// `src[0]` summed down to this tensor's shape (each of the source's dimensions a multiple of
+    /// this one's): [`Op::Repeat`]'s adjoint, the gradient of a broadcast operand.
+    RepeatBack,
+    /// Every element `params.f[0]`; no sources (the seed of a backward pass).
+    Fill,
     /// Each run of `params.i[0]` (a power of two) values of every row times the orthonormal
     /// Walsh-Hadamard matrix of that size (symmetric, its own inverse): spreads outliers before a
     /// quantized KV cache stores the values, as llama.cpp does.
@@ -119,7 +136,15 @@ impl Op {
             Op::GetRows => "get_rows",
             Op::Add => "add",
             Op::Mul => "mul",
+            Op::Sub => "sub",
+            Op::Div => "div",
             Op::Scale => "scale",
+            Op::Sqr => "sqr",
+            Op::Sqrt => "sqrt",
+            Op::Sum => "sum",
+            Op::Repeat => "repeat",
+            Op::RepeatBack => "repeat_back",
+            Op::Fill => "fill",
             Op::Hadamard => "hadamard",
             Op::RmsNorm => "rms_norm",
             Op::LayerNorm => "layer_norm",

@@ -1,0 +1,390 @@
+//! Training in the core: reverse-mode automatic differentiation on the engine's graphs, and the
+//! optimizers ([`optim`]: Adam(W), L-BFGS).
+//!
+//! Parameters are F32 leaves in the arena's persistent region. [`backward`] appends to the graph
+//! the nodes that compute the gradient of a scalar loss with respect to each parameter, each
+//! ending in a copy into a persistent buffer the caller places (so the optimizer reads every
+//! gradient after the run, however many there are); the graph is then built with
+//! [`Graph::build_with_roots`], planned and bound like any forward graph. Nothing allocates: the
+//! bookkeeping is fixed-capacity, the gradients live in the arena.
+//!
+//! Ops with a gradient rule: add, sub, mul, div (second operand broadcast), scale, sqr, sqrt,
+//! sum, repeat, repeat_back, silu, sigmoid, F32 matmul (2-D), and reshapes of contiguous tensors.
+//! Any other op on a path from a parameter to the loss is refused by name
+//! ([`TrainError::NoGradient`]); ops off those paths are free to be anything.
+
+pub mod optim;
+
+use crate::graph::{Graph, GraphError, Op};
+use crate::quant::GgmlType;
+use crate::tensor::{Storage, TensorId};
+
+/// Why a backward graph could not be built.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum TrainError {
+    /// The graph's capacity or an op's shapes.
+    Graph(GraphError),
+    /// The loss is not an F32 scalar.
+    LossNotScalar,
+    /// A parameter is not an F32 leaf in the persistent region.
+    BadParameter {
+        /// Its name.
+        name: heapless::String<40>,
+    },
+    /// As many gradient buffers as parameters are needed.
+    GradientCount,
+    /// An op on a path from a parameter to the loss has no gradient rule here.
+    NoGradient {
+        /// The op.
+        op: &'static str,
+        /// The node's name.
+        name: heapless::String<40>,
+    },
+}
+
+impl From<GraphError> for TrainError {
+    fn from(e: GraphError) -> Self {
+        Self::Graph(e)
+    }
+}
+
+impl core::fmt::Display for TrainError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            Self::Graph(e) => write!(f, "{e}"),
+            Self::LossNotScalar => write!(f, "the loss must be an F32 tensor of one element"),
+            Self::BadParameter { name } => {
+                write!(f, "parameter {name:?} is not an F32 leaf in the arena's persistent region")
+            }
+            Self::GradientCount => write!(f, "give one gradient buffer per parameter"),
+            Self::NoGradient { op, name } => {
+                write!(f, "{op} ({name:?}) lies between a parameter and the loss and has no gradient rule")
+            }
+        }
+    }
+}
+
+impl core::error::Error for TrainError {}
+
+/// The gradients [`backward`] appended: `grads[i]` is parameter `i`'s, a node writing
+/// `grad_offsets[i]` of the arena (build the graph with these as roots).
+pub type Gradients<'a> = &'a mut [TensorId];
+
+/// Appends to `g` the gradient of `loss` (an F32 scalar) with respect to each of `params` (F32
+/// leaves in the persistent region). Gradient `i` is computed into the persistent bytes at
+/// `grad_offsets[i]` (as many bytes as the parameter), and its node is written to `grads[i]`;
+/// then `g.build_with_roots(&[loss, ...], grads)` orders the forward and backward nodes together.
+/// A parameter the loss does not depend on gets a gradient of zeros.
+pub fn backward<const N: usize>(
+    g: &mut Graph<N>,
+    loss: TensorId,
+    params: &[TensorId],
+    grad_offsets: &[usize],
+    grads: Gradients<'_>,
+) -> Result<(), TrainError> {
+    if params.len() != grad_offsets.len() || params.len() != grads.len() {
+        return Err(TrainError::GradientCount);
+    }
+    let tl = g.tensor(loss);
+    if tl.ty != GgmlType::F32 || tl.n_elements() != 1 {
+        return Err(TrainError::LossNotScalar);
+    }
+    for &p in params {
+        let t = g.tensor(p);
+        if t.ty != GgmlType::F32 || t.op != Op::None || !matches!(t.storage, Storage::Persistent { .. }) {
+            return Err(TrainError::BadParameter { name: t.name.clone() });
+        }
+    }
+    g.build(&[loss])?;
+    let n = g.tensors().len();
+    // The forward order, kept: nodes appended below are not part of it.
+    let mut order: heapless::Vec<TensorId, N> = heapless::Vec::new();
+    for &id in g.order() {
+        let _ = order.push(id);
+    }
+    // Which nodes depend on a parameter (only their gradients are needed).
+    let mut needs: heapless::Vec<bool, N> = heapless::Vec::new();
+    let _ = needs.resize(n, false);
+    for &p in params {
+        needs[p.index()] = true;
+    }
+    for &id in &order {
+        let t = g.tensor(id);
+        if t.src.iter().flatten().any(|s| needs[s.index()]) {
+            needs[id.index()] = true;
+        }
+    }
+    let mut grad: heapless::Vec<Option<TensorId>, N> = heapless::Vec::new();
+    let _ = grad.resize(n, None);
+    grad[loss.index()] = Some(g.fill("loss.grad", [1; 4], 1.0)?);
+
+    for &id in order.iter().rev() {
+        let Some(dy) = grad[id.index()] else { continue };
+        if !needs[id.index()] {
+            continue;
+        }
+        let t = g.tensor(id).clone();
+        let src = |i: usize| t.src[i].filter(|s| needs[s.index()]);
+        let mut give = |g: &mut Graph<N>, to: TensorId, d: TensorId| -> Result<(), TrainError> {
+            let sum = match grad[to.index()] {
+                Some(prev) => g.add(prev, d)?,
+                None => d,
+            };
+            grad[to.index()] = Some(sum);
+            Ok(())
+        };
+        match t.op {
+            Op::None | Op::Fill => {}
+            Op::Add | Op::Sub => {
+                if let Some(a) = src(0) {
+                    give(g, a, dy)?;
+                }
+                if let Some(b) = src(1) {
+                    let db = reduce_to(g, dy, g.tensor(b).ne)?;
+                    let db = if t.op == Op::Sub { g.scale(db, -1.0)? } else { db };
+                    give(g, b, db)?;
+                }
+            }
+            Op::Mul => {
+                let (a, b) = (t.src[0].unwrap_or(id), t.src[1].unwrap_or(id));
+                if let Some(a) = src(0) {
+                    let da = g.mul(dy, b)?;
+                    give(g, a, da)?;
+                }
+                if let Some(b) = src(1) {
+                    let prod = g.mul(dy, a)?;
+                    let db = reduce_to(g, prod, g.tensor(b).ne)?;
+                    give(g, b, db)?;
+                }
+            }
+            Op::Div => {
+                let b = t.src[1].unwrap_or(id);
+                if let Some(a) = src(0) {
+                    let da = g.div(dy, b)?;
+                    give(g, a, da)?;
+                }
+                if let Some(bs) = src(1) {
+                    // d(a/b)/db = -(a/b)/b: -dy * y / b, summed over the broadcast.
+                    let dy_y = g.mul(dy, id)?;
+                    let q = g.div(dy_y, b)?;
+                    let q = g.scale(q, -1.0)?;
+                    let db = reduce_to(g, q, g.tensor(bs).ne)?;
+                    give(g, bs, db)?;
+                }
+            }
+            Op::Scale => {
+                if let Some(a) = src(0) {
+                    let da = g.scale(dy, t.params.f[0])?;
+                    give(g, a, da)?;
+                }
+            }
+            Op::Sqr => {
+                if let Some(a) = src(0) {
+                    let prod = g.mul(dy, a)?;
+                    let da = g.scale(prod, 2.0)?;
+                    give(g, a, da)?;
+                }
+            }
+            Op::Sqrt => {
+                if let Some(a) = src(0) {
+                    let half = g.scale(dy, 0.5)?;
+                    let da = g.div(half, id)?;
+                    give(g, a, da)?;
+                }
+            }
+            Op::Sum => {
+                if let Some(a) = src(0) {
+                    let da = g.repeat(dy, g.tensor(a).ne)?;
+                    give(g, a, da)?;
+                }
+            }
+            Op::Repeat => {
+                if let Some(a) = src(0) {
+                    let da = g.repeat_back(dy, g.tensor(a).ne)?;
+                    give(g, a, da)?;
+                }
+            }
+            Op::RepeatBack => {
+                if let Some(a) = src(0) {
+                    let da = g.repeat(dy, g.tensor(a).ne)?;
+                    give(g, a, da)?;
+                }
+            }
+            Op::Sigmoid => {
+                if let Some(a) = src(0) {
+                    // s' = s (1 - s) = s - s^2.
+                    let s2 = g.sqr(id)?;
+                    let ds = g.sub(id, s2)?;
+                    let da = g.mul(dy, ds)?;
+                    give(g, a, da)?;
+                }
+            }
+            Op::Silu => {
+                if let Some(a) = src(0) {
+                    // silu' = s + x s (1 - s) = s + silu - silu * s, with s = sigmoid(x).
+                    let s = g.sigmoid(a)?;
+                    let ys = g.mul(id, s)?;
+                    let y_minus = g.sub(id, ys)?;
+                    let ds = g.add(s, y_minus)?;
+                    let da = g.mul(dy, ds)?;
+                    give(g, a, da)?;
+                }
+            }
+            Op::MulMat => {
+                let (w, x) = (t.src[0].unwrap_or(id), t.src[1].unwrap_or(id));
+                let (tw, tx) = (g.tensor(w), g.tensor(x));
+                if tw.ty != GgmlType::F32 || tw.ne[2] * tw.ne[3] != 1 || tx.ne[2] * tx.ne[3] != 1 {
+                    return Err(TrainError::NoGradient {
+                        op: "mul_mat (quantized or batched)",
+                        name: t.name.clone(),
+                    });
+                }
+                // y[i, j] = sum_k w[k, i] x[k, j]: dx = w dy (w^T as the matmul's weights), and
+                // dw[k, i] = sum_j x[k, j] dy[i, j] (x^T times dy^T).
+                if let Some(xs) = src(1) {
+                    let wt = g.transpose(w)?;
+                    let wt = g.cpy(wt, GgmlType::F32)?;
+                    let dx = g.mul_mat(wt, dy)?;
+                    give(g, xs, dx)?;
+                }
+                if let Some(ws) = src(0) {
+                    let xt = g.transpose(x)?;
+                    let xt = g.cpy(xt, GgmlType::F32)?;
+                    let dyt = g.transpose(dy)?;
+                    let dyt = g.cpy(dyt, GgmlType::F32)?;
+                    let dw = g.mul_mat(xt, dyt)?;
+                    give(g, ws, dw)?;
+                }
+            }
+            Op::View => {
+                let a = t.src[0].unwrap_or(id);
+                let ta = g.tensor(a);
+                if !ta.is_contiguous() || !t.is_contiguous() {
+                    return Err(TrainError::NoGradient { op: "view (not a reshape)", name: t.name.clone() });
+                }
+                if let Some(a) = src(0) {
+                    let dy_c = contiguous(g, dy)?;
+                    let da = g.reshape(dy_c, g.tensor(a).ne)?;
+                    give(g, a, da)?;
+                }
+            }
+            other => return Err(TrainError::NoGradient { op: other.name(), name: t.name.clone() }),
+        }
+    }
+
+    for ((&p, &offset), out) in params.iter().zip(grad_offsets).zip(grads.iter_mut()) {
+        let ne = g.tensor(p).ne;
+        let d = match grad[p.index()] {
+            Some(d) => d,
+            None => g.fill("zero.grad", ne, 0.0)?,
+        };
+        let copy = g.cpy(d, GgmlType::F32)?;
+        let name = g.tensor(p).name.clone();
+        g.set_name(copy, format_args!("{name}.grad"));
+        g.persist(copy, offset)?;
+        *out = copy;
+    }
+    Ok(())
+}
+
+/// `d` summed down to shape `ne` (the gradient of an operand broadcast to `d`'s shape).
+fn reduce_to<const N: usize>(g: &mut Graph<N>, d: TensorId, ne: [usize; 4]) -> Result<TensorId, TrainError> {
+    if g.tensor(d).ne == ne {
+        return Ok(d);
+    }
+    Ok(g.repeat_back(d, ne)?)
+}
+
+/// `d` itself when contiguous, else a contiguous copy.
+fn contiguous<const N: usize>(g: &mut Graph<N>, d: TensorId) -> Result<TensorId, TrainError> {
+    if g.tensor(d).is_contiguous() {
+        return Ok(d);
+    }
+    Ok(g.cpy(d, GgmlType::F32)?)
+}
+
+/// A built, bound loss graph (forward and [`backward`] nodes) as an [`optim::Objective`]: the
+/// parameters, flattened in the order given, are written into their persistent bytes, the graph
+/// runs on the calling thread, and the gradients are read back.
+pub struct GraphObjective<'a, const N: usize> {
+    bound: crate::exec::Bound<'a, N>,
+    loss: TensorId,
+    params: &'a [TensorId],
+    grads: &'a [TensorId],
+}
+
+impl<'a, const N: usize> GraphObjective<'a, N> {
+    /// `bound` computes `loss` and, in `grads`, the gradient of each of `params`.
+    pub fn new(
+        bound: crate::exec::Bound<'a, N>,
+        loss: TensorId,
+        params: &'a [TensorId],
+        grads: &'a [TensorId],
+    ) -> Result<Self, TrainError> {
+        if params.len() != grads.len() {
+            return Err(TrainError::GradientCount);
+        }
+        Ok(Self { bound, loss, params, grads })
+    }
+
+    /// Parameters in all (the length of the flat vector).
+    pub fn n_params(&self) -> usize {
+        self.params.iter().map(|&p| self.bound.graph().tensor(p).n_elements()).sum()
+    }
+
+    /// The parameters' current values, flattened into `x`.
+    pub fn read_params(&self, x: &mut [f32]) {
+        let mut at = 0;
+        for &p in self.params {
+            let values: &[f32] = bytemuck::try_cast_slice(self.bound.data(p)).unwrap_or(&[]);
+            let end = (at + values.len()).min(x.len());
+            x[at..end].copy_from_slice(&values[..end - at]);
+            at = end;
+        }
+    }
+
+    /// The graph as bound (to read other outputs after a run).
+    pub fn bound(&self) -> &crate::exec::Bound<'a, N> {
+        &self.bound
+    }
+}
+
+impl<const N: usize> optim::Objective for GraphObjective<'_, N> {
+    type Error = crate::exec::ExecError;
+
+    fn evaluate(&mut self, x: &[f32], grad: &mut [f32]) -> Result<f32, Self::Error> {
+        let mut at = 0;
+        for &p in self.params {
+            let values: &mut [f32] = bytemuck::try_cast_slice_mut(self.bound.data_mut(p)).unwrap_or(&mut []);
+            let end = (at + values.len()).min(x.len());
+            values[..end - at].copy_from_slice(&x[at..end]);
+            at = end;
+        }
+        self.bound.run(crate::exec::Step::default())?;
+        let mut at = 0;
+        for &d in self.grads {
+            let values: &[f32] = bytemuck::try_cast_slice(self.bound.data(d)).unwrap_or(&[]);
+            let end = (at + values.len()).min(grad.len());
+            grad[at..end].copy_from_slice(&values[..end - at]);
+            at = end;
+        }
+        Ok(self.bound.data_f32(self.loss).first().copied().unwrap_or(f32::NAN))
+    }
+}
+
+/// Where a training graph's activations and work area go in an arena whose persistent region
+/// (parameters, inputs, gradients) ends at `persistent_end`: (activations, work, arena bytes).
+pub fn arena_regions<const N: usize>(
+    g: &Graph<N>,
+    plan: &crate::graph::Plan<N>,
+    persistent_end: usize,
+) -> (crate::arena::Region, crate::arena::Region, usize) {
+    let align = |n: usize| n.next_multiple_of(crate::graph::plan::ACTIVATION_ALIGN);
+    let activations = crate::arena::Region { offset: align(persistent_end), len: align(plan.peak_bytes) };
+    let work = crate::arena::Region {
+        offset: activations.offset + activations.len,
+        len: align(crate::exec::work_bytes(g)),
+    };
+    (activations, work, work.offset + work.len)
+}
