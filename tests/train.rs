@@ -1,0 +1,482 @@
+//! Training: every gradient rule of `pinfer::train::backward` against central finite differences
+//! of an f64 reference of the same function, on shapes with odd sizes; ggml's linear regression
+//! solved by Adam and by L-BFGS (t0 = 3, t1 = 2, loss 1.4), L-BFGS in fewer iterations; a small
+//! MLP fitted; bad parameters and ops without a rule refused by name.
+
+use pinfer::exec::Bound;
+use pinfer::graph::{plan, Graph};
+use pinfer::quant::GgmlType;
+use pinfer::tensor::{Storage, TensorId};
+use pinfer::train::optim::{Adam, Lbfgs, Objective, Outcome, Schedule};
+use pinfer::train::{arena_regions, backward, GraphObjective, TrainError};
+
+/// A small deterministic generator (values in [-1, 1)).
+struct Lcg(u64);
+
+impl Lcg {
+    fn next(&mut self) -> f32 {
+        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+    fn vec(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| self.next()).collect()
+    }
+}
+
+/// A loss graph over F32 parameters of the given shapes, bound to its own memory.
+struct Problem {
+    graph: Box<Graph>,
+    params: Vec<TensorId>,
+    grads: Vec<TensorId>,
+    loss: TensorId,
+}
+
+/// Parameters of `shapes` (persistent, 64-byte aligned), `build` makes the loss from them, then
+/// the backward pass; returns the problem and the bytes its persistent region takes.
+fn problem(
+    shapes: &[[usize; 4]],
+    build: impl FnOnce(&mut Graph, &[TensorId]) -> TensorId,
+) -> (Problem, usize) {
+    let mut graph: Box<Graph> = Box::new(Graph::new());
+    let mut offset = 0;
+    let mut params = Vec::new();
+    for (i, &ne) in shapes.iter().enumerate() {
+        params.push(graph.leaf(&format!("p{i}"), GgmlType::F32, ne, Storage::Persistent { offset }).unwrap());
+        offset += (ne.iter().product::<usize>() * 4).next_multiple_of(64);
+    }
+    let loss = build(&mut graph, &params);
+    let mut grad_offsets = Vec::new();
+    for &ne in shapes {
+        grad_offsets.push(offset);
+        offset += (ne.iter().product::<usize>() * 4).next_multiple_of(64);
+    }
+    let mut grads = params.clone();
+    backward(&mut graph, loss, &params, &grad_offsets, &mut grads).unwrap();
+    graph.build_with_roots(&[loss], &grads).unwrap();
+    (Problem { graph, params, grads, loss }, offset)
+}
+
+/// Runs `f` with the problem as an objective.
+fn with_objective<R>(
+    p: &Problem,
+    persistent: usize,
+    f: impl FnOnce(&mut GraphObjective<'_, { pinfer::build_config::GRAPH_CAPACITY }>) -> R,
+) -> R {
+    let plan = plan(&p.graph).unwrap();
+    let (activations, work, bytes) = arena_regions(&p.graph, &plan, persistent);
+    let mut memory = vec![0u64; bytes.div_ceil(8)];
+    let arena: &mut [u8] = bytemuck::cast_slice_mut(memory.as_mut_slice());
+    let bound = Bound::new(&p.graph, &plan, &[], arena, activations, work).unwrap();
+    let mut objective = GraphObjective::new(bound, p.loss, &p.params, &p.grads).unwrap();
+    f(&mut objective)
+}
+
+/// The graph's gradient at a random point against central differences of `reference` (f64).
+fn check_gradient(
+    name: &str,
+    shapes: &[[usize; 4]],
+    build: impl FnOnce(&mut Graph, &[TensorId]) -> TensorId,
+    reference: impl Fn(&[Vec<f64>]) -> f64,
+    positive: bool,
+) {
+    let (p, persistent) = problem(shapes, build);
+    let sizes: Vec<usize> = shapes.iter().map(|ne| ne.iter().product()).collect();
+    let n: usize = sizes.iter().sum();
+    let mut rng = Lcg(name.len() as u64 * 7919);
+    let x: Vec<f32> = rng.vec(n).into_iter().map(|v| if positive { 0.5 + v.abs() } else { v }).collect();
+    let mut grad = vec![0.0; n];
+    let loss = with_objective(&p, persistent, |o| o.evaluate(&x, &mut grad).unwrap());
+
+    let split = |x: &[f64]| -> Vec<Vec<f64>> {
+        let mut at = 0;
+        sizes
+            .iter()
+            .map(|&s| {
+                let v = x[at..at + s].to_vec();
+                at += s;
+                v
+            })
+            .collect()
+    };
+    let x64: Vec<f64> = x.iter().map(|&v| v as f64).collect();
+    let f0 = reference(&split(&x64));
+    assert!(
+        (loss as f64 - f0).abs() <= 1e-4 * f0.abs().max(1.0),
+        "{name}: loss {loss} against the reference's {f0}"
+    );
+    let h = 1e-5;
+    for i in 0..n {
+        let (mut up, mut down) = (x64.clone(), x64.clone());
+        up[i] += h;
+        down[i] -= h;
+        let fd = (reference(&split(&up)) - reference(&split(&down))) / (2.0 * h);
+        let tol = 2e-3 * fd.abs().max(1.0);
+        assert!(
+            (grad[i] as f64 - fd).abs() <= tol,
+            "{name}: d/dx[{i}] = {} against {fd} (finite differences)",
+            grad[i]
+        );
+    }
+}
+
+#[test]
+fn elementwise_gradients_match_finite_differences() {
+    let ne = [7, 3, 1, 1];
+    let ne_b = [7, 1, 1, 1]; // broadcast over the rows
+                             // The loss 0.7 sum(y) + 0.25 sum(y^2): its gradient differs per element through y^2.
+    let wsum = |g: &mut Graph, y: TensorId| -> TensorId {
+        let shape = g.tensor(y).ne;
+        let w = g.fill("w", shape, 0.7).unwrap();
+        let yw = g.mul(y, w).unwrap();
+        let s = g.sum(yw).unwrap();
+        let s2 = g.sqr(y).unwrap();
+        let s2 = g.sum(s2).unwrap();
+        let s2 = g.scale(s2, 0.25).unwrap();
+        g.add(s, s2).unwrap()
+    };
+    let wref =
+        |v: &[f64]| v.iter().map(|a| 0.7 * a).sum::<f64>() + 0.25 * v.iter().map(|a| a * a).sum::<f64>();
+    let cols = |b: &[f64], i: usize| b[i % 7];
+
+    check_gradient(
+        "add",
+        &[ne, ne_b],
+        |g, p| {
+            let y = g.add(p[0], p[1]).unwrap();
+            wsum(g, y)
+        },
+        |x| wref(&x[0].iter().enumerate().map(|(i, a)| a + cols(&x[1], i)).collect::<Vec<_>>()),
+        false,
+    );
+    check_gradient(
+        "sub",
+        &[ne, ne_b],
+        |g, p| {
+            let y = g.sub(p[0], p[1]).unwrap();
+            wsum(g, y)
+        },
+        |x| wref(&x[0].iter().enumerate().map(|(i, a)| a - cols(&x[1], i)).collect::<Vec<_>>()),
+        false,
+    );
+    check_gradient(
+        "mul",
+        &[ne, ne_b],
+        |g, p| {
+            let y = g.mul(p[0], p[1]).unwrap();
+            wsum(g, y)
+        },
+        |x| wref(&x[0].iter().enumerate().map(|(i, a)| a * cols(&x[1], i)).collect::<Vec<_>>()),
+        false,
+    );
+    check_gradient(
+        "div",
+        &[ne, ne_b],
+        |g, p| {
+            let y = g.div(p[0], p[1]).unwrap();
+            wsum(g, y)
+        },
+        |x| wref(&x[0].iter().enumerate().map(|(i, a)| a / cols(&x[1], i)).collect::<Vec<_>>()),
+        true,
+    );
+    // One value broadcast along the rows too.
+    check_gradient(
+        "mul by a scalar",
+        &[ne, [1, 1, 1, 1]],
+        |g, p| {
+            let y = g.mul(p[0], p[1]).unwrap();
+            wsum(g, y)
+        },
+        |x| wref(&x[0].iter().map(|a| a * x[1][0]).collect::<Vec<_>>()),
+        false,
+    );
+    check_gradient(
+        "scale",
+        &[ne],
+        |g, p| {
+            let y = g.scale(p[0], -1.7).unwrap();
+            wsum(g, y)
+        },
+        |x| wref(&x[0].iter().map(|a| -1.7 * a).collect::<Vec<_>>()),
+        false,
+    );
+    check_gradient(
+        "sqr",
+        &[ne],
+        |g, p| {
+            let y = g.sqr(p[0]).unwrap();
+            wsum(g, y)
+        },
+        |x| wref(&x[0].iter().map(|a| a * a).collect::<Vec<_>>()),
+        false,
+    );
+    check_gradient(
+        "sqrt",
+        &[ne],
+        |g, p| {
+            let y = g.sqrt(p[0]).unwrap();
+            wsum(g, y)
+        },
+        |x| wref(&x[0].iter().map(|a| a.sqrt()).collect::<Vec<_>>()),
+        true,
+    );
+    check_gradient(
+        "sigmoid",
+        &[ne],
+        |g, p| {
+            let y = g.sigmoid(p[0]).unwrap();
+            wsum(g, y)
+        },
+        |x| wref(&x[0].iter().map(|a| 1.0 / (1.0 + (-a).exp())).collect::<Vec<_>>()),
+        false,
+    );
+    check_gradient(
+        "silu",
+        &[ne],
+        |g, p| {
+            let y = g.silu(p[0]).unwrap();
+            wsum(g, y)
+        },
+        |x| wref(&x[0].iter().map(|a| a / (1.0 + (-a).exp())).collect::<Vec<_>>()),
+        false,
+    );
+    // A parameter used twice: its gradients add up.
+    check_gradient(
+        "x * x + x",
+        &[ne],
+        |g, p| {
+            let y = g.mul(p[0], p[0]).unwrap();
+            let y = g.add(y, p[0]).unwrap();
+            wsum(g, y)
+        },
+        |x| wref(&x[0].iter().map(|a| a * a + a).collect::<Vec<_>>()),
+        false,
+    );
+}
+
+#[test]
+fn reduction_broadcast_reshape_and_matmul_gradients_match_finite_differences() {
+    // sum(y)^2 + sum(y^2).
+    let loss = |g: &mut Graph, y: TensorId| -> TensorId {
+        let s = g.sum(y).unwrap();
+        let s2 = g.sqr(s).unwrap();
+        let q = g.sqr(y).unwrap();
+        let q = g.sum(q).unwrap();
+        g.add(s2, q).unwrap()
+    };
+    let lref = |v: &[f64]| v.iter().sum::<f64>().powi(2) + v.iter().map(|a| a * a).sum::<f64>();
+
+    // repeat [5, 1] -> [5, 3]; repeat_back [5, 3] -> [5, 1].
+    check_gradient(
+        "repeat",
+        &[[5, 1, 1, 1]],
+        |g, p| {
+            let y = g.repeat(p[0], [5, 3, 1, 1]).unwrap();
+            loss(g, y)
+        },
+        |x| lref(&(0..15).map(|i| x[0][i % 5]).collect::<Vec<_>>()),
+        false,
+    );
+    check_gradient(
+        "repeat_back",
+        &[[5, 3, 1, 1]],
+        |g, p| {
+            let y = g.repeat_back(p[0], [5, 1, 1, 1]).unwrap();
+            loss(g, y)
+        },
+        |x| lref(&(0..5).map(|c| (0..3).map(|r| x[0][r * 5 + c]).sum()).collect::<Vec<_>>()),
+        false,
+    );
+    check_gradient(
+        "reshape",
+        &[[6, 2, 1, 1]],
+        |g, p| {
+            let y = g.reshape(p[0], [3, 4, 1, 1]).unwrap();
+            let y = g.repeat(y, [3, 8, 1, 1]).unwrap();
+            loss(g, y)
+        },
+        |x| lref(&(0..24).map(|i| x[0][i % 12]).collect::<Vec<_>>()),
+        false,
+    );
+    // matmul: w [k=5, m=3], x [k=5, n=4] -> y [3, 4], y[i, j] = sum_k w[k, i] x[k, j].
+    let (k, m, n) = (5, 3, 4);
+    check_gradient(
+        "mul_mat",
+        &[[k, m, 1, 1], [k, n, 1, 1]],
+        |g, p| {
+            let y = g.mul_mat(p[0], p[1]).unwrap();
+            loss(g, y)
+        },
+        |v| {
+            let (w, x) = (&v[0], &v[1]);
+            let y: Vec<f64> = (0..n)
+                .flat_map(|j| (0..m).map(move |i| (0..k).map(|kk| w[i * k + kk] * x[j * k + kk]).sum()))
+                .collect();
+            lref(&y)
+        },
+        false,
+    );
+}
+
+/// ggml's example: x = -2..2, y = x^2 + 2x + 1, fitted by y = t0 + t1 x.
+fn linear_regression() -> (Problem, usize) {
+    let xs = [-2.0f32, -1.0, 0.0, 1.0, 2.0];
+    problem(&[[1, 1, 1, 1], [1, 1, 1, 1]], |g, p| {
+        // The points as constants: each a fill, joined by concat.
+        let mut points = g.fill("x0", [1, 1, 1, 1], xs[0]).unwrap();
+        let mut targets = g.fill("y0", [1, 1, 1, 1], xs[0] * xs[0] + 2.0 * xs[0] + 1.0).unwrap();
+        for &v in &xs[1..] {
+            let xv = g.fill("x", [1, 1, 1, 1], v).unwrap();
+            let yv = g.fill("y", [1, 1, 1, 1], v * v + 2.0 * v + 1.0).unwrap();
+            points = g.concat(points, xv, 0).unwrap();
+            targets = g.concat(targets, yv, 0).unwrap();
+        }
+        let pred = g.mul(points, p[1]).unwrap();
+        let pred = g.add(pred, p[0]).unwrap();
+        let diff = g.sub(pred, targets).unwrap();
+        let sq = g.sqr(diff).unwrap();
+        let total = g.sum(sq).unwrap();
+        g.scale(total, 1.0 / 10.0).unwrap()
+    })
+}
+
+#[test]
+fn linear_regression_is_solved_by_adam_and_lbfgs() {
+    let (p, persistent) = linear_regression();
+    let adam = Adam {
+        lr: 0.1,
+        max_iterations: 2000,
+        schedule: Schedule::Cosine { warmup: 0, min_fraction: 0.0 },
+        ..Adam::default()
+    };
+    let (adam_report, adam_x) = with_objective(&p, persistent, |o| {
+        let mut x = [0.0f32; 2];
+        let mut work = vec![0.0; Adam::work_len(2)];
+        (adam.minimize(o, &mut x, &mut work, &mut |_, _| {}).unwrap(), x)
+    });
+    let lbfgs = Lbfgs::default();
+    let (lbfgs_report, lbfgs_x) = with_objective(&p, persistent, |o| {
+        let mut x = [0.0f32; 2];
+        let mut work = vec![0.0; lbfgs.work_len(2)];
+        (lbfgs.minimize(o, &mut x, &mut work, &mut |_, _| {}).unwrap(), x)
+    });
+    for (name, report, x) in [("adam", adam_report, adam_x), ("lbfgs", lbfgs_report, lbfgs_x)] {
+        assert_eq!(report.outcome, Outcome::Converged, "{name}: {report:?}");
+        assert!((x[0] - 3.0).abs() < 1e-3 && (x[1] - 2.0).abs() < 1e-3, "{name}: t0 {} t1 {}", x[0], x[1]);
+        assert!((report.loss - 1.4).abs() < 1e-3, "{name}: loss {}", report.loss);
+    }
+    assert!(
+        lbfgs_report.iterations < adam_report.iterations,
+        "L-BFGS took {} iterations, Adam {}",
+        lbfgs_report.iterations,
+        adam_report.iterations
+    );
+}
+
+/// The example as a user runs it (on the host: under the aarch64 tier the test above runs the same
+/// optimizers in process).
+#[test]
+#[cfg(target_arch = "x86_64")]
+fn the_linear_regression_example_prints_the_answer() {
+    for optimizer in ["adam", "lbfgs"] {
+        let out = std::process::Command::new(env!("CARGO"))
+            .args([
+                "run",
+                "-q",
+                "--release",
+                "--example",
+                "linear_regression",
+                "--",
+                "--optimizer",
+                optimizer,
+            ])
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            text.contains("Final parameters: t0(bias)=3.00000") || text.contains("t0(bias)=2.99999"),
+            "{text}"
+        );
+        assert!(text.contains("Final loss: 1.400000"), "{text}");
+    }
+}
+
+/// A 2-16-1 MLP with SiLU fitted to y = sin(x0) + x1^2 / 2 on 32 points: the loss falls by 90%.
+#[test]
+fn a_small_mlp_is_fitted() {
+    let n_pts = 32;
+    let mut rng = Lcg(5);
+    let inputs = rng.vec(2 * n_pts);
+    let targets: Vec<f32> =
+        (0..n_pts).map(|i| (inputs[2 * i] * 2.0).sin() + inputs[2 * i + 1].powi(2) / 2.0).collect();
+    let h = 16;
+    // Inputs and targets are parameters the optimizer never moves (a graph constant would need a
+    // leaf with values; here they are the last two "parameters", held fixed below).
+    let (p, persistent) = problem(
+        &[[2, h, 1, 1], [h, 1, 1, 1], [h, 1, 1, 1], [1, 1, 1, 1], [2, n_pts, 1, 1], [1, n_pts, 1, 1]],
+        |g, p| {
+            let (w1, b1, w2, b2, x, y) = (p[0], p[1], p[2], p[3], p[4], p[5]);
+            let hidden = g.mul_mat(w1, x).unwrap(); // [h, n]
+            let hidden = g.add(hidden, b1).unwrap();
+            let hidden = g.silu(hidden).unwrap();
+            let out = g.mul_mat(w2, hidden).unwrap(); // [1, n]
+            let out = g.add(out, b2).unwrap();
+            let diff = g.sub(out, y).unwrap();
+            let sq = g.sqr(diff).unwrap();
+            let total = g.sum(sq).unwrap();
+            g.scale(total, 1.0 / n_pts as f32).unwrap()
+        },
+    );
+    let n_train = 2 * h + h + h + 1;
+    struct Fixed<'o, O> {
+        inner: &'o mut O,
+        data: Vec<f32>,
+        full: Vec<f32>,
+        grad: Vec<f32>,
+    }
+    impl<O: Objective> Objective for Fixed<'_, O> {
+        type Error = O::Error;
+        fn evaluate(&mut self, x: &[f32], grad: &mut [f32]) -> Result<f32, O::Error> {
+            self.full[..x.len()].copy_from_slice(x);
+            self.full[x.len()..].copy_from_slice(&self.data);
+            let loss = self.inner.evaluate(&self.full, &mut self.grad)?;
+            grad.copy_from_slice(&self.grad[..x.len()]);
+            Ok(loss)
+        }
+    }
+    let mut data = inputs.clone();
+    data.extend_from_slice(&targets);
+    let mut x: Vec<f32> = Lcg(9).vec(n_train).into_iter().map(|v| v * 0.5).collect();
+    let (first, report) = with_objective(&p, persistent, |o| {
+        let total = n_train + data.len();
+        let mut f = Fixed { inner: o, data: data.clone(), full: vec![0.0; total], grad: vec![0.0; total] };
+        let mut g = vec![0.0; n_train];
+        let first = f.evaluate(&x, &mut g).unwrap();
+        let adam = Adam { lr: 0.02, max_iterations: 1500, ..Adam::default() };
+        let mut work = vec![0.0; Adam::work_len(n_train)];
+        (first, adam.minimize(&mut f, &mut x, &mut work, &mut |_, _| {}).unwrap())
+    });
+    assert!(report.loss < 0.1 * first, "the loss went from {first} to {}", report.loss);
+}
+
+#[test]
+fn bad_parameters_and_ops_without_a_rule_are_refused() {
+    let mut g: Box<Graph> = Box::new(Graph::new());
+    let p = g.leaf("p", GgmlType::F32, [4, 1, 1, 1], Storage::Persistent { offset: 0 }).unwrap();
+    let act = g.scale(p, 2.0).unwrap();
+    let loss = g.sum(act).unwrap();
+    let mut grads = [p];
+    // A computed tensor as a parameter; a loss that is not a scalar; counts that differ.
+    let e = backward(&mut g, loss, &[act], &[64], &mut grads).unwrap_err();
+    assert!(matches!(e, TrainError::BadParameter { .. }), "{e}");
+    let e = backward(&mut g, act, &[p], &[64], &mut grads).unwrap_err();
+    assert_eq!(e, TrainError::LossNotScalar);
+    let e = backward(&mut g, loss, &[p], &[64, 128], &mut grads).unwrap_err();
+    assert_eq!(e, TrainError::GradientCount);
+    // An op with no rule between the parameter and the loss: refused, named.
+    let normed = g.rms_norm(p, 1e-6).unwrap();
+    let loss2 = g.sum(normed).unwrap();
+    let e = backward(&mut g, loss2, &[p], &[64], &mut grads).unwrap_err();
+    assert!(e.to_string().contains("rms_norm"), "{e}");
+}
