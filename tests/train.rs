@@ -3,6 +3,7 @@
 //! solved by Adam and by L-BFGS (t0 = 3, t1 = 2, loss 1.4), L-BFGS in fewer iterations; a small
 //! MLP fitted; bad parameters and ops without a rule refused by name.
 
+use bytemuck::Zeroable;
 use pinfer::exec::Bound;
 use pinfer::graph::{plan, Graph};
 use pinfer::quant::GgmlType;
@@ -29,6 +30,29 @@ struct Problem {
     params: Vec<TensorId>,
     grads: Vec<TensorId>,
     loss: TensorId,
+    /// Leaves with fixed values (targets, frozen weights), written after binding.
+    constants: Vec<(TensorId, Vec<u8>)>,
+}
+
+/// Where constants go in the persistent region (after the parameters and gradients).
+const CONSTANTS_AT: usize = 4 << 20;
+
+thread_local! {
+    /// The constants the graph being built asked for, and the next free offset.
+    static CONSTANTS: std::cell::RefCell<(Vec<(TensorId, Vec<u8>)>, usize)> =
+        const { std::cell::RefCell::new((Vec::new(), CONSTANTS_AT)) };
+}
+
+/// A leaf holding `bytes` (of type `ty`, shape `ne`) during the problem's runs.
+fn constant(g: &mut Graph, name: &str, ty: GgmlType, ne: [usize; 4], bytes: Vec<u8>) -> TensorId {
+    CONSTANTS.with(|c| {
+        let mut c = c.borrow_mut();
+        let offset = c.1;
+        let id = g.leaf(name, ty, ne, Storage::Persistent { offset }).unwrap();
+        c.1 += bytes.len().next_multiple_of(64);
+        c.0.push((id, bytes));
+        id
+    })
 }
 
 /// Parameters of `shapes` (persistent, 64-byte aligned), `build` makes the loss from them, then
@@ -50,10 +74,13 @@ fn problem(
         grad_offsets.push(offset);
         offset += (ne.iter().product::<usize>() * 4).next_multiple_of(64);
     }
+    assert!(offset <= CONSTANTS_AT);
     let mut grads = params.clone();
     backward(&mut graph, loss, &params, &grad_offsets, &mut grads).unwrap();
     graph.build_with_roots(&[loss], &grads).unwrap();
-    (Problem { graph, params, grads, loss }, offset)
+    let (constants, end) =
+        CONSTANTS.with(|c| std::mem::replace(&mut *c.borrow_mut(), (Vec::new(), CONSTANTS_AT)));
+    (Problem { graph, params, grads, loss, constants }, end)
 }
 
 /// Runs `f` with the problem as an objective.
@@ -66,9 +93,22 @@ fn with_objective<R>(
     let (activations, work, bytes) = arena_regions(&p.graph, &plan, persistent);
     let mut memory = vec![0u64; bytes.div_ceil(8)];
     let arena: &mut [u8] = bytemuck::cast_slice_mut(memory.as_mut_slice());
-    let bound = Bound::new(&p.graph, &plan, &[], arena, activations, work).unwrap();
+    let mut bound = Bound::new(&p.graph, &plan, &[], arena, activations, work).unwrap();
+    for (id, bytes) in &p.constants {
+        bound.data_mut(*id)[..bytes.len()].copy_from_slice(bytes);
+    }
     let mut objective = GraphObjective::new(bound, p.loss, &p.params, &p.grads).unwrap();
     f(&mut objective)
+}
+
+/// The random point's values.
+#[derive(Clone, Copy)]
+enum Values {
+    Signed,
+    /// In [0.5, 1.5) (for sqrt and division).
+    Positive,
+    /// Values an 8-bit matmul input holds exactly (the forward pass then matches the reference).
+    Q8Exact,
 }
 
 /// The graph's gradient at a random point against central differences of `reference` (f64).
@@ -77,13 +117,24 @@ fn check_gradient(
     shapes: &[[usize; 4]],
     build: impl FnOnce(&mut Graph, &[TensorId]) -> TensorId,
     reference: impl Fn(&[Vec<f64>]) -> f64,
-    positive: bool,
+    values: Values,
 ) {
     let (p, persistent) = problem(shapes, build);
     let sizes: Vec<usize> = shapes.iter().map(|ne| ne.iter().product()).collect();
     let n: usize = sizes.iter().sum();
     let mut rng = Lcg(name.len() as u64 * 7919);
-    let x: Vec<f32> = rng.vec(n).into_iter().map(|v| if positive { 0.5 + v.abs() } else { v }).collect();
+    let x: Vec<f32> = rng
+        .vec(n)
+        .into_iter()
+        .enumerate()
+        .map(|(i, v)| match values {
+            Values::Signed => v,
+            Values::Positive => 0.5 + v.abs(),
+            // Multiples of 1/127 with a 1 opening every block of 32: what Q8_0 holds exactly.
+            Values::Q8Exact if i % 32 == 0 => 1.0,
+            Values::Q8Exact => (v * 127.0).round() / 127.0,
+        })
+        .collect();
     let mut grad = vec![0.0; n];
     let loss = with_objective(&p, persistent, |o| o.evaluate(&x, &mut grad).unwrap());
 
@@ -146,7 +197,7 @@ fn elementwise_gradients_match_finite_differences() {
             wsum(g, y)
         },
         |x| wref(&x[0].iter().enumerate().map(|(i, a)| a + cols(&x[1], i)).collect::<Vec<_>>()),
-        false,
+        Values::Signed,
     );
     check_gradient(
         "sub",
@@ -156,7 +207,7 @@ fn elementwise_gradients_match_finite_differences() {
             wsum(g, y)
         },
         |x| wref(&x[0].iter().enumerate().map(|(i, a)| a - cols(&x[1], i)).collect::<Vec<_>>()),
-        false,
+        Values::Signed,
     );
     check_gradient(
         "mul",
@@ -166,7 +217,7 @@ fn elementwise_gradients_match_finite_differences() {
             wsum(g, y)
         },
         |x| wref(&x[0].iter().enumerate().map(|(i, a)| a * cols(&x[1], i)).collect::<Vec<_>>()),
-        false,
+        Values::Signed,
     );
     check_gradient(
         "div",
@@ -176,7 +227,7 @@ fn elementwise_gradients_match_finite_differences() {
             wsum(g, y)
         },
         |x| wref(&x[0].iter().enumerate().map(|(i, a)| a / cols(&x[1], i)).collect::<Vec<_>>()),
-        true,
+        Values::Positive,
     );
     // One value broadcast along the rows too.
     check_gradient(
@@ -187,7 +238,7 @@ fn elementwise_gradients_match_finite_differences() {
             wsum(g, y)
         },
         |x| wref(&x[0].iter().map(|a| a * x[1][0]).collect::<Vec<_>>()),
-        false,
+        Values::Signed,
     );
     check_gradient(
         "scale",
@@ -197,7 +248,7 @@ fn elementwise_gradients_match_finite_differences() {
             wsum(g, y)
         },
         |x| wref(&x[0].iter().map(|a| -1.7 * a).collect::<Vec<_>>()),
-        false,
+        Values::Signed,
     );
     check_gradient(
         "sqr",
@@ -207,7 +258,7 @@ fn elementwise_gradients_match_finite_differences() {
             wsum(g, y)
         },
         |x| wref(&x[0].iter().map(|a| a * a).collect::<Vec<_>>()),
-        false,
+        Values::Signed,
     );
     check_gradient(
         "sqrt",
@@ -217,7 +268,7 @@ fn elementwise_gradients_match_finite_differences() {
             wsum(g, y)
         },
         |x| wref(&x[0].iter().map(|a| a.sqrt()).collect::<Vec<_>>()),
-        true,
+        Values::Positive,
     );
     check_gradient(
         "sigmoid",
@@ -227,7 +278,7 @@ fn elementwise_gradients_match_finite_differences() {
             wsum(g, y)
         },
         |x| wref(&x[0].iter().map(|a| 1.0 / (1.0 + (-a).exp())).collect::<Vec<_>>()),
-        false,
+        Values::Signed,
     );
     check_gradient(
         "silu",
@@ -237,7 +288,7 @@ fn elementwise_gradients_match_finite_differences() {
             wsum(g, y)
         },
         |x| wref(&x[0].iter().map(|a| a / (1.0 + (-a).exp())).collect::<Vec<_>>()),
-        false,
+        Values::Signed,
     );
     // A parameter used twice: its gradients add up.
     check_gradient(
@@ -249,7 +300,7 @@ fn elementwise_gradients_match_finite_differences() {
             wsum(g, y)
         },
         |x| wref(&x[0].iter().map(|a| a * a + a).collect::<Vec<_>>()),
-        false,
+        Values::Signed,
     );
 }
 
@@ -274,7 +325,7 @@ fn reduction_broadcast_reshape_and_matmul_gradients_match_finite_differences() {
             loss(g, y)
         },
         |x| lref(&(0..15).map(|i| x[0][i % 5]).collect::<Vec<_>>()),
-        false,
+        Values::Signed,
     );
     check_gradient(
         "repeat_back",
@@ -284,7 +335,7 @@ fn reduction_broadcast_reshape_and_matmul_gradients_match_finite_differences() {
             loss(g, y)
         },
         |x| lref(&(0..5).map(|c| (0..3).map(|r| x[0][r * 5 + c]).sum()).collect::<Vec<_>>()),
-        false,
+        Values::Signed,
     );
     check_gradient(
         "reshape",
@@ -295,7 +346,7 @@ fn reduction_broadcast_reshape_and_matmul_gradients_match_finite_differences() {
             loss(g, y)
         },
         |x| lref(&(0..24).map(|i| x[0][i % 12]).collect::<Vec<_>>()),
-        false,
+        Values::Signed,
     );
     // matmul: w [k=5, m=3], x [k=5, n=4] -> y [3, 4], y[i, j] = sum_k w[k, i] x[k, j].
     let (k, m, n) = (5, 3, 4);
@@ -313,7 +364,131 @@ fn reduction_broadcast_reshape_and_matmul_gradients_match_finite_differences() {
                 .collect();
             lref(&y)
         },
-        false,
+        Values::Signed,
+    );
+}
+
+#[test]
+fn norm_softmax_loss_and_frozen_matmul_gradients_match_finite_differences() {
+    let lref = |v: &[f64]| v.iter().sum::<f64>().powi(2) + v.iter().map(|a| a * a).sum::<f64>();
+    let loss = |g: &mut Graph, y: TensorId| -> TensorId {
+        let s = g.sum(y).unwrap();
+        let s2 = g.sqr(s).unwrap();
+        let q = g.sqr(y).unwrap();
+        let q = g.sum(q).unwrap();
+        g.add(s2, q).unwrap()
+    };
+    let rows = |x: &[f64], len: usize| -> Vec<Vec<f64>> { x.chunks(len).map(<[f64]>::to_vec).collect() };
+    // rms_norm over rows of 9, times a weight so the loss is not scale-invariant.
+    check_gradient(
+        "rms_norm",
+        &[[9, 3, 1, 1], [9, 1, 1, 1]],
+        |g, p| {
+            let y = g.rms_norm(p[0], 1e-5).unwrap();
+            let y = g.mul(y, p[1]).unwrap();
+            loss(g, y)
+        },
+        |x| {
+            let y: Vec<f64> = rows(&x[0], 9)
+                .into_iter()
+                .flat_map(|r| {
+                    let s = (r.iter().map(|v| v * v).sum::<f64>() / 9.0 + 1e-5).sqrt();
+                    r.into_iter().enumerate().map(move |(i, v)| v / s * x[1][i]).collect::<Vec<_>>()
+                })
+                .collect();
+            lref(&y)
+        },
+        Values::Signed,
+    );
+    // Softmax with a scale and the causal mask (query row t sees keys 0..=t).
+    check_gradient(
+        "soft_max (causal, scaled)",
+        &[[5, 4, 1, 1], [5, 4, 1, 1]],
+        |g, p| {
+            let y = g.soft_max(p[0], 0.7, true, 0).unwrap();
+            let y = g.mul(y, p[1]).unwrap();
+            loss(g, y)
+        },
+        |x| {
+            let mut y = Vec::new();
+            for (t, r) in rows(&x[0], 5).into_iter().enumerate() {
+                let max = r[..=t].iter().map(|v| v * 0.7).fold(f64::NEG_INFINITY, f64::max);
+                let e: Vec<f64> = r[..=t].iter().map(|v| (v * 0.7 - max).exp()).collect();
+                let z: f64 = e.iter().sum();
+                for i in 0..5 {
+                    y.push(if i <= t { e[i] / z * x[1][t * 5 + i] } else { 0.0 });
+                }
+            }
+            lref(&y)
+        },
+        Values::Signed,
+    );
+    // Cross-entropy over 6 rows of 11 logits, one row not scored (target -1).
+    let targets = [3i32, 0, 10, -1, 7, 7];
+    check_gradient(
+        "cross_entropy",
+        &[[11, 6, 1, 1]],
+        |g, p| {
+            let t =
+                constant(g, "targets", GgmlType::I32, [6, 1, 1, 1], bytemuck::cast_slice(&targets).to_vec());
+            let scaled = g.scale(p[0], 3.0).unwrap();
+            g.cross_entropy(scaled, t).unwrap()
+        },
+        |x| {
+            let mut total = 0.0;
+            for (r, row) in rows(&x[0], 11).into_iter().enumerate() {
+                if targets[r] < 0 {
+                    continue;
+                }
+                let z: f64 = row.iter().map(|v| (3.0 * v).exp()).sum();
+                total += z.ln() - 3.0 * row[targets[r] as usize];
+            }
+            total / 5.0
+        },
+        Values::Signed,
+    );
+    // SwiGLU of two parameters.
+    check_gradient(
+        "swiglu",
+        &[[6, 2, 1, 1], [6, 2, 1, 1]],
+        |g, p| {
+            let y = g.swiglu(p[0], p[1]).unwrap();
+            loss(g, y)
+        },
+        |x| lref(&x[0].iter().zip(&x[1]).map(|(a, b)| a / (1.0 + (-a).exp()) * b).collect::<Vec<_>>()),
+        Values::Signed,
+    );
+    // A frozen Q8_0 weight [k = 64, m = 3] times the parameter [64, 2]: the input's gradient.
+    // The loss is linear in the product (sum(y * c)): the forward pass rounds its input to 8 bits,
+    // and a loss that depends on y's own values would carry that rounding into the gradient.
+    let (k, m, n) = (64, 3, 2);
+    let w_values = Lcg(77).vec(k * m);
+    let mut blocks = vec![pinfer::quant::blocks::BlockQ8_0::zeroed(); k * m / 32];
+    pinfer::quant::quantize::quantize_row_q8_0_ref(&w_values, &mut blocks);
+    let w_bytes: Vec<u8> = bytemuck::cast_slice(&blocks).to_vec();
+    let c_values = [0.5f32, -1.25, 2.0, 0.75, -0.3, 1.1];
+    let mut w_deq = vec![0f32; k * m];
+    pinfer::quant::dequantize_row_ref(GgmlType::Q8_0, &w_bytes, &mut w_deq).unwrap();
+    check_gradient(
+        "mul_mat (frozen Q8_0 weight)",
+        &[[k, n, 1, 1]],
+        |g, p| {
+            let w = constant(g, "w", GgmlType::Q8_0, [k, m, 1, 1], w_bytes.clone());
+            let c = constant(g, "c", GgmlType::F32, [m, n, 1, 1], bytemuck::cast_slice(&c_values).to_vec());
+            let y = g.mul_mat(w, p[0]).unwrap();
+            let yc = g.mul(y, c).unwrap();
+            g.sum(yc).unwrap()
+        },
+        |x| {
+            let y: Vec<f64> = (0..n)
+                .flat_map(|j| {
+                    let w = &w_deq;
+                    (0..m).map(move |i| (0..k).map(|kk| w[i * k + kk] as f64 * x[0][j * k + kk]).sum())
+                })
+                .collect();
+            y.iter().zip(&c_values).map(|(a, &b)| a * b as f64).sum()
+        },
+        Values::Q8Exact,
     );
 }
 
@@ -475,8 +650,8 @@ fn bad_parameters_and_ops_without_a_rule_are_refused() {
     let e = backward(&mut g, loss, &[p], &[64, 128], &mut grads).unwrap_err();
     assert_eq!(e, TrainError::GradientCount);
     // An op with no rule between the parameter and the loss: refused, named.
-    let normed = g.rms_norm(p, 1e-6).unwrap();
-    let loss2 = g.sum(normed).unwrap();
+    let bent = g.tanh(p).unwrap();
+    let loss2 = g.sum(bent).unwrap();
     let e = backward(&mut g, loss2, &[p], &[64], &mut grads).unwrap_err();
-    assert!(e.to_string().contains("rms_norm"), "{e}");
+    assert!(e.to_string().contains("tanh"), "{e}");
 }

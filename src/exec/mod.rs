@@ -812,6 +812,10 @@ impl<'a, const N: usize> Bound<'a, N> {
                 self.binary(id, t, ne, step, ith, nth)
             }
             Op::Sum | Op::Repeat | Op::RepeatBack | Op::Fill => self.reshape_sum(id, t, ne, step, ith, nth),
+            Op::RmsNormBack | Op::SoftMaxBack | Op::CrossEntropy | Op::CrossEntropyBack => {
+                self.train_rows(id, t, ne, ith, nth)
+            }
+            Op::MulMatT => self.mul_mat_t(id, t, ne, ith, nth),
             Op::RopeTable => self.rope_table(id, t, ne, step, ith, nth),
             Op::Rope => self.rope(id, t, ne, ith, nth),
             Op::GetRows => self.get_rows(id, t, ne, ith, nth),
@@ -1114,6 +1118,100 @@ impl<'a, const N: usize> Bound<'a, N> {
                         }
                     }
                     _ => {}
+                }
+            }
+        }
+    }
+
+    /// The row-wise backward ops and the cross-entropy loss.
+    fn train_rows(&self, id: TensorId, t: &Tensor, ne: [usize; 4], ith: usize, nth: usize) {
+        let src = |i: usize| t.src[i].map(|s| (s, self.graph.tensor(s)));
+        // SAFETY: shapes and types were checked by the graph builder, spans by `new`; rows come
+        // from `share`, which gives each thread disjoint ones.
+        unsafe {
+            let (Some((a, ta)), Some((b, tb))) = (src(0), src(1)) else { return };
+            if matches!(t.op, Op::CrossEntropy | Op::CrossEntropyBack) {
+                let n = ta.ne[1];
+                let targets: &[i32] = self.read(b, 0, n);
+                let scored = targets.iter().filter(|&&v| v >= 0).count().max(1);
+                let target_of = |r: usize| usize::try_from(targets[r]).ok();
+                if t.op == Op::CrossEntropy {
+                    for _ in share(1, ith, nth) {
+                        let mut total = 0f64;
+                        for r in 0..n {
+                            let logits: &[f32] = self.read(a, ta.row_offset(r, 0, 0), ta.ne[0]);
+                            match target_of(r) {
+                                Some(c) if c < ta.ne[0] => total += kref::cross_entropy_ref(logits, c),
+                                Some(_) => self.fail(id, BAD_INDEX),
+                                None => {}
+                            }
+                        }
+                        let out: &mut [f32] = self.write(id, 0, 1);
+                        out[0] = (total / scored as f64) as f32;
+                    }
+                    return;
+                }
+                let Some((d, _)) = src(2) else { return };
+                let dloss: f32 = self.read::<f32>(d, 0, 1)[0];
+                for r in share(n, ith, nth) {
+                    let logits: &[f32] = self.read(a, ta.row_offset(r, 0, 0), ne[0]);
+                    let out: &mut [f32] = self.write(id, t.row_offset(r, 0, 0), ne[0]);
+                    match target_of(r) {
+                        Some(c) if c < ne[0] => {
+                            kref::cross_entropy_back_ref(logits, c, dloss / scored as f32, out)
+                        }
+                        _ => out.fill(0.0),
+                    }
+                }
+                return;
+            }
+            for (i1, i2, i3) in rows(ne, share(rows_of(ne), ith, nth)) {
+                let x: &[f32] = self.read(a, ta.row_offset(i1, i2, i3), ne[0]);
+                let dy: &[f32] = self.read(b, tb.row_offset(i1, i2, i3), ne[0]);
+                let out: &mut [f32] = self.write(id, t.row_offset(i1, i2, i3), ne[0]);
+                match t.op {
+                    Op::RmsNormBack => kref::rms_norm_back_ref(x, dy, out, t.params.f[0]),
+                    _ => kref::soft_max_back_ref(x, dy, out, t.params.f[0]),
+                }
+            }
+        }
+    }
+
+    /// A frozen weight's transposed product (a matmul's input gradient): each thread takes a
+    /// share of the output rows' values (a range of `k`), dequantizes those parts of every weight
+    /// row once, and adds them up for every column.
+    fn mul_mat_t(&self, id: TensorId, t: &Tensor, ne: [usize; 4], ith: usize, nth: usize) {
+        const CHUNK: usize = 256;
+        let src = |i: usize| t.src[i].map(|s| (s, self.graph.tensor(s)));
+        // SAFETY: shapes and types were checked by the graph builder, spans by `new`; each thread
+        // writes only its own range of every output row.
+        unsafe {
+            let (Some((w, tw)), Some((x, tx))) = (src(0), src(1)) else { return };
+            let (k, m, n) = (tw.ne[0], tw.ne[1], tx.ne[1]);
+            let block = tw.ty.block_len();
+            // Whole chunks of CHUNK values (a multiple of every block length), shared by thread.
+            let chunks = k.div_ceil(CHUNK);
+            let mine = share(chunks, ith, nth);
+            for j in 0..n {
+                let out: &mut [f32] = self.write(id, t.row_offset(j, 0, 0), ne[0]);
+                out[mine.start * CHUNK..(mine.end * CHUNK).min(k)].fill(0.0);
+            }
+            let mut buf = [0f32; CHUNK];
+            for i in 0..m {
+                for c in mine.clone() {
+                    let (start, len) = (c * CHUNK, CHUNK.min(k - c * CHUNK));
+                    let offset = tw.row_offset(i, 0, 0) + start / block * tw.ty.block_bytes();
+                    let bytes: &[u8] =
+                        self.read(w, offset, tw.ty.bytes_for(len as u64).unwrap_or(0) as usize);
+                    // Cannot fail: the builder accepted only dequantizable types.
+                    let _ = dequantize_row_ref(tw.ty, bytes, &mut buf[..len]);
+                    for j in 0..n {
+                        let d: f32 = self.read::<f32>(x, tx.row_offset(j, 0, 0) + i * 4, 1)[0];
+                        if d != 0.0 {
+                            let out: &mut [f32] = self.write(id, t.row_offset(j, 0, 0) + start * 4, len);
+                            out.iter_mut().zip(&buf[..len]).for_each(|(o, v)| *o += d * v);
+                        }
+                    }
                 }
             }
         }

@@ -278,6 +278,81 @@ impl<const N: usize> Graph<N> {
         Ok(())
     }
 
+    /// RMS norm's input gradient from the input `x` and the output gradient `dy` (same shape).
+    pub fn rms_norm_back(&mut self, x: TensorId, dy: TensorId, eps: f32) -> Result<TensorId> {
+        self.same_shape_pair(Op::RmsNormBack, x, dy, eps)
+    }
+
+    /// Softmax's input gradient from its output `y` and the output gradient `dy`; `scale` is the
+    /// softmax's input scale.
+    pub fn soft_max_back(&mut self, y: TensorId, dy: TensorId, scale: f32) -> Result<TensorId> {
+        self.same_shape_pair(Op::SoftMaxBack, y, dy, scale)
+    }
+
+    fn same_shape_pair(&mut self, op: Op, a: TensorId, b: TensorId, f: f32) -> Result<TensorId> {
+        self.f32_input(op, a)?;
+        self.f32_input(op, b)?;
+        if self.tensor(a).ne != self.tensor(b).ne {
+            return Err(self.invalid(op, a, "the gradient's shape differs from the input's"));
+        }
+        let ne = self.tensor(a).ne;
+        self.node(op, GgmlType::F32, ne, &[a, b], OpParams { f: [f, 0.0, 0.0, 0.0], ..Default::default() })
+    }
+
+    /// Mean cross-entropy of `logits` (F32 `[n_vocab, n]`) against I32 `targets` (`[n]`; negative:
+    /// not scored), F32 `[1]` (see [`Op::CrossEntropy`]).
+    pub fn cross_entropy(&mut self, logits: TensorId, targets: TensorId) -> Result<TensorId> {
+        self.check_targets(Op::CrossEntropy, logits, targets)?;
+        self.node(Op::CrossEntropy, GgmlType::F32, [1; 4], &[logits, targets], OpParams::default())
+    }
+
+    /// The logits' gradient of [`Graph::cross_entropy`] given the loss's gradient `dloss` (`[1]`).
+    pub fn cross_entropy_back(
+        &mut self,
+        logits: TensorId,
+        targets: TensorId,
+        dloss: TensorId,
+    ) -> Result<TensorId> {
+        self.check_targets(Op::CrossEntropyBack, logits, targets)?;
+        self.f32_input(Op::CrossEntropyBack, dloss)?;
+        if self.tensor(dloss).n_elements() != 1 {
+            return Err(self.invalid(Op::CrossEntropyBack, dloss, "the loss's gradient is one value"));
+        }
+        let ne = self.tensor(logits).ne;
+        self.node(Op::CrossEntropyBack, GgmlType::F32, ne, &[logits, targets, dloss], OpParams::default())
+    }
+
+    fn check_targets(&self, op: Op, logits: TensorId, targets: TensorId) -> Result<()> {
+        self.f32_input(op, logits)?;
+        let (tl, tt) = (self.tensor(logits), self.tensor(targets));
+        if tt.ty != GgmlType::I32
+            || !tt.is_contiguous()
+            || tt.n_elements() != tl.ne[1]
+            || tl.ne[2] * tl.ne[3] != 1
+        {
+            return Err(self.invalid(op, targets, "targets are I32, one per row of 2-D logits"));
+        }
+        Ok(())
+    }
+
+    /// `w` (any dequantizable type, `[k, m]`) transposed times F32 `x` (`[m, n]`) → `[k, n]`.
+    pub fn mul_mat_t(&mut self, w: TensorId, x: TensorId) -> Result<TensorId> {
+        self.f32_input(Op::MulMatT, x)?;
+        let (tw, tx) = (self.tensor(w), self.tensor(x));
+        if !can_dequantize(tw.ty) || !tw.rows_are_contiguous() {
+            return Err(self.invalid(Op::MulMatT, w, "weights of a type the reference dequantizer reads"));
+        }
+        if tw.ne[2] * tw.ne[3] != 1 || tx.ne[2] * tx.ne[3] != 1 || tw.ne[1] != tx.ne[0] {
+            return Err(self.invalid(
+                Op::MulMatT,
+                w,
+                "2-D operands with the weight's rows as long as the input's columns",
+            ));
+        }
+        let ne = [tw.ne[0], tx.ne[1], 1, 1];
+        self.node(Op::MulMatT, GgmlType::F32, ne, &[w, x], OpParams::default())
+    }
+
     /// An F32 tensor of shape `ne` with every element `value`.
     pub fn fill(&mut self, name: &str, ne: [usize; 4], value: f32) -> Result<TensorId> {
         let nb = contiguous_strides(GgmlType::F32, ne).ok_or(GraphError::Invalid {

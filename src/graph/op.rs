@@ -41,6 +41,21 @@ pub enum Op {
     RepeatBack,
     /// Every element `params.f[0]`; no sources (the seed of a backward pass).
     Fill,
+    /// RMS norm's gradient: inputs `src[0]` and output gradients `src[1]` (same shape), `eps =
+    /// params.f[0]` → the input gradients.
+    RmsNormBack,
+    /// Softmax's gradient: the softmax's output `src[0]` and output gradients `src[1]`, the
+    /// softmax's input scale `params.f[0]` → the input gradients.
+    SoftMaxBack,
+    /// Mean next-token cross-entropy: logits `src[0]` (F32 `[n_vocab, n]`), targets `src[1]` (I32
+    /// `[n]`; a negative target is not scored) → F32 `[1]`, the mean over the scored rows (0 if none).
+    CrossEntropy,
+    /// [`Op::CrossEntropy`]'s gradient: logits `src[0]`, targets `src[1]`, the loss's gradient
+    /// `src[2]` (F32 `[1]`) → F32 `[n_vocab, n]`.
+    CrossEntropyBack,
+    /// The transposed matmul of a frozen weight (any type): `src[0]` `[k, m]`, `src[1]` (F32 `[m,
+    /// n]`) → F32 `[k, n]`, `out[:, j] = sum_i w[:, i] * src1[i, j]` (a matmul's input gradient).
+    MulMatT,
     /// Each run of `params.i[0]` (a power of two) values of every row times the orthonormal
     /// Walsh-Hadamard matrix of that size (symmetric, its own inverse): spreads outliers before a
     /// quantized KV cache stores the values, as llama.cpp does.
@@ -145,6 +160,11 @@ impl Op {
             Op::Repeat => "repeat",
             Op::RepeatBack => "repeat_back",
             Op::Fill => "fill",
+            Op::RmsNormBack => "rms_norm_back",
+            Op::SoftMaxBack => "soft_max_back",
+            Op::CrossEntropy => "cross_entropy",
+            Op::CrossEntropyBack => "cross_entropy_back",
+            Op::MulMatT => "mul_mat_t",
             Op::Hadamard => "hadamard",
             Op::RmsNorm => "rms_norm",
             Op::LayerNorm => "layer_norm",

@@ -9,7 +9,9 @@
 //! bookkeeping is fixed-capacity, the gradients live in the arena.
 //!
 //! Ops with a gradient rule: add, sub, mul, div (second operand broadcast), scale, sqr, sqrt,
-//! sum, repeat, repeat_back, silu, sigmoid, F32 matmul (2-D), and reshapes of contiguous tensors.
+//! sum, repeat, repeat_back, silu, sigmoid, SwiGLU, rms_norm, soft_max (masked or not),
+//! cross-entropy, 2-D matmuls (F32 weights: both gradients; frozen weights of any type: the
+//! input's, through the transposed product), and reshapes of contiguous tensors.
 //! Any other op on a path from a parameter to the loss is refused by name
 //! ([`TrainError::NoGradient`]); ops off those paths are free to be anything.
 
@@ -231,14 +233,66 @@ pub fn backward<const N: usize>(
                     give(g, a, da)?;
                 }
             }
+            Op::RmsNorm => {
+                if let Some(a) = src(0) {
+                    let da = g.rms_norm_back(a, dy, t.params.f[0])?;
+                    give(g, a, da)?;
+                }
+            }
+            Op::SoftMax => {
+                if let Some(a) = src(0) {
+                    let da = g.soft_max_back(id, dy, t.params.f[0])?;
+                    give(g, a, da)?;
+                }
+            }
+            Op::CrossEntropy => {
+                if let (Some(a), Some(targets)) = (src(0), t.src[1]) {
+                    let da = g.cross_entropy_back(a, targets, dy)?;
+                    give(g, a, da)?;
+                }
+            }
+            Op::SwiGlu => {
+                let (gate, up) = (t.src[0].unwrap_or(id), t.src[1].unwrap_or(id));
+                // y = silu(gate) * up.
+                let act = g.silu(gate)?;
+                if let Some(u) = src(1) {
+                    let du = g.mul(dy, act)?;
+                    give(g, u, du)?;
+                }
+                if let Some(gs) = src(0) {
+                    let s = g.sigmoid(gate)?;
+                    let act_s = g.mul(act, s)?;
+                    let act_minus = g.sub(act, act_s)?;
+                    let dsilu = g.add(s, act_minus)?;
+                    let dy_up = g.mul(dy, up)?;
+                    let dg = g.mul(dy_up, dsilu)?;
+                    give(g, gs, dg)?;
+                }
+            }
+            Op::MulMat if g.tensor(t.src[0].unwrap_or(id)).ty != GgmlType::F32 => {
+                // A frozen quantized (or f16) weight: the gradient flows into the input only.
+                let (w, x) = (t.src[0].unwrap_or(id), t.src[1].unwrap_or(id));
+                if src(0).is_some() {
+                    return Err(TrainError::NoGradient {
+                        op: "mul_mat (a quantized parameter)",
+                        name: t.name.clone(),
+                    });
+                }
+                let (tw, tx) = (g.tensor(w), g.tensor(x));
+                if tw.ne[2] * tw.ne[3] != 1 || tx.ne[2] * tx.ne[3] != 1 {
+                    return Err(TrainError::NoGradient { op: "mul_mat (batched)", name: t.name.clone() });
+                }
+                if let Some(xs) = src(1) {
+                    let dy_c = contiguous(g, dy)?;
+                    let dx = g.mul_mat_t(w, dy_c)?;
+                    give(g, xs, dx)?;
+                }
+            }
             Op::MulMat => {
                 let (w, x) = (t.src[0].unwrap_or(id), t.src[1].unwrap_or(id));
                 let (tw, tx) = (g.tensor(w), g.tensor(x));
-                if tw.ty != GgmlType::F32 || tw.ne[2] * tw.ne[3] != 1 || tx.ne[2] * tx.ne[3] != 1 {
-                    return Err(TrainError::NoGradient {
-                        op: "mul_mat (quantized or batched)",
-                        name: t.name.clone(),
-                    });
+                if tw.ne[2] * tw.ne[3] != 1 || tx.ne[2] * tx.ne[3] != 1 {
+                    return Err(TrainError::NoGradient { op: "mul_mat (batched)", name: t.name.clone() });
                 }
                 // y[i, j] = sum_k w[k, i] x[k, j]: dx = w dy (w^T as the matmul's weights), and
                 // dw[k, i] = sum_j x[k, j] dy[i, j] (x^T times dy^T).

@@ -9,10 +9,12 @@
 mod elementwise;
 mod flash_attn;
 mod matmul;
+mod train;
 
 pub use elementwise::*;
 pub use flash_attn::*;
 pub use matmul::*;
+pub use train::*;
 
 #[cfg(test)]
 mod tests {
