@@ -37,10 +37,12 @@ struct Problem {
 /// Where constants go in the persistent region (after the parameters and gradients).
 const CONSTANTS_AT: usize = 4 << 20;
 
+/// Leaves with their bytes, and the next free offset.
+type Constants = (Vec<(TensorId, Vec<u8>)>, usize);
+
 thread_local! {
-    /// The constants the graph being built asked for, and the next free offset.
-    static CONSTANTS: std::cell::RefCell<(Vec<(TensorId, Vec<u8>)>, usize)> =
-        const { std::cell::RefCell::new((Vec::new(), CONSTANTS_AT)) };
+    /// The constants the graph being built asked for.
+    static CONSTANTS: std::cell::RefCell<Constants> = const { std::cell::RefCell::new((Vec::new(), CONSTANTS_AT)) };
 }
 
 /// A leaf holding `bytes` (of type `ty`, shape `ne`) during the problem's runs.
