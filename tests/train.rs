@@ -494,6 +494,104 @@ fn norm_softmax_loss_and_frozen_matmul_gradients_match_finite_differences() {
     );
 }
 
+#[test]
+fn rope_and_permute_gradients_match_finite_differences() {
+    let c_values: Vec<f32> = (0..36).map(|i| 0.3 + 0.17 * ((i * 7) % 11) as f32 - 0.9).collect();
+    // sum(y * c) + sum(y^2): position-dependent, so a wrong order or rotation shows.
+    let weighted_loss = |g: &mut Graph, y: TensorId, c_values: &[f32]| -> TensorId {
+        let ne = g.tensor(y).ne;
+        let n: usize = ne.iter().product();
+        let c = constant(g, "c", GgmlType::F32, ne, bytemuck::cast_slice(&c_values[..n]).to_vec());
+        let yc = g.mul(y, c).unwrap();
+        let a = g.sum(yc).unwrap();
+        let q = g.sqr(y).unwrap();
+        let q = g.sum(q).unwrap();
+        g.add(a, q).unwrap()
+    };
+    let lref = |y: &[f64], c: &[f32]| {
+        y.iter().zip(c).map(|(a, &b)| a * b as f64).sum::<f64>() + y.iter().map(|a| a * a).sum::<f64>()
+    };
+
+    // RoPE of [6, 2, 3] (head 6, 2 heads, 3 tokens at positions 0..3), 4 of 6 dims rotated.
+    for (name, mode) in
+        [("rope (normal)", pinfer::graph::RopeMode::Normal), ("rope (neox)", pinfer::graph::RopeMode::Neox)]
+    {
+        let c = c_values.clone();
+        check_gradient(
+            name,
+            &[[6, 2, 3, 1]],
+            |g, p| {
+                let y = g.rope(p[0], 4, mode, 10000.0, 1.0, None).unwrap();
+                weighted_loss(g, y, &c)
+            },
+            |x| {
+                let mut y = x[0].clone();
+                for t in 0..3 {
+                    for h in 0..2 {
+                        let row = &mut y[(t * 2 + h) * 6..][..6];
+                        let src = row.to_vec();
+                        for i in 0..2 {
+                            let theta = t as f64 * 10000f64.powf(-2.0 * i as f64 / 4.0);
+                            let (a, b) = match mode {
+                                pinfer::graph::RopeMode::Normal => (2 * i, 2 * i + 1),
+                                pinfer::graph::RopeMode::Neox => (i, i + 2),
+                            };
+                            row[a] = src[a] * theta.cos() - src[b] * theta.sin();
+                            row[b] = src[a] * theta.sin() + src[b] * theta.cos();
+                        }
+                    }
+                }
+                lref(&y, &c_values)
+            },
+            Values::Signed,
+        );
+    }
+    // A permute of [4, 3, 3]: source dimension d to axes[d] = [1, 2, 0] -> [3, 4, 3], copied.
+    let c = c_values.clone();
+    check_gradient(
+        "permute",
+        &[[4, 3, 3, 1]],
+        |g, p| {
+            let v = g.permute(p[0], [1, 2, 0, 3]).unwrap();
+            let y = g.cpy(v, GgmlType::F32).unwrap();
+            weighted_loss(g, y, &c)
+        },
+        |x| {
+            // y[i0, i1, i2] (shape [3, 4, 3]) = x[a0, a1, a2] with a0 -> dim 1, a1 -> dim 2, a2 -> dim 0.
+            let mut y = vec![0.0; 36];
+            for a2 in 0..3 {
+                for a1 in 0..3 {
+                    for a0 in 0..4 {
+                        let (i0, i1, i2) = (a2, a0, a1);
+                        y[i0 + 3 * (i1 + 4 * i2)] = x[0][a0 + 4 * (a1 + 3 * a2)];
+                    }
+                }
+            }
+            lref(&y, &c_values)
+        },
+        Values::Signed,
+    );
+    // A transpose of [5, 3] -> [3, 5].
+    let c = c_values.clone();
+    check_gradient(
+        "transpose",
+        &[[5, 3, 1, 1]],
+        |g, p| {
+            let v = g.transpose(p[0]).unwrap();
+            let y = g.cpy(v, GgmlType::F32).unwrap();
+            weighted_loss(g, y, &c)
+        },
+        |x| {
+            let y: Vec<f64> = (0..5)
+                .flat_map(|r| (0..3).map(move |col| (r, col)))
+                .map(|(r, col)| x[0][col * 5 + r])
+                .collect();
+            lref(&y, &c_values)
+        },
+        Values::Signed,
+    );
+}
+
 /// ggml's example: x = -2..2, y = x^2 + 2x + 1, fitted by y = t0 + t1 x.
 fn linear_regression() -> (Problem, usize) {
     let xs = [-2.0f32, -1.0, 0.0, 1.0, 2.0];

@@ -967,6 +967,15 @@ impl<'a, const N: usize> Bound<'a, N> {
                 let out: &mut [f32] = self.write(id, t.row_offset(i1, i2, i3), ne[0]);
                 // Token i2's angles: the builder checked the table has a row per token.
                 let (cos, sin) = self.read::<f32>(table, tt.row_offset(i2, 0, 0), n_rot).split_at(n_rot / 2);
+                if t.params.i[2] == 1 {
+                    // The inverse rotation: the same cosines, the sines negated (the builder
+                    // checked n_rot / 2 fits).
+                    let mut back = [0f32; crate::graph::ROPE_BACK_MAX_PAIRS];
+                    let back = &mut back[..sin.len()];
+                    back.iter_mut().zip(sin).for_each(|(b, &s)| *b = -s);
+                    kernels::rope_rotate(path, x, out, cos, back, neox);
+                    continue;
+                }
                 kernels::rope_rotate(path, x, out, cos, sin, neox);
             }
         }

@@ -22,6 +22,9 @@ const _: () = assert!(GRAPH_CAPACITY <= u16::MAX as usize, "tensor ids are u16")
 /// Most outputs a graph can have.
 pub const MAX_OUTPUTS: usize = 8;
 
+/// Most rotated pairs [`Graph::rope_back`] takes (its angles are negated on the stack).
+pub const ROPE_BACK_MAX_PAIRS: usize = 512;
+
 /// Why a graph could not be built.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -596,6 +599,16 @@ impl<const N: usize> Graph<N> {
         let params = OpParams { i: [tt.ne[0] as i32, mode, 0, 0], ..OpParams::default() };
         let ne = t.ne;
         self.node(Op::Rope, GgmlType::F32, ne, &[x, table], params)
+    }
+
+    /// RoPE's gradient: `dy` rotated back by the angles of `table` (the rotation's transpose).
+    pub fn rope_back(&mut self, dy: TensorId, table: TensorId, mode: RopeMode) -> Result<TensorId> {
+        let id = self.rope_with(dy, table, mode)?;
+        if self.tensor(table).ne[0] > 2 * ROPE_BACK_MAX_PAIRS {
+            return Err(self.invalid(Op::Rope, dy, "rotates more dimensions than its gradient handles"));
+        }
+        self.tensors[id.index()].params.i[2] = 1;
+        Ok(id)
     }
 
     /// Softmax of each row of `x * scale`, optionally causal with a sliding window (0: none).

@@ -65,7 +65,8 @@ pub enum Op {
     /// `(x - mean) / sqrt(var + eps)` per row, `eps = params.f[0]`.
     LayerNorm,
     /// Rotary position embedding of `src[0]` `[head_dim, n_head, n_tokens]` by the angles of table
-    /// `src[1]` (a `RopeTable`, row `t` for token `t`); `params.i = [n_rot, mode (0 normal, 1 neox)]`.
+    /// `src[1]` (a `RopeTable`, row `t` for token `t`); `params.i = [n_rot, mode (0 normal, 1 neox),
+    /// inverse (1: rotated back, the gradient)]`.
     Rope,
     /// RoPE's cosines and sines: F32 `[n_rot, n_tokens]`, row `t` the `n_rot / 2` cosines then the
     /// sines of the angles at position `n_past + t` (`n_tokens` is `src[0]`'s `ne[2]`; its values

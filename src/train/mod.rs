@@ -10,8 +10,8 @@
 //!
 //! Ops with a gradient rule: add, sub, mul, div (second operand broadcast), scale, sqr, sqrt,
 //! sum, repeat, repeat_back, silu, sigmoid, SwiGLU, rms_norm, soft_max (masked or not),
-//! cross-entropy, 2-D matmuls (F32 weights: both gradients; frozen weights of any type: the
-//! input's, through the transposed product), and reshapes of contiguous tensors.
+//! cross-entropy, RoPE, copies, 2-D matmuls (F32 weights: both gradients; frozen weights of any type: the
+//! input's, through the transposed product), reshapes, permutes and transposes.
 //! Any other op on a path from a parameter to the loss is refused by name
 //! ([`TrainError::NoGradient`]); ops off those paths are free to be anything.
 
@@ -233,6 +233,24 @@ pub fn backward<const N: usize>(
                     give(g, a, da)?;
                 }
             }
+            Op::Cpy => {
+                // A copy (the gradient of a permuted or transposed view then flows through the view).
+                if let Some(a) = src(0) {
+                    give(g, a, dy)?;
+                }
+            }
+            Op::Rope => {
+                if let (Some(a), Some(table)) = (src(0), t.src[1]) {
+                    let mode = if t.params.i[1] == 1 {
+                        crate::graph::RopeMode::Neox
+                    } else {
+                        crate::graph::RopeMode::Normal
+                    };
+                    let dy_c = contiguous(g, dy)?;
+                    let da = g.rope_back(dy_c, table, mode)?;
+                    give(g, a, da)?;
+                }
+            }
             Op::RmsNorm => {
                 if let Some(a) = src(0) {
                     let da = g.rms_norm_back(a, dy, t.params.f[0])?;
@@ -313,14 +331,21 @@ pub fn backward<const N: usize>(
             }
             Op::View => {
                 let a = t.src[0].unwrap_or(id);
-                let ta = g.tensor(a);
-                if !ta.is_contiguous() || !t.is_contiguous() {
-                    return Err(TrainError::NoGradient { op: "view (not a reshape)", name: t.name.clone() });
-                }
-                if let Some(a) = src(0) {
+                let ta = g.tensor(a).clone();
+                let Some(a) = src(0) else { continue };
+                if ta.is_contiguous() && t.is_contiguous() {
+                    // A reshape.
                     let dy_c = contiguous(g, dy)?;
-                    let da = g.reshape(dy_c, g.tensor(a).ne)?;
+                    let da = g.reshape(dy_c, ta.ne)?;
                     give(g, a, da)?;
+                } else if let Some(axes) = permutation_of(&ta, &t) {
+                    // A permute or transpose: dy's dimension d goes back to source dimension axes[d].
+                    let dy_c = contiguous(g, dy)?;
+                    let back = g.permute(dy_c, axes)?;
+                    let da = g.cpy(back, GgmlType::F32)?;
+                    give(g, a, da)?;
+                } else {
+                    return Err(TrainError::NoGradient { op: "view (a slice)", name: t.name.clone() });
                 }
             }
             other => return Err(TrainError::NoGradient { op: other.name(), name: t.name.clone() }),
@@ -340,6 +365,32 @@ pub fn backward<const N: usize>(
         *out = copy;
     }
     Ok(())
+}
+
+/// For a view `v` of all of contiguous `a`'s elements in another order: the source dimension
+/// of each of the view's dimensions (`None` if the view is not a permutation, e.g. a slice).
+fn permutation_of(a: &crate::tensor::Tensor, v: &crate::tensor::Tensor) -> Option<[usize; 4]> {
+    if !a.is_contiguous()
+        || a.n_elements() != v.n_elements()
+        || v.storage != (Storage::View { base: v.src[0]?, offset: 0 })
+    {
+        return None;
+    }
+    let mut axes = [usize::MAX; 4];
+    let mut used = [false; 4];
+    // Dimensions longer than 1 first (their strides tell them apart), then the ones of length 1.
+    for pass in 0..2 {
+        for (d, slot) in axes.iter_mut().enumerate() {
+            if *slot != usize::MAX || (pass == 0) == (v.ne[d] == 1) {
+                continue;
+            }
+            let s =
+                (0..4).find(|&s| !used[s] && a.ne[s] == v.ne[d] && (v.ne[d] == 1 || a.nb[s] == v.nb[d]))?;
+            *slot = s;
+            used[s] = true;
+        }
+    }
+    Some(axes)
 }
 
 /// `d` summed down to shape `ne` (the gradient of an operand broadcast to `d`'s shape).
