@@ -274,6 +274,20 @@ fn unregister<T>(p: *mut T, kind: Kind) -> Box<T> {
     unsafe { Box::from_raw(p) }
 }
 
+/// Takes live handle `p` of `kind` out of the registry once `check` accepts it (NULL: nothing).
+fn free_handle<T>(
+    p: *mut T,
+    kind: Kind,
+    name: &str,
+    check: impl FnOnce(&T) -> Outcome,
+) -> Result<Option<Box<T>>, Failure> {
+    if p.is_null() {
+        return Ok(None);
+    }
+    check(handle(p, kind, name)?)?;
+    Ok(Some(unregister(p, kind)))
+}
+
 /// Where a result goes.
 fn out<'a, T>(p: *mut T, name: &str) -> Result<&'a mut T, Failure> {
     if p.is_null() {
@@ -419,18 +433,14 @@ pub unsafe extern "C" fn pinfer_model_free(
     err_len: usize,
 ) -> PinferStatus {
     guard(err, err_len, || {
-        if model.is_null() {
-            return Ok(());
-        }
-        let m = handle(model, Kind::Model, "model")?;
-        let n = m.contexts.load(Ordering::Acquire);
-        if n > 0 {
-            return Err(fail(
+        let unused = |m: &PinferModel| match m.contexts.load(Ordering::Acquire) {
+            0 => Ok(()),
+            n => Err(fail(
                 PinferStatus::ErrOrder,
                 format!("the model still has {n} context(s): free them first"),
-            ));
-        }
-        drop(unregister(model, Kind::Model));
+            )),
+        };
+        drop(free_handle(model, Kind::Model, "model", unused)?);
         Ok(())
     })
 }
@@ -572,11 +582,7 @@ pub unsafe extern "C" fn pinfer_context_free(
     err_len: usize,
 ) -> PinferStatus {
     guard(err, err_len, || {
-        if context.is_null() {
-            return Ok(());
-        }
-        handle(context, Kind::Context, "context")?;
-        let ctx = unregister(context, Kind::Context);
+        let Some(ctx) = free_handle(context, Kind::Context, "context", |_| Ok(()))? else { return Ok(()) };
         let model = ctx.model;
         drop(ctx);
         if let Ok(m) = handle(model, Kind::Model, "model") {
@@ -914,11 +920,7 @@ pub unsafe extern "C" fn pinfer_sampler_free(
     err_len: usize,
 ) -> PinferStatus {
     guard(err, err_len, || {
-        if sampler.is_null() {
-            return Ok(());
-        }
-        handle(sampler, Kind::Sampler, "sampler")?;
-        drop(unregister(sampler, Kind::Sampler));
+        drop(free_handle(sampler, Kind::Sampler, "sampler", |_| Ok(()))?);
         Ok(())
     })
 }

@@ -152,9 +152,7 @@ impl Adam {
         on_iteration: &mut dyn FnMut(usize, f32),
     ) -> Result<Report, OptimError<O::Error>> {
         let n = x.len();
-        let needed = Self::work_len(n);
-        let got = work.len();
-        let work = work.get_mut(..needed).ok_or(OptimError::WorkTooSmall { needed, got })?;
+        let work = take_work(work, Self::work_len(n))?;
         if !(self.lr > 0.0
             && (0.0..1.0).contains(&self.beta1)
             && (0.0..1.0).contains(&self.beta2)
@@ -279,9 +277,7 @@ impl Lbfgs {
         if !(0.0 < self.ftol && self.ftol < self.wolfe && self.wolfe < 1.0) {
             return Err(OptimError::BadSetting("L-BFGS needs 0 < ftol < wolfe < 1"));
         }
-        let needed = self.work_len(n);
-        let got = work.len();
-        let work = work.get_mut(..needed).ok_or(OptimError::WorkTooSmall { needed, got })?;
+        let work = take_work(work, self.work_len(n))?;
         let (s, rest) = work.split_at_mut(m * n);
         let (y, rest) = rest.split_at_mut(m * n);
         let (g, rest) = rest.split_at_mut(n);
@@ -427,6 +423,12 @@ impl Lbfgs {
         }
         Ok(false)
     }
+}
+
+/// The first `needed` floats of the caller's working memory.
+fn take_work<E>(work: &mut [f32], needed: usize) -> Result<&mut [f32], OptimError<E>> {
+    let got = work.len();
+    work.get_mut(..needed).ok_or(OptimError::WorkTooSmall { needed, got })
 }
 
 fn f_at<O: Objective>(f: &mut O, x: &[f32], g: &mut [f32]) -> Result<f32, OptimError<O::Error>> {
