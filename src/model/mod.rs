@@ -5,6 +5,7 @@
 
 mod arch;
 mod hparams;
+pub mod lora;
 pub mod open;
 mod validate;
 

@@ -1,0 +1,217 @@
+//! LoRA adapters in llama.cpp's GGUF form: `general.type` = `adapter`, `adapter.type` = `lora`,
+//! `adapter.lora.alpha`, `general.architecture` the base model's, and for each adapted weight `W`
+//! (`[n_in, n_out]`) the tensors `W.lora_a` (`[n_in, r]`) and `W.lora_b` (`[r, n_out]`); the
+//! adapted product is `W x + scale * B (A x)` with `scale = user_scale * alpha / r` (`alpha` 0 or
+//! absent: `user_scale`). [`LoraAdapter::check`] reads one against its base model and refuses,
+//! with the key or the tensor named, anything that would not apply.
+
+use core::fmt;
+
+use crate::gguf::{Gguf, GgufError, Name, TensorInfo};
+use crate::model::HParams;
+
+/// Most adapted weights one adapter holds (every projection of a 128-layer model).
+pub const MAX_LORA_PAIRS: usize = 1024;
+
+/// Why an adapter does not apply to a model.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum LoraError {
+    /// A metadata key is missing or has the wrong type.
+    Gguf(GgufError),
+    /// The file is not a LoRA adapter (`general.type` / `adapter.type`).
+    NotAnAdapter {
+        /// What the file says it is.
+        found: Name,
+    },
+    /// The adapter was made for another architecture.
+    Architecture {
+        /// The adapter's.
+        adapter: Name,
+        /// The model's.
+        model: &'static str,
+    },
+    /// A tensor whose name ends in neither `.lora_a` nor `.lora_b`.
+    NotLora {
+        /// Its name.
+        name: Name,
+    },
+    /// An `A` without its `B`, or a `B` without its `A`.
+    Unpaired {
+        /// The tensor present.
+        name: Name,
+    },
+    /// The model has no weight of that name.
+    NoSuchWeight {
+        /// The adapted weight's name.
+        name: Name,
+    },
+    /// The pair's shapes do not fit the weight, or `A`'s rank differs from `B`'s.
+    Shape {
+        /// The adapted weight's name.
+        name: Name,
+        /// What is wrong.
+        problem: &'static str,
+    },
+    /// Pairs of different ranks in one adapter.
+    MixedRanks {
+        /// The first pair's rank.
+        first: u64,
+        /// The adapted weight whose rank differs.
+        name: Name,
+        /// Its rank.
+        rank: u64,
+    },
+    /// More pairs than [`MAX_LORA_PAIRS`], or none.
+    Count(usize),
+    /// `adapter.lora.alpha` is negative or not finite.
+    Alpha(f32),
+}
+
+impl From<GgufError> for LoraError {
+    fn from(e: GgufError) -> Self {
+        Self::Gguf(e)
+    }
+}
+
+impl fmt::Display for LoraError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Gguf(e) => write!(f, "{e}"),
+            Self::NotAnAdapter { found } => {
+                write!(f, "not a LoRA adapter (general.type / adapter.type say {found:?}; need \"adapter\" / \"lora\")")
+            }
+            Self::Architecture { adapter, model } => {
+                write!(f, "the adapter is for architecture {adapter:?}, the model is {model:?}")
+            }
+            Self::NotLora { name } => write!(f, "tensor {name:?} is neither a .lora_a nor a .lora_b"),
+            Self::Unpaired { name } => {
+                write!(f, "tensor {name:?} has no partner (.lora_a needs .lora_b and back)")
+            }
+            Self::NoSuchWeight { name } => {
+                write!(f, "the adapter adapts {name:?}, which the model does not have")
+            }
+            Self::Shape { name, problem } => write!(f, "the adapter's pair for {name:?}: {problem}"),
+            Self::MixedRanks { first, name, rank } => {
+                write!(f, "the adapter's pair for {name:?} has rank {rank}, the others {first}")
+            }
+            Self::Count(n) => write!(f, "the adapter has {n} pairs (1..={MAX_LORA_PAIRS})"),
+            Self::Alpha(a) => write!(f, "adapter.lora.alpha is {a}: it must be finite and not negative"),
+        }
+    }
+}
+
+impl core::error::Error for LoraError {}
+
+/// One adapted weight.
+#[derive(Debug, Clone, Copy)]
+pub struct LoraPair<'a> {
+    /// The base weight's name (`blk.0.attn_q.weight`).
+    pub target: &'a str,
+    /// `A`, `[n_in, r]`.
+    pub a: TensorInfo<'a>,
+    /// `B`, `[r, n_out]`.
+    pub b: TensorInfo<'a>,
+}
+
+/// An adapter checked against a model.
+#[derive(Debug, Clone)]
+pub struct LoraAdapter<'a> {
+    /// `adapter.lora.alpha` (0 when absent).
+    pub alpha: f32,
+    /// The pairs' rank.
+    pub rank: u64,
+    /// The adapted weights, in the file's order of their `A` tensors.
+    pub pairs: heapless::Vec<LoraPair<'a>, MAX_LORA_PAIRS>,
+}
+
+impl<'a> LoraAdapter<'a> {
+    /// Reads `adapter` as a LoRA adapter of the model `base` (with hyperparameters `hp`).
+    pub fn check(adapter: &Gguf<'a>, base: &Gguf<'_>, hp: &HParams) -> Result<Self, LoraError> {
+        let kind = adapter.get_str_opt("general.type")?.unwrap_or("");
+        let lora = adapter.get_str_opt("adapter.type")?.unwrap_or("");
+        if kind != "adapter" || lora != "lora" {
+            let mut found = Name::new();
+            let _ = fmt::Write::write_fmt(&mut found, format_args!("{kind} / {lora}"));
+            return Err(LoraError::NotAnAdapter { found });
+        }
+        let arch = adapter.get_str_opt("general.architecture")?.unwrap_or("");
+        if arch != hp.arch.name() {
+            return Err(LoraError::Architecture { adapter: name(arch), model: hp.arch.name() });
+        }
+        let alpha = adapter.get_f32_opt("adapter.lora.alpha")?.unwrap_or(0.0);
+        if !(alpha.is_finite() && alpha >= 0.0) {
+            return Err(LoraError::Alpha(alpha));
+        }
+        let mut pairs = heapless::Vec::new();
+        let mut rank = None;
+        for t in adapter.tensors() {
+            let (target, is_a) = match (t.name.strip_suffix(".lora_a"), t.name.strip_suffix(".lora_b")) {
+                (Some(target), _) => (target, true),
+                (_, Some(target)) => (target, false),
+                _ => return Err(LoraError::NotLora { name: name(t.name) }),
+            };
+            let mut partner = Name::new();
+            let _ = fmt::Write::write_fmt(
+                &mut partner,
+                format_args!("{target}.lora_{}", if is_a { 'b' } else { 'a' }),
+            );
+            let other = adapter.tensor(&partner).ok_or(LoraError::Unpaired { name: name(t.name) })?;
+            if !is_a {
+                continue; // the pair is taken with its A
+            }
+            let (a, b) = (t, other);
+            let w = base.tensor(target).ok_or(LoraError::NoSuchWeight { name: name(target) })?;
+            let bad = |problem| LoraError::Shape { name: name(target), problem };
+            if a.ne[2] * a.ne[3] != 1 || b.ne[2] * b.ne[3] != 1 || w.ne[2] * w.ne[3] != 1 {
+                return Err(bad("2-D tensors only"));
+            }
+            if a.ne[0] != w.ne[0] {
+                return Err(bad("lora_a's rows are not as long as the weight's"));
+            }
+            if b.ne[1] != w.ne[1] {
+                return Err(bad("lora_b has not as many rows as the weight"));
+            }
+            if a.ne[1] != b.ne[0] || a.ne[1] == 0 {
+                return Err(bad("lora_a's rank differs from lora_b's (or lora_a is not transposed)"));
+            }
+            let r = a.ne[1];
+            match rank {
+                None => rank = Some(r),
+                Some(first) if first != r => {
+                    return Err(LoraError::MixedRanks { first, name: name(target), rank: r })
+                }
+                _ => {}
+            }
+            if pairs.push(LoraPair { target, a, b }).is_err() {
+                return Err(LoraError::Count(MAX_LORA_PAIRS + 1));
+            }
+        }
+        let rank = rank.ok_or(LoraError::Count(0))?;
+        Ok(Self { alpha, rank, pairs })
+    }
+
+    /// The factor of `B (A x)` for a user scale (`--lora-scaled FILE SCALE`; 1 for `--lora`).
+    pub fn scale(&self, user_scale: f32) -> f32 {
+        if self.alpha > 0.0 {
+            user_scale * self.alpha / self.rank as f32
+        } else {
+            user_scale
+        }
+    }
+
+    /// The pair adapting weight `target`, if any.
+    pub fn pair(&self, target: &str) -> Option<&LoraPair<'a>> {
+        self.pairs.iter().find(|p| p.target == target)
+    }
+}
+
+fn name(s: &str) -> Name {
+    let mut n = Name::new();
+    for c in s.chars() {
+        if n.push(c).is_err() {
+            break;
+        }
+    }
+    n
+}
