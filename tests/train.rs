@@ -592,6 +592,42 @@ fn rope_and_permute_gradients_match_finite_differences() {
     );
 }
 
+/// Batched matmuls, the weights broadcast over groups of the input's batches (grouped-query
+/// attention: query heads 2b and 2b + 1 read key head b), both gradients.
+#[test]
+fn batched_broadcast_matmul_gradients_match_finite_differences() {
+    let (k, m, n, b0, b1) = (4usize, 3usize, 2usize, 2usize, 4usize);
+    let c_values: Vec<f32> = (0..m * n * b1).map(|i| 0.2 + 0.13 * ((i * 5) % 9) as f32 - 0.5).collect();
+    check_gradient(
+        "mul_mat (batched, broadcast)",
+        &[[k, m, b0, 1], [k, n, b1, 1]],
+        |g, p| {
+            let y = g.mul_mat(p[0], p[1]).unwrap();
+            let c = constant(g, "c", GgmlType::F32, [m, n, b1, 1], bytemuck::cast_slice(&c_values).to_vec());
+            let yc = g.mul(y, c).unwrap();
+            let a = g.sum(yc).unwrap();
+            let q = g.sqr(y).unwrap();
+            let q = g.sum(q).unwrap();
+            g.add(a, q).unwrap()
+        },
+        |v| {
+            let (w, x) = (&v[0], &v[1]);
+            let mut total = 0.0;
+            for b in 0..b1 {
+                for j in 0..n {
+                    for i in 0..m {
+                        let y: f64 =
+                            (0..k).map(|kk| w[kk + k * (i + m * (b / 2))] * x[kk + k * (j + n * b)]).sum();
+                        total += y * c_values[i + m * (j + n * b)] as f64 + y * y;
+                    }
+                }
+            }
+            total
+        },
+        Values::Signed,
+    );
+}
+
 /// ggml's example: x = -2..2, y = x^2 + 2x + 1, fitted by y = t0 + t1 x.
 fn linear_regression() -> (Problem, usize) {
     let xs = [-2.0f32, -1.0, 0.0, 1.0, 2.0];

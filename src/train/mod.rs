@@ -10,8 +10,9 @@
 //!
 //! Ops with a gradient rule: add, sub, mul, div (second operand broadcast), scale, sqr, sqrt,
 //! sum, repeat, repeat_back, silu, sigmoid, SwiGLU, rms_norm, soft_max (masked or not),
-//! cross-entropy, RoPE, copies, 2-D matmuls (F32 weights: both gradients; frozen weights of any type: the
-//! input's, through the transposed product), reshapes, permutes and transposes.
+//! cross-entropy, RoPE, copies, matmuls (F32 operands: both gradients, batched and broadcast as
+//! grouped-query attention; 2-D frozen weights of any type: the input's, through the transposed
+//! product), reshapes, permutes and transposes.
 //! Any other op on a path from a parameter to the loss is refused by name
 //! ([`TrainError::NoGradient`]); ops off those paths are free to be anything.
 
@@ -298,7 +299,10 @@ pub fn backward<const N: usize>(
                 }
                 let (tw, tx) = (g.tensor(w), g.tensor(x));
                 if tw.ne[2] * tw.ne[3] != 1 || tx.ne[2] * tx.ne[3] != 1 {
-                    return Err(TrainError::NoGradient { op: "mul_mat (batched)", name: t.name.clone() });
+                    return Err(TrainError::NoGradient {
+                        op: "mul_mat (a batched frozen weight)",
+                        name: t.name.clone(),
+                    });
                 }
                 if let Some(xs) = src(1) {
                     let dy_c = contiguous(g, dy)?;
@@ -308,12 +312,16 @@ pub fn backward<const N: usize>(
             }
             Op::MulMat => {
                 let (w, x) = (t.src[0].unwrap_or(id), t.src[1].unwrap_or(id));
-                let (tw, tx) = (g.tensor(w), g.tensor(x));
-                if tw.ne[2] * tw.ne[3] != 1 || tx.ne[2] * tx.ne[3] != 1 {
-                    return Err(TrainError::NoGradient { op: "mul_mat (batched)", name: t.name.clone() });
+                let (tw, tx) = (g.tensor(w).clone(), g.tensor(x).clone());
+                if tw.ne[3] != tx.ne[3] {
+                    return Err(TrainError::NoGradient {
+                        op: "mul_mat (broadcast over dim 3)",
+                        name: t.name.clone(),
+                    });
                 }
-                // y[i, j] = sum_k w[k, i] x[k, j]: dx = w dy (w^T as the matmul's weights), and
-                // dw[k, i] = sum_j x[k, j] dy[i, j] (x^T times dy^T).
+                // y[i, j, b] = sum_k w[k, i, b / r] x[k, j, b] (r = x's batches per w's, as
+                // grouped-query attention): dx = w dy (w^T as the matmul's weights, broadcast the
+                // same way), dw[k, i, c] = sum over c's r batches of sum_j x[k, j] dy[i, j].
                 if let Some(xs) = src(1) {
                     let wt = g.transpose(w)?;
                     let wt = g.cpy(wt, GgmlType::F32)?;
@@ -325,7 +333,15 @@ pub fn backward<const N: usize>(
                     let xt = g.cpy(xt, GgmlType::F32)?;
                     let dyt = g.transpose(dy)?;
                     let dyt = g.cpy(dyt, GgmlType::F32)?;
-                    let dw = g.mul_mat(xt, dyt)?;
+                    let mut dw = g.mul_mat(xt, dyt)?; // [k, m, b1, c]
+                    let r = tx.ne[2] / tw.ne[2];
+                    if r > 1 {
+                        // Batches j * r .. j * r + r belong to w's batch j: sum each run.
+                        let (k, m) = (tw.ne[0], tw.ne[1]);
+                        let runs = g.reshape(dw, [k * m, r, tw.ne[2], tw.ne[3]])?;
+                        let summed = g.repeat_back(runs, [k * m, 1, tw.ne[2], tw.ne[3]])?;
+                        dw = g.reshape(summed, tw.ne)?;
+                    }
                     give(g, ws, dw)?;
                 }
             }
