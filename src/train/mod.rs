@@ -16,6 +16,7 @@
 //! Any other op on a path from a parameter to the loss is refused by name
 //! ([`TrainError::NoGradient`]); ops off those paths are free to be anything.
 
+pub mod lora;
 pub mod optim;
 
 use crate::graph::{Graph, GraphError, Op};
@@ -37,6 +38,8 @@ pub enum TrainError {
     },
     /// As many gradient buffers as parameters are needed.
     GradientCount,
+    /// A model or setting the training graphs do not handle yet.
+    Unsupported(&'static str),
     /// An op on a path from a parameter to the loss has no gradient rule here.
     NoGradient {
         /// The op.
@@ -61,6 +64,7 @@ impl core::fmt::Display for TrainError {
                 write!(f, "parameter {name:?} is not an F32 leaf in the arena's persistent region")
             }
             Self::GradientCount => write!(f, "give one gradient buffer per parameter"),
+            Self::Unsupported(what) => write!(f, "not supported: {what}"),
             Self::NoGradient { op, name } => {
                 write!(f, "{op} ({name:?}) lies between a parameter and the loss and has no gradient rule")
             }
