@@ -133,3 +133,27 @@ fn adapters_that_do_not_apply_are_refused_by_name() {
     refused(lora_kvs("llama", 16.0), t, &["blk.1.attn_q.weight", "rank 4", "8"]);
     refused(lora_kvs("llama", 16.0), vec![], &["0 pairs"]);
 }
+
+/// The writer's adapter is read back as it was written: names, rank, alpha, values.
+#[test]
+fn written_adapters_are_read_back() {
+    use pinfer::model::lora::{write_adapter, PairValues};
+    let a: Vec<f32> = (0..576 * 4).map(|i| i as f32 * 0.001).collect();
+    let b: Vec<f32> = (0..4 * 192).map(|i| -(i as f32) * 0.002).collect();
+    let pairs = [PairValues { target: "blk.2.attn_v.weight", n_in: 576, n_out: 192, a: &a, b: &b }];
+    let bytes = write_adapter(Vec::new(), "llama", 4, 8.0, &pairs).unwrap();
+    let (alpha, rank, targets, scale) = check(&bytes).unwrap();
+    assert_eq!((alpha, rank, targets, scale), (8.0, 4, vec!["blk.2.attn_v.weight".to_string()], 1.0));
+    let gguf = Gguf::parse(&bytes).unwrap();
+    let data = |name: &str| {
+        let t = gguf.tensor(name).unwrap();
+        let start = gguf.data_start() + t.offset as usize;
+        let raw = &bytes[start..start + t.nbytes as usize];
+        raw.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect::<Vec<f32>>()
+    };
+    assert_eq!(data("blk.2.attn_v.weight.lora_a"), a);
+    assert_eq!(data("blk.2.attn_v.weight.lora_b"), b);
+    // Values that do not match the rank are refused before anything is written.
+    let short = [PairValues { target: "blk.2.attn_v.weight", n_in: 576, n_out: 192, a: &a[..100], b: &b }];
+    assert!(write_adapter(Vec::new(), "llama", 4, 8.0, &short).unwrap_err().to_string().contains("rank 4"));
+}

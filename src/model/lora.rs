@@ -215,3 +215,67 @@ fn name(s: &str) -> Name {
     }
     n
 }
+
+/// One adapted weight's values to write: `A` (`[n_in, r]`, `n_in * r` values, rows of `n_in`)
+/// and `B` (`[r, n_out]`).
+#[cfg(feature = "std")]
+#[derive(Debug, Clone, Copy)]
+pub struct PairValues<'v> {
+    /// The base weight's name.
+    pub target: &'v str,
+    /// `n_in`.
+    pub n_in: usize,
+    /// `n_out`.
+    pub n_out: usize,
+    /// `A`'s values.
+    pub a: &'v [f32],
+    /// `B`'s values.
+    pub b: &'v [f32],
+}
+
+/// Writes a LoRA adapter in llama.cpp's form (F32 tensors, [`LoraAdapter::check`] reads it back)
+/// for a model of architecture `arch`, rank `rank` and `alpha`.
+#[cfg(feature = "std")]
+pub fn write_adapter<W: std::io::Write>(
+    out: W,
+    arch: &str,
+    rank: usize,
+    alpha: f32,
+    pairs: &[PairValues<'_>],
+) -> std::io::Result<W> {
+    use crate::gguf::write::{GgufWriter, TensorHeader};
+    use crate::gguf::Value;
+    use std::string::String;
+    use std::vec::Vec;
+    let bad = |msg: String| std::io::Error::new(std::io::ErrorKind::InvalidInput, msg);
+    let mut names: Vec<(String, String)> = Vec::with_capacity(pairs.len());
+    for p in pairs {
+        if p.a.len() != p.n_in * rank || p.b.len() != rank * p.n_out {
+            return Err(bad(std::format!("{}: the values do not match rank {rank}", p.target)));
+        }
+        names.push((std::format!("{}.lora_a", p.target), std::format!("{}.lora_b", p.target)));
+    }
+    let mut tensors = Vec::with_capacity(2 * pairs.len());
+    for (p, (a, b)) in pairs.iter().zip(&names) {
+        let header = |name, ne0: usize, ne1: usize| TensorHeader {
+            name,
+            ty: crate::quant::GgmlType::F32,
+            n_dims: 2,
+            ne: [ne0 as u64, ne1 as u64, 1, 1],
+        };
+        tensors.push(header(a.as_str(), p.n_in, rank));
+        tensors.push(header(b.as_str(), rank, p.n_out));
+    }
+    let metadata = [
+        ("general.architecture", Value::String(arch.as_bytes())),
+        ("general.type", Value::String(b"adapter")),
+        ("adapter.type", Value::String(b"lora")),
+        ("adapter.lora.alpha", Value::F32(alpha)),
+    ];
+    let mut w = GgufWriter::start(out, &metadata, &tensors)?;
+    for p in pairs {
+        w.write_tensor_data(bytemuck::cast_slice(p.a))?;
+        w.write_tensor_data(bytemuck::cast_slice(p.b))?;
+    }
+    Ok(w.finish()?.0)
+}
