@@ -164,7 +164,6 @@ impl Adam {
         let (m, v) = rest.split_at_mut(n);
         m.fill(0.0);
         v.fill(0.0);
-        let (mut b1t, mut b2t) = (1.0f32, 1.0f32);
         for t in 0..self.max_iterations {
             let loss = f.evaluate(x, g).map_err(OptimError::Objective)?;
             on_iteration(t, loss);
@@ -175,24 +174,33 @@ impl Adam {
             if norm < self.grad_tolerance {
                 return Ok(Report { outcome: Outcome::Converged, iterations: t, evaluations: t + 1, loss });
             }
-            let clip =
-                if self.clip_norm > 0.0 && norm > self.clip_norm { self.clip_norm / norm } else { 1.0 };
-            let lr = self.lr * self.schedule.factor(t, self.max_iterations);
-            b1t *= self.beta1;
-            b2t *= self.beta2;
-            for i in 0..n {
-                let gi = g[i] * clip;
-                m[i] = self.beta1 * m[i] + (1.0 - self.beta1) * gi;
-                v[i] = self.beta2 * v[i] + (1.0 - self.beta2) * gi * gi;
-                let mh = m[i] / (1.0 - b1t);
-                let vh = v[i] / (1.0 - b2t);
-                x[i] -= lr * (mh / (libm::sqrtf(vh) + self.eps) + self.weight_decay * x[i]);
-            }
+            self.update(t, self.max_iterations, x, g, m, v);
         }
         let loss = f.evaluate(x, g).map_err(OptimError::Objective)?;
         let outcome =
             if norm(g) < self.grad_tolerance { Outcome::Converged } else { Outcome::DidNotConverge };
         Ok(Report { outcome, iterations: self.max_iterations, evaluations: self.max_iterations + 1, loss })
+    }
+}
+
+impl Adam {
+    /// One update of `x` by gradient `g` at step `t` (0-based) of `total` (the schedule's length),
+    /// with the moments `m` and `v` (zeros before the first step; kept between steps): for
+    /// training loops that change the objective every step (a new batch), where
+    /// [`Adam::minimize`] holds one objective. Clips, schedules and decays as configured.
+    pub fn update(&self, t: usize, total: usize, x: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32]) {
+        let norm = norm(g);
+        let clip = if self.clip_norm > 0.0 && norm > self.clip_norm { self.clip_norm / norm } else { 1.0 };
+        let lr = self.lr * self.schedule.factor(t, total);
+        let step = (t + 1) as i32;
+        let (c1, c2) = (1.0 - libm::powf(self.beta1, step as f32), 1.0 - libm::powf(self.beta2, step as f32));
+        for i in 0..x.len().min(g.len()).min(m.len()).min(v.len()) {
+            let gi = g[i] * clip;
+            m[i] = self.beta1 * m[i] + (1.0 - self.beta1) * gi;
+            v[i] = self.beta2 * v[i] + (1.0 - self.beta2) * gi * gi;
+            let (mh, vh) = (m[i] / c1, v[i] / c2);
+            x[i] -= lr * (mh / (libm::sqrtf(vh) + self.eps) + self.weight_decay * x[i]);
+        }
     }
 }
 
