@@ -453,22 +453,6 @@ impl<'a, const N: usize> GraphObjective<'a, N> {
         Ok(Self { bound, loss, params, grads })
     }
 
-    /// Parameters in all (the length of the flat vector).
-    pub fn n_params(&self) -> usize {
-        self.params.iter().map(|&p| self.bound.graph().tensor(p).n_elements()).sum()
-    }
-
-    /// The parameters' current values, flattened into `x`.
-    pub fn read_params(&self, x: &mut [f32]) {
-        let mut at = 0;
-        for &p in self.params {
-            let values: &[f32] = bytemuck::try_cast_slice(self.bound.data(p)).unwrap_or(&[]);
-            let end = (at + values.len()).min(x.len());
-            x[at..end].copy_from_slice(&values[..end - at]);
-            at = end;
-        }
-    }
-
     /// The graph as bound (to read other outputs after a run).
     pub fn bound(&self) -> &crate::exec::Bound<'a, N> {
         &self.bound

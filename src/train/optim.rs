@@ -314,22 +314,10 @@ impl Lbfgs {
         loop {
             xp.copy_from_slice(x);
             gp.copy_from_slice(g);
-            let ls = self.line_search(f, x, g, d, xp, &mut loss, &mut step, &mut evaluations);
-            let ls = match ls {
-                Ok(ok) => ok,
-                Err(OptimError::NonFinite) | Err(OptimError::BadSetting(_)) => false,
-                Err(e) => return Err(e),
-            };
-            if !ls {
-                // Back to the last good point.
+            if !self.line_search(f, x, g, d, xp, &mut loss, &mut step, &mut evaluations)? {
+                // Back to the last good point (a failed search leaves `loss` at its value).
                 x.copy_from_slice(xp);
-                g.copy_from_slice(gp);
-                return Ok(Report {
-                    outcome: Outcome::LineSearchFailed,
-                    iterations: k,
-                    evaluations,
-                    loss: f_at(f, x, g)?,
-                });
+                return Ok(Report { outcome: Outcome::LineSearchFailed, iterations: k, evaluations, loss });
             }
             on_iteration(k, loss);
             k += 1;
@@ -437,10 +425,6 @@ impl Lbfgs {
 fn take_work<E>(work: &mut [f32], needed: usize) -> Result<&mut [f32], OptimError<E>> {
     let got = work.len();
     work.get_mut(..needed).ok_or(OptimError::WorkTooSmall { needed, got })
-}
-
-fn f_at<O: Objective>(f: &mut O, x: &[f32], g: &mut [f32]) -> Result<f32, OptimError<O::Error>> {
-    f.evaluate(x, g).map_err(OptimError::Objective)
 }
 
 fn dot(a: &[f32], b: &[f32]) -> f32 {
