@@ -8,11 +8,13 @@
  * the forced ids are fed one by one, and once they run out each step feeds the argmax (greedy).
  * N_STEPS logits rows are written per prompt (the one after the prompt batch, then one per fed id),
  * as raw float32, n_vocab each. The greedy ids are printed on stdout, one prompt per line.
+ * LLAMA_REPLAY_LORA=FILE[:SCALE] applies a LoRA adapter (llama_adapter_lora_init, scale 1 by default).
  *
  * Needs llama.cpp's headers and static libraries (build 0c1e570, as in tests/golden/README.md); it is a
  * tool for producing committed golden files, never part of pinfer's build or CI. */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "llama.h"
 
@@ -51,6 +53,20 @@ int main(int argc, char **argv) {
     cp.flash_attn_type = atoi(argv[2]) ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
     struct llama_context *ctx = llama_init_from_model(model, cp);
     if (!ctx) { fprintf(stderr, "cannot create a context\n"); return 1; }
+    const char *lora = getenv("LLAMA_REPLAY_LORA");
+    if (lora && *lora) {
+        char path[4096];
+        float scale = 1.0f;
+        snprintf(path, sizeof path, "%s", lora);
+        char *colon = strrchr(path, ':');
+        if (colon) { scale = (float)atof(colon + 1); *colon = 0; }
+        struct llama_adapter_lora *adapter = llama_adapter_lora_init(model, path);
+        if (!adapter) { fprintf(stderr, "cannot load the adapter %s\n", path); return 1; }
+        if (llama_set_adapters_lora(ctx, &adapter, 1, &scale) != 0) {
+            fprintf(stderr, "cannot apply the adapter %s\n", path);
+            return 1;
+        }
+    }
     const int n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));
     FILE *out = fopen(argv[5], "wb");
     if (!out) { fprintf(stderr, "cannot write %s\n", argv[5]); return 1; }

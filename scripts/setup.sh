@@ -173,6 +173,28 @@ make_tiny_models() {
     fi
   fi
   make_qwen2moe_tiny
+  make_lora_adapter
+}
+
+# A random LoRA adapter of the default model (tests/golden/make_lora_adapter.py, no random generator
+# of numpy's: the same bytes everywhere); tests/golden/smollm2-lora.greedy.jsonl is llama.cpp's output
+# with it.
+LORA_ADAPTER="$TINY_DIR/smollm2-lora.gguf"
+LORA_ADAPTER_SHA256=374f812c2bfc94712cb3ce26feeb9046ba23368932737dd7e2d0ff7dbe9675a3
+
+make_lora_adapter() {
+  if echo "$LORA_ADAPTER_SHA256  $LORA_ADAPTER" | sha256sum -c --status 2>/dev/null; then
+    log "LoRA test adapter present"
+    return
+  fi
+  fetch_model
+  pip_install "gguf:gguf==0.19.0" "numpy:numpy"
+  log "writing $LORA_ADAPTER"
+  "$PY" tests/golden/make_lora_adapter.py "$MODEL_FILE" "$LORA_ADAPTER" >/dev/null
+  if ! echo "$LORA_ADAPTER_SHA256  $LORA_ADAPTER" | sha256sum -c --status; then
+    log "$LORA_ADAPTER differs from its golden's adapter (is gguf==0.19.0 installed?)"
+    exit 1
+  fi
 }
 
 # qwen2moe (shared expert) tiny model, written by scripts/make_qwen2moe_tiny.py from the same vocabulary;

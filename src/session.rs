@@ -20,6 +20,7 @@ use crate::exec::{ExecError, PackedEntry};
 use crate::gguf::{Gguf, TensorInfo};
 use crate::kernels::packed::packed_bytes;
 use crate::loader::{LoadError, ModelFile};
+use crate::model::lora::{Adapter, LoraAdapter};
 use crate::model::{HParams, ModelError};
 use crate::placement::{Buffer, Placement, Reason};
 
@@ -63,6 +64,9 @@ pub struct SessionOptions {
     /// Refuse to load when the memory plan's total exceeds this many bytes (the CLI passes
     /// MemAvailable, or `--mem-limit`).
     pub memory_limit: Option<usize>,
+    /// LoRA adapters to apply (`--lora FILE`, `--lora-scaled FILE SCALE`): each file with its
+    /// user scale.
+    pub lora: Vec<(std::path::PathBuf, f32)>,
     /// Offload of matmuls to the NPU (feature `npu`; off by default).
     #[cfg(feature = "npu")]
     pub npu: crate::npu::NpuConfig,
@@ -85,6 +89,7 @@ impl Default for SessionOptions {
             kv_types: crate::model::KvTypes::default(),
             repack_progress: None,
             memory_limit: None,
+            lora: Vec::new(),
             #[cfg(feature = "npu")]
             npu: crate::npu::NpuConfig::default(),
         }
@@ -115,6 +120,13 @@ pub enum SessionError {
     /// The engine refused a plan or a step: the context is full (`EngineError::ContextFull`), a
     /// token is outside the vocabulary, the logits are not finite, ...
     Engine(EngineError),
+    /// A LoRA adapter could not be read or does not apply to the model.
+    Adapter {
+        /// The adapter file.
+        path: std::path::PathBuf,
+        /// Why.
+        error: std::string::String,
+    },
     /// The memory plan exceeds the memory available (`SessionOptions::memory_limit`).
     OverMemory {
         /// The plan.
@@ -128,8 +140,8 @@ pub enum SessionError {
 /// first token (`-v`). Everything is bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct MemoryPlan {
-    /// Model file pages read in place: the header and metadata, and every tensor the plan keeps
-    /// mapped (read through the page cache).
+    /// Model file pages read in place: the header and metadata, every tensor the plan keeps
+    /// mapped (read through the page cache), and the LoRA adapters' files.
     pub mapped: usize,
     /// File bytes of tied embeddings: repacked, but `get_rows` still reads their rows from the
     /// file, a few per token, through the page cache. Not in [`MemoryPlan::total`]: only the rows
@@ -208,6 +220,7 @@ impl fmt::Display for SessionError {
             Self::Cache(msg) => write!(f, "{msg}"),
             Self::Interrupted => write!(f, "interrupted"),
             Self::Engine(e) => write!(f, "{e}"),
+            Self::Adapter { path, error } => write!(f, "LoRA adapter {}: {error}", path.display()),
             Self::OverMemory { plan, limit } => write!(
                 f,
                 "not loading: the memory plan needs {plan}, more than the {:.1} MiB available (use a smaller \
@@ -241,6 +254,31 @@ impl From<ExecError> for SessionError {
     fn from(e: ExecError) -> Self {
         Self::Exec(e)
     }
+}
+
+/// Maps and checks the LoRA adapters `files` (path, user scale) for `base`. They stay mapped for
+/// the life of the process, as the model does (`None`: no adapters).
+fn open_adapters(
+    base: &Model<'static>,
+    files: &[(std::path::PathBuf, f32)],
+) -> Result<Option<&'static [Adapter<'static>]>, SessionError> {
+    if files.is_empty() {
+        return Ok(None);
+    }
+    let mut adapters = Vec::with_capacity(files.len());
+    for (path, user_scale) in files {
+        let fail = |error: std::string::String| SessionError::Adapter { path: path.clone(), error };
+        if !user_scale.is_finite() {
+            return Err(fail(std::format!("the scale {user_scale} is not a finite number")));
+        }
+        let file = ModelFile::open_static(path).map_err(|e| fail(e.to_string()))?;
+        let gguf = file.parse().map_err(|e| fail(e.to_string()))?;
+        let lora = LoraAdapter::check(&gguf, base.gguf(), base.hparams()).map_err(|e| fail(e.to_string()))?;
+        let adapter = Adapter { bytes: file.bytes(), scale: lora.scale(*user_scale), lora };
+        adapter.check_finite().map_err(|e| fail(e.to_string()))?;
+        adapters.push(adapter);
+    }
+    Ok(Some(Vec::leak(adapters)))
 }
 
 /// The placement of every tensor of `model` in a decode session with repacking on or off (what
@@ -392,7 +430,14 @@ impl Session {
             kv_types: opts.kv_types,
         };
         let slots: Vec<GraphSlot> = (0..graph_slots(&config)).map(|_| GraphSlot::new()).collect();
-        let mut planned = Planned::new(Model::from_gguf(model.bytes(), gguf)?, &config, slots)?;
+        let base = Model::from_gguf(model.bytes(), gguf)?;
+        let base = match open_adapters(&base, &opts.lora)? {
+            Some(adapters) => base
+                .with_adapters(adapters)
+                .map_err(|e| SessionError::Adapter { path: opts.lora[0].0.clone(), error: e.to_string() })?,
+            None => base,
+        };
+        let mut planned = Planned::new(base, &config, slots)?;
         let gguf = planned.model().gguf();
         // Where every tensor goes (the same decision `pinfer info --placement` prints).
         let placements: Vec<Placement> = gguf.tensors().map(|t| planned.placement_of(&t)).collect();
@@ -432,6 +477,7 @@ impl Session {
                 _ => {}
             }
         }
+        memory_plan.mapped += planned.model().adapters().iter().map(|a| a.bytes.len()).sum::<usize>();
         if let Some(limit) = opts.memory_limit {
             if memory_plan.total() > limit {
                 return Err(SessionError::OverMemory { plan: memory_plan, limit });

@@ -45,13 +45,17 @@ fn check_greedy(model: &str, golden: &str, max_steps: usize) {
 /// As [`check_greedy`], with weight repacking on or off (`--no-repack` runs the file's layouts
 /// through the ggml-order reference dots).
 fn check_greedy_with(model: &str, golden: &str, max_steps: usize, repack: bool) {
+    let opts =
+        SessionOptions { threads: 2, n_ctx: 256, repack, kernels: kernels_from_env(), ..Default::default() };
+    check_greedy_opts(model, &golden_for_path(golden), max_steps, opts);
+}
+
+/// As [`check_greedy`], with session options `opts` and the golden file named as it is.
+fn check_greedy_opts(model: &str, golden: &str, max_steps: usize, opts: SessionOptions) {
     let path = model_path(model);
     assert!(path.exists(), "{} missing: run scripts/setup.sh model", path.display());
     let model = ModelFile::open_static(&path).unwrap();
-    let opts =
-        SessionOptions { threads: 2, n_ctx: 256, repack, kernels: kernels_from_env(), ..Default::default() };
     let mut session = Session::new(model, &opts).unwrap();
-    let golden = &golden_for_path(golden);
     let spread = spread(golden, NEAR_TIE);
     let verbose = std::env::var("GOLDEN_VERBOSE").is_ok();
     let mut worst_logit_gap = 0.0f64;
@@ -115,6 +119,28 @@ fn emulated() -> bool {
 #[test]
 fn smollm2_greedy_matches_llama_cpp() {
     check_greedy("SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2.greedy.jsonl", if emulated() { 4 } else { 48 });
+}
+
+/// With a LoRA adapter on every projection (`models/tiny/smollm2-lora.gguf`, written by setup):
+/// llama.cpp's tokens with the same adapter (`LLAMA_REPLAY_LORA`, see tests/golden/README.md). The
+/// adapter's terms are the same on every kernel path, so the fp16 path runs the x86 attention
+/// arithmetic here (dotprod) and is held to the x86 golden.
+#[test]
+fn smollm2_with_a_lora_adapter_matches_llama_cpp() {
+    let adapter = model_path("tiny/smollm2-lora.gguf");
+    assert!(adapter.exists(), "{} missing: run scripts/setup.sh tiny", adapter.display());
+    let kernels = match kernels_from_env() {
+        pinfer::kernels::KernelPath::NeonFp16 => pinfer::kernels::KernelPath::NeonDotprod,
+        other => other,
+    };
+    let opts =
+        SessionOptions { threads: 2, n_ctx: 256, kernels, lora: vec![(adapter, 1.0)], ..Default::default() };
+    check_greedy_opts(
+        "SmolLM2-135M-Instruct.Q4_1.gguf",
+        "smollm2-lora.greedy.jsonl",
+        if emulated() { 4 } else { 48 },
+        opts,
+    );
 }
 
 #[test]

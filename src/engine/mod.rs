@@ -26,6 +26,7 @@ use crate::gguf::{Gguf, GgufError, TensorInfo};
 use crate::graph::{plan, Graph, Plan, PlanError};
 use crate::kernels::packed::{pack, packed_bytes, GROUP_ROWS};
 use crate::kernels::KernelPath;
+use crate::model::lora::{Adapter, LoraError, MAX_ADAPTERS};
 use crate::model::{
     build_forward, check, context_size, Forward, HParams, KvLayout, KvTypeError, KvTypes, ModelError, Vocab,
 };
@@ -208,6 +209,8 @@ pub struct Model<'m> {
     gguf: Gguf<'m>,
     hp: HParams,
     vocab: Vocab<'m>,
+    /// LoRA adapters whose products every graph adds (buffers 1.. of every step).
+    adapters: &'m [Adapter<'m>],
 }
 
 impl<'m> Model<'m> {
@@ -220,7 +223,27 @@ impl<'m> Model<'m> {
     /// Validates an already parsed file (`gguf` must be `bytes` parsed).
     pub fn from_gguf(bytes: &'m [u8], gguf: Gguf<'m>) -> Result<Self, EngineError> {
         let checked = check(&gguf)?;
-        Ok(Self { bytes, gguf, hp: checked.hparams, vocab: checked.vocab })
+        Ok(Self { bytes, gguf, hp: checked.hparams, vocab: checked.vocab, adapters: &[] })
+    }
+
+    /// Runs the model with LoRA adapters (each checked against this model by
+    /// [`LoraAdapter::check`](crate::model::lora::LoraAdapter::check)): every graph adds their
+    /// products to the weights they adapt. Refuses more than [`MAX_ADAPTERS`] and non-finite
+    /// weights; a pair whose weight the graph does not multiply whole is refused when planning.
+    pub fn with_adapters(mut self, adapters: &'m [Adapter<'m>]) -> Result<Self, EngineError> {
+        if adapters.len() > MAX_ADAPTERS {
+            return Err(EngineError::Model(ModelError::Lora(LoraError::TooMany(adapters.len()))));
+        }
+        for a in adapters {
+            a.check_finite().map_err(|e| EngineError::Model(ModelError::Lora(e)))?;
+        }
+        self.adapters = adapters;
+        Ok(self)
+    }
+
+    /// The LoRA adapters it runs with.
+    pub fn adapters(&self) -> &'m [Adapter<'m>] {
+        self.adapters
     }
 
     /// The file's bytes.
@@ -531,7 +554,7 @@ fn build_into(
     outputs: usize,
 ) -> Result<(), EngineError> {
     slot.fwd = None;
-    let fwd = build_forward(&mut slot.graph, &model.gguf, &model.hp, kv, n, outputs)?;
+    let fwd = build_forward(&mut slot.graph, &model.gguf, &model.hp, kv, n, outputs, model.adapters)?;
     slot.plan = plan(&slot.graph).map_err(EngineError::Plan)?;
     slot.fwd = Some(fwd);
     Ok(())
@@ -681,7 +704,11 @@ impl<'m, G: AsMut<[GraphSlot]> + AsRef<[GraphSlot]>, B: DerefMut<Target = [u8]>>
             &before[packed_region.offset..packed_region.offset + packed_region.len]
         };
         let s = &self.planned.slots.as_ref()[slot];
-        let buffers = [model];
+        let mut buffers: heapless::Vec<&[u8], { MAX_ADAPTERS + 1 }> = heapless::Vec::new();
+        let _ = buffers.push(model);
+        for a in self.planned.model.adapters {
+            let _ = buffers.push(a.bytes);
+        }
         let mut bound = Bound::new(&s.graph, &s.plan, &buffers, arena, activations, work)?
             .with_packed(packed, &self.planned.packed)
             .with_numerics_check(config.check_numerics)

@@ -66,6 +66,24 @@ pub enum LoraError {
     Count(usize),
     /// `adapter.lora.alpha` is negative or not finite.
     Alpha(f32),
+    /// A tensor holds NaN or infinity.
+    NonFinite {
+        /// Its name.
+        name: Name,
+    },
+    /// A weight of a type the adapter's matmuls have no kernel for.
+    Type {
+        /// The tensor's name.
+        name: Name,
+    },
+    /// The model's graph does not multiply the adapted weight whole (a fused projection read in
+    /// parts, an embedding table, an expert stack): pinfer cannot add the adapter's product to it.
+    Unapplied {
+        /// The adapted weight's name.
+        name: Name,
+    },
+    /// More adapters than [`MAX_ADAPTERS`].
+    TooMany(usize),
 }
 
 impl From<GgufError> for LoraError {
@@ -97,6 +115,16 @@ impl fmt::Display for LoraError {
             }
             Self::Count(n) => write!(f, "the adapter has {n} pairs (1..={MAX_LORA_PAIRS})"),
             Self::Alpha(a) => write!(f, "adapter.lora.alpha is {a}: it must be finite and not negative"),
+            Self::NonFinite { name } => write!(f, "the adapter's tensor {name:?} holds NaN or infinity"),
+            Self::Type { name } => {
+                write!(f, "the adapter's tensor {name:?} has a type pinfer cannot multiply")
+            }
+            Self::Unapplied { name } => write!(
+                f,
+                "the adapter adapts {name:?}, which this architecture's graph does not multiply whole \
+                 (a fused, embedding or expert weight): not supported"
+            ),
+            Self::TooMany(n) => write!(f, "{n} adapters: at most {MAX_ADAPTERS} apply at once"),
         }
     }
 }
@@ -123,6 +151,47 @@ pub struct LoraAdapter<'a> {
     pub rank: u64,
     /// The adapted weights, in the file's order of their `A` tensors.
     pub pairs: heapless::Vec<LoraPair<'a>, MAX_LORA_PAIRS>,
+    /// Where the adapter file's tensor data starts (tensor offsets count from there).
+    pub data_start: usize,
+}
+
+/// Most adapters one model runs with at once.
+pub const MAX_ADAPTERS: usize = 8;
+
+/// An adapter applied to a model: its file's bytes, its checked pairs and the factor of its
+/// `B (A x)` ([`LoraAdapter::scale`] of the user's scale).
+#[derive(Debug, Clone)]
+pub struct Adapter<'a> {
+    /// The adapter file, whole.
+    pub bytes: &'a [u8],
+    /// Its pairs, checked against the model.
+    pub lora: LoraAdapter<'a>,
+    /// The factor of `B (A x)`.
+    pub scale: f32,
+}
+
+impl<'a> Adapter<'a> {
+    /// The bytes of one of the adapter's tensors, if they lie inside the file.
+    pub fn data(&self, t: &TensorInfo<'_>) -> Option<&'a [u8]> {
+        let start = self.lora.data_start.checked_add(t.offset as usize)?;
+        self.bytes.get(start..start.checked_add(t.nbytes as usize)?)
+    }
+
+    /// Refuses an adapter whose weights are not all finite, naming the first bad tensor.
+    pub fn check_finite(&self) -> Result<(), LoraError> {
+        for p in &self.lora.pairs {
+            for t in [&p.a, &p.b] {
+                let bytes = self.data(t).ok_or(LoraError::Shape {
+                    name: name(t.name),
+                    problem: "its data lies outside the file",
+                })?;
+                if !crate::quant::all_finite(t.ty, bytes) {
+                    return Err(LoraError::NonFinite { name: name(t.name) });
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 impl<'a> LoraAdapter<'a> {
@@ -172,6 +241,11 @@ impl<'a> LoraAdapter<'a> {
             if b.ne[1] != w.ne[1] {
                 return Err(bad("lora_b has not as many rows as the weight"));
             }
+            for t in [&a, &b] {
+                if crate::kernels::dot::vec_dot_type(t.ty).is_none() {
+                    return Err(LoraError::Type { name: name(t.name) });
+                }
+            }
             if a.ne[1] != b.ne[0] || a.ne[1] == 0 {
                 return Err(bad("lora_a's rank differs from lora_b's (or lora_a is not transposed)"));
             }
@@ -188,7 +262,7 @@ impl<'a> LoraAdapter<'a> {
             }
         }
         let rank = rank.ok_or(LoraError::Count(0))?;
-        Ok(Self { alpha, rank, pairs })
+        Ok(Self { alpha, rank, pairs, data_start: adapter.data_start() })
     }
 
     /// The factor of `B (A x)` for a user scale (`--lora-scaled FILE SCALE`; 1 for `--lora`).
@@ -203,6 +277,23 @@ impl<'a> LoraAdapter<'a> {
     /// The pair adapting weight `target`, if any.
     pub fn pair(&self, target: &str) -> Option<&LoraPair<'a>> {
         self.pairs.iter().find(|p| p.target == target)
+    }
+}
+
+/// Adds `scale * B A` to a weight `w` of `n_out` rows of `n_in` (the file's layout), with `a`
+/// of `r` rows of `n_in` (`lora_a`, `[n_in, r]`) and `b` of `n_out` rows of `r` (`lora_b`,
+/// `[r, n_out]`): the merge `pinfer export-lora` writes. Each product is summed over the rank in
+/// f32, in rank order.
+pub fn add_product(w: &mut [f32], a: &[f32], b: &[f32], n_in: usize, rank: usize, scale: f32) {
+    debug_assert!(w.len() % n_in == 0 && a.len() == rank * n_in && b.len() == w.len() / n_in * rank);
+    for (row, b_row) in w.chunks_exact_mut(n_in).zip(b.chunks_exact(rank)) {
+        for (i, x) in row.iter_mut().enumerate() {
+            let mut sum = 0.0f32;
+            for (k, &bk) in b_row.iter().enumerate() {
+                sum += bk * a[k * n_in + i];
+            }
+            *x += scale * sum;
+        }
     }
 }
 

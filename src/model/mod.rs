@@ -124,6 +124,8 @@ pub enum ModelError {
     },
     /// Building the forward graph failed (capacity, or a shape the validation should have caught).
     Graph(GraphError),
+    /// A LoRA adapter does not apply to the model's graph.
+    Lora(lora::LoraError),
     /// The vocabulary metadata is inconsistent.
     Vocab {
         /// The key concerned.
@@ -194,6 +196,7 @@ impl fmt::Display for ModelError {
                 )
             }
             Self::Graph(e) => write!(f, "building the forward graph: {e}"),
+            Self::Lora(e) => write!(f, "LoRA adapter: {e}"),
             Self::Vocab { key, problem, value } => write!(f, "vocabulary {key}: {problem} ({value})"),
         }
     }

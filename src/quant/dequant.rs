@@ -279,6 +279,21 @@ pub fn dequantize_row_ref(ty: GgmlType, src: &[u8], out: &mut [f32]) -> Result<(
     Ok(())
 }
 
+/// Whether every value of the raw bytes `src` of type `ty` is finite (`false` also when `src`
+/// is not whole blocks or the type has no dequantizer). Reads in chunks of 256 values.
+pub fn all_finite(ty: GgmlType, src: &[u8]) -> bool {
+    let (len, bytes) = (ty.block_len(), ty.block_bytes());
+    let per_chunk = (256 / len).max(1);
+    if src.len() % bytes != 0 {
+        return false;
+    }
+    let mut out = [0f32; 256];
+    src.chunks(per_chunk * bytes).all(|chunk| {
+        let values = &mut out[..chunk.len() / bytes * len];
+        dequantize_row_ref(ty, chunk, values).is_ok() && values.iter().all(|v| v.is_finite())
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

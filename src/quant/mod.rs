@@ -12,7 +12,7 @@ pub mod quantize;
 pub mod traits;
 
 pub use blocks::{blocks_of, blocks_of_mut};
-pub use dequant::{dequantize_row_ref, QuantError};
+pub use dequant::{all_finite, dequantize_row_ref, QuantError};
 pub use traits::{TypeList, TypeTraits};
 
 /// A name shown in lower case (type names as llama.cpp's options spell them: `q8_0`).

@@ -15,6 +15,7 @@ mod bench;
 mod bundle;
 mod chat;
 mod doctor;
+mod export_lora;
 mod generate;
 mod info;
 mod kl_divergence;
@@ -101,6 +102,8 @@ enum Command {
     Selftest(npu::SelftestArgs),
     /// Requantize a model's weight matrices (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K) into a new GGUF file.
     Quantize(quantize::QuantizeArgs),
+    /// Merge LoRA adapters into a new GGUF (llama-export-lora): `-m BASE --lora FILE -o OUT`.
+    ExportLora(export_lora::ExportLoraArgs),
     /// Write a repacked-weight cache: a GGUF with the weight matrices already in pinfer's packed
     /// layout for this CPU, which loads without repacking (`pinfer repack IN OUT`).
     Repack(repack::RepackArgs),
@@ -183,6 +186,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
         }
         Command::Bench(args) => bench::run(args),
         Command::Quantize(args) => quantize::run(args),
+        Command::ExportLora(args) => export_lora::run(args),
         Command::Repack(args) => repack::run(args),
         Command::Bundle(args) => bundle::run(args),
         Command::Doctor(args) => doctor::run(args),

@@ -15,6 +15,7 @@
 //! new temporary file beside OUT, checked with pinfer's parser, then renamed over OUT
 //! (`pinfer::output_file`: the input, devices and links are never overwritten).
 
+use std::borrow::Cow;
 use std::io::BufWriter;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -56,7 +57,7 @@ const TARGETS: [(GgmlType, u32); 5] = [
 /// Where a matrix goes when its rows do not divide into the target's blocks.
 const FALLBACK: GgmlType = GgmlType::Q8_0;
 
-fn parse_target(name: &str) -> Result<(GgmlType, u32), CliError> {
+pub(crate) fn parse_target(name: &str) -> Result<(GgmlType, u32), CliError> {
     TARGETS.iter().copied().find(|(ty, _)| ty.name().eq_ignore_ascii_case(name)).ok_or_else(|| {
         let names: Vec<&str> = TARGETS.iter().map(|(ty, _)| ty.name()).collect();
         CliError::new(format!("unknown quantization type '{name}' (supported: {})", names.join(", ")))
@@ -162,7 +163,10 @@ fn requantize(
 
 /// The input's metadata with `general.file_type` set (and `general.quantization_version` added if
 /// missing).
-fn output_metadata<'a>(gguf: &Gguf<'a>, file_type: u32) -> Result<Vec<(&'a str, Value<'a>)>, CliError> {
+pub(crate) fn output_metadata<'a>(
+    gguf: &Gguf<'a>,
+    file_type: u32,
+) -> Result<Vec<(&'a str, Value<'a>)>, CliError> {
     let mut meta: Vec<(&'a str, Value<'a>)> = gguf.metadata().collect();
     if meta.len() as u64 != gguf.header().kv_count {
         return Err(CliError::new(format!(
@@ -296,23 +300,34 @@ fn write_output(
     metadata: &[(&str, Value<'_>)],
     threads: usize,
 ) -> Result<u64, CliError> {
+    write_gguf(out, metadata, headers, |i| {
+        let (t, src) = (&tensors[i], gguf.tensor_data(&tensors[i]));
+        match plans[i] {
+            Plan::Copy => Ok(Cow::Borrowed(src)),
+            Plan::Requantize(ty) => requantize(src, t.ty, ty, t.ne[0] as usize, threads)
+                .map(Cow::Owned)
+                .map_err(|e| CliError::new(format!("{}: {e}", t.name))),
+        }
+    })
+}
+
+/// Writes a GGUF of `metadata` and tensors `headers` to `out`'s temporary file, tensor `i`'s bytes
+/// from `data(i)` (a Ctrl-C stops between tensors), and checks that it parses back with those
+/// tensors; returns its size in bytes.
+pub(crate) fn write_gguf<'d>(
+    out: &mut OutputFile,
+    metadata: &[(&str, Value<'_>)],
+    headers: &[TensorHeader<'_>],
+    mut data: impl FnMut(usize) -> Result<Cow<'d, [u8]>, CliError>,
+) -> Result<u64, CliError> {
     let path = out.tmp_path().to_path_buf();
     let io_err = |e: std::io::Error| CliError::new(format!("writing {}: {e}", out.target().display()));
     let file = out.try_clone_file()?;
     let mut writer =
         GgufWriter::start(BufWriter::with_capacity(1 << 20, file), metadata, headers).map_err(io_err)?;
-    for (t, plan) in tensors.iter().zip(plans) {
+    for i in 0..headers.len() {
         crate::signals::check_interrupt()?;
-        let src = gguf.tensor_data(t);
-        match *plan {
-            Plan::Copy => writer.write_tensor_data(src),
-            Plan::Requantize(ty) => {
-                let data = requantize(src, t.ty, ty, t.ne[0] as usize, threads)
-                    .map_err(|e| CliError::new(format!("{}: {e}", t.name)))?;
-                writer.write_tensor_data(&data)
-            }
-        }
-        .map_err(io_err)?;
+        writer.write_tensor_data(&data(i)?).map_err(io_err)?;
     }
     let (buf, len) = writer.finish().map_err(io_err)?;
     buf.into_inner().map_err(|e| io_err(e.into_error()))?.sync_all().map_err(io_err)?;

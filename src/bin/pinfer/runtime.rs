@@ -1,7 +1,7 @@
 //! The board runtime of the CLI: which board, which cores, real-time scheduling, memory locking
 //! and the memory check, shared by every command that runs a model; and the reports `-v` prints.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use clap::Args;
 use pinfer::board::runtime::{self as board, Board, WorkerPlan};
@@ -70,11 +70,32 @@ pub struct RuntimeArgs {
     /// llama.cpp's NUMA strategy: accepted with a note (RK3588 boards have one memory node).
     #[arg(long = "numa", value_name = "TYPE", num_args = 0..=1, default_missing_value = "distribute")]
     pub numa: Option<String>,
+    /// Apply a LoRA adapter (llama.cpp's form; repeatable).
+    #[arg(long = "lora", value_name = "FILE")]
+    pub lora: Vec<PathBuf>,
+    /// Apply a LoRA adapter with a scale of its product (repeatable).
+    #[arg(long = "lora-scaled", value_names = ["FILE", "SCALE"], num_args = 2)]
+    pub lora_scaled: Vec<String>,
     #[command(flatten)]
     pub npu: crate::npu::NpuArgs,
 }
 
 impl RuntimeArgs {
+    /// The adapters of `--lora` (scale 1) and `--lora-scaled`, in that order.
+    fn adapters(&self) -> Result<Vec<(PathBuf, f32)>, CliError> {
+        let mut out: Vec<(PathBuf, f32)> = self.lora.iter().map(|p| (p.clone(), 1.0)).collect();
+        for pair in self.lora_scaled.chunks(2) {
+            let [file, scale] = pair else {
+                return Err(CliError::new("--lora-scaled needs FILE SCALE".into()));
+            };
+            let value: f32 = scale.parse().ok().filter(|v: &f32| v.is_finite()).ok_or_else(|| {
+                CliError::new(format!("--lora-scaled {file} {scale}: the scale is not a number"))
+            })?;
+            out.push((PathBuf::from(file), value));
+        }
+        Ok(out)
+    }
+
     /// One line for each llama.cpp option that has no effect here.
     fn notes(&self) {
         if let Some(n) = &self.n_gpu_layers {
@@ -110,6 +131,8 @@ pub struct Runtime {
     npu: crate::npu::NpuChoice,
     /// The kernel path every session of this run uses.
     kernels: pinfer::kernels::KernelPath,
+    /// LoRA adapters and their scales.
+    lora: Vec<(PathBuf, f32)>,
 }
 
 /// When the repacking threads started (the first call), and the last percentage shown.
@@ -165,7 +188,8 @@ impl Runtime {
             None => board::mem_available(root).map(|b| (b, "MemAvailable")),
         };
         let npu = args.npu.resolve(board.profile.npu_cores)?;
-        Ok(Self { board, workers, args: args.clone(), limit, npu, kernels })
+        let lora = args.adapters()?;
+        Ok(Self { board, workers, args: args.clone(), limit, npu, kernels, lora })
     }
 
     /// `base` with the workers, scheduling, numerics check and memory limit filled in.
@@ -183,6 +207,7 @@ impl Runtime {
             },
             repack_progress: Some(repack_progress),
             memory_limit: self.memory_limit().map(|(b, _)| b as usize),
+            lora: self.lora.clone(),
             ..base
         };
         opts.repack &= repack_allowed();

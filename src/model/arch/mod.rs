@@ -25,6 +25,7 @@ pub fn build_forward<const N: usize>(
     kv: &KvLayout,
     n_tokens: usize,
     n_outputs: usize,
+    adapters: &[crate::model::lora::Adapter<'_>],
 ) -> Result<Forward, ModelError> {
     match hp.arch {
         Arch::Llama
@@ -39,7 +40,7 @@ pub fn build_forward<const N: usize>(
         | Arch::Lfm2
         | Arch::Lfm2Moe
         | Arch::Qwen35
-        | Arch::Gemma4 => transformer::build(g, gguf, hp, kv, n_tokens, n_outputs),
+        | Arch::Gemma4 => transformer::build(g, gguf, hp, kv, n_tokens, n_outputs, adapters),
     }
 }
 

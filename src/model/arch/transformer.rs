@@ -3,6 +3,7 @@
 //! RoPE pairing, GeGLU, extra norms, embedding scale, sliding-window layers, the FFN), which
 //! [`super::ArchTraits`] spells out. Weights are leaves in buffer 0 (the model file) at
 //! their GGUF offsets; the KV cache and the token ids live in the arena's persistent region.
+//! LoRA adapters' tensors are leaves in buffers 1.. (one per adapter, [`adapter_buffer`]).
 
 use core::fmt::Write;
 
@@ -10,12 +11,50 @@ use super::Gating;
 use crate::gguf::{name_of, Gguf};
 use crate::graph::{Graph, GraphError};
 use crate::kernels::reference::Yarn;
+use crate::model::lora::{Adapter, LoraError, MAX_ADAPTERS, MAX_LORA_PAIRS};
 use crate::model::{HParams, LayerMask, ModelError};
 use crate::quant::{GgmlType, Lowercase};
 use crate::tensor::{Storage, TensorId};
 
 /// Index of the model file in the executor's buffer table.
 pub const MODEL_BUFFER: u8 = 0;
+
+/// Index of adapter `i`'s file in the executor's buffer table.
+pub const fn adapter_buffer(i: usize) -> u8 {
+    MODEL_BUFFER + 1 + i as u8
+}
+
+/// Which pairs of each adapter a graph applied, one bit per pair.
+type Applied = [[u64; MAX_LORA_PAIRS / 64]; MAX_ADAPTERS];
+
+/// `w x`, plus `scale * B (A x)` for every adapter holding a pair for `w` (llama.cpp's order:
+/// the base product, then each adapter's term added in turn).
+fn lora_mul_mat<const N: usize>(
+    g: &mut Graph<N>,
+    adapters: &[Adapter<'_>],
+    applied: &mut Applied,
+    w: TensorId,
+    x: TensorId,
+) -> Result<TensorId, GraphError> {
+    let mut out = g.mul_mat(w, x)?;
+    for (i, adapter) in adapters.iter().enumerate() {
+        let name = g.tensor(w).name.clone();
+        let Some(k) = adapter.lora.pairs.iter().position(|p| p.target == name.as_str()) else { continue };
+        applied[i][k / 64] |= 1 << (k % 64);
+        let pair = &adapter.lora.pairs[k];
+        let leaf = |g: &mut Graph<N>, t: &crate::gguf::TensorInfo<'_>| {
+            let offset = adapter.lora.data_start + t.offset as usize;
+            let storage = Storage::External { buffer: adapter_buffer(i), offset };
+            g.leaf(t.name, t.ty, [t.ne[0] as usize, t.ne[1] as usize, 1, 1], storage)
+        };
+        let (a, b) = (leaf(g, &pair.a)?, leaf(g, &pair.b)?);
+        let ax = g.mul_mat(a, x)?;
+        let bax = g.mul_mat(b, ax)?;
+        let term = g.scale(bax, adapter.scale)?;
+        out = g.add(out, term)?;
+    }
+    Ok(out)
+}
 
 /// The types of the KV cache (`-ctk/-ctv`): F16 by default, or any type for which
 /// [`GgmlType::is_kv_cache_type`] holds.
@@ -403,8 +442,19 @@ pub fn build<const N: usize>(
     kv: &KvLayout,
     n_tokens: usize,
     n_outputs: usize,
+    adapters: &[Adapter<'_>],
 ) -> Result<Forward, ModelError> {
     g.clear();
+    if adapters.len() > MAX_ADAPTERS {
+        return Err(ModelError::Lora(LoraError::TooMany(adapters.len())));
+    }
+    let mut applied: Applied = [[0; MAX_LORA_PAIRS / 64]; MAX_ADAPTERS];
+    // A weight's product, with the adapters' terms.
+    macro_rules! mm {
+        ($w:expr, $x:expr) => {
+            lora_mul_mat(g, adapters, &mut applied, $w, $x)
+        };
+    }
     if n_tokens == 0 || n_tokens > kv.n_batch || n_outputs == 0 || n_outputs > n_tokens {
         return Err(ModelError::Graph(GraphError::Invalid {
             op: "forward",
@@ -498,7 +548,7 @@ pub fn build<const N: usize>(
         let rows = named!("inp_per_layer_rows", g.get_rows(table, ids));
         let rows = named!("inp_per_layer_selected", g.scale(rows, libm::sqrtf(p as f32)));
         let rows = g.reshape(rows, [p, n_layer, t, 1]).map_err(ModelError::Graph)?;
-        let projected = named!("per_layer_proj_raw", g.mul_mat(proj, x));
+        let projected = named!("per_layer_proj_raw", mm!(proj, x));
         let projected = named!("per_layer_proj_scaled", g.scale(projected, 1.0 / libm::sqrtf(e as f32)));
         let projected = g.reshape(projected, [p, n_layer, t, 1]).map_err(ModelError::Graph)?;
         let projected = named!("per_layer_proj_norm", g.rms_norm(projected, hp.rms_eps));
@@ -542,11 +592,11 @@ pub fn build<const N: usize>(
             let (dt_bias, a) = (need(g, "ssm_dt.bias")?, need(g, "ssm_a")?);
             let (taps, norm, w_out) =
                 (need(g, "ssm_conv1d.weight")?, need(g, "ssm_norm.weight")?, need(g, "ssm_out.weight")?);
-            let qkv = named!("linear_attn_qkv_mixed", il, g.mul_mat(w_qkv, cur));
-            let z = named!("z", il, g.mul_mat(w_gate, cur));
-            let beta = named!("beta", il, g.mul_mat(w_beta, cur));
+            let qkv = named!("linear_attn_qkv_mixed", il, mm!(w_qkv, cur));
+            let z = named!("z", il, mm!(w_gate, cur));
+            let beta = named!("beta", il, mm!(w_beta, cur));
             let beta = named!("beta_sigmoid", il, g.sigmoid(beta));
-            let alpha = named!("alpha", il, g.mul_mat(w_alpha, cur));
+            let alpha = named!("alpha", il, mm!(w_alpha, cur));
             let alpha = named!("alpha_biased", il, g.add(alpha, dt_bias));
             let alpha = named!("a_softplus", il, g.softplus(alpha));
             let decay = named!("gate", il, g.mul(alpha, a));
@@ -577,7 +627,7 @@ pub fn build<const N: usize>(
             let z = named!("z_silu", il, g.silu(z));
             let out = named!("attn_out_gated", il, g.mul(out, z));
             let out = e_(g.reshape(out, [hd * nv, t, 1, 1]))?;
-            named!("linear_attn_out", il, g.mul_mat(w_out, out))
+            named!("linear_attn_out", il, mm!(w_out, out))
         } else if hp.recurrent.contains(il) {
             // LFM2's short-convolution block: B, C and X projections (rows of one matrix), the
             // convolution of B * X over the sequence's last inputs, gated by C.
@@ -587,13 +637,13 @@ pub fn build<const N: usize>(
             let wx = rows_of(g, &in_proj, "x", 2 * e, e)?;
             let (taps, out_proj) = (need(g, "shortconv.conv.weight")?, need(g, "shortconv.out_proj.weight")?);
             let states = state_leaf(g, "conv_state", il, hp.conv_state_len(), kv.conv_states_of(il))?;
-            let b = named!("conv_b", il, g.mul_mat(wb, cur));
-            let c = named!("conv_c", il, g.mul_mat(wc, cur));
-            let xs = named!("conv_x", il, g.mul_mat(wx, cur));
+            let b = named!("conv_b", il, mm!(wb, cur));
+            let c = named!("conv_c", il, mm!(wc, cur));
+            let xs = named!("conv_x", il, mm!(wx, cur));
             let bx = named!("conv_bx", il, g.mul(b, xs));
             let conv = named!("conv_conv", il, g.short_conv(bx, taps, states, places, kv.n_ctx));
             let y = named!("conv_y", il, g.mul(c, conv));
-            named!("conv_out", il, g.mul_mat(out_proj, y))
+            named!("conv_out", il, mm!(out_proj, y))
         } else {
             // A KV-sharing layer (Gemma 4) computes queries only and reads its source's cache.
             let own_kv = hp.has_own_kv(il);
@@ -623,15 +673,15 @@ pub fn build<const N: usize>(
                 (need(g, "attn_q.weight")?, None, None)
             };
             let wo = need(g, "attn_output.weight")?;
-            let mut q = named!("Qcur", il, g.mul_mat(wq, cur));
+            let mut q = named!("Qcur", il, mm!(wq, cur));
             // (A KV-sharing layer's K and V stand for nothing: the cache views below replace them.)
             let mut k = match wk {
-                Some(wk) => named!("Kcur", il, g.mul_mat(wk, cur)),
+                Some(wk) => named!("Kcur", il, mm!(wk, cur)),
                 None => q,
             };
             let mut v = match wv {
                 Some(wv) if Some(wv) == wk => k,
-                Some(wv) => named!("Vcur", il, g.mul_mat(wv, cur)),
+                Some(wv) => named!("Vcur", il, mm!(wv, cur)),
                 None => q,
             };
             if traits.qkv_bias {
@@ -768,7 +818,7 @@ pub fn build<const N: usize>(
                 let gate = e_(g.reshape(gate, [hd_v * n_head, t, 1, 1]))?;
                 attn = named!("attn_gated", il, g.mul(attn, gate));
             }
-            named!("attn_out", il, g.mul_mat(wo, attn))
+            named!("attn_out", il, mm!(wo, attn))
         };
         if traits.gemma {
             o = named!("attn_post_norm_raw", il, g.rms_norm(o, hp.rms_eps));
@@ -790,7 +840,7 @@ pub fn build<const N: usize>(
             // weighted sum.
             let router = need(g, "ffn_gate_inp.weight")?;
             let k_used = hp.n_expert_used as usize;
-            let logits = named!("ffn_moe_logits", il, g.mul_mat(router, cur));
+            let logits = named!("ffn_moe_logits", il, mm!(router, cur));
             let probs = match route.gating {
                 Gating::Softmax => named!("ffn_moe_probs", il, g.soft_max(logits, 1.0, false, 0)),
                 Gating::Sigmoid => named!("ffn_moe_probs", il, g.sigmoid(logits)),
@@ -823,12 +873,12 @@ pub fn build<const N: usize>(
                     need(g, "ffn_up_shexp.weight")?,
                     need(g, "ffn_down_shexp.weight")?,
                 );
-                let shared_gate = named!("ffn_shexp_gate_inp", il, g.mul_mat(gate_inp, cur));
+                let shared_gate = named!("ffn_shexp_gate_inp", il, mm!(gate_inp, cur));
                 let shared_gate = named!("ffn_shexp_gate", il, g.sigmoid(shared_gate));
-                let gate = named!("ffn_shexp_g", il, g.mul_mat(sg, cur));
-                let up = named!("ffn_shexp_up", il, g.mul_mat(su, cur));
+                let gate = named!("ffn_shexp_g", il, mm!(sg, cur));
+                let up = named!("ffn_shexp_up", il, mm!(su, cur));
                 let act = named!("ffn_shexp_swiglu", il, g.swiglu(gate, up));
-                let shared = named!("ffn_shexp_down", il, g.mul_mat(sd, act));
+                let shared = named!("ffn_shexp_down", il, mm!(sd, act));
                 let shared = named!("ffn_shexp_out", il, g.mul(shared, shared_gate));
                 moe = named!("ffn_moe_shexp", il, g.add(moe, shared));
             }
@@ -843,14 +893,14 @@ pub fn build<const N: usize>(
                 (need(g, "ffn_gate.weight")?, need(g, "ffn_up.weight")?)
             };
             let wd = need(g, "ffn_down.weight")?;
-            let gate = named!("ffn_gate", il, g.mul_mat(wg, cur));
-            let up = named!("ffn_up", il, g.mul_mat(wu, cur));
+            let gate = named!("ffn_gate", il, mm!(wg, cur));
+            let up = named!("ffn_up", il, mm!(wu, cur));
             let act = if traits.gemma {
                 named!("ffn_geglu", il, g.geglu(gate, up))
             } else {
                 named!("ffn_swiglu", il, g.swiglu(gate, up))
             };
-            named!("ffn_out", il, g.mul_mat(wd, act))
+            named!("ffn_out", il, mm!(wd, act))
         };
         if traits.gemma {
             down = named!("ffn_post_norm_raw", il, g.rms_norm(down, hp.rms_eps));
@@ -869,10 +919,10 @@ pub fn build<const N: usize>(
             // (This layer's slice of each token's inputs: rows `p * n_layer` floats apart.)
             let token = p * hp.n_layer as usize * 4;
             let slice = e_(g.view(inputs, [p, t, 1, 1], [4, token, token * t, token * t], il * p * 4, 0))?;
-            let gate = named!("per_layer_gate", il, g.mul_mat(w_gate, x));
+            let gate = named!("per_layer_gate", il, mm!(w_gate, x));
             let gate = named!("per_layer_gelu", il, g.gelu(gate));
             let gated = named!("per_layer_gated", il, g.mul(gate, slice));
-            let out = named!("per_layer_out", il, g.mul_mat(w_proj, gated));
+            let out = named!("per_layer_out", il, mm!(w_proj, gated));
             let out = named!("per_layer_norm", il, g.rms_norm(out, hp.rms_eps));
             let out = named!("per_layer_embd_out", il, g.mul(out, norm));
             x = named!("per_layer_residual", il, g.add(x, out));
@@ -898,7 +948,7 @@ pub fn build<const N: usize>(
     }
     let x = named!("result_norm_raw", g.rms_norm(x, hp.rms_eps));
     let x = named!("result_norm", g.mul(x, output_norm));
-    let mut logits = g.mul_mat(output, x).map_err(ModelError::Graph)?;
+    let mut logits = mm!(output, x).map_err(ModelError::Graph)?;
     if hp.logit_scale != 1.0 {
         g.set_name(logits, format_args!("result_output_raw"));
         logits = g.scale(logits, 1.0 / hp.logit_scale).map_err(ModelError::Graph)?;
@@ -912,6 +962,14 @@ pub fn build<const N: usize>(
         logits = g.scale(capped, c).map_err(ModelError::Graph)?;
     }
     g.set_name(logits, format_args!("logits"));
+    // Every pair of every adapter must have found its weight.
+    for (adapter, bits) in adapters.iter().zip(&applied) {
+        for (k, pair) in adapter.lora.pairs.iter().enumerate() {
+            if bits[k / 64] >> (k % 64) & 1 == 0 {
+                return Err(ModelError::Lora(LoraError::Unapplied { name: name_of(pair.target) }));
+            }
+        }
+    }
     g.build(&[logits]).map_err(ModelError::Graph)?;
     Ok(Forward { ids, logits, n_tokens, n_outputs })
 }
