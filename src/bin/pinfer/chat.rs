@@ -17,7 +17,17 @@ use crate::CliError;
 /// The chat template: `--chat-template` (a built-in name or a template text to recognise), else
 /// the one the model file carries.
 fn chat_template(args: &GenArgs, gguf: &Gguf<'_>, path: &Path) -> Result<ChatTemplate, CliError> {
-    if let Some(given) = &args.chat_template {
+    template_for(args.chat_template.as_deref(), gguf, path)
+}
+
+/// The chat template `given` (a built-in name or a template text to recognise), else the one
+/// the model file `path` carries.
+pub(crate) fn template_for(
+    given: Option<&str>,
+    gguf: &Gguf<'_>,
+    path: &Path,
+) -> Result<ChatTemplate, CliError> {
+    if let Some(given) = given {
         if let Some(t) = ChatTemplate::from_name(given) {
             return Ok(t);
         }

@@ -16,6 +16,7 @@ mod bundle;
 mod chat;
 mod doctor;
 mod export_lora;
+mod finetune;
 mod generate;
 mod info;
 mod kl_divergence;
@@ -102,6 +103,9 @@ enum Command {
     Selftest(npu::SelftestArgs),
     /// Requantize a model's weight matrices (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K) into a new GGUF file.
     Quantize(quantize::QuantizeArgs),
+    /// LoRA fine-tuning on a text file or JSONL conversations: writes a llama.cpp LoRA adapter
+    /// (`-m BASE -f DATA -o ADAPTER.gguf`), its loss curves and a checkpoint to resume from.
+    Finetune(finetune::FinetuneArgs),
     /// Merge LoRA adapters into a new GGUF (llama-export-lora): `-m BASE --lora FILE -o OUT`.
     ExportLora(export_lora::ExportLoraArgs),
     /// Write a repacked-weight cache: a GGUF with the weight matrices already in pinfer's packed
@@ -187,6 +191,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
         Command::Bench(args) => bench::run(args),
         Command::Quantize(args) => quantize::run(args),
         Command::ExportLora(args) => export_lora::run(args),
+        Command::Finetune(args) => finetune::run(args),
         Command::Repack(args) => repack::run(args),
         Command::Bundle(args) => bundle::run(args),
         Command::Doctor(args) => doctor::run(args),

@@ -1,0 +1,396 @@
+//! `pinfer finetune` end to end on the tiny untied llama (3 layers): the validation loss falls and
+//! the adapter it writes is llama.cpp's form, read back by `--lora`; only the assistant's tokens of
+//! JSONL conversations are scored; a run stopped and resumed from its checkpoint ends with the
+//! adapter of a run that never stopped; a checkpoint of another run is refused; a diverging run
+//! and Ctrl-C keep the last checkpoint; bad data and settings are refused by name.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+fn model(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("models").join(name)
+}
+
+fn tiny() -> String {
+    model("tiny/llama-untied-q5.gguf").to_str().unwrap().to_string()
+}
+
+/// A fresh directory for one test.
+fn dir(name: &str) -> PathBuf {
+    let d = Path::new(env!("CARGO_TARGET_TMPDIR")).join("finetune").join(name);
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn pinfer(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_pinfer")).args(args).output().unwrap()
+}
+
+fn text(o: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+/// Some text to learn: a licence, as a board user's own text would be.
+fn corpus(d: &Path) -> PathBuf {
+    let p = d.join("data.txt");
+    let licence = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("LICENSE-MIT")).unwrap();
+    std::fs::write(&p, licence.repeat(3)).unwrap();
+    p
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// The validation perplexities a run printed: (before, after).
+fn perplexities(out: &str) -> (f64, f64) {
+    let line =
+        out.lines().find(|l| l.starts_with("validation perplexity")).unwrap_or_else(|| panic!("{out}"));
+    let nums: Vec<f64> = line.split(' ').filter_map(|w| w.parse().ok()).collect();
+    (nums[0], nums[1])
+}
+
+#[test]
+fn a_text_finetune_lowers_the_validation_loss_and_writes_a_llama_cpp_adapter() {
+    let d = dir("text");
+    let data = corpus(&d);
+    let adapter = d.join("a.gguf");
+    let out = pinfer(&[
+        "finetune",
+        "-m",
+        &tiny(),
+        "-f",
+        s(&data),
+        "-o",
+        s(&adapter),
+        "-c",
+        "32",
+        "--epochs",
+        "3",
+        "--lr",
+        "3e-3",
+        "--lora-r",
+        "4",
+        "-t",
+        "2",
+    ]);
+    let log = text(&out);
+    assert!(out.status.success(), "{log}");
+    assert!(log.contains("memory plan:"), "{log}");
+    assert!(log.contains("tokens/s, ETA"), "{log}");
+    let (before, after) = perplexities(&log);
+    assert!(after < 0.8 * before, "validation perplexity {before} -> {after}");
+
+    // llama.cpp's adapter form, for this model.
+    let file = pinfer::loader::ModelFile::open(&adapter).unwrap();
+    let g = file.parse().unwrap();
+    assert_eq!(g.get_str_opt("general.type").unwrap(), Some("adapter"));
+    assert_eq!(g.get_str_opt("adapter.type").unwrap(), Some("lora"));
+    assert_eq!(g.get_f32_opt("adapter.lora.alpha").unwrap(), Some(16.0));
+    let base = pinfer::loader::ModelFile::open(&model("tiny/llama-untied-q5.gguf")).unwrap();
+    let bg = base.parse().unwrap();
+    let hp = pinfer::model::HParams::from_gguf(&bg).unwrap();
+    let lora = pinfer::model::lora::LoraAdapter::check(&g, &bg, &hp).unwrap();
+    assert_eq!((lora.rank, lora.pairs.len()), (4, 21));
+
+    // The curves beside it.
+    let csv = std::fs::read_to_string(d.join("a.csv")).unwrap();
+    assert!(csv.starts_with("step,epoch,train_loss,val_loss,val_ppl,lr,seconds\n"), "{csv}");
+    assert!(csv.lines().count() > 4, "{csv}");
+    let svg = std::fs::read_to_string(d.join("a.svg")).unwrap();
+    assert!(svg.starts_with("<svg") && svg.contains("<polyline") && svg.trim_end().ends_with("</svg>"));
+
+    // It runs, and its perplexity on the data is the one training ended with.
+    let out = pinfer(&["perplexity", "-m", &tiny(), "-f", s(&data), "-c", "32", "--lora", s(&adapter)]);
+    assert!(out.status.success(), "{}", text(&out));
+    let out = pinfer(&["generate", "-m", &tiny(), "-p", "Permission is", "-n", "4", "--lora", s(&adapter)]);
+    assert!(out.status.success(), "{}", text(&out));
+}
+
+#[test]
+fn only_the_assistants_tokens_of_conversations_are_scored() {
+    let d = dir("chat");
+    let data = d.join("chat.jsonl");
+    let reply = "The kitchen light is light.kitchen_main.";
+    let line = format!(
+        r#"{{"messages": [{{"role": "system", "content": "You name devices."}}, {{"role": "user", "content": "Which is the kitchen light?"}}, {{"role": "assistant", "content": "{reply}"}}]}}"#
+    );
+    std::fs::write(&data, format!("{line}\n\n{line}\n")).unwrap();
+    let out = pinfer(&[
+        "finetune",
+        "-m",
+        &tiny(),
+        "-f",
+        s(&data),
+        "-o",
+        s(&d.join("a.gguf")),
+        "-c",
+        "64",
+        "--chat-template",
+        "chatml",
+        "--max-steps",
+        "1",
+        "--val-split",
+        "0",
+    ]);
+    let log = text(&out);
+    assert!(out.status.success(), "{log}");
+    // The reply and its `<|im_end|>\n`: count them with the model's tokenizer.
+    let file = pinfer::loader::ModelFile::open_static(&model("tiny/llama-untied-q5.gguf")).unwrap();
+    let gguf = file.parse().unwrap();
+    let mut storage = vec![0u32; pinfer::tokenizer::Tokenizer::storage_words(&gguf).unwrap()];
+    let tok = pinfer::tokenizer::Tokenizer::new(&gguf, &mut storage).unwrap();
+    let mut ids = [0u32; 64];
+    let n = tok.encode(&format!("{reply}<|im_end|>\n"), true, false, &mut ids).unwrap();
+    let want = format!("2 windows of 64 tokens for training ({} scored)", 2 * n);
+    assert!(log.contains(&want), "expected {want:?} in {log}");
+
+    // A line that is not a conversation is named.
+    std::fs::write(
+        &data,
+        format!("{line}\n{{\"messages\": [{{\"role\": \"robot\", \"content\": \"x\"}}]}}\n"),
+    )
+    .unwrap();
+    let out = pinfer(&[
+        "finetune",
+        "-m",
+        &tiny(),
+        "-f",
+        s(&data),
+        "-o",
+        s(&d.join("b.gguf")),
+        "--chat-template",
+        "chatml",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out).contains("line 2: role Some(\"robot\")"), "{}", text(&out));
+    assert!(!d.join("b.gguf").exists());
+}
+
+#[test]
+fn a_resumed_run_ends_as_an_unbroken_one_and_other_runs_checkpoints_are_refused() {
+    let d = dir("resume");
+    let data = corpus(&d);
+    let common = |out: &Path, steps: &str| -> Vec<String> {
+        [
+            "finetune",
+            "-m",
+            &tiny(),
+            "-f",
+            s(&data),
+            "-o",
+            s(out),
+            "-c",
+            "32",
+            "--max-steps",
+            steps,
+            "--save-every",
+            "1",
+            "-t",
+            "2",
+        ]
+        .iter()
+        .map(|x| x.to_string())
+        .collect()
+    };
+    let run = |args: Vec<String>| pinfer(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let straight = d.join("straight.gguf");
+    let out = run(common(&straight, "4"));
+    assert!(out.status.success(), "{}", text(&out));
+
+    // The same run stopped after 2 updates, then resumed to 4.
+    let resumed = d.join("resumed.gguf");
+    let out = run(common(&resumed, "2"));
+    assert!(out.status.success(), "{}", text(&out));
+    let mut args = common(&resumed, "4");
+    args.push("--resume".into());
+    let out = run(args);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("at update 2"), "{}", text(&out));
+    assert!(
+        std::fs::read(&straight).unwrap() == std::fs::read(&resumed).unwrap(),
+        "the resumed adapter differs"
+    );
+
+    // Another data file's checkpoint.
+    let other = d.join("other.txt");
+    std::fs::write(
+        &other,
+        "Some other text entirely, long enough for a window or two of tokens. ".repeat(20),
+    )
+    .unwrap();
+    let ckpt = d.join("resumed.ckpt");
+    let before = std::fs::read(&ckpt).unwrap();
+    let out = pinfer(&[
+        "finetune",
+        "-m",
+        &tiny(),
+        "-f",
+        s(&other),
+        "-o",
+        s(&resumed),
+        "-c",
+        "32",
+        "--checkpoint",
+        s(&ckpt),
+        "--resume",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out).contains("another run"), "{}", text(&out));
+    assert_eq!(std::fs::read(&ckpt).unwrap(), before, "a refused checkpoint was touched");
+    // A file that is no checkpoint.
+    let out = pinfer(&[
+        "finetune",
+        "-m",
+        &tiny(),
+        "-f",
+        s(&data),
+        "-o",
+        s(&d.join("x.gguf")),
+        "-c",
+        "32",
+        "--checkpoint",
+        &tiny(),
+        "--resume",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+}
+
+#[test]
+fn a_diverging_run_stops_with_the_last_checkpoint_intact() {
+    let d = dir("diverge");
+    let data = corpus(&d);
+    let adapter = d.join("a.gguf");
+    let out = pinfer(&[
+        "finetune",
+        "-m",
+        &tiny(),
+        "-f",
+        s(&data),
+        "-o",
+        s(&adapter),
+        "-c",
+        "32",
+        "--lr",
+        "1e30",
+        "--clip",
+        "0",
+        "--save-every",
+        "1",
+        "--epochs",
+        "3",
+    ]);
+    let log = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{log}");
+    assert!(log.contains("diverged") && log.contains("a.ckpt"), "{log}");
+    assert!(!adapter.exists(), "a diverged run wrote an adapter");
+    // The checkpoint holds finite values (a NaN one is never saved): it resumes or refuses
+    // cleanly, never with NaN weights.
+    if d.join("a.ckpt").exists() {
+        let file = pinfer::loader::ModelFile::open(&d.join("a.ckpt")).unwrap();
+        let g = file.parse().unwrap();
+        let x = g.tensor("x").unwrap();
+        assert!(g
+            .tensor_data(&x)
+            .chunks_exact(4)
+            .all(|b| f32::from_le_bytes(b.try_into().unwrap()).is_finite()));
+    }
+}
+
+#[test]
+fn ctrl_c_saves_a_checkpoint_and_exits() {
+    use std::io::{BufRead, BufReader};
+    let d = dir("interrupt");
+    let data = corpus(&d);
+    let adapter = d.join("a.gguf");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_pinfer"))
+        .args([
+            "finetune",
+            "-m",
+            &tiny(),
+            "-f",
+            s(&data),
+            "-o",
+            s(&adapter),
+            "-c",
+            "32",
+            "--epochs",
+            "50",
+            "--save-every",
+            "0",
+        ])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut seen = String::new();
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        seen.push_str(&line);
+        seen.push('\n');
+        if line.contains("update 2/") {
+            break;
+        }
+    }
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGINT)
+        .unwrap();
+    let rest: Vec<String> = lines.map_while(Result::ok).collect();
+    let status = child.wait().unwrap();
+    let log = seen + &rest.join("\n");
+    assert_eq!(status.code(), Some(130), "{log}");
+    assert!(log.contains("interrupted at update") && log.contains("--resume"), "{log}");
+    assert!(d.join("a.ckpt").exists(), "{log}");
+    assert!(!adapter.exists());
+    // It resumes.
+    let out = pinfer(&[
+        "finetune",
+        "-m",
+        &tiny(),
+        "-f",
+        s(&data),
+        "-o",
+        s(&adapter),
+        "-c",
+        "32",
+        "--epochs",
+        "50",
+        "--save-every",
+        "0",
+        "--resume",
+        "--max-steps",
+        "1",
+    ]);
+    assert!(out.status.success() || text(&out).contains("resuming"), "{}", text(&out));
+}
+
+#[test]
+fn bad_data_and_settings_are_refused_by_name() {
+    let d = dir("bad");
+    let data = corpus(&d);
+    let out_path = d.join("a.gguf");
+    let o = s(&out_path);
+    // Not UTF-8.
+    let bin = d.join("bin.txt");
+    std::fs::write(&bin, b"abc\xff\xfe").unwrap();
+    let out = pinfer(&["finetune", "-m", &tiny(), "-f", s(&bin), "-o", o]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out).contains("not UTF-8"), "{}", text(&out));
+    // Another architecture.
+    let out = pinfer(&["finetune", "-m", s(&model("tiny/qwen3-tiny.gguf")), "-f", s(&data), "-o", o]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out).contains("llama"), "{}", text(&out));
+    // A projection that does not exist; a window of 1 token; the output over the input.
+    let out = pinfer(&["finetune", "-m", &tiny(), "-f", s(&data), "-o", o, "--lora-targets", "q,x"]);
+    assert!(text(&out).contains("unknown projection \"x\""), "{}", text(&out));
+    let out = pinfer(&["finetune", "-m", &tiny(), "-f", s(&data), "-o", o, "-c", "1"]);
+    assert_eq!(out.status.code(), Some(1));
+    let out = pinfer(&["finetune", "-m", &tiny(), "-f", s(&data), "-o", s(&data)]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(std::fs::read_to_string(&data).unwrap().contains("Permission"), "the data was overwritten");
+    // An output directory that does not exist: refused before training.
+    let out = pinfer(&["finetune", "-m", &tiny(), "-f", s(&data), "-o", s(&d.join("no/such/dir/a.gguf"))]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(!text(&out).contains("update 1"), "{}", text(&out));
+    assert!(!out_path.exists());
+}
