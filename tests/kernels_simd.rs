@@ -30,6 +30,7 @@
 //!   float sums in another order).
 
 use pinfer::kernels::attn_tile::{flash_attn_tile, flash_attn_tile_ref, tile_rows, TileScratch};
+use pinfer::kernels::dot::{vec_dot_f32_f32_ref, vec_dot_f32_lanes};
 use pinfer::kernels::kv_attn::{flash_attn_rows_typed, KvOps, KEY_CHUNK, TYPED_ROWS};
 use pinfer::kernels::packed::{
     dequantize_packed_row, matmul_ref, pack, packed_bytes, quantize_act_ref, ActBlock, PackedFormat,
@@ -41,10 +42,10 @@ use pinfer::kernels::reference::{
     RopeParams, RowSoftmax,
 };
 use pinfer::kernels::{
-    dot_f16, f32_to_f16, flash_attn_row, flash_attn_rows, packed_matmul, quantize_act, rms_norm, rope_rotate,
-    silu, swiglu, KernelPath, FLASH_ROWS,
+    add_scaled_rows, dot_f16, dot_f32, f32_to_f16, flash_attn_row, flash_attn_rows, packed_matmul,
+    quantize_act, rms_norm, rope_rotate, silu, swiglu, KernelPath, FLASH_ROWS,
 };
-use pinfer::quant::blocks::F16Le;
+use pinfer::quant::blocks::{F16Le, F32Le};
 use pinfer::quant::GgmlType;
 
 const LENGTHS: [usize; 6] = [1, 3, 17, 64, 100, 257];
@@ -171,6 +172,66 @@ fn f16_dot_is_bit_identical_to_its_twin() {
             }
         }
     }
+}
+
+/// The f32 dot of computed tensors (training) is its twin's bit for bit on every SIMD path, every
+/// tail length and every regime, and within f32 rounding of ggml's f64-summed scalar dot (the
+/// reference path's, which it is on that path).
+#[test]
+fn f32_dot_is_bit_identical_to_its_twin() {
+    let mut rng = Rng(10);
+    for path in simd_paths() {
+        for n in LENGTHS.into_iter().chain([31, 32, 33, 63, 64, 65, 200, 1536]) {
+            for (name, a) in regimes(n, &mut rng) {
+                let b: Vec<f32> = (0..n).map(|_| 4.0 * rng.f()).collect();
+                let (got, want) = (dot_f32(path, &a, &b), vec_dot_f32_lanes(&a, &b));
+                assert!(same_bits(got, want), "{} n={n} {name}: {got} vs twin {want}", path.name());
+                let exact: f64 = a.iter().zip(&b).map(|(x, y)| f64::from(*x) * f64::from(*y)).sum();
+                let scale: f64 = a.iter().zip(&b).map(|(x, y)| (f64::from(*x) * f64::from(*y)).abs()).sum();
+                if scale < f64::from(f32::MAX) {
+                    let err = (f64::from(got) - exact).abs();
+                    assert!(
+                        err <= 1e-6 * scale * (n as f64).sqrt() + 1e-30,
+                        "{} n={n} {name}: {got} vs {exact}",
+                        path.name()
+                    );
+                }
+            }
+        }
+    }
+    let a: Vec<f32> = (0..77).map(|i| i as f32 * 0.37).collect();
+    let b: Vec<f32> = (0..77).map(|i| 1.0 - i as f32 * 0.11).collect();
+    let f32le = |v: &[f32]| -> Vec<F32Le> { bytemuck::cast_slice(v).to_vec() };
+    assert!(same_bits(dot_f32(KernelPath::Reference, &a, &b), vec_dot_f32_f32_ref(&f32le(&a), &f32le(&b))));
+}
+
+/// `mul_mat_t`'s row accumulation on AVX2 is the scalar loop's, bit for bit.
+#[test]
+fn scaled_rows_add_bit_identically() {
+    let mut rng = Rng(11);
+    let rows: [[f32; 37]; 8] = core::array::from_fn(|_| core::array::from_fn(|_| 8.0 * rng.f()));
+    let d: [f32; 8] = core::array::from_fn(|_| rng.f());
+    let start: Vec<f32> = (0..37).map(|_| rng.f()).collect();
+    let mut want = start.clone();
+    add_scaled_rows(KernelPath::Reference, &mut want, &d, &rows);
+    for path in simd_paths() {
+        for len in [37, 36, 1] {
+            let mut got = start.clone();
+            add_scaled_rows(path, &mut got[..len], &d, &rows);
+            for e in 0..37 {
+                let expect = if e < len { want[e] } else { start[e] };
+                assert!(same_bits(got[e], expect), "{} len {len} [{e}]: {} vs {expect}", path.name(), got[e]);
+            }
+        }
+    }
+    // The scalar loop adds the terms one at a time in row order.
+    let mut one = start.clone();
+    add_scaled_rows(KernelPath::Reference, &mut one, &d, &rows);
+    let mut acc = start[5];
+    for r in 0..8 {
+        acc += d[r] * rows[r][5];
+    }
+    assert!(same_bits(one[5], acc));
 }
 
 #[test]

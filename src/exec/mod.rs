@@ -1187,10 +1187,12 @@ impl<'a, const N: usize> Bound<'a, N> {
     }
 
     /// A frozen weight's transposed product (a matmul's input gradient): each thread takes a
-    /// share of the output rows' values (a range of `k`), dequantizes those parts of every weight
-    /// row once, and adds them up for every column.
+    /// share of the output rows' values (a range of `k`), dequantizes those parts of [`T_ROWS`]
+    /// weight rows at a time, and adds them to every column (in row order, as one row at a time
+    /// would: the blocking only saves loads and stores of the output).
     fn mul_mat_t(&self, id: TensorId, t: &Tensor, ne: [usize; 4], ith: usize, nth: usize) {
         const CHUNK: usize = 256;
+        const T_ROWS: usize = 8;
         let src = |i: usize| t.src[i].map(|s| (s, self.graph.tensor(s)));
         // SAFETY: shapes and types were checked by the graph builder, spans by `new`; each thread
         // writes only its own range of every output row.
@@ -1205,21 +1207,30 @@ impl<'a, const N: usize> Bound<'a, N> {
                 let out: &mut [f32] = self.write(id, t.row_offset(j, 0, 0), ne[0]);
                 out[mine.start * CHUNK..(mine.end * CHUNK).min(k)].fill(0.0);
             }
-            let mut buf = [0f32; CHUNK];
-            for i in 0..m {
+            let mut buf = [[0f32; CHUNK]; T_ROWS];
+            for i0 in (0..m).step_by(T_ROWS) {
+                let rows = T_ROWS.min(m - i0);
                 for c in mine.clone() {
                     let (start, len) = (c * CHUNK, CHUNK.min(k - c * CHUNK));
-                    let offset = tw.row_offset(i, 0, 0) + start / block * tw.ty.block_bytes();
-                    let bytes: &[u8] =
-                        self.read(w, offset, tw.ty.bytes_for(len as u64).unwrap_or(0) as usize);
-                    // Cannot fail: the builder accepted only dequantizable types.
-                    let _ = dequantize_row_ref(tw.ty, bytes, &mut buf[..len]);
-                    for j in 0..n {
-                        let d: f32 = self.read::<f32>(x, tx.row_offset(j, 0, 0) + i * 4, 1)[0];
-                        if d != 0.0 {
-                            let out: &mut [f32] = self.write(id, t.row_offset(j, 0, 0) + start * 4, len);
-                            out.iter_mut().zip(&buf[..len]).for_each(|(o, v)| *o += d * v);
+                    for (r, row) in buf.iter_mut().enumerate() {
+                        if r >= rows {
+                            row.fill(0.0);
+                            continue;
                         }
+                        let offset = tw.row_offset(i0 + r, 0, 0) + start / block * tw.ty.block_bytes();
+                        let bytes: &[u8] =
+                            self.read(w, offset, tw.ty.bytes_for(len as u64).unwrap_or(0) as usize);
+                        // Cannot fail: the builder accepted only dequantizable types.
+                        let _ = dequantize_row_ref(tw.ty, bytes, &mut row[..len]);
+                    }
+                    for j in 0..n {
+                        let mut d = [0f32; T_ROWS];
+                        d[..rows].copy_from_slice(self.read::<f32>(x, tx.row_offset(j, 0, 0) + i0 * 4, rows));
+                        if d.iter().all(|&v| v == 0.0) {
+                            continue;
+                        }
+                        let out: &mut [f32] = self.write(id, t.row_offset(j, 0, 0) + start * 4, len);
+                        kernels::add_scaled_rows(self.path, out, &d, &buf);
                     }
                 }
             }
@@ -1806,7 +1817,13 @@ impl<'a, const N: usize> Bound<'a, N> {
             match op.act {
                 None => {
                     let x_row: &[f32] = self.read(op.x, op.tx.row_offset(xi.0, xi.1, xi.2), op.k);
-                    vec_dot_ref(GgmlType::F32, w_bytes, bytemuck::cast_slice(x_row))
+                    if matches!(op.tw.storage, Storage::External { .. }) {
+                        // A file's F32 weight: ggml's scalar dot, as the goldens were made.
+                        vec_dot_ref(GgmlType::F32, w_bytes, bytemuck::cast_slice(x_row))
+                    } else {
+                        // Two computed tensors (training): the SIMD dot.
+                        kernels::dot_f32(self.path, bytemuck::cast_slice(w_bytes), x_row)
+                    }
                 }
                 Some(act) => {
                     let len = act.bytes_for(op.ne_x[0] as u64).unwrap_or(0) as usize;

@@ -182,6 +182,35 @@ pub fn vec_dot_f16_lanes(x: &[F16Le], y: &[F16Le]) -> f32 {
     (t[0] + t[1]) + (t[2] + t[3])
 }
 
+/// f32 dot product in the SIMD kernels' order ([`crate::kernels::dot_f32`]): runs of 32
+/// elements (a shorter last run zero-padded) into 4 x 8 lanes of f32 products summed in f32, the
+/// lanes then added pairwise. The twin of the AVX2 and NEON kernels, bit for bit.
+pub fn vec_dot_f32_lanes(x: &[f32], y: &[f32]) -> f32 {
+    let n = x.len().min(y.len());
+    let mut acc = [[0f32; 8]; 4];
+    let (mut px, mut py) = ([0f32; 32], [0f32; 32]);
+    for start in (0..n).step_by(32) {
+        let end = (start + 32).min(n);
+        let (gx, gy): (&[f32], &[f32]) = if end - start == 32 {
+            (&x[start..end], &y[start..end])
+        } else {
+            px.fill(0.0);
+            py.fill(0.0);
+            px[..end - start].copy_from_slice(&x[start..end]);
+            py[..end - start].copy_from_slice(&y[start..end]);
+            (&px, &py)
+        };
+        for (c, a) in acc.iter_mut().enumerate() {
+            for (l, a) in a.iter_mut().enumerate() {
+                *a += gx[8 * c + l] * gy[8 * c + l];
+            }
+        }
+    }
+    let x: [f32; 8] = core::array::from_fn(|l| (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]));
+    let t: [f32; 4] = core::array::from_fn(|i| x[i] + x[i + 4]);
+    (t[0] + t[1]) + (t[2] + t[3])
+}
+
 /// Calls `f(first, x, y)` with each run of 32 elements of `x` and `y` in order (`first` for the
 /// first run), a last run shorter than 32 zero-padded, as ggml's vector loads read it.
 #[inline(always)]

@@ -232,6 +232,64 @@ pub fn dot_f16(path: KernelPath, x: &[F16Le], y: &[F16Le]) -> f32 {
     }
 }
 
+/// f32 dot product on `path`: the SIMD kernels (twin [`dot::vec_dot_f32_lanes`]), or on the
+/// reference path ggml's scalar dot (f64 sum). Used for products of two computed tensors
+/// (training's backward matmuls and written-out attention); F32 weights of a file keep the
+/// scalar dot.
+pub fn dot_f32(path: KernelPath, x: &[f32], y: &[f32]) -> f32 {
+    match path {
+        KernelPath::Reference => {
+            let (x, y): (&[crate::quant::blocks::F32Le], &[crate::quant::blocks::F32Le]) =
+                (bytemuck::cast_slice(x), bytemuck::cast_slice(y));
+            dot::vec_dot_f32_f32_ref(x, y)
+        }
+        #[cfg(target_arch = "aarch64")]
+        KernelPath::Neon | KernelPath::NeonDotprod | KernelPath::NeonFp16 => neon::dot_f32(x, y),
+        #[cfg(target_arch = "x86_64")]
+        KernelPath::Avx2 | KernelPath::Avx2Vnni if has_avx2() => {
+            // SAFETY: the CPU has AVX2, FMA and F16C (checked on this line).
+            unsafe { x86::dot_f32_avx2(x, y) }
+        }
+        _ => dot::vec_dot_f32_lanes(x, y),
+    }
+}
+
+/// `out[e] += d[0] * rows[0][e] + d[1] * rows[1][e] + ...`, the terms added one at a time in row
+/// order (a frozen weight's transposed product, `mul_mat_t`). On AVX2 the same loop is compiled
+/// for 256-bit vectors: the same roundings, bit for bit.
+pub fn add_scaled_rows<const R: usize, const C: usize>(
+    path: KernelPath,
+    out: &mut [f32],
+    d: &[f32; R],
+    rows: &[[f32; C]; R],
+) {
+    match path {
+        #[cfg(target_arch = "x86_64")]
+        KernelPath::Avx2 | KernelPath::Avx2Vnni if has_avx2() => {
+            // SAFETY: the CPU has AVX2, FMA and F16C (checked on this line).
+            unsafe { add_scaled_rows_avx2(out, d, rows) }
+        }
+        _ => add_scaled_rows_impl(out, d, rows),
+    }
+}
+
+#[inline(always)]
+fn add_scaled_rows_impl<const R: usize, const C: usize>(out: &mut [f32], d: &[f32; R], rows: &[[f32; C]; R]) {
+    for (e, o) in out.iter_mut().take(C).enumerate() {
+        let mut acc = *o;
+        for r in 0..R {
+            acc += d[r] * rows[r][e];
+        }
+        *o = acc;
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn add_scaled_rows_avx2<const R: usize, const C: usize>(out: &mut [f32], d: &[f32; R], rows: &[[f32; C]; R]) {
+    add_scaled_rows_impl(out, d, rows)
+}
+
 /// `silu(gate) * up` on `path` (see [`reference::swiglu_ref`]).
 pub fn swiglu(path: KernelPath, gate: &[f32], up: &[f32], out: &mut [f32]) {
     match path {

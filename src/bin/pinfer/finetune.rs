@@ -23,6 +23,7 @@ use std::time::Instant;
 
 use clap::Args;
 use pinfer::chat::{ChatTemplate, Message, Role};
+use pinfer::engine::{graph_slots, EngineConfig, GraphSlot, Model, OnCaller, Planned};
 use pinfer::exec::pool::Pool;
 use pinfer::exec::{Bound, Step};
 use pinfer::gguf::write::{GgufWriter, TensorHeader};
@@ -679,11 +680,24 @@ pub fn run(args: FinetuneArgs) -> Result<(), CliError> {
         gguf.tensor("blk.0.attn_q.weight").map_or("the file's types".to_string(), |t| format!("{} as in the file", t.ty)),
         trainer.graph.order().len()
     );
+    // The forward matmuls read the weights repacked for the SIMD kernels, as inference does (the
+    // backward ones read the file's blocks): an inference engine of one token does the repacking.
+    let engine_fail = |e: pinfer::engine::EngineError| CliError::new(format!("{model_name}: repacking: {e}"));
+    let config = EngineConfig { n_ctx: 8, n_batch: 1, ..EngineConfig::default() };
+    let slots: Vec<GraphSlot> = (0..graph_slots(&config)).map(|_| GraphSlot::new()).collect();
+    let planned =
+        Planned::new(Model::from_gguf(model.bytes(), model.parse()?).map_err(engine_fail)?, &config, slots)
+            .map_err(engine_fail)?;
+    let mut engine_memory = vec![0u8; planned.layout().bytes_needed()];
+    let mut engine = planned.bind(engine_memory.as_mut_slice()).map_err(engine_fail)?;
+    engine.repack(&OnCaller, &|_| {}).map_err(engine_fail)?;
+
     let mut memory = vec![0u64; total.div_ceil(8)];
     let arena: &mut [u8] = bytemuck::cast_slice_mut(memory.as_mut_slice());
     let buffers = [model.bytes()];
     let mut bound = Bound::new(&trainer.graph, &trainer.plan, &buffers, arena, activations, work)
-        .map_err(|e| CliError::new(format!("binding the training graph: {e}")))?;
+        .map_err(|e| CliError::new(format!("binding the training graph: {e}")))?
+        .with_packed(engine.packed_buffer(), engine.planned().packed_entries());
     let threads = crate::worker_threads(args.threads);
     let pool = Pool::new(threads, None, false)
         .map_err(|e| CliError::new(format!("starting {threads} threads: {e}")))?;

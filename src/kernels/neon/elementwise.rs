@@ -46,6 +46,43 @@ fn rms_norm_neon(x: &[f32], out: &mut [f32], eps: f32) {
     }
 }
 
+/// f32 dot product, bit-identical to `crate::kernels::dot::vec_dot_f32_lanes`: its 4 x 8 lanes
+/// are 8 registers of 4 (register `r` holds lanes `4 (r % 2)..` of accumulator `r / 2`).
+pub fn dot_f32(x: &[f32], y: &[f32]) -> f32 {
+    // SAFETY: NEON is part of the aarch64 baseline.
+    unsafe { dot_f32_neon(x, y) }
+}
+
+#[target_feature(enable = "neon")]
+fn dot_f32_neon(x: &[f32], y: &[f32]) -> f32 {
+    let n = x.len().min(y.len());
+    let mut acc = [vdupq_n_f32(0.0); 8];
+    let (mut px, mut py) = ([0f32; 32], [0f32; 32]);
+    for start in (0..n).step_by(32) {
+        let end = (start + 32).min(n);
+        let (gx, gy): (&[f32], &[f32]) = if end - start == 32 {
+            (&x[start..end], &y[start..end])
+        } else {
+            px.fill(0.0);
+            py.fill(0.0);
+            px[..end - start].copy_from_slice(&x[start..end]);
+            py[..end - start].copy_from_slice(&y[start..end]);
+            (&px, &py)
+        };
+        for (r, a) in acc.iter_mut().enumerate() {
+            // SAFETY: 4 f32 at 4r of the run's 32.
+            let (vx, vy) = unsafe { (vld1q_f32(gx.as_ptr().add(4 * r)), vld1q_f32(gy.as_ptr().add(4 * r))) };
+            // A product then a sum (no fused multiply-add), as the twin rounds.
+            *a = vaddq_f32(*a, vmulq_f32(vx, vy));
+        }
+    }
+    // Lanes 0-3 of x: (acc0 + acc2) + (acc1 + acc3) over registers 0, 4, 2, 6; lanes 4-7: 1, 5, 3, 7.
+    let lo = vaddq_f32(vaddq_f32(acc[0], acc[4]), vaddq_f32(acc[2], acc[6]));
+    let hi = vaddq_f32(vaddq_f32(acc[1], acc[5]), vaddq_f32(acc[3], acc[7]));
+    let t = vaddq_f32(lo, hi);
+    (vgetq_lane_f32::<0>(t) + vgetq_lane_f32::<1>(t)) + (vgetq_lane_f32::<2>(t) + vgetq_lane_f32::<3>(t))
+}
+
 /// `silu(gate) * up`, bit-identical to `reference::swiglu_ref`: ggml's exp polynomial with the
 /// same fused steps and an exact 2^n scale; chunks with an input outside `|g| <= 86.5` (where
 /// 2^n could leave the normal range) or a NaN take the scalar twin.

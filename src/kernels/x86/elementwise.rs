@@ -1,4 +1,4 @@
-//! Row kernels: RMS norm, SwiGLU, the f16 dot of matmuls on f16 weights.
+//! Row kernels: RMS norm, SwiGLU, the f16 dot of matmuls on f16 weights, the f32 dot.
 
 use core::arch::x86_64::*;
 
@@ -34,6 +34,47 @@ fn dot_f16_impl(x: &[F16Le], y: &[F16Le]) -> f32 {
             *a = if first { p } else { _mm256_add_ps(*a, p) };
         }
     });
+    let v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[2]), _mm256_add_ps(acc[1], acc[3]));
+    let t = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let mut lanes = [0f32; 4];
+    // SAFETY: four f32 into a four-element array.
+    unsafe { _mm_storeu_ps(lanes.as_mut_ptr(), t) };
+    (lanes[0] + lanes[1]) + (lanes[2] + lanes[3])
+}
+
+/// f32 dot product, bit-identical to [`crate::kernels::dot::vec_dot_f32_lanes`].
+///
+/// # Safety
+/// The CPU must have AVX2, FMA and F16C.
+pub unsafe fn dot_f32_avx2(x: &[f32], y: &[f32]) -> f32 {
+    // SAFETY: the caller guarantees the CPU features.
+    unsafe { dot_f32_impl(x, y) }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn dot_f32_impl(x: &[f32], y: &[f32]) -> f32 {
+    let n = x.len().min(y.len());
+    let mut acc = [_mm256_setzero_ps(); 4];
+    let (mut px, mut py) = ([0f32; 32], [0f32; 32]);
+    for start in (0..n).step_by(32) {
+        let end = (start + 32).min(n);
+        let (gx, gy): (&[f32], &[f32]) = if end - start == 32 {
+            (&x[start..end], &y[start..end])
+        } else {
+            px.fill(0.0);
+            py.fill(0.0);
+            px[..end - start].copy_from_slice(&x[start..end]);
+            py[..end - start].copy_from_slice(&y[start..end]);
+            (&px, &py)
+        };
+        for (c, a) in acc.iter_mut().enumerate() {
+            // SAFETY: 8 f32 at 8c of the run's 32; the CPU features are this function's.
+            let (vx, vy) =
+                unsafe { (_mm256_loadu_ps(gx.as_ptr().add(8 * c)), _mm256_loadu_ps(gy.as_ptr().add(8 * c))) };
+            // A product then a sum (no fused multiply-add), as the twin rounds.
+            *a = _mm256_add_ps(*a, _mm256_mul_ps(vx, vy));
+        }
+    }
     let v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[2]), _mm256_add_ps(acc[1], acc[3]));
     let t = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
     let mut lanes = [0f32; 4];
