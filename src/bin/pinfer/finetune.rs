@@ -2,8 +2,8 @@
 //!
 //! The data is a text file (cut into windows of `-c` tokens, every next token scored) or a JSONL
 //! file of conversations (`{"messages": [{"role": ..., "content": ...}, ...]}` per line, the model's
-//! chat template applied, only the assistant's tokens scored). The last `--val-split` of the
-//! windows or conversations is held out; the rest is trained for `--epochs` in an order shuffled
+//! chat template applied, only the assistant's tokens scored). `--val-split` of the windows or
+//! conversations, spread evenly through the data, is held out; the rest is trained for `--epochs` in an order shuffled
 //! by `--seed`, one window per step (`--grad-accum N`: N windows per update), with Adam(W) on the
 //! adapters only: the base weights stay in the file's quantized layout, read in place.
 //!
@@ -90,7 +90,8 @@ pub struct FinetuneArgs {
     /// Windows whose gradients are summed per update (bounds memory at one window).
     #[arg(long = "grad-accum", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     pub grad_accum: u32,
-    /// Fraction of the windows (or conversations) held out for validation, from the end.
+    /// Fraction of the windows (or conversations) held out for validation, spread evenly through
+    /// the data.
     #[arg(long = "val-split", default_value_t = 0.1)]
     pub val_split: f64,
     /// Seed of the adapters' start and of the training order.
@@ -273,6 +274,24 @@ fn chat_windows(
         );
     }
     Ok(out)
+}
+
+/// The windows held out for validation: `fraction` of them (rounded up, at least one training
+/// window left), spread evenly through the data (every k-th), so that validation samples the
+/// whole text and not only its last part; the rest, in order, for training.
+fn split(windows: Vec<Window>, fraction: f64) -> (Vec<Window>, Vec<Window>) {
+    let n = windows.len();
+    let n_val = if n > 1 { ((n as f64 * fraction).ceil() as usize).min(n - 1) } else { 0 };
+    let held: Vec<usize> = (0..n_val).map(|i| (2 * i + 1) * n / (2 * n_val)).collect();
+    let (mut train, mut val) = (Vec::with_capacity(n - n_val), Vec::with_capacity(n_val));
+    for (i, w) in windows.into_iter().enumerate() {
+        if held.contains(&i) {
+            val.push(w);
+        } else {
+            train.push(w);
+        }
+    }
+    (train, val)
 }
 
 /// The training graph with its gradients, planned.
@@ -643,12 +662,8 @@ pub fn run(args: FinetuneArgs) -> Result<(), CliError> {
     } else {
         text_windows(&encode(&text, false)?, args.ctx)
     };
-    let n_val = if windows.len() > 1 {
-        ((windows.len() as f64 * args.val_split).ceil() as usize).min(windows.len() - 1)
-    } else {
-        0
-    };
-    let (train, val) = windows.split_at(windows.len() - n_val);
+    let (train, val) = split(windows, args.val_split);
+    let (train, val) = (train.as_slice(), val.as_slice());
     if train.iter().all(|w| w.scored() == 0) {
         return Err(CliError::new(format!("{}: no tokens to train on", args.file.display())));
     }
