@@ -4,8 +4,12 @@
 //! adapter of a run that never stopped; a checkpoint of another run is refused; a diverging run
 //! and Ctrl-C keep the last checkpoint; bad data and settings are refused by name.
 
+mod cli_support;
+
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Output, Stdio};
+
+use cli_support::pinfer_command;
 
 fn model(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("models").join(name)
@@ -24,7 +28,7 @@ fn dir(name: &str) -> PathBuf {
 }
 
 fn pinfer(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_pinfer")).args(args).output().unwrap()
+    pinfer_command().args(args).output().unwrap()
 }
 
 fn text(o: &Output) -> String {
@@ -304,7 +308,7 @@ fn ctrl_c_saves_a_checkpoint_and_exits() {
     let d = dir("interrupt");
     let data = corpus(&d);
     let adapter = d.join("a.gguf");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_pinfer"))
+    let mut child = pinfer_command()
         .args([
             "finetune",
             "-m",

@@ -4,8 +4,10 @@
 //! (a fused weight, NaN values, a bad scale, a missing file) are refused with the tensor or file
 //! named. (llama.cpp's greedy tokens with an adapter: tests/golden.rs.)
 
+mod cli_support;
+
+use cli_support::pinfer_command;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use pinfer::gguf::Gguf;
 use pinfer::loader::ModelFile;
@@ -76,7 +78,7 @@ fn all_logits(s: &mut Session) -> Vec<Vec<f32>> {
 }
 
 fn pinfer(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_pinfer")).args(args).output().unwrap()
+    pinfer_command().args(args).output().unwrap()
 }
 
 #[test]

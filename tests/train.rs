@@ -121,6 +121,19 @@ fn check_gradient(
     reference: impl Fn(&[Vec<f64>]) -> f64,
     values: Values,
 ) {
+    check_gradient_loss_tol(name, shapes, build, reference, values, 1e-4);
+}
+
+/// [`check_gradient`] with the loss held to `reference` within `loss_tol` (relative): GELU's
+/// forward is ggml's f16 table of the smooth function the reference and the gradient follow.
+fn check_gradient_loss_tol(
+    name: &str,
+    shapes: &[[usize; 4]],
+    build: impl FnOnce(&mut Graph, &[TensorId]) -> TensorId,
+    reference: impl Fn(&[Vec<f64>]) -> f64,
+    values: Values,
+    loss_tol: f64,
+) {
     let (p, persistent) = problem(shapes, build);
     let sizes: Vec<usize> = shapes.iter().map(|ne| ne.iter().product()).collect();
     let n: usize = sizes.iter().sum();
@@ -154,7 +167,7 @@ fn check_gradient(
     let x64: Vec<f64> = x.iter().map(|&v| v as f64).collect();
     let f0 = reference(&split(&x64));
     assert!(
-        (loss as f64 - f0).abs() <= 1e-4 * f0.abs().max(1.0),
+        (loss as f64 - f0).abs() <= loss_tol * f0.abs().max(1.0),
         "{name}: loss {loss} against the reference's {f0}"
     );
     let h = 1e-5;
@@ -290,6 +303,58 @@ fn elementwise_gradients_match_finite_differences() {
             wsum(g, y)
         },
         |x| wref(&x[0].iter().map(|a| a / (1.0 + (-a).exp())).collect::<Vec<_>>()),
+        Values::Signed,
+    );
+    check_gradient(
+        "tanh",
+        &[ne],
+        |g, p| {
+            let y = g.tanh(p[0]).unwrap();
+            wsum(g, y)
+        },
+        |x| wref(&x[0].iter().map(|a| a.tanh()).collect::<Vec<_>>()),
+        Values::Signed,
+    );
+    let gelu = |a: f64| 0.5 * a * (1.0 + (0.7978845608 * (a + 0.044715 * a * a * a)).tanh());
+    // Inputs out to +-4 (the random point times 4): the curve's bend and its tails.
+    check_gradient_loss_tol(
+        "gelu",
+        &[ne],
+        |g, p| {
+            let x = g.scale(p[0], 4.0).unwrap();
+            let y = g.gelu(x).unwrap();
+            wsum(g, y)
+        },
+        |x| wref(&x[0].iter().map(|a| gelu(4.0 * a)).collect::<Vec<_>>()),
+        Values::Signed,
+        2e-3,
+    );
+    check_gradient_loss_tol(
+        "geglu",
+        &[ne, ne],
+        |g, p| {
+            let x = g.scale(p[0], 3.0).unwrap();
+            let y = g.geglu(x, p[1]).unwrap();
+            wsum(g, y)
+        },
+        |x| wref(&x[0].iter().zip(&x[1]).map(|(a, u)| gelu(3.0 * a) * u).collect::<Vec<_>>()),
+        Values::Signed,
+        2e-3,
+    );
+    // Rows of a trainable table, one of them taken twice and one never: the twice-taken row's
+    // gradients add up, the other's is zero.
+    check_gradient(
+        "get_rows",
+        &[[7, 5, 1, 1]],
+        |g, p| {
+            let ids: Vec<u8> = [3i32, 0, 3, 4].iter().flat_map(|v| v.to_le_bytes()).collect();
+            let ids = constant(g, "ids", GgmlType::I32, [4, 1, 1, 1], ids);
+            let y = g.get_rows(p[0], ids).unwrap();
+            wsum(g, y)
+        },
+        |x| {
+            wref(&[3usize, 0, 3, 4].iter().flat_map(|&r| x[0][7 * r..7 * r + 7].to_vec()).collect::<Vec<_>>())
+        },
         Values::Signed,
     );
     // A parameter used twice: its gradients add up.

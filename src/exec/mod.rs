@@ -819,6 +819,7 @@ impl<'a, const N: usize> Bound<'a, N> {
             Op::RopeTable => self.rope_table(id, t, ne, step, ith, nth),
             Op::Rope => self.rope(id, t, ne, ith, nth),
             Op::GetRows => self.get_rows(id, t, ne, ith, nth),
+            Op::GetRowsBack => self.get_rows_back(id, t, ne, ith, nth),
             Op::MulMat => {
                 if !(self.offload.is_some() && self.offload_mul_mat(id, t, step, ith)) {
                     self.mul_mat(id, t, step, ith, nth)
@@ -982,6 +983,34 @@ impl<'a, const N: usize> Bound<'a, N> {
     }
 
     /// Rows of a table picked by I32 ids (embeddings, output rows).
+    /// Each thread owns a share of the table's rows: it zeroes them, then adds every gradient row
+    /// whose id is one of them, in the gradient's order.
+    fn get_rows_back(&self, id: TensorId, t: &Tensor, ne: [usize; 4], ith: usize, nth: usize) {
+        let src = |i: usize| t.src[i].map(|s| (s, self.graph.tensor(s)));
+        // SAFETY: shapes were checked by the graph builder, spans by `new`; each thread writes only
+        // the rows of its share.
+        unsafe {
+            let (Some((d, td)), Some((ids, _))) = (src(0), src(1)) else { return };
+            let n = td.ne[1];
+            let ids: &[i32] = self.read(ids, 0, n);
+            let mine = share(ne[1], ith, nth);
+            for r in mine.clone() {
+                self.write::<f32>(id, t.row_offset(r, 0, 0), ne[0]).fill(0.0);
+            }
+            for (j, &r) in ids.iter().enumerate() {
+                match usize::try_from(r).ok().filter(|&r| r < ne[1]) {
+                    Some(r) if mine.contains(&r) => {
+                        let row: &[f32] = self.read(d, td.row_offset(j, 0, 0), ne[0]);
+                        let out: &mut [f32] = self.write(id, t.row_offset(r, 0, 0), ne[0]);
+                        out.iter_mut().zip(row).for_each(|(o, v)| *o += v);
+                    }
+                    Some(_) => {}
+                    None => self.fail(id, BAD_INDEX),
+                }
+            }
+        }
+    }
+
     fn get_rows(&self, id: TensorId, t: &Tensor, ne: [usize; 4], ith: usize, nth: usize) {
         let src = |i: usize| t.src[i].map(|s| (s, self.graph.tensor(s)));
         // SAFETY: shapes and strides were checked by the graph builder, spans by `new`; rows

@@ -517,6 +517,25 @@ impl<const N: usize> Graph<N> {
         self.node(Op::GetRows, GgmlType::F32, ne, &[table, ids], OpParams::default())
     }
 
+    /// [`Graph::get_rows`]'s gradient: `d` (F32 `[k, n]`) added into rows `ids` of a zero `[k,
+    /// n_rows]` table.
+    pub fn get_rows_back(&mut self, d: TensorId, ids: TensorId, n_rows: usize) -> Result<TensorId> {
+        self.f32_input(Op::GetRowsBack, d)?;
+        let (td, i) = (self.tensor(d), self.tensor(ids));
+        if i.ty != GgmlType::I32 || !i.is_contiguous() || i.n_rows() != 1 || i.ne[0] != td.ne[1] {
+            return Err(self.invalid(
+                Op::GetRowsBack,
+                ids,
+                "ids must be one contiguous I32 row, one per gradient row",
+            ));
+        }
+        if !td.is_contiguous() || td.ne[2] * td.ne[3] != 1 {
+            return Err(self.invalid(Op::GetRowsBack, d, "the gradient must be a contiguous matrix"));
+        }
+        let ne = [td.ne[0], n_rows, 1, 1];
+        self.node(Op::GetRowsBack, GgmlType::F32, ne, &[d, ids], OpParams::default())
+    }
+
     /// RoPE on `x` (`[head_dim, n_head, n_tokens]`, F32): a [`Graph::rope_table`] for `x` and a
     /// [`Graph::rope_with`] by it. Graphs with several RoPEs of the same parameters (the Q and K
     /// of every layer) share one table instead.

@@ -41,6 +41,10 @@ pub enum Op {
     RepeatBack,
     /// Every element `params.f[0]`; no sources (the seed of a backward pass).
     Fill,
+    /// [`Op::GetRows`]'s gradient: the output gradients `src[0]` (F32 `[k, n]`) added into the rows
+    /// `src[1]` (I32 `[n]`) name, of a table of this tensor's shape (zero elsewhere; a row named
+    /// twice gets both).
+    GetRowsBack,
     /// RMS norm's gradient: inputs `src[0]` and output gradients `src[1]` (same shape), `eps =
     /// params.f[0]` → the input gradients.
     RmsNormBack,
@@ -161,6 +165,7 @@ impl Op {
             Op::Repeat => "repeat",
             Op::RepeatBack => "repeat_back",
             Op::Fill => "fill",
+            Op::GetRowsBack => "get_rows_back",
             Op::RmsNormBack => "rms_norm_back",
             Op::SoftMaxBack => "soft_max_back",
             Op::CrossEntropy => "cross_entropy",

@@ -238,6 +238,49 @@ pub fn backward<const N: usize>(
                     give(g, a, da)?;
                 }
             }
+            Op::Tanh => {
+                if let Some(a) = src(0) {
+                    // tanh' = 1 - y^2.
+                    let y2 = g.sqr(id)?;
+                    let y2dy = g.mul(y2, dy)?;
+                    let da = g.sub(dy, y2dy)?;
+                    give(g, a, da)?;
+                }
+            }
+            Op::Gelu => {
+                if let Some(a) = src(0) {
+                    let da = gelu_back(g, a, dy)?;
+                    give(g, a, da)?;
+                }
+            }
+            Op::GeGlu => {
+                let (gate, up) = (t.src[0].unwrap_or(id), t.src[1].unwrap_or(id));
+                // y = gelu(gate) * up.
+                if let Some(u) = src(1) {
+                    let act = g.gelu(gate)?;
+                    let du = g.mul(dy, act)?;
+                    give(g, u, du)?;
+                }
+                if let Some(gs) = src(0) {
+                    let dy_up = g.mul(dy, up)?;
+                    let dg = gelu_back(g, gate, dy_up)?;
+                    give(g, gs, dg)?;
+                }
+            }
+            Op::GetRows => {
+                if src(1).is_some() {
+                    return Err(TrainError::NoGradient {
+                        op: "get_rows (into the ids)",
+                        name: t.name.clone(),
+                    });
+                }
+                if let (Some(table), Some(ids)) = (src(0), t.src[1]) {
+                    let rows = g.tensor(table).ne[1];
+                    let dy_c = contiguous(g, dy)?;
+                    let dt = g.get_rows_back(dy_c, ids, rows)?;
+                    give(g, table, dt)?;
+                }
+            }
             Op::Cpy => {
                 // A copy (the gradient of a permuted or transposed view then flows through the view).
                 if let Some(a) = src(0) {
@@ -419,6 +462,32 @@ fn reduce_to<const N: usize>(g: &mut Graph<N>, d: TensorId, ne: [usize; 4]) -> R
         return Ok(d);
     }
     Ok(g.repeat_back(d, ne)?)
+}
+
+/// `dy * gelu'(x)` for the tanh form of GELU (the engine's GELU is ggml's table of it):
+/// `gelu'(x) = (1 + t) / 2 + x (1 - t^2) c (1 + 3 a x^2) / 2`, `t = tanh(c (x + a x^3))`.
+fn gelu_back<const N: usize>(g: &mut Graph<N>, x: TensorId, dy: TensorId) -> Result<TensorId, TrainError> {
+    const C: f32 = 0.797_884_6; // sqrt(2 / pi)
+    const A: f32 = 0.044_715;
+    let ne = g.tensor(x).ne;
+    let one = g.fill("gelu_back.one", ne, 1.0)?;
+    let x2 = g.sqr(x)?;
+    let x3 = g.mul(x2, x)?;
+    let ax3 = g.scale(x3, A)?;
+    let inner = g.add(x, ax3)?;
+    let u = g.scale(inner, C)?;
+    let t = g.tanh(u)?;
+    let one_t = g.add(one, t)?;
+    let first = g.scale(one_t, 0.5)?;
+    let t2 = g.sqr(t)?;
+    let sech2 = g.sub(one, t2)?;
+    let half_cx = g.scale(x, 0.5 * C)?;
+    let q = g.mul(half_cx, sech2)?;
+    let ax2 = g.scale(x2, 3.0 * A)?;
+    let r = g.add(one, ax2)?;
+    let second = g.mul(q, r)?;
+    let dgelu = g.add(first, second)?;
+    Ok(g.mul(dy, dgelu)?)
 }
 
 /// `d` itself when contiguous, else a contiguous copy.

@@ -681,20 +681,6 @@ pub fn run(args: FinetuneArgs) -> Result<(), CliError> {
     let trainer = Trainer::build(&gguf, &hp, args.ctx, spec)?;
     let n = trainer.n_params();
     let (activations, work, total) = arena_regions(&trainer.graph, &trainer.plan, trainer.persistent);
-    let optimizer_bytes = 4 * n * 4; // x, m, v and the accumulated gradient, beside the arena
-    errln!(
-        "pinfer: memory plan: {:.1} MiB = adapters and gradients {:.1} (rank {}, {} weights, {n} parameters) + activations {:.1} + work {:.1} + optimizer state {:.1}; model {:.1} MiB mapped (its weights stay in {}); graph {} nodes",
-        mib(total + optimizer_bytes),
-        mib(trainer.persistent),
-        spec.rank,
-        trainer.lora.adapted.len(),
-        mib(activations.len),
-        mib(work.len),
-        mib(optimizer_bytes),
-        mib(model.bytes().len()),
-        gguf.tensor("blk.0.attn_q.weight").map_or("the file's types".to_string(), |t| format!("{} as in the file", t.ty)),
-        trainer.graph.order().len()
-    );
     // The forward matmuls read the weights repacked for the SIMD kernels, as inference does (the
     // backward ones read the file's blocks): an inference engine of one token does the repacking.
     let engine_fail = |e: pinfer::engine::EngineError| CliError::new(format!("{model_name}: repacking: {e}"));
@@ -706,6 +692,22 @@ pub fn run(args: FinetuneArgs) -> Result<(), CliError> {
     let mut engine_memory = vec![0u8; planned.layout().bytes_needed()];
     let mut engine = planned.bind(engine_memory.as_mut_slice()).map_err(engine_fail)?;
     engine.repack(&OnCaller, &|_| {}).map_err(engine_fail)?;
+    let engine_memory_len = engine.memory().len();
+    let optimizer_bytes = 4 * n * 4; // x, m, v and the accumulated gradient, beside the arena
+    errln!(
+        "pinfer: memory plan: {:.1} MiB = adapters and gradients {:.1} (rank {}, {} weights, {n} parameters) + activations {:.1} + work {:.1} + optimizer state {:.1} + repacked weights {:.1}; model {:.1} MiB mapped (its weights stay in {}); graph {} nodes",
+        mib(total + optimizer_bytes + engine_memory_len),
+        mib(trainer.persistent),
+        spec.rank,
+        trainer.lora.adapted.len(),
+        mib(activations.len),
+        mib(work.len),
+        mib(optimizer_bytes),
+        mib(engine_memory_len),
+        mib(model.bytes().len()),
+        gguf.tensor("blk.0.attn_q.weight").map_or("the file's types".to_string(), |t| format!("{} as in the file", t.ty)),
+        trainer.graph.order().len()
+    );
 
     let mut memory = vec![0u64; total.div_ceil(8)];
     let arena: &mut [u8] = bytemuck::cast_slice_mut(memory.as_mut_slice());
