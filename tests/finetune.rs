@@ -55,7 +55,10 @@ fn perplexities(out: &str) -> (f64, f64) {
     (nums[0], nums[1])
 }
 
+/// 66 updates: minutes under qemu, so the host tier runs it (under qemu the training kernels are
+/// checked by kernels_simd and train_lora, and a short run by the resume test below).
 #[test]
+#[cfg_attr(not(target_arch = "x86_64"), ignore = "minutes under qemu: the host tier runs it")]
 fn a_text_finetune_lowers_the_validation_loss_and_writes_a_llama_cpp_adapter() {
     let d = dir("text");
     let data = corpus(&d);
