@@ -1846,11 +1846,11 @@ impl<'a, const N: usize> Bound<'a, N> {
             match op.act {
                 None => {
                     let x_row: &[f32] = self.read(op.x, op.tx.row_offset(xi.0, xi.1, xi.2), op.k);
-                    if matches!(op.tw.storage, Storage::External { .. }) {
-                        // A file's F32 weight: ggml's scalar dot, as the goldens were made.
+                    if matches!(op.tw.storage, Storage::External { buffer: 0, .. }) {
+                        // The model file's F32 weight: ggml's scalar dot, as the goldens were made.
                         vec_dot_ref(GgmlType::F32, w_bytes, bytemuck::cast_slice(x_row))
                     } else {
-                        // Two computed tensors (training): the SIMD dot.
+                        // An adapter's weight, or two computed tensors (training): the SIMD dot.
                         kernels::dot_f32(self.path, bytemuck::cast_slice(w_bytes), x_row)
                     }
                 }

@@ -233,9 +233,9 @@ pub fn dot_f16(path: KernelPath, x: &[F16Le], y: &[F16Le]) -> f32 {
 }
 
 /// f32 dot product on `path`: the SIMD kernels (twin [`dot::vec_dot_f32_lanes`]), or on the
-/// reference path ggml's scalar dot (f64 sum). Used for products of two computed tensors
-/// (training's backward matmuls and written-out attention); F32 weights of a file keep the
-/// scalar dot.
+/// reference path ggml's scalar dot (f64 sum). Used for LoRA adapters' weights and products of
+/// two computed tensors (training's backward matmuls and written-out attention); F32 weights of
+/// the model file keep the scalar dot.
 pub fn dot_f32(path: KernelPath, x: &[f32], y: &[f32]) -> f32 {
     match path {
         KernelPath::Reference => {

@@ -56,23 +56,35 @@ pub fn dot_f32(x: &[f32], y: &[f32]) -> f32 {
 #[target_feature(enable = "neon")]
 fn dot_f32_neon(x: &[f32], y: &[f32]) -> f32 {
     let n = x.len().min(y.len());
+    let whole = n - n % 32;
     let mut acc = [vdupq_n_f32(0.0); 8];
-    let (mut px, mut py) = ([0f32; 32], [0f32; 32]);
-    for start in (0..n).step_by(32) {
-        let end = (start + 32).min(n);
-        let (gx, gy): (&[f32], &[f32]) = if end - start == 32 {
-            (&x[start..end], &y[start..end])
-        } else {
-            px.fill(0.0);
-            py.fill(0.0);
-            px[..end - start].copy_from_slice(&x[start..end]);
-            py[..end - start].copy_from_slice(&y[start..end]);
-            (&px, &py)
-        };
+    for start in (0..whole).step_by(32) {
         for (r, a) in acc.iter_mut().enumerate() {
-            // SAFETY: 4 f32 at 4r of the run's 32.
-            let (vx, vy) = unsafe { (vld1q_f32(gx.as_ptr().add(4 * r)), vld1q_f32(gy.as_ptr().add(4 * r))) };
+            // SAFETY: 4 f32 at start + 4r < whole <= n.
+            let (vx, vy) = unsafe {
+                (vld1q_f32(x.as_ptr().add(start + 4 * r)), vld1q_f32(y.as_ptr().add(start + 4 * r)))
+            };
             // A product then a sum (no fused multiply-add), as the twin rounds.
+            *a = vaddq_f32(*a, vmulq_f32(vx, vy));
+        }
+    }
+    if whole < n {
+        // The last run, zero-padded to 32 as the twin pads it (whole registers read in place).
+        let (tx, ty) = (&x[whole..n], &y[whole..n]);
+        for (r, a) in acc.iter_mut().enumerate() {
+            let lo = 4 * r;
+            let (vx, vy) = if lo + 4 <= tx.len() {
+                // SAFETY: 4 f32 at lo inside the tail.
+                unsafe { (vld1q_f32(tx.as_ptr().add(lo)), vld1q_f32(ty.as_ptr().add(lo))) }
+            } else {
+                let (mut px, mut py) = ([0f32; 4], [0f32; 4]);
+                if lo < tx.len() {
+                    px[..tx.len() - lo].copy_from_slice(&tx[lo..]);
+                    py[..tx.len() - lo].copy_from_slice(&ty[lo..]);
+                }
+                // SAFETY: 4 f32 from 4-element arrays.
+                unsafe { (vld1q_f32(px.as_ptr()), vld1q_f32(py.as_ptr())) }
+            };
             *a = vaddq_f32(*a, vmulq_f32(vx, vy));
         }
     }

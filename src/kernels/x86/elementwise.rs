@@ -54,24 +54,39 @@ pub unsafe fn dot_f32_avx2(x: &[f32], y: &[f32]) -> f32 {
 #[target_feature(enable = "avx2,fma,f16c")]
 fn dot_f32_impl(x: &[f32], y: &[f32]) -> f32 {
     let n = x.len().min(y.len());
+    let whole = n - n % 32;
     let mut acc = [_mm256_setzero_ps(); 4];
-    let (mut px, mut py) = ([0f32; 32], [0f32; 32]);
-    for start in (0..n).step_by(32) {
-        let end = (start + 32).min(n);
-        let (gx, gy): (&[f32], &[f32]) = if end - start == 32 {
-            (&x[start..end], &y[start..end])
-        } else {
-            px.fill(0.0);
-            py.fill(0.0);
-            px[..end - start].copy_from_slice(&x[start..end]);
-            py[..end - start].copy_from_slice(&y[start..end]);
-            (&px, &py)
-        };
+    for start in (0..whole).step_by(32) {
         for (c, a) in acc.iter_mut().enumerate() {
-            // SAFETY: 8 f32 at 8c of the run's 32; the CPU features are this function's.
-            let (vx, vy) =
-                unsafe { (_mm256_loadu_ps(gx.as_ptr().add(8 * c)), _mm256_loadu_ps(gy.as_ptr().add(8 * c))) };
+            // SAFETY: 8 f32 at start + 8c < whole <= n; the CPU features are this function's.
+            let (vx, vy) = unsafe {
+                (
+                    _mm256_loadu_ps(x.as_ptr().add(start + 8 * c)),
+                    _mm256_loadu_ps(y.as_ptr().add(start + 8 * c)),
+                )
+            };
             // A product then a sum (no fused multiply-add), as the twin rounds.
+            *a = _mm256_add_ps(*a, _mm256_mul_ps(vx, vy));
+        }
+    }
+    if whole < n {
+        // The last run, zero-padded to 32 as the twin pads it: whole vectors read in place, the
+        // partial one copied (short dots, such as a LoRA B's rank, are mostly this).
+        let (tx, ty) = (&x[whole..n], &y[whole..n]);
+        for (c, a) in acc.iter_mut().enumerate() {
+            let lo = 8 * c;
+            let (vx, vy) = if lo + 8 <= tx.len() {
+                // SAFETY: 8 f32 at lo inside the tail.
+                unsafe { (_mm256_loadu_ps(tx.as_ptr().add(lo)), _mm256_loadu_ps(ty.as_ptr().add(lo))) }
+            } else {
+                let (mut px, mut py) = ([0f32; 8], [0f32; 8]);
+                if lo < tx.len() {
+                    px[..tx.len() - lo].copy_from_slice(&tx[lo..]);
+                    py[..tx.len() - lo].copy_from_slice(&ty[lo..]);
+                }
+                // SAFETY: 8 f32 from 8-element arrays.
+                unsafe { (_mm256_loadu_ps(px.as_ptr()), _mm256_loadu_ps(py.as_ptr())) }
+            };
             *a = _mm256_add_ps(*a, _mm256_mul_ps(vx, vy));
         }
     }
