@@ -176,45 +176,38 @@ make_tiny_models() {
   make_lora_adapter
 }
 
-# A random LoRA adapter of the default model (tests/golden/make_lora_adapter.py, no random generator
-# of numpy's: the same bytes everywhere); tests/golden/smollm2-lora.greedy.jsonl is llama.cpp's output
-# with it.
-LORA_ADAPTER="$TINY_DIR/smollm2-lora.gguf"
-LORA_ADAPTER_SHA256=374f812c2bfc94712cb3ce26feeb9046ba23368932737dd7e2d0ff7dbe9675a3
-
-make_lora_adapter() {
-  if echo "$LORA_ADAPTER_SHA256  $LORA_ADAPTER" | sha256sum -c --status 2>/dev/null; then
-    log "LoRA test adapter present"
+# write_checked FILE SHA256 SCRIPT: FILE written by the Python SCRIPT from the default model (SCRIPT
+# MODEL FILE), unless it is already there with that checksum; a file that comes out different stops
+# the setup (the goldens were made with exactly that file).
+write_checked() {
+  local file=$1 sha=$2 script=$3
+  if echo "$sha  $file" | sha256sum -c --status 2>/dev/null; then
+    log "$file present"
     return
   fi
   fetch_model
   pip_install "gguf:gguf==0.19.0" "numpy:numpy"
-  log "writing $LORA_ADAPTER"
-  "$PY" tests/golden/make_lora_adapter.py "$MODEL_FILE" "$LORA_ADAPTER" >/dev/null
-  if ! echo "$LORA_ADAPTER_SHA256  $LORA_ADAPTER" | sha256sum -c --status; then
-    log "$LORA_ADAPTER differs from its golden's adapter (is gguf==0.19.0 installed?)"
+  log "writing $file"
+  "$PY" "$script" "$MODEL_FILE" "$file" >/dev/null
+  if ! echo "$sha  $file" | sha256sum -c --status; then
+    log "$file differs from the one its golden was made with (is gguf==0.19.0 installed?)"
     exit 1
   fi
 }
 
 # qwen2moe (shared expert) tiny model, written by scripts/make_qwen2moe_tiny.py from the same vocabulary;
 # its golden (tests/golden/qwen2moe-tiny.greedy.jsonl) is llama.cpp's (scripts/make_golden.py).
-QWEN2MOE_TINY="$TINY_DIR/qwen2moe-tiny.gguf"
-QWEN2MOE_TINY_SHA256=5d6e92721d75463c3af725683324a3436ff0c056b23323dfddbdfcf7b674d25b
-
 make_qwen2moe_tiny() {
-  if echo "$QWEN2MOE_TINY_SHA256  $QWEN2MOE_TINY" | sha256sum -c --status 2>/dev/null; then
-    log "qwen2moe tiny model present"
-    return
-  fi
-  fetch_model
-  pip_install "gguf:gguf==0.19.0" "numpy:numpy"
-  log "writing $QWEN2MOE_TINY"
-  "$PY" scripts/make_qwen2moe_tiny.py "$MODEL_FILE" "$QWEN2MOE_TINY" >/dev/null
-  if ! echo "$QWEN2MOE_TINY_SHA256  $QWEN2MOE_TINY" | sha256sum -c --status; then
-    log "$QWEN2MOE_TINY differs from its golden's model (is gguf==0.19.0 installed?)"
-    exit 1
-  fi
+  write_checked "$TINY_DIR/qwen2moe-tiny.gguf" 5d6e92721d75463c3af725683324a3436ff0c056b23323dfddbdfcf7b674d25b \
+    scripts/make_qwen2moe_tiny.py
+}
+
+# A random LoRA adapter of the default model (tests/golden/make_lora_adapter.py, no random generator
+# of numpy's: the same bytes everywhere); tests/golden/smollm2-lora.greedy.jsonl is llama.cpp's output
+# with it.
+make_lora_adapter() {
+  write_checked "$TINY_DIR/smollm2-lora.gguf" 374f812c2bfc94712cb3ce26feeb9046ba23368932737dd7e2d0ff7dbe9675a3 \
+    tests/golden/make_lora_adapter.py
 }
 
 # Requantized variants of the default model for the benchmarks, written by `pinfer quantize` (ggml's

@@ -31,6 +31,14 @@ fn pinfer(args: &[&str]) -> Output {
     pinfer_command().args(args).output().unwrap()
 }
 
+/// `pinfer finetune` of the tiny model on `data` into `out`, with `extra` options.
+fn finetune(data: &Path, out: &Path, extra: &[&str]) -> Output {
+    let tiny = tiny();
+    let mut args = vec!["finetune", "-m", &tiny, "-f", s(data), "-o", s(out)];
+    args.extend_from_slice(extra);
+    pinfer(&args)
+}
+
 fn text(o: &Output) -> String {
     format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
 }
@@ -63,25 +71,8 @@ fn a_text_finetune_lowers_the_validation_loss_and_writes_a_llama_cpp_adapter() {
     let d = dir("text");
     let data = corpus(&d);
     let adapter = d.join("a.gguf");
-    let out = pinfer(&[
-        "finetune",
-        "-m",
-        &tiny(),
-        "-f",
-        s(&data),
-        "-o",
-        s(&adapter),
-        "-c",
-        "32",
-        "--epochs",
-        "3",
-        "--lr",
-        "3e-3",
-        "--lora-r",
-        "4",
-        "-t",
-        "2",
-    ]);
+    let out =
+        finetune(&data, &adapter, &["-c", "32", "--epochs", "3", "--lr", "3e-3", "--lora-r", "4", "-t", "2"]);
     let log = text(&out);
     assert!(out.status.success(), "{log}");
     assert!(log.contains("memory plan:"), "{log}");
@@ -124,23 +115,11 @@ fn only_the_assistants_tokens_of_conversations_are_scored() {
         r#"{{"messages": [{{"role": "system", "content": "You name devices."}}, {{"role": "user", "content": "Which is the kitchen light?"}}, {{"role": "assistant", "content": "{reply}"}}]}}"#
     );
     std::fs::write(&data, format!("{line}\n\n{line}\n")).unwrap();
-    let out = pinfer(&[
-        "finetune",
-        "-m",
-        &tiny(),
-        "-f",
-        s(&data),
-        "-o",
-        s(&d.join("a.gguf")),
-        "-c",
-        "64",
-        "--chat-template",
-        "chatml",
-        "--max-steps",
-        "1",
-        "--val-split",
-        "0",
-    ]);
+    let out = finetune(
+        &data,
+        &d.join("a.gguf"),
+        &["-c", "64", "--chat-template", "chatml", "--max-steps", "1", "--val-split", "0"],
+    );
     let log = text(&out);
     assert!(out.status.success(), "{log}");
     // The reply and its `<|im_end|>\n`: count them with the model's tokenizer.
@@ -159,17 +138,7 @@ fn only_the_assistants_tokens_of_conversations_are_scored() {
         format!("{line}\n{{\"messages\": [{{\"role\": \"robot\", \"content\": \"x\"}}]}}\n"),
     )
     .unwrap();
-    let out = pinfer(&[
-        "finetune",
-        "-m",
-        &tiny(),
-        "-f",
-        s(&data),
-        "-o",
-        s(&d.join("b.gguf")),
-        "--chat-template",
-        "chatml",
-    ]);
+    let out = finetune(&data, &d.join("b.gguf"), &["--chat-template", "chatml"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(text(&out).contains("line 2: role Some(\"robot\")"), "{}", text(&out));
     assert!(!d.join("b.gguf").exists());
@@ -179,40 +148,16 @@ fn only_the_assistants_tokens_of_conversations_are_scored() {
 fn a_resumed_run_ends_as_an_unbroken_one_and_other_runs_checkpoints_are_refused() {
     let d = dir("resume");
     let data = corpus(&d);
-    let common = |out: &Path, steps: &str| -> Vec<String> {
-        [
-            "finetune",
-            "-m",
-            &tiny(),
-            "-f",
-            s(&data),
-            "-o",
-            s(out),
-            "-c",
-            "32",
-            "--max-steps",
-            steps,
-            "--save-every",
-            "1",
-            "-t",
-            "2",
-        ]
-        .iter()
-        .map(|x| x.to_string())
-        .collect()
-    };
-    let run = |args: Vec<String>| pinfer(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let steps = |n: &'static str| ["-c", "32", "--max-steps", n, "--save-every", "1", "-t", "2"];
     let straight = d.join("straight.gguf");
-    let out = run(common(&straight, "4"));
+    let out = finetune(&data, &straight, &steps("4"));
     assert!(out.status.success(), "{}", text(&out));
 
     // The same run stopped after 2 updates, then resumed to 4.
     let resumed = d.join("resumed.gguf");
-    let out = run(common(&resumed, "2"));
+    let out = finetune(&data, &resumed, &steps("2"));
     assert!(out.status.success(), "{}", text(&out));
-    let mut args = common(&resumed, "4");
-    args.push("--resume".into());
-    let out = run(args);
+    let out = finetune(&data, &resumed, &[&steps("4")[..], &["--resume"]].concat());
     assert!(out.status.success(), "{}", text(&out));
     assert!(text(&out).contains("at update 2"), "{}", text(&out));
     assert!(
@@ -229,38 +174,12 @@ fn a_resumed_run_ends_as_an_unbroken_one_and_other_runs_checkpoints_are_refused(
     .unwrap();
     let ckpt = d.join("resumed.ckpt");
     let before = std::fs::read(&ckpt).unwrap();
-    let out = pinfer(&[
-        "finetune",
-        "-m",
-        &tiny(),
-        "-f",
-        s(&other),
-        "-o",
-        s(&resumed),
-        "-c",
-        "32",
-        "--checkpoint",
-        s(&ckpt),
-        "--resume",
-    ]);
+    let out = finetune(&other, &resumed, &["-c", "32", "--checkpoint", s(&ckpt), "--resume"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(text(&out).contains("another run"), "{}", text(&out));
     assert_eq!(std::fs::read(&ckpt).unwrap(), before, "a refused checkpoint was touched");
     // A file that is no checkpoint.
-    let out = pinfer(&[
-        "finetune",
-        "-m",
-        &tiny(),
-        "-f",
-        s(&data),
-        "-o",
-        s(&d.join("x.gguf")),
-        "-c",
-        "32",
-        "--checkpoint",
-        &tiny(),
-        "--resume",
-    ]);
+    let out = finetune(&data, &d.join("x.gguf"), &["-c", "32", "--checkpoint", &tiny(), "--resume"]);
     assert_eq!(out.status.code(), Some(1));
 }
 
@@ -269,25 +188,11 @@ fn a_diverging_run_stops_with_the_last_checkpoint_intact() {
     let d = dir("diverge");
     let data = corpus(&d);
     let adapter = d.join("a.gguf");
-    let out = pinfer(&[
-        "finetune",
-        "-m",
-        &tiny(),
-        "-f",
-        s(&data),
-        "-o",
-        s(&adapter),
-        "-c",
-        "32",
-        "--lr",
-        "1e30",
-        "--clip",
-        "0",
-        "--save-every",
-        "1",
-        "--epochs",
-        "3",
-    ]);
+    let out = finetune(
+        &data,
+        &adapter,
+        &["-c", "32", "--lr", "1e30", "--clip", "0", "--save-every", "1", "--epochs", "3"],
+    );
     let log = text(&out);
     assert_eq!(out.status.code(), Some(1), "{log}");
     assert!(log.contains("diverged") && log.contains("a.ckpt"), "{log}");
@@ -350,24 +255,11 @@ fn ctrl_c_saves_a_checkpoint_and_exits() {
     assert!(d.join("a.ckpt").exists(), "{log}");
     assert!(!adapter.exists());
     // It resumes.
-    let out = pinfer(&[
-        "finetune",
-        "-m",
-        &tiny(),
-        "-f",
-        s(&data),
-        "-o",
-        s(&adapter),
-        "-c",
-        "32",
-        "--epochs",
-        "50",
-        "--save-every",
-        "0",
-        "--resume",
-        "--max-steps",
-        "1",
-    ]);
+    let out = finetune(
+        &data,
+        &adapter,
+        &["-c", "32", "--epochs", "50", "--save-every", "0", "--resume", "--max-steps", "1"],
+    );
     assert!(out.status.success() || text(&out).contains("resuming"), "{}", text(&out));
 }
 
@@ -376,27 +268,27 @@ fn bad_data_and_settings_are_refused_by_name() {
     let d = dir("bad");
     let data = corpus(&d);
     let out_path = d.join("a.gguf");
-    let o = s(&out_path);
     // Not UTF-8.
     let bin = d.join("bin.txt");
     std::fs::write(&bin, b"abc\xff\xfe").unwrap();
-    let out = pinfer(&["finetune", "-m", &tiny(), "-f", s(&bin), "-o", o]);
+    let out = finetune(&bin, &out_path, &[]);
     assert_eq!(out.status.code(), Some(1));
     assert!(text(&out).contains("not UTF-8"), "{}", text(&out));
     // Another architecture.
-    let out = pinfer(&["finetune", "-m", s(&model("tiny/qwen3-tiny.gguf")), "-f", s(&data), "-o", o]);
+    let out =
+        pinfer(&["finetune", "-m", s(&model("tiny/qwen3-tiny.gguf")), "-f", s(&data), "-o", s(&out_path)]);
     assert_eq!(out.status.code(), Some(1));
     assert!(text(&out).contains("llama"), "{}", text(&out));
     // A projection that does not exist; a window of 1 token; the output over the input.
-    let out = pinfer(&["finetune", "-m", &tiny(), "-f", s(&data), "-o", o, "--lora-targets", "q,x"]);
+    let out = finetune(&data, &out_path, &["--lora-targets", "q,x"]);
     assert!(text(&out).contains("unknown projection \"x\""), "{}", text(&out));
-    let out = pinfer(&["finetune", "-m", &tiny(), "-f", s(&data), "-o", o, "-c", "1"]);
+    let out = finetune(&data, &out_path, &["-c", "1"]);
     assert_eq!(out.status.code(), Some(1));
-    let out = pinfer(&["finetune", "-m", &tiny(), "-f", s(&data), "-o", s(&data)]);
+    let out = finetune(&data, &data, &[]);
     assert_eq!(out.status.code(), Some(1));
     assert!(std::fs::read_to_string(&data).unwrap().contains("Permission"), "the data was overwritten");
     // An output directory that does not exist: refused before training.
-    let out = pinfer(&["finetune", "-m", &tiny(), "-f", s(&data), "-o", s(&d.join("no/such/dir/a.gguf"))]);
+    let out = finetune(&data, &d.join("no/such/dir/a.gguf"), &[]);
     assert_eq!(out.status.code(), Some(1));
     assert!(!text(&out).contains("update 1"), "{}", text(&out));
     assert!(!out_path.exists());
