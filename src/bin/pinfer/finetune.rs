@@ -589,6 +589,18 @@ fn run_window(
 }
 
 pub fn run(args: FinetuneArgs) -> Result<(), CliError> {
+    // The training graph (tens of thousands of nodes) and its plan are made on the stack before
+    // they reach the heap in unoptimized builds: train on a thread with room for them.
+    std::thread::Builder::new()
+        .name("pinfer-finetune".into())
+        .stack_size(512 << 20)
+        .spawn(move || train(args))
+        .map_err(|e| CliError::new(format!("starting the training thread: {e}")))?
+        .join()
+        .unwrap_or_else(|e| std::panic::resume_unwind(e))
+}
+
+fn train(args: FinetuneArgs) -> Result<(), CliError> {
     let start = Instant::now();
     let targets = parse_targets(&args.targets)?;
     if !(args.lr > 0.0 && args.lr.is_finite() && args.alpha > 0.0 && args.alpha.is_finite()) {
