@@ -638,6 +638,11 @@ fn train(args: FinetuneArgs) -> Result<(), CliError> {
     let model = ModelFile::open_static(&args.model)?;
     let gguf = model.parse()?;
     let model_name = args.model.display();
+    if pinfer::repack_cache::is_cache(&gguf) {
+        return Err(CliError::new(format!(
+            "{model_name} is a pinfer repack cache (weights in pinfer's packed layout): fine-tune the original GGUF"
+        )));
+    }
     // (Checked as for inference: hyper-parameters, vocabulary, every tensor's shape.)
     let hp = pinfer::engine::Model::from_gguf(model.bytes(), model.parse()?)
         .map_err(|e| CliError::new(format!("{model_name}: {e}")))?
