@@ -122,10 +122,16 @@ fn smollm2_greedy_matches_llama_cpp() {
 }
 
 /// With a LoRA adapter on every projection (`models/tiny/smollm2-lora.gguf`, written by setup):
-/// llama.cpp's tokens with the same adapter (`LLAMA_REPLAY_LORA`, see tests/golden/README.md). The
-/// adapter's terms are the same on every kernel path, so the fp16 path runs the x86 attention
-/// arithmetic here (dotprod) and is held to the x86 golden.
+/// llama.cpp's tokens with the same adapter (`LLAMA_REPLAY_LORA`, see tests/golden/README.md), from
+/// its x86 build. x86 only: pinfer's aarch64 arithmetic of the base model (sums of other orders,
+/// flips at near-ties the goldens allow) moves this adapted model's logits by as much as x86's,
+/// but at "The capital of France is" step 2 pinfer itself nearly ties (margin 0.004 on x86) where
+/// llama.cpp's x86 build does not (0.347), and the aarch64 build picks the other token; an arm
+/// golden needs llama.cpp's aarch64 build with the adapter. The adapter's arithmetic itself is
+/// the same on every path (tests/lora_apply.rs runs under qemu: a zero B changes no bit, an
+/// adapted model is its merged weights).
 #[test]
+#[cfg_attr(not(target_arch = "x86_64"), ignore = "the golden is llama.cpp's x86 build's; see the comment")]
 fn smollm2_with_a_lora_adapter_matches_llama_cpp() {
     let adapter = model_path("tiny/smollm2-lora.gguf");
     assert!(adapter.exists(), "{} missing: run scripts/setup.sh tiny", adapter.display());
