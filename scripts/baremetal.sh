@@ -123,7 +123,9 @@ PY
       plugin=(-plugin "$so,out=$work/count")
     fi
     status=0
-    qemu-system-aarch64 -M "$machine" -cpu cortex-a76 -m "$mem" -nographic -monitor none \
+    # -nic none: the image has no network, and the default virtio NIC wants a boot ROM
+    # (efi-virtio.rom) that qemu-system-arm installed without recommends does not have.
+    qemu-system-aarch64 -M "$machine" -cpu cortex-a76 -m "$mem" -nographic -monitor none -nic none \
       -semihosting-config enable=on,target=native "${plugin[@]}" \
       -kernel "$image" "${loaders[@]}" || status=$?
     [ "$count" = 0 ] || echo "pinfer: guest instructions of the whole run: $(cat "$work/count")" >&2
