@@ -81,6 +81,17 @@ fn pinfer(args: &[&str]) -> std::process::Output {
     pinfer_command().args(args).output().unwrap()
 }
 
+/// `pinfer export-lora` of `base` with `adapter` at `scale` into `out`, with `extra` options; it must
+/// succeed.
+fn export(base: &Path, adapter: &str, scale: &str, extra: &[&str], out: &Path) -> std::process::Output {
+    let mut args = vec!["export-lora", "-m", base.to_str().unwrap(), "--lora-scaled", adapter, scale, "-o"];
+    args.push(out.to_str().unwrap());
+    args.extend_from_slice(extra);
+    let o = pinfer(&args);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    o
+}
+
 #[test]
 fn an_adapter_with_zero_b_changes_no_logit() {
     // Every projection of SmolLM2's 30 layers (210 pairs): the graphs hold them all.
@@ -114,24 +125,8 @@ fn an_adapted_model_computes_its_merged_weights() {
     let adapter = scratch("tiny.gguf");
     write_test_adapter(&tiny, &weights, 0.5, &adapter);
     let (a, base32, merged32) = (adapter.to_str().unwrap(), scratch("base32.gguf"), scratch("merged32.gguf"));
-    let out = pinfer(
-        &["export-lora", "-m", tiny.to_str().unwrap(), "--lora-scaled", a, "0", "--type", "f32", "-o"]
-            .into_iter()
-            .chain([base32.to_str().unwrap()])
-            .collect::<Vec<_>>(),
-    );
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let out = pinfer(&[
-        "export-lora",
-        "-m",
-        base32.to_str().unwrap(),
-        "--lora-scaled",
-        a,
-        "0.75",
-        "-o",
-        merged32.to_str().unwrap(),
-    ]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    export(&tiny, a, "0", &["--type", "f32"], &base32);
+    let out = export(&base32, a, "0.75", &[], &merged32);
     assert!(String::from_utf8_lossy(&out.stdout).contains(&format!("{} weights merged (F32)", weights.len())));
 
     let adapted = all_logits(&mut session(&base32, &[(adapter.clone(), 0.75)]).unwrap());
@@ -158,19 +153,7 @@ fn an_adapted_model_computes_its_merged_weights() {
 
     // A quantized merge runs and stays close.
     let q8 = scratch("merged-q8.gguf");
-    let out = pinfer(&[
-        "export-lora",
-        "-m",
-        base32.to_str().unwrap(),
-        "--lora-scaled",
-        a,
-        "0.75",
-        "--type",
-        "q8_0",
-        "-o",
-        q8.to_str().unwrap(),
-    ]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    export(&base32, a, "0.75", &["--type", "q8_0"], &q8);
     let quantized = all_logits(&mut session(&q8, &[]).unwrap());
     // (Q8_0's rounding of the tiny model's peaked weights moves its logits by up to a tenth of their
     // range; the merged values themselves are within half a Q8_0 step of the F32 merge.)
