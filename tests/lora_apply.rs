@@ -221,3 +221,31 @@ fn adapters_that_cannot_apply_are_refused_by_name() {
     assert_eq!(out.status.code(), Some(1), "export-lora overwrote its input");
     assert_eq!(std::fs::metadata(&base).unwrap().len(), before);
 }
+
+#[test]
+fn a_prompt_cache_saved_with_an_adapter_is_not_used_without_it() {
+    let m = model("SmolLM2-135M-Instruct.Q4_1.gguf");
+    let adapter = model("tiny/smollm2-lora.gguf");
+    assert!(adapter.exists(), "{} missing: run scripts/setup.sh tiny", adapter.display());
+    let cache = scratch("prompt.cache");
+    let _ = std::fs::remove_file(&cache);
+    let run = |lora: bool| {
+        let mut args =
+            vec!["generate", "-m", m.to_str().unwrap(), "-p", "The capital of France is", "-n", "2"];
+        args.extend(["--temp", "0", "--prompt-cache", cache.to_str().unwrap()]);
+        if lora {
+            args.extend(["--lora", adapter.to_str().unwrap()]);
+        }
+        let out = pinfer(&args);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    assert!(run(true).contains("saved 5 tokens"));
+    // Without the adapter the cached rows are another function's: refused, then rewritten.
+    let err = run(false);
+    assert!(err.contains("LoRA adapters") && err.contains("not used"), "{err}");
+    // With it again: the other file is refused the same way; the same adapter reuses its own.
+    assert!(run(true).contains("not used"));
+    let err = run(true);
+    assert!(!err.contains("not used"), "{err}");
+}

@@ -3,7 +3,8 @@
 //! `generate --prompt-cache FILE` write it.
 //!
 //! Layout (little-endian): magic `PINFSLOT`, version u32, the model's identity (file size u64,
-//! CRC32 of its GGUF header u32), bytes per cached position u32, layers u32, the cache's K and V
+//! CRC32 of its GGUF header and its LoRA adapters' headers and scales u32), bytes per cached
+//! position u32, layers u32, the cache's K and V
 //! types (GGML type ids, u16 each), bytes of the recurrent states u32 (0 without recurrent layers),
 //! token count u32, the tokens (u32 each), the cache rows then the recurrent states, and a CRC32 of
 //! everything before it. A file that does not match is refused with the reason, never
@@ -34,10 +35,18 @@ impl Identity {
     /// What a file saved from `session`'s cache carries.
     pub fn of(session: &pinfer::session::Session) -> Self {
         let header = session.model_bytes().get(..session.gguf().data_start()).unwrap_or(&[]);
+        // The LoRA adapters (their headers and scales) change every cached value: a file saved
+        // with other adapters, or none, must not match. (With none, the CRC is the header's.)
+        let mut crc = crc32fast::Hasher::new();
+        crc.update(header);
+        for a in session.engine().planned().model().adapters() {
+            crc.update(a.bytes.get(..a.lora.data_start).unwrap_or(a.bytes));
+            crc.update(&a.scale.to_le_bytes());
+        }
         let types = session.kv_types();
         Self {
             model_size: session.model_bytes().len() as u64,
-            header_crc: crc32fast::hash(header),
+            header_crc: crc.finalize(),
             position_bytes: u32::try_from(session.sequence_bytes(2) - session.sequence_bytes(1))
                 .unwrap_or(u32::MAX),
             layers: session.hparams().n_layer,
@@ -111,7 +120,7 @@ pub fn decode<'b>(id: &Identity, bytes: &'b [u8]) -> Result<(Vec<u32>, &'b [u8])
                 types_named(id.kv_types)
             ));
         }
-        return Err("saved from another model or cache layout".into());
+        return Err("saved from another model, LoRA adapters or cache layout".into());
     }
     let n = u32_at(40) as usize;
     let rows_at = n.checked_mul(4).and_then(|b| b.checked_add(head)).filter(|&e| e <= body.len());
