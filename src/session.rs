@@ -20,7 +20,7 @@ use crate::exec::{ExecError, PackedEntry};
 use crate::gguf::{Gguf, TensorInfo};
 use crate::kernels::packed::packed_bytes;
 use crate::loader::{LoadError, ModelFile};
-use crate::model::lora::{Adapter, LoraAdapter};
+use crate::model::lora::Adapter;
 use crate::model::{HParams, ModelError};
 use crate::placement::{Buffer, Placement, Reason};
 
@@ -273,9 +273,8 @@ fn open_adapters(
         }
         let file = ModelFile::open_static(path).map_err(|e| fail(e.to_string()))?;
         let gguf = file.parse().map_err(|e| fail(e.to_string()))?;
-        let lora = LoraAdapter::check(&gguf, base.gguf(), base.hparams()).map_err(|e| fail(e.to_string()))?;
-        let adapter = Adapter { bytes: file.bytes(), scale: lora.scale(*user_scale), lora };
-        adapter.check_finite().map_err(|e| fail(e.to_string()))?;
+        let adapter = Adapter::new(file.bytes(), &gguf, base.gguf(), base.hparams(), *user_scale)
+            .map_err(|e| fail(e.to_string()))?;
         adapters.push(adapter);
     }
     Ok(Some(Vec::leak(adapters)))

@@ -171,6 +171,21 @@ pub struct Adapter<'a> {
 }
 
 impl<'a> Adapter<'a> {
+    /// The adapter file `bytes` (parsed as `gguf`) checked against the model `base` (`hp`), its
+    /// weights finite, at `user_scale` (1 for `--lora`).
+    pub fn new(
+        bytes: &'a [u8],
+        gguf: &Gguf<'a>,
+        base: &Gguf<'_>,
+        hp: &HParams,
+        user_scale: f32,
+    ) -> Result<Self, LoraError> {
+        let lora = LoraAdapter::check(gguf, base, hp)?;
+        let adapter = Self { bytes, scale: lora.scale(user_scale), lora };
+        adapter.check_finite()?;
+        Ok(adapter)
+    }
+
     /// The bytes of one of the adapter's tensors, if they lie inside the file.
     pub fn data(&self, t: &TensorInfo<'_>) -> Option<&'a [u8]> {
         let start = self.lora.data_start.checked_add(t.offset as usize)?;

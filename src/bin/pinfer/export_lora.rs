@@ -15,7 +15,7 @@ use clap::Args;
 use pinfer::gguf::write::TensorHeader;
 use pinfer::gguf::{Gguf, TensorInfo};
 use pinfer::loader::ModelFile;
-use pinfer::model::lora::{add_product, Adapter, LoraAdapter};
+use pinfer::model::lora::{add_product, Adapter};
 use pinfer::model::HParams;
 use pinfer::output_file::OutputFile;
 use pinfer::quant::quantize::quantize_row_ref;
@@ -50,14 +50,7 @@ const FILE_TYPE_F16: u32 = 1;
 
 pub fn run(args: ExportLoraArgs) -> Result<(), CliError> {
     let start = Instant::now();
-    let mut files: Vec<(PathBuf, f32)> = args.lora.iter().map(|p| (p.clone(), 1.0)).collect();
-    for pair in args.lora_scaled.chunks(2) {
-        let [file, scale] = pair else { return Err(CliError::new("--lora-scaled needs FILE SCALE".into())) };
-        let value = scale.parse::<f32>().ok().filter(|v| v.is_finite()).ok_or_else(|| {
-            CliError::new(format!("--lora-scaled {file} {scale}: the scale is not a number"))
-        })?;
-        files.push((PathBuf::from(file), value));
-    }
+    let files = crate::runtime::adapter_files(&args.lora, &args.lora_scaled)?;
     if files.is_empty() {
         return Err(CliError::new("export-lora needs at least one adapter (--lora or --lora-scaled)".into()));
     }
@@ -85,9 +78,8 @@ pub fn run(args: ExportLoraArgs) -> Result<(), CliError> {
     for ((path, user_scale), file) in files.iter().zip(&adapter_files) {
         let fail = |e: String| CliError::new(format!("LoRA adapter {}: {e}", path.display()));
         let gguf = file.parse()?;
-        let lora = LoraAdapter::check(&gguf, &base, &hp).map_err(|e| fail(e.to_string()))?;
-        let adapter = Adapter { bytes: file.bytes(), scale: lora.scale(*user_scale), lora };
-        adapter.check_finite().map_err(|e| fail(e.to_string()))?;
+        let adapter =
+            Adapter::new(file.bytes(), &gguf, &base, &hp, *user_scale).map_err(|e| fail(e.to_string()))?;
         adapters.push(adapter);
     }
 

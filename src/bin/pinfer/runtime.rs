@@ -83,17 +83,7 @@ pub struct RuntimeArgs {
 impl RuntimeArgs {
     /// The adapters of `--lora` (scale 1) and `--lora-scaled`, in that order.
     fn adapters(&self) -> Result<Vec<(PathBuf, f32)>, CliError> {
-        let mut out: Vec<(PathBuf, f32)> = self.lora.iter().map(|p| (p.clone(), 1.0)).collect();
-        for pair in self.lora_scaled.chunks(2) {
-            let [file, scale] = pair else {
-                return Err(CliError::new("--lora-scaled needs FILE SCALE".into()));
-            };
-            let value: f32 = scale.parse().ok().filter(|v: &f32| v.is_finite()).ok_or_else(|| {
-                CliError::new(format!("--lora-scaled {file} {scale}: the scale is not a number"))
-            })?;
-            out.push((PathBuf::from(file), value));
-        }
-        Ok(out)
+        adapter_files(&self.lora, &self.lora_scaled)
     }
 
     /// One line for each llama.cpp option that has no effect here.
@@ -108,6 +98,25 @@ impl RuntimeArgs {
             errln!("pinfer: note: --numa {v} has no effect: pinfer pins its workers to the board's big cores (one memory node)");
         }
     }
+}
+
+/// The adapter files of `--lora FILE` (scale 1) and `--lora-scaled FILE SCALE` (given as pairs),
+/// in that order.
+pub(crate) fn adapter_files(
+    lora: &[PathBuf],
+    lora_scaled: &[String],
+) -> Result<Vec<(PathBuf, f32)>, CliError> {
+    let mut out: Vec<(PathBuf, f32)> = lora.iter().map(|p| (p.clone(), 1.0)).collect();
+    for pair in lora_scaled.chunks(2) {
+        let [file, scale] = pair else {
+            return Err(CliError::new("--lora-scaled needs FILE SCALE".into()));
+        };
+        let value: f32 = scale.parse().ok().filter(|v: &f32| v.is_finite()).ok_or_else(|| {
+            CliError::new(format!("--lora-scaled {file} {scale}: the scale is not a number"))
+        })?;
+        out.push((PathBuf::from(file), value));
+    }
+    Ok(out)
 }
 
 /// A KV cache type by llama.cpp's name (`q8_0`, any case); the message lists the types there are.
