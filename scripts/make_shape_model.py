@@ -6,12 +6,14 @@ random values (never tiled: identical pages would distort resident-memory figure
 
 Usage: make_shape_model.py SHAPE VOCAB_GGUF OUT_GGUF [--seed N]
   SHAPE: llama-3.2-1b | llama-3.2-3b | qwen2.5-1.5b | qwen3-1.7b | gemma-3-1b | lfm2-1.2b | qwen3.5-0.8b
-         | gemma-4-e2b
+         | gemma-4-e2b | granite-3.3-2b | smollm3-3b | phi-3.5-mini | lfm2-8b-a1b
   VOCAB_GGUF: llama.cpp's models/ggml-vocab-*.gguf of that family (llama-bpe, qwen2, gemma-3 ...);
   llama.cpp ships no LFM2 vocabulary: lfm2-1.2b takes Falcon's byte-level BPE (65024 tokens) padded
   with control tokens to LFM2's 65536, under LFM2's pre-tokenizer name; qwen3.5-0.8b pads llama.cpp's
   qwen35 vocabulary (151936 tokens) to the model's 248320 the same way; gemma-4-e2b takes llama.cpp's
-  gemma-4 vocabulary as it is.
+  gemma-4 vocabulary as it is; granite-3.3-2b pads StarCoder's 49152 tokens to Granite's 49159;
+  smollm3-3b takes llama-bpe, phi-3.5-mini phi-3 as they are, lfm2-8b-a1b Falcon's padded as lfm2-1.2b.
+  (Granite, SmolLM3 and Phi ship no 1B: their smallest dense models are these.)
 
 The weight scales follow trained models of this size: matrices N(0, 0.02) (outputs of attention and
 FFN smaller), the embedding N(0, 0.02), norms around 1. The text they generate is noise, but every
@@ -41,6 +43,21 @@ SHAPES = {
     # layer and token.
     'gemma-4-e2b': ('gemma4', 1536, 35, 8, 1, 512, 6144, 131072, 1000000.0, True,
                     {'gemma4': dict(hd_swa=256, shared=20, ple=256, period=5)}),
+    # ibm-granite/granite-3.3-2b-instruct: embedding x12, attention scale 1/64, residual x0.22,
+    # logits / 8.
+    'granite-3.3-2b': ('granite', 2048, 40, 32, 8, 64, 8192, 131072, 10000000.0, True,
+                       {'granite': (12.0, 0.015625, 0.22, 8.0), 'vocab': 49159}),
+    # HuggingFaceTB/SmolLM3-3B: every 4th layer without RoPE (the architecture's rule).
+    'smollm3-3b': ('smollm3', 2048, 36, 16, 4, 128, 11008, 65536, 5000000.0, True, {}),
+    # microsoft/Phi-3.5-mini-instruct: fused QKV and gate|up, an untied output, LongRoPE (48 long and
+    # short factors per head, original context 4096).
+    'phi-3.5-mini': ('phi3', 3072, 32, 32, 32, 96, 8192, 131072, 10000.0, False,
+                     {'fused': True, 'longrope': (4096, 1.1902380714238083)}),
+    # LiquidAI/LFM2-8B-A1B: 18 short-convolution and 6 attention layers, the first 2 dense (7168),
+    # the others 32 experts of 1792 with 4 used, sigmoid routing with a selection bias.
+    'lfm2-8b-a1b': ('lfm2moe', 2048, 24, 32, 8, 64, 7168, 128000, 1000000.0, True,
+                    {'qk_norm': True, 'conv_layers': tuple(i for i in range(24) if i not in (2, 6, 10, 14, 18, 21)),
+                     'vocab': 65536, 'pre': 'lfm2', 'moe': (32, 4, 1792, 2)}),
 }
 
 
@@ -132,7 +149,8 @@ def main():
     a = ap.parse_args()
     arch, E, L, H, HKV, HD, F, CTX, BASE, tied, extra = SHAPES[a.shape]
     rng = np.random.default_rng(a.seed)
-    w = gguf.GGUFWriter(a.out, arch)
+    # (Tensors spool to a temporary file as they are made: an 8B model never sits in memory.)
+    w = gguf.GGUFWriter(a.out, arch, use_temp_file=True)
     w.add_name(f'shape-{a.shape}')
     w.add_block_count(L)
     w.add_context_length(CTX)
@@ -144,6 +162,7 @@ def main():
     w.add_head_count_kv([0 if i in conv else HKV for i in range(L)] if conv else HKV)
     if conv:
         w.add_shortconv_l_cache(3)
+    moe = extra.get('moe')
     delta = extra.get('delta')
     if delta:
         dk, nk, nv = delta
@@ -158,11 +177,33 @@ def main():
     w.add_key_length(HD)
     w.add_value_length(HD)
     w.add_rope_freq_base(BASE)
-    w.add_layer_norm_rms_eps(1e-6 if arch not in ('llama', 'lfm2') else 1e-5)
+    w.add_layer_norm_rms_eps(1e-6 if arch not in ('llama', 'lfm2', 'lfm2moe', 'phi3', 'granite') else 1e-5)
     if arch == 'llama':
         w.add_rope_dimension_count(HD)
     if extra.get('gemma'):
         w.add_sliding_window(512)
+    if 'granite' in extra:
+        emb, att, res, logit = extra['granite']
+        w.add_embedding_scale(emb)
+        w.add_float32(f'{arch}.attention.scale', att)
+        w.add_residual_scale(res)
+        w.add_logit_scale(logit)
+    if 'longrope' in extra:
+        orig, attn_factor = extra['longrope']
+        w.add_rope_dimension_count(HD)
+        w.add_uint32(f'{arch}.rope.scaling.original_context_length', orig)
+        w.add_float32(f'{arch}.rope.scaling.attn_factor', attn_factor)
+        # (Phi-3.5's factors: the short ones near 1, the long ones growing from 1 to about 60.)
+        w.add_tensor('rope_factors_short.weight', (1.0 + 0.1 * rng.random(HD // 2)).astype(np.float32))
+        w.add_tensor('rope_factors_long.weight', np.geomspace(1.0, 60.0, HD // 2).astype(np.float32))
+    if moe:
+        n_exp, n_used, ff_exp, lead = moe
+        w.add_expert_count(n_exp)
+        w.add_expert_used_count(n_used)
+        w.add_expert_feed_forward_length(ff_exp)
+        w.add_leading_dense_block_count(lead)
+        w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+        w.add_expert_weights_norm(True)
     V = copy_vocab(w, a.vocab, extra.get('vocab'), extra.get('pre'))
     if arch == 'llama':
         w.add_vocab_size(V)
@@ -173,6 +214,23 @@ def main():
 
     def vec(name, n, mean, scale):
         w.add_tensor(name, (mean + rng.standard_normal(size=n, dtype=np.float32) * scale).astype(np.float32))
+
+    def ffn(p):
+        if moe and int(p.split('.')[1]) >= moe[3]:
+            n_exp, _, ff_exp, _ = moe
+            mat(p + 'ffn_gate_inp.weight', n_exp, E, 0.02)
+            vec(p + 'exp_probs_b.bias', n_exp, 0.0, 0.1)
+            for name, rows, cols, scale in (('ffn_gate_exps', ff_exp, E, 0.02), ('ffn_up_exps', ff_exp, E, 0.02),
+                                            ('ffn_down_exps', E, ff_exp, 0.02 / np.sqrt(2 * L))):
+                x = rng.standard_normal(size=(n_exp, rows, cols), dtype=np.float32) * scale
+                w.add_tensor(p + name + '.weight', x.astype(np.float16))
+            return
+        if extra.get('fused'):
+            mat(p + 'ffn_up.weight', 2 * F, E, 0.02)  # gate rows, then up rows
+        else:
+            mat(p + 'ffn_gate.weight', F, E, 0.02)
+            mat(p + 'ffn_up.weight', F, E, 0.02)
+        mat(p + 'ffn_down.weight', E, F, 0.02 / np.sqrt(2 * L))
 
     mat('token_embd.weight', V, E, 0.02)
     if 'gemma4' in extra:
@@ -207,13 +265,14 @@ def main():
                          (rng.standard_normal(size=(E, 3), dtype=np.float32) * 0.3).astype(np.float32))
             mat(p + 'shortconv.out_proj.weight', E, E, 0.02 / np.sqrt(2 * L))
             vec(p + 'ffn_norm.weight', E, 1.0, 0.05)
-            mat(p + 'ffn_gate.weight', F, E, 0.02)
-            mat(p + 'ffn_up.weight', F, E, 0.02)
-            mat(p + 'ffn_down.weight', E, F, 0.02 / np.sqrt(2 * L))
+            ffn(p)
             continue
-        mat(p + 'attn_q.weight', H * HD * (2 if delta else 1), E, 0.02)
-        mat(p + 'attn_k.weight', HKV * HD, E, 0.02)
-        mat(p + 'attn_v.weight', HKV * HD, E, 0.02)
+        if extra.get('fused'):
+            mat(p + 'attn_qkv.weight', (H + 2 * HKV) * HD, E, 0.02)
+        else:
+            mat(p + 'attn_q.weight', H * HD * (2 if delta else 1), E, 0.02)
+            mat(p + 'attn_k.weight', HKV * HD, E, 0.02)
+            mat(p + 'attn_v.weight', HKV * HD, E, 0.02)
         mat(p + 'attn_output.weight', E, H * HD, 0.02 / np.sqrt(2 * L))
         if extra.get('qkv_bias'):
             vec(p + 'attn_q.bias', H * HD, 0.0, 0.02)
@@ -226,10 +285,8 @@ def main():
             vec(p + 'post_attention_norm.weight', E, 1.0, 0.05)
             vec(p + 'post_ffw_norm.weight', E, 1.0, 0.05)
         vec(p + ('post_attention_norm.weight' if delta else 'ffn_norm.weight'), E, 1.0, 0.05)
-        mat(p + 'ffn_gate.weight', F, E, 0.02)
-        mat(p + 'ffn_up.weight', F, E, 0.02)
-        mat(p + 'ffn_down.weight', E, F, 0.02 / np.sqrt(2 * L))
-    vec('token_embd_norm.weight' if arch == 'lfm2' else 'output_norm.weight', E, 1.0, 0.05)
+        ffn(p)
+    vec('token_embd_norm.weight' if arch.startswith('lfm2') else 'output_norm.weight', E, 1.0, 0.05)
     if not tied:
         mat('output.weight', V, E, 0.02)
     w.write_header_to_file()

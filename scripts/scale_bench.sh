@@ -10,7 +10,7 @@
 # --svg FILE: also draw the table as a chart (scripts/scale_chart.py; default target/scale-bench.svg).
 #
 #   --shapes   llama-3.2-1b (default), llama-3.2-3b, qwen2.5-1.5b, qwen3-1.7b, gemma-3-1b, lfm2-1.2b,
-#              qwen3.5-0.8b, gemma-4-e2b
+#              qwen3.5-0.8b, gemma-4-e2b, granite-3.3-2b, smollm3-3b, phi-3.5-mini, lfm2-8b-a1b
 #   --quants   Q4_0,Q4_K_M,Q8_0 (default)
 #   -t         threads of both programs (default 2)
 #   --rounds   interleaved rounds of each bench (default 2; each round runs 3 repetitions)
@@ -74,6 +74,9 @@ vocab_of() {
     gemma-4-*) echo target/tokenizer-vocabs/ggml-vocab-gemma-4.gguf ;;
     # (None for LFM2 either: Falcon's byte-level BPE, padded to LFM2's 65536 tokens.)
     lfm2-*) echo target/tokenizer-vocabs/ggml-vocab-falcon.gguf ;;
+    granite-*) echo target/tokenizer-vocabs/ggml-vocab-starcoder.gguf ;;
+    smollm3-*) echo target/tokenizer-vocabs/ggml-vocab-llama-bpe.gguf ;;
+    phi-3*) echo target/tokenizer-vocabs/ggml-vocab-phi-3.gguf ;;
     *) echo "scale_bench: no vocabulary for $1" >&2; exit 2 ;;
   esac
 }

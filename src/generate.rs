@@ -9,6 +9,7 @@ use std::vec;
 use std::vec::Vec;
 
 use crate::engine::EngineError;
+use crate::grammar::{Constraint, GrammarError};
 use crate::sampler::{Candidate, SampleError, Sampler, SamplerConfig};
 use crate::session::{Session, SessionError};
 use crate::tokenizer::{StreamDecoder, TokError, Tokenizer};
@@ -26,6 +27,8 @@ pub enum Stop {
     StopString,
     /// The caller's callback asked to stop (SIGINT, a client gone, ...).
     Cancelled,
+    /// The output's grammar allows no token of this vocabulary here (and is not complete).
+    GrammarDeadEnd,
 }
 
 /// What the callback of [`Generator::run`] wants next.
@@ -46,6 +49,8 @@ pub enum GenerateError<E> {
     Sample(SampleError),
     /// Decoding a token failed.
     Decode(TokError),
+    /// The grammar engine failed.
+    Grammar(GrammarError),
     /// The callback failed (output closed, ...).
     Output(E),
 }
@@ -56,6 +61,7 @@ impl<E: fmt::Display> fmt::Display for GenerateError<E> {
             Self::Session(e) => write!(f, "{e}"),
             Self::Sample(e) => write!(f, "{e}"),
             Self::Decode(e) => write!(f, "{e}"),
+            Self::Grammar(e) => write!(f, "{e}"),
             Self::Output(e) => write!(f, "{e}"),
         }
     }
@@ -88,7 +94,18 @@ pub struct Generator<'t> {
     bias: Vec<(u32, f32)>,
     /// The stop string that ended the stream (index into `stops`).
     stopped_by: Option<usize>,
+    /// The grammar the output must match.
+    constraint: Option<Constraint>,
+    /// Tokens the stream may have ([`set_limit`](Self::set_limit)), and those it has.
+    limit: Option<usize>,
+    generated: usize,
 }
+
+/// How close to the token limit a constrained stream starts to check that it can still complete
+/// its grammar in the tokens left.
+const STEER_WINDOW: usize = 64;
+/// Tokens of slack kept beyond the shortest completion before steering checks each token.
+const STEER_SLACK: usize = 16;
 
 impl<'t> Generator<'t> {
     /// A generator for a model of `n_vocab` tokens; `config` is checked here.
@@ -107,7 +124,23 @@ impl<'t> Generator<'t> {
             decoder: StreamDecoder::new(),
             bias: Vec::new(),
             stopped_by: None,
+            constraint: None,
+            limit: None,
+            generated: 0,
         })
+    }
+
+    /// The grammar the next stream's output must match (compiled for its start), or none.
+    pub fn set_constraint(&mut self, constraint: Option<Constraint>) {
+        self.constraint = constraint;
+    }
+
+    /// The most tokens a stream may have (`-n`, `max_tokens`). With a grammar, the end of the
+    /// stream is steered so the output completes the grammar within it: when the tokens left come
+    /// close to the shortest completion, a token that would leave no room for one is replaced by
+    /// the completion's next token.
+    pub fn set_limit(&mut self, limit: Option<usize>) {
+        self.limit = limit;
     }
 
     /// Strings that end generation when they appear in the text (they are not passed on).
@@ -149,6 +182,7 @@ impl<'t> Generator<'t> {
         self.decoder = StreamDecoder::new();
         self.held.clear();
         self.stopped_by = None;
+        self.generated = 0;
     }
 
     /// The stop string that ended the last stream ([`Stop::StopString`]), until the next begins.
@@ -167,10 +201,23 @@ impl<'t> Generator<'t> {
         each: &mut impl FnMut(&str) -> Result<Flow, E>,
     ) -> Result<Option<Stop>, GenerateError<E>> {
         let window = tokens.len().saturating_sub(self.repeat_last_n);
-        let id = self
+        let mask = match &mut self.constraint {
+            Some(c) => {
+                let mask = c.mask().map_err(GenerateError::Grammar)?;
+                if mask.iter().all(|&w| w == 0) {
+                    return Ok(Some(Stop::GrammarDeadEnd));
+                }
+                Some(mask)
+            }
+            None => None,
+        };
+        let mut id = self
             .sampler
-            .sample(&self.logits, &tokens[window..], &mut self.candidates)
+            .sample_masked(&self.logits, &tokens[window..], &mut self.candidates, mask)
             .map_err(GenerateError::Sample)?;
+        if let (Some(c), Some(limit)) = (&mut self.constraint, self.limit) {
+            id = steer(c, id, limit.saturating_sub(self.generated), self.tok).map_err(GenerateError::Grammar)?;
+        }
         if self.tok.is_eog(id) && !self.ignore_eos {
             return Ok(Some(Stop::EndOfGeneration));
         }
@@ -178,6 +225,11 @@ impl<'t> Generator<'t> {
         if tokens.len() == tokens.capacity() && self.context_shift.is_none() {
             return Ok(Some(Stop::ContextFull));
         }
+        let finished = match &mut self.constraint {
+            Some(c) => c.commit(id).map_err(GenerateError::Grammar)?,
+            None => false,
+        };
+        self.generated += 1;
         tokens.push(id);
         let text = self.decoder.push(self.tok, id, false, &mut self.piece).map_err(GenerateError::Decode)?;
         let (flow, found) = pass_on(&self.stops, &mut self.held, text, each)?;
@@ -186,6 +238,10 @@ impl<'t> Generator<'t> {
             Some(Stop::StopString)
         } else if flow == Flow::Stop {
             Some(Stop::Cancelled)
+        } else if finished {
+            // The grammar is complete and nothing may follow: the end-of-generation token it
+            // would force next is not worth a forward pass.
+            Some(Stop::EndOfGeneration)
         } else {
             None
         })
@@ -223,6 +279,7 @@ impl<'t> Generator<'t> {
         mut each: impl FnMut(&str) -> Result<Flow, E>,
     ) -> Result<Stop, GenerateError<E>> {
         self.begin();
+        self.limit = limit;
         let mut n = 0usize;
         let stop = loop {
             if limit.is_some_and(|l| n >= l) {
@@ -249,6 +306,29 @@ impl<'t> Generator<'t> {
         };
         self.finish(stop, &mut each)?;
         Ok(stop)
+    }
+}
+
+/// The token to emit instead of `id` (sampled under `c`'s mask) when `left` tokens remain: `id`
+/// itself unless taking it would leave too few tokens to complete the grammar, then the next token
+/// of the shortest completion found (end of generation if the text is complete already).
+fn steer(c: &mut Constraint, id: u32, left: usize, tok: &Tokenizer<'_>) -> Result<u32, GrammarError> {
+    if left > STEER_WINDOW || tok.is_eog(id) {
+        return Ok(id);
+    }
+    let Some(closing) = c.closing()? else {
+        return Ok(id); // no completion found within the search's bounds: nothing to steer by
+    };
+    if closing.len() + STEER_SLACK < left {
+        return Ok(id);
+    }
+    match c.closing_after(Some(id))? {
+        Some(after) if after.len() < left => Ok(id),
+        _ => Ok(match closing.first() {
+            Some(&t) => t,
+            // Complete already: end here rather than start what cannot be finished.
+            None => c.end_token().unwrap_or(id),
+        }),
     }
 }
 

@@ -41,6 +41,8 @@ pub mod bundle;
 #[cfg(feature = "std")]
 pub mod generate;
 #[cfg(feature = "std")]
+pub mod grammar;
+#[cfg(feature = "std")]
 pub mod loader;
 #[cfg(feature = "npu")]
 pub mod npu;

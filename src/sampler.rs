@@ -195,6 +195,8 @@ pub enum SampleError {
     },
     /// Every logit is `-inf`: there is nothing to sample.
     NoFiniteLogit,
+    /// The mask allows no token with a finite logit (a grammar that nothing can continue).
+    NoAllowedToken,
     /// A token in the penalty window is not a valid id for this logits row.
     RecentTokenOutOfRange {
         /// The token.
@@ -228,6 +230,7 @@ impl fmt::Display for SampleError {
                 "sampler: logits contain +inf (first at token {index}); the forward pass overflowed"
             ),
             Self::NoFiniteLogit => write!(f, "sampler: every logit is -inf; no token can be sampled"),
+            Self::NoAllowedToken => write!(f, "sampler: the mask allows no token; nothing can be sampled"),
             Self::RecentTokenOutOfRange { token, n_vocab } => {
                 write!(f, "sampler: recent token {token} is not a token id (vocabulary size {n_vocab})")
             }
@@ -320,6 +323,20 @@ impl Sampler {
         recent: &[u32],
         scratch: &mut [Candidate],
     ) -> Result<u32, SampleError> {
+        self.sample_masked(logits, recent, scratch, None)
+    }
+
+    /// [`sample`](Self::sample) among the tokens `allowed` sets (bit `i % 32` of word `i / 32`
+    /// for token `i`; ids past its end are not allowed): the others are `-inf` before every stage
+    /// (as llama.cpp applies a grammar first), so penalties, truncation and the draw see only
+    /// allowed tokens. `None` allows every token.
+    pub fn sample_masked(
+        &mut self,
+        logits: &[f32],
+        recent: &[u32],
+        scratch: &mut [Candidate],
+        allowed: Option<&[u32]>,
+    ) -> Result<u32, SampleError> {
         let n = logits.len();
         if n == 0 {
             return Err(SampleError::EmptyLogits);
@@ -330,6 +347,9 @@ impl Sampler {
         let got = scratch.len();
         let cands = scratch.get_mut(..n).ok_or(SampleError::ScratchTooSmall { needed: n, got })?;
         load(cands, logits)?;
+        if let Some(mask) = allowed {
+            apply_mask(cands, mask)?;
+        }
         apply_penalties(cands, recent, &self.config)?;
 
         let c = self.config;
@@ -373,6 +393,24 @@ fn load(cands: &mut [Candidate], logits: &[f32]) -> Result<(), SampleError> {
         Ok(())
     } else {
         Err(SampleError::NoFiniteLogit)
+    }
+}
+
+/// Sets the logit of every token `mask` does not allow to `-inf` (`cands` identity-ordered, as
+/// `load` left it); refuses a mask that leaves no finite logit.
+fn apply_mask(cands: &mut [Candidate], mask: &[u32]) -> Result<(), SampleError> {
+    let mut any = false;
+    for (i, c) in cands.iter_mut().enumerate() {
+        let ok = mask.get(i / 32).is_some_and(|w| w & (1 << (i % 32)) != 0);
+        if !ok {
+            c.logit = f32::NEG_INFINITY;
+        }
+        any |= ok && c.logit != f32::NEG_INFINITY;
+    }
+    if any {
+        Ok(())
+    } else {
+        Err(SampleError::NoAllowedToken)
     }
 }
 
@@ -551,6 +589,44 @@ mod tests {
             *o = libm::logf(*p);
         }
         out
+    }
+
+    #[test]
+    fn a_mask_limits_every_stage_to_allowed_tokens() {
+        let l: [f32; 40] = logits(7);
+        let mut scratch = [Candidate::default(); 40];
+        // Tokens 3, 17 and 33 (33 lives in the second mask word).
+        let mask = [(1u32 << 3) | (1 << 17), 1 << 1];
+        let best = [3usize, 17, 33].into_iter().max_by(|&a, &b| l[a].total_cmp(&l[b]).then(b.cmp(&a))).unwrap();
+        let mut g = sampler(SamplerConfig::greedy());
+        assert_eq!(g.sample_masked(&l, &[], &mut scratch, Some(&mask)).unwrap() as usize, best);
+        // Sampled, with top-k 1 after the mask: still the best allowed token, never another.
+        let mut s = sampler(cfg(1.0, 1, 1.0, 0.0));
+        assert_eq!(s.sample_masked(&l, &[], &mut scratch, Some(&mask)).unwrap() as usize, best);
+        let mut s = sampler(cfg(5.0, 0, 1.0, 0.0));
+        for _ in 0..500 {
+            let t = s.sample_masked(&l, &[], &mut scratch, Some(&mask)).unwrap();
+            assert!([3, 17, 33].contains(&t), "{t}");
+        }
+        // A mask shorter than the vocabulary allows nothing past its end.
+        let mut s = sampler(cfg(5.0, 0, 1.0, 0.0));
+        for _ in 0..200 {
+            assert!(s.sample_masked(&l, &[], &mut scratch, Some(&mask[..1])).unwrap() < 32);
+        }
+    }
+
+    #[test]
+    fn a_mask_that_allows_nothing_is_an_error() {
+        let mut l: [f32; V] = logits(3);
+        let mut scratch = [Candidate::default(); V];
+        let mut s = sampler(SamplerConfig::greedy());
+        assert_eq!(s.sample_masked(&l, &[], &mut scratch, Some(&[0])), Err(SampleError::NoAllowedToken));
+        // Allowed, but -inf: nothing either.
+        l[2] = f32::NEG_INFINITY;
+        assert_eq!(s.sample_masked(&l, &[], &mut scratch, Some(&[1 << 2])), Err(SampleError::NoAllowedToken));
+        assert!(message(SampleError::NoAllowedToken).contains("mask"));
+        // Without a mask nothing changes.
+        assert_eq!(s.sample_masked(&l, &[], &mut scratch, None), s.sample(&l, &[], &mut scratch));
     }
 
     /// Which tokens `s` ever returns in `draws` draws.

@@ -55,6 +55,7 @@ pub fn chat(args: GenArgs) -> Result<(), CliError> {
     use std::io::BufRead;
     let config = args.sampler()?;
     let limit = args.limit(512)?;
+    let grammar = args.grammar.spec()?;
     let first = args.prompt()?;
     let system =
         args.system.as_deref().map(|s| if args.escape() { process_escapes(s) } else { s.to_string() });
@@ -67,6 +68,7 @@ pub fn chat(args: GenArgs) -> Result<(), CliError> {
     let stops: Vec<&str> = args.reverse_prompt.iter().map(String::as_str).collect();
     gen.ignore_eos = args.ignore_eos;
     gen.set_stop_strings(&stops);
+    let mut vocab = None;
     let mut turns: Vec<(Role, String)> = system.into_iter().map(|s| (Role::System, s)).collect();
     // --context-shift: `--keep -1` keeps the system message's tokens through a shift inside a
     // reply (N keeps N tokens, the default only BOS).
@@ -177,6 +179,10 @@ pub fn chat(args: GenArgs) -> Result<(), CliError> {
         }
         cached.extend_from_slice(&tokens[keep..]);
         let mut reply = String::new();
+        // Every reply matches the grammar, from its start.
+        if let Some(spec) = &grammar {
+            gen.set_constraint(Some(crate::grammar_args::compile(spec, &tok, &mut vocab)?));
+        }
         let stop = if take_interrupt() {
             Stop::Cancelled
         } else {
@@ -191,6 +197,7 @@ pub fn chat(args: GenArgs) -> Result<(), CliError> {
         match stop {
             Stop::ContextFull => errln!("pinfer: context full: reply cut short"),
             Stop::Cancelled => errln!("pinfer: reply interrupted"),
+            Stop::GrammarDeadEnd => errln!("pinfer: no token of this model can continue the grammar here"),
             Stop::EndOfGeneration | Stop::Limit | Stop::StopString => {}
         }
         // The cache holds what was evaluated: a last sampled token may not be.

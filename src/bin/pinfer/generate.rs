@@ -15,6 +15,7 @@ use pinfer::tokenizer::{StreamDecoder, Tokenizer};
 
 use pinfer::generate::{Flow, GenerateError, Generator, Stop};
 
+use crate::grammar_args::GrammarArgs;
 use crate::runtime::{CacheCheck, Runtime, RuntimeArgs};
 use crate::signals::{take_interrupt, Polled};
 use crate::CliError;
@@ -83,6 +84,8 @@ pub struct GenArgs {
     pub ubatch: Option<usize>,
     #[command(flatten)]
     pub runtime: RuntimeArgs,
+    #[command(flatten)]
+    pub grammar: GrammarArgs,
     /// When the context is full, drop half of what follows the first --keep tokens and go on
     /// (llama.cpp's context shift); without it generation ends there.
     #[arg(long = "context-shift", overrides_with = "no_context_shift")]
@@ -399,6 +402,7 @@ pub(crate) fn gen_error(e: GenerateError<CliError>) -> CliError {
         GenerateError::Session(e) => CliError::new(e.to_string()),
         GenerateError::Sample(e) => CliError::new(e.to_string()),
         GenerateError::Decode(e) => CliError::new(e.to_string()),
+        GenerateError::Grammar(e) => CliError::new(e.to_string()),
     }
 }
 
@@ -437,6 +441,7 @@ pub fn generate(args: GenArgs) -> Result<(), CliError> {
     // Everything the user typed is checked before the model loads.
     let config = args.sampler()?;
     let limit = args.limit(128)?;
+    let grammar = args.grammar.spec()?;
     let prompt_text = args.prompt()?.ok_or_else(|| {
         CliError::new("no prompt: give -p TEXT, -f FILE, or -p - to read it from stdin (-cnv to chat)".into())
     })?;
@@ -448,6 +453,9 @@ pub fn generate(args: GenArgs) -> Result<(), CliError> {
     gen.ignore_eos = args.ignore_eos;
     let stops: Vec<&str> = args.reverse_prompt.iter().map(String::as_str).collect();
     gen.set_stop_strings(&stops);
+    if let Some(spec) = &grammar {
+        gen.set_constraint(Some(crate::grammar_args::compile(spec, &tok, &mut None)?));
+    }
     let prompt = encode(&tok, &prompt_text, !args.no_parse_special)?;
     if prompt.is_empty() {
         return Err(CliError::new("the prompt is empty after tokenization".into()));
@@ -512,6 +520,7 @@ pub fn generate(args: GenArgs) -> Result<(), CliError> {
             errln!("pinfer: context full ({} tokens): stopped; raise it with -c", session.n_ctx())
         }
         Stop::Cancelled => errln!("pinfer: interrupted"),
+        Stop::GrammarDeadEnd => errln!("pinfer: stopped: no token of this model can continue the grammar here"),
         Stop::EndOfGeneration | Stop::Limit | Stop::StopString => {}
     }
     // The first generated token comes from the prompt's logits, like llama.cpp's count of eval runs.

@@ -18,6 +18,7 @@ mod doctor;
 mod export_lora;
 mod finetune;
 mod generate;
+mod grammar_args;
 mod info;
 mod kl_divergence;
 mod kv_file;

@@ -7,6 +7,8 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Map, Value};
 
+use pinfer::grammar::GrammarSpec;
+
 use super::slots::GenParams;
 use super::State;
 
@@ -336,10 +338,77 @@ pub fn gen_params(
         }
     }
     p.logit_bias = logit_bias(state, &top)?;
+    if let Some(g) = grammar(&top, dialect)? {
+        p.grammar = Some(g);
+    }
     if let Some(list) = top.array("samplers")? {
         apply_samplers(&mut p, list)?;
     }
     Ok(p)
+}
+
+/// The grammar a request asks for: OpenAI's `response_format` (`json_object`, `json_schema`),
+/// llama-server's `grammar` (GBNF) and `json_schema` fields (every dialect but Ollama's), Ollama's
+/// `format` (`"json"` or a schema). Compiled when the request is submitted.
+fn grammar(f: &Fields<'_>, dialect: Dialect) -> Result<Option<GrammarSpec>, ApiError> {
+    let schema = |v: &Value| GrammarSpec::JsonSchema(v.to_string());
+    let mut found = Vec::new();
+    if dialect == Dialect::Ollama {
+        match f.get("format") {
+            None | Some(Value::Null) => {}
+            Some(Value::String(s)) if s.is_empty() => {}
+            Some(Value::String(s)) if s == "json" => found.push(GrammarSpec::JsonObject),
+            Some(v @ Value::Object(_)) => found.push(schema(v)),
+            Some(_) => return Err(ApiError::invalid("'format' must be \"json\" or a JSON schema object")),
+        }
+    } else {
+        if let Some(g) = f.str("grammar")? {
+            if !g.trim().is_empty() {
+                found.push(GrammarSpec::Gbnf(g.to_string()));
+            }
+        }
+        match f.get("json_schema") {
+            None | Some(Value::Null) => {}
+            Some(v @ (Value::Object(_) | Value::Bool(_))) => found.push(schema(v)),
+            Some(_) => return Err(ApiError::invalid("'json_schema' must be a JSON schema object")),
+        }
+    }
+    if dialect == Dialect::OpenAi {
+        if let Some(rf) = f.object("response_format")? {
+            let rf = Fields::nested(rf, "response_format.");
+            match rf.str("type")? {
+                None | Some("text") => {}
+                Some("json_object") => match rf.get("schema") {
+                    // (llama-server also takes a schema here.)
+                    Some(v @ Value::Object(_)) => found.push(schema(v)),
+                    _ => found.push(GrammarSpec::JsonObject),
+                },
+                Some("json_schema") => {
+                    let js = rf.object("json_schema")?;
+                    let v = js.and_then(|o| o.get("schema")).or_else(|| rf.get("schema"));
+                    match v {
+                        Some(v @ (Value::Object(_) | Value::Bool(_))) => found.push(schema(v)),
+                        _ => {
+                            return Err(ApiError::invalid(
+                                "'response_format.json_schema.schema' must be a JSON schema object",
+                            ))
+                        }
+                    }
+                }
+                Some(t) => {
+                    return Err(ApiError::invalid(format!(
+                        "'response_format.type' {t:?}: give \"text\", \"json_object\" or \"json_schema\""
+                    )))
+                }
+            }
+        }
+    }
+    if found.len() > 1 {
+        return Err(ApiError::invalid(
+            "give one constraint: 'grammar', 'json_schema' or 'response_format', not several",
+        ));
+    }
+    Ok(found.pop())
 }
 
 /// `logit_bias`: OpenAI's object `{"id": bias}`, or llama.cpp's list `[[id, bias], [id, false]]`

@@ -26,6 +26,7 @@ use axum::routing::{get, post};
 use axum::Router;
 use clap::Args;
 use pinfer::chat::{ChatTemplate, Message, Role};
+use pinfer::grammar::{Constraint, GrammarSpec, Vocab};
 use pinfer::tokenizer::Tokenizer;
 use serde_json::{json, Map, Value};
 
@@ -118,6 +119,8 @@ pub struct Ready {
     pub empty: Map<String, Value>,
     /// What a slot file must match: the model and the cache layout.
     pub slot_identity: crate::kv_file::Identity,
+    /// The vocabulary as the grammar engine sees it, built by the first request with a grammar.
+    pub vocab: std::sync::OnceLock<Arc<Vocab>>,
 }
 
 /// The handlers' view: the shared state with the model loaded.
@@ -276,6 +279,7 @@ pub fn submit(shared: &Arc<Shared>, prompt: Vec<u32>, params: GenParams) -> Resu
     if shared.stop.load(Ordering::Relaxed) {
         return Err(ApiError::unavailable("the server is shutting down"));
     }
+    let constraint = params.grammar.as_ref().map(|spec| compile(state.ready, spec)).transpose()?;
     let limit = state.opts.queue + state.ready.n_slots;
     if shared.in_flight.fetch_add(1, Ordering::Relaxed) >= limit {
         shared.in_flight.fetch_sub(1, Ordering::Relaxed);
@@ -287,9 +291,21 @@ pub fn submit(shared: &Arc<Shared>, prompt: Vec<u32>, params: GenParams) -> Resu
     state
         .ready
         .jobs
-        .try_send(EngineRequest::Generate(Job { prompt, params, events: tx }))
+        .try_send(EngineRequest::Generate(Job { prompt, params, constraint, events: tx }))
         .map_err(|_| ApiError::unavailable("the server is busy: the queue is full"))?;
     Ok(submitted)
+}
+
+/// A request's grammar compiled against the model's vocabulary: an invalid one is a 400.
+fn compile(ready: &Ready, spec: &GrammarSpec) -> Result<Constraint, ApiError> {
+    let vocab = match ready.vocab.get() {
+        Some(v) => v,
+        None => {
+            let v = Vocab::new(ready.tok).map_err(|e| ApiError::server(e.to_string()))?;
+            ready.vocab.get_or_init(|| v)
+        }
+    };
+    vocab.compile(spec).map_err(|e| ApiError::invalid(e.to_string()))
 }
 
 /// A whole generation, collected (non-streaming requests).
@@ -321,7 +337,7 @@ pub fn finish_reason(stop: pinfer::generate::Stop) -> &'static str {
     use pinfer::generate::Stop;
     match stop {
         Stop::Limit | Stop::ContextFull => "length",
-        Stop::EndOfGeneration | Stop::StopString | Stop::Cancelled => "stop",
+        Stop::EndOfGeneration | Stop::StopString | Stop::Cancelled | Stop::GrammarDeadEnd => "stop",
     }
 }
 
@@ -385,6 +401,8 @@ fn sampler_defaults(args: &GenArgs) -> Result<GenParams, CliError> {
         cache_prompt: true,
         id_slot: None,
         n_keep: (args.context_shift && !args.no_context_shift).then_some(args.keep),
+        // (`serve --grammar ...`: the grammar of every request that names none.)
+        grammar: args.grammar.spec()?,
     })
 }
 
@@ -584,6 +602,7 @@ fn load_engine(
         chat_template_text,
         empty: Map::new(),
         slot_identity: crate::kv_file::Identity::of(&session),
+        vocab: std::sync::OnceLock::new(),
     };
     let engine = slots::Engine::new(session, tok, shared.stats.clone());
     let _ = shared.ready.set(ready);

@@ -6,7 +6,7 @@ use axum::body::Body;
 use axum::extract::State as AxState;
 use axum::response::Response;
 use pinfer::chat::Role;
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 
 use super::api::{gen_params, json_response, read_json, ApiError, Dialect, Fields};
 use super::slots::{Event, Summary};
@@ -46,14 +46,6 @@ fn ndjson(
     })
 }
 
-fn check_format(body: &Map<String, Value>) -> Result<(), ApiError> {
-    match body.get("format") {
-        None | Some(Value::Null) => Ok(()),
-        Some(Value::String(s)) if s.is_empty() => Ok(()),
-        Some(_) => Err(ApiError::invalid("'format': structured output is not supported yet")),
-    }
-}
-
 /// `POST /api/chat`.
 pub async fn chat(AxState(shared): AxState<AppState>, body: Body) -> Response {
     chat_inner(shared, body).await.unwrap_or_else(ApiError::ollama)
@@ -73,7 +65,6 @@ pub async fn show(AxState(shared): AxState<AppState>, body: Body) -> Response {
 async fn chat_inner(shared: AppState, body: Body) -> Result<Response, ApiError> {
     let state = shared.state()?;
     let body = read_json(&state, body).await?;
-    check_format(&body)?;
     if body.get("tools").is_some_and(|v| v.as_array().is_some_and(|a| !a.is_empty())) {
         return Err(ApiError::invalid("'tools': tool calls are not supported yet"));
     }
@@ -113,7 +104,6 @@ async fn chat_inner(shared: AppState, body: Body) -> Result<Response, ApiError> 
 async fn generate_inner(shared: AppState, body: Body) -> Result<Response, ApiError> {
     let state = shared.state()?;
     let body = read_json(&state, body).await?;
-    check_format(&body)?;
     let f = Fields::new(&body);
     let prompt = f.str("prompt")?.unwrap_or("");
     let model = shared.model_name.clone();

@@ -187,11 +187,6 @@ pub async fn chat_completions(AxState(shared): AxState<AppState>, body: Body) ->
     let body = read_json(&state, body).await?;
     let Common { params, want_logprobs, top, stream, include_usage } = common(&state, &body)?;
     let f = Fields::new(&body);
-    if f.get("response_format").is_some_and(|v| v.get("type").and_then(Value::as_str) != Some("text")) {
-        return Err(ApiError::invalid(
-            "'response_format': structured output is not supported yet (only type \"text\")",
-        ));
-    }
     if f.get("tools").is_some_and(|v| v.as_array().is_some_and(|a| !a.is_empty())) {
         return Err(ApiError::invalid("'tools': tool calls are not supported yet"));
     }
@@ -324,7 +319,7 @@ fn stop_type(stop: Stop) -> &'static str {
         Stop::EndOfGeneration => "eos",
         Stop::Limit | Stop::ContextFull => "limit",
         Stop::StopString => "word",
-        Stop::Cancelled => "none",
+        Stop::Cancelled | Stop::GrammarDeadEnd => "none",
     }
 }
 

@@ -21,6 +21,7 @@ use std::time::Instant;
 
 use pinfer::engine::Entry;
 use pinfer::generate::{Flow, GenerateError, Generator, Stop};
+use pinfer::grammar::{Constraint, GrammarSpec};
 use pinfer::sampler::SamplerConfig;
 use pinfer::session::Session;
 use pinfer::tokenizer::Tokenizer;
@@ -44,12 +45,16 @@ pub struct GenParams {
     /// Context shift when the slot's cache is full (`serve --context-shift`), keeping the first
     /// `n_keep` prompt tokens (-1: the whole prompt) and BOS; `None`: the request ends there.
     pub n_keep: Option<i64>,
+    /// The grammar the output must match (`response_format`, `grammar`, `json_schema`, `format`).
+    pub grammar: Option<GrammarSpec>,
 }
 
 /// One request for the engine thread.
 pub struct Job {
     pub prompt: Vec<u32>,
     pub params: GenParams,
+    /// `params.grammar`, compiled (by the handler: a bad grammar is its 400).
+    pub constraint: Option<Constraint>,
     pub events: UnboundedSender<Event>,
 }
 
@@ -342,7 +347,7 @@ impl Engine {
         self.stats.requests_deferred.store(self.queue.len(), Ordering::Relaxed);
     }
 
-    fn start(&mut self, i: usize, job: Job) {
+    fn start(&mut self, i: usize, mut job: Job) {
         let n_ctx = self.session.n_ctx();
         let mut generator = match Generator::new(self.tok, self.session.n_vocab(), job.params.sampler) {
             Ok(g) => g,
@@ -357,6 +362,8 @@ impl Engine {
         let stops: Vec<&str> = job.params.stops.iter().map(String::as_str).collect();
         generator.set_stop_strings(&stops);
         generator.set_logit_bias(&job.params.logit_bias);
+        generator.set_constraint(job.constraint.take());
+        generator.set_limit(job.params.n_predict);
         generator.begin();
         let slot = &mut self.slots[i];
         // At least the last prompt token is evaluated: its logits give the first token.
@@ -602,6 +609,7 @@ fn sample(run: &mut Running, tok: &Tokenizer<'static>, piece: &mut [u8], n_ctx: 
                 GenerateError::Sample(e) => e.to_string(),
                 GenerateError::Decode(e) => e.to_string(),
                 GenerateError::Session(e) => e.to_string(),
+                GenerateError::Grammar(e) => e.to_string(),
                 GenerateError::Output(()) => "the client went away".into(),
             };
             let _ = events.send(Event::Failed(message));

@@ -1,0 +1,474 @@
+//! std layer: constrained sampling. A grammar (GBNF, JSON Schema, any JSON object, a regex or
+//! llguidance's Lark) is compiled against the model's vocabulary by the grammar engine
+//! (llguidance), and a [`Constraint`] gives, before each token, the mask of the tokens that keep
+//! the output in the language; the core's sampler draws only among them.
+//!
+//! * The mask of the next token is computed on a helper thread as soon as a token is committed, so
+//!   it overlaps the forward pass that computes the next logits ([`Constraint::commit`] starts it,
+//!   [`Constraint::mask`] waits for it).
+//! * End-of-generation tokens are allowed exactly when the text so far is a complete sentence of
+//!   the grammar.
+//! * [`Constraint::closing`] finds a short way to complete the grammar from where it is (forced
+//!   bytes first, then closing punctuation before anything that opens more), so a caller with a
+//!   token budget can steer the end of the output into a complete sentence rather than have it
+//!   cut off.
+//! * Limits: the engine's own budgets (grammar size, lexer states, work per mask) refuse a grammar
+//!   that would blow up, with an error, never a hang.
+
+pub mod gbnf;
+
+use std::fmt;
+use std::string::{String, ToString};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::vec::Vec;
+use std::{format, vec};
+
+use llguidance::api::TopLevelGrammar;
+use llguidance::toktrie::{ApproximateTokEnv, InferenceCapabilities, TokEnv, TokRxInfo, TokTrie};
+use llguidance::{Matcher, ParserFactory};
+
+use crate::tokenizer::{TokenAttr, Tokenizer};
+pub use gbnf::{Gbnf, GbnfError};
+
+/// What the output must match.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GrammarSpec {
+    /// A GBNF grammar (llama.cpp's format), starting at `root`.
+    Gbnf(String),
+    /// A JSON Schema (its text).
+    JsonSchema(String),
+    /// Any JSON object (OpenAI's `response_format: {"type": "json_object"}`).
+    JsonObject,
+    /// A regular expression the whole output must match.
+    Regex(String),
+    /// llguidance's Lark syntax.
+    Lark(String),
+}
+
+/// A grammar that cannot be used.
+#[derive(Debug, Clone, PartialEq)]
+pub enum GrammarError {
+    /// The GBNF text is malformed.
+    Gbnf(GbnfError),
+    /// The schema is not JSON.
+    Json {
+        /// 1-based line.
+        line: usize,
+        /// 1-based column.
+        column: usize,
+        /// What the JSON parser saw.
+        message: String,
+    },
+    /// A `<token>` of a GBNF grammar is not one token of this vocabulary.
+    UnknownToken {
+        /// Its text.
+        text: String,
+        /// Where it is.
+        line: usize,
+        /// Where it is.
+        column: usize,
+    },
+    /// The engine refused the grammar (a schema feature it does not support, an invalid regex, a
+    /// grammar too large for its budgets ...): its message.
+    Engine(String),
+    /// The engine failed while generating (a budget exhausted mid-way).
+    Runtime(String),
+}
+
+impl fmt::Display for GrammarError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Gbnf(e) => write!(f, "{e}"),
+            Self::Json { line, column, message } => {
+                write!(f, "the JSON schema is not valid JSON (line {line}, column {column}): {message}")
+            }
+            Self::UnknownToken { text, line, column } => {
+                write!(f, "grammar line {line}, column {column}: `{text}` is not a token of this model's vocabulary")
+            }
+            Self::Engine(m) => write!(f, "the grammar cannot be used: {m}"),
+            Self::Runtime(m) => write!(f, "the grammar engine failed: {m}"),
+        }
+    }
+}
+
+impl std::error::Error for GrammarError {}
+
+/// The size and time budgets a grammar gets (below llguidance's defaults where a board would
+/// otherwise spend seconds): a grammar that exceeds them is refused when compiled, or ends the
+/// generation with an error, never hangs.
+fn limits(l: &mut llguidance::api::ParserLimits) {
+    l.max_grammar_size = 200_000;
+    l.initial_lexer_fuel = 1_000_000;
+    l.step_lexer_fuel = 200_000;
+    l.step_max_items = 50_000;
+    l.max_lexer_states = 100_000;
+    l.verbose_errors = false;
+}
+
+/// Whitespace JSON may have between its tokens: one space, or a line break and up to 20 spaces or
+/// tabs of indent (llama.cpp's rule). Unbounded whitespace lets a small model loop on it.
+const JSON_WHITESPACE: &str = r"(?:\x20|\x0A[\x20\x09]{0,20})";
+
+/// A model's vocabulary, as the grammar engine sees it: every token's bytes (special tokens marked
+/// so no text matches them), the end-of-generation tokens, the single-byte tokens. Built once per
+/// model and shared by every constraint.
+pub struct Vocab {
+    env: TokEnv,
+    factory: ParserFactory,
+    eog: Vec<u32>,
+    /// The token of each byte value, where the vocabulary has one.
+    byte_token: [Option<u32>; 256],
+    n_vocab: usize,
+}
+
+impl fmt::Debug for Vocab {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Vocab").field("n_vocab", &self.n_vocab).field("eog", &self.eog).finish()
+    }
+}
+
+impl Vocab {
+    /// The vocabulary of `tok`, ready to compile grammars against.
+    pub fn new(tok: &Tokenizer<'_>) -> Result<Arc<Self>, GrammarError> {
+        let n = tok.n_vocab();
+        let mut words: Vec<Vec<u8>> = Vec::with_capacity(n as usize);
+        let mut eog = Vec::new();
+        let mut byte_token = [None; 256];
+        let mut buf = vec![0u8; tok.max_piece_len().max(16) + 8];
+        for id in 0..n {
+            let attr = tok.attr(id).map_err(|e| GrammarError::Engine(e.to_string()))?;
+            if tok.is_eog(id) {
+                eog.push(id);
+            }
+            let special = tok.is_eog(id) || attr.is_control() || attr.has(TokenAttr::UNUSED);
+            let len = tok.token_to_piece(id, false, &mut buf).map_err(|e| GrammarError::Engine(e.to_string()))?;
+            let mut word = Vec::with_capacity(len + 1);
+            if special || len == 0 {
+                // (The engine's mark of a special token: no text can match it.)
+                word.push(TokTrie::SPECIAL_TOKEN_MARKER);
+                match tok.token_text(id) {
+                    Ok(t) if !t.is_empty() => word.extend_from_slice(t),
+                    _ => word.extend_from_slice(format!("<[{id}]>").as_bytes()),
+                }
+            } else {
+                word.extend_from_slice(&buf[..len]);
+                if len == 1 && byte_token[buf[0] as usize].is_none() {
+                    byte_token[buf[0] as usize] = Some(id);
+                }
+            }
+            words.push(word);
+        }
+        let first_eog = eog.first().copied().or(tok.eos()).unwrap_or(0);
+        let info = TokRxInfo::new(n, first_eog);
+        let trie = TokTrie::from(&info, &words).with_eos_tokens(&eog);
+        let env: TokEnv = Arc::new(ApproximateTokEnv::new(trie));
+        let caps = InferenceCapabilities::default();
+        let slices = llguidance::earley::SlicedBiasComputer::general_slices();
+        let mut factory = ParserFactory::new(&env, caps, &slices).map_err(|e| GrammarError::Engine(e.to_string()))?;
+        factory.quiet();
+        limits(factory.limits_mut());
+        Ok(Arc::new(Self { env, factory, eog, byte_token, n_vocab: n as usize }))
+    }
+
+    /// Tokens of the vocabulary.
+    pub fn n_vocab(&self) -> usize {
+        self.n_vocab
+    }
+
+    /// The id of the one token whose text is `text` (a GBNF `<...>`).
+    fn token_with_text(&self, text: &str) -> Option<u32> {
+        let trie = self.env.tok_trie();
+        let mut special = vec![TokTrie::SPECIAL_TOKEN_MARKER];
+        special.extend_from_slice(text.as_bytes());
+        trie.token_id(&special).or_else(|| trie.token_id(text.as_bytes()))
+    }
+
+    /// Compiles `spec` into a constraint at the start of the output.
+    pub fn compile(self: &Arc<Self>, spec: &GrammarSpec) -> Result<Constraint, GrammarError> {
+        let grammar = match spec {
+            GrammarSpec::Gbnf(src) => {
+                let g = Gbnf::parse(src).map_err(GrammarError::Gbnf)?;
+                let mut ids = Vec::new();
+                for (t, at) in g.tokens() {
+                    let id = match t {
+                        gbnf::TokenRef::Id(id) if (*id as usize) < self.n_vocab => *id,
+                        gbnf::TokenRef::Id(id) => {
+                            return Err(token_error(src, at, &format!("<[{id}]>")));
+                        }
+                        gbnf::TokenRef::Text(text) => {
+                            self.token_with_text(text).ok_or_else(|| token_error(src, at, text))?
+                        }
+                    };
+                    ids.push((t.clone(), id));
+                }
+                let lookup = |t: &gbnf::TokenRef| ids.iter().find(|(r, _)| r == t).map_or(0, |&(_, id)| id);
+                TopLevelGrammar::from_lark(g.to_lark(&lookup))
+            }
+            GrammarSpec::JsonSchema(text) => {
+                let mut schema: serde_json::Value = serde_json::from_str(text).map_err(|e| GrammarError::Json {
+                    line: e.line(),
+                    column: e.column(),
+                    message: e.to_string(),
+                })?;
+                close_objects(&mut schema);
+                if let Some(obj) = schema.as_object_mut() {
+                    if !obj.contains_key("x-guidance") {
+                        obj.insert("x-guidance".into(), serde_json::json!({ "whitespace_pattern": JSON_WHITESPACE }));
+                    }
+                } else if !schema.is_boolean() {
+                    return Err(GrammarError::Engine("a JSON schema is an object (or true/false)".into()));
+                }
+                TopLevelGrammar::from_json_schema(schema)
+            }
+            GrammarSpec::JsonObject => TopLevelGrammar::from_json_schema(serde_json::json!({
+                "type": "object",
+                "x-guidance": { "whitespace_pattern": JSON_WHITESPACE }
+            })),
+            GrammarSpec::Regex(rx) => TopLevelGrammar::from_regex(rx),
+            GrammarSpec::Lark(src) => TopLevelGrammar::from_lark(src.clone()),
+        };
+        let parser = self.factory.create_parser(grammar).map_err(|e| GrammarError::Engine(e.to_string()))?;
+        let matcher = Matcher::new(Ok(parser));
+        if let Some(e) = matcher.get_error() {
+            return Err(GrammarError::Engine(e));
+        }
+        let mut state = State { matcher, mask: Vec::new() };
+        state.compute_mask(self)?;
+        Ok(Constraint { vocab: Arc::clone(self), state: Some(state), pending: None })
+    }
+}
+
+/// Sets `additionalProperties: false` on every object schema that lists `properties` and says
+/// nothing of others, as llama.cpp's schema converter reads such a schema (JSON Schema itself
+/// would allow any other property: a small model then invents some). Only schema positions are
+/// visited, never `const`, `enum` or `default` data.
+fn close_objects(schema: &mut serde_json::Value) {
+    let Some(obj) = schema.as_object_mut() else { return };
+    if obj.contains_key("properties") && !obj.contains_key("additionalProperties") {
+        obj.insert("additionalProperties".into(), serde_json::Value::Bool(false));
+    }
+    for (key, value) in obj.iter_mut() {
+        match key.as_str() {
+            "properties" | "patternProperties" | "$defs" | "definitions" | "dependentSchemas" => {
+                if let Some(map) = value.as_object_mut() {
+                    map.values_mut().for_each(close_objects);
+                }
+            }
+            "anyOf" | "oneOf" | "allOf" | "prefixItems" => {
+                if let Some(list) = value.as_array_mut() {
+                    list.iter_mut().for_each(close_objects);
+                }
+            }
+            "items" | "additionalProperties" | "not" | "if" | "then" | "else" | "contains"
+            | "propertyNames" | "unevaluatedProperties" | "unevaluatedItems" => close_objects(value),
+            _ => {}
+        }
+    }
+}
+
+fn token_error(src: &str, at: usize, text: &str) -> GrammarError {
+    let before = &src[..at.min(src.len())];
+    let line = before.matches('\n').count() + 1;
+    let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+    GrammarError::UnknownToken { text: text.to_string(), line, column }
+}
+
+/// The engine's state and the mask computed for it.
+struct State {
+    matcher: Matcher,
+    /// Bit `i` of word `i / 32`: token `i` is allowed.
+    mask: Vec<u32>,
+}
+
+impl State {
+    fn compute_mask(&mut self, vocab: &Vocab) -> Result<(), GrammarError> {
+        let m = if self.matcher.is_stopped() {
+            // Complete, and nothing may follow: only the end of generation.
+            let mut m = vec![0u32; vocab.n_vocab.div_ceil(32)];
+            for &t in &vocab.eog {
+                m[t as usize / 32] |= 1 << (t % 32);
+            }
+            m
+        } else {
+            let v = self.matcher.compute_mask().map_err(runtime)?;
+            let mut m = v.as_slice().to_vec();
+            m.resize(vocab.n_vocab.div_ceil(32), 0);
+            // Every end-of-generation token, or none (the engine marks them as one set).
+            let accepting = vocab.eog.iter().any(|&t| v.is_allowed(t));
+            for &t in &vocab.eog {
+                if accepting {
+                    m[t as usize / 32] |= 1 << (t % 32);
+                } else {
+                    m[t as usize / 32] &= !(1 << (t % 32));
+                }
+            }
+            m
+        };
+        self.mask = m;
+        Ok(())
+    }
+}
+
+/// One output's constraint: where the grammar is, and the mask of the next token.
+pub struct Constraint {
+    vocab: Arc<Vocab>,
+    /// The state, while no mask is being computed.
+    state: Option<State>,
+    /// The thread computing the next mask after a commit.
+    pending: Option<JoinHandle<Result<State, GrammarError>>>,
+}
+
+impl fmt::Debug for Constraint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Constraint").field("vocab", &self.vocab).finish_non_exhaustive()
+    }
+}
+
+/// Bytes tried, in this order, when looking for a way to complete the grammar: what closes
+/// strings, objects, arrays and groups first, separators next, then digits and letters (short
+/// numbers and words), white space last (it never completes anything by itself).
+const CLOSING_ORDER: &[u8] =
+    b"\"}])>',.:;0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ-+_!?/\\=*#@$%&|^~`<([{ \n\t";
+
+/// The most bytes a completion found by [`Constraint::closing`] may have.
+const CLOSING_MAX_BYTES: usize = 256;
+/// The most steps the search for a completion may take.
+const CLOSING_MAX_STEPS: usize = 20_000;
+
+impl Constraint {
+    fn state(&mut self) -> Result<&mut State, GrammarError> {
+        if let Some(h) = self.pending.take() {
+            let s = h.join().map_err(|_| GrammarError::Runtime("the mask thread panicked".into()))??;
+            self.state = Some(s);
+        }
+        self.state.as_mut().ok_or_else(|| GrammarError::Runtime("an earlier grammar error".into()))
+    }
+
+    /// The mask of the next token (bit `i` of word `i / 32`: token `i` is allowed), waiting for
+    /// its computation if it is still running.
+    pub fn mask(&mut self) -> Result<&[u32], GrammarError> {
+        Ok(&self.state()?.mask)
+    }
+
+    /// Whether end of generation is allowed now (the text so far is complete).
+    pub fn is_accepting(&mut self) -> Result<bool, GrammarError> {
+        let eog = self.vocab.eog.first().copied();
+        let mask = self.mask()?;
+        Ok(eog.is_some_and(|t| mask[t as usize / 32] & (1 << (t % 32)) != 0))
+    }
+
+    /// Whether the grammar is complete and nothing may follow (only end of generation is allowed).
+    pub fn is_finished(&mut self) -> Result<bool, GrammarError> {
+        Ok(self.state()?.matcher.is_stopped())
+    }
+
+    /// Whether no token at all is allowed (the grammar cannot go on and is not complete).
+    pub fn is_dead_end(&mut self) -> Result<bool, GrammarError> {
+        Ok(self.mask()?.iter().all(|&w| w == 0))
+    }
+
+    /// Takes `token` (it must be allowed by the mask) and starts computing the next mask on a
+    /// helper thread; [`mask`](Self::mask) waits for it. Returns whether the grammar is now
+    /// complete with nothing allowed to follow.
+    pub fn commit(&mut self, token: u32) -> Result<bool, GrammarError> {
+        let state = self.state()?;
+        if state.matcher.is_stopped() {
+            return Ok(true);
+        }
+        state.matcher.consume_token(token).map_err(runtime)?;
+        if state.matcher.is_stopped() {
+            return Ok(true);
+        }
+        let mut state = self.state.take().expect("state() made it present");
+        let vocab = Arc::clone(&self.vocab);
+        let spawned = std::thread::Builder::new().name("pinfer-grammar".into()).spawn(move || {
+            state.compute_mask(&vocab)?;
+            Ok(state)
+        });
+        match spawned {
+            Ok(h) => self.pending = Some(h),
+            Err(e) => return Err(GrammarError::Runtime(format!("cannot start the mask thread: {e}"))),
+        }
+        Ok(false)
+    }
+
+    /// The token that ends generation when the grammar is complete.
+    pub fn end_token(&self) -> Option<u32> {
+        self.vocab.eog.first().copied()
+    }
+
+    /// Whether `token` would keep the output in the grammar (it is in the mask).
+    pub fn allows(&mut self, token: u32) -> Result<bool, GrammarError> {
+        let mask = self.mask()?;
+        Ok(mask.get(token as usize / 32).is_some_and(|w| w & (1 << (token % 32)) != 0))
+    }
+
+    /// Tokens that complete the grammar from where it is, found by a bounded depth-first search over
+    /// single bytes (forced bytes first, then [`CLOSING_ORDER`]) and tokenized greedily: empty if
+    /// it is complete already, `None` if no completion was found within the search's bounds.
+    pub fn closing(&mut self) -> Result<Option<Vec<u32>>, GrammarError> {
+        self.closing_after(None)
+    }
+
+    /// [`closing`](Self::closing) as it would be after `token`.
+    pub fn closing_after(&mut self, token: Option<u32>) -> Result<Option<Vec<u32>>, GrammarError> {
+        let vocab = Arc::clone(&self.vocab);
+        let state = self.state()?;
+        let mut m = state.matcher.deep_clone();
+        if let Some(t) = token {
+            if m.try_consume_tokens(&[t]).map_err(runtime)? != 1 {
+                return Ok(None);
+            }
+        }
+        let mut bytes = Vec::new();
+        let mut steps = 0usize;
+        if !search_closing(&vocab, &mut m, &mut bytes, &mut steps)? {
+            return Ok(None);
+        }
+        Ok(Some(vocab.env.tok_trie().greedy_tokenize(&bytes)))
+    }
+}
+
+/// Depth-first search for bytes that bring `m` to an accepting state; `path` holds the bytes of the
+/// current branch. `m` is restored on return.
+fn search_closing(vocab: &Vocab, m: &mut Matcher, path: &mut Vec<u8>, steps: &mut usize) -> Result<bool, GrammarError> {
+    if m.is_accepting().map_err(runtime)? {
+        return Ok(true);
+    }
+    if path.len() >= CLOSING_MAX_BYTES || *steps >= CLOSING_MAX_STEPS || m.is_stopped() {
+        return Ok(false);
+    }
+    // Forced bytes are the only way on: take them all at once.
+    let forced = m.compute_ff_bytes();
+    let mut order: Vec<u8> = Vec::with_capacity(CLOSING_ORDER.len() + 1);
+    if let Some(&b) = forced.first() {
+        order.push(b);
+    } else {
+        order.extend_from_slice(CLOSING_ORDER);
+    }
+    for b in order {
+        let Some(t) = vocab.byte_token[b as usize] else { continue };
+        *steps += 1;
+        if *steps >= CLOSING_MAX_STEPS {
+            return Ok(false);
+        }
+        if m.try_consume_tokens(&[t]).map_err(runtime)? != 1 {
+            continue;
+        }
+        path.push(b);
+        let found = search_closing(vocab, m, path, steps)?;
+        if found {
+            m.rollback(1).map_err(runtime)?;
+            return Ok(true);
+        }
+        path.pop();
+        m.rollback(1).map_err(runtime)?;
+    }
+    Ok(false)
+}
+
+/// An engine error met while generating.
+fn runtime<E: fmt::Display>(e: E) -> GrammarError {
+    GrammarError::Runtime(e.to_string())
+}
