@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Fetches llama.cpp's tokenizer test vocabularies (models/ggml-vocab-*.gguf with their .inp/.out
-# files) for tests/tokenizer.rs. They ship inside the llama-cpp-python sdist on PyPI, under
-# vendor/llama.cpp/models/. Only the download is used: the sdist is unpacked, never built.
+# files) for tests/tokenizer.rs, and its example grammars (grammars/*.gbnf, into DEST/grammars) for
+# tests/grammar.rs. They ship inside the llama-cpp-python sdist on PyPI, under vendor/llama.cpp/.
+# Only the download is used: the sdist is unpacked, never built.
 # Idempotent: does nothing when the files of this version are already there. Never commit them.
 #
 #   scripts/tokenizer_fetch_vocabs.sh [DEST]     (default: target/tokenizer-vocabs)
@@ -12,7 +13,7 @@ DEST="${1:-target/tokenizer-vocabs}"
 VERSION=0.3.36
 SHA256=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
 PY="${PYTHON:-python3}"
-STAMP="$DEST/.llama-cpp-python-$VERSION"
+STAMP="$DEST/.llama-cpp-python-$VERSION-with-grammars"
 
 log() { printf 'tokenizer_fetch_vocabs: %s\n' "$*" >&2; }
 
@@ -34,8 +35,10 @@ if ! echo "$SHA256  $archive" | sha256sum -c --status; then
   log "sha256 mismatch for $archive (expected $SHA256); refusing it"
   exit 1
 fi
-tar -xzf "$archive" -C "$tmp" --wildcards "llama_cpp_python-$VERSION/vendor/llama.cpp/models/ggml-vocab-*"
-mkdir -p "$DEST"
+tar -xzf "$archive" -C "$tmp" --wildcards "llama_cpp_python-$VERSION/vendor/llama.cpp/models/ggml-vocab-*" \
+  "llama_cpp_python-$VERSION/vendor/llama.cpp/grammars/*.gbnf"
+mkdir -p "$DEST/grammars"
 cp "$tmp/llama_cpp_python-$VERSION/vendor/llama.cpp/models/"ggml-vocab-* "$DEST/"
+cp "$tmp/llama_cpp_python-$VERSION/vendor/llama.cpp/grammars/"*.gbnf "$DEST/grammars/"
 touch "$STAMP"
 log "ready: $DEST ($(ls "$DEST" | wc -l) files)"

@@ -101,12 +101,6 @@ pub struct Generator<'t> {
     generated: usize,
 }
 
-/// How close to the token limit a constrained stream starts to check that it can still complete
-/// its grammar in the tokens left.
-const STEER_WINDOW: usize = 64;
-/// Tokens of slack kept beyond the shortest completion before steering checks each token.
-const STEER_SLACK: usize = 16;
-
 impl<'t> Generator<'t> {
     /// A generator for a model of `n_vocab` tokens; `config` is checked here.
     pub fn new(tok: &'t Tokenizer<'t>, n_vocab: usize, config: SamplerConfig) -> Result<Self, SampleError> {
@@ -216,7 +210,7 @@ impl<'t> Generator<'t> {
             .sample_masked(&self.logits, &tokens[window..], &mut self.candidates, mask)
             .map_err(GenerateError::Sample)?;
         if let (Some(c), Some(limit)) = (&mut self.constraint, self.limit) {
-            id = steer(c, id, limit.saturating_sub(self.generated), self.tok).map_err(GenerateError::Grammar)?;
+            id = c.steer(id, limit.saturating_sub(self.generated)).map_err(GenerateError::Grammar)?;
         }
         if self.tok.is_eog(id) && !self.ignore_eos {
             return Ok(Some(Stop::EndOfGeneration));
@@ -306,29 +300,6 @@ impl<'t> Generator<'t> {
         };
         self.finish(stop, &mut each)?;
         Ok(stop)
-    }
-}
-
-/// The token to emit instead of `id` (sampled under `c`'s mask) when `left` tokens remain: `id`
-/// itself unless taking it would leave too few tokens to complete the grammar, then the next token
-/// of the shortest completion found (end of generation if the text is complete already).
-fn steer(c: &mut Constraint, id: u32, left: usize, tok: &Tokenizer<'_>) -> Result<u32, GrammarError> {
-    if left > STEER_WINDOW || tok.is_eog(id) {
-        return Ok(id);
-    }
-    let Some(closing) = c.closing()? else {
-        return Ok(id); // no completion found within the search's bounds: nothing to steer by
-    };
-    if closing.len() + STEER_SLACK < left {
-        return Ok(id);
-    }
-    match c.closing_after(Some(id))? {
-        Some(after) if after.len() < left => Ok(id),
-        _ => Ok(match closing.first() {
-            Some(&t) => t,
-            // Complete already: end here rather than start what cannot be finished.
-            None => c.end_token().unwrap_or(id),
-        }),
     }
 }
 

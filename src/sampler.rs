@@ -597,7 +597,8 @@ mod tests {
         let mut scratch = [Candidate::default(); 40];
         // Tokens 3, 17 and 33 (33 lives in the second mask word).
         let mask = [(1u32 << 3) | (1 << 17), 1 << 1];
-        let best = [3usize, 17, 33].into_iter().max_by(|&a, &b| l[a].total_cmp(&l[b]).then(b.cmp(&a))).unwrap();
+        let best =
+            [3usize, 17, 33].into_iter().max_by(|&a, &b| l[a].total_cmp(&l[b]).then(b.cmp(&a))).unwrap();
         let mut g = sampler(SamplerConfig::greedy());
         assert_eq!(g.sample_masked(&l, &[], &mut scratch, Some(&mask)).unwrap() as usize, best);
         // Sampled, with top-k 1 after the mask: still the best allowed token, never another.

@@ -36,7 +36,7 @@ fn vocab_dir() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
         let dir = repo().join("target/tokenizer-vocabs");
-        if !dir.join(".llama-cpp-python-0.3.36").exists() {
+        if !dir.join(".llama-cpp-python-0.3.36-with-grammars").exists() {
             run_script("tokenizer_fetch_vocabs.sh");
         }
         dir

@@ -143,6 +143,226 @@ impl Gbnf {
     }
 }
 
+impl Gbnf {
+    /// Whether `text` is a sentence of the grammar: a plain Earley recognizer over characters,
+    /// written from the rules alone. It is the reference the engine's constraint is tested
+    /// against (slow: for tests and checks, never per token). A grammar naming tokens (`<...>`)
+    /// accepts no text where they are required.
+    pub fn accepts(&self, text: &str) -> bool {
+        let cfg = Cfg::of(self);
+        let root = self.rules.iter().position(|r| r.name == "root").expect("parse checked root");
+        cfg.recognizes(root, &text.chars().collect::<Vec<_>>())
+    }
+}
+
+/// A terminal of the flat grammar: one character.
+#[derive(Clone, Debug)]
+enum Term {
+    Char(char),
+    Class {
+        negated: bool,
+        ranges: Vec<(char, char)>,
+    },
+    Any,
+    /// A token: matches no text.
+    Never,
+}
+
+impl Term {
+    fn matches(&self, c: char) -> bool {
+        match self {
+            Term::Char(x) => *x == c,
+            Term::Class { negated, ranges } => ranges.iter().any(|&(lo, hi)| lo <= c && c <= hi) != *negated,
+            Term::Any => true,
+            Term::Never => false,
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+enum Sym {
+    T(Term),
+    N(usize),
+}
+
+/// The rules flattened into productions of terminals and nonterminals (groups, literals and
+/// repetitions become helper nonterminals), for [`Gbnf::accepts`].
+struct Cfg {
+    prods: Vec<(usize, Vec<Sym>)>,
+    by_lhs: Vec<Vec<usize>>,
+    nullable: Vec<bool>,
+}
+
+impl Cfg {
+    fn of(g: &Gbnf) -> Self {
+        let mut cfg =
+            Cfg { prods: Vec::new(), by_lhs: vec![Vec::new(); g.rules.len()], nullable: Vec::new() };
+        for (i, rule) in g.rules.iter().enumerate() {
+            for seq in &rule.alts {
+                let body = cfg.seq(g, seq);
+                cfg.add(i, body);
+            }
+        }
+        cfg.nullable = vec![false; cfg.by_lhs.len()];
+        loop {
+            let mut changed = false;
+            for (lhs, body) in &cfg.prods {
+                if !cfg.nullable[*lhs] && body.iter().all(|s| matches!(s, Sym::N(n) if cfg.nullable[*n])) {
+                    cfg.nullable[*lhs] = true;
+                    changed = true;
+                }
+            }
+            if !changed {
+                break;
+            }
+        }
+        cfg
+    }
+
+    fn new_nt(&mut self) -> usize {
+        self.by_lhs.push(Vec::new());
+        self.by_lhs.len() - 1
+    }
+
+    fn add(&mut self, lhs: usize, body: Vec<Sym>) {
+        self.by_lhs[lhs].push(self.prods.len());
+        self.prods.push((lhs, body));
+    }
+
+    fn seq(&mut self, g: &Gbnf, seq: &[Item]) -> Vec<Sym> {
+        let mut out = Vec::new();
+        for item in seq {
+            if item.min == 1 && item.max == Some(1) {
+                self.atom_into(g, &item.atom, &mut out);
+                continue;
+            }
+            // The atom as one symbol, repeated: `min` copies, then an unbounded tail or nested
+            // optional copies.
+            let mut one = Vec::new();
+            self.atom_into(g, &item.atom, &mut one);
+            let a = if one.len() == 1 {
+                one.pop().expect("one symbol")
+            } else {
+                let n = self.new_nt();
+                self.add(n, one);
+                Sym::N(n)
+            };
+            for _ in 0..item.min {
+                out.push(a.clone());
+            }
+            match item.max {
+                None => {
+                    let r = self.new_nt();
+                    self.add(r, Vec::new());
+                    self.add(r, vec![a.clone(), Sym::N(r)]);
+                    out.push(Sym::N(r));
+                }
+                Some(max) if max > item.min => {
+                    let mut inner: Option<usize> = None;
+                    for _ in item.min..max {
+                        let o = self.new_nt();
+                        self.add(o, Vec::new());
+                        let mut body = vec![a.clone()];
+                        if let Some(i) = inner {
+                            body.push(Sym::N(i));
+                        }
+                        self.add(o, body);
+                        inner = Some(o);
+                    }
+                    out.push(Sym::N(inner.expect("max > min")));
+                }
+                Some(_) => {}
+            }
+        }
+        out
+    }
+
+    fn atom_into(&mut self, g: &Gbnf, atom: &Atom, out: &mut Vec<Sym>) {
+        match atom {
+            Atom::Literal(chars) => out.extend(chars.iter().map(|&c| Sym::T(Term::Char(c)))),
+            Atom::Class { negated, ranges } => {
+                out.push(Sym::T(Term::Class { negated: *negated, ranges: ranges.clone() }))
+            }
+            Atom::Any => out.push(Sym::T(Term::Any)),
+            Atom::Token { .. } => out.push(Sym::T(Term::Never)),
+            Atom::Rule(name, _) => {
+                let i = g.rules.iter().position(|r| &r.name == name).expect("parse checked the references");
+                out.push(Sym::N(i));
+            }
+            Atom::Group(alts) => {
+                let n = self.new_nt();
+                for seq in alts {
+                    let body = self.seq(g, seq);
+                    self.add(n, body);
+                }
+                out.push(Sym::N(n));
+            }
+        }
+    }
+
+    /// Earley recognition of `text` from `start` (nullable nonterminals are stepped over when
+    /// predicted, Aycock and Horspool's fix).
+    fn recognizes(&self, start: usize, text: &[char]) -> bool {
+        type Item = (usize, usize, usize); // production, dot, origin
+        let mut sets: Vec<Vec<Item>> = vec![Vec::new(); text.len() + 1];
+        let mut seen: Vec<std::collections::HashSet<Item>> = vec![Default::default(); text.len() + 1];
+        for &p in &self.by_lhs[start] {
+            if seen[0].insert((p, 0, 0)) {
+                sets[0].push((p, 0, 0));
+            }
+        }
+        for k in 0..=text.len() {
+            let mut j = 0;
+            while j < sets[k].len() {
+                let (p, dot, origin) = sets[k][j];
+                j += 1;
+                let (lhs, body) = &self.prods[p];
+                match body.get(dot) {
+                    None => {
+                        // Complete: advance every item at `origin` waiting for `lhs`.
+                        let mut i = 0;
+                        while i < sets[origin].len() {
+                            let (q, d, o) = sets[origin][i];
+                            i += 1;
+                            if matches!(self.prods[q].1.get(d), Some(Sym::N(n)) if n == lhs) {
+                                let item = (q, d + 1, o);
+                                if seen[k].insert(item) {
+                                    sets[k].push(item);
+                                }
+                            }
+                        }
+                    }
+                    Some(Sym::N(n)) => {
+                        for &q in &self.by_lhs[*n] {
+                            let item = (q, 0, k);
+                            if seen[k].insert(item) {
+                                sets[k].push(item);
+                            }
+                        }
+                        if self.nullable[*n] {
+                            let item = (p, dot + 1, origin);
+                            if seen[k].insert(item) {
+                                sets[k].push(item);
+                            }
+                        }
+                    }
+                    Some(Sym::T(t)) => {
+                        if k < text.len() && t.matches(text[k]) {
+                            let item = (p, dot + 1, origin);
+                            if seen[k + 1].insert(item) {
+                                sets[k + 1].push(item);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        sets[text.len()]
+            .iter()
+            .any(|&(p, dot, origin)| origin == 0 && self.prods[p].0 == start && dot == self.prods[p].1.len())
+    }
+}
+
 /// A GBNF rule name as a Lark rule name: lower case (upper case would make it a terminal), so
 /// `A` becomes `_a` (GBNF names have no `_`: the mapping is one to one), after a prefix that keeps
 /// it clear of `start` and of Lark's keywords.
@@ -372,7 +592,9 @@ impl Parser<'_> {
         let name = self.name()?;
         self.space(false);
         if !self.src[self.pos..].starts_with("::=") {
-            return Err(self.err(&format!("expected `::=` after rule name `{name}`, found {}", self.what_is_here())));
+            return Err(
+                self.err(&format!("expected `::=` after rule name `{name}`, found {}", self.what_is_here()))
+            );
         }
         self.pos += 3;
         self.space(true);
@@ -439,14 +661,18 @@ impl Parser<'_> {
                             Some(']') => break,
                             Some(_) => {}
                         }
+                        let at = self.pos;
                         let lo = self.char()?;
                         let mut hi = lo;
                         if self.peek() == Some('-') && self.peek_at(1).is_some_and(|c| c != ']') {
                             self.pos += 1;
-                            let at = self.pos;
                             hi = self.char()?;
                             if hi < lo {
-                                return Err(error_at(self.src, at, &format!("range `{lo}-{hi}` is backwards")));
+                                return Err(error_at(
+                                    self.src,
+                                    at,
+                                    &format!("range `{lo}-{hi}` is backwards"),
+                                ));
                             }
                         }
                         ranges.push((lo, hi));
@@ -529,7 +755,11 @@ impl Parser<'_> {
                             let n = self.int()?;
                             self.space(true);
                             if n < min {
-                                return Err(error_at(self.src, at, &format!("repetition `{{{min},{n}}}` has its maximum below its minimum")));
+                                return Err(error_at(
+                                    self.src,
+                                    at,
+                                    &format!("repetition `{{{min},{n}}}` has its maximum below its minimum"),
+                                ));
                             }
                             // (llama.cpp: a maximum above its threshold means no maximum.)
                             (n <= MAX_REPETITION).then_some(n)
@@ -537,14 +767,21 @@ impl Parser<'_> {
                             None
                         }
                     }
-                    _ => return Err(self.err(&format!("expected `,` or `}}` in a repetition, found {}", self.what_is_here()))),
+                    _ => {
+                        return Err(self.err(&format!(
+                            "expected `,` or `}}` in a repetition, found {}",
+                            self.what_is_here()
+                        )))
+                    }
                 };
                 if self.peek() != Some('}') {
                     return Err(self.err(&format!("expected `}}`, found {}", self.what_is_here())));
                 }
                 self.pos += 1;
                 if min > MAX_REPETITION {
-                    return Err(self.err(&format!("a repetition of at least {min} is more than {MAX_REPETITION}")));
+                    return Err(
+                        self.err(&format!("a repetition of at least {min} is more than {MAX_REPETITION}"))
+                    );
                 }
                 (min, max)
             }
@@ -560,9 +797,7 @@ impl Parser<'_> {
         if start == self.pos {
             return Err(self.err(&format!("expected a number, found {}", self.what_is_here())));
         }
-        self.src[start..self.pos]
-            .parse()
-            .map_err(|_| error_at(self.src, start, "this number is too large"))
+        self.src[start..self.pos].parse().map_err(|_| error_at(self.src, start, "this number is too large"))
     }
 
     /// `<[id]>` or `<text>`.
@@ -647,7 +882,7 @@ mod tests {
     #[test]
     fn repetitions_and_tokens() {
         let l = lark("root ::= \"ab\"{2,5} [^\"]{3} x{2,} <[12]> !<|end|>\nx ::= \"\"\n");
-        assert!(l.contains("(\"a\" \"b\"){2,5} /[^\\x{22}]/{3} g_x{2,} <[12]> <[^7]>"), "{l}");
+        assert!(l.contains("(\"a\" \"b\"){2,5} /[^\\x{22}]/{3} g_x{2,} <[7]> <[^7]>"), "{l}");
     }
 
     #[test]
@@ -664,7 +899,7 @@ mod tests {
         assert_eq!((e.line, e.column), (1, 14), "{e}");
         assert!(e.message.contains("`b`"), "{e}");
         let e = Gbnf::parse("root ::= \"a\"\nx ::= [b-a]\n").unwrap_err();
-        assert_eq!((e.line, e.column), (2, 9), "{e}");
+        assert_eq!((e.line, e.column), (2, 8), "{e}");
         let e = Gbnf::parse("x ::= \"a\"\n").unwrap_err();
         assert!(e.message.contains("root"), "{e}");
         let e = Gbnf::parse("root ::= \"a\n").unwrap_err();
@@ -690,7 +925,30 @@ mod tests {
 
     #[test]
     fn an_upper_bound_over_the_limit_means_unbounded() {
-        assert!(lark("root ::= \"a\"{1,5000}\n").contains("\"a\"{1,}"));
+        assert!(lark("root ::= \"a\"{1,5000}\n").ends_with("g_root: \"a\"+\n"));
+    }
+
+    #[test]
+    fn the_reference_recognizer_follows_the_rules() {
+        let g = Gbnf::parse("root ::= [a-z]* \"ing\" (\",\" root)?\n").unwrap();
+        assert!(g.accepts("running"));
+        assert!(g.accepts("ing,singing"));
+        assert!(!g.accepts("runnin"));
+        assert!(!g.accepts("running,"));
+        let g = Gbnf::parse("root ::= \"a\"{2,3} [^b]? x\nx ::= | \"b\" x\n").unwrap();
+        for (t, ok) in [
+            ("aa", true),
+            ("aaa", true),
+            ("a", false),
+            ("aaaa", true),
+            ("aaaaa", false),
+            ("aacbbb", true),
+            ("aab", true),
+        ] {
+            assert_eq!(g.accepts(t), ok, "{t}");
+        }
+        let g = Gbnf::parse("root ::= <[5]> | \"t\"\n").unwrap();
+        assert!(g.accepts("t") && !g.accepts(""));
     }
 
     #[test]

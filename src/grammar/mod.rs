@@ -17,6 +17,7 @@
 
 pub mod gbnf;
 
+use std::boxed::Box;
 use std::fmt;
 use std::string::{String, ToString};
 use std::sync::Arc;
@@ -142,7 +143,8 @@ impl Vocab {
                 eog.push(id);
             }
             let special = tok.is_eog(id) || attr.is_control() || attr.has(TokenAttr::UNUSED);
-            let len = tok.token_to_piece(id, false, &mut buf).map_err(|e| GrammarError::Engine(e.to_string()))?;
+            let len =
+                tok.token_to_piece(id, false, &mut buf).map_err(|e| GrammarError::Engine(e.to_string()))?;
             let mut word = Vec::with_capacity(len + 1);
             if special || len == 0 {
                 // (The engine's mark of a special token: no text can match it.)
@@ -165,7 +167,8 @@ impl Vocab {
         let env: TokEnv = Arc::new(ApproximateTokEnv::new(trie));
         let caps = InferenceCapabilities::default();
         let slices = llguidance::earley::SlicedBiasComputer::general_slices();
-        let mut factory = ParserFactory::new(&env, caps, &slices).map_err(|e| GrammarError::Engine(e.to_string()))?;
+        let mut factory =
+            ParserFactory::new(&env, caps, &slices).map_err(|e| GrammarError::Engine(e.to_string()))?;
         factory.quiet();
         limits(factory.limits_mut());
         Ok(Arc::new(Self { env, factory, eog, byte_token, n_vocab: n as usize }))
@@ -206,15 +209,16 @@ impl Vocab {
                 TopLevelGrammar::from_lark(g.to_lark(&lookup))
             }
             GrammarSpec::JsonSchema(text) => {
-                let mut schema: serde_json::Value = serde_json::from_str(text).map_err(|e| GrammarError::Json {
-                    line: e.line(),
-                    column: e.column(),
-                    message: e.to_string(),
+                let mut schema: serde_json::Value = serde_json::from_str(text).map_err(|e| {
+                    GrammarError::Json { line: e.line(), column: e.column(), message: e.to_string() }
                 })?;
                 close_objects(&mut schema);
                 if let Some(obj) = schema.as_object_mut() {
                     if !obj.contains_key("x-guidance") {
-                        obj.insert("x-guidance".into(), serde_json::json!({ "whitespace_pattern": JSON_WHITESPACE }));
+                        obj.insert(
+                            "x-guidance".into(),
+                            serde_json::json!({ "whitespace_pattern": JSON_WHITESPACE }),
+                        );
                     }
                 } else if !schema.is_boolean() {
                     return Err(GrammarError::Engine("a JSON schema is an object (or true/false)".into()));
@@ -233,9 +237,15 @@ impl Vocab {
         if let Some(e) = matcher.get_error() {
             return Err(GrammarError::Engine(e));
         }
-        let mut state = State { matcher, mask: Vec::new() };
+        let mut state = Box::new(State { matcher, mask: Vec::new() });
         state.compute_mask(self)?;
-        Ok(Constraint { vocab: Arc::clone(self), state: Some(state), pending: None })
+        Ok(Constraint {
+            vocab: Arc::clone(self),
+            state: Some(state),
+            pending: None,
+            plan: None,
+            planned_after: None,
+        })
     }
 }
 
@@ -260,8 +270,16 @@ fn close_objects(schema: &mut serde_json::Value) {
                     list.iter_mut().for_each(close_objects);
                 }
             }
-            "items" | "additionalProperties" | "not" | "if" | "then" | "else" | "contains"
-            | "propertyNames" | "unevaluatedProperties" | "unevaluatedItems" => close_objects(value),
+            "items"
+            | "additionalProperties"
+            | "not"
+            | "if"
+            | "then"
+            | "else"
+            | "contains"
+            | "propertyNames"
+            | "unevaluatedProperties"
+            | "unevaluatedItems" => close_objects(value),
             _ => {}
         }
     }
@@ -313,10 +331,15 @@ impl State {
 /// One output's constraint: where the grammar is, and the mask of the next token.
 pub struct Constraint {
     vocab: Arc<Vocab>,
-    /// The state, while no mask is being computed.
-    state: Option<State>,
+    /// The state, while no mask is being computed (boxed: the engine's state is large, and it
+    /// moves to the mask thread and back at every token).
+    state: Option<Box<State>>,
     /// The thread computing the next mask after a commit.
-    pending: Option<JoinHandle<Result<State, GrammarError>>>,
+    pending: Option<JoinHandle<Result<Box<State>, GrammarError>>>,
+    /// A completion from where the grammar is ([`Constraint::closing`]), kept while it is followed.
+    plan: Option<Vec<u32>>,
+    /// The completion after the token [`Constraint::steer`] let through, for when it is committed.
+    planned_after: Option<(u32, Vec<u32>)>,
 }
 
 impl fmt::Debug for Constraint {
@@ -325,16 +348,31 @@ impl fmt::Debug for Constraint {
     }
 }
 
-/// Bytes tried, in this order, when looking for a way to complete the grammar: what closes
+/// Bytes tried, in this order, by the long search for a way to complete the grammar: what closes
 /// strings, objects, arrays and groups first, separators next, then digits and letters (short
-/// numbers and words), white space last (it never completes anything by itself).
+/// numbers and words), openers late (they start more to close), white space last (it never
+/// completes anything by itself).
 const CLOSING_ORDER: &[u8] =
-    b"\"}])>',.:;0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ-+_!?/\\=*#@$%&|^~`<([{ \n\t";
+    b"\"}])>',.:;=0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ-+_!?/\\*#@$%&|^~`<([{ \n\t";
+/// The short search's order: every punctuation mark before digits and letters (a completion of a
+/// few bytes is mostly punctuation: `"}`, `(){}`, `=0`), one digit and one letter standing for
+/// the rest; it tries the first [`SHORT_SEARCH_BRANCHES`] bytes a state allows.
+const SHORT_ORDER: &[u8] = b"\"}])>',.:;=([{<-+*/_!?#@$%&|^~`\\0a \n\t";
+const SHORT_SEARCH_BRANCHES: usize = 12;
 
 /// The most bytes a completion found by [`Constraint::closing`] may have.
 const CLOSING_MAX_BYTES: usize = 256;
-/// The most steps the search for a completion may take.
-const CLOSING_MAX_STEPS: usize = 20_000;
+/// Steps (bytes tried) of the short search for a completion: every completion of up to a few
+/// bytes, whatever the order finds first.
+const SHORT_SEARCH_STEPS: usize = 4_000;
+/// Steps of each round of the long search, which follows [`CLOSING_ORDER`] depth first.
+const LONG_SEARCH_STEPS: usize = 4_000;
+
+/// How close to the token limit a constrained output starts to check that it can still complete
+/// its grammar in the tokens left.
+pub const STEER_WINDOW: usize = 64;
+/// Tokens of slack kept beyond the completion before each token is checked.
+const STEER_SLACK: usize = 16;
 
 impl Constraint {
     fn state(&mut self) -> Result<&mut State, GrammarError> {
@@ -342,7 +380,7 @@ impl Constraint {
             let s = h.join().map_err(|_| GrammarError::Runtime("the mask thread panicked".into()))??;
             self.state = Some(s);
         }
-        self.state.as_mut().ok_or_else(|| GrammarError::Runtime("an earlier grammar error".into()))
+        self.state.as_deref_mut().ok_or_else(|| GrammarError::Runtime("an earlier grammar error".into()))
     }
 
     /// The mask of the next token (bit `i` of word `i / 32`: token `i` is allowed), waiting for
@@ -358,11 +396,6 @@ impl Constraint {
         Ok(eog.is_some_and(|t| mask[t as usize / 32] & (1 << (t % 32)) != 0))
     }
 
-    /// Whether the grammar is complete and nothing may follow (only end of generation is allowed).
-    pub fn is_finished(&mut self) -> Result<bool, GrammarError> {
-        Ok(self.state()?.matcher.is_stopped())
-    }
-
     /// Whether no token at all is allowed (the grammar cannot go on and is not complete).
     pub fn is_dead_end(&mut self) -> Result<bool, GrammarError> {
         Ok(self.mask()?.iter().all(|&w| w == 0))
@@ -372,16 +405,25 @@ impl Constraint {
     /// helper thread; [`mask`](Self::mask) waits for it. Returns whether the grammar is now
     /// complete with nothing allowed to follow.
     pub fn commit(&mut self, token: u32) -> Result<bool, GrammarError> {
+        // The completion planned from here stays valid when it is what was taken.
+        self.plan = match (self.plan.take(), self.planned_after.take()) {
+            (_, Some((t, after))) if t == token => Some(after),
+            (Some(mut plan), _) if plan.first() == Some(&token) => {
+                plan.remove(0);
+                Some(plan)
+            }
+            _ => None,
+        };
+        let vocab = Arc::clone(&self.vocab);
         let state = self.state()?;
-        if state.matcher.is_stopped() {
-            return Ok(true);
+        if !state.matcher.is_stopped() {
+            state.matcher.consume_token(token).map_err(runtime)?;
         }
-        state.matcher.consume_token(token).map_err(runtime)?;
         if state.matcher.is_stopped() {
+            state.compute_mask(&vocab)?; // (only the end of generation: no engine work)
             return Ok(true);
         }
         let mut state = self.state.take().expect("state() made it present");
-        let vocab = Arc::clone(&self.vocab);
         let spawned = std::thread::Builder::new().name("pinfer-grammar".into()).spawn(move || {
             state.compute_mask(&vocab)?;
             Ok(state)
@@ -404,11 +446,17 @@ impl Constraint {
         Ok(mask.get(token as usize / 32).is_some_and(|w| w & (1 << (token % 32)) != 0))
     }
 
-    /// Tokens that complete the grammar from where it is, found by a bounded depth-first search over
-    /// single bytes (forced bytes first, then [`CLOSING_ORDER`]) and tokenized greedily: empty if
-    /// it is complete already, `None` if no completion was found within the search's bounds.
+    /// Tokens that complete the grammar from where it is, tokenized greedily from the bytes a
+    /// bounded search finds: first every completion of a few bytes in turn (iterative deepening),
+    /// then depth first in [`CLOSING_ORDER`] with forced bytes taken at once. Empty if it is
+    /// complete already, `None` if the searches found nothing within their bounds.
     pub fn closing(&mut self) -> Result<Option<Vec<u32>>, GrammarError> {
-        self.closing_after(None)
+        if let Some(plan) = &self.plan {
+            return Ok(Some(plan.clone()));
+        }
+        let found = self.closing_after(None)?;
+        self.plan = found.clone();
+        Ok(found)
     }
 
     /// [`closing`](Self::closing) as it would be after `token`.
@@ -421,49 +469,126 @@ impl Constraint {
                 return Ok(None);
             }
         }
-        let mut bytes = Vec::new();
+        let mut path = Vec::new();
+        let mut found = false;
         let mut steps = 0usize;
-        if !search_closing(&vocab, &mut m, &mut bytes, &mut steps)? {
-            return Ok(None);
+        let short = Search {
+            order: SHORT_ORDER,
+            branches: SHORT_SEARCH_BRANCHES,
+            forced: false,
+            budget: SHORT_SEARCH_STEPS,
+        };
+        for depth in 0..=8 {
+            if search_closing(&vocab, &mut m, &mut path, &mut steps, &short, depth)? {
+                found = true;
+                break;
+            }
+            if steps >= SHORT_SEARCH_STEPS {
+                break;
+            }
         }
-        Ok(Some(vocab.env.tok_trie().greedy_tokenize(&bytes)))
+        if !found {
+            // Depth first along the order, the depth bound doubling: a completion that the order
+            // leads to is found at about its length, not at the bound.
+            let long = Search {
+                order: CLOSING_ORDER,
+                branches: usize::MAX,
+                forced: true,
+                budget: LONG_SEARCH_STEPS,
+            };
+            let mut depth = 8;
+            while !found && depth <= CLOSING_MAX_BYTES {
+                steps = 0;
+                found = search_closing(&vocab, &mut m, &mut path, &mut steps, &long, depth)?;
+                depth *= 2;
+            }
+        }
+        Ok(found.then(|| vocab.env.tok_trie().greedy_tokenize(&path)))
+    }
+
+    /// The token to emit instead of `id` (sampled under the mask) when `left` tokens remain: `id`
+    /// itself unless taking it would leave too few tokens to complete the grammar, then the next
+    /// token of the completion found (end of generation if the text is complete already). Checks
+    /// start [`STEER_WINDOW`] tokens before the limit, each token once the completion comes
+    /// within [`STEER_SLACK`] of what is left.
+    pub fn steer(&mut self, id: u32, left: usize) -> Result<u32, GrammarError> {
+        if left > STEER_WINDOW || self.vocab.eog.contains(&id) {
+            return Ok(id);
+        }
+        let Some(closing) = self.closing()? else {
+            return Ok(id); // no completion found within the searches' bounds: nothing to steer by
+        };
+        if closing.len() + STEER_SLACK < left {
+            return Ok(id);
+        }
+        if closing.first() == Some(&id) {
+            return Ok(id);
+        }
+        match self.closing_after(Some(id))? {
+            Some(after) if after.len() < left => {
+                self.planned_after = Some((id, after));
+                Ok(id)
+            }
+            _ => Ok(match closing.first() {
+                Some(&t) => t,
+                // Complete already: end here rather than start what cannot be finished.
+                None => self.end_token().unwrap_or(id),
+            }),
+        }
     }
 }
 
-/// Depth-first search for bytes that bring `m` to an accepting state; `path` holds the bytes of the
-/// current branch. `m` is restored on return.
-fn search_closing(vocab: &Vocab, m: &mut Matcher, path: &mut Vec<u8>, steps: &mut usize) -> Result<bool, GrammarError> {
+/// How [`search_closing`] searches.
+struct Search {
+    /// Bytes tried, in this order.
+    order: &'static [u8],
+    /// The most bytes tried from one state (those it allows, in order).
+    branches: usize,
+    /// Take the engine's forced bytes alone where there are some.
+    forced: bool,
+    /// The most bytes tried in all.
+    budget: usize,
+}
+
+/// Searches for bytes that bring `m` to an accepting state, appending them to `path` (restored,
+/// with `m`, when nothing is found). `max_depth` bounds the bytes; `steps` counts bytes tried.
+fn search_closing(
+    vocab: &Vocab,
+    m: &mut Matcher,
+    path: &mut Vec<u8>,
+    steps: &mut usize,
+    how: &Search,
+    max_depth: usize,
+) -> Result<bool, GrammarError> {
     if m.is_accepting().map_err(runtime)? {
         return Ok(true);
     }
-    if path.len() >= CLOSING_MAX_BYTES || *steps >= CLOSING_MAX_STEPS || m.is_stopped() {
+    if max_depth == 0 || *steps >= how.budget || m.is_stopped() {
         return Ok(false);
     }
-    // Forced bytes are the only way on: take them all at once.
-    let forced = m.compute_ff_bytes();
-    let mut order: Vec<u8> = Vec::with_capacity(CLOSING_ORDER.len() + 1);
-    if let Some(&b) = forced.first() {
-        order.push(b);
-    } else {
-        order.extend_from_slice(CLOSING_ORDER);
-    }
-    for b in order {
+    let ff = if how.forced { m.compute_ff_bytes() } else { Vec::new() };
+    let order: &[u8] = match ff.first() {
+        Some(b) => core::slice::from_ref(b),
+        None => how.order,
+    };
+    let mut branches = 0;
+    for &b in order {
         let Some(t) = vocab.byte_token[b as usize] else { continue };
         *steps += 1;
-        if *steps >= CLOSING_MAX_STEPS {
+        if *steps >= how.budget || branches >= how.branches {
             return Ok(false);
         }
         if m.try_consume_tokens(&[t]).map_err(runtime)? != 1 {
             continue;
         }
+        branches += 1;
         path.push(b);
-        let found = search_closing(vocab, m, path, steps)?;
+        let found = search_closing(vocab, m, path, steps, how, max_depth - 1)?;
+        m.rollback(1).map_err(runtime)?;
         if found {
-            m.rollback(1).map_err(runtime)?;
             return Ok(true);
         }
         path.pop();
-        m.rollback(1).map_err(runtime)?;
     }
     Ok(false)
 }

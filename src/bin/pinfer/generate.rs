@@ -520,7 +520,9 @@ pub fn generate(args: GenArgs) -> Result<(), CliError> {
             errln!("pinfer: context full ({} tokens): stopped; raise it with -c", session.n_ctx())
         }
         Stop::Cancelled => errln!("pinfer: interrupted"),
-        Stop::GrammarDeadEnd => errln!("pinfer: stopped: no token of this model can continue the grammar here"),
+        Stop::GrammarDeadEnd => {
+            errln!("pinfer: stopped: no token of this model can continue the grammar here")
+        }
         Stop::EndOfGeneration | Stop::Limit | Stop::StopString => {}
     }
     // The first generated token comes from the prompt's logits, like llama.cpp's count of eval runs.

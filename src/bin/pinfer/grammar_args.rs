@@ -21,7 +21,13 @@ pub struct GrammarArgs {
     #[arg(long = "grammar-file", value_name = "FILE", group = "constraint")]
     pub grammar_file: Option<PathBuf>,
     /// Constrain the output to JSON matching this JSON Schema (`{}`: any JSON value).
-    #[arg(short = 'j', long = "json-schema", value_name = "SCHEMA", group = "constraint", allow_hyphen_values = true)]
+    #[arg(
+        short = 'j',
+        long = "json-schema",
+        value_name = "SCHEMA",
+        group = "constraint",
+        allow_hyphen_values = true
+    )]
     pub json_schema: Option<String>,
     /// Constrain the output to JSON matching the JSON Schema in FILE.
     #[arg(long = "json-schema-file", value_name = "FILE", group = "constraint")]

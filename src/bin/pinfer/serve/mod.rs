@@ -291,7 +291,7 @@ pub fn submit(shared: &Arc<Shared>, prompt: Vec<u32>, params: GenParams) -> Resu
     state
         .ready
         .jobs
-        .try_send(EngineRequest::Generate(Job { prompt, params, constraint, events: tx }))
+        .try_send(EngineRequest::Generate(Box::new(Job { prompt, params, constraint, events: tx })))
         .map_err(|_| ApiError::unavailable("the server is busy: the queue is full"))?;
     Ok(submitted)
 }

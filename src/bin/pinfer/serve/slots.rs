@@ -60,7 +60,7 @@ pub struct Job {
 
 /// What the engine thread is asked to do.
 pub enum Request {
-    Generate(Job),
+    Generate(Box<Job>),
     /// Save, restore or erase an idle slot's cache; the reply is what was done or an error
     /// message (a 400). The file is written or read by the handler, off this thread: a slow disk
     /// never stalls the other slots' streams.
@@ -255,7 +255,7 @@ impl Engine {
 
     fn take(&mut self, r: Request) {
         match r {
-            Request::Generate(job) => self.queue.push_back(job),
+            Request::Generate(job) => self.queue.push_back(*job),
             Request::Slot { slot, action, reply } => {
                 let _ = reply.send(self.slot_action(slot, action));
             }
