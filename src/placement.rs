@@ -19,7 +19,7 @@ use core::fmt;
 
 use crate::gguf::TensorInfo;
 use crate::graph::{Graph, Op};
-use crate::kernels::packed::{can_pack, packed_bytes, PackedFormat};
+use crate::kernels::packed::{can_pack, packed_bytes, PackedFormat, GROUP_ROWS};
 use crate::quant::GgmlType;
 use crate::tensor::Storage;
 
@@ -113,7 +113,7 @@ impl fmt::Display for Reason {
             Self::Experts => write!(f, "expert matrices, one slab per expert, read in place by mul_mat_id"),
             Self::NoLayout(ty) => write!(f, "mul_mat weight: {ty} has no packed layout"),
             Self::Shape { rows, k } => {
-                write!(f, "mul_mat weight: {rows} x {k} does not pack (rows % 4, k % 32 needed)")
+                write!(f, "mul_mat weight: {rows} x {k} does not pack (k % 32 needed; experts' rows % 4)")
             }
             Self::RepackOff => write!(f, "mul_mat weight: repacking is off"),
             Self::ReadInPlace => write!(f, "read whole by an element-wise op"),
@@ -244,7 +244,8 @@ pub fn place(t: &TensorInfo<'_>, u: Use, repack: bool) -> Placement {
         return mapped(Reason::ReadInPlace);
     }
     let Some(format) = PackedFormat::for_type(t.ty) else { return mapped(Reason::NoLayout(t.ty)) };
-    if !can_pack(t.ty, rows, k) {
+    // (An expert's rows must fill whole groups: each expert is a slab of groups.)
+    if !can_pack(t.ty, rows, k) || (experts != 1 && rows % GROUP_ROWS != 0) {
         return mapped(Reason::Shape { rows, k });
     }
     let (qn, sn) = packed_bytes(format, rows * experts, k);

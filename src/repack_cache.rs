@@ -502,7 +502,7 @@ fn pack_planes(
 ) -> Option<Vec<u8>> {
     let (k, rows) = matrix_shape(t)?;
     let (scales_at, extent) = planes_extent(format, rows, k);
-    if extent != size || rows % GROUP_ROWS != 0 {
+    if extent != size {
         return None;
     }
     let row_bytes = t.ty.bytes_for(k as u64)? as usize;
@@ -512,7 +512,7 @@ fn pack_planes(
     let mut out = std::vec![0u8; size];
     let (quants, scales) = out.split_at_mut(scales_at);
     let (qn, _) = packed_bytes(format, rows, k);
-    let groups = rows / GROUP_ROWS;
+    let groups = rows.div_ceil(GROUP_ROWS);
     let chunk_rows = groups.div_ceil(threads.clamp(1, 64)).max(1) * GROUP_ROWS;
     let (qc, sc) = packed_bytes(format, chunk_rows, k);
     let ok = std::thread::scope(|s| {

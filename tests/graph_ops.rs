@@ -1350,6 +1350,35 @@ fn mul_mat_id_selects_experts_per_token() {
 /// kernel tile holds, 1 and 3 threads, within the matmul tolerance of the exact products. The
 /// harness overwrites the original expert bytes after repacking, so only the packed slabs can
 /// have produced these results.
+/// Repacked weights whose rows do not fill the last group of 4 (Granite's 49155-token output):
+/// the last group repeats the last row, only the real rows reach the output, on 1 and 3 threads
+/// (the partial group on the last thread's share) and for tokens past one kernel tile.
+#[test]
+fn mul_mat_on_repacked_weights_with_a_partial_last_group_matches_the_reference() {
+    let types =
+        [(GgmlType::Q4_0, 64usize), (GgmlType::Q8_0, 32), (GgmlType::Q4_K, 256), (GgmlType::Q6_K, 256)];
+    for (ty, k) in types {
+        for (m, tokens) in [(1usize, 1usize), (5, 3), (7, 1), (50, 9), (6, 20)] {
+            let mut rng = Rng(7 + ty.id() as u64 + m as u64);
+            let mut s = Setup::default();
+            let wne = [k, m, 1, 1];
+            let data = rng.vec(numel(wne));
+            let (w, wv) = typed_leaf(&mut s, &mut rng, "w", ty, wne, &data);
+            let x = exact_acts(&mut rng, tokens, k);
+            let xne = [k, tokens, 1, 1];
+            let tx = leaf(&mut s, "x", xne, &x);
+            let y = s.g.mul_mat(w, tx).unwrap();
+            let opts = |threads, repack| RunOpts { threads, packed: true, repack, ..Default::default() };
+            let (one, _) = engine::run(&mut s, &[y], &STEP0, opts(1, true));
+            let (three, _) = engine::run(&mut s, &[y], &STEP0, opts(3, true));
+            assert!(one[0].iter().zip(&three[0]).all(|(a, b)| a.to_bits() == b.to_bits()), "{ty} {m} rows");
+            let (want, scale) = ref_mul_mat(&wv, wne, &x, xne);
+            let tol = if ty.block_len() == 32 { MATMUL_TOL } else { 4e-3 };
+            check_scaled(&format!("repacked mul_mat {ty} {m} rows x {tokens}"), &one[0], &want, &scale, tol);
+        }
+    }
+}
+
 #[test]
 fn mul_mat_id_on_repacked_experts_matches_the_reference() {
     let (m, n_exp, tokens, n_used) = (12usize, 5usize, 37usize, 3usize);

@@ -1053,7 +1053,7 @@ fn pack_in_chunks(
     done: &dyn Fn(core::ops::Range<usize>),
 ) -> bool {
     let row_bytes = src.len() / e.rows.max(1);
-    if row_bytes == 0 || row_bytes * e.rows != src.len() || e.rows % GROUP_ROWS != 0 {
+    if row_bytes == 0 || row_bytes * e.rows != src.len() {
         return false;
     }
     let chunk = (REPACK_CHUNK_BYTES / row_bytes / GROUP_ROWS).max(1) * GROUP_ROWS;

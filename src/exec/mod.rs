@@ -1915,7 +1915,12 @@ impl<'a, const N: usize> Bound<'a, N> {
             return;
         }
         let path = self.path;
-        let rows = GROUP_ROWS * groups.start..GROUP_ROWS * groups.end;
+        // A last group the rows do not fill (see `packed`) writes into `spare` first: only its
+        // real rows reach the output.
+        let full = groups.start..groups.end.min(w.rows / GROUP_ROWS).max(groups.start);
+        let partial = full.end..groups.end;
+        let rows = GROUP_ROWS * full.start..GROUP_ROWS * full.end;
+        let tail_rows = w.rows % GROUP_ROWS;
         for i3 in 0..ne_x[3] {
             for i2 in 0..ne_x[2] {
                 let mut n = 0;
@@ -1935,7 +1940,29 @@ impl<'a, const N: usize> Bound<'a, N> {
                             self.write::<f32>(id, t.row_offset(n + j, i2, i3) + rows.start * 4, rows.len())
                         };
                     }
-                    kernels::packed_matmul(path, w, groups.clone(), &acts[..tile], &mut outs[..tile]);
+                    if !full.is_empty() {
+                        kernels::packed_matmul(path, w, full.clone(), &acts[..tile], &mut outs[..tile]);
+                    }
+                    if !partial.is_empty() {
+                        let mut spare = [[0f32; GROUP_ROWS]; PACKED_TOKENS];
+                        let mut spare_outs: [&mut [f32]; PACKED_TOKENS] =
+                            core::array::from_fn(|_| Default::default());
+                        for (o, s) in spare_outs.iter_mut().zip(spare.iter_mut()) {
+                            *o = s;
+                        }
+                        kernels::packed_matmul(
+                            path,
+                            w,
+                            partial.clone(),
+                            &acts[..tile],
+                            &mut spare_outs[..tile],
+                        );
+                        for (j, s) in spare_outs[..tile].iter().enumerate() {
+                            let at = t.row_offset(n + j, i2, i3) + GROUP_ROWS * partial.start * 4;
+                            // SAFETY: the real rows of the last group, owned by this thread.
+                            unsafe { self.write::<f32>(id, at, tail_rows) }.copy_from_slice(&s[..tail_rows]);
+                        }
+                    }
                     n += tile;
                 }
             }

@@ -2,8 +2,10 @@
 //! format those kernels read, and the portable reference matmul every SIMD twin is tested against.
 //!
 //! # Layout (version [`LAYOUT_VERSION`])
-//! A weight matrix of `rows` x `k` (rows a multiple of [`GROUP_ROWS`], `k` of [`BLOCK`]) becomes
-//! `rows / 4` groups of 4 consecutive rows, each cut into `k / 32` blocks of 32 elements. Two planes:
+//! A weight matrix of `rows` x `k` (`k` a multiple of [`BLOCK`]) becomes `ceil(rows / 4)` groups of
+//! 4 consecutive rows, each cut into `k / 32` blocks of 32 elements; when `rows` is not a multiple
+//! of 4 (Granite's 49155-token vocabulary), the last group repeats the last row, and its extra
+//! outputs are dropped. Two planes:
 //! - **quants**: group `g`, block `b` at `(g * nb + b) * format.quant_bytes()`. Inside a block the 4
 //!   rows are interleaved in 4-byte chunks, so one 16-byte vector holds 4 consecutive elements of
 //!   each row and lane `r` of an `sdot` by element is row `r`:
@@ -75,7 +77,7 @@ use super::reference::{f16_at, value};
 pub use super::reference::{f16_round, matmul_ref, quantize_act_ref};
 
 /// Bumped whenever the byte layout above changes (repacked-weight caches record it).
-pub const LAYOUT_VERSION: u32 = 3;
+pub const LAYOUT_VERSION: u32 = 4;
 /// Rows per interleaved group.
 pub const GROUP_ROWS: usize = 4;
 /// Elements per block (one scale per row and block).
@@ -225,7 +227,6 @@ pub const Q4K_SCALE_BYTES: usize = 2 * GROUP_ROWS * 2 + 2 * GROUP_ROWS * SUPER_B
 pub fn can_pack(ty: GgmlType, rows: usize, k: usize) -> bool {
     PackedFormat::for_type(ty).is_some_and(|f| k % (f.blocks_per_unit() * BLOCK) == 0)
         && rows > 0
-        && rows % GROUP_ROWS == 0
         && k > 0
         && k % ty.block_len() == 0
         && k % BLOCK == 0
@@ -233,7 +234,7 @@ pub fn can_pack(ty: GgmlType, rows: usize, k: usize) -> bool {
 
 /// Bytes of the (quant plane, scale plane) of a packed `rows` x `k` matrix.
 pub fn packed_bytes(format: PackedFormat, rows: usize, k: usize) -> (usize, usize) {
-    let units = rows / GROUP_ROWS * (k / BLOCK);
+    let units = rows.div_ceil(GROUP_ROWS) * (k / BLOCK);
     (units * format.quant_bytes(), units * format.scale_bytes())
 }
 
@@ -251,7 +252,7 @@ pub enum PackError {
 pub struct PackedMatrix<'a> {
     /// Layout of the planes.
     pub format: PackedFormat,
-    /// Rows (a multiple of [`GROUP_ROWS`]).
+    /// Rows (the last group repeats the last row when this is not a multiple of [`GROUP_ROWS`]).
     pub rows: usize,
     /// Elements per row (a multiple of [`BLOCK`]).
     pub k: usize,
@@ -269,7 +270,7 @@ impl<'a> PackedMatrix<'a> {
 
     /// Number of row groups.
     pub fn groups(&self) -> usize {
-        self.rows / GROUP_ROWS
+        self.rows.div_ceil(GROUP_ROWS)
     }
 
     /// Quant bytes of group `g`, all blocks.
@@ -299,8 +300,7 @@ impl<'a> PackedMatrix<'a> {
 
     /// Checks that the planes have the sizes the shape needs.
     pub fn is_consistent(&self) -> bool {
-        self.rows % GROUP_ROWS == 0
-            && self.k % (BLOCK * self.format.blocks_per_unit()) == 0
+        self.k % (BLOCK * self.format.blocks_per_unit()) == 0
             && packed_bytes(self.format, self.rows, self.k) == (self.quants.len(), self.scales.len())
     }
 }
@@ -341,19 +341,25 @@ pub fn pack(
     }
     let nb = k / BLOCK;
     let (qb, sb) = (format.quant_bytes(), format.scale_bytes());
-    for g in 0..rows / GROUP_ROWS {
+    for g in 0..rows.div_ceil(GROUP_ROWS) {
         for b in 0..nb {
             let unit = g * nb + b;
             let qdst = &mut quants[unit * qb..(unit + 1) * qb];
             let sdst = &mut scales[unit * sb..(unit + 1) * sb];
             for r in 0..GROUP_ROWS {
-                let row = &src[(g * GROUP_ROWS + r) * row_bytes..][..row_bytes];
+                let row = &src[source_row(g, r, rows) * row_bytes..][..row_bytes];
                 let rb = row_block(ty, row, b).ok_or(PackError::Unsupported)?;
                 place(format, &rb, r, qdst, sdst);
             }
         }
     }
     Ok(format)
+}
+
+/// The source row of row `r` of group `g` in a matrix of `rows`: a last group that the rows do not
+/// fill repeats the last row (its outputs are computed and dropped, never read).
+fn source_row(g: usize, r: usize, rows: usize) -> usize {
+    (g * GROUP_ROWS + r).min(rows - 1)
 }
 
 /// [`pack`] for Q6_K: the file's 6-bit values and scales, re-laid for the kernels (see the module
@@ -367,12 +373,12 @@ fn pack_q6k(
     scales: &mut [u8],
 ) -> Result<(), PackError> {
     let (nb, qb) = (k / BLOCK, PackedFormat::Q6K.quant_bytes());
-    for g in 0..rows / GROUP_ROWS {
+    for g in 0..rows.div_ceil(GROUP_ROWS) {
         for sup in 0..nb / SUPER_BLOCKS {
             let unit = g * (nb / SUPER_BLOCKS) + sup;
             let sdst = &mut scales[unit * SUPER_SCALE_BYTES..(unit + 1) * SUPER_SCALE_BYTES];
             for r in 0..GROUP_ROWS {
-                let row = &src[(g * GROUP_ROWS + r) * row_bytes..][..row_bytes];
+                let row = &src[source_row(g, r, rows) * row_bytes..][..row_bytes];
                 let blk: BlockQ6_K = one(row, sup).ok_or(PackError::Unsupported)?;
                 sdst[2 * r..2 * r + 2].copy_from_slice(&blk.d.0);
                 for p in 0..SUPER_BLOCKS {
@@ -413,12 +419,12 @@ fn pack_kscales(
     scales: &mut [u8],
 ) -> Result<(), PackError> {
     let (nb, qb) = (k / BLOCK, format.quant_bytes());
-    for g in 0..rows / GROUP_ROWS {
+    for g in 0..rows.div_ceil(GROUP_ROWS) {
         for sup in 0..nb / SUPER_BLOCKS {
             let unit = g * (nb / SUPER_BLOCKS) + sup;
             let sdst = &mut scales[unit * Q4K_SCALE_BYTES..(unit + 1) * Q4K_SCALE_BYTES];
             for r in 0..GROUP_ROWS {
-                let row = &src[(g * GROUP_ROWS + r) * row_bytes..][..row_bytes];
+                let row = &src[source_row(g, r, rows) * row_bytes..][..row_bytes];
                 // The K-quant fields both types share (Q5_K adds `qh`).
                 let (d, dmin, kscales, qs, qh) = if format == PackedFormat::Q5K {
                     let blk: BlockQ5_K = one(row, sup).ok_or(PackError::Unsupported)?;

@@ -194,7 +194,11 @@ pub fn repack_inputs(g: &Graph<CAP>, inputs: &[u8]) -> (Vec<u8>, Vec<PackedEntry
         let Storage::External { buffer: 0, offset } = tw.storage else { continue };
         let Some(format) = PackedFormat::for_type(tw.ty) else { continue };
         let (k, m, n) = (tw.ne[0], tw.ne[1], tw.ne[2] * tw.ne[3]);
-        if !can_pack(tw.ty, m, k) || entries.iter().any(|e| e.source_offset == offset) {
+        // (As the placement: experts' rows fill whole groups.)
+        if !can_pack(tw.ty, m, k)
+            || (n > 1 && m % 4 != 0)
+            || entries.iter().any(|e| e.source_offset == offset)
+        {
             continue;
         }
         let rows = m * n;
