@@ -9,8 +9,10 @@ runs this; by hand:
 Greedy (temperature 0) everywhere, so streamed and whole answers must be the same text.
 Exit status 0 and "serve_clients: ok" when every check passed.
 """
+import json
 import sys
 
+import jsonschema
 import ollama
 import openai
 
@@ -92,9 +94,78 @@ def ollama_checks(openai_text):
     check(len(client.ps().models) == 1, "ps")
 
 
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
+                                          "tags": {"type": "array", "items": {"type": "string"}}},
+          "required": ["name", "age", "tags"]}
+TOOLS = [{"type": "function", "function": {
+    "name": "set_light", "description": "Switch a light on or off",
+    "parameters": {"type": "object", "properties": {"room": {"type": "string"}, "on": {"type": "boolean"}},
+                   "required": ["room", "on"]}}}]
+ASK = [{"role": "user", "content": "Describe a dragon as JSON with a very long list of tags."}]
+LIGHT = [{"role": "user", "content": "Turn on the kitchen light."}]
+
+
+def structured_checks():
+    """JSON schemas and tool calls through both clients: every output valid, even when the token
+    limit is far below what the model would write."""
+    client = openai.OpenAI(base_url=f"{URL}/v1", api_key="unused", max_retries=0)
+    model = client.models.list().data[0].id
+    fmt = {"type": "json_schema", "json_schema": {"name": "dragon", "schema": SCHEMA}}
+    for temperature, limit in [(0, 40), (1.0, 40), (0, 200)]:
+        r = client.chat.completions.create(model=model, messages=ASK, temperature=temperature, max_tokens=limit,
+                                           response_format=fmt, seed=5)
+        text = r.choices[0].message.content
+        jsonschema.validate(json.loads(text), SCHEMA)
+    obj = client.chat.completions.create(model=model, messages=ASK, temperature=0, max_tokens=30,
+                                         response_format={"type": "json_object"})
+    check(isinstance(json.loads(obj.choices[0].message.content), dict), f"json_object: {obj}")
+    try:
+        client.chat.completions.create(model=model, messages=ASK, max_tokens=4, response_format={
+            "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "strin"}}})
+        check(False, "an invalid schema was accepted")
+    except openai.BadRequestError as e:
+        check(e.status_code == 400 and "strin" in str(e), f"bad schema: {e}")
+
+    for choice in ["required", {"type": "function", "function": {"name": "set_light"}}]:
+        r = client.chat.completions.create(model=model, messages=LIGHT, tools=TOOLS, tool_choice=choice,
+                                           temperature=0, max_tokens=60, parallel_tool_calls=False)
+        c = r.choices[0]
+        check(c.finish_reason == "tool_calls" and len(c.message.tool_calls) == 1, f"tool call: {r}")
+        call = c.message.tool_calls[0]
+        check(call.type == "function" and call.function.name == "set_light" and call.id, f"call: {call}")
+        jsonschema.validate(json.loads(call.function.arguments), TOOLS[0]["function"]["parameters"])
+    stream = client.chat.completions.create(model=model, messages=LIGHT, tools=TOOLS, tool_choice="required",
+                                            temperature=0, max_tokens=60, stream=True)
+    calls, finish = [], None
+    for chunk in stream:
+        for ch in chunk.choices:
+            calls += ch.delta.tool_calls or []
+            finish = ch.finish_reason or finish
+    check(finish == "tool_calls" and calls and calls[0].function.name == "set_light", f"streamed call: {calls}")
+    # A conversation that carries a call and its result.
+    follow = client.chat.completions.create(model=model, temperature=0, max_tokens=8, tools=TOOLS, messages=LIGHT + [
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {
+            "name": "set_light", "arguments": "{\"room\": \"kitchen\", \"on\": true}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "done"}])
+    check(follow.choices[0].message is not None, f"follow-up: {follow}")
+
+    o = ollama.Client(host=URL)
+    r = o.chat(model=model, messages=ASK, format=SCHEMA, options={"temperature": 0, "num_predict": 40})
+    jsonschema.validate(json.loads(r.message.content), SCHEMA)
+    r = o.chat(model=model, messages=ASK, format="json", options={"temperature": 0, "num_predict": 30})
+    check(isinstance(json.loads(r.message.content), dict), f"ollama json: {r.message.content!r}")
+    r = o.generate(model=model, prompt="A dragon as JSON:", format=SCHEMA, options={"temperature": 0, "num_predict": 40})
+    jsonschema.validate(json.loads(r.response), SCHEMA)
+    # Ollama's tools: the calls' arguments as objects.
+    r = o.chat(model=model, messages=LIGHT, tools=TOOLS, options={"temperature": 0, "num_predict": 60})
+    for call in r.message.tool_calls or []:
+        check(call.function.name == "set_light" and isinstance(call.function.arguments, dict), f"ollama call: {call}")
+
+
 def main():
     text = openai_checks()
     ollama_checks(text)
+    structured_checks()
     print("serve_clients: ok")
 
 

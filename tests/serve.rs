@@ -393,6 +393,35 @@ fn bad_requests_get_clear_errors_and_never_hurt_the_server() {
     let e =
         error_of(&server.post("/completion", &json!({ "prompt": long })), 400, "exceed_context_size_error");
     assert!(e["n_prompt_tokens"].as_u64().unwrap() > 128 && e["n_ctx"] == json!(128), "{e}");
+    // Grammars and schemas that cannot be used, and constraints given twice: 400s naming why.
+    let bad = [
+        (json!({ "prompt": "x", "grammar": "root ::= \"a\" b" }), "line 1, column 14"),
+        (json!({ "prompt": "x", "json_schema": { "type": "strin" } }), "strin"),
+        (json!({ "prompt": "x", "grammar": "root ::= \"a\"", "json_schema": {} }), "one constraint"),
+        (json!({ "prompt": "x", "grammar": "root ::= ((\"a\"{2000}){2000}){2000}" }), "expands"),
+    ];
+    for (body, needle) in bad {
+        let e = error_of(&server.post("/completion", &body), 400, "invalid_request_error");
+        assert!(e["message"].as_str().unwrap().contains(needle), "{body}: {e}");
+    }
+    let e = error_of(
+        &server.post(
+            "/v1/chat/completions",
+            &json!({ "messages": [{"role": "user", "content": "x"}],
+            "response_format": { "type": "xml" } }),
+        ),
+        400,
+        "invalid_request_error",
+    );
+    assert!(e["message"].as_str().unwrap().contains("response_format.type"), "{e}");
+    let e = error_of(
+        &server.post("/v1/chat/completions", &json!({ "messages": [{"role": "user", "content": "x"}],
+            "tools": [{ "type": "function", "function": { "name": "f" } }], "tool_choice": { "type": "function",
+            "function": { "name": "g" } } })),
+        400,
+        "invalid_request_error",
+    );
+    assert!(e["message"].as_str().unwrap().contains("\"g\""), "{e}");
     error_of(&server.request("GET", "/no/such/path", None, &[]), 404, "not_found_error");
     let big = format!("{{\"prompt\": \"{}\"}}", "a".repeat(70_000));
     error_of(&server.request("POST", "/completion", Some(big.as_bytes()), &[]), 413, "invalid_request_error");

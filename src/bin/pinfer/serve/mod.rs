@@ -10,6 +10,7 @@ mod api;
 mod ollama;
 mod openai;
 mod slots;
+mod tools;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -29,6 +30,7 @@ use pinfer::chat::{ChatTemplate, Message, Role};
 use pinfer::grammar::{Constraint, GrammarSpec, Vocab};
 use pinfer::tokenizer::Tokenizer;
 use serde_json::{json, Map, Value};
+use tools::ToolFormat;
 
 use crate::generate::GenArgs;
 use crate::CliError;
@@ -194,7 +196,7 @@ pub fn rfc3339_now() -> String {
 
 /// The chat messages of a request (`messages`: role and content, the content a string or a list
 /// of text parts), checked.
-pub fn messages(body: &Map<String, Value>) -> Result<Vec<(Role, String)>, ApiError> {
+pub fn messages(body: &Map<String, Value>, format: ToolFormat) -> Result<Vec<(Role, String)>, ApiError> {
     let list =
         Fields::new(body).array("messages")?.ok_or_else(|| ApiError::invalid("'messages' is required"))?;
     let mut out = Vec::with_capacity(list.len());
@@ -206,11 +208,11 @@ pub fn messages(body: &Map<String, Value>) -> Result<Vec<(Role, String)>, ApiErr
             Some("system" | "developer") => Role::System,
             Some("user") => Role::User,
             Some("assistant") => Role::Assistant,
-            Some(other) => {
-                return Err(ApiError::invalid(format!(
-                    "'messages[{i}].role' {other:?} is not supported (system, developer, user, assistant)"
-                )))
-            }
+            // A tool's result: a user turn in the model's tool format.
+            Some("tool") => Role::User,
+            Some(other) => return Err(ApiError::invalid(format!(
+                "'messages[{i}].role' {other:?} is not supported (system, developer, user, assistant, tool)"
+            ))),
             None => return Err(ApiError::invalid(format!("'messages[{i}].role' must be a string"))),
         };
         let content = match m.get("content") {
@@ -235,6 +237,22 @@ pub fn messages(body: &Map<String, Value>) -> Result<Vec<(Role, String)>, ApiErr
                     "'messages[{i}].content' must be a string or a list of parts"
                 )))
             }
+        };
+        let content = match (m.get("role").and_then(Value::as_str), m.get("tool_calls")) {
+            (Some("tool"), _) => {
+                let name = m.get("name").or_else(|| m.get("tool_name")).and_then(Value::as_str);
+                tools::render_result(format, &content, name)
+            }
+            (Some("assistant"), Some(Value::Array(calls))) if !calls.is_empty() => {
+                let calls = tools::render_calls(format, calls)
+                    .map_err(|e| ApiError::invalid(format!("'messages[{i}]': {}", e.message)))?;
+                if content.is_empty() {
+                    calls
+                } else {
+                    format!("{content}\n{calls}")
+                }
+            }
+            _ => content,
         };
         out.push((role, content));
     }
@@ -373,6 +391,15 @@ pub fn stream_events(
 }
 
 /// A streamed response body from a stream of text chunks (SSE or NDJSON).
+/// A streamed response whose chunks are all known already (a reply sent whole once complete).
+pub fn stream_of(content_type: &'static str, chunks: Vec<String>) -> Response {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    for c in chunks {
+        let _ = tx.send(c);
+    }
+    streaming(content_type, rx)
+}
+
 fn streaming(content_type: &'static str, rx: tokio::sync::mpsc::UnboundedReceiver<String>) -> Response {
     let stream = futures_util::stream::unfold(rx, |mut rx| async move {
         rx.recv().await.map(|chunk| (Ok::<_, std::convert::Infallible>(chunk), rx))
@@ -748,7 +775,7 @@ async fn detokenize(AxState(shared): AxState<AppState>, body: Body) -> Result<Re
 async fn apply_template(AxState(shared): AxState<AppState>, body: Body) -> Result<Response, ApiError> {
     let state = shared.state()?;
     let body = read_json(&state, body).await?;
-    let prompt = render_chat(&state, &messages(&body)?)?;
+    let prompt = render_chat(&state, &messages(&body, ToolFormat::of(state.ready.template))?)?;
     Ok(json_response(&json!({ "prompt": prompt })))
 }
 

@@ -10,6 +10,7 @@ use serde_json::{json, Value};
 
 use super::api::{gen_params, json_response, read_json, ApiError, Dialect, Fields};
 use super::slots::{Event, Summary};
+use super::tools::{self, ToolFormat};
 use super::{
     collect, encode, finish_reason, messages, render_chat, rfc3339_now, stream_events, submit, AppState,
     Shared,
@@ -65,9 +66,6 @@ pub async fn show(AxState(shared): AxState<AppState>, body: Body) -> Response {
 async fn chat_inner(shared: AppState, body: Body) -> Result<Response, ApiError> {
     let state = shared.state()?;
     let body = read_json(&state, body).await?;
-    if body.get("tools").is_some_and(|v| v.as_array().is_some_and(|a| !a.is_empty())) {
-        return Err(ApiError::invalid("'tools': tool calls are not supported yet"));
-    }
     if Fields::new(&body).array("messages")?.is_none_or(Vec::is_empty) {
         // No messages only loads the model (Ollama's answer, which clients use to warm it up).
         return Ok(json_response(&json!({
@@ -75,12 +73,45 @@ async fn chat_inner(shared: AppState, body: Body) -> Result<Response, ApiError> 
             "message": { "role": "assistant", "content": "" }, "done": true, "done_reason": "load",
         })));
     }
-    let params = gen_params(&state, &body, Dialect::Ollama)?;
+    let mut params = gen_params(&state, &body, Dialect::Ollama)?;
     let stream = Fields::new(&body).bool("stream")?.unwrap_or(true);
-    let prompt = render_chat(&state, &messages(&body)?)?;
+    let format = ToolFormat::of(state.ready.template);
+    let mut turns = messages(&body, format)?;
+    let tools = tools::parse_request(&body, format)?;
+    if let Some(t) = &tools {
+        tools::add_to_messages(t, &mut turns);
+        if let Some(g) = tools::grammar(t) {
+            if params.grammar.is_some() {
+                return Err(ApiError::invalid("give 'format' or a required tool call, not both"));
+            }
+            params.grammar = Some(g);
+        }
+    }
+    let prompt = render_chat(&state, &turns)?;
     let sub = submit(&shared, encode(&state, &prompt, true), params)?;
     let model = shared.model_name.clone();
     let message = |content: &str| json!({ "role": "assistant", "content": content });
+    if let Some(t) = tools {
+        // Tool calls are known once the reply is complete: it is sent whole (one line when
+        // streaming, as Ollama does for a tool call).
+        let c = collect(sub).await?;
+        let (text, calls) = tools::parse_reply(&t, &c.text);
+        let mut m = message(&text);
+        if !calls.is_empty() {
+            m["tool_calls"] = calls
+                .iter()
+                .map(|c| json!({ "function": { "name": c.name, "arguments": c.arguments } }))
+                .collect();
+        }
+        let mut v = json!({ "model": model, "created_at": rfc3339_now(), "message": m });
+        done_fields(&mut v, &c.summary);
+        if !stream {
+            return Ok(json_response(&v));
+        }
+        let first = json!({ "model": model, "created_at": rfc3339_now(), "message": v["message"].clone(), "done": false });
+        v["message"] = message("");
+        return Ok(super::stream_of("application/x-ndjson", vec![format!("{first}\n"), format!("{v}\n")]));
+    }
     if !stream {
         let c = collect(sub).await?;
         let mut v = json!({ "model": model, "created_at": rfc3339_now(), "message": message(&c.text) });

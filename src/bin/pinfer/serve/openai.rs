@@ -11,6 +11,7 @@ use serde_json::{json, Map, Value};
 
 use super::api::{gen_params, json_response, read_json, ApiError, Dialect, Fields};
 use super::slots::{Event, Summary, TokenProbs};
+use super::tools::{self, ToolFormat};
 use super::{
     collect, encode, finish_reason, messages, render_chat, stream_events, submit, unix_now, AppState, State,
     Submitted,
@@ -181,20 +182,99 @@ fn common(state: &State<'_>, body: &Map<String, Value>) -> Result<Common, ApiErr
     Ok(Common { params, want_logprobs, top, stream: f.bool("stream")?.unwrap_or(false), include_usage })
 }
 
+/// A chat completion whose request has tools: the reply is parsed for calls once complete, then
+/// sent whole (as one chunk and the last when streaming), calls as `message.tool_calls` with
+/// their arguments as a JSON string and `finish_reason` "tool_calls".
+async fn tool_reply(
+    sub: super::Submitted,
+    t: &tools::Tools,
+    id: String,
+    created: u64,
+    model: String,
+    stream: bool,
+    include_usage: bool,
+) -> Result<Response, ApiError> {
+    let n_prompt = sub.n_prompt;
+    let c = collect(sub).await?;
+    let (text, calls) = tools::parse_reply(t, &c.text);
+    let calls: Vec<Value> = calls
+        .iter()
+        .enumerate()
+        .map(|(i, call)| {
+            json!({ "index": i, "id": format!("call_{}_{i}", &id[id.len().saturating_sub(12)..]), "type": "function",
+                    "function": { "name": call.name, "arguments": call.arguments.to_string() } })
+        })
+        .collect();
+    let reason = if calls.is_empty() { finish_reason(c.summary.stop) } else { "tool_calls" };
+    let content = if text.is_empty() && !calls.is_empty() { Value::Null } else { json!(text) };
+    let head = |choices: Value, object: &str| {
+        json!({ "id": id, "object": object, "created": created, "model": model,
+                "system_fingerprint": format!("pinfer-{}", pinfer::VERSION), "choices": choices })
+    };
+    if !stream {
+        let mut message = json!({ "role": "assistant", "content": content });
+        if !calls.is_empty() {
+            // (The non-streaming form carries no index.)
+            message["tool_calls"] = calls
+                .iter()
+                .map(|c| {
+                    let mut c = c.clone();
+                    c.as_object_mut().map(|o| o.remove("index"));
+                    c
+                })
+                .collect();
+        }
+        let mut v = head(
+            json!([{ "index": 0, "message": message, "logprobs": null, "finish_reason": reason }]),
+            "chat.completion",
+        );
+        v["usage"] = usage(n_prompt, c.summary.n_generated);
+        v["timings"] = timings(&c.summary);
+        return Ok(json_response(&v));
+    }
+    let mut delta = json!({ "role": "assistant", "content": content });
+    if !calls.is_empty() {
+        delta["tool_calls"] = json!(calls);
+    }
+    let chunk = "chat.completion.chunk";
+    let mut out =
+        vec![head(json!([{ "index": 0, "delta": delta, "logprobs": null, "finish_reason": null }]), chunk)];
+    let mut end =
+        head(json!([{ "index": 0, "delta": {}, "logprobs": null, "finish_reason": reason }]), chunk);
+    end["timings"] = timings(&c.summary);
+    out.extend(closing(end, head(json!([]), chunk), &c.summary, include_usage));
+    let mut body: Vec<String> = out.iter().map(sse).collect();
+    body.push("data: [DONE]\n\n".into());
+    Ok(super::stream_of("text/event-stream", body))
+}
+
 /// `POST /v1/chat/completions`.
 pub async fn chat_completions(AxState(shared): AxState<AppState>, body: Body) -> Result<Response, ApiError> {
     let state = shared.state()?;
     let body = read_json(&state, body).await?;
-    let Common { params, want_logprobs, top, stream, include_usage } = common(&state, &body)?;
-    let f = Fields::new(&body);
-    if f.get("tools").is_some_and(|v| v.as_array().is_some_and(|a| !a.is_empty())) {
-        return Err(ApiError::invalid("'tools': tool calls are not supported yet"));
+    let Common { mut params, want_logprobs, top, stream, include_usage } = common(&state, &body)?;
+    let format = ToolFormat::of(state.ready.template);
+    let mut turns = messages(&body, format)?;
+    let tools = tools::parse_request(&body, format)?;
+    if let Some(t) = &tools {
+        tools::add_to_messages(t, &mut turns);
+        if let Some(g) = tools::grammar(t) {
+            if params.grammar.is_some() {
+                return Err(ApiError::invalid(
+                    "give 'response_format' (or 'grammar', 'json_schema') or a required tool call, not both",
+                ));
+            }
+            params.grammar = Some(g);
+        }
     }
-    let prompt = render_chat(&state, &messages(&body)?)?;
+    let prompt = render_chat(&state, &turns)?;
     let tokens = encode(&state, &prompt, true);
     let model = shared.model_name.clone();
     let sub = submit(&shared, tokens, params)?;
     let (id, created) = (response_id("chatcmpl"), unix_now());
+    if let Some(t) = tools {
+        return tool_reply(sub, &t, id, created, model, stream, include_usage).await;
+    }
     if !stream {
         let n_prompt = sub.n_prompt;
         let c = collect(sub).await?;

@@ -1,0 +1,391 @@
+//! Tool calls: OpenAI's and Ollama's `tools`, `tool_choice` and `parallel_tool_calls`, in the chat
+//! format the model was trained on, and the calls parsed back out of its reply.
+//!
+//! * [`ToolFormat::Hermes`] (Qwen 2.5/3, SmolLM, Hermes and other ChatML models): the tools'
+//!   signatures in `<tools></tools>` in the system message, each call
+//!   `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`, results in a user turn as
+//!   `<tool_response>...</tool_response>`.
+//! * [`ToolFormat::Llama3`] (Llama 3.x's JSON tool calling): the signatures in the system message,
+//!   a call is the reply `{"name": ..., "parameters": {...}}`, results in an `ipython`-like user turn.
+//! * [`ToolFormat::Generic`] (every other template): the reply is one JSON object
+//!   `{"tool_calls": [{"name": ..., "arguments": {...}}]}` or `{"response": "..."}`.
+//!
+//! `tool_choice: "required"` or a named function constrains the reply with a grammar (each call's
+//! arguments to that tool's JSON schema), so the calls always parse; `"auto"` lets the model choose
+//! and parses what it wrote (text that is not a well-formed call stays text); `"none"` sends no tools.
+
+use serde_json::{json, Map, Value};
+
+use pinfer::chat::{ChatTemplate, Role};
+use pinfer::grammar::GrammarSpec;
+
+use super::api::{ApiError, Fields};
+
+/// How tools are shown to the model and its calls written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ToolFormat {
+    Hermes,
+    Llama3,
+    Generic,
+}
+
+impl ToolFormat {
+    /// The format of a model with `template`.
+    pub fn of(template: ChatTemplate) -> Self {
+        match template {
+            ChatTemplate::ChatMl => Self::Hermes,
+            ChatTemplate::Llama3 => Self::Llama3,
+            _ => Self::Generic,
+        }
+    }
+}
+
+/// One tool: a function's name, description and JSON schema of its arguments.
+#[derive(Debug, Clone)]
+pub struct Tool {
+    pub name: String,
+    pub description: String,
+    pub parameters: Value,
+}
+
+/// What the request lets the model do with its tools.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Choice {
+    Auto,
+    Required,
+    Named(String),
+}
+
+/// A request's tools (none when `tool_choice` is `"none"` or no tools were given).
+#[derive(Debug, Clone)]
+pub struct Tools {
+    pub list: Vec<Tool>,
+    pub choice: Choice,
+    pub parallel: bool,
+    pub format: ToolFormat,
+}
+
+/// One call the model made.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Call {
+    pub name: String,
+    pub arguments: Value,
+}
+
+/// The request's `tools`, `tool_choice` and `parallel_tool_calls`, checked; `None` without tools.
+pub fn parse_request(body: &Map<String, Value>, format: ToolFormat) -> Result<Option<Tools>, ApiError> {
+    let f = Fields::new(body);
+    let Some(list) = f.array("tools")? else { return Ok(None) };
+    let mut tools = Vec::with_capacity(list.len());
+    for (i, t) in list.iter().enumerate() {
+        let at = |what: &str| ApiError::invalid(format!("'tools[{i}]{what}'"));
+        let func = match t.get("type").and_then(Value::as_str) {
+            Some("function") | None => t.get("function").ok_or_else(|| at(".function' is required; '"))?,
+            Some(other) => {
+                return Err(at(&format!(".type' {other:?}: only \"function\" tools are supported; '")))
+            }
+        };
+        let name = func
+            .get("name")
+            .and_then(Value::as_str)
+            .filter(|n| !n.is_empty())
+            .ok_or_else(|| at(".function.name' must be a non-empty string; '"))?;
+        let parameters = match func.get("parameters") {
+            None | Some(Value::Null) => json!({ "type": "object", "properties": {} }),
+            Some(p @ Value::Object(_)) => p.clone(),
+            Some(_) => return Err(at(".function.parameters' must be a JSON schema object; '")),
+        };
+        let description = func.get("description").and_then(Value::as_str).unwrap_or("").to_string();
+        tools.push(Tool { name: name.to_string(), description, parameters });
+    }
+    if tools.is_empty() {
+        return Ok(None);
+    }
+    let choice = match f.get("tool_choice") {
+        None | Some(Value::Null) => Choice::Auto,
+        Some(Value::String(s)) => match s.as_str() {
+            "auto" => Choice::Auto,
+            "required" | "any" => Choice::Required,
+            "none" => return Ok(None),
+            other => {
+                return Err(ApiError::invalid(format!(
+                    "'tool_choice' {other:?}: give \"auto\", \"required\", \"none\" or a function"
+                )))
+            }
+        },
+        Some(Value::Object(o)) => {
+            let name = o
+                .get("function")
+                .and_then(|f| f.get("name"))
+                .and_then(Value::as_str)
+                .ok_or_else(|| ApiError::invalid("'tool_choice.function.name' must be a string"))?;
+            if !tools.iter().any(|t| t.name == name) {
+                return Err(ApiError::invalid(format!("'tool_choice': no tool is named {name:?}")));
+            }
+            Choice::Named(name.to_string())
+        }
+        Some(_) => return Err(ApiError::invalid("'tool_choice' must be a string or an object")),
+    };
+    let parallel = f.bool("parallel_tool_calls")?.unwrap_or(true);
+    Ok(Some(Tools { list: tools, choice, parallel, format }))
+}
+
+fn signature(t: &Tool) -> Value {
+    json!({ "type": "function", "function": {
+        "name": t.name, "description": t.description, "parameters": t.parameters } })
+}
+
+/// The instructions and signatures added to the system message.
+pub fn system_text(tools: &Tools) -> String {
+    let sigs: Vec<String> = tools.list.iter().map(|t| signature(t).to_string()).collect();
+    match tools.format {
+        ToolFormat::Hermes => format!(
+            "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n\
+             You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n{}\n</tools>\n\n\
+             For each function call, return a json object with function name and arguments within \
+             <tool_call></tool_call> XML tags:\n<tool_call>\n{{\"name\": <function-name>, \"arguments\": <args-json-object>}}\n</tool_call>",
+            sigs.join("\n")
+        ),
+        ToolFormat::Llama3 => format!(
+            "Environment: ipython\n\nYou have access to the following functions. To call a function, \
+             respond with only a JSON object in the format {{\"name\": function name, \"parameters\": \
+             dictionary of argument name and its value}}. Do not use variables.\n\n{}",
+            sigs.join("\n\n")
+        ),
+        ToolFormat::Generic => format!(
+            "You can call these tools:\n{}\n\nTo call tools, reply with only a JSON object \
+             {{\"tool_calls\": [{{\"name\": <tool name>, \"arguments\": <arguments object>}}]}}. \
+             To answer without a tool, reply normally.",
+            sigs.join("\n")
+        ),
+    }
+}
+
+/// Adds the tools to the conversation: to the first system message, or as a new one first.
+pub fn add_to_messages(tools: &Tools, messages: &mut Vec<(Role, String)>) {
+    let text = system_text(tools);
+    match messages.first_mut() {
+        Some((Role::System, content)) => {
+            content.push_str("\n\n");
+            content.push_str(&text);
+        }
+        _ => messages.insert(0, (Role::System, text)),
+    }
+}
+
+/// An assistant message's `tool_calls` as the text the model would have written.
+pub fn render_calls(format: ToolFormat, calls: &[Value]) -> Result<String, ApiError> {
+    let mut parsed = Vec::new();
+    for (i, c) in calls.iter().enumerate() {
+        let f = c.get("function").unwrap_or(c);
+        let name = f
+            .get("name")
+            .and_then(Value::as_str)
+            .ok_or_else(|| ApiError::invalid(format!("'tool_calls[{i}].function.name' must be a string")))?;
+        // OpenAI sends the arguments as a JSON string, Ollama as an object.
+        let arguments = match f.get("arguments") {
+            Some(Value::String(s)) => serde_json::from_str(s).unwrap_or(Value::String(s.clone())),
+            Some(v) => v.clone(),
+            None => json!({}),
+        };
+        parsed.push((name.to_string(), arguments));
+    }
+    Ok(match format {
+        ToolFormat::Hermes => parsed
+            .iter()
+            .map(|(n, a)| format!("<tool_call>\n{}\n</tool_call>", json!({ "name": n, "arguments": a })))
+            .collect::<Vec<_>>()
+            .join("\n"),
+        ToolFormat::Llama3 => parsed
+            .iter()
+            .map(|(n, a)| json!({ "name": n, "parameters": a }).to_string())
+            .collect::<Vec<_>>()
+            .join("\n"),
+        ToolFormat::Generic => json!({ "tool_calls": parsed.iter().map(|(n, a)| json!({ "name": n, "arguments": a })).collect::<Vec<_>>() })
+            .to_string(),
+    })
+}
+
+/// A tool's result (a `tool` message) as the user turn the model reads it in.
+pub fn render_result(format: ToolFormat, content: &str, name: Option<&str>) -> String {
+    match format {
+        ToolFormat::Hermes => format!("<tool_response>\n{content}\n</tool_response>"),
+        ToolFormat::Llama3 => format!("Tool result: {content}"),
+        ToolFormat::Generic => match name {
+            Some(n) => format!("Result of tool {n}: {content}"),
+            None => format!("Tool result: {content}"),
+        },
+    }
+}
+
+/// The JSON schema of one call of `tool` in `format`.
+fn call_schema(format: ToolFormat, tool: &Tool) -> Value {
+    let args = if format == ToolFormat::Llama3 { "parameters" } else { "arguments" };
+    json!({
+        "type": "object",
+        "properties": { "name": { "const": tool.name }, args: tool.parameters },
+        "required": ["name", args],
+        "additionalProperties": false,
+    })
+}
+
+/// The grammar that forces a call (`tool_choice` required or named); `None` for `auto`.
+pub fn grammar(tools: &Tools) -> Option<GrammarSpec> {
+    let chosen: Vec<&Tool> = match &tools.choice {
+        Choice::Auto => return None,
+        Choice::Required => tools.list.iter().collect(),
+        Choice::Named(n) => tools.list.iter().filter(|t| &t.name == n).collect(),
+    };
+    let one = json!({ "anyOf": chosen.iter().map(|t| call_schema(tools.format, t)).collect::<Vec<_>>() });
+    let many = if tools.parallel { "+" } else { "" };
+    Some(match tools.format {
+        ToolFormat::Hermes => GrammarSpec::Lark(format!(
+            "start: call{many}\ncall: \"<tool_call>\\n\" body \"\\n</tool_call>\" \"\\n\"?\nbody: %json {one}\n"
+        )),
+        ToolFormat::Llama3 => GrammarSpec::JsonSchema(one.to_string()),
+        ToolFormat::Generic => {
+            let mut calls = json!({ "type": "array", "items": {
+                "anyOf": chosen.iter().map(|t| call_schema(ToolFormat::Generic, t)).collect::<Vec<_>>() },
+                "minItems": 1 });
+            if !tools.parallel {
+                calls["maxItems"] = json!(1);
+            }
+            GrammarSpec::JsonSchema(
+                json!({ "type": "object", "properties": { "tool_calls": calls },
+                        "required": ["tool_calls"], "additionalProperties": false })
+                .to_string(),
+            )
+        }
+    })
+}
+
+/// The calls in a reply, and the text around them; `text` is left whole when it holds no
+/// well-formed call of a known tool.
+pub fn parse_reply(tools: &Tools, text: &str) -> (String, Vec<Call>) {
+    let known = |name: &str| tools.list.iter().any(|t| t.name == name);
+    let call_of = |v: &Value, args: &str| -> Option<Call> {
+        let name = v.get("name")?.as_str()?;
+        let arguments = match v.get(args)? {
+            Value::String(s) => serde_json::from_str(s).ok()?,
+            a @ Value::Object(_) => a.clone(),
+            _ => return None,
+        };
+        known(name).then(|| Call { name: name.to_string(), arguments })
+    };
+    let mut calls = Vec::new();
+    match tools.format {
+        ToolFormat::Hermes => {
+            let mut rest = String::new();
+            let mut s = text;
+            while let Some(start) = s.find("<tool_call>") {
+                let after = &s[start + "<tool_call>".len()..];
+                let (body, tail) = match after.find("</tool_call>") {
+                    Some(end) => (&after[..end], &after[end + "</tool_call>".len()..]),
+                    None => (after, ""),
+                };
+                match serde_json::from_str::<Value>(body.trim()).ok().and_then(|v| call_of(&v, "arguments")) {
+                    Some(c) => calls.push(c),
+                    None => return (text.to_string(), Vec::new()),
+                }
+                rest.push_str(&s[..start]);
+                s = tail;
+            }
+            rest.push_str(s);
+            (rest.trim().to_string(), calls)
+        }
+        ToolFormat::Llama3 => {
+            for line in text.trim().lines().filter(|l| !l.trim().is_empty()) {
+                let v: Option<Value> = serde_json::from_str(line.trim()).ok();
+                match v.as_ref().and_then(|v| call_of(v, "parameters").or_else(|| call_of(v, "arguments"))) {
+                    Some(c) => calls.push(c),
+                    None => return (text.to_string(), Vec::new()),
+                }
+            }
+            (String::new(), calls)
+        }
+        ToolFormat::Generic => {
+            let v: Option<Value> = serde_json::from_str(text.trim()).ok();
+            let Some(list) = v.as_ref().and_then(|v| v.get("tool_calls")).and_then(Value::as_array) else {
+                if let Some(r) = v.as_ref().and_then(|v| v.get("response")).and_then(Value::as_str) {
+                    return (r.to_string(), Vec::new());
+                }
+                return (text.to_string(), Vec::new());
+            };
+            for c in list {
+                match call_of(c, "arguments") {
+                    Some(c) => calls.push(c),
+                    None => return (text.to_string(), Vec::new()),
+                }
+            }
+            (String::new(), calls)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tools(format: ToolFormat, choice: Choice) -> Tools {
+        let t = Tool {
+            name: "set_light".into(),
+            description: "Switch a light".into(),
+            parameters: json!({"type":"object","properties":{"room":{"type":"string"},"on":{"type":"boolean"}},"required":["room","on"]}),
+        };
+        Tools { list: vec![t], choice, parallel: true, format }
+    }
+
+    #[test]
+    fn replies_parse_into_calls_in_every_format() {
+        let h = tools(ToolFormat::Hermes, Choice::Auto);
+        let (text, calls) = parse_reply(
+            &h,
+            "Sure.\n<tool_call>\n{\"name\": \"set_light\", \"arguments\": {\"room\": \"hall\", \"on\": true}}\n</tool_call>",
+        );
+        assert_eq!(text, "Sure.");
+        assert_eq!(
+            calls,
+            vec![Call { name: "set_light".into(), arguments: json!({"room": "hall", "on": true}) }]
+        );
+        // An unknown tool or broken JSON: the reply stays text.
+        let bad = "<tool_call>\n{\"name\": \"oven\", \"arguments\": {}}\n</tool_call>";
+        assert_eq!(parse_reply(&h, bad), (bad.to_string(), vec![]));
+        let l = tools(ToolFormat::Llama3, Choice::Auto);
+        let (_, calls) =
+            parse_reply(&l, "{\"name\": \"set_light\", \"parameters\": {\"room\": \"a\", \"on\": false}}");
+        assert_eq!(calls.len(), 1);
+        assert_eq!(parse_reply(&l, "It is dark.").1, vec![]);
+        let g = tools(ToolFormat::Generic, Choice::Auto);
+        let (_, calls) = parse_reply(
+            &g,
+            r#"{"tool_calls": [{"name": "set_light", "arguments": {"room": "b", "on": true}}]}"#,
+        );
+        assert_eq!(calls[0].arguments["room"], "b");
+        assert_eq!(parse_reply(&g, r#"{"response": "hello"}"#), ("hello".to_string(), vec![]));
+    }
+
+    #[test]
+    fn rendered_calls_parse_back() {
+        for format in [ToolFormat::Hermes, ToolFormat::Llama3, ToolFormat::Generic] {
+            let t = tools(format, Choice::Auto);
+            let text = render_calls(
+                format,
+                &[json!({"function": {"name": "set_light", "arguments": "{\"room\":\"x\",\"on\":true}"}})],
+            )
+            .unwrap();
+            let (_, calls) = parse_reply(&t, &text);
+            assert_eq!(calls.len(), 1, "{format:?}: {text}");
+            assert_eq!(calls[0].arguments, json!({"room": "x", "on": true}));
+        }
+    }
+
+    #[test]
+    fn only_required_and_named_choices_constrain() {
+        assert!(grammar(&tools(ToolFormat::Hermes, Choice::Auto)).is_none());
+        assert!(matches!(grammar(&tools(ToolFormat::Hermes, Choice::Required)), Some(GrammarSpec::Lark(_))));
+        assert!(matches!(
+            grammar(&tools(ToolFormat::Generic, Choice::Named("set_light".into()))),
+            Some(GrammarSpec::JsonSchema(_))
+        ));
+    }
+}
