@@ -99,6 +99,14 @@ pub struct Generator<'t> {
     /// Tokens the stream may have ([`set_limit`](Self::set_limit)), and those it has.
     limit: Option<usize>,
     generated: usize,
+    /// Lookup decoding: the most guesses per batch, the batch (last token, then guesses), its
+    /// logits rows, where its verification stands, and what it did.
+    lookup: Option<usize>,
+    draft_len: usize,
+    batch: Vec<u32>,
+    rows: Vec<f32>,
+    verifying: Option<Verifying>,
+    lookup_stats: LookupStats,
 }
 
 impl<'t> Generator<'t> {
@@ -121,12 +129,23 @@ impl<'t> Generator<'t> {
             constraint: None,
             limit: None,
             generated: 0,
+            lookup: None,
+            draft_len: 0,
+            batch: Vec::new(),
+            rows: Vec::new(),
+            verifying: None,
+            lookup_stats: LookupStats::default(),
         })
     }
 
     /// The grammar the next stream's output must match (compiled for its start), or none.
     pub fn set_constraint(&mut self, constraint: Option<Constraint>) {
         self.constraint = constraint;
+    }
+
+    /// The stream's grammar, if it has one (its mask statistics).
+    pub fn constraint_mut(&mut self) -> Option<&mut Constraint> {
+        self.constraint.as_mut()
     }
 
     /// The most tokens a stream may have (`-n`, `max_tokens`). With a grammar, the end of the
@@ -274,6 +293,7 @@ impl<'t> Generator<'t> {
     ) -> Result<Stop, GenerateError<E>> {
         self.begin();
         self.limit = limit;
+        self.verifying = None;
         let mut n = 0usize;
         let stop = loop {
             if limit.is_some_and(|l| n >= l) {
@@ -286,20 +306,163 @@ impl<'t> Generator<'t> {
             if limit.is_some_and(|l| n >= l) {
                 break Stop::Limit;
             }
+            // A token that a verified draft already put in the cache needs no evaluation.
+            if self.take_verified(session, tokens).map_err(GenerateError::Session)? {
+                continue;
+            }
             // llama.cpp shifts when the next token would leave no free position.
             if let Some(keep) = self.context_shift {
                 if session.n_past() + 1 >= session.n_ctx() {
                     session.shift_context(0, keep).map_err(GenerateError::Session)?;
                 }
             }
-            match session.eval(&tokens[tokens.len() - 1..]) {
-                Ok(l) => self.set_logits(l),
+            let left = limit.map_or(usize::MAX, |l| l - n);
+            match self.eval_next(session, tokens, left) {
+                Ok(()) => {}
                 Err(SessionError::Engine(EngineError::ContextFull { .. })) => break Stop::ContextFull,
                 Err(e) => return Err(GenerateError::Session(e)),
             }
         };
+        // The cache keeps only what was verified.
+        if let Some(v) = self.verifying.take() {
+            self.keep_verified(session, v.n_past + v.row + 1).map_err(GenerateError::Session)?;
+        }
         self.finish(stop, &mut each)?;
         Ok(stop)
+    }
+
+    /// Draft-free speculative decoding (prompt lookup): before each evaluation, up to `n_draft`
+    /// tokens that followed the latest earlier occurrence of the text's last tokens are guessed,
+    /// evaluated in the same batch, and taken while the sampler draws them (`None`: off). The
+    /// sampler draws every token from the logits plain decoding would give it, in the same order,
+    /// so greedy output is the same, and sampled output follows the same distribution (the same
+    /// tokens for a seed, up to the arithmetic of a batch). The session needs `logits_all`, and a
+    /// model without recurrent layers (its cache must go back to any position).
+    pub fn set_lookup(&mut self, n_draft: Option<usize>) {
+        self.lookup = n_draft.filter(|&n| n > 0);
+        self.draft_len = self.lookup.unwrap_or(0);
+        let rows = self.lookup.map_or(0, |n| n + 1);
+        self.rows = vec![0f32; rows * self.logits.len()];
+        self.batch = Vec::with_capacity(rows);
+    }
+
+    /// Tokens guessed and taken by lookup decoding so far, and the batches that carried guesses.
+    pub fn lookup_stats(&self) -> LookupStats {
+        self.lookup_stats
+    }
+
+    /// After a token was sampled from row `row` of a verified batch: if it is the guess the batch
+    /// carried next, the cache already holds it and the next row's logits are the next token's
+    /// (true); otherwise the cache is cut back to what was verified (false).
+    fn take_verified(&mut self, session: &mut Session, tokens: &[u32]) -> Result<bool, SessionError> {
+        let Some(mut v) = self.verifying.take() else { return Ok(false) };
+        let t = tokens[tokens.len() - 1];
+        let guesses = self.batch.len() - 1;
+        if v.row + 1 < self.batch.len() && self.batch[v.row + 1] == t {
+            self.lookup_stats.accepted += 1;
+            v.row += 1;
+            let n_vocab = self.logits.len();
+            self.logits.copy_from_slice(&self.rows[v.row * n_vocab..(v.row + 1) * n_vocab]);
+            for &(id, b) in &self.bias {
+                self.logits[id as usize] += b;
+            }
+            self.verifying = Some(v);
+            return Ok(true);
+        }
+        // The next guesses are as long as this batch's run of taken ones suggests: twice as many
+        // after all were taken, half as many after none (a batch of guesses costs more than one
+        // token, most of all the output rows of a large vocabulary).
+        let max = self.lookup.unwrap_or(0);
+        self.draft_len = match v.row {
+            0 => (self.draft_len / 2).max(1),
+            r if r == guesses => (self.draft_len * 2).min(max),
+            r => r.max(1).min(max),
+        };
+        self.keep_verified(session, v.n_past + v.row + 1)?;
+        Ok(false)
+    }
+
+    /// Cuts the cache back to its first `n` positions (the rest held guesses not taken).
+    fn keep_verified(&mut self, session: &mut Session, n: usize) -> Result<(), SessionError> {
+        if session.truncate(n) != n {
+            return Err(SessionError::Option(
+                "lookup decoding needs a model whose cache can go back (no recurrent layers)",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Evaluates the last token of `tokens`, with guesses after it when lookup decoding finds some
+    /// (at most `left - 1`: the tokens the limit leaves), and takes its logits.
+    fn eval_next(&mut self, session: &mut Session, tokens: &[u32], left: usize) -> Result<(), SessionError> {
+        let last = tokens[tokens.len() - 1];
+        let room =
+            session.n_ctx().saturating_sub(session.n_past() + 1).min(session.n_outputs().saturating_sub(1));
+        let n_draft = self.draft_len.min(room).min(left.saturating_sub(1));
+        self.batch.clear();
+        self.batch.push(last);
+        if n_draft > 0 {
+            find_draft(tokens, n_draft, &mut self.batch);
+        }
+        if self.batch.len() == 1 {
+            let l = session.eval(&self.batch[..1])?;
+            self.logits.copy_from_slice(l);
+        } else {
+            let n_past = session.n_past();
+            let n_vocab = self.logits.len();
+            let rows = &mut self.rows;
+            session.eval_all(&self.batch, |i, l| rows[i * n_vocab..(i + 1) * n_vocab].copy_from_slice(l))?;
+            self.lookup_stats.drafted += self.batch.len() - 1;
+            self.lookup_stats.batches += 1;
+            self.logits.copy_from_slice(&self.rows[..n_vocab]);
+            self.verifying = Some(Verifying { n_past, row: 0 });
+        }
+        for &(id, b) in &self.bias {
+            self.logits[id as usize] += b;
+        }
+        Ok(())
+    }
+}
+
+/// Where lookup decoding stands in a batch of guesses: the cache position of the batch's first
+/// token, and the row whose logits the last token was drawn from.
+#[derive(Debug, Clone, Copy)]
+struct Verifying {
+    n_past: usize,
+    row: usize,
+}
+
+/// Guesses of lookup decoding ([`Generator::set_lookup`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LookupStats {
+    /// Tokens guessed.
+    pub drafted: usize,
+    /// Guesses the sampler drew (each one a forward pass saved).
+    pub accepted: usize,
+    /// Batches that carried guesses.
+    pub batches: usize,
+}
+
+/// The longest n-gram (4 tokens down to 2: one token repeats too often to predict much) ending
+/// `tokens` that occurred earlier, most recent occurrence first: up to `n` of the tokens that
+/// followed it are appended to `out`.
+fn find_draft(tokens: &[u32], n: usize, out: &mut Vec<u32>) {
+    for k in (2..=4usize).rev() {
+        if tokens.len() <= k {
+            continue;
+        }
+        let tail = &tokens[tokens.len() - k..];
+        // Occurrences that end before the tail itself, latest first.
+        for start in (0..tokens.len() - k).rev() {
+            if &tokens[start..start + k] == tail {
+                let from = start + k;
+                let take = n.min(tokens.len() - from);
+                if take > 0 {
+                    out.extend_from_slice(&tokens[from..from + take]);
+                    return;
+                }
+            }
+        }
     }
 }
 

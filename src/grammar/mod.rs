@@ -237,7 +237,7 @@ impl Vocab {
         if let Some(e) = matcher.get_error() {
             return Err(GrammarError::Engine(e));
         }
-        let mut state = Box::new(State { matcher, mask: Vec::new() });
+        let mut state = Box::new(State { matcher, mask: Vec::new(), compute_us: Vec::new() });
         state.compute_mask(self)?;
         Ok(Constraint {
             vocab: Arc::clone(self),
@@ -245,6 +245,8 @@ impl Vocab {
             pending: None,
             plan: None,
             planned_after: None,
+            waited_us: 0,
+            closing_estimate: None,
         })
     }
 }
@@ -297,10 +299,19 @@ struct State {
     matcher: Matcher,
     /// Bit `i` of word `i / 32`: token `i` is allowed.
     mask: Vec<u32>,
+    /// Microseconds each mask took to compute.
+    compute_us: Vec<u32>,
 }
 
 impl State {
     fn compute_mask(&mut self, vocab: &Vocab) -> Result<(), GrammarError> {
+        let t0 = std::time::Instant::now();
+        let r = self.compute_mask_untimed(vocab);
+        self.compute_us.push(u32::try_from(t0.elapsed().as_micros()).unwrap_or(u32::MAX));
+        r
+    }
+
+    fn compute_mask_untimed(&mut self, vocab: &Vocab) -> Result<(), GrammarError> {
         let m = if self.matcher.is_stopped() {
             // Complete, and nothing may follow: only the end of generation.
             let mut m = vec![0u32; vocab.n_vocab.div_ceil(32)];
@@ -340,6 +351,25 @@ pub struct Constraint {
     plan: Option<Vec<u32>>,
     /// The completion after the token [`Constraint::steer`] let through, for when it is committed.
     planned_after: Option<(u32, Vec<u32>)>,
+    /// Microseconds callers waited for a mask still being computed.
+    waited_us: u64,
+    /// The length of the last completion found, and the tokens since.
+    closing_estimate: Option<(usize, usize)>,
+}
+
+/// How long masks took ([`Constraint::stats`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MaskStats {
+    /// Masks computed.
+    pub masks: usize,
+    /// Median and 99th percentile of their computation, in microseconds.
+    pub p50_us: u32,
+    /// See `p50_us`.
+    pub p99_us: u32,
+    /// The slowest.
+    pub max_us: u32,
+    /// Time the generation waited for a mask (what the overlap with the forward pass did not hide).
+    pub waited_us: u64,
 }
 
 impl fmt::Debug for Constraint {
@@ -373,11 +403,16 @@ const LONG_SEARCH_STEPS: usize = 4_000;
 pub const STEER_WINDOW: usize = 64;
 /// Tokens of slack kept beyond the completion before each token is checked.
 const STEER_SLACK: usize = 16;
+/// What one token is assumed to add at most to the completion's length (in tokens): the
+/// completion is searched again only when that growth could have used up the room left.
+const GROWTH_PER_TOKEN: usize = 2;
 
 impl Constraint {
     fn state(&mut self) -> Result<&mut State, GrammarError> {
         if let Some(h) = self.pending.take() {
+            let t0 = std::time::Instant::now();
             let s = h.join().map_err(|_| GrammarError::Runtime("the mask thread panicked".into()))??;
+            self.waited_us += t0.elapsed().as_micros() as u64;
             self.state = Some(s);
         }
         self.state.as_deref_mut().ok_or_else(|| GrammarError::Runtime("an earlier grammar error".into()))
@@ -433,6 +468,20 @@ impl Constraint {
             Err(e) => return Err(GrammarError::Runtime(format!("cannot start the mask thread: {e}"))),
         }
         Ok(false)
+    }
+
+    /// How long the masks so far took to compute, and how long generation waited for them.
+    pub fn stats(&mut self) -> Result<MaskStats, GrammarError> {
+        let mut us = self.state()?.compute_us.clone();
+        us.sort_unstable();
+        let at = |q: f64| us.get(((us.len() as f64 - 1.0) * q).round() as usize).copied().unwrap_or(0);
+        Ok(MaskStats {
+            masks: us.len(),
+            p50_us: at(0.5),
+            p99_us: at(0.99),
+            max_us: at(1.0),
+            waited_us: self.waited_us,
+        })
     }
 
     /// The token that ends generation when the grammar is complete.
@@ -515,9 +564,20 @@ impl Constraint {
         if left > STEER_WINDOW || self.vocab.eog.contains(&id) {
             return Ok(id);
         }
+        // Far enough from the limit, the completion's length found a few tokens ago still says
+        // there is room: a token changes it by a little (a search costs far more than a token's
+        // mask).
+        if let Some((len, age)) = self.closing_estimate {
+            if len + GROWTH_PER_TOKEN * (age + 1) + STEER_SLACK < left {
+                self.closing_estimate = Some((len, age + 1));
+                return Ok(id);
+            }
+        }
         let Some(closing) = self.closing()? else {
+            self.closing_estimate = None;
             return Ok(id); // no completion found within the searches' bounds: nothing to steer by
         };
+        self.closing_estimate = Some((closing.len(), 0));
         if closing.len() + STEER_SLACK < left {
             return Ok(id);
         }

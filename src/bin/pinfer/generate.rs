@@ -86,6 +86,10 @@ pub struct GenArgs {
     pub runtime: RuntimeArgs,
     #[command(flatten)]
     pub grammar: GrammarArgs,
+    /// Draft-free speculative decoding: guess up to N tokens from earlier in the text (prompt
+    /// lookup) and verify them in one batch; the output is the same as without it.
+    #[arg(long = "lookup", value_name = "N")]
+    pub lookup: Option<usize>,
     /// When the context is full, drop half of what follows the first --keep tokens and go on
     /// (llama.cpp's context shift); without it generation ends there.
     #[arg(long = "context-shift", overrides_with = "no_context_shift")]
@@ -221,6 +225,16 @@ impl GenArgs {
                 return Err(CliError::new("-b/-ub: the batch must hold at least one token".into()));
             }
             opts.n_batch = b;
+        }
+        if let Some(n) = self.lookup {
+            if n == 0 || n >= opts.n_batch {
+                return Err(CliError::new(format!(
+                    "--lookup {n}: give 1 to {} (fewer guesses than the batch holds)",
+                    opts.n_batch - 1
+                )));
+            }
+            // (The guesses' logits are read back.)
+            opts.logits_all = true;
         }
         Ok(opts)
     }
@@ -406,6 +420,21 @@ pub(crate) fn gen_error(e: GenerateError<CliError>) -> CliError {
     }
 }
 
+/// `--lookup N` for `gen`: refused for a model whose cache cannot go back to any position.
+pub(crate) fn set_lookup(args: &GenArgs, session: &Session, gen: &mut Generator<'_>) -> Result<(), CliError> {
+    if args.lookup.is_some() {
+        let hp = session.hparams();
+        if hp.recurrent.count_below(hp.n_layer as usize) > 0 {
+            return Err(CliError::new(
+                "--lookup: this model has recurrent layers, whose state cannot go back to a guess's position"
+                    .into(),
+            ));
+        }
+    }
+    gen.set_lookup(args.lookup);
+    Ok(())
+}
+
 /// Loads the model of `args` with its runtime; reports the kernels and the seed with -v.
 pub(crate) fn load(
     args: &GenArgs,
@@ -456,6 +485,7 @@ pub fn generate(args: GenArgs) -> Result<(), CliError> {
     if let Some(spec) = &grammar {
         gen.set_constraint(Some(crate::grammar_args::compile(spec, &tok, &mut None)?));
     }
+    set_lookup(&args, &session, &mut gen)?;
     let prompt = encode(&tok, &prompt_text, !args.no_parse_special)?;
     if prompt.is_empty() {
         return Err(CliError::new("the prompt is empty after tokenization".into()));
@@ -537,6 +567,33 @@ pub fn generate(args: GenArgs) -> Result<(), CliError> {
         ms(t_start.elapsed()),
         prompt.len() + runs
     );
+    let l = gen.lookup_stats();
+    if args.lookup.is_some() {
+        errln!(
+            "pinfer: lookup: {} tokens guessed in {} batches, {} taken ({:.0}%)",
+            l.drafted,
+            l.batches,
+            l.accepted,
+            100.0 * l.accepted as f64 / l.drafted.max(1) as f64
+        );
+    }
+    if let Some(c) = gen.constraint_mut() {
+        let complete = c.is_accepting().unwrap_or(false) || stop == Stop::EndOfGeneration;
+        if stop == Stop::Limit && !complete {
+            errln!(
+                "pinfer: the output ends before its grammar is complete (-n {} was too few tokens)",
+                generated.len()
+            );
+        }
+        if args.verbose > 0 {
+            if let Ok(s) = c.stats() {
+                errln!(
+                    "pinfer: grammar: {} masks, computed in {} us (p50) / {} us (p99) / {} us (max); generation waited {:.2} ms for them",
+                    s.masks, s.p50_us, s.p99_us, s.max_us, s.waited_us as f64 / 1e3
+                );
+            }
+        }
+    }
     if args.verbose > 0 {
         crate::npu::report_end(&session);
     }

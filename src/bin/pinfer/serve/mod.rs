@@ -210,9 +210,11 @@ pub fn messages(body: &Map<String, Value>, format: ToolFormat) -> Result<Vec<(Ro
             Some("assistant") => Role::Assistant,
             // A tool's result: a user turn in the model's tool format.
             Some("tool") => Role::User,
-            Some(other) => return Err(ApiError::invalid(format!(
+            Some(other) => {
+                return Err(ApiError::invalid(format!(
                 "'messages[{i}].role' {other:?} is not supported (system, developer, user, assistant, tool)"
-            ))),
+            )))
+            }
             None => return Err(ApiError::invalid(format!("'messages[{i}].role' must be a string"))),
         };
         let content = match m.get("content") {
@@ -440,6 +442,9 @@ pub fn run(args: ServeArgs) -> Result<(), CliError> {
         return Err(CliError::new(
             "serve takes no prompt (-p/-f) or conversation (-cnv): requests bring them".into(),
         ));
+    }
+    if gen.lookup.is_some() {
+        return Err(CliError::new("--lookup is for generate and chat; the server does not guess yet".into()));
     }
     if args.parallel == 0 || args.parallel > pinfer::engine::MAX_SEQ {
         return Err(CliError::new(format!(
