@@ -264,6 +264,31 @@ pub fn messages(body: &Map<String, Value>, format: ToolFormat) -> Result<Vec<(Ro
     Ok(out)
 }
 
+/// A chat request's prompt: its messages (tool results and earlier calls in the model's tool
+/// format) with its tools added, rendered; a required tool call's grammar goes into `params`
+/// (a 400 when the request also constrains the output otherwise).
+pub fn chat_prompt(
+    state: &State<'_>,
+    body: &Map<String, Value>,
+    params: &mut GenParams,
+) -> Result<(String, Option<tools::Tools>), ApiError> {
+    let format = ToolFormat::of(state.ready.template);
+    let mut turns = messages(body, format)?;
+    let tools = tools::parse_request(body, format)?;
+    if let Some(t) = &tools {
+        tools::add_to_messages(t, &mut turns);
+        if let Some(g) = tools::grammar(t) {
+            if params.grammar.is_some() {
+                return Err(ApiError::invalid(
+                    "give one constraint: a required tool call, or 'response_format'/'format' ('grammar', 'json_schema'), not both",
+                ));
+            }
+            params.grammar = Some(g);
+        }
+    }
+    Ok((render_chat(state, &turns)?, tools))
+}
+
 /// The messages rendered with the model's chat template, the assistant's turn opened.
 pub fn render_chat(state: &State<'_>, messages: &[(Role, String)]) -> Result<String, ApiError> {
     let list: Vec<Message<'_>> =

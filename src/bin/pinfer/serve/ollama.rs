@@ -10,9 +10,9 @@ use serde_json::{json, Value};
 
 use super::api::{gen_params, json_response, read_json, ApiError, Dialect, Fields};
 use super::slots::{Event, Summary};
-use super::tools::{self, ToolFormat};
+use super::tools;
 use super::{
-    collect, encode, finish_reason, messages, render_chat, rfc3339_now, stream_events, submit, AppState,
+    chat_prompt, collect, encode, finish_reason, render_chat, rfc3339_now, stream_events, submit, AppState,
     Shared,
 };
 
@@ -75,19 +75,7 @@ async fn chat_inner(shared: AppState, body: Body) -> Result<Response, ApiError> 
     }
     let mut params = gen_params(&state, &body, Dialect::Ollama)?;
     let stream = Fields::new(&body).bool("stream")?.unwrap_or(true);
-    let format = ToolFormat::of(state.ready.template);
-    let mut turns = messages(&body, format)?;
-    let tools = tools::parse_request(&body, format)?;
-    if let Some(t) = &tools {
-        tools::add_to_messages(t, &mut turns);
-        if let Some(g) = tools::grammar(t) {
-            if params.grammar.is_some() {
-                return Err(ApiError::invalid("give 'format' or a required tool call, not both"));
-            }
-            params.grammar = Some(g);
-        }
-    }
-    let prompt = render_chat(&state, &turns)?;
+    let (prompt, tools) = chat_prompt(&state, &body, &mut params)?;
     let sub = submit(&shared, encode(&state, &prompt, true), params)?;
     let model = shared.model_name.clone();
     let message = |content: &str| json!({ "role": "assistant", "content": content });

@@ -11,10 +11,9 @@ use serde_json::{json, Map, Value};
 
 use super::api::{gen_params, json_response, read_json, ApiError, Dialect, Fields};
 use super::slots::{Event, Summary, TokenProbs};
-use super::tools::{self, ToolFormat};
+use super::tools;
 use super::{
-    collect, encode, finish_reason, messages, render_chat, stream_events, submit, unix_now, AppState, State,
-    Submitted,
+    chat_prompt, collect, encode, finish_reason, stream_events, submit, unix_now, AppState, State, Submitted,
 };
 
 /// A response id: a prefix, the process's start and a counter.
@@ -253,21 +252,7 @@ pub async fn chat_completions(AxState(shared): AxState<AppState>, body: Body) ->
     let state = shared.state()?;
     let body = read_json(&state, body).await?;
     let Common { mut params, want_logprobs, top, stream, include_usage } = common(&state, &body)?;
-    let format = ToolFormat::of(state.ready.template);
-    let mut turns = messages(&body, format)?;
-    let tools = tools::parse_request(&body, format)?;
-    if let Some(t) = &tools {
-        tools::add_to_messages(t, &mut turns);
-        if let Some(g) = tools::grammar(t) {
-            if params.grammar.is_some() {
-                return Err(ApiError::invalid(
-                    "give 'response_format' (or 'grammar', 'json_schema') or a required tool call, not both",
-                ));
-            }
-            params.grammar = Some(g);
-        }
-    }
-    let prompt = render_chat(&state, &turns)?;
+    let (prompt, tools) = chat_prompt(&state, &body, &mut params)?;
     let tokens = encode(&state, &prompt, true);
     let model = shared.model_name.clone();
     let sub = submit(&shared, tokens, params)?;
