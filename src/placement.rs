@@ -354,8 +354,16 @@ mod tests {
         assert_eq!((p.buffer, p.reason), (Buffer::Repacked(PackedFormat::Q4), Reason::Repacked));
         assert_eq!(p.bytes, 8 * 64 / 2 + 8 * 2 * 2);
         assert_eq!(place(&q, mm, false).reason, Reason::RepackOff);
+        // Rows that do not fill the last group of 4 pack (its last row repeated); blocks must fill k.
         let odd = info("blk.0.attn_q.weight", GgmlType::Q4_0, [64, 6, 1, 1]);
-        assert_eq!(place(&odd, mm, true).reason, Reason::Shape { rows: 6, k: 64 });
+        let p = place(&odd, mm, true);
+        assert_eq!((p.reason, p.bytes), (Reason::Repacked, 8 * 64 / 2 + 8 * 2 * 2));
+        let short_k = info("blk.0.attn_q.weight", GgmlType::Q4_0, [48, 8, 1, 1]);
+        assert_eq!(place(&short_k, mm, true).reason, Reason::Shape { rows: 8, k: 48 });
+        // Experts are slabs of whole groups.
+        let moe = Use { mul_mat_id: true, ..Use::default() };
+        let exps = info("blk.0.ffn_up_exps.weight", GgmlType::Q4_0, [64, 6, 4, 1]);
+        assert_eq!(place(&exps, moe, true).reason, Reason::Shape { rows: 6, k: 64 });
         let f16 = info("blk.0.attn_q.weight", GgmlType::F16, [64, 8, 1, 1]);
         assert_eq!(place(&f16, mm, true).reason, Reason::NoLayout(GgmlType::F16));
         let tied = Use { mul_mat: true, get_rows: true, ..Use::default() };
