@@ -108,7 +108,9 @@ fn limits(l: &mut llguidance::api::ParserLimits) {
 }
 
 /// Whitespace JSON may have between its tokens: one space, or a line break and up to 20 spaces or
-/// tabs of indent (llama.cpp's rule). Unbounded whitespace lets a small model loop on it.
+/// tabs of indent (llama.cpp's rule). Unbounded whitespace lets a small model loop on it. (Schemas
+/// are read leniently, as llama.cpp reads them: a keyword no grammar can enforce, `uniqueItems`
+/// or an unknown `format`, is ignored rather than refused.)
 const JSON_WHITESPACE: &str = r"(?:\x20|\x0A[\x20\x09]{0,20})";
 
 /// A model's vocabulary, as the grammar engine sees it: every token's bytes (special tokens marked
@@ -217,7 +219,7 @@ impl Vocab {
                     if !obj.contains_key("x-guidance") {
                         obj.insert(
                             "x-guidance".into(),
-                            serde_json::json!({ "whitespace_pattern": JSON_WHITESPACE }),
+                            serde_json::json!({ "whitespace_pattern": JSON_WHITESPACE, "lenient": true }),
                         );
                     }
                 } else if !schema.is_boolean() {
@@ -227,7 +229,7 @@ impl Vocab {
             }
             GrammarSpec::JsonObject => TopLevelGrammar::from_json_schema(serde_json::json!({
                 "type": "object",
-                "x-guidance": { "whitespace_pattern": JSON_WHITESPACE }
+                "x-guidance": { "whitespace_pattern": JSON_WHITESPACE, "lenient": true }
             })),
             GrammarSpec::Regex(rx) => TopLevelGrammar::from_regex(rx),
             GrammarSpec::Lark(src) => TopLevelGrammar::from_lark(src.clone()),
