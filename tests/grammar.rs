@@ -237,6 +237,12 @@ fn closing_completes_a_partial_output() {
         ),
         (GrammarSpec::JsonSchema(SCHEMAS[2].into()), r#"[{"item": "tea", "qty": 2}, {"#),
         (GrammarSpec::Gbnf(grammar("json")), r#"{"a": [1, {"b": "x"#),
+        (
+            GrammarSpec::JsonSchema(
+                r#"{"type":"object","properties":{"email":{"type":"string","pattern":"^[a-z0-9.]+@[a-z0-9]+\\.[a-z]{2,4}$"}},"required":["email"]}"#.into(),
+            ),
+            r#"{"email": "mail.example.com.au.b0"#,
+        ),
         (GrammarSpec::Gbnf(grammar("chess")), "1. e4 e5\n2. N"),
         (GrammarSpec::Gbnf(grammar("arithmetic")), "(a +"),
         (GrammarSpec::Gbnf(grammar("c")), "float\n\nfloaarfurexample"),

@@ -396,7 +396,7 @@ const SHORT_SEARCH_BRANCHES: usize = 12;
 const CLOSING_MAX_BYTES: usize = 256;
 /// Steps (bytes tried) of the short search for a completion: every completion of up to a few
 /// bytes, whatever the order finds first.
-const SHORT_SEARCH_STEPS: usize = 4_000;
+const SHORT_SEARCH_STEPS: usize = 12_000;
 /// Steps of each round of the long search, which follows [`CLOSING_ORDER`] depth first.
 const LONG_SEARCH_STEPS: usize = 4_000;
 
@@ -527,6 +527,7 @@ impl Constraint {
             order: SHORT_ORDER,
             branches: SHORT_SEARCH_BRANCHES,
             forced: false,
+            merge_siblings: true,
             budget: SHORT_SEARCH_STEPS,
         };
         for depth in 0..=8 {
@@ -545,6 +546,7 @@ impl Constraint {
                 order: CLOSING_ORDER,
                 branches: usize::MAX,
                 forced: true,
+                merge_siblings: false,
                 budget: LONG_SEARCH_STEPS,
             };
             let mut depth = 8;
@@ -608,6 +610,8 @@ struct Search {
     branches: usize,
     /// Take the engine's forced bytes alone where there are some.
     forced: bool,
+    /// Search only the first of sibling bytes whose states allow the same bytes next.
+    merge_siblings: bool,
     /// The most bytes tried in all.
     budget: usize,
 }
@@ -633,17 +637,43 @@ fn search_closing(
         Some(b) => core::slice::from_ref(b),
         None => how.order,
     };
-    let mut branches = 0;
+    // The bytes this state allows, in order (at most `branches` of them).
+    let mut allowed: Vec<(u8, u32)> = Vec::new();
     for &b in order {
         let Some(t) = vocab.byte_token[b as usize] else { continue };
         *steps += 1;
-        if *steps >= how.budget || branches >= how.branches {
+        if *steps >= how.budget {
             return Ok(false);
         }
+        if m.validate_tokens(&[t]).map_err(runtime)? == 1 {
+            allowed.push((b, t));
+            if allowed.len() >= how.branches {
+                break;
+            }
+        }
+    }
+    // Siblings that lead to states allowing the same of these bytes (a letter and a digit inside
+    // a string, `+` and `-` between terms) are taken as one: only the first is searched.
+    let mut seen: Vec<(u64, bool)> = Vec::new();
+    for &(b, t) in &allowed {
         if m.try_consume_tokens(&[t]).map_err(runtime)? != 1 {
             continue;
         }
-        branches += 1;
+        if how.merge_siblings {
+            let mut sig = 0u64;
+            for (i, &(_, u)) in allowed.iter().enumerate().take(64) {
+                *steps += 1;
+                if m.validate_tokens(&[u]).map_err(runtime)? == 1 {
+                    sig |= 1 << i;
+                }
+            }
+            let key = (sig, m.is_accepting().map_err(runtime)?);
+            if seen.contains(&key) {
+                m.rollback(1).map_err(runtime)?;
+                continue;
+            }
+            seen.push(key);
+        }
         path.push(b);
         let found = search_closing(vocab, m, path, steps, how, max_depth - 1)?;
         m.rollback(1).map_err(runtime)?;
@@ -651,6 +681,9 @@ fn search_closing(
             return Ok(true);
         }
         path.pop();
+        if *steps >= how.budget {
+            return Ok(false);
+        }
     }
     Ok(false)
 }
