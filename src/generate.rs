@@ -294,6 +294,25 @@ impl<'t> Generator<'t> {
         self.begin();
         self.limit = limit;
         self.verifying = None;
+        let result = self.run_tokens(session, tokens, limit, &mut each);
+        // The cache keeps only what was verified, however the stream ended.
+        if let Some(v) = self.verifying.take() {
+            self.keep_verified(session, v.n_past + v.row + 1).map_err(GenerateError::Session)?;
+        }
+        let stop = result?;
+        self.finish(stop, &mut each)?;
+        Ok(stop)
+    }
+
+    /// The loop of [`run`](Self::run).
+    fn run_tokens<E>(
+        &mut self,
+        session: &mut Session,
+        tokens: &mut Vec<u32>,
+        limit: Option<usize>,
+        each: &mut impl FnMut(&str) -> Result<Flow, E>,
+    ) -> Result<Stop, GenerateError<E>> {
+        let mut each = each;
         let mut n = 0usize;
         let stop = loop {
             if limit.is_some_and(|l| n >= l) {
@@ -323,11 +342,6 @@ impl<'t> Generator<'t> {
                 Err(e) => return Err(GenerateError::Session(e)),
             }
         };
-        // The cache keeps only what was verified.
-        if let Some(v) = self.verifying.take() {
-            self.keep_verified(session, v.n_past + v.row + 1).map_err(GenerateError::Session)?;
-        }
-        self.finish(stop, &mut each)?;
         Ok(stop)
     }
 

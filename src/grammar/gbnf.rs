@@ -20,6 +20,9 @@ use std::{format, vec};
 
 /// The most symbols a grammar may have once its bounded repetitions are written out.
 pub const MAX_EXPANDED: u64 = 200_000;
+/// The deepest nesting of groups and repeated repetitions (`((x)*)*`...) a grammar may have: the
+/// checks and the translation recurse over it.
+pub const MAX_NESTING: usize = 256;
 /// llama.cpp's bound on a repetition count.
 const MAX_REPETITION: u64 = 2000;
 
@@ -85,7 +88,7 @@ pub struct Gbnf {
 impl Gbnf {
     /// Reads and checks `src`: every referenced rule defined, `root` defined, repetitions in bounds.
     pub fn parse(src: &str) -> Result<Self, GbnfError> {
-        let mut p = Parser { src, pos: 0, rules: Vec::new() };
+        let mut p = Parser { src, pos: 0, rules: Vec::new(), depth: 0 };
         p.grammar()?;
         let rules = p.rules;
         for rule in &rules {
@@ -397,6 +400,11 @@ fn write_alts(out: &mut String, alts: &[Vec<Item>], token_id: &dyn Fn(&TokenRef)
 }
 
 fn write_item(out: &mut String, item: &Item, token_id: &dyn Fn(&TokenRef) -> u32) {
+    if item.max == Some(0) {
+        // `x{0}`: the empty string (the engine refuses a repetition of at most 0).
+        out.push_str("\"\"");
+        return;
+    }
     let repeated = !(item.min == 1 && item.max == Some(1));
     let needs_group = repeated && matches!(&item.atom, Atom::Literal(c) if c.len() != 1);
     if needs_group || matches!(item.atom, Atom::Group(_)) {
@@ -412,6 +420,8 @@ fn write_item(out: &mut String, item: &Item, token_id: &dyn Fn(&TokenRef) -> u32
                 write_char_literal(out, c);
             }
         }
+        // `[^]`: any character (an empty negated class is no regex).
+        Atom::Class { negated: true, ranges } if ranges.is_empty() => out.push_str("/(?s:.)/"),
         Atom::Class { negated, ranges } => {
             out.push_str("/[");
             if *negated {
@@ -509,6 +519,21 @@ fn error_at(src: &str, pos: usize, message: &str) -> GbnfError {
     GbnfError { line, column, message: message.to_string() }
 }
 
+/// How many groups `item` sits in, counting down its first alternative's first item (what
+/// repeated repetitions build).
+fn nesting_of(item: &Item) -> usize {
+    let mut depth = 0;
+    let mut at = item;
+    while let Atom::Group(alts) = &at.atom {
+        depth += 1;
+        match alts.first().and_then(|seq| seq.first()) {
+            Some(inner) => at = inner,
+            None => break,
+        }
+    }
+    depth
+}
+
 fn is_word_char(c: char) -> bool {
     c.is_ascii_alphanumeric() || c == '-'
 }
@@ -517,6 +542,8 @@ struct Parser<'s> {
     src: &'s str,
     pos: usize,
     rules: Vec<Rule>,
+    /// Groups open here, and repetitions wrapped around repetitions in the current sequence.
+    depth: usize,
 }
 
 impl Parser<'_> {
@@ -696,9 +723,15 @@ impl Parser<'_> {
                     Atom::Rule(self.name()?, at)
                 }
                 '(' => {
+                    if self.depth >= MAX_NESTING {
+                        return Err(self.err(&format!("groups nested deeper than {MAX_NESTING}")));
+                    }
                     self.pos += 1;
                     self.space(true);
-                    let alts = self.alternates(true)?;
+                    self.depth += 1;
+                    let alts = self.alternates(true);
+                    self.depth -= 1;
+                    let alts = alts?;
                     if self.peek() != Some(')') {
                         return Err(self.err(&format!("expected `)`, found {}", self.what_is_here())));
                     }
@@ -716,7 +749,14 @@ impl Parser<'_> {
                         return Err(error_at(self.src, at, &format!("`{c}` follows nothing to repeat")));
                     };
                     if !(last.min == 1 && last.max == Some(1)) {
-                        // `x**`, `x?{2}`: repeat the repetition.
+                        // `x**`, `x?{2}`: repeat the repetition (each one a level of nesting).
+                        if nesting_of(last) >= MAX_NESTING {
+                            return Err(error_at(
+                                self.src,
+                                at,
+                                &format!("repetitions nested deeper than {MAX_NESTING}"),
+                            ));
+                        }
                         let inner = seq.pop().expect("checked above");
                         seq.push(Item { atom: Atom::Group(vec![vec![inner]]), min, max });
                     } else {
@@ -921,6 +961,25 @@ mod tests {
         assert!(e.message.contains("expands"), "{e}");
         // A large but reasonable one is fine.
         Gbnf::parse("root ::= [0-9]{1,2000}\n").unwrap();
+    }
+
+    #[test]
+    fn deep_nesting_is_refused_not_overflowed() {
+        let stars = format!("root ::= \"a\"{}\n", "*".repeat(100_000));
+        let e = Gbnf::parse(&stars).unwrap_err();
+        assert!(e.message.contains("nested"), "{e}");
+        let parens = format!("root ::= {}\"a\"{}\n", "(".repeat(100_000), ")".repeat(100_000));
+        let e = Gbnf::parse(&parens).unwrap_err();
+        assert!(e.message.contains("nested"), "{e}");
+        Gbnf::parse(&format!("root ::= {}\"a\"{}\n", "(".repeat(200), ")".repeat(200))).unwrap();
+    }
+
+    #[test]
+    fn zero_repetitions_and_any_class_translate() {
+        assert!(lark("root ::= \"a\"{0} \"b\"\n").ends_with("g_root: \"\" \"b\"\n"));
+        assert!(lark("root ::= [^]\n").ends_with("g_root: /(?s:.)/\n"));
+        let g = Gbnf::parse("root ::= \"a\"{0,0} [^]\n").unwrap();
+        assert!(g.accepts("z") && !g.accepts("az"));
     }
 
     #[test]

@@ -163,7 +163,11 @@ impl Vocab {
             }
             words.push(word);
         }
-        let first_eog = eog.first().copied().or(tok.eos()).unwrap_or(0);
+        let Some(&first_eog) = eog.first() else {
+            return Err(GrammarError::Engine(
+                "this model has no end-of-generation token: a constrained output could never end".into(),
+            ));
+        };
         let info = TokRxInfo::new(n, first_eog);
         let trie = TokTrie::from(&info, &words).with_eos_tokens(&eog);
         let env: TokEnv = Arc::new(ApproximateTokEnv::new(trie));
