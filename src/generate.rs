@@ -173,6 +173,11 @@ impl<'t> Generator<'t> {
     /// Takes the logits the next token is sampled from (the logit biases added).
     pub fn set_logits(&mut self, logits: &[f32]) {
         self.logits.copy_from_slice(logits);
+        self.add_bias();
+    }
+
+    /// Adds the logit biases to the held logits.
+    fn add_bias(&mut self) {
         for &(id, b) in &self.bias {
             self.logits[id as usize] += b;
         }
@@ -377,9 +382,7 @@ impl<'t> Generator<'t> {
             v.row += 1;
             let n_vocab = self.logits.len();
             self.logits.copy_from_slice(&self.rows[v.row * n_vocab..(v.row + 1) * n_vocab]);
-            for &(id, b) in &self.bias {
-                self.logits[id as usize] += b;
-            }
+            self.add_bias();
             self.verifying = Some(v);
             return Ok(true);
         }
@@ -431,9 +434,7 @@ impl<'t> Generator<'t> {
             self.logits.copy_from_slice(&self.rows[..n_vocab]);
             self.verifying = Some(Verifying { n_past, row: 0 });
         }
-        for &(id, b) in &self.bias {
-            self.logits[id as usize] += b;
-        }
+        self.add_bias();
         Ok(())
     }
 }

@@ -513,10 +513,16 @@ fn check_refs(src: &str, rules: &[Rule], alts: &[Vec<Item>]) -> Result<(), GbnfE
 
 /// The error `message` at byte `pos` of `src`.
 fn error_at(src: &str, pos: usize, message: &str) -> GbnfError {
+    let (line, column) = line_column(src, pos);
+    GbnfError { line, column, message: message.to_string() }
+}
+
+/// The 1-based line and column (in characters) of byte `pos` of `src`.
+pub(crate) fn line_column(src: &str, pos: usize) -> (usize, usize) {
     let before = &src[..pos.min(src.len())];
     let line = before.matches('\n').count() + 1;
     let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
-    GbnfError { line, column, message: message.to_string() }
+    (line, column)
 }
 
 /// How many groups `item` sits in, counting down its first alternative's first item (what

@@ -294,9 +294,7 @@ fn close_objects(schema: &mut serde_json::Value) {
 }
 
 fn token_error(src: &str, at: usize, text: &str) -> GrammarError {
-    let before = &src[..at.min(src.len())];
-    let line = before.matches('\n').count() + 1;
-    let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+    let (line, column) = gbnf::line_column(src, at);
     GrammarError::UnknownToken { text: text.to_string(), line, column }
 }
 
