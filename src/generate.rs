@@ -12,6 +12,7 @@ use crate::engine::EngineError;
 use crate::grammar::{Constraint, GrammarError};
 use crate::sampler::{Candidate, SampleError, Sampler, SamplerConfig};
 use crate::session::{Session, SessionError};
+use crate::speculative::{DraftModel, Drafter};
 use crate::tokenizer::{StreamDecoder, TokError, Tokenizer};
 
 /// Why a stream of generated tokens ended.
@@ -99,14 +100,16 @@ pub struct Generator<'t> {
     /// Tokens the stream may have ([`set_limit`](Self::set_limit)), and those it has.
     limit: Option<usize>,
     generated: usize,
-    /// Lookup decoding: the most guesses per batch, the batch (last token, then guesses), its
-    /// logits rows, where its verification stands, and what it did.
-    lookup: Option<usize>,
+    /// Speculative decoding: where guesses come from, the most per batch and how many the next
+    /// batch carries, the batch (last token, then guesses), its logits rows, where its
+    /// verification stands, and what it did.
+    drafter: Option<Drafter>,
+    max_draft: usize,
     draft_len: usize,
     batch: Vec<u32>,
     rows: Vec<f32>,
     verifying: Option<Verifying>,
-    lookup_stats: LookupStats,
+    draft_stats: DraftStats,
 }
 
 impl<'t> Generator<'t> {
@@ -129,12 +132,13 @@ impl<'t> Generator<'t> {
             constraint: None,
             limit: None,
             generated: 0,
-            lookup: None,
+            drafter: None,
+            max_draft: 0,
             draft_len: 0,
             batch: Vec::new(),
             rows: Vec::new(),
             verifying: None,
-            lookup_stats: LookupStats::default(),
+            draft_stats: DraftStats::default(),
         })
     }
 
@@ -350,24 +354,36 @@ impl<'t> Generator<'t> {
         Ok(stop)
     }
 
-    /// Draft-free speculative decoding (prompt lookup): before each evaluation, up to `n_draft`
-    /// tokens that followed the latest earlier occurrence of the text's last tokens are guessed,
-    /// evaluated in the same batch, and taken while the sampler draws them (`None`: off). The
-    /// sampler draws every token from the logits plain decoding would give it, in the same order,
-    /// so greedy output is the same, and sampled output follows the same distribution (the same
-    /// tokens for a seed, up to the arithmetic of a batch). The session needs `logits_all`, and a
-    /// model without recurrent layers (its cache must go back to any position).
-    pub fn set_lookup(&mut self, n_draft: Option<usize>) {
-        self.lookup = n_draft.filter(|&n| n > 0);
-        self.draft_len = self.lookup.unwrap_or(0);
-        let rows = self.lookup.map_or(0, |n| n + 1);
+    /// Speculative decoding: before each evaluation, up to `n_draft` tokens are guessed (by
+    /// `drafter`), evaluated in the same batch, and taken while the sampler draws them (`None`:
+    /// off). The sampler draws every token from the logits plain decoding would give it, in the
+    /// same order, so greedy output is the same, and sampled output follows the same distribution
+    /// (the same tokens for a seed, up to the arithmetic of a batch). The session needs
+    /// `logits_all`, and a model without recurrent layers (its cache must go back to any position).
+    pub fn set_speculative(&mut self, speculative: Option<(Drafter, usize)>) {
+        let (drafter, n) = match speculative {
+            Some((d, n)) if n > 0 => (Some(d), n),
+            _ => (None, 0),
+        };
+        self.drafter = drafter;
+        self.max_draft = n;
+        self.draft_len = n;
+        let rows = if n > 0 { n + 1 } else { 0 };
         self.rows = vec![0f32; rows * self.logits.len()];
         self.batch = Vec::with_capacity(rows);
     }
 
-    /// Tokens guessed and taken by lookup decoding so far, and the batches that carried guesses.
-    pub fn lookup_stats(&self) -> LookupStats {
-        self.lookup_stats
+    /// Tokens guessed and taken by speculative decoding so far, and the batches that carried guesses.
+    pub fn draft_stats(&self) -> DraftStats {
+        self.draft_stats
+    }
+
+    /// The draft model of speculative decoding, if guesses come from one.
+    pub fn draft_model(&self) -> Option<&DraftModel> {
+        match &self.drafter {
+            Some(Drafter::Model(m)) => Some(m),
+            _ => None,
+        }
     }
 
     /// After a token was sampled from row `row` of a verified batch: if it is the guess the batch
@@ -378,7 +394,7 @@ impl<'t> Generator<'t> {
         let t = tokens[tokens.len() - 1];
         let guesses = self.batch.len() - 1;
         if v.row + 1 < self.batch.len() && self.batch[v.row + 1] == t {
-            self.lookup_stats.accepted += 1;
+            self.draft_stats.accepted += 1;
             v.row += 1;
             let n_vocab = self.logits.len();
             self.logits.copy_from_slice(&self.rows[v.row * n_vocab..(v.row + 1) * n_vocab]);
@@ -389,7 +405,7 @@ impl<'t> Generator<'t> {
         // The next guesses are as long as this batch's run of taken ones suggests: twice as many
         // after all were taken, half as many after none (a batch of guesses costs more than one
         // token, most of all the output rows of a large vocabulary).
-        let max = self.lookup.unwrap_or(0);
+        let max = self.max_draft;
         self.draft_len = match v.row {
             0 => (self.draft_len / 2).max(1),
             r if r == guesses => (self.draft_len * 2).min(max),
@@ -403,14 +419,14 @@ impl<'t> Generator<'t> {
     fn keep_verified(&mut self, session: &mut Session, n: usize) -> Result<(), SessionError> {
         if session.truncate(n) != n {
             return Err(SessionError::Option(
-                "lookup decoding needs a model whose cache can go back (no recurrent layers)",
+                "speculative decoding needs a model whose cache can go back (no recurrent layers)",
             ));
         }
         Ok(())
     }
 
-    /// Evaluates the last token of `tokens`, with guesses after it when lookup decoding finds some
-    /// (at most `left - 1`: the tokens the limit leaves), and takes its logits.
+    /// Evaluates the last token of `tokens`, with guesses after it when the drafter has some (at
+    /// most `left - 1`: the tokens the limit leaves), and takes its logits.
     fn eval_next(&mut self, session: &mut Session, tokens: &[u32], left: usize) -> Result<(), SessionError> {
         let last = tokens[tokens.len() - 1];
         let room =
@@ -418,8 +434,8 @@ impl<'t> Generator<'t> {
         let n_draft = self.draft_len.min(room).min(left.saturating_sub(1));
         self.batch.clear();
         self.batch.push(last);
-        if n_draft > 0 {
-            find_draft(tokens, n_draft, &mut self.batch);
+        if let (Some(d), true) = (&mut self.drafter, n_draft > 0) {
+            d.guess(tokens, n_draft, self.logits.len(), self.tok, &mut self.batch)?;
         }
         if self.batch.len() == 1 {
             let l = session.eval(&self.batch[..1])?;
@@ -429,8 +445,8 @@ impl<'t> Generator<'t> {
             let n_vocab = self.logits.len();
             let rows = &mut self.rows;
             session.eval_all(&self.batch, |i, l| rows[i * n_vocab..(i + 1) * n_vocab].copy_from_slice(l))?;
-            self.lookup_stats.drafted += self.batch.len() - 1;
-            self.lookup_stats.batches += 1;
+            self.draft_stats.drafted += self.batch.len() - 1;
+            self.draft_stats.batches += 1;
             self.logits.copy_from_slice(&self.rows[..n_vocab]);
             self.verifying = Some(Verifying { n_past, row: 0 });
         }
@@ -439,7 +455,7 @@ impl<'t> Generator<'t> {
     }
 }
 
-/// Where lookup decoding stands in a batch of guesses: the cache position of the batch's first
+/// Where speculative decoding stands in a batch of guesses: the cache position of the batch's first
 /// token, and the row whose logits the last token was drawn from.
 #[derive(Debug, Clone, Copy)]
 struct Verifying {
@@ -447,38 +463,15 @@ struct Verifying {
     row: usize,
 }
 
-/// Guesses of lookup decoding ([`Generator::set_lookup`]).
+/// Guesses of speculative decoding ([`Generator::set_speculative`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct LookupStats {
+pub struct DraftStats {
     /// Tokens guessed.
     pub drafted: usize,
     /// Guesses the sampler drew (each one a forward pass saved).
     pub accepted: usize,
     /// Batches that carried guesses.
     pub batches: usize,
-}
-
-/// The longest n-gram (4 tokens down to 2: one token repeats too often to predict much) ending
-/// `tokens` that occurred earlier, most recent occurrence first: up to `n` of the tokens that
-/// followed it are appended to `out`.
-fn find_draft(tokens: &[u32], n: usize, out: &mut Vec<u32>) {
-    for k in (2..=4usize).rev() {
-        if tokens.len() <= k {
-            continue;
-        }
-        let tail = &tokens[tokens.len() - k..];
-        // Occurrences that end before the tail itself, latest first.
-        for start in (0..tokens.len() - k).rev() {
-            if &tokens[start..start + k] == tail {
-                let from = start + k;
-                let take = n.min(tokens.len() - from);
-                if take > 0 {
-                    out.extend_from_slice(&tokens[from..from + take]);
-                    return;
-                }
-            }
-        }
-    }
 }
 
 /// Adds `text` to the held-back text and passes on what can no longer be part of a stop string

@@ -52,6 +52,8 @@ pub mod output_file;
 pub mod repack_cache;
 #[cfg(feature = "std")]
 pub mod session;
+#[cfg(feature = "std")]
+pub mod speculative;
 
 /// The crate version, as `pinfer --version` prints it.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

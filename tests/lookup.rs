@@ -1,6 +1,7 @@
-//! Lookup decoding (`--lookup N`): guesses copied from earlier in the text, verified in one batch.
-//! The output must be the same as plain decoding's, greedy and sampled (on the kernels whose
-//! arithmetic does not depend on the batch: the reference path here, NEON on a board).
+//! Speculative decoding: guesses copied from earlier in the text (`--lookup N`) or made by a
+//! draft model (`-md FILE`), verified in one batch. The output must be the same as plain
+//! decoding's, greedy and sampled (on the kernels whose arithmetic does not depend on the batch:
+//! the reference path here, NEON on a board).
 
 mod cli_support;
 
@@ -17,7 +18,11 @@ fn prompt() -> String {
 /// stdout and stderr of `pinfer generate` with `extra` options: on x86 on the reference kernels
 /// (AVX2 sums a batch in another order than a lone token), on aarch64 on NEON (the same sums).
 fn run(extra: &[&str]) -> (String, String) {
-    let model = repo_file(MODEL);
+    run_model(MODEL, extra)
+}
+
+fn run_model(model: &str, extra: &[&str]) -> (String, String) {
+    let model = repo_file(model);
     let p = prompt();
     let mut args = vec!["generate", "-m", &model, "-p", &p, "-n", "48", "--no-display-prompt", "-t", "2"];
     args.extend_from_slice(extra);
@@ -38,12 +43,53 @@ fn lookup_gives_the_same_text_and_takes_guesses() {
         with.extend_from_slice(&["--lookup", "6"]);
         let (looked, err) = run(&with);
         assert_eq!(looked, plain, "{sampling:?}");
-        let line = err.lines().find(|l| l.contains("lookup:")).unwrap_or_else(|| panic!("{err}"));
-        // "lookup: D tokens guessed in B batches, A taken (P%)"
-        let nums: Vec<usize> =
-            line.split(|c: char| !c.is_ascii_digit()).filter_map(|w| w.parse().ok()).collect();
-        assert!(nums.len() >= 3 && nums[0] > 0 && nums[2] > 0, "{sampling:?}: no guess was taken: {line}");
+        assert_guesses_taken(&err, "lookup:", sampling);
     }
+}
+
+/// The "SOURCE: D tokens guessed in B batches, A taken (P%)" line of `err` says guesses were taken.
+fn assert_guesses_taken(err: &str, source: &str, sampling: &[&str]) {
+    let line = err.lines().find(|l| l.contains(source)).unwrap_or_else(|| panic!("{err}"));
+    let nums: Vec<usize> = line.split(|c: char| !c.is_ascii_digit()).filter_map(|w| w.parse().ok()).collect();
+    assert!(nums.len() >= 3 && nums[0] > 0 && nums[2] > 0, "{sampling:?}: no guess was taken: {line}");
+}
+
+/// The Q4_0 file of the same model drafts for the Q8_0 one: the same text as without it, and
+/// most guesses taken.
+#[test]
+fn a_draft_model_gives_the_same_text_and_its_guesses_are_taken() {
+    let target = "models/SmolLM2-135M-Instruct.Q8_0.gguf";
+    let draft = repo_file("models/SmolLM2-135M-Instruct.Q4_0.gguf");
+    for sampling in [&["--temp", "0"][..], &["--temp", "0.9", "-s", "5"][..]] {
+        let (plain, _) = run_model(target, sampling);
+        // (An unsure draft guesses too: every step then carries guesses.)
+        let mut with = sampling.to_vec();
+        with.extend_from_slice(&["-md", &draft, "--draft-max", "5", "--draft-p-min", "0"]);
+        let (drafted, err) = run_model(target, &with);
+        assert_eq!(drafted, plain, "{sampling:?}");
+        assert_guesses_taken(&err, "draft model:", sampling);
+    }
+}
+
+/// Draft models that cannot draft: another vocabulary, recurrent layers; bad counts.
+#[test]
+fn draft_models_that_cannot_draft_are_refused() {
+    let model = repo_file(MODEL);
+    let refused = |args: &[&str], says: &str| {
+        let mut all = vec!["generate", "-m", &model, "-p", "x", "-n", "4"];
+        all.extend_from_slice(args);
+        let out = pinfer_command().args(&all).output().unwrap();
+        let err = text_of(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?}: wanted {says:?} in: {err}");
+    };
+    let gemma = repo_file("models/gemma-3-270m-q4_k_m.gguf");
+    refused(&["-md", &gemma], "vocabulary is not the model's");
+    let lfm2 = repo_file("models/tiny/lfm2-tiny.gguf");
+    refused(&["-md", &lfm2], "draft model has recurrent layers");
+    refused(&["-md", &model, "--draft-max", "0"], "--draft-max 0");
+    refused(&["-md", &model, "--draft-p-min", "2"], "--draft-p-min 2");
+    refused(&["-md", "/nonexistent/draft.gguf"], "/nonexistent/draft.gguf");
 }
 
 #[test]

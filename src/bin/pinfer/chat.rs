@@ -68,7 +68,7 @@ pub fn chat(args: GenArgs) -> Result<(), CliError> {
     let stops: Vec<&str> = args.reverse_prompt.iter().map(String::as_str).collect();
     gen.ignore_eos = args.ignore_eos;
     gen.set_stop_strings(&stops);
-    crate::generate::set_lookup(&args, &session, &mut gen)?;
+    crate::generate::set_speculative(&args, &session, &tok, &mut gen)?;
     let mut vocab = None;
     let mut turns: Vec<(Role, String)> = system.into_iter().map(|s| (Role::System, s)).collect();
     // --context-shift: `--keep -1` keeps the system message's tokens through a shift inside a

@@ -14,6 +14,7 @@ use pinfer::session::{Session, SessionError, SessionOptions};
 use pinfer::tokenizer::{StreamDecoder, Tokenizer};
 
 use pinfer::generate::{Flow, GenerateError, Generator, Stop};
+use pinfer::speculative::{check_draft, DraftModel, Drafter};
 
 use crate::grammar_args::GrammarArgs;
 use crate::runtime::{CacheCheck, Runtime, RuntimeArgs};
@@ -88,8 +89,18 @@ pub struct GenArgs {
     pub grammar: GrammarArgs,
     /// Draft-free speculative decoding: guess up to N tokens from earlier in the text (prompt
     /// lookup) and verify them in one batch; the output is the same as without it.
-    #[arg(long = "lookup", value_name = "N")]
+    #[arg(long = "lookup", value_name = "N", conflicts_with = "model_draft")]
     pub lookup: Option<usize>,
+    /// Speculative decoding with a draft model (`-md`): a small model of the same vocabulary guesses up to
+    /// --draft-max tokens, verified in one batch; the output is the same as without it.
+    #[arg(long = "model-draft", value_name = "FILE")]
+    pub model_draft: Option<PathBuf>,
+    /// Most tokens the draft model guesses per batch (llama.cpp's --draft-max).
+    #[arg(long = "draft-max", visible_alias = "draft", alias = "draft-n", default_value_t = 16, value_name = "N")]
+    pub draft_max: usize,
+    /// The draft model stops guessing when its next token is less likely than this.
+    #[arg(long = "draft-p-min", default_value_t = 0.75, value_name = "P")]
+    pub draft_p_min: f32,
     /// When the context is full, drop half of what follows the first --keep tokens and go on
     /// (llama.cpp's context shift); without it generation ends there.
     #[arg(long = "context-shift", overrides_with = "no_context_shift")]
@@ -226,15 +237,23 @@ impl GenArgs {
             }
             opts.n_batch = b;
         }
-        if let Some(n) = self.lookup {
+        let guesses = match (self.lookup, &self.model_draft) {
+            (Some(n), _) => Some((n, "--lookup")),
+            (None, Some(_)) => Some((self.draft_max, "--draft-max")),
+            (None, None) => None,
+        };
+        if let Some((n, flag)) = guesses {
             if n == 0 || n >= opts.n_batch {
                 return Err(CliError::new(format!(
-                    "--lookup {n}: give 1 to {} (fewer guesses than the batch holds)",
+                    "{flag} {n}: give 1 to {} (fewer guesses than the batch holds)",
                     opts.n_batch - 1
                 )));
             }
             // (The guesses' logits are read back.)
             opts.logits_all = true;
+        }
+        if !(0.0..=1.0).contains(&self.draft_p_min) {
+            return Err(CliError::new(format!("--draft-p-min {}: give a probability (0 to 1)", self.draft_p_min)));
         }
         Ok(opts)
     }
@@ -420,18 +439,41 @@ pub(crate) fn gen_error(e: GenerateError<CliError>) -> CliError {
     }
 }
 
-/// `--lookup N` for `gen`: refused for a model whose cache cannot go back to any position.
-pub(crate) fn set_lookup(args: &GenArgs, session: &Session, gen: &mut Generator<'_>) -> Result<(), CliError> {
-    if args.lookup.is_some() {
-        let hp = session.hparams();
-        if hp.recurrent.count_below(hp.n_layer as usize) > 0 {
-            return Err(CliError::new(
-                "--lookup: this model has recurrent layers, whose state cannot go back to a guess's position"
-                    .into(),
-            ));
-        }
+/// `--lookup N` or `-md FILE` for `gen`: refused for a model whose cache cannot go back to any
+/// position; the draft model loads with the model's runtime and context and must share its
+/// vocabulary.
+pub(crate) fn set_speculative(
+    args: &GenArgs,
+    session: &Session,
+    tok: &Tokenizer<'_>,
+    gen: &mut Generator<'_>,
+) -> Result<(), CliError> {
+    let flag = match (&args.lookup, &args.model_draft) {
+        (Some(_), _) => "--lookup",
+        (None, Some(_)) => "--model-draft",
+        (None, None) => return Ok(()),
+    };
+    let hp = session.hparams();
+    if hp.recurrent.count_below(hp.n_layer as usize) > 0 {
+        return Err(CliError::new(format!(
+            "{flag}: this model has recurrent layers, whose state cannot go back to a guess's position"
+        )));
     }
-    gen.set_lookup(args.lookup);
+    if let Some(n) = args.lookup {
+        gen.set_speculative(Some((Drafter::Lookup, n)));
+        return Ok(());
+    }
+    let Some(path) = &args.model_draft else { return Ok(()) };
+    // (Its context is sized as the model's: from -c, or its own maximum up to 4096. Past it, it
+    // stops guessing.)
+    let opts = SessionOptions { logits_all: false, ..args.session_options()? };
+    let draft = Runtime::new(&args.runtime)?.load(path, opts, 0)?;
+    let draft_tok = tokenizer(path, draft.gguf())?;
+    check_draft(tok, &draft_tok, &draft).map_err(|e| CliError::new(format!("{}: {e}", path.display())))?;
+    if args.verbose > 0 {
+        errln!("pinfer: draft model {}: {}", path.display(), draft.memory_plan());
+    }
+    gen.set_speculative(Some((Drafter::Model(Box::new(DraftModel::new(draft, args.draft_p_min))), args.draft_max)));
     Ok(())
 }
 
@@ -485,7 +527,7 @@ pub fn generate(args: GenArgs) -> Result<(), CliError> {
     if let Some(spec) = &grammar {
         gen.set_constraint(Some(crate::grammar_args::compile(spec, &tok, &mut None)?));
     }
-    set_lookup(&args, &session, &mut gen)?;
+    set_speculative(&args, &session, &tok, &mut gen)?;
     let prompt = encode(&tok, &prompt_text, !args.no_parse_special)?;
     if prompt.is_empty() {
         return Err(CliError::new("the prompt is empty after tokenization".into()));
@@ -567,10 +609,11 @@ pub fn generate(args: GenArgs) -> Result<(), CliError> {
         ms(t_start.elapsed()),
         prompt.len() + runs
     );
-    let l = gen.lookup_stats();
-    if args.lookup.is_some() {
+    let l = gen.draft_stats();
+    if args.lookup.is_some() || args.model_draft.is_some() {
+        let source = if args.lookup.is_some() { "lookup" } else { "draft model" };
         errln!(
-            "pinfer: lookup: {} tokens guessed in {} batches, {} taken ({:.0}%)",
+            "pinfer: {source}: {} tokens guessed in {} batches, {} taken ({:.0}%)",
             l.drafted,
             l.batches,
             l.accepted,

@@ -11,7 +11,7 @@ use clap::CommandFactory;
 use crate::{Cli, CliError};
 
 /// llama.cpp's single-dash spellings pinfer takes, and the long flag each means.
-const SPELLINGS: [(&str, &str); 10] = [
+const SPELLINGS: [(&str, &str); 11] = [
     ("-np", "--parallel"),
     ("-ctk", "--cache-type-k"),
     ("-ctv", "--cache-type-v"),
@@ -22,15 +22,15 @@ const SPELLINGS: [(&str, &str); 10] = [
     ("-ub", "--ubatch-size"),
     ("-sys", "--system"),
     ("-co", "--color"),
+    ("-md", "--model-draft"),
 ];
 
 /// llama.cpp flags pinfer does not have yet: refused by name instead of being misread.
-const NOT_YET: [(&str, &str); 7] = [
+const NOT_YET: [(&str, &str); 6] = [
     ("-nkvo", "--no-kv-offload"),
     ("-dkvc", "--dump-kv-cache"),
     ("-sm", "--split-mode"),
     ("-ts", "--tensor-split"),
-    ("-md", "--model-draft (speculative decoding)"),
     ("-ot", "--override-tensor"),
     ("-cmoe", "--cpu-moe"),
 ];
