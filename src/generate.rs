@@ -12,7 +12,7 @@ use crate::engine::EngineError;
 use crate::grammar::{Constraint, GrammarError};
 use crate::sampler::{Candidate, SampleError, Sampler, SamplerConfig};
 use crate::session::{Session, SessionError};
-use crate::speculative::{DraftModel, Drafter};
+use crate::speculative::{next_draft_len, DraftModel, Drafter};
 use crate::tokenizer::{StreamDecoder, TokError, Tokenizer};
 
 /// Why a stream of generated tokens ended.
@@ -402,15 +402,7 @@ impl<'t> Generator<'t> {
             self.verifying = Some(v);
             return Ok(true);
         }
-        // The next guesses are as long as this batch's run of taken ones suggests: twice as many
-        // after all were taken, half as many after none (a batch of guesses costs more than one
-        // token, most of all the output rows of a large vocabulary).
-        let max = self.max_draft;
-        self.draft_len = match v.row {
-            0 => (self.draft_len / 2).max(1),
-            r if r == guesses => (self.draft_len * 2).min(max),
-            r => r.max(1).min(max),
-        };
+        self.draft_len = next_draft_len(self.draft_len, guesses, v.row, self.max_draft);
         self.keep_verified(session, v.n_past + v.row + 1)?;
         Ok(false)
     }

@@ -43,7 +43,7 @@ impl Drafter {
 /// The longest n-gram (4 tokens down to 2: one token repeats too often to predict much) ending
 /// `tokens` that occurred earlier, most recent occurrence first: up to `n` of the tokens that
 /// followed it are appended to `out`.
-pub(crate) fn find_in_text(tokens: &[u32], n: usize, out: &mut Vec<u32>) {
+pub fn find_in_text(tokens: &[u32], n: usize, out: &mut Vec<u32>) {
     for k in (2..=4usize).rev() {
         if tokens.len() <= k {
             continue;
@@ -60,6 +60,18 @@ pub(crate) fn find_in_text(tokens: &[u32], n: usize, out: &mut Vec<u32>) {
                 }
             }
         }
+    }
+}
+
+/// How many guesses the next batch carries after one that carried `carried` (up to `max`) and
+/// had `taken` of them drawn: twice as many after all were taken, half as many after none, else
+/// as many as were taken (a batch of guesses costs more than one token, most of all the output
+/// rows of a large vocabulary).
+pub fn next_draft_len(current: usize, carried: usize, taken: usize, max: usize) -> usize {
+    match taken {
+        0 => (current / 2).max(1),
+        t if t == carried => (current * 2).min(max),
+        t => t.min(max),
     }
 }
 
@@ -210,6 +222,16 @@ mod tests {
         out.clear();
         find_in_text(&[4, 5, 6], 3, &mut out);
         assert!(out.is_empty());
+    }
+
+    #[test]
+    fn guesses_grow_when_taken_and_shrink_when_not() {
+        assert_eq!(next_draft_len(4, 4, 4, 16), 8);
+        assert_eq!(next_draft_len(12, 12, 12, 16), 16);
+        assert_eq!(next_draft_len(8, 8, 0, 16), 4);
+        assert_eq!(next_draft_len(1, 1, 0, 16), 1);
+        assert_eq!(next_draft_len(8, 8, 3, 16), 3);
+        assert_eq!(next_draft_len(8, 2, 2, 16), 16, "a short batch taken whole still doubles");
     }
 
     #[test]

@@ -21,7 +21,7 @@ use std::boxed::Box;
 use std::fmt;
 use std::string::{String, ToString};
 use std::sync::Arc;
-use std::thread::JoinHandle;
+use std::sync::mpsc;
 use std::vec::Vec;
 use std::{format, vec};
 
@@ -248,7 +248,8 @@ impl Vocab {
         Ok(Constraint {
             vocab: Arc::clone(self),
             state: Some(state),
-            pending: None,
+            worker: None,
+            pending: false,
             plan: None,
             planned_after: None,
             waited_us: 0,
@@ -349,8 +350,9 @@ pub struct Constraint {
     /// The state, while no mask is being computed (boxed: the engine's state is large, and it
     /// moves to the mask thread and back at every token).
     state: Option<Box<State>>,
-    /// The thread computing the next mask after a commit.
-    pending: Option<JoinHandle<Result<Box<State>, GrammarError>>>,
+    /// The thread computing masks (started by the first commit), and whether it holds the state.
+    worker: Option<MaskWorker>,
+    pending: bool,
     /// A completion from where the grammar is ([`Constraint::closing`]), kept while it is followed.
     plan: Option<Vec<u32>>,
     /// The completion after the token [`Constraint::steer`] let through, for when it is committed.
@@ -359,6 +361,33 @@ pub struct Constraint {
     waited_us: u64,
     /// The length of the last completion found, and the tokens since.
     closing_estimate: Option<(usize, usize)>,
+}
+
+/// The thread that computes a constraint's masks: it takes the state after a commit and gives it
+/// back with the next mask. (One thread for the constraint's life: starting one per token cost
+/// more than many masks take.) It ends when the constraint is dropped.
+struct MaskWorker {
+    todo: mpsc::Sender<Box<State>>,
+    done: mpsc::Receiver<Result<Box<State>, GrammarError>>,
+}
+
+impl MaskWorker {
+    fn start(vocab: Arc<Vocab>) -> Result<Self, GrammarError> {
+        let (todo, todo_rx) = mpsc::channel::<Box<State>>();
+        let (done_tx, done) = mpsc::channel();
+        std::thread::Builder::new()
+            .name("pinfer-grammar".into())
+            .spawn(move || {
+                for mut state in todo_rx {
+                    let r = state.compute_mask(&vocab).map(|()| state);
+                    if done_tx.send(r).is_err() {
+                        break;
+                    }
+                }
+            })
+            .map_err(|e| GrammarError::Runtime(format!("cannot start the mask thread: {e}")))?;
+        Ok(Self { todo, done })
+    }
 }
 
 /// How long masks took ([`Constraint::stats`]).
@@ -413,9 +442,10 @@ const GROWTH_PER_TOKEN: usize = 2;
 
 impl Constraint {
     fn state(&mut self) -> Result<&mut State, GrammarError> {
-        if let Some(h) = self.pending.take() {
+        if std::mem::take(&mut self.pending) {
             let t0 = std::time::Instant::now();
-            let s = h.join().map_err(|_| GrammarError::Runtime("the mask thread panicked".into()))??;
+            let worker = self.worker.as_ref().ok_or_else(|| GrammarError::Runtime("no mask thread".into()))?;
+            let s = worker.done.recv().map_err(|_| GrammarError::Runtime("the mask thread panicked".into()))??;
             self.waited_us += t0.elapsed().as_micros() as u64;
             self.state = Some(s);
         }
@@ -462,15 +492,14 @@ impl Constraint {
             state.compute_mask(&vocab)?; // (only the end of generation: no engine work)
             return Ok(true);
         }
-        let mut state = self.state.take().expect("state() made it present");
-        let spawned = std::thread::Builder::new().name("pinfer-grammar".into()).spawn(move || {
-            state.compute_mask(&vocab)?;
-            Ok(state)
-        });
-        match spawned {
-            Ok(h) => self.pending = Some(h),
-            Err(e) => return Err(GrammarError::Runtime(format!("cannot start the mask thread: {e}"))),
+        if self.worker.is_none() {
+            self.worker = Some(MaskWorker::start(vocab)?);
         }
+        let (Some(state), Some(worker)) = (self.state.take(), &self.worker) else {
+            return Err(GrammarError::Runtime("an earlier grammar error".into()));
+        };
+        worker.todo.send(state).map_err(|_| GrammarError::Runtime("the mask thread ended".into()))?;
+        self.pending = true;
         Ok(false)
     }
 

@@ -88,7 +88,8 @@ pub struct GenArgs {
     #[command(flatten)]
     pub grammar: GrammarArgs,
     /// Draft-free speculative decoding: guess up to N tokens from earlier in the text (prompt
-    /// lookup) and verify them in one batch; the output is the same as without it.
+    /// lookup) and verify them in one batch; the output is the same as without it (serve: for
+    /// every request).
     #[arg(long = "lookup", value_name = "N", conflicts_with = "model_draft")]
     pub lookup: Option<usize>,
     /// Speculative decoding with a draft model (`-md`): a small model of the same vocabulary guesses up to

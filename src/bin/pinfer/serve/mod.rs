@@ -468,8 +468,10 @@ pub fn run(args: ServeArgs) -> Result<(), CliError> {
             "serve takes no prompt (-p/-f) or conversation (-cnv): requests bring them".into(),
         ));
     }
-    if gen.lookup.is_some() {
-        return Err(CliError::new("--lookup is for generate and chat; the server does not guess yet".into()));
+    if gen.model_draft.is_some() {
+        return Err(CliError::new(
+            "--model-draft is for generate and chat; the server guesses with --lookup N".into(),
+        ));
     }
     if args.parallel == 0 || args.parallel > pinfer::engine::MAX_SEQ {
         return Err(CliError::new(format!(
@@ -633,6 +635,11 @@ fn load_engine(
         None => ChatTemplate::detect(chat_template_text.as_deref()).unwrap_or(ChatTemplate::ChatMl),
     };
     let hp = session.hparams();
+    if gen.lookup.is_some() && hp.recurrent.count_below(hp.n_layer as usize) > 0 {
+        return Err(CliError::new(
+            "--lookup: this model has recurrent layers, whose state cannot go back to a guess's position".into(),
+        ));
+    }
     let arch = gguf.get_str_opt("general.architecture").ok().flatten().unwrap_or("").to_string();
     let n_params: u64 = gguf.tensors().map(|t| t.n_elements()).sum();
     // The type holding the most bytes (Ollama's `quantization_level`).
@@ -661,7 +668,7 @@ fn load_engine(
         slot_identity: crate::kv_file::Identity::of(&session),
         vocab: std::sync::OnceLock::new(),
     };
-    let engine = slots::Engine::new(session, tok, shared.stats.clone());
+    let engine = slots::Engine::new(session, tok, shared.stats.clone(), gen.lookup.unwrap_or(0));
     let _ = shared.ready.set(ready);
     Ok(engine)
 }

@@ -68,7 +68,7 @@ fn timings(s: &Summary) -> Value {
     let n_prompt = s.n_prompt - s.n_cached;
     let per = |ms: f64, n: usize| if n > 0 { ms / n as f64 } else { 0.0 };
     let rate = |ms: f64, n: usize| if ms > 0.0 { 1e3 * n as f64 / ms } else { 0.0 };
-    json!({
+    let mut t = json!({
         "cache_n": s.n_cached,
         "prompt_n": n_prompt,
         "prompt_ms": s.prompt_ms,
@@ -78,7 +78,13 @@ fn timings(s: &Summary) -> Value {
         "predicted_ms": s.generate_ms,
         "predicted_per_token_ms": per(s.generate_ms, s.n_generated),
         "predicted_per_second": rate(s.generate_ms, s.n_generated),
-    })
+    });
+    // (As llama-server: only when guesses were made.)
+    if s.n_drafted > 0 {
+        t["draft_n"] = json!(s.n_drafted);
+        t["draft_n_accepted"] = json!(s.n_accepted);
+    }
+    t
 }
 
 fn bytes_text(bytes: &[u8]) -> String {

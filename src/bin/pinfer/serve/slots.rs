@@ -24,6 +24,7 @@ use pinfer::generate::{Flow, GenerateError, Generator, Stop};
 use pinfer::grammar::{Constraint, GrammarSpec};
 use pinfer::sampler::SamplerConfig;
 use pinfer::session::Session;
+use pinfer::speculative::next_draft_len;
 use pinfer::tokenizer::Tokenizer;
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -122,6 +123,10 @@ pub struct Summary {
     pub n_generated: usize,
     pub prompt_ms: f64,
     pub generate_ms: f64,
+    /// Lookup decoding: tokens guessed, and guesses taken (llama-server's `draft_n`,
+    /// `draft_n_accepted`).
+    pub n_drafted: usize,
+    pub n_accepted: usize,
     /// The prompt and generated tokens (Ollama's `context`).
     pub tokens: Vec<u32>,
 }
@@ -175,6 +180,13 @@ struct Running {
     started: Instant,
     prompt_done: Option<Instant>,
     stop_word: Option<String>,
+    /// Lookup decoding: the guesses the step carries after the last token, how many of them
+    /// were taken, how many the next step may carry, and the counts.
+    guesses: Vec<u32>,
+    taken: usize,
+    draft_len: usize,
+    n_drafted: usize,
+    n_accepted: usize,
 }
 
 struct Slot {
@@ -185,6 +197,15 @@ struct Slot {
     last_used: u64,
 }
 
+/// A logits row of a step: its slot, the position of its token, and the guess that follows that
+/// token in the batch (lookup decoding), whose row is the next one.
+#[derive(Debug, Clone, Copy)]
+struct Row {
+    slot: usize,
+    pos: usize,
+    guess_after: Option<u32>,
+}
+
 /// The scheduler over a loaded session.
 pub struct Engine {
     session: Session,
@@ -192,15 +213,19 @@ pub struct Engine {
     slots: Vec<Slot>,
     queue: VecDeque<Job>,
     entries: Vec<Entry>,
-    /// Which slot each logits row of the last step belongs to.
-    rows: Vec<usize>,
+    /// The logits rows of the last step.
+    rows: Vec<Row>,
+    /// Lookup decoding: the most guesses a generating slot carries per step (0: off).
+    lookup: usize,
     stats: Arc<Stats>,
     clock: u64,
     piece: Vec<u8>,
 }
 
 impl Engine {
-    pub fn new(session: Session, tok: &'static Tokenizer<'static>, stats: Arc<Stats>) -> Self {
+    /// `lookup`: guesses per generating slot and step (0: none; the session must keep every
+    /// token's logits and go back to any position).
+    pub fn new(session: Session, tok: &'static Tokenizer<'static>, stats: Arc<Stats>, lookup: usize) -> Self {
         let n_ctx = session.n_ctx();
         let slots = (0..session.n_seq())
             .map(|_| Slot {
@@ -219,6 +244,7 @@ impl Engine {
             queue: VecDeque::new(),
             entries: Vec::with_capacity(n_batch),
             rows: Vec::with_capacity(n_batch),
+            lookup,
             stats,
             clock: 0,
         }
@@ -390,6 +416,11 @@ impl Engine {
             started: Instant::now(),
             prompt_done: None,
             stop_word: None,
+            guesses: Vec::with_capacity(self.lookup),
+            taken: 0,
+            draft_len: self.lookup,
+            n_drafted: 0,
+            n_accepted: 0,
         });
         self.stats.busy[i].store(true, Ordering::Relaxed);
         self.stats.requests_processing.fetch_add(1, Ordering::Relaxed);
@@ -407,11 +438,32 @@ impl Engine {
         let n_batch = self.session.n_batch();
         self.entries.clear();
         self.rows.clear();
-        for (i, slot) in self.slots.iter().enumerate() {
-            if let (Phase::Generating, Some(run)) = (&slot.phase, &slot.run) {
-                let token = run.tokens[run.tokens.len() - 1];
-                self.entries.push(Entry { seq: i, pos: self.session.seq_len(i), token, logits: true });
-                self.rows.push(i);
+        // Guesses share what the generating slots leave of the batch.
+        let generating = self.slots.iter().filter(|s| matches!(s.phase, Phase::Generating)).count();
+        let per_slot = (n_batch - generating).checked_div(generating).map_or(0, |room| self.lookup.min(room));
+        let n_ctx = self.session.n_ctx();
+        let mut guessed = 0;
+        for i in 0..self.slots.len() {
+            let slot = &mut self.slots[i];
+            let (Phase::Generating, Some(run)) = (&slot.phase, &mut slot.run) else { continue };
+            let token = run.tokens[run.tokens.len() - 1];
+            let pos = self.session.seq_len(i);
+            // (No more guesses than the context and the token limit leave room for.)
+            let left = run.job.params.n_predict.map_or(usize::MAX, |n| n.saturating_sub(run.n_generated));
+            let n = per_slot.min(run.draft_len).min(n_ctx.saturating_sub(pos + 1)).min(left.saturating_sub(1));
+            run.guesses.clear();
+            run.taken = 0;
+            if n > 0 {
+                pinfer::speculative::find_in_text(&run.tokens, n, &mut run.guesses);
+            }
+            run.n_drafted += run.guesses.len();
+            guessed += run.guesses.len();
+            self.entries.push(Entry { seq: i, pos, token, logits: true });
+            self.rows.push(Row { slot: i, pos, guess_after: run.guesses.first().copied() });
+            for (k, &g) in run.guesses.iter().enumerate() {
+                let pos = pos + 1 + k;
+                self.entries.push(Entry { seq: i, pos, token: g, logits: true });
+                self.rows.push(Row { slot: i, pos, guess_after: run.guesses.get(k + 1).copied() });
             }
         }
         for i in 0..self.slots.len() {
@@ -427,7 +479,7 @@ impl Engine {
                     let last = *done + k + 1 == run.n_prompt;
                     self.entries.push(Entry { seq: i, pos: pos + k, token, logits: last });
                     if last {
-                        self.rows.push(i);
+                        self.rows.push(Row { slot: i, pos: pos + k, guess_after: None });
                     }
                 }
             }
@@ -469,10 +521,16 @@ impl Engine {
         let share = |n: usize| us * n as u64 / self.entries.len() as u64;
         self.stats.prompt_tokens.fetch_add(prompt_tokens as u64, Ordering::Relaxed);
         self.stats.prompt_us.fetch_add(share(prompt_tokens), Ordering::Relaxed);
-        self.stats.generated_tokens.fetch_add(generated as u64, Ordering::Relaxed);
         self.stats.generate_us.fetch_add(share(generated), Ordering::Relaxed);
+        let mut accepted = 0;
+        // A slot's rows come one after the other: each is sampled while the token drawn from the
+        // one before is the guess the batch carried after it.
+        let mut dropped = None;
         for row in 0..self.rows.len() {
-            let i = self.rows[row];
+            let Row { slot: i, pos, guess_after } = self.rows[row];
+            if dropped == Some(i) {
+                continue;
+            }
             let Some(logits) = self.session.logits(row) else { continue };
             let slot = &mut self.slots[i];
             let Some(run) = slot.run.as_mut() else { continue };
@@ -482,10 +540,35 @@ impl Engine {
             }
             run.generator.set_logits(logits);
             let stop = sample(run, self.tok, &mut self.piece, self.session.n_ctx());
+            let Some(guess) = guess_after else {
+                if let Some(stop) = stop {
+                    self.end(i, stop);
+                }
+                continue;
+            };
+            if stop.is_none() && run.tokens.last() == Some(&guess) {
+                run.n_accepted += 1;
+                run.taken += 1;
+                accepted += 1;
+                continue;
+            }
+            // The guesses after this row's token were not drawn: the cache drops them.
+            dropped = Some(i);
+            let kept = self.session.truncate_seq(i, pos + 1);
+            slot.cache.truncate(kept);
             if let Some(stop) = stop {
                 self.end(i, stop);
             }
         }
+        for run in self.slots.iter_mut().filter_map(|s| s.run.as_mut()) {
+            if !run.guesses.is_empty() {
+                run.draft_len = next_draft_len(run.draft_len, run.guesses.len(), run.taken, self.lookup);
+                run.guesses.clear();
+            }
+        }
+        // Tokens generated: the guesses count only when taken.
+        let generated = generated - guessed + accepted;
+        self.stats.generated_tokens.fetch_add(generated as u64, Ordering::Relaxed);
         let kv: usize = self.slots.iter().map(|s| s.cache.len()).sum();
         self.stats.kv_tokens.store(kv, Ordering::Relaxed);
         for (i, s) in self.slots.iter().enumerate() {
@@ -545,6 +628,8 @@ impl Engine {
             n_generated: run.n_generated,
             prompt_ms: (prompt_done - run.started).as_secs_f64() * 1e3,
             generate_ms: (now - prompt_done).as_secs_f64() * 1e3,
+            n_drafted: run.n_drafted,
+            n_accepted: run.n_accepted,
             tokens: std::mem::take(&mut run.tokens),
         };
         debug_assert!(held <= self.session.seq_len(i));
