@@ -427,3 +427,21 @@ fn a_gemma4_context_shift_rotates_keys_as_a_fresh_run_would() {
     e.step(&[Entry { seq: 0, pos, token: 7, logits: true }], &OnCaller, None).unwrap();
     assert!(e.logits(0).unwrap().iter().all(|v| v.is_finite()));
 }
+
+/// Every step size up to the batch runs in the memory planned for it: a step of a few tokens over
+/// a long cache splits its keys, and that work grows with its tokens beyond a decode step's and
+/// the full batch's (a batch of 9 once refused prompts of 2 to 7 tokens: "this batch shape does
+/// not fit the planned memory").
+#[test]
+fn every_step_size_fits_the_planned_memory() {
+    for (name, n_batch) in [("gemma4-tiny.gguf", 9), ("qwen2-tiny.gguf", 9), ("qwen2-tiny.gguf", 3)] {
+        // (4 sequences of 256: the steps see 1024 cache rows, enough to split.)
+        let mut e = engine_ctx(model_bytes(name), 4, n_batch, 256);
+        for n in 1..=n_batch {
+            assert_eq!(e.truncate(0, 0), 0);
+            let tokens: Vec<u32> = (0..n as u32).map(|i| 100 + 7 * i).collect();
+            e.step(&batch_of(&tokens), &OnCaller, None)
+                .unwrap_or_else(|err| panic!("{name}, batch {n_batch}: a step of {n} tokens: {err}"));
+        }
+    }
+}

@@ -424,6 +424,17 @@ impl<'m, G: AsMut<[GraphSlot]> + AsRef<[GraphSlot]>> Planned<'m, G> {
             peak = peak.max(slot.plan.peak_bytes);
             work = work.max(work_bytes(&slot.graph));
         }
+        // A step of a few tokens splits its keys (more parts per token than a decode step's
+        // threads need), and that work grows with its tokens: the largest such step is sized in
+        // the spare slot, which stays free.
+        let n_split = crate::exec::most_split_tokens(hp.n_head_kv as usize).min(n_batch);
+        if n_split > 1 && !shapes.iter().any(|&(n, _)| n == n_split) {
+            let spare = &mut slots.as_mut()[shapes.len()];
+            build_into(spare, &model, &kv, n_split, n_split.min(n_outputs))?;
+            peak = peak.max(spare.plan.peak_bytes);
+            work = work.max(work_bytes(&spare.graph));
+            spare.fwd = None;
+        }
         let mut planned = Self {
             model,
             config,

@@ -233,6 +233,12 @@ fn split_parts(longest: usize) -> usize {
 /// Steps split when they have fewer (token, KV head) units than this.
 const SPLIT_BELOW_UNITS: usize = 8;
 
+/// The most tokens a step over `kv_heads` KV heads may have and still split its keys: the split's
+/// work grows with the tokens, so the engine sizes its work region for this many too.
+pub fn most_split_tokens(kv_heads: usize) -> usize {
+    (SPLIT_BELOW_UNITS - 1) / kv_heads.max(1)
+}
+
 /// Floats per part of a split row in the work region: where its softmax ended (max, sum), then
 /// its normalized output.
 fn split_stride(dv: usize) -> usize {
