@@ -254,6 +254,8 @@ impl Vocab {
             planned_after: None,
             waited_us: 0,
             closing_estimate: None,
+            search_again_in: 0,
+            failed_searches: 0,
         })
     }
 }
@@ -361,6 +363,10 @@ pub struct Constraint {
     waited_us: u64,
     /// The length of the last completion found, and the tokens since.
     closing_estimate: Option<(usize, usize)>,
+    /// Tokens until the next search, after one that found no completion, and how many in a row
+    /// found none.
+    search_again_in: usize,
+    failed_searches: u32,
 }
 
 /// The thread that computes a constraint's masks: it takes the state after a commit and gives it
@@ -436,6 +442,9 @@ const LONG_SEARCH_STEPS: usize = 4_000;
 pub const STEER_WINDOW: usize = 64;
 /// Tokens of slack kept beyond the completion before each token is checked.
 const STEER_SLACK: usize = 16;
+/// Tokens [`Constraint::steer`] lets pass after a search that found no completion (twice as many
+/// after each further one, up to 8 times as many).
+const STEER_RETRY_AFTER: usize = 3;
 /// What one token is assumed to add at most to the completion's length (in tokens): the
 /// completion is searched again only when that growth could have used up the room left.
 const GROWTH_PER_TOKEN: usize = 2;
@@ -608,10 +617,20 @@ impl Constraint {
                 return Ok(id);
             }
         }
+        // A search that found nothing is not repeated at once: one token rarely brings a
+        // completion within the searches' bounds, and each costs milliseconds (the wait doubles
+        // with every search in a row that finds none).
+        if self.search_again_in > 0 {
+            self.search_again_in -= 1;
+            return Ok(id);
+        }
         let Some(closing) = self.closing()? else {
             self.closing_estimate = None;
+            self.search_again_in = STEER_RETRY_AFTER << self.failed_searches.min(3);
+            self.failed_searches += 1;
             return Ok(id); // no completion found within the searches' bounds: nothing to steer by
         };
+        self.failed_searches = 0;
         self.closing_estimate = Some((closing.len(), 0));
         if closing.len() + STEER_SLACK < left {
             return Ok(id);
