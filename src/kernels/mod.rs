@@ -228,6 +228,8 @@ pub fn dot_f16(path: KernelPath, x: &[F16Le], y: &[F16Le]) -> f32 {
             // SAFETY: the CPU has AVX2, FMA and F16C (checked on this line).
             unsafe { x86::dot_f16_avx2(x, y) }
         }
+        #[cfg(target_arch = "aarch64")]
+        KernelPath::Neon | KernelPath::NeonDotprod | KernelPath::NeonFp16 => neon::dot_f16(x, y),
         _ => dot::vec_dot_f16_lanes(x, y),
     }
 }

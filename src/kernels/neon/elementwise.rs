@@ -1,6 +1,7 @@
 //! Row kernels: RMS norm, SwiGLU, f32 to f16, RoPE.
 
 use core::arch::aarch64::*;
+use core::arch::asm;
 
 use super::*;
 use crate::kernels::reference::{f32_to_f16_ref, rope_rotate_ref, swiglu_ref};
@@ -44,6 +45,81 @@ fn rms_norm_neon(x: &[f32], out: &mut [f32], eps: f32) {
     for (o, &v) in out[whole..n].iter_mut().zip(&x[whole..n]) {
         *o = v * scale;
     }
+}
+
+/// f16 dot product of a matmul on f16 weights, bit-identical to
+/// `crate::kernels::dot::vec_dot_f16_lanes` (ggml's AVX2 order): runs of 32 (a shorter last run
+/// zero-padded), chunk `c` of 8 into accumulator `c` as two registers of 4 lanes; the products
+/// of two f16 are exact in f32, so a fused multiply-add rounds as the twin's product then sum.
+pub fn dot_f16(x: &[F16Le], y: &[F16Le]) -> f32 {
+    // SAFETY: NEON is part of the aarch64 baseline.
+    unsafe { dot_f16_neon(x, y) }
+}
+
+#[target_feature(enable = "neon")]
+fn dot_f16_neon(x: &[F16Le], y: &[F16Le]) -> f32 {
+    let n = x.len().min(y.len());
+    let whole = n - n % 32;
+    let mut acc = [vdupq_n_f32(0.0); 8];
+    for start in (0..whole).step_by(32) {
+        // SAFETY: 32 values from `start`, which is at most `whole - 32`.
+        unsafe { f16_group(x[start..].as_ptr(), y[start..].as_ptr(), start == 0, &mut acc) };
+    }
+    if whole < n {
+        let (mut px, mut py) = ([F16Le::from_bits(0); 32], [F16Le::from_bits(0); 32]);
+        px[..n - whole].copy_from_slice(&x[whole..n]);
+        py[..n - whole].copy_from_slice(&y[whole..n]);
+        // SAFETY: 32 values in each array.
+        unsafe { f16_group(px.as_ptr(), py.as_ptr(), whole == 0, &mut acc) };
+    }
+    // As the twin: x = (acc0 + acc2) + (acc1 + acc3), t = x[..4] + x[4..], (t0 + t1) + (t2 + t3).
+    let lo = vaddq_f32(vaddq_f32(acc[0], acc[4]), vaddq_f32(acc[2], acc[6]));
+    let hi = vaddq_f32(vaddq_f32(acc[1], acc[5]), vaddq_f32(acc[3], acc[7]));
+    let t = vaddq_f32(lo, hi);
+    (vgetq_lane_f32::<0>(t) + vgetq_lane_f32::<1>(t)) + (vgetq_lane_f32::<2>(t) + vgetq_lane_f32::<3>(t))
+}
+
+/// One run of 32: `acc[2c]`, `acc[2c + 1]` take lanes 0-3 and 4-7 of chunk `c`'s products (set
+/// by the first run, added to after).
+///
+/// # Safety
+/// `x` and `y` point at 32 readable values.
+#[inline]
+#[target_feature(enable = "neon")]
+unsafe fn f16_group(x: *const F16Le, y: *const F16Le, first: bool, acc: &mut [float32x4_t; 8]) {
+    for c in 0..4 {
+        // SAFETY: chunk c's 8 values are inside the 32 the caller guarantees.
+        let ((xl, xh), (yl, yh)) = unsafe { (widen_f16x8(x.add(8 * c)), widen_f16x8(y.add(8 * c))) };
+        if first {
+            (acc[2 * c], acc[2 * c + 1]) = (vmulq_f32(xl, yl), vmulq_f32(xh, yh));
+        } else {
+            (acc[2 * c], acc[2 * c + 1]) = (vfmaq_f32(acc[2 * c], xl, yl), vfmaq_f32(acc[2 * c + 1], xh, yh));
+        }
+    }
+}
+
+/// 8 f16 values at `p` widened to f32 (lanes 0-3, 4-7). (`fcvtl` in assembly: the intrinsics
+/// taking f16 vectors are not stable.)
+///
+/// # Safety
+/// `p` points at 8 readable values.
+#[inline(always)]
+unsafe fn widen_f16x8(p: *const F16Le) -> (float32x4_t, float32x4_t) {
+    let (lo, hi): (float32x4_t, float32x4_t);
+    // SAFETY: reads 16 bytes at `p` (the caller's contract); writes only the declared registers.
+    unsafe {
+        asm!(
+            "ldr {h:q}, [{p}]",
+            "fcvtl {lo:v}.4s, {h:v}.4h",
+            "fcvtl2 {hi:v}.4s, {h:v}.8h",
+            p = in(reg) p,
+            h = out(vreg) _,
+            lo = out(vreg) lo,
+            hi = out(vreg) hi,
+            options(pure, readonly, nostack, preserves_flags),
+        );
+    }
+    (lo, hi)
 }
 
 /// f32 dot product, bit-identical to `crate::kernels::dot::vec_dot_f32_lanes`: its 4 x 8 lanes
