@@ -3,9 +3,9 @@
 //! in one batch and takes them while the sampler draws them; this module only guesses: from
 //! earlier in the text (prompt lookup), or with a small draft model of the same vocabulary.
 
+use std::boxed::Box;
 use std::fmt;
 use std::format;
-use std::boxed::Box;
 use std::vec::Vec;
 
 use crate::session::{Session, SessionError};
@@ -165,7 +165,10 @@ impl fmt::Display for DraftError {
         match self {
             Self::Vocabulary(what) => write!(f, "the draft model's vocabulary is not the model's: {what}"),
             Self::Recurrent => {
-                write!(f, "the draft model has recurrent layers, whose state cannot go back to a guess not taken")
+                write!(
+                    f,
+                    "the draft model has recurrent layers, whose state cannot go back to a guess not taken"
+                )
             }
         }
     }
@@ -179,7 +182,11 @@ const MAX_VOCAB_DIFFERENCE: u32 = 128;
 /// Whether a model of tokenizer `draft` and session `session` can draft for a model of `target`:
 /// the same kind of vocabulary, the same special tokens and the same text for every token both
 /// have (ids are compared, so one token's text differing would make every guess of it wrong).
-pub fn check_draft(target: &Tokenizer<'_>, draft: &Tokenizer<'_>, session: &Session) -> Result<(), DraftError> {
+pub fn check_draft(
+    target: &Tokenizer<'_>,
+    draft: &Tokenizer<'_>,
+    session: &Session,
+) -> Result<(), DraftError> {
     let hp = session.hparams();
     if hp.recurrent.count_below(hp.n_layer as usize) > 0 {
         return Err(DraftError::Recurrent);

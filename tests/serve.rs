@@ -215,7 +215,8 @@ fn batched_decode_is_exact() {
 fn lookup_gives_the_same_texts_in_a_shared_batch() {
     let kernels: &[(&str, &str)] = if through_qemu().is_some() { &[] } else { &[("PINFER_KERNELS", "ref")] };
     let doc = r#"{"name": "Kitchen light", "room": "kitchen", "state": "off", "brightness": 80}"#;
-    let repeat = format!("<|im_start|>user\nRepeat this JSON exactly:\n{doc}<|im_end|>\n<|im_start|>assistant\n");
+    let repeat =
+        format!("<|im_start|>user\nRepeat this JSON exactly:\n{doc}<|im_end|>\n<|im_start|>assistant\n");
     let n = 12 * scale();
     let ok = |r: Response| {
         assert_eq!(r.status, 200, "{}", r.body);

@@ -20,8 +20,8 @@ pub mod gbnf;
 use std::boxed::Box;
 use std::fmt;
 use std::string::{String, ToString};
-use std::sync::Arc;
 use std::sync::mpsc;
+use std::sync::Arc;
 use std::vec::Vec;
 use std::{format, vec};
 
@@ -453,8 +453,12 @@ impl Constraint {
     fn state(&mut self) -> Result<&mut State, GrammarError> {
         if std::mem::take(&mut self.pending) {
             let t0 = std::time::Instant::now();
-            let worker = self.worker.as_ref().ok_or_else(|| GrammarError::Runtime("no mask thread".into()))?;
-            let s = worker.done.recv().map_err(|_| GrammarError::Runtime("the mask thread panicked".into()))??;
+            let worker =
+                self.worker.as_ref().ok_or_else(|| GrammarError::Runtime("no mask thread".into()))?;
+            let s = worker
+                .done
+                .recv()
+                .map_err(|_| GrammarError::Runtime("the mask thread panicked".into()))??;
             self.waited_us += t0.elapsed().as_micros() as u64;
             self.state = Some(s);
         }

@@ -97,7 +97,13 @@ pub struct GenArgs {
     #[arg(long = "model-draft", value_name = "FILE")]
     pub model_draft: Option<PathBuf>,
     /// Most tokens the draft model guesses per batch (llama.cpp's --draft-max).
-    #[arg(long = "draft-max", visible_alias = "draft", alias = "draft-n", default_value_t = 16, value_name = "N")]
+    #[arg(
+        long = "draft-max",
+        visible_alias = "draft",
+        alias = "draft-n",
+        default_value_t = 16,
+        value_name = "N"
+    )]
     pub draft_max: usize,
     /// The draft model stops guessing when its next token is less likely than this.
     #[arg(long = "draft-p-min", default_value_t = 0.75, value_name = "P")]
@@ -254,7 +260,10 @@ impl GenArgs {
             opts.logits_all = true;
         }
         if !(0.0..=1.0).contains(&self.draft_p_min) {
-            return Err(CliError::new(format!("--draft-p-min {}: give a probability (0 to 1)", self.draft_p_min)));
+            return Err(CliError::new(format!(
+                "--draft-p-min {}: give a probability (0 to 1)",
+                self.draft_p_min
+            )));
         }
         Ok(opts)
     }
@@ -474,7 +483,10 @@ pub(crate) fn set_speculative(
     if args.verbose > 0 {
         errln!("pinfer: draft model {}: {}", path.display(), draft.memory_plan());
     }
-    gen.set_speculative(Some((Drafter::Model(Box::new(DraftModel::new(draft, args.draft_p_min))), args.draft_max)));
+    gen.set_speculative(Some((
+        Drafter::Model(Box::new(DraftModel::new(draft, args.draft_p_min))),
+        args.draft_max,
+    )));
     Ok(())
 }
 

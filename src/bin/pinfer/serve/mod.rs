@@ -637,7 +637,8 @@ fn load_engine(
     let hp = session.hparams();
     if gen.lookup.is_some() && hp.recurrent.count_below(hp.n_layer as usize) > 0 {
         return Err(CliError::new(
-            "--lookup: this model has recurrent layers, whose state cannot go back to a guess's position".into(),
+            "--lookup: this model has recurrent layers, whose state cannot go back to a guess's position"
+                .into(),
         ));
     }
     let arch = gguf.get_str_opt("general.architecture").ok().flatten().unwrap_or("").to_string();

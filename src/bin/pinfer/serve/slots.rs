@@ -450,7 +450,8 @@ impl Engine {
             let pos = self.session.seq_len(i);
             // (No more guesses than the context and the token limit leave room for.)
             let left = run.job.params.n_predict.map_or(usize::MAX, |n| n.saturating_sub(run.n_generated));
-            let n = per_slot.min(run.draft_len).min(n_ctx.saturating_sub(pos + 1)).min(left.saturating_sub(1));
+            let n =
+                per_slot.min(run.draft_len).min(n_ctx.saturating_sub(pos + 1)).min(left.saturating_sub(1));
             run.guesses.clear();
             run.taken = 0;
             if n > 0 {
