@@ -214,9 +214,8 @@ fn batched_decode_is_exact() {
 #[test]
 fn lookup_gives_the_same_texts_in_a_shared_batch() {
     let kernels: &[(&str, &str)] = if through_qemu().is_some() { &[] } else { &[("PINFER_KERNELS", "ref")] };
-    let doc = r#"{"name": "Kitchen light", "room": "kitchen", "state": "off", "brightness": 80}"#;
-    let repeat =
-        format!("<|im_start|>user\nRepeat this JSON exactly:\n{doc}<|im_end|>\n<|im_start|>assistant\n");
+    // A text that repeats itself: guesses from its first tokens on (12 tokens under qemu).
+    let repeat = "1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2,";
     let n = 12 * scale();
     let ok = |r: Response| {
         assert_eq!(r.status, 200, "{}", r.body);
@@ -227,7 +226,7 @@ fn lookup_gives_the_same_texts_in_a_shared_batch() {
     // of issue 26.)
     let texts = |server: &Server| -> Vec<Value> {
         let mut out: Vec<Value> = std::thread::scope(|s| {
-            let handles: Vec<_> = [&repeat, PROMPTS[1]]
+            let handles: Vec<_> = [repeat, PROMPTS[1]]
                 .map(|p| s.spawn(move || server.post("/completion", &greedy(p, n))))
                 .into_iter()
                 .collect();
