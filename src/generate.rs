@@ -12,7 +12,7 @@ use crate::engine::EngineError;
 use crate::grammar::{Constraint, GrammarError};
 use crate::sampler::{Candidate, SampleError, Sampler, SamplerConfig};
 use crate::session::{Session, SessionError};
-use crate::speculative::{next_draft_len, DraftModel, Drafter};
+use crate::speculative::{next_draft_len, Drafter};
 use crate::tokenizer::{StreamDecoder, TokError, Tokenizer};
 
 /// Why a stream of generated tokens ended.
@@ -376,14 +376,6 @@ impl<'t> Generator<'t> {
     /// Tokens guessed and taken by speculative decoding so far, and the batches that carried guesses.
     pub fn draft_stats(&self) -> DraftStats {
         self.draft_stats
-    }
-
-    /// The draft model of speculative decoding, if guesses come from one.
-    pub fn draft_model(&self) -> Option<&DraftModel> {
-        match &self.drafter {
-            Some(Drafter::Model(m)) => Some(m),
-            _ => None,
-        }
     }
 
     /// After a token was sampled from row `row` of a verified batch: if it is the guess the batch

@@ -93,11 +93,6 @@ impl DraftModel {
         Self { session, held, p_min }
     }
 
-    /// The draft model's session (its figures).
-    pub fn session(&self) -> &Session {
-        &self.session
-    }
-
     fn guess(
         &mut self,
         tokens: &[u32],
@@ -187,8 +182,7 @@ pub fn check_draft(
     draft: &Tokenizer<'_>,
     session: &Session,
 ) -> Result<(), DraftError> {
-    let hp = session.hparams();
-    if hp.recurrent.count_below(hp.n_layer as usize) > 0 {
+    if session.engine().has_recurrent_layers() {
         return Err(DraftError::Recurrent);
     }
     let mismatch = |what: std::string::String| Err(DraftError::Vocabulary(what));

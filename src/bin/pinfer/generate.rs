@@ -463,8 +463,7 @@ pub(crate) fn set_speculative(
         (None, Some(_)) => "--model-draft",
         (None, None) => return Ok(()),
     };
-    let hp = session.hparams();
-    if hp.recurrent.count_below(hp.n_layer as usize) > 0 {
+    if session.engine().has_recurrent_layers() {
         return Err(CliError::new(format!(
             "{flag}: this model has recurrent layers, whose state cannot go back to a guess's position"
         )));

@@ -635,7 +635,7 @@ fn load_engine(
         None => ChatTemplate::detect(chat_template_text.as_deref()).unwrap_or(ChatTemplate::ChatMl),
     };
     let hp = session.hparams();
-    if gen.lookup.is_some() && hp.recurrent.count_below(hp.n_layer as usize) > 0 {
+    if gen.lookup.is_some() && session.engine().has_recurrent_layers() {
         return Err(CliError::new(
             "--lookup: this model has recurrent layers, whose state cannot go back to a guess's position"
                 .into(),
