@@ -91,17 +91,22 @@ fn check_greedy_opts(model: &str, golden: &str, max_steps: usize, opts: SessionO
             }
             let got = argmax(&logits) as u32;
             if got != want {
+                // llama.cpp's configurations flipped tokens at margins up to `flip_margin`, and their
+                // top logits lie up to `spread.logit` apart: two sums that far apart can swap tokens
+                // whose margin is below it (the LoRA golden's few configurations flipped only at
+                // 0.16 with logits 0.71 apart; its reference path, exact f32 sums, flips at 0.35).
+                let flip_margin = spread.flip_margin.max(spread.logit);
                 assert!(
-                    margins[step] <= spread.flip_margin,
+                    margins[step] <= flip_margin,
                     "{prompt:?} step {step}: token {got} differs from llama.cpp's {want} at margin {}, above \
                      the {} at which llama.cpp's own configurations disagree",
                     margins[step],
-                    spread.flip_margin
+                    flip_margin
                 );
                 if verbose {
                     eprintln!(
                         "{p} step {step}: diverged at margin {} (llama.cpp's own: {})",
-                        margins[step], spread.flip_margin
+                        margins[step], flip_margin
                     );
                 }
                 break; // the contexts differ from here on

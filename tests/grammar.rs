@@ -226,6 +226,40 @@ fn json_schema_masks_take_valid_documents_and_refuse_invalid_ones() {
     assert!(!engine_accepts(&rx, "maybe"));
 }
 
+/// A text cut inside a multi-byte character (a byte token ended it) completes too: the search
+/// for a completion tries continuation bytes where no ASCII byte fits.
+#[test]
+fn closing_completes_a_text_cut_inside_a_character() {
+    let v = vocab();
+    let tok = tokenizer();
+    // The token of the lone byte 0xE4, the first of the three of 世 (E4 B8 96).
+    let lone = |byte: u8| {
+        (0..tok.n_vocab())
+            .find(|&id| {
+                let mut buf = [0u8; 64];
+                tok.decode(&[id], false, &mut buf).is_ok_and(|n| buf[..n] == [byte])
+            })
+            .unwrap_or_else(|| panic!("no token of the byte {byte:#x}"))
+    };
+    let src = grammar("japanese");
+    let mut c = v.compile(&GrammarSpec::Gbnf(src.clone())).unwrap();
+    for t in encode("こんにちは ").into_iter().chain([lone(0xE4)]) {
+        assert!(c.allows(t).unwrap());
+        c.commit(t).unwrap();
+    }
+    assert!(!c.is_accepting().unwrap());
+    let closing = c.closing().unwrap().expect("a completion of the character");
+    for &t in &closing {
+        assert!(c.allows(t).unwrap(), "completion token {t}");
+        c.commit(t).unwrap();
+    }
+    assert!(c.is_accepting().unwrap());
+    let mut text = encode("こんにちは ");
+    text.push(lone(0xE4));
+    text.extend_from_slice(&closing);
+    assert!(Gbnf::parse(&src).unwrap().accepts(&decode(&text)), "{:?}", decode(&text));
+}
+
 #[test]
 fn closing_completes_a_partial_output() {
     let v = vocab();

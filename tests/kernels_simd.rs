@@ -403,7 +403,7 @@ fn flash_attn_rows_match_single_rows_bit_for_bit() {
     for path in paths {
         // (520: past the 512 dimensions the x86 kernel keeps the query in f32 for.)
         for dim in [8, 16, 17, 24, 48, 64, 72, 128, 136, 256, 520] {
-            for n_keys in [0usize, 1, 3, 31, 33, 64, 100, 200] {
+            for n_keys in [0usize, 1, 3, 31, 33, 64, 100, 200, 300, 700] {
                 for rows in 1..=FLASH_ROWS {
                     let q_size = if n_keys % 2 == 0 { 1.0 } else { 40.0 };
                     let qs: Vec<Vec<f32>> =
@@ -783,19 +783,14 @@ fn matmul_run(
 
 /// A server batches the decode steps of several users into one matmul: on the board's kernel
 /// paths (and the reference) a token's results must not depend on what else is in the batch, or
-/// the same greedy request would give another text under load. Each token of a batch of `n` is
-/// compared bit for bit with the same token alone, over whole matrices and the group ranges the
-/// worker threads take (odd starts and remainders). (The x86 kernels sum a single token's blocks
-/// in two chains and several tokens' in chunks of another length: agreement there is within
-/// the matmul tolerance only, see `packed_matmul_over_many_groups`.)
+/// the same greedy request would give another text under load, and a batch of guesses (`--lookup`,
+/// `-md`) would decode another text than single tokens. Each token of a batch of `n` is compared
+/// bit for bit with the same token alone, over whole matrices and the group ranges the worker
+/// threads take (odd starts and remainders), on every path.
 #[test]
-fn packed_matmul_is_batch_invariant_on_board_paths() {
+fn packed_matmul_is_batch_invariant() {
     let mut rng = Rng(11);
-    let paths: Vec<KernelPath> =
-        [KernelPath::Reference, KernelPath::Neon, KernelPath::NeonDotprod, KernelPath::NeonFp16]
-            .into_iter()
-            .filter(|p| p.is_available())
-            .collect();
+    let paths: Vec<KernelPath> = KernelPath::ALL.into_iter().filter(|p| p.is_available()).collect();
     let types = [
         GgmlType::Q4_0,
         GgmlType::Q4_1,
@@ -808,8 +803,10 @@ fn packed_matmul_is_batch_invariant_on_board_paths() {
     ];
     for path in paths {
         for ty in types {
-            // One block row short of the kernels' chunking and well past it.
-            for k in [256, 2048] {
+            // Within the kernels' chunking and well past it; odd and partial segments of blocks.
+            let super_blocks = matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K);
+            let ks: &[usize] = if super_blocks { &[256, 768, 2048] } else { &[256, 576, 2080] };
+            for &k in ks {
                 let rows = 4 * 21;
                 let (format, q, s) = matrix(ty, rows, k, &mut rng);
                 let w = PackedMatrix { format, rows, k, quants: &q, scales: &s };

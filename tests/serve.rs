@@ -195,25 +195,21 @@ fn sequential_and_concurrent(server: &Server, n: usize) -> (Vec<String>, Vec<Str
 }
 
 /// Concurrent requests run as one batch per step (their prompts in one chunk, then their decode
-/// steps together), each sequence attending only to its own cache: on the board's kernels (NEON,
-/// run here under qemu) and the reference, whose per-row arithmetic does not depend on the batch
-/// (`tests/kernels_simd.rs` checks the matmuls bit for bit), the tokens are exactly those of
-/// sequential requests. On x86 the test runs the reference: the AVX2 kernels sum a lone token's
-/// blocks in another order than a batch's, so greedy texts there can part after a while.
+/// steps together), each sequence attending only to its own cache: every kernel path's per-row
+/// arithmetic does not depend on the batch (`tests/kernels_simd.rs` checks the matmuls bit for
+/// bit), so the tokens are exactly those of sequential requests, on the default kernels.
 #[test]
 fn batched_decode_is_exact() {
-    let kernels: &[(&str, &str)] = if through_qemu().is_some() { &[] } else { &[("PINFER_KERNELS", "ref")] };
-    let server = Server::start_with(&["-np", "4", "-c", "2048"], kernels);
+    let server = Server::start(&["-np", "4", "-c", "2048"]);
     let (sequential, concurrent) = sequential_and_concurrent(&server, 16);
     assert_eq!(concurrent, sequential);
 }
 
 /// Lookup decoding in the server (`--lookup N`): concurrent requests carry guesses in one batch,
-/// and each gets the text it gets without them, greedy and sampled (exact kernels, as above); the
-/// timings count the guesses.
+/// and each gets the text it gets without them, greedy and sampled (as above); the timings count
+/// the guesses.
 #[test]
 fn lookup_gives_the_same_texts_in_a_shared_batch() {
-    let kernels: &[(&str, &str)] = if through_qemu().is_some() { &[] } else { &[("PINFER_KERNELS", "ref")] };
     // A text that repeats itself: guesses from its first tokens on (12 tokens under qemu).
     let repeat = "1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2,";
     let n = 12 * scale();
@@ -236,8 +232,8 @@ fn lookup_gives_the_same_texts_in_a_shared_batch() {
         out.push(ok(server.post("/completion", &sampled)));
         out
     };
-    let plain = texts(&Server::start_with(&["-np", "2", "-c", "1024"], kernels));
-    let looked = texts(&Server::start_with(&["-np", "2", "-c", "1024", "--lookup", "4"], kernels));
+    let plain = texts(&Server::start(&["-np", "2", "-c", "1024"]));
+    let looked = texts(&Server::start(&["-np", "2", "-c", "1024", "--lookup", "4"]));
     for (p, l) in plain.iter().zip(&looked) {
         assert_eq!(l["content"], p["content"]);
         assert!(p["timings"].get("draft_n").is_none(), "{p}");

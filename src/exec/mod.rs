@@ -230,6 +230,23 @@ fn split_parts(longest: usize) -> usize {
     let parts = (longest / SPLIT_PART_KEYS).clamp(2, SPLIT_PARTS);
     1 << parts.ilog2()
 }
+
+/// The widest value rows a step that does not split sums in parts (every model's; wider ones go in
+/// one pass there).
+const MERGED_DV: usize = 512;
+
+/// The parts a row that sees `len` keys is summed in, whether or not its step splits: 0 (one pass
+/// over its keys) below [`SPLIT_MIN_KEYS`], else [`split_parts`] of its own keys, each part's
+/// softmax merged (`kernels::merge_attn_parts`). A row's arithmetic then depends on its keys
+/// only, not on the other rows of its step: a batch of guesses (`--lookup`, `-md`) computes what
+/// single tokens would, and a server's batch what each request would alone.
+fn row_parts(len: usize) -> usize {
+    if len >= SPLIT_MIN_KEYS {
+        split_parts(len)
+    } else {
+        0
+    }
+}
 /// Steps split when they have fewer (token, KV head) units than this.
 const SPLIT_BELOW_UNITS: usize = 8;
 
@@ -843,7 +860,7 @@ impl<'a, const N: usize> Bound<'a, N> {
             Op::FlashAttn => match (phase, self.split_of(t, step)) {
                 (0, None) => self.flash_attn(id, t, ne, step, ith, nth),
                 (0, Some(parts)) => self.flash_attn_parts(id, t, ne, step, parts, ith, nth),
-                (_, Some(parts)) => self.merge_attn_parts(id, ne, parts, ith, nth),
+                (_, Some(parts)) => self.merge_attn_parts(id, ne, step, parts, ith, nth),
                 (_, None) => {}
             },
             Op::None | Op::View => {}
@@ -1482,6 +1499,35 @@ impl<'a, const N: usize> Bound<'a, N> {
                 let kp = self.ptrs[k.index()].wrapping_add(tk.row_offset(0, kv_head, 0)) as *const u8;
                 let vp = self.ptrs[v.index()].wrapping_add(tv.row_offset(0, kv_head, 0)) as *const u8;
                 let (ks, vs) = (tk.nb[1], tv.nb[1]);
+                let own = row_parts(end - start);
+                if own >= 2 && hd_v <= MERGED_DV {
+                    // A long row is summed in its parts and merged, as a split step sums it (see
+                    // `row_parts`), one head at a time.
+                    let mut parts = [0f32; SPLIT_PARTS * MERGED_DV];
+                    for (q, out) in qs[..n].iter().zip(outs.iter_mut()) {
+                        let mut ends = [RowSoftmax::EMPTY; SPLIT_PARTS];
+                        let len = end - start;
+                        for (part, got) in ends.iter_mut().enumerate().take(own) {
+                            let keys = start + len * part / own..start + len * (part + 1) / own;
+                            let mut o = [&mut parts[part * hd_v..(part + 1) * hd_v]];
+                            *got = kernels::flash_attn_rows(
+                                path,
+                                core::slice::from_ref(q),
+                                &mut q16[..hd],
+                                keys,
+                                |j| core::slice::from_raw_parts(kp.wrapping_add(j * ks).cast::<F16Le>(), hd),
+                                |j| {
+                                    core::slice::from_raw_parts(vp.wrapping_add(j * vs).cast::<F16Le>(), hd_v)
+                                },
+                                scale,
+                                &mut acc16[..hd_v],
+                                &mut o,
+                            )[0];
+                        }
+                        kernels::merge_attn_parts(&ends[..own], |c| &parts[c * hd_v..(c + 1) * hd_v], out);
+                    }
+                    continue;
+                }
                 kernels::flash_attn_rows(
                     path,
                     &qs[..n],
@@ -1552,30 +1598,49 @@ impl<'a, const N: usize> Bound<'a, N> {
             let heads = first..(first + run).min((kv_head + 1) * group);
             let Some(seen) = self.visible(t, tok, n_kv, step) else { return self.fail(id, BAD_INDEX) };
             let len = seen.len();
-            let keys = seen.start + len * part / parts..seen.start + len * (part + 1) / parts;
+            // The row's own parts (see `row_parts`): a row in one pass goes straight to its
+            // output in its part 0 (the merge skips it); parts past its own are empty.
+            let own = row_parts(len);
+            let direct = own == 0;
+            if direct && part > 0 {
+                continue;
+            }
+            let keys = match own {
+                0 => seen.clone(),
+                p if part < p => seen.start + len * part / p..seen.start + len * (part + 1) / p,
+                _ => seen.start..seen.start,
+            };
             let mut qs: [&[f32]; ROWS] = [&[]; ROWS];
             let mut outs: [&mut [f32]; ROWS] = Default::default();
             let mut ends: [&mut [f32]; ROWS] = Default::default();
+            let mut unused = [[0f32; 2]; ROWS];
+            let mut unused = unused.iter_mut();
             let n = heads.len();
             for (i, head) in heads.enumerate() {
                 let slot = (tok * ne[1] + head) * SPLIT_PARTS + part;
                 // SAFETY: shapes and strides were checked by the graph builder, spans by `new`;
                 // the slots of rows (tok, head) at this part lie in the work region (`split_of`
-                // checked its size and alignment) and belong to this unit alone.
+                // checked its size and alignment) and belong to this unit alone, as does the
+                // output row of a row in one pass.
                 unsafe {
                     qs[i] = self.read(q, tq.row_offset(tok, head, 0), hd);
-                    let slot = core::slice::from_raw_parts_mut(
-                        self.converted.cast::<f32>().add(slot * stride),
-                        stride,
-                    );
-                    (ends[i], outs[i]) = slot.split_at_mut(2);
+                    if direct {
+                        outs[i] = self.write(id, t.row_offset(head, tok, 0), hd_v);
+                        ends[i] = unused.next().map_or(&mut [], |u| &mut u[..]);
+                    } else {
+                        let slot = core::slice::from_raw_parts_mut(
+                            self.converted.cast::<f32>().add(slot * stride),
+                            stride,
+                        );
+                        (ends[i], outs[i]) = slot.split_at_mut(2);
+                    }
                 }
             }
             let mut put = |i: usize, end: RowSoftmax| {
                 ends[i][0] = end.max;
                 ends[i][1] = end.sum;
             };
-            if keys.is_empty() {
+            if keys.is_empty() && !direct {
                 (0..n).for_each(|i| put(i, RowSoftmax::EMPTY));
                 continue;
             }
@@ -1619,13 +1684,28 @@ impl<'a, const N: usize> Bound<'a, N> {
         }
     }
 
-    /// Phase 1 of a split attention: each output row merged from its parts' slots.
-    fn merge_attn_parts(&self, id: TensorId, ne: [usize; 4], parts: usize, ith: usize, nth: usize) {
+    /// Phase 1 of a split attention: each output row merged from its parts' slots (a row in one
+    /// pass, see `row_parts`, has its output already).
+    fn merge_attn_parts(
+        &self,
+        id: TensorId,
+        ne: [usize; 4],
+        step: Step,
+        parts: usize,
+        ith: usize,
+        nth: usize,
+    ) {
         let (dv, heads) = (ne[0], ne[1]);
         let stride = split_stride(dv);
         let t = self.graph.tensor(id);
+        let Some(k) = t.src[1] else { return };
+        let n_kv = self.graph.tensor(k).ne_for(step.n_kv)[1];
         for row in share(ne[2] * heads, ith, nth) {
             let (tok, head) = (row / heads, row % heads);
+            let Some(seen) = self.visible(t, tok, n_kv, step) else { return self.fail(id, BAD_INDEX) };
+            if row_parts(seen.len()) == 0 {
+                continue;
+            }
             // SAFETY: the row's slots lie in the work region (`split_of` checked it), written in
             // phase 0 a barrier ago and read-only now; output row (head, tok) is inside the
             // node's checked span and belongs to this thread.

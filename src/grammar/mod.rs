@@ -624,7 +624,8 @@ impl Constraint {
         // A search that found nothing is not repeated at once: one token rarely brings a
         // completion within the searches' bounds, and each costs milliseconds (the wait doubles
         // with every search in a row that finds none).
-        if self.search_again_in > 0 {
+        // (Not in the last tokens: there each one must leave the text completable.)
+        if self.search_again_in > 0 && left > STEER_SLACK {
             self.search_again_in -= 1;
             return Ok(id);
         }
@@ -693,17 +694,33 @@ fn search_closing(
     };
     // The bytes this state allows, in order (at most `branches` of them).
     let mut allowed: Vec<(u8, u32)> = Vec::new();
-    for &b in order {
-        let Some(t) = vocab.byte_token[b as usize] else { continue };
-        *steps += 1;
-        if *steps >= how.budget {
-            return Ok(false);
+    // Inside a multi-byte character no byte of the orders fits, only continuation bytes; where
+    // only other characters than ASCII fit, their lead bytes (UTF-8's 0x80..=0xF4).
+    const NON_ASCII: [u8; 0xF5 - 0x80] = {
+        let mut c = [0u8; 0xF5 - 0x80];
+        let mut i = 0;
+        while i < c.len() {
+            c[i] = 0x80 + i as u8;
+            i += 1;
         }
-        if m.validate_tokens(&[t]).map_err(runtime)? == 1 {
-            allowed.push((b, t));
-            if allowed.len() >= how.branches {
-                break;
+        c
+    };
+    for order in [order, &NON_ASCII[..]] {
+        for &b in order {
+            let Some(t) = vocab.byte_token[b as usize] else { continue };
+            *steps += 1;
+            if *steps >= how.budget {
+                return Ok(false);
             }
+            if m.validate_tokens(&[t]).map_err(runtime)? == 1 {
+                allowed.push((b, t));
+                if allowed.len() >= how.branches {
+                    break;
+                }
+            }
+        }
+        if !allowed.is_empty() || !ff.is_empty() {
+            break;
         }
     }
     // Siblings that lead to states allowing the same of these bytes (a letter and a digit inside

@@ -107,9 +107,12 @@ pub fn widen(
 }
 
 /// Packed matmul of a Q6K or Q5 matrix on `path` (the contract of
-/// [`crate::kernels::packed::matmul_ref`]): chunks of [`CHUNK_GROUPS`] groups x [`CHUNK_BLOCKS`]
-/// blocks are widened ([`wide_format`]), then every token tile runs `path`'s kernel for that
-/// layout on the chunk; the chunks along `k` add up.
+/// [`crate::kernels::packed::matmul_ref`]): chunks of up to [`CHUNK_GROUPS`] groups are widened
+/// ([`wide_format`]), then every token tile runs `path`'s kernel for that layout on the chunk.
+/// Chunks are whole rows (fewer groups the longer the rows, within the scratch of
+/// `CHUNK_GROUPS x CHUNK_BLOCKS` blocks), so a row is summed in one pass as a lone token's
+/// kernel sums it: a token's results do not depend on the batch it is in. Only rows longer than
+/// the scratch (k > 16384) are cut along `k`, the chunks adding up.
 pub fn matmul_widened(
     path: KernelPath,
     w: &PackedMatrix<'_>,
@@ -130,11 +133,17 @@ pub fn matmul_widened(
     let mut part = [[0f32; GROUP_ROWS * CHUNK_GROUPS]; TOKENS];
     let wide = wide_format(w.format);
     let ws = wide.scale_bytes();
-    // Equal chunks along k (so a k of 2.5 chunks does not end in a sliver).
-    let kc = nb.div_ceil(nb.div_ceil(CHUNK_BLOCKS));
+    // Whole rows, as many groups as the scratch holds; past one group, equal chunks along k (so
+    // a k of 2.5 chunks does not end in a sliver).
+    const SCRATCH_BLOCKS: usize = CHUNK_GROUPS * CHUNK_BLOCKS;
+    let (kc, chunk_groups) = if nb <= SCRATCH_BLOCKS {
+        (nb, (SCRATCH_BLOCKS / nb).min(CHUNK_GROUPS))
+    } else {
+        (nb.div_ceil(nb.div_ceil(SCRATCH_BLOCKS)), 1)
+    };
     let mut g0 = groups.start;
     while g0 < groups.end {
-        let gn = CHUNK_GROUPS.min(groups.end - g0);
+        let gn = chunk_groups.min(groups.end - g0);
         let out0 = GROUP_ROWS * (g0 - groups.start);
         let rows = GROUP_ROWS * gn;
         let mut c0 = 0;

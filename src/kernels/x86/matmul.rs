@@ -5,8 +5,13 @@
 //! 32-bit lane `4h + r` belongs to row `r` and to the elements of chunk `h`. Each activation block is
 //! first *expanded* into a small stack scratch: four vectors holding the 4-byte activation group of
 //! the matching chunk in all 4 row lanes of each half. The inner loop is then loads and integer
-//! dot products only, and the int32 lane sums of both halves are scaled by `d_w * d_a` into f32
-//! accumulators whose two halves are added once per row at the end.
+//! dot products only; the int32 lane sums of both halves are added (exactly), and the 4 row sums
+//! of two blocks side by side scaled by `d_w * d_a` into one f32 accumulator (see [`row_step`]).
+//!
+//! Every kernel shape (one token, tiles of up to 4) sums a row in the same order of arithmetic,
+//! so a token's results do not depend on the batch it is in: a batch of guesses (`--lookup`,
+//! `-md`) verifies what single tokens would compute, and a server's shared batch gives each
+//! request what it would get alone (`tests/kernels_simd.rs` checks it bit for bit).
 //!
 //! - 4-bit: the stored two's-complement nibble `q` is turned into `u = q + 8` (XOR 8, 0..15), which
 //!   `maddubs` takes as its unsigned operand directly; four products per i16 lane stay below 2^15,
@@ -15,7 +20,7 @@
 //! - 8-bit: the sign trick, `maddubs(|w|, sign(a, w))`, then `madd` per vector (the i16 pair sums
 //!   use the whole i16 range).
 //! - With AVX512-VNNI + AVX512VL (detected at run time, see [`vnni`]) `vpdpbusd` replaces each
-//!   `maddubs` + `madd` + add.
+//!   `maddubs` + `madd` + add; int8 weights are taken as `q + 128` and `128 * sum(a)` subtracted.
 //!
 //! Tokens are processed in tiles of up to 4 (weights unpacked once per tile). The groups are cut
 //! into strips that stay in L2, so a call with many tokens reads each weight from memory once. A
@@ -102,28 +107,6 @@ unsafe fn dpbusd(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
     acc
 }
 
-/// [`dpbusd`] with the signed operand read from memory (32 bytes at `s`, any alignment): one
-/// micro-fused instruction, and no register for the operand.
-///
-/// # Safety
-/// The CPU must have AVX512-VNNI and AVX512VL; 32 readable bytes at `s`.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn dpbusd_m(acc: __m256i, u: __m256i, s: *const __m256i) -> __m256i {
-    let mut acc = acc;
-    // SAFETY: the caller guarantees the instruction and the 32 bytes; no other side effect.
-    unsafe {
-        core::arch::asm!(
-            "{{evex}} vpdpbusd {acc}, {u}, ymmword ptr [{s}]",
-            acc = inout(ymm_reg) acc,
-            u = in(ymm_reg) u,
-            s = in(reg) s,
-            options(pure, readonly, nostack, preserves_flags),
-        );
-    }
-    acc
-}
-
 /// Format ids for const generics.
 const F_Q4: u8 = 0;
 const F_Q4MIN: u8 = 1;
@@ -187,12 +170,17 @@ struct Expanded {
     /// Q8: `e[v]` pairs with the `v`-th 32-byte load. Q4: `e[0]`, `e[1]` with the low nibbles of
     /// loads 0 and 1, `e[2]`, `e[3]` with their high nibbles.
     e: [__m256i; 4],
-    /// `-8` (4-bit formats) or `-128` (int8 formats, one token, VNNI) times the sum of the
+    /// `-8` (4-bit formats) or `-128` (int8 formats, VNNI) times the sum of the
     /// activations a half meets, per int32 lane (see [`Corr`]); Q6K: `-32` times the sum over
     /// elements 0..16 only; else zero.
     neg_corr: __m256i,
     /// Q6K: `-32` times the sum over elements 16..32 per int32 lane; else zero.
     neg_corr_hi: __m256i,
+    /// `[d; 4, d'; 4]`, `d` this block's activation scale and `d'` the next one's (this one's
+    /// again at the last block): what the kernels that go two blocks at a time scale by.
+    d_pair: __m256,
+    /// `[s; 4, s'; 4]` likewise.
+    s_pair: __m256,
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -280,17 +268,15 @@ unsafe fn run<const F: u8, const VNNI: bool>(
         Corr::Times8
     } else if F == F_Q6K {
         Corr::Times32Halves
-    } else if VNNI && acts.len() == 1 && !has_sub16(F) {
+    } else if VNNI && !has_sub16(F) {
         Corr::Times128
     } else {
         Corr::None
     };
-    // Chunks of whole scale units (Q6K, Q4K: super-blocks of 8 blocks) that a full tile's
-    // expansion fits.
+    // Chunks of whole segments (so every token's row sums fold at the same blocks, see
+    // `row_step`; whole scale units too) that a full tile's expansion fits.
     let tile = acts.len().min(TILE);
-    let unit = w.format.blocks_per_unit();
-    let chunks = nb.div_ceil(SCRATCH / tile / unit * unit);
-    let kc = nb.div_ceil(chunks).next_multiple_of(unit);
+    let kc = nb.min(SCRATCH / tile / SEG * SEG);
     let mut strip = (STRIP_BYTES / (nb * quant_bytes(F))).max(1);
     // Several tokens of a Q4K matrix: the strip's scales decoded per chunk (as many groups as fit).
     let mut decoded: Option<[u8; Q4K_DECODED]> = None;
@@ -336,13 +322,10 @@ unsafe fn run<const F: u8, const VNNI: bool>(
                 unsafe {
                     match tt {
                         1 if acts.len() == 1 => pass1::<F, VNNI>(&chunk, a, o),
-                        1 => pass::<F, VNNI, 1, 1>(&chunk, a, o),
-                        2 => pass::<F, VNNI, 2, 2>(&chunk, a, o),
-                        // Group pairs (see `tile2_q4v`) for the 4-bit formats with VNNI.
-                        3 if VNNI && is_4bit(F) => pass::<F, VNNI, 3, 2>(&chunk, a, o),
-                        3 => pass::<F, VNNI, 3, 1>(&chunk, a, o),
-                        _ if VNNI && is_4bit(F) => pass::<F, VNNI, 4, 2>(&chunk, a, o),
-                        _ => pass::<F, VNNI, 4, 1>(&chunk, a, o),
+                        1 => pass::<F, VNNI, 1>(&chunk, a, o),
+                        2 => pass::<F, VNNI, 2>(&chunk, a, o),
+                        3 => pass::<F, VNNI, 3>(&chunk, a, o),
+                        _ => pass::<F, VNNI, 4>(&chunk, a, o),
                     }
                 }
                 t0 += tt;
@@ -514,7 +497,7 @@ enum Corr {
     Times8,
     /// `-16 * sum`: 5-bit weights taken as `q + 16`.
     Times16,
-    /// `-128 * sum`: int8 weights taken as `q + 128` (one token with VNNI, see [`block_isum`]).
+    /// `-128 * sum`: int8 weights taken as `q + 128` (with VNNI, see [`block_isum`]).
     Times128,
     /// `-32 * sum` of each 16-element half apart: Q6K's 6-bit weights taken as `q + 32`.
     Times32Halves,
@@ -570,18 +553,21 @@ unsafe fn expand(src: *const ActBlock, n: usize, dst: *mut Expanded, corr: Corr)
                 }
             }
         };
+        // SAFETY: blocks b and (b + 1).min(n - 1) < n of `src`.
+        let (a0, a1) = unsafe { (&*src.add(b), &*src.add((b + 1).min(n - 1))) };
+        let (d_pair, s_pair) = (halves(&a0.d, &a1.d), halves(&a0.s, &a1.s));
         // SAFETY: entry b < n of `dst` (the caller's contract).
-        unsafe { dst.add(b).write(Expanded { e, neg_corr, neg_corr_hi }) };
+        unsafe { dst.add(b).write(Expanded { e, neg_corr, neg_corr_hi, d_pair, s_pair }) };
     }
 }
 
-/// All of `chunk.groups` for the `T` tokens of a tile, `G` groups per pass (plus single-group
-/// tails); writes (first chunk) or adds (later chunks) the 4 row results of each group.
+/// All of `chunk.groups` for the `T` tokens of a tile, one group at a time, segment by segment:
+/// continues the row sums in `outs` (from zero at the first chunk).
 ///
 /// # Safety
 /// `run`'s contract, `acts.len() == outs.len() == T`, and the scratch of `chunk` filled for them.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn pass<const F: u8, const VNNI: bool, const T: usize, const G: usize>(
+unsafe fn pass<const F: u8, const VNNI: bool, const T: usize>(
     chunk: &Chunk<'_, '_>,
     acts: &[&[ActBlock]],
     outs: &mut [&mut [f32]],
@@ -596,43 +582,36 @@ unsafe fn pass<const F: u8, const VNNI: bool, const T: usize, const G: usize>(
     let first = chunk.c0 == 0;
     // (Only a lone token decodes Q4K scales per group, in `pass1`; a pass finds them decoded.)
     let mut sbuf: Option<ScaleBuf> = None;
-    let mut g = chunk.groups.start;
-    while g < chunk.groups.end {
-        let left = chunk.groups.end - g;
-        // SAFETY: g < groups.end <= w.groups() and c0 < nb: inside the quant plane.
-        let q = unsafe { w.quants.as_ptr().add(g * qstride + chunk.c0 * quant_bytes(F)) };
-        let n = if VNNI && is_4bit(F) && G == 2 {
-            // A lone last group goes through the same arithmetic as a pair's (paired with
-            // itself), so a row's result does not depend on how the threads split the groups.
-            let n = left.min(2);
-            // SAFETY: groups g..g + n exist; n * kn <= 2 * SCRATCH.
-            let (s, sstride) = unsafe { chunk_scales::<F>(chunk, g, n, &mut sbuf) };
-            let (step, sstep) = if n == 2 { (qstride, sstride) } else { (0, 0) };
-            // SAFETY: groups g and g + 1 (or g twice) exist, with the chunk's blocks; the rest as
-            // below.
-            let acc = unsafe { tile2_q4v::<F, T>(q, s, step, sstep, chunk, &ap) };
-            store_pair(&acc, outs, GROUP_ROWS * (g - chunk.base), GROUP_ROWS * n, first);
-            n
-        } else if G > 1 && left >= G {
-            // SAFETY: groups g..g + G exist, each with the chunk's blocks c0..c0 + kn; the
-            // activation rows and the scratch as `pass` requires (G <= 2).
-            let acc = unsafe {
-                let (s, sstride) = chunk_scales::<F>(chunk, g, G, &mut sbuf);
-                tile::<F, VNNI, T, G>(q, s, qstride, sstride, chunk, &ap)
-            };
-            store(&acc, outs, GROUP_ROWS * (g - chunk.base), first);
-            G
-        } else {
-            // SAFETY: as above, for group g alone.
-            let acc = unsafe {
-                let (s, sstride) = chunk_scales::<F>(chunk, g, 1, &mut sbuf);
-                tile::<F, VNNI, T, 1>(q, s, qstride, sstride, chunk, &ap)
-            };
-            store(&acc, outs, GROUP_ROWS * (g - chunk.base), first);
-            1
+    for g in chunk.groups.clone() {
+        let at = GROUP_ROWS * (g - chunk.base);
+        // SAFETY: g < groups.end <= w.groups() and c0 < nb: inside the planes.
+        let (q, (s, _)) = unsafe {
+            (
+                w.quants.as_ptr().add(g * qstride + chunk.c0 * quant_bytes(F)),
+                chunk_scales::<F>(chunk, g, 1, &mut sbuf),
+            )
         };
-        g += n;
+        let mut acc = init_tile::<T>(outs, at, first);
+        for seg in segments(chunk.kn) {
+            // SAFETY: group g exists with the chunk's blocks c0..c0 + kn; the activation rows and
+            // the scratch as `pass` requires; VNNI only when the CPU has it.
+            let v = unsafe { tile::<F, VNNI, T>(q, s, chunk, &ap, seg) };
+            for (a, v) in acc.iter_mut().zip(v) {
+                *a = _mm_add_ps(*a, v);
+            }
+        }
+        store_tile(&acc, outs, at);
     }
+}
+
+/// Blocks per segment: the x86 kernels sum a row's blocks in two chains (even and odd blocks)
+/// that are folded into the row's sum at the end of every segment (see [`row_step`]); chunks are
+/// whole segments.
+const SEG: usize = 32;
+
+/// The segments of a chunk of `kn` blocks (relative to its start, a multiple of [`SEG`]).
+fn segments(kn: usize) -> impl Iterator<Item = Range<usize>> {
+    (0..kn).step_by(SEG).map(move |b| b..(b + SEG).min(kn))
 }
 
 /// How far ahead of its reads a single-token pass prefetches the quant plane, in bytes (the scale
@@ -657,7 +636,7 @@ unsafe fn pass1<const F: u8, const VNNI: bool>(
 ) {
     if has_sub16(F) {
         // SAFETY: `pass`'s contract, which is ours.
-        return unsafe { pass::<F, VNNI, 1, 1>(chunk, acts, outs) };
+        return unsafe { pass::<F, VNNI, 1>(chunk, acts, outs) };
     }
     let w = chunk.w;
     let (qstride, sstride) = (w.blocks() * quant_bytes(F), w.blocks() * scale_bytes(F));
@@ -677,14 +656,21 @@ unsafe fn pass1<const F: u8, const VNNI: bool>(
     };
     let mut sbuf: Option<ScaleBuf> = None;
     for g in chunk.groups.clone() {
-        // SAFETY: g < groups.end <= w.groups() and c0 < nb: inside both planes; the group has the
-        // chunk's blocks c0..c0 + kn, the activation row and the scratch have them too.
-        let acc = unsafe {
-            let q = w.quants.as_ptr().add(g * qstride + chunk.c0 * quant_bytes(F));
-            let (s, _) = chunk_scales::<F>(chunk, g, 1, &mut sbuf);
-            dot1::<F, VNNI>(q, s, chunk.exp, ap, chunk.kn, dist)
+        let at = GROUP_ROWS * (g - chunk.base);
+        let mut acc = init4(outs[0], at, first);
+        // SAFETY: g < groups.end <= w.groups() and c0 < nb: inside both planes.
+        let (q, (s, _)) = unsafe {
+            (
+                w.quants.as_ptr().add(g * qstride + chunk.c0 * quant_bytes(F)),
+                chunk_scales::<F>(chunk, g, 1, &mut sbuf),
+            )
         };
-        store(&[[acc]], outs, GROUP_ROWS * (g - chunk.base), first);
+        for seg in segments(chunk.kn) {
+            // SAFETY: the group has the chunk's blocks c0..c0 + kn, the activation row and the
+            // scratch have them too.
+            acc = _mm_add_ps(acc, unsafe { dot1::<F, VNNI>(q, s, chunk.exp, ap, seg, dist) });
+        }
+        store4(acc, outs[0], at);
     }
 }
 
@@ -732,7 +718,7 @@ unsafe fn nibble_operands<const F: u8>(qp: *const u8) -> [__m256i; 4] {
 /// The int32 dot products of one interleaved block (quants at `qp`) with an expanded activation
 /// block, per lane `4h + r` (row `r`, half `h`); formats other than Q8Sub16. `ex` must have been
 /// expanded with [`Corr::Times8`] for 4-bit formats, and with [`Corr::Times128`] for int8 ones
-/// when `VNNI` (what [`run`] does for one token).
+/// when `VNNI` (what [`run`] does).
 ///
 /// # Safety
 /// `quant_bytes(F)` readable bytes at `qp`; `VNNI` only when the CPU has it.
@@ -781,15 +767,16 @@ unsafe fn block_isum<const F: u8, const VNNI: bool>(qp: *const u8, ex: &Expanded
     }
 }
 
-/// One group against one token over `kn` blocks (formats other than Q8Sub16): 8 f32 lanes, two
-/// halves of 4 rows, to be added. Even and odd blocks go to separate accumulators, and the min
-/// term to its own, so no chain of dependent FMAs sets the pace.
+/// One group against one token over the blocks `seg` of a segment (formats other than Q8Sub16
+/// and Q6K): the segment's 4 row sums in [`row_step`]'s arithmetic, two blocks at a time (the
+/// even block's chain in the low half, the odd one's in the high half).
 ///
 /// Prefetches run `dist` bytes ahead in the (quant, scale) planes.
 ///
 /// # Safety
-/// `q`, `s` at block `c0` of a group with at least `c0 + kn` blocks, `ap` at block `c0` of an
-/// activation row with `kn` more, `exp` the `kn` expanded blocks; `VNNI` only when the CPU has it.
+/// `q`, `s` at block `c0` of a group with at least `c0 + seg.end` blocks, `ap` at block `c0` of
+/// an activation row with `seg.end` more, `exp` the chunk's expanded blocks; `VNNI` only when
+/// the CPU has it.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 unsafe fn dot1<const F: u8, const VNNI: bool>(
@@ -797,19 +784,12 @@ unsafe fn dot1<const F: u8, const VNNI: bool>(
     s: *const u8,
     exp: *const Expanded,
     ap: *const ActBlock,
-    kn: usize,
+    seg: Range<usize>,
     (qdist, sdist): (usize, usize),
-) -> __m256 {
+) -> __m128 {
     let (qb, sb) = (quant_bytes(F), scale_bytes(F));
-    // Formats with a min: the scales [d, m] times [8s, s] (Q4Min: (m + 8d) * s, the stored
-    // nibbles being q - 8) or [0, s] (Q8Min, Q5Min), added into the same row lanes as the dot.
-    let s_mul = if F == F_Q4MIN {
-        _mm256_setr_ps(8.0, 8.0, 8.0, 8.0, 1.0, 1.0, 1.0, 1.0)
-    } else {
-        _mm256_setr_ps(0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0)
-    };
-    let step = |b: usize, acc: __m256, accm: __m256| -> (__m256, __m256) {
-        // SAFETY: b < kn, the contract's blocks.
+    let isum = |b: usize| -> __m256i {
+        // SAFETY: b inside the segment, the contract's blocks.
         unsafe {
             let (qp, sp) = (q.add(b * qb), s.add(b * sb));
             // Prefetches never fault; past the matrix they fetch what follows it in the buffer.
@@ -820,368 +800,434 @@ unsafe fn dot1<const F: u8, const VNNI: bool>(
             if (sp as usize) % 64 < sb {
                 _mm_prefetch::<_MM_HINT_T0>(sp.wrapping_add(sdist).cast());
             }
-            let ab = &*ap.add(b);
-            let isum = block_isum::<F, VNNI>(qp, &*exp.add(b));
-            let da = _mm256_set1_ps(ab.d);
-            if has_min(F) {
-                let dm = _mm256_cvtph_ps(_mm_loadu_si128(sp.cast()));
-                let d2 = _mm256_permute2f128_ps::<0x00>(dm, dm);
-                let acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(d2, da), acc);
-                (acc, _mm256_fmadd_ps(dm, _mm256_mul_ps(_mm256_set1_ps(ab.s), s_mul), accm))
-            } else {
-                let d2 = _mm256_cvtph_ps(_mm_set1_epi64x(sp.cast::<i64>().read_unaligned()));
-                (_mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(d2, da), acc), accm)
-            }
+            block_isum::<F, VNNI>(qp, &*exp.add(b))
         }
     };
-    let z = _mm256_setzero_ps();
-    let (mut a0, mut m0, mut a1, mut m1) = (z, z, z, z);
-    let mut b = 0;
-    while b + 2 <= kn {
-        (a0, m0) = step(b, a0, m0);
-        (a1, m1) = step(b + 1, a1, m1);
+    let mut acc = _mm256_setzero_ps();
+    let mut b = seg.start;
+    while b + 2 <= seg.end {
+        let (x, y) = (isum(b), isum(b + 1));
+        // [row sums of block b, of block b + 1] (`fold_halves` of both).
+        let i = _mm256_add_epi32(
+            _mm256_permute2x128_si256::<0x20>(x, y),
+            _mm256_permute2x128_si256::<0x31>(x, y),
+        );
+        // SAFETY: blocks b, b + 1 of the contract (the expansion of b holds both's activation
+        // scales).
+        let (ex, (d, m)) = unsafe { (&*exp.add(b), pair_scales::<F>(s.add(b * sb), s.add((b + 1) * sb))) };
+        let prod = _mm256_mul_ps(d, ex.d_pair);
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), prod, acc);
+        if has_min(F) {
+            acc = _mm256_fmadd_ps(m, ex.s_pair, acc);
+        }
         b += 2;
     }
-    if b < kn {
-        (a0, m0) = step(b, a0, m0);
+    let (mut even, odd) = (_mm256_castps256_ps128(acc), _mm256_extractf128_ps::<1>(acc));
+    if b < seg.end {
+        // SAFETY: block b of the contract.
+        even =
+            unsafe { row_step::<F>(even, fold_halves(isum(b)), row_scales::<F>(s.add(b * sb)), &*ap.add(b)) };
     }
-    _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(m0, m1))
+    _mm_add_ps(even, odd)
 }
 
-/// Adds the two halves of each accumulator and writes or adds the 4 row results.
+/// `[lo; 4, hi; 4]`: two broadcasting loads and a blend.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-fn store<const T: usize, const G: usize>(
-    acc: &[[__m256; T]; G],
-    outs: &mut [&mut [f32]],
-    at: usize,
-    first: bool,
-) {
-    for (gi, acc) in acc.iter().enumerate() {
-        for (a, out) in acc.iter().zip(outs.iter_mut()) {
-            let v = _mm_add_ps(_mm256_castps256_ps128(*a), _mm256_extractf128_ps::<1>(*a));
-            let dst: &mut [f32; 4] = (&mut out[at + 4 * gi..at + 4 * gi + 4]).try_into().unwrap();
-            let mut r = [0f32; 4];
-            // SAFETY: `r` holds 4 f32.
-            unsafe { _mm_storeu_ps(r.as_mut_ptr(), v) };
-            for (d, r) in dst.iter_mut().zip(r) {
-                *d = if first { r } else { *d + r };
-            }
+fn halves(lo: &f32, hi: &f32) -> __m256 {
+    _mm256_blend_ps::<0xF0>(_mm256_broadcast_ss(lo), _mm256_broadcast_ss(hi))
+}
+
+/// The `i32` sums of the two 128-bit halves (chunk parities) of a block dot: one lane per row.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn fold_halves(v: __m256i) -> __m128i {
+    _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v))
+}
+
+/// A block's scales for [`row_step`]: the 4 rows' `d` and `m'` (`m + 8d` for Q4Min, rounded once
+/// as in the reference: its quants are taken as `q - 8`; `m` for the other formats with a min;
+/// zero without).
+///
+/// # Safety
+/// `sp` at the block's scales (8 bytes, 16 with a min).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn row_scales<const F: u8>(sp: *const u8) -> (__m128, __m128) {
+    // SAFETY: the scale bytes at sp (the contract).
+    unsafe {
+        let d = _mm_cvtph_ps(_mm_loadl_epi64(sp.cast()));
+        let m = if has_min(F) { _mm_cvtph_ps(_mm_loadl_epi64(sp.add(8).cast())) } else { _mm_setzero_ps() };
+        (d, if F == F_Q4MIN { _mm_fmadd_ps(d, _mm_set1_ps(8.0), m) } else { m })
+    }
+}
+
+/// [`row_scales`] of two blocks (scales at `s0` and `s1`) side by side: `[d0, d1]`, `[m0, m1]`.
+///
+/// # Safety
+/// As for [`row_scales`] at both.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn pair_scales<const F: u8>(s0: *const u8, s1: *const u8) -> (__m256, __m256) {
+    // SAFETY: the scale bytes at s0 and s1 (the contract).
+    unsafe {
+        if has_min(F) {
+            let (x, y) =
+                (_mm256_cvtph_ps(_mm_loadu_si128(s0.cast())), _mm256_cvtph_ps(_mm_loadu_si128(s1.cast())));
+            let (d, m) = (_mm256_permute2f128_ps::<0x20>(x, y), _mm256_permute2f128_ps::<0x31>(x, y));
+            (d, if F == F_Q4MIN { _mm256_fmadd_ps(d, _mm256_set1_ps(8.0), m) } else { m })
+        } else {
+            let d =
+                _mm256_cvtph_ps(_mm_unpacklo_epi64(_mm_loadl_epi64(s0.cast()), _mm_loadl_epi64(s1.cast())));
+            (d, _mm256_setzero_ps())
         }
     }
 }
 
-/// Writes (or adds) the first `n` (8 or 4) row results of a group pair from [`tile2_q4v`] per
-/// token.
+/// One block's step of a chain of the 4 row sums of a group (formats without a second scale).
+///
+/// The x86 kernels have one order of arithmetic, so a row's result does not depend on how many
+/// tokens a call computes beside it (a batch of guesses then decodes what single tokens would, and
+/// a server's batch what each request would alone): the block dot's halves are added in int32
+/// (exact); per row, even and odd blocks go to two chains (two chains keep the FMA latency off a
+/// lone token's pace; the kernels hold them side by side in one register), `acc + isum * (d *
+/// d_a)` as one FMA, then with a min term `acc + m' * s_a`, a second (see [`row_scales`]); at the
+/// end of every [`SEG`] blocks the segment's sum `even + odd` is added to the row's sum, which is
+/// carried from chunk to chunk in the output (chunks are whole segments).
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-fn store_pair<const T: usize>(acc: &[__m256; T], outs: &mut [&mut [f32]], at: usize, n: usize, first: bool) {
+fn row_step<const F: u8>(acc: __m128, isum: __m128i, (d, m): (__m128, __m128), ab: &ActBlock) -> __m128 {
+    let acc = _mm_fmadd_ps(_mm_cvtepi32_ps(isum), _mm_mul_ps(d, _mm_set1_ps(ab.d)), acc);
+    if has_min(F) {
+        _mm_fmadd_ps(m, _mm_set1_ps(ab.s), acc)
+    } else {
+        acc
+    }
+}
+
+/// [`row_step`] of the formats with a scale per 16 elements: `acc + lo * (dl * d_a)`, then `+ hi *
+/// (dh * d_a)` (FMAs), `lo`/`hi` the dots of elements 0..16 and 16..32.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn row_step_sub16(acc: __m128, lo: __m128i, hi: __m128i, dl: __m128, dh: __m128, da: f32) -> __m128 {
+    let da = _mm_set1_ps(da);
+    let acc = _mm_fmadd_ps(_mm_cvtepi32_ps(lo), _mm_mul_ps(dl, da), acc);
+    _mm_fmadd_ps(_mm_cvtepi32_ps(hi), _mm_mul_ps(dh, da), acc)
+}
+
+/// The row sums a call continues for `N` rows at `at` of `out`: zero at the first chunk, else
+/// what the earlier chunks left there.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn init_rows<const N: usize>(out: &[f32], at: usize, first: bool) -> [f32; N] {
+    let mut r = [0.0; N];
+    if !first {
+        r.copy_from_slice(&out[at..at + N]);
+    }
+    r
+}
+
+/// [`init_rows`] of a group's 4 rows.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn init4(out: &[f32], at: usize, first: bool) -> __m128 {
+    let r = init_rows::<4>(out, at, first);
+    // SAFETY: `r` holds 4 f32.
+    unsafe { _mm_loadu_ps(r.as_ptr()) }
+}
+
+/// Writes the 4 row sums of a group to `at` of `out`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn store4(acc: __m128, out: &mut [f32], at: usize) {
+    let dst: &mut [f32; 4] = (&mut out[at..at + 4]).try_into().unwrap();
+    // SAFETY: `dst` holds 4 f32.
+    unsafe { _mm_storeu_ps(dst.as_mut_ptr(), acc) };
+}
+
+/// [`init4`] of a group's rows at `at` for each of `T` tokens.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn init_tile<const T: usize>(outs: &[&mut [f32]], at: usize, first: bool) -> [__m128; T] {
+    let mut acc = [_mm_setzero_ps(); T];
+    for (a, out) in acc.iter_mut().zip(outs) {
+        *a = init4(out, at, first);
+    }
+    acc
+}
+
+/// [`store4`] of a group's rows at `at` for each of `T` tokens.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn store_tile<const T: usize>(acc: &[__m128; T], outs: &mut [&mut [f32]], at: usize) {
     for (a, out) in acc.iter().zip(outs.iter_mut()) {
-        if n == 2 * GROUP_ROWS {
-            let dst = &mut out[at..at + 2 * GROUP_ROWS];
-            // SAFETY: `dst` holds 8 f32.
+        store4(*a, out, at);
+    }
+}
+
+/// One block's weights as the integer dots take them: `wv` the unsigned `maddubs`/`vpdpbusd`
+/// operands, `ws` the sign sources (8-bit formats).
+#[derive(Clone, Copy)]
+struct BlockOps {
+    wv: [__m256i; 4],
+    ws: [__m256i; 4],
+}
+
+/// The operands of the block at `qp`.
+///
+/// # Safety
+/// `quant_bytes(F)` readable bytes at `qp`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn block_ops<const F: u8, const VNNI: bool>(qp: *const u8) -> BlockOps {
+    let low4 = _mm256_set1_epi8(0x0F);
+    let mut wv = [_mm256_setzero_si256(); 4];
+    let mut ws = [_mm256_setzero_si256(); 4];
+    if is_4bit(F) {
+        // SAFETY: a block at qp.
+        wv = unsafe { nibble_operands::<F>(qp) };
+    } else if F == F_Q6K {
+        // Low nibbles of chunk pairs (0,1), (2,3) in the 64 bytes at qp, their high nibbles
+        // (4,5), (6,7); the high bits of pair v at bits 2v of the 32 bytes after them,
+        // moved to bits 4..6 (the 16-bit shifts carry across bytes only bits the mask drops).
+        // The stored high bits are XOR 2 per field: one XOR of the plane undoes all four.
+        // SAFETY: 96 bytes at qp.
+        let (n0, n1, h) = unsafe {
+            (
+                _mm256_loadu_si256(qp.cast()),
+                _mm256_loadu_si256(qp.add(32).cast()),
+                _mm256_xor_si256(_mm256_loadu_si256(qp.add(64).cast()), _mm256_set1_epi8(0xAAu8 as i8)),
+            )
+        };
+        let x30 = _mm256_set1_epi8(0x30);
+        let u = [
+            _mm256_or_si256(_mm256_and_si256(n0, low4), _mm256_and_si256(_mm256_slli_epi16::<4>(h), x30)),
+            _mm256_or_si256(_mm256_and_si256(n1, low4), _mm256_and_si256(_mm256_slli_epi16::<2>(h), x30)),
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(n0), low4), _mm256_and_si256(h, x30)),
+            _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16::<4>(n1), low4),
+                _mm256_and_si256(_mm256_srli_epi16::<2>(h), x30),
+            ),
+        ];
+        // u = q + 32, unsigned: `maddubs` takes it as is (the -32 sum is the expansion's).
+        wv = u;
+    } else if VNNI && !has_sub16(F) {
+        // The weights as the unsigned operand, q + 128 (XOR 0x80; see `block_isum`).
+        for (v, wv) in wv.iter_mut().enumerate() {
+            // SAFETY: 128 bytes at qp.
+            let w = unsafe { _mm256_loadu_si256(qp.add(32 * v).cast()) };
+            *wv = _mm256_xor_si256(w, _mm256_set1_epi8(0x80u8 as i8));
+        }
+    } else {
+        for v in 0..4 {
+            // SAFETY: 128 bytes at qp.
+            ws[v] = unsafe { _mm256_loadu_si256(qp.add(32 * v).cast()) };
+            wv[v] = _mm256_abs_epi8(ws[v]);
+        }
+    }
+    BlockOps { wv, ws }
+}
+
+/// The scales of block `b` (its scales at `sp`; Q6K: its super-block's unit) per row: `(d, m')`
+/// (see [`row_scales`]) or the two halves' `(dl, dh)` for the sub16 formats.
+///
+/// # Safety
+/// The block's scale bytes at `sp`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn block_scales<const F: u8>(sp: *const u8, b: usize) -> (__m128, __m128) {
+    if F == F_Q6K {
+        // f16(d * sc) of both halves (the reference's rounding), from the super-block's d
+        // (4 f16 at sp) and the block's 8 int8 scales at 8 + 8 (b % 8): the rows'
+        // low-half scales in lanes 0..4, their high-half ones in 4..8.
+        // SAFETY: the 72-byte scale unit at sp.
+        let f = unsafe {
+            let d4 = _mm256_cvtph_ps(_mm_set1_epi64x(sp.cast::<i64>().read_unaligned()));
+            let sc = _mm_loadl_epi64(sp.add(8 + 8 * (b % SUPER_BLOCKS)).cast());
+            _mm256_mul_ps(d4, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc)))
+        };
+        let f = _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(f));
+        (_mm256_castps256_ps128(f), _mm256_extractf128_ps::<1>(f))
+    } else if F == F_Q8SUB16 {
+        // SAFETY: 16 scale bytes at sp for Q8Sub16.
+        unsafe { (_mm_cvtph_ps(_mm_loadl_epi64(sp.cast())), _mm_cvtph_ps(_mm_loadl_epi64(sp.add(8).cast()))) }
+    } else {
+        // SAFETY: the block's scales at sp.
+        unsafe { row_scales::<F>(sp) }
+    }
+}
+
+/// The int32 dots of a block (operands `w`) with one token's expansion `ex`, per lane `4h + r`:
+/// whole (lo) or, for the sub16 formats, of elements 0..16 (lo) and 16..32 (hi).
+///
+/// # Safety
+/// `VNNI` only when the CPU has it.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn block_dots<const F: u8, const VNNI: bool>(w: &BlockOps, ex: &Expanded) -> (__m256i, __m256i) {
+    let ones16 = _mm256_set1_epi16(1);
+    let (wv, ws) = (&w.wv, &w.ws);
+    if is_4bit(F) {
+        let isum = if VNNI {
+            // SAFETY: VNNI only when the CPU has it (the contract).
             unsafe {
-                let v = if first { *a } else { _mm256_add_ps(*a, _mm256_loadu_ps(dst.as_ptr())) };
-                _mm256_storeu_ps(dst.as_mut_ptr(), v);
+                let mut i = dpbusd(ex.neg_corr, wv[0], ex.e[0]);
+                i = dpbusd(i, wv[1], ex.e[1]);
+                i = dpbusd(i, wv[2], ex.e[2]);
+                dpbusd(i, wv[3], ex.e[3])
             }
         } else {
-            let dst = &mut out[at..at + GROUP_ROWS];
-            let a = _mm256_castps256_ps128(*a);
-            // SAFETY: `dst` holds 4 f32.
+            let p = _mm256_add_epi16(
+                _mm256_add_epi16(_mm256_maddubs_epi16(wv[0], ex.e[0]), _mm256_maddubs_epi16(wv[1], ex.e[1])),
+                _mm256_add_epi16(_mm256_maddubs_epi16(wv[2], ex.e[2]), _mm256_maddubs_epi16(wv[3], ex.e[3])),
+            );
+            _mm256_add_epi32(_mm256_madd_epi16(p, ones16), ex.neg_corr)
+        };
+        (isum, _mm256_setzero_si256())
+    } else if F == F_Q6K {
+        // Each half's dot of u = q + 32, plus -32 times its activation sum: exact (two
+        // products of 63 * 127 per i16 lane, two lanes added: 32004 < 2^15).
+        if VNNI {
+            // SAFETY: VNNI only when the CPU has it (the contract).
             unsafe {
-                let v = if first { a } else { _mm_add_ps(a, _mm_loadu_ps(dst.as_ptr())) };
-                _mm_storeu_ps(dst.as_mut_ptr(), v);
+                (
+                    dpbusd(dpbusd(ex.neg_corr, wv[0], ex.e[0]), wv[1], ex.e[1]),
+                    dpbusd(dpbusd(ex.neg_corr_hi, wv[2], ex.e[2]), wv[3], ex.e[3]),
+                )
+            }
+        } else {
+            let half = |a: usize, c: __m256i| {
+                let p = _mm256_add_epi16(
+                    _mm256_maddubs_epi16(wv[a], ex.e[a]),
+                    _mm256_maddubs_epi16(wv[a + 1], ex.e[a + 1]),
+                );
+                _mm256_add_epi32(_mm256_madd_epi16(p, ones16), c)
+            };
+            (half(0, ex.neg_corr), half(2, ex.neg_corr_hi))
+        }
+    } else {
+        if VNNI && !has_sub16(F) {
+            // `wv` holds q + 128 (see `block_ops`), the expansion -128 times the sums.
+            // SAFETY: as above.
+            unsafe {
+                let a = dpbusd(dpbusd(ex.neg_corr, wv[0], ex.e[0]), wv[1], ex.e[1]);
+                let b = dpbusd(dpbusd(_mm256_setzero_si256(), wv[2], ex.e[2]), wv[3], ex.e[3]);
+                (_mm256_add_epi32(a, b), _mm256_setzero_si256())
+            }
+        } else if VNNI {
+            let se = [0, 1, 2, 3].map(|v| _mm256_sign_epi8(ex.e[v], ws[v]));
+            // SAFETY: as above.
+            unsafe {
+                let lo = dpbusd(dpbusd(_mm256_setzero_si256(), wv[0], se[0]), wv[1], se[1]);
+                (lo, dpbusd(dpbusd(_mm256_setzero_si256(), wv[2], se[2]), wv[3], se[3]))
+            }
+        } else {
+            let se = [0, 1, 2, 3].map(|v| _mm256_sign_epi8(ex.e[v], ws[v]));
+            let m = [0, 1, 2, 3].map(|v| _mm256_madd_epi16(_mm256_maddubs_epi16(wv[v], se[v]), ones16));
+            let (lo, hi) = (_mm256_add_epi32(m[0], m[1]), _mm256_add_epi32(m[2], m[3]));
+            if has_sub16(F) {
+                (lo, hi)
+            } else {
+                (_mm256_add_epi32(lo, hi), _mm256_setzero_si256())
             }
         }
     }
 }
 
-/// [`tile`] for two groups of a 4-bit format with VNNI, the halves of each block dot added in
-/// int32 before the float step: one accumulator per token, lanes `r` (rows of the first group)
-/// and `4 + r` (rows of the second), so the conversion, the scale product and the FMA are done
-/// once per token, block and group pair instead of once per group. The activations of a block
-/// are read once for both groups (memory operands of `vpdpbusd`). Zero `qstride` and `sstride`
-/// compute one group twice.
+/// The dot products of one group (quants at `q`, scales at `s`) with the `T` tokens of the chunk
+/// over the blocks `seg` of a segment, two blocks at a time as [`dot1`] goes: per token one
+/// accumulator, the even block's chain in lanes `r`, the odd one's in `4 + r` ([`row_step`]'s
+/// arithmetic); returns the segment's 4 row sums per token.
 ///
 /// # Safety
-/// As for [`tile`] with `G == 2` (`G == 1` with zero strides); the CPU has AVX512-VNNI and AVX512VL, `F` is a 4-bit format
-/// and the scratch was expanded with [`Corr::Times8`].
+/// `q`, `s` point at block `c0` of a group with at least `c0 + seg.end` blocks; `ap[t]` at block
+/// `c0` of a row with `seg.end` more blocks; the chunk's scratch filled for `T` tokens; `VNNI`
+/// only when the CPU has it.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn tile2_q4v<const F: u8, const T: usize>(
+unsafe fn tile<const F: u8, const VNNI: bool, const T: usize>(
     q: *const u8,
     s: *const u8,
-    qstride: usize,
-    sstride: usize,
     chunk: &Chunk<'_, '_>,
     ap: &[*const ActBlock; T],
-) -> [__m256; T] {
-    let (qb, sb) = (quant_bytes(F), scale_bytes(F));
-    // The unsigned operands of one block (see `nibble_operands`).
-    // SAFETY: in the closure, a block of the contract's groups at qp.
-    let unpack = |qp: *const u8| unsafe { nibble_operands::<F>(qp) };
-    // 4 f16 per group at s0 and s1 (8 bytes each) as [first group's 4, second group's 4].
-    // SAFETY: in the closure, 8 scale bytes at each, inside the contract's groups.
-    let pair = |s0: *const u8, s1: *const u8| unsafe {
-        _mm256_cvtph_ps(_mm_unpacklo_epi64(_mm_loadl_epi64(s0.cast()), _mm_loadl_epi64(s1.cast())))
+    seg: Range<usize>,
+) -> [__m128; T] {
+    let qb = quant_bytes(F);
+    // The block's quants and scales (Q6K: `sp` is the block's super-block scale unit, `c0` being
+    // a multiple of 8), prefetching ahead for a few tokens (batched decode, and Q6K's decode: see
+    // `pass1`; prefetches never fault).
+    // SAFETY: in the closure, block b of the group (the contract).
+    let at = |b: usize| unsafe {
+        let sb = if F == F_Q6K { b / SUPER_BLOCKS * SUPER_SCALE_BYTES } else { b * scale_bytes(F) };
+        let (qp, sp) = (q.add(b * qb), s.add(sb));
+        if T <= SMALL_TILE {
+            _mm_prefetch::<_MM_HINT_T0>(qp.wrapping_add(PREFETCH_BYTES).cast());
+            _mm_prefetch::<_MM_HINT_T0>(qp.wrapping_add(PREFETCH_BYTES + 64).cast());
+            if b % SUPER_BLOCKS == 0 {
+                _mm_prefetch::<_MM_HINT_T0>(sp.wrapping_add(PREFETCH_BYTES * 3 / 32).cast());
+            }
+        }
+        (qp, sp)
+    };
+    // [row sums of a block, of the next] per lane (`fold_halves` of both).
+    let pair = |x: __m256i, y: __m256i| {
+        _mm256_add_epi32(_mm256_permute2x128_si256::<0x20>(x, y), _mm256_permute2x128_si256::<0x31>(x, y))
     };
     let mut acc = [_mm256_setzero_ps(); T];
-    for b in 0..chunk.kn {
-        // SAFETY: block b of groups 0 and 1 (the contract).
-        let (w0, w1, d, m) = unsafe {
-            let (q0, s0) = (q.add(b * qb), s.add(b * sb));
-            let (q1, s1) = (q0.add(qstride), s0.add(sstride));
-            if T <= SMALL_TILE {
-                // A few tokens (batched decode) take about as long per block as one: the two
-                // groups' rows are streams the hardware prefetchers do not follow (see `pass1`),
-                // so prefetch ahead on both (prefetches never fault).
-                _mm_prefetch::<_MM_HINT_T0>(q0.wrapping_add(PREFETCH_BYTES).cast());
-                _mm_prefetch::<_MM_HINT_T0>(q1.wrapping_add(PREFETCH_BYTES).cast());
-            }
-            let d = pair(s0, s1);
-            // Q4Min: m + 8d per row, rounded once as in the reference (8d is exact).
-            let m = if F == F_Q4MIN {
-                _mm256_fmadd_ps(d, _mm256_set1_ps(8.0), pair(s0.add(8), s1.add(8)))
-            } else if F == F_Q5MIN {
-                pair(s0.add(8), s1.add(8))
-            } else {
-                _mm256_setzero_ps()
-            };
-            (unpack(q0), unpack(q1), d, m)
+    let mut b = seg.start;
+    while b + 2 <= seg.end {
+        let ((q0, s0), (q1, s1)) = (at(b), at(b + 1));
+        // SAFETY: blocks b and b + 1 of the group.
+        let (w0, w1, (d0, y0), (d1, y1)) = unsafe {
+            (
+                block_ops::<F, VNNI>(q0),
+                block_ops::<F, VNNI>(q1),
+                block_scales::<F>(s0, b),
+                block_scales::<F>(s1, b + 1),
+            )
         };
+        let (d, y) = (_mm256_set_m128(d1, d0), _mm256_set_m128(y1, y0));
         for (t, acc) in acc.iter_mut().enumerate() {
-            // SAFETY: token t's expanded block b and activation block b (the contract); VNNI
-            // present.
-            unsafe {
-                let ex = chunk.exp.add(t * chunk.estride + b);
-                let e = (*ex).e.as_ptr();
-                let nc = (*ex).neg_corr;
-                let mut i0 = dpbusd_m(nc, w0[0], e);
-                let mut i1 = dpbusd_m(nc, w1[0], e);
-                for v in 1..4 {
-                    i0 = dpbusd_m(i0, w0[v], e.add(v));
-                    i1 = dpbusd_m(i1, w1[v], e.add(v));
-                }
-                let isum = _mm256_add_epi32(
-                    _mm256_permute2x128_si256::<0x20>(i0, i1),
-                    _mm256_permute2x128_si256::<0x31>(i0, i1),
-                );
-                let ab = &*ap[t].add(b);
-                *acc =
-                    _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(d, _mm256_set1_ps(ab.d)), *acc);
-                if F == F_Q4MIN || F == F_Q5MIN {
-                    *acc = _mm256_fmadd_ps(m, _mm256_set1_ps(ab.s), *acc);
-                }
-            }
-        }
-    }
-    acc
-}
-
-/// The dot products of `G` consecutive groups (quants at `q`, scales at `s`, `qstride`/`sstride`
-/// bytes apart) with the `T` tokens of the chunk: per group and token, 8 f32 lanes (two halves of
-/// 4 rows) to be added.
-///
-/// # Safety
-/// `q`, `s` point at block `c0` of a group with `G - 1` more groups after it, each with at least
-/// `c0 + kn` blocks; `ap[t]` at block `c0` of a row with `kn` more blocks; the chunk's scratch
-/// filled for `T` tokens.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn tile<const F: u8, const VNNI: bool, const T: usize, const G: usize>(
-    q: *const u8,
-    s: *const u8,
-    qstride: usize,
-    sstride: usize,
-    chunk: &Chunk<'_, '_>,
-    ap: &[*const ActBlock; T],
-) -> [[__m256; T]; G] {
-    let ones16 = _mm256_set1_epi16(1);
-    let low4 = _mm256_set1_epi8(0x0F);
-    let eight = _mm256_set1_ps(8.0);
-    let mut acc = [[_mm256_setzero_ps(); T]; G];
-    for b in 0..chunk.kn {
-        for (gi, acc) in acc.iter_mut().enumerate() {
-            // SAFETY: block b of group gi (the contract); 4-bit blocks are 64 bytes, 8-bit 128,
-            // scales 8 or 16 bytes.
-            // (Q6K: `sp` is the block's super-block scale unit, `c0` being a multiple of 8.)
-            let (qp, sp) = unsafe {
-                let sb = if F == F_Q6K { b / SUPER_BLOCKS * SUPER_SCALE_BYTES } else { b * scale_bytes(F) };
-                (q.add(gi * qstride + b * quant_bytes(F)), s.add(gi * sstride + sb))
+            // SAFETY: token t's expansions of blocks b and b + 1 (the contract; b's holds both's
+            // activation scales); VNNI only when the CPU has it.
+            let (ex, (x, xh), (z, zh)) = unsafe {
+                let ex = &*chunk.exp.add(t * chunk.estride + b);
+                (
+                    ex,
+                    block_dots::<F, VNNI>(&w0, ex),
+                    block_dots::<F, VNNI>(&w1, &*chunk.exp.add(t * chunk.estride + b + 1)),
+                )
             };
-            if T <= SMALL_TILE {
-                // One token (Q6K's decode, see `pass1`) or a few (batched decode): the planes are
-                // streams; prefetch ahead as `dot1` does (prefetches never fault).
-                _mm_prefetch::<_MM_HINT_T0>(qp.wrapping_add(PREFETCH_BYTES).cast());
-                _mm_prefetch::<_MM_HINT_T0>(qp.wrapping_add(PREFETCH_BYTES + 64).cast());
-                if b % SUPER_BLOCKS == 0 {
-                    _mm_prefetch::<_MM_HINT_T0>(sp.wrapping_add(PREFETCH_BYTES * 3 / 32).cast());
-                }
-            }
-            // wv: the unsigned maddubs operands; ws: the sign sources (8-bit formats).
-            let mut wv = [_mm256_setzero_si256(); 4];
-            let mut ws = [_mm256_setzero_si256(); 4];
-            if is_4bit(F) {
-                // SAFETY: a block at qp.
-                wv = unsafe { nibble_operands::<F>(qp) };
-            } else if F == F_Q6K {
-                // Low nibbles of chunk pairs (0,1), (2,3) in the 64 bytes at qp, their high nibbles
-                // (4,5), (6,7); the high bits of pair v at bits 2v of the 32 bytes after them,
-                // moved to bits 4..6 (the 16-bit shifts carry across bytes only bits the mask drops).
-                // The stored high bits are XOR 2 per field: one XOR of the plane undoes all four.
-                // SAFETY: 96 bytes at qp.
-                let (n0, n1, h) = unsafe {
-                    (
-                        _mm256_loadu_si256(qp.cast()),
-                        _mm256_loadu_si256(qp.add(32).cast()),
-                        _mm256_xor_si256(
-                            _mm256_loadu_si256(qp.add(64).cast()),
-                            _mm256_set1_epi8(0xAAu8 as i8),
-                        ),
-                    )
-                };
-                let x30 = _mm256_set1_epi8(0x30);
-                let u = [
-                    _mm256_or_si256(
-                        _mm256_and_si256(n0, low4),
-                        _mm256_and_si256(_mm256_slli_epi16::<4>(h), x30),
-                    ),
-                    _mm256_or_si256(
-                        _mm256_and_si256(n1, low4),
-                        _mm256_and_si256(_mm256_slli_epi16::<2>(h), x30),
-                    ),
-                    _mm256_or_si256(
-                        _mm256_and_si256(_mm256_srli_epi16::<4>(n0), low4),
-                        _mm256_and_si256(h, x30),
-                    ),
-                    _mm256_or_si256(
-                        _mm256_and_si256(_mm256_srli_epi16::<4>(n1), low4),
-                        _mm256_and_si256(_mm256_srli_epi16::<2>(h), x30),
-                    ),
-                ];
-                // u = q + 32, unsigned: `maddubs` takes it as is (the -32 sum is the expansion's).
-                wv = u;
-            } else {
-                for v in 0..4 {
-                    // SAFETY: 128 bytes at qp.
-                    ws[v] = unsafe { _mm256_loadu_si256(qp.add(32 * v).cast()) };
-                    wv[v] = _mm256_abs_epi8(ws[v]);
-                }
-            }
-            // Scales: d (8 bytes at sp), then m or the second d (8 bytes at sp + 8) when the format
-            // has them. d2 = [d, d] (both halves).
-            // SAFETY: 8 scale bytes at sp.
-            let mut d2 = _mm256_cvtph_ps(_mm_set1_epi64x(unsafe { sp.cast::<i64>().read_unaligned() }));
-            let (mut m_lo, mut dh2) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-            if F == F_Q6K {
-                // f16(d * sc) of both halves (the reference's rounding), from the super-block's d
-                // (d2 as loaded) and the block's 8 int8 scales at 8 + 8 (b % 8).
-                // SAFETY: the 72-byte scale unit at sp.
-                let sc = unsafe { _mm_loadl_epi64(sp.add(8 + 8 * (b % SUPER_BLOCKS)).cast()) };
-                let f = _mm256_mul_ps(d2, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc)));
-                let f = _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(f));
-                (d2, dh2) = (_mm256_permute2f128_ps::<0x00>(f, f), _mm256_permute2f128_ps::<0x11>(f, f));
-            }
-            if has_min(F) {
-                // [m, 0] (and [d, 0]): the min term goes into the low half only.
-                // SAFETY: 16 scale bytes at sp for formats with a min.
-                let m = _mm256_cvtph_ps(unsafe { _mm_loadl_epi64(sp.add(8).cast()) });
-                m_lo = if F == F_Q4MIN {
-                    // SAFETY: as above.
-                    let d = _mm256_cvtph_ps(unsafe { _mm_loadl_epi64(sp.cast()) });
-                    // m + 8d, rounded once as in the reference (8d is exact).
-                    _mm256_fmadd_ps(d, eight, m)
-                } else {
-                    m
-                };
-            } else if F == F_Q8SUB16 {
-                // SAFETY: 16 scale bytes at sp for Q8Sub16.
-                dh2 = _mm256_cvtph_ps(_mm_set1_epi64x(unsafe { sp.add(8).cast::<i64>().read_unaligned() }));
-            }
-            for (t, acc) in acc.iter_mut().enumerate() {
-                // SAFETY: token t's expanded block b and activation block b (the contract).
-                let (ex, ab) = unsafe { (&*chunk.exp.add(t * chunk.estride + b), &*ap[t].add(b)) };
-                let da = _mm256_set1_ps(ab.d);
-                if is_4bit(F) {
-                    let isum = if VNNI {
-                        // SAFETY: VNNI only when the CPU has it (the contract).
-                        unsafe {
-                            let mut i = dpbusd(ex.neg_corr, wv[0], ex.e[0]);
-                            i = dpbusd(i, wv[1], ex.e[1]);
-                            i = dpbusd(i, wv[2], ex.e[2]);
-                            dpbusd(i, wv[3], ex.e[3])
-                        }
-                    } else {
-                        let p = _mm256_add_epi16(
-                            _mm256_add_epi16(
-                                _mm256_maddubs_epi16(wv[0], ex.e[0]),
-                                _mm256_maddubs_epi16(wv[1], ex.e[1]),
-                            ),
-                            _mm256_add_epi16(
-                                _mm256_maddubs_epi16(wv[2], ex.e[2]),
-                                _mm256_maddubs_epi16(wv[3], ex.e[3]),
-                            ),
-                        );
-                        _mm256_add_epi32(_mm256_madd_epi16(p, ones16), ex.neg_corr)
-                    };
-                    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(d2, da), *acc);
-                } else if F == F_Q6K {
-                    // Each half's dot of u = q + 32, plus -32 times its activation sum: exact (two
-                    // products of 63 * 127 per i16 lane, two lanes added: 32004 < 2^15).
-                    let (lo, hi) = if VNNI {
-                        // SAFETY: VNNI only when the CPU has it (the contract).
-                        unsafe {
-                            (
-                                dpbusd(dpbusd(ex.neg_corr, wv[0], ex.e[0]), wv[1], ex.e[1]),
-                                dpbusd(dpbusd(ex.neg_corr_hi, wv[2], ex.e[2]), wv[3], ex.e[3]),
-                            )
-                        }
-                    } else {
-                        let half = |a: usize, c: __m256i| {
-                            let p = _mm256_add_epi16(
-                                _mm256_maddubs_epi16(wv[a], ex.e[a]),
-                                _mm256_maddubs_epi16(wv[a + 1], ex.e[a + 1]),
-                            );
-                            _mm256_add_epi32(_mm256_madd_epi16(p, ones16), c)
-                        };
-                        (half(0, ex.neg_corr), half(2, ex.neg_corr_hi))
-                    };
-                    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo), _mm256_mul_ps(d2, da), *acc);
-                    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hi), _mm256_mul_ps(dh2, da), *acc);
-                } else {
-                    let se = [0, 1, 2, 3].map(|v| _mm256_sign_epi8(ex.e[v], ws[v]));
-                    let (lo, hi) = if VNNI {
-                        // SAFETY: as above.
-                        unsafe {
-                            let lo = dpbusd(dpbusd(_mm256_setzero_si256(), wv[0], se[0]), wv[1], se[1]);
-                            if has_sub16(F) {
-                                (lo, dpbusd(dpbusd(_mm256_setzero_si256(), wv[2], se[2]), wv[3], se[3]))
-                            } else {
-                                (dpbusd(dpbusd(lo, wv[2], se[2]), wv[3], se[3]), _mm256_setzero_si256())
-                            }
-                        }
-                    } else {
-                        let m = [0, 1, 2, 3]
-                            .map(|v| _mm256_madd_epi16(_mm256_maddubs_epi16(wv[v], se[v]), ones16));
-                        let (lo, hi) = (_mm256_add_epi32(m[0], m[1]), _mm256_add_epi32(m[2], m[3]));
-                        if has_sub16(F) {
-                            (lo, hi)
-                        } else {
-                            (_mm256_add_epi32(lo, hi), _mm256_setzero_si256())
-                        }
-                    };
-                    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo), _mm256_mul_ps(d2, da), *acc);
-                    if has_sub16(F) {
-                        *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hi), _mm256_mul_ps(dh2, da), *acc);
-                    }
-                }
-                if has_min(F) {
-                    *acc = _mm256_fmadd_ps(m_lo, _mm256_set1_ps(ab.s), *acc);
-                }
+            *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pair(x, z)), _mm256_mul_ps(d, ex.d_pair), *acc);
+            if has_sub16(F) {
+                *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pair(xh, zh)), _mm256_mul_ps(y, ex.d_pair), *acc);
+            } else if has_min(F) {
+                *acc = _mm256_fmadd_ps(y, ex.s_pair, *acc);
             }
         }
+        b += 2;
     }
-    acc
+    let mut sums = [_mm_setzero_ps(); T];
+    // SAFETY: block b of the group, when the segment has it.
+    let last = (b < seg.end).then(|| unsafe {
+        let (qp, sp) = at(b);
+        (block_ops::<F, VNNI>(qp), block_scales::<F>(sp, b))
+    });
+    for (t, (sum, acc)) in sums.iter_mut().zip(acc).enumerate() {
+        let (mut even, odd) = (_mm256_castps256_ps128(acc), _mm256_extractf128_ps::<1>(acc));
+        if let Some((w, (d, y))) = &last {
+            // SAFETY: token t's expansion and activation of block b (the contract).
+            let (ab, (lo, hi)) =
+                unsafe { (&*ap[t].add(b), block_dots::<F, VNNI>(w, &*chunk.exp.add(t * chunk.estride + b))) };
+            even = if has_sub16(F) {
+                row_step_sub16(even, fold_halves(lo), fold_halves(hi), *d, *y, ab.d)
+            } else {
+                row_step::<F>(even, fold_halves(lo), (*d, *y), ab)
+            };
+        }
+        *sum = _mm_add_ps(even, odd);
+    }
+    sums
 }
 
 // ---------------------------------------------------------------------------------------------
