@@ -231,9 +231,9 @@ fn split_parts(longest: usize) -> usize {
     1 << parts.ilog2()
 }
 
-/// The widest value rows a step that does not split sums in parts (every model's; wider ones go in
-/// one pass there).
-const MERGED_DV: usize = 512;
+/// Floats of the buffer a step that does not split sums a long row's parts in (64 KiB): all parts
+/// of up to 4 heads of 256 values, or of one head of 1024.
+const MERGE_FLOATS: usize = 16384;
 
 /// The parts a row that sees `len` keys is summed in, whether or not its step splits: 0 (one pass
 /// over its keys) below [`SPLIT_MIN_KEYS`], else [`split_parts`] of its own keys, each part's
@@ -1500,31 +1500,46 @@ impl<'a, const N: usize> Bound<'a, N> {
                 let vp = self.ptrs[v.index()].wrapping_add(tv.row_offset(0, kv_head, 0)) as *const u8;
                 let (ks, vs) = (tk.nb[1], tv.nb[1]);
                 let own = row_parts(end - start);
-                if own >= 2 && hd_v <= MERGED_DV {
+                if own >= 2 && own * hd_v <= MERGE_FLOATS {
                     // A long row is summed in its parts and merged, as a split step sums it (see
-                    // `row_parts`), one head at a time.
-                    let mut parts = [0f32; SPLIT_PARTS * MERGED_DV];
-                    for (q, out) in qs[..n].iter().zip(outs.iter_mut()) {
-                        let mut ends = [RowSoftmax::EMPTY; SPLIT_PARTS];
-                        let len = end - start;
-                        for (part, got) in ends.iter_mut().enumerate().take(own) {
+                    // `row_parts`): each part's keys once for as many of the heads as the buffer
+                    // holds, then each head's parts merged.
+                    let mut parts = [0f32; MERGE_FLOATS];
+                    let per_call = (MERGE_FLOATS / (own * hd_v)).min(n);
+                    let len = end - start;
+                    let mut h0 = 0;
+                    while h0 < n {
+                        let hn = per_call.min(n - h0);
+                        let mut ends = [[RowSoftmax::EMPTY; SPLIT_PARTS]; kernels::FLASH_ROWS];
+                        for part in 0..own {
                             let keys = start + len * part / own..start + len * (part + 1) / own;
-                            let mut o = [&mut parts[part * hd_v..(part + 1) * hd_v]];
-                            *got = kernels::flash_attn_rows(
+                            let mut o: [&mut [f32]; kernels::FLASH_ROWS] = Default::default();
+                            let rows = parts[part * hn * hd_v..(part + 1) * hn * hd_v].chunks_mut(hd_v);
+                            for (o, row) in o.iter_mut().zip(rows) {
+                                *o = row;
+                            }
+                            let got = kernels::flash_attn_rows(
                                 path,
-                                core::slice::from_ref(q),
-                                &mut q16[..hd],
+                                &qs[h0..h0 + hn],
+                                &mut q16[..hn * hd],
                                 keys,
                                 |j| core::slice::from_raw_parts(kp.wrapping_add(j * ks).cast::<F16Le>(), hd),
                                 |j| {
                                     core::slice::from_raw_parts(vp.wrapping_add(j * vs).cast::<F16Le>(), hd_v)
                                 },
                                 scale,
-                                &mut acc16[..hd_v],
-                                &mut o,
-                            )[0];
+                                &mut acc16[..hn * hd_v],
+                                &mut o[..hn],
+                            );
+                            for (ends, got) in ends.iter_mut().zip(got).take(hn) {
+                                ends[part] = got;
+                            }
                         }
-                        kernels::merge_attn_parts(&ends[..own], |c| &parts[c * hd_v..(c + 1) * hd_v], out);
+                        for (h, (out, ends)) in outs[h0..h0 + hn].iter_mut().zip(&ends).enumerate() {
+                            let part_row = |c: usize| &parts[(c * hn + h) * hd_v..(c * hn + h + 1) * hd_v];
+                            kernels::merge_attn_parts(&ends[..own], part_row, out);
+                        }
+                        h0 += hn;
                     }
                     continue;
                 }
