@@ -622,9 +622,8 @@ const SMALL_TILE: usize = 4;
 
 /// One token over `chunk.groups`, one group at a time: the quant and the scale plane are then
 /// read as two linear streams, which the hardware prefetchers follow and software prefetches run
-/// ahead of. ([`pass`] with several groups per pass reads several short streams a group apart,
-/// which the prefetchers do not follow: twice the time per token when the weights come from
-/// DRAM.)
+/// ahead of (several groups side by side read several short streams a group apart, which the
+/// prefetchers do not follow: twice the time per token when the weights come from DRAM).
 ///
 /// # Safety
 /// As for [`pass`] with `T == 1`.
