@@ -247,6 +247,13 @@ fn row_parts(len: usize) -> usize {
         0
     }
 }
+
+/// Part `part` of `parts` of the keys `seen`: the one cut both a split step and a step summing a
+/// long row in parts by itself use.
+fn part_keys(seen: &Range<usize>, part: usize, parts: usize) -> Range<usize> {
+    let len = seen.len();
+    seen.start + len * part / parts..seen.start + len * (part + 1) / parts
+}
 /// Steps split when they have fewer (token, KV head) units than this.
 const SPLIT_BELOW_UNITS: usize = 8;
 
@@ -1499,6 +1506,8 @@ impl<'a, const N: usize> Bound<'a, N> {
                 let kp = self.ptrs[k.index()].wrapping_add(tk.row_offset(0, kv_head, 0)) as *const u8;
                 let vp = self.ptrs[v.index()].wrapping_add(tv.row_offset(0, kv_head, 0)) as *const u8;
                 let (ks, vs) = (tk.nb[1], tv.nb[1]);
+                let key = |j| core::slice::from_raw_parts(kp.wrapping_add(j * ks).cast::<F16Le>(), hd);
+                let value = |j| core::slice::from_raw_parts(vp.wrapping_add(j * vs).cast::<F16Le>(), hd_v);
                 let own = row_parts(end - start);
                 if own >= 2 && own * hd_v <= MERGE_FLOATS {
                     // A long row is summed in its parts and merged, as a split step sums it (see
@@ -1506,13 +1515,12 @@ impl<'a, const N: usize> Bound<'a, N> {
                     // holds, then each head's parts merged.
                     let mut parts = [0f32; MERGE_FLOATS];
                     let per_call = (MERGE_FLOATS / (own * hd_v)).min(n);
-                    let len = end - start;
                     let mut h0 = 0;
                     while h0 < n {
                         let hn = per_call.min(n - h0);
                         let mut ends = [[RowSoftmax::EMPTY; SPLIT_PARTS]; kernels::FLASH_ROWS];
                         for part in 0..own {
-                            let keys = start + len * part / own..start + len * (part + 1) / own;
+                            let keys = part_keys(&(start..end), part, own);
                             let mut o: [&mut [f32]; kernels::FLASH_ROWS] = Default::default();
                             let rows = parts[part * hn * hd_v..(part + 1) * hn * hd_v].chunks_mut(hd_v);
                             for (o, row) in o.iter_mut().zip(rows) {
@@ -1523,10 +1531,8 @@ impl<'a, const N: usize> Bound<'a, N> {
                                 &qs[h0..h0 + hn],
                                 &mut q16[..hn * hd],
                                 keys,
-                                |j| core::slice::from_raw_parts(kp.wrapping_add(j * ks).cast::<F16Le>(), hd),
-                                |j| {
-                                    core::slice::from_raw_parts(vp.wrapping_add(j * vs).cast::<F16Le>(), hd_v)
-                                },
+                                key,
+                                value,
                                 scale,
                                 &mut acc16[..hn * hd_v],
                                 &mut o[..hn],
@@ -1548,8 +1554,8 @@ impl<'a, const N: usize> Bound<'a, N> {
                     &qs[..n],
                     &mut q16[..n * hd],
                     start..end,
-                    |j| core::slice::from_raw_parts(kp.wrapping_add(j * ks).cast::<F16Le>(), hd),
-                    |j| core::slice::from_raw_parts(vp.wrapping_add(j * vs).cast::<F16Le>(), hd_v),
+                    key,
+                    value,
                     scale,
                     &mut acc16[..n * hd_v],
                     &mut outs[..n],
@@ -1612,24 +1618,21 @@ impl<'a, const N: usize> Bound<'a, N> {
             let first = kv_head * group + c * run;
             let heads = first..(first + run).min((kv_head + 1) * group);
             let Some(seen) = self.visible(t, tok, n_kv, step) else { return self.fail(id, BAD_INDEX) };
-            let len = seen.len();
             // The row's own parts (see `row_parts`): a row in one pass goes straight to its
             // output in its part 0 (the merge skips it); parts past its own are empty.
-            let own = row_parts(len);
+            let own = row_parts(seen.len());
             let direct = own == 0;
             if direct && part > 0 {
                 continue;
             }
             let keys = match own {
                 0 => seen.clone(),
-                p if part < p => seen.start + len * part / p..seen.start + len * (part + 1) / p,
+                p if part < p => part_keys(&seen, part, p),
                 _ => seen.start..seen.start,
             };
             let mut qs: [&[f32]; ROWS] = [&[]; ROWS];
             let mut outs: [&mut [f32]; ROWS] = Default::default();
             let mut ends: [&mut [f32]; ROWS] = Default::default();
-            let mut unused = [[0f32; 2]; ROWS];
-            let mut unused = unused.iter_mut();
             let n = heads.len();
             for (i, head) in heads.enumerate() {
                 let slot = (tok * ne[1] + head) * SPLIT_PARTS + part;
@@ -1641,7 +1644,6 @@ impl<'a, const N: usize> Bound<'a, N> {
                     qs[i] = self.read(q, tq.row_offset(tok, head, 0), hd);
                     if direct {
                         outs[i] = self.write(id, t.row_offset(head, tok, 0), hd_v);
-                        ends[i] = unused.next().map_or(&mut [], |u| &mut u[..]);
                     } else {
                         let slot = core::slice::from_raw_parts_mut(
                             self.converted.cast::<f32>().add(slot * stride),
@@ -1651,9 +1653,12 @@ impl<'a, const N: usize> Bound<'a, N> {
                     }
                 }
             }
+            // (A row in one pass keeps no softmax end: the merge skips it.)
             let mut put = |i: usize, end: RowSoftmax| {
-                ends[i][0] = end.max;
-                ends[i][1] = end.sum;
+                if !direct {
+                    ends[i][0] = end.max;
+                    ends[i][1] = end.sum;
+                }
             };
             if keys.is_empty() && !direct {
                 (0..n).for_each(|i| put(i, RowSoftmax::EMPTY));
