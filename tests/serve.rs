@@ -671,6 +671,7 @@ fn slots_are_saved_restored_and_erased() {
 /// `serve --context-shift`: a request runs past its slot's full context as `generate
 /// --context-shift` does (the same tokens); without it, it ends there with finish_reason length.
 #[test]
+#[cfg_attr(not(target_arch = "x86_64"), ignore = "minutes under qemu: the host tier runs it")]
 fn context_shift_lets_a_request_outrun_its_slot() {
     let n = 100;
     let server = Server::start(&["-np", "1", "-c", "64", "--context-shift"]);

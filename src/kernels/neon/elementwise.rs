@@ -72,7 +72,15 @@ fn dot_f16_neon(x: &[F16Le], y: &[F16Le]) -> f32 {
         // SAFETY: 32 values in each array.
         unsafe { f16_group(px.as_ptr(), py.as_ptr(), whole == 0, &mut acc) };
     }
-    // As the twin: x = (acc0 + acc2) + (acc1 + acc3), t = x[..4] + x[4..], (t0 + t1) + (t2 + t3).
+    fold_lanes(&acc)
+}
+
+/// The sum of 4 accumulators of 8 lanes held as 8 registers (register `r`: lanes `4 (r % 2)..` of
+/// accumulator `r / 2`) in the twins' order: x = (acc0 + acc2) + (acc1 + acc3) lane by lane,
+/// t = x[..4] + x[4..], then (t0 + t1) + (t2 + t3).
+#[inline]
+#[target_feature(enable = "neon")]
+fn fold_lanes(acc: &[float32x4_t; 8]) -> f32 {
     let lo = vaddq_f32(vaddq_f32(acc[0], acc[4]), vaddq_f32(acc[2], acc[6]));
     let hi = vaddq_f32(vaddq_f32(acc[1], acc[5]), vaddq_f32(acc[3], acc[7]));
     let t = vaddq_f32(lo, hi);
@@ -164,11 +172,7 @@ fn dot_f32_neon(x: &[f32], y: &[f32]) -> f32 {
             *a = vaddq_f32(*a, vmulq_f32(vx, vy));
         }
     }
-    // Lanes 0-3 of x: (acc0 + acc2) + (acc1 + acc3) over registers 0, 4, 2, 6; lanes 4-7: 1, 5, 3, 7.
-    let lo = vaddq_f32(vaddq_f32(acc[0], acc[4]), vaddq_f32(acc[2], acc[6]));
-    let hi = vaddq_f32(vaddq_f32(acc[1], acc[5]), vaddq_f32(acc[3], acc[7]));
-    let t = vaddq_f32(lo, hi);
-    (vgetq_lane_f32::<0>(t) + vgetq_lane_f32::<1>(t)) + (vgetq_lane_f32::<2>(t) + vgetq_lane_f32::<3>(t))
+    fold_lanes(&acc)
 }
 
 /// `silu(gate) * up`, bit-identical to `reference::swiglu_ref`: ggml's exp polynomial with the

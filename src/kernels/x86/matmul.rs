@@ -497,7 +497,7 @@ enum Corr {
     Times8,
     /// `-16 * sum`: 5-bit weights taken as `q + 16`.
     Times16,
-    /// `-128 * sum`: int8 weights taken as `q + 128` (with VNNI, see [`block_isum`]).
+    /// `-128 * sum`: int8 weights taken as `q + 128` (with VNNI, see [`block_ops`]).
     Times128,
     /// `-32 * sum` of each 16-element half apart: Q6K's 6-bit weights taken as `q + 32`.
     Times32Halves,
@@ -714,58 +714,6 @@ unsafe fn nibble_operands<const F: u8>(qp: *const u8) -> [__m256i; 4] {
     }
 }
 
-/// The int32 dot products of one interleaved block (quants at `qp`) with an expanded activation
-/// block, per lane `4h + r` (row `r`, half `h`); formats other than Q8Sub16. `ex` must have been
-/// expanded with [`Corr::Times8`] for 4-bit formats, and with [`Corr::Times128`] for int8 ones
-/// when `VNNI` (what [`run`] does).
-///
-/// # Safety
-/// `quant_bytes(F)` readable bytes at `qp`; `VNNI` only when the CPU has it.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn block_isum<const F: u8, const VNNI: bool>(qp: *const u8, ex: &Expanded) -> __m256i {
-    let ones16 = _mm256_set1_epi16(1);
-    if is_4bit(F) {
-        // SAFETY: a block at qp.
-        let wv = unsafe { nibble_operands::<F>(qp) };
-        if VNNI {
-            // SAFETY: VNNI only when the CPU has it (the contract). Two chains, joined once.
-            unsafe {
-                let a = dpbusd(dpbusd(ex.neg_corr, wv[0], ex.e[0]), wv[1], ex.e[1]);
-                let b = dpbusd(dpbusd(_mm256_setzero_si256(), wv[2], ex.e[2]), wv[3], ex.e[3]);
-                _mm256_add_epi32(a, b)
-            }
-        } else {
-            let p = _mm256_add_epi16(
-                _mm256_add_epi16(_mm256_maddubs_epi16(wv[0], ex.e[0]), _mm256_maddubs_epi16(wv[1], ex.e[1])),
-                _mm256_add_epi16(_mm256_maddubs_epi16(wv[2], ex.e[2]), _mm256_maddubs_epi16(wv[3], ex.e[3])),
-            );
-            _mm256_add_epi32(_mm256_madd_epi16(p, ones16), ex.neg_corr)
-        }
-    } else {
-        // SAFETY: 128 bytes at qp.
-        let ws = [0, 1, 2, 3].map(|v| unsafe { _mm256_loadu_si256(qp.add(32 * v).cast()) });
-        if VNNI {
-            // The weights as the unsigned operand, q + 128 (XOR 0x80): sum((q + 128) a) - 128
-            // sum(a), the correction precomputed with the expansion (`Corr::Times128`). Exact, as
-            // `vpdpbusd` does not saturate, and four XORs instead of four ABS and four SIGN.
-            let x80 = _mm256_set1_epi8(0x80u8 as i8);
-            let wu = ws.map(|w| _mm256_xor_si256(w, x80));
-            // SAFETY: as above.
-            unsafe {
-                let a = dpbusd(dpbusd(ex.neg_corr, wu[0], ex.e[0]), wu[1], ex.e[1]);
-                let b = dpbusd(dpbusd(_mm256_setzero_si256(), wu[2], ex.e[2]), wu[3], ex.e[3]);
-                _mm256_add_epi32(a, b)
-            }
-        } else {
-            let wv = ws.map(|w| _mm256_abs_epi8(w));
-            let se = [0, 1, 2, 3].map(|v| _mm256_sign_epi8(ex.e[v], ws[v]));
-            let m = [0, 1, 2, 3].map(|v| _mm256_madd_epi16(_mm256_maddubs_epi16(wv[v], se[v]), ones16));
-            _mm256_add_epi32(_mm256_add_epi32(m[0], m[1]), _mm256_add_epi32(m[2], m[3]))
-        }
-    }
-}
-
 /// One group against one token over the blocks `seg` of a segment (formats other than Q8Sub16
 /// and Q6K): the segment's 4 row sums in [`row_step`]'s arithmetic, two blocks at a time (the
 /// even block's chain in the low half, the odd one's in the high half).
@@ -799,7 +747,7 @@ unsafe fn dot1<const F: u8, const VNNI: bool>(
             if (sp as usize) % 64 < sb {
                 _mm_prefetch::<_MM_HINT_T0>(sp.wrapping_add(sdist).cast());
             }
-            block_isum::<F, VNNI>(qp, &*exp.add(b))
+            block_dots::<F, VNNI>(&block_ops::<F, VNNI>(qp), &*exp.add(b)).0
         }
     };
     let mut acc = _mm256_setzero_ps();
@@ -914,25 +862,17 @@ fn row_step_sub16(acc: __m128, lo: __m128i, hi: __m128i, dl: __m128, dh: __m128,
     _mm_fmadd_ps(_mm_cvtepi32_ps(hi), _mm_mul_ps(dh, da), acc)
 }
 
-/// The row sums a call continues for `N` rows at `at` of `out`: zero at the first chunk, else
+/// The sums a call continues for a group's 4 rows at `at` of `out`: zero at the first chunk, else
 /// what the earlier chunks left there.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-fn init_rows<const N: usize>(out: &[f32], at: usize, first: bool) -> [f32; N] {
-    let mut r = [0.0; N];
-    if !first {
-        r.copy_from_slice(&out[at..at + N]);
-    }
-    r
-}
-
-/// [`init_rows`] of a group's 4 rows.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
 fn init4(out: &[f32], at: usize, first: bool) -> __m128 {
-    let r = init_rows::<4>(out, at, first);
-    // SAFETY: `r` holds 4 f32.
-    unsafe { _mm_loadu_ps(r.as_ptr()) }
+    if first {
+        return _mm_setzero_ps();
+    }
+    let src: &[f32; 4] = (&out[at..at + 4]).try_into().unwrap();
+    // SAFETY: `src` holds 4 f32.
+    unsafe { _mm_loadu_ps(src.as_ptr()) }
 }
 
 /// Writes the 4 row sums of a group to `at` of `out`.
@@ -1011,7 +951,9 @@ unsafe fn block_ops<const F: u8, const VNNI: bool>(qp: *const u8) -> BlockOps {
         // u = q + 32, unsigned: `maddubs` takes it as is (the -32 sum is the expansion's).
         wv = u;
     } else if VNNI && !has_sub16(F) {
-        // The weights as the unsigned operand, q + 128 (XOR 0x80; see `block_isum`).
+        // The weights as the unsigned operand, q + 128 (XOR 0x80): sum((q + 128) a) - 128
+        // sum(a), the correction precomputed with the expansion (`Corr::Times128`). Exact, as
+        // `vpdpbusd` does not saturate, and four XORs instead of four ABS and four SIGN.
         for (v, wv) in wv.iter_mut().enumerate() {
             // SAFETY: 128 bytes at qp.
             let w = unsafe { _mm256_loadu_si256(qp.add(32 * v).cast()) };
