@@ -7,6 +7,8 @@ mod cli_support;
 
 use cli_support::{pinfer_command, repo_file, text_of, through_qemu};
 use pinfer::loader::ModelFile;
+use pinfer::model::KvTypes;
+use pinfer::quant::GgmlType;
 use pinfer::session::{Session, SessionOptions};
 
 const MODEL: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
@@ -118,39 +120,49 @@ fn lookup_is_refused_where_it_cannot_work() {
 /// What makes the texts the same: a token's logits are the same bits alone as in a batch of
 /// guesses, also past 512 cached keys, where a step of one or two tokens on SmolLM2's 3 KV heads
 /// splits its keys between the threads and a batch does not (every long row is summed in the same
-/// parts either way). Batches of 3 and 9 tokens after 500 cached positions (crossing 512) and, but
-/// under qemu, 1010 (crossing 1024, where rows take 4 parts).
+/// parts either way), over an f16 cache and a quantized one (q8_0 keys, q4_0 values: the typed
+/// kernel). Batches of 3 and 9 tokens after 500 cached positions (crossing 512) and, but under
+/// qemu, 1010 (crossing 1024, where rows take 4 parts).
 #[test]
 fn a_token_computes_the_same_alone_and_in_a_batch_of_guesses() {
-    let model = ModelFile::open_static(std::path::Path::new(&repo_file(MODEL))).unwrap();
     let ids: Vec<u32> = (0..1100u32).map(|i| (i * 7919 + 13) % 40000 + 100).collect();
-    let opts = SessionOptions { threads: 2, n_ctx: 1100, logits_all: true, ..Default::default() };
-    let mut session = Session::new(model, &opts).unwrap();
     let starts: &[usize] = if through_qemu().is_some() { &[500] } else { &[500, 1010] };
-    for &start in starts {
-        // The cached positions before `start` hold made-up keys and values (f16 in [-1, 1]): any
-        // will do, and a prompt of 1010 tokens would take minutes under qemu.
-        let len = session.sequence_bytes(start);
-        let rows: Vec<u8> = (0..len / 2)
-            .flat_map(|i| half::f16::from_f32((i * 7919 % 2001) as f32 / 1000.0 - 1.0).to_le_bytes())
-            .collect();
-        session.restore_sequence(0, start, &rows).unwrap();
-        // 27 tokens one by one, then the cache cut back and the same tokens in batches.
-        let singles: Vec<Vec<f32>> =
-            (start..start + 27).map(|i| session.eval(&ids[i..i + 1]).unwrap().to_vec()).collect();
-        for batch in [3, 9] {
-            assert_eq!(session.truncate(start), start);
-            let mut rows = Vec::new();
-            for at in (start..start + 27).step_by(batch) {
-                session.eval_all(&ids[at..at + batch], |_, l| rows.push(l.to_vec())).unwrap();
-            }
-            for (j, (a, b)) in singles.iter().zip(&rows).enumerate() {
-                let same = a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
-                assert!(
-                    same,
-                    "batch of {batch}: the logits of position {} differ from the token's alone",
-                    start + j
-                );
+    // (Made-up quantized blocks take values near 0.01: their scales are such f16s, their quants
+    // the f16s' bytes, so keys stay within about +-1 and no single key takes a row's softmax whole.)
+    for (k, v, size) in [(GgmlType::F16, GgmlType::F16, 1.0), (GgmlType::Q8_0, GgmlType::Q4_0, 0.01)] {
+        let model = ModelFile::open_static(std::path::Path::new(&repo_file(MODEL))).unwrap();
+        let kv_types = KvTypes { k, v };
+        let opts =
+            SessionOptions { threads: 2, n_ctx: 1100, logits_all: true, kv_types, ..Default::default() };
+        let mut session = Session::new(model, &opts).unwrap();
+        for &start in starts {
+            // The cached positions before `start` hold made-up keys and values (every two bytes an
+            // f16 in [-size, size], so also every block's scale): any will do, and a prompt of
+            // 1010 tokens would take minutes under qemu.
+            let len = session.sequence_bytes(start);
+            let rows: Vec<u8> = (0..len / 2)
+                .flat_map(|i| {
+                    half::f16::from_f32(size * ((i * 7919 % 2001) as f32 / 1000.0 - 1.0)).to_le_bytes()
+                })
+                .collect();
+            session.restore_sequence(0, start, &rows).unwrap();
+            // 27 tokens one by one, then the cache cut back and the same tokens in batches.
+            let singles: Vec<Vec<f32>> =
+                (start..start + 27).map(|i| session.eval(&ids[i..i + 1]).unwrap().to_vec()).collect();
+            for batch in [3, 9] {
+                assert_eq!(session.truncate(start), start);
+                let mut rows = Vec::new();
+                for at in (start..start + 27).step_by(batch) {
+                    session.eval_all(&ids[at..at + batch], |_, l| rows.push(l.to_vec())).unwrap();
+                }
+                for (j, (a, b)) in singles.iter().zip(&rows).enumerate() {
+                    let same = a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+                    assert!(
+                        same,
+                        "K {k:?}, V {v:?}, batch of {batch}: the logits of position {} differ from the token's alone",
+                        start + j
+                    );
+                }
             }
         }
     }

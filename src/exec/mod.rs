@@ -1844,7 +1844,7 @@ impl<'a, const N: usize> Bound<'a, N> {
             let value = |j| unsafe { core::slice::from_raw_parts(vp.wrapping_add(j * vs), vb) };
             match kernel {
                 TileKernel::Typed(ops) => {
-                    flash_attn_typed(&ops, &qs[..n], &keys[..n], key, value, scale, &mut outs[..n]);
+                    flash_attn_typed_rows(&ops, &qs[..n], &keys[..n], key, value, scale, &mut outs[..n]);
                 }
                 TileKernel::Float(path, ty) => {
                     flash_attn_float(path, ty, &qs[..n], &keys[..n], key, value, scale, &mut outs[..n])
@@ -2236,7 +2236,6 @@ fn root_of<const N: usize>(g: &Graph<N>, mut id: TensorId) -> (TensorId, usize) 
     (id, offset)
 }
 
-/// Keys a query at position `pos` sees: `[start, end)` of `n_kv`.
 /// Bytes of converted queries and floats of accumulators the typed kernel's scratch holds (rows
 /// per call: as many as fit, up to `TYPED_ROWS`; at least one head of up to 1024 dimensions).
 const TYPED_QCONV: usize = 16384;
@@ -2273,6 +2272,80 @@ fn flash_attn_typed<'k>(
     )
 }
 
+/// [`flash_attn_typed`] for rows of a step that does not split: a row that sees
+/// [`SPLIT_MIN_KEYS`] keys or more is summed in its own parts and merged, as a split step sums it
+/// (see `row_parts`), so a token computes the same over a quantized cache alone and in a batch.
+#[inline(never)]
+fn flash_attn_typed_rows<'k>(
+    ops: &KvOps,
+    qs: &[&[f32]],
+    keys: &[Range<usize>],
+    key: impl Fn(usize) -> &'k [u8],
+    value: impl Fn(usize) -> &'k [u8],
+    scale: f32,
+    outs: &mut [&mut [f32]],
+) {
+    let n = qs.len().min(keys.len()).min(outs.len()).min(TYPED_ROWS);
+    let Some(dv) = outs.first().map(|o| o.len()) else { return };
+    // Row r's parts, if it is summed in parts (as the f16 path: parts that would not fit the
+    // buffer leave a row in one pass).
+    let own = |r: usize| Some(row_parts(keys[r].len())).filter(|&p| p >= 2 && p * dv <= MERGE_FLOATS);
+    // Rows in one pass go in one call; long rows are gathered for their parts.
+    let (mut one, mut long) = (0, 0);
+    let mut one_qs: [&[f32]; TYPED_ROWS] = [&[]; TYPED_ROWS];
+    let mut one_keys: [Range<usize>; TYPED_ROWS] = Default::default();
+    let mut one_outs: [&mut [f32]; TYPED_ROWS] = Default::default();
+    let mut long_rows = [0usize; TYPED_ROWS];
+    let mut long_outs: [&mut [f32]; TYPED_ROWS] = Default::default();
+    for (r, out) in outs[..n].iter_mut().enumerate() {
+        if own(r).is_none() {
+            (one_qs[one], one_keys[one], one_outs[one]) = (qs[r], keys[r].clone(), &mut **out);
+            one += 1;
+        } else {
+            (long_rows[long], long_outs[long]) = (r, &mut **out);
+            long += 1;
+        }
+    }
+    if one > 0 {
+        flash_attn_typed(ops, &one_qs[..one], &one_keys[..one], &key, &value, scale, &mut one_outs[..one]);
+    }
+    let Some(most) = long_rows[..long].iter().filter_map(|&r| own(r)).max() else { return };
+    // Each call sums one part of as many long rows as the buffer holds all parts of.
+    let mut parts = [0f32; MERGE_FLOATS];
+    let per_call = (MERGE_FLOATS / (most * dv)).min(TYPED_ROWS);
+    let mut l0 = 0;
+    while l0 < long {
+        let hn = per_call.min(long - l0);
+        let rows = &long_rows[l0..l0 + hn];
+        let mut part_qs: [&[f32]; TYPED_ROWS] = [&[]; TYPED_ROWS];
+        for (q, &r) in part_qs.iter_mut().zip(rows) {
+            *q = qs[r];
+        }
+        let mut ends = [[RowSoftmax::EMPTY; SPLIT_PARTS]; TYPED_ROWS];
+        for part in 0..most {
+            // A row's parts past its own are empty (and not merged).
+            let ranges: [Range<usize>; TYPED_ROWS] =
+                core::array::from_fn(|i| match rows.get(i).and_then(|&r| own(r).map(|p| (r, p))) {
+                    Some((r, p)) if part < p => part_keys(&keys[r], part, p),
+                    _ => 0..0,
+                });
+            let mut o: [&mut [f32]; TYPED_ROWS] = Default::default();
+            for (o, row) in o.iter_mut().zip(parts[part * hn * dv..(part + 1) * hn * dv].chunks_mut(dv)) {
+                *o = row;
+            }
+            let got = flash_attn_typed(ops, &part_qs[..hn], &ranges[..hn], &key, &value, scale, &mut o[..hn]);
+            for (ends, got) in ends.iter_mut().zip(got).take(hn) {
+                ends[part] = got;
+            }
+        }
+        for (i, (&r, out)) in rows.iter().zip(long_outs[l0..l0 + hn].iter_mut()).enumerate() {
+            let part_row = |c: usize| &parts[(c * hn + i) * dv..(c * hn + i + 1) * dv];
+            kernels::merge_attn_parts(&ends[i][..own(r).unwrap_or(0)], part_row, out);
+        }
+        l0 += hn;
+    }
+}
+
 /// [`kernels::attn_tile::flash_attn_tile`] with its scratch on this frame.
 #[inline(never)]
 #[allow(clippy::too_many_arguments)]
@@ -2298,6 +2371,7 @@ enum TileKernel {
     Float(kernels::KernelPath, GgmlType),
 }
 
+/// Keys a query at position `pos` sees: `[start, end)` of `n_kv`.
 fn visible_keys(causal: bool, window: usize, pos: usize, n_kv: usize) -> (usize, usize) {
     if !causal {
         return (0, n_kv);
