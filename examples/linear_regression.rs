@@ -12,6 +12,8 @@ use pinfer::tensor::Storage;
 use pinfer::train::optim::{Adam, Lbfgs, Report, Schedule};
 use pinfer::train::{arena_regions, backward, GraphObjective};
 
+use std::io::Write;
+
 fn main() {
     let optimizer = match std::env::args().skip(1).collect::<Vec<_>>().as_slice() {
         [] => "adam".to_string(),
@@ -21,7 +23,12 @@ fn main() {
             std::process::exit(2);
         }
     };
+    fit(&optimizer, &mut std::io::stdout().lock()).unwrap();
+}
 
+/// Fits the line with `optimizer` ("adam" or "lbfgs"), writing its progress and answer to `out`.
+/// (`tests/train.rs` runs it too.)
+pub fn fit(optimizer: &str, out: &mut impl Write) -> std::io::Result<()> {
     // The persistent region: t0, t1, the five x and y values, then the two gradients.
     let xs = [-2.0f32, -1.0, 0.0, 1.0, 2.0];
     let ys: Vec<f32> = xs.iter().map(|x| x * x + 2.0 * x + 1.0).collect();
@@ -54,9 +61,10 @@ fn main() {
     let mut objective = GraphObjective::new(bound, loss, &params, &grads).unwrap();
 
     let mut theta = [0.0f32; 2];
+    let mut lines = Vec::new();
     let mut show = |k: usize, l: f32| {
         if k < 10 || k % 100 == 0 {
-            println!("iteration {k:4}: loss {l:.6}");
+            lines.push(format!("iteration {k:4}: loss {l:.6}"));
         }
     };
     let report: Report = if optimizer == "adam" {
@@ -67,25 +75,31 @@ fn main() {
             grad_tolerance: 1e-5,
             ..Adam::default()
         };
-        println!(
+        writeln!(
+            out,
             "optimizer: Adam (lr {}, cosine decay, at most {} iterations)",
             adam.lr, adam.max_iterations
-        );
+        )?;
         let mut work = vec![0.0; Adam::work_len(2)];
         adam.minimize(&mut objective, &mut theta, &mut work, &mut show).unwrap()
     } else {
         let lbfgs = Lbfgs::default();
-        println!(
+        writeln!(
+            out,
             "optimizer: L-BFGS (history {}, at most {} iterations)",
             lbfgs.history, lbfgs.max_iterations
-        );
+        )?;
         let mut work = vec![0.0; lbfgs.work_len(2)];
         lbfgs.minimize(&mut objective, &mut theta, &mut work, &mut show).unwrap()
     };
-    println!(
+    for line in &lines {
+        writeln!(out, "{line}")?;
+    }
+    writeln!(
+        out,
         "{:?} after {} iterations ({} loss evaluations)",
         report.outcome, report.iterations, report.evaluations
-    );
-    println!("Final parameters: t0(bias)={:.6}, t1(weight)={:.6}", theta[0], theta[1]);
-    println!("Final loss: {:.6}", report.loss);
+    )?;
+    writeln!(out, "Final parameters: t0(bias)={:.6}, t1(weight)={:.6}", theta[0], theta[1])?;
+    writeln!(out, "Final loss: {:.6}", report.loss)
 }

@@ -748,19 +748,18 @@ fn linear_regression_is_solved_by_adam_and_lbfgs() {
     );
 }
 
-/// The example as a user runs it (the debug build the tests already made; on the host: under the
-/// aarch64 tier the test above runs the same optimizers in process).
+/// The example's own code (`cargo run --example linear_regression`), in process: a second cargo
+/// build of it with other features than the tests' would rebuild the library.
+#[path = "../examples/linear_regression.rs"]
+#[allow(dead_code)]
+mod linear_regression_example;
+
 #[test]
-#[cfg(target_arch = "x86_64")]
 fn the_linear_regression_example_prints_the_answer() {
     for optimizer in ["adam", "lbfgs"] {
-        let out = std::process::Command::new(env!("CARGO"))
-            .args(["run", "-q", "--example", "linear_regression", "--", "--optimizer", optimizer])
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout);
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let mut out = Vec::new();
+        linear_regression_example::fit(optimizer, &mut out).unwrap();
+        let text = String::from_utf8_lossy(&out);
         assert!(
             text.contains("Final parameters: t0(bias)=3.00000") || text.contains("t0(bias)=2.99999"),
             "{text}"
