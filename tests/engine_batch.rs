@@ -390,6 +390,42 @@ fn a_long_prompt_in_tiles_ignores_other_sequences_and_threads() {
     }
 }
 
+/// Only a run of 64 tokens or more of one sequence takes the tiles: a sequence's next token in a
+/// batch with another sequence's long prompt (a server slot generating while another reads its
+/// prompt) is computed with the kernel it takes alone, to the bit, with the prompt before it or
+/// after it in the batch.
+#[test]
+fn a_next_token_beside_another_sequences_long_prompt_is_computed_as_alone() {
+    let bytes = model_bytes("qwen2-tiny.gguf");
+    let p = &prompts()[1];
+    let next = 77u32;
+    let long: Vec<u32> = (0..100).map(|i| (i * 104_729 + 3) % 4000 + 5).collect();
+    let mut e1 = engine_ctx(bytes, 1, 128, 256);
+    e1.step(&batch_of(p), &OnCaller, None).unwrap();
+    e1.step(&[Entry { seq: 0, pos: p.len(), token: next, logits: true }], &OnCaller, None).unwrap();
+    let alone = e1.logits(0).unwrap().to_vec();
+    for prompt_first in [false, true] {
+        let mut e2 = engine_ctx(bytes, 2, 128, 256);
+        e2.step(&batch_of(p), &OnCaller, None).unwrap();
+        let mut batch: Vec<Entry> = long
+            .iter()
+            .enumerate()
+            .map(|(pos, &token)| Entry { seq: 1, pos, token, logits: false })
+            .collect();
+        let token = Entry { seq: 0, pos: p.len(), token: next, logits: true };
+        if prompt_first {
+            batch.push(token);
+        } else {
+            batch.insert(0, token);
+        }
+        e2.step(&batch, &OnCaller, None).unwrap();
+        let mixed = e2.logits(0).unwrap();
+        for (i, (a, b)) in mixed.iter().zip(&alone).enumerate() {
+            assert_eq!(a.to_bits(), b.to_bits(), "logit {i}: {a} beside a long prompt, {b} alone");
+        }
+    }
+}
+
 /// Gemma 4's context shift re-rotates each layer's cached keys with that layer's RoPE (a full
 /// layer: its head size, base and frequency factors, some pairs left unrotated). The first layer
 /// (full attention) sees only the token, so after dropping positions its keys and values must be

@@ -1457,15 +1457,24 @@ impl<'a, const N: usize> Bound<'a, N> {
             let mut q16 = [F16Le::from_f32(0.0); kernels::FLASH_ROWS * 1024];
             let mut acc16 = [F16Le::from_f32(0.0); kernels::FLASH_ROWS * 1024];
             // A prompt's tokens over an f16 or f32 cache take the f32 tiles (as llama.cpp's
-            // batches of 64 tokens or more); a cache of other types than f16 keys and values
-            // the typed kernel.
-            if attn_tile::prompt_takes_tiles(path, ne[2], tk.ty, tv.ty, hd, hd_v) {
-                self.flash_attn_tiles(id, t, ne, step, TileKernel::Float(path, tk.ty), ith, nth);
-                return;
+            // batches of 64 tokens or more): the tokens of a run of that many of one sequence
+            // (`in_prompt_run`), so a server slot's next token beside another slot's prompt is
+            // computed as it is alone. The other tokens over a cache of other types than f16
+            // keys and values take the typed kernel.
+            let tiles = attn_tile::prompt_takes_tiles(path, ne[2], tk.ty, tv.ty, hd, hd_v);
+            let tiled = |tok: usize| tiles && self.in_prompt_run(t, tok, ne[2]);
+            if tiles {
+                self.flash_attn_tiles(id, t, ne, step, TileKernel::Float(path, tk.ty), tiled, ith, nth);
+                if t.src[3].is_none() {
+                    return;
+                }
             }
             if (tk.ty, tv.ty) != (GgmlType::F16, GgmlType::F16) {
                 match KvOps::new(path, tk.ty, tv.ty) {
-                    Some(ops) => self.flash_attn_tiles(id, t, ne, step, TileKernel::Typed(ops), ith, nth),
+                    Some(ops) => {
+                        let rest = |tok: usize| !tiled(tok);
+                        self.flash_attn_tiles(id, t, ne, step, TileKernel::Typed(ops), rest, ith, nth)
+                    }
                     None => self.fail(id, BAD_INDEX),
                 }
                 return;
@@ -1480,6 +1489,9 @@ impl<'a, const N: usize> Bound<'a, N> {
             let runs = group.div_ceil(run);
             for u in share(ne[2] * n_kv_heads * runs, ith, nth) {
                 let (tok, kv_head, c) = (u / (n_kv_heads * runs), u / runs % n_kv_heads, u % runs);
+                if tiled(tok) {
+                    continue;
+                }
                 let first = kv_head * group + c * run;
                 let heads = first..(first + run).min((kv_head + 1) * group);
                 let (start, end) = match self.place(t.src[3], tok) {
@@ -1747,6 +1759,19 @@ impl<'a, const N: usize> Bound<'a, N> {
         }
     }
 
+    /// Whether token `tok` of attention node `t` (of `n` tokens) is one of a run of
+    /// [`attn_tile::TILE_MIN_TOKENS`] or more consecutive tokens of its sequence: a prompt's chunk,
+    /// not a slot's next token and its guesses. Every token of a step without a places table is of
+    /// one sequence.
+    fn in_prompt_run(&self, t: &Tensor, tok: usize, n: usize) -> bool {
+        let least = attn_tile::TILE_MIN_TOKENS;
+        let Some(Some((first, _))) = self.place(t.src[3], tok) else { return n >= least };
+        let same = |i: usize| matches!(self.place(t.src[3], i), Some(Some((f, _))) if f == first);
+        let before = (1..least.min(tok + 1)).take_while(|&d| same(tok - d)).count();
+        let after = (tok + 1..n.min(tok + least)).take_while(|&i| same(i)).count();
+        before + 1 + after >= least
+    }
+
     /// The keys token `tok` of an attention node sees (its sequence's rows up to its position,
     /// within the window); `None` for a bad place (the node fails).
     fn visible(&self, t: &Tensor, tok: usize, n_kv: usize, step: Step) -> Option<Range<usize>> {
@@ -1764,9 +1789,10 @@ impl<'a, const N: usize> Bound<'a, N> {
         }
     }
 
-    /// Attention in work units of (tokens, KV head, run of its query heads) by a kernel that
-    /// takes rows with keys of their own (the typed kernel, the f32 tiles): a prompt's tokens go
-    /// in tiles, so every key and value row is read once per tile instead of once per token.
+    /// Attention of the tokens `computes` accepts in work units of (tokens, KV head, run of its
+    /// query heads) by a kernel that takes rows with keys of their own (the typed kernel, the f32
+    /// tiles): a prompt's tokens go in tiles, so every key and value row is read once per tile
+    /// instead of once per token.
     #[allow(clippy::too_many_arguments)]
     fn flash_attn_tiles(
         &self,
@@ -1775,6 +1801,7 @@ impl<'a, const N: usize> Bound<'a, N> {
         ne: [usize; 4],
         step: Step,
         kernel: TileKernel,
+        computes: impl Fn(usize) -> bool,
         ith: usize,
         nth: usize,
     ) {
@@ -1808,6 +1835,8 @@ impl<'a, const N: usize> Bound<'a, N> {
             tv.ty.bytes_for(hd_v as u64).unwrap_or(0) as usize,
         );
         let (ks, vs) = (tk.nb[1], tv.nb[1]);
+        // The typed kernel's scratch, made once for all of this thread's units.
+        let mut typed_work: Option<TypedWork> = None;
         // KV head outermost: a thread's consecutive units read the same keys and values, which
         // stay in its cache between them.
         for u in share(tiles * n_kv_heads * runs, ith, nth) {
@@ -1819,7 +1848,7 @@ impl<'a, const N: usize> Bound<'a, N> {
             let mut outs: [&mut [f32]; ROWS] = Default::default();
             let mut keys: [Range<usize>; ROWS] = Default::default();
             let mut n = 0;
-            for tok in tokens {
+            for tok in tokens.filter(|&tok| computes(tok)) {
                 let Some(range) = self.visible(t, tok, n_kv, step) else {
                     self.fail(id, BAD_INDEX);
                     return;
@@ -1844,7 +1873,17 @@ impl<'a, const N: usize> Bound<'a, N> {
             let value = |j| unsafe { core::slice::from_raw_parts(vp.wrapping_add(j * vs), vb) };
             match kernel {
                 TileKernel::Typed(ops) => {
-                    flash_attn_typed_rows(&ops, &qs[..n], &keys[..n], key, value, scale, &mut outs[..n]);
+                    let work = typed_work.get_or_insert_with(TypedWork::new);
+                    flash_attn_typed_rows(
+                        work,
+                        &ops,
+                        &qs[..n],
+                        &keys[..n],
+                        key,
+                        value,
+                        scale,
+                        &mut outs[..n],
+                    );
                 }
                 TileKernel::Float(path, ty) => {
                     flash_attn_float(path, ty, &qs[..n], &keys[..n], key, value, scale, &mut outs[..n])
@@ -2252,6 +2291,32 @@ fn typed_rows(ops: &KvOps, dk: usize, dv: usize) -> Option<usize> {
     Some(TYPED_ROWS.min(TYPED_ACC / dv.max(1)).min(TYPED_QCONV / qb.max(1)).max(1))
 }
 
+/// The typed kernel's scratch: converted queries, accumulators, widened values.
+struct TypedScratch {
+    qconv: [u8; TYPED_QCONV],
+    acc: [f32; TYPED_ACC],
+    vals: [f32; TYPED_VALS],
+}
+
+impl TypedScratch {
+    fn new() -> Self {
+        Self { qconv: [0; TYPED_QCONV], acc: [0.0; TYPED_ACC], vals: [0.0; TYPED_VALS] }
+    }
+}
+
+/// The scratch of [`flash_attn_typed_rows`]: the kernel's, and the parts of long rows. Made once
+/// per node and thread (zeroing it for every unit cost prompts over a quantized cache 5%).
+struct TypedWork {
+    scratch: TypedScratch,
+    parts: [f32; MERGE_FLOATS],
+}
+
+impl TypedWork {
+    fn new() -> Self {
+        Self { scratch: TypedScratch::new(), parts: [0.0; MERGE_FLOATS] }
+    }
+}
+
 /// [`kernels::kv_attn::flash_attn_rows_typed`] with its scratch on this frame: a call of its
 /// own so the f16 path's frame stays small.
 #[inline(never)]
@@ -2264,19 +2329,32 @@ fn flash_attn_typed<'k>(
     scale: f32,
     outs: &mut [&mut [f32]],
 ) -> [RowSoftmax; TYPED_ROWS] {
-    let mut qconv = [0u8; TYPED_QCONV];
-    let mut acc = [0f32; TYPED_ACC];
-    let mut vals = [0f32; TYPED_VALS];
-    kernels::kv_attn::flash_attn_rows_typed(
-        ops, qs, &mut qconv, keys, key, value, scale, &mut acc, &mut vals, outs,
-    )
+    typed_in(&mut TypedScratch::new(), ops, qs, keys, key, value, scale, outs)
+}
+
+/// [`kernels::kv_attn::flash_attn_rows_typed`] in `scratch`.
+#[allow(clippy::too_many_arguments)]
+fn typed_in<'k>(
+    scratch: &mut TypedScratch,
+    ops: &KvOps,
+    qs: &[&[f32]],
+    keys: &[Range<usize>],
+    key: impl Fn(usize) -> &'k [u8],
+    value: impl Fn(usize) -> &'k [u8],
+    scale: f32,
+    outs: &mut [&mut [f32]],
+) -> [RowSoftmax; TYPED_ROWS] {
+    let TypedScratch { qconv, acc, vals } = scratch;
+    kernels::kv_attn::flash_attn_rows_typed(ops, qs, qconv, keys, key, value, scale, acc, vals, outs)
 }
 
 /// [`flash_attn_typed`] for rows of a step that does not split: a row that sees
 /// [`SPLIT_MIN_KEYS`] keys or more is summed in its own parts and merged, as a split step sums it
 /// (see `row_parts`), so a token computes the same over a quantized cache alone and in a batch.
 #[inline(never)]
+#[allow(clippy::too_many_arguments)]
 fn flash_attn_typed_rows<'k>(
+    work: &mut TypedWork,
     ops: &KvOps,
     qs: &[&[f32]],
     keys: &[Range<usize>],
@@ -2287,6 +2365,7 @@ fn flash_attn_typed_rows<'k>(
 ) {
     let n = qs.len().min(keys.len()).min(outs.len()).min(TYPED_ROWS);
     let Some(dv) = outs.first().map(|o| o.len()) else { return };
+    let TypedWork { scratch, parts } = work;
     // Row r's parts, if it is summed in parts (as the f16 path: parts that would not fit the
     // buffer leave a row in one pass).
     let own = |r: usize| Some(row_parts(keys[r].len())).filter(|&p| p >= 2 && p * dv <= MERGE_FLOATS);
@@ -2307,11 +2386,10 @@ fn flash_attn_typed_rows<'k>(
         }
     }
     if one > 0 {
-        flash_attn_typed(ops, &one_qs[..one], &one_keys[..one], &key, &value, scale, &mut one_outs[..one]);
+        typed_in(scratch, ops, &one_qs[..one], &one_keys[..one], &key, &value, scale, &mut one_outs[..one]);
     }
     let Some(most) = long_rows[..long].iter().filter_map(|&r| own(r)).max() else { return };
     // Each call sums one part of as many long rows as the buffer holds all parts of.
-    let mut parts = [0f32; MERGE_FLOATS];
     let per_call = (MERGE_FLOATS / (most * dv)).min(TYPED_ROWS);
     let mut l0 = 0;
     while l0 < long {
@@ -2333,7 +2411,8 @@ fn flash_attn_typed_rows<'k>(
             for (o, row) in o.iter_mut().zip(parts[part * hn * dv..(part + 1) * hn * dv].chunks_mut(dv)) {
                 *o = row;
             }
-            let got = flash_attn_typed(ops, &part_qs[..hn], &ranges[..hn], &key, &value, scale, &mut o[..hn]);
+            let got =
+                typed_in(scratch, ops, &part_qs[..hn], &ranges[..hn], &key, &value, scale, &mut o[..hn]);
             for (ends, got) in ends.iter_mut().zip(got).take(hn) {
                 ends[part] = got;
             }
