@@ -1623,6 +1623,8 @@ impl<'a, const N: usize> Bound<'a, N> {
         let (ks, vs) = (tk.nb[1], tv.nb[1]);
         let mut q16 = [F16Le::from_f32(0.0); kernels::FLASH_ROWS * 1024];
         let mut acc16 = [F16Le::from_f32(0.0); kernels::FLASH_ROWS * 1024];
+        // The typed kernel's scratch, made once for all of this thread's units.
+        let mut typed_scratch: Option<TypedScratch> = None;
         for u in share(ne[2] * n_kv_heads * runs * parts, ith, nth) {
             let part = u % parts;
             let (tok, kv_head, c) =
@@ -1686,8 +1688,12 @@ impl<'a, const N: usize> Bound<'a, N> {
                     // SAFETY: as above.
                     let value = |j| unsafe { core::slice::from_raw_parts(vp.wrapping_add(j * vs), vb) };
                     let ranges: [Range<usize>; ROWS] = core::array::from_fn(|_| keys.clone());
-                    let got =
-                        flash_attn_typed(&ops, &qs[..n], &ranges[..n], key, value, scale, &mut outs[..n]);
+                    let TypedScratch { qconv, acc, vals } =
+                        typed_scratch.get_or_insert_with(TypedScratch::new);
+                    let (qs, ranges, outs) = (&qs[..n], &ranges[..n], &mut outs[..n]);
+                    let got = kernels::kv_attn::flash_attn_rows_typed(
+                        &ops, qs, qconv, ranges, key, value, scale, acc, vals, outs,
+                    );
                     (0..n).for_each(|i| put(i, got[i]));
                 }
                 None => {
@@ -2317,38 +2323,7 @@ impl TypedWork {
     }
 }
 
-/// [`kernels::kv_attn::flash_attn_rows_typed`] with its scratch on this frame: a call of its
-/// own so the f16 path's frame stays small.
-#[inline(never)]
-fn flash_attn_typed<'k>(
-    ops: &KvOps,
-    qs: &[&[f32]],
-    keys: &[Range<usize>],
-    key: impl Fn(usize) -> &'k [u8],
-    value: impl Fn(usize) -> &'k [u8],
-    scale: f32,
-    outs: &mut [&mut [f32]],
-) -> [RowSoftmax; TYPED_ROWS] {
-    typed_in(&mut TypedScratch::new(), ops, qs, keys, key, value, scale, outs)
-}
-
-/// [`kernels::kv_attn::flash_attn_rows_typed`] in `scratch`.
-#[allow(clippy::too_many_arguments)]
-fn typed_in<'k>(
-    scratch: &mut TypedScratch,
-    ops: &KvOps,
-    qs: &[&[f32]],
-    keys: &[Range<usize>],
-    key: impl Fn(usize) -> &'k [u8],
-    value: impl Fn(usize) -> &'k [u8],
-    scale: f32,
-    outs: &mut [&mut [f32]],
-) -> [RowSoftmax; TYPED_ROWS] {
-    let TypedScratch { qconv, acc, vals } = scratch;
-    kernels::kv_attn::flash_attn_rows_typed(ops, qs, qconv, keys, key, value, scale, acc, vals, outs)
-}
-
-/// [`flash_attn_typed`] for rows of a step that does not split: a row that sees
+/// [`kernels::kv_attn::flash_attn_rows_typed`] for rows of a step that does not split: a row that sees
 /// [`SPLIT_MIN_KEYS`] keys or more is summed in its own parts and merged, as a split step sums it
 /// (see `row_parts`), so a token computes the same over a quantized cache alone and in a batch.
 #[inline(never)]
@@ -2365,7 +2340,10 @@ fn flash_attn_typed_rows<'k>(
 ) {
     let n = qs.len().min(keys.len()).min(outs.len()).min(TYPED_ROWS);
     let Some(dv) = outs.first().map(|o| o.len()) else { return };
-    let TypedWork { scratch, parts } = work;
+    let TypedWork { scratch: TypedScratch { qconv, acc, vals }, parts } = work;
+    let mut typed = |qs: &[&[f32]], keys: &[Range<usize>], outs: &mut [&mut [f32]]| {
+        kernels::kv_attn::flash_attn_rows_typed(ops, qs, qconv, keys, &key, &value, scale, acc, vals, outs)
+    };
     // Row r's parts, if it is summed in parts (as the f16 path: parts that would not fit the
     // buffer leave a row in one pass).
     let own = |r: usize| Some(row_parts(keys[r].len())).filter(|&p| p >= 2 && p * dv <= MERGE_FLOATS);
@@ -2386,7 +2364,7 @@ fn flash_attn_typed_rows<'k>(
         }
     }
     if one > 0 {
-        typed_in(scratch, ops, &one_qs[..one], &one_keys[..one], &key, &value, scale, &mut one_outs[..one]);
+        typed(&one_qs[..one], &one_keys[..one], &mut one_outs[..one]);
     }
     let Some(most) = long_rows[..long].iter().filter_map(|&r| own(r)).max() else { return };
     // Each call sums one part of as many long rows as the buffer holds all parts of.
@@ -2411,8 +2389,7 @@ fn flash_attn_typed_rows<'k>(
             for (o, row) in o.iter_mut().zip(parts[part * hn * dv..(part + 1) * hn * dv].chunks_mut(dv)) {
                 *o = row;
             }
-            let got =
-                typed_in(scratch, ops, &part_qs[..hn], &ranges[..hn], &key, &value, scale, &mut o[..hn]);
+            let got = typed(&part_qs[..hn], &ranges[..hn], &mut o[..hn]);
             for (ends, got) in ends.iter_mut().zip(got).take(hn) {
                 ends[part] = got;
             }
