@@ -4,11 +4,14 @@
 # taken, and whether the texts are the same (they must be: a batch of guesses computes what single
 # tokens would, on every kernel path).
 #
-#   scripts/lookup_bench.sh [-m MODEL] [-n TOKENS] [--lookup N] [-t THREADS] [--rounds R]
+#   scripts/lookup_bench.sh [-m MODEL | --wide] [-n TOKENS] [--lookup N] [-t THREADS] [--rounds R]
 #
 # Tasks: repeat a JSON document with one edit; copy a sentence out of a paragraph; rename a
 # variable in a function. (A shape model's random weights repeat nothing: lookup needs a real
-# model's text.)
+# model's text.) --wide: at a 1B model's size, SmolLM2-135M widened to Llama-3.2-1B's widths
+# (1.27B weights, Q4_0, scripts/make_wide_model.py; made once into target/shape-models/ with
+# llama-quantize from scripts/llama_cpp_build.sh): it writes SmolLM2's text and reads 653 MiB of
+# weights per token.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -20,6 +23,7 @@ ROUNDS=3
 while [ $# -gt 0 ]; do
   case "$1" in
     -m) MODEL=$2; shift 2 ;;
+    --wide) MODEL=target/shape-models/smollm2-wide-1b.Q4_0.gguf; shift ;;
     -n) N=$2; shift 2 ;;
     --lookup) LOOKUP=$2; shift 2 ;;
     -t) THREADS=$2; shift 2 ;;
@@ -27,6 +31,15 @@ while [ $# -gt 0 ]; do
     *) echo "lookup_bench: unknown option $1" >&2; exit 2 ;;
   esac
 done
+if [ "$MODEL" = target/shape-models/smollm2-wide-1b.Q4_0.gguf ] && [ ! -f "$MODEL" ]; then
+  scripts/setup.sh variants >&2  # the Q8_0 file: the widened model's source
+  f16=target/shape-models/smollm2-wide-1b.f16.gguf
+  mkdir -p target/shape-models
+  python3 scripts/make_wide_model.py models/SmolLM2-135M-Instruct.Q8_0.gguf "$f16.tmp"
+  mv "$f16.tmp" "$f16"
+  "$(scripts/llama_cpp_build.sh)/llama-quantize" "$f16" "$MODEL.tmp" Q4_0 > "$MODEL.log" 2>&1
+  mv "$MODEL.tmp" "$MODEL"
+fi
 cargo build --release --bin pinfer -q
 PINFER=target/release/pinfer
 

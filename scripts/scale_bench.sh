@@ -15,10 +15,10 @@
 #   -t         threads of both programs (default 2)
 #   --rounds   interleaved rounds of each bench (default 2; each round runs 3 repetitions)
 #
-# llama.cpp is never a dependency of pinfer or of its CI: this script builds it for the instruction
-# level pinfer's x86 kernels use (AVX2/FMA/F16C, no AVX-512) from the llama-cpp-python sdist into
-# target/llama.cpp/ (cached), or takes LLAMA_CPP_BIN=DIR holding llama-bench, llama-simple and
-# llama-quantize. Shape models are cached in target/shape-models/ (about 2.5 GB of F16 per 1B model).
+# llama.cpp is never a dependency of pinfer or of its CI: scripts/llama_cpp_build.sh builds it for
+# the instruction level pinfer's x86 kernels use (AVX2/FMA/F16C, no AVX-512) into target/llama.cpp/
+# (cached), or LLAMA_CPP_BIN=DIR holds llama-bench, llama-simple and llama-quantize. Shape models
+# are cached in target/shape-models/ (about 2.5 GB of F16 per 1B model).
 set -euo pipefail
 shopt -s inherit_errexit
 cd "$(dirname "$0")/.."
@@ -40,29 +40,6 @@ while [ $# -gt 0 ]; do
 done
 log() { echo "scale_bench: $*" >&2; }
 
-LLAMA_VERSION=0.3.36
-build_llama() {
-  local root=target/llama.cpp
-  local bin=$root/build/bin
-  if [ -x "$bin/llama-bench" ] && [ -x "$bin/llama-simple" ] && [ -x "$bin/llama-quantize" ]; then
-    echo "$bin"; return
-  fi
-  log "building llama.cpp (llama-cpp-python $LLAMA_VERSION sdist, AVX2/FMA/F16C) in $root: about 15 minutes"
-  mkdir -p "$root"
-  if [ ! -d "$root/src" ]; then
-    # (The sdist's metadata step needs its build backend.)
-    python3 -m pip install -q scikit-build-core >&2
-    python3 -m pip download --no-binary :all: --no-deps --no-build-isolation -d "$root" \
-      "llama-cpp-python==$LLAMA_VERSION" >&2
-    mkdir -p "$root/src"
-    tar -xzf "$root/llama_cpp_python-$LLAMA_VERSION.tar.gz" -C "$root/src" --strip-components=1
-  fi
-  cmake -S "$root/src/vendor/llama.cpp" -B "$root/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF \
-    -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_OPENMP=OFF -DLLAMA_CURL=OFF \
-    -DBUILD_SHARED_LIBS=OFF >&2
-  cmake --build "$root/build" --target llama-bench llama-simple llama-quantize -j "$(nproc)" >&2
-  echo "$bin"
-}
 
 vocab_of() {
   case "$1" in
@@ -81,7 +58,7 @@ vocab_of() {
   esac
 }
 
-BIN=${LLAMA_CPP_BIN:-$(build_llama)}
+BIN=$(scripts/llama_cpp_build.sh)
 [ -f target/tokenizer-vocabs/ggml-vocab-llama-bpe.gguf ] || scripts/tokenizer_fetch_vocabs.sh >&2
 [[ $SHAPES != *gemma-3-* ]] || scripts/tokenizer_fetch_gemma3.sh >&2
 cargo build --release --bin pinfer -q
