@@ -1523,42 +1523,26 @@ impl<'a, const N: usize> Bound<'a, N> {
                 let own = row_parts(end - start);
                 if own >= 2 && own * hd_v <= MERGE_FLOATS {
                     // A long row is summed in its parts and merged, as a split step sums it (see
-                    // `row_parts`): each part's keys once for as many of the heads as the buffer
-                    // holds, then each head's parts merged.
+                    // `row_parts`): each part's keys once for the heads of a call.
                     let mut parts = [0f32; MERGE_FLOATS];
-                    let per_call = (MERGE_FLOATS / (own * hd_v)).min(n);
-                    let mut h0 = 0;
-                    while h0 < n {
-                        let hn = per_call.min(n - h0);
-                        let mut ends = [[RowSoftmax::EMPTY; SPLIT_PARTS]; kernels::FLASH_ROWS];
-                        for part in 0..own {
-                            let keys = part_keys(&(start..end), part, own);
-                            let mut o: [&mut [f32]; kernels::FLASH_ROWS] = Default::default();
-                            let rows = parts[part * hn * hd_v..(part + 1) * hn * hd_v].chunks_mut(hd_v);
-                            for (o, row) in o.iter_mut().zip(rows) {
-                                *o = row;
-                            }
-                            let got = kernels::flash_attn_rows(
+                    sum_rows_in_parts(
+                        &mut parts,
+                        &mut outs[..n],
+                        |_| own,
+                        |rows, part, o| {
+                            kernels::flash_attn_rows(
                                 path,
-                                &qs[h0..h0 + hn],
-                                &mut q16[..hn * hd],
-                                keys,
+                                &qs[rows.clone()],
+                                &mut q16[..rows.len() * hd],
+                                part_keys(&(start..end), part, own),
                                 key,
                                 value,
                                 scale,
-                                &mut acc16[..hn * hd_v],
-                                &mut o[..hn],
-                            );
-                            for (ends, got) in ends.iter_mut().zip(got).take(hn) {
-                                ends[part] = got;
-                            }
-                        }
-                        for (h, (out, ends)) in outs[h0..h0 + hn].iter_mut().zip(&ends).enumerate() {
-                            let part_row = |c: usize| &parts[(c * hn + h) * hd_v..(c * hn + h + 1) * hd_v];
-                            kernels::merge_attn_parts(&ends[..own], part_row, out);
-                        }
-                        h0 += hn;
-                    }
+                                &mut acc16[..rows.len() * hd_v],
+                                o,
+                            )
+                        },
+                    );
                     continue;
                 }
                 kernels::flash_attn_rows(
@@ -2366,39 +2350,62 @@ fn flash_attn_typed_rows<'k>(
     if one > 0 {
         typed(&one_qs[..one], &one_keys[..one], &mut one_outs[..one]);
     }
-    let Some(most) = long_rows[..long].iter().filter_map(|&r| own(r)).max() else { return };
-    // Each call sums one part of as many long rows as the buffer holds all parts of.
-    let per_call = (MERGE_FLOATS / (most * dv)).min(TYPED_ROWS);
-    let mut l0 = 0;
-    while l0 < long {
-        let hn = per_call.min(long - l0);
-        let rows = &long_rows[l0..l0 + hn];
-        let mut part_qs: [&[f32]; TYPED_ROWS] = [&[]; TYPED_ROWS];
-        for (q, &r) in part_qs.iter_mut().zip(rows) {
-            *q = qs[r];
-        }
-        let mut ends = [[RowSoftmax::EMPTY; SPLIT_PARTS]; TYPED_ROWS];
-        for part in 0..most {
-            // A row's parts past its own are empty (and not merged).
+    // Each call sums one part of the long rows it takes (a row's parts past its own are empty).
+    let long_rows = &long_rows[..long];
+    sum_rows_in_parts(
+        parts,
+        &mut long_outs[..long],
+        |i| own(long_rows[i]).unwrap_or(0),
+        |rows, part, o| {
+            let rows = &long_rows[rows];
+            let part_qs: [&[f32]; TYPED_ROWS] =
+                core::array::from_fn(|i| rows.get(i).map_or(&[][..], |&r| qs[r]));
             let ranges: [Range<usize>; TYPED_ROWS] =
                 core::array::from_fn(|i| match rows.get(i).and_then(|&r| own(r).map(|p| (r, p))) {
                     Some((r, p)) if part < p => part_keys(&keys[r], part, p),
                     _ => 0..0,
                 });
-            let mut o: [&mut [f32]; TYPED_ROWS] = Default::default();
-            for (o, row) in o.iter_mut().zip(parts[part * hn * dv..(part + 1) * hn * dv].chunks_mut(dv)) {
+            typed(&part_qs[..rows.len()], &ranges[..rows.len()], o)
+        },
+    );
+}
+
+/// Rows each summed in its own parts (`own(i)` of row i: 2 to [`SPLIT_PARTS`], see `row_parts`)
+/// and merged, as a split step sums them: `sum_part(rows, part, outs)` sums part `part` of the
+/// rows `rows` (of `outs`) into `outs`, returning their softmax ends; each call takes as many rows
+/// as `buf` holds all parts of. (Callers leave a row in one pass whose parts `buf` cannot hold.)
+fn sum_rows_in_parts<const K: usize>(
+    buf: &mut [f32; MERGE_FLOATS],
+    outs: &mut [&mut [f32]],
+    own: impl Fn(usize) -> usize,
+    mut sum_part: impl FnMut(Range<usize>, usize, &mut [&mut [f32]]) -> [RowSoftmax; K],
+) {
+    let n = outs.len().min(K);
+    let Some(dv) = outs.first().map(|o| o.len()) else { return };
+    let most = (0..n).map(&own).max().unwrap_or(0).min(SPLIT_PARTS);
+    if most == 0 || most * dv > MERGE_FLOATS {
+        return;
+    }
+    let per_call = (MERGE_FLOATS / (most * dv)).min(K);
+    let mut r0 = 0;
+    while r0 < n {
+        let hn = per_call.min(n - r0);
+        let mut ends = [[RowSoftmax::EMPTY; SPLIT_PARTS]; K];
+        for part in 0..most {
+            let mut o: [&mut [f32]; K] = core::array::from_fn(|_| Default::default());
+            for (o, row) in o.iter_mut().zip(buf[part * hn * dv..(part + 1) * hn * dv].chunks_mut(dv)) {
                 *o = row;
             }
-            let got = typed(&part_qs[..hn], &ranges[..hn], &mut o[..hn]);
+            let got = sum_part(r0..r0 + hn, part, &mut o[..hn]);
             for (ends, got) in ends.iter_mut().zip(got).take(hn) {
                 ends[part] = got;
             }
         }
-        for (i, (&r, out)) in rows.iter().zip(long_outs[l0..l0 + hn].iter_mut()).enumerate() {
-            let part_row = |c: usize| &parts[(c * hn + i) * dv..(c * hn + i + 1) * dv];
-            kernels::merge_attn_parts(&ends[i][..own(r).unwrap_or(0)], part_row, out);
+        for (i, out) in outs[r0..r0 + hn].iter_mut().enumerate() {
+            let part_row = |c: usize| &buf[(c * hn + i) * dv..(c * hn + i + 1) * dv];
+            kernels::merge_attn_parts(&ends[i][..own(r0 + i).min(SPLIT_PARTS)], part_row, out);
         }
-        l0 += hn;
+        r0 += hn;
     }
 }
 
