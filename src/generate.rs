@@ -12,7 +12,7 @@ use crate::engine::EngineError;
 use crate::grammar::{Constraint, GrammarError};
 use crate::sampler::{Candidate, SampleError, Sampler, SamplerConfig};
 use crate::session::{Session, SessionError};
-use crate::speculative::{next_draft_len, Drafter};
+use crate::speculative::{next_draft_len, Drafter, MOST_GUESSES};
 use crate::tokenizer::{StreamDecoder, TokError, Tokenizer};
 
 /// Why a stream of generated tokens ended.
@@ -360,9 +360,10 @@ impl<'t> Generator<'t> {
     /// same order, so greedy output is the same, and sampled output follows the same distribution
     /// (the same tokens for a seed, up to the arithmetic of a batch). The session needs
     /// `logits_all`, and a model without recurrent layers (its cache must go back to any position).
+    /// (At most [`MOST_GUESSES`] guesses per batch: more would take a prompt's kernels.)
     pub fn set_speculative(&mut self, speculative: Option<(Drafter, usize)>) {
         let (drafter, n) = match speculative {
-            Some((d, n)) if n > 0 => (Some(d), n),
+            Some((d, n)) if n > 0 => (Some(d), n.min(MOST_GUESSES)),
             _ => (None, 0),
         };
         self.drafter = drafter;

@@ -11,6 +11,11 @@ use std::vec::Vec;
 use crate::session::{Session, SessionError};
 use crate::tokenizer::Tokenizer;
 
+/// The most guesses a batch carries: with the token before them, one fewer than a run of tokens
+/// that takes the f32 attention tiles (`attn_tile::TILE_MIN_TOKENS`), so a batch of guesses takes
+/// the kernels a single token takes and computes the same bits as the tokens alone.
+pub const MOST_GUESSES: usize = crate::kernels::attn_tile::TILE_MIN_TOKENS - 2;
+
 /// The source of guesses.
 pub enum Drafter {
     /// The tokens that followed the latest earlier occurrence of the text's last tokens.

@@ -10,6 +10,7 @@ use pinfer::loader::ModelFile;
 use pinfer::model::KvTypes;
 use pinfer::quant::GgmlType;
 use pinfer::session::{Session, SessionOptions};
+use pinfer::speculative::MOST_GUESSES;
 
 const MODEL: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
 
@@ -107,6 +108,20 @@ fn lookup_is_refused_where_it_cannot_work() {
     let out = pinfer_command().args(["generate", "-m", &model, "-p", "x", "--lookup", "0"]).output().unwrap();
     assert_eq!(out.status.code(), Some(1), "{}", text_of(&out.stderr));
     assert!(text_of(&out.stderr).contains("--lookup 0"), "{}", text_of(&out.stderr));
+    // More guesses than a batch of them may carry (the batch would take a prompt's kernels), even
+    // where the batch holds them.
+    let too_many = (MOST_GUESSES + 1).to_string();
+    for flag in [["--lookup", &too_many], ["--draft-max", &too_many]] {
+        let mut args = vec!["generate", "-m", &model, "-p", "x", "-b", "512"];
+        args.extend(flag);
+        if flag[0] == "--draft-max" {
+            args.extend(["-md", &model]);
+        }
+        let out = pinfer_command().args(&args).output().unwrap();
+        let err = text_of(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        assert!(err.contains(&format!("{} {too_many}: give 1 to {MOST_GUESSES}", flag[0])), "{err}");
+    }
     // A model with recurrent layers: its state cannot go back to a guess's position.
     let lfm2 = repo_file("models/tiny/lfm2-tiny.gguf");
     let out = pinfer_command()
@@ -121,7 +136,7 @@ fn lookup_is_refused_where_it_cannot_work() {
 /// guesses, also past 512 cached keys, where a step of one or two tokens on SmolLM2's 3 KV heads
 /// splits its keys between the threads and a batch does not (every long row is summed in the same
 /// parts either way), over an f16 cache and a quantized one (q8_0 keys, q4_0 values: the typed
-/// kernel). Batches of 3 and 9 tokens after 500 cached positions (crossing 512) and, but under
+/// kernel). Batches of 3, 9 and the most a batch of guesses holds after 500 cached positions (crossing 512) and, but under
 /// qemu, 1010 (crossing 1024, where rows take 4 parts).
 #[test]
 fn a_token_computes_the_same_alone_and_in_a_batch_of_guesses() {
@@ -146,13 +161,15 @@ fn a_token_computes_the_same_alone_and_in_a_batch_of_guesses() {
                 })
                 .collect();
             session.restore_sequence(0, start, &rows).unwrap();
-            // 27 tokens one by one, then the cache cut back and the same tokens in batches.
+            // Tokens one by one, then the cache cut back and the same tokens in batches: the
+            // largest a batch of guesses can be (the token and MOST_GUESSES) but under qemu.
+            let n = if through_qemu().is_some() { 27 } else { MOST_GUESSES + 1 };
             let singles: Vec<Vec<f32>> =
-                (start..start + 27).map(|i| session.eval(&ids[i..i + 1]).unwrap().to_vec()).collect();
-            for batch in [3, 9] {
+                (start..start + n).map(|i| session.eval(&ids[i..i + 1]).unwrap().to_vec()).collect();
+            for batch in [3, 9, n] {
                 assert_eq!(session.truncate(start), start);
                 let mut rows = Vec::new();
-                for at in (start..start + 27).step_by(batch) {
+                for at in (start..start + n).step_by(batch) {
                     session.eval_all(&ids[at..at + batch], |_, l| rows.push(l.to_vec())).unwrap();
                 }
                 for (j, (a, b)) in singles.iter().zip(&rows).enumerate() {

@@ -14,7 +14,7 @@ use pinfer::session::{Session, SessionError, SessionOptions};
 use pinfer::tokenizer::{StreamDecoder, Tokenizer};
 
 use pinfer::generate::{Flow, GenerateError, Generator, Stop};
-use pinfer::speculative::{check_draft, DraftModel, Drafter};
+use pinfer::speculative::{check_draft, DraftModel, Drafter, MOST_GUESSES};
 
 use crate::grammar_args::GrammarArgs;
 use crate::runtime::{CacheCheck, Runtime, RuntimeArgs};
@@ -250,10 +250,12 @@ impl GenArgs {
             (None, None) => None,
         };
         if let Some((n, flag)) = guesses {
-            if n == 0 || n >= opts.n_batch {
+            // (A batch of more guesses would take a prompt's attention kernels and compute other
+            // bits than the tokens alone.)
+            let most = (opts.n_batch - 1).min(MOST_GUESSES);
+            if n == 0 || n > most {
                 return Err(CliError::new(format!(
-                    "{flag} {n}: give 1 to {} (fewer guesses than the batch holds)",
-                    opts.n_batch - 1
+                    "{flag} {n}: give 1 to {most} (fewer guesses than the batch holds, at most {MOST_GUESSES})"
                 )));
             }
             // (The guesses' logits are read back.)
