@@ -1,10 +1,12 @@
 //! The server's engine thread: one [`Session`] whose KV cache holds one sequence per slot, and a
 //! scheduler that runs every active slot in one batch per step.
 //!
-//! Per step the batch takes, in this order, the next token of every slot that is generating (one
-//! pass over the weights serves them all: decode is bound by memory bandwidth), then prompt tokens
-//! of slots still reading their prompt, up to the batch size. So a long prompt is read in chunks
-//! between decode steps and never stalls the other streams for more than one chunk.
+//! Per step the batch takes the next token of every slot that is generating (one pass over the
+//! weights serves them all: decode is bound by memory bandwidth), then prompt tokens of slots
+//! still reading their prompt, up to the batch size, and `--lookup` guesses share the rest. So a
+//! long prompt is read in chunks between decode steps and never stalls the other streams for more
+//! than one chunk. A prompt is cut only into chunks that take the f32 attention tiles
+//! ([`prompt_piece`]), so its tokens compute the same bits however the batch is shared.
 //!
 //! Each slot keeps the tokens its KV sequence holds after a request ends: a request whose prompt
 //! starts with them (a chat's next turn) only evaluates the rest, and a new request goes to the
@@ -22,6 +24,7 @@ use std::time::Instant;
 use pinfer::engine::Entry;
 use pinfer::generate::{Flow, GenerateError, Generator, Stop};
 use pinfer::grammar::{Constraint, GrammarSpec};
+use pinfer::kernels::attn_tile::TILE_MIN_TOKENS;
 use pinfer::sampler::SamplerConfig;
 use pinfer::session::Session;
 use pinfer::speculative::next_draft_len;
@@ -215,6 +218,8 @@ pub struct Engine {
     entries: Vec<Entry>,
     /// The logits rows of the last step.
     rows: Vec<Row>,
+    /// The prompt chunks of the step being built: (slot, tokens).
+    pieces: Vec<(usize, usize)>,
     /// Lookup decoding: the most guesses a generating slot carries per step (0: off).
     lookup: usize,
     stats: Arc<Stats>,
@@ -244,6 +249,7 @@ impl Engine {
             queue: VecDeque::new(),
             entries: Vec::with_capacity(n_batch),
             rows: Vec::with_capacity(n_batch),
+            pieces: Vec::new(),
             lookup,
             stats,
             clock: 0,
@@ -438,9 +444,20 @@ impl Engine {
         let n_batch = self.session.n_batch();
         self.entries.clear();
         self.rows.clear();
-        // Guesses share what the generating slots leave of the batch.
+        // Prompt chunks take what the generating slots' next tokens leave of the batch, and
+        // guesses share the rest (so guesses never hold a prompt back).
         let generating = self.slots.iter().filter(|s| matches!(s.phase, Phase::Generating)).count();
-        let per_slot = (n_batch - generating).checked_div(generating).map_or(0, |room| self.lookup.min(room));
+        let most_room = n_batch - generating;
+        let mut room = most_room;
+        self.pieces.clear();
+        for (i, slot) in self.slots.iter().enumerate() {
+            if let (Phase::Prompt { done }, Some(run)) = (&slot.phase, &slot.run) {
+                let take = prompt_piece(run.n_prompt - done, room, most_room);
+                room -= take;
+                self.pieces.push((i, take));
+            }
+        }
+        let per_slot = room.checked_div(generating).map_or(0, |room| self.lookup.min(room));
         let n_ctx = self.session.n_ctx();
         let mut guessed = 0;
         for i in 0..self.slots.len() {
@@ -467,14 +484,10 @@ impl Engine {
                 self.rows.push(Row { slot: i, pos, guess_after: run.guesses.get(k + 1).copied() });
             }
         }
-        for i in 0..self.slots.len() {
-            let room = n_batch - self.entries.len();
-            if room == 0 {
-                break;
-            }
+        for &(i, take) in &self.pieces {
             let slot = &self.slots[i];
             if let (Phase::Prompt { done }, Some(run)) = (&slot.phase, &slot.run) {
-                let end = run.n_prompt.min(done + room);
+                let end = done + take;
                 let pos = self.session.seq_len(i);
                 for (k, &token) in run.tokens[*done..end].iter().enumerate() {
                     let last = *done + k + 1 == run.n_prompt;
@@ -655,6 +668,28 @@ impl Engine {
 
 /// Samples the next token of `run` from its logits and passes it on; `Some` ends the stream.
 /// A token that could not be evaluated in a slot of `n_ctx` positions ends it as a full context.
+/// How many of a prompt's `left` tokens still to read a step takes when `room` rows of its batch
+/// are free (`most_room` at most). A chunk of a prompt of [`TILE_MIN_TOKENS`] tokens or more has
+/// that many itself and leaves that many or none, so every token of such a prompt takes the f32
+/// attention tiles however the batch is shared, as when the request runs alone (the engine takes
+/// them for a run of that many tokens of one sequence). When the room is too small for such a
+/// chunk, none is taken (a later step has more room), unless no step can have enough: a prompt
+/// under that length, or a batch too small to cut a long prompt so, is cut where the room ends.
+fn prompt_piece(left: usize, room: usize, most_room: usize) -> usize {
+    let run = TILE_MIN_TOKENS;
+    if left <= room {
+        return left;
+    }
+    let can_wait = left >= run && (left <= most_room || most_room.min(left - run) >= run);
+    if !can_wait {
+        return room;
+    }
+    match room.min(left - run) {
+        cut if cut >= run => cut,
+        _ => 0,
+    }
+}
+
 fn sample(run: &mut Running, tok: &Tokenizer<'static>, piece: &mut [u8], n_ctx: usize) -> Option<Stop> {
     if run.job.params.n_predict.is_some_and(|n| run.n_generated >= n) {
         return Some(Stop::Limit);
@@ -739,4 +774,47 @@ pub fn token_probs(
 /// Length of the common prefix of two token lists.
 pub fn common_prefix(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A prompt read in steps whose free room varies (as other slots' chunks and next tokens take
+    /// their share), every fourth step with the most room: its chunks.
+    fn chunks(len: usize, most_room: usize, seed: u64) -> Vec<usize> {
+        let (mut left, mut state, mut out) = (len, seed, Vec::new());
+        for step in 0.. {
+            assert!(step < 10 * len + 10, "a prompt of {len} with room up to {most_room} is never read");
+            if left == 0 {
+                return out;
+            }
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            let room = if step % 4 == 3 { most_room } else { (state >> 33) as usize % (most_room + 1) };
+            let take = prompt_piece(left, room, most_room);
+            assert!(take <= room.min(left));
+            if take > 0 {
+                out.push(take);
+                left -= take;
+            }
+        }
+        unreachable!()
+    }
+
+    #[test]
+    fn a_long_prompt_is_cut_only_into_chunks_that_take_the_tiles() {
+        let run = TILE_MIN_TOKENS;
+        for most_room in [run + 1, 2 * run - 1, 2 * run, 200, 511] {
+            for len in (1..700).step_by(7).chain([run - 1, run, run + 1, 2 * run - 1, 2 * run]) {
+                for seed in 0..8 {
+                    let got = chunks(len, most_room, seed);
+                    assert_eq!(got.iter().sum::<usize>(), len);
+                    // Every chunk takes the tiles where the batch can hold such chunks.
+                    if len >= run && (len <= most_room || most_room >= 2 * run) {
+                        assert!(got.iter().all(|&c| c >= run), "{len} in {most_room}: {got:?}");
+                    }
+                }
+            }
+        }
+    }
 }
