@@ -6,7 +6,8 @@
 //! still reading their prompt, up to the batch size, and `--lookup` guesses share the rest. So a
 //! long prompt is read in chunks between decode steps and never stalls the other streams for more
 //! than one chunk. A prompt is cut only into chunks that take the f32 attention tiles
-//! ([`prompt_piece`]), so its tokens compute the same bits however the batch is shared.
+//! ([`prompt_piece`]), so its tokens compute the same bits however the batch is shared (given a
+//! batch of at least 128 rows beside the other slots' next tokens: `-b` of 128 + `-np` - 1).
 //!
 //! Each slot keeps the tokens its KV sequence holds after a request ends: a request whose prompt
 //! starts with them (a chat's next turn) only evaluates the rest, and a new request goes to the
@@ -449,12 +450,18 @@ impl Engine {
         let generating = self.slots.iter().filter(|s| matches!(s.phase, Phase::Generating)).count();
         let most_room = n_batch - generating;
         let mut room = most_room;
+        // The oldest request's prompt first: it always has the most room and moves on, so no
+        // prompt waits for ever behind newer ones.
+        let slots = &self.slots;
+        let reading =
+            |i: &usize| matches!((&slots[*i].phase, &slots[*i].run), (Phase::Prompt { .. }, Some(_)));
         self.pieces.clear();
-        for (i, slot) in self.slots.iter().enumerate() {
-            if let (Phase::Prompt { done }, Some(run)) = (&slot.phase, &slot.run) {
-                let take = prompt_piece(run.n_prompt - done, room, most_room);
-                room -= take;
-                self.pieces.push((i, take));
+        self.pieces.extend((0..slots.len()).filter(reading).map(|i| (i, 0)));
+        self.pieces.sort_by_key(|&(i, _)| slots[i].run.as_ref().map(|r| r.started));
+        for (i, take) in &mut self.pieces {
+            if let (Phase::Prompt { done }, Some(run)) = (&slots[*i].phase, &slots[*i].run) {
+                *take = prompt_piece(run.n_prompt - done, room, most_room);
+                room -= *take;
             }
         }
         let per_slot = room.checked_div(generating).map_or(0, |room| self.lookup.min(room));
@@ -666,15 +673,14 @@ impl Engine {
     }
 }
 
-/// Samples the next token of `run` from its logits and passes it on; `Some` ends the stream.
-/// A token that could not be evaluated in a slot of `n_ctx` positions ends it as a full context.
 /// How many of a prompt's `left` tokens still to read a step takes when `room` rows of its batch
 /// are free (`most_room` at most). A chunk of a prompt of [`TILE_MIN_TOKENS`] tokens or more has
 /// that many itself and leaves that many or none, so every token of such a prompt takes the f32
 /// attention tiles however the batch is shared, as when the request runs alone (the engine takes
 /// them for a run of that many tokens of one sequence). When the room is too small for such a
-/// chunk, none is taken (a later step has more room), unless no step can have enough: a prompt
-/// under that length, or a batch too small to cut a long prompt so, is cut where the room ends.
+/// chunk, none is taken (the oldest prompt of a step has the most room, so it moves on), unless
+/// the most room is too small too: a prompt under that length, or one that the batch beside the
+/// generating slots' next tokens cannot cut so, is cut where the room ends.
 fn prompt_piece(left: usize, room: usize, most_room: usize) -> usize {
     let run = TILE_MIN_TOKENS;
     if left <= room {
@@ -690,6 +696,8 @@ fn prompt_piece(left: usize, room: usize, most_room: usize) -> usize {
     }
 }
 
+/// Samples the next token of `run` from its logits and passes it on; `Some` ends the stream.
+/// A token that could not be evaluated in a slot of `n_ctx` positions ends it as a full context.
 fn sample(run: &mut Running, tok: &Tokenizer<'static>, piece: &mut [u8], n_ctx: usize) -> Option<Stop> {
     if run.job.params.n_predict.is_some_and(|n| run.n_generated >= n) {
         return Some(Stop::Limit);
@@ -782,16 +790,21 @@ mod tests {
 
     /// A prompt read in steps whose free room varies (as other slots' chunks and next tokens take
     /// their share), every fourth step with the most room: its chunks.
-    fn chunks(len: usize, most_room: usize, seed: u64) -> Vec<usize> {
+    /// `least_room` up to `most_room`: the most room of a step varies with the slots generating.
+    fn chunks(len: usize, least_room: usize, most_room: usize, seed: u64) -> Vec<usize> {
         let (mut left, mut state, mut out) = (len, seed, Vec::new());
+        let mut next = || {
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (state >> 33) as usize
+        };
         for step in 0.. {
             assert!(step < 10 * len + 10, "a prompt of {len} with room up to {most_room} is never read");
             if left == 0 {
                 return out;
             }
-            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            let room = if step % 4 == 3 { most_room } else { (state >> 33) as usize % (most_room + 1) };
-            let take = prompt_piece(left, room, most_room);
+            let most = least_room + next() % (most_room - least_room + 1);
+            let room = if step % 4 == 3 { most } else { next() % (most + 1) };
+            let take = prompt_piece(left, room, most);
             assert!(take <= room.min(left));
             if take > 0 {
                 out.push(take);
@@ -804,14 +817,17 @@ mod tests {
     #[test]
     fn a_long_prompt_is_cut_only_into_chunks_that_take_the_tiles() {
         let run = TILE_MIN_TOKENS;
-        for most_room in [run + 1, 2 * run - 1, 2 * run, 200, 511] {
+        let ranges =
+            [(run + 1, run + 1), (2 * run - 1, 2 * run - 1), (2 * run, 2 * run), (200, 200), (511, 511)];
+        // (The most room changing from step to step: other slots start and stop generating.)
+        for (least, most) in ranges.into_iter().chain([(2 * run, 511), (run, 200)]) {
             for len in (1..700).step_by(7).chain([run - 1, run, run + 1, 2 * run - 1, 2 * run]) {
                 for seed in 0..8 {
-                    let got = chunks(len, most_room, seed);
+                    let got = chunks(len, least, most, seed);
                     assert_eq!(got.iter().sum::<usize>(), len);
-                    // Every chunk takes the tiles where the batch can hold such chunks.
-                    if len >= run && (len <= most_room || most_room >= 2 * run) {
-                        assert!(got.iter().all(|&c| c >= run), "{len} in {most_room}: {got:?}");
+                    // Every chunk takes the tiles where every step's batch can hold such chunks.
+                    if len >= run && (len <= least || least >= 2 * run) {
+                        assert!(got.iter().all(|&c| c >= run), "{len} in {least}..={most}: {got:?}");
                     }
                 }
             }
