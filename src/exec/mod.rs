@@ -2380,9 +2380,11 @@ fn sum_rows_in_parts<const K: usize>(
     own: impl Fn(usize) -> usize,
     mut sum_part: impl FnMut(Range<usize>, usize, &mut [&mut [f32]]) -> [RowSoftmax; K],
 ) {
+    debug_assert!(outs.len() <= K, "more rows than a kernel call takes");
     let n = outs.len().min(K);
     let Some(dv) = outs.first().map(|o| o.len()) else { return };
     let most = (0..n).map(&own).max().unwrap_or(0).min(SPLIT_PARTS);
+    debug_assert!(most * dv <= MERGE_FLOATS, "a row's parts do not fit the buffer");
     if most == 0 || most * dv > MERGE_FLOATS {
         return;
     }
