@@ -17,6 +17,10 @@ if [ -x "$bin/llama-bench" ] && [ -x "$bin/llama-simple" ] && [ -x "$bin/llama-q
 fi
 echo "building llama.cpp (llama-cpp-python $LLAMA_VERSION sdist, AVX2/FMA/F16C) in $root: about 15 minutes" >&2
 mkdir -p "$root"
+# (A fresh machine has no cmake: the sdist's metadata step and the build need one, 3.21 or later.)
+if ! command -v cmake >/dev/null 2>&1; then
+  python3 -m pip install -q "cmake>=3.21" >&2
+fi
 if [ ! -d "$root/src" ]; then
   # (The sdist's metadata step needs its build backend.)
   python3 -m pip install -q scikit-build-core >&2

@@ -465,7 +465,7 @@ fn bench_reports_prompt_and_generation_speed() {
 
 /// `pinfer quantize` writes a model that pinfer loads and runs, whose `info` shows the new type
 /// and whose metadata is the input's with `general.file_type` set. qwen3-tiny has rows of 128 and
-/// 256: to Q8_0 everything converts; to Q4_K only the ffn_down matrices (rows of 256) do, the
+/// 256: to Q8_0 and Q5_0 everything converts; to Q4_K only the ffn_down matrices (rows of 256) do, the
 /// others fall back to Q8_0 with a note.
 #[test]
 fn quantize_writes_a_model_that_loads_and_runs() {
@@ -473,7 +473,7 @@ fn quantize_writes_a_model_that_loads_and_runs() {
     let dir = Scratch::new("cli-quantize");
     let input = std::fs::read(&model).unwrap();
     let input = pinfer::gguf::Gguf::parse(&input).unwrap();
-    for (ty, file_type) in [("Q8_0", 7u32), ("Q4_K", 14)] {
+    for (ty, file_type) in [("Q8_0", 7u32), ("Q5_0", 8), ("Q4_K", 14)] {
         let path = dir.join(format!("qwen3-tiny.{ty}.gguf"));
         let path = path.to_str().unwrap();
         let out = pinfer(&["quantize", &model, path, ty]);
@@ -535,7 +535,8 @@ fn quantize_refuses_unknown_types_and_missing_input() {
     assert_eq!(out.status.code(), Some(1));
     let err = text_of(&out.stderr);
     assert!(
-        err.contains("unknown quantization type 'Q5_K'") && err.contains("Q4_0, Q4_1, Q8_0, Q4_K, Q6_K"),
+        err.contains("unknown quantization type 'Q5_K'")
+            && err.contains("Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K"),
         "{err}"
     );
     assert!(!Path::new(target).exists());

@@ -28,117 +28,122 @@ impl core::fmt::Display for Lowercase<'_> {
 /// Elements per K-quant super-block.
 pub const QK_K: usize = 256;
 
-/// A ggml tensor type id as stored in GGUF tensor infos.
-///
-/// Only types whose block layout we know are listed; the ids ggml removed (4, 5, 31-33, 36-38) and
-/// unknown ids are refused by [`GgmlType::from_u32`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-#[allow(non_camel_case_types, missing_docs)]
-pub enum GgmlType {
-    F32,
-    F16,
-    Q4_0,
-    Q4_1,
-    Q5_0,
-    Q5_1,
-    Q8_0,
-    Q8_1,
-    Q2_K,
-    Q3_K,
-    Q4_K,
-    Q5_K,
-    Q6_K,
-    Q8_K,
-    IQ2_XXS,
-    IQ2_XS,
-    IQ3_XXS,
-    IQ1_S,
-    IQ4_NL,
-    IQ3_S,
-    IQ2_S,
-    IQ4_XS,
-    I8,
-    I16,
-    I32,
-    I64,
-    F64,
-    IQ1_M,
-    BF16,
-    TQ1_0,
-    TQ2_0,
-    MXFP4,
+/// Declares [`GgmlType`] and every fact of a type that is a number or a name, one line per type:
+/// `Name = ggml id, elements per block, bytes per block, llama.cpp file type`. The enum, its
+/// [`GgmlType::ALL`] list and the id lookup are generated from the same lines, so a type cannot be
+/// declared without its sizes, and a repeated id is an unreachable pattern (a compile error under
+/// `-D warnings`).
+macro_rules! ggml_types {
+    ($($ty:ident = $id:literal, $block:expr, $bytes:literal, $ftype:expr;)*) => {
+        /// A ggml tensor type id as stored in GGUF tensor infos.
+        ///
+        /// Only types whose block layout we know are listed; the ids ggml removed (4, 5, 31-33,
+        /// 36-38) and unknown ids are refused by [`GgmlType::from_u32`].
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        #[non_exhaustive]
+        #[allow(non_camel_case_types, missing_docs)]
+        pub enum GgmlType {
+            $($ty,)*
+        }
+
+        impl GgmlType {
+            /// Every type, in ggml's id order.
+            pub const ALL: &'static [GgmlType] = &[$(GgmlType::$ty,)*];
+
+            fn row(self) -> TypeRow {
+                match self {
+                    $(GgmlType::$ty => TypeRow {
+                        id: $id,
+                        block_len: $block,
+                        block_bytes: $bytes,
+                        name: stringify!($ty),
+                        file_type: $ftype,
+                    },)*
+                }
+            }
+
+            /// The type with ggml id `id`, or `None` for unknown and removed ids.
+            pub fn from_u32(id: u32) -> Option<Self> {
+                match id {
+                    $($id => Some(GgmlType::$ty),)*
+                    _ => None,
+                }
+            }
+        }
+    };
 }
 
-/// (type, ggml id, elements per block, bytes per block, name)
-const TYPE_TABLE: [(GgmlType, u32, usize, usize, &str); 32] = [
-    (GgmlType::F32, 0, 1, 4, "F32"),
-    (GgmlType::F16, 1, 1, 2, "F16"),
-    (GgmlType::Q4_0, 2, 32, 18, "Q4_0"),
-    (GgmlType::Q4_1, 3, 32, 20, "Q4_1"),
-    (GgmlType::Q5_0, 6, 32, 22, "Q5_0"),
-    (GgmlType::Q5_1, 7, 32, 24, "Q5_1"),
-    (GgmlType::Q8_0, 8, 32, 34, "Q8_0"),
-    (GgmlType::Q8_1, 9, 32, 36, "Q8_1"),
-    (GgmlType::Q2_K, 10, QK_K, 84, "Q2_K"),
-    (GgmlType::Q3_K, 11, QK_K, 110, "Q3_K"),
-    (GgmlType::Q4_K, 12, QK_K, 144, "Q4_K"),
-    (GgmlType::Q5_K, 13, QK_K, 176, "Q5_K"),
-    (GgmlType::Q6_K, 14, QK_K, 210, "Q6_K"),
-    (GgmlType::Q8_K, 15, QK_K, 292, "Q8_K"),
-    (GgmlType::IQ2_XXS, 16, QK_K, 66, "IQ2_XXS"),
-    (GgmlType::IQ2_XS, 17, QK_K, 74, "IQ2_XS"),
-    (GgmlType::IQ3_XXS, 18, QK_K, 98, "IQ3_XXS"),
-    (GgmlType::IQ1_S, 19, QK_K, 50, "IQ1_S"),
-    (GgmlType::IQ4_NL, 20, 32, 18, "IQ4_NL"),
-    (GgmlType::IQ3_S, 21, QK_K, 110, "IQ3_S"),
-    (GgmlType::IQ2_S, 22, QK_K, 82, "IQ2_S"),
-    (GgmlType::IQ4_XS, 23, QK_K, 136, "IQ4_XS"),
-    (GgmlType::I8, 24, 1, 1, "I8"),
-    (GgmlType::I16, 25, 1, 2, "I16"),
-    (GgmlType::I32, 26, 1, 4, "I32"),
-    (GgmlType::I64, 27, 1, 8, "I64"),
-    (GgmlType::F64, 28, 1, 8, "F64"),
-    (GgmlType::IQ1_M, 29, QK_K, 56, "IQ1_M"),
-    (GgmlType::BF16, 30, 1, 2, "BF16"),
-    (GgmlType::TQ1_0, 34, QK_K, 54, "TQ1_0"),
-    (GgmlType::TQ2_0, 35, QK_K, 66, "TQ2_0"),
-    (GgmlType::MXFP4, 39, 32, 17, "MXFP4"),
-];
+/// The numbers and the name of one type (see [`ggml_types`]).
+struct TypeRow {
+    id: u32,
+    block_len: usize,
+    block_bytes: usize,
+    name: &'static str,
+    file_type: Option<u32>,
+}
+
+// File types are llama.cpp's `LLAMA_FTYPE_MOSTLY_*` of a file whose matrices all have the type
+// (the K-quants' `_S` mixes); `None` where llama.cpp has none.
+ggml_types! {
+    F32 = 0, 1, 4, Some(0);
+    F16 = 1, 1, 2, Some(1);
+    Q4_0 = 2, 32, 18, Some(2);
+    Q4_1 = 3, 32, 20, Some(3);
+    Q5_0 = 6, 32, 22, Some(8);
+    Q5_1 = 7, 32, 24, Some(9);
+    Q8_0 = 8, 32, 34, Some(7);
+    Q8_1 = 9, 32, 36, None;
+    Q2_K = 10, QK_K, 84, Some(10);
+    Q3_K = 11, QK_K, 110, Some(11);
+    Q4_K = 12, QK_K, 144, Some(14);
+    Q5_K = 13, QK_K, 176, Some(16);
+    Q6_K = 14, QK_K, 210, Some(18);
+    Q8_K = 15, QK_K, 292, None;
+    IQ2_XXS = 16, QK_K, 66, Some(19);
+    IQ2_XS = 17, QK_K, 74, Some(20);
+    IQ3_XXS = 18, QK_K, 98, Some(23);
+    IQ1_S = 19, QK_K, 50, Some(24);
+    IQ4_NL = 20, 32, 18, Some(25);
+    IQ3_S = 21, QK_K, 110, Some(26);
+    IQ2_S = 22, QK_K, 82, Some(28);
+    IQ4_XS = 23, QK_K, 136, Some(30);
+    I8 = 24, 1, 1, None;
+    I16 = 25, 1, 2, None;
+    I32 = 26, 1, 4, None;
+    I64 = 27, 1, 8, None;
+    F64 = 28, 1, 8, None;
+    IQ1_M = 29, QK_K, 56, Some(31);
+    BF16 = 30, 1, 2, Some(32);
+    TQ1_0 = 34, QK_K, 54, Some(36);
+    TQ2_0 = 35, QK_K, 66, Some(37);
+    MXFP4 = 39, 32, 17, None; // (llama.cpp's 38 is a mixture-of-experts mix)
+}
 
 impl GgmlType {
-    fn row(self) -> &'static (GgmlType, u32, usize, usize, &'static str) {
-        // The table lists every variant exactly once (checked by a test), so the search always hits.
-        let mut i = 0;
-        while TYPE_TABLE[i].0 != self {
-            i += 1;
-        }
-        &TYPE_TABLE[i]
-    }
-
-    /// The type with ggml id `id`, or `None` for unknown and removed ids.
-    pub fn from_u32(id: u32) -> Option<Self> {
-        TYPE_TABLE.iter().find(|row| row.1 == id).map(|row| row.0)
-    }
-
     /// The ggml id of this type.
     pub fn id(self) -> u32 {
-        self.row().1
+        self.row().id
     }
 
     /// Elements per block (1 for plain types).
     pub fn block_len(self) -> usize {
-        self.row().2
+        self.row().block_len
     }
 
     /// Bytes per block.
     pub fn block_bytes(self) -> usize {
-        self.row().3
+        self.row().block_bytes
     }
 
     /// ggml's name for the type (`"Q4_K"`).
     pub fn name(self) -> &'static str {
-        self.row().4
+        self.row().name
+    }
+
+    /// llama.cpp's file type (`general.file_type`, `LLAMA_FTYPE_MOSTLY_*`) of a file whose
+    /// matrices all have this type, or `None` where llama.cpp has none.
+    pub fn file_type(self) -> Option<u32> {
+        self.row().file_type
     }
 
     /// Whether the type is a quantized block format (more than one element per block).
@@ -169,13 +174,14 @@ mod tests {
 
     #[test]
     fn table_is_consistent() {
-        for (i, row) in TYPE_TABLE.iter().enumerate() {
-            assert_eq!(GgmlType::from_u32(row.1), Some(row.0));
-            assert_eq!(row.0.id(), row.1);
-            assert!(row.2 > 0 && row.3 > 0, "{} has a zero size", row.4);
-            for other in &TYPE_TABLE[i + 1..] {
-                assert!(other.0 != row.0 && other.1 != row.1, "{} listed twice", row.4);
-            }
+        for (i, &ty) in GgmlType::ALL.iter().enumerate() {
+            assert_eq!(GgmlType::from_u32(ty.id()), Some(ty));
+            assert!(ty.block_len() > 0 && ty.block_bytes() > 0, "{ty} has a zero size");
+            assert!(!GgmlType::ALL[i + 1..].contains(&ty), "{ty} listed twice");
+            let same_file_type = GgmlType::ALL[i + 1..]
+                .iter()
+                .find(|t| t.file_type().is_some() && t.file_type() == ty.file_type());
+            assert!(same_file_type.is_none(), "{ty} and {same_file_type:?} share a file type");
         }
     }
 

@@ -253,7 +253,7 @@ impl GgmlType {
 
     /// Every type, in the table's order.
     pub fn all() -> impl Iterator<Item = GgmlType> {
-        super::TYPE_TABLE.iter().map(|row| row.0)
+        GgmlType::ALL.iter().copied()
     }
 }
 

@@ -39,8 +39,8 @@ pub struct ExportLoraArgs {
     /// The merged model.
     #[arg(short = 'o', long = "output", visible_alias = "output-file")]
     pub output: PathBuf,
-    /// Store the merged weights as this type (F32, F16, Q4_0, Q4_1, Q8_0, Q4_K, Q6_K; default F16,
-    /// F32 for F32 weights).
+    /// Store the merged weights as this type (F32, F16, or one of `quantize`'s types; default
+    /// F16, F32 for F32 weights).
     #[arg(long = "type", value_name = "TYPE")]
     pub ty: Option<String>,
 }

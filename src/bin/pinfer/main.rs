@@ -102,7 +102,7 @@ enum Command {
     /// Check the hardware: `--npu` runs every planned matmul shape on the NPU and on the CPU and
     /// reports the error and time per call (exit status 1 past the tolerance).
     Selftest(npu::SelftestArgs),
-    /// Requantize a model's weight matrices (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K) into a new GGUF file.
+    /// Requantize a model's weight matrices (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K) into a new GGUF file.
     Quantize(quantize::QuantizeArgs),
     /// LoRA fine-tuning on a text file or JSONL conversations: writes a llama.cpp LoRA adapter
     /// (`-m BASE -f DATA -o ADAPTER.gguf`), its loss curves and a checkpoint to resume from.

@@ -37,29 +37,25 @@ pub struct QuantizeArgs {
     pub input: PathBuf,
     /// Output GGUF.
     pub output: PathBuf,
-    /// Target type: Q4_0, Q4_1, Q8_0, Q4_K or Q6_K.
+    /// Target type: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K or Q6_K.
     pub ty: String,
     /// Threads for the conversion (default: every core this process may use).
     #[arg(short = 't', long = "threads", value_parser = clap::value_parser!(u16).range(1..))]
     pub threads: Option<u16>,
 }
 
-/// The target types with their llama.cpp file type (`LLAMA_FTYPE_MOSTLY_*`; Q4_K is Q4_K_S, the
-/// mix where every matrix is Q4_K).
-const TARGETS: [(GgmlType, u32); 5] = [
-    (GgmlType::Q4_0, 2),
-    (GgmlType::Q4_1, 3),
-    (GgmlType::Q8_0, 7),
-    (GgmlType::Q4_K, 14),
-    (GgmlType::Q6_K, 18),
-];
+/// The target types with their llama.cpp file type: every type with a quantizer and a file type of
+/// its own (Q8_K, an activation type, has none; Q4_K's is Q4_K_S, the mix where every matrix is Q4_K).
+fn targets() -> impl Iterator<Item = (GgmlType, u32)> {
+    GgmlType::all().filter(|t| t.traits().quantize.is_some()).filter_map(|t| Some((t, t.file_type()?)))
+}
 
 /// Where a matrix goes when its rows do not divide into the target's blocks.
 const FALLBACK: GgmlType = GgmlType::Q8_0;
 
 pub(crate) fn parse_target(name: &str) -> Result<(GgmlType, u32), CliError> {
-    TARGETS.iter().copied().find(|(ty, _)| ty.name().eq_ignore_ascii_case(name)).ok_or_else(|| {
-        let names: Vec<&str> = TARGETS.iter().map(|(ty, _)| ty.name()).collect();
+    targets().find(|(ty, _)| ty.name().eq_ignore_ascii_case(name)).ok_or_else(|| {
+        let names: Vec<&str> = targets().map(|(ty, _)| ty.name()).collect();
         CliError::new(format!("unknown quantization type '{name}' (supported: {})", names.join(", ")))
     })
 }
@@ -88,14 +84,19 @@ fn is_weight_matrix(t: &TensorInfo<'_>) -> bool {
     t.n_dims >= 2 && t.name.ends_with("weight") && !t.name.contains("ffn_gate_inp")
 }
 
-/// The type the output projection gets for `target`: as llama-quantize does, a 4-bit target keeps
-/// the output (or a tied embedding used as output) at 6 bits, or 8 when rows do not divide into 256;
-/// it matters more than any other matrix for quality.
+/// The type the output projection gets for `target`: as llama-quantize does, a target narrower than
+/// Q6_K keeps the output (or a tied embedding used as output) at 6 bits, or 8 when rows do not
+/// divide into 256; it matters more than any other matrix for quality.
 fn output_type(target: GgmlType, row: u64) -> GgmlType {
-    match target {
-        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q4_K if row % 256 == 0 => GgmlType::Q6_K,
-        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q4_K => GgmlType::Q8_0,
-        other => other,
+    let q6_k = GgmlType::Q6_K;
+    // bits per weight, compared as cross products of the block sizes
+    let narrower = target.block_bytes() * q6_k.block_len() < q6_k.block_bytes() * target.block_len();
+    if !narrower {
+        target
+    } else if row % 256 == 0 {
+        q6_k
+    } else {
+        GgmlType::Q8_0
     }
 }
 
