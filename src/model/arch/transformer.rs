@@ -7,9 +7,9 @@
 
 use core::fmt::Write;
 
-use super::Gating;
+use super::{Activation, EmbedScale, Gating};
 use crate::gguf::{name_of, Gguf};
-use crate::graph::{Graph, GraphError};
+use crate::graph::{Graph, GraphError, Mask};
 use crate::kernels::reference::Yarn;
 use crate::model::lora::{Adapter, LoraError, MAX_ADAPTERS, MAX_LORA_PAIRS};
 use crate::model::{HParams, LayerMask, ModelError};
@@ -530,7 +530,7 @@ pub fn build<const N: usize>(
         }};
     }
     let mut x = named!("inp_embd", g.get_rows(tok_embd, ids));
-    if traits.gemma {
+    if traits.embed_scale == EmbedScale::SqrtWidth {
         x = named!("inp_scaled", g.scale(x, libm::sqrtf(e as f32)));
     } else if hp.embedding_scale != 1.0 {
         x = named!("inp_scaled", g.scale(x, hp.embedding_scale));
@@ -665,7 +665,7 @@ pub fn build<const N: usize>(
                 // (Gemma 4 layers without `attn_v` take the keys' projection as values.)
                 let wk = need(g, "attn_k.weight")?;
                 let wv = match weight(g, format_args!("{}", layer_name("attn_v.weight")))? {
-                    None if traits.swa_sizes => wk,
+                    None if traits.values_from_keys => wk,
                     other => required(other, &layer_name("attn_v.weight"))?,
                 };
                 (need(g, "attn_q.weight")?, Some(wk), Some(wv))
@@ -713,8 +713,8 @@ pub fn build<const N: usize>(
                     k = named!("Kcur_normed", il, g.mul(k, kn));
                 }
             }
-            if traits.swa_sizes && own_kv {
-                // Gemma 4: each value head RMS-normalised, without a weight.
+            if traits.value_norm && own_kv {
+                // Each value head RMS-normalised, without a weight.
                 v = e_(g.reshape(v, [hd_v, n_head_kv, t, 1]))?;
                 v = named!("Vcur_normed", il, g.rms_norm(v, hp.rms_eps));
             }
@@ -751,7 +751,7 @@ pub fn build<const N: usize>(
             // Attention as llama.cpp's CPU flash attention computes it, so results match it closely:
             // phi3 scales the queries first and the scores by 1.
             let mut kq_scale = hp.attention_scale.unwrap_or(1.0 / libm::sqrtf(hd_k as f32));
-            if traits.long_rope {
+            if traits.prescaled_queries {
                 q = named!("Qcur_scaled", il, g.scale(q, kq_scale));
                 kq_scale = 1.0;
             }
@@ -805,8 +805,8 @@ pub fn build<const N: usize>(
             let k_view = head_view(g, k_all, kv.types.k, hd_k, rows.k_row_bytes)?;
             let v_view = head_view(g, v_all, kv.types.v, hd_v, rows.v_row_bytes)?;
             let q = e_(g.permute(q, [0, 2, 1, 3]))?;
-            let window = if sliding { hp.sliding_window } else { 0 };
-            let attn = named!("kqv_out", il, g.flash_attn(q, k_view, v_view, kq_scale, true, window));
+            let mask = if sliding { Mask::SlidingWindow(hp.sliding_window) } else { Mask::Causal };
+            let attn = named!("kqv_out", il, g.flash_attn(q, k_view, v_view, kq_scale, mask));
             g.at_positions(attn, places).map_err(ModelError::Graph)?;
             let mut attn = e_(g.reshape(attn, [hd_v * n_head, t, 1, 1]))?;
             if let Some(n) = v_rotation {
@@ -820,7 +820,7 @@ pub fn build<const N: usize>(
             }
             named!("attn_out", il, mm!(wo, attn))
         };
-        if traits.gemma {
+        if traits.post_norms {
             o = named!("attn_post_norm_raw", il, g.rms_norm(o, hp.rms_eps));
             let norm = need(g, "post_attention_norm.weight")?;
             o = named!("attn_post_norm", il, g.mul(o, norm));
@@ -895,14 +895,13 @@ pub fn build<const N: usize>(
             let wd = need(g, "ffn_down.weight")?;
             let gate = named!("ffn_gate", il, mm!(wg, cur));
             let up = named!("ffn_up", il, mm!(wu, cur));
-            let act = if traits.gemma {
-                named!("ffn_geglu", il, g.geglu(gate, up))
-            } else {
-                named!("ffn_swiglu", il, g.swiglu(gate, up))
+            let act = match traits.act {
+                Activation::GeGlu => named!("ffn_geglu", il, g.geglu(gate, up)),
+                Activation::SwiGlu => named!("ffn_swiglu", il, g.swiglu(gate, up)),
             };
             named!("ffn_out", il, mm!(wd, act))
         };
-        if traits.gemma {
+        if traits.post_norms {
             down = named!("ffn_post_norm_raw", il, g.rms_norm(down, hp.rms_eps));
             let norm = need(g, "post_ffw_norm.weight")?;
             down = named!("ffn_post_norm", il, g.mul(down, norm));
@@ -927,7 +926,10 @@ pub fn build<const N: usize>(
             let out = named!("per_layer_embd_out", il, g.mul(out, norm));
             x = named!("per_layer_residual", il, g.add(x, out));
         }
-        if let Some(scale) = layer_output_scale(gguf, &layer_name("layer_output_scale.weight")) {
+        let scale = traits
+            .layer_output_scale
+            .then(|| layer_output_scale(gguf, &layer_name("layer_output_scale.weight")));
+        if let Some(scale) = scale.flatten() {
             // (llama.cpp multiplies by the one-element tensor: the same products.)
             x = named!("out_scaled", il, g.scale(x, scale));
         }
