@@ -3,6 +3,7 @@
 //! message read it. A new architecture is a new [`Arch`] variant; the exhaustive `match` in
 //! [`Arch::traits`] then asks for its row.
 
+mod blocks;
 mod transformer;
 
 use core::fmt;
@@ -163,7 +164,7 @@ pub enum EmbedScale {
 }
 
 /// What sets an architecture apart in the shared forward pass: one row of named facts about its
-/// math, which the forward pass, hyper-parameter reading and validation read.
+/// math, which the blocks (`blocks.rs`), hyper-parameter reading and validation read.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ArchTraits {
     /// How RoPE pairs dimensions.
