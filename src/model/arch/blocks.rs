@@ -6,7 +6,8 @@
 
 use core::fmt::Write;
 
-use super::transformer::{layer_rope, rope_factors_name, KvLayout, LayerRope, MODEL_BUFFER};
+use super::kv::KvLayout;
+use super::transformer::{layer_rope, rope_factors_name, LayerRope, MODEL_BUFFER};
 use super::{Activation, ArchTraits, EmbedScale, Experts, Gating};
 use crate::gguf::{name_of, Gguf, Name};
 use crate::graph::{Graph, GraphError, Mask};
@@ -347,16 +348,53 @@ pub(super) fn attention<const N: usize>(
     cur: TensorId,
     mask: Mask,
 ) -> Result<TensorId, ModelError> {
+    let own_kv = b.hp.has_own_kv(il);
+    let (wq, wk, wv) = qkv_weights(b, il, own_kv)?;
+    let wo = b.layer(il, "attn_output.weight")?;
+    let heads = project_heads(b, il, cur, (wq, wk, wv), own_kv)?;
+    let (heads, kq_scale) = rotate(b, il, heads, own_kv)?;
+    // k_all, v_all: the whole cache, [kv_w, n_ctx * n_seq]
+    let (k_all, v_all) = if own_kv { kv_cache_write(b, il, heads.k, heads.v)? } else { shared_kv(b, il)? };
+    let attn = attend(b, il, heads.q, (k_all, v_all), kq_scale, mask)?;
+    // attn: [hd_v * n_head, t]
+    let attn = match heads.gate {
+        Some(gate) => {
+            let gate = named!(b, "gate_sigmoid", il, b.g.sigmoid(gate));
+            let gate =
+                b.g.reshape(gate, [b.hp.head_dim_v_at(il) as usize * b.hp.n_head as usize, b.t, 1, 1])?;
+            named!(b, "attn_gated", il, b.g.mul(attn, gate))
+        }
+        None => attn,
+    };
+    Ok(named!(b, "attn_out", il, b.mm(wo, attn)))
+}
+
+/// One layer's queries, keys and values split into heads: q `[hd_k, n_head, t]`, k `[hd_k,
+/// n_head_kv, t]`, v `[hd_v, n_head_kv, t]` (or still `[hd_v * n_head_kv, t]`), and Qwen3.5's
+/// output gate `[hd_k, n_head, t]`. A KV-sharing layer's k and v stand for nothing (its source's
+/// cache replaces them).
+struct Heads {
+    q: TensorId,
+    k: TensorId,
+    v: TensorId,
+    gate: Option<TensorId>,
+}
+
+/// The Q, K and V projections of cur (`[n_embd, t]`), their biases, the heads, and the norms of
+/// Q and K (and of V) the architecture has.
+fn project_heads<const N: usize>(
+    b: &mut Builder<'_, '_, N>,
+    il: usize,
+    cur: TensorId,
+    (wq, wk, wv): (TensorId, Option<TensorId>, Option<TensorId>),
+    own_kv: bool,
+) -> Result<Heads, ModelError> {
     let (hp, traits, t) = (b.hp, b.traits, b.t);
     let (hd_k, hd_v) = (hp.head_dim_k_at(il) as usize, hp.head_dim_v_at(il) as usize);
     let (n_head, n_head_kv) = (hp.n_head as usize, hp.n_head_kv as usize);
-    let own_kv = hp.has_own_kv(il);
-    let (wq, wk, wv) = qkv_weights(b, il, own_kv)?;
-    let wo = b.layer(il, "attn_output.weight")?;
-    // q: [n_head * hd_k (* 2 with an output gate), t]
+    // q: [n_head * hd_k (* 2 with an output gate), t], k: [n_head_kv * hd_k, t],
+    // v: [n_head_kv * hd_v, t]
     let mut q = named!(b, "Qcur", il, b.mm(wq, cur));
-    // k: [n_head_kv * hd_k, t], v: [n_head_kv * hd_v, t] (a KV-sharing layer's stand for
-    // nothing: its source's cache replaces them)
     let mut k = match wk {
         Some(wk) => named!(b, "Kcur", il, b.mm(wk, cur)),
         None => q,
@@ -374,18 +412,16 @@ pub(super) fn attention<const N: usize>(
         k = named!(b, "Kcur_bias", il, b.g.add(k, bk));
         v = named!(b, "Vcur_bias", il, b.g.add(v, bv));
     }
-    let mut output_gate = None;
+    let mut gate = None;
     if traits.attn_output_gate {
         // Each head's queries, then its gate (Qwen3.5): two strided views of one output.
-        // q, gate: [hd_k, n_head, t]
         let nb = [4, 2 * hd_k * 4, 2 * hd_k * n_head * 4, 2 * hd_k * n_head * t * 4];
-        output_gate = Some(b.g.view(q, [hd_k, n_head, t, 1], nb, hd_k * 4, 0)?);
+        gate = Some(b.g.view(q, [hd_k, n_head, t, 1], nb, hd_k * 4, 0)?);
         q = b.g.view(q, [hd_k, n_head, t, 1], nb, 0, 0)?;
     } else {
         q = b.g.reshape(q, [hd_k, n_head, t, 1])?;
     }
     if own_kv {
-        // k: [hd_k, n_head_kv, t]
         k = b.g.reshape(k, [hd_k, n_head_kv, t, 1])?;
     }
     if traits.qk_norm {
@@ -399,60 +435,80 @@ pub(super) fn attention<const N: usize>(
         }
     }
     if traits.value_norm && own_kv {
-        // Each value head RMS-normalised, without a weight. v: [hd_v, n_head_kv, t]
+        // Each value head RMS-normalised, without a weight.
         v = b.g.reshape(v, [hd_v, n_head_kv, t, 1])?;
         v = named!(b, "Vcur_normed", il, b.g.rms_norm(v, hp.rms_eps));
     }
+    Ok(Heads { q, k, v, gate })
+}
+
+/// RoPE of q and k, phi3's query scale, and the Walsh-Hadamard rotations a quantized cache
+/// asks for; returns the heads and the scores' scale.
+fn rotate<const N: usize>(
+    b: &mut Builder<'_, '_, N>,
+    il: usize,
+    mut h: Heads,
+    own_kv: bool,
+) -> Result<(Heads, f32), ModelError> {
+    let (hp, traits) = (b.hp, b.traits);
+    let (hd_k, hd_v) = (hp.head_dim_k_at(il) as usize, hp.head_dim_v_at(il) as usize);
     let rope = layer_rope(hp, il);
     if rope.rotates {
-        let table = rope_table(b, q, &rope)?;
-        q = named!(b, "Qcur_rope", il, b.g.rope_with(q, table, traits.rope));
+        let table = rope_table(b, h.q, &rope)?;
+        h.q = named!(b, "Qcur_rope", il, b.g.rope_with(h.q, table, traits.rope));
         if own_kv {
-            k = named!(b, "Kcur_rope", il, b.g.rope_with(k, table, traits.rope));
+            h.k = named!(b, "Kcur_rope", il, b.g.rope_with(h.k, table, traits.rope));
         }
     }
     // Attention as llama.cpp's CPU flash attention computes it, so results match it closely.
     let mut kq_scale = hp.attention_scale.unwrap_or(1.0 / libm::sqrtf(hd_k as f32));
     if traits.prescaled_queries {
-        q = named!(b, "Qcur_scaled", il, b.g.scale(q, kq_scale));
+        h.q = named!(b, "Qcur_scaled", il, b.g.scale(h.q, kq_scale));
         kq_scale = 1.0;
     }
-    let types = b.kv.types;
-    if let Some(n) = types.k_rotation(hd_k as u32) {
-        q = named!(b, "Qcur_rot", il, b.g.hadamard(q, n));
+    if let Some(n) = b.kv.types.k_rotation(hd_k as u32) {
+        h.q = named!(b, "Qcur_rot", il, b.g.hadamard(h.q, n));
         if own_kv {
-            k = named!(b, "Kcur_rot", il, b.g.hadamard(k, n));
+            h.k = named!(b, "Kcur_rot", il, b.g.hadamard(h.k, n));
         }
     }
-    let v_rotation = types.v_rotation(hd_v as u32);
-    if let (Some(n), true) = (v_rotation, own_kv) {
-        v = named!(b, "Vcur_rot", il, b.g.hadamard(v, n));
+    if let (Some(n), true) = (b.kv.types.v_rotation(hd_v as u32), own_kv) {
+        h.v = named!(b, "Vcur_rot", il, b.g.hadamard(h.v, n));
     }
-    let (k_all, v_all) = if own_kv { kv_cache_write(b, il, k, v)? } else { shared_kv(b, il)? };
-    // Per head: [hd, rows, n_head_kv]; each token reads its sequence's rows.
-    let (n_rows, rows) = (b.kv.cache_rows(), *b.kv.rows_of(il));
+    Ok((h, kq_scale))
+}
+
+/// Flash attention of q (`[hd_k, n_head, t]`) over the caches, each token reading its
+/// sequence's rows as `mask` lets it, the values' rotation undone. → `[hd_v * n_head, t]`.
+fn attend<const N: usize>(
+    b: &mut Builder<'_, '_, N>,
+    il: usize,
+    q: TensorId,
+    (k_all, v_all): (TensorId, TensorId),
+    kq_scale: f32,
+    mask: Mask,
+) -> Result<TensorId, ModelError> {
+    let (hp, kv, t) = (b.hp, b.kv, b.t);
+    let (hd_k, hd_v) = (hp.head_dim_k_at(il) as usize, hp.head_dim_v_at(il) as usize);
+    let (n_head, n_head_kv) = (hp.n_head as usize, hp.n_head_kv as usize);
+    // Per head: [hd, rows, n_head_kv].
+    let (n_rows, rows) = (kv.cache_rows(), kv.rows_of(il));
     let mut head_view = |all: TensorId, ty: GgmlType, hd: usize, row: usize| {
         let (block, head) = (ty.block_bytes(), hd / ty.block_len() * ty.block_bytes());
         b.g.view(all, [hd, n_rows, n_head_kv, 1], [block, row, head, row * n_rows], 0, 0)
     };
-    let k_view = head_view(k_all, types.k, hd_k, rows.k_row_bytes)?;
-    let v_view = head_view(v_all, types.v, hd_v, rows.v_row_bytes)?;
-    // q: [hd_k, t, n_head]
+    let k_view = head_view(k_all, kv.types.k, hd_k, rows.k_row_bytes)?;
+    let v_view = head_view(v_all, kv.types.v, hd_v, rows.v_row_bytes)?;
+    // q: [hd_k, t, n_head]; attn: [hd_v, n_head, t]
     let q = b.g.permute(q, [0, 2, 1, 3])?;
-    // attn: [hd_v, n_head, t] → [hd_v * n_head, t]
     let attn = named!(b, "kqv_out", il, b.g.flash_attn(q, k_view, v_view, kq_scale, mask));
     b.g.at_positions(attn, b.places)?;
-    let mut attn = b.g.reshape(attn, [hd_v * n_head, t, 1, 1])?;
-    if let Some(n) = v_rotation {
+    let attn = b.g.reshape(attn, [hd_v * n_head, t, 1, 1])?;
+    Ok(match kv.types.v_rotation(hd_v as u32) {
         // The rotation is its own inverse: the values' weighted sum rotated back.
-        attn = named!(b, "kqv_out_unrot", il, b.g.hadamard(attn, n));
-    }
-    if let Some(gate) = output_gate {
-        let gate = named!(b, "gate_sigmoid", il, b.g.sigmoid(gate));
-        let gate = b.g.reshape(gate, [hd_v * n_head, t, 1, 1])?;
-        attn = named!(b, "attn_gated", il, b.g.mul(attn, gate));
-    }
-    Ok(named!(b, "attn_out", il, b.mm(wo, attn)))
+        Some(n) => named!(b, "kqv_out_unrot", il, b.g.hadamard(attn, n)),
+        None => attn,
+    })
 }
 
 /// Layer `il`'s Q, K and V projections: one fused `attn_qkv` (rows in that order, llama.cpp's

@@ -1,17 +1,17 @@
 //! The architectures pinfer runs, one row each: what sets an architecture apart is written once,
 //! in [`Arch::traits`], and validation, hyper-parameter reading, the graph builder and every
-//! message read it. A new architecture is a new [`Arch`] variant; the exhaustive `match` in
-//! [`Arch::traits`] then asks for its row.
+//! message read it. A new architecture is a new line in `archs!` (its variant and GGUF name);
+//! the exhaustive matches in [`Arch::traits`] and [`build_forward`] then ask for its row and its
+//! composition of blocks.
 
 mod blocks;
+mod kv;
 mod transformer;
 
 use core::fmt;
 
-pub use transformer::{
-    layer_rope, rope_factors_name, CacheRows, Forward, KvLayout, KvTypeError, KvTypes, LayerRope,
-    MODEL_BUFFER,
-};
+pub use kv::{CacheRows, KvLayout, KvTypeError, KvTypes};
+pub use transformer::{layer_rope, rope_factors_name, Forward, LayerRope, MODEL_BUFFER};
 
 use crate::gguf::Gguf;
 use crate::graph::{Graph, RopeMode};
