@@ -18,7 +18,7 @@ use crate::quant::GgmlType;
 use crate::tensor::{Storage, TensorId};
 
 /// Index of adapter `i`'s file in the executor's buffer table.
-pub const fn adapter_buffer(i: usize) -> u8 {
+const fn adapter_buffer(i: usize) -> u8 {
     MODEL_BUFFER + 1 + i as u8
 }
 
@@ -80,6 +80,7 @@ fn weight_leaf<const N: usize>(
     Ok(Some(g.leaf(name, info.ty, ne, Storage::External { buffer: MODEL_BUFFER, offset })?))
 }
 
+/// The leaf of model tensor `name`, which the file must have.
 fn required<const N: usize>(g: &mut Graph<N>, gguf: &Gguf<'_>, name: &str) -> Result<TensorId, ModelError> {
     weight_leaf(g, gguf, name)?.ok_or_else(|| ModelError::MissingTensor { name: name_of(name) })
 }
@@ -243,8 +244,8 @@ pub(super) fn pre_norm<const N: usize>(
     Ok(named!(b, name, il, b.g.mul(x, w)))
 }
 
-/// `x / rms(x) * w` (w: layer `il`'s `weight`), named `{raw}-{il}` and `{name}-{il}`; the
-/// weight's leaf is made after the norm, as llama.cpp's graphs order them.
+/// `x / rms(x) * w` (w: layer `il`'s `weight`), named `{raw}-{il}` and `{name}-{il}`: a block's
+/// output norm (its weight's leaf made after the norm, where the graphs have always had it).
 pub(super) fn post_norm<const N: usize>(
     b: &mut Builder<'_, '_, N>,
     il: usize,
