@@ -29,7 +29,7 @@ use engine::{decode, encode, Rng, RunOpts, Setup};
 use pinfer::arena::Arena;
 use pinfer::exec::pool::Pool;
 use pinfer::exec::{work_bytes, Bound, ExecError, Step};
-use pinfer::graph::{plan, plan_unshared, Graph, GraphError, RopeMode};
+use pinfer::graph::{plan, plan_unshared, Graph, GraphError, Mask, RopeMode};
 use pinfer::quant::GgmlType;
 use pinfer::tensor::{Storage, TensorId};
 
@@ -1962,7 +1962,7 @@ fn flash_attn_matches_softmax_attention() {
         let kv = s.g.view(kc, [hd, ctx, n_kv_head, 1], [2, row, hd * 2, row * ctx], 0, 0b10).unwrap();
         let vv = s.g.view(vc, [hd, ctx, n_kv_head, 1], [2, row, hd * 2, row * ctx], 0, 0b10).unwrap();
         let scale = 0.37;
-        let out = s.g.flash_attn(q, kv, vv, scale, true, window).unwrap();
+        let out = s.g.flash_attn(q, kv, vv, scale, Mask::SlidingWindow(window)).unwrap();
         let n_kv = n_past + t;
         let got = run_ops(&mut s, &[out], &[Step { n_past, n_kv }]).remove(0);
         let query = |tok: usize, h: usize| (0..hd).map(|d| qr(q_data[d + hd * (tok + t * h)])).collect();
@@ -2007,7 +2007,7 @@ fn long_decode_splits_its_keys_and_stays_attention() {
         let kv = s.g.view(kc, [hd, ctx, n_kv_head, 1], [block, row, head, row * ctx], 0, 0).unwrap();
         let vv = s.g.view(vc, [hd, ctx, n_kv_head, 1], [block, row, head, row * ctx], 0, 0).unwrap();
         let scale = 0.43;
-        let out = s.g.flash_attn(q, kv, vv, scale, true, window).unwrap();
+        let out = s.g.flash_attn(q, kv, vv, scale, Mask::SlidingWindow(window)).unwrap();
         let n_kv = n_past + t;
         let got = run_ops(&mut s, &[out], &[Step { n_past, n_kv }]).remove(0);
         assert!(work_bytes(&s.g) > 0, "seed {seed}: a decode graph over {ctx} rows can split");
@@ -2033,7 +2033,7 @@ fn long_decode_splits_its_keys_and_stays_attention() {
     let kc = s.leaf_bytes("k", F16, [32 * 8, 1024, 1, 1], &vec![0u8; 32 * 8 * 1024 * 2]);
     let q = leaf(&mut s, "q", [32, 1, 8, 1], &[0.5; 32 * 8]);
     let kv = s.g.view(kc, [32, 1024, 8, 1], [2, 512, 64, 512 * 1024], 0, 0).unwrap();
-    let out = s.g.flash_attn(q, kv, kv, 1.0, true, 0).unwrap();
+    let out = s.g.flash_attn(q, kv, kv, 1.0, Mask::Causal).unwrap();
     s.g.build(&[out]).unwrap();
     assert_eq!(work_bytes(&s.g), 0);
 }

@@ -673,3 +673,49 @@ fn layer_masks_count_across_words() {
     }
     assert_eq!(a.count(), (0..MAX_LAYERS as usize).filter(|i| i % 3 == 0 || i % 64 == 63).count());
 }
+
+/// The forward graph of each architecture, counted by op (7 tokens of one sequence, the last
+/// one's logits, an f16 cache): the blocks it is composed of are the same nodes as before a
+/// change of the builder, or the change says here which nodes it adds or drops. The models are
+/// the tiny ones of scripts/setup.sh, llama's and gemma3's generated.
+#[test]
+fn forward_graphs_keep_their_nodes() {
+    use pinfer::graph::Graph;
+    use pinfer::model::{build_forward, KvLayout};
+    let golden = [
+        ("llama", "add 4, flash_attn 2, get_rows 2, kv_write 4, mul 5, mul_mat 15, none 27, rms_norm 5, rope 4, rope_table 1, swiglu 2, view 16"),
+        ("qwen2", "add 15, flash_attn 3, get_rows 2, kv_write 6, mul 7, mul_mat 22, none 48, rms_norm 7, rope 6, rope_table 1, swiglu 3, view 24"),
+        ("qwen3", "add 6, flash_attn 3, get_rows 2, kv_write 6, mul 13, mul_mat 22, none 45, rms_norm 13, rope 6, rope_table 1, swiglu 3, view 24"),
+        ("qwen3moe", "add 6, flash_attn 3, get_rows 2, kv_write 6, moe_sum 3, moe_weights 3, mul 13, mul_mat 16, mul_mat_id 9, none 48, rms_norm 13, rope 6, rope_table 1, soft_max 3, swiglu 3, top_k 3, view 27"),
+        ("qwen2moe", "add 18, flash_attn 3, get_rows 2, kv_write 6, moe_sum 3, moe_weights 3, mul 10, mul_mat 28, mul_mat_id 9, none 63, rms_norm 7, rope 6, rope_table 1, sigmoid 3, soft_max 3, swiglu 6, top_k 3, view 27"),
+        ("gemma3", "add 4, flash_attn 2, geglu 2, get_rows 2, kv_write 4, mul 13, mul_mat 15, none 35, rms_norm 13, rope 4, rope_table 1, scale 1, view 16"),
+        ("granite", "add 6, flash_attn 3, get_rows 2, kv_write 6, mul 7, mul_mat 22, none 39, rms_norm 7, rope 6, rope_table 1, scale 8, swiglu 3, view 24"),
+        ("smollm3", "add 8, flash_attn 4, get_rows 2, kv_write 8, mul 9, mul_mat 29, none 49, rms_norm 9, rope 6, rope_table 1, swiglu 4, view 32"),
+        ("phi3", "add 6, flash_attn 3, get_rows 2, kv_write 6, mul 7, mul_mat 22, none 40, rms_norm 7, rope 6, rope_table 1, scale 3, swiglu 3, view 24"),
+        ("lfm2", "add 8, flash_attn 1, get_rows 2, kv_write 2, mul 17, mul_mat 29, none 51, rms_norm 11, rope 2, rope_table 1, short_conv 3, swiglu 4, view 8"),
+        ("lfm2moe", "add 11, flash_attn 1, get_rows 2, kv_write 2, moe_sum 3, moe_weights 3, mul 17, mul_mat 23, mul_mat_id 9, none 57, rms_norm 11, rope 2, rope_table 1, short_conv 3, sigmoid 3, swiglu 4, top_k 3, view 11"),
+        ("qwen35", "add 10, flash_attn 2, gated_delta_net 2, get_rows 2, kv_write 4, mul 21, mul_mat 31, none 64, rms_norm 19, rope 4, rope_table 1, scale 4, short_conv 2, sigmoid 4, silu 4, softplus 2, swiglu 4, view 30"),
+        ("gemma4", "add 19, flash_attn 6, geglu 6, gelu 6, get_rows 3, kv_write 6, mul 47, mul_mat 49, none 102, rms_norm 44, rope 9, rope_table 2, scale 12, tanh 1, view 50"),
+    ];
+    let mut graph: Box<Graph> = Box::new(Graph::new());
+    let mut got = String::new();
+    for arch in Arch::ALL {
+        let path = format!("{}/models/tiny/{}-tiny.gguf", env!("CARGO_MANIFEST_DIR"), arch.name());
+        let bytes = match arch {
+            Arch::Llama | Arch::Gemma3 => tiny(arch.name()).bytes(),
+            _ => std::fs::read(&path).expect("run scripts/setup.sh"),
+        };
+        let gguf = Gguf::parse(&bytes).unwrap();
+        let hp = HParams::from_gguf(&gguf).unwrap();
+        let kv = KvLayout::new(&hp, 64, 8, 1, Default::default()).unwrap();
+        build_forward(&mut graph, &gguf, &hp, &kv, 7, 1, &[]).unwrap();
+        let mut counts = std::collections::BTreeMap::new();
+        for &id in graph.order() {
+            *counts.entry(graph.tensor(id).op.name()).or_insert(0) += 1;
+        }
+        let line: Vec<String> = counts.iter().map(|(op, n)| format!("{op} {n}")).collect();
+        got += &format!("    (\"{}\", \"{}\"),\n", arch.name(), line.join(", "));
+    }
+    let want: String = golden.iter().map(|(a, l)| format!("    (\"{a}\", \"{l}\"),\n")).collect();
+    assert_eq!(got, want, "the forward graphs changed; if meant, the new table:\n{got}");
+}

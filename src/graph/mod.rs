@@ -9,7 +9,7 @@ pub mod plan;
 
 use core::fmt::{self, Write};
 
-pub use op::{Op, OpParams, RopeMode};
+pub use op::{Mask, Op, OpParams, RopeMode};
 pub use plan::{plan, plan_unshared, Plan, PlanError};
 
 use crate::build_config::GRAPH_CAPACITY;
@@ -875,10 +875,10 @@ impl<const N: usize> Graph<N> {
         k: TensorId,
         v: TensorId,
         scale: f32,
-        causal: bool,
-        window: u32,
+        mask: Mask,
     ) -> Result<TensorId> {
         self.f32_input(Op::FlashAttn, q)?;
+        let window = mask.window();
         let (tq, tk, tv) = (self.tensor(q), self.tensor(k), self.tensor(v));
         for (id, t) in [(k, tk), (v, tv)] {
             if !t.ty.is_kv_cache_type() || !t.rows_are_contiguous() || t.ne[3] != 1 {
@@ -903,7 +903,7 @@ impl<const N: usize> Graph<N> {
             return Err(self.invalid(Op::FlashAttn, q, "bad scale or window"));
         }
         let ne = [tv.ne[0], tq.ne[2], tq.ne[1], 1];
-        let params = OpParams { i: [causal as i32, window as i32, 0, 0], f: [scale, 0.0, 0.0, 0.0] };
+        let params = OpParams { i: [1, window as i32, 0, 0], f: [scale, 0.0, 0.0, 0.0] };
         let id = self.node(Op::FlashAttn, GgmlType::F32, ne, &[q, k, v], params)?;
         // The result has no KV-length dimension even though its inputs do.
         self.tensors[id.index()].dyn_kv = 0;

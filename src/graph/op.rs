@@ -9,6 +9,26 @@ pub enum RopeMode {
     Neox,
 }
 
+/// Which keys an attention query sees (an attention node's `params.i = [1, window]`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mask {
+    /// Its own position and every earlier one.
+    Causal,
+    /// Causal, and only the last `window` positions (key `j` visible when `pos - j < window`;
+    /// 0: no window).
+    SlidingWindow(u32),
+}
+
+impl Mask {
+    /// The window in positions (0: none).
+    pub fn window(self) -> u32 {
+        match self {
+            Mask::Causal => 0,
+            Mask::SlidingWindow(w) => w,
+        }
+    }
+}
+
 /// An operation. Shapes use ggml conventions (`ne[0]` innermost); "rows" are `ne[0]`-long vectors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Op {
@@ -124,7 +144,8 @@ pub enum Op {
     /// Attention in one pass, as ggml's CPU flash attention computes it: queries `src[0]`
     /// (`[head_dim, n_tokens, n_head]`, F32), keys `src[1]` and values `src[2]` (`[head_dim, n_kv,
     /// n_kv_head]`, F16) → F32 `[head_dim_v, n_head, n_tokens]`. Each query row is rounded to F16,
-    /// scores are scaled by `params.f[0]`, masked like `SoftMax` (`params.i = [causal, window]`), and
+    /// scores are scaled by `params.f[0]`, masked like `SoftMax` (`params.i = [causal, window]`, from a
+    /// [`Mask`]), and
     /// the values are accumulated with an online softmax in an F16 accumulator.
     FlashAttn,
     /// Causal depthwise convolution with a rolling state (LFM2's short convolution; ggml's

@@ -284,7 +284,7 @@ const MATH_KEYS: [(&str, ReadBy, Computes, &str); 8] = [
 ];
 
 /// Key-length keys of sliding-window layers: pinfer runs them with other sizes than the full
-/// layers' only where the architecture reads them (`ArchTraits::swa_sizes`).
+/// layers' only where the architecture reads them (`ArchTraits::sliding_sizes`).
 const SWA_SIZE_KEYS: [(&str, &str); 3] = [
     ("attention.key_length_swa", "attention.key_length"),
     ("attention.value_length_swa", "attention.value_length"),
@@ -329,7 +329,7 @@ fn refuse_math_we_do_not_compute(g: &Gguf<'_>, arch: Arch, n_layer: u32) -> Resu
             return Err(ModelError::Uncomputed { key, found: value_text(&v), computes: words });
         }
     }
-    for (swa, full) in SWA_SIZE_KEYS.into_iter().filter(|_| !arch.traits().swa_sizes) {
+    for (swa, full) in SWA_SIZE_KEYS.into_iter().filter(|_| !arch.traits().sliding_sizes) {
         let swa_key = arch_key(arch, swa);
         if let Some(v) = g.get(&swa_key) {
             let full_value = g.get(&arch_key(arch, full)).and_then(|f| f.as_integer());
@@ -436,7 +436,7 @@ fn layer_flags(
 /// the reader's kind with a cache.
 fn shared_kv_start(g: &Gguf<'_>, arch: Arch, n_layer: u32, sliding: &LayerMask) -> Result<u32, ModelError> {
     let key = arch_key(arch, "attention.shared_kv_layers");
-    if !arch.traits().swa_sizes {
+    if !arch.traits().shared_kv {
         return Ok(n_layer);
     }
     let shared = u32_in(g, &key, Some(0), 0..=u32::MAX)?;
@@ -667,7 +667,7 @@ impl HParams {
         // MoE models may omit the dense width; dense ones need it. Gemma 4 may give one per layer.
         let mut n_ff_layers = heapless::Vec::new();
         let n_ff = match g.get(&k("feed_forward_length")) {
-            Some(crate::gguf::Value::Array(_)) if arch.traits().swa_sizes => {
+            Some(crate::gguf::Value::Array(_)) if arch.traits().per_layer_ffn => {
                 let widths = per_layer_u32(g, &k("feed_forward_length"), n_layer_all, 1..=MAX_WIDTH)?;
                 n_ff_layers.extend(widths.iter().copied().take(n_layer as usize));
                 n_ff_layers.iter().copied().max().unwrap_or(1)
@@ -675,7 +675,7 @@ impl HParams {
             _ => u32_in(g, &k("feed_forward_length"), arch.is_moe().then_some(n_ff_expert), 1..=MAX_WIDTH)?,
         };
         let sliding_window = u32_in(g, &k("attention.sliding_window"), Some(0), 0..=u32::MAX)?;
-        if arch.traits().gemma && sliding_window == 0 {
+        if arch.traits().swa != SwaLayers::None && sliding_window == 0 {
             return Err(bad(&k("attention.sliding_window"), 0, "gemma3 needs a sliding window"));
         }
         refuse_math_we_do_not_compute(g, arch, n_layer)?;
@@ -729,7 +729,7 @@ impl HParams {
         // A model that stores a per-layer array for one of these is a variant we do not run.
         for suffix in ["attention.head_count", "feed_forward_length"] {
             if matches!(g.get(&k(suffix)), Some(v) if v.value_type() == ValueType::Array)
-                && !(suffix == "feed_forward_length" && arch.traits().swa_sizes)
+                && !(suffix == "feed_forward_length" && arch.traits().per_layer_ffn)
             {
                 return Err(bad(&k(suffix), 0, "per-layer values are not supported"));
             }
@@ -737,7 +737,7 @@ impl HParams {
         let sliding = sliding_layers(g, arch, n_layer, n_layer_all)?;
         // Sliding-window layers' own sizes and RoPE base (Gemma 4; Gemma 3's equal the full
         // layers' but for the base, which MATH_KEYS pins to 10000).
-        let (head_dim_k_swa, head_dim_v_swa, n_rot_swa) = if arch.traits().swa_sizes {
+        let (head_dim_k_swa, head_dim_v_swa, n_rot_swa) = if arch.traits().sliding_sizes {
             let hk = u32_in(g, &k("attention.key_length_swa"), Some(head_dim_k), 1..=MAX_HEAD_DIM)?;
             let hv = u32_in(g, &k("attention.value_length_swa"), Some(head_dim_v), 1..=MAX_HEAD_DIM)?;
             let rot = u32_in(g, &k("rope.dimension_count_swa"), Some(n_rot.min(hk)), 2..=hk)?;
@@ -750,19 +750,18 @@ impl HParams {
         };
         let rope_freq_base_swa = f32_in(g, &k("rope.freq_base_swa"), Some(10000.0), 0.0, 1e12)?;
         let n_layer_kv = shared_kv_start(g, arch, n_layer, &sliding)?;
-        let n_embd_per_layer = if arch.traits().swa_sizes {
+        let n_embd_per_layer = if arch.traits().per_layer_inputs {
             u32_in(g, &k("embedding_length_per_layer_input"), None, 0..=MAX_WIDTH)?
         } else {
             0
         };
         // (llama.cpp's default for Gemma 4 is 30; an explicit 0 turns it off.)
         let final_logit_softcap = match g.get_f32_opt(&k("final_logit_softcapping"))? {
-            None if arch.traits().swa_sizes => 30.0,
-            None | Some(0.0) => 0.0,
+            None => arch.traits().default_logit_softcap,
+            Some(0.0) => 0.0,
             Some(_) => f32_in(g, &k("final_logit_softcapping"), None, 0.0, 1e6)?,
         };
-        // Gemma 4 normalises queries and keys and scales scores by 1.
-        let attention_scale = if arch.traits().swa_sizes { Some(1.0) } else { attention_scale };
+        let attention_scale = if arch.traits().unit_kq_scale { Some(1.0) } else { attention_scale };
         Ok(HParams {
             arch,
             n_layer,

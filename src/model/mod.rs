@@ -15,7 +15,7 @@ pub use arch::{
     build_forward, layer_rope, rope_factors_name, CacheRows, Forward, KvLayout, KvTypeError, KvTypes,
     LayerRope, MODEL_BUFFER,
 };
-pub use arch::{Arch, ArchTraits, Experts, Ffn, Gating, Supported, SwaLayers};
+pub use arch::{Activation, Arch, ArchTraits, EmbedScale, Experts, Ffn, Gating, Supported, SwaLayers};
 pub use hparams::{HParams, LayerMask, MAX_LAYERS};
 pub use open::{check, context_size, Checked, DEFAULT_CTX};
 pub use validate::{validate_tensors, validate_vocab, TensorKind, Vocab};

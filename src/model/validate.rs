@@ -239,10 +239,11 @@ pub fn validate_tensors(g: &Gguf<'_>, hp: &HParams, n_vocab: u32) -> Result<(), 
     check(expect(format_args!("output.weight"), &[e, v], Weight, false))?;
     // (Gemma 4's full-attention layers need their factors, one per pair of the head, as
     // llama.cpp requires them.)
-    let gemma4_factors = hp.arch.traits().swa_sizes && (0..hp.n_layer as usize).any(|il| !hp.is_sliding(il));
-    let pairs = if hp.arch.traits().swa_sizes { hp.head_dim_k / 2 } else { hp.n_rot / 2 };
+    let full_factors = hp.arch.traits().full_layer_rope_freqs;
+    let required_factors = full_factors && (0..hp.n_layer as usize).any(|il| !hp.is_sliding(il));
+    let pairs = if full_factors { hp.head_dim_k / 2 } else { hp.n_rot / 2 };
     for factors in ["rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"] {
-        let required = gemma4_factors && factors == "rope_freqs.weight";
+        let required = required_factors && factors == "rope_freqs.weight";
         check(expect(format_args!("{factors}"), &[u64::from(pairs)], Norm, required))?;
     }
 
@@ -326,7 +327,7 @@ pub fn validate_tensors(g: &Gguf<'_>, hp: &HParams, n_vocab: u32) -> Result<(), 
         let hd = u64::from(hp.head_dim_k_at(il));
         // KV-sharing layers (Gemma 4) need no K and V projections; Gemma 4 may reuse K as V.
         let own_kv = hp.has_own_kv(il);
-        let v_required = own_kv && !traits.swa_sizes;
+        let v_required = own_kv && !traits.values_from_keys;
         let mut fused = Name::new();
         let _ = write!(fused, "blk.{i}.attn_qkv.weight");
         if g.tensor(&fused).is_some() {
@@ -336,7 +337,7 @@ pub fn validate_tensors(g: &Gguf<'_>, hp: &HParams, n_vocab: u32) -> Result<(), 
             check(expect(format_args!("blk.{i}.attn_q.weight"), &[e, qw_out], Weight, true))?;
             check(expect(format_args!("blk.{i}.attn_k.weight"), &[e, kw], Weight, own_kv))?;
             check(expect(format_args!("blk.{i}.attn_v.weight"), &[e, vw], Weight, v_required))?;
-            if traits.swa_sizes && own_kv && g.tensor(&name_of(&format_v(i))).is_none() && kw != vw {
+            if traits.values_from_keys && own_kv && g.tensor(&name_of(&format_v(i))).is_none() && kw != vw {
                 // Values from the keys' projection need the keys' width.
                 return Err(ModelError::MissingTensor { name: format_v(i) });
             }
@@ -351,7 +352,7 @@ pub fn validate_tensors(g: &Gguf<'_>, hp: &HParams, n_vocab: u32) -> Result<(), 
             check(expect(format_args!("blk.{i}.attn_q_norm.weight"), &[hd], Norm, true))?;
             check(expect(format_args!("blk.{i}.attn_k_norm.weight"), &[hd], Norm, own_kv))?;
         }
-        if traits.gemma {
+        if traits.post_norms {
             check(expect(format_args!("blk.{i}.post_attention_norm.weight"), &[e], Norm, true))?;
             check(expect(format_args!("blk.{i}.post_ffw_norm.weight"), &[e], Norm, true))?;
         }
@@ -360,7 +361,7 @@ pub fn validate_tensors(g: &Gguf<'_>, hp: &HParams, n_vocab: u32) -> Result<(), 
             check(expect(format_args!("blk.{i}.proj.weight"), &[p, e], Weight, true))?;
             check(expect(format_args!("blk.{i}.post_norm.weight"), &[e], Norm, true))?;
         }
-        if traits.swa_sizes {
+        if traits.layer_output_scale {
             // One F32 factor, read when the graph is built.
             check(expect(format_args!("blk.{i}.layer_output_scale.weight"), &[1], Taps, false))?;
         }

@@ -1,16 +1,17 @@
 //! The architectures pinfer runs, one row each: what sets an architecture apart is written once,
 //! in [`Arch::traits`], and validation, hyper-parameter reading, the graph builder and every
-//! message read it. A new architecture is a new [`Arch`] variant; the exhaustive `match` in
-//! [`Arch::traits`] then asks for its row.
+//! message read it. A new architecture is a new line in `archs!` (its variant and GGUF name);
+//! the exhaustive matches in [`Arch::traits`] and [`build_forward`] then ask for its row and its
+//! composition of blocks.
 
+mod blocks;
+mod kv;
 mod transformer;
 
 use core::fmt;
 
-pub use transformer::{
-    layer_rope, rope_factors_name, CacheRows, Forward, KvLayout, KvTypeError, KvTypes, LayerRope,
-    MODEL_BUFFER,
-};
+pub use kv::{CacheRows, KvLayout, KvTypeError, KvTypes};
+pub use transformer::{layer_rope, rope_factors_name, Forward, LayerRope, MODEL_BUFFER};
 
 use crate::gguf::Gguf;
 use crate::graph::{Graph, RopeMode};
@@ -44,37 +45,59 @@ pub fn build_forward<const N: usize>(
     }
 }
 
-/// Architectures pinfer runs (the `general.architecture` value).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Arch {
+/// Declares [`Arch`], its GGUF names and [`Arch::ALL`] from one list, so a new variant is one
+/// line here plus the row the exhaustive match in [`Arch::traits`] then asks for.
+macro_rules! archs {
+    ($($(#[$doc:meta])* $variant:ident = $name:literal,)*) => {
+        /// Architectures pinfer runs (the `general.architecture` value).
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub enum Arch {
+            $($(#[$doc])* $variant,)*
+        }
+
+        impl Arch {
+            /// Every architecture, in the order messages list them.
+            pub const ALL: [Arch; [$($name),*].len()] = [$(Arch::$variant),*];
+
+            /// The GGUF name, also the prefix of the architecture's metadata keys.
+            pub const fn name(self) -> &'static str {
+                match self {
+                    $(Arch::$variant => $name,)*
+                }
+            }
+        }
+    };
+}
+
+archs! {
     /// Llama family (SmolLM2, TinyLlama, Llama 3.x).
-    Llama,
+    Llama = "llama",
     /// Qwen2 / Qwen2.5 (QKV bias).
-    Qwen2,
+    Qwen2 = "qwen2",
     /// Qwen3 (per-head Q/K RMS norm).
-    Qwen3,
+    Qwen3 = "qwen3",
     /// Qwen3 mixture of experts.
-    Qwen3Moe,
+    Qwen3Moe = "qwen3moe",
     /// Qwen2 mixture of experts (with a shared expert).
-    Qwen2Moe,
+    Qwen2Moe = "qwen2moe",
     /// Gemma 3.
-    Gemma3,
+    Gemma3 = "gemma3",
     /// IBM Granite 3.x / 4.0 dense (embedding, attention, residual and logit multipliers).
-    Granite,
+    Granite = "granite",
     /// SmolLM3 (no RoPE on every fourth layer).
-    SmolLm3,
+    SmolLm3 = "smollm3",
     /// Phi-3 / Phi-3.5 / Phi-4-mini (fused QKV and gate|up projections, LongRoPE factors).
-    Phi3,
+    Phi3 = "phi3",
     /// Liquid LFM2 / LFM2.5 (short-convolution layers between attention layers).
-    Lfm2,
+    Lfm2 = "lfm2",
     /// Liquid LFM2 mixture of experts (LFM2-8B-A1B): dense leading layers, sigmoid routing with
     /// a selection bias.
-    Lfm2Moe,
+    Lfm2Moe = "lfm2moe",
     /// Qwen3.5 / Qwen3.6 dense (three of four layers gated delta rule, gated attention).
-    Qwen35,
+    Qwen35 = "qwen35",
     /// Gemma 4 dense (E2B, E4B, 31B): per-layer token embeddings, sliding-window layers with
     /// their own head size, later layers reading earlier layers' KV caches, soft-capped logits.
-    Gemma4,
+    Gemma4 = "gemma4",
 }
 
 /// Which layers attend through a sliding window.
@@ -121,25 +144,57 @@ pub enum Gating {
     Sigmoid,
 }
 
-/// What sets an architecture apart in the shared forward pass.
+/// The activation of a gated feed-forward block: `act(gate) * up`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    /// SiLU (SwiGLU).
+    SwiGlu,
+    /// GELU, tanh approximation (GeGLU).
+    GeGlu,
+}
+
+/// What the token embeddings are multiplied by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EmbedScale {
+    /// `{arch}.embedding_scale` where the architecture reads it ([`ArchTraits::multipliers`]),
+    /// else 1.
+    FromFile,
+    /// `sqrt(n_embd)` (Gemma).
+    SqrtWidth,
+}
+
+/// What sets an architecture apart in the shared forward pass: one row of named facts about its
+/// math, which the blocks (`blocks.rs`), hyper-parameter reading and validation read.
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ArchTraits {
-    /// The GGUF name, also the prefix of the architecture's metadata keys.
-    pub name: &'static str,
     /// How RoPE pairs dimensions.
     pub rope: RopeMode,
     /// Biases on Q, K and V.
     pub qkv_bias: bool,
     /// Per-head RMS norms of Q and K.
     pub qk_norm: bool,
-    /// Gemma: GeGLU, post-attention and post-FFN norms, embeddings scaled by sqrt(n_embd),
-    /// sliding-window layers.
-    pub gemma: bool,
+    /// Each value head RMS-normalised without a weight (Gemma 4).
+    pub value_norm: bool,
+    /// A layer without `attn_v` takes the keys' projection as its values (Gemma 4).
+    pub values_from_keys: bool,
+    /// RMS norms with weights on the attention's and the FFN's outputs before their residual
+    /// adds (`post_attention_norm`, `post_ffw_norm`; Gemma).
+    pub post_norms: bool,
+    /// What the token embeddings are multiplied by.
+    pub embed_scale: EmbedScale,
+    /// The dense FFN's activation.
+    pub act: Activation,
     /// The feed-forward block.
     pub ffn: Ffn,
     /// Granite's multipliers: `{arch}.embedding_scale`, `.attention.scale`, `.residual_scale`,
     /// `.logit_scale` (logits are divided by it).
     pub multipliers: bool,
+    /// Attention scores are scaled by 1, not 1/sqrt(head size) (Gemma 4, whose Q and K norms
+    /// set their size).
+    pub unit_kq_scale: bool,
+    /// Queries are scaled by 1/sqrt(head size) before attention, and the scores by 1 (phi3, as
+    /// llama.cpp computes it).
+    pub prescaled_queries: bool,
     /// Every `n`th layer (the 4th, 8th, ...) runs without RoPE (SmolLM3: 4, llama.cpp's fixed
     /// interval); 0: every layer rotates.
     pub no_rope_every: u32,
@@ -147,8 +202,10 @@ pub struct ArchTraits {
     pub fused_gate_up: bool,
     /// LongRoPE: per-pair frequency divisors `rope_factors_long/short.weight`, the long ones when
     /// the context exceeds `rope.scaling.original_context_length`, and cosines and sines scaled by
-    /// `rope.scaling.attn_factor` (phi3). Queries are scaled by 1/sqrt(head size) before attention.
+    /// `rope.scaling.attn_factor` (phi3).
     pub long_rope: bool,
+    /// Full-attention layers need `rope_freqs`, one factor per pair of the head (Gemma 4).
+    pub full_layer_rope_freqs: bool,
     /// Layers whose `attention.head_count_kv` entry is 0 are short-convolution blocks (LFM2):
     /// gated causal depthwise convolution over the last `shortconv.l_cache` inputs, with a
     /// recurrent state per sequence instead of a KV cache.
@@ -165,54 +222,56 @@ pub struct ArchTraits {
     /// The Q projection gives each head's queries then a gate of the same size; the attention
     /// output is multiplied by the gate's sigmoid (Qwen3.5).
     pub attn_output_gate: bool,
-    /// Which layers attend through a sliding window.
+    /// Which layers attend through a sliding window (`attention.sliding_window` positions).
     pub swa: SwaLayers,
-    /// Gemma 4's layer geometry: sliding-window layers with their own head and rotation sizes
-    /// and RoPE base (`*_swa` keys), per-layer FFN widths, KV-sharing layers
-    /// (`attention.shared_kv_layers`), per-layer token embeddings, values RMS-normalised without
-    /// a weight (and the keys' projection reused when a layer has no `attn_v`), scores scaled by
-    /// 1, an optional `layer_output_scale` per layer, `rope_freqs` on full-attention layers only.
-    pub swa_sizes: bool,
+    /// Sliding-window layers have their own head and rotation sizes (`*_swa` keys; Gemma 4).
+    pub sliding_sizes: bool,
+    /// `feed_forward_length` may give each layer its own width (Gemma 4).
+    pub per_layer_ffn: bool,
+    /// The last `attention.shared_kv_layers` layers read earlier layers' KV caches (Gemma 4).
+    pub shared_kv: bool,
+    /// Per-layer token embeddings of `embedding_length_per_layer_input` values added after each
+    /// layer (Gemma 4).
+    pub per_layer_inputs: bool,
+    /// Layers may scale their output by a one-element `layer_output_scale` (Gemma 4).
+    pub layer_output_scale: bool,
+    /// The logits' soft-cap when the file gives no `final_logit_softcapping` (0: none; Gemma 4:
+    /// llama.cpp's 30).
+    pub default_logit_softcap: f32,
 }
 
 impl Arch {
-    /// Every architecture, in the order messages list them.
-    pub const ALL: [Arch; 13] = [
-        Arch::Llama,
-        Arch::Qwen2,
-        Arch::Qwen3,
-        Arch::Qwen3Moe,
-        Arch::Qwen2Moe,
-        Arch::Gemma3,
-        Arch::Granite,
-        Arch::SmolLm3,
-        Arch::Phi3,
-        Arch::Lfm2,
-        Arch::Lfm2Moe,
-        Arch::Qwen35,
-        Arch::Gemma4,
-    ];
-
     /// The architecture's row.
     pub const fn traits(self) -> ArchTraits {
         const DENSE: ArchTraits = ArchTraits {
-            name: "",
             rope: RopeMode::Neox,
             qkv_bias: false,
             qk_norm: false,
-            gemma: false,
+            value_norm: false,
+            values_from_keys: false,
+            post_norms: false,
+            embed_scale: EmbedScale::FromFile,
+            act: Activation::SwiGlu,
             ffn: Ffn::Dense,
             multipliers: false,
+            unit_kq_scale: false,
+            prescaled_queries: false,
             no_rope_every: 0,
             fused_gate_up: false,
             long_rope: false,
+            full_layer_rope_freqs: false,
             short_conv: false,
             output_norm: "output_norm.weight",
             ffn_norm: "ffn_norm.weight",
             delta_net: false,
             attn_output_gate: false,
             swa: SwaLayers::None,
-            swa_sizes: false,
+            sliding_sizes: false,
+            per_layer_ffn: false,
+            shared_kv: false,
+            per_layer_inputs: false,
+            layer_output_scale: false,
+            default_logit_softcap: 0.0,
         };
         const SOFTMAX_EXPERTS: Experts = Experts {
             normalize_weights: false,
@@ -220,51 +279,53 @@ impl Arch {
             gating: Gating::Softmax,
             selection_bias: false,
         };
-        // (llama.cpp's converter names LFM2's final norm after the embeddings.)
-        const LFM2: ArchTraits = ArchTraits {
-            name: "lfm2",
+        const GEMMA: ArchTraits = ArchTraits {
             qk_norm: true,
-            short_conv: true,
-            output_norm: "token_embd_norm.weight",
+            post_norms: true,
+            embed_scale: EmbedScale::SqrtWidth,
+            act: Activation::GeGlu,
+            swa: SwaLayers::Period(6),
             ..DENSE
         };
+        // (llama.cpp's converter names LFM2's final norm after the embeddings.)
+        const LFM2: ArchTraits =
+            ArchTraits { qk_norm: true, short_conv: true, output_norm: "token_embd_norm.weight", ..DENSE };
         match self {
-            Arch::Llama => ArchTraits { name: "llama", rope: RopeMode::Normal, ..DENSE },
-            Arch::Qwen2 => ArchTraits { name: "qwen2", qkv_bias: true, ..DENSE },
-            Arch::Qwen3 => ArchTraits { name: "qwen3", qk_norm: true, ..DENSE },
+            Arch::Llama => ArchTraits { rope: RopeMode::Normal, ..DENSE },
+            Arch::Qwen2 => ArchTraits { qkv_bias: true, ..DENSE },
+            Arch::Qwen3 => ArchTraits { qk_norm: true, ..DENSE },
             Arch::Qwen3Moe => ArchTraits {
-                name: "qwen3moe",
                 qk_norm: true,
                 ffn: Ffn::Experts(Experts { normalize_weights: true, ..SOFTMAX_EXPERTS }),
                 ..DENSE
             },
             Arch::Qwen2Moe => ArchTraits {
-                name: "qwen2moe",
                 qkv_bias: true,
                 ffn: Ffn::Experts(Experts { shared_expert: true, ..SOFTMAX_EXPERTS }),
                 ..DENSE
             },
-            Arch::Gemma3 => {
-                ArchTraits { name: "gemma3", qk_norm: true, gemma: true, swa: SwaLayers::Period(6), ..DENSE }
-            }
+            Arch::Gemma3 => GEMMA,
             Arch::Gemma4 => ArchTraits {
-                name: "gemma4",
-                qk_norm: true,
-                gemma: true,
+                value_norm: true,
+                values_from_keys: true,
+                unit_kq_scale: true,
+                full_layer_rope_freqs: true,
                 swa: SwaLayers::Pattern,
-                swa_sizes: true,
-                ..DENSE
+                sliding_sizes: true,
+                per_layer_ffn: true,
+                shared_kv: true,
+                per_layer_inputs: true,
+                layer_output_scale: true,
+                default_logit_softcap: 30.0,
+                ..GEMMA
             },
-            Arch::Granite => {
-                ArchTraits { name: "granite", rope: RopeMode::Normal, multipliers: true, ..DENSE }
+            Arch::Granite => ArchTraits { rope: RopeMode::Normal, multipliers: true, ..DENSE },
+            Arch::SmolLm3 => ArchTraits { rope: RopeMode::Normal, no_rope_every: 4, ..DENSE },
+            Arch::Phi3 => {
+                ArchTraits { fused_gate_up: true, long_rope: true, prescaled_queries: true, ..DENSE }
             }
-            Arch::SmolLm3 => {
-                ArchTraits { name: "smollm3", rope: RopeMode::Normal, no_rope_every: 4, ..DENSE }
-            }
-            Arch::Phi3 => ArchTraits { name: "phi3", fused_gate_up: true, long_rope: true, ..DENSE },
             Arch::Lfm2 => LFM2,
             Arch::Qwen35 => ArchTraits {
-                name: "qwen35",
                 qk_norm: true,
                 ffn_norm: "post_attention_norm.weight",
                 delta_net: true,
@@ -272,7 +333,6 @@ impl Arch {
                 ..DENSE
             },
             Arch::Lfm2Moe => ArchTraits {
-                name: "lfm2moe",
                 ffn: Ffn::Experts(Experts {
                     normalize_weights: true,
                     shared_expert: false,
@@ -286,12 +346,7 @@ impl Arch {
 
     /// The architecture named `name` in GGUF metadata.
     pub fn from_name(name: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|a| a.traits().name == name)
-    }
-
-    /// The GGUF name, also the prefix of the architecture's metadata keys.
-    pub fn name(self) -> &'static str {
-        self.traits().name
+        Self::ALL.into_iter().find(|a| a.name() == name)
     }
 
     /// Whether feed-forward layers are mixtures of experts.
