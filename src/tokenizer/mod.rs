@@ -192,6 +192,9 @@ pub enum TokError {
     },
 }
 
+/// Internal marker: the scratch is too small (the caller reports the real sizes).
+pub(crate) const SCRATCH: TokError = TokError::ScratchTooSmall { needed: 0, got: 0 };
+
 impl From<GgufError> for TokError {
     fn from(e: GgufError) -> Self {
         TokError::Metadata(e)
@@ -1231,7 +1234,7 @@ impl<'a> Tokenizer<'a> {
                                 &mut sink,
                             )
                             .map_err(|e| {
-                                if e == bpe::SCRATCH {
+                                if e == SCRATCH {
                                     too_small.clone()
                                 } else {
                                     e
@@ -1241,13 +1244,13 @@ impl<'a> Tokenizer<'a> {
                         VocabKind::Bpe => {
                             pretok::split(self.pre, piece, &mut |c, d| {
                                 bpe::encode_word(self, &piece.as_bytes()[c..d], scratch, &mut sink)
-                                    .map_err(|e| if e == bpe::SCRATCH { too_small.clone() } else { e })
+                                    .map_err(|e| if e == SCRATCH { too_small.clone() } else { e })
                             })?;
                         }
                         VocabKind::SpmBpe => {
                             pretok::split_newline_runs(piece, &mut |c, d| {
                                 bpe::encode_word_spm(self, &piece.as_bytes()[c..d], scratch, &mut sink)
-                                    .map_err(|e| if e == bpe::SCRATCH { too_small.clone() } else { e })
+                                    .map_err(|e| if e == SCRATCH { too_small.clone() } else { e })
                             })?;
                         }
                     }
@@ -1256,7 +1259,7 @@ impl<'a> Tokenizer<'a> {
             }
             Ok(())
         })
-        .map_err(|e| if e == bpe::SCRATCH { too_small.clone() } else { e })?;
+        .map_err(|e| if e == SCRATCH { too_small.clone() } else { e })?;
         if add_special && self.add_eos {
             sink.push(self.eos);
         }
