@@ -275,7 +275,7 @@ pub fn gen_params(
         s.frequency_penalty = v;
     }
     if let Some(seed) = f.i64("seed")? {
-        s.seed = if seed < 0 { crate::generate::random_seed() } else { seed as u64 };
+        s.seed = if seed < 0 { crate::gen_args::random_seed() } else { seed as u64 };
     }
     s.validate().map_err(|e| ApiError::invalid(e.to_string()))?;
     let limit_names: &[&str] = match dialect {

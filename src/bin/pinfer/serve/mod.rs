@@ -32,7 +32,7 @@ use pinfer::tokenizer::Tokenizer;
 use serde_json::{json, Map, Value};
 use tools::ToolFormat;
 
-use crate::generate::GenArgs;
+use crate::gen_args::GenArgs;
 use crate::CliError;
 use api::{json_response, read_json, ApiError, Fields};
 use slots::{Event, GenParams, Job, Request as EngineRequest, SlotAction, SlotDone, Stats};
@@ -143,12 +143,12 @@ impl Shared {
 
 /// Token ids of `text` with the model's BOS rule; special-token text is parsed when `special`.
 pub fn encode(state: &State<'_>, text: &str, special: bool) -> Vec<u32> {
-    crate::generate::encode(state.ready.tok, text, special).unwrap_or_default()
+    crate::tokenize::encode(state.ready.tok, text, special).unwrap_or_default()
 }
 
 /// Token ids of `text` without BOS/EOS (for /tokenize with add_special false, logit_bias texts).
 pub fn encode_plain(tok: &Tokenizer<'static>, text: &str, special: bool) -> Vec<u32> {
-    crate::generate::encode_with(tok, text, special, false).unwrap_or_default()
+    crate::tokenize::encode_with(tok, text, special, false).unwrap_or_default()
 }
 
 /// Text of `ids` (special tokens rendered when `special`); invalid UTF-8 becomes U+FFFD. The
@@ -443,7 +443,7 @@ fn sampler_defaults(args: &GenArgs) -> Result<GenParams, CliError> {
     let mut sampler = args.sampler()?;
     // A request without a seed gets a new one (llama-server's default seed is random).
     if args.seed == -1 {
-        sampler.seed = crate::generate::random_seed();
+        sampler.seed = crate::gen_args::random_seed();
     }
     Ok(GenParams {
         sampler,
@@ -492,7 +492,7 @@ pub fn run(args: ServeArgs) -> Result<(), CliError> {
     let path = crate::model_path(gen.model.clone());
     let mut api_keys: Vec<String> = args.api_key.iter().cloned().collect();
     if let Some(file) = &args.api_key_file {
-        let text = crate::generate::read_text_file(file)?;
+        let text = crate::text_input::read_text_file(file)?;
         api_keys.extend(text.lines().map(str::trim).filter(|l| !l.is_empty()).map(str::to_string));
     }
     let model_name = args.alias.clone().unwrap_or_else(|| {
@@ -625,7 +625,7 @@ fn load_engine(
     }
     let session = runtime.load(&path, opts, gen.verbose)?;
     let tok: &'static Tokenizer<'static> =
-        Box::leak(Box::new(crate::generate::tokenizer(&path, session.gguf())?));
+        Box::leak(Box::new(crate::tokenize::tokenizer(&path, session.gguf())?));
     let gguf = session.gguf();
     let chat_template_text = gguf.get_str_opt("tokenizer.chat_template").ok().flatten().map(str::to_string);
     let template = match &gen.chat_template {
@@ -770,7 +770,7 @@ async fn tokenize(AxState(shared): AxState<AppState>, body: Body) -> Result<Resp
     let with_pieces = f.bool("with_pieces")?.unwrap_or(false);
     let tok = state.ready.tok;
     let ids = if add_special {
-        crate::generate::encode(tok, content, parse_special).unwrap_or_default()
+        crate::tokenize::encode(tok, content, parse_special).unwrap_or_default()
     } else {
         encode_plain(tok, content, parse_special)
     };
