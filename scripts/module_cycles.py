@@ -13,7 +13,7 @@ naming its own descendants (`mod b;`, `pub use b::X`, `b::f()`, `self::b::`: the
 parent's parts), and paths into other crates (`pinfer::`, `std::`), which cannot form circles.
 
 It prints every strongly connected component with more than one module (exit 1 if there is any), or,
-with --order, each crate's modules in an order where no module names one printed after it.
+with --order, each crate's modules by height (a module above every module it names).
 """
 
 import os
@@ -209,6 +209,19 @@ def components(edges):
     return out
 
 
+def levels(edges, comps):
+    """Modules by height: a module's is one more than the highest it names (0: it names none)."""
+    comp_of = {m: i for i, comp in enumerate(comps) for m in comp}
+    height = []
+    for i, comp in enumerate(comps):  # dependencies come first
+        deps = [height[comp_of[t]] for m in comp for t in edges[m] if comp_of[t] != i]
+        height.append(1 + max(deps) if deps else 0)
+    rows = [[] for _ in range(max(height, default=-1) + 1)]
+    for i, comp in enumerate(comps):
+        rows[height[i]].append(" + ".join(name(m) for m in comp))
+    return [sorted(r) for r in rows]
+
+
 def name(mod):
     return "::".join(mod) or "(root)"
 
@@ -220,9 +233,9 @@ def main():
         edges = crate_graph(os.path.join(ROOT, root_file))
         comps = components(edges)
         if order:
-            print(f"{crate}: dependencies first")
-            for comp in comps:
-                print("  " + " + ".join(name(m) for m in comp))
+            print(f"{crate}: each module above every module it names")
+            for level, mods in enumerate(levels(edges, comps)):
+                print(f"  {level:2}: " + ", ".join(mods))
         for comp in comps:
             if len(comp) < 2:
                 continue
