@@ -7,10 +7,11 @@
 //! text is hashed while merging. Symbols live at the byte offset where they start; the next symbol
 //! is at `i + len[i]`. Working memory: 6 words per byte of the word, O(n log n) time.
 
+use super::hash::ByteLevel;
 use super::heap::{Heap, NONE};
 use super::unicode::char_at;
 use super::unicode::{BYTE_TO_UTF8, SPACE};
-use super::{ByteLevel, Out, TokError, Tokenizer, SCRATCH};
+use super::{Out, TokError, Tokenizer, SCRATCH};
 
 /// Words of scratch a word of `n` bytes needs.
 pub(crate) fn scratch_for(n: usize) -> usize {

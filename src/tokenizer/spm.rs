@@ -7,9 +7,10 @@
 //! (unit 0 is the added space when there is one) and lookups escape on the fly. Working memory: 5
 //! words per unit, O(n log n) time.
 
+use super::hash::Key;
 use super::heap::{Heap, NONE};
 use super::unicode::{utf8_len, SPACE};
-use super::{Key, Out, TokError, Tokenizer, SCRATCH};
+use super::{Out, TokError, Tokenizer, SCRATCH};
 
 /// The escaped text of units `a..b` of a fragment.
 struct Escaped<'t> {
