@@ -49,7 +49,7 @@ def strip(src):
 def use_paths(tree):
     """Expands a use tree (`crate::{a, b::{c, self}}`) into its paths, as lists of names."""
     pos = 0
-    tree = re.sub(r"\s+", "", tree)
+    tree = re.sub(r"\s+", "", re.sub(r"\s+as\s+\w+", "", tree))
 
     def parse(prefix):
         nonlocal pos
@@ -63,11 +63,11 @@ def use_paths(tree):
                         pos += 1
                 pos += 1
                 return out
-            m = re.compile(r"(\$?\w+|\*)(?:as\w+)?").match(tree, pos)
+            m = re.compile(r"\$?\w+|\*").match(tree, pos)
             if not m:
                 return out
             pos = m.end()
-            name = m.group(1)
+            name = m.group(0)
             path = prefix if name in ("self", "*") and prefix else prefix + [name]
             if tree.startswith("::", pos):
                 pos += 2
