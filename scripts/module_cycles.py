@@ -5,15 +5,17 @@ For each crate root (the library `src/lib.rs`, the binary `src/bin/pinfer/main.r
 `boards/qemu-virt/src/main.rs`) it walks the `mod x;` declarations (and `#[path = "..."]`) to the files
 they name; one file is one module (inline `mod x { ... }` blocks, such as tests, count as their file).
 
-What counts as module A depending on module B: A's code (comments and string literals left out) names
-a path that starts with `crate::`, `$crate::`, `super::` or `self::` (in `use` trees too) and resolves to
-B: the longest prefix of the path that is a module (an item a module re-exports counts as that
-module's). So a child's `super::Item` is a dependency on its parent. What does not count: a module
-naming its own descendants (`mod b;`, `pub use b::X`, `b::f()`, `self::b::`: the children are the
-parent's parts), and paths into other crates (`pinfer::`, `std::`), which cannot form circles.
+What counts as module A depending on module B: A's code (comments and string literals left out, every
+`cfg` taken) names a path that starts with `crate::`, `$crate::`, `super::` or `self::` (in `use` trees
+too) and resolves to B: the longest prefix of the path that is a module. So a child's `super::Item` is
+a dependency on its parent. What does not count: a module naming its own descendants (`mod b;`,
+`pub use b::X`, `b::f()`, `self::b::`): the children are the parent's parts, and counting them would
+make every parent whose children use `super::` items one circle with them. Paths into other crates
+(`pinfer::`, `std::`) cannot form circles and are not followed. An item a module re-exports counts as
+that module's: a circle through a parent's re-export of its child's items is not seen.
 
-It prints every strongly connected component with more than one module (exit 1 if there is any), or,
-with --order, each crate's modules by height (a module above every module it names).
+It prints every strongly connected component with more than one module (exit 1 if there is any);
+with --order, first each crate's modules by height (a module above every module it names).
 """
 
 import os
