@@ -12,7 +12,9 @@ a dependency on its parent. What does not count: a module naming its own descend
 `pub use b::X`, `b::f()`, `self::b::`): the children are the parent's parts, and counting them would
 make every parent whose children use `super::` items one circle with them. Paths into other crates
 (`pinfer::`, `std::`) cannot form circles and are not followed. An item a module re-exports counts as
-that module's: a circle through a parent's re-export of its child's items is not seen.
+that module's, so a circle through a parent's re-export of its child's items is not seen; with
+--reexports, a name a module re-exports (`pub use x::Item`, `pub use x::*`; items found by their
+`fn`/`struct`/... keyword) counts as the module that defines it.
 
 It prints every strongly connected component with more than one module (exit 1 if there is any);
 with --order, first each crate's modules by height (a module above every module it names).
@@ -41,6 +43,10 @@ TOKEN = re.compile(
     r"|(?P<path>\$?\b(?:crate|super|self)(?:\s*::\s*\w+)+)"
     r"|(?P<open>\{)|(?P<close>\})"
 )
+
+
+ITEM = re.compile(r"\b(?:fn|struct|enum|const|static|trait|type|union)\s+(\w+)|\bmacro_rules!\s*(\w+)")
+PUB_USE = re.compile(r"\bpub(?:\([^)]*\))?\s+use\s+([^;]*);")
 
 
 def strip(src):
@@ -121,10 +127,11 @@ def crate_modules(root_file):
 
 
 def resolve(names, current, modules):
-    """The module a path names from module `current` (inline modules included), or None."""
+    """The module a path names from module `current` (inline modules included) and the rest of the
+    path after it, or (None, [])."""
     names = [n.lstrip("$") for n in names]
     if not names or names[0] not in ("crate", "super", "self"):
-        return None
+        return None, []
     base = list(current)
     if names[0] == "crate":
         base, names = [], names[1:]
@@ -135,12 +142,37 @@ def resolve(names, current, modules):
     full = base + names
     for n in range(len(full), -1, -1):
         if tuple(full[:n]) in modules:
-            return tuple(full[:n])
-    return None
+            return tuple(full[:n]), full[n:]
+    return None, []
 
 
-def crate_graph(root_file):
+def reexports(modules):
+    """Per module, each name it re-exports from another module (`pub use x::Item`, `pub use x::*`)
+    and the module that defines it (--reexports)."""
+    texts = {}
+    for mod, file in modules.items():
+        with open(file, encoding="utf-8") as f:
+            texts[mod] = strip(f.read())
+    defined = {m: {a or b for a, b in ITEM.findall(t)} for m, t in texts.items()}
+    table = {}
+    for mod, text in texts.items():
+        names = {}
+        for tree in PUB_USE.findall(text):
+            for p in use_paths(tree):
+                p = p if p[0] in ("crate", "super", "self") else ["self"] + p
+                whole, rest = resolve(p, mod, modules)
+                if whole is not None and whole != mod and not rest:  # a module's every item
+                    for n in defined[whole]:
+                        names.setdefault(n, whole)
+                elif whole is not None and whole != mod and len(rest) == 1 and rest[0] in defined[whole]:
+                    names[rest[0]] = whole
+        table[mod] = names
+    return table
+
+
+def crate_graph(root_file, follow_reexports=False):
     modules = crate_modules(root_file)
+    rex = reexports(modules) if follow_reexports else {}
     edges = {m: set() for m in modules}
     for mod, file in modules.items():
         with open(file, encoding="utf-8") as f:
@@ -168,12 +200,16 @@ def crate_graph(root_file):
             else:
                 continue
             for p in paths:
-                target = resolve(p, current, modules)
+                target, rest = resolve(p, current, modules)
                 if target is None:
                     continue
                 # An inline module is part of its file's module.
                 while target not in edges:
                     target = target[:-1]
+                seen = {target}
+                while rest and rest[0] in rex.get(target, {}) and rex[target][rest[0]] not in seen:
+                    target = rex[target][rest[0]]
+                    seen.add(target)
                 # A module's own descendants are its parts, not its dependencies.
                 if target[: len(mod)] != mod:
                     edges[mod].add(target)
@@ -230,9 +266,10 @@ def name(mod):
 
 def main():
     order = "--order" in sys.argv[1:]
+    follow = "--reexports" in sys.argv[1:]
     found = 0
     for crate, root_file in CRATES:
-        edges = crate_graph(os.path.join(ROOT, root_file))
+        edges = crate_graph(os.path.join(ROOT, root_file), follow)
         comps = components(edges)
         if order:
             print(f"{crate}: each module above every module it names")
