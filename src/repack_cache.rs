@@ -66,8 +66,9 @@ pub const NOTE: &str = "pinfer repacked-weight cache: the tensors listed in pinf
 /// The architecture caches made here are for.
 pub const ARCH: &str = std::env::consts::ARCH;
 
-/// The placement of every tensor of `model` in a decode session with repacking on or off (what
-/// [`crate::session::Session::new`] decides, from the engine's decode graph), for `pinfer info` and [`write_cache`].
+/// The placement of every tensor of `model` in a decode session with repacking on or off (what a
+/// session decides, from the engine's decode graph): the tensors a cache repacks ([`write_cache`]),
+/// and `pinfer info --placement`.
 pub fn decode_placements(model: &ModelFile, repack: bool) -> Result<Vec<Placement>, EngineError> {
     let gguf = Gguf::parse(model.bytes()).map_err(EngineError::Gguf)?;
     let model = Model::from_gguf(model.bytes(), gguf)?;
