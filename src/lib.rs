@@ -29,6 +29,7 @@ pub mod gguf;
 pub mod graph;
 pub mod kernels;
 pub mod model;
+pub mod op;
 pub mod placement;
 pub mod quant;
 pub mod sampler;

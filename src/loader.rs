@@ -20,6 +20,10 @@ pub const DEFAULT_MODEL_PATH: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
 /// The one command that fetches the default model.
 pub const FETCH_MODEL_COMMAND: &str = "scripts/setup.sh model";
 
+/// The key a repack cache ([`crate::repack_cache`]) holds its packed layout version in: a file
+/// that has it and does not parse is a damaged cache.
+pub const KEY_LAYOUT: &str = "pinfer.repack.layout";
+
 /// A model file mapped into memory (or read into it: [`ModelFile::read`]).
 pub struct ModelFile {
     path: PathBuf,
@@ -232,7 +236,7 @@ impl ModelFile {
             // A cache names itself in its header: the remedy is to repack, not to download.
             // (after the vocabulary: search the first 64 MiB; this is the error path only).
             let head = &self.map[..self.map.len().min(64 << 20)];
-            let key = crate::repack_cache::KEY_LAYOUT.as_bytes();
+            let key = KEY_LAYOUT.as_bytes();
             if head.windows(key.len()).any(|w| w == key) {
                 LoadError::DamagedCache { path: self.path.clone(), source }
             } else {

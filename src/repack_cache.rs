@@ -37,7 +37,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::vec::Vec;
 
 use crate::arena::ARENA_ALIGN;
-use crate::engine::EngineError;
+use crate::engine::{graph_slots, EngineConfig, EngineError, GraphSlot, Model, Planned};
 use crate::exec::PackedEntry;
 use crate::gguf::write::{GgufWriter, TensorHeader};
 use crate::gguf::{Gguf, TensorInfo, Value};
@@ -46,8 +46,8 @@ use crate::loader::{LoadError, ModelFile};
 use crate::output_file::OutputFile;
 use crate::placement::{Buffer, Placement, Reason};
 
-/// The packed layout version of a cache (u32).
-pub const KEY_LAYOUT: &str = "pinfer.repack.layout";
+/// The packed layout version of a cache (u32; the loader recognises a cache by it).
+pub use crate::loader::KEY_LAYOUT;
 /// The CPU architecture a cache was made for (string).
 pub const KEY_ARCH: &str = "pinfer.repack.arch";
 /// The repacked tensors, one name per line (string).
@@ -65,6 +65,19 @@ pub const NOTE: &str = "pinfer repacked-weight cache: the tensors listed in pinf
 
 /// The architecture caches made here are for.
 pub const ARCH: &str = std::env::consts::ARCH;
+
+/// The placement of every tensor of `model` in a decode session with repacking on or off (what a
+/// session decides, from the engine's decode graph): the tensors a cache repacks ([`write_cache`]),
+/// and `pinfer info --placement`.
+pub fn decode_placements(model: &ModelFile, repack: bool) -> Result<Vec<Placement>, EngineError> {
+    let gguf = Gguf::parse(model.bytes()).map_err(EngineError::Gguf)?;
+    let model = Model::from_gguf(model.bytes(), gguf)?;
+    let n_ctx = (model.hparams().n_ctx_train as usize).clamp(1, 256);
+    let config = EngineConfig { n_ctx, n_batch: 1, repack, ..EngineConfig::default() };
+    let slots: Vec<GraphSlot> = (0..graph_slots(&config)).map(|_| GraphSlot::new()).collect();
+    let planned = Planned::new(model, &config, slots)?;
+    Ok(planned.model().gguf().tensors().map(|t| planned.placement_of(&t)).collect())
+}
 
 /// Whether `gguf` is a repacked-weight cache (of any version).
 pub fn is_cache(gguf: &Gguf<'_>) -> bool {
@@ -332,7 +345,7 @@ pub fn write_cache(
             "{in_name} is already a pinfer repack cache: repack the original GGUF instead"
         )));
     }
-    let placements = crate::session::decode_placements(&model, true).map_err(CacheError::Model)?;
+    let placements = decode_placements(&model, true).map_err(CacheError::Model)?;
     let tensors: Vec<TensorInfo<'_>> = gguf.tensors().collect();
     if tensors.len() != gguf.tensor_count() {
         return Err(cache_error(format!("{in_name}: could not read every tensor info")));

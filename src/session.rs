@@ -280,18 +280,6 @@ fn open_adapters(
     Ok(Some(Vec::leak(adapters)))
 }
 
-/// The placement of every tensor of `model` in a decode session with repacking on or off (what
-/// [`Session::new`] decides, from the engine's decode graph), for `pinfer info` and `pinfer repack`.
-pub fn decode_placements(model: &ModelFile, repack: bool) -> Result<Vec<Placement>, EngineError> {
-    let gguf = Gguf::parse(model.bytes()).map_err(EngineError::Gguf)?;
-    let model = Model::from_gguf(model.bytes(), gguf)?;
-    let n_ctx = (model.hparams().n_ctx_train as usize).clamp(1, 256);
-    let config = EngineConfig { n_ctx, n_batch: 1, repack, ..EngineConfig::default() };
-    let slots: Vec<GraphSlot> = (0..graph_slots(&config)).map(|_| GraphSlot::new()).collect();
-    let planned = Planned::new(model, &config, slots)?;
-    Ok(planned.model().gguf().tensors().map(|t| planned.placement_of(&t)).collect())
-}
-
 impl From<crate::repack_cache::CacheError> for SessionError {
     fn from(e: crate::repack_cache::CacheError) -> Self {
         use crate::repack_cache::CacheError;

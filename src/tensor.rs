@@ -5,7 +5,7 @@
 //! planned activation slot or a persistent region such as the KV cache), or is a view of another
 //! tensor's data.
 
-use crate::graph::{Op, OpParams};
+use crate::op::{Op, OpParams};
 use crate::quant::GgmlType;
 
 /// Most sources an op reads (flash attention: queries, keys, values, token positions).

@@ -2,7 +2,7 @@
 
 use core::fmt;
 
-use super::value::ValueType;
+use super::value_type::ValueType;
 
 /// A key or tensor name carried by an error (truncated to fit; long names are hostile anyway).
 pub type Name = heapless::String<64>;

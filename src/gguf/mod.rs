@@ -12,13 +12,15 @@
 
 mod error;
 mod value;
+mod value_type;
 #[cfg(feature = "std")]
 pub mod write;
 
 use core::str;
 
 pub use error::{GgufError, Name};
-pub use value::{ArrayIter, ArrayView, Value, ValueType, MAX_ARRAY_DEPTH, MAX_STRING_LEN};
+pub use value::{ArrayIter, ArrayView, Value, MAX_ARRAY_DEPTH, MAX_STRING_LEN};
+pub use value_type::ValueType;
 
 use crate::quant::GgmlType;
 pub(crate) use error::name_of;

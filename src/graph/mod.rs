@@ -4,12 +4,11 @@
 //! [`Graph::build`] then orders the nodes that the outputs need, sources first. Nothing allocates:
 //! storage is a `heapless::Vec` of capacity `N` (default [`GRAPH_CAPACITY`], set at build time).
 
-mod op;
 pub mod plan;
 
 use core::fmt::{self, Write};
 
-pub use op::{Mask, Op, OpParams, RopeMode};
+pub use crate::op::{Mask, Op, OpParams, RopeMode};
 pub use plan::{plan, plan_unshared, Plan, PlanError};
 
 use crate::build_config::GRAPH_CAPACITY;

@@ -7,14 +7,11 @@
 //! text is hashed while merging. Symbols live at the byte offset where they start; the next symbol
 //! is at `i + len[i]`. Working memory: 6 words per byte of the word, O(n log n) time.
 
+use super::hash::ByteLevel;
 use super::heap::{Heap, NONE};
-use super::spm::SPACE;
 use super::unicode::char_at;
-use super::unicode::BYTE_TO_UTF8;
-use super::{ByteLevel, Out, TokError, Tokenizer};
-
-/// Internal marker: the scratch is too small (the caller reports the real sizes).
-pub(crate) const SCRATCH: TokError = TokError::ScratchTooSmall { needed: 0, got: 0 };
+use super::unicode::{BYTE_TO_UTF8, SPACE};
+use super::{Out, TokError, Tokenizer, SCRATCH};
 
 /// Words of scratch a word of `n` bytes needs.
 pub(crate) fn scratch_for(n: usize) -> usize {

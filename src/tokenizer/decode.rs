@@ -20,7 +20,7 @@ impl Tokenizer<'_> {
                     // U+2581 -> space
                     let mut i = 0;
                     while i < text.len() {
-                        if text[i..].starts_with(&super::spm::SPACE) {
+                        if text[i..].starts_with(&super::unicode::SPACE) {
                             f(b' ');
                             i += 3;
                         } else {

@@ -9,9 +9,8 @@
 //! in bitmaps in the scratch (candidates, taken, token start, dropped white space): the partition
 //! needs n/8 words and O(n + candidates x lengths) time.
 
-use super::bpe::SCRATCH;
 use super::unicode::is_c_space;
-use super::{TokError, TokenAttr, Tokenizer, SPECIAL_WORDS};
+use super::{TokError, TokenAttr, Tokenizer, SCRATCH, SPECIAL_WORDS};
 
 /// A piece of the partitioned text.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

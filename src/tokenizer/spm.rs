@@ -7,10 +7,10 @@
 //! (unit 0 is the added space when there is one) and lookups escape on the fly. Working memory: 5
 //! words per unit, O(n log n) time.
 
-use super::bpe::SCRATCH;
+use super::hash::Key;
 use super::heap::{Heap, NONE};
-use super::unicode::utf8_len;
-use super::{Key, Out, TokError, Tokenizer};
+use super::unicode::{utf8_len, SPACE};
+use super::{Out, TokError, Tokenizer, SCRATCH};
 
 /// The escaped text of units `a..b` of a fragment.
 struct Escaped<'t> {
@@ -20,9 +20,6 @@ struct Escaped<'t> {
     a: usize,
     b: usize,
 }
-
-/// U+2581, SentencePiece's escaped space.
-pub(crate) const SPACE: [u8; 3] = [0xE2, 0x96, 0x81];
 
 impl Escaped<'_> {
     #[inline]

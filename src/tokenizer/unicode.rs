@@ -1,7 +1,11 @@
 //! What the pre-tokenizers need to know about a code point (its class and whether it is white space),
-//! UTF-8 stepping over `&str` bytes, and GPT-2's byte-level mapping between bytes and characters.
+//! UTF-8 stepping over `&str` bytes, GPT-2's byte-level mapping between bytes and characters, and
+//! SentencePiece's escaped space.
 
 use super::unicode_tables::{N_RANGES, RANGE_CLASS, RANGE_START, WHITESPACE};
+
+/// U+2581 in UTF-8, SentencePiece's escaped space.
+pub(crate) const SPACE: [u8; 3] = [0xE2, 0x96, 0x81];
 
 /// A code point's class as llama.cpp's `unicode_cpt_flags` sees it, plus white space, packed in a
 /// byte. [`Flags::OUT`] (all zero) stands for "outside the text being split", like llama.cpp's

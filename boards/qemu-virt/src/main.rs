@@ -16,6 +16,8 @@
 
 mod console;
 mod platform;
+mod semihosting;
+mod uart;
 
 use core::fmt::{self, Write};
 
@@ -24,8 +26,9 @@ use pinfer::engine::{
 };
 use pinfer::tokenizer::{StreamDecoder, TokError, Tokenizer};
 
-use console::{diag, Uart};
+use console::diag;
 use platform::{BootHeader, Exit, Region};
+use uart::Uart;
 
 core::arch::global_asm!(include_str!("boot.s"));
 

@@ -239,7 +239,7 @@ impl Exit {
     /// Ends with `status` (0 = success): a semihosting exit, PSCI power-off, or a halt.
     pub fn finish(self, status: u32) -> ! {
         if self.0 & flags::SEMIHOSTING != 0 {
-            crate::console::semihosting_exit(status);
+            crate::semihosting::semihosting_exit(status);
         }
         if self.0 & (flags::PSCI_HVC | flags::PSCI_SMC) != 0 {
             const SYSTEM_OFF: u64 = 0x8400_0008;
@@ -251,7 +251,7 @@ impl Exit {
                 unsafe { core::arch::asm!("smc #0", in("x0") SYSTEM_OFF, options(nostack)) };
             }
         }
-        let _ = core::fmt::Write::write_str(&mut crate::console::Uart, "pinfer: halted\n");
+        let _ = core::fmt::Write::write_str(&mut crate::uart::Uart, "pinfer: halted\n");
         loop {
             // SAFETY: waits for an event; nothing to be sound about.
             unsafe { core::arch::asm!("wfe", options(nomem, nostack)) };

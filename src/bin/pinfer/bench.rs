@@ -405,7 +405,7 @@ pub fn run(args: BenchArgs) -> Result<(), CliError> {
         other => other,
     })?;
     let cores = runtime.cores(&session);
-    let tok = crate::generate::tokenizer(&path, session.gguf())?;
+    let tok = crate::tokenize::tokenizer(&path, session.gguf())?;
     let bos = tok.bos();
     let (size_bytes, n_params) =
         session.gguf().tensors().fold((0u64, 0u64), |(b, e), t| (b + t.nbytes, e + t.n_elements()));

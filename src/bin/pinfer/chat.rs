@@ -9,9 +9,12 @@ use pinfer::generate::{Generator, Stop};
 use pinfer::gguf::Gguf;
 use pinfer::session::SessionError;
 
-use crate::generate::{encode, encode_with, gen_error, load, print_piece, process_escapes, GenArgs};
+use crate::gen_args::{load, set_speculative, GenArgs};
+use crate::gen_loop::{gen_error, print_piece};
 use crate::runtime::CacheCheck;
 use crate::signals::{take_interrupt, Polled};
+use crate::text_input::process_escapes;
+use crate::tokenize::{encode, encode_with};
 use crate::CliError;
 
 /// The chat template: `--chat-template` (a built-in name or a template text to recognise), else
@@ -68,7 +71,7 @@ pub fn chat(args: GenArgs) -> Result<(), CliError> {
     let stops: Vec<&str> = args.reverse_prompt.iter().map(String::as_str).collect();
     gen.ignore_eos = args.ignore_eos;
     gen.set_stop_strings(&stops);
-    crate::generate::set_speculative(&args, &session, &tok, &mut gen)?;
+    set_speculative(&args, &session, &tok, &mut gen)?;
     let mut vocab = None;
     let mut turns: Vec<(Role, String)> = system.into_iter().map(|s| (Role::System, s)).collect();
     // --context-shift: `--keep -1` keeps the system message's tokens through a shift inside a

@@ -666,13 +666,13 @@ fn train(args: FinetuneArgs) -> Result<(), CliError> {
             e.utf8_error().valid_up_to()
         ))
     })?;
-    let tok = crate::generate::tokenizer(&args.model, &gguf)?;
+    let tok = crate::tokenize::tokenizer(&args.model, &gguf)?;
     let chat = match args.format.as_str() {
         "chat" => true,
         "text" => false,
         _ => args.file.extension().is_some_and(|e| e.eq_ignore_ascii_case("jsonl")),
     };
-    let encode = |s: &str, special: bool| crate::generate::encode_with(&tok, s, special, true);
+    let encode = |s: &str, special: bool| crate::tokenize::encode_with(&tok, s, special, true);
     let windows = if chat {
         let template = crate::chat::template_for(args.chat_template.as_deref(), &gguf, &args.model)?;
         chat_windows(&args.file, &text, template, args.ctx, &encode)?

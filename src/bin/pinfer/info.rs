@@ -34,7 +34,7 @@ struct Report<'a> {
 /// The placement of every tensor, as a session would decide it: from the decode graph's use of
 /// each tensor, or from names and shapes for an architecture without a graph builder yet.
 fn plan_placement(model: &ModelFile, gguf: &Gguf<'_>, repack: bool) -> (Vec<Placement>, Option<String>) {
-    match pinfer::session::decode_placements(model, repack) {
+    match pinfer::repack_cache::decode_placements(model, repack) {
         Ok(rows) => (rows, None),
         Err(e) => {
             let tied = gguf.tensor("output.weight").is_none();

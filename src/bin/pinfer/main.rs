@@ -17,6 +17,8 @@ mod chat;
 mod doctor;
 mod export_lora;
 mod finetune;
+mod gen_args;
+mod gen_loop;
 mod generate;
 mod grammar_args;
 mod info;
@@ -31,6 +33,8 @@ mod repack;
 mod runtime;
 mod serve;
 mod signals;
+mod text_input;
+mod tokenize;
 
 use runtime::RuntimeArgs;
 
@@ -45,7 +49,7 @@ struct Cli {
 enum Command {
     /// Generate text from a prompt (streams it; timings on stderr). llama-cli's options; with
     /// -cnv or -i, a conversation (as `chat`).
-    Generate(generate::GenArgs),
+    Generate(gen_args::GenArgs),
     /// Describe a model file: architecture, size, quant mix, hyper-parameters, tokenizer.
     Info {
         /// Model file (GGUF). Default: the model fetched by scripts/setup.sh.
@@ -90,7 +94,7 @@ enum Command {
     },
     /// Chat interactively with the model's chat template (one message per line; empty line ends;
     /// Ctrl-C stops a reply). Takes generate's options.
-    Chat(generate::GenArgs),
+    Chat(gen_args::GenArgs),
     /// Perplexity of a text file, scored as llama.cpp's llama-perplexity scores it (prints
     /// `Final estimate: PPL = X +/- E`); with --kl-divergence, compared with llama.cpp's logits.
     Perplexity(perplexity::PerplexityArgs),
@@ -178,16 +182,16 @@ fn run(cli: Cli) -> Result<(), CliError> {
         }
         Command::Boards { runtime } => info::boards(&runtime),
         Command::Generate(args) => generate::generate(args),
-        Command::Chat(args) => chat::chat(generate::GenArgs { conversation: true, ..args }),
+        Command::Chat(args) => chat::chat(gen_args::GenArgs { conversation: true, ..args }),
         Command::Perplexity(args) => perplexity::run(args),
         Command::Tokenize { model, prompt, file, ids, parse_special } => {
             let text = match (prompt, file) {
                 (Some(p), _) => p,
-                (None, Some(f)) if f.as_os_str() == "-" => generate::read_stdin()?,
-                (None, Some(f)) => generate::read_text_file(&f)?,
+                (None, Some(f)) if f.as_os_str() == "-" => text_input::read_stdin()?,
+                (None, Some(f)) => text_input::read_text_file(&f)?,
                 (None, None) => return Err(CliError::new("give the text with -p TEXT or -f FILE".into())),
             };
-            generate::tokenize(&model_path(model), &text, ids, parse_special)
+            tokenize::tokenize(&model_path(model), &text, ids, parse_special)
         }
         Command::Bench(args) => bench::run(args),
         Command::Quantize(args) => quantize::run(args),

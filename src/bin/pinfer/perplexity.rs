@@ -90,16 +90,16 @@ pub fn run(args: PerplexityArgs) -> Result<(), CliError> {
     }
     let n_ctx = check_ctx(args.ctx)?;
     let file = args.file.as_deref().unwrap_or(std::path::Path::new("-"));
-    let mut text = crate::generate::read_text_file(file)?;
+    let mut text = crate::text_input::read_text_file(file)?;
     // llama.cpp's -f drops one trailing newline.
     if text.ends_with('\n') {
         text.pop();
     }
     let mut session = load(&runtime, &path, n_ctx, args.batch)?;
     let mut check = CacheCheck::start(&session, &path);
-    let tok = crate::generate::tokenizer(&path, session.gguf())?;
+    let tok = crate::tokenize::tokenizer(&path, session.gguf())?;
     // One stream, BOS first when the model adds one (llama-perplexity tokenizes with add_special).
-    let tokens = crate::generate::encode(&tok, &text, false)?;
+    let tokens = crate::tokenize::encode(&tok, &text, false)?;
     let bos = tok.bos().filter(|_| tok.add_bos());
     if tokens.len() < 2 * n_ctx {
         return Err(CliError::new(format!(
@@ -235,7 +235,7 @@ fn kl_divergence(args: &PerplexityArgs, path: &std::path::Path, runtime: &Runtim
     }
     let mut session = load(runtime, path, n_ctx, args.batch)?;
     let mut check = CacheCheck::start(&session, path);
-    let tok = crate::generate::tokenizer(path, session.gguf())?;
+    let tok = crate::tokenize::tokenizer(path, session.gguf())?;
     let bos = tok.bos().filter(|_| tok.add_bos());
     let available = reader.n_chunk;
     let n_chunks = if args.chunks < 0 { available } else { available.min(args.chunks as usize) };

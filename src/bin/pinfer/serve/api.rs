@@ -275,7 +275,7 @@ pub fn gen_params(
         s.frequency_penalty = v;
     }
     if let Some(seed) = f.i64("seed")? {
-        s.seed = if seed < 0 { crate::generate::random_seed() } else { seed as u64 };
+        s.seed = if seed < 0 { crate::gen_args::random_seed() } else { seed as u64 };
     }
     s.validate().map_err(|e| ApiError::invalid(e.to_string()))?;
     let limit_names: &[&str] = match dialect {
@@ -440,7 +440,7 @@ fn logit_bias(state: &State<'_>, f: &Fields<'_>) -> Result<Vec<(u32, f32)>, ApiE
                 Ok(id) => Err(ApiError::invalid(format!(
                     "'logit_bias': token id {id} is outside the vocabulary ({n_vocab} tokens)"
                 ))),
-                Err(_) => Ok(super::encode_plain(state.ready.tok, s, false)),
+                Err(_) => Ok(super::tokens::encode_plain(state.ready.tok, s, false)),
             },
             _ => Err(bad()),
         }
@@ -520,4 +520,33 @@ fn apply_samplers(p: &mut GenParams, list: &[Value]) -> Result<(), ApiError> {
         s.temperature = 1.0;
     }
     Ok(())
+}
+
+/// Seconds since the epoch.
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+/// Now as RFC 3339 in UTC with nanoseconds (Ollama's `created_at`).
+pub fn rfc3339_now() -> String {
+    let d = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    let secs = d.as_secs();
+    let (days, rem) = (secs / 86400, secs % 86400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:09}Z",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60,
+        d.subsec_nanos()
+    )
 }

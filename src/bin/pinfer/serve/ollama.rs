@@ -8,13 +8,13 @@ use axum::response::Response;
 use pinfer::chat::Role;
 use serde_json::{json, Value};
 
-use super::api::{gen_params, json_response, read_json, ApiError, Dialect, Fields};
+use super::api::{gen_params, json_response, read_json, rfc3339_now, ApiError, Dialect, Fields};
+use super::jobs::{collect, finish_reason, stream_events, stream_of, submit, Submitted};
+use super::prompt::{chat_prompt, render_chat};
 use super::slots::{Event, Summary};
+use super::tokens::encode;
 use super::tools;
-use super::{
-    chat_prompt, collect, encode, finish_reason, render_chat, rfc3339_now, stream_events, submit, AppState,
-    Shared,
-};
+use super::{AppState, Shared};
 
 /// The version Ollama clients see (a recent Ollama's: clients check for features by it).
 const OLLAMA_VERSION: &str = "0.12.0";
@@ -35,7 +35,7 @@ fn done_fields(v: &mut Value, s: &Summary) {
 
 /// Streams a generation as NDJSON lines made by `line` (text) and finished by `last`.
 fn ndjson(
-    sub: super::Submitted,
+    sub: Submitted,
     line: impl Fn(&str) -> Value + Send + 'static,
     last: impl Fn(&Summary) -> Value + Send + 'static,
 ) -> Response {
@@ -98,7 +98,7 @@ async fn chat_inner(shared: AppState, body: Body) -> Result<Response, ApiError> 
         }
         let first = json!({ "model": model, "created_at": rfc3339_now(), "message": v["message"].clone(), "done": false });
         v["message"] = message("");
-        return Ok(super::stream_of("application/x-ndjson", vec![format!("{first}\n"), format!("{v}\n")]));
+        return Ok(stream_of("application/x-ndjson", vec![format!("{first}\n"), format!("{v}\n")]));
     }
     if !stream {
         let c = collect(sub).await?;

@@ -9,12 +9,13 @@ use axum::response::Response;
 use pinfer::generate::Stop;
 use serde_json::{json, Map, Value};
 
-use super::api::{gen_params, json_response, read_json, ApiError, Dialect, Fields};
+use super::api::{gen_params, json_response, read_json, unix_now, ApiError, Dialect, Fields};
+use super::jobs::{collect, finish_reason, stream_events, stream_of, submit, Submitted};
+use super::prompt::chat_prompt;
 use super::slots::{Event, Summary, TokenProbs};
+use super::tokens::encode;
 use super::tools;
-use super::{
-    chat_prompt, collect, encode, finish_reason, stream_events, submit, unix_now, AppState, State, Submitted,
-};
+use super::{AppState, State};
 
 /// A response id: a prefix, the process's start and a counter.
 fn response_id(prefix: &str) -> String {
@@ -191,7 +192,7 @@ fn common(state: &State<'_>, body: &Map<String, Value>) -> Result<Common, ApiErr
 /// sent whole (as one chunk and the last when streaming), calls as `message.tool_calls` with
 /// their arguments as a JSON string and `finish_reason` "tool_calls".
 async fn tool_reply(
-    sub: super::Submitted,
+    sub: Submitted,
     t: &tools::Tools,
     id: String,
     created: u64,
@@ -250,7 +251,7 @@ async fn tool_reply(
     out.extend(closing(end, head(json!([]), chunk), &c.summary, include_usage));
     let mut body: Vec<String> = out.iter().map(sse).collect();
     body.push("data: [DONE]\n\n".into());
-    Ok(super::stream_of("text/event-stream", body))
+    Ok(stream_of("text/event-stream", body))
 }
 
 /// `POST /v1/chat/completions`.

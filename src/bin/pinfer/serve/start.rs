@@ -1,0 +1,252 @@
+//! `pinfer serve`'s start-up: the options checked, the HTTP listener, the engine thread loading the
+//! model, and the graceful stop.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc, OnceLock};
+use std::time::Duration;
+
+use pinfer::chat::ChatTemplate;
+use pinfer::tokenizer::Tokenizer;
+use serde_json::Map;
+
+use super::routes::router;
+use super::slots::{self, GenParams, Request as EngineRequest, Stats};
+use super::{Opts, Ready, ServeArgs, Shared};
+use crate::gen_args::GenArgs;
+use crate::CliError;
+
+fn sampler_defaults(args: &GenArgs) -> Result<GenParams, CliError> {
+    let mut sampler = args.sampler()?;
+    // A request without a seed gets a new one (llama-server's default seed is random).
+    if args.seed == -1 {
+        sampler.seed = crate::gen_args::random_seed();
+    }
+    Ok(GenParams {
+        sampler,
+        n_predict: args.limit(usize::MAX)?.filter(|&n| n != usize::MAX),
+        stops: args.reverse_prompt.clone(),
+        ignore_eos: args.ignore_eos,
+        logit_bias: Vec::new(),
+        n_probs: 0,
+        cache_prompt: true,
+        id_slot: None,
+        n_keep: (args.context_shift && !args.no_context_shift).then_some(args.keep),
+        // (`serve --grammar ...`: the grammar of every request that names none.)
+        grammar: args.grammar.spec()?,
+    })
+}
+
+/// `pinfer serve`.
+pub fn run(args: ServeArgs) -> Result<(), CliError> {
+    let gen = &args.gen;
+    if gen.prompt.is_some() || gen.file.is_some() || gen.conversation {
+        return Err(CliError::new(
+            "serve takes no prompt (-p/-f) or conversation (-cnv): requests bring them".into(),
+        ));
+    }
+    if gen.model_draft.is_some() {
+        return Err(CliError::new(
+            "--model-draft is for generate and chat; the server guesses with --lookup N".into(),
+        ));
+    }
+    if args.parallel == 0 || args.parallel > pinfer::engine::MAX_SEQ {
+        return Err(CliError::new(format!(
+            "--parallel {}: give 1 to {}",
+            args.parallel,
+            pinfer::engine::MAX_SEQ
+        )));
+    }
+    let defaults = sampler_defaults(gen)?;
+    let mut opts = gen.session_options()?;
+    if opts.n_batch < args.parallel {
+        return Err(CliError::new(format!(
+            "--parallel {} needs a batch of at least {} tokens (-b)",
+            args.parallel, args.parallel
+        )));
+    }
+    // -c is the whole cache, split between the slots (llama-server's rule).
+    let path = crate::model_path(gen.model.clone());
+    let mut api_keys: Vec<String> = args.api_key.iter().cloned().collect();
+    if let Some(file) = &args.api_key_file {
+        let text = crate::text_input::read_text_file(file)?;
+        api_keys.extend(text.lines().map(str::trim).filter(|l| !l.is_empty()).map(str::to_string));
+    }
+    let model_name = args.alias.clone().unwrap_or_else(|| {
+        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        name.strip_suffix(".gguf").unwrap_or(&name).to_string()
+    });
+    let model_bytes = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+    let shared = Arc::new(Shared {
+        opts: Opts {
+            body_limit: args.body_limit,
+            timeout: Duration::from_secs(args.timeout.max(1)),
+            api_keys,
+            metrics: args.metrics,
+            queue: args.queue,
+            slot_save_path: args.slot_save_path.clone(),
+        },
+        model_name,
+        model_path: path.clone(),
+        model_bytes,
+        stats: Arc::new(Stats::new(args.parallel)),
+        ready: OnceLock::new(),
+        in_flight: AtomicUsize::new(0),
+        stop: AtomicBool::new(false),
+    });
+
+    let addr: SocketAddr = format!("{}:{}", bracket_v6(&args.host), args.port)
+        .parse()
+        .map_err(|e| CliError::new(format!("--host {} --port {}: {e}", args.host, args.port)))?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| CliError::new(format!("starting the HTTP runtime: {e}")))?;
+    let listener = runtime
+        .block_on(tokio::net::TcpListener::bind(addr))
+        .map_err(|e| CliError::new(format!("listening on {addr}: {e}")))?;
+    let local = listener.local_addr().map_err(|e| CliError::new(e.to_string()))?;
+    errln!("pinfer: listening on http://{local} (loading {})", path.display());
+
+    // The engine thread loads the model (its pool's first worker is that thread), then serves.
+    let (jobs_tx, jobs_rx) = mpsc::sync_channel::<EngineRequest>(args.queue + args.parallel + 8);
+    let (loaded_tx, loaded_rx) = mpsc::channel::<Result<(), CliError>>();
+    let engine_shared = shared.clone();
+    let n_seq = args.parallel;
+    opts.n_seq = n_seq;
+    let total_ctx = gen.ctx;
+    let gen_args = gen.clone();
+    let engine = std::thread::Builder::new()
+        .name("pinfer-engine".into())
+        .stack_size(16 << 20)
+        .spawn(move || {
+            let result = load_engine(&gen_args, &engine_shared, total_ctx, n_seq, defaults, jobs_tx);
+            match result {
+                Ok(engine) => {
+                    let _ = loaded_tx.send(Ok(()));
+                    engine.serve(jobs_rx, &engine_shared.stop);
+                }
+                Err(e) => {
+                    let _ = loaded_tx.send(Err(e));
+                }
+            }
+        })
+        .map_err(|e| CliError::new(format!("starting the engine thread: {e}")))?;
+
+    let app = router(shared.clone());
+    crate::signals::serve_mode();
+    let shutdown_shared = shared.clone();
+    let server = async move {
+        let stopping = async move {
+            while !crate::signals::terminate_requested() {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            errln!("pinfer: stopping: no new requests; finishing the ones running");
+            // Requests still running after a grace period are cancelled.
+            let shared = shutdown_shared;
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_secs(10)).await;
+                shared.stop.store(true, Ordering::Relaxed);
+            });
+        };
+        axum::serve(listener, app).with_graceful_shutdown(stopping).await
+    };
+    // /health answers 503 while the model loads.
+    let server = runtime.spawn(server);
+    let loaded = runtime.block_on(async { tokio::task::spawn_blocking(move || loaded_rx.recv()).await });
+    let served = match loaded {
+        Ok(Ok(Ok(()))) => {
+            errln!("pinfer: model loaded; serving {n_seq} slot(s)");
+            // Runs until a stop is asked for and the requests still running have ended.
+            match runtime.block_on(server) {
+                Ok(result) => result.map_err(|e| CliError::new(format!("serving: {e}"))),
+                Err(e) => Err(CliError::new(format!("serving: {e}"))),
+            }
+        }
+        Ok(Ok(Err(e))) => Err(e),
+        _ => Err(CliError::new("the engine thread ended while loading".into())),
+    };
+    shared.stop.store(true, Ordering::Relaxed);
+    runtime.shutdown_timeout(Duration::from_secs(2));
+    // The engine thread waits for jobs that no longer come: the process ends without it.
+    drop(engine);
+    served
+}
+
+/// `::1` as `[::1]` for the socket address parser.
+fn bracket_v6(host: &str) -> String {
+    if host.contains(':') && !host.starts_with('[') {
+        format!("[{host}]")
+    } else {
+        host.to_string()
+    }
+}
+
+/// Loads the model on the engine thread and publishes what the handlers need.
+fn load_engine(
+    gen: &GenArgs,
+    shared: &Arc<Shared>,
+    total_ctx: usize,
+    n_seq: usize,
+    defaults: GenParams,
+    jobs: mpsc::SyncSender<EngineRequest>,
+) -> Result<slots::Engine, CliError> {
+    let path = crate::model_path(gen.model.clone());
+    let mut opts = gen.session_options()?;
+    opts.n_seq = n_seq;
+    let runtime = crate::runtime::Runtime::new(&gen.runtime)?;
+    // The context per slot: -c split between the slots (0: the default context each).
+    if total_ctx > 0 {
+        opts.n_ctx = (total_ctx / n_seq).max(1);
+    }
+    let session = runtime.load(&path, opts, gen.verbose)?;
+    let tok: &'static Tokenizer<'static> =
+        Box::leak(Box::new(crate::tokenize::tokenizer(&path, session.gguf())?));
+    let gguf = session.gguf();
+    let chat_template_text = gguf.get_str_opt("tokenizer.chat_template").ok().flatten().map(str::to_string);
+    let template = match &gen.chat_template {
+        Some(name) => ChatTemplate::from_name(name)
+            .or_else(|| ChatTemplate::detect(Some(name)).ok())
+            .ok_or_else(|| CliError::new(format!("--chat-template {name:?}: not a template pinfer knows")))?,
+        None => ChatTemplate::detect(chat_template_text.as_deref()).unwrap_or(ChatTemplate::ChatMl),
+    };
+    let hp = session.hparams();
+    if gen.lookup.is_some() && session.engine().has_recurrent_layers() {
+        return Err(CliError::new(
+            "--lookup: this model has recurrent layers, whose state cannot go back to a guess's position"
+                .into(),
+        ));
+    }
+    let arch = gguf.get_str_opt("general.architecture").ok().flatten().unwrap_or("").to_string();
+    let n_params: u64 = gguf.tensors().map(|t| t.n_elements()).sum();
+    // The type holding the most bytes (Ollama's `quantization_level`).
+    let mut by_type: Vec<(&str, u64)> = Vec::new();
+    for t in gguf.tensors() {
+        match by_type.iter_mut().find(|(name, _)| *name == t.ty.name()) {
+            Some(e) => e.1 += t.nbytes,
+            None => by_type.push((t.ty.name(), t.nbytes)),
+        }
+    }
+    let quant = by_type.iter().max_by_key(|e| e.1).map_or("", |e| e.0).to_string();
+    let ready = Ready {
+        tok,
+        template,
+        jobs,
+        n_slots: n_seq,
+        n_ctx: session.n_ctx(),
+        n_vocab: session.n_vocab(),
+        defaults,
+        arch,
+        quant,
+        n_params,
+        n_ctx_train: u64::from(hp.n_ctx_train),
+        chat_template_text,
+        empty: Map::new(),
+        slot_identity: crate::kv_file::Identity::of(&session),
+        vocab: std::sync::OnceLock::new(),
+    };
+    let engine = slots::Engine::new(session, tok, shared.stats.clone(), gen.lookup.unwrap_or(0));
+    let _ = shared.ready.set(ready);
+    Ok(engine)
+}

@@ -1,0 +1,66 @@
+//! The model's tokenizer for the front ends (tables kept for the process), encoding with the CLI's
+//! errors, and `pinfer tokenize`.
+
+use std::path::Path;
+
+use pinfer::gguf::Gguf;
+use pinfer::loader::ModelFile;
+use pinfer::tokenizer::{StreamDecoder, Tokenizer};
+
+use crate::CliError;
+
+/// The model's tokenizer, its tables in memory kept for the whole process (like the model).
+pub fn tokenizer(path: &Path, gguf: &Gguf<'static>) -> Result<Tokenizer<'static>, CliError> {
+    let fail = |e: pinfer::tokenizer::TokError| CliError::new(format!("{}: {e}", path.display()));
+    let words = Tokenizer::storage_words(gguf).map_err(fail)?;
+    let storage: &'static mut [u32] = Box::leak(vec![0u32; words].into_boxed_slice());
+    Tokenizer::new(gguf, storage).map_err(fail)
+}
+
+/// Token ids of `text` (BOS/EOS as the model says).
+pub fn encode(tok: &Tokenizer<'_>, text: &str, parse_special: bool) -> Result<Vec<u32>, CliError> {
+    encode_with(tok, text, parse_special, true)
+}
+
+/// Token ids of `text`, with BOS/EOS as the model says when `add_special`.
+pub fn encode_with(
+    tok: &Tokenizer<'_>,
+    text: &str,
+    parse_special: bool,
+    add_special: bool,
+) -> Result<Vec<u32>, CliError> {
+    let mut scratch = vec![0u32; tok.scratch_words(text.len())];
+    // About one token per byte at most, plus BOS, EOS and a space prefix; the tokenizer says how
+    // many it needs if that is not enough.
+    let mut ids = vec![0u32; text.len() + 4];
+    let n = match tok.encode_with_scratch(text, parse_special, add_special, &mut ids, &mut scratch) {
+        Err(pinfer::tokenizer::TokError::OutputTooSmall { needed, .. }) => {
+            ids.resize(needed, 0);
+            tok.encode_with_scratch(text, parse_special, add_special, &mut ids, &mut scratch)
+        }
+        other => other,
+    }
+    .map_err(|e| CliError::new(format!("tokenizing the prompt: {e}")))?;
+    ids.truncate(n);
+    Ok(ids)
+}
+
+/// `pinfer tokenize`: ids of a text; works on vocabulary-only files (no tensors are touched).
+pub fn tokenize(path: &Path, text: &str, ids_only: bool, parse_special: bool) -> Result<(), CliError> {
+    let model = ModelFile::open_static(path)?;
+    let gguf = model.parse()?;
+    pinfer::model::validate_vocab(&gguf).map_err(|e| CliError::new(format!("{}: {e}", path.display())))?;
+    let tok = tokenizer(path, &gguf)?;
+    let ids = encode(&tok, text, parse_special)?;
+    if ids_only {
+        let list: Vec<String> = ids.iter().map(u32::to_string).collect();
+        outln!("{}", list.join(" "))?;
+        return Ok(());
+    }
+    let mut piece = vec![0u8; StreamDecoder::buffer_len(&tok)];
+    for id in ids {
+        let n = tok.token_to_piece(id, true, &mut piece).map_err(|e| CliError::new(e.to_string()))?;
+        outln!("{id:6} -> '{}'", String::from_utf8_lossy(&piece[..n]))?;
+    }
+    Ok(())
+}
