@@ -7,7 +7,7 @@
 use core::fmt::Write;
 
 use super::kv::KvLayout;
-use super::transformer::{layer_rope, rope_factors_name, LayerRope, MODEL_BUFFER};
+use super::rope::{layer_rope, rope_factors_name, LayerRope};
 use super::{Activation, ArchTraits, EmbedScale, Experts, Gating};
 use crate::gguf::{name_of, Gguf, Name};
 use crate::graph::{Graph, GraphError, Mask};
@@ -16,6 +16,9 @@ use crate::model::lora::{Adapter, LoraError, MAX_ADAPTERS, MAX_LORA_PAIRS};
 use crate::model::{HParams, ModelError};
 use crate::quant::GgmlType;
 use crate::tensor::{Storage, TensorId};
+
+/// Index of the model file in the executor's buffer table.
+pub const MODEL_BUFFER: u8 = 0;
 
 /// Index of adapter `i`'s file in the executor's buffer table.
 const fn adapter_buffer(i: usize) -> u8 {

@@ -6,12 +6,15 @@
 
 mod blocks;
 mod kv;
+mod rope;
 mod transformer;
 
 use core::fmt;
 
+pub use blocks::MODEL_BUFFER;
 pub use kv::{CacheRows, KvLayout, KvTypeError, KvTypes};
-pub use transformer::{layer_rope, rope_factors_name, Forward, LayerRope, MODEL_BUFFER};
+pub use rope::{layer_rope, rope_factors_name, LayerRope};
+pub use transformer::Forward;
 
 use crate::gguf::Gguf;
 use crate::graph::{Graph, RopeMode};
