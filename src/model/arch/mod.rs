@@ -10,8 +10,9 @@ mod transformer;
 
 use core::fmt;
 
+pub use blocks::TrainedPair;
 pub use kv::{CacheRows, KvLayout, KvTypeError, KvTypes};
-pub use transformer::{layer_rope, rope_factors_name, Forward, LayerRope, MODEL_BUFFER};
+pub use transformer::{build_window, layer_rope, rope_factors_name, Forward, LayerRope, MODEL_BUFFER};
 
 use crate::gguf::Gguf;
 use crate::graph::{Graph, RopeMode};
