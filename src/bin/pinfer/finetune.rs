@@ -52,7 +52,7 @@ const TARGET_NAMES: [&str; 7] = ["q", "k", "v", "o", "gate", "up", "down"];
 #[derive(Args, Debug)]
 pub struct FinetuneArgs {
     /// The base model: an architecture whose blocks all have a backward (llama, qwen2, qwen3,
-    /// granite, smollm3, phi3, ...; mixtures of experts and recurrent layers are refused by name).
+    /// gemma3, granite, smollm3, phi3; mixtures of experts and recurrent layers are refused).
     #[arg(short = 'm', long = "model")]
     pub model: PathBuf,
     /// Training data: a text file, or a JSONL file of conversations (`.jsonl`).
