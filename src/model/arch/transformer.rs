@@ -1,8 +1,10 @@
 //! The forward pass of every architecture as a graph on the engine: [`build`] composes the
-//! named blocks of `blocks.rs` per layer from the architecture's facts ([`super::ArchTraits`]).
-//! Here also each layer's RoPE, which the context shift reads too. Weights are leaves in buffer
-//! 0 (the model file) at their GGUF offsets; the KV cache and the token ids live in the arena's
-//! persistent region. LoRA adapters' tensors are leaves in buffers 1.. (one per adapter).
+//! named blocks of `blocks.rs` per layer from the architecture's facts ([`super::ArchTraits`]),
+//! and [`build_window`] composes the same blocks over a training window (no cache, the adapters
+//! the trainer's parameters). Here also each layer's RoPE, which the context shift reads too.
+//! Weights are leaves in buffer 0 (the model file) at their GGUF offsets; the KV cache and the
+//! token ids live in the arena's persistent region. LoRA adapters' tensors are leaves in buffers
+//! 1.. (one per adapter).
 
 use super::blocks::{self, Adapters, Builder, Mode, TrainedPair};
 use super::kv::KvLayout;
