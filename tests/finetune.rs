@@ -275,11 +275,11 @@ fn bad_data_and_settings_are_refused_by_name() {
     let out = finetune(&bin, &out_path, &[]);
     assert_eq!(out.status.code(), Some(1));
     assert!(text(&out).contains("not UTF-8"), "{}", text(&out));
-    // Another architecture.
+    // An architecture with a block that has no backward yet.
     let out =
-        pinfer(&["finetune", "-m", s(&model("tiny/qwen3-tiny.gguf")), "-f", s(&data), "-o", s(&out_path)]);
+        pinfer(&["finetune", "-m", s(&model("tiny/qwen3moe-tiny.gguf")), "-f", s(&data), "-o", s(&out_path)]);
     assert_eq!(out.status.code(), Some(1));
-    assert!(text(&out).contains("llama"), "{}", text(&out));
+    assert!(text(&out).contains("qwen3moe") && text(&out).contains("mixture of experts"), "{}", text(&out));
     // A projection that does not exist; a window of 1 token; the output over the input.
     let out = finetune(&data, &out_path, &["--lora-targets", "q,x"]);
     assert!(text(&out).contains("unknown projection \"x\""), "{}", text(&out));

@@ -1,16 +1,17 @@
-//! The training graph of LoRA fine-tuning for llama-architecture models: the whole sequence at
-//! once (no KV cache), attention written out (scores, causal softmax, weighted values: each op has
-//! a gradient rule), the frozen weights read from the file in their own types, and on each
-//! adapted projection `W x + scale * B (A x)` with `A` (`[n_in, r]`) and `B` (`[r, n_out]`) F32
-//! parameters in the arena. The loss is the mean cross-entropy of the next tokens
-//! (`targets[t]` is the token after position `t`; a negative target is not scored, e.g. a prompt
-//! of a chat turn).
+//! The training graph of LoRA fine-tuning: the inference engine's blocks composed as for
+//! generation, over a window (the whole sequence at once, no KV cache, attention written out as
+//! scores, causal softmax, weighted values: each op has a gradient rule), the frozen weights read
+//! from the file in their own types, and on each adapted projection `W x + scale * B (A x)` with
+//! `A` (`[n_in, r]`) and `B` (`[r, n_out]`) F32 parameters in the arena. The loss is the mean
+//! cross-entropy of the next tokens (`targets[t]` is the token after position `t`; a negative
+//! target is not scored, e.g. a prompt of a chat turn). An architecture with a block that has no
+//! backward yet is refused by name.
 
 use core::fmt::Write;
 
 use crate::gguf::{Gguf, Name};
-use crate::graph::{Graph, RopeMode};
-use crate::model::{Arch, HParams, MODEL_BUFFER};
+use crate::graph::{Graph, GraphError};
+use crate::model::{build_window, Arch, HParams, ModelError};
 use crate::quant::GgmlType;
 use crate::tensor::{Storage, TensorId};
 
@@ -69,8 +70,29 @@ pub struct LoraSpec {
     pub targets: u8,
 }
 
-/// Builds the training graph of `n_tokens` tokens of the llama model `gguf` (`hp`) with the
-/// adapters of `spec`. The model must have passed `validate_tensors`.
+/// The block of `arch` with no backward yet (its op), if any: the architectures whose blocks all
+/// have gradient rules train.
+pub fn untrainable_block(arch: Arch) -> Option<&'static str> {
+    let t = arch.traits();
+    if arch.is_moe() {
+        Some("mixture of experts (mul_mat_id, top_k, moe_weights, moe_sum)")
+    } else if t.short_conv {
+        Some("short convolution (short_conv)")
+    } else if t.delta_net {
+        Some("gated delta rule (gated_delta_net)")
+    } else if t.attn_output_gate {
+        Some("attention output gate (a strided view)")
+    } else if t.per_layer_inputs {
+        Some("per-layer inputs (a strided view)")
+    } else if t.shared_kv {
+        Some("KV-sharing layers (a cache read)")
+    } else {
+        None
+    }
+}
+
+/// Builds the training graph of `n_tokens` tokens of the model `gguf` (`hp`) with the adapters of
+/// `spec`, through the inference engine's blocks. The model must have passed `validate_tensors`.
 pub fn build_lora_graph<const N: usize>(
     g: &mut Graph<N>,
     gguf: &Gguf<'_>,
@@ -78,119 +100,62 @@ pub fn build_lora_graph<const N: usize>(
     n_tokens: usize,
     spec: LoraSpec,
 ) -> Result<LoraGraph, TrainError> {
-    if hp.arch != Arch::Llama {
-        return Err(TrainError::Unsupported("LoRA training graphs are built for llama models so far"));
+    if let Some(block) = untrainable_block(hp.arch) {
+        return Err(TrainError::Architecture { arch: hp.arch.name(), block });
     }
     if spec.rank == 0 || n_tokens == 0 {
         return Err(TrainError::Unsupported("a LoRA rank and a sequence of at least 1"));
     }
-    g.clear();
-    let data_start = gguf.data_start();
-    let weight = |g: &mut Graph<N>, name: &str| -> Result<TensorId, TrainError> {
-        let info = gguf.tensor(name).ok_or(TrainError::Unsupported("a weight the model lacks"))?;
-        let storage = Storage::External { buffer: MODEL_BUFFER, offset: data_start + info.offset as usize };
-        Ok(g.leaf(name, info.ty, info.ne.map(|n| n as usize), storage)?)
-    };
+    // Persistent: the ids, the targets, then each adapted weight's A and B.
     let align = |n: usize| n.next_multiple_of(64);
-    let mut offset = 0;
-    let mut persistent =
-        |g: &mut Graph<N>, name: &str, ty: GgmlType, ne: [usize; 4]| -> Result<TensorId, TrainError> {
-            let id = g.leaf(name, ty, ne, Storage::Persistent { offset })?;
+    let ids_bytes = align(n_tokens * 4);
+    let mut offset = 2 * ids_bytes;
+    let mut adapted: heapless::Vec<Adapted, MAX_ADAPTED> = heapless::Vec::new();
+    let scale = spec.alpha / spec.rank as f32;
+    let mut pair = |g: &mut Graph<N>, w: TensorId| -> Result<Option<(TensorId, TensorId, f32)>, ModelError> {
+        let name = g.tensor(w).name.clone();
+        let Some(which) = target_of(&name) else { return Ok(None) };
+        if spec.targets & (1 << which) == 0 {
+            return Ok(None);
+        }
+        let (n_in, n_out) = (g.tensor(w).ne[0], g.tensor(w).ne[1]);
+        let mut param = |suffix: &str, ne: [usize; 4]| -> Result<TensorId, GraphError> {
+            let mut label = Name::new();
+            let _ = write!(label, "{name}.{suffix}");
+            let id = g.leaf(&label, GgmlType::F32, ne, Storage::Persistent { offset })?;
             offset += align(g.tensor(id).span_bytes());
             Ok(id)
         };
-    let ids = persistent(g, "ids", GgmlType::I32, [n_tokens, 1, 1, 1])?;
-    let targets = persistent(g, "targets", GgmlType::I32, [n_tokens, 1, 1, 1])?;
-    let mut adapted: heapless::Vec<Adapted, MAX_ADAPTED> = heapless::Vec::new();
-    let scale = spec.alpha / spec.rank as f32;
-
-    // `w x`, plus the adapter's `scale * B (A x)` when `w` is adapted.
-    let mut project =
-        |g: &mut Graph<N>, name: &str, which: usize, x: TensorId| -> Result<TensorId, TrainError> {
-            let w = weight(g, name)?;
-            let y = g.mul_mat(w, x)?;
-            if spec.targets & (1 << which) == 0 {
-                return Ok(y);
-            }
-            let (n_in, n_out) = (g.tensor(w).ne[0], g.tensor(w).ne[1]);
-            let mut label = Name::new();
-            let _ = write!(label, "{name}.lora_a");
-            let a = persistent(g, &label, GgmlType::F32, [n_in, spec.rank, 1, 1])?;
-            label.clear();
-            let _ = write!(label, "{name}.lora_b");
-            let b = persistent(g, &label, GgmlType::F32, [spec.rank, n_out, 1, 1])?;
-            let mut target = Name::new();
-            let _ = target.push_str(name);
-            adapted
-                .push(Adapted { target, a, b })
-                .map_err(|_| TrainError::Unsupported("more adapted weights than MAX_ADAPTED"))?;
-            let ax = g.mul_mat(a, x)?;
-            let bax = g.mul_mat(b, ax)?;
-            let bax = g.scale(bax, scale)?;
-            Ok(g.add(y, bax)?)
-        };
-
-    let (n_embd, n_head, n_head_kv) = (hp.n_embd as usize, hp.n_head as usize, hp.n_head_kv as usize);
-    let head_dim = hp.head_dim_k as usize;
-    let kq_scale = hp.attention_scale.unwrap_or(1.0 / libm::sqrtf(head_dim as f32));
-    let tok_embd = weight(g, "token_embd.weight")?;
-    let mut x = g.get_rows(tok_embd, ids)?;
-    let mut table = None;
-    let mut name = Name::new();
-    let mut layer = |il: usize, suffix: &str| -> Name {
-        name.clear();
-        let _ = write!(name, "blk.{il}.{suffix}");
-        name.clone()
+        let a = param("lora_a", [n_in, spec.rank, 1, 1])?;
+        let b = param("lora_b", [spec.rank, n_out, 1, 1])?;
+        let mut target = Name::new();
+        let _ = target.push_str(&name);
+        adapted.push(Adapted { target, a, b }).map_err(|_| too_many())?;
+        Ok(Some((a, b, scale)))
     };
-    for il in 0..hp.n_layer as usize {
-        let norm_w = weight(g, &layer(il, "attn_norm.weight"))?;
-        let cur = g.rms_norm(x, hp.rms_eps)?;
-        let cur = g.mul(cur, norm_w)?;
-        let q = project(g, &layer(il, "attn_q.weight"), 0, cur)?;
-        let k = project(g, &layer(il, "attn_k.weight"), 1, cur)?;
-        let v = project(g, &layer(il, "attn_v.weight"), 2, cur)?;
-        let q = g.reshape(q, [head_dim, n_head, n_tokens, 1])?;
-        let k = g.reshape(k, [head_dim, n_head_kv, n_tokens, 1])?;
-        let v = g.reshape(v, [head_dim, n_head_kv, n_tokens, 1])?;
-        let t = match table {
-            Some(t) => t,
-            None => {
-                let t = g.rope_table(q, hp.n_rot as usize, hp.rope_freq_base, 1.0, None, 1.0, None)?;
-                table = Some(t);
-                t
-            }
-        };
-        let q = g.rope_with(q, t, RopeMode::Normal)?;
-        let k = g.rope_with(k, t, RopeMode::Normal)?;
-        // Heads outermost: q [hd, n, n_head], k [hd, n, n_head_kv], v^T [n, hd, n_head_kv].
-        let q = g.permute(q, [0, 2, 1, 3])?;
-        let q = g.cpy(q, GgmlType::F32)?;
-        let k = g.permute(k, [0, 2, 1, 3])?;
-        let k = g.cpy(k, GgmlType::F32)?;
-        let vt = g.permute(v, [1, 2, 0, 3])?;
-        let vt = g.cpy(vt, GgmlType::F32)?;
-        let kq = g.mul_mat(k, q)?; // [n_kv, n, n_head]
-        let kq = g.soft_max(kq, kq_scale, true, 0)?;
-        let kqv = g.mul_mat(vt, kq)?; // [hd, n, n_head]
-        let kqv = g.permute(kqv, [0, 2, 1, 3])?; // [hd, n_head, n]
-        let kqv = g.cpy(kqv, GgmlType::F32)?;
-        let attn = g.reshape(kqv, [n_embd, n_tokens, 1, 1])?;
-        let attn = project(g, &layer(il, "attn_output.weight"), 3, attn)?;
-        x = g.add(x, attn)?;
-        let norm_w = weight(g, &layer(il, "ffn_norm.weight"))?;
-        let cur = g.rms_norm(x, hp.rms_eps)?;
-        let cur = g.mul(cur, norm_w)?;
-        let gate = project(g, &layer(il, "ffn_gate.weight"), 4, cur)?;
-        let up = project(g, &layer(il, "ffn_up.weight"), 5, cur)?;
-        let act = g.swiglu(gate, up)?;
-        let down = project(g, &layer(il, "ffn_down.weight"), 6, act)?;
-        x = g.add(x, down)?;
-    }
-    let norm_w = weight(g, "output_norm.weight")?;
-    let x = g.rms_norm(x, hp.rms_eps)?;
-    let x = g.mul(x, norm_w)?;
-    let output = if gguf.tensor("output.weight").is_some() { weight(g, "output.weight")? } else { tok_embd };
-    let logits = g.mul_mat(output, x)?;
+    let (ids, logits) = build_window(g, gguf, hp, n_tokens, 0, &mut pair).map_err(TrainError::model)?;
+    let targets =
+        g.leaf("targets", GgmlType::I32, [n_tokens, 1, 1, 1], Storage::Persistent { offset: ids_bytes })?;
     let loss = g.cross_entropy(logits, targets)?;
     Ok(LoraGraph { ids, targets, logits, loss, adapted, persistent_end: offset })
+}
+
+/// Which of [`TARGETS`] weight `name` is (`blk.{il}.{target}.weight`).
+fn target_of(name: &str) -> Option<usize> {
+    let mut parts = name.split('.');
+    let (blk, il, target, weight) = (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+    let layer = blk == "blk" && il.bytes().all(|c| c.is_ascii_digit()) && weight == "weight";
+    if !layer || parts.next().is_some() {
+        return None;
+    }
+    TARGETS.iter().position(|&t| t == target)
+}
+
+/// More adapted weights than [`MAX_ADAPTED`].
+fn too_many() -> ModelError {
+    ModelError::Graph(GraphError::Invalid {
+        op: "lora",
+        name: heapless::String::new(),
+        problem: "more adapted weights than MAX_ADAPTED",
+    })
 }

@@ -40,6 +40,15 @@ pub enum TrainError {
     GradientCount,
     /// A model or setting the training graphs do not handle yet.
     Unsupported(&'static str),
+    /// An architecture with a block that has no backward yet.
+    Architecture {
+        /// The architecture's GGUF name.
+        arch: &'static str,
+        /// The block, and the op without a gradient rule.
+        block: &'static str,
+    },
+    /// The model's forward pass could not be built (a missing or misshapen tensor, ...).
+    Model(heapless::String<160>),
     /// An op on a path from a parameter to the loss has no gradient rule here.
     NoGradient {
         /// The op.
@@ -55,6 +64,20 @@ impl From<GraphError> for TrainError {
     }
 }
 
+impl TrainError {
+    /// The training error of a forward pass that could not be built.
+    pub fn model(e: crate::model::ModelError) -> Self {
+        match e {
+            crate::model::ModelError::Graph(e) => Self::Graph(e),
+            e => {
+                let mut text = heapless::String::new();
+                let _ = core::fmt::write(&mut text, format_args!("{e}"));
+                Self::Model(text)
+            }
+        }
+    }
+}
+
 impl core::fmt::Display for TrainError {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         match self {
@@ -65,6 +88,10 @@ impl core::fmt::Display for TrainError {
             }
             Self::GradientCount => write!(f, "give one gradient buffer per parameter"),
             Self::Unsupported(what) => write!(f, "not supported: {what}"),
+            Self::Architecture { arch, block } => {
+                write!(f, "{arch} models cannot be fine-tuned yet: the {block} has no backward")
+            }
+            Self::Model(e) => write!(f, "{e}"),
             Self::NoGradient { op, name } => {
                 write!(f, "{op} ({name:?}) lies between a parameter and the loss and has no gradient rule")
             }

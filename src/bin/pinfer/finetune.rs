@@ -51,7 +51,8 @@ const TARGET_NAMES: [&str; 7] = ["q", "k", "v", "o", "gate", "up", "down"];
 /// Options of `pinfer finetune`.
 #[derive(Args, Debug)]
 pub struct FinetuneArgs {
-    /// The base model (llama architecture: SmolLM2, Llama 3.x, TinyLlama, ...).
+    /// The base model: an architecture whose blocks all have a backward (llama, qwen2, qwen3,
+    /// gemma3, granite, smollm3, phi3; mixtures of experts and recurrent layers are refused).
     #[arg(short = 'm', long = "model")]
     pub model: PathBuf,
     /// Training data: a text file, or a JSONL file of conversations (`.jsonl`).

@@ -43,15 +43,42 @@ macro_rules! named {
     }};
 }
 
+/// What a graph computes over: generation's KV cache, or training's window.
+#[derive(Clone, Copy)]
+pub(super) enum Mode<'b> {
+    /// Each token at its place (sequence, position) in the KV cache and recurrent states.
+    Cached(&'b KvLayout),
+    /// One sequence at positions 0..t and no cache (a training graph): attention is written out
+    /// in ops with gradient rules. The token ids are at `ids_offset` of the persistent region.
+    Window {
+        /// Where the token ids are.
+        ids_offset: usize,
+    },
+}
+
+/// The F32 pair `(A, B)` and scale a trainer adapts a weight with, made as the graph is built:
+/// called with each weight a matmul reads, before its adapter's term.
+pub type TrainedPair<'a, const N: usize> =
+    dyn FnMut(&mut Graph<N>, TensorId) -> Result<Option<(TensorId, TensorId, f32)>, ModelError> + 'a;
+
+/// Where the adapters' pairs come from.
+pub(super) enum Adapters<'b, 'm, const N: usize> {
+    /// Adapter files (buffers 1 and up), their pairs matched by target name.
+    Files(&'b [Adapter<'m>]),
+    /// Trainable parameters, made per weight by the trainer.
+    Trained(&'b mut TrainedPair<'b, N>),
+}
+
 /// The graph being built with what every block reads: the model file, its hyper-parameters and
-/// facts, the cache layout, the adapters, the step's inputs and the weights shared by layers.
+/// facts, the cache layout (none in a window graph), the adapters, the step's inputs and the
+/// weights shared by layers.
 pub(super) struct Builder<'b, 'm, const N: usize> {
     pub g: &'b mut Graph<N>,
     gguf: &'b Gguf<'m>,
     pub hp: &'b HParams,
     pub traits: ArchTraits,
-    kv: &'b KvLayout,
-    adapters: &'b [Adapter<'m>],
+    kv: Option<&'b KvLayout>,
+    adapters: Adapters<'b, 'm, N>,
     applied: Applied,
     /// Tokens of the batch.
     pub t: usize,
@@ -61,8 +88,8 @@ pub(super) struct Builder<'b, 'm, const N: usize> {
     rope_freqs: Option<TensorId>,
     /// I32 token ids `[t]`.
     pub ids: TensorId,
-    /// I32 token places `[2, t]` (first cache row of the sequence, position).
-    places: TensorId,
+    /// I32 token places `[2, t]` (first cache row of the sequence, position); none in a window.
+    places: Option<TensorId>,
     /// One table of angles per RoPE parameter set (full-attention, sliding-window), made by the
     /// first layer that rotates with it.
     rope_tables: [Option<TensorId>; 2],
@@ -95,24 +122,33 @@ impl<'b, 'm, const N: usize> Builder<'b, 'm, N> {
         g: &'b mut Graph<N>,
         gguf: &'b Gguf<'m>,
         hp: &'b HParams,
-        kv: &'b KvLayout,
+        mode: Mode<'b>,
         n_tokens: usize,
-        adapters: &'b [Adapter<'m>],
+        adapters: Adapters<'b, 'm, N>,
     ) -> Result<Self, ModelError> {
         g.clear();
-        if adapters.len() > MAX_ADAPTERS {
-            return Err(ModelError::Lora(LoraError::TooMany(adapters.len())));
+        if let Adapters::Files(files) = &adapters {
+            if files.len() > MAX_ADAPTERS {
+                return Err(ModelError::Lora(LoraError::TooMany(files.len())));
+            }
         }
         let traits = hp.arch.traits();
         let tok_embd = required(g, gguf, "token_embd.weight")?;
         let output_norm = required(g, gguf, traits.output_norm)?;
         let output = weight_leaf(g, gguf, "output.weight")?.unwrap_or(tok_embd);
-        let rope_freqs = weight_leaf(g, gguf, rope_factors_name(hp, kv.n_ctx))?;
+        let (kv, n_ctx, ids_offset) = match mode {
+            Mode::Cached(kv) => (Some(kv), kv.n_ctx, kv.ids_offset),
+            Mode::Window { ids_offset } => (None, n_tokens, ids_offset),
+        };
+        let rope_freqs = weight_leaf(g, gguf, rope_factors_name(hp, n_ctx))?;
         let input = |g: &mut Graph<N>, name: &str, ne: [usize; 4], offset: usize| {
             g.leaf(name, GgmlType::I32, ne, Storage::Persistent { offset })
         };
-        let ids = input(g, "token_ids", [n_tokens, 1, 1, 1], kv.ids_offset)?;
-        let places = input(g, "token_places", [2, n_tokens, 1, 1], kv.places_offset)?;
+        let ids = input(g, "token_ids", [n_tokens, 1, 1, 1], ids_offset)?;
+        let places = match kv {
+            Some(kv) => Some(input(g, "token_places", [2, n_tokens, 1, 1], kv.places_offset)?),
+            None => None,
+        };
         Ok(Self {
             g,
             gguf,
@@ -131,6 +167,16 @@ impl<'b, 'm, const N: usize> Builder<'b, 'm, N> {
             rope_tables: [None, None],
             shared_caches: heapless::Vec::new(),
         })
+    }
+
+    /// The KV layout, which a block with a cache or a recurrent state needs.
+    fn cache(&self) -> Result<&'b KvLayout, ModelError> {
+        self.kv.ok_or_else(|| invalid("a block with a cache or a recurrent state in a window graph"))
+    }
+
+    /// The token places input (cached graphs only).
+    fn places(&self) -> Result<TensorId, ModelError> {
+        self.places.ok_or_else(|| invalid("token places in a window graph"))
     }
 
     /// Model tensor `name`, required.
@@ -170,7 +216,8 @@ impl<'b, 'm, const N: usize> Builder<'b, 'm, N> {
     ) -> Result<TensorId, ModelError> {
         let mut label = Name::new();
         let _ = write!(label, "{kind}.{il}");
-        Ok(self.g.leaf(&label, GgmlType::F32, [len, self.kv.n_seq, 1, 1], Storage::Persistent { offset })?)
+        let n_seq = self.cache()?.n_seq;
+        Ok(self.g.leaf(&label, GgmlType::F32, [len, n_seq, 1, 1], Storage::Persistent { offset })?)
     }
 
     /// `w x`, plus `scale * B (A x)` for every adapter holding a pair for `w` (llama.cpp's
@@ -178,7 +225,17 @@ impl<'b, 'm, const N: usize> Builder<'b, 'm, N> {
     pub fn mm(&mut self, w: TensorId, x: TensorId) -> Result<TensorId, ModelError> {
         let g = &mut *self.g;
         let mut out = g.mul_mat(w, x)?;
-        for (i, adapter) in self.adapters.iter().enumerate() {
+        let files = match &mut self.adapters {
+            Adapters::Files(files) => *files,
+            Adapters::Trained(pair) => {
+                let Some((a, b, scale)) = pair(g, w)? else { return Ok(out) };
+                let ax = g.mul_mat(a, x)?;
+                let bax = g.mul_mat(b, ax)?;
+                let term = g.scale(bax, scale)?;
+                return Ok(g.add(out, term)?);
+            }
+        };
+        for (i, adapter) in files.iter().enumerate() {
             let name = g.tensor(w).name.clone();
             let Some(k) = adapter.lora.pairs.iter().position(|p| p.target == name.as_str()) else { continue };
             self.applied[i][k / 64] |= 1 << (k % 64);
@@ -199,7 +256,8 @@ impl<'b, 'm, const N: usize> Builder<'b, 'm, N> {
 
     /// Every pair of every adapter must have found its weight.
     pub fn check_adapters(&self) -> Result<(), ModelError> {
-        for (adapter, bits) in self.adapters.iter().zip(&self.applied) {
+        let Adapters::Files(files) = &self.adapters else { return Ok(()) };
+        for (adapter, bits) in files.iter().zip(&self.applied) {
             for (k, pair) in adapter.lora.pairs.iter().enumerate() {
                 if bits[k / 64] >> (k % 64) & 1 == 0 {
                     return Err(ModelError::Lora(LoraError::Unapplied { name: name_of(pair.target) }));
@@ -357,9 +415,17 @@ pub(super) fn attention<const N: usize>(
     let wo = b.layer(il, "attn_output.weight")?;
     let heads = project_heads(b, il, cur, (wq, wk, wv), own_kv)?;
     let (heads, kq_scale) = rotate(b, il, heads, own_kv)?;
-    // k_all, v_all: the whole cache, [kv_w, n_ctx * n_seq]
-    let (k_all, v_all) = if own_kv { kv_cache_write(b, il, heads.k, heads.v)? } else { shared_kv(b, il)? };
-    let attn = attend(b, il, heads.q, (k_all, v_all), kq_scale, mask)?;
+    let attn = if b.kv.is_none() {
+        if !own_kv {
+            return Err(invalid("a KV-sharing layer in a window graph"));
+        }
+        attend_window(b, il, &heads, kq_scale, mask)?
+    } else {
+        // k_all, v_all: the whole cache, [kv_w, n_ctx * n_seq]
+        let (k_all, v_all) =
+            if own_kv { kv_cache_write(b, il, heads.k, heads.v)? } else { shared_kv(b, il)? };
+        attend(b, il, heads.q, (k_all, v_all), kq_scale, mask)?
+    };
     // attn: [hd_v * n_head, t]
     let attn = match heads.gate {
         Some(gate) => {
@@ -470,13 +536,15 @@ fn rotate<const N: usize>(
         h.q = named!(b, "Qcur_scaled", il, b.g.scale(h.q, kq_scale));
         kq_scale = 1.0;
     }
-    if let Some(n) = b.kv.types.k_rotation(hd_k as u32) {
+    // (A window graph has no cache to rotate for.)
+    let types = b.kv.map(|kv| kv.types);
+    if let Some(n) = types.and_then(|t| t.k_rotation(hd_k as u32)) {
         h.q = named!(b, "Qcur_rot", il, b.g.hadamard(h.q, n));
         if own_kv {
             h.k = named!(b, "Kcur_rot", il, b.g.hadamard(h.k, n));
         }
     }
-    if let (Some(n), true) = (b.kv.types.v_rotation(hd_v as u32), own_kv) {
+    if let (Some(n), true) = (types.and_then(|t| t.v_rotation(hd_v as u32)), own_kv) {
         h.v = named!(b, "Vcur_rot", il, b.g.hadamard(h.v, n));
     }
     Ok((h, kq_scale))
@@ -492,7 +560,7 @@ fn attend<const N: usize>(
     kq_scale: f32,
     mask: Mask,
 ) -> Result<TensorId, ModelError> {
-    let (hp, kv, t) = (b.hp, b.kv, b.t);
+    let (hp, kv, t, places) = (b.hp, b.cache()?, b.t, b.places()?);
     let (hd_k, hd_v) = (hp.head_dim_k_at(il) as usize, hp.head_dim_v_at(il) as usize);
     let (n_head, n_head_kv) = (hp.n_head as usize, hp.n_head_kv as usize);
     // Per head: [hd, rows, n_head_kv].
@@ -506,13 +574,45 @@ fn attend<const N: usize>(
     // q: [hd_k, t, n_head]; attn: [hd_v, n_head, t]
     let q = b.g.permute(q, [0, 2, 1, 3])?;
     let attn = named!(b, "kqv_out", il, b.g.flash_attn(q, k_view, v_view, kq_scale, mask));
-    b.g.at_positions(attn, b.places)?;
+    b.g.at_positions(attn, places)?;
     let attn = b.g.reshape(attn, [hd_v * n_head, t, 1, 1])?;
     Ok(match kv.types.v_rotation(hd_v as u32) {
         // The rotation is its own inverse: the values' weighted sum rotated back.
         Some(n) => named!(b, "kqv_out_unrot", il, b.g.hadamard(attn, n)),
         None => attn,
     })
+}
+
+/// Attention of a window graph written out in ops with gradient rules (the trainer's): each
+/// head's scores of every key, the causal softmax (within `mask`'s window), the weighted values.
+/// q: `[hd_k, n_head, t]`, k: `[hd_k, n_head_kv, t]`, v: `[hd_v * n_head_kv, t]` → `[hd_v *
+/// n_head, t]`.
+fn attend_window<const N: usize>(
+    b: &mut Builder<'_, '_, N>,
+    il: usize,
+    heads: &Heads,
+    kq_scale: f32,
+    mask: Mask,
+) -> Result<TensorId, ModelError> {
+    let (hp, t, g) = (b.hp, b.t, &mut *b.g);
+    let (hd_v, n_head, n_head_kv) =
+        (hp.head_dim_v_at(il) as usize, hp.n_head as usize, hp.n_head_kv as usize);
+    let v = g.reshape(heads.v, [hd_v, n_head_kv, t, 1])?;
+    // Heads outermost: q [hd_k, t, n_head], k [hd_k, t, n_head_kv], v^T [t, hd_v, n_head_kv].
+    let q = g.permute(heads.q, [0, 2, 1, 3])?;
+    let q = g.cpy(q, GgmlType::F32)?;
+    let k = g.permute(heads.k, [0, 2, 1, 3])?;
+    let k = g.cpy(k, GgmlType::F32)?;
+    let vt = g.permute(v, [1, 2, 0, 3])?;
+    let vt = g.cpy(vt, GgmlType::F32)?;
+    // kq: [t, t, n_head]
+    let kq = named!(b, "kq", il, b.g.mul_mat(k, q));
+    let kq = named!(b, "kq_soft_max", il, b.g.soft_max(kq, kq_scale, true, mask.window()));
+    // kqv: [hd_v, t, n_head] → [hd_v, n_head, t]
+    let kqv = b.g.mul_mat(vt, kq)?;
+    let kqv = b.g.permute(kqv, [0, 2, 1, 3])?;
+    let kqv = named!(b, "kqv_out", il, b.g.cpy(kqv, GgmlType::F32));
+    Ok(b.g.reshape(kqv, [hd_v * n_head, t, 1, 1])?)
 }
 
 /// Layer `il`'s Q, K and V projections: one fused `attn_qkv` (rows in that order, llama.cpp's
@@ -566,7 +666,9 @@ fn rope_table<const N: usize>(
     let factors = if sliding { None } else { b.rope_freqs };
     let table = b.g.rope_table(q, rope.n_rot, rope.base, rope.scale, factors, rope.mscale, rope.yarn);
     let table = named!(b, name, table);
-    b.g.at_positions(table, b.places)?;
+    if let Some(places) = b.places {
+        b.g.at_positions(table, places)?;
+    }
     b.rope_tables[sliding as usize] = Some(table);
     Ok(table)
 }
@@ -580,7 +682,7 @@ fn kv_cache_write<const N: usize>(
     k: TensorId,
     v: TensorId,
 ) -> Result<(TensorId, TensorId), ModelError> {
-    let (hp, kv, t) = (b.hp, b.kv, b.t);
+    let (hp, kv, t, places) = (b.hp, b.cache()?, b.t, b.places()?);
     let (hd_k, hd_v) = (hp.head_dim_k_at(il) as usize, hp.head_dim_v_at(il) as usize);
     let n_head_kv = hp.n_head_kv as usize;
     let kv_w = n_head_kv * hd_k.max(hd_v);
@@ -596,8 +698,8 @@ fn kv_cache_write<const N: usize>(
     let v_flat = b.g.reshape(v, [hd_v * n_head_kv, t, 1, 1])?;
     let k_all = named!(b, "k_cache_write", il, b.g.kv_write(k_cache, k_flat, false));
     let v_all = named!(b, "v_cache_write", il, b.g.kv_write(v_cache, v_flat, false));
-    b.g.at_positions(k_all, b.places)?;
-    b.g.at_positions(v_all, b.places)?;
+    b.g.at_positions(k_all, places)?;
+    b.g.at_positions(v_all, places)?;
     if (il + 1..hp.n_layer as usize).any(|r| !hp.has_own_kv(r) && hp.kv_source(r) == il) {
         let _ = b.shared_caches.push((il, k_all, v_all));
     }
@@ -632,13 +734,14 @@ pub(super) fn short_conv<const N: usize>(
     let wx = b.rows_of(&in_proj, "x", 2 * e, e)?;
     let taps = b.layer(il, "shortconv.conv.weight")?;
     let out_proj = b.layer(il, "shortconv.out_proj.weight")?;
-    let states = b.state_leaf("conv_state", il, b.hp.conv_state_len(), b.kv.conv_states_of(il))?;
+    let (kv, places) = (b.cache()?, b.places()?);
+    let states = b.state_leaf("conv_state", il, b.hp.conv_state_len(), kv.conv_states_of(il))?;
     // b, c, xs, bx, conv, y: [n_embd, t]
     let bp = named!(b, "conv_b", il, b.mm(wb, cur));
     let c = named!(b, "conv_c", il, b.mm(wc, cur));
     let xs = named!(b, "conv_x", il, b.mm(wx, cur));
     let bx = named!(b, "conv_bx", il, b.g.mul(bp, xs));
-    let conv = named!(b, "conv_conv", il, b.g.short_conv(bx, taps, states, b.places, b.kv.n_ctx));
+    let conv = named!(b, "conv_conv", il, b.g.short_conv(bx, taps, states, places, kv.n_ctx));
     let y = named!(b, "conv_y", il, b.g.mul(c, conv));
     Ok(named!(b, "conv_out", il, b.mm(out_proj, y)))
 }
@@ -669,10 +772,10 @@ pub(super) fn delta_net<const N: usize>(
     let alpha = named!(b, "alpha_biased", il, b.g.add(alpha, dt_bias));
     let alpha = named!(b, "a_softplus", il, b.g.softplus(alpha));
     let decay = named!(b, "gate", il, b.g.mul(alpha, a));
-    let (hp, kv) = (b.hp, b.kv);
+    let (hp, kv, places) = (b.hp, b.cache()?, b.places()?);
     let conv_states = b.state_leaf("conv_state", il, hp.conv_state_len(), kv.conv_states_of(il))?;
     let delta_states = b.state_leaf("delta_state", il, hp.delta_state_len(), kv.delta_states_of(il))?;
-    let conv = named!(b, "conv_output_raw", il, b.g.short_conv(qkv, taps, conv_states, b.places, kv.n_ctx));
+    let conv = named!(b, "conv_output_raw", il, b.g.short_conv(qkv, taps, conv_states, places, kv.n_ctx));
     let conv = named!(b, "conv_output_silu", il, b.g.silu(conv));
     // Q, K and V heads of each token's convolved row; Q and K L2-normalised as llama.cpp does
     // (an RMS norm with eps / d, times 1 / sqrt(d)). q, k: [hd, nk, t], v: [hd, nv, t]
@@ -686,7 +789,6 @@ pub(super) fn delta_net<const N: usize>(
     let k = named!(b, "k_conv_norm", il, b.g.rms_norm(k, eps / hd as f32));
     let k = named!(b, "k_conv_predelta", il, b.g.scale(k, l2));
     // out: [hd, nv, t]
-    let places = b.places;
     let out = named!(
         b,
         "attn_output",
@@ -793,7 +895,7 @@ pub(super) fn output_head<const N: usize>(
 ) -> Result<TensorId, ModelError> {
     let hp = b.hp;
     if n_outputs < b.t {
-        let storage = Storage::Persistent { offset: b.kv.outputs_offset };
+        let storage = Storage::Persistent { offset: b.cache()?.outputs_offset };
         let rows = b.g.leaf("output_rows", GgmlType::I32, [n_outputs, 1, 1, 1], storage)?;
         // x: [n_embd, n_outputs]
         x = named!(b, "inp_out_ids", b.g.get_rows(x, rows));

@@ -11,10 +11,10 @@ mod transformer;
 
 use core::fmt;
 
-pub use blocks::MODEL_BUFFER;
+pub use blocks::{TrainedPair, MODEL_BUFFER};
 pub use kv::{CacheRows, KvLayout, KvTypeError, KvTypes};
 pub use rope::{layer_rope, rope_factors_name, LayerRope};
-pub use transformer::Forward;
+pub use transformer::{build_window, Forward};
 
 use crate::gguf::Gguf;
 use crate::graph::{Graph, RopeMode};

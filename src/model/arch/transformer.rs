@@ -1,10 +1,11 @@
 //! The forward pass of every architecture as a graph on the engine: [`build`] composes the
-//! named blocks of `blocks.rs` per layer from the architecture's facts ([`super::ArchTraits`]).
-//! (Each layer's RoPE is `rope.rs`'s.) Weights are leaves in buffer 0 (the model file) at their
-//! GGUF offsets; the KV cache and the token ids live in the arena's
+//! named blocks of `blocks.rs` per layer from the architecture's facts ([`super::ArchTraits`]),
+//! and [`build_window`] composes the same blocks over a training window (no cache, the adapters
+//! the trainer's parameters). (Each layer's RoPE is `rope.rs`'s.) Weights are leaves in buffer 0
+//! (the model file) at their GGUF offsets; the KV cache and the token ids live in the arena's
 //! persistent region. LoRA adapters' tensors are leaves in buffers 1.. (one per adapter).
 
-use super::blocks::{self, Builder};
+use super::blocks::{self, Adapters, Builder, Mode, TrainedPair};
 use super::kv::KvLayout;
 use crate::gguf::Gguf;
 use crate::graph::{Graph, GraphError, Mask};
@@ -52,62 +53,89 @@ pub fn build<const N: usize>(
             problem: "a batch needs 1..=n_batch tokens and 1..=n_tokens outputs",
         }));
     }
-    let mut b = Builder::new(g, gguf, hp, kv, n_tokens, adapters)?;
-    let traits = b.traits;
+    let mut b = Builder::new(g, gguf, hp, Mode::Cached(kv), n_tokens, Adapters::Files(adapters))?;
+    let x = layers(&mut b)?;
+    let logits = blocks::output_head(&mut b, x, n_outputs)?;
+    b.check_adapters()?;
+    let ids = b.ids;
+    b.g.build(&[logits])?;
+    Ok(Forward { ids, logits, n_tokens, n_outputs })
+}
+
+/// The forward pass of a training window: one sequence of `n_tokens` tokens at positions
+/// 0..n_tokens, its ids at `ids_offset` of the persistent region, no cache (attention written out
+/// in ops with gradient rules), logits for every token, and each matmul's weight adapted by the
+/// pair `pair` makes for it. Returns the ids' leaf and the logits `[n_vocab, n_tokens]`; the graph
+/// is left for the caller to add its loss to and build. The blocks with a cache or a state
+/// (short convolutions, the delta rule, KV-sharing layers) are refused.
+pub fn build_window<'b, const N: usize>(
+    g: &'b mut Graph<N>,
+    gguf: &'b Gguf<'_>,
+    hp: &'b HParams,
+    n_tokens: usize,
+    ids_offset: usize,
+    pair: &'b mut TrainedPair<'b, N>,
+) -> Result<(TensorId, TensorId), ModelError> {
+    let mode = Mode::Window { ids_offset };
+    let mut b = Builder::new(g, gguf, hp, mode, n_tokens, Adapters::Trained(pair))?;
+    let x = layers(&mut b)?;
+    let logits = blocks::output_head(&mut b, x, n_tokens)?;
+    Ok((b.ids, logits))
+}
+
+/// The embeddings and every layer: each a pre-norm residual block of a mixer, then one of a
+/// feed-forward block, with the norms and scales the facts name. Returns x: `[n_embd, t]`.
+fn layers<const N: usize>(b: &mut Builder<'_, '_, N>) -> Result<TensorId, ModelError> {
+    let (hp, traits) = (b.hp, b.traits);
     // x: [n_embd, t]
-    let mut x = blocks::embed(&mut b)?;
+    let mut x = blocks::embed(b)?;
     // inputs: [n_embd_per_layer, n_layer, t]
-    let per_layer_inputs =
-        if hp.n_embd_per_layer > 0 { Some(blocks::per_layer_inputs(&mut b, x)?) } else { None };
+    let per_layer_inputs = if hp.n_embd_per_layer > 0 { Some(blocks::per_layer_inputs(b, x)?) } else { None };
     for il in 0..hp.n_layer as usize {
         // cur: [n_embd, t]
-        let cur = blocks::pre_norm(&mut b, il, x, "attn_norm.weight", "attn_norm")?;
+        let cur = blocks::pre_norm(b, il, x, "attn_norm.weight", "attn_norm")?;
         let mut o = match (hp.recurrent.contains(il), hp.delta) {
-            (true, Some(d)) => blocks::delta_net(&mut b, il, cur, d)?,
-            (true, None) => blocks::short_conv(&mut b, il, cur)?,
+            (true, Some(d)) => blocks::delta_net(b, il, cur, d)?,
+            (true, None) => blocks::short_conv(b, il, cur)?,
             (false, _) => {
                 let mask =
                     if hp.is_sliding(il) { Mask::SlidingWindow(hp.sliding_window) } else { Mask::Causal };
-                blocks::attention(&mut b, il, cur, mask)?
+                blocks::attention(b, il, cur, mask)?
             }
         };
         if traits.post_norms {
             o = blocks::post_norm(
-                &mut b,
+                b,
                 il,
                 o,
                 "post_attention_norm.weight",
                 ("attn_post_norm_raw", "attn_post_norm"),
             )?;
         }
-        x = blocks::residual(&mut b, il, x, o, ("attn_out_scaled", "ffn_inp"))?;
+        x = blocks::residual(b, il, x, o, ("attn_out_scaled", "ffn_inp"))?;
 
-        let cur = blocks::pre_norm(&mut b, il, x, traits.ffn_norm, "ffn_norm")?;
+        let cur = blocks::pre_norm(b, il, x, traits.ffn_norm, "ffn_norm")?;
         let mut down = match hp.experts_at(il) {
-            Some(route) => blocks::moe_ffn(&mut b, il, cur, route)?,
-            None => blocks::ffn(&mut b, il, cur)?,
+            Some(route) => blocks::moe_ffn(b, il, cur, route)?,
+            None => blocks::ffn(b, il, cur)?,
         };
         if traits.post_norms {
             down = blocks::post_norm(
-                &mut b,
+                b,
                 il,
                 down,
                 "post_ffw_norm.weight",
                 ("ffn_post_norm_raw", "ffn_post_norm"),
             )?;
         }
-        x = blocks::residual(&mut b, il, x, down, ("ffn_out_scaled", "ffn_residual"))?;
+        x = blocks::residual(b, il, x, down, ("ffn_out_scaled", "ffn_residual"))?;
         if let Some(inputs) = per_layer_inputs {
-            x = blocks::per_layer_input(&mut b, il, x, inputs)?;
+            x = blocks::per_layer_input(b, il, x, inputs)?;
         }
         if traits.layer_output_scale {
-            x = blocks::layer_output_scale(&mut b, il, x)?;
+            x = blocks::layer_output_scale(b, il, x)?;
         }
         b.g.set_name(x, format_args!("l_out-{il}"));
     }
-    let logits = blocks::output_head(&mut b, x, n_outputs)?;
-    b.check_adapters()?;
-    let ids = b.ids;
-    b.g.build(&[logits])?;
-    Ok(Forward { ids, logits, n_tokens, n_outputs })
+    Ok(x)
 }
