@@ -66,7 +66,7 @@ pub fn chat(args: GenArgs) -> Result<(), CliError> {
     let mut gen =
         Generator::new(&tok, session.n_vocab(), config).map_err(|e| CliError::new(e.to_string()))?;
     let stops: Vec<&str> = args.reverse_prompt.iter().map(String::as_str).collect();
-    gen.ignore_eos = args.ignore_eos;
+    gen.set_ignore_eos(args.ignore_eos);
     gen.set_stop_strings(&stops);
     crate::generate::set_speculative(&args, &session, &tok, &mut gen)?;
     let mut vocab = None;
