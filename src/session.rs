@@ -12,9 +12,7 @@ use std::vec;
 use std::vec::Vec;
 
 use crate::arena::ARENA_ALIGN;
-use crate::engine::{
-    graph_slots, Engine, EngineConfig, EngineError, Entry, GraphSlot, Model, Parallel, Planned,
-};
+use crate::engine::{Engine, EngineConfig, EngineError, Entry, GraphSlot, Model, Parallel};
 use crate::exec::pool::{Pool, PoolConfig};
 use crate::exec::{ExecError, PackedEntry};
 use crate::gguf::{Gguf, TensorInfo};
@@ -287,8 +285,7 @@ pub fn decode_placements(model: &ModelFile, repack: bool) -> Result<Vec<Placemen
     let model = Model::from_gguf(model.bytes(), gguf)?;
     let n_ctx = (model.hparams().n_ctx_train as usize).clamp(1, 256);
     let config = EngineConfig { n_ctx, n_batch: 1, repack, ..EngineConfig::default() };
-    let slots: Vec<GraphSlot> = (0..graph_slots(&config)).map(|_| GraphSlot::new()).collect();
-    let planned = Planned::new(model, &config, slots)?;
+    let planned = crate::engine::heap::plan(model, &config)?;
     Ok(planned.model().gguf().tensors().map(|t| planned.placement_of(&t)).collect())
 }
 
@@ -427,7 +424,6 @@ impl Session {
             kernels: opts.kernels,
             kv_types: opts.kv_types,
         };
-        let slots: Vec<GraphSlot> = (0..graph_slots(&config)).map(|_| GraphSlot::new()).collect();
         let base = Model::from_gguf(model.bytes(), gguf)?;
         let base = match open_adapters(&base, &opts.lora)? {
             Some(adapters) => base
@@ -435,7 +431,7 @@ impl Session {
                 .map_err(|e| SessionError::Adapter { path: opts.lora[0].0.clone(), error: e.to_string() })?,
             None => base,
         };
-        let mut planned = Planned::new(base, &config, slots)?;
+        let mut planned = crate::engine::heap::plan(base, &config)?;
         let gguf = planned.model().gguf();
         // Where every tensor goes (the same decision `pinfer info --placement` prints).
         let placements: Vec<Placement> = gguf.tensors().map(|t| planned.placement_of(&t)).collect();

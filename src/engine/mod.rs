@@ -20,6 +20,8 @@
 //! tokens): every front end generates through it.
 
 pub mod generate;
+#[cfg(feature = "std")]
+pub mod heap;
 
 use core::fmt;
 use core::ops::DerefMut;
