@@ -23,8 +23,8 @@ use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-use pinfer::chat::{ChatTemplate, Message, Role};
-use pinfer::engine::{graph_slots, EngineConfig, EngineError, GraphSlot, Model, Planned};
+use pinfer::chat::{ChatError, ChatTemplate, Message, Role};
+use pinfer::engine::{graph_slots, EngineConfig, EngineError, GraphSlot, Model};
 use pinfer::generate::{Flow, GenerateError, Generator, Stop};
 use pinfer::gguf::Gguf;
 use pinfer::loader::ModelFile;
@@ -68,7 +68,8 @@ pub struct PinferModel {
     storage: *mut [u32],
     gguf: Gguf<'static>,
     tokenizer: Tokenizer<'static>,
-    template: Option<ChatTemplate>,
+    /// Its chat format, or why pinfer cannot render its template (pinfer_chat_apply says it).
+    template: Result<ChatTemplate, ChatError>,
     contexts: AtomicUsize,
 }
 
@@ -443,7 +444,7 @@ fn open_model(file: ModelFile) -> Result<*mut PinferModel, Failure> {
             }
         };
         let template_text = gguf.get_str_opt("tokenizer.chat_template").ok().flatten();
-        let template = ChatTemplate::detect(template_text).ok();
+        let template = ChatTemplate::for_model(None, template_text);
         Ok(PinferModel { file, storage, gguf, tokenizer, template, contexts: AtomicUsize::new(0) })
     })();
     match built {
@@ -602,16 +603,11 @@ pub unsafe extern "C" fn pinfer_plan(
         let engine_model =
             Model::from_gguf(file.bytes(), gguf).map_err(|e| fail(PinferStatus::ErrModel, e))?;
         let n_slots = graph_slots(&config);
-        let mut slots: Vec<GraphSlot> = Vec::new();
-        slots
-            .try_reserve_exact(n_slots)
-            .map_err(|_| fail(PinferStatus::ErrMemory, "no memory for the graphs"))?;
-        slots.resize_with(n_slots, GraphSlot::new);
-        let planned = Planned::new(engine_model, &config, slots.as_mut_slice()).map_err(|e| {
-            let status = if matches!(e, EngineError::Config(_)) {
-                PinferStatus::ErrArgument
-            } else {
-                PinferStatus::ErrModel
+        let planned = pinfer::engine::heap::plan(engine_model, &config).map_err(|e| {
+            let status = match e {
+                EngineError::Config(_) => PinferStatus::ErrArgument,
+                EngineError::Memory(_) => PinferStatus::ErrMemory,
+                _ => PinferStatus::ErrModel,
             };
             fail(status, e)
         })?;
@@ -822,9 +818,9 @@ pub unsafe extern "C" fn pinfer_chat_apply(
         let m = handle(model, Kind::Model, "model")?;
         let text_len = out(text_len, "text_len")?;
         let buf = slice_mut(text.cast::<u8>(), capacity, "text")?;
-        let template = m.template.ok_or_else(|| {
-            fail(PinferStatus::ErrModel, "the model's chat template is not one pinfer recognises")
-        })?;
+        let template = m
+            .template
+            .map_err(|e| fail(PinferStatus::ErrModel, format!("the model's chat template: {e}")))?;
         let given = slice(messages, n_messages, "messages")?;
         let mut list = Vec::with_capacity(given.len());
         for (i, msg) in given.iter().enumerate() {
