@@ -8,7 +8,7 @@
  * contexts first. One handle is never used from two threads at once. Text is UTF-8.
  *
  * This file is checked against capi/src/lib.rs by capi/tests/c_abi.rs (same functions, same
- * parameter types, same struct fields, same status values). */
+ * parameter types, same struct fields, same status and end values). */
 #ifndef PINFER_H
 #define PINFER_H
 
@@ -32,6 +32,13 @@ typedef enum pinfer_status {
     PINFER_ERR_TOKENIZER = 9,    /* text or tokens could not be converted */
     PINFER_ERR_INTERNAL = 10     /* a bug in pinfer */
 } pinfer_status;
+
+typedef enum pinfer_end {
+    PINFER_END_NONE = 0,              /* not ended: call pinfer_generate_step again */
+    PINFER_END_END_OF_GENERATION = 1, /* an end-of-generation token (not passed on) */
+    PINFER_END_STOP_STRING = 2,       /* a stop string appeared (not passed on) */
+    PINFER_END_CONTEXT_FULL = 3       /* the context is full */
+} pinfer_end;
 
 typedef struct pinfer_model pinfer_model;
 typedef struct pinfer_context pinfer_context;
@@ -101,6 +108,20 @@ pinfer_status pinfer_sampler_default_params(pinfer_sampler_params *params, char 
 pinfer_status pinfer_sampler_new(const pinfer_sampler_params *params, pinfer_sampler **sampler, char *err, size_t err_len);
 pinfer_status pinfer_sample(pinfer_sampler *sampler, const pinfer_context *context, uint32_t *token, char *err, size_t err_len);
 pinfer_status pinfer_sampler_free(pinfer_sampler *sampler, char *err, size_t err_len);
+
+/* Generation, one token a call: begin after decoding the prompt (the sampler chain of `params`;
+ * `stops`: stop strings, each ended by a NUL, `stops_len` bytes in all, NULL and 0 for none), then
+ * each step evaluates the last token, samples the next and writes the text now complete (whole
+ * UTF-8 characters, possibly none; text that may begin a stop string is held back; not
+ * NUL-terminated) into `piece`, the token into `token` (UINT32_MAX when the stream ended without
+ * one) and why the stream ended into `end`. A piece too large for `capacity` is PINFER_ERR_BUFFER
+ * with its length in piece_len, and the next call gives the same step again. A decode or a reset
+ * ends the stream. */
+pinfer_status pinfer_generate_begin(pinfer_context *context, const pinfer_sampler_params *params, const char *stops, size_t stops_len, char *err, size_t err_len);
+pinfer_status pinfer_generate_step(pinfer_context *context, uint32_t *token, char *piece, size_t capacity, size_t *piece_len, pinfer_end *end, char *err, size_t err_len);
+/* Ends a stream the caller stops (its own limit): the text still held back goes to `piece` (an
+ * incomplete character as U+FFFD). The last token taken was not evaluated: decode it to go on. */
+pinfer_status pinfer_generate_finish(pinfer_context *context, char *piece, size_t capacity, size_t *piece_len, char *err, size_t err_len);
 
 #ifdef __cplusplus
 }

@@ -292,6 +292,17 @@ impl ChatTemplate {
         Self::ALL.into_iter().find(|t| t.name() == name)
     }
 
+    /// The format a front end renders a model's chats in, by one policy everywhere (CLI, server,
+    /// C ABI): the caller's choice `given` (a format name or a template's text), else the model's
+    /// `tokenizer.chat_template` (`model_text`; none gives ChatML). A template pinfer cannot
+    /// render is an error naming its family, never another format in its place.
+    pub fn for_model(given: Option<&str>, model_text: Option<&str>) -> Result<Self, ChatError> {
+        match given {
+            Some(name) => Self::from_name(name).map_or_else(|| Self::detect(Some(name)), Ok),
+            None => Self::detect(model_text),
+        }
+    }
+
     /// Chooses the format for a model's `tokenizer.chat_template` (or a format name), without
     /// executing it. `None` or `""` (the model has no template) gives ChatML, as llama.cpp does.
     pub fn detect(template_text: Option<&str>) -> Result<Self, ChatError> {
@@ -647,6 +658,17 @@ mod tests {
             assert_eq!(ChatTemplate::detect(Some(t.name())), Ok(t));
         }
         assert_eq!(ChatTemplate::detect(Some("zephyr")), Err(ChatError::Unsupported { family: "zephyr" }));
+    }
+
+    #[test]
+    fn one_policy_for_a_model_s_format_the_choice_first_and_no_fallback() {
+        let zephyr = Err(ChatError::Unsupported { family: "zephyr" });
+        assert_eq!(ChatTemplate::for_model(Some("llama3"), Some("zephyr")), Ok(ChatTemplate::Llama3));
+        assert_eq!(ChatTemplate::for_model(Some("<|im_start|>"), None), Ok(ChatTemplate::ChatMl));
+        assert_eq!(ChatTemplate::for_model(Some("zephyr"), Some("<|im_start|>")), zephyr);
+        assert_eq!(ChatTemplate::for_model(None, Some("zephyr")), zephyr);
+        assert_eq!(ChatTemplate::for_model(None, Some("{{ messages }}")), Err(ChatError::Unrecognized));
+        assert_eq!(ChatTemplate::for_model(None, None), Ok(ChatTemplate::ChatMl));
     }
 
     #[test]

@@ -1,13 +1,16 @@
 //! std layer: the one generation loop (sample → print → evaluate → stop), used by every front end
-//! (`generate`, `chat`, and next the server): the sampler chain with its repeat window,
-//! UTF-8-safe incremental decoding, stop strings held back until they can no longer match, and the
-//! reasons a stream ends. Its buffers are sized when it is made: nothing is allocated per token.
+//! (`generate`, `chat`, the server, the C ABI). The core step ([`crate::engine::generate`]) samples
+//! (the sampler chain with its repeat window), decodes UTF-8-safe pieces and checks
+//! end-of-generation tokens; this adds stop strings held back until they can no longer match,
+//! grammars, speculative decoding, context shift and the reasons a stream ends. Its buffers are
+//! sized when it is made: nothing is allocated per token.
 
 use std::fmt;
 use std::string::String;
 use std::vec;
 use std::vec::Vec;
 
+use crate::engine::generate::Generation;
 use crate::engine::EngineError;
 use crate::grammar::{Constraint, GrammarError};
 use crate::sampler::{Candidate, SampleError, Sampler, SamplerConfig};
@@ -70,44 +73,39 @@ impl<E: fmt::Display> fmt::Display for GenerateError<E> {
 
 impl<E: fmt::Debug + fmt::Display> std::error::Error for GenerateError<E> {}
 
-/// A sampler, its buffers and the last logits: one stream of generation at a time.
+/// The core step and its buffers: one stream of generation at a time.
 ///
-/// A front end either runs the whole loop ([`run`](Self::run): the CLI), or drives it token by
-/// token ([`step`](Self::step) after [`set_logits`](Self::set_logits), then
-/// [`finish`](Self::finish): the server, which evaluates many streams in one batch).
+/// A front end either runs the whole loop ([`run`](Self::run): the CLI, which samples from the
+/// session's logits in place), or drives it token by token ([`step`](Self::step) after
+/// [`set_logits`](Self::set_logits), then [`finish`](Self::finish): the server, which evaluates
+/// many streams in one batch).
 pub struct Generator<'t> {
     tok: &'t Tokenizer<'t>,
-    sampler: Sampler,
-    candidates: Vec<Candidate>,
-    piece: Vec<u8>,
+    gen: Generation<'t, Vec<Candidate>, Vec<u8>>,
+    /// The logits [`step`](Self::step) samples from ([`set_logits`](Self::set_logits)).
     logits: Vec<f32>,
     repeat_last_n: usize,
-    /// Keep generating past end-of-generation tokens (benchmarks).
-    pub ignore_eos: bool,
     /// Context shift ([`Session::shift_context`]) when the cache is full, keeping this many
     /// first positions; `None` ends the stream instead ([`Stop::ContextFull`]).
     pub context_shift: Option<usize>,
     stops: Vec<String>,
     /// Text decoded but held back: it may be the start of a stop string.
     held: String,
-    decoder: StreamDecoder,
     /// Added to the logits of these tokens before sampling.
     bias: Vec<(u32, f32)>,
     /// The stop string that ended the stream (index into `stops`).
     stopped_by: Option<usize>,
     /// The grammar the output must match.
     constraint: Option<Constraint>,
-    /// Tokens the stream may have ([`set_limit`](Self::set_limit)), and those it has.
+    /// Tokens the stream may have ([`set_limit`](Self::set_limit)).
     limit: Option<usize>,
-    generated: usize,
     /// Speculative decoding: where guesses come from, the most per batch and how many the next
-    /// batch carries, the batch (last token, then guesses), its logits rows, where its
-    /// verification stands, and what it did.
+    /// batch carries, the batch (last token, then guesses; its logits rows stay in the session),
+    /// where its verification stands, and what it did.
     drafter: Option<Drafter>,
     max_draft: usize,
     draft_len: usize,
     batch: Vec<u32>,
-    rows: Vec<f32>,
     verifying: Option<Verifying>,
     draft_stats: DraftStats,
 }
@@ -115,31 +113,34 @@ pub struct Generator<'t> {
 impl<'t> Generator<'t> {
     /// A generator for a model of `n_vocab` tokens; `config` is checked here.
     pub fn new(tok: &'t Tokenizer<'t>, n_vocab: usize, config: SamplerConfig) -> Result<Self, SampleError> {
+        let candidates = vec![Candidate::default(); n_vocab.max(tok.n_vocab() as usize)];
+        let piece = vec![0u8; StreamDecoder::buffer_len(tok)];
+        let gen = Generation::new(tok, Sampler::new(config)?, candidates, piece)
+            .map_err(|_| SampleError::ScratchTooSmall { needed: tok.n_vocab() as usize, got: n_vocab })?;
         Ok(Self {
             tok,
-            sampler: Sampler::new(config)?,
-            candidates: vec![Candidate::default(); n_vocab],
-            piece: vec![0u8; StreamDecoder::buffer_len(tok)],
+            gen,
             logits: vec![0f32; n_vocab],
             repeat_last_n: config.repeat_last_n as usize,
-            ignore_eos: false,
             context_shift: None,
             stops: Vec::new(),
             held: String::new(),
-            decoder: StreamDecoder::new(),
             bias: Vec::new(),
             stopped_by: None,
             constraint: None,
             limit: None,
-            generated: 0,
             drafter: None,
             max_draft: 0,
             draft_len: 0,
             batch: Vec::new(),
-            rows: Vec::new(),
             verifying: None,
             draft_stats: DraftStats::default(),
         })
+    }
+
+    /// Keep generating past end-of-generation tokens (benchmarks).
+    pub fn set_ignore_eos(&mut self, on: bool) {
+        self.gen.ignore_eos = on;
     }
 
     /// The grammar the next stream's output must match (compiled for its start), or none.
@@ -164,7 +165,7 @@ impl<'t> Generator<'t> {
     pub fn set_stop_strings(&mut self, stops: &[&str]) {
         self.stops = stops.iter().filter(|s| !s.is_empty()).map(|s| String::from(*s)).collect();
         let longest = self.stops.iter().map(String::len).max().unwrap_or(0);
-        self.held = String::with_capacity(longest + self.piece.len());
+        self.held = String::with_capacity(longest + StreamDecoder::buffer_len(self.tok));
     }
 
     /// Values added to the logits of tokens before sampling (OpenAI's `logit_bias`; `-inf` bans a
@@ -174,37 +175,31 @@ impl<'t> Generator<'t> {
         self.bias = bias.iter().copied().filter(|&(id, _)| (id as usize) < n_vocab).collect();
     }
 
-    /// Takes the logits the next token is sampled from (the logit biases added).
+    /// Takes the logits [`step`](Self::step) samples the next token from (the logit biases added).
     pub fn set_logits(&mut self, logits: &[f32]) {
         self.logits.copy_from_slice(logits);
-        self.add_bias();
-    }
-
-    /// Adds the logit biases to the held logits.
-    fn add_bias(&mut self) {
         for &(id, b) in &self.bias {
             self.logits[id as usize] += b;
         }
     }
 
-    /// The logits the last token was (or the next will be) sampled from, biases included.
+    /// The logits of the last [`set_logits`](Self::set_logits), biases included.
     pub fn logits(&self) -> &[f32] {
         &self.logits
     }
 
-    /// Evaluates `tokens` after what `session` holds and keeps the logits of the last one.
+    /// Evaluates `tokens` after what `session` holds: [`run`](Self::run) samples its first token
+    /// from the last one's logits, where the session keeps them.
     pub fn feed(&mut self, session: &mut Session, tokens: &[u32]) -> Result<(), SessionError> {
-        let logits = session.eval(tokens)?;
-        self.set_logits(logits);
+        session.eval(tokens)?;
         Ok(())
     }
 
     /// Starts a new stream of text (nothing pending or held back).
     pub fn begin(&mut self) {
-        self.decoder = StreamDecoder::new();
+        self.gen.begin();
         self.held.clear();
         self.stopped_by = None;
-        self.generated = 0;
     }
 
     /// The stop string that ended the last stream ([`Stop::StopString`]), until the next begins.
@@ -222,6 +217,17 @@ impl<'t> Generator<'t> {
         tokens: &mut Vec<u32>,
         each: &mut impl FnMut(&str) -> Result<Flow, E>,
     ) -> Result<Option<Stop>, GenerateError<E>> {
+        self.step_from(None, tokens, each)
+    }
+
+    /// [`step`](Self::step) from `row` (a session's logits, read in place, the biases added as
+    /// they are sampled), or from the held logits.
+    fn step_from<E>(
+        &mut self,
+        row: Option<&[f32]>,
+        tokens: &mut Vec<u32>,
+        each: &mut impl FnMut(&str) -> Result<Flow, E>,
+    ) -> Result<Option<Stop>, GenerateError<E>> {
         let window = tokens.len().saturating_sub(self.repeat_last_n);
         let mask = match &mut self.constraint {
             Some(c) => {
@@ -233,14 +239,15 @@ impl<'t> Generator<'t> {
             }
             None => None,
         };
-        let mut id = self
-            .sampler
-            .sample_masked(&self.logits, &tokens[window..], &mut self.candidates, mask)
-            .map_err(GenerateError::Sample)?;
+        let (logits, bias) = match row {
+            Some(row) => (row, &self.bias[..]),
+            None => (&self.logits[..], &[][..]),
+        };
+        let mut id = self.gen.sample(logits, bias, &tokens[window..], mask).map_err(GenerateError::Sample)?;
         if let (Some(c), Some(limit)) = (&mut self.constraint, self.limit) {
-            id = c.steer(id, limit.saturating_sub(self.generated)).map_err(GenerateError::Grammar)?;
+            id = c.steer(id, limit.saturating_sub(self.gen.generated())).map_err(GenerateError::Grammar)?;
         }
-        if self.tok.is_eog(id) && !self.ignore_eos {
+        if self.gen.ends(id) {
             return Ok(Some(Stop::EndOfGeneration));
         }
         // (With context shift the history outgrows the context: it grows instead.)
@@ -251,9 +258,8 @@ impl<'t> Generator<'t> {
             Some(c) => c.commit(id).map_err(GenerateError::Grammar)?,
             None => false,
         };
-        self.generated += 1;
         tokens.push(id);
-        let text = self.decoder.push(self.tok, id, false, &mut self.piece).map_err(GenerateError::Decode)?;
+        let text = self.gen.take(id).map_err(GenerateError::Decode)?;
         let (flow, found) = pass_on(&self.stops, &mut self.held, text, each)?;
         Ok(if found.is_some() {
             self.stopped_by = found;
@@ -276,14 +282,13 @@ impl<'t> Generator<'t> {
         stop: Stop,
         each: &mut impl FnMut(&str) -> Result<Flow, E>,
     ) -> Result<(), GenerateError<E>> {
+        let rest = self.gen.finish();
         if stop != Stop::StopString {
-            let rest = self.decoder.finish(&mut self.piece);
             self.held.push_str(rest);
             if !self.held.is_empty() {
                 each(&self.held).map_err(GenerateError::Output)?;
             }
         }
-        self.decoder = StreamDecoder::new();
         self.held.clear();
         Ok(())
     }
@@ -327,31 +332,60 @@ impl<'t> Generator<'t> {
             if limit.is_some_and(|l| n >= l) {
                 break Stop::Limit;
             }
-            if let Some(stop) = self.step(tokens, &mut each)? {
+            if let Some(stop) = self.step_in(session, tokens, &mut each)? {
                 break stop;
             }
             n += 1;
             if limit.is_some_and(|l| n >= l) {
                 break Stop::Limit;
             }
-            // A token that a verified draft already put in the cache needs no evaluation.
-            if self.take_verified(session, tokens).map_err(GenerateError::Session)? {
-                continue;
-            }
-            // llama.cpp shifts when the next token would leave no free position.
-            if let Some(keep) = self.context_shift {
-                if session.n_past() + 1 >= session.n_ctx() {
-                    session.shift_context(0, keep).map_err(GenerateError::Session)?;
-                }
-            }
             let left = limit.map_or(usize::MAX, |l| l - n);
-            match self.eval_next(session, tokens, left) {
-                Ok(()) => {}
-                Err(SessionError::Engine(EngineError::ContextFull { .. })) => break Stop::ContextFull,
-                Err(e) => return Err(GenerateError::Session(e)),
+            if let Some(stop) = self.advance(session, tokens, left).map_err(GenerateError::Session)? {
+                break stop;
             }
         };
         Ok(stop)
+    }
+
+    /// [`step`](Self::step) from the session's logits (read in place): the last evaluated
+    /// token's, or a verified guess's. After it, [`advance`](Self::advance) evaluates the token.
+    pub fn step_in<E>(
+        &mut self,
+        session: &Session,
+        tokens: &mut Vec<u32>,
+        each: &mut impl FnMut(&str) -> Result<Flow, E>,
+    ) -> Result<Option<Stop>, GenerateError<E>> {
+        let row = self.verifying.map_or(0, |v| v.row);
+        let logits = session
+            .logits(row)
+            .ok_or(GenerateError::Session(SessionError::Engine(EngineError::NonFiniteLogits)))?;
+        self.step_from(Some(logits), tokens, each)
+    }
+
+    /// Moves `session` on past the last token of `tokens` (the one [`step_in`](Self::step_in)
+    /// took): nothing when a verified guess already holds it, else shifts the context when it is
+    /// full and context shift is on, and evaluates the token with guesses after it (at most
+    /// `left - 1`: the tokens the limit leaves). `Some(Stop::ContextFull)` when it does not fit.
+    pub fn advance(
+        &mut self,
+        session: &mut Session,
+        tokens: &[u32],
+        left: usize,
+    ) -> Result<Option<Stop>, SessionError> {
+        if self.take_verified(session, tokens)? {
+            return Ok(None);
+        }
+        // llama.cpp shifts when the next token would leave no free position.
+        if let Some(keep) = self.context_shift {
+            if session.n_past() + 1 >= session.n_ctx() {
+                session.shift_context(0, keep)?;
+            }
+        }
+        match self.eval_next(session, tokens, left) {
+            Ok(()) => Ok(None),
+            Err(SessionError::Engine(EngineError::ContextFull { .. })) => Ok(Some(Stop::ContextFull)),
+            Err(e) => Err(e),
+        }
     }
 
     /// Speculative decoding: before each evaluation, up to `n_draft` tokens are guessed (by
@@ -370,7 +404,6 @@ impl<'t> Generator<'t> {
         self.max_draft = n;
         self.draft_len = n;
         let rows = if n > 0 { n + 1 } else { 0 };
-        self.rows = vec![0f32; rows * self.logits.len()];
         self.batch = Vec::with_capacity(rows);
     }
 
@@ -389,9 +422,6 @@ impl<'t> Generator<'t> {
         if v.row + 1 < self.batch.len() && self.batch[v.row + 1] == t {
             self.draft_stats.accepted += 1;
             v.row += 1;
-            let n_vocab = self.logits.len();
-            self.logits.copy_from_slice(&self.rows[v.row * n_vocab..(v.row + 1) * n_vocab]);
-            self.add_bias();
             self.verifying = Some(v);
             return Ok(true);
         }
@@ -423,19 +453,16 @@ impl<'t> Generator<'t> {
             d.guess(tokens, n_draft, self.logits.len(), self.tok, &mut self.batch)?;
         }
         if self.batch.len() == 1 {
-            let l = session.eval(&self.batch[..1])?;
-            self.logits.copy_from_slice(l);
+            session.eval(&self.batch[..1])?;
         } else {
+            // One step (the batch is at most `n_outputs`, at most a step's tokens): its rows stay
+            // in the session, read one by one as the guesses are verified.
             let n_past = session.n_past();
-            let n_vocab = self.logits.len();
-            let rows = &mut self.rows;
-            session.eval_all(&self.batch, |i, l| rows[i * n_vocab..(i + 1) * n_vocab].copy_from_slice(l))?;
+            session.eval_all(&self.batch, |_, _| {})?;
             self.draft_stats.drafted += self.batch.len() - 1;
             self.draft_stats.batches += 1;
-            self.logits.copy_from_slice(&self.rows[..n_vocab]);
             self.verifying = Some(Verifying { n_past, row: 0 });
         }
-        self.add_bias();
         Ok(())
     }
 }

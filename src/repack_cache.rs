@@ -37,7 +37,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::vec::Vec;
 
 use crate::arena::ARENA_ALIGN;
-use crate::engine::{graph_slots, EngineConfig, EngineError, GraphSlot, Model, Planned};
+use crate::engine::{EngineConfig, EngineError, Model};
 use crate::exec::PackedEntry;
 use crate::gguf::write::{GgufWriter, TensorHeader};
 use crate::gguf::{Gguf, TensorInfo, Value};
@@ -74,8 +74,7 @@ pub fn decode_placements(model: &ModelFile, repack: bool) -> Result<Vec<Placemen
     let model = Model::from_gguf(model.bytes(), gguf)?;
     let n_ctx = (model.hparams().n_ctx_train as usize).clamp(1, 256);
     let config = EngineConfig { n_ctx, n_batch: 1, repack, ..EngineConfig::default() };
-    let slots: Vec<GraphSlot> = (0..graph_slots(&config)).map(|_| GraphSlot::new()).collect();
-    let planned = Planned::new(model, &config, slots)?;
+    let planned = crate::engine::heap::plan(model, &config)?;
     Ok(planned.model().gguf().tensors().map(|t| planned.placement_of(&t)).collect())
 }
 

@@ -71,6 +71,19 @@ pub struct Candidate {
     pub p: f32,
 }
 
+impl Candidate {
+    /// Words (`u32`) one candidate takes: a list of `n` is carved out of `n * WORDS` words.
+    pub const WORDS: usize = 3;
+
+    /// `words` as a candidate list of `words.len() / WORDS` entries (memory without an
+    /// allocator: bare metal's arena).
+    pub fn list_in(words: &mut [u32]) -> &mut [Candidate] {
+        let n = words.len() / Self::WORDS * Self::WORDS;
+        // Same alignment, a whole number of candidates: the cast cannot fail.
+        bytemuck::try_cast_slice_mut(&mut words[..n]).unwrap_or_default()
+    }
+}
+
 /// Sampling parameters, named and defaulted as llama.cpp's CLI (`--temp`, `--top-k`, `--top-p`,
 /// `--min-p`, `--repeat-penalty`, `--repeat-last-n`, `--seed`).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -337,6 +350,20 @@ impl Sampler {
         scratch: &mut [Candidate],
         allowed: Option<&[u32]>,
     ) -> Result<u32, SampleError> {
+        self.sample_biased(logits, &[], recent, scratch, allowed)
+    }
+
+    /// [`sample_masked`](Self::sample_masked) with `bias` added to the logits of its tokens first
+    /// (OpenAI's `logit_bias`; ids outside the row are ignored): the sum is made in the scratch
+    /// list, so the caller's row is read in place, never copied.
+    pub fn sample_biased(
+        &mut self,
+        logits: &[f32],
+        bias: &[(u32, f32)],
+        recent: &[u32],
+        scratch: &mut [Candidate],
+        allowed: Option<&[u32]>,
+    ) -> Result<u32, SampleError> {
         let n = logits.len();
         if n == 0 {
             return Err(SampleError::EmptyLogits);
@@ -346,7 +373,7 @@ impl Sampler {
         }
         let got = scratch.len();
         let cands = scratch.get_mut(..n).ok_or(SampleError::ScratchTooSmall { needed: n, got })?;
-        load(cands, logits)?;
+        load(cands, logits, bias)?;
         if let Some(mask) = allowed {
             apply_mask(cands, mask)?;
         }
@@ -374,11 +401,24 @@ impl Sampler {
     }
 }
 
-/// Copies the logits in (`id = index`, `p = 0`, the penalty's "not yet seen" mark) and rejects
-/// NaN, `+inf` and an all-`-inf` row. `-0.0` becomes `+0.0`, so ties compare as ties.
-fn load(cands: &mut [Candidate], logits: &[f32]) -> Result<(), SampleError> {
+/// Copies the logits in (`id = index`, `p = 0`, the penalty's "not yet seen" mark), `bias` added
+/// to its tokens', and rejects NaN, `+inf` and an all-`-inf` row. `-0.0` becomes `+0.0`, so ties
+/// compare as ties.
+fn load(cands: &mut [Candidate], logits: &[f32], bias: &[(u32, f32)]) -> Result<(), SampleError> {
+    let biased = !bias.is_empty();
+    if biased {
+        for (c, &l) in cands.iter_mut().zip(logits) {
+            c.logit = l;
+        }
+        for &(id, b) in bias {
+            if let Some(c) = cands.get_mut(id as usize) {
+                c.logit += b;
+            }
+        }
+    }
     let mut any_finite = false;
-    for (i, (c, &l)) in cands.iter_mut().zip(logits).enumerate() {
+    for (i, (c, &raw)) in cands.iter_mut().zip(logits).enumerate() {
+        let l = if biased { c.logit } else { raw };
         if l.is_nan() {
             return Err(SampleError::NanLogit { index: i });
         }
@@ -673,6 +713,28 @@ mod tests {
     }
 
     #[test]
+    fn a_bias_in_the_scratch_list_samples_as_one_added_to_the_row() {
+        let l = [1.0, 2.5, -0.5, 0.25, 2.0];
+        let bias = [(2, 4.0), (1, f32::NEG_INFINITY), (9, 1.0)];
+        let mut added = l;
+        added[2] += 4.0;
+        added[1] += f32::NEG_INFINITY;
+        let mut scratch = [Candidate::default(); 5];
+        for t in [0.0, 0.8] {
+            let cfg = SamplerConfig { temperature: t, ..SamplerConfig::default() };
+            let (mut a, mut b) = (Sampler::new(cfg).unwrap(), Sampler::new(cfg).unwrap());
+            for _ in 0..8 {
+                let x = a.sample_biased(&l, &bias, &[], &mut scratch, None).unwrap();
+                assert_eq!(x, b.sample(&added, &[], &mut scratch).unwrap());
+            }
+        }
+        let inf = [(0, f32::INFINITY)];
+        let e =
+            Sampler::new(SamplerConfig::greedy()).unwrap().sample_biased(&l, &inf, &[], &mut scratch, None);
+        assert_eq!(e, Err(SampleError::InfiniteLogit { index: 0 }));
+    }
+
+    #[test]
     fn greedy_picks_the_argmax() {
         let mut s = sampler(SamplerConfig::greedy());
         let mut scratch = [Candidate::default(); 64];
@@ -716,7 +778,7 @@ mod tests {
     fn top_k_keeps_the_k_best_sorted() {
         let l: [f32; 1000] = logits(3);
         let mut c = [Candidate::default(); 1000];
-        load(&mut c, &l).unwrap();
+        load(&mut c, &l, &[]).unwrap();
         let mut reference = c;
         reference.sort_unstable_by(by_logit_desc);
         assert_eq!(top_k(&mut c, 37), 37);
@@ -733,7 +795,7 @@ mod tests {
         {
             for sorted in [false, true] {
                 let mut c = [Candidate::default(); 4];
-                load(&mut c, &l[..4]).unwrap();
+                load(&mut c, &l[..4], &[]).unwrap();
                 if sorted {
                     c.sort_unstable_by(by_logit_desc);
                 }
@@ -755,7 +817,7 @@ mod tests {
             let mut r = Rng::from_seed(seed);
             let l: [f32; N] = core::array::from_fn(|_| (r.next_f64() * scale) as f32);
             let mut c = [Candidate::default(); N];
-            load(&mut c, &l).unwrap();
+            load(&mut c, &l, &[]).unwrap();
             let mut full = c;
             softmax(&mut full, false);
             full.sort_unstable_by(by_logit_desc);
@@ -777,7 +839,7 @@ mod tests {
         // min_p 0.2 -> p >= 0.1; 0.5 -> p >= 0.25; 1.0 -> only the best.
         for (p, want) in [(0.2, &[1, 3, 0][..]), (0.5, &[1, 3]), (1.0, &[1])] {
             let mut c = [Candidate::default(); 4];
-            load(&mut c, &l[..4]).unwrap();
+            load(&mut c, &l[..4], &[]).unwrap();
             let n = min_p(&mut c, false, p);
             let mut ids: heapless::Vec<usize, 4> = c[..n].iter().map(|c| c.id as usize).collect();
             ids.sort_unstable();
@@ -786,7 +848,7 @@ mod tests {
             assert_eq!(ids, want_sorted, "unsorted min_p {p}");
 
             let mut c = [Candidate::default(); 4];
-            load(&mut c, &l[..4]).unwrap();
+            load(&mut c, &l[..4], &[]).unwrap();
             c.sort_unstable_by(by_logit_desc);
             let n = min_p(&mut c, true, p);
             let ids: heapless::Vec<usize, 4> = c[..n].iter().map(|c| c.id as usize).collect();
@@ -870,14 +932,14 @@ mod tests {
     #[test]
     fn penalty_divides_positive_and_multiplies_negative_logits_once_per_token() {
         let mut c = [Candidate::default(); 5];
-        load(&mut c, &[2.0, -1.0, 0.5, 0.0, 3.0]).unwrap();
+        load(&mut c, &[2.0, -1.0, 0.5, 0.0, 3.0], &[]).unwrap();
         // Token 0 twice in the window: penalised once. Token 4 is outside the last 4.
         let pen = SamplerConfig { repeat_penalty: 2.0, repeat_last_n: 4, ..SamplerConfig::greedy() };
         apply_penalties(&mut c, &[4, 0, 1, 0, 3], &pen).unwrap();
         let got: [f32; 5] = core::array::from_fn(|i| c[i].logit);
         assert_eq!(got, [1.0, -2.0, 0.5, 0.0, 3.0]);
         // Frequency: per occurrence; presence: once per distinct token (OpenAI's, as llama.cpp).
-        load(&mut c, &[2.0, -1.0, 0.5, 0.0, 3.0]).unwrap();
+        load(&mut c, &[2.0, -1.0, 0.5, 0.0, 3.0], &[]).unwrap();
         let fp = SamplerConfig { frequency_penalty: 0.5, presence_penalty: 0.25, repeat_last_n: 4, ..pen };
         apply_penalties(&mut c, &[4, 0, 1, 0, 3], &SamplerConfig { repeat_penalty: 1.0, ..fp }).unwrap();
         let got: [f32; 5] = core::array::from_fn(|i| c[i].logit);

@@ -12,9 +12,7 @@ use std::vec;
 use std::vec::Vec;
 
 use crate::arena::ARENA_ALIGN;
-use crate::engine::{
-    graph_slots, Engine, EngineConfig, EngineError, Entry, GraphSlot, Model, Parallel, Planned,
-};
+use crate::engine::{Engine, EngineConfig, EngineError, Entry, GraphSlot, Model, Parallel};
 use crate::exec::pool::{Pool, PoolConfig};
 use crate::exec::{ExecError, PackedEntry};
 use crate::gguf::{Gguf, TensorInfo};
@@ -368,9 +366,8 @@ pub struct Session {
     model: &'static ModelFile,
     engine: Box<SessionEngine>,
     pool: Pool,
-    /// The batch being evaluated (capacity `n_batch`: no allocation per token).
+    /// The batch being evaluated (`n_batch` entries: no allocation per token).
     entries: Vec<Entry>,
-    logits: Vec<f32>,
     /// The file is a repacked-weight cache: the packed planes are read from the mapping.
     from_cache: bool,
     /// Bytes of the repacked weights (in the engine's memory, or in the file).
@@ -416,7 +413,6 @@ impl Session {
             kernels: opts.kernels,
             kv_types: opts.kv_types,
         };
-        let slots: Vec<GraphSlot> = (0..graph_slots(&config)).map(|_| GraphSlot::new()).collect();
         let base = Model::from_gguf(model.bytes(), gguf)?;
         let base = match open_adapters(&base, &opts.lora)? {
             Some(adapters) => base
@@ -424,7 +420,7 @@ impl Session {
                 .map_err(|e| SessionError::Adapter { path: opts.lora[0].0.clone(), error: e.to_string() })?,
             None => base,
         };
-        let mut planned = Planned::new(base, &config, slots)?;
+        let mut planned = crate::engine::heap::plan(base, &config)?;
         let gguf = planned.model().gguf();
         // Where every tensor goes (the same decision `pinfer info --placement` prints).
         let placements: Vec<Placement> = gguf.tensors().map(|t| planned.placement_of(&t)).collect();
@@ -534,14 +530,12 @@ impl Session {
                 crate::npu::session_backend(model, &graphs, &config, n_batch, opts.repack).map(Box::new)
             }
         };
-        let n_vocab = engine.planned().model().vocab().n_vocab as usize;
         let n_batch = engine.kv_layout().n_batch;
         Ok(Self {
             model,
             engine,
             pool,
-            entries: Vec::with_capacity(n_batch),
-            logits: vec![0.0; n_vocab],
+            entries: vec![Entry { seq: 0, pos: 0, token: 0, logits: false }; n_batch],
             from_cache,
             packed_bytes: packed_total,
             repack_seconds,
@@ -737,7 +731,7 @@ impl Session {
 
     /// Vocabulary size.
     pub fn n_vocab(&self) -> usize {
-        self.logits.len()
+        self.engine.planned().model().vocab().n_vocab as usize
     }
 
     /// Bytes of the engine's memory: KV cache and inputs, activations, work.
@@ -776,16 +770,21 @@ impl Session {
         self.engine.truncate(0, n)
     }
 
-    /// Evaluates `tokens` after the cached ones; returns the logits of the last one.
+    /// Evaluates `tokens` after the cached ones (in steps of at most a batch, [`Engine::feed`]);
+    /// returns the logits of the last one, in the engine's memory (no copy; also
+    /// [`logits`](Self::logits)`(0)` until the next step). No tokens: the last step's (none
+    /// before the first).
     pub fn eval(&mut self, tokens: &[u32]) -> Result<&[f32], SessionError> {
         self.check(tokens)?;
-        let n_batch = self.engine.kv_layout().n_batch;
-        for chunk in tokens.chunks(n_batch) {
-            self.step(chunk, false)?;
-            let last = self.engine.logits(0).ok_or(SessionError::Engine(EngineError::NonFiniteLogits))?;
-            self.logits.copy_from_slice(last);
+        if tokens.is_empty() {
+            return Ok(self.engine.logits(0).unwrap_or_default());
         }
-        Ok(&self.logits)
+        #[cfg(feature = "npu")]
+        let offload = self.npu.as_deref().map(|n| n as &dyn crate::exec::MatmulOffload);
+        #[cfg(not(feature = "npu"))]
+        let offload = None;
+        self.engine.feed(0, tokens, &mut self.entries, &self.pool, offload)?;
+        self.engine.logits(0).ok_or(SessionError::Engine(EngineError::NonFiniteLogits))
     }
 
     /// Evaluates `tokens` after the cached ones and calls `each` with every token's logits in
@@ -824,15 +823,11 @@ impl Session {
     /// or for every token with `all`.
     fn step(&mut self, tokens: &[u32], all: bool) -> Result<(), SessionError> {
         let n_past = self.n_past();
-        self.entries.clear();
-        self.entries.extend(tokens.iter().enumerate().map(|(i, &token)| Entry {
-            seq: 0,
-            pos: n_past + i,
-            token,
-            logits: all || i + 1 == tokens.len(),
-        }));
+        for (i, (e, &token)) in self.entries.iter_mut().zip(tokens).enumerate() {
+            *e = Entry { seq: 0, pos: n_past + i, token, logits: all || i + 1 == tokens.len() };
+        }
         let entries = core::mem::take(&mut self.entries);
-        let result = self.decode(&entries);
+        let result = self.decode(&entries[..tokens.len()]);
         self.entries = entries;
         result
     }

@@ -23,8 +23,9 @@ use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-use pinfer::chat::{ChatTemplate, Message, Role};
-use pinfer::engine::{graph_slots, EngineConfig, EngineError, GraphSlot, Model, Planned};
+use pinfer::chat::{ChatError, ChatTemplate, Message, Role};
+use pinfer::engine::{graph_slots, EngineConfig, EngineError, GraphSlot, Model};
+use pinfer::generate::{Flow, GenerateError, Generator, Stop};
 use pinfer::gguf::Gguf;
 use pinfer::loader::ModelFile;
 use pinfer::sampler::{Candidate, Sampler, SamplerConfig};
@@ -67,7 +68,8 @@ pub struct PinferModel {
     storage: *mut [u32],
     gguf: Gguf<'static>,
     tokenizer: Tokenizer<'static>,
-    template: Option<ChatTemplate>,
+    /// Its chat format, or why pinfer cannot render its template (pinfer_chat_apply says it).
+    template: Result<ChatTemplate, ChatError>,
     contexts: AtomicUsize,
 }
 
@@ -90,6 +92,83 @@ pub struct PinferContext {
     /// Every token decoded since the last reset (the sampler's penalty window reads it).
     history: Vec<u32>,
     has_logits: bool,
+    /// The stream `pinfer_generate_step` runs (`pinfer_generate_begin` starts it; a decode or a
+    /// reset ends it).
+    stream: Option<Stream>,
+}
+
+/// Why `pinfer_generate_step` ended a stream (`pinfer_end`; the values are fixed).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PinferEnd {
+    /// Not ended: call again for the next token.
+    None = 0,
+    /// An end-of-generation token (not passed on).
+    EndOfGeneration = 1,
+    /// A stop string appeared (it is not passed on).
+    StopString = 2,
+    /// The context is full.
+    ContextFull = 3,
+}
+
+/// `token` of a step that ended the stream without taking one.
+const NO_TOKEN: u32 = u32::MAX;
+
+/// A stream of generation: the std generator (sampler chain, UTF-8-safe pieces, stop strings)
+/// over the context's session.
+struct Stream {
+    generator: Generator<'static>,
+    /// The last token taken is not evaluated yet: the next step evaluates it first (so a caller
+    /// that stops after a token pays no forward pass for it).
+    pending: bool,
+    ended: bool,
+    /// A step's text, and its token and end until they are handed over (kept when the caller's
+    /// buffer is too small, for the next call).
+    text: String,
+    undelivered: Option<(u32, PinferEnd)>,
+}
+
+impl Stream {
+    /// One step: evaluates the last token (if any), samples the next, passes its text on.
+    fn step(&mut self, session: &mut Session, history: &mut Vec<u32>) -> Result<(u32, PinferEnd), Failure> {
+        if self.ended {
+            return Err(fail(PinferStatus::ErrOrder, "the stream ended: decode and begin a new one"));
+        }
+        let text = &mut self.text;
+        let mut each = |t: &str| -> Result<Flow, std::convert::Infallible> {
+            text.push_str(t);
+            Ok(Flow::Continue)
+        };
+        let mut stop = None;
+        if std::mem::take(&mut self.pending) {
+            stop = self.generator.advance(session, history, usize::MAX).map_err(from_session)?;
+        }
+        let before = history.len();
+        if stop.is_none() {
+            stop = self.generator.step_in(session, history, &mut each).map_err(from_generate)?;
+        }
+        let token = history.get(before).copied().unwrap_or(NO_TOKEN);
+        let Some(stop) = stop else {
+            self.pending = true;
+            return Ok((token, PinferEnd::None));
+        };
+        self.ended = true;
+        self.generator.finish(stop, &mut each).map_err(from_generate)?;
+        let end = match stop {
+            Stop::StopString => PinferEnd::StopString,
+            Stop::ContextFull => PinferEnd::ContextFull,
+            _ => PinferEnd::EndOfGeneration,
+        };
+        Ok((token, end))
+    }
+}
+
+fn from_generate(e: GenerateError<std::convert::Infallible>) -> Failure {
+    match e {
+        GenerateError::Session(e) => from_session(e),
+        GenerateError::Decode(e) => from_tokenizer(e),
+        e => fail(PinferStatus::ErrInternal, e),
+    }
 }
 
 /// A sampler chain with its working memory (`pinfer_sampler`).
@@ -365,7 +444,7 @@ fn open_model(file: ModelFile) -> Result<*mut PinferModel, Failure> {
             }
         };
         let template_text = gguf.get_str_opt("tokenizer.chat_template").ok().flatten();
-        let template = ChatTemplate::detect(template_text).ok();
+        let template = ChatTemplate::for_model(None, template_text);
         Ok(PinferModel { file, storage, gguf, tokenizer, template, contexts: AtomicUsize::new(0) })
     })();
     match built {
@@ -524,16 +603,11 @@ pub unsafe extern "C" fn pinfer_plan(
         let engine_model =
             Model::from_gguf(file.bytes(), gguf).map_err(|e| fail(PinferStatus::ErrModel, e))?;
         let n_slots = graph_slots(&config);
-        let mut slots: Vec<GraphSlot> = Vec::new();
-        slots
-            .try_reserve_exact(n_slots)
-            .map_err(|_| fail(PinferStatus::ErrMemory, "no memory for the graphs"))?;
-        slots.resize_with(n_slots, GraphSlot::new);
-        let planned = Planned::new(engine_model, &config, slots.as_mut_slice()).map_err(|e| {
-            let status = if matches!(e, EngineError::Config(_)) {
-                PinferStatus::ErrArgument
-            } else {
-                PinferStatus::ErrModel
+        let planned = pinfer::engine::heap::plan(engine_model, &config).map_err(|e| {
+            let status = match e {
+                EngineError::Config(_) => PinferStatus::ErrArgument,
+                EngineError::Memory(_) => PinferStatus::ErrMemory,
+                _ => PinferStatus::ErrModel,
             };
             fail(status, e)
         })?;
@@ -568,7 +642,7 @@ pub unsafe extern "C" fn pinfer_context_new(
         let file: &'static ModelFile = unsafe { &*m.file };
         let session = Session::new(file, &opts).map_err(from_session)?;
         m.contexts.fetch_add(1, Ordering::AcqRel);
-        let ctx = PinferContext { session, model, history: Vec::new(), has_logits: false };
+        let ctx = PinferContext { session, model, history: Vec::new(), has_logits: false, stream: None };
         *context = register(Box::new(ctx), Kind::Context);
         Ok(())
     })
@@ -604,6 +678,7 @@ pub unsafe extern "C" fn pinfer_context_reset(
         let _ = ctx.session.truncate(0);
         ctx.history.clear();
         ctx.has_logits = false;
+        ctx.stream = None;
         Ok(())
     })
 }
@@ -743,9 +818,9 @@ pub unsafe extern "C" fn pinfer_chat_apply(
         let m = handle(model, Kind::Model, "model")?;
         let text_len = out(text_len, "text_len")?;
         let buf = slice_mut(text.cast::<u8>(), capacity, "text")?;
-        let template = m.template.ok_or_else(|| {
-            fail(PinferStatus::ErrModel, "the model's chat template is not one pinfer recognises")
-        })?;
+        let template = m
+            .template
+            .map_err(|e| fail(PinferStatus::ErrModel, format!("the model's chat template: {e}")))?;
         let given = slice(messages, n_messages, "messages")?;
         let mut list = Vec::with_capacity(given.len());
         for (i, msg) in given.iter().enumerate() {
@@ -794,6 +869,7 @@ pub unsafe extern "C" fn pinfer_decode(
             return Err(argument("no tokens to decode"));
         }
         ctx.has_logits = false;
+        ctx.stream = None;
         ctx.session.eval(tokens).map_err(from_session)?;
         ctx.history.extend_from_slice(tokens);
         ctx.has_logits = true;
@@ -865,25 +941,29 @@ pub unsafe extern "C" fn pinfer_sampler_new(
     guard(err, err_len, || {
         let sampler = out(sampler, "sampler")?;
         *sampler = std::ptr::null_mut();
-        if params.is_null() {
-            return Err(argument("params is NULL (pinfer_sampler_default_params fills one)"));
-        }
-        // SAFETY: not NULL; the caller gives a readable pinfer_sampler_params (header contract).
-        let p = unsafe { &*params };
-        let config = SamplerConfig {
-            temperature: p.temperature,
-            top_k: p.top_k,
-            top_p: p.top_p,
-            min_p: p.min_p,
-            repeat_penalty: p.repeat_penalty,
-            repeat_last_n: p.repeat_last_n,
-            frequency_penalty: p.frequency_penalty,
-            presence_penalty: p.presence_penalty,
-            seed: p.seed,
-        };
-        let s = Sampler::new(config).map_err(|e| argument(format!("params: {e}")))?;
+        let s = Sampler::new(sampler_config(params)?).map_err(|e| argument(format!("params: {e}")))?;
         *sampler = register(Box::new(PinferSampler { sampler: s, scratch: Vec::new() }), Kind::Sampler);
         Ok(())
+    })
+}
+
+/// The sampler configuration `params` gives (checked when a sampler is made from it).
+fn sampler_config(params: *const PinferSamplerParams) -> Result<SamplerConfig, Failure> {
+    if params.is_null() {
+        return Err(argument("params is NULL (pinfer_sampler_default_params fills one)"));
+    }
+    // SAFETY: not NULL; the caller gives a readable pinfer_sampler_params (header contract).
+    let p = unsafe { &*params };
+    Ok(SamplerConfig {
+        temperature: p.temperature,
+        top_k: p.top_k,
+        top_p: p.top_p,
+        min_p: p.min_p,
+        repeat_penalty: p.repeat_penalty,
+        repeat_last_n: p.repeat_last_n,
+        frequency_penalty: p.frequency_penalty,
+        presence_penalty: p.presence_penalty,
+        seed: p.seed,
     })
 }
 
@@ -921,6 +1001,135 @@ pub unsafe extern "C" fn pinfer_sampler_free(
 ) -> PinferStatus {
     guard(err, err_len, || {
         drop(free_handle(sampler, Kind::Sampler, "sampler", |_| Ok(()))?);
+        Ok(())
+    })
+}
+
+/// Starts a stream of generation after the decoded tokens: `params`' sampler chain, ending at an
+/// end-of-generation token, a full context, or one of the stop strings (`stops`: `stops_len`
+/// bytes of UTF-8 strings, each ended by a NUL; NULL and 0 for none).
+#[no_mangle]
+pub unsafe extern "C" fn pinfer_generate_begin(
+    context: *mut PinferContext,
+    params: *const PinferSamplerParams,
+    stops: *const c_char,
+    stops_len: usize,
+    err: *mut c_char,
+    err_len: usize,
+) -> PinferStatus {
+    guard(err, err_len, || {
+        let ctx = handle_mut(context, Kind::Context, "context")?;
+        last_logits(ctx)?;
+        let config = sampler_config(params)?;
+        let stops = if stops_len == 0 { "" } else { text(stops, stops_len, "stops")? };
+        let stops: Vec<&str> = stops.split_terminator('\0').collect();
+        // SAFETY: the context keeps its model alive (pinfer_model_free refuses a model with
+        // contexts), and the stream, which borrows its tokenizer, lives in the context.
+        let m: &'static PinferModel = unsafe { &*ctx.model };
+        let mut generator = Generator::new(&m.tokenizer, ctx.session.n_vocab(), config)
+            .map_err(|e| argument(format!("params: {e}")))?;
+        generator.set_stop_strings(&stops);
+        generator.begin();
+        // The history holds every token the context can (a full one ends the stream).
+        let room = (ctx.session.n_ctx() + 1).saturating_sub(ctx.history.len());
+        ctx.history.try_reserve_exact(room).map_err(|_| fail(PinferStatus::ErrMemory, "no memory"))?;
+        ctx.stream =
+            Some(Stream { generator, pending: false, ended: false, text: String::new(), undelivered: None });
+        Ok(())
+    })
+}
+
+/// One token of the stream: evaluates the last one, samples the next, and writes the text that
+/// is now complete (UTF-8 whole characters; possibly none; text that may begin a stop string is
+/// held back) into `piece` (`capacity` bytes, not NUL-terminated), its length into `piece_len`,
+/// the token into `token` (`UINT32_MAX` when the stream ended without one) and why the stream
+/// ended into `end` (`PINFER_END_NONE`: call again). When `capacity` is too small the status is
+/// PINFER_ERR_BUFFER with the length needed; the next call gives the same step's output.
+#[no_mangle]
+pub unsafe extern "C" fn pinfer_generate_step(
+    context: *mut PinferContext,
+    token: *mut u32,
+    piece: *mut c_char,
+    capacity: usize,
+    piece_len: *mut usize,
+    end: *mut PinferEnd,
+    err: *mut c_char,
+    err_len: usize,
+) -> PinferStatus {
+    guard(err, err_len, || {
+        let ctx = handle_mut(context, Kind::Context, "context")?;
+        let (token, piece_len, end) = (out(token, "token")?, out(piece_len, "piece_len")?, out(end, "end")?);
+        let dst = slice_mut(piece.cast::<u8>(), capacity, "piece")?;
+        let PinferContext { session, history, stream, .. } = ctx;
+        let s = stream.as_mut().ok_or_else(|| {
+            fail(PinferStatus::ErrOrder, "no stream: decode a prompt, then pinfer_generate_begin")
+        })?;
+        let (id, why) = match s.undelivered {
+            Some(step) => step,
+            None => {
+                s.text.clear();
+                s.step(session, history)?
+            }
+        };
+        *piece_len = s.text.len();
+        if s.text.len() > dst.len() {
+            s.undelivered = Some((id, why));
+            return Err(fail(
+                PinferStatus::ErrBuffer,
+                "the piece does not fit: the next call gives it again",
+            ));
+        }
+        dst[..s.text.len()].copy_from_slice(s.text.as_bytes());
+        s.undelivered = None;
+        (*token, *end) = (id, why);
+        Ok(())
+    })
+}
+
+/// Ends the stream before it ended itself (the caller's limit): writes the text still held back
+/// (an incomplete character as U+FFFD, the start of a stop string as it is) into `piece` as
+/// pinfer_generate_step does. The last token taken stays out of the context (it was not
+/// evaluated): decode it to go on from there.
+#[no_mangle]
+pub unsafe extern "C" fn pinfer_generate_finish(
+    context: *mut PinferContext,
+    piece: *mut c_char,
+    capacity: usize,
+    piece_len: *mut usize,
+    err: *mut c_char,
+    err_len: usize,
+) -> PinferStatus {
+    guard(err, err_len, || {
+        let ctx = handle_mut(context, Kind::Context, "context")?;
+        let piece_len = out(piece_len, "piece_len")?;
+        let dst = slice_mut(piece.cast::<u8>(), capacity, "piece")?;
+        let s = ctx.stream.as_mut().ok_or_else(|| {
+            fail(PinferStatus::ErrOrder, "no stream: decode a prompt, then pinfer_generate_begin")
+        })?;
+        if s.undelivered.is_some() {
+            return Err(fail(
+                PinferStatus::ErrOrder,
+                "a step's piece is not handed over yet: call pinfer_generate_step",
+            ));
+        }
+        s.text.clear();
+        if !s.ended {
+            let text = &mut s.text;
+            let mut each = |t: &str| -> Result<Flow, std::convert::Infallible> {
+                text.push_str(t);
+                Ok(Flow::Continue)
+            };
+            s.generator.finish(Stop::Limit, &mut each).map_err(from_generate)?;
+        }
+        *piece_len = s.text.len();
+        if s.text.len() > dst.len() {
+            return Err(fail(PinferStatus::ErrBuffer, "the piece does not fit: call again with more room"));
+        }
+        dst[..s.text.len()].copy_from_slice(s.text.as_bytes());
+        if std::mem::take(&mut s.pending) {
+            ctx.history.pop();
+        }
+        ctx.stream = None;
         Ok(())
     })
 }

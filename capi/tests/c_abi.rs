@@ -200,8 +200,19 @@ fn the_header_declares_exactly_what_the_library_exports() {
         assert!(header.contains(&want), "the header should say {want}");
         assert!(src.contains(&format!("{variant} = {},", value as i32)));
     }
+    for (variant, value) in [
+        ("None", PinferEnd::None),
+        ("EndOfGeneration", PinferEnd::EndOfGeneration),
+        ("StopString", PinferEnd::StopString),
+        ("ContextFull", PinferEnd::ContextFull),
+    ] {
+        let constant = format!("PINFER_END_{}", c_name(variant).to_uppercase());
+        let want = format!("{constant} = {}", value as i32);
+        assert!(header.contains(&want), "the header should say {want}");
+        assert!(src.contains(&format!("{variant} = {},", value as i32)));
+    }
     let constants = header.lines().filter(|l| l.trim_start().starts_with("PINFER_")).count();
-    assert_eq!(constants, 11, "a status in the header that the test does not list");
+    assert_eq!(constants, 11 + 4, "a status or end value in the header that the test does not list");
 }
 
 // ---- the C example ----
@@ -281,6 +292,51 @@ fn the_c_example_generates_llama_cpp_s_greedy_ids() {
         checked += trusted.len();
     }
     assert!(checked >= 4, "only {checked} ids checked");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The C example's text (through pinfer_generate_step) is what `pinfer generate --temp 0` prints
+/// for the same prompt and count: the same generator behind both.
+#[test]
+#[cfg(target_arch = "x86_64")]
+fn the_c_example_prints_what_pinfer_generate_prints() {
+    let dir = std::env::temp_dir().join(format!("pinfer-capi-text-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let exe = dir.join("generate");
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let built = std::process::Command::new(&cc)
+        .args(["-std=c99", "-O2", "-Wall", "-Wextra", "-Werror", "-I"])
+        .arg(root().join("include"))
+        .arg(root().join("examples/c/generate.c"))
+        .arg(static_library())
+        .args(["-lpthread", "-ldl", "-lm", "-o"])
+        .arg(&exe)
+        .output()
+        .expect("a C compiler (cc)");
+    assert!(built.status.success(), "{}", String::from_utf8_lossy(&built.stderr));
+    // The CLI of this build (cargo test --workspace builds it beside the test binaries).
+    let deps = std::env::current_exe().unwrap().parent().unwrap().to_path_buf();
+    let cli = deps.parent().unwrap().join("pinfer");
+    if !cli.exists() {
+        let status = std::process::Command::new(env!("CARGO"))
+            .args(["build", "-p", "pinfer", "--bin", "pinfer"])
+            .current_dir(root())
+            .status()
+            .unwrap();
+        assert!(status.success(), "cargo build --bin pinfer");
+    }
+    let model = root().join(MODEL);
+    for (prompt, n) in [("The capital of France is", "24"), ("Once upon a time", "40")] {
+        let c = std::process::Command::new(&exe).arg(&model).arg(prompt).arg(n).output().unwrap();
+        assert!(c.status.success(), "{}", String::from_utf8_lossy(&c.stderr));
+        let args = ["generate", "--no-display-prompt", "-p", prompt, "-n", n, "--temp", "0", "-c", "512"];
+        let cli_run = std::process::Command::new(&cli).args(args).arg("-m").arg(&model).output().unwrap();
+        assert!(cli_run.status.success(), "{}", String::from_utf8_lossy(&cli_run.stderr));
+        let (c_text, cli_text) =
+            (String::from_utf8_lossy(&c.stdout), String::from_utf8_lossy(&cli_run.stdout));
+        assert!(c_text.trim().len() > 20, "{c_text:?}");
+        assert_eq!(c_text, cli_text, "prompt {prompt:?}");
+    }
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -514,6 +570,46 @@ fn bad_arguments_and_call_order_get_a_status_and_a_message() {
         expect(pinfer_sampler_new(&sp, &mut sampler, e.ptr(), 256), &e, ok, "");
         let mut token = 0;
         expect(pinfer_sample(sampler, ctx, &mut token, e.ptr(), 256), &e, PinferStatus::ErrOrder, "decode");
+
+        // Generation: no stream before a decode; a piece that does not fit comes again.
+        let order = PinferStatus::ErrOrder;
+        expect(pinfer_generate_begin(ctx, &sp, null(), 0, e.ptr(), 256), &e, order, "decode");
+        let (mut piece, mut len, mut end) = ([0 as c_char; 64], 0usize, PinferEnd::None);
+        let p = piece.as_mut_ptr();
+        expect(
+            pinfer_generate_step(ctx, &mut token, p, 64, &mut len, &mut end, e.ptr(), 256),
+            &e,
+            order,
+            "stream",
+        );
+        expect(pinfer_generate_finish(ctx, p, 64, &mut len, e.ptr(), 256), &e, order, "stream");
+        let greedy = PinferSamplerParams { temperature: 0.0, ..sp };
+        expect(pinfer_decode(ctx, tokens.as_ptr(), 1, e.ptr(), 256), &e, ok, "");
+        expect(pinfer_generate_begin(ctx, &greedy, c"\xff".as_ptr(), 2, e.ptr(), 256), &e, s, "stops");
+        expect(pinfer_generate_begin(ctx, &greedy, c"\n\n".as_ptr(), 3, e.ptr(), 256), &e, ok, "");
+        let mut pieces = 0;
+        for _ in 0..16 {
+            let status = pinfer_generate_step(ctx, &mut token, p, 0, &mut len, &mut end, e.ptr(), 256);
+            if status == PinferStatus::ErrBuffer {
+                pieces += 1;
+                assert!(len > 0);
+                expect(
+                    pinfer_generate_step(ctx, &mut token, p, 64, &mut len, &mut end, e.ptr(), 256),
+                    &e,
+                    ok,
+                    "",
+                );
+            } else {
+                expect(status, &e, ok, "");
+                assert_eq!(len, 0);
+            }
+            if end != PinferEnd::None {
+                break;
+            }
+        }
+        assert!(pieces > 0, "no step gave text");
+        expect(pinfer_generate_finish(ctx, p, 64, &mut len, e.ptr(), 256), &e, ok, "");
+        expect(pinfer_generate_finish(ctx, p, 64, &mut len, e.ptr(), 256), &e, order, "stream");
 
         // Order of frees: the model refuses while its context lives; double frees are refused.
         expect(pinfer_model_free(model, e.ptr(), 256), &e, PinferStatus::ErrOrder, "1 context");

@@ -2,8 +2,10 @@
  *
  *   generate MODEL PROMPT [N] [TEMPERATURE]
  *
- * Prints the generated text on stdout and the generated token ids on stderr ("ids: ..."), as
- * capi/tests/c_abi.rs checks them against llama.cpp's golden ids. Build (tests do it with cc):
+ * Generates one token a call (pinfer_generate_step: UTF-8-safe pieces, end-of-generation), prints
+ * the text on stdout as it comes and the generated token ids on stderr ("ids: ..."), as
+ * capi/tests/c_abi.rs checks them against llama.cpp's golden ids and the text against
+ * `pinfer generate --temp 0`. Build (tests do it with cc):
  *   cargo build --release -p pinfer-capi
  *   cc -O2 -Iinclude examples/c/generate.c target/release/libpinfer_capi.a -lpthread -ldl -lm -o generate */
 #include <stdio.h>
@@ -55,31 +57,33 @@ int main(int argc, char **argv) {
     pinfer_sampler_params sp;
     CHECK(pinfer_sampler_default_params(&sp, err, sizeof err));
     sp.temperature = temperature;
-    pinfer_sampler *sampler = NULL;
-    CHECK(pinfer_sampler_new(&sp, &sampler, err, sizeof err));
+    CHECK(pinfer_generate_begin(ctx, &sp, NULL, 0, err, sizeof err));
 
+    /* One token a step: its text is whole UTF-8 characters, printed as it comes. */
     uint32_t generated[512];
     int n = 0;
+    pinfer_end end = PINFER_END_NONE;
     while (n < n_predict && n < 512) {
+        char piece[256];
+        size_t len = 0;
         uint32_t token = 0;
-        int eog = 0;
-        CHECK(pinfer_sample(sampler, ctx, &token, err, sizeof err));
-        generated[n++] = token;
-        CHECK(pinfer_token_is_eog(model, token, &eog, err, sizeof err));
-        if (eog || n == n_predict) break;
-        CHECK(pinfer_decode(ctx, &token, 1, err, sizeof err));
+        CHECK(pinfer_generate_step(ctx, &token, piece, sizeof piece, &len, &end, err, sizeof err));
+        fwrite(piece, 1, len, stdout);
+        if (token != UINT32_MAX) generated[n++] = token;
+        if (end != PINFER_END_NONE) break;
     }
-
-    char text[8192];
-    size_t len = 0;
-    CHECK(pinfer_detokenize(model, generated, (size_t)n, 0, text, sizeof text, &len, err, sizeof err));
-    fwrite(text, 1, len, stdout);
+    if (end == PINFER_END_NONE) {
+        /* Stopped here, not by the model: the text held back (part of a character) comes last. */
+        char rest[256];
+        size_t len = 0;
+        CHECK(pinfer_generate_finish(ctx, rest, sizeof rest, &len, err, sizeof err));
+        fwrite(rest, 1, len, stdout);
+    }
     putchar('\n');
     fprintf(stderr, "ids:");
     for (int i = 0; i < n; i++) fprintf(stderr, " %u", generated[i]);
     fprintf(stderr, "\n");
 
-    CHECK(pinfer_sampler_free(sampler, err, sizeof err));
     CHECK(pinfer_context_free(ctx, err, sizeof err));
     CHECK(pinfer_model_free(model, err, sizeof err));
     return 0;

@@ -15,6 +15,13 @@
 //!
 //! The KV cache holds `n_seq` sequences of `n_ctx` positions; sequences are cleared, truncated
 //! or copied into one another ([`Engine::copy_prefix`]: a shared system prompt computed once).
+//!
+//! [`generate`] is one generation step over it (prompt chunks, sampling, stream decoding, stop
+//! tokens): every front end generates through it.
+
+pub mod generate;
+#[cfg(feature = "std")]
+pub mod heap;
 
 use core::fmt;
 use core::ops::DerefMut;

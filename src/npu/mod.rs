@@ -596,15 +596,14 @@ pub fn plan_model(
     n_ctx: usize,
     logits_all: bool,
 ) -> Result<NpuPlan, crate::engine::EngineError> {
-    use crate::engine::{graph_slots, EngineConfig, GraphSlot, Model, Planned};
+    use crate::engine::{EngineConfig, Model};
     let engine = EngineConfig {
         n_ctx,
         n_batch: n_batch.max(1),
         n_outputs: if logits_all { n_batch.max(1) } else { 1 },
         ..EngineConfig::default()
     };
-    let slots: Vec<GraphSlot> = (0..graph_slots(&engine)).map(|_| GraphSlot::new()).collect();
-    let planned = Planned::new(Model::open(bytes)?, &engine, slots)?;
+    let planned = crate::engine::heap::plan(Model::open(bytes)?, &engine)?;
     let refs: Vec<&Graph<{ crate::build_config::GRAPH_CAPACITY }>> = planned.graphs().collect();
     Ok(plan(&refs, config, planned.config().n_batch))
 }

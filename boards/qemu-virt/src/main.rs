@@ -21,10 +21,12 @@ mod uart;
 
 use core::fmt::{self, Write};
 
+use pinfer::engine::generate::{End, GenerateError, Generation, Next};
 use pinfer::engine::{
     graph_slots, Engine, EngineConfig, EngineError, Entry, GraphSlot, Model, OnCaller, Planned,
 };
-use pinfer::tokenizer::{StreamDecoder, TokError, Tokenizer};
+use pinfer::sampler::{Candidate, SampleError, Sampler, SamplerConfig};
+use pinfer::tokenizer::{TokError, Tokenizer};
 
 use console::diag;
 use platform::{BootHeader, Exit, Region};
@@ -43,6 +45,7 @@ const MAX_PROMPT_TOKENS: usize = 512;
 enum Error {
     Engine(EngineError),
     Tokenizer(TokError),
+    Generate(GenerateError),
     Arena { needed: usize, available: usize },
     Setup(&'static str),
 }
@@ -59,11 +62,24 @@ impl From<TokError> for Error {
     }
 }
 
+impl From<GenerateError> for Error {
+    fn from(e: GenerateError) -> Self {
+        Self::Generate(e)
+    }
+}
+
+impl From<SampleError> for Error {
+    fn from(e: SampleError) -> Self {
+        Self::Generate(e.into())
+    }
+}
+
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Engine(e) => write!(f, "{e}"),
             Self::Tokenizer(e) => write!(f, "tokenizer: {e}"),
+            Self::Generate(e) => write!(f, "{e}"),
             Self::Arena { needed, available } => write!(
                 f,
                 "the arena is too small: the model needs {needed} bytes ({} MiB), the RAM between the image \
@@ -134,47 +150,45 @@ fn run(header: Option<&BootHeader>, boot: u64) -> Result<(), Error> {
     );
     engine.repack(&OnCaller, &|_| {})?;
 
-    for (start, chunk) in
-        ids[..n_prompt].chunks(config.n_batch).enumerate().map(|(i, c)| (i * config.n_batch, c))
-    {
-        let mut batch = [Entry { seq: 0, pos: 0, token: 0, logits: false }; 64];
-        let batch = &mut batch[..chunk.len()];
-        for (i, (e, &token)) in batch.iter_mut().zip(chunk).enumerate() {
-            *e = Entry { seq: 0, pos: start + i, token, logits: start + i + 1 == n_prompt };
-        }
-        engine.step(batch, &OnCaller, None)?;
-    }
+    // Greedy (as llama.cpp's goldens) through the core generation step.
+    let n_vocab = tokenizer.n_vocab() as usize;
+    let words = n_vocab * Candidate::WORDS;
+    let available = arena.remaining();
+    let candidates = arena.take_words(words).ok_or(Error::Arena { needed: words * 4, available })?;
+    let mut piece = [0u8; 1024];
+    let sampler = Sampler::new(SamplerConfig::greedy())?;
+    let mut gen = Generation::new(&tokenizer, sampler, Candidate::list_in(candidates), &mut piece[..])?;
+    let mut batch = [Entry { seq: 0, pos: 0, token: 0, logits: false }; 64];
+    gen.feed(&mut engine, 0, &ids[..n_prompt], &mut batch, &OnCaller, None)?;
 
-    let mut out = [0u8; 1024];
-    if StreamDecoder::buffer_len(&tokenizer) > out.len() {
-        return Err(Error::Setup("a token's text is longer than the output buffer"));
-    }
-    let mut decoder = StreamDecoder::new();
     let mut generated = [0u32; 4096];
-    let n_predict = n_predict.min(generated.len());
+    gen.limit = Some(n_predict.min(generated.len()));
     let mut n_gen = 0;
     let (mut first_token, mut last) = (0u64, 0u64);
     let mut uart = Uart;
-    while n_gen < n_predict {
-        let logits = engine.logits(0).ok_or(Error::Setup("the step produced no logits"))?;
-        let token = argmax(logits);
+    loop {
+        let next = gen.next(&mut engine, &OnCaller, None, &generated[..n_gen])?;
         if n_gen == 0 {
             first_token = platform::counter();
         }
-        generated[n_gen] = token;
+        let id = match next {
+            Next::Token { id, text } => {
+                let _ = uart.write_str(text);
+                last = platform::counter();
+                id
+            }
+            // The end-of-generation token is listed with the ids (it is not text).
+            Next::End(End::EndOfGeneration(id)) => {
+                generated[n_gen] = id;
+                n_gen += 1;
+                break;
+            }
+            Next::End(End::Limit | End::ContextFull) => break,
+        };
+        generated[n_gen] = id;
         n_gen += 1;
-        if tokenizer.is_eog(token) {
-            break;
-        }
-        let _ = uart.write_str(decoder.push(&tokenizer, token, false, &mut out)?);
-        if n_gen == n_predict {
-            break;
-        }
-        let pos = engine.seq_len(0);
-        engine.step(&[Entry { seq: 0, pos, token, logits: true }], &OnCaller, None)?;
-        last = platform::counter();
     }
-    let _ = uart.write_str(decoder.finish(&mut out));
+    let _ = uart.write_str(gen.finish());
     let _ = uart.write_str("\n");
 
     let ms = |ticks: u64| ticks as f64 * 1000.0 / platform::counter_hz() as f64;
@@ -191,17 +205,6 @@ fn run(header: Option<&BootHeader>, boot: u64) -> Result<(), Error> {
     }
     let _ = writeln!(d);
     Ok(())
-}
-
-/// The first largest logit (greedy, as llama.cpp's goldens).
-fn argmax(logits: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &v) in logits.iter().enumerate() {
-        if v > logits[best] {
-            best = i;
-        }
-    }
-    best as u32
 }
 
 /// A fault: what the CPU says about it, then a halt.

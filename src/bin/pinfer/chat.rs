@@ -30,22 +30,20 @@ pub(crate) fn template_for(
     gguf: &Gguf<'_>,
     path: &Path,
 ) -> Result<ChatTemplate, CliError> {
-    if let Some(given) = given {
-        if let Some(t) = ChatTemplate::from_name(given) {
-            return Ok(t);
-        }
-        return ChatTemplate::detect(Some(given)).map_err(|e| {
+    let text = match given {
+        Some(_) => None,
+        None => gguf.get_str_opt("tokenizer.chat_template").map_err(|e| CliError::new(e.to_string()))?,
+    };
+    ChatTemplate::for_model(given, text).map_err(|e| match given {
+        Some(given) => {
             let names: Vec<&str> = ChatTemplate::ALL.iter().map(|t| t.name()).collect();
             CliError::new(format!(
                 "--chat-template {given:?}: neither a built-in name nor a template pinfer recognises ({e}); \
                  built-in: {}",
                 names.join(", ")
             ))
-        });
-    }
-    let text = gguf.get_str_opt("tokenizer.chat_template").map_err(|e| CliError::new(e.to_string()))?;
-    ChatTemplate::detect(text).map_err(|e| {
-        CliError::new(format!("{}: {e} (--chat-template NAME picks a built-in one)", path.display()))
+        }
+        None => CliError::new(format!("{}: {e} (--chat-template NAME picks a built-in one)", path.display())),
     })
 }
 
@@ -69,7 +67,7 @@ pub fn chat(args: GenArgs) -> Result<(), CliError> {
     let mut gen =
         Generator::new(&tok, session.n_vocab(), config).map_err(|e| CliError::new(e.to_string()))?;
     let stops: Vec<&str> = args.reverse_prompt.iter().map(String::as_str).collect();
-    gen.ignore_eos = args.ignore_eos;
+    gen.set_ignore_eos(args.ignore_eos);
     gen.set_stop_strings(&stops);
     set_speculative(&args, &session, &tok, &mut gen)?;
     let mut vocab = None;

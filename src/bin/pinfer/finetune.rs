@@ -23,7 +23,7 @@ use std::time::Instant;
 
 use clap::Args;
 use pinfer::chat::{ChatTemplate, Message, Role};
-use pinfer::engine::{graph_slots, EngineConfig, GraphSlot, Model, OnCaller, Planned};
+use pinfer::engine::{EngineConfig, Model, OnCaller};
 use pinfer::exec::pool::Pool;
 use pinfer::exec::{Bound, Step};
 use pinfer::gguf::write::{GgufWriter, TensorHeader};
@@ -703,10 +703,11 @@ fn train(args: FinetuneArgs) -> Result<(), CliError> {
     // backward ones read the file's blocks): an inference engine of one token does the repacking.
     let engine_fail = |e: pinfer::engine::EngineError| CliError::new(format!("{model_name}: repacking: {e}"));
     let config = EngineConfig { n_ctx: 8, n_batch: 1, ..EngineConfig::default() };
-    let slots: Vec<GraphSlot> = (0..graph_slots(&config)).map(|_| GraphSlot::new()).collect();
-    let planned =
-        Planned::new(Model::from_gguf(model.bytes(), model.parse()?).map_err(engine_fail)?, &config, slots)
-            .map_err(engine_fail)?;
+    let planned = pinfer::engine::heap::plan(
+        Model::from_gguf(model.bytes(), model.parse()?).map_err(engine_fail)?,
+        &config,
+    )
+    .map_err(engine_fail)?;
     let mut engine_memory = vec![0u8; planned.layout().bytes_needed()];
     let mut engine = planned.bind(engine_memory.as_mut_slice()).map_err(engine_fail)?;
     engine.repack(&OnCaller, &|_| {}).map_err(engine_fail)?;

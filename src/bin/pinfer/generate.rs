@@ -44,7 +44,7 @@ pub fn generate(args: GenArgs) -> Result<(), CliError> {
     let mut check = CacheCheck::start(&session, &path);
     let mut gen =
         Generator::new(&tok, session.n_vocab(), config).map_err(|e| CliError::new(e.to_string()))?;
-    gen.ignore_eos = args.ignore_eos;
+    gen.set_ignore_eos(args.ignore_eos);
     let stops: Vec<&str> = args.reverse_prompt.iter().map(String::as_str).collect();
     gen.set_stop_strings(&stops);
     if let Some(spec) = &grammar {

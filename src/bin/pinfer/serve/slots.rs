@@ -389,7 +389,7 @@ impl Engine {
                 return;
             }
         };
-        generator.ignore_eos = job.params.ignore_eos;
+        generator.set_ignore_eos(job.params.ignore_eos);
         // (The history then outgrows the slot's context: only the cache is shifted.)
         generator.context_shift = job.params.n_keep.map(|_| 0);
         let stops: Vec<&str> = job.params.stops.iter().map(String::as_str).collect();

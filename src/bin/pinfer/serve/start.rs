@@ -6,7 +6,6 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, OnceLock};
 use std::time::Duration;
 
-use pinfer::chat::ChatTemplate;
 use pinfer::tokenizer::Tokenizer;
 use serde_json::Map;
 
@@ -205,12 +204,8 @@ fn load_engine(
         Box::leak(Box::new(crate::tokenize::tokenizer(&path, session.gguf())?));
     let gguf = session.gguf();
     let chat_template_text = gguf.get_str_opt("tokenizer.chat_template").ok().flatten().map(str::to_string);
-    let template = match &gen.chat_template {
-        Some(name) => ChatTemplate::from_name(name)
-            .or_else(|| ChatTemplate::detect(Some(name)).ok())
-            .ok_or_else(|| CliError::new(format!("--chat-template {name:?}: not a template pinfer knows")))?,
-        None => ChatTemplate::detect(chat_template_text.as_deref()).unwrap_or(ChatTemplate::ChatMl),
-    };
+    // The CLI's policy: a template pinfer cannot render is refused by name (no ChatML in its place).
+    let template = crate::chat::template_for(gen.chat_template.as_deref(), gguf, &path)?;
     let hp = session.hparams();
     if gen.lookup.is_some() && session.engine().has_recurrent_layers() {
         return Err(CliError::new(

@@ -1,0 +1,21 @@
+//! std: an engine planned with its graph slots on the heap, the one way every std front end plans
+//! one (the session, the NPU plan, `pinfer finetune`, the C ABI). Bare metal gives static slots to
+//! [`Planned::new`] itself.
+
+use std::vec::Vec;
+
+use super::{graph_slots, EngineConfig, EngineError, GraphSlot, Model, Planned};
+use crate::arena::ArenaExhausted;
+
+/// Plans `model` for `config`, its graph slots in a `Vec` (refused, not aborted, when the heap
+/// cannot hold them).
+pub fn plan<'m>(model: Model<'m>, config: &EngineConfig) -> Result<Planned<'m, Vec<GraphSlot>>, EngineError> {
+    let n = graph_slots(config);
+    let mut slots = Vec::new();
+    slots.try_reserve_exact(n).map_err(|_| {
+        let needed = n * core::mem::size_of::<GraphSlot>();
+        EngineError::Memory(ArenaExhausted { what: "the engine's graphs", needed, capacity: 0 })
+    })?;
+    slots.resize_with(n, GraphSlot::new);
+    Planned::new(model, config, slots)
+}
