@@ -68,11 +68,177 @@ pub fn work_bytes<const N: usize>(g: &Graph<N>) -> usize {
         .next_multiple_of(64)
 }
 
+/// Most caller buffers a graph reads (the model's and its adapters').
+const MAX_BUFFERS: usize = 16;
+/// The arena's index among the memories an [`Address`] names (the buffers are `0..MAX_BUFFERS`).
+const ARENA: usize = MAX_BUFFERS;
+
+/// Where a tensor's data starts: a memory (a caller's buffer or the arena) and a byte offset in
+/// it, in one word (the memory in the top byte), so a bound graph's table is as small as a table
+/// of pointers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Address(u64);
+
+impl Address {
+    const OFFSET_BITS: u32 = 56;
+    /// A tensor outside the built order (no data).
+    const NOWHERE: Self = Self(u64::MAX);
+
+    fn new(memory: usize, offset: usize) -> Option<Self> {
+        let offset = u64::try_from(offset).ok().filter(|&o| o < 1 << Self::OFFSET_BITS)?;
+        Some(Self((memory as u64) << Self::OFFSET_BITS | offset))
+    }
+
+    /// The memory and the offset, or `None` for [`Self::NOWHERE`].
+    fn get(self) -> Option<(usize, usize)> {
+        let (memory, offset) = (self.0 >> Self::OFFSET_BITS, self.0 & ((1 << Self::OFFSET_BITS) - 1));
+        (self != Self::NOWHERE).then_some((memory as usize, offset as usize))
+    }
+}
+
+/// The memory a graph's addresses were resolved in: each buffer's length, the arena's, and the
+/// arena's activation and work regions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Memory {
+    buffers: heapless::Vec<usize, MAX_BUFFERS>,
+    arena: usize,
+    activations: Region,
+    work: Region,
+}
+
+impl Memory {
+    fn of(buffers: &[&[u8]], arena: usize, activations: Region, work: Region) -> Self {
+        Self {
+            buffers: buffers.iter().take(MAX_BUFFERS).map(|b| b.len()).collect(),
+            arena,
+            activations,
+            work,
+        }
+    }
+}
+
+/// Resolves where every tensor of `graph` lies in `memory` (model buffers, arena) into `at` and
+/// checks that each lies inside its memory; after that, kernels run blind.
+fn resolve<const N: usize>(
+    graph: &Graph<N>,
+    plan: &Plan<N>,
+    memory: &Memory,
+    at: &mut heapless::Vec<Address, N>,
+) -> Result<(), ExecError> {
+    let (activations, work, arena) = (memory.activations, memory.work, memory.arena);
+    let needed = work_bytes(graph);
+    if work.len < needed || work.offset.checked_add(work.len).is_none_or(|e| e > arena) {
+        return Err(ExecError::WorkTooSmall { needed });
+    }
+    let act_end = activations.offset.checked_add(activations.len);
+    if act_end.is_none_or(|e| e > arena) || activations.len < plan.peak_bytes {
+        return Err(ExecError::OutOfBounds {
+            name: heapless::String::new(),
+            memory: "arena (activation region)",
+        });
+    }
+    at.clear();
+    let _ = at.resize(graph.tensors().len(), Address::NOWHERE);
+    for &id in graph.order() {
+        let t = graph.tensor(id);
+        let out_of = |memory| ExecError::OutOfBounds { name: t.name.clone(), memory };
+        let (mem, mem_len, start, name): (usize, usize, usize, &'static str) = match t.storage {
+            Storage::External { buffer, offset } => {
+                let len = memory.buffers.get(buffer as usize).ok_or(out_of("buffer table"))?;
+                (buffer as usize, *len, offset, "model buffer")
+            }
+            Storage::Persistent { offset } => (ARENA, arena, offset, "arena"),
+            Storage::Activation => {
+                let off = plan.offset(id).ok_or(ExecError::Unplanned { name: t.name.clone() })?;
+                (ARENA, arena, activations.offset + off, "arena (activation region)")
+            }
+            Storage::View { base: viewed, offset } => {
+                // Views are checked against the root they view, resolved before them.
+                let root = root_of(graph, viewed);
+                let (root_at, root_span) = (at[root.0.index()].get(), graph.tensor(root.0).span_bytes());
+                let view_start = root.1 + offset;
+                let Some((mem, root_start)) = root_at else { return Err(out_of("viewed tensor")) };
+                if view_start.checked_add(t.span_bytes()).is_none_or(|e| e > root_span) {
+                    return Err(out_of("viewed tensor"));
+                }
+                at[id.index()] = Address::new(mem, root_start + view_start).ok_or(out_of("viewed tensor"))?;
+                continue;
+            }
+        };
+        if start.checked_add(t.span_bytes()).is_none_or(|e| e > mem_len) {
+            return Err(out_of(name));
+        }
+        at[id.index()] = Address::new(mem, start).ok_or(out_of(name))?;
+    }
+    Ok(())
+}
+
+/// A graph and its tensors' addresses, resolved once for the memory it runs in: each
+/// [`Addressed::bind`] (a step) resolves them again only if the graph or the memory changed.
+pub struct Addressed<const N: usize> {
+    graph: Graph<N>,
+    at: heapless::Vec<Address, N>,
+    /// The memory `at` holds the addresses in (`None`: not resolved since the graph changed).
+    memory: Option<Memory>,
+}
+
+impl<const N: usize> Addressed<N> {
+    /// An empty graph.
+    pub const fn new() -> Self {
+        Self { graph: Graph::new(), at: heapless::Vec::new(), memory: None }
+    }
+
+    /// The graph.
+    pub fn graph(&self) -> &Graph<N> {
+        &self.graph
+    }
+
+    /// The graph to build or change; the next bind resolves its addresses again.
+    pub fn graph_mut(&mut self) -> &mut Graph<N> {
+        self.memory = None;
+        &mut self.graph
+    }
+
+    /// [`Bound::new`] over addresses resolved once: only the first bind after the graph changed,
+    /// or one to memory of other lengths or regions, resolves them (with `plan`, the graph's).
+    pub fn bind<'a>(
+        &'a mut self,
+        plan: &Plan<N>,
+        buffers: &[&'a [u8]],
+        arena: &'a mut [u8],
+        activations: Region,
+        work: Region,
+    ) -> Result<Bound<'a, N>, ExecError> {
+        let memory = Memory::of(buffers, arena.len(), activations, work);
+        if self.memory.as_ref() != Some(&memory) {
+            self.memory = None;
+            resolve(&self.graph, plan, &memory, &mut self.at)?;
+            self.memory = Some(memory.clone());
+        }
+        let this: &'a Self = self;
+        Ok(Bound::over(&this.graph, Table::Resolved(&this.at), &memory, buffers, arena))
+    }
+}
+
+impl<const N: usize> Default for Addressed<N> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// A bound graph's addresses: its own (resolved by [`Bound::new`]) or an [`Addressed`]'s.
+enum Table<'a, const N: usize> {
+    Own(heapless::Vec<Address, N>),
+    Resolved(&'a [Address]),
+}
+
 /// A graph bound to its memory, ready to run.
 pub struct Bound<'a, const N: usize> {
     pub(super) graph: &'a Graph<N>,
-    /// Data address of each tensor (null for tensors outside the built order).
-    pub(super) ptrs: heapless::Vec<*mut u8, N>,
+    /// Each tensor's address (resolved once, when the graph was bound to memory of this shape).
+    at: Table<'a, N>,
+    /// The start of each memory an address names: the caller's buffers, then the arena.
+    bases: [*mut u8; MAX_BUFFERS + 1],
     /// Converted matmul inputs (shared by all threads of a node).
     pub(super) converted: *mut u8,
     pub(super) converted_len: usize,
@@ -107,7 +273,8 @@ unsafe impl<const N: usize> Send for Bound<'_, N> {}
 impl<'a, const N: usize> Bound<'a, N> {
     /// Binds a built, planned graph: `buffers` back `Storage::External` tensors (read-only: model
     /// weights, token ids), `arena` holds persistent tensors at their offsets, `activations` and
-    /// `work` are regions of it (from the plan and [`work_bytes`]).
+    /// `work` are regions of it (from the plan and [`work_bytes`]). Every address is resolved
+    /// here; [`Addressed::bind`] resolves them once for many steps.
     pub fn new(
         graph: &'a Graph<N>,
         plan: &Plan<N>,
@@ -116,61 +283,33 @@ impl<'a, const N: usize> Bound<'a, N> {
         activations: Region,
         work: Region,
     ) -> Result<Self, ExecError> {
-        let needed = work_bytes(graph);
-        if work.len < needed || work.offset.checked_add(work.len).is_none_or(|e| e > arena.len()) {
-            return Err(ExecError::WorkTooSmall { needed });
+        let memory = Memory::of(buffers, arena.len(), activations, work);
+        let mut at = heapless::Vec::new();
+        resolve(graph, plan, &memory, &mut at)?;
+        Ok(Self::over(graph, Table::Own(at), &memory, buffers, arena))
+    }
+
+    /// The bound graph over addresses `at`, resolved in `memory`: the lengths and regions of
+    /// `buffers` and `arena`.
+    fn over(
+        graph: &'a Graph<N>,
+        at: Table<'a, N>,
+        memory: &Memory,
+        buffers: &[&'a [u8]],
+        arena: &'a mut [u8],
+    ) -> Self {
+        let mut bases = [core::ptr::null_mut(); MAX_BUFFERS + 1];
+        for (base, buffer) in bases[..MAX_BUFFERS].iter_mut().zip(buffers) {
+            *base = buffer.as_ptr() as *mut u8;
         }
-        let act_end = activations.offset.checked_add(activations.len);
-        if act_end.is_none_or(|e| e > arena.len()) || activations.len < plan.peak_bytes {
-            return Err(ExecError::OutOfBounds {
-                name: heapless::String::new(),
-                memory: "arena (activation region)",
-            });
-        }
-        let base = arena.as_mut_ptr();
-        let mut ptrs: heapless::Vec<*mut u8, N> = heapless::Vec::new();
-        let _ = ptrs.resize(graph.tensors().len(), core::ptr::null_mut());
-        // Byte range (start, end) of each tensor within its memory, to check before any run.
-        for &id in graph.order() {
-            let t = graph.tensor(id);
-            let out_of = |memory| ExecError::OutOfBounds { name: t.name.clone(), memory };
-            let (mem_start, mem_len, start, memory): (*mut u8, usize, usize, &'static str) = match t.storage {
-                Storage::External { buffer, offset } => {
-                    let buf = buffers.get(buffer as usize).ok_or(out_of("buffer table"))?;
-                    (buf.as_ptr() as *mut u8, buf.len(), offset, "model buffer")
-                }
-                Storage::Persistent { offset } => (base, arena.len(), offset, "arena"),
-                Storage::Activation => {
-                    let off = plan.offset(id).ok_or(ExecError::Unplanned { name: t.name.clone() })?;
-                    (base, arena.len(), activations.offset + off, "arena (activation region)")
-                }
-                Storage::View { base: viewed, offset } => {
-                    // Views are checked against the root they view, resolved below.
-                    let root = root_of(graph, viewed);
-                    let (root_start, root_span) = (ptrs[root.0.index()], graph.tensor(root.0).span_bytes());
-                    let view_start = root.1 + offset;
-                    if root_start.is_null()
-                        || view_start.checked_add(t.span_bytes()).is_none_or(|e| e > root_span)
-                    {
-                        return Err(out_of("viewed tensor"));
-                    }
-                    // SAFETY: in bounds of the root's checked span.
-                    ptrs[id.index()] = unsafe { root_start.add(view_start) };
-                    continue;
-                }
-            };
-            if start.checked_add(t.span_bytes()).is_none_or(|e| e > mem_len) {
-                return Err(out_of(memory));
-            }
-            // SAFETY: start + span <= mem_len, checked just above.
-            ptrs[id.index()] = unsafe { mem_start.add(start) };
-        }
-        Ok(Self {
+        bases[ARENA] = arena.as_mut_ptr();
+        Self {
             graph,
-            ptrs,
-            // SAFETY: the work region lies inside the arena (checked at the top).
-            converted: unsafe { base.add(work.offset) },
-            converted_len: work.len,
+            at,
+            bases,
+            // The work region lies inside the arena (checked by `resolve`).
+            converted: bases[ARENA].wrapping_add(memory.work.offset),
+            converted_len: memory.work.len,
             error: AtomicU32::new(0),
             error_kind: AtomicU32::new(0),
             packed: &[],
@@ -182,8 +321,22 @@ impl<'a, const N: usize> Bound<'a, N> {
             non_finite_index: AtomicUsize::new(0),
             non_finite_nan: AtomicU32::new(0),
             _memory: PhantomData,
-        })
+        }
     }
+
+    /// Where tensor `id`'s data starts (null for a tensor without data).
+    pub(super) fn address(&self, id: TensorId) -> *mut u8 {
+        let at = match &self.at {
+            Table::Own(at) => at.as_slice(),
+            Table::Resolved(at) => at,
+        };
+        match at.get(id.index()).and_then(|a| a.get()) {
+            // Inside the memory's checked length (see `resolve`).
+            Some((memory, offset)) => self.bases[memory].wrapping_add(offset),
+            None => core::ptr::null_mut(),
+        }
+    }
+
     /// Checks every node's output for NaN and infinity and stops the run at the first node that
     /// has one (an [`ExecError::NonFinite`] naming it). Off by default; when off it costs nothing
     /// but a branch per node.
@@ -323,7 +476,7 @@ impl<'a, const N: usize> Bound<'a, N> {
     }
     /// The bytes of tensor `id` (its whole span) as the last run left them.
     pub fn data(&self, id: TensorId) -> &[u8] {
-        let ptr = self.ptrs.get(id.index()).copied().unwrap_or(core::ptr::null_mut());
+        let ptr = self.address(id);
         if ptr.is_null() {
             return &[];
         }
@@ -333,7 +486,7 @@ impl<'a, const N: usize> Bound<'a, N> {
     /// The bytes of tensor `id` to change between runs (a training step's parameters); only
     /// tensors in the arena (persistent or planned), never a caller's read-only buffer.
     pub fn data_mut(&mut self, id: TensorId) -> &mut [u8] {
-        let ptr = self.ptrs.get(id.index()).copied().unwrap_or(core::ptr::null_mut());
+        let ptr = self.address(id);
         let in_arena =
             matches!(self.graph.tensor(id).storage, Storage::Persistent { .. } | Storage::Activation);
         if ptr.is_null() || !in_arena {
@@ -407,7 +560,7 @@ impl<'a, const N: usize> Bound<'a, N> {
     /// address must be aligned for `T`, and no thread may write these bytes during the node.
     pub(super) unsafe fn read<T>(&self, id: TensorId, offset: usize, len: usize) -> &[T] {
         // SAFETY: guaranteed by the caller as documented.
-        unsafe { core::slice::from_raw_parts(self.ptrs[id.index()].add(offset) as *const T, len) }
+        unsafe { core::slice::from_raw_parts(self.address(id).add(offset) as *const T, len) }
     }
     /// Mutable twin of [`Self::read`].
     ///
@@ -416,7 +569,7 @@ impl<'a, const N: usize> Bound<'a, N> {
     #[allow(clippy::mut_from_ref)]
     pub(super) unsafe fn write<T>(&self, id: TensorId, offset: usize, len: usize) -> &mut [T] {
         // SAFETY: guaranteed by the caller as documented.
-        unsafe { core::slice::from_raw_parts_mut(self.ptrs[id.index()].add(offset) as *mut T, len) }
+        unsafe { core::slice::from_raw_parts_mut(self.address(id).add(offset) as *mut T, len) }
     }
     /// How many phases node `id` runs in, with a barrier after each: 0 for leaves and views, 2
     /// for matmuls that first convert their input (once per node, split over the threads) and

@@ -22,7 +22,7 @@ mod ops;
 #[cfg(feature = "std")]
 pub mod pool;
 
-pub use bound::{share, work_bytes, Bound, PackedEntry, Step};
+pub use bound::{share, work_bytes, Addressed, Bound, PackedEntry, Step};
 pub use error::{split_layer, ExecError};
 pub use offload::MatmulOffload;
 pub use ops::attention::most_split_tokens;

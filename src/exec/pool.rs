@@ -265,7 +265,7 @@ fn span_of<const N: usize>(bound: &Bound<'_, N>, id: TensorId) -> Option<(usize,
     if matches!(t.storage, Storage::External { .. }) {
         return None;
     }
-    let ptr = bound.ptrs.get(id.index()).copied().filter(|p| !p.is_null())? as usize;
+    let ptr = Some(bound.address(id)).filter(|p| !p.is_null())? as usize;
     Some((ptr, ptr + t.span_bytes()))
 }
 

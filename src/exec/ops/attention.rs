@@ -239,8 +239,8 @@ impl<'a, const N: usize> Bound<'a, N> {
                 let n = heads.len();
                 // Row j of this KV head's keys (values) is `read`'s row at base + j stride,
                 // the bases hoisted out of the kernel's per-key calls.
-                let kp = self.ptrs[k.index()].wrapping_add(tk.row_offset(0, kv_head, 0)) as *const u8;
-                let vp = self.ptrs[v.index()].wrapping_add(tv.row_offset(0, kv_head, 0)) as *const u8;
+                let kp = self.address(k).wrapping_add(tk.row_offset(0, kv_head, 0)) as *const u8;
+                let vp = self.address(v).wrapping_add(tv.row_offset(0, kv_head, 0)) as *const u8;
                 let (ks, vs) = (tk.nb[1], tv.nb[1]);
                 let key = |j| core::slice::from_raw_parts(kp.wrapping_add(j * ks).cast::<F16Le>(), hd);
                 let value = |j| core::slice::from_raw_parts(vp.wrapping_add(j * vs).cast::<F16Le>(), hd_v);
@@ -386,8 +386,8 @@ impl<'a, const N: usize> Bound<'a, N> {
                 continue;
             }
             // Row j of this KV head's keys (values) is at base + j stride.
-            let kp = self.ptrs[k.index()].wrapping_add(tk.row_offset(0, kv_head, 0)) as *const u8;
-            let vp = self.ptrs[v.index()].wrapping_add(tv.row_offset(0, kv_head, 0)) as *const u8;
+            let kp = self.address(k).wrapping_add(tk.row_offset(0, kv_head, 0)) as *const u8;
+            let vp = self.address(v).wrapping_add(tv.row_offset(0, kv_head, 0)) as *const u8;
             match typed {
                 Some(ops) => {
                     // SAFETY: rows j < n_kv of the cache views, inside their checked spans.
@@ -574,8 +574,8 @@ impl<'a, const N: usize> Bound<'a, N> {
                 }
             }
             // Row j of this KV head's keys (values) is at base + j stride.
-            let kp = self.ptrs[k.index()].wrapping_add(tk.row_offset(0, kv_head, 0)) as *const u8;
-            let vp = self.ptrs[v.index()].wrapping_add(tv.row_offset(0, kv_head, 0)) as *const u8;
+            let kp = self.address(k).wrapping_add(tk.row_offset(0, kv_head, 0)) as *const u8;
+            let vp = self.address(v).wrapping_add(tv.row_offset(0, kv_head, 0)) as *const u8;
             // SAFETY: rows j < n_kv of the cache views, inside their checked spans.
             let key = |j| unsafe { core::slice::from_raw_parts(kp.wrapping_add(j * ks), kb) };
             // SAFETY: as above.
