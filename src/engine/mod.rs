@@ -28,7 +28,7 @@ use core::ops::DerefMut;
 
 use crate::arena::{Arena, ArenaExhausted, Region, ARENA_ALIGN};
 use crate::build_config::GRAPH_CAPACITY;
-use crate::exec::{work_bytes, Bound, ExecError, MatmulOffload, PackedEntry, Step};
+use crate::exec::{work_bytes, Addressed, Bound, ExecError, MatmulOffload, PackedEntry, Step};
 use crate::gguf::{Gguf, GgufError, TensorInfo};
 use crate::graph::{plan, Graph, Plan, PlanError};
 use crate::kernels::packed::{pack, packed_bytes, GROUP_ROWS};
@@ -284,7 +284,7 @@ impl<'m> Model<'m> {
 /// A forward graph for one batch shape, and its memory plan. The caller provides the slots
 /// (a `static` array on bare metal, boxed on std): each is about a megabyte.
 pub struct GraphSlot {
-    graph: Graph<GRAPH_CAPACITY>,
+    graph: Addressed<GRAPH_CAPACITY>,
     plan: Plan<GRAPH_CAPACITY>,
     fwd: Option<Forward>,
 }
@@ -292,12 +292,12 @@ pub struct GraphSlot {
 impl GraphSlot {
     /// An empty slot.
     pub const fn new() -> Self {
-        Self { graph: Graph::new(), plan: Plan::new(), fwd: None }
+        Self { graph: Addressed::new(), plan: Plan::new(), fwd: None }
     }
 
     /// The graph, if one was built here.
     pub fn graph(&self) -> Option<&Graph<GRAPH_CAPACITY>> {
-        self.fwd.map(|_| &self.graph)
+        self.fwd.map(|_| self.graph.graph())
     }
 
     fn holds(&self, n_tokens: usize, n_outputs: usize) -> bool {
@@ -429,7 +429,7 @@ impl<'m, G: AsMut<[GraphSlot]> + AsRef<[GraphSlot]>> Planned<'m, G> {
         for (slot, &(n, outputs)) in slots.as_mut().iter_mut().zip(&shapes) {
             build_into(slot, &model, &kv, n, outputs)?;
             peak = peak.max(slot.plan.peak_bytes);
-            work = work.max(work_bytes(&slot.graph));
+            work = work.max(work_bytes(slot.graph.graph()));
         }
         // A step of a few tokens splits its keys (more parts per token than a decode step's
         // threads need), and that work grows with its tokens: the largest such step is sized in
@@ -439,7 +439,7 @@ impl<'m, G: AsMut<[GraphSlot]> + AsRef<[GraphSlot]>> Planned<'m, G> {
             let spare = &mut slots.as_mut()[shapes.len()];
             build_into(spare, &model, &kv, n_split, n_split.min(n_outputs))?;
             peak = peak.max(spare.plan.peak_bytes);
-            work = work.max(work_bytes(&spare.graph));
+            work = work.max(work_bytes(spare.graph.graph()));
             spare.fwd = None;
         }
         let mut planned = Self {
@@ -499,7 +499,7 @@ impl<'m, G: AsMut<[GraphSlot]> + AsRef<[GraphSlot]>> Planned<'m, G> {
     /// graph reads it).
     pub fn placement_of(&self, t: &TensorInfo<'_>) -> Placement {
         let offset = self.model.gguf.data_start() + t.offset as usize;
-        let u = placement::use_in(&self.slots.as_ref()[0].graph, offset);
+        let u = placement::use_in(self.slots.as_ref()[0].graph.graph(), offset);
         placement::place(t, u, self.config.repack)
     }
 
@@ -572,8 +572,8 @@ fn build_into(
     outputs: usize,
 ) -> Result<(), EngineError> {
     slot.fwd = None;
-    let fwd = build_forward(&mut slot.graph, &model.gguf, &model.hp, kv, n, outputs, model.adapters)?;
-    slot.plan = plan(&slot.graph).map_err(EngineError::Plan)?;
+    let fwd = build_forward(slot.graph.graph_mut(), &model.gguf, &model.hp, kv, n, outputs, model.adapters)?;
+    slot.plan = plan(slot.graph.graph()).map_err(EngineError::Plan)?;
     slot.fwd = Some(fwd);
     Ok(())
 }
@@ -721,13 +721,15 @@ impl<'m, G: AsMut<[GraphSlot]> + AsRef<[GraphSlot]>, B: DerefMut<Target = [u8]>>
         } else {
             &before[packed_region.offset..packed_region.offset + packed_region.len]
         };
-        let s = &self.planned.slots.as_ref()[slot];
+        let s = &mut self.planned.slots.as_mut()[slot];
         let mut buffers: heapless::Vec<&[u8], { MAX_ADAPTERS + 1 }> = heapless::Vec::new();
         let _ = buffers.push(model);
         for a in self.planned.model.adapters {
             let _ = buffers.push(a.bytes);
         }
-        let mut bound = Bound::new(&s.graph, &s.plan, &buffers, arena, activations, work)?
+        let mut bound = s
+            .graph
+            .bind(&s.plan, &buffers, arena, activations, work)?
             .with_packed(packed, &self.planned.packed)
             .with_numerics_check(config.check_numerics)
             .with_kernels(config.kernels);
@@ -765,7 +767,7 @@ impl<'m, G: AsMut<[GraphSlot]> + AsRef<[GraphSlot]>, B: DerefMut<Target = [u8]>>
             slots[fixed..].iter().position(|s| s.fwd.is_none()).map_or(slots.len() - 1, |i| fixed + i);
         let slot = &mut slots[spare];
         build_into(slot, &self.planned.model, &self.planned.kv, n, outputs)?;
-        if slot.plan.peak_bytes > self.activations.len || work_bytes(&slot.graph) > self.work.len {
+        if slot.plan.peak_bytes > self.activations.len || work_bytes(slot.graph.graph()) > self.work.len {
             slot.fwd = None;
             return Err(EngineError::Config("this batch shape does not fit the planned memory"));
         }

@@ -12,7 +12,8 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::vec::Vec;
 
-use super::{converted_input, Bound, ExecError, Step};
+use super::ops::matmul::converted_input;
+use super::{Bound, ExecError, Step};
 use crate::board::thread::{allowed_cores, set_current_thread_fifo, try_pin_current_thread};
 use crate::graph::Op;
 use crate::tensor::{Storage, TensorId, MAX_SRC};
@@ -264,7 +265,7 @@ fn span_of<const N: usize>(bound: &Bound<'_, N>, id: TensorId) -> Option<(usize,
     if matches!(t.storage, Storage::External { .. }) {
         return None;
     }
-    let ptr = bound.ptrs.get(id.index()).copied().filter(|p| !p.is_null())? as usize;
+    let ptr = Some(bound.address(id)).filter(|p| !p.is_null())? as usize;
     Some((ptr, ptr + t.span_bytes()))
 }
 

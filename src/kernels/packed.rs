@@ -83,9 +83,24 @@ pub const GROUP_ROWS: usize = 4;
 /// Elements per block (one scale per row and block).
 pub const BLOCK: usize = 32;
 
-/// The repacked formats.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum PackedFormat {
+/// Declares [`PackedFormat`] and [`PackedFormat::ALL`] from one list: a new format is in `ALL` by
+/// construction, and every fact about it is an exhaustive match the compiler asks for.
+macro_rules! packed_formats {
+    ($($(#[doc = $doc:literal])* $name:ident,)*) => {
+        /// The repacked formats.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum PackedFormat {
+            $($(#[doc = $doc])* $name,)*
+        }
+
+        impl PackedFormat {
+            /// Every format, in declaration order ([`PackedFormat::index`]).
+            pub const ALL: [PackedFormat; [$(PackedFormat::$name),*].len()] = [$(PackedFormat::$name),*];
+        }
+    };
+}
+
+packed_formats! {
     /// Signed 4-bit values, one scale per block.
     Q4,
     /// Signed 4-bit values (`nibble - 8`), scale and min per block.
@@ -147,27 +162,20 @@ impl PackedFormat {
         }
     }
 
-    /// Every format, in declaration order ([`PackedFormat::index`]).
-    pub const ALL: [PackedFormat; 10] = [
-        Self::Q4,
-        Self::Q4Min,
-        Self::Q8,
-        Self::Q8Min,
-        Self::Q8Sub16,
-        Self::Q6K,
-        Self::Q4K,
-        Self::Q5,
-        Self::Q5Min,
-        Self::Q5K,
-    ];
-
     /// The format whose kernels run a super-block-scale format once its scales are decoded per
     /// block (Q4K -> Q4Min, Q5K -> Q5Min; the quant planes are the same).
     pub const fn decoded(self) -> Self {
         match self {
             Self::Q4K => Self::Q4Min,
             Self::Q5K => Self::Q5Min,
-            other => other,
+            same @ (Self::Q4
+            | Self::Q4Min
+            | Self::Q8
+            | Self::Q8Min
+            | Self::Q8Sub16
+            | Self::Q6K
+            | Self::Q5
+            | Self::Q5Min) => same,
         }
     }
 
@@ -178,17 +186,26 @@ impl PackedFormat {
 
     /// Whether values are 4-bit (else int8).
     pub const fn is_4bit(self) -> bool {
-        matches!(self, Self::Q4 | Self::Q4Min | Self::Q4K)
+        match self {
+            Self::Q4 | Self::Q4Min | Self::Q4K => true,
+            Self::Q8 | Self::Q8Min | Self::Q8Sub16 | Self::Q6K | Self::Q5 | Self::Q5Min | Self::Q5K => false,
+        }
     }
 
     /// Whether values are 5-bit (a nibble plane and a bit plane).
     pub const fn is_5bit(self) -> bool {
-        matches!(self, Self::Q5 | Self::Q5Min | Self::Q5K)
+        match self {
+            Self::Q5 | Self::Q5Min | Self::Q5K => true,
+            Self::Q4 | Self::Q4Min | Self::Q8 | Self::Q8Min | Self::Q8Sub16 | Self::Q6K | Self::Q4K => false,
+        }
     }
 
     /// Whether values carry a min per row and block (the plane's `m[4]` after `d[4]`, or Q4K's).
     pub const fn has_min(self) -> bool {
-        matches!(self, Self::Q4Min | Self::Q8Min | Self::Q4K | Self::Q5Min | Self::Q5K)
+        match self {
+            Self::Q4Min | Self::Q8Min | Self::Q4K | Self::Q5Min | Self::Q5K => true,
+            Self::Q4 | Self::Q8 | Self::Q8Sub16 | Self::Q6K | Self::Q5 => false,
+        }
     }
 
     /// Short name for reports.

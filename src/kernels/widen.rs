@@ -43,7 +43,14 @@ pub const fn wide_format(format: PackedFormat) -> PackedFormat {
     match format {
         PackedFormat::Q5 => PackedFormat::Q8,
         PackedFormat::Q5Min => PackedFormat::Q8Min,
-        _ => PackedFormat::Q8Sub16,
+        PackedFormat::Q6K
+        | PackedFormat::Q5K
+        | PackedFormat::Q4
+        | PackedFormat::Q4Min
+        | PackedFormat::Q8
+        | PackedFormat::Q8Min
+        | PackedFormat::Q8Sub16
+        | PackedFormat::Q4K => PackedFormat::Q8Sub16,
     }
 }
 
@@ -93,16 +100,25 @@ pub fn widen(
 ) {
     match path {
         #[cfg(target_arch = "aarch64")]
-        KernelPath::Neon | KernelPath::NeonDotprod | KernelPath::NeonFp16
-            if w.format == PackedFormat::Q6K =>
-        {
-            super::neon::widen_q6k(w, g, blocks, quants, scales)
+        KernelPath::Neon | KernelPath::NeonDotprod | KernelPath::NeonFp16 => match w.format {
+            PackedFormat::Q6K => super::neon::widen_q6k(w, g, blocks, quants, scales),
+            PackedFormat::Q5 | PackedFormat::Q5Min | PackedFormat::Q5K => {
+                super::neon::widen_q5(w, g, blocks, quants, scales)
+            }
+            PackedFormat::Q4
+            | PackedFormat::Q4Min
+            | PackedFormat::Q8
+            | PackedFormat::Q8Min
+            | PackedFormat::Q8Sub16
+            | PackedFormat::Q4K => widen_ref(w, g, blocks, quants, scales),
+        },
+        #[cfg(not(target_arch = "aarch64"))]
+        KernelPath::Neon | KernelPath::NeonDotprod | KernelPath::NeonFp16 => {
+            widen_ref(w, g, blocks, quants, scales)
         }
-        #[cfg(target_arch = "aarch64")]
-        KernelPath::Neon | KernelPath::NeonDotprod | KernelPath::NeonFp16 if w.format.is_5bit() => {
-            super::neon::widen_q5(w, g, blocks, quants, scales)
+        KernelPath::Reference | KernelPath::Avx2 | KernelPath::Avx2Vnni => {
+            widen_ref(w, g, blocks, quants, scales)
         }
-        _ => widen_ref(w, g, blocks, quants, scales),
     }
 }
 
@@ -227,12 +243,14 @@ pub fn q4k_scales(path: KernelPath, unit: &[u8], out: &mut [u8]) {
         KernelPath::Neon | KernelPath::NeonDotprod | KernelPath::NeonFp16 => {
             super::neon::q4k_scales(unit, out)
         }
+        #[cfg(not(target_arch = "aarch64"))]
+        KernelPath::Neon | KernelPath::NeonDotprod | KernelPath::NeonFp16 => q4k_scales_ref(unit, out),
         #[cfg(target_arch = "x86_64")]
         KernelPath::Avx2 | KernelPath::Avx2Vnni if KernelPath::Avx2.is_available() => {
             // SAFETY: the CPU has AVX2, FMA and F16C (checked on this line).
             unsafe { super::x86::q4k_scales(unit, out) }
         }
-        _ => q4k_scales_ref(unit, out),
+        KernelPath::Reference | KernelPath::Avx2 | KernelPath::Avx2Vnni => q4k_scales_ref(unit, out),
     }
 }
 

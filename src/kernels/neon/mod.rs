@@ -6,13 +6,32 @@
 //! baseline, so calling them is always sound); f16 <-> f32 goes through `fcvtl`/`fcvtn` instead of
 //! the `half` crate's software conversion.
 
+/// `{name}`: an asm operand reference for a macro-supplied operand name.
+macro_rules! op {
+    ($a:ident) => {
+        concat!("{", stringify!($a), "}")
+    };
+}
+
+mod attn_tile;
 mod elementwise;
 mod flash_attn;
+mod gemv;
+mod kv_attn;
 mod matmul;
+mod matmul_dotprod;
+mod quantize_act;
+mod widen;
 
+pub use attn_tile::*;
 pub use elementwise::*;
 pub use flash_attn::*;
+use gemv::*;
+pub use kv_attn::*;
 pub use matmul::*;
+pub use matmul_dotprod::*;
+pub use quantize_act::*;
+pub use widen::*;
 
 use core::arch::aarch64::*;
 use core::arch::asm;

@@ -1,0 +1,154 @@
+//! Elementwise and row-wise ops of one or two inputs: scale, norms, activations, softmax,
+//! add/mul/GLUs, copies and concatenation.
+
+use crate::graph::Op;
+use crate::kernels;
+use crate::kernels::reference as kref;
+use crate::tensor::{Tensor, TensorId};
+
+use crate::exec::bound::{rows, rows_of, share};
+use crate::exec::ops::attention::visible_keys;
+use crate::exec::{Bound, Step};
+
+impl<'a, const N: usize> Bound<'a, N> {
+    /// Row-wise ops of one input: scale, norms, activations, softmax.
+    pub(in crate::exec) fn unary(
+        &self,
+        id: TensorId,
+        t: &Tensor,
+        ne: [usize; 4],
+        step: Step,
+        ith: usize,
+        nth: usize,
+    ) {
+        let path = self.path;
+        let src = |i: usize| t.src[i].map(|s| (s, self.graph.tensor(s)));
+        // SAFETY: shapes and strides were checked by the graph builder, spans by `new`; rows
+        // (or work units) come from `share`, which gives each thread disjoint ones.
+        unsafe {
+            let Some((a, ta)) = src(0) else { return };
+            for (i1, i2, i3) in rows(ne, share(rows_of(ne), ith, nth)) {
+                let x: &[f32] = self.read(a, ta.row_offset(i1, i2, i3), ne[0]);
+                let out: &mut [f32] = self.write(id, t.row_offset(i1, i2, i3), ne[0]);
+                let p = t.params;
+                match t.op {
+                    Op::Scale => out.iter_mut().zip(x).for_each(|(o, v)| *o = v * p.f[0]),
+                    Op::Sqr => out.iter_mut().zip(x).for_each(|(o, v)| *o = v * v),
+                    Op::Sqrt => out.iter_mut().zip(x).for_each(|(o, &v)| *o = libm::sqrtf(v)),
+                    Op::Hadamard => kref::hadamard_ref(x, out, p.i[0] as usize),
+                    Op::RmsNorm => kernels::rms_norm(path, x, out, p.f[0]),
+                    Op::LayerNorm => kref::layer_norm_ref(x, out, p.f[0]),
+                    Op::Silu => kernels::silu(path, x, out),
+                    Op::Sigmoid => kref::sigmoid_ref(x, out),
+                    Op::Softplus => kref::softplus_ref(x, out),
+                    Op::Tanh => out.iter_mut().zip(x).for_each(|(o, &v)| *o = libm::tanhf(v)),
+                    Op::Gelu => kref::gelu_ref(x, out),
+                    _ => {
+                        let (start, end) =
+                            visible_keys(p.i[0] != 0, p.i[1] as usize, step.n_past + i1, ne[0]);
+                        kref::soft_max_ref(x, out, p.f[0], start, end);
+                    }
+                }
+            }
+        }
+    }
+    /// Elementwise ops of two inputs, the second broadcast: add, mul, SwiGLU, GeGLU.
+    pub(in crate::exec) fn binary(
+        &self,
+        id: TensorId,
+        t: &Tensor,
+        ne: [usize; 4],
+        step: Step,
+        ith: usize,
+        nth: usize,
+    ) {
+        let path = self.path;
+        let src = |i: usize| t.src[i].map(|s| (s, self.graph.tensor(s)));
+        // SAFETY: shapes and strides were checked by the graph builder, spans by `new`; rows
+        // (or work units) come from `share`, which gives each thread disjoint ones.
+        unsafe {
+            let (Some((a, ta)), Some((b, tb))) = (src(0), src(1)) else { return };
+            let neb = tb.ne_for(step.n_kv);
+            for (i1, i2, i3) in rows(ne, share(rows_of(ne), ith, nth)) {
+                let x: &[f32] = self.read(a, ta.row_offset(i1, i2, i3), ne[0]);
+                let y: &[f32] = self.read(b, tb.row_offset(i1 % neb[1], i2 % neb[2], i3 % neb[3]), neb[0]);
+                let out: &mut [f32] = self.write(id, t.row_offset(i1, i2, i3), ne[0]);
+                if neb[0] != ne[0] {
+                    // A one-element row broadcast along the row (the graph allows only that).
+                    let b = y[0];
+                    match t.op {
+                        Op::Add => out.iter_mut().zip(x).for_each(|(o, a)| *o = a + b),
+                        Op::Sub => out.iter_mut().zip(x).for_each(|(o, a)| *o = a - b),
+                        Op::Div => out.iter_mut().zip(x).for_each(|(o, a)| *o = a / b),
+                        _ => out.iter_mut().zip(x).for_each(|(o, a)| *o = a * b),
+                    }
+                    continue;
+                }
+                match t.op {
+                    Op::Add => out.iter_mut().zip(x.iter().zip(y)).for_each(|(o, (a, b))| *o = a + b),
+                    Op::Sub => out.iter_mut().zip(x.iter().zip(y)).for_each(|(o, (a, b))| *o = a - b),
+                    Op::Mul => out.iter_mut().zip(x.iter().zip(y)).for_each(|(o, (a, b))| *o = a * b),
+                    Op::Div => out.iter_mut().zip(x.iter().zip(y)).for_each(|(o, (a, b))| *o = a / b),
+                    Op::SwiGlu => kernels::swiglu(path, x, y, out),
+                    _ => kref::geglu_ref(x, y, out),
+                }
+            }
+        }
+    }
+    /// Copy and type conversion, any strides.
+    pub(in crate::exec) fn cpy(
+        &self,
+        id: TensorId,
+        t: &Tensor,
+        ne: [usize; 4],
+        step: Step,
+        ith: usize,
+        nth: usize,
+    ) {
+        let src = |i: usize| t.src[i].map(|s| (s, self.graph.tensor(s)));
+        // SAFETY: shapes and strides were checked by the graph builder, spans by `new`; rows
+        // (or work units) come from `share`, which gives each thread disjoint ones.
+        unsafe {
+            let Some((a, ta)) = src(0) else { return };
+            let ne_a = ta.ne_for(step.n_kv);
+            for (i1, i2, i3) in rows(ne, share(rows_of(ne), ith, nth)) {
+                let row = t.row_offset(i1, i2, i3);
+                for i0 in 0..ne[0] {
+                    let v = self.element(a, ta, [i0, i1, i2, i3], ne_a);
+                    self.put(id, t.ty, row + i0 * t.nb[0], v);
+                }
+            }
+        }
+    }
+    /// Two tensors joined along one dimension.
+    pub(in crate::exec) fn concat(
+        &self,
+        id: TensorId,
+        t: &Tensor,
+        ne: [usize; 4],
+        step: Step,
+        ith: usize,
+        nth: usize,
+    ) {
+        let src = |i: usize| t.src[i].map(|s| (s, self.graph.tensor(s)));
+        // SAFETY: shapes and strides were checked by the graph builder, spans by `new`; rows
+        // (or work units) come from `share`, which gives each thread disjoint ones.
+        unsafe {
+            let (Some((a, ta)), Some((b, tb))) = (src(0), src(1)) else { return };
+            let dim = t.params.i[0] as usize;
+            let (ne_a, ne_b) = (ta.ne_for(step.n_kv), tb.ne_for(step.n_kv));
+            for (i1, i2, i3) in rows(ne, share(rows_of(ne), ith, nth)) {
+                let out: &mut [f32] = self.write(id, t.row_offset(i1, i2, i3), ne[0]);
+                for (i0, o) in out.iter_mut().enumerate() {
+                    let mut idx = [i0, i1, i2, i3];
+                    *o = if idx[dim] < ne_a[dim] {
+                        self.element(a, ta, idx, ne_a)
+                    } else {
+                        idx[dim] -= ne_a[dim];
+                        self.element(b, tb, idx, ne_b)
+                    };
+                }
+            }
+        }
+    }
+}
