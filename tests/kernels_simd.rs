@@ -29,8 +29,9 @@
 //! * packed matmul: 1e-5 of `sum |w a| + sum |s|`, as in `tests/packed.rs` (same integer block dots,
 //!   float sums in another order).
 
-use pinfer::kernels::attn_tile::{flash_attn_tile, flash_attn_tile_ref, tile_rows, TileScratch};
+use pinfer::kernels::attn_tile::{flash_attn_tile_ref, tile_rows, TileScratch};
 use pinfer::kernels::dot::{vec_dot_f32_f32_ref, vec_dot_f32_lanes};
+use pinfer::kernels::flash_attn_tile;
 use pinfer::kernels::kv_attn::{flash_attn_rows_typed, KvOps, KEY_CHUNK, TYPED_ROWS};
 use pinfer::kernels::packed::{
     dequantize_packed_row, matmul_ref, pack, packed_bytes, quantize_act_ref, ActBlock, PackedFormat,

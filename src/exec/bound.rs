@@ -15,8 +15,7 @@ use crate::kernels::packed::PackedMatrix;
 use crate::quant::GgmlType;
 use crate::tensor::{Storage, Tensor, TensorId};
 
-use super::ops::attention::split_bytes;
-use super::ops::matmul::converted_bytes;
+use super::work::work_bytes;
 use super::{ExecError, MatmulOffload};
 
 /// Per-step values: the graph's shape is fixed, these change from one token to the next.
@@ -54,18 +53,6 @@ impl PackedEntry {
         let scales = buffer.get(self.scales_at..self.scales_at.checked_add(sn)?)?;
         Some(PackedMatrix { format: self.format, rows: self.rows, k: self.k, quants, scales })
     }
-}
-
-/// Bytes of work region a graph needs: the largest matmul input converted once per node to the
-/// weights' activation type (shared by the threads of that node), or the largest split
-/// attention's parts.
-pub fn work_bytes<const N: usize>(g: &Graph<N>) -> usize {
-    g.order()
-        .iter()
-        .map(|&id| converted_bytes(g, g.tensor(id)).max(split_bytes(g, g.tensor(id))))
-        .max()
-        .unwrap_or(0)
-        .next_multiple_of(64)
 }
 
 /// Most caller buffers a graph reads (the model's and its adapters').
@@ -570,87 +557,6 @@ impl<'a, const N: usize> Bound<'a, N> {
     pub(super) unsafe fn write<T>(&self, id: TensorId, offset: usize, len: usize) -> &mut [T] {
         // SAFETY: guaranteed by the caller as documented.
         unsafe { core::slice::from_raw_parts_mut(self.address(id).add(offset) as *mut T, len) }
-    }
-    /// How many phases node `id` runs in, with a barrier after each: 0 for leaves and views, 2
-    /// for matmuls that first convert their input (once per node, split over the threads) and
-    /// for attention that may split its keys (parts, then their merge), else 1.
-    pub(crate) fn phases(&self, id: TensorId) -> usize {
-        let t = self.graph.tensor(id);
-        if !t.op.computes() {
-            0
-        } else if self.converts_input(id) || split_bytes(self.graph, t) > 0 {
-            2
-        } else {
-            1
-        }
-    }
-    /// Whether phase `phase` of node `id` has work this step: the merge phase of an attention
-    /// that does not split this step has none (the pool skips it, barrier included).
-    pub(crate) fn phase_works(&self, id: TensorId, phase: usize, step: Step) -> bool {
-        let t = self.graph.tensor(id);
-        !(t.op == Op::FlashAttn && phase == 1) || self.split_of(t, step).is_some()
-    }
-    /// Runs thread `ith` of `nth`'s share of phase `phase` of node `id`.
-    pub(crate) fn compute(&self, id: TensorId, step: Step, phase: usize, ith: usize, nth: usize) {
-        let t = self.graph.tensor(id);
-        if !t.op.computes() {
-            return;
-        }
-        if phase == 0 && self.converts_input(id) {
-            // An offloaded matmul reads its F32 input as is (and converts it itself on failure).
-            if self.offload.is_none() || self.offload_of(t, step).is_none() {
-                self.convert_input(id, t, step, ith, nth);
-            }
-            return;
-        }
-        let ne = t.ne_for(step.n_kv);
-        match t.op {
-            Op::Scale
-            | Op::Sqr
-            | Op::Sqrt
-            | Op::Hadamard
-            | Op::RmsNorm
-            | Op::LayerNorm
-            | Op::Silu
-            | Op::Sigmoid
-            | Op::Softplus
-            | Op::Tanh
-            | Op::Gelu
-            | Op::SoftMax => self.unary(id, t, ne, step, ith, nth),
-            Op::Add | Op::Sub | Op::Mul | Op::Div | Op::SwiGlu | Op::GeGlu => {
-                self.binary(id, t, ne, step, ith, nth)
-            }
-            Op::Sum | Op::Repeat | Op::RepeatBack | Op::Fill => self.reshape_sum(id, t, ne, step, ith, nth),
-            Op::RmsNormBack | Op::SoftMaxBack | Op::CrossEntropy | Op::CrossEntropyBack => {
-                self.train_rows(id, t, ne, ith, nth)
-            }
-            Op::MulMatT => self.mul_mat_t(id, t, ne, ith, nth),
-            Op::RopeTable => self.rope_table(id, t, ne, step, ith, nth),
-            Op::Rope => self.rope(id, t, ne, ith, nth),
-            Op::GetRows => self.get_rows(id, t, ne, ith, nth),
-            Op::GetRowsBack => self.get_rows_back(id, t, ne, ith, nth),
-            Op::MulMat => {
-                if !(self.offload.is_some() && self.offload_mul_mat(id, t, step, ith)) {
-                    self.mul_mat(id, t, step, ith, nth)
-                }
-            }
-            Op::MulMatId => self.mul_mat_id(id, t, step, ith, nth),
-            Op::TopK => self.top_k(id, t, ne, ith, nth),
-            Op::MoeWeights => self.moe_weights(id, t, ne, ith, nth),
-            Op::MoeSum => self.moe_sum(id, t, ne, ith, nth),
-            Op::Cpy => self.cpy(id, t, ne, step, ith, nth),
-            Op::Concat => self.concat(id, t, ne, step, ith, nth),
-            Op::KvWrite => self.kv_write(id, t, step, ith, nth),
-            Op::ShortConv => self.short_conv(id, t, ith, nth),
-            Op::GatedDeltaNet => self.gated_delta_net(id, t, ith, nth),
-            Op::FlashAttn => match (phase, self.split_of(t, step)) {
-                (0, None) => self.flash_attn(id, t, ne, step, ith, nth),
-                (0, Some(parts)) => self.flash_attn_parts(id, t, ne, step, parts, ith, nth),
-                (_, Some(parts)) => self.merge_attn_parts(id, ne, step, parts, ith, nth),
-                (_, None) => {}
-            },
-            Op::None | Op::View => {}
-        }
     }
     /// Element `idx` of F32/F16 tensor `id` with any strides.
     ///

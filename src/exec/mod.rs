@@ -21,8 +21,9 @@ mod offload;
 mod ops;
 #[cfg(feature = "std")]
 pub mod pool;
+mod work;
 
-pub use bound::{share, work_bytes, Addressed, Bound, PackedEntry, Step};
+pub use bound::{share, Addressed, Bound, PackedEntry, Step};
 pub use error::{split_layer, ExecError};
 pub use offload::MatmulOffload;
-pub use ops::attention::most_split_tokens;
+pub use work::{most_split_tokens, work_bytes};

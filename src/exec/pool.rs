@@ -12,7 +12,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::vec::Vec;
 
-use super::ops::matmul::converted_input;
+use super::work::converted_input;
 use super::{Bound, ExecError, Step};
 use crate::board::thread::{allowed_cores, set_current_thread_fifo, try_pin_current_thread};
 use crate::graph::Op;

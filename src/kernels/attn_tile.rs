@@ -97,51 +97,6 @@ impl Default for TileScratch {
     }
 }
 
-/// Query rows `qs` of flash attention over an f16 or f32 (`ty`) cache, row `r` over keys
-/// `keys[r]`, on `path`: `outs[r] = sum_j softmax(scale * q.k_j) v_j`, as [`flash_attn_tile_ref`]
-/// computes it (every path gives its bits when the cache holds finite values). At most
-/// [`tile_rows`] rows; rows whose sizes differ from the first's, or a type or head size that
-/// [`takes_tiles`] refuses, leave `outs` untouched (the executor checks both).
-#[allow(clippy::too_many_arguments)]
-pub fn flash_attn_tile<'k>(
-    path: KernelPath,
-    ty: GgmlType,
-    qs: &[&[f32]],
-    keys: &[Range<usize>],
-    key: impl Fn(usize) -> &'k [u8],
-    value: impl Fn(usize) -> &'k [u8],
-    scale: f32,
-    scratch: &mut TileScratch,
-    outs: &mut [&mut [f32]],
-) {
-    let n = qs.len().min(outs.len()).min(keys.len());
-    let (Some(dk), Some(dv)) = (qs.first().map(|q| q.len()), outs.first().map(|o| o.len())) else { return };
-    if !takes_tiles(ty, ty, dk, dv)
-        || n > tile_rows(dk, dv)
-        || qs[..n].iter().any(|q| q.len() != dk)
-        || outs[..n].iter().any(|o| o.len() != dv)
-    {
-        return;
-    }
-    let t = Tiles { ty, dk, dv, scale, keys: &keys[..n] };
-    match path {
-        #[cfg(target_arch = "x86_64")]
-        KernelPath::Avx2 | KernelPath::Avx2Vnni if super::has_avx2() => {
-            // SAFETY: the CPU has AVX2, FMA and F16C (checked on the match arm).
-            unsafe { super::x86::attn_tile_avx2(&t, &qs[..n], key, value, scratch, &mut outs[..n]) }
-        }
-        #[cfg(target_arch = "aarch64")]
-        KernelPath::Neon | KernelPath::NeonDotprod | KernelPath::NeonFp16 => {
-            super::neon::attn_tile(&t, &qs[..n], key, value, scratch, &mut outs[..n])
-        }
-        _ => {
-            for r in 0..n {
-                flash_attn_tile_ref(ty, qs[r], keys[r].clone(), &key, &value, scale, outs[r]);
-            }
-        }
-    }
-}
-
 /// One query row `q` over keys `keys` of an f16 or f32 (`ty`) cache, the tiles' operations
 /// written out for one row: for each tile of [`TILE_KEYS`] cache rows (aligned at its multiples)
 /// holding some of the row's keys, the scores `s_j = (q . k_j, one f32 fused multiply-add per

@@ -21,6 +21,7 @@ use core::ops::Range;
 use packed::{ActBlock, PackedMatrix};
 
 use crate::quant::blocks::F16Le;
+use crate::quant::GgmlType;
 
 pub use reference::{merge_attn_parts, RowSoftmax, FLASH_ROWS};
 
@@ -401,5 +402,50 @@ pub fn f32_to_f16(path: KernelPath, x: &[f32], out: &mut [F16Le]) {
         #[cfg(target_arch = "aarch64")]
         KernelPath::Neon | KernelPath::NeonDotprod | KernelPath::NeonFp16 => neon::f32_to_f16(x, out),
         _ => reference::f32_to_f16_ref(x, out),
+    }
+}
+
+/// Query rows `qs` of flash attention over an f16 or f32 (`ty`) cache, row `r` over keys
+/// `keys[r]`, on `path`: `outs[r] = sum_j softmax(scale * q.k_j) v_j`, as [`attn_tile::flash_attn_tile_ref`]
+/// computes it (every path gives its bits when the cache holds finite values). At most
+/// [`attn_tile::tile_rows`] rows; rows whose sizes differ from the first's, or a type or head size that
+/// [`attn_tile::takes_tiles`] refuses, leave `outs` untouched (the executor checks both).
+#[allow(clippy::too_many_arguments)]
+pub fn flash_attn_tile<'k>(
+    path: KernelPath,
+    ty: GgmlType,
+    qs: &[&[f32]],
+    keys: &[Range<usize>],
+    key: impl Fn(usize) -> &'k [u8],
+    value: impl Fn(usize) -> &'k [u8],
+    scale: f32,
+    scratch: &mut attn_tile::TileScratch,
+    outs: &mut [&mut [f32]],
+) {
+    let n = qs.len().min(outs.len()).min(keys.len());
+    let (Some(dk), Some(dv)) = (qs.first().map(|q| q.len()), outs.first().map(|o| o.len())) else { return };
+    if !attn_tile::takes_tiles(ty, ty, dk, dv)
+        || n > attn_tile::tile_rows(dk, dv)
+        || qs[..n].iter().any(|q| q.len() != dk)
+        || outs[..n].iter().any(|o| o.len() != dv)
+    {
+        return;
+    }
+    let t = attn_tile::Tiles { ty, dk, dv, scale, keys: &keys[..n] };
+    match path {
+        #[cfg(target_arch = "x86_64")]
+        KernelPath::Avx2 | KernelPath::Avx2Vnni if has_avx2() => {
+            // SAFETY: the CPU has AVX2, FMA and F16C (checked on the match arm).
+            unsafe { x86::attn_tile_avx2(&t, &qs[..n], key, value, scratch, &mut outs[..n]) }
+        }
+        #[cfg(target_arch = "aarch64")]
+        KernelPath::Neon | KernelPath::NeonDotprod | KernelPath::NeonFp16 => {
+            neon::attn_tile(&t, &qs[..n], key, value, scratch, &mut outs[..n])
+        }
+        _ => {
+            for r in 0..n {
+                attn_tile::flash_attn_tile_ref(ty, qs[r], keys[r].clone(), &key, &value, scale, outs[r]);
+            }
+        }
     }
 }

@@ -1,9 +1,9 @@
 //! Attention and its KV cache: cache writes, attention in one pass or in parts (split keys and
 //! their merge), the f32 tiles of a prompt and the typed kernel over a quantized cache.
 
+use crate::exec::work::{split_bytes, split_stride, SPLIT_MIN_KEYS, SPLIT_PARTS};
 use core::ops::Range;
 
-use crate::graph::{Graph, Op};
 use crate::kernels;
 use crate::kernels::attn_tile;
 use crate::kernels::kv_attn::{KvOps, TYPED_ROWS};
@@ -15,15 +15,6 @@ use crate::tensor::{Tensor, TensorId};
 use crate::exec::bound::{share, BAD_INDEX, CACHE_FULL};
 use crate::exec::{Bound, Step};
 
-/// A decode step over a long context splits each query row's keys into up to [`SPLIT_PARTS`]
-/// parts, merged in a second phase (llama.cpp splits a decode step's keys between its threads
-/// from 512 keys on): the step's (token, KV head) units are too few to keep every thread busy, and
-/// threads taking single query heads instead would read each KV head's keys once per head. The
-/// parts follow the keys, not the threads, so a result does not depend on the thread count.
-pub(in crate::exec) const SPLIT_MIN_KEYS: usize = 512;
-/// Most parts per row: a multiple of twice the usual thread counts (the pool hands an
-/// attention's units out in `2 nth` shares), so every thread gets as many.
-pub(in crate::exec) const SPLIT_PARTS: usize = 16;
 /// Keys per part at least: a part's fixed costs (its queries converted, its output written and
 /// merged) stay small beside its keys (16 parts of 32 keys cost a single thread 10% more
 /// instructions per token at depth 520).
@@ -58,32 +49,6 @@ pub(in crate::exec) fn row_parts(len: usize) -> usize {
 pub(in crate::exec) fn part_keys(seen: &Range<usize>, part: usize, parts: usize) -> Range<usize> {
     let len = seen.len();
     seen.start + len * part / parts..seen.start + len * (part + 1) / parts
-}
-/// Steps split when they have fewer (token, KV head) units than this.
-pub(in crate::exec) const SPLIT_BELOW_UNITS: usize = 8;
-
-/// The most tokens a step over `kv_heads` KV heads may have and still split its keys: the split's
-/// work grows with the tokens, so the engine sizes its work region for this many too.
-pub fn most_split_tokens(kv_heads: usize) -> usize {
-    (SPLIT_BELOW_UNITS - 1) / kv_heads.max(1)
-}
-
-/// Floats per part of a split row in the work region: where its softmax ended (max, sum), then
-/// its normalized output.
-pub(in crate::exec) fn split_stride(dv: usize) -> usize {
-    dv + 2
-}
-
-/// Bytes of work region flash attention node `t` needs for its parts; 0 if it never splits (more
-/// tokens or KV heads than [`SPLIT_BELOW_UNITS`], or a cache shorter than [`SPLIT_MIN_KEYS`]).
-pub(in crate::exec) fn split_bytes<const N: usize>(g: &Graph<N>, t: &Tensor) -> usize {
-    let Some(k) = t.src[1].filter(|_| t.op == Op::FlashAttn) else { return 0 };
-    let tk = g.tensor(k);
-    let (dv, heads, tokens) = (t.ne[0], t.ne[1], t.ne[2]);
-    if tokens.saturating_mul(tk.ne[2]) >= SPLIT_BELOW_UNITS || tk.ne[1] < SPLIT_MIN_KEYS {
-        return 0;
-    }
-    tokens * heads * SPLIT_PARTS * split_stride(dv) * size_of::<f32>()
 }
 
 impl<'a, const N: usize> Bound<'a, N> {
@@ -748,7 +713,7 @@ pub(in crate::exec) fn sum_rows_in_parts<const K: usize>(
     }
 }
 
-/// [`kernels::attn_tile::flash_attn_tile`] with its scratch on this frame.
+/// [`kernels::flash_attn_tile`] with its scratch on this frame.
 #[inline(never)]
 #[allow(clippy::too_many_arguments)]
 pub(in crate::exec) fn flash_attn_float<'k>(
@@ -762,7 +727,7 @@ pub(in crate::exec) fn flash_attn_float<'k>(
     outs: &mut [&mut [f32]],
 ) {
     let mut scratch = attn_tile::TileScratch::new();
-    attn_tile::flash_attn_tile(path, ty, qs, keys, key, value, scale, &mut scratch, outs);
+    kernels::flash_attn_tile(path, ty, qs, keys, key, value, scale, &mut scratch, outs);
 }
 
 /// The kernel of [`Bound::flash_attn_tiles`]: the typed kernel (any cache types), or the f32

@@ -3,42 +3,16 @@
 
 use core::ops::Range;
 
-use crate::graph::{Graph, Op};
+use crate::graph::Op;
 use crate::kernels;
-use crate::kernels::dot::{from_float_ref, vec_dot_ref, vec_dot_type};
+use crate::kernels::dot::{from_float_ref, vec_dot_ref};
 use crate::kernels::packed::{act_row_bytes, ActBlock, PackedFormat, PackedMatrix, GROUP_ROWS};
 use crate::quant::GgmlType;
 use crate::tensor::{Storage, Tensor, TensorId};
 
 use crate::exec::bound::{rows, rows_of, share, BAD_INDEX};
+use crate::exec::work::{converted_input, converted_stride};
 use crate::exec::{Bound, MatmulOffload, Step};
-
-/// The activation type a matmul converts its F32 input to, if any (F32 weights use it as is).
-pub(in crate::exec) fn converted_input(t: &Tensor, weights: &Tensor) -> Option<GgmlType> {
-    if !matches!(t.op, Op::MulMat | Op::MulMatId) {
-        return None;
-    }
-    vec_dot_type(weights.ty).filter(|&a| a != GgmlType::F32)
-}
-
-/// Bytes of the converted input of matmul `t` (rows at their upper-bound length).
-pub(in crate::exec) fn converted_bytes<const N: usize>(g: &Graph<N>, t: &Tensor) -> usize {
-    let (Some(w), Some(x)) = (t.src[0], t.src[1]) else { return 0 };
-    let (w, x) = (g.tensor(w), g.tensor(x));
-    match converted_input(t, w) {
-        // Either the weights' ggml activation type or, for repacked weights, `ActBlock` rows.
-        Some(act) => converted_stride(act, x.ne[0]) * x.n_rows(),
-        None => 0,
-    }
-}
-
-/// Bytes per converted input row of `k` elements: room for both conversions, so a graph's work
-/// region does not depend on which weights were repacked.
-pub(in crate::exec) fn converted_stride(act: GgmlType, k: usize) -> usize {
-    let ggml = act.bytes_for(k as u64).unwrap_or(0) as usize;
-    let packed = if k % crate::kernels::packed::BLOCK == 0 { act_row_bytes(k) } else { 0 };
-    ggml.max(packed).next_multiple_of(4)
-}
 
 impl<'a, const N: usize> Bound<'a, N> {
     /// Whether node `id` is a matmul whose phase 0 converts its input into the work region.

@@ -82,7 +82,7 @@ impl Lanes for F32x4 {
     }
 }
 
-/// [`crate::kernels::attn_tile::flash_attn_tile`] on NEON: [`tile_loop`] in 4-lane vectors.
+/// [`crate::kernels::flash_attn_tile`] on NEON: [`tile_loop`] in 4-lane vectors.
 pub fn attn_tile<'k>(
     t: &Tiles<'_>,
     qs: &[&[f32]],

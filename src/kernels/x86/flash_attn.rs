@@ -842,7 +842,7 @@ impl Lanes for Ymm {
     }
 }
 
-/// [`crate::kernels::attn_tile::flash_attn_tile`] on AVX2: [`tile_loop`] in 8-lane vectors.
+/// [`crate::kernels::flash_attn_tile`] on AVX2: [`tile_loop`] in 8-lane vectors.
 ///
 /// # Safety
 /// The CPU must have AVX2, FMA and F16C.
