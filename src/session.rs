@@ -2,8 +2,8 @@
 //! system gives: its memory on the heap (huge pages advised), weights repacked on threads, the
 //! repack cache, the pinned worker pool and the NPU. One sequence, evaluated by token lists.
 //!
-//! After [`Session::new`] nothing allocates per token: graphs are reused, `Bound::new` only
-//! resolves addresses into the preplanned memory.
+//! After [`Session::new`] nothing allocates per token: graphs are reused, their addresses in the
+//! preplanned memory resolved once (`exec::Addressed`).
 
 use std::boxed::Box;
 use std::fmt;
