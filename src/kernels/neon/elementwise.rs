@@ -233,7 +233,15 @@ fn swiglu_chunks(gate: &[f32], up: &[f32], out: &mut [f32]) {
             vandq_u32(vcaleq_f32(gv[2], e.bound), vcaleq_f32(gv[3], e.bound)),
         );
         all = vandq_u32(all, ok);
-        st_f32x16(o, [0, 1, 2, 3].map(|i| silu_mul(&e, gv[i], uv[i])));
+        // (Written out, not `[0, 1, 2, 3].map(..)`: array::map's closure is not always inlined,
+        // and then each chunk pays a call per lane group.)
+        let lanes = [
+            silu_mul(&e, gv[0], uv[0]),
+            silu_mul(&e, gv[1], uv[1]),
+            silu_mul(&e, gv[2], uv[2]),
+            silu_mul(&e, gv[3], uv[3]),
+        ];
+        st_f32x16(o, lanes);
     }
     if vminvq_u32(all) == 0 {
         for ((o, g), u) in out.chunks_exact_mut(16).zip(gate.chunks_exact(16)).zip(up.chunks_exact(16)) {
