@@ -23,7 +23,18 @@ fn run(exe: &Path, args: &[&str]) -> Output {
         }
         None => Command::new(exe),
     };
-    cmd.args(args).output().unwrap()
+    cmd.args(args);
+    // A file this process just wrote can be "busy" for a moment: another test thread's fork may
+    // still hold its write descriptor until that child execs (close-on-exec). Retry briefly.
+    for _ in 0..100 {
+        match cmd.output() {
+            Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy => {
+                std::thread::sleep(std::time::Duration::from_millis(20))
+            }
+            other => return other.unwrap(),
+        }
+    }
+    cmd.output().unwrap()
 }
 
 fn greedy_ids(out: &Output) -> String {
