@@ -240,13 +240,11 @@ fn static_library() -> PathBuf {
     libs.pop().unwrap_or_else(|| panic!("no libpinfer_capi-*.a in {}", deps.display())).1
 }
 
-/// Built on the host only: the C compiler and the program run natively (the aarch64 tier runs
-/// the argument tests below under qemu).
-#[test]
+/// Compiles examples/c/generate.c against the static library into `dir` (made if missing), as
+/// docs/c-abi.md tells a C user to: the program's path.
 #[cfg(target_arch = "x86_64")]
-fn the_c_example_generates_llama_cpp_s_greedy_ids() {
-    let dir = std::env::temp_dir().join(format!("pinfer-capi-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+fn build_c_example(dir: &Path) -> PathBuf {
+    std::fs::create_dir_all(dir).unwrap();
     let exe = dir.join("generate");
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
     let built = std::process::Command::new(&cc)
@@ -259,6 +257,16 @@ fn the_c_example_generates_llama_cpp_s_greedy_ids() {
         .output()
         .expect("a C compiler (cc)");
     assert!(built.status.success(), "{}", String::from_utf8_lossy(&built.stderr));
+    exe
+}
+
+/// Built on the host only: the C compiler and the program run natively (the aarch64 tier runs
+/// the argument tests below under qemu).
+#[test]
+#[cfg(target_arch = "x86_64")]
+fn the_c_example_generates_llama_cpp_s_greedy_ids() {
+    let dir = std::env::temp_dir().join(format!("pinfer-capi-{}", std::process::id()));
+    let exe = build_c_example(&dir);
 
     let golden = std::fs::read_to_string(root().join("tests/golden/smollm2.greedy.jsonl")).unwrap();
     let mut checked = 0;
@@ -301,19 +309,7 @@ fn the_c_example_generates_llama_cpp_s_greedy_ids() {
 #[cfg(target_arch = "x86_64")]
 fn the_c_example_prints_what_pinfer_generate_prints() {
     let dir = std::env::temp_dir().join(format!("pinfer-capi-text-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let exe = dir.join("generate");
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-    let built = std::process::Command::new(&cc)
-        .args(["-std=c99", "-O2", "-Wall", "-Wextra", "-Werror", "-I"])
-        .arg(root().join("include"))
-        .arg(root().join("examples/c/generate.c"))
-        .arg(static_library())
-        .args(["-lpthread", "-ldl", "-lm", "-o"])
-        .arg(&exe)
-        .output()
-        .expect("a C compiler (cc)");
-    assert!(built.status.success(), "{}", String::from_utf8_lossy(&built.stderr));
+    let exe = build_c_example(&dir);
     // The CLI of this build (cargo test --workspace builds it beside the test binaries).
     let deps = std::env::current_exe().unwrap().parent().unwrap().to_path_buf();
     let cli = deps.parent().unwrap().join("pinfer");
