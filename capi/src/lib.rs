@@ -30,7 +30,7 @@ use pinfer::gguf::Gguf;
 use pinfer::loader::ModelFile;
 use pinfer::sampler::{Candidate, Sampler, SamplerConfig};
 use pinfer::session::{Session, SessionError, SessionOptions};
-use pinfer::tokenizer::{TokError, Tokenizer};
+use pinfer::tokenizer::{OwnedTokenizer, TokError};
 
 /// What a call did (`pinfer_status` in the header; the values are fixed).
 #[repr(C)]
@@ -62,12 +62,11 @@ pub enum PinferStatus {
 
 /// A model: its file in memory, its tokenizer and chat format (`pinfer_model`).
 pub struct PinferModel {
-    /// Boxed; freed last (the fields below borrow it).
+    /// Boxed; freed last (the parsed view below borrows it).
     file: *mut ModelFile,
-    /// Boxed; the tokenizer's tables.
-    storage: *mut [u32],
     gguf: Gguf<'static>,
-    tokenizer: Tokenizer<'static>,
+    /// Its tables are its own, freed with it.
+    tokenizer: OwnedTokenizer,
     /// Its chat format, or why pinfer cannot render its template (pinfer_chat_apply says it).
     template: Result<ChatTemplate, ChatError>,
     contexts: AtomicUsize,
@@ -75,13 +74,10 @@ pub struct PinferModel {
 
 impl Drop for PinferModel {
     fn drop(&mut self) {
-        // SAFETY: both were made by Box::into_raw in open_model and are freed only here; the
-        // tokenizer and parsed view that borrow them are never used again (their drop is a no-op:
-        // they hold references only), and no context is left (pinfer_model_free checks).
-        unsafe {
-            drop(Box::from_raw(self.storage));
-            drop(Box::from_raw(self.file));
-        }
+        // SAFETY: made by Box::into_raw in open_model and freed only here; the parsed view that
+        // borrows it is never used again (its drop is a no-op: it holds references only), and no
+        // context is left (pinfer_model_free checks).
+        unsafe { drop(Box::from_raw(self.file)) }
     }
 }
 
@@ -431,21 +427,10 @@ fn open_model(file: ModelFile) -> Result<*mut PinferModel, Failure> {
     let built = (|| {
         let gguf = file_ref.parse().map_err(|e| fail(PinferStatus::ErrModel, e))?;
         pinfer::model::HParams::from_gguf(&gguf).map_err(|e| fail(PinferStatus::ErrModel, e))?;
-        let words = Tokenizer::storage_words(&gguf).map_err(|e| fail(PinferStatus::ErrModel, e))?;
-        let storage = Box::into_raw(vec![0u32; words].into_boxed_slice());
-        // SAFETY: freed by PinferModel's Drop (or just below on error), after the tokenizer that
-        // borrows it.
-        let tokenizer = match Tokenizer::new(&gguf, unsafe { &mut *storage }) {
-            Ok(t) => t,
-            Err(e) => {
-                // SAFETY: made by Box::into_raw above, not borrowed any more.
-                drop(unsafe { Box::from_raw(storage) });
-                return Err(fail(PinferStatus::ErrModel, e));
-            }
-        };
+        let tokenizer = OwnedTokenizer::new(&gguf).map_err(|e| fail(PinferStatus::ErrModel, e))?;
         let template_text = gguf.get_str_opt("tokenizer.chat_template").ok().flatten();
         let template = ChatTemplate::for_model(None, template_text);
-        Ok(PinferModel { file, storage, gguf, tokenizer, template, contexts: AtomicUsize::new(0) })
+        Ok(PinferModel { file, gguf, tokenizer, template, contexts: AtomicUsize::new(0) })
     })();
     match built {
         Ok(model) => Ok(register(Box::new(model), Kind::Model)),

@@ -1,5 +1,5 @@
 //! Tokenizers built from GGUF metadata that give llama.cpp's token ids, and a UTF-8-safe
-//! detokenizer. Nothing here allocates.
+//! detokenizer. Nothing here allocates (but std's [`OwnedTokenizer`], once, for its tables).
 //!
 //! Two vocabulary kinds (`tokenizer.ggml.model`):
 //! * `gpt2`: byte-level BPE. Text is cut into words by the pre-tokenizer named by
@@ -40,7 +40,8 @@
 //! Here: the vocabulary kind, token attributes, the error type and the tokenizer with its table
 //! lookups. `load`: building the tables from the file; `hash`: their hashing and lookup keys;
 //! `encode` with `special` (special tokens cut out), `pretok`, `bpe` and `spm`; `decode`: pieces
-//! and the UTF-8-safe [`StreamDecoder`].
+//! and the UTF-8-safe [`StreamDecoder`]; `owned` (std): [`OwnedTokenizer`], the tables in a heap
+//! buffer the tokenizer owns.
 
 mod bpe;
 mod decode;
@@ -48,6 +49,8 @@ mod encode;
 mod hash;
 mod heap;
 mod load;
+#[cfg(feature = "std")]
+mod owned;
 mod pretok;
 mod special;
 mod spm;
@@ -59,6 +62,8 @@ use core::fmt;
 use crate::gguf::{GgufError, Name};
 
 pub use decode::StreamDecoder;
+#[cfg(feature = "std")]
+pub use owned::OwnedTokenizer;
 pub use pretok::PreTokenizer;
 pub use unicode_tables::UNICODE_VERSION;
 

@@ -8,7 +8,7 @@ use pinfer::generate::Generator;
 use pinfer::sampler::SamplerConfig;
 use pinfer::session::{Session, SessionOptions};
 use pinfer::speculative::{check_draft, DraftModel, Drafter, MOST_GUESSES};
-use pinfer::tokenizer::Tokenizer;
+use pinfer::tokenizer::{OwnedTokenizer, Tokenizer};
 
 use crate::grammar_args::GrammarArgs;
 use crate::runtime::{Runtime, RuntimeArgs};
@@ -341,7 +341,7 @@ pub(crate) fn set_speculative(
 pub(crate) fn load(
     args: &GenArgs,
     sampler: &SamplerConfig,
-) -> Result<(PathBuf, Session, Tokenizer<'static>), CliError> {
+) -> Result<(PathBuf, Session, OwnedTokenizer), CliError> {
     let path = crate::model_path(args.model.clone());
     let opts = args.session_options()?;
     let runtime = Runtime::new(&args.runtime)?;

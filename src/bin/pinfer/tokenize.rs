@@ -1,20 +1,17 @@
-//! The model's tokenizer for the front ends (tables kept for the process), encoding with the CLI's
+//! The model's tokenizer for the commands (its tables freed with it), encoding with the CLI's
 //! errors, and `pinfer tokenize`.
 
 use std::path::Path;
 
 use pinfer::gguf::Gguf;
 use pinfer::loader::ModelFile;
-use pinfer::tokenizer::{StreamDecoder, Tokenizer};
+use pinfer::tokenizer::{OwnedTokenizer, StreamDecoder, Tokenizer};
 
 use crate::CliError;
 
-/// The model's tokenizer, its tables in memory kept for the whole process (like the model).
-pub fn tokenizer(path: &Path, gguf: &Gguf<'static>) -> Result<Tokenizer<'static>, CliError> {
-    let fail = |e: pinfer::tokenizer::TokError| CliError::new(format!("{}: {e}", path.display()));
-    let words = Tokenizer::storage_words(gguf).map_err(fail)?;
-    let storage: &'static mut [u32] = Box::leak(vec![0u32; words].into_boxed_slice());
-    Tokenizer::new(gguf, storage).map_err(fail)
+/// The tokenizer of the model at `path`, an error naming the file if its vocabulary is refused.
+pub fn tokenizer(path: &Path, gguf: &Gguf<'_>) -> Result<OwnedTokenizer, CliError> {
+    OwnedTokenizer::new(gguf).map_err(|e| CliError::new(format!("{}: {e}", path.display())))
 }
 
 /// Token ids of `text` (BOS/EOS as the model says).

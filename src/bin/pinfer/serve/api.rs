@@ -440,7 +440,7 @@ fn logit_bias(state: &State<'_>, f: &Fields<'_>) -> Result<Vec<(u32, f32)>, ApiE
                 Ok(id) => Err(ApiError::invalid(format!(
                     "'logit_bias': token id {id} is outside the vocabulary ({n_vocab} tokens)"
                 ))),
-                Err(_) => Ok(super::tokens::encode_plain(state.ready.tok, s, false)),
+                Err(_) => Ok(super::tokens::encode_plain(&state.ready.tok, s, false)),
             },
             _ => Err(bad()),
         }

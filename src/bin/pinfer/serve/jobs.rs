@@ -61,7 +61,7 @@ fn compile(ready: &Ready, spec: &GrammarSpec) -> Result<Constraint, ApiError> {
     let vocab = match ready.vocab.get() {
         Some(v) => v,
         None => {
-            let v = Vocab::new(ready.tok).map_err(|e| ApiError::server(e.to_string()))?;
+            let v = Vocab::new(&ready.tok).map_err(|e| ApiError::server(e.to_string()))?;
             ready.vocab.get_or_init(|| v)
         }
     };

@@ -30,7 +30,7 @@ use std::time::Duration;
 use clap::Args;
 use pinfer::chat::ChatTemplate;
 use pinfer::grammar::Vocab;
-use pinfer::tokenizer::Tokenizer;
+use pinfer::tokenizer::OwnedTokenizer;
 use serde_json::{Map, Value};
 
 use crate::gen_args::GenArgs;
@@ -108,7 +108,8 @@ pub struct Shared {
 
 /// The loaded model, as the handlers need it.
 pub struct Ready {
-    pub tok: &'static Tokenizer<'static>,
+    /// The engine thread's scheduler borrows it too (it holds the `Shared` for its whole run).
+    pub tok: OwnedTokenizer,
     pub template: ChatTemplate,
     pub jobs: mpsc::SyncSender<EngineRequest>,
     pub n_slots: usize,

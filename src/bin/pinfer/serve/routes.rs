@@ -114,7 +114,7 @@ async fn tokenize(AxState(shared): AxState<AppState>, body: Body) -> Result<Resp
     let add_special = f.bool("add_special")?.unwrap_or(false);
     let parse_special = f.bool("parse_special")?.unwrap_or(true);
     let with_pieces = f.bool("with_pieces")?.unwrap_or(false);
-    let tok = state.ready.tok;
+    let tok = &state.ready.tok;
     let ids = if add_special {
         crate::tokenize::encode(tok, content, parse_special).unwrap_or_default()
     } else {
@@ -153,7 +153,7 @@ async fn detokenize(AxState(shared): AxState<AppState>, body: Body) -> Result<Re
             }
         }
     }
-    Ok(json_response(&json!({ "content": detokenize_text(state.ready.tok, &ids, true) })))
+    Ok(json_response(&json!({ "content": detokenize_text(&state.ready.tok, &ids, true) })))
 }
 
 async fn apply_template(AxState(shared): AxState<AppState>, body: Body) -> Result<Response, ApiError> {

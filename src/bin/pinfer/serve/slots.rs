@@ -173,9 +173,9 @@ enum Phase {
 }
 
 /// A request running in a slot.
-struct Running {
+struct Running<'t> {
     job: Job,
-    generator: Generator<'static>,
+    generator: Generator<'t>,
     /// Prompt and generated tokens (capacity: the slot's context, so a full one ends the stream).
     tokens: Vec<u32>,
     n_prompt: usize,
@@ -193,11 +193,11 @@ struct Running {
     n_accepted: usize,
 }
 
-struct Slot {
+struct Slot<'t> {
     phase: Phase,
     /// Tokens the slot's KV sequence holds (valid in any phase: the cache after the last step).
     cache: Vec<u32>,
-    run: Option<Running>,
+    run: Option<Running<'t>>,
     last_used: u64,
 }
 
@@ -210,11 +210,11 @@ struct Row {
     guess_after: Option<u32>,
 }
 
-/// The scheduler over a loaded session.
-pub struct Engine {
+/// The scheduler over a loaded session, with the tokenizer the handlers share.
+pub struct Engine<'t> {
     session: Session,
-    tok: &'static Tokenizer<'static>,
-    slots: Vec<Slot>,
+    tok: &'t Tokenizer<'t>,
+    slots: Vec<Slot<'t>>,
     queue: VecDeque<Job>,
     entries: Vec<Entry>,
     /// The logits rows of the last step.
@@ -228,10 +228,10 @@ pub struct Engine {
     piece: Vec<u8>,
 }
 
-impl Engine {
+impl<'t> Engine<'t> {
     /// `lookup`: guesses per generating slot and step (0: none; the session must keep every
     /// token's logits and go back to any position).
-    pub fn new(session: Session, tok: &'static Tokenizer<'static>, stats: Arc<Stats>, lookup: usize) -> Self {
+    pub fn new(session: Session, tok: &'t Tokenizer<'t>, stats: Arc<Stats>, lookup: usize) -> Self {
         let n_ctx = session.n_ctx();
         let slots = (0..session.n_seq())
             .map(|_| Slot {
@@ -698,7 +698,7 @@ fn prompt_piece(left: usize, room: usize, most_room: usize) -> usize {
 
 /// Samples the next token of `run` from its logits and passes it on; `Some` ends the stream.
 /// A token that could not be evaluated in a slot of `n_ctx` positions ends it as a full context.
-fn sample(run: &mut Running, tok: &Tokenizer<'static>, piece: &mut [u8], n_ctx: usize) -> Option<Stop> {
+fn sample(run: &mut Running<'_>, tok: &Tokenizer<'_>, piece: &mut [u8], n_ctx: usize) -> Option<Stop> {
     if run.job.params.n_predict.is_some_and(|n| run.n_generated >= n) {
         return Some(Stop::Limit);
     }
@@ -748,13 +748,7 @@ fn sample(run: &mut Running, tok: &Tokenizer<'static>, piece: &mut [u8], n_ctx: 
 }
 
 /// Log-probabilities (softmax of `logits`) of token `id` and of the `n` most likely tokens.
-pub fn token_probs(
-    logits: &[f32],
-    id: u32,
-    n: usize,
-    tok: &Tokenizer<'static>,
-    piece: &mut [u8],
-) -> TokenProbs {
+pub fn token_probs(logits: &[f32], id: u32, n: usize, tok: &Tokenizer<'_>, piece: &mut [u8]) -> TokenProbs {
     let max = logits.iter().fold(f32::NEG_INFINITY, |m, &l| m.max(l));
     let sum: f64 = logits.iter().map(|&l| f64::from(l - max).exp()).sum();
     let log_z = max as f64 + sum.ln();

@@ -6,7 +6,6 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, OnceLock};
 use std::time::Duration;
 
-use pinfer::tokenizer::Tokenizer;
 use serde_json::Map;
 
 use super::routes::router;
@@ -182,15 +181,16 @@ fn bracket_v6(host: &str) -> String {
     }
 }
 
-/// Loads the model on the engine thread and publishes what the handlers need.
-fn load_engine(
+/// Loads the model on the engine thread and publishes what the handlers need; the scheduler
+/// borrows the tokenizer from what is published.
+fn load_engine<'s>(
     gen: &GenArgs,
-    shared: &Arc<Shared>,
+    shared: &'s Arc<Shared>,
     total_ctx: usize,
     n_seq: usize,
     defaults: GenParams,
     jobs: mpsc::SyncSender<EngineRequest>,
-) -> Result<slots::Engine, CliError> {
+) -> Result<slots::Engine<'s>, CliError> {
     let path = crate::model_path(gen.model.clone());
     let mut opts = gen.session_options()?;
     opts.n_seq = n_seq;
@@ -200,8 +200,7 @@ fn load_engine(
         opts.n_ctx = (total_ctx / n_seq).max(1);
     }
     let session = runtime.load(&path, opts, gen.verbose)?;
-    let tok: &'static Tokenizer<'static> =
-        Box::leak(Box::new(crate::tokenize::tokenizer(&path, session.gguf())?));
+    let tok = crate::tokenize::tokenizer(&path, session.gguf())?;
     let gguf = session.gguf();
     let chat_template_text = gguf.get_str_opt("tokenizer.chat_template").ok().flatten().map(str::to_string);
     // The CLI's policy: a template pinfer cannot render is refused by name (no ChatML in its place).
@@ -241,7 +240,7 @@ fn load_engine(
         slot_identity: crate::kv_file::Identity::of(&session),
         vocab: std::sync::OnceLock::new(),
     };
-    let engine = slots::Engine::new(session, tok, shared.stats.clone(), gen.lookup.unwrap_or(0));
-    let _ = shared.ready.set(ready);
-    Ok(engine)
+    // Set once, here: the engine thread loads one model.
+    let ready = shared.ready.get_or_init(|| ready);
+    Ok(slots::Engine::new(session, &ready.tok, shared.stats.clone(), gen.lookup.unwrap_or(0)))
 }
