@@ -159,7 +159,8 @@ pub struct MemoryPlan {
     pub activations: usize,
     /// Converted matmul inputs (the arena's work part).
     pub work: usize,
-    /// Graphs, plans and the logits buffer.
+    /// The engine's graph slots (graphs and their plans). The logits are rows of the
+    /// activations, read in place.
     pub other: usize,
 }
 
@@ -183,7 +184,7 @@ impl fmt::Display for MemoryPlan {
         )?;
         write!(
             f,
-            " + KV cache {:.1} (K {}, V {}) + activations {:.1} + work {:.1} + graphs and logits {:.1}",
+            " + KV cache {:.1} (K {}, V {}) + activations {:.1} + work {:.1} + graphs {:.1}",
             mib(self.kv),
             crate::quant::Lowercase(self.kv_types.k.name()),
             crate::quant::Lowercase(self.kv_types.v.name()),
@@ -448,8 +449,7 @@ impl Session {
             kv_types: opts.kv_types,
             activations: layout.activations,
             work: layout.work,
-            other: planned.graphs().count() * size_of::<GraphSlot>()
-                + planned.model().vocab().n_vocab as usize * 4,
+            other: planned.graphs().count() * size_of::<GraphSlot>(),
             ..MemoryPlan::default()
         };
         for (t, p) in gguf.tensors().zip(&placements) {
