@@ -3,13 +3,14 @@
 //! scripts/serve_clients.py, which `./x test` runs too).
 
 mod cli_support;
+mod common;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use cli_support::{pinfer, pinfer_command, repo_file, text_of, through_qemu};
+use cli_support::{pinfer, pinfer_command, repo_file, temp_file, text_of, through_qemu};
 use serde_json::{json, Value};
 
 const MODEL: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
@@ -28,10 +29,14 @@ impl Server {
 
     /// As [`start`](Self::start) with environment variables set.
     fn start_with(args: &[&str], env: &[(&str, &str)]) -> Self {
-        let model = repo_file(MODEL);
+        Self::start_model(&repo_file(MODEL), args, env)
+    }
+
+    /// As [`start_with`](Self::start_with) with the model at `model`.
+    fn start_model(model: &str, args: &[&str], env: &[(&str, &str)]) -> Self {
         let mut cmd = pinfer_command();
         cmd.envs(env.iter().copied());
-        cmd.args(["serve", "-m", &model, "--port", "0", "-t", "2"]).args(args);
+        cmd.args(["serve", "-m", model, "--port", "0", "-t", "2"]).args(args);
         let mut child =
             cmd.stderr(Stdio::piped()).stdout(Stdio::null()).spawn().expect("starting pinfer serve");
         let stderr = child.stderr.take().unwrap();
@@ -693,4 +698,27 @@ fn context_shift_lets_a_request_outrun_its_slot() {
     assert_eq!(r.status, 200, "{}", r.body);
     assert_eq!(r.json()["choices"][0]["finish_reason"], "length", "{}", r.body);
     assert!(r.json()["usage"]["completion_tokens"].as_u64().unwrap() < n as u64, "{}", r.body);
+}
+
+/// A model whose chat template pinfer cannot render is refused at start-up, the template's family
+/// named, with a non-zero exit (it was served as ChatML without a word); `--chat-template chatml`
+/// serves it. The one policy is `ChatTemplate::for_model`, as the CLI's.
+#[test]
+fn an_unrenderable_chat_template_is_refused_at_start_unless_one_is_named() {
+    // A template llama.cpp recognises as zephyr's by its markers; pinfer does not render it.
+    let zephyr = "{% for m in messages %}<|user|>\n{{ m.content }}<|endoftext|>\n{% endfor %}";
+    let bytes = common::tiny_model("qwen3").kv("tokenizer.chat_template", common::Val::str(zephyr)).bytes();
+    let model = temp_file("zephyr-template.gguf", &bytes);
+    let model = model.to_str().unwrap();
+
+    let out = pinfer_command().args(["serve", "-m", model, "--port", "0", "-t", "2"]).output().unwrap();
+    let err = text_of(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    for words in [model, "'zephyr' format", "does not implement", "--chat-template"] {
+        assert!(err.contains(words), "the refusal should say {words:?}: {err}");
+    }
+    assert!(!err.contains("model loaded"), "{err}");
+
+    let server = Server::start_model(model, &["--chat-template", "chatml"], &[]);
+    assert_eq!(server.request("GET", "/health", None, &[]).status, 200);
 }
