@@ -14,7 +14,7 @@ use std::vec::Vec;
 use crate::arena::ARENA_ALIGN;
 use crate::engine::{Engine, EngineConfig, EngineError, Entry, GraphSlot, Model, Parallel};
 use crate::exec::pool::{Pool, PoolConfig};
-use crate::exec::{ExecError, PackedEntry};
+use crate::exec::PackedEntry;
 use crate::gguf::{Gguf, TensorInfo};
 use crate::kernels::packed::packed_bytes;
 use crate::loader::{LoadError, ModelFile};
@@ -104,8 +104,6 @@ pub enum SessionError {
     Model(ModelError),
     /// A bad option value.
     Option(&'static str),
-    /// Running a graph failed.
-    Exec(ExecError),
     /// Memory or threads could not be obtained.
     Resources(std::string::String),
     /// The worker threads could not be started, pinned or made real-time.
@@ -115,7 +113,8 @@ pub enum SessionError {
     Cache(std::string::String),
     /// Stopped on request (SIGINT) before finishing; nothing was left half-written.
     Interrupted,
-    /// The engine refused a plan or a step: the context is full (`EngineError::ContextFull`), a
+    /// The engine refused a plan or a step, in its own words: the model does not plan
+    /// (`EngineError::Model`), a graph failed (`Exec`), the context is full (`ContextFull`), a
     /// token is outside the vocabulary, the logits are not finite, ...
     Engine(EngineError),
     /// A LoRA adapter could not be read or does not apply to the model.
@@ -213,7 +212,6 @@ impl fmt::Display for SessionError {
             Self::Load(e) => write!(f, "{e}"),
             Self::Model(e) => write!(f, "{e}"),
             Self::Option(msg) => write!(f, "{msg}"),
-            Self::Exec(e) => write!(f, "{e}"),
             Self::Resources(msg) => write!(f, "{msg}"),
             Self::Threads(e) => write!(f, "{e}"),
             Self::Cache(msg) => write!(f, "{msg}"),
@@ -240,18 +238,7 @@ impl From<ModelError> for SessionError {
 
 impl From<EngineError> for SessionError {
     fn from(e: EngineError) -> Self {
-        match e {
-            EngineError::Model(e) => Self::Model(e),
-            EngineError::Exec(e) => Self::Exec(e),
-            EngineError::Config(msg) => Self::Option(msg),
-            e => Self::Engine(e),
-        }
-    }
-}
-
-impl From<ExecError> for SessionError {
-    fn from(e: ExecError) -> Self {
-        Self::Exec(e)
+        Self::Engine(e)
     }
 }
 

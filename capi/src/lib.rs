@@ -250,7 +250,7 @@ fn from_session(e: SessionError) -> Failure {
             PinferStatus::ErrMemory
         }
         SessionError::Engine(EngineError::Model(_) | EngineError::Gguf(_)) => PinferStatus::ErrModel,
-        SessionError::Option(_) => PinferStatus::ErrArgument,
+        SessionError::Option(_) | SessionError::Engine(EngineError::Config(_)) => PinferStatus::ErrArgument,
         _ => PinferStatus::ErrInternal,
     };
     fail(status, e)
