@@ -11,7 +11,9 @@ use std::time::{Duration, Instant};
 
 use common::{tag, GgufBuilder, Val};
 use pinfer::gguf::{Gguf, Value, ValueType};
-use pinfer::tokenizer::{PreTokenizer, StreamDecoder, TokError, TokenAttr, Tokenizer, VocabKind};
+use pinfer::tokenizer::{
+    OwnedTokenizer, PreTokenizer, StreamDecoder, TokError, TokenAttr, Tokenizer, VocabKind,
+};
 use serde_json::Value as Json;
 
 fn repo() -> &'static Path {
@@ -825,4 +827,25 @@ fn random_vocabularies_never_panic() {
         }
     }
     assert!(built > 50 && refused > 10, "built {built}, refused {refused}");
+}
+
+/// The std front ends' tokenizer (`OwnedTokenizer`, its tables in a buffer it owns) gives the ids
+/// and the refusals the one over caller storage gives, after being moved and from another thread.
+#[test]
+fn an_owned_tokenizer_is_the_caller_storage_one() {
+    let path = model_path("SmolLM2-135M-Instruct.Q4_1.gguf");
+    let bytes = std::fs::read(&path).unwrap();
+    let g = Gguf::parse(&bytes).unwrap();
+    let borrowed = load(&path);
+    let owned = vec![OwnedTokenizer::new(&g).unwrap()];
+    let text = "Hello world, <|im_start|>user\nnaïve café 12345";
+    let want = encode(borrowed, text, true, true);
+    assert!(want.len() > 8, "{want:?}");
+    let moved = std::thread::scope(|s| s.spawn(move || owned).join().unwrap());
+    assert_eq!(encode(&moved[0], text, true, true), want);
+    assert_eq!(moved[0].n_vocab(), borrowed.n_vocab());
+
+    let refused = spm_vocab(&["<unk>", "<s>", "<s>"], &[2, 3, 3]);
+    let g = Gguf::parse(&refused).unwrap();
+    assert_eq!(OwnedTokenizer::new(&g).unwrap_err(), tokenizer_of(refused.clone()).unwrap_err());
 }
