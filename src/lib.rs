@@ -44,6 +44,8 @@ pub mod generate;
 #[cfg(feature = "std")]
 pub mod grammar;
 #[cfg(feature = "std")]
+pub mod jinja;
+#[cfg(feature = "std")]
 pub mod loader;
 #[cfg(feature = "npu")]
 pub mod npu;
