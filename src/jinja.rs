@@ -363,7 +363,7 @@ fn python_float(x: f64) -> String {
         return if x > 0.0 { "inf".into() } else { "-inf".into() };
     }
     let exp = if x == 0.0 { 0 } else { x.abs().log10().floor() as i32 };
-    if (-5..16).contains(&exp) {
+    if (-4..16).contains(&exp) {
         let s = format!("{x}");
         if s.contains('.') {
             s

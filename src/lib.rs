@@ -52,6 +52,8 @@ pub mod npu;
 #[cfg(feature = "std")]
 pub mod output_file;
 #[cfg(feature = "std")]
+pub mod prompt_format;
+#[cfg(feature = "std")]
 pub mod repack_cache;
 #[cfg(feature = "std")]
 pub mod session;

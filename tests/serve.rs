@@ -9,7 +9,7 @@ use std::net::TcpStream;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use cli_support::{pinfer, pinfer_command, repo_file, text_of, through_qemu};
+use cli_support::{pinfer, pinfer_command, repo_file, temp_file, text_of, through_qemu};
 use serde_json::{json, Value};
 
 const MODEL: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
@@ -693,4 +693,65 @@ fn context_shift_lets_a_request_outrun_its_slot() {
     assert_eq!(r.status, 200, "{}", r.body);
     assert_eq!(r.json()["choices"][0]["finish_reason"], "length", "{}", r.body);
     assert!(r.json()["usage"]["completion_tokens"].as_u64().unwrap() < n as u64, "{}", r.body);
+}
+
+/// The model's own Jinja template renders the chats (SmolLM2's adds its default system message),
+/// with the request's `chat_template_kwargs`; a template's refusal is a 400 with its message and
+/// the server keeps serving; `--no-jinja` keeps the built-in format; a template that does not
+/// compile stops the server at start-up naming the ways out.
+#[test]
+fn chats_render_through_the_model_s_jinja_template() {
+    let user = json!([{"role": "user", "content": "Hi"}]);
+    let server = Server::start(&[]);
+    let r = server.post("/apply-template", &json!({ "messages": user }));
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(
+        r.json()["prompt"],
+        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n\
+         <|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    );
+    let r = server.post("/apply-template", &json!({ "messages": user, "add_generation_prompt": false }));
+    assert!(!r.json()["prompt"].as_str().unwrap().ends_with("assistant\n"), "{}", r.body);
+    assert_eq!(server.request("GET", "/props", None, &[]).json()["chat_template_name"], "jinja");
+    drop(server);
+
+    let server = Server::start(&["--no-jinja"]);
+    let r = server.post("/apply-template", &json!({ "messages": user }));
+    assert_eq!(r.json()["prompt"], "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n", "{}", r.body);
+    drop(server);
+
+    let template = temp_file(
+        "strict.jinja",
+        b"{% if messages[0].role != 'system' %}{{ raise_exception('start with a system message') }}{% endif %}\
+          {% for m in messages %}[{{ m.role }}:{{ m.content }}\
+          {% if m.tool_calls %} calls {{ m.tool_calls[0].function.arguments | tojson }}{% endif %}]{% endfor %}\
+          {{ mood | default('') }}",
+    );
+    let server = Server::start(&["--chat-template-file", template.to_str().unwrap(), "-n", "4"]);
+    let r = server.post("/v1/chat/completions", &json!({ "messages": user }));
+    let e = error_of(&r, 400, "invalid_request_error");
+    assert!(e["message"].as_str().unwrap().contains("start with a system message"), "{e}");
+    let conversation = json!([
+        {"role": "system", "content": "S"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{\"city\": \"Paris\"}"}}
+        ]},
+    ]);
+    let r = server.post(
+        "/apply-template",
+        &json!({ "messages": conversation, "chat_template_kwargs": { "mood": "calm" } }),
+    );
+    // OpenAI's JSON-text arguments reach the template as an object.
+    assert_eq!(r.json()["prompt"], "[system:S][assistant: calls {\"city\": \"Paris\"}]calm", "{}", r.body);
+    let r = server.post("/v1/chat/completions", &json!({ "messages": [{"role": "system", "content": "S"}] }));
+    assert_eq!(r.status, 200, "the server keeps serving: {}", r.body);
+    drop(server);
+
+    let broken = temp_file("broken.jinja", b"{% if %}");
+    let model = repo_file(MODEL);
+    let out =
+        pinfer(&["serve", "-m", &model, "--port", "0", "--chat-template-file", broken.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let stderr = text_of(&out.stderr);
+    assert!(stderr.contains("does not compile") && stderr.contains("--no-jinja"), "{stderr}");
 }

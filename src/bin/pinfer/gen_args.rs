@@ -123,9 +123,22 @@ pub struct GenArgs {
     #[arg(long = "no-conversation", hide = true)]
     pub no_conversation: bool,
     /// Chat template: a built-in name (chatml, llama3, gemma, phi3, phi4, llama2, mistral-v7, ...) or
-    /// a Jinja template text to recognise (default: the model's own).
-    #[arg(long = "chat-template", value_name = "NAME|JINJA")]
+    /// a Jinja template text (default: the model's own).
+    #[arg(long = "chat-template", value_name = "NAME|JINJA", conflicts_with = "chat_template_file")]
     pub chat_template: Option<String>,
+    /// Chat template: the Jinja template in FILE in place of the model's.
+    #[arg(long = "chat-template-file", value_name = "FILE")]
+    pub chat_template_file: Option<PathBuf>,
+    /// Run the chat template's Jinja (the default, as llama.cpp's current --jinja; accepted).
+    #[arg(long = "jinja", overrides_with = "no_jinja")]
+    pub jinja: bool,
+    /// Never run the chat template: recognise it by its markers and use a built-in format.
+    #[arg(long = "no-jinja", overrides_with = "jinja")]
+    pub no_jinja: bool,
+    /// Extra variables for the chat template, a JSON object, e.g. '{"enable_thinking": false}'
+    /// (a server request's `chat_template_kwargs` add to these).
+    #[arg(long = "chat-template-kwargs", value_name = "JSON")]
+    pub chat_template_kwargs: Option<String>,
     /// Colour the prompt apart from the generated text (ANSI).
     #[arg(long = "color", visible_alias = "colour")]
     pub color: bool,
@@ -269,13 +282,21 @@ impl GenArgs {
         !self.no_escape
     }
 
-    /// The prompt from -p, -f or stdin, escapes processed; `None` when none was given.
+    /// The prompt from -p, -f or stdin, escapes processed; `None` when none was given. A file's
+    /// one trailing newline is dropped, as llama-cli does, so `-f` and `-p` with the same text
+    /// give the same prompt.
     pub(crate) fn prompt(&self) -> Result<Option<String>, CliError> {
         let text = match (&self.prompt, &self.file) {
             (Some(p), _) if p == "-" => Some(read_stdin()?),
             (Some(p), _) => Some(p.clone()),
             (None, Some(f)) if f.as_os_str() == "-" => Some(read_stdin()?),
-            (None, Some(f)) => Some(read_text_file(f)?),
+            (None, Some(f)) => {
+                let mut text = read_text_file(f)?;
+                if text.ends_with('\n') {
+                    text.pop();
+                }
+                Some(text)
+            }
             (None, None) => None,
         };
         Ok(text.map(|t| if self.escape() { process_escapes(&t) } else { t }))

@@ -28,7 +28,6 @@ use std::sync::{mpsc, Arc, OnceLock};
 use std::time::Duration;
 
 use clap::Args;
-use pinfer::chat::ChatTemplate;
 use pinfer::grammar::Vocab;
 use pinfer::tokenizer::Tokenizer;
 use serde_json::{Map, Value};
@@ -109,7 +108,10 @@ pub struct Shared {
 /// The loaded model, as the handlers need it.
 pub struct Ready {
     pub tok: &'static Tokenizer<'static>,
-    pub template: ChatTemplate,
+    /// How chats become prompts (the model's Jinja template or a built-in format).
+    pub format: pinfer::prompt_format::PromptFormat,
+    /// `--chat-template-kwargs`: template variables every request starts from.
+    pub template_kwargs: Map<String, Value>,
     pub jobs: mpsc::SyncSender<EngineRequest>,
     pub n_slots: usize,
     pub n_ctx: usize,
