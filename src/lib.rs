@@ -54,6 +54,8 @@ pub mod output_file;
 #[cfg(feature = "std")]
 pub mod prompt_format;
 #[cfg(feature = "std")]
+pub mod reasoning;
+#[cfg(feature = "std")]
 pub mod repack_cache;
 #[cfg(feature = "std")]
 pub mod session;

@@ -755,3 +755,39 @@ fn chats_render_through_the_model_s_jinja_template() {
     let stderr = text_of(&out.stderr);
     assert!(stderr.contains("does not compile") && stderr.contains("--no-jinja"), "{stderr}");
 }
+
+/// A thinking template's reasoning goes to `reasoning_content` (OpenAI, whole and streamed) and
+/// Ollama's `thinking`, the same text `reasoning_format: "none"` leaves in the content. The
+/// template here opens the reasoning in its generation prompt (as DeepSeek R1's does), so
+/// SmolLM2's whole greedy reply, which never closes it, is reasoning.
+#[test]
+fn thinking_is_split_out_of_the_reply() {
+    let template = temp_file(
+        "thinking.jinja",
+        b"{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}\
+          {% if add_generation_prompt %}<|im_start|>assistant\n<think>\n{% endif %}{# closed by </think> #}",
+    );
+    let server =
+        Server::start(&["--chat-template-file", template.to_str().unwrap(), "--temp", "0", "-n", "12"]);
+    let messages = json!([{"role": "user", "content": "Why is the sky blue?"}]);
+    let plain =
+        server.post("/v1/chat/completions", &json!({ "messages": messages, "reasoning_format": "none" }));
+    let text = plain.json()["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+    assert!(!text.is_empty() && !text.contains("</think>"), "{text:?}");
+    let r = server.post("/v1/chat/completions", &json!({ "messages": messages }));
+    let m = &r.json()["choices"][0]["message"];
+    assert_eq!(m["reasoning_content"], text.trim(), "{m}");
+    assert_eq!(m["content"], "", "{m}");
+    let r = server.post("/v1/chat/completions", &json!({ "messages": messages, "stream": true }));
+    let (events, done) = r.sse();
+    assert!(done);
+    let streamed: String =
+        events.iter().filter_map(|e| e["choices"][0]["delta"]["reasoning_content"].as_str()).collect();
+    assert_eq!(streamed, text);
+    assert!(events.iter().all(|e| e["choices"][0]["delta"]["content"].as_str().is_none_or(str::is_empty)));
+    let r = server.post("/api/chat", &json!({ "model": "m", "messages": messages, "stream": false }));
+    assert_eq!(r.json()["message"]["thinking"], text.trim(), "{}", r.body);
+    let r = server.post("/api/chat", &json!({ "model": "m", "messages": messages, "think": "maybe" }));
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert!(r.json()["error"].as_str().is_some_and(|e| e.contains("'think'")), "{}", r.body);
+}

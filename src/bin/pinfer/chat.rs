@@ -86,16 +86,21 @@ pub(crate) fn prompt_format(
     })
 }
 
-/// `--chat-template-kwargs`: a JSON object of extra template variables.
+/// `--chat-template-kwargs`: a JSON object of extra template variables; `--reasoning-budget 0`
+/// adds `enable_thinking: false` unless they set it.
 pub(crate) fn template_kwargs(args: &GenArgs) -> Result<Map<String, Value>, CliError> {
-    match &args.chat_template_kwargs {
-        None => Ok(Map::new()),
+    let mut kwargs = match &args.chat_template_kwargs {
+        None => Map::new(),
         Some(text) => match serde_json::from_str::<Value>(text) {
-            Ok(Value::Object(map)) => Ok(map),
-            Ok(_) => Err(CliError::new("--chat-template-kwargs: must be a JSON object".into())),
-            Err(e) => Err(CliError::new(format!("--chat-template-kwargs: not JSON: {e}"))),
+            Ok(Value::Object(map)) => map,
+            Ok(_) => return Err(CliError::new("--chat-template-kwargs: must be a JSON object".into())),
+            Err(e) => return Err(CliError::new(format!("--chat-template-kwargs: not JSON: {e}"))),
         },
+    };
+    if args.reasoning_budget == 0 {
+        kwargs.entry("enable_thinking").or_insert(Value::Bool(false));
     }
+    Ok(kwargs)
 }
 
 /// A conversation as the template sees it: OpenAI's message objects.

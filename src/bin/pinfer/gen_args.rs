@@ -139,6 +139,16 @@ pub struct GenArgs {
     /// (a server request's `chat_template_kwargs` add to these).
     #[arg(long = "chat-template-kwargs", value_name = "JSON")]
     pub chat_template_kwargs: Option<String>,
+    /// A thinking model's reasoning: `auto` or `deepseek` split it out of the reply (the server's
+    /// `reasoning_content`, Ollama's `thinking`), `none` leaves it in the text (llama.cpp's values).
+    #[arg(long = "reasoning-format", value_name = "FORMAT", default_value = "auto",
+          value_parser = ["auto", "deepseek", "none"])]
+    pub reasoning_format: String,
+    /// Thinking allowed: -1 unlimited, 0 turns it off through the template's own switch
+    /// (`enable_thinking: false`), as llama.cpp's --reasoning-budget.
+    #[arg(long = "reasoning-budget", value_name = "N", default_value_t = -1, allow_hyphen_values = true,
+          value_parser = clap::value_parser!(i64).range(-1..=0))]
+    pub reasoning_budget: i64,
     /// Colour the prompt apart from the generated text (ANSI).
     #[arg(long = "color", visible_alias = "colour")]
     pub color: bool,

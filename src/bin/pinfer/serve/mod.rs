@@ -112,6 +112,9 @@ pub struct Ready {
     pub format: pinfer::prompt_format::PromptFormat,
     /// `--chat-template-kwargs`: template variables every request starts from.
     pub template_kwargs: Map<String, Value>,
+    /// The reasoning markers the model's template teaches (None: `--reasoning-format none`, or a
+    /// template without any).
+    pub reasoning: Option<pinfer::reasoning::Markers>,
     pub jobs: mpsc::SyncSender<EngineRequest>,
     pub n_slots: usize,
     pub n_ctx: usize,

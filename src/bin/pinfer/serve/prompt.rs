@@ -2,6 +2,7 @@
 //! format, its tools added, rendered with the model's chat template.
 
 use pinfer::chat::Role;
+use pinfer::reasoning::Markers;
 use serde_json::{Map, Value};
 
 use super::api::{ApiError, Fields};
@@ -143,6 +144,21 @@ fn turns_json(turns: &[(Role, String)]) -> Value {
 /// The server's `--chat-template-kwargs` with the request's `chat_template_kwargs` over them.
 fn template_kwargs(state: &State<'_>, body: &Map<String, Value>) -> Result<Map<String, Value>, ApiError> {
     let mut kwargs = state.ready.template_kwargs.clone();
+    // Ollama's `think` is the template's thinking switch.
+    match body.get("think") {
+        None | Some(Value::Null) => {}
+        Some(Value::Bool(on)) => {
+            kwargs.insert("enable_thinking".into(), Value::Bool(*on));
+        }
+        // (gpt-oss's levels: thinking on, at that effort.)
+        Some(Value::String(level)) if ["low", "medium", "high"].contains(&level.as_str()) => {
+            kwargs.insert("enable_thinking".into(), Value::Bool(true));
+            kwargs.insert("reasoning_effort".into(), Value::String(level.clone()));
+        }
+        Some(_) => {
+            return Err(ApiError::invalid("'think' must be true, false, \"low\", \"medium\" or \"high\""))
+        }
+    }
     match body.get("chat_template_kwargs") {
         None | Some(Value::Null) => {}
         Some(Value::Object(more)) => kwargs.extend(more.iter().map(|(k, v)| (k.clone(), v.clone()))),
@@ -170,9 +186,11 @@ pub fn template_messages(body: &Map<String, Value>) -> Result<Value, ApiError> {
         let mut m = m.clone();
         match m.get("role").and_then(Value::as_str) {
             Some("system" | "developer" | "user" | "assistant" | "tool") => {}
-            Some(other) => return Err(ApiError::invalid(format!(
+            Some(other) => {
+                return Err(ApiError::invalid(format!(
                 "'messages[{i}].role' {other:?} is not supported (system, developer, user, assistant, tool)"
-            ))),
+            )))
+            }
             None => return Err(ApiError::invalid(format!("'messages[{i}].role' must be a string"))),
         }
         // (Templates know `system`; OpenAI's newer name for it is `developer`.)
@@ -181,6 +199,10 @@ pub fn template_messages(body: &Map<String, Value>) -> Result<Value, ApiError> {
         }
         let content = content_text(m.get("content"), i)?;
         m.insert("content".into(), Value::String(content));
+        // (Ollama gives earlier reasoning as `thinking`; templates read `reasoning_content`.)
+        if let Some(thinking) = m.get("thinking").cloned() {
+            m.entry("reasoning_content").or_insert(thinking);
+        }
         if let Some(Value::Array(calls)) = m.get_mut("tool_calls") {
             for call in calls.iter_mut() {
                 let Some(f) = call.get_mut("function").and_then(Value::as_object_mut) else { continue };
@@ -219,4 +241,23 @@ fn content_text(content: Option<&Value>, i: usize) -> Result<String, ApiError> {
             Err(ApiError::invalid(format!("'messages[{i}].content' must be a string or a list of parts")))
         }
     }
+}
+
+/// How a request's reply is split into reasoning and answer: the model template's markers and
+/// whether the prompt opened the reasoning, or None (`reasoning_format: "none"`, or no markers).
+pub fn reasoning(
+    state: &State<'_>,
+    body: &Map<String, Value>,
+    prompt: &str,
+) -> Result<Option<(Markers, bool)>, ApiError> {
+    let on = match Fields::new(body).str("reasoning_format")? {
+        None | Some("auto" | "deepseek" | "deepseek-legacy") => true,
+        Some("none") => false,
+        Some(other) => {
+            return Err(ApiError::invalid(format!(
+                "'reasoning_format' {other:?} is not one of \"auto\", \"deepseek\", \"none\""
+            )))
+        }
+    };
+    Ok(state.ready.reasoning.filter(|_| on).map(|m| (m, m.opened_by(prompt))))
 }

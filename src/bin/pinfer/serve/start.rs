@@ -207,6 +207,9 @@ fn load_engine(
     // The CLI's policy: a template pinfer cannot render is refused by name (no ChatML in its place).
     let format = crate::chat::prompt_format(gen, gguf, tok, &path)?;
     let template_kwargs = crate::chat::template_kwargs(gen)?;
+    let reasoning = (gen.reasoning_format != "none")
+        .then(|| format.jinja_source().and_then(pinfer::reasoning::Markers::of_template))
+        .flatten();
     let hp = session.hparams();
     if gen.lookup.is_some() && session.engine().has_recurrent_layers() {
         return Err(CliError::new(
@@ -229,6 +232,7 @@ fn load_engine(
         tok,
         format,
         template_kwargs,
+        reasoning,
         jobs,
         n_slots: n_seq,
         n_ctx: session.n_ctx(),
