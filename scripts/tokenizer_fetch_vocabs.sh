@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Fetches llama.cpp's tokenizer test vocabularies (models/ggml-vocab-*.gguf with their .inp/.out
-# files) for tests/tokenizer.rs, and its example grammars (grammars/*.gbnf, into DEST/grammars) for
-# tests/grammar.rs. They ship inside the llama-cpp-python sdist on PyPI, under vendor/llama.cpp/.
+# files) for tests/tokenizer.rs, its example grammars (grammars/*.gbnf, into DEST/grammars) for
+# tests/grammar.rs, and the real chat templates it tests with (models/templates/*.jinja, into
+# DEST/templates) for tests/chat_jinja.rs. They ship inside the llama-cpp-python sdist on PyPI, under vendor/llama.cpp/.
 # Only the download is used: the sdist is unpacked, never built.
 # Idempotent: does nothing when the files of this version are already there. Never commit them.
 #
@@ -13,7 +14,9 @@ DEST="${1:-target/tokenizer-vocabs}"
 VERSION=0.3.36
 SHA256=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
 PY="${PYTHON:-python3}"
-STAMP="$DEST/.llama-cpp-python-$VERSION-with-grammars"
+STAMP="$DEST/.llama-cpp-python-$VERSION-with-templates"
+# (The stamp of the fetch before templates were added; tests/tokenizer.rs and grammar.rs read it.)
+OLD_STAMP="$DEST/.llama-cpp-python-$VERSION-with-grammars"
 
 log() { printf 'tokenizer_fetch_vocabs: %s\n' "$*" >&2; }
 
@@ -36,9 +39,11 @@ if ! echo "$SHA256  $archive" | sha256sum -c --status; then
   exit 1
 fi
 tar -xzf "$archive" -C "$tmp" --wildcards "llama_cpp_python-$VERSION/vendor/llama.cpp/models/ggml-vocab-*" \
-  "llama_cpp_python-$VERSION/vendor/llama.cpp/grammars/*.gbnf"
-mkdir -p "$DEST/grammars"
+  "llama_cpp_python-$VERSION/vendor/llama.cpp/grammars/*.gbnf" \
+  "llama_cpp_python-$VERSION/vendor/llama.cpp/models/templates/*.jinja"
+mkdir -p "$DEST/grammars" "$DEST/templates"
 cp "$tmp/llama_cpp_python-$VERSION/vendor/llama.cpp/models/"ggml-vocab-* "$DEST/"
 cp "$tmp/llama_cpp_python-$VERSION/vendor/llama.cpp/grammars/"*.gbnf "$DEST/grammars/"
-touch "$STAMP"
+cp "$tmp/llama_cpp_python-$VERSION/vendor/llama.cpp/models/templates/"*.jinja "$DEST/templates/"
+touch "$STAMP" "$OLD_STAMP"
 log "ready: $DEST ($(ls "$DEST" | wc -l) files)"

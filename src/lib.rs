@@ -44,11 +44,17 @@ pub mod generate;
 #[cfg(feature = "std")]
 pub mod grammar;
 #[cfg(feature = "std")]
+pub mod jinja;
+#[cfg(feature = "std")]
 pub mod loader;
 #[cfg(feature = "npu")]
 pub mod npu;
 #[cfg(feature = "std")]
 pub mod output_file;
+#[cfg(feature = "std")]
+pub mod prompt_format;
+#[cfg(feature = "std")]
+pub mod reasoning;
 #[cfg(feature = "std")]
 pub mod repack_cache;
 #[cfg(feature = "std")]

@@ -141,6 +141,15 @@ fn prompts_from_files_stdin_and_escapes() {
     let file = temp_file("prompt.txt", b"a\\tb");
     let out = ok(&pinfer(&["generate", "-m", &m, "-f", file.to_str().unwrap(), "-n", "1", "--temp", "0"]));
     assert!(out.starts_with("a\tb"), "{out:?}");
+    // One trailing newline of a file is dropped (llama-cli's rule): -f gives what -p gives.
+    let args = |prompt: &[&str]| {
+        let mut a =
+            vec!["generate", "-m", &m, "-n", "4", "--temp", "0", "--print-ids", "--no-display-prompt"];
+        a.extend_from_slice(prompt);
+        ok(&pinfer(&a))
+    };
+    let with_newline = temp_file("prompt-nl.txt", b"Once upon a time\n");
+    assert_eq!(args(&["-f", with_newline.to_str().unwrap()]), args(&["-p", "Once upon a time"]));
     let out = ok(&pinfer(&["generate", "-m", &m, "-p", "a\\nb\\\\", "-n", "1", "--temp", "0"]));
     assert!(out.starts_with("a\nb\\"), "{out:?}");
     let out = ok(&pinfer(&["generate", "-m", &m, "-p", "a\\nb", "--no-escape", "-n", "1", "--temp", "0"]));

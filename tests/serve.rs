@@ -700,9 +700,10 @@ fn context_shift_lets_a_request_outrun_its_slot() {
     assert!(r.json()["usage"]["completion_tokens"].as_u64().unwrap() < n as u64, "{}", r.body);
 }
 
-/// A model whose chat template pinfer cannot render is refused at start-up, the template's family
-/// named, with a non-zero exit (it was served as ChatML without a word); `--chat-template chatml`
-/// serves it. The one policy is `ChatTemplate::for_model`, as the CLI's.
+/// With `--no-jinja`, a model whose chat template no built-in format renders is refused at
+/// start-up, the template's family named, with a non-zero exit (it was served as ChatML without a
+/// word); `--chat-template chatml` serves it, and so does its own template run as Jinja (the
+/// default). The one policy is `PromptFormat::choose`, as the CLI's.
 #[test]
 fn an_unrenderable_chat_template_is_refused_at_start_unless_one_is_named() {
     // A template llama.cpp recognises as zephyr's by its markers; pinfer does not render it.
@@ -711,7 +712,10 @@ fn an_unrenderable_chat_template_is_refused_at_start_unless_one_is_named() {
     let model = temp_file("zephyr-template.gguf", &bytes);
     let model = model.to_str().unwrap();
 
-    let out = pinfer_command().args(["serve", "-m", model, "--port", "0", "-t", "2"]).output().unwrap();
+    let out = pinfer_command()
+        .args(["serve", "-m", model, "--port", "0", "-t", "2", "--no-jinja"])
+        .output()
+        .unwrap();
     let err = text_of(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     for words in [model, "'zephyr' format", "does not implement", "--chat-template"] {
@@ -719,6 +723,107 @@ fn an_unrenderable_chat_template_is_refused_at_start_unless_one_is_named() {
     }
     assert!(!err.contains("model loaded"), "{err}");
 
-    let server = Server::start_model(model, &["--chat-template", "chatml"], &[]);
+    let server = Server::start_model(model, &["--no-jinja", "--chat-template", "chatml"], &[]);
     assert_eq!(server.request("GET", "/health", None, &[]).status, 200);
+    drop(server);
+    let server = Server::start_model(model, &[], &[]);
+    let r = server.post("/apply-template", &json!({ "messages": [{"role": "user", "content": "Hi"}] }));
+    assert_eq!(r.json()["prompt"], "<|user|>\nHi<|endoftext|>\n", "{}", r.body);
+}
+
+/// The model's own Jinja template renders the chats (SmolLM2's adds its default system message),
+/// with the request's `chat_template_kwargs`; a template's refusal is a 400 with its message and
+/// the server keeps serving; `--no-jinja` keeps the built-in format; a template that does not
+/// compile stops the server at start-up naming the ways out.
+#[test]
+fn chats_render_through_the_model_s_jinja_template() {
+    let user = json!([{"role": "user", "content": "Hi"}]);
+    let server = Server::start(&[]);
+    let r = server.post("/apply-template", &json!({ "messages": user }));
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(
+        r.json()["prompt"],
+        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n\
+         <|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    );
+    let r = server.post("/apply-template", &json!({ "messages": user, "add_generation_prompt": false }));
+    assert!(!r.json()["prompt"].as_str().unwrap().ends_with("assistant\n"), "{}", r.body);
+    assert_eq!(server.request("GET", "/props", None, &[]).json()["chat_template_name"], "jinja");
+    drop(server);
+
+    let server = Server::start(&["--no-jinja"]);
+    let r = server.post("/apply-template", &json!({ "messages": user }));
+    assert_eq!(r.json()["prompt"], "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n", "{}", r.body);
+    drop(server);
+
+    let template = temp_file(
+        "strict.jinja",
+        b"{% if messages[0].role != 'system' %}{{ raise_exception('start with a system message') }}{% endif %}\
+          {% for m in messages %}[{{ m.role }}:{{ m.content }}\
+          {% if m.tool_calls %} calls {{ m.tool_calls[0].function.arguments | tojson }}{% endif %}]{% endfor %}\
+          {{ mood | default('') }}",
+    );
+    let server = Server::start(&["--chat-template-file", template.to_str().unwrap(), "-n", "4"]);
+    let r = server.post("/v1/chat/completions", &json!({ "messages": user }));
+    let e = error_of(&r, 400, "invalid_request_error");
+    assert!(e["message"].as_str().unwrap().contains("start with a system message"), "{e}");
+    let conversation = json!([
+        {"role": "system", "content": "S"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{\"city\": \"Paris\"}"}}
+        ]},
+    ]);
+    let r = server.post(
+        "/apply-template",
+        &json!({ "messages": conversation, "chat_template_kwargs": { "mood": "calm" } }),
+    );
+    // OpenAI's JSON-text arguments reach the template as an object.
+    assert_eq!(r.json()["prompt"], "[system:S][assistant: calls {\"city\": \"Paris\"}]calm", "{}", r.body);
+    let r = server.post("/v1/chat/completions", &json!({ "messages": [{"role": "system", "content": "S"}] }));
+    assert_eq!(r.status, 200, "the server keeps serving: {}", r.body);
+    drop(server);
+
+    let broken = temp_file("broken.jinja", b"{% if %}");
+    let model = repo_file(MODEL);
+    let out =
+        pinfer(&["serve", "-m", &model, "--port", "0", "--chat-template-file", broken.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let stderr = text_of(&out.stderr);
+    assert!(stderr.contains("does not compile") && stderr.contains("--no-jinja"), "{stderr}");
+}
+
+/// A thinking template's reasoning goes to `reasoning_content` (OpenAI, whole and streamed) and
+/// Ollama's `thinking`, the same text `reasoning_format: "none"` leaves in the content. The
+/// template here opens the reasoning in its generation prompt (as DeepSeek R1's does), so
+/// SmolLM2's whole greedy reply, which never closes it, is reasoning.
+#[test]
+fn thinking_is_split_out_of_the_reply() {
+    let template = temp_file(
+        "thinking.jinja",
+        b"{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}\
+          {% if add_generation_prompt %}<|im_start|>assistant\n<think>\n{% endif %}{# closed by </think> #}",
+    );
+    let server =
+        Server::start(&["--chat-template-file", template.to_str().unwrap(), "--temp", "0", "-n", "12"]);
+    let messages = json!([{"role": "user", "content": "Why is the sky blue?"}]);
+    let plain =
+        server.post("/v1/chat/completions", &json!({ "messages": messages, "reasoning_format": "none" }));
+    let text = plain.json()["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+    assert!(!text.is_empty() && !text.contains("</think>"), "{text:?}");
+    let r = server.post("/v1/chat/completions", &json!({ "messages": messages }));
+    let m = &r.json()["choices"][0]["message"];
+    assert_eq!(m["reasoning_content"], text.trim(), "{m}");
+    assert_eq!(m["content"], "", "{m}");
+    let r = server.post("/v1/chat/completions", &json!({ "messages": messages, "stream": true }));
+    let (events, done) = r.sse();
+    assert!(done);
+    let streamed: String =
+        events.iter().filter_map(|e| e["choices"][0]["delta"]["reasoning_content"].as_str()).collect();
+    assert_eq!(streamed, text);
+    assert!(events.iter().all(|e| e["choices"][0]["delta"]["content"].as_str().is_none_or(str::is_empty)));
+    let r = server.post("/api/chat", &json!({ "model": "m", "messages": messages, "stream": false }));
+    assert_eq!(r.json()["message"]["thinking"], text.trim(), "{}", r.body);
+    let r = server.post("/api/chat", &json!({ "model": "m", "messages": messages, "think": "maybe" }));
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert!(r.json()["error"].as_str().is_some_and(|e| e.contains("'think'")), "{}", r.body);
 }

@@ -3,11 +3,14 @@
 
 use std::path::Path;
 
-use pinfer::chat::{ChatTemplate, Message, Role};
+use pinfer::chat::{ChatTemplate, Role};
 use pinfer::engine::EngineError;
 use pinfer::generate::{Generator, Stop};
 use pinfer::gguf::Gguf;
+use pinfer::prompt_format::{FormatChoice, ModelTemplate, PromptFormat};
 use pinfer::session::SessionError;
+use pinfer::tokenizer::Tokenizer;
+use serde_json::{json, Map, Value};
 
 use crate::gen_args::{load, set_speculative, GenArgs};
 use crate::gen_loop::{gen_error, print_piece};
@@ -17,14 +20,9 @@ use crate::text_input::process_escapes;
 use crate::tokenize::{encode, encode_with};
 use crate::CliError;
 
-/// The chat template: `--chat-template` (a built-in name or a template text to recognise), else
-/// the one the model file carries.
-fn chat_template(args: &GenArgs, gguf: &Gguf<'_>, path: &Path) -> Result<ChatTemplate, CliError> {
-    template_for(args.chat_template.as_deref(), gguf, path)
-}
-
-/// The chat template `given` (a built-in name or a template text to recognise), else the one
-/// the model file `path` carries.
+/// The chat template `given` by `--chat-template` (a built-in name or a template text to
+/// recognise), else the one the model file `path` carries, as a built-in format (`pinfer
+/// finetune` writes its training texts in one).
 pub(crate) fn template_for(
     given: Option<&str>,
     gguf: &Gguf<'_>,
@@ -47,6 +45,69 @@ pub(crate) fn template_for(
     })
 }
 
+/// How the conversations of a front end (chat, the server) become prompts, by
+/// [`PromptFormat::choose`]'s one policy: `--chat-template` / `--chat-template-file`, `--no-jinja`,
+/// else the model's own template run as Jinja.
+pub(crate) fn prompt_format(
+    args: &GenArgs,
+    gguf: &Gguf<'_>,
+    tok: &Tokenizer<'_>,
+    path: &Path,
+) -> Result<PromptFormat, CliError> {
+    let file_text = match &args.chat_template_file {
+        Some(file) => Some(
+            std::fs::read_to_string(file)
+                .map_err(|e| CliError::new(format!("--chat-template-file {}: {e}", file.display())))?,
+        ),
+        None => None,
+    };
+    let given = file_text.as_deref().or(args.chat_template.as_deref());
+    let model_text = gguf.get_str_opt("tokenizer.chat_template").map_err(|e| CliError::new(e.to_string()))?;
+    let token = |id: Option<u32>| {
+        id.and_then(|id| tok.token_text(id).ok())
+            .map(|b| String::from_utf8_lossy(b).into_owned())
+            .unwrap_or_default()
+    };
+    let (bos, eos) = (token(tok.bos()), token(tok.eos()));
+    let model = ModelTemplate { text: model_text, bos_token: &bos, eos_token: &eos, adds_bos: tok.add_bos() };
+    let choice = FormatChoice { no_jinja: args.no_jinja, template: given };
+    PromptFormat::choose(choice, model).map_err(|e| {
+        let whose = match (&args.chat_template_file, &args.chat_template) {
+            (Some(file), _) => format!("--chat-template-file {}", file.display()),
+            (None, Some(_)) => "--chat-template".to_string(),
+            (None, None) => format!("{}: the model's chat template", path.display()),
+        };
+        let names: Vec<&str> = ChatTemplate::ALL.iter().map(|t| t.name()).collect();
+        CliError::new(format!(
+            "{whose}: {e} (--no-jinja uses a built-in format by the template's markers; --chat-template NAME \
+             picks one of {})",
+            names.join(", ")
+        ))
+    })
+}
+
+/// `--chat-template-kwargs`: a JSON object of extra template variables; `--reasoning-budget 0`
+/// adds `enable_thinking: false` unless they set it.
+pub(crate) fn template_kwargs(args: &GenArgs) -> Result<Map<String, Value>, CliError> {
+    let mut kwargs = match &args.chat_template_kwargs {
+        None => Map::new(),
+        Some(text) => match serde_json::from_str::<Value>(text) {
+            Ok(Value::Object(map)) => map,
+            Ok(_) => return Err(CliError::new("--chat-template-kwargs: must be a JSON object".into())),
+            Err(e) => return Err(CliError::new(format!("--chat-template-kwargs: not JSON: {e}"))),
+        },
+    };
+    if args.reasoning_budget == 0 {
+        kwargs.entry("enable_thinking").or_insert(Value::Bool(false));
+    }
+    Ok(kwargs)
+}
+
+/// A conversation as the template sees it: OpenAI's message objects.
+pub(crate) fn messages_json(turns: &[(Role, String)]) -> Value {
+    Value::Array(turns.iter().map(|(role, text)| json!({"role": role.as_str(), "content": text})).collect())
+}
+
 /// `pinfer chat` (and `generate -cnv`): a conversation on stdin/stdout with the model's chat
 /// template, one message per line, an empty line or end of input ends it. The KV cache is kept
 /// across turns: each turn evaluates only what the cache does not hold yet. With
@@ -63,7 +124,8 @@ pub fn chat(args: GenArgs) -> Result<(), CliError> {
     args.session_options()?;
     let (path, mut session, tok) = load(&args, &config)?;
     let mut check = CacheCheck::start(&session, &path);
-    let template = chat_template(&args, session.gguf(), &path)?;
+    let format = prompt_format(&args, session.gguf(), &tok, &path)?;
+    let kwargs = template_kwargs(&args)?;
     let mut gen =
         Generator::new(&tok, session.n_vocab(), config).map_err(|e| CliError::new(e.to_string()))?;
     let stops: Vec<&str> = args.reverse_prompt.iter().map(String::as_str).collect();
@@ -76,9 +138,9 @@ pub fn chat(args: GenArgs) -> Result<(), CliError> {
     // reply (N keeps N tokens, the default only BOS).
     let system_tokens = match turns.first() {
         Some((_, text)) => {
-            let mut rendered = String::new();
-            template
-                .render(&[Message { role: Role::System, content: text }], false, &mut rendered)
+            let system = messages_json(&[(Role::System, text.clone())]);
+            let rendered = format
+                .render(&system, None, false, Some(&kwargs))
                 .map_err(|e| CliError::new(e.to_string()))?;
             encode_with(&tok, &rendered, true, false)?.len()
         }
@@ -89,7 +151,7 @@ pub fn chat(args: GenArgs) -> Result<(), CliError> {
     errln!(
         "pinfer: chat with {} ({} template); an empty line or end of input ends it, Ctrl-C stops a reply",
         path.display(),
-        template.name()
+        format.name()
     );
     let mut pending = first;
     let stdin = std::io::stdin();
@@ -117,10 +179,9 @@ pub fn chat(args: GenArgs) -> Result<(), CliError> {
         }
         turns.push((Role::User, line));
         let render = |turns: &[(Role, String)]| -> Result<Vec<u32>, CliError> {
-            let messages: Vec<Message<'_>> =
-                turns.iter().map(|(role, text)| Message { role: *role, content: text }).collect();
-            let mut rendered = String::new();
-            template.render(&messages, true, &mut rendered).map_err(|e| CliError::new(e.to_string()))?;
+            let rendered = format
+                .render(&messages_json(turns), None, true, Some(&kwargs))
+                .map_err(|e| CliError::new(e.to_string()))?;
             encode(&tok, &rendered, true)
         };
         let mut tokens = render(&turns)?;

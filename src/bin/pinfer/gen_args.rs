@@ -123,9 +123,32 @@ pub struct GenArgs {
     #[arg(long = "no-conversation", hide = true)]
     pub no_conversation: bool,
     /// Chat template: a built-in name (chatml, llama3, gemma, phi3, phi4, llama2, mistral-v7, ...) or
-    /// a Jinja template text to recognise (default: the model's own).
-    #[arg(long = "chat-template", value_name = "NAME|JINJA")]
+    /// a Jinja template text (default: the model's own).
+    #[arg(long = "chat-template", value_name = "NAME|JINJA", conflicts_with = "chat_template_file")]
     pub chat_template: Option<String>,
+    /// Chat template: the Jinja template in FILE in place of the model's.
+    #[arg(long = "chat-template-file", value_name = "FILE")]
+    pub chat_template_file: Option<PathBuf>,
+    /// Run the chat template's Jinja (the default, as llama.cpp's current --jinja; accepted).
+    #[arg(long = "jinja", overrides_with = "no_jinja")]
+    pub jinja: bool,
+    /// Never run the chat template: recognise it by its markers and use a built-in format.
+    #[arg(long = "no-jinja", overrides_with = "jinja")]
+    pub no_jinja: bool,
+    /// Extra variables for the chat template, a JSON object, e.g. '{"enable_thinking": false}'
+    /// (a server request's `chat_template_kwargs` add to these).
+    #[arg(long = "chat-template-kwargs", value_name = "JSON")]
+    pub chat_template_kwargs: Option<String>,
+    /// A thinking model's reasoning: `auto` or `deepseek` split it out of the reply (the server's
+    /// `reasoning_content`, Ollama's `thinking`), `none` leaves it in the text (llama.cpp's values).
+    #[arg(long = "reasoning-format", value_name = "FORMAT", default_value = "auto",
+          value_parser = ["auto", "deepseek", "none"])]
+    pub reasoning_format: String,
+    /// Thinking allowed: -1 unlimited, 0 turns it off through the template's own switch
+    /// (`enable_thinking: false`), as llama.cpp's --reasoning-budget.
+    #[arg(long = "reasoning-budget", value_name = "N", default_value_t = -1, allow_hyphen_values = true,
+          value_parser = clap::value_parser!(i64).range(-1..=0))]
+    pub reasoning_budget: i64,
     /// Colour the prompt apart from the generated text (ANSI).
     #[arg(long = "color", visible_alias = "colour")]
     pub color: bool,
@@ -269,13 +292,21 @@ impl GenArgs {
         !self.no_escape
     }
 
-    /// The prompt from -p, -f or stdin, escapes processed; `None` when none was given.
+    /// The prompt from -p, -f or stdin, escapes processed; `None` when none was given. A file's
+    /// one trailing newline is dropped, as llama-cli does, so `-f` and `-p` with the same text
+    /// give the same prompt.
     pub(crate) fn prompt(&self) -> Result<Option<String>, CliError> {
         let text = match (&self.prompt, &self.file) {
             (Some(p), _) if p == "-" => Some(read_stdin()?),
             (Some(p), _) => Some(p.clone()),
             (None, Some(f)) if f.as_os_str() == "-" => Some(read_stdin()?),
-            (None, Some(f)) => Some(read_text_file(f)?),
+            (None, Some(f)) => {
+                let mut text = read_text_file(f)?;
+                if text.ends_with('\n') {
+                    text.pop();
+                }
+                Some(text)
+            }
             (None, None) => None,
         };
         Ok(text.map(|t| if self.escape() { process_escapes(&t) } else { t }))

@@ -28,7 +28,6 @@ use std::sync::{mpsc, Arc, OnceLock};
 use std::time::Duration;
 
 use clap::Args;
-use pinfer::chat::ChatTemplate;
 use pinfer::grammar::Vocab;
 use pinfer::tokenizer::OwnedTokenizer;
 use serde_json::{Map, Value};
@@ -110,7 +109,13 @@ pub struct Shared {
 pub struct Ready {
     /// The engine thread's scheduler borrows it too (it holds the `Shared` for its whole run).
     pub tok: OwnedTokenizer,
-    pub template: ChatTemplate,
+    /// How chats become prompts (the model's Jinja template or a built-in format).
+    pub format: pinfer::prompt_format::PromptFormat,
+    /// `--chat-template-kwargs`: template variables every request starts from.
+    pub template_kwargs: Map<String, Value>,
+    /// The reasoning markers the model's template teaches (None: `--reasoning-format none`, or a
+    /// template without any).
+    pub reasoning: Option<pinfer::reasoning::Markers>,
     pub jobs: mpsc::SyncSender<EngineRequest>,
     pub n_slots: usize,
     pub n_ctx: usize,

@@ -15,6 +15,8 @@ use super::slots::{Event, Summary};
 use super::tokens::encode;
 use super::tools;
 use super::{AppState, Shared};
+use pinfer::reasoning::{split, Piece, Splitter};
+use std::sync::{Arc, Mutex};
 
 /// The version Ollama clients see (a recent Ollama's: clients check for features by it).
 const OLLAMA_VERSION: &str = "0.12.0";
@@ -76,15 +78,28 @@ async fn chat_inner(shared: AppState, body: Body) -> Result<Response, ApiError> 
     let mut params = gen_params(&state, &body, Dialect::Ollama)?;
     let stream = Fields::new(&body).bool("stream")?.unwrap_or(true);
     let (prompt, tools) = chat_prompt(&state, &body, &mut params)?;
+    let reasoning = super::prompt::reasoning(&state, &body, &prompt)?;
     let sub = submit(&shared, encode(&state, &prompt, true), params)?;
     let model = shared.model_name.clone();
     let message = |content: &str| json!({ "role": "assistant", "content": content });
+    // Ollama's `message.thinking` holds the reasoning.
+    let whole = move |text: &str| {
+        let (thought, answer) = match reasoning {
+            Some((m, opened)) => split(m, opened, text),
+            None => (None, text.to_string()),
+        };
+        (thought, answer)
+    };
     if let Some(t) = tools {
         // Tool calls are known once the reply is complete: it is sent whole (one line when
         // streaming, as Ollama does for a tool call).
         let c = collect(sub).await?;
-        let (text, calls) = tools::parse_reply(&t, &c.text);
+        let (thought, answer) = whole(&c.text);
+        let (text, calls) = tools::parse_reply(&t, &answer);
         let mut m = message(&text);
+        if let Some(thought) = thought {
+            m["thinking"] = json!(thought);
+        }
         if !calls.is_empty() {
             m["tool_calls"] = calls
                 .iter()
@@ -102,16 +117,38 @@ async fn chat_inner(shared: AppState, body: Body) -> Result<Response, ApiError> 
     }
     if !stream {
         let c = collect(sub).await?;
-        let mut v = json!({ "model": model, "created_at": rfc3339_now(), "message": message(&c.text) });
+        let (thought, answer) = whole(&c.text);
+        let mut m = message(&answer);
+        if let Some(thought) = thought {
+            m["thinking"] = json!(thought);
+        }
+        let mut v = json!({ "model": model, "created_at": rfc3339_now(), "message": m });
         done_fields(&mut v, &c.summary);
         return Ok(json_response(&v));
     }
     let m2 = model.clone();
+    let splitter = Arc::new(Mutex::new(reasoning.map(|(m, opened)| Splitter::new(m, opened))));
+    let splitter2 = splitter.clone();
+    let with_piece = move |piece: Piece| {
+        let mut m = message(&piece.content);
+        if !piece.reasoning.is_empty() {
+            m["thinking"] = json!(piece.reasoning);
+        }
+        m
+    };
     Ok(ndjson(
         sub,
-        move |text| json!({ "model": m2, "created_at": rfc3339_now(), "message": message(text), "done": false }),
+        move |text| {
+            let piece = match splitter.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
+                Some(s) => s.push(text),
+                None => Piece { reasoning: String::new(), content: text.to_string() },
+            };
+            json!({ "model": m2, "created_at": rfc3339_now(), "message": with_piece(piece), "done": false })
+        },
         move |s| {
-            let mut v = json!({ "model": model, "created_at": rfc3339_now(), "message": message("") });
+            // What the splitter still held goes out with the last line.
+            let rest = splitter2.lock().unwrap_or_else(|e| e.into_inner()).as_mut().map(Splitter::finish);
+            let mut v = json!({ "model": model, "created_at": rfc3339_now(), "message": with_piece(rest.unwrap_or_default()) });
             done_fields(&mut v, s);
             v
         },

@@ -16,6 +16,8 @@ use super::slots::{Event, Summary, TokenProbs};
 use super::tokens::encode;
 use super::tools;
 use super::{AppState, State};
+use pinfer::reasoning::{split, Markers, Piece, Splitter};
+use std::sync::{Arc, Mutex};
 
 /// A response id: a prefix, the process's start and a counter.
 fn response_id(prefix: &str) -> String {
@@ -191,9 +193,11 @@ fn common(state: &State<'_>, body: &Map<String, Value>) -> Result<Common, ApiErr
 /// A chat completion whose request has tools: the reply is parsed for calls once complete, then
 /// sent whole (as one chunk and the last when streaming), calls as `message.tool_calls` with
 /// their arguments as a JSON string and `finish_reason` "tool_calls".
+#[allow(clippy::too_many_arguments)]
 async fn tool_reply(
     sub: Submitted,
     t: &tools::Tools,
+    reasoning: Option<(Markers, bool)>,
     id: String,
     created: u64,
     model: String,
@@ -202,7 +206,12 @@ async fn tool_reply(
 ) -> Result<Response, ApiError> {
     let n_prompt = sub.n_prompt;
     let c = collect(sub).await?;
-    let (text, calls) = tools::parse_reply(t, &c.text);
+    // The model may reason before it calls: the calls are parsed from the answer.
+    let (thought, answer) = match reasoning {
+        Some((m, opened)) => split(m, opened, &c.text),
+        None => (None, c.text.clone()),
+    };
+    let (text, calls) = tools::parse_reply(t, &answer);
     let calls: Vec<Value> = calls
         .iter()
         .enumerate()
@@ -219,6 +228,9 @@ async fn tool_reply(
     };
     if !stream {
         let mut message = json!({ "role": "assistant", "content": content });
+        if let Some(thought) = &thought {
+            message["reasoning_content"] = json!(thought);
+        }
         if !calls.is_empty() {
             // (The non-streaming form carries no index.)
             message["tool_calls"] = calls
@@ -239,6 +251,9 @@ async fn tool_reply(
         return Ok(json_response(&v));
     }
     let mut delta = json!({ "role": "assistant", "content": content });
+    if let Some(thought) = &thought {
+        delta["reasoning_content"] = json!(thought);
+    }
     if !calls.is_empty() {
         delta["tool_calls"] = json!(calls);
     }
@@ -260,18 +275,27 @@ pub async fn chat_completions(AxState(shared): AxState<AppState>, body: Body) ->
     let body = read_json(&state, body).await?;
     let Common { mut params, want_logprobs, top, stream, include_usage } = common(&state, &body)?;
     let (prompt, tools) = chat_prompt(&state, &body, &mut params)?;
+    let reasoning = super::prompt::reasoning(&state, &body, &prompt)?;
     let tokens = encode(&state, &prompt, true);
     let model = shared.model_name.clone();
     let sub = submit(&shared, tokens, params)?;
     let (id, created) = (response_id("chatcmpl"), unix_now());
     if let Some(t) = tools {
-        return tool_reply(sub, &t, id, created, model, stream, include_usage).await;
+        return tool_reply(sub, &t, reasoning, id, created, model, stream, include_usage).await;
     }
     if !stream {
         let n_prompt = sub.n_prompt;
         let c = collect(sub).await?;
         let logprobs = want_logprobs
             .then(|| json!({ "content": c.probs.iter().map(|p| chat_logprob(p, top)).collect::<Vec<_>>() }));
+        let mut message = json!({ "role": "assistant", "content": c.text });
+        if let Some((m, opened)) = reasoning {
+            let (thought, answer) = split(m, opened, &c.text);
+            message["content"] = json!(answer);
+            if let Some(thought) = thought {
+                message["reasoning_content"] = json!(thought);
+            }
+        }
         return Ok(json_response(&json!({
             "id": id,
             "object": "chat.completion",
@@ -280,7 +304,7 @@ pub async fn chat_completions(AxState(shared): AxState<AppState>, body: Body) ->
             "system_fingerprint": format!("pinfer-{}", pinfer::VERSION),
             "choices": [{
                 "index": 0,
-                "message": { "role": "assistant", "content": c.text },
+                "message": message,
                 "logprobs": logprobs,
                 "finish_reason": finish_reason(c.summary.stop),
             }],
@@ -300,15 +324,32 @@ pub async fn chat_completions(AxState(shared): AxState<AppState>, body: Body) ->
     };
     let (id2, model2) = (id.clone(), model.clone());
     let mut first = true;
+    // The reasoning goes out as `delta.reasoning_content` (llama-server's streamed form); what the
+    // splitter still holds at the end goes out before the finish.
+    let splitter = Arc::new(Mutex::new(reasoning.map(|(m, opened)| Splitter::new(m, opened))));
+    let (splitter2, id3, model3) = (splitter.clone(), id.clone(), model.clone());
+    let delta_of = |piece: Piece, delta: &mut Map<String, Value>| {
+        if !piece.reasoning.is_empty() {
+            delta.insert("reasoning_content".into(), json!(piece.reasoning));
+        }
+        if !piece.content.is_empty() || !delta.contains_key("reasoning_content") {
+            delta.insert("content".into(), json!(piece.content));
+        }
+    };
     let chunk = move |text: &str, probs: Option<&TokenProbs>| {
         let mut delta = Map::new();
+        let piece = match splitter.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
+            Some(s) => s.push(text),
+            None => Piece { reasoning: String::new(), content: text.to_string() },
+        };
+        let empty = piece.reasoning.is_empty() && piece.content.is_empty();
         if first {
             delta.insert("role".into(), json!("assistant"));
             first = false;
-        } else if text.is_empty() && probs.is_none() {
+        } else if empty && probs.is_none() {
             return None;
         }
-        delta.insert("content".into(), json!(text));
+        delta_of(piece, &mut delta);
         let logprobs = match (want_logprobs, probs) {
             (true, Some(p)) => json!({ "content": [chat_logprob(p, top)] }),
             _ => Value::Null,
@@ -320,13 +361,25 @@ pub async fn chat_completions(AxState(shared): AxState<AppState>, body: Body) ->
         ))
     };
     let last = move |s: &Summary| {
+        let rest = splitter2.lock().unwrap_or_else(|e| e.into_inner()).as_mut().map(Splitter::finish);
+        let mut out = Vec::new();
+        if let Some(piece) = rest.filter(|p| !p.reasoning.is_empty() || !p.content.is_empty()) {
+            let mut delta = Map::new();
+            delta_of(piece, &mut delta);
+            out.push(head(
+                &id3,
+                &model3,
+                json!([{ "index": 0, "delta": delta, "logprobs": null, "finish_reason": null }]),
+            ));
+        }
         let mut end = head(
             &id,
             &model,
             json!([{ "index": 0, "delta": {}, "logprobs": null, "finish_reason": finish_reason(s.stop) }]),
         );
         end["timings"] = timings(s);
-        closing(end, head(&id, &model, json!([])), s, include_usage)
+        out.extend(closing(end, head(&id, &model, json!([])), s, include_usage));
+        out
     };
     Ok(sse_stream(sub, chunk, last, true))
 }

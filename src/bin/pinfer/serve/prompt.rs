@@ -1,7 +1,8 @@
 //! A chat request's prompt: its messages checked, tool results and calls in the model's tool
 //! format, its tools added, rendered with the model's chat template.
 
-use pinfer::chat::{Message, Role};
+use pinfer::chat::Role;
+use pinfer::reasoning::Markers;
 use serde_json::{Map, Value};
 
 use super::api::{ApiError, Fields};
@@ -32,29 +33,7 @@ pub fn messages(body: &Map<String, Value>, format: ToolFormat) -> Result<Vec<(Ro
             }
             None => return Err(ApiError::invalid(format!("'messages[{i}].role' must be a string"))),
         };
-        let content = match m.get("content") {
-            None | Some(Value::Null) => String::new(),
-            Some(Value::String(s)) => s.clone(),
-            Some(Value::Array(parts)) => {
-                let mut text = String::new();
-                for (j, p) in parts.iter().enumerate() {
-                    match (p.get("type").and_then(Value::as_str), p.get("text").and_then(Value::as_str)) {
-                        (Some("text"), Some(t)) => text.push_str(t),
-                        _ => {
-                            return Err(ApiError::invalid(format!(
-                                "'messages[{i}].content[{j}]': only text parts are supported"
-                            )))
-                        }
-                    }
-                }
-                text
-            }
-            Some(_) => {
-                return Err(ApiError::invalid(format!(
-                    "'messages[{i}].content' must be a string or a list of parts"
-                )))
-            }
-        };
+        let content = content_text(m.get("content"), i)?;
         let content = match (m.get("role").and_then(Value::as_str), m.get("tool_calls")) {
             (Some("tool"), _) => {
                 let name = m.get("name").or_else(|| m.get("tool_name")).and_then(Value::as_str);
@@ -82,16 +61,19 @@ pub fn messages(body: &Map<String, Value>, format: ToolFormat) -> Result<Vec<(Ro
 /// A chat request's prompt: its messages (tool results and earlier calls in the model's tool
 /// format) with its tools added, rendered; a required tool call's grammar goes into `params`
 /// (a 400 when the request also constrains the output otherwise).
+///
+/// A Jinja template of a tool family pinfer parses (Hermes/Qwen `<tool_call>`, Llama 3) is given
+/// the tools, the calls and the results themselves and writes them in its own words; otherwise
+/// they are written into the messages as text (the built-in formats, other templates).
 pub fn chat_prompt(
     state: &State<'_>,
     body: &Map<String, Value>,
     params: &mut GenParams,
 ) -> Result<(String, Option<tools::Tools>), ApiError> {
-    let format = ToolFormat::of(state.ready.template);
-    let mut turns = messages(body, format)?;
+    let format = ToolFormat::for_prompt(&state.ready.format);
+    let native = state.ready.format.jinja_source().is_some() && format != ToolFormat::Generic;
     let tools = tools::parse_request(body, format)?;
     if let Some(t) = &tools {
-        tools::add_to_messages(t, &mut turns);
         if let Some(g) = tools::grammar(t) {
             if params.grammar.is_some() {
                 return Err(ApiError::invalid(
@@ -101,14 +83,181 @@ pub fn chat_prompt(
             params.grammar = Some(g);
         }
     }
-    Ok((render_chat(state, &turns)?, tools))
+    let kwargs = template_kwargs(state, body)?;
+    let prompt = if native {
+        let messages = template_messages(body)?;
+        // `tool_choice: "none"` sends no tools (parse_request gave none).
+        let listed = tools.as_ref().map(|_| body.get("tools").cloned().unwrap_or(Value::Null));
+        render(state, &messages, listed.as_ref(), true, &kwargs)?
+    } else {
+        let mut turns = messages(body, format)?;
+        if let Some(t) = &tools {
+            tools::add_to_messages(t, &mut turns);
+        }
+        render(state, &turns_json(&turns), None, true, &kwargs)?
+    };
+    Ok((prompt, tools))
 }
 
 /// The messages rendered with the model's chat template, the assistant's turn opened.
 pub fn render_chat(state: &State<'_>, messages: &[(Role, String)]) -> Result<String, ApiError> {
-    let list: Vec<Message<'_>> =
-        messages.iter().map(|(role, content)| Message { role: *role, content }).collect();
-    let mut out = String::new();
-    state.ready.template.render(&list, true, &mut out).map_err(|e| ApiError::invalid(e.to_string()))?;
-    Ok(out)
+    render(state, &turns_json(messages), None, true, &state.ready.template_kwargs)
+}
+
+/// `POST /apply-template`'s prompt: `messages`, `tools`, `add_generation_prompt` (default true)
+/// and `chat_template_kwargs` through the chat template, as the chat routes render them.
+pub fn apply_template(state: &State<'_>, body: &Map<String, Value>) -> Result<String, ApiError> {
+    let f = Fields::new(body);
+    let add_generation_prompt = f.bool("add_generation_prompt")?.unwrap_or(true);
+    let kwargs = template_kwargs(state, body)?;
+    if state.ready.format.jinja_source().is_some() {
+        let tools = f.array("tools")?.map(|_| body["tools"].clone());
+        render(state, &template_messages(body)?, tools.as_ref(), add_generation_prompt, &kwargs)
+    } else {
+        let format = ToolFormat::for_prompt(&state.ready.format);
+        let mut turns = messages(body, format)?;
+        if let Some(t) = tools::parse_request(body, format)? {
+            tools::add_to_messages(&t, &mut turns);
+        }
+        render(state, &turns_json(&turns), None, add_generation_prompt, &kwargs)
+    }
+}
+
+fn render(
+    state: &State<'_>,
+    messages: &Value,
+    tools: Option<&Value>,
+    add_generation_prompt: bool,
+    kwargs: &Map<String, Value>,
+) -> Result<String, ApiError> {
+    state
+        .ready
+        .format
+        .render(messages, tools, add_generation_prompt, Some(kwargs))
+        .map_err(|e| ApiError::invalid(e.to_string()))
+}
+
+fn turns_json(turns: &[(Role, String)]) -> Value {
+    crate::chat::messages_json(turns)
+}
+
+/// The server's `--chat-template-kwargs` with the request's `chat_template_kwargs` over them.
+fn template_kwargs(state: &State<'_>, body: &Map<String, Value>) -> Result<Map<String, Value>, ApiError> {
+    let mut kwargs = state.ready.template_kwargs.clone();
+    // Ollama's `think` is the template's thinking switch.
+    match body.get("think") {
+        None | Some(Value::Null) => {}
+        Some(Value::Bool(on)) => {
+            kwargs.insert("enable_thinking".into(), Value::Bool(*on));
+        }
+        // (gpt-oss's levels: thinking on, at that effort.)
+        Some(Value::String(level)) if ["low", "medium", "high"].contains(&level.as_str()) => {
+            kwargs.insert("enable_thinking".into(), Value::Bool(true));
+            kwargs.insert("reasoning_effort".into(), Value::String(level.clone()));
+        }
+        Some(_) => {
+            return Err(ApiError::invalid("'think' must be true, false, \"low\", \"medium\" or \"high\""))
+        }
+    }
+    match body.get("chat_template_kwargs") {
+        None | Some(Value::Null) => {}
+        Some(Value::Object(more)) => kwargs.extend(more.iter().map(|(k, v)| (k.clone(), v.clone()))),
+        Some(_) => return Err(ApiError::invalid("'chat_template_kwargs' must be an object")),
+    }
+    Ok(kwargs)
+}
+
+/// The request's messages as a Jinja template reads them: each checked (an object with a known
+/// role; content a string, text parts, or absent), the content parts joined into one string,
+/// and the `arguments` of earlier tool calls as objects (OpenAI sends JSON text; templates, as
+/// transformers documents them, expect a mapping). Other fields (`tool_calls`, `tool_call_id`,
+/// `name`, `reasoning_content`) pass as they are.
+pub fn template_messages(body: &Map<String, Value>) -> Result<Value, ApiError> {
+    let list =
+        Fields::new(body).array("messages")?.ok_or_else(|| ApiError::invalid("'messages' is required"))?;
+    if list.is_empty() {
+        return Err(ApiError::invalid("'messages' must hold at least one message"));
+    }
+    let mut out = Vec::with_capacity(list.len());
+    for (i, m) in list.iter().enumerate() {
+        let Value::Object(m) = m else {
+            return Err(ApiError::invalid(format!("'messages[{i}]' must be an object")));
+        };
+        let mut m = m.clone();
+        match m.get("role").and_then(Value::as_str) {
+            Some("system" | "developer" | "user" | "assistant" | "tool") => {}
+            Some(other) => {
+                return Err(ApiError::invalid(format!(
+                "'messages[{i}].role' {other:?} is not supported (system, developer, user, assistant, tool)"
+            )))
+            }
+            None => return Err(ApiError::invalid(format!("'messages[{i}].role' must be a string"))),
+        }
+        // (Templates know `system`; OpenAI's newer name for it is `developer`.)
+        if m.get("role").and_then(Value::as_str) == Some("developer") {
+            m.insert("role".into(), Value::from("system"));
+        }
+        let content = content_text(m.get("content"), i)?;
+        m.insert("content".into(), Value::String(content));
+        // (Ollama gives earlier reasoning as `thinking`; templates read `reasoning_content`.)
+        if let Some(thinking) = m.get("thinking").cloned() {
+            m.entry("reasoning_content").or_insert(thinking);
+        }
+        if let Some(Value::Array(calls)) = m.get_mut("tool_calls") {
+            for call in calls.iter_mut() {
+                let Some(f) = call.get_mut("function").and_then(Value::as_object_mut) else { continue };
+                if let Some(Value::String(text)) = f.get("arguments") {
+                    if let Ok(parsed @ Value::Object(_)) = serde_json::from_str::<Value>(text) {
+                        f.insert("arguments".into(), parsed);
+                    }
+                }
+            }
+        }
+        out.push(Value::Object(m));
+    }
+    Ok(Value::Array(out))
+}
+
+/// A message's content as one text: a string, a list of text parts joined, or nothing.
+fn content_text(content: Option<&Value>, i: usize) -> Result<String, ApiError> {
+    match content {
+        None | Some(Value::Null) => Ok(String::new()),
+        Some(Value::String(s)) => Ok(s.clone()),
+        Some(Value::Array(parts)) => {
+            let mut text = String::new();
+            for (j, p) in parts.iter().enumerate() {
+                match (p.get("type").and_then(Value::as_str), p.get("text").and_then(Value::as_str)) {
+                    (Some("text"), Some(t)) => text.push_str(t),
+                    _ => {
+                        return Err(ApiError::invalid(format!(
+                            "'messages[{i}].content[{j}]': only text parts are supported"
+                        )))
+                    }
+                }
+            }
+            Ok(text)
+        }
+        Some(_) => {
+            Err(ApiError::invalid(format!("'messages[{i}].content' must be a string or a list of parts")))
+        }
+    }
+}
+
+/// How a request's reply is split into reasoning and answer: the model template's markers and
+/// whether the prompt opened the reasoning, or None (`reasoning_format: "none"`, or no markers).
+pub fn reasoning(
+    state: &State<'_>,
+    body: &Map<String, Value>,
+    prompt: &str,
+) -> Result<Option<(Markers, bool)>, ApiError> {
+    let on = match Fields::new(body).str("reasoning_format")? {
+        None | Some("auto" | "deepseek" | "deepseek-legacy") => true,
+        Some("none") => false,
+        Some(other) => {
+            return Err(ApiError::invalid(format!(
+                "'reasoning_format' {other:?} is not one of \"auto\", \"deepseek\", \"none\""
+            )))
+        }
+    };
+    Ok(state.ready.reasoning.filter(|_| on).map(|m| (m, m.opened_by(prompt))))
 }

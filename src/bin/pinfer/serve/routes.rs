@@ -14,10 +14,8 @@ use axum::Router;
 use serde_json::{json, Value};
 
 use super::api::{json_response, read_json, unix_now, ApiError, Fields};
-use super::prompt::{messages, render_chat};
 use super::slots::{Request as EngineRequest, SlotAction, SlotDone};
 use super::tokens::{detokenize_text, encode_plain};
-use super::tools::ToolFormat;
 use super::{ollama, openai, AppState, State};
 
 /// Every route, behind the API-key check.
@@ -159,7 +157,7 @@ async fn detokenize(AxState(shared): AxState<AppState>, body: Body) -> Result<Re
 async fn apply_template(AxState(shared): AxState<AppState>, body: Body) -> Result<Response, ApiError> {
     let state = shared.state()?;
     let body = read_json(&state, body).await?;
-    let prompt = render_chat(&state, &messages(&body, ToolFormat::of(state.ready.template))?)?;
+    let prompt = super::prompt::apply_template(&state, &body)?;
     Ok(json_response(&json!({ "prompt": prompt })))
 }
 
@@ -191,7 +189,7 @@ async fn props(AxState(shared): AxState<AppState>) -> Result<Response, ApiError>
         "model_path": shared.model_path.display().to_string(),
         "model_alias": shared.model_name,
         "chat_template": state.ready.chat_template_text.clone().unwrap_or_default(),
-        "chat_template_name": state.ready.template.name(),
+        "chat_template_name": state.ready.format.name(),
         "build_info": format!("pinfer {}", pinfer::VERSION),
         "modalities": { "vision": false, "audio": false },
     })))

@@ -204,7 +204,11 @@ fn load_engine<'s>(
     let gguf = session.gguf();
     let chat_template_text = gguf.get_str_opt("tokenizer.chat_template").ok().flatten().map(str::to_string);
     // The CLI's policy: a template pinfer cannot render is refused by name (no ChatML in its place).
-    let template = crate::chat::template_for(gen.chat_template.as_deref(), gguf, &path)?;
+    let format = crate::chat::prompt_format(gen, gguf, &tok, &path)?;
+    let template_kwargs = crate::chat::template_kwargs(gen)?;
+    let reasoning = (gen.reasoning_format != "none")
+        .then(|| format.jinja_source().and_then(pinfer::reasoning::Markers::of_template))
+        .flatten();
     let hp = session.hparams();
     if gen.lookup.is_some() && session.engine().has_recurrent_layers() {
         return Err(CliError::new(
@@ -225,7 +229,9 @@ fn load_engine<'s>(
     let quant = by_type.iter().max_by_key(|e| e.1).map_or("", |e| e.0).to_string();
     let ready = Ready {
         tok,
-        template,
+        format,
+        template_kwargs,
+        reasoning,
         jobs,
         n_slots: n_seq,
         n_ctx: session.n_ctx(),

@@ -18,6 +18,7 @@ use serde_json::{json, Map, Value};
 
 use pinfer::chat::{ChatTemplate, Role};
 use pinfer::grammar::GrammarSpec;
+use pinfer::prompt_format::PromptFormat;
 
 use super::api::{ApiError, Fields};
 
@@ -30,12 +31,28 @@ pub enum ToolFormat {
 }
 
 impl ToolFormat {
-    /// The format of a model with `template`.
+    /// The format of a model with the built-in `template`.
     pub fn of(template: ChatTemplate) -> Self {
         match template {
             ChatTemplate::ChatMl => Self::Hermes,
             ChatTemplate::Llama3 => Self::Llama3,
             _ => Self::Generic,
+        }
+    }
+
+    /// The format of a model's prompts: a Jinja template's by the call syntax it teaches (Hermes
+    /// and Qwen write `<tool_call>`; Llama 3.1+ `"parameters"` JSON after an `ipython`
+    /// environment line), a built-in format's by [`ToolFormat::of`].
+    pub fn for_prompt(format: &PromptFormat) -> Self {
+        match format {
+            PromptFormat::BuiltIn(t) => Self::of(*t),
+            PromptFormat::Jinja { source, .. } if source.contains("<tool_call>") => Self::Hermes,
+            PromptFormat::Jinja { source, .. }
+                if source.contains("<|start_header_id|>") && source.contains("ipython") =>
+            {
+                Self::Llama3
+            }
+            PromptFormat::Jinja { .. } => Self::Generic,
         }
     }
 }

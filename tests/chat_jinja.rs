@@ -1,0 +1,217 @@
+//! The model's own chat templates rendered as Python's jinja2 renders them with transformers'
+//! settings: every template llama.cpp tests with (its `models/templates/`, fetched by
+//! scripts/tokenizer_fetch_vocabs.sh) against the conversations of
+//! scripts/chat_template_goldens.py, byte for byte with the renderings it wrote into
+//! tests/golden/chat-templates/. A template's own refusal (`raise_exception`) must give its
+//! message; any other failure in Python must fail here too.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use pinfer::jinja::{Clock, Conversation, JinjaTemplate, TemplateError};
+use serde_json::Value;
+
+fn repo() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn templates_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = repo().join("target/tokenizer-vocabs");
+        if !dir.join(".llama-cpp-python-0.3.36-with-templates").exists() {
+            let status =
+                Command::new(repo().join("scripts/tokenizer_fetch_vocabs.sh")).status().expect("run fetch");
+            assert!(status.success(), "scripts/tokenizer_fetch_vocabs.sh failed");
+        }
+        dir.join("templates")
+    })
+}
+
+fn goldens() -> PathBuf {
+    repo().join("tests/golden/chat-templates")
+}
+
+/// The instant the goldens were rendered at (2026-01-15 09:30:00 UTC).
+const GOLDEN_CLOCK: Clock = Clock { unix_seconds: 1_768_469_400 };
+
+fn read_json(path: &Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display())))
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+fn render(template: &JinjaTemplate, variables: &Value) -> Result<String, TemplateError> {
+    let mut kwargs = variables.as_object().expect("variables").clone();
+    let messages = kwargs.remove("messages").expect("messages");
+    let tools = kwargs.remove("tools");
+    let add_generation_prompt =
+        kwargs.remove("add_generation_prompt").and_then(|v| v.as_bool()).unwrap_or(false);
+    let conversation = Conversation {
+        messages: &messages,
+        tools: tools.as_ref(),
+        documents: None,
+        add_generation_prompt,
+        kwargs: Some(&kwargs),
+    };
+    template.render_at(&conversation, GOLDEN_CLOCK)
+}
+
+/// Python failures where pinfer renders on purpose: minijinja iterates None as an empty list (a
+/// `{% for tool in tools %}` without tools), and `tojson` takes a lazy sequence (the output of
+/// `map`). A template that works in Python still renders the same here; one that fails there does
+/// not fail here.
+const RENDERS_WHERE_PYTHON_FAILS: [&str; 2] = [
+    "TypeError: 'NoneType' object is not iterable",
+    "TypeError: Object of type generator is not JSON serializable",
+];
+
+/// jinja2 escapes a plain string added to a `|safe` one (`Markup.__add__`) even with autoescaping
+/// off; pinfer does not (neither does llama.cpp): the texts agree once Python's escapes are undone.
+fn html_unescaped(s: &str) -> String {
+    s.replace("&#34;", "\"")
+        .replace("&#39;", "'")
+        .replace("&lt;", "<")
+        .replace("&gt;", ">")
+        .replace("&amp;", "&")
+}
+const ESCAPES_MARKUP_SUMS: [&str; 1] = ["meetkai-functionary-medium-v3.1"];
+
+#[test]
+fn every_real_template_renders_as_jinja2_does() {
+    let conversations = read_json(&goldens().join("conversations.json"));
+    let conversations = conversations.as_array().expect("conversations");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(templates_dir())
+        .expect("templates")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "jinja"))
+        .collect();
+    files.sort();
+    assert!(files.len() >= 70, "expected llama.cpp's 70 templates, found {}", files.len());
+    let (mut checked, mut failures) = (0, Vec::new());
+    for file in &files {
+        let stem = file.file_stem().unwrap().to_string_lossy().into_owned();
+        let golden = read_json(&goldens().join(format!("{stem}.json")));
+        let source = std::fs::read_to_string(file).expect("template");
+        let template = match JinjaTemplate::compile(&source, "<|bos|>", "<|eos|>") {
+            Ok(t) => t,
+            Err(e) => {
+                failures.push(format!("{stem}: {e}"));
+                continue;
+            }
+        };
+        for (case, conversation) in golden["cases"].as_array().expect("cases").iter().zip(conversations) {
+            let name = case["name"].as_str().expect("name");
+            assert_eq!(name, conversation["name"], "{stem}: cases out of order");
+            let got = render(&template, &conversation["variables"]);
+            checked += 1;
+            match (&got, case.get("text"), case.get("raised").and_then(Value::as_bool)) {
+                (Ok(text), Some(want), _) if text == want => {}
+                (Ok(text), Some(want), _)
+                    if ESCAPES_MARKUP_SUMS.contains(&stem.as_str())
+                        && *text == html_unescaped(want.as_str().unwrap()) => {}
+                (Ok(_), None, Some(false))
+                    if RENDERS_WHERE_PYTHON_FAILS
+                        .iter()
+                        .any(|m| case["error"].as_str().unwrap().starts_with(m)) => {}
+                (Ok(text), Some(want), _) => {
+                    let at =
+                        text.bytes().zip(want.as_str().unwrap().bytes()).take_while(|(a, b)| a == b).count();
+                    let show = |s: &str| {
+                        let mut from = at.saturating_sub(40);
+                        while !s.is_char_boundary(from) {
+                            from -= 1;
+                        }
+                        s[from..].chars().take(80).collect::<String>()
+                    };
+                    failures.push(format!(
+                        "{stem}/{name}: differs at byte {at}:\n  got  {:?}\n  want {:?}",
+                        show(text),
+                        show(want.as_str().unwrap())
+                    ));
+                }
+                (Err(TemplateError::Raised(m)), None, Some(true)) if m == case["error"].as_str().unwrap() => {
+                }
+                (Err(e), None, Some(false)) if !matches!(e, TemplateError::Raised(_)) => {}
+                (got, _, _) => failures.push(format!("{stem}/{name}: got {got:?}, want {case}")),
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{} of {checked} renders differ:\n{}", failures.len(), failures.join("\n"));
+    assert!(checked >= 700, "only {checked} renders checked");
+}
+
+fn hello() -> Value {
+    serde_json::json!([{"role": "user", "content": "Hello"}])
+}
+
+fn render_hello(source: &str) -> Result<String, TemplateError> {
+    let template = JinjaTemplate::compile(source, "<s>", "</s>")?;
+    let messages = hello();
+    let conversation = Conversation {
+        messages: &messages,
+        tools: None,
+        documents: None,
+        add_generation_prompt: true,
+        kwargs: None,
+    };
+    template.render_at(&conversation, GOLDEN_CLOCK)
+}
+
+/// A template is code from a file: ones that never end, recurse, blow up their text or are broken
+/// are refused with an error naming what happened, quickly.
+#[test]
+fn hostile_templates_are_refused_within_their_budget() {
+    let started = std::time::Instant::now();
+    type Expect = fn(&TemplateError) -> bool;
+    let cases: [(&str, Expect); 8] = [
+        (
+            "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+            |e| matches!(e, TemplateError::Budget(_)),
+        ),
+        ("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", |e| matches!(e, TemplateError::Budget(_))),
+        // (minijinja refuses to build the string at all: its own limit, reported as a render error.)
+        ("{{ 'x' * 1000000000 }}", |e| matches!(e, TemplateError::Budget(_) | TemplateError::Render(_))),
+        (
+            "{% set s = namespace(t='xxxxxxxx') %}{% for i in range(60) %}{% set s.t = s.t ~ s.t %}{% endfor %}{{ s.t }}",
+            |e| matches!(e, TemplateError::Budget(_)),
+        ),
+        ("{% for i in range(100000) %}{{ 'y' * 1000 }}{% endfor %}", |e| matches!(e, TemplateError::Budget(_))),
+        ("{{ messages | no_such_filter }}", |e| matches!(e, TemplateError::Compile(_) | TemplateError::Render(_))),
+        ("{{ messages[0].content.no_such_method() }}", |e| matches!(e, TemplateError::Render(_))),
+        ("{% if %}", |e| matches!(e, TemplateError::Compile(_))),
+    ];
+    for (source, expected) in cases {
+        match render_hello(source) {
+            Err(e) if expected(&e) => assert!(!e.to_string().is_empty()),
+            other => panic!("{source}: {other:?}"),
+        }
+    }
+    // Each is cut off by its budget, not run to the end (the 8 take well under a second in release).
+    assert!(started.elapsed().as_secs() < 60, "{:?}", started.elapsed());
+}
+
+#[test]
+fn a_template_s_own_refusal_is_its_message() {
+    let e = render_hello("{{ raise_exception('Conversation roles must alternate user/assistant') }}")
+        .unwrap_err();
+    assert_eq!(e, TemplateError::Raised("Conversation roles must alternate user/assistant".into()));
+    assert_eq!(
+        e.to_string(),
+        "the chat template refused the conversation: Conversation roles must alternate user/assistant"
+    );
+}
+
+#[test]
+fn tojson_and_printing_follow_python() {
+    let out = render_hello(
+        "{{ {'b': [1, 2.5, none, true], 'a': 'é\"'} | tojson }}|{{ {'b': 1, 'a': {'c': []}} | tojson(indent=2, sort_keys=true) }}|\
+         {{ {'x': none, 'y': false} }}|{{ [1, 'two'] }}|{{ none }}|{{ strftime_now('%Y-%m-%d') }}|{{ bos_token }}",
+    )
+    .unwrap();
+    assert_eq!(
+        out,
+        "{\"b\": [1, 2.5, null, true], \"a\": \"é\\\"\"}|{\n  \"a\": {\n    \"c\": []\n  },\n  \"b\": 1\n}|\
+         {'x': None, 'y': False}|[1, 'two']|None|2026-01-15|<s>"
+    );
+}
