@@ -827,3 +827,41 @@ fn thinking_is_split_out_of_the_reply() {
     assert_eq!(r.status, 400, "{}", r.body);
     assert!(r.json()["error"].as_str().is_some_and(|e| e.contains("'think'")), "{}", r.body);
 }
+
+/// `tool_choice: "required"` in each tool family's own syntax: a template that teaches the
+/// family's marker makes the server constrain SmolLM2's reply to that syntax from its first token,
+/// and parse the call back into OpenAI's `tool_calls`.
+#[test]
+fn required_tool_calls_in_every_family_s_syntax() {
+    let tools = json!([{ "type": "function", "function": {
+        "name": "get_weather", "description": "Weather in a city",
+        "parameters": { "type": "object", "properties": { "city": { "type": "string" } }, "required": ["city"] } } }]);
+    let families = [
+        ("<tool_call>", "hermes"),
+        ("<tool_call><function=", "qwen3-coder"),
+        ("[TOOL_CALLS]", "mistral"),
+        ("<|tool_call|>", "granite"),
+        ("<|START_ACTION|>", "command-r7b"),
+        ("<|tool_call_start|>", "lfm2"),
+    ];
+    for (marker, family) in families {
+        let text = format!(
+            "{{% for m in messages %}}<|im_start|>{{{{ m.role }}}}\n{{{{ m.content }}}}<|im_end|>\n{{% endfor %}}\
+             {{% if tools %}}<|im_start|>system\nTools: {{{{ tools | tojson }}}}; call them with {marker}<|im_end|>\n{{% endif %}}\
+             <|im_start|>assistant\n"
+        );
+        let template = temp_file(&format!("{family}.jinja"), text.as_bytes());
+        let server = Server::start(&["--chat-template-file", template.to_str().unwrap(), "-n", "64"]);
+        let r = server.post(
+            "/v1/chat/completions",
+            &json!({ "messages": [{"role": "user", "content": "Weather in Paris?"}], "tools": tools,
+                     "tool_choice": "required", "parallel_tool_calls": false, "temperature": 0 }),
+        );
+        let m = &r.json()["choices"][0]["message"];
+        let call = &m["tool_calls"][0]["function"];
+        assert_eq!(call["name"], "get_weather", "{family}: {}", r.body);
+        let args: Value = serde_json::from_str(call["arguments"].as_str().unwrap()).unwrap();
+        assert!(args["city"].is_string(), "{family}: {args}");
+        assert_eq!(r.json()["choices"][0]["finish_reason"], "tool_calls", "{family}");
+    }
+}

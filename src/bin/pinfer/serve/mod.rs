@@ -20,6 +20,7 @@ mod routes;
 mod slots;
 mod start;
 mod tokens;
+mod tool_families;
 mod tools;
 
 use std::path::PathBuf;

@@ -9,6 +9,11 @@
 //!   a call is the reply `{"name": ..., "parameters": {...}}`, results in an `ipython`-like user turn.
 //! * [`ToolFormat::Generic`] (every other template): the reply is one JSON object
 //!   `{"tool_calls": [{"name": ..., "arguments": {...}}]}` or `{"response": "..."}`.
+//! * Families only a Jinja template brings, which shows the tools, calls and results itself (their
+//!   syntaxes in [`super::tool_families`]): [`ToolFormat::QwenXml`] (Qwen3-Coder),
+//!   [`ToolFormat::Mistral`] (`[TOOL_CALLS]`), [`ToolFormat::ToolCallToken`] (Granite 3.x,
+//!   Phi-4-mini: `<|tool_call|>`), [`ToolFormat::CommandR`] (`<|START_ACTION|>`) and
+//!   [`ToolFormat::Pythonic`] (LFM2: `<|tool_call_start|>[f(a=1)]<|tool_call_end|>`).
 //!
 //! `tool_choice: "required"` or a named function constrains the reply with a grammar (each call's
 //! arguments to that tool's JSON schema), so the calls always parse; `"auto"` lets the model choose
@@ -21,6 +26,7 @@ use pinfer::grammar::GrammarSpec;
 use pinfer::prompt_format::PromptFormat;
 
 use super::api::{ApiError, Fields};
+use super::tool_families as families;
 
 /// How tools are shown to the model and its calls written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,6 +34,11 @@ pub enum ToolFormat {
     Hermes,
     Llama3,
     Generic,
+    QwenXml,
+    Mistral,
+    ToolCallToken,
+    CommandR,
+    Pythonic,
 }
 
 impl ToolFormat {
@@ -46,7 +57,16 @@ impl ToolFormat {
     pub fn for_prompt(format: &PromptFormat) -> Self {
         match format {
             PromptFormat::BuiltIn(t) => Self::of(*t),
+            PromptFormat::Jinja { source, .. }
+                if source.contains("<tool_call>") && source.contains("<function=") =>
+            {
+                Self::QwenXml
+            }
             PromptFormat::Jinja { source, .. } if source.contains("<tool_call>") => Self::Hermes,
+            PromptFormat::Jinja { source, .. } if source.contains("[TOOL_CALLS]") => Self::Mistral,
+            PromptFormat::Jinja { source, .. } if source.contains("<|tool_call_start|>") => Self::Pythonic,
+            PromptFormat::Jinja { source, .. } if source.contains("<|tool_call|>") => Self::ToolCallToken,
+            PromptFormat::Jinja { source, .. } if source.contains("<|START_ACTION|>") => Self::CommandR,
             PromptFormat::Jinja { source, .. }
                 if source.contains("<|start_header_id|>") && source.contains("ipython") =>
             {
@@ -169,7 +189,13 @@ pub fn system_text(tools: &Tools) -> String {
              dictionary of argument name and its value}}. Do not use variables.\n\n{}",
             sigs.join("\n\n")
         ),
-        ToolFormat::Generic => format!(
+        // (The template-only families never get here: their templates write the tools.)
+        ToolFormat::Generic
+        | ToolFormat::QwenXml
+        | ToolFormat::Mistral
+        | ToolFormat::ToolCallToken
+        | ToolFormat::CommandR
+        | ToolFormat::Pythonic => format!(
             "You can call these tools:\n{}\n\nTo call tools, reply with only a JSON object \
              {{\"tool_calls\": [{{\"name\": <tool name>, \"arguments\": <arguments object>}}]}}. \
              To answer without a tool, reply normally.",
@@ -220,7 +246,55 @@ pub fn render_calls(format: ToolFormat, calls: &[Value]) -> Result<String, ApiEr
             .join("\n"),
         ToolFormat::Generic => json!({ "tool_calls": parsed.iter().map(|(n, a)| json!({ "name": n, "arguments": a })).collect::<Vec<_>>() })
             .to_string(),
+        ToolFormat::Mistral => format!("[TOOL_CALLS]{}", name_arguments(&parsed)),
+        ToolFormat::ToolCallToken => format!("<|tool_call|>{}", name_arguments(&parsed)),
+        ToolFormat::CommandR => format!(
+            "<|START_ACTION|>{}<|END_ACTION|>",
+            Value::Array(
+                parsed
+                    .iter()
+                    .enumerate()
+                    .map(|(i, (n, a))| json!({ "tool_call_id": i.to_string(), "tool_name": n, "parameters": a }))
+                    .collect()
+            )
+        ),
+        ToolFormat::Pythonic => {
+            let calls: Vec<String> = parsed
+                .iter()
+                .map(|(n, a)| {
+                    let args: Vec<String> = a
+                        .as_object()
+                        .into_iter()
+                        .flatten()
+                        .map(|(k, v)| format!("{k}={v}"))
+                        .collect();
+                    format!("{n}({})", args.join(", "))
+                })
+                .collect();
+            format!("<|tool_call_start|>[{}]<|tool_call_end|>", calls.join(", "))
+        }
+        ToolFormat::QwenXml => parsed
+            .iter()
+            .map(|(n, a)| {
+                let params: String = a
+                    .as_object()
+                    .into_iter()
+                    .flatten()
+                    .map(|(k, v)| match v {
+                        Value::String(s) => format!("<parameter={k}>\n{s}\n</parameter>\n"),
+                        v => format!("<parameter={k}>\n{v}\n</parameter>\n"),
+                    })
+                    .collect();
+                format!("<tool_call>\n<function={n}>\n{params}</function>\n</tool_call>")
+            })
+            .collect::<Vec<_>>()
+            .join("\n"),
     })
+}
+
+/// Calls as a JSON array of `{"name", "arguments"}` objects.
+fn name_arguments(calls: &[(String, Value)]) -> Value {
+    Value::Array(calls.iter().map(|(n, a)| json!({ "name": n, "arguments": a })).collect())
 }
 
 /// A tool's result (a `tool` message) as the user turn the model reads it in.
@@ -228,7 +302,12 @@ pub fn render_result(format: ToolFormat, content: &str, name: Option<&str>) -> S
     match format {
         ToolFormat::Hermes => format!("<tool_response>\n{content}\n</tool_response>"),
         ToolFormat::Llama3 => format!("Tool result: {content}"),
-        ToolFormat::Generic => match name {
+        ToolFormat::Generic
+        | ToolFormat::QwenXml
+        | ToolFormat::Mistral
+        | ToolFormat::ToolCallToken
+        | ToolFormat::CommandR
+        | ToolFormat::Pythonic => match name {
             Some(n) => format!("Result of tool {n}: {content}"),
             None => format!("Tool result: {content}"),
         },
@@ -237,13 +316,20 @@ pub fn render_result(format: ToolFormat, content: &str, name: Option<&str>) -> S
 
 /// The JSON schema of one call of `tool` in `format`.
 fn call_schema(format: ToolFormat, tool: &Tool) -> Value {
-    let args = if format == ToolFormat::Llama3 { "parameters" } else { "arguments" };
-    json!({
-        "type": "object",
-        "properties": { "name": { "const": tool.name }, args: tool.parameters },
-        "required": ["name", args],
-        "additionalProperties": false,
-    })
+    let (name, args) = match format {
+        ToolFormat::Llama3 => ("name", "parameters"),
+        ToolFormat::CommandR => ("tool_name", "parameters"),
+        _ => ("name", "arguments"),
+    };
+    let mut properties = Map::new();
+    properties.insert(name.into(), json!({ "const": tool.name }));
+    properties.insert(args.into(), tool.parameters.clone());
+    let mut required = vec![name, args];
+    if format == ToolFormat::CommandR {
+        properties.insert("tool_call_id".into(), json!({ "type": "string" }));
+        required.insert(0, "tool_call_id");
+    }
+    json!({ "type": "object", "properties": properties, "required": required, "additionalProperties": false })
 }
 
 /// The grammar that forces a call (`tool_choice` required or named); `None` for `auto`.
@@ -260,6 +346,63 @@ pub fn grammar(tools: &Tools) -> Option<GrammarSpec> {
             "start: call{many}\ncall: \"<tool_call>\\n\" body \"\\n</tool_call>\" \"\\n\"?\nbody: %json {one}\n"
         )),
         ToolFormat::Llama3 => GrammarSpec::JsonSchema(one.to_string()),
+        // The JSON-array families: the family's marker, then an array of calls.
+        ToolFormat::Mistral | ToolFormat::ToolCallToken | ToolFormat::CommandR => {
+            let mut array = json!({ "type": "array", "items": one, "minItems": 1 });
+            if !tools.parallel {
+                array["maxItems"] = json!(1);
+            }
+            let (open, close) = match tools.format {
+                ToolFormat::Mistral => ("[TOOL_CALLS]", ""),
+                ToolFormat::CommandR => ("<|START_ACTION|>", "<|END_ACTION|>"),
+                _ => ("<|tool_call|>", ""),
+            };
+            let close = if close.is_empty() { String::new() } else { format!(" {}", lark_literal(close)) };
+            GrammarSpec::Lark(format!("start: {} body{close}\nbody: %json {array}\n", lark_literal(open)))
+        }
+        // The call's structure with the chosen tools' names and parameters; the values are
+        // JSON (LFM2) or text (Qwen3-Coder), not checked against the schema.
+        ToolFormat::Pythonic => {
+            let sep = if tools.parallel { " (\", \" call)*" } else { "" };
+            let names = alternatives(chosen.iter().map(|t| t.name.as_str()));
+            // Each argument's value is JSON of its parameter's schema.
+            let mut params: Vec<String> = chosen
+                .iter()
+                .flat_map(|t| t.parameters["properties"].as_object().into_iter().flatten())
+                .map(|(key, schema)| format!("{} \"=\" %json {schema}", lark_literal(key)))
+                .collect();
+            params.sort();
+            params.dedup();
+            let call = if params.is_empty() {
+                "call: NAME \"()\"\n".to_string()
+            } else {
+                let rules: String =
+                    params.iter().enumerate().map(|(i, p)| format!("arg{i}: {p}\n")).collect();
+                let arg = (0..params.len()).map(|i| format!("arg{i}")).collect::<Vec<_>>().join(" | ");
+                format!("call: NAME \"(\" (arg (\", \" arg)*)? \")\"\narg: {arg}\n{rules}")
+            };
+            GrammarSpec::Lark(format!(
+                "start: \"<|tool_call_start|>[\" call{sep} \"]<|tool_call_end|>\"\n{call}NAME: {}\n",
+                names?
+            ))
+        }
+        ToolFormat::QwenXml => {
+            let many = if tools.parallel { "+" } else { "" };
+            let names = alternatives(chosen.iter().map(|t| t.name.as_str()));
+            let params = match alternatives(chosen.iter().flat_map(|t| parameter_names(t))) {
+                Some(keys) => format!(
+                    "params: param*\nparam: \"<parameter=\" KEY \">\\n\" VALUE \"\\n</parameter>\\n\"\n\
+                     VALUE: /[^<\\n]+/\nKEY: {keys}\n"
+                ),
+                None => "params: \"\"\n".into(),
+            };
+            GrammarSpec::Lark(format!(
+                "start: call{many}\n\
+                 call: \"<tool_call>\\n<function=\" NAME \">\\n\" params \"</function>\\n</tool_call>\" \"\\n\"?\n\
+                 {params}NAME: {}\n",
+                names?
+            ))
+        }
         ToolFormat::Generic => {
             let mut calls = json!({ "type": "array", "items": {
                 "anyOf": chosen.iter().map(|t| call_schema(ToolFormat::Generic, t)).collect::<Vec<_>>() },
@@ -280,6 +423,44 @@ pub fn grammar(tools: &Tools) -> Option<GrammarSpec> {
 /// well-formed call of a known tool.
 pub fn parse_reply(tools: &Tools, text: &str) -> (String, Vec<Call>) {
     let known = |name: &str| tools.list.iter().any(|t| t.name == name);
+    // The template-only families: their parsers give raw calls, checked against the tools here.
+    let checked = |parsed: Option<(String, Vec<families::RawCall>)>| match parsed {
+        Some((rest, raw)) if raw.iter().all(|(n, a)| known(n) && a.is_object()) => {
+            (rest, raw.into_iter().map(|(name, arguments)| Call { name, arguments }).collect())
+        }
+        _ => (text.to_string(), Vec::new()),
+    };
+    match tools.format {
+        ToolFormat::Mistral => return checked(families::mistral(text)),
+        ToolFormat::ToolCallToken => {
+            return checked(families::marked_array(
+                text,
+                "<|tool_call|>",
+                Some("<|/tool_call|>"),
+                "name",
+                "arguments",
+            ))
+        }
+        ToolFormat::CommandR => {
+            return checked(families::marked_array(
+                text,
+                "<|START_ACTION|>",
+                Some("<|END_ACTION|>"),
+                "tool_name",
+                "parameters",
+            ))
+        }
+        ToolFormat::Pythonic => return checked(families::pythonic(text)),
+        ToolFormat::QwenXml => {
+            let string_param = |tool: &str, key: &str| {
+                tools.list.iter().find(|t| t.name == tool).is_some_and(|t| {
+                    t.parameters["properties"][key]["type"].as_str().is_none_or(|ty| ty == "string")
+                })
+            };
+            return checked(families::qwen_xml(text, string_param));
+        }
+        ToolFormat::Hermes | ToolFormat::Llama3 | ToolFormat::Generic => {}
+    }
     let call_of = |v: &Value, args: &str| -> Option<Call> {
         let name = v.get("name")?.as_str()?;
         let arguments = match v.get(args)? {
@@ -291,6 +472,12 @@ pub fn parse_reply(tools: &Tools, text: &str) -> (String, Vec<Call>) {
     };
     let mut calls = Vec::new();
     match tools.format {
+        // (Returned above.)
+        ToolFormat::QwenXml
+        | ToolFormat::Mistral
+        | ToolFormat::ToolCallToken
+        | ToolFormat::CommandR
+        | ToolFormat::Pythonic => (text.to_string(), Vec::new()),
         ToolFormat::Hermes => {
             let mut rest = String::new();
             let mut s = text;
@@ -339,6 +526,24 @@ pub fn parse_reply(tools: &Tools, text: &str) -> (String, Vec<Call>) {
     }
 }
 
+/// A Lark string literal.
+fn lark_literal(s: &str) -> String {
+    Value::String(s.to_string()).to_string()
+}
+
+/// A Lark terminal matching exactly one of `words`; None when there are none.
+fn alternatives<'a>(words: impl Iterator<Item = &'a str>) -> Option<String> {
+    let mut list: Vec<String> = words.map(lark_literal).collect();
+    list.sort();
+    list.dedup();
+    (!list.is_empty()).then(|| list.join(" | "))
+}
+
+/// The names of a tool's parameters (its schema's `properties`).
+fn parameter_names(t: &Tool) -> impl Iterator<Item = &str> {
+    t.parameters["properties"].as_object().into_iter().flat_map(|p| p.keys().map(String::as_str))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -381,9 +586,34 @@ mod tests {
         assert_eq!(parse_reply(&g, r#"{"response": "hello"}"#), ("hello".to_string(), vec![]));
     }
 
+    /// Every format; `covered` does not compile when a format is added and not listed.
+    const ALL: [ToolFormat; 8] = [
+        ToolFormat::Hermes,
+        ToolFormat::Llama3,
+        ToolFormat::Generic,
+        ToolFormat::QwenXml,
+        ToolFormat::Mistral,
+        ToolFormat::ToolCallToken,
+        ToolFormat::CommandR,
+        ToolFormat::Pythonic,
+    ];
+    #[allow(dead_code)]
+    fn covered(f: ToolFormat) {
+        match f {
+            ToolFormat::Hermes
+            | ToolFormat::Llama3
+            | ToolFormat::Generic
+            | ToolFormat::QwenXml
+            | ToolFormat::Mistral
+            | ToolFormat::ToolCallToken
+            | ToolFormat::CommandR
+            | ToolFormat::Pythonic => {}
+        }
+    }
+
     #[test]
     fn rendered_calls_parse_back() {
-        for format in [ToolFormat::Hermes, ToolFormat::Llama3, ToolFormat::Generic] {
+        for format in ALL {
             let t = tools(format, Choice::Auto);
             let text = render_calls(
                 format,
