@@ -215,3 +215,51 @@ fn tojson_and_printing_follow_python() {
          {'x': None, 'y': False}|[1, 'two']|None|2026-01-15|<s>"
     );
 }
+
+/// What a render costs (a report, not a check): the Qwen3 template with 5 tools and a 6-message
+/// conversation, compiled once and rendered 500 times. Run it with
+/// `cargo test --release --test chat_jinja -- --ignored --nocapture render_cost`.
+#[test]
+#[ignore]
+fn render_cost() {
+    let source = std::fs::read_to_string(templates_dir().join("Qwen-Qwen3-0.6B.jinja")).expect("template");
+    let started = std::time::Instant::now();
+    let template = JinjaTemplate::compile(&source, "", "<|im_end|>").expect("compiles");
+    let compile_us = started.elapsed().as_secs_f64() * 1e6;
+    let tool = |i: usize| {
+        serde_json::json!({"type": "function", "function": {"name": format!("tool_{i}"),
+            "description": "Look something up in the house's systems and report it back",
+            "parameters": {"type": "object", "properties": {
+                "room": {"type": "string", "description": "Which room"},
+                "level": {"type": "integer", "minimum": 0, "maximum": 100},
+                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+            "required": ["room"]}}})
+    };
+    let tools = Value::Array((0..5).map(tool).collect());
+    let messages = serde_json::json!([
+        {"role": "system", "content": "You are the house assistant."},
+        {"role": "user", "content": "How warm is the kitchen?"},
+        {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "tool_0", "arguments": {"room": "kitchen"}}}]},
+        {"role": "tool", "content": "{\"temp_c\": 21}"},
+        {"role": "assistant", "content": "It is 21 °C in the kitchen."},
+        {"role": "user", "content": "And the hall?"},
+    ]);
+    let conversation = Conversation {
+        messages: &messages,
+        tools: Some(&tools),
+        documents: None,
+        add_generation_prompt: true,
+        kwargs: None,
+    };
+    let n = 500;
+    let started = std::time::Instant::now();
+    let mut bytes = 0;
+    for _ in 0..n {
+        bytes = template.render_at(&conversation, GOLDEN_CLOCK).expect("renders").len();
+    }
+    let render_us = started.elapsed().as_secs_f64() * 1e6 / n as f64;
+    println!(
+        "Qwen3 template ({} bytes), 5 tools, 6 messages: compile {compile_us:.0} us, render {render_us:.1} us ({bytes} bytes of prompt)",
+        source.len()
+    );
+}
