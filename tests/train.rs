@@ -693,6 +693,67 @@ fn batched_broadcast_matmul_gradients_match_finite_differences() {
     );
 }
 
+/// Flash attention over a window's F32 queries, keys and values (a training graph's attention),
+/// grouped-query (query heads 2b and 2b + 1 read KV head b), causal, with and without a sliding
+/// window: the gradients of all three.
+#[test]
+fn flash_attention_gradients_match_finite_differences() {
+    let (d, dv, t, h, hk, scale) = (4usize, 3usize, 5usize, 4usize, 2usize, 0.6f32);
+    let c_values: Vec<f32> = (0..dv * h * t).map(|i| 0.25 + 0.11 * ((i * 7) % 13) as f32 - 0.7).collect();
+    for window in [0u32, 3] {
+        let c = c_values.clone();
+        check_gradient(
+            &format!("flash_attn (window {window})"),
+            &[[d, t, h, 1], [d, t, hk, 1], [dv, t, hk, 1]],
+            |g, p| {
+                let mask = if window == 0 {
+                    pinfer::graph::Mask::Causal
+                } else {
+                    pinfer::graph::Mask::SlidingWindow(window)
+                };
+                // y: [dv, h, t]
+                let y = g.flash_attn(p[0], p[1], p[2], scale, mask).unwrap();
+                let c = constant(g, "c", GgmlType::F32, [dv, h, t, 1], bytemuck::cast_slice(&c).to_vec());
+                let yc = g.mul(y, c).unwrap();
+                let a = g.sum(yc).unwrap();
+                let q = g.sqr(y).unwrap();
+                let q = g.sum(q).unwrap();
+                g.add(a, q).unwrap()
+            },
+            |x| {
+                let (q, k, v) = (&x[0], &x[1], &x[2]);
+                let mut total = 0.0;
+                for head in 0..h {
+                    let kv = head / (h / hk);
+                    for i in 0..t {
+                        // Keys i + 1 - window..=i (all up to i without a window).
+                        let first = if window == 0 { 0 } else { (i + 1).saturating_sub(window as usize) };
+                        let s: Vec<f64> = (first..=i)
+                            .map(|j| {
+                                let dot: f64 =
+                                    (0..d).map(|e| k[e + d * (j + t * kv)] * q[e + d * (i + t * head)]).sum();
+                                dot * scale as f64
+                            })
+                            .collect();
+                        let max = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                        let z: f64 = s.iter().map(|s| (s - max).exp()).sum();
+                        for e in 0..dv {
+                            let y: f64 = s
+                                .iter()
+                                .zip(first..=i)
+                                .map(|(s, j)| (s - max).exp() / z * v[e + dv * (j + t * kv)])
+                                .sum();
+                            total += y * c_values[e + dv * (head + h * i)] as f64 + y * y;
+                        }
+                    }
+                }
+                total
+            },
+            Values::Signed,
+        );
+    }
+}
+
 /// ggml's example: x = -2..2, y = x^2 + 2x + 1, fitted by y = t0 + t1 x.
 fn linear_regression() -> (Problem, usize) {
     let xs = [-2.0f32, -1.0, 0.0, 1.0, 2.0];

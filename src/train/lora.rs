@@ -1,6 +1,7 @@
 //! The training graph of LoRA fine-tuning: the inference engine's blocks composed as for
-//! generation, over a window (the whole sequence at once, no KV cache, attention written out as
-//! scores, causal softmax, weighted values: each op has a gradient rule), the frozen weights read
+//! generation, over a window (the whole sequence at once, no KV cache, the engine's flash
+//! attention over the window's keys and values, differentiated through its recomputed causal
+//! softmax: each op has a gradient rule, and the logits are generation's), the frozen weights read
 //! from the file in their own types, and on each adapted projection `W x + scale * B (A x)` with
 //! `A` (`[n_in, r]`) and `B` (`[r, n_out]`) F32 parameters in the arena. The loss is the mean
 //! cross-entropy of the next tokens (`targets[t]` is the token after position `t`; a negative

@@ -9,13 +9,15 @@
 //! bookkeeping is fixed-capacity, the gradients live in the arena.
 //!
 //! Ops with a gradient rule: add, sub, mul, div (second operand broadcast), scale, sqr, sqrt,
-//! sum, repeat, repeat_back, silu, sigmoid, SwiGLU, rms_norm, soft_max (masked or not),
+//! sum, repeat, repeat_back, silu, sigmoid, SwiGLU, rms_norm, soft_max (masked or not), flash
+//! attention over a window's F32 keys and values (`attention`: the softmax recomputed),
 //! cross-entropy, RoPE, copies, matmuls (F32 operands: both gradients, batched and broadcast as
 //! grouped-query attention; 2-D frozen weights of any type: the input's, through the transposed
 //! product), reshapes, permutes and transposes.
 //! Any other op on a path from a parameter to the loss is refused by name
 //! ([`TrainError::NoGradient`]); ops off those paths are free to be anything.
 
+mod attention;
 pub mod lora;
 pub mod optim;
 
@@ -336,6 +338,15 @@ pub fn backward<const N: usize>(
                 if let Some(a) = src(0) {
                     let da = g.soft_max_back(id, dy, t.params.f[0])?;
                     give(g, a, da)?;
+                }
+            }
+            Op::FlashAttn => {
+                let wanted = [src(0).is_some(), src(1).is_some(), src(2).is_some()];
+                let ds = attention::flash_attn_back(g, id, dy, wanted)?;
+                for (s, d) in t.src.iter().zip(ds) {
+                    if let (Some(s), Some(d)) = (s, d) {
+                        give(g, *s, d)?;
+                    }
                 }
             }
             Op::CrossEntropy => {

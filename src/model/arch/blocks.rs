@@ -48,8 +48,9 @@ macro_rules! named {
 pub(super) enum Mode<'b> {
     /// Each token at its place (sequence, position) in the KV cache and recurrent states.
     Cached(&'b KvLayout),
-    /// One sequence at positions 0..t and no cache (a training graph): attention is written out
-    /// in ops with gradient rules. The token ids are at `ids_offset` of the persistent region.
+    /// One sequence at positions 0..t and no cache (a training graph): attention is the
+    /// engine's over the window's own F32 keys and values (its gradient rule is `train`'s). The
+    /// token ids are at `ids_offset` of the persistent region.
     Window {
         /// Where the token ids are.
         ids_offset: usize,
@@ -583,10 +584,12 @@ fn attend<const N: usize>(
     })
 }
 
-/// Attention of a window graph written out in ops with gradient rules (the trainer's): each
-/// head's scores of every key, the causal softmax (within `mask`'s window), the weighted values.
-/// q: `[hd_k, n_head, t]`, k: `[hd_k, n_head_kv, t]`, v: `[hd_v * n_head_kv, t]` → `[hd_v *
-/// n_head, t]`.
+/// Attention of a window graph: the engine's flash attention over the window's own keys and
+/// values (F32, as an F32 cache holds them), so a row's arithmetic is the one generation gives it
+/// (the online softmax of ggml; a written-out softmax rounds differently, and a quantized matmul
+/// downstream can turn that into a visible difference). Its gradient rule recomputes the scores
+/// and the causal softmax within `mask`'s window (`train::attention`). q: `[hd_k, n_head, t]`, k:
+/// `[hd_k, n_head_kv, t]`, v: `[hd_v * n_head_kv, t]` → `[hd_v * n_head, t]`.
 fn attend_window<const N: usize>(
     b: &mut Builder<'_, '_, N>,
     il: usize,
@@ -598,20 +601,13 @@ fn attend_window<const N: usize>(
     let (hd_v, n_head, n_head_kv) =
         (hp.head_dim_v_at(il) as usize, hp.n_head as usize, hp.n_head_kv as usize);
     let v = g.reshape(heads.v, [hd_v, n_head_kv, t, 1])?;
-    // Heads outermost: q [hd_k, t, n_head], k [hd_k, t, n_head_kv], v^T [t, hd_v, n_head_kv].
+    // Heads outermost, as the cache's views: q [hd_k, t, n_head], k [hd_k, t, n_head_kv], v
+    // [hd_v, t, n_head_kv].
     let q = g.permute(heads.q, [0, 2, 1, 3])?;
-    let q = g.cpy(q, GgmlType::F32)?;
     let k = g.permute(heads.k, [0, 2, 1, 3])?;
-    let k = g.cpy(k, GgmlType::F32)?;
-    let vt = g.permute(v, [1, 2, 0, 3])?;
-    let vt = g.cpy(vt, GgmlType::F32)?;
-    // kq: [t, t, n_head]
-    let kq = named!(b, "kq", il, b.g.mul_mat(k, q));
-    let kq = named!(b, "kq_soft_max", il, b.g.soft_max(kq, kq_scale, true, mask.window()));
-    // kqv: [hd_v, t, n_head] → [hd_v, n_head, t]
-    let kqv = b.g.mul_mat(vt, kq)?;
-    let kqv = b.g.permute(kqv, [0, 2, 1, 3])?;
-    let kqv = named!(b, "kqv_out", il, b.g.cpy(kqv, GgmlType::F32));
+    let v = g.permute(v, [0, 2, 1, 3])?;
+    // kqv: [hd_v, n_head, t]
+    let kqv = named!(b, "kqv_out", il, b.g.flash_attn(q, k, v, kq_scale, mask));
     Ok(b.g.reshape(kqv, [hd_v * n_head, t, 1, 1])?)
 }
 

@@ -63,8 +63,8 @@ pub fn build<const N: usize>(
 }
 
 /// The forward pass of a training window: one sequence of `n_tokens` tokens at positions
-/// 0..n_tokens, its ids at `ids_offset` of the persistent region, no cache (attention written out
-/// in ops with gradient rules), logits for every token, and each matmul's weight adapted by the
+/// 0..n_tokens, its ids at `ids_offset` of the persistent region, no cache (attention over the
+/// window's own keys and values, rounded as generation rounds it), logits for every token, and each matmul's weight adapted by the
 /// pair `pair` makes for it. Returns the ids' leaf and the logits `[n_vocab, n_tokens]`; the graph
 /// is left for the caller to add its loss to and build. The blocks with a cache or a state
 /// (short convolutions, the delta rule, KV-sharing layers) are refused.
