@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Speaks to a running `pinfer serve` through the real `openai` and `ollama` Python clients (the
+"""Speaks to a running `pinfer serve` through the real `openai`, `ollama` and `anthropic` Python clients (the
 versions scripts/setup.sh pins) and checks what they get back. tests/serve.rs starts the server and
 runs this; by hand:
 
@@ -12,6 +12,7 @@ Exit status 0 and "serve_clients: ok" when every check passed.
 import json
 import sys
 
+import anthropic
 import jsonschema
 import ollama
 import openai
@@ -162,9 +163,46 @@ def structured_checks():
         check(call.function.name == "set_light" and isinstance(call.function.arguments, dict), f"ollama call: {call}")
 
 
+def anthropic_checks(openai_text):
+    """Anthropic's Messages API through the real `anthropic` client: the same greedy text as the
+    OpenAI route, streamed and whole, token counting, and a tool round trip."""
+    client = anthropic.Anthropic(base_url=URL, api_key="unused", max_retries=0)
+    whole = client.messages.create(model="m", max_tokens=N, messages=MESSAGES, extra_body={"temperature": 0})
+    text = "".join(b.text for b in whole.content if b.type == "text")
+    check(text == openai_text, f"anthropic text {text!r} != openai {openai_text!r}")
+    check(whole.stop_reason == "max_tokens" and whole.usage.output_tokens == N, f"anthropic: {whole}")
+    with client.messages.stream(model="m", max_tokens=N, messages=MESSAGES, extra_body={"temperature": 0}) as stream:
+        streamed = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    check(streamed == openai_text, f"anthropic stream {streamed!r} != {openai_text!r}")
+    check(final.stop_reason == "max_tokens", f"anthropic stream final: {final}")
+    count = client.messages.count_tokens(model="m", messages=MESSAGES)
+    check(count.input_tokens > 0 and count.input_tokens == whole.usage.input_tokens, f"count_tokens: {count} vs {whole.usage}")
+
+    tools = [{"name": "set_light", "description": "Switch a light on or off",
+              "input_schema": {"type": "object", "properties": {"room": {"type": "string"}, "on": {"type": "boolean"}},
+                               "required": ["room", "on"]}}]
+    ask = [{"role": "user", "content": "Turn on the light in the kitchen."}]
+    r = client.messages.create(model="m", max_tokens=60, messages=ask, tools=tools,
+                               tool_choice={"type": "any", "disable_parallel_tool_use": True}, extra_body={"temperature": 0})
+    uses = [b for b in r.content if b.type == "tool_use"]
+    check(r.stop_reason == "tool_use" and len(uses) == 1 and uses[0].name == "set_light", f"anthropic tool: {r}")
+    jsonschema.validate(uses[0].input, tools[0]["input_schema"])
+    follow = ask + [{"role": "assistant", "content": r.content},
+                    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": uses[0].id, "content": "done"}]}]
+    r = client.messages.create(model="m", max_tokens=N, messages=follow, tools=tools, extra_body={"temperature": 0})
+    check(r.stop_reason in ("end_turn", "max_tokens", "tool_use") and r.content, f"anthropic after tool: {r}")
+    try:
+        client.messages.create(model="m", max_tokens=N, messages=[{"role": "robot", "content": "x"}])
+        check(False, "a bad role was accepted")
+    except anthropic.BadRequestError as e:
+        check("robot" in str(e), f"anthropic error: {e}")
+
+
 def main():
     text = openai_checks()
     ollama_checks(text)
+    anthropic_checks(text)
     structured_checks()
     print("serve_clients: ok")
 

@@ -64,7 +64,7 @@ install_toolchains() {
   # gguf pinned: golden/make_test_models.py writes byte-identical test models only with this version.
   pip_install "gguf:gguf==0.19.0" "numpy:numpy"
   # The clients the server's tests speak through (tests/serve.rs runs scripts/serve_clients.py).
-  pip_install "openai:openai==3.57.0" "ollama:ollama==0.6.3"
+  pip_install "openai:openai==3.57.0" "ollama:ollama==0.6.3" "anthropic:anthropic==2.15.0"
   # The JSON Schema validator the structured-output tests check every constrained output with.
   pip_install "jsonschema:jsonschema==4.26.0"
   # ./x dist links against an old glibc through zig (cargo-zigbuild finds it as `python3 -m ziglang`).

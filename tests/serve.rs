@@ -1,5 +1,5 @@
 //! `pinfer serve` end to end: the real binary on a free port with the default model, spoken to
-//! over plain HTTP/1.1 (the Python `openai` and `ollama` clients are exercised by
+//! over plain HTTP/1.1 (the Python `openai`, `ollama` and `anthropic` clients are exercised by
 //! scripts/serve_clients.py, which `./x test` runs too).
 
 mod cli_support;
@@ -605,7 +605,7 @@ extern "C" {
 }
 
 #[test]
-fn the_openai_and_ollama_python_clients_work_unchanged() {
+fn the_openai_ollama_and_anthropic_python_clients_work_unchanged() {
     if through_qemu().is_some() {
         return; // the protocol is the same on every CPU: checked on the host tier
     }

@@ -58,6 +58,19 @@ impl ApiError {
         (self.status, [(header::CONTENT_TYPE, "application/json; charset=utf-8")], body).into_response()
     }
 
+    /// The error as Anthropic's API sends it: `{"type": "error", "error": {"type", "message"}}`.
+    pub fn anthropic(self) -> Response {
+        let kind = match self.status.as_u16() {
+            400 | 413 | 422 => "invalid_request_error",
+            401 => "authentication_error",
+            404 => "not_found_error",
+            503 => "overloaded_error",
+            _ => "api_error",
+        };
+        let body = json!({ "type": "error", "error": { "type": kind, "message": self.message } }).to_string();
+        (self.status, [(header::CONTENT_TYPE, "application/json; charset=utf-8")], body).into_response()
+    }
+
     pub fn body(&self) -> Value {
         let mut error = Map::new();
         error.insert("code".into(), json!(self.status.as_u16()));

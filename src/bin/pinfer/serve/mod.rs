@@ -11,6 +11,7 @@
 //! [`prompt`]: a chat request's prompt; [`tokens`]: text to ids and back; [`jobs`]: generations
 //! submitted to the engine and their events; [`api`]: what every endpoint shares.
 
+mod anthropic;
 mod api;
 mod jobs;
 mod ollama;

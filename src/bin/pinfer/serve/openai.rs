@@ -20,7 +20,7 @@ use pinfer::reasoning::{split, Markers, Piece, Splitter};
 use std::sync::{Arc, Mutex};
 
 /// A response id: a prefix, the process's start and a counter.
-fn response_id(prefix: &str) -> String {
+pub(super) fn response_id(prefix: &str) -> String {
     static NEXT: AtomicU64 = AtomicU64::new(1);
     format!("{prefix}-{:x}{:06x}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed))
 }
