@@ -199,8 +199,42 @@ def anthropic_checks(openai_text):
         check("robot" in str(e), f"anthropic error: {e}")
 
 
+def responses_checks(openai_text):
+    """OpenAI's Responses API through the real client: the chat route's greedy text whole and
+    streamed, a continuation by previous_response_id, a function call round trip."""
+    client = openai.OpenAI(base_url=f"{URL}/v1", api_key="unused", max_retries=0)
+    r = client.responses.create(model="m", input=MESSAGES[0]["content"], max_output_tokens=N, temperature=0)
+    check(r.output_text == openai_text, f"responses text {r.output_text!r} != {openai_text!r}")
+    check(r.status == "incomplete" and r.usage.output_tokens == N, f"responses: {r}")
+    with client.responses.stream(model="m", input=MESSAGES, max_output_tokens=N, temperature=0) as stream:
+        deltas = "".join(e.delta for e in stream if e.type == "response.output_text.delta")
+        final = stream.get_final_response()
+    check(deltas == openai_text and final.output_text == openai_text, f"responses stream {deltas!r}, {final}")
+    more = client.responses.create(model="m", previous_response_id=r.id, input="Go on.", max_output_tokens=N,
+                                   temperature=0)
+    check(more.output_text and more.usage.input_tokens > r.usage.input_tokens, f"previous_response_id: {more}")
+    try:
+        client.responses.create(model="m", previous_response_id="resp_nope", input="x", max_output_tokens=2)
+        check(False, "an unknown previous_response_id was accepted")
+    except openai.BadRequestError as e:
+        check("previous_response_id" in str(e), f"responses error: {e}")
+    tools = [{"type": "function", "name": "set_light", "description": "Switch a light on or off",
+              "parameters": {"type": "object", "properties": {"room": {"type": "string"}, "on": {"type": "boolean"}},
+                             "required": ["room", "on"]}}]
+    r = client.responses.create(model="m", input="Turn on the kitchen light.", tools=tools, tool_choice="required",
+                                parallel_tool_calls=False, max_output_tokens=60, temperature=0)
+    calls = [o for o in r.output if o.type == "function_call"]
+    check(len(calls) == 1 and calls[0].name == "set_light", f"responses call: {r}")
+    jsonschema.validate(json.loads(calls[0].arguments), tools[0]["parameters"])
+    back = client.responses.create(model="m", previous_response_id=r.id, tools=tools, max_output_tokens=N,
+                                   temperature=0, input=[{"type": "function_call_output", "call_id": calls[0].call_id,
+                                                          "output": "done"}])
+    check(back.status in ("completed", "incomplete") and back.output, f"responses after call: {back}")
+
+
 def main():
     text = openai_checks()
+    responses_checks(text)
     ollama_checks(text)
     anthropic_checks(text)
     structured_checks()

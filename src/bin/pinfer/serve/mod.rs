@@ -17,6 +17,7 @@ mod jobs;
 mod ollama;
 mod openai;
 mod prompt;
+mod responses;
 mod routes;
 mod slots;
 mod start;
@@ -105,6 +106,8 @@ pub struct Shared {
     pub in_flight: AtomicUsize,
     /// Set when the server stops: the engine cancels what still runs.
     pub stop: AtomicBool,
+    /// The Responses API's answered conversations (`previous_response_id`).
+    pub responses: responses::Kept,
 }
 
 /// The loaded model, as the handlers need it.

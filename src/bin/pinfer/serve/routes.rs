@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 use super::api::{json_response, read_json, unix_now, ApiError, Fields};
 use super::slots::{Request as EngineRequest, SlotAction, SlotDone};
 use super::tokens::{detokenize_text, encode_plain};
-use super::{anthropic, ollama, openai, AppState, State};
+use super::{anthropic, ollama, openai, responses, AppState, State};
 
 /// Every route, behind the API-key check.
 pub fn router(shared: AppState) -> Router {
@@ -37,6 +37,7 @@ pub fn router(shared: AppState) -> Router {
         .route("/slots", get(slots_list))
         .route("/slots/{id}", post(slot_action))
         .route("/metrics", get(metrics))
+        .route("/v1/responses", post(responses::create))
         .route("/v1/messages", post(anthropic::messages))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/api/chat", post(ollama::chat))

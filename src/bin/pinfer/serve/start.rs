@@ -91,6 +91,7 @@ pub fn run(args: ServeArgs) -> Result<(), CliError> {
         ready: OnceLock::new(),
         in_flight: AtomicUsize::new(0),
         stop: AtomicBool::new(false),
+        responses: Default::default(),
     });
 
     let addr: SocketAddr = format!("{}:{}", bracket_v6(&args.host), args.port)
