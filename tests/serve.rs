@@ -748,7 +748,14 @@ fn chats_render_through_the_model_s_jinja_template() {
     );
     let r = server.post("/apply-template", &json!({ "messages": user, "add_generation_prompt": false }));
     assert!(!r.json()["prompt"].as_str().unwrap().ends_with("assistant\n"), "{}", r.body);
-    assert_eq!(server.request("GET", "/props", None, &[]).json()["chat_template_name"], "jinja");
+    let props = server.request("GET", "/props", None, &[]).json();
+    assert_eq!(props["chat_template_name"], "jinja");
+    // SmolLM2's template writes a system message, and knows nothing of tools.
+    assert_eq!(
+        props["chat_template_caps"],
+        json!({ "supports_system_role": true, "supports_tools": false, "supports_tool_calls": false,
+                "supports_thinking": false })
+    );
     drop(server);
 
     let server = Server::start(&["--no-jinja"]);

@@ -23,11 +23,12 @@ use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-use pinfer::chat::{ChatError, ChatTemplate, Message, Role};
 use pinfer::engine::{graph_slots, EngineConfig, EngineError, GraphSlot, Model};
 use pinfer::generate::{Flow, GenerateError, Generator, Stop};
 use pinfer::gguf::Gguf;
+use pinfer::jinja::TemplateError;
 use pinfer::loader::ModelFile;
+use pinfer::prompt_format::{FormatChoice, FormatError, ModelTemplate, PromptFormat};
 use pinfer::sampler::{Candidate, Sampler, SamplerConfig};
 use pinfer::session::{Session, SessionError, SessionOptions};
 use pinfer::tokenizer::{OwnedTokenizer, TokError};
@@ -67,8 +68,9 @@ pub struct PinferModel {
     gguf: Gguf<'static>,
     /// Its tables are its own, freed with it.
     tokenizer: OwnedTokenizer,
-    /// Its chat format, or why pinfer cannot render its template (pinfer_chat_apply says it).
-    template: Result<ChatTemplate, ChatError>,
+    /// Its chat format (its own template run as Jinja, as the CLI and the server run it), or why
+    /// pinfer cannot render its template (pinfer_chat_apply says it).
+    template: Result<PromptFormat, FormatError>,
     contexts: AtomicUsize,
 }
 
@@ -429,7 +431,19 @@ fn open_model(file: ModelFile) -> Result<*mut PinferModel, Failure> {
         pinfer::model::HParams::from_gguf(&gguf).map_err(|e| fail(PinferStatus::ErrModel, e))?;
         let tokenizer = OwnedTokenizer::new(&gguf).map_err(|e| fail(PinferStatus::ErrModel, e))?;
         let template_text = gguf.get_str_opt("tokenizer.chat_template").ok().flatten();
-        let template = ChatTemplate::for_model(None, template_text);
+        let token = |id: Option<u32>| {
+            id.and_then(|id| tokenizer.token_text(id).ok())
+                .map(|b| String::from_utf8_lossy(b).into_owned())
+                .unwrap_or_default()
+        };
+        let (bos, eos) = (token(tokenizer.bos()), token(tokenizer.eos()));
+        let model = ModelTemplate {
+            text: template_text,
+            bos_token: &bos,
+            eos_token: &eos,
+            adds_bos: tokenizer.add_bos(),
+        };
+        let template = PromptFormat::choose(FormatChoice::default(), model);
         Ok(PinferModel { file, gguf, tokenizer, template, contexts: AtomicUsize::new(0) })
     })();
     match built {
@@ -784,7 +798,8 @@ pub unsafe extern "C" fn pinfer_token_is_eog(
     })
 }
 
-/// Writes a conversation as the model's chat format (its template, recognised as llama.cpp does),
+/// Writes a conversation as the model's chat format (its own template run as Jinja, as the CLI
+/// and the server run it; a model without one gets ChatML),
 /// ending with the assistant's opening when `add_generation_prompt`. Lengths as
 /// pinfer_detokenize; the text is not NUL-terminated.
 #[no_mangle]
@@ -805,26 +820,29 @@ pub unsafe extern "C" fn pinfer_chat_apply(
         let buf = slice_mut(text.cast::<u8>(), capacity, "text")?;
         let template = m
             .template
+            .as_ref()
             .map_err(|e| fail(PinferStatus::ErrModel, format!("the model's chat template: {e}")))?;
         let given = slice(messages, n_messages, "messages")?;
         let mut list = Vec::with_capacity(given.len());
         for (i, msg) in given.iter().enumerate() {
             let role = match c_str(msg.role, &format!("messages[{i}].role"))? {
-                "system" => Role::System,
-                "user" => Role::User,
-                "assistant" => Role::Assistant,
+                role @ ("system" | "user" | "assistant") => role,
                 other => {
                     return Err(argument(format!(
                         "messages[{i}].role is {other:?}: system, user or assistant"
                     )))
                 }
             };
-            list.push(Message { role, content: c_str(msg.content, &format!("messages[{i}].content"))? });
+            let content = c_str(msg.content, &format!("messages[{i}].content"))?;
+            list.push(serde_json::json!({ "role": role, "content": content }));
         }
-        let mut rendered = String::new();
-        template
-            .render(&list, add_generation_prompt != 0, &mut rendered)
-            .map_err(|e| fail(PinferStatus::ErrInternal, e))?;
+        // A template's own refusal of the conversation is the caller's to fix.
+        let rendered = template
+            .render(&serde_json::Value::Array(list), None, add_generation_prompt != 0, None)
+            .map_err(|e| match e {
+                FormatError::Template(TemplateError::Raised(_)) => argument(e.to_string()),
+                e => fail(PinferStatus::ErrModel, e),
+            })?;
         *text_len = rendered.len();
         let Some(dst) = buf.get_mut(..rendered.len()) else {
             return Err(fail(

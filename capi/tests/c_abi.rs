@@ -535,13 +535,13 @@ fn bad_arguments_and_call_order_get_a_status_and_a_message() {
         let mut eog: c_int = 0;
         expect(pinfer_token_is_eog(model, 1 << 30, &mut eog, e.ptr(), 256), &e, s, "vocabulary");
 
-        // Chat: a bad role, then the ChatML text SmolLM2's template gives.
+        // Chat: a bad role, then the text SmolLM2's own template gives (its default system message).
         let role = std::ffi::CString::new("robot").unwrap();
         let content = std::ffi::CString::new("hi").unwrap();
         let msgs = [PinferChatMessage { role: role.as_ptr(), content: content.as_ptr() }];
-        let mut buf = [0 as c_char; 256];
+        let mut buf = [0 as c_char; 512];
         expect(
-            pinfer_chat_apply(model, msgs.as_ptr(), 1, 1, buf.as_mut_ptr(), 256, &mut n, e.ptr(), 256),
+            pinfer_chat_apply(model, msgs.as_ptr(), 1, 1, buf.as_mut_ptr(), 512, &mut n, e.ptr(), 256),
             &e,
             s,
             "robot",
@@ -549,13 +549,17 @@ fn bad_arguments_and_call_order_get_a_status_and_a_message() {
         let user = std::ffi::CString::new("user").unwrap();
         let msgs = [PinferChatMessage { role: user.as_ptr(), content: content.as_ptr() }];
         expect(
-            pinfer_chat_apply(model, msgs.as_ptr(), 1, 1, buf.as_mut_ptr(), 256, &mut n, e.ptr(), 256),
+            pinfer_chat_apply(model, msgs.as_ptr(), 1, 1, buf.as_mut_ptr(), 512, &mut n, e.ptr(), 256),
             &e,
             ok,
             "",
         );
         let rendered = std::str::from_utf8(std::slice::from_raw_parts(buf.as_ptr().cast::<u8>(), n)).unwrap();
-        assert_eq!(rendered, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+        assert_eq!(
+            rendered,
+            "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n\
+             <|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+        );
 
         // Sampler: bad parameters; sampling before a decode.
         let mut sp = std::mem::zeroed::<PinferSamplerParams>();

@@ -184,6 +184,27 @@ fn settings(state: &State<'_>) -> Value {
     })
 }
 
+/// What the chat template supports, found by rendering probes (as llama-server's
+/// `chat_template_caps`): tools (a tool's name reaches the prompt), a system role (its text does),
+/// tool calls, and thinking (the template teaches reasoning markers).
+fn template_caps(state: &State<'_>) -> Value {
+    let format = &state.ready.format;
+    let renders = |messages: Value, tools: Option<Value>, needle: &str| {
+        format.render(&messages, tools.as_ref(), true, None).is_ok_and(|text| text.contains(needle))
+    };
+    let user = json!({ "role": "user", "content": "hi" });
+    let tool = json!([{ "type": "function", "function": { "name": "probe_tool_x", "description": "",
+                        "parameters": { "type": "object", "properties": {} } } }]);
+    let call = json!({ "role": "assistant", "content": "", "tool_calls": [
+        { "id": "c1", "type": "function", "function": { "name": "probe_call_y", "arguments": {} } }] });
+    json!({
+        "supports_system_role": renders(json!([{ "role": "system", "content": "probe_system_z" }, user]), None, "probe_system_z"),
+        "supports_tools": renders(json!([user]), Some(tool.clone()), "probe_tool_x"),
+        "supports_tool_calls": renders(json!([user, call]), Some(tool), "probe_call_y"),
+        "supports_thinking": state.ready.reasoning.is_some(),
+    })
+}
+
 async fn props(AxState(shared): AxState<AppState>) -> Result<Response, ApiError> {
     let state = shared.state()?;
     Ok(json_response(&json!({
@@ -193,6 +214,7 @@ async fn props(AxState(shared): AxState<AppState>) -> Result<Response, ApiError>
         "model_alias": shared.model_name,
         "chat_template": state.ready.chat_template_text.clone().unwrap_or_default(),
         "chat_template_name": state.ready.format.name(),
+        "chat_template_caps": template_caps(&state),
         "build_info": format!("pinfer {}", pinfer::VERSION),
         "modalities": { "vision": false, "audio": false },
     })))
