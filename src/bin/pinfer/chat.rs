@@ -5,9 +5,11 @@ use std::path::Path;
 
 use pinfer::chat::{ChatTemplate, Role};
 use pinfer::engine::EngineError;
+use pinfer::generate::Flow;
 use pinfer::generate::{Generator, Stop};
 use pinfer::gguf::Gguf;
 use pinfer::prompt_format::{FormatChoice, ModelTemplate, PromptFormat};
+use pinfer::reasoning::{Markers, Piece, Splitter};
 use pinfer::session::SessionError;
 use pinfer::tokenizer::Tokenizer;
 use serde_json::{json, Map, Value};
@@ -86,6 +88,15 @@ pub(crate) fn prompt_format(
     })
 }
 
+/// A piece of a reply split into reasoning (dimmed: the terminal shows it apart) and answer,
+/// printed. (Not on a terminal, the reply is printed as the model wrote it.)
+fn print_reasoned(check: &mut CacheCheck, piece: &Piece) -> Result<Flow, CliError> {
+    if !piece.reasoning.is_empty() {
+        out!("\x1b[2m{}\x1b[0m", piece.reasoning)?;
+    }
+    print_piece(check, &piece.content)
+}
+
 /// `--chat-template-kwargs`: a JSON object of extra template variables; `--reasoning-budget 0`
 /// adds `enable_thinking: false` unless they set it.
 pub(crate) fn template_kwargs(args: &GenArgs) -> Result<Map<String, Value>, CliError> {
@@ -153,6 +164,10 @@ pub fn chat(args: GenArgs) -> Result<(), CliError> {
         path.display(),
         format.name()
     );
+    let markers = (args.reasoning_format != "none")
+        .then(|| format.jinja_source().and_then(Markers::of_template))
+        .flatten();
+    let dim = std::io::IsTerminal::is_terminal(&std::io::stdout());
     let mut pending = first;
     let stdin = std::io::stdin();
     loop {
@@ -178,13 +193,13 @@ pub fn chat(args: GenArgs) -> Result<(), CliError> {
             break;
         }
         turns.push((Role::User, line));
-        let render = |turns: &[(Role, String)]| -> Result<Vec<u32>, CliError> {
+        let render = |turns: &[(Role, String)]| -> Result<(Vec<u32>, String), CliError> {
             let rendered = format
                 .render(&messages_json(turns), None, true, Some(&kwargs))
                 .map_err(|e| CliError::new(e.to_string()))?;
-            encode(&tok, &rendered, true)
+            Ok((encode(&tok, &rendered, true)?, rendered))
         };
-        let mut tokens = render(&turns)?;
+        let (mut tokens, mut rendered) = render(&turns)?;
         if gen.context_shift.is_some() {
             // A context shift between turns drops the oldest exchanges (the system message
             // stays) until the conversation leaves a quarter of the context for the reply;
@@ -204,7 +219,7 @@ pub fn chat(args: GenArgs) -> Result<(), CliError> {
                     turns.remove(first);
                     dropped += 1;
                 }
-                tokens = render(&turns)?;
+                (tokens, rendered) = render(&turns)?;
             }
             if dropped > 0 {
                 errln!(
@@ -242,6 +257,9 @@ pub fn chat(args: GenArgs) -> Result<(), CliError> {
         }
         cached.extend_from_slice(&tokens[keep..]);
         let mut reply = String::new();
+        // A thinking model's reasoning is shown dimmed on a terminal and kept out of the
+        // conversation's history (the answer alone is the assistant's turn).
+        let mut splitter = markers.map(|m| Splitter::new(m, m.opened_by(&rendered)));
         // Every reply matches the grammar, from its start.
         if let Some(spec) = &grammar {
             gen.set_constraint(Some(crate::grammar_args::compile(spec, &tok, &mut vocab)?));
@@ -249,12 +267,29 @@ pub fn chat(args: GenArgs) -> Result<(), CliError> {
         let stop = if take_interrupt() {
             Stop::Cancelled
         } else {
-            gen.run(&mut session, &mut cached, limit, |text| {
-                reply.push_str(text);
-                print_piece(&mut check, text)
+            gen.run(&mut session, &mut cached, limit, |text| match splitter.as_mut() {
+                Some(s) => {
+                    let piece = s.push(text);
+                    reply.push_str(&piece.content);
+                    if dim {
+                        print_reasoned(&mut check, &piece)
+                    } else {
+                        print_piece(&mut check, text) // (markers and all, as the model wrote it)
+                    }
+                }
+                None => {
+                    reply.push_str(text);
+                    print_piece(&mut check, text)
+                }
             })
             .map_err(gen_error)?
         };
+        if let Some(piece) = splitter.as_mut().map(Splitter::finish) {
+            reply.push_str(&piece.content);
+            if dim {
+                print_reasoned(&mut check, &piece)?;
+            }
+        }
         drop(polled);
         outln!()?;
         match stop {
