@@ -872,3 +872,30 @@ fn required_tool_calls_in_every_family_s_syntax() {
         assert_eq!(r.json()["choices"][0]["finish_reason"], "tool_calls", "{family}");
     }
 }
+
+/// Conversations a template cannot take are 400s with the reason, on every chat route, and a
+/// 10 MB message is refused (beyond the body limit, or the context), never a crash: the server
+/// keeps serving.
+#[test]
+fn chat_messages_templates_cannot_take_are_refused() {
+    let server = Server::start(&[]);
+    let bad = [
+        json!([{ "content": "no role" }]),
+        json!([{ "role": "user", "content": 5 }]),
+        json!([{ "role": "wizard", "content": "x" }]),
+        json!([{ "role": "user", "content": [{ "type": "image_url", "image_url": { "url": "x" } }] }]),
+        json!("not a list"),
+    ];
+    for messages in bad {
+        for route in ["/v1/chat/completions", "/apply-template", "/api/chat"] {
+            let r = server.post(route, &json!({ "model": "m", "messages": messages, "stream": false }));
+            assert_eq!(r.status, 400, "{route} {messages}: {}", r.body);
+        }
+        let r = server.post("/v1/messages", &json!({ "max_tokens": 4, "messages": messages }));
+        assert_eq!(r.status, 400, "/v1/messages {messages}: {}", r.body);
+    }
+    let huge = "word ".repeat(2_000_000);
+    let r = server.post("/v1/chat/completions", &json!({ "messages": [{ "role": "user", "content": huge }] }));
+    assert!(matches!(r.status, 400 | 413), "{}", &r.body[..r.body.len().min(300)]);
+    assert_eq!(server.request("GET", "/health", None, &[]).status, 200);
+}
