@@ -263,3 +263,115 @@ fn render_cost() {
         source.len()
     );
 }
+
+/// A deterministic fuzz: llama.cpp's real templates cut, spliced and mutated at random, and
+/// templates assembled from random Jinja pieces, each compiled and rendered against random
+/// conversations. Every one must end in a text or an error, never a panic, and quickly (the
+/// budgets bound each render). (`scripts/fuzz.sh` runs coverage-guided fuzzing of the GGUF
+/// parser; this covers the template side in every test run.)
+#[test]
+fn random_and_mutated_templates_never_panic() {
+    let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    let sources: Vec<String> = std::fs::read_dir(templates_dir())
+        .expect("templates")
+        .map(|e| std::fs::read_to_string(e.expect("entry").path()).expect("template"))
+        .collect();
+    const PIECES: [&str; 24] = [
+        "{{ messages[0].content }}",
+        "{% for m in messages %}[{{ m.role }}]{% endfor %}",
+        "{% if tools %}{{ tools | tojson(indent=2) }}{% endif %}",
+        "{{ messages | length }}",
+        "{{ messages[-1]['content'].strip().split(' ') | join('|') }}",
+        "{% set ns = namespace(n=0) %}{% for m in messages %}{% set ns.n = ns.n + 1 %}{% endfor %}{{ ns.n }}",
+        "{{ raise_exception('no') }}",
+        "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}",
+        "{{ (messages | map(attribute='role') | list)[1:] }}",
+        "{{ messages[0].get('content', 'x') | upper }}",
+        "{% for k, v in messages[0].items() %}{{ k }}={{ v }}{% endfor %}",
+        "{{ 'a' * 100000 }}",
+        "{{ strftime_now('%Y %B %A %j') }}",
+        "{% generation %}{{ eos_token }}{% endgeneration %}",
+        "{{ bos_token ~ (add_generation_prompt | string) }}",
+        "{% for i in range(1000) %}{% for j in range(1000) %}{% endfor %}{% endfor %}",
+        "{{ messages[0].content[::-1] }}",
+        "{{ undefined_thing.attr }}",
+        "{{ none | tojson }}{{ [1, 2.5, true] }}",
+        "{% if messages[0].content is string and messages[0].content.startswith('H') %}y{% endif %}",
+        "{{ messages | selectattr('role', 'equalto', 'user') | list | length }}",
+        "{% for m in messages %}{% if loop.first %}{{ loop.index }}{% break %}{% endif %}{% endfor %}",
+        "{{ {'a': {'b': [1, {'c': none}]}} | tojson(sort_keys=true, separators=(',', ':')) }}",
+        "{%- if x -%}{{- y -}}{%- endif -%}",
+    ];
+    let conversations = [
+        serde_json::json!([{"role": "user", "content": "Hi"}]),
+        serde_json::json!([{"role": "system", "content": ""}, {"role": "user", "content": "é ü 世界"}, {"role": "assistant", "content": "x", "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": {"a": [1, null]}}}]}]),
+        serde_json::json!([]),
+        serde_json::json!([{"role": "tool", "content": {"nested": [1, 2]}}, {"content": null}]),
+    ];
+    let tools = serde_json::json!([{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]);
+    let (mut runs, mut compiled, mut rendered) = (0, 0, 0);
+    let started = std::time::Instant::now();
+    for i in 0..400 {
+        let source: String = if i % 2 == 0 {
+            // A real template mutated: a cut, a splice of another, a few bytes changed.
+            let mut s = sources[next() as usize % sources.len()].clone().into_bytes();
+            let other = sources[next() as usize % sources.len()].as_bytes();
+            for _ in 0..(next() % 4) {
+                let at = next() as usize % (s.len() + 1);
+                match next() % 4 {
+                    0 => s.truncate(at),
+                    1 => {
+                        let from = next() as usize % (other.len() + 1);
+                        let len = (next() as usize % 200).min(other.len() - from);
+                        s.splice(at..at, other[from..from + len].iter().copied());
+                    }
+                    2 if at < s.len() => s[at] = b"{}%#-()[]'\"|.~ \n"[next() as usize % 16],
+                    _ => {
+                        let end = (at + next() as usize % 50).min(s.len());
+                        s.drain(at..end);
+                    }
+                }
+            }
+            String::from_utf8_lossy(&s).into_owned()
+        } else {
+            (0..1 + next() % 5).map(|_| PIECES[next() as usize % PIECES.len()]).collect()
+        };
+        runs += 1;
+        let outcome = std::panic::catch_unwind(|| {
+            let Ok(template) = JinjaTemplate::compile(&source, "<s>", "</s>") else { return (false, 0) };
+            let mut ok = 0;
+            for (c, messages) in conversations.iter().enumerate() {
+                let conversation = Conversation {
+                    messages,
+                    tools: (c % 2 == 1).then_some(&tools),
+                    documents: None,
+                    add_generation_prompt: c % 2 == 0,
+                    kwargs: None,
+                };
+                ok += usize::from(template.render_at(&conversation, GOLDEN_CLOCK).is_ok());
+            }
+            (true, ok)
+        });
+        match outcome {
+            Ok((c, ok)) => {
+                compiled += usize::from(c);
+                rendered += ok;
+            }
+            Err(_) => panic!("a template panicked the renderer:\n{source}"),
+        }
+    }
+    println!(
+        "{runs} templates ({compiled} compiled, {rendered} renders succeeded) in {:?}",
+        started.elapsed()
+    );
+    assert!(
+        compiled > 100 && rendered > 100,
+        "the fuzz barely ran: {compiled} compiled, {rendered} rendered"
+    );
+}

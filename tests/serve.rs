@@ -895,7 +895,8 @@ fn chat_messages_templates_cannot_take_are_refused() {
         assert_eq!(r.status, 400, "/v1/messages {messages}: {}", r.body);
     }
     let huge = "word ".repeat(2_000_000);
-    let r = server.post("/v1/chat/completions", &json!({ "messages": [{ "role": "user", "content": huge }] }));
+    let r =
+        server.post("/v1/chat/completions", &json!({ "messages": [{ "role": "user", "content": huge }] }));
     assert!(matches!(r.status, 400 | 413), "{}", &r.body[..r.body.len().min(300)]);
     assert_eq!(server.request("GET", "/health", None, &[]).status, 200);
 }
