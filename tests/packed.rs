@@ -17,10 +17,10 @@ use pinfer::kernels::packed::{
     act_row_bytes, can_pack, dequantize_packed_row, matmul_ref, pack, packed_bytes, q4k_scales,
     quantize_act_ref, ActBlock, PackedFormat, PackedMatrix, BLOCK, Q4K_SCALE_BYTES,
 };
-use pinfer::kernels::widen::{
-    q4k_scales as q4k_decode, q4k_scales_ref, widen, widen_ref, CHUNK_BLOCKS, CHUNK_GROUPS, Q4K_WIDE_UNIT,
+use pinfer::kernels::widen::{q4k_scales_ref, widen_ref, CHUNK_BLOCKS, CHUNK_GROUPS, Q4K_WIDE_UNIT};
+use pinfer::kernels::{
+    decode_q4k_scales as q4k_decode, packed_matmul, quantize_act, widen_blocks as widen, KernelPath,
 };
-use pinfer::kernels::{packed_matmul, quantize_act, KernelPath};
 use pinfer::quant::{dequantize_row_ref, GgmlType};
 
 struct Rng(u64);

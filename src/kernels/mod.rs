@@ -8,6 +8,8 @@ pub mod reference;
 pub mod attn_tile;
 pub mod dot;
 pub mod kv_attn;
+pub mod layout;
+pub mod matmul;
 pub mod packed;
 pub mod widen;
 
@@ -155,8 +157,9 @@ fn has_vnni() -> bool {
     false
 }
 
-/// Packed matmul on `path` (see [`packed::matmul_ref`] for the contract). A path this CPU lacks
-/// runs the reference.
+/// Packed matmul on `path` (see [`packed::matmul_ref`] for the contract), the kernel looked up
+/// in [`matmul::MatmulKernel::new`]'s table on each call (the executor looks it up once per bound
+/// graph). A path this CPU lacks runs the reference.
 pub fn packed_matmul(
     path: KernelPath,
     w: &PackedMatrix<'_>,
@@ -164,30 +167,64 @@ pub fn packed_matmul(
     acts: &[&[ActBlock]],
     outs: &mut [&mut [f32]],
 ) {
+    matmul::MatmulKernel::new(w.format, path).run(w, groups, acts, outs)
+}
+
+/// [`widen::widen_ref`] on `path` (same bytes on every path): the widening step of the NEON
+/// matmul kernels.
+pub fn widen_blocks(
+    path: KernelPath,
+    w: &PackedMatrix<'_>,
+    g: usize,
+    blocks: Range<usize>,
+    quants: &mut [u8],
+    scales: &mut [u8],
+) {
     match path {
         #[cfg(target_arch = "aarch64")]
-        KernelPath::Neon => neon::matmul(w, groups, acts, outs),
+        KernelPath::Neon | KernelPath::NeonDotprod | KernelPath::NeonFp16 => match w.format {
+            packed::PackedFormat::Q6K => neon::widen_q6k(w, g, blocks, quants, scales),
+            packed::PackedFormat::Q5 | packed::PackedFormat::Q5Min | packed::PackedFormat::Q5K => {
+                neon::widen_q5(w, g, blocks, quants, scales)
+            }
+            packed::PackedFormat::Q4
+            | packed::PackedFormat::Q4Min
+            | packed::PackedFormat::Q8
+            | packed::PackedFormat::Q8Min
+            | packed::PackedFormat::Q8Sub16
+            | packed::PackedFormat::Q4K => widen::widen_ref(w, g, blocks, quants, scales),
+        },
+        #[cfg(not(target_arch = "aarch64"))]
+        KernelPath::Neon | KernelPath::NeonDotprod | KernelPath::NeonFp16 => {
+            widen::widen_ref(w, g, blocks, quants, scales)
+        }
+        KernelPath::Reference | KernelPath::Avx2 | KernelPath::Avx2Vnni => {
+            widen::widen_ref(w, g, blocks, quants, scales)
+        }
+    }
+}
+
+/// [`widen::q4k_scales_ref`] on `path` (the same bytes on every path): the scale-decoding step
+/// of the NEON matmul kernels (x86 decodes inside its passes, with the same function).
+pub fn decode_q4k_scales(path: KernelPath, units: &[u8], out: &mut [u8]) {
+    match path {
         #[cfg(target_arch = "aarch64")]
-        KernelPath::NeonFp16 if has_dotprod() && has_fp16() => {
-            // SAFETY: the CPU has dotprod and FEAT_FP16 (checked on this line).
-            unsafe { neon::matmul_dotprod(w, groups, acts, outs, true) }
+        KernelPath::NeonFp16 if KernelPath::NeonFp16.is_available() => {
+            // SAFETY: the CPU has FEAT_FP16 (checked on this line).
+            unsafe { neon::q4k_scales_fp16(units, out) }
         }
         #[cfg(target_arch = "aarch64")]
-        KernelPath::NeonDotprod | KernelPath::NeonFp16 if has_dotprod() => {
-            // SAFETY: the CPU has dotprod (checked on this line).
-            unsafe { neon::matmul_dotprod(w, groups, acts, outs, false) }
-        }
-        #[cfg(target_arch = "x86_64")]
-        KernelPath::Avx2Vnni if has_avx2() && has_vnni() => {
-            // SAFETY: the CPU has AVX2, FMA, F16C and AVX512-VNNI/VL (checked on this line).
-            unsafe { x86::matmul_avx2(w, groups, acts, outs, true) }
+        KernelPath::Neon | KernelPath::NeonDotprod | KernelPath::NeonFp16 => neon::q4k_scales(units, out),
+        #[cfg(not(target_arch = "aarch64"))]
+        KernelPath::Neon | KernelPath::NeonDotprod | KernelPath::NeonFp16 => {
+            widen::q4k_scales_ref(units, out)
         }
         #[cfg(target_arch = "x86_64")]
         KernelPath::Avx2 | KernelPath::Avx2Vnni if has_avx2() => {
             // SAFETY: the CPU has AVX2, FMA and F16C (checked on this line).
-            unsafe { x86::matmul_avx2(w, groups, acts, outs, false) }
+            unsafe { x86::q4k_scales(units, out) }
         }
-        _ => packed::matmul_ref(w, groups, acts, outs),
+        KernelPath::Reference | KernelPath::Avx2 | KernelPath::Avx2Vnni => widen::q4k_scales_ref(units, out),
     }
 }
 

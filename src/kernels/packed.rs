@@ -208,6 +208,22 @@ impl PackedFormat {
         }
     }
 
+    /// Whether each 16-element half of a block has its own scale (Q8Sub16's second `d[4]`, Q6K's
+    /// sub-block scales).
+    pub const fn has_sub16(self) -> bool {
+        match self {
+            Self::Q8Sub16 | Self::Q6K => true,
+            Self::Q4
+            | Self::Q4Min
+            | Self::Q8
+            | Self::Q8Min
+            | Self::Q4K
+            | Self::Q5
+            | Self::Q5Min
+            | Self::Q5K => false,
+        }
+    }
+
     /// Short name for reports.
     pub const fn name(self) -> &'static str {
         match self {
