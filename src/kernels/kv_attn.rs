@@ -19,7 +19,7 @@
 
 use core::ops::Range;
 
-use super::{KernelPath, RowSoftmax};
+use super::{Isa, KernelPath, RowSoftmax};
 use crate::quant::traits::{DequantizeFn, QuantizeFn, VecDotFn};
 use crate::quant::GgmlType;
 
@@ -80,16 +80,16 @@ impl KvOps {
     /// exponentials its own way).
     pub fn new(path: KernelPath, k: GgmlType, v: GgmlType) -> Option<Self> {
         let mut ops = Self::reference(k, v)?;
-        match path {
+        ops.simd = match path.isa() {
+            Isa::Scalar => None,
             #[cfg(target_arch = "aarch64")]
-            KernelPath::Neon | KernelPath::NeonDotprod | KernelPath::NeonFp16 => {
+            Isa::Neon => {
                 let dotprod = path != KernelPath::Neon && super::has_dotprod();
-                ops.simd = Some(if dotprod { Simd::NeonDotprod } else { Simd::Neon });
+                Some(if dotprod { Simd::NeonDotprod } else { Simd::Neon })
             }
             #[cfg(target_arch = "x86_64")]
-            KernelPath::Avx2 | KernelPath::Avx2Vnni if super::has_avx2() => ops.simd = Some(Simd::Avx2),
-            _ => {}
-        }
+            Isa::Avx2 => Some(Simd::Avx2),
+        };
         Some(ops)
     }
 
@@ -255,7 +255,7 @@ pub fn flash_attn_rows_typed<'k>(
             // SAFETY: `KvOps::new` chose NeonDotprod after checking that the CPU has FEAT_DotProd.
             unsafe { super::neon::kv_attend_dotprod(ops, &a, key, value, acc, vals) }
         }
-        _ => {
+        None => {
             let (dot, widen) = (ops.dot, ops.widen);
             attend(
                 &a,

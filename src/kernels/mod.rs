@@ -107,6 +107,38 @@ impl KernelPath {
     }
 }
 
+/// The instruction set a path's SIMD kernels run on when this CPU has it, else the scalar twins:
+/// what every dispatch below matches on (a variant exists only on its architecture, so each
+/// match is exhaustive on every target without a catch-all).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Isa {
+    /// The portable scalar twins.
+    Scalar,
+    /// aarch64 NEON (in the baseline: every aarch64 CPU has it).
+    #[cfg(target_arch = "aarch64")]
+    Neon,
+    /// x86_64 AVX2 + FMA + F16C, checked on this CPU when the value is made.
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+}
+
+impl KernelPath {
+    /// The instruction set this path's kernels run on here: a path of another architecture, or
+    /// one whose features this CPU lacks, runs the scalar twins.
+    pub(crate) fn isa(self) -> Isa {
+        match self {
+            Self::Reference => Isa::Scalar,
+            #[cfg(target_arch = "aarch64")]
+            Self::Neon | Self::NeonDotprod | Self::NeonFp16 => Isa::Neon,
+            #[cfg(not(target_arch = "aarch64"))]
+            Self::Neon | Self::NeonDotprod | Self::NeonFp16 => Isa::Scalar,
+            #[cfg(target_arch = "x86_64")]
+            Self::Avx2 | Self::Avx2Vnni if has_avx2() => Isa::Avx2,
+            Self::Avx2 | Self::Avx2Vnni => Isa::Scalar,
+        }
+    }
+}
+
 #[cfg(all(target_arch = "aarch64", feature = "std"))]
 fn has_dotprod() -> bool {
     std::arch::is_aarch64_feature_detected!("dotprod")
@@ -180,9 +212,9 @@ pub fn widen_blocks(
     quants: &mut [u8],
     scales: &mut [u8],
 ) {
-    match path {
+    match path.isa() {
         #[cfg(target_arch = "aarch64")]
-        KernelPath::Neon | KernelPath::NeonDotprod | KernelPath::NeonFp16 => match w.format {
+        Isa::Neon => match w.format {
             packed::PackedFormat::Q6K => neon::widen_q6k(w, g, blocks, quants, scales),
             packed::PackedFormat::Q5 | packed::PackedFormat::Q5Min | packed::PackedFormat::Q5K => {
                 neon::widen_q5(w, g, blocks, quants, scales)
@@ -194,81 +226,74 @@ pub fn widen_blocks(
             | packed::PackedFormat::Q8Sub16
             | packed::PackedFormat::Q4K => widen::widen_ref(w, g, blocks, quants, scales),
         },
-        #[cfg(not(target_arch = "aarch64"))]
-        KernelPath::Neon | KernelPath::NeonDotprod | KernelPath::NeonFp16 => {
-            widen::widen_ref(w, g, blocks, quants, scales)
-        }
-        KernelPath::Reference | KernelPath::Avx2 | KernelPath::Avx2Vnni => {
-            widen::widen_ref(w, g, blocks, quants, scales)
-        }
+        // (x86 unpacks the narrow layouts in registers: nothing is widened there.)
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => widen::widen_ref(w, g, blocks, quants, scales),
+        Isa::Scalar => widen::widen_ref(w, g, blocks, quants, scales),
     }
 }
 
 /// [`widen::q4k_scales_ref`] on `path` (the same bytes on every path): the scale-decoding step
 /// of the NEON matmul kernels (x86 decodes inside its passes, with the same function).
 pub fn decode_q4k_scales(path: KernelPath, units: &[u8], out: &mut [u8]) {
-    match path {
+    match path.isa() {
         #[cfg(target_arch = "aarch64")]
-        KernelPath::NeonFp16 if KernelPath::NeonFp16.is_available() => {
+        Isa::Neon if KernelPath::NeonFp16.is_available() && path == KernelPath::NeonFp16 => {
             // SAFETY: the CPU has FEAT_FP16 (checked on this line).
             unsafe { neon::q4k_scales_fp16(units, out) }
         }
         #[cfg(target_arch = "aarch64")]
-        KernelPath::Neon | KernelPath::NeonDotprod | KernelPath::NeonFp16 => neon::q4k_scales(units, out),
-        #[cfg(not(target_arch = "aarch64"))]
-        KernelPath::Neon | KernelPath::NeonDotprod | KernelPath::NeonFp16 => {
-            widen::q4k_scales_ref(units, out)
-        }
+        Isa::Neon => neon::q4k_scales(units, out),
         #[cfg(target_arch = "x86_64")]
-        KernelPath::Avx2 | KernelPath::Avx2Vnni if has_avx2() => {
-            // SAFETY: the CPU has AVX2, FMA and F16C (checked on this line).
+        Isa::Avx2 => {
+            // SAFETY: the CPU has AVX2, FMA and F16C (`Isa::Avx2`).
             unsafe { x86::q4k_scales(units, out) }
         }
-        KernelPath::Reference | KernelPath::Avx2 | KernelPath::Avx2Vnni => widen::q4k_scales_ref(units, out),
+        Isa::Scalar => widen::q4k_scales_ref(units, out),
     }
 }
 
 /// Activation quantization on `path` (see [`packed::quantize_act_ref`]); every path gives the same
 /// bytes.
 pub fn quantize_act(path: KernelPath, x: &[f32], out: &mut [ActBlock]) {
-    match path {
+    match path.isa() {
+        Isa::Scalar => packed::quantize_act_ref(x, out),
         #[cfg(target_arch = "aarch64")]
-        KernelPath::Neon | KernelPath::NeonDotprod | KernelPath::NeonFp16 => neon::quantize_act(x, out),
+        Isa::Neon => neon::quantize_act(x, out),
         #[cfg(target_arch = "x86_64")]
-        KernelPath::Avx2 | KernelPath::Avx2Vnni if has_avx2() => {
-            // SAFETY: the CPU has AVX2, FMA and F16C (checked on this line).
+        Isa::Avx2 => {
+            // SAFETY: the CPU has AVX2, FMA and F16C (`Isa::Avx2`).
             unsafe { x86::quantize_act_avx2(x, out) }
         }
-        _ => packed::quantize_act_ref(x, out),
     }
 }
 
 /// RMS norm on `path` (see [`reference::rms_norm_ref`]).
 pub fn rms_norm(path: KernelPath, x: &[f32], out: &mut [f32], eps: f32) {
-    match path {
+    match path.isa() {
+        Isa::Scalar => reference::rms_norm_ref(x, out, eps),
         #[cfg(target_arch = "aarch64")]
-        KernelPath::Neon | KernelPath::NeonDotprod | KernelPath::NeonFp16 => neon::rms_norm(x, out, eps),
+        Isa::Neon => neon::rms_norm(x, out, eps),
         #[cfg(target_arch = "x86_64")]
-        KernelPath::Avx2 | KernelPath::Avx2Vnni if has_avx2() => {
-            // SAFETY: the CPU has AVX2, FMA and F16C (checked on this line).
+        Isa::Avx2 => {
+            // SAFETY: the CPU has AVX2, FMA and F16C (`Isa::Avx2`).
             unsafe { x86::rms_norm_avx2(x, out, eps) }
         }
-        _ => reference::rms_norm_ref(x, out, eps),
     }
 }
 
 /// f16 dot product of a matmul on f16 weights on `path` (see [`dot::vec_dot_f16_lanes`], its
 /// twin [`reference::vec_dot_f16_ggml_ref`]).
 pub fn dot_f16(path: KernelPath, x: &[F16Le], y: &[F16Le]) -> f32 {
-    match path {
+    match path.isa() {
+        Isa::Scalar => dot::vec_dot_f16_lanes(x, y),
+        #[cfg(target_arch = "aarch64")]
+        Isa::Neon => neon::dot_f16(x, y),
         #[cfg(target_arch = "x86_64")]
-        KernelPath::Avx2 | KernelPath::Avx2Vnni if has_avx2() => {
-            // SAFETY: the CPU has AVX2, FMA and F16C (checked on this line).
+        Isa::Avx2 => {
+            // SAFETY: the CPU has AVX2, FMA and F16C (`Isa::Avx2`).
             unsafe { x86::dot_f16_avx2(x, y) }
         }
-        #[cfg(target_arch = "aarch64")]
-        KernelPath::Neon | KernelPath::NeonDotprod | KernelPath::NeonFp16 => neon::dot_f16(x, y),
-        _ => dot::vec_dot_f16_lanes(x, y),
     }
 }
 
@@ -277,20 +302,21 @@ pub fn dot_f16(path: KernelPath, x: &[F16Le], y: &[F16Le]) -> f32 {
 /// two computed tensors (training's backward matmuls and written-out attention); F32 weights of
 /// the model file keep the scalar dot.
 pub fn dot_f32(path: KernelPath, x: &[f32], y: &[f32]) -> f32 {
-    match path {
-        KernelPath::Reference => {
+    match path.isa() {
+        Isa::Scalar if path == KernelPath::Reference => {
             let (x, y): (&[crate::quant::blocks::F32Le], &[crate::quant::blocks::F32Le]) =
                 (bytemuck::cast_slice(x), bytemuck::cast_slice(y));
             dot::vec_dot_f32_f32_ref(x, y)
         }
+        // (A SIMD path this CPU lacks: the SIMD kernels' twin.)
+        Isa::Scalar => dot::vec_dot_f32_lanes(x, y),
         #[cfg(target_arch = "aarch64")]
-        KernelPath::Neon | KernelPath::NeonDotprod | KernelPath::NeonFp16 => neon::dot_f32(x, y),
+        Isa::Neon => neon::dot_f32(x, y),
         #[cfg(target_arch = "x86_64")]
-        KernelPath::Avx2 | KernelPath::Avx2Vnni if has_avx2() => {
-            // SAFETY: the CPU has AVX2, FMA and F16C (checked on this line).
+        Isa::Avx2 => {
+            // SAFETY: the CPU has AVX2, FMA and F16C (`Isa::Avx2`).
             unsafe { x86::dot_f32_avx2(x, y) }
         }
-        _ => dot::vec_dot_f32_lanes(x, y),
     }
 }
 
@@ -303,13 +329,15 @@ pub fn add_scaled_rows<const R: usize, const C: usize>(
     d: &[f32; R],
     rows: &[[f32; C]; R],
 ) {
-    match path {
+    match path.isa() {
+        Isa::Scalar => add_scaled_rows_impl(out, d, rows),
+        #[cfg(target_arch = "aarch64")]
+        Isa::Neon => add_scaled_rows_impl(out, d, rows),
         #[cfg(target_arch = "x86_64")]
-        KernelPath::Avx2 | KernelPath::Avx2Vnni if has_avx2() => {
-            // SAFETY: the CPU has AVX2, FMA and F16C (checked on this line).
+        Isa::Avx2 => {
+            // SAFETY: the CPU has AVX2, FMA and F16C (`Isa::Avx2`).
             unsafe { add_scaled_rows_avx2(out, d, rows) }
         }
-        _ => add_scaled_rows_impl(out, d, rows),
     }
 }
 
@@ -332,15 +360,15 @@ fn add_scaled_rows_avx2<const R: usize, const C: usize>(out: &mut [f32], d: &[f3
 
 /// `silu(gate) * up` on `path` (see [`reference::swiglu_ref`]).
 pub fn swiglu(path: KernelPath, gate: &[f32], up: &[f32], out: &mut [f32]) {
-    match path {
+    match path.isa() {
+        Isa::Scalar => reference::swiglu_ref(gate, up, out),
         #[cfg(target_arch = "aarch64")]
-        KernelPath::Neon | KernelPath::NeonDotprod | KernelPath::NeonFp16 => neon::swiglu(gate, up, out),
+        Isa::Neon => neon::swiglu(gate, up, out),
         #[cfg(target_arch = "x86_64")]
-        KernelPath::Avx2 | KernelPath::Avx2Vnni if has_avx2() => {
-            // SAFETY: the CPU has AVX2, FMA and F16C (checked on this line).
+        Isa::Avx2 => {
+            // SAFETY: the CPU has AVX2, FMA and F16C (`Isa::Avx2`).
             unsafe { x86::swiglu_avx2(gate, up, out) }
         }
-        _ => reference::swiglu_ref(gate, up, out),
     }
 }
 
@@ -367,22 +395,20 @@ pub fn flash_attn_row<'k>(
     acc16: &mut [F16Le],
     out: &mut [f32],
 ) -> RowSoftmax {
-    match path {
+    match path.isa() {
+        Isa::Scalar => reference::flash_attn_row_ref(q, q16, keys, key, value, scale, acc16, out),
         #[cfg(target_arch = "aarch64")]
-        KernelPath::NeonFp16 if has_fp16() => {
+        Isa::Neon if path == KernelPath::NeonFp16 && has_fp16() => {
             // SAFETY: the CPU has FEAT_FP16 (checked on this line).
             unsafe { neon::flash_attn_row_fp16(q, q16, keys, key, value, scale, acc16, out) }
         }
         #[cfg(target_arch = "aarch64")]
-        KernelPath::Neon | KernelPath::NeonDotprod | KernelPath::NeonFp16 => {
-            neon::flash_attn_row(q, q16, keys, key, value, scale, acc16, out)
-        }
+        Isa::Neon => neon::flash_attn_row(q, q16, keys, key, value, scale, acc16, out),
         #[cfg(target_arch = "x86_64")]
-        KernelPath::Avx2 | KernelPath::Avx2Vnni if has_avx2() => {
-            // SAFETY: the CPU has AVX2, FMA and F16C (checked on this line).
+        Isa::Avx2 => {
+            // SAFETY: the CPU has AVX2, FMA and F16C (`Isa::Avx2`).
             unsafe { x86::flash_attn_row_avx2(q, q16, keys, key, value, scale, acc16, out) }
         }
-        _ => reference::flash_attn_row_ref(q, q16, keys, key, value, scale, acc16, out),
     }
 }
 
@@ -401,44 +427,44 @@ pub fn flash_attn_rows<'k>(
     acc16: &mut [F16Le],
     outs: &mut [&mut [f32]],
 ) -> [RowSoftmax; FLASH_ROWS] {
-    match path {
+    match path.isa() {
+        Isa::Scalar => reference::flash_attn_rows_ref(qs, q16, keys, key, value, scale, acc16, outs),
         #[cfg(target_arch = "aarch64")]
-        KernelPath::NeonFp16 if has_fp16() => {
+        Isa::Neon if path == KernelPath::NeonFp16 && has_fp16() => {
             // SAFETY: the CPU has FEAT_FP16 (checked on this line).
             unsafe { neon::flash_attn_rows_fp16(qs, q16, keys, key, value, scale, acc16, outs) }
         }
         #[cfg(target_arch = "aarch64")]
-        KernelPath::Neon | KernelPath::NeonDotprod | KernelPath::NeonFp16 => {
-            neon::flash_attn_rows(qs, q16, keys, key, value, scale, acc16, outs)
-        }
+        Isa::Neon => neon::flash_attn_rows(qs, q16, keys, key, value, scale, acc16, outs),
         #[cfg(target_arch = "x86_64")]
-        KernelPath::Avx2 | KernelPath::Avx2Vnni if has_avx2() => {
-            // SAFETY: the CPU has AVX2, FMA and F16C (checked on the match arm).
+        Isa::Avx2 => {
+            // SAFETY: the CPU has AVX2, FMA and F16C (`Isa::Avx2`).
             unsafe { x86::flash_attn_rows_avx2(qs, q16, keys, key, value, scale, acc16, outs) }
         }
-        _ => reference::flash_attn_rows_ref(qs, q16, keys, key, value, scale, acc16, outs),
     }
 }
 
 /// RoPE of one row by a table of its position's angles on `path` (see
 /// [`reference::rope_rotate_ref`]); bit-identical on every path.
 pub fn rope_rotate(path: KernelPath, x: &[f32], out: &mut [f32], cos: &[f32], sin: &[f32], neox: bool) {
-    match path {
+    match path.isa() {
+        Isa::Scalar => reference::rope_rotate_ref(x, out, cos, sin, neox),
         #[cfg(target_arch = "aarch64")]
-        KernelPath::Neon | KernelPath::NeonDotprod | KernelPath::NeonFp16 => {
-            neon::rope_rotate(x, out, cos, sin, neox)
-        }
-        _ => reference::rope_rotate_ref(x, out, cos, sin, neox),
+        Isa::Neon => neon::rope_rotate(x, out, cos, sin, neox),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => reference::rope_rotate_ref(x, out, cos, sin, neox),
     }
 }
 
 /// A row of f32 rounded to f16 on `path` (see [`reference::f32_to_f16_ref`]); the same bits on
 /// every path (NaNs stay NaNs).
 pub fn f32_to_f16(path: KernelPath, x: &[f32], out: &mut [F16Le]) {
-    match path {
+    match path.isa() {
+        Isa::Scalar => reference::f32_to_f16_ref(x, out),
         #[cfg(target_arch = "aarch64")]
-        KernelPath::Neon | KernelPath::NeonDotprod | KernelPath::NeonFp16 => neon::f32_to_f16(x, out),
-        _ => reference::f32_to_f16_ref(x, out),
+        Isa::Neon => neon::f32_to_f16(x, out),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => reference::f32_to_f16_ref(x, out),
     }
 }
 
@@ -469,20 +495,18 @@ pub fn flash_attn_tile<'k>(
         return;
     }
     let t = attn_tile::Tiles { ty, dk, dv, scale, keys: &keys[..n] };
-    match path {
-        #[cfg(target_arch = "x86_64")]
-        KernelPath::Avx2 | KernelPath::Avx2Vnni if has_avx2() => {
-            // SAFETY: the CPU has AVX2, FMA and F16C (checked on the match arm).
-            unsafe { x86::attn_tile_avx2(&t, &qs[..n], key, value, scratch, &mut outs[..n]) }
-        }
-        #[cfg(target_arch = "aarch64")]
-        KernelPath::Neon | KernelPath::NeonDotprod | KernelPath::NeonFp16 => {
-            neon::attn_tile(&t, &qs[..n], key, value, scratch, &mut outs[..n])
-        }
-        _ => {
+    match path.isa() {
+        Isa::Scalar => {
             for r in 0..n {
                 attn_tile::flash_attn_tile_ref(ty, qs[r], keys[r].clone(), &key, &value, scale, outs[r]);
             }
+        }
+        #[cfg(target_arch = "aarch64")]
+        Isa::Neon => neon::attn_tile(&t, &qs[..n], key, value, scratch, &mut outs[..n]),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => {
+            // SAFETY: the CPU has AVX2, FMA and F16C (`Isa::Avx2`).
+            unsafe { x86::attn_tile_avx2(&t, &qs[..n], key, value, scratch, &mut outs[..n]) }
         }
     }
 }

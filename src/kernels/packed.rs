@@ -698,14 +698,22 @@ pub fn dequantize_packed_row(w: &PackedMatrix<'_>, row: usize, out: &mut [f32]) 
                     let (d, sc) = q6k_scales(gs, b, r);
                     d * sc[e / 16] as f32 * q
                 }
-                _ => {
+                PackedFormat::Q4Min => {
                     let [d, m] = block_scales(w.format, gs, b, r);
-                    match w.format {
-                        PackedFormat::Q4Min => d * (q + 8.0) + m,
-                        PackedFormat::Q8Min | PackedFormat::Q5Min => d * q + m,
-                        PackedFormat::Q8Sub16 if e >= 16 => m * q,
-                        _ => d * q,
-                    }
+                    d * (q + 8.0) + m
+                }
+                PackedFormat::Q8Min | PackedFormat::Q5Min => {
+                    let [d, m] = block_scales(w.format, gs, b, r);
+                    d * q + m
+                }
+                PackedFormat::Q8Sub16 => {
+                    // The scales of elements 0..16, then 16..32.
+                    let [lo, hi] = block_scales(w.format, gs, b, r);
+                    let d = if e >= 16 { hi } else { lo };
+                    d * q
+                }
+                PackedFormat::Q4 | PackedFormat::Q8 | PackedFormat::Q5 => {
+                    block_scales(w.format, gs, b, r)[0] * q
                 }
             };
         }
