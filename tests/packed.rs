@@ -14,9 +14,10 @@
 #![allow(clippy::needless_range_loop)]
 
 use pinfer::kernels::packed::{
-    act_row_bytes, can_pack, dequantize_packed_row, matmul_ref, pack, packed_bytes, q4k_scales,
-    quantize_act_ref, ActBlock, PackedFormat, PackedMatrix, BLOCK, Q4K_SCALE_BYTES,
+    act_row_bytes, can_pack, dequantize_packed_row, pack, packed_bytes, q4k_scales, ActBlock, PackedFormat,
+    PackedMatrix, BLOCK, Q4K_SCALE_BYTES,
 };
+use pinfer::kernels::reference::{matmul_ref, quantize_act_ref};
 use pinfer::kernels::widen::{q4k_scales_ref, widen_ref, CHUNK_BLOCKS, CHUNK_GROUPS, Q4K_WIDE_UNIT};
 use pinfer::kernels::{
     decode_q4k_scales as q4k_decode, packed_matmul, quantize_act, widen_blocks as widen, KernelPath,

@@ -18,7 +18,8 @@
 
 use core::ops::Range;
 
-use super::packed::{matmul_ref, ActBlock, PackedFormat, PackedMatrix};
+use super::packed::{ActBlock, PackedFormat, PackedMatrix};
+use super::reference::matmul_ref;
 use super::{widen, KernelPath};
 
 /// A matmul kernel or a GEMV: the contract of [`matmul_ref`].

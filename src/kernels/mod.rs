@@ -189,7 +189,7 @@ fn has_vnni() -> bool {
     false
 }
 
-/// Packed matmul on `path` (see [`packed::matmul_ref`] for the contract), the kernel looked up
+/// Packed matmul on `path` (see [`reference::matmul_ref`] for the contract), the kernel looked up
 /// in [`matmul::MatmulKernel::new`]'s table on each call (the executor looks it up once per bound
 /// graph). A path this CPU lacks runs the reference.
 pub fn packed_matmul(
@@ -253,11 +253,11 @@ pub fn decode_q4k_scales(path: KernelPath, units: &[u8], out: &mut [u8]) {
     }
 }
 
-/// Activation quantization on `path` (see [`packed::quantize_act_ref`]); every path gives the same
+/// Activation quantization on `path` (see [`reference::quantize_act_ref`]); every path gives the same
 /// bytes.
 pub fn quantize_act(path: KernelPath, x: &[f32], out: &mut [ActBlock]) {
     match path.isa() {
-        Isa::Scalar => packed::quantize_act_ref(x, out),
+        Isa::Scalar => reference::quantize_act_ref(x, out),
         #[cfg(target_arch = "aarch64")]
         Isa::Neon => neon::quantize_act(x, out),
         #[cfg(target_arch = "x86_64")]
@@ -283,7 +283,7 @@ pub fn rms_norm(path: KernelPath, x: &[f32], out: &mut [f32], eps: f32) {
 }
 
 /// f16 dot product of a matmul on f16 weights on `path` (see [`dot::vec_dot_f16_lanes`], its
-/// twin [`reference::vec_dot_f16_ggml_ref`]).
+/// twin [`dot::vec_dot_f16_ggml_ref`]).
 pub fn dot_f16(path: KernelPath, x: &[F16Le], y: &[F16Le]) -> f32 {
     match path.isa() {
         Isa::Scalar => dot::vec_dot_f16_lanes(x, y),
@@ -509,4 +509,51 @@ pub fn flash_attn_tile<'k>(
             unsafe { x86::attn_tile_avx2(&t, &qs[..n], key, value, scratch, &mut outs[..n]) }
         }
     }
+}
+
+/// Up to [`kv_attn::TYPED_ROWS`] query rows `qs` of flash attention over keys of the same cache, row `r`
+/// over keys `keys[r]` (the tokens of a prompt see different keys): for each of its keys `j`,
+/// `s = dot(key(j), q) * scale`, then the online softmax of ggml (a new maximum rescales the
+/// accumulator by `exp(old - new)` and adds the value with weight 1, else the value is added with
+/// weight `exp(s - max)`), and `outs[r] = acc / sum`. Each row's result is the one it gets alone.
+/// Scratch: `qconv` holds the converted queries ([`kv_attn::KvOps::query_bytes`] each), `acc`
+/// `outs.len() * dv` accumulators and `vals` widened values of at least one key (`dv = outs[r].len()`;
+/// [`kv_attn::KEY_CHUNK`] keys' worth lets every row take a chunk of keys at once). An empty
+/// range gives zeros. Rows whose sizes do not fit the scratch are left untouched (the executor
+/// sizes it). Every path gives the reference operations' bits. Returns where each row's softmax
+/// ended.
+#[allow(clippy::too_many_arguments)]
+pub fn flash_attn_rows_typed<'k>(
+    ops: &kv_attn::KvOps,
+    qs: &[&[f32]],
+    qconv: &mut [u8],
+    keys: &[Range<usize>],
+    key: impl Fn(usize) -> &'k [u8],
+    value: impl Fn(usize) -> &'k [u8],
+    scale: f32,
+    acc: &mut [f32],
+    vals: &mut [f32],
+    outs: &mut [&mut [f32]],
+) -> [RowSoftmax; kv_attn::TYPED_ROWS] {
+    let Some(a) = kv_attn::prepare(ops, qs, qconv, keys, scale, acc.len(), vals.len(), outs) else {
+        return [RowSoftmax::EMPTY; kv_attn::TYPED_ROWS];
+    };
+    let acc = &mut acc[..a.n * a.dv];
+    let ends = match ops.simd() {
+        #[cfg(target_arch = "x86_64")]
+        Some(kv_attn::Simd::Avx2) => {
+            // SAFETY: `KvOps::new` chose Avx2 after checking that the CPU has AVX2, FMA and F16C.
+            unsafe { x86::kv_attend_avx2(ops, &a, key, value, acc, vals) }
+        }
+        #[cfg(target_arch = "aarch64")]
+        Some(kv_attn::Simd::Neon) => neon::kv_attend(ops, &a, key, value, acc, vals),
+        #[cfg(target_arch = "aarch64")]
+        Some(kv_attn::Simd::NeonDotprod) => {
+            // SAFETY: `KvOps::new` chose NeonDotprod after checking that the CPU has FEAT_DotProd.
+            unsafe { neon::kv_attend_dotprod(ops, &a, key, value, acc, vals) }
+        }
+        None => kv_attn::attend_ref(ops, &a, key, value, acc, vals),
+    };
+    kv_attn::normalise(&ends, acc, a.dv, &mut outs[..a.n]);
+    ends
 }

@@ -14,7 +14,7 @@
 //! that layout's kernels on it. (The x86 kernels unpack them in registers.) Weights are read from
 //! memory once, at their narrow width; the widening costs a few vector instructions per 16 weights,
 //! shared by every token of a prompt tile. The reference twin
-//! ([`crate::kernels::packed::matmul_ref`]) computes the same numbers from the narrow layouts
+//! ([`crate::kernels::reference::matmul_ref`]) computes the same numbers from the narrow layouts
 //! directly.
 
 use core::ops::Range;
@@ -65,7 +65,7 @@ pub fn widen_ref(w: &PackedMatrix<'_>, g: usize, blocks: Range<usize>, quants: &
         let dst = &mut quants[i * WIDE_Q..(i + 1) * WIDE_Q];
         for r in 0..GROUP_ROWS {
             for e in 0..BLOCK {
-                dst[16 * (e / 4) + 4 * r + e % 4] = super::reference::value(w.format, block, r, e) as u8;
+                dst[16 * (e / 4) + 4 * r + e % 4] = super::packed::value(w.format, block, r, e) as u8;
             }
         }
         let out = &mut scales[i * ws..(i + 1) * ws];
@@ -89,7 +89,7 @@ fn q6k_wide_scales(gs: &[u8], b: usize, out: &mut [u8]) {
     }
 }
 
-/// Packed matmul of a Q6K or Q5 matrix (the contract of [`crate::kernels::packed::matmul_ref`]):
+/// Packed matmul of a Q6K or Q5 matrix (the contract of [`crate::kernels::reference::matmul_ref`]):
 /// chunks of up to [`CHUNK_GROUPS`] groups are widened by `widen` (a twin of [`widen_ref`]) into
 /// their [`wide_format`], then every token tile runs `kernel`, that layout's matmul, on the chunk.
 /// Chunks are whole rows (fewer groups the longer the rows, within the scratch of
@@ -110,7 +110,7 @@ pub fn matmul_widened(
         && shapes_fit(w, &groups, &acts[..n], &outs[..n]);
     if !sane || nb == 0 {
         // The reference's own checks and messages (and its handling of empty rows).
-        return super::packed::matmul_ref(w, groups, acts, outs);
+        return super::reference::matmul_ref(w, groups, acts, outs);
     }
     let mut quants = [0u8; CHUNK_GROUPS * CHUNK_BLOCKS * WIDE_Q];
     let mut scales = [0u8; CHUNK_GROUPS * CHUNK_BLOCKS * WIDE_S];
@@ -203,7 +203,7 @@ pub fn q4k_lengths_match(units: &[u8], out: &[u8]) -> bool {
 pub const Q4K_SCRATCH: usize = 32 << 10;
 
 /// Packed matmul of a Q4K or Q5K matrix through the kernels of its [`PackedFormat::decoded`]
-/// format, Q4Min or Q5Min (the contract of [`crate::kernels::packed::matmul_ref`]): per chunk of
+/// format, Q4Min or Q5Min (the contract of [`crate::kernels::reference::matmul_ref`]): per chunk of
 /// up to [`CHUNK_GROUPS`] groups (whole rows, as many as [`Q4K_SCRATCH`] holds), the scales are
 /// decoded by `decode` (a twin of [`q4k_scales_ref`]) and `kernel`, the decoded format's matmul,
 /// runs on the quant plane's groups as they are, per tile of up to 16 tokens.
@@ -223,7 +223,7 @@ pub fn matmul_decoded(
         && shapes_fit(w, &groups, &acts[..n], &outs[..n]);
     // (No chunk: rows wider than the scratch, k > 2^16, which no model has: the reference.)
     if !sane || chunk == 0 {
-        return super::packed::matmul_ref(w, groups, acts, outs);
+        return super::reference::matmul_ref(w, groups, acts, outs);
     }
     let mut scales = [0u8; Q4K_SCRATCH];
     let qrow = nb * w.format.quant_bytes();

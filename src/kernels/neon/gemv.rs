@@ -4,7 +4,8 @@ use core::arch::asm;
 use core::ops::Range;
 
 use super::*;
-use crate::kernels::packed::{matmul_ref, ActBlock, PackedFormat, PackedMatrix, GROUP_ROWS};
+use crate::kernels::packed::{ActBlock, PackedFormat, PackedMatrix, GROUP_ROWS};
+use crate::kernels::reference::matmul_ref;
 
 // ---------------------------------------------------------------------------------------------
 // Q6K, one token: unpacked in registers
@@ -139,7 +140,7 @@ q6k_gemv_kernel!(q6k_gemv4, "dotprod", q6k_d_f32, q6k_sc_f32);
 q6k_gemv_kernel!(q6k_gemv4_fp16, "dotprod,fp16", q6k_d_f16, q6k_sc_f16);
 
 /// One token of a Q6K matrix, unpacked in registers (the contract of
-/// [`crate::kernels::packed::matmul_ref`]; another format or token count runs the reference).
+/// [`crate::kernels::reference::matmul_ref`]; another format or token count runs the reference).
 ///
 /// # Safety
 /// The CPU must have FEAT_DotProd.
@@ -227,7 +228,7 @@ unsafe fn narrow_gemv(
 /// super-blocks for Q6K) and 16 output floats.
 pub(super) type Gemv4 = unsafe fn([*const u8; 4], [*const u8; 4], *const ActBlock, usize, *mut f32);
 
-/// One token against a narrow format (the contract of [`crate::kernels::packed::matmul_ref`]):
+/// One token against a narrow format (the contract of [`crate::kernels::reference::matmul_ref`]):
 /// passes of 4 groups of `kernel`; a tail of 1 to 3 groups runs as a pass with its last group
 /// repeated, into a spare.
 ///

@@ -6,7 +6,8 @@ use core::ops::Range;
 
 use super::*;
 use crate::kernels::layout::Layout;
-use crate::kernels::packed::{matmul_ref, ActBlock, PackedFormat, PackedMatrix, GROUP_ROWS};
+use crate::kernels::packed::{ActBlock, PackedFormat, PackedMatrix, GROUP_ROWS};
+use crate::kernels::reference::matmul_ref;
 
 // ---------------------------------------------------------------------------------------------
 // Shared matmul plumbing

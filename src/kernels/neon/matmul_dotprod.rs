@@ -6,7 +6,8 @@ use core::ops::Range;
 
 use super::*;
 use crate::kernels::layout::{self, Layout};
-use crate::kernels::packed::{matmul_ref, ActBlock, PackedMatrix, GROUP_ROWS};
+use crate::kernels::packed::{ActBlock, PackedMatrix, GROUP_ROWS};
+use crate::kernels::reference::matmul_ref;
 
 // ---------------------------------------------------------------------------------------------
 // Packed matmul with `sdot`
@@ -857,7 +858,7 @@ impl DotLayout for layout::Q8Sub16 {
 }
 
 /// Packed matmul of layout `L` with `sdot` (the contract of
-/// [`crate::kernels::packed::matmul_ref`]; a matrix of another format runs the reference): one
+/// [`crate::kernels::reference::matmul_ref`]; a matrix of another format runs the reference): one
 /// token runs 16 rows per pass; more run 4 rows x 16 tokens while 16 are left, then tiles of 8
 /// rows x up to 4 tokens (3 for the two-scale formats).
 ///

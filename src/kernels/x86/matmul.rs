@@ -34,15 +34,15 @@ use core::ops::Range;
 
 use crate::kernels::layout::Layout;
 use crate::kernels::packed::{
-    matmul_ref, ActBlock, PackedFormat, PackedMatrix, BLOCK, GROUP_ROWS, Q4K_SCALE_BYTES, SUPER_BLOCKS,
-    SUPER_SCALE_BYTES,
+    ActBlock, PackedFormat, PackedMatrix, BLOCK, GROUP_ROWS, Q4K_SCALE_BYTES, SUPER_BLOCKS, SUPER_SCALE_BYTES,
 };
+use crate::kernels::reference::matmul_ref;
 
 /// Packed matmul of layout `L` (see [`matmul_ref`] for the contract; float sums are in another
 /// order): a matrix of format `L`, or for `L` = Q4Min and Q5Min one of Q4K and Q5K, whose scales
 /// the passes decode into that form per chunk. A matrix of another format runs the reference.
 ///
-/// Activation quants are assumed in `-127..=127`, which [`crate::kernels::packed::quantize_act_ref`] gives
+/// Activation quants are assumed in `-127..=127`, which [`crate::kernels::reference::quantize_act_ref`] gives
 /// for every block whose largest magnitude is at least `127 / f32::MAX` (about 4e-37).
 ///
 /// With `VNNI`, the block dots are `vpdpbusd` on ymm registers (integer results identical).
@@ -59,7 +59,7 @@ pub unsafe fn matmul_avx2<L: Layout, const VNNI: bool>(
     unsafe { matmul_impl::<L, VNNI>(w, groups, acts, outs) }
 }
 
-/// Activation quantization, byte-identical to [`crate::kernels::packed::quantize_act_ref`].
+/// Activation quantization, byte-identical to [`crate::kernels::reference::quantize_act_ref`].
 ///
 /// # Safety
 /// The CPU must have AVX2, FMA and F16C.
