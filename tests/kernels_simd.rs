@@ -508,9 +508,7 @@ enum FlashTwin {
 /// underflow); values with large, tiny (f16 subnormal) and overflowing entries; keys large enough
 /// for the f16 products, sums and accumulators to overflow.
 fn check_flash_paths_against_twin(paths: &[KernelPath], twin: FlashTwin, seed: u64) {
-    use pinfer::kernels::reference::{
-        flash_attn_row_f16arith_ref, flash_attn_rows_f16arith_ref, matmul_ref, quantize_act_ref,
-    };
+    use pinfer::kernels::reference::{flash_attn_row_f16arith_ref, flash_attn_rows_f16arith_ref};
     let mut rng = Rng(seed);
     for &path in paths.iter().filter(|p| p.is_available()) {
         for dim in [3, 8, 16, 17, 24, 32, 40, 64, 72, 96, 128, 136, 200, 256, 264] {
