@@ -1,6 +1,10 @@
 //! Compute kernels: scalar reference twins (`reference`, in `ref.rs`), SIMD variants (`neon` on
 //! aarch64, `x86` on x86_64) with the same signatures, and the run-time choice between them
 //! ([`KernelPath`]).
+//!
+//! Each dispatch below matches on [`KernelPath::isa`], exhaustive on every target; the packed
+//! matmul's kernel comes from one table per (format, path), [`matmul::MatmulKernel::new`], which the
+//! executor reads once per bound graph.
 
 #[path = "ref/mod.rs"]
 pub mod reference;
