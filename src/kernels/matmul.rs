@@ -114,12 +114,13 @@ impl MatmulKernel {
         }
         match self.widen {
             Some(widen) => {
-                // SAFETY (both): `new` checked the CPU has the widening's and the kernel's
-                // features; they check the rest.
-                let widen =
-                    |w: &PackedMatrix<'_>, g, b, q: &mut [u8], s: &mut [u8]| unsafe { widen(w, g, b, q, s) };
-                let kernel = |w: &PackedMatrix<'_>, g, a: &[&[ActBlock]], o: &mut [&mut [f32]]| unsafe {
-                    (self.kernel)(w, g, a, o)
+                let widen = |w: &PackedMatrix<'_>, g, b, q: &mut [u8], s: &mut [u8]| {
+                    // SAFETY: `new` checked the CPU has the widening's features; it checks the rest.
+                    unsafe { widen(w, g, b, q, s) }
+                };
+                let kernel = |w: &PackedMatrix<'_>, g, a: &[&[ActBlock]], o: &mut [&mut [f32]]| {
+                    // SAFETY: `new` checked the CPU has the kernel's features; it checks the rest.
+                    unsafe { (self.kernel)(w, g, a, o) }
                 };
                 widen::matmul_widened(widen, w, groups, acts, outs, kernel)
             }
