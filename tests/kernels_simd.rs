@@ -30,17 +30,18 @@
 //!   float sums in another order).
 
 use pinfer::kernels::attn_tile::{flash_attn_tile_ref, tile_rows, TileScratch};
+use pinfer::kernels::dot::vec_dot_f16_ggml_ref;
 use pinfer::kernels::dot::{vec_dot_f32_f32_ref, vec_dot_f32_lanes};
+use pinfer::kernels::flash_attn_rows_typed;
 use pinfer::kernels::flash_attn_tile;
-use pinfer::kernels::kv_attn::{flash_attn_rows_typed, KvOps, KEY_CHUNK, TYPED_ROWS};
+use pinfer::kernels::kv_attn::{KvOps, KEY_CHUNK, TYPED_ROWS};
 use pinfer::kernels::packed::{
-    dequantize_packed_row, matmul_ref, pack, packed_bytes, quantize_act_ref, ActBlock, PackedFormat,
-    PackedMatrix, BLOCK,
+    dequantize_packed_row, pack, packed_bytes, ActBlock, PackedFormat, PackedMatrix, BLOCK,
 };
 use pinfer::kernels::reference::{
     f32_to_f16_ref, flash_attn_row_f32dot_ref, flash_attn_row_ref, flash_attn_rows_f32dot_ref,
-    flash_attn_rows_ref, rms_norm_ref, rope_ref, rope_table_ref, silu_ref, swiglu_ref, vec_dot_f16_ggml_ref,
-    RopeParams, RowSoftmax,
+    flash_attn_rows_ref, matmul_ref, quantize_act_ref, rms_norm_ref, rope_ref, rope_table_ref, silu_ref,
+    swiglu_ref, RopeParams, RowSoftmax,
 };
 use pinfer::kernels::{
     add_scaled_rows, dot_f16, dot_f32, f32_to_f16, flash_attn_row, flash_attn_rows, packed_matmul,

@@ -13,14 +13,16 @@
 
 #![allow(clippy::needless_range_loop)]
 
+use pinfer::kernels::matmul::MatmulKernel;
 use pinfer::kernels::packed::{
-    act_row_bytes, can_pack, dequantize_packed_row, matmul_ref, pack, packed_bytes, q4k_scales,
-    quantize_act_ref, ActBlock, PackedFormat, PackedMatrix, BLOCK, Q4K_SCALE_BYTES,
+    act_row_bytes, can_pack, dequantize_packed_row, pack, packed_bytes, q4k_scales, ActBlock, PackedFormat,
+    PackedMatrix, BLOCK, Q4K_SCALE_BYTES,
 };
-use pinfer::kernels::widen::{
-    q4k_scales as q4k_decode, q4k_scales_ref, widen, widen_ref, CHUNK_BLOCKS, CHUNK_GROUPS, Q4K_WIDE_UNIT,
+use pinfer::kernels::reference::{matmul_ref, quantize_act_ref};
+use pinfer::kernels::widen::{q4k_scales_ref, widen_ref, CHUNK_BLOCKS, CHUNK_GROUPS, Q4K_WIDE_UNIT};
+use pinfer::kernels::{
+    decode_q4k_scales as q4k_decode, packed_matmul, quantize_act, widen_blocks as widen, KernelPath,
 };
-use pinfer::kernels::{packed_matmul, quantize_act, KernelPath};
 use pinfer::quant::{dequantize_row_ref, GgmlType};
 
 struct Rng(u64);
@@ -285,6 +287,30 @@ fn every_simd_path_equals_the_reference_matmul() {
                         );
                     }
                 }
+            }
+        }
+    }
+}
+
+/// A kernel from the table reads only the layout it was chosen for: handed a matrix of another
+/// format it runs the reference (the executor never does that, the check keeps the SIMD kernels'
+/// raw reads inside the planes whoever calls them).
+#[test]
+fn a_kernel_runs_the_reference_on_a_matrix_of_another_format() {
+    let mut rng = Rng(31);
+    for path in KernelPath::ALL {
+        for (i, ty) in TYPES.into_iter().enumerate() {
+            let (rows, k, tokens) = (12, k_for(ty, i), 1 + i % 5);
+            let src = random_rows(ty, rows, k, &mut rng, 1.0);
+            let (format, q, s) = packed_of(ty, &src, rows, k);
+            let w = PackedMatrix { format, rows, k, quants: &q, scales: &s };
+            let acts = quantized_acts(&mut rng, tokens, k, 3.0);
+            let want = run(matmul_ref, &w, &acts, 0..3);
+            for other in PackedFormat::ALL.into_iter().filter(|&f| f != format) {
+                let kernel = MatmulKernel::new(other, path);
+                assert_eq!(kernel.format(), other);
+                let got = run(|w, g, a, o| kernel.run(w, g, a, o), &w, &acts, 0..3);
+                assert_eq!(got, want, "{} kernel of {other:?} on a {format:?} matrix", path.name());
             }
         }
     }

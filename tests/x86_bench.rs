@@ -5,10 +5,10 @@
 
 use std::time::Instant;
 
-use pinfer::kernels::packed::{
-    matmul_ref, pack, packed_bytes, quantize_act_ref, ActBlock, PackedFormat, PackedMatrix, BLOCK,
+use pinfer::kernels::packed::{pack, packed_bytes, ActBlock, PackedFormat, PackedMatrix, BLOCK};
+use pinfer::kernels::reference::{
+    flash_attn_row_ref, matmul_ref, quantize_act_ref, rms_norm_ref, swiglu_ref,
 };
-use pinfer::kernels::reference::{flash_attn_row_ref, rms_norm_ref, swiglu_ref};
 use pinfer::kernels::{flash_attn_row, packed_matmul, quantize_act, rms_norm, swiglu, KernelPath};
 use pinfer::quant::blocks::F16Le;
 use pinfer::quant::GgmlType;

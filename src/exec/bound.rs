@@ -241,6 +241,8 @@ pub struct Bound<'a, const N: usize> {
     check_numerics: bool,
     /// The kernels every node runs on.
     pub(super) path: kernels::KernelPath,
+    /// The packed matmul's kernel per format on `path` (chosen once, from its table).
+    pub(super) matmul: kernels::matmul::MatmulKernels,
     /// First node with a non-finite output (0 = none, else 1 + tensor id), the element's flat
     /// index and whether it is a NaN.
     non_finite: AtomicU32,
@@ -304,6 +306,7 @@ impl<'a, const N: usize> Bound<'a, N> {
             offload: None,
             check_numerics: false,
             path: kernels::KernelPath::detect(),
+            matmul: kernels::matmul::MatmulKernels::new(kernels::KernelPath::detect()),
             non_finite: AtomicU32::new(0),
             non_finite_index: AtomicUsize::new(0),
             non_finite_nan: AtomicU32::new(0),
@@ -335,6 +338,7 @@ impl<'a, const N: usize> Bound<'a, N> {
     /// lacks runs the reference kernels.
     pub fn with_kernels(mut self, path: kernels::KernelPath) -> Self {
         self.path = path;
+        self.matmul = kernels::matmul::MatmulKernels::new(path);
         self
     }
     /// The kernel path nodes run on.

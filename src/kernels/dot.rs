@@ -162,9 +162,29 @@ pub fn vec_dot_f16_f16_ref(x: &[F16Le], y: &[F16Le]) -> f32 {
     dot_widened(x, y, f16)
 }
 
+/// The f16 key dot as ggml's x86 build sums it (AVX2, `ggml_vec_dot_f16`): the exact f32
+/// products in chunks of 8 lanes (zero-padded to a multiple of 32), chunk `c` added into
+/// accumulator `c % 4` in f32; `x = (a0 + a2) + (a1 + a3)`, `t[i] = x[i] + x[i + 4]`,
+/// `(t0 + t1) + (t2 + t3)`.
+pub fn vec_dot_f16_ggml_ref(k: &[F16Le], q: &[F16Le]) -> f32 {
+    let n = k.len().min(q.len());
+    let mut acc = [[0f32; 8]; 4];
+    for c in 0..n.div_ceil(32) * 4 {
+        for (l, a) in acc[c % 4].iter_mut().enumerate() {
+            let i = 8 * c + l;
+            // Exact in f32 (11-bit significands), so `fma` is this sum.
+            let p = if i < n { k[i].to_f32() * q[i].to_f32() } else { 0.0 };
+            *a = if c < 4 { p } else { *a + p };
+        }
+    }
+    let x: [f32; 8] = core::array::from_fn(|l| (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]));
+    let t: [f32; 4] = core::array::from_fn(|i| x[i] + x[i + 4]);
+    (t[0] + t[1]) + (t[2] + t[3])
+}
+
 /// The f16 dot product of the matmul on f16 weights (never repacked: Gemma 4's
 /// `per_layer_model_proj` stays f16 in quantized files): ggml's x86 (AVX2) summation order, the
-/// numbers of [`crate::kernels::reference::vec_dot_f16_ggml_ref`] bit for bit, in 4 x 8 lanes of
+/// numbers of [`vec_dot_f16_ggml_ref`] bit for bit, in 4 x 8 lanes of
 /// f32 the compiler vectorises (the scalar path's chain of f64 additions is ~10x slower).
 pub fn vec_dot_f16_lanes(x: &[F16Le], y: &[F16Le]) -> f32 {
     let mut acc = [[0f32; 8]; 4];
@@ -728,7 +748,6 @@ mod tests {
     /// rows) and on extreme values: subnormals, the largest finite, infinities, NaN.
     #[test]
     fn f16_lanes_dot_is_bit_identical_to_its_twin() {
-        use crate::kernels::reference::vec_dot_f16_ggml_ref;
         let mut state = 0x1234_5678_9abc_def0u64;
         let mut next = move || {
             state ^= state << 13;

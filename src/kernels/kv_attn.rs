@@ -19,7 +19,7 @@
 
 use core::ops::Range;
 
-use super::{KernelPath, RowSoftmax};
+use super::{Isa, KernelPath, RowSoftmax};
 use crate::quant::traits::{DequantizeFn, QuantizeFn, VecDotFn};
 use crate::quant::GgmlType;
 
@@ -50,7 +50,7 @@ enum QueryForm {
 
 /// Which SIMD kernel runs the loop.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Simd {
+pub(crate) enum Simd {
     #[cfg(target_arch = "x86_64")]
     Avx2,
     #[cfg(target_arch = "aarch64")]
@@ -80,17 +80,22 @@ impl KvOps {
     /// exponentials its own way).
     pub fn new(path: KernelPath, k: GgmlType, v: GgmlType) -> Option<Self> {
         let mut ops = Self::reference(k, v)?;
-        match path {
+        ops.simd = match path.isa() {
+            Isa::Scalar => None,
             #[cfg(target_arch = "aarch64")]
-            KernelPath::Neon | KernelPath::NeonDotprod | KernelPath::NeonFp16 => {
+            Isa::Neon => {
                 let dotprod = path != KernelPath::Neon && super::has_dotprod();
-                ops.simd = Some(if dotprod { Simd::NeonDotprod } else { Simd::Neon });
+                Some(if dotprod { Simd::NeonDotprod } else { Simd::Neon })
             }
             #[cfg(target_arch = "x86_64")]
-            KernelPath::Avx2 | KernelPath::Avx2Vnni if super::has_avx2() => ops.simd = Some(Simd::Avx2),
-            _ => {}
-        }
+            Isa::Avx2 => Some(Simd::Avx2),
+        };
         Some(ops)
+    }
+
+    /// The SIMD kernel that runs the loop (`None`: the reference loop).
+    pub(crate) fn simd(&self) -> Option<Simd> {
+        self.simd
     }
 
     /// The keys' type.
@@ -202,86 +207,72 @@ pub fn q8_0_q15_dot_by(
 /// Keys scored (and their softmax weights computed) together by [`attend`].
 pub const KEY_CHUNK: usize = 16;
 
-/// Most query rows one [`flash_attn_rows_typed`] call takes: the query heads of one KV head for
+/// Most query rows one [`super::flash_attn_rows_typed`] call takes: the query heads of one KV head for
 /// several tokens of a prompt, so each key and value row is read once for all of them.
 pub const TYPED_ROWS: usize = 16;
 
-/// Up to [`TYPED_ROWS`] query rows `qs` of flash attention over keys of the same cache, row `r`
-/// over keys `keys[r]` (the tokens of a prompt see different keys): for each of its keys `j`,
-/// `s = dot(key(j), q) * scale`, then the online softmax of ggml (a new maximum rescales the
-/// accumulator by `exp(old - new)` and adds the value with weight 1, else the value is added with
-/// weight `exp(s - max)`), and `outs[r] = acc / sum`. Each row's result is the one it gets alone.
-/// Scratch: `qconv` holds the converted queries ([`KvOps::query_bytes`] each), `acc`
-/// `outs.len() * dv` accumulators and `vals` widened values of at least one key (`dv = outs[r].len()`;
-/// [`KEY_CHUNK`] keys' worth lets every row take a chunk of keys at once). An empty
-/// range gives zeros. Rows whose sizes do not fit the scratch are left untouched (the executor
-/// sizes it). Every path gives the reference operations' bits. Returns where each row's softmax
-/// ended.
+/// The first step of [`super::flash_attn_rows_typed`]: checks the sizes against the scratch
+/// (`acc_len`, `vals_len` floats) and converts the query rows into `qconv`; `None` when there is
+/// nothing to compute or the rows do not fit.
 #[allow(clippy::too_many_arguments)]
-pub fn flash_attn_rows_typed<'k>(
+pub(crate) fn prepare<'a>(
     ops: &KvOps,
     qs: &[&[f32]],
-    qconv: &mut [u8],
-    keys: &[Range<usize>],
-    key: impl Fn(usize) -> &'k [u8],
-    value: impl Fn(usize) -> &'k [u8],
+    qconv: &'a mut [u8],
+    keys: &'a [Range<usize>],
     scale: f32,
-    acc: &mut [f32],
-    vals: &mut [f32],
-    outs: &mut [&mut [f32]],
-) -> [RowSoftmax; TYPED_ROWS] {
-    let none = [RowSoftmax::EMPTY; TYPED_ROWS];
+    acc_len: usize,
+    vals_len: usize,
+    outs: &[&mut [f32]],
+) -> Option<Attend<'a>> {
     let n = qs.len().min(outs.len()).min(keys.len()).min(TYPED_ROWS);
-    let (Some(&q0), Some(dv)) = (qs.first(), outs.first().map(|o| o.len())) else { return none };
-    let Some(qb) = ops.query_bytes(q0.len()) else { return none };
-    if qconv.len() < n * qb || acc.len() < n * dv || vals.len() < dv {
-        return none;
+    let (Some(&q0), Some(dv)) = (qs.first(), outs.first().map(|o| o.len())) else { return None };
+    let qb = ops.query_bytes(q0.len())?;
+    if qconv.len() < n * qb || acc_len < n * dv || vals_len < dv {
+        return None;
     }
     for (r, q) in qs[..n].iter().enumerate() {
         (ops.q_convert)(q, &mut qconv[r * qb..(r + 1) * qb]);
     }
-    let a = Attend { n, qb, dv, qconv: &qconv[..n * qb], scale, keys: &keys[..n] };
-    let acc = &mut acc[..n * dv];
-    let ends = match ops.simd {
-        #[cfg(target_arch = "x86_64")]
-        Some(Simd::Avx2) => {
-            // SAFETY: `KvOps::new` chose Avx2 after checking that the CPU has AVX2, FMA and F16C.
-            unsafe { super::x86::kv_attend_avx2(ops, &a, key, value, acc, vals) }
-        }
-        #[cfg(target_arch = "aarch64")]
-        Some(Simd::Neon) => super::neon::kv_attend(ops, &a, key, value, acc, vals),
-        #[cfg(target_arch = "aarch64")]
-        Some(Simd::NeonDotprod) => {
-            // SAFETY: `KvOps::new` chose NeonDotprod after checking that the CPU has FEAT_DotProd.
-            unsafe { super::neon::kv_attend_dotprod(ops, &a, key, value, acc, vals) }
-        }
-        _ => {
-            let (dot, widen) = (ops.dot, ops.widen);
-            attend(
-                &a,
-                key,
-                value,
-                acc,
-                vals,
-                |ks, q, out| scores_by(ks, q, out, dot),
-                |x| x.iter_mut().for_each(|v| *v = libm::expf(*v)),
-                |v, out| {
-                    widen(v, out);
-                },
-                update_ref,
-            )
-        }
-    };
-    for (r, out) in outs[..n].iter_mut().enumerate() {
+    Some(Attend { n, qb, dv, qconv: &qconv[..n * qb], scale, keys: &keys[..n] })
+}
+
+/// [`attend`] with the types' reference operations (the SIMD kernels' twin).
+pub(crate) fn attend_ref<'k>(
+    ops: &KvOps,
+    a: &Attend<'_>,
+    key: impl Fn(usize) -> &'k [u8],
+    value: impl Fn(usize) -> &'k [u8],
+    acc: &mut [f32],
+    vals: &mut [f32],
+) -> [RowSoftmax; TYPED_ROWS] {
+    let (dot, widen) = (ops.dot, ops.widen);
+    attend(
+        a,
+        key,
+        value,
+        acc,
+        vals,
+        |ks, q, out| scores_by(ks, q, out, dot),
+        |x| x.iter_mut().for_each(|v| *v = libm::expf(*v)),
+        |v, out| {
+            widen(v, out);
+        },
+        update_ref,
+    )
+}
+
+/// The last step: each row's accumulator divided by its softmax sum.
+pub(crate) fn normalise(ends: &[RowSoftmax; TYPED_ROWS], acc: &[f32], dv: usize, outs: &mut [&mut [f32]]) {
+    for (r, out) in outs.iter_mut().enumerate() {
         let inv = if ends[r].sum == 0.0 { 0.0 } else { 1.0 / ends[r].sum };
         for (o, &x) in out.iter_mut().zip(&acc[r * dv..(r + 1) * dv]) {
             *o = x * inv;
         }
     }
-    ends
 }
 
-/// The sizes and converted queries of one [`flash_attn_rows_typed`] call.
+/// The sizes and converted queries of one [`super::flash_attn_rows_typed`] call.
 pub struct Attend<'a> {
     /// Query rows.
     pub n: usize,

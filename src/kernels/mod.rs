@@ -1,6 +1,10 @@
 //! Compute kernels: scalar reference twins (`reference`, in `ref.rs`), SIMD variants (`neon` on
 //! aarch64, `x86` on x86_64) with the same signatures, and the run-time choice between them
 //! ([`KernelPath`]).
+//!
+//! Each dispatch below matches on [`KernelPath::isa`], exhaustive on every target; the packed
+//! matmul's kernel comes from one table per (format, path), [`matmul::MatmulKernel::new`], which the
+//! executor reads once per bound graph.
 
 #[path = "ref/mod.rs"]
 pub mod reference;
@@ -8,6 +12,8 @@ pub mod reference;
 pub mod attn_tile;
 pub mod dot;
 pub mod kv_attn;
+pub mod layout;
+pub mod matmul;
 pub mod packed;
 pub mod widen;
 
@@ -105,6 +111,38 @@ impl KernelPath {
     }
 }
 
+/// The instruction set a path's SIMD kernels run on when this CPU has it, else the scalar twins:
+/// what every dispatch below matches on (a variant exists only on its architecture, so each
+/// match is exhaustive on every target without a catch-all).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Isa {
+    /// The portable scalar twins.
+    Scalar,
+    /// aarch64 NEON (in the baseline: every aarch64 CPU has it).
+    #[cfg(target_arch = "aarch64")]
+    Neon,
+    /// x86_64 AVX2 + FMA + F16C, checked on this CPU when the value is made.
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+}
+
+impl KernelPath {
+    /// The instruction set this path's kernels run on here: a path of another architecture, or
+    /// one whose features this CPU lacks, runs the scalar twins.
+    pub(crate) fn isa(self) -> Isa {
+        match self {
+            Self::Reference => Isa::Scalar,
+            #[cfg(target_arch = "aarch64")]
+            Self::Neon | Self::NeonDotprod | Self::NeonFp16 => Isa::Neon,
+            #[cfg(not(target_arch = "aarch64"))]
+            Self::Neon | Self::NeonDotprod | Self::NeonFp16 => Isa::Scalar,
+            #[cfg(target_arch = "x86_64")]
+            Self::Avx2 | Self::Avx2Vnni if has_avx2() => Isa::Avx2,
+            Self::Avx2 | Self::Avx2Vnni => Isa::Scalar,
+        }
+    }
+}
+
 #[cfg(all(target_arch = "aarch64", feature = "std"))]
 fn has_dotprod() -> bool {
     std::arch::is_aarch64_feature_detected!("dotprod")
@@ -155,8 +193,9 @@ fn has_vnni() -> bool {
     false
 }
 
-/// Packed matmul on `path` (see [`packed::matmul_ref`] for the contract). A path this CPU lacks
-/// runs the reference.
+/// Packed matmul on `path` (see [`reference::matmul_ref`] for the contract), the kernel looked up
+/// in [`matmul::MatmulKernel::new`]'s table on each call (the executor looks it up once per bound
+/// graph). A path this CPU lacks runs the reference.
 pub fn packed_matmul(
     path: KernelPath,
     w: &PackedMatrix<'_>,
@@ -164,74 +203,101 @@ pub fn packed_matmul(
     acts: &[&[ActBlock]],
     outs: &mut [&mut [f32]],
 ) {
-    match path {
+    matmul::MatmulKernel::new(w.format, path).run(w, groups, acts, outs)
+}
+
+/// [`widen::widen_ref`] on `path` (same bytes on every path): the widening step of the NEON
+/// matmul kernels.
+pub fn widen_blocks(
+    path: KernelPath,
+    w: &PackedMatrix<'_>,
+    g: usize,
+    blocks: Range<usize>,
+    quants: &mut [u8],
+    scales: &mut [u8],
+) {
+    match path.isa() {
         #[cfg(target_arch = "aarch64")]
-        KernelPath::Neon => neon::matmul(w, groups, acts, outs),
-        #[cfg(target_arch = "aarch64")]
-        KernelPath::NeonFp16 if has_dotprod() && has_fp16() => {
-            // SAFETY: the CPU has dotprod and FEAT_FP16 (checked on this line).
-            unsafe { neon::matmul_dotprod(w, groups, acts, outs, true) }
-        }
-        #[cfg(target_arch = "aarch64")]
-        KernelPath::NeonDotprod | KernelPath::NeonFp16 if has_dotprod() => {
-            // SAFETY: the CPU has dotprod (checked on this line).
-            unsafe { neon::matmul_dotprod(w, groups, acts, outs, false) }
-        }
+        Isa::Neon => match w.format {
+            packed::PackedFormat::Q6K => neon::widen_q6k(w, g, blocks, quants, scales),
+            packed::PackedFormat::Q5 | packed::PackedFormat::Q5Min | packed::PackedFormat::Q5K => {
+                neon::widen_q5(w, g, blocks, quants, scales)
+            }
+            packed::PackedFormat::Q4
+            | packed::PackedFormat::Q4Min
+            | packed::PackedFormat::Q8
+            | packed::PackedFormat::Q8Min
+            | packed::PackedFormat::Q8Sub16
+            | packed::PackedFormat::Q4K => widen::widen_ref(w, g, blocks, quants, scales),
+        },
+        // (x86 unpacks the narrow layouts in registers: nothing is widened there.)
         #[cfg(target_arch = "x86_64")]
-        KernelPath::Avx2Vnni if has_avx2() && has_vnni() => {
-            // SAFETY: the CPU has AVX2, FMA, F16C and AVX512-VNNI/VL (checked on this line).
-            unsafe { x86::matmul_avx2(w, groups, acts, outs, true) }
-        }
-        #[cfg(target_arch = "x86_64")]
-        KernelPath::Avx2 | KernelPath::Avx2Vnni if has_avx2() => {
-            // SAFETY: the CPU has AVX2, FMA and F16C (checked on this line).
-            unsafe { x86::matmul_avx2(w, groups, acts, outs, false) }
-        }
-        _ => packed::matmul_ref(w, groups, acts, outs),
+        Isa::Avx2 => widen::widen_ref(w, g, blocks, quants, scales),
+        Isa::Scalar => widen::widen_ref(w, g, blocks, quants, scales),
     }
 }
 
-/// Activation quantization on `path` (see [`packed::quantize_act_ref`]); every path gives the same
+/// [`widen::q4k_scales_ref`] on `path` (the same bytes on every path): the scale-decoding step
+/// of the NEON matmul kernels (x86 decodes inside its passes, with the same function).
+pub fn decode_q4k_scales(path: KernelPath, units: &[u8], out: &mut [u8]) {
+    match path.isa() {
+        #[cfg(target_arch = "aarch64")]
+        Isa::Neon if KernelPath::NeonFp16.is_available() && path == KernelPath::NeonFp16 => {
+            // SAFETY: the CPU has FEAT_FP16 (checked on this line).
+            unsafe { neon::q4k_scales_fp16(units, out) }
+        }
+        #[cfg(target_arch = "aarch64")]
+        Isa::Neon => neon::q4k_scales(units, out),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => {
+            // SAFETY: the CPU has AVX2, FMA and F16C (`Isa::Avx2`).
+            unsafe { x86::q4k_scales(units, out) }
+        }
+        Isa::Scalar => widen::q4k_scales_ref(units, out),
+    }
+}
+
+/// Activation quantization on `path` (see [`reference::quantize_act_ref`]); every path gives the same
 /// bytes.
 pub fn quantize_act(path: KernelPath, x: &[f32], out: &mut [ActBlock]) {
-    match path {
+    match path.isa() {
+        Isa::Scalar => reference::quantize_act_ref(x, out),
         #[cfg(target_arch = "aarch64")]
-        KernelPath::Neon | KernelPath::NeonDotprod | KernelPath::NeonFp16 => neon::quantize_act(x, out),
+        Isa::Neon => neon::quantize_act(x, out),
         #[cfg(target_arch = "x86_64")]
-        KernelPath::Avx2 | KernelPath::Avx2Vnni if has_avx2() => {
-            // SAFETY: the CPU has AVX2, FMA and F16C (checked on this line).
+        Isa::Avx2 => {
+            // SAFETY: the CPU has AVX2, FMA and F16C (`Isa::Avx2`).
             unsafe { x86::quantize_act_avx2(x, out) }
         }
-        _ => packed::quantize_act_ref(x, out),
     }
 }
 
 /// RMS norm on `path` (see [`reference::rms_norm_ref`]).
 pub fn rms_norm(path: KernelPath, x: &[f32], out: &mut [f32], eps: f32) {
-    match path {
+    match path.isa() {
+        Isa::Scalar => reference::rms_norm_ref(x, out, eps),
         #[cfg(target_arch = "aarch64")]
-        KernelPath::Neon | KernelPath::NeonDotprod | KernelPath::NeonFp16 => neon::rms_norm(x, out, eps),
+        Isa::Neon => neon::rms_norm(x, out, eps),
         #[cfg(target_arch = "x86_64")]
-        KernelPath::Avx2 | KernelPath::Avx2Vnni if has_avx2() => {
-            // SAFETY: the CPU has AVX2, FMA and F16C (checked on this line).
+        Isa::Avx2 => {
+            // SAFETY: the CPU has AVX2, FMA and F16C (`Isa::Avx2`).
             unsafe { x86::rms_norm_avx2(x, out, eps) }
         }
-        _ => reference::rms_norm_ref(x, out, eps),
     }
 }
 
 /// f16 dot product of a matmul on f16 weights on `path` (see [`dot::vec_dot_f16_lanes`], its
-/// twin [`reference::vec_dot_f16_ggml_ref`]).
+/// twin [`dot::vec_dot_f16_ggml_ref`]).
 pub fn dot_f16(path: KernelPath, x: &[F16Le], y: &[F16Le]) -> f32 {
-    match path {
+    match path.isa() {
+        Isa::Scalar => dot::vec_dot_f16_lanes(x, y),
+        #[cfg(target_arch = "aarch64")]
+        Isa::Neon => neon::dot_f16(x, y),
         #[cfg(target_arch = "x86_64")]
-        KernelPath::Avx2 | KernelPath::Avx2Vnni if has_avx2() => {
-            // SAFETY: the CPU has AVX2, FMA and F16C (checked on this line).
+        Isa::Avx2 => {
+            // SAFETY: the CPU has AVX2, FMA and F16C (`Isa::Avx2`).
             unsafe { x86::dot_f16_avx2(x, y) }
         }
-        #[cfg(target_arch = "aarch64")]
-        KernelPath::Neon | KernelPath::NeonDotprod | KernelPath::NeonFp16 => neon::dot_f16(x, y),
-        _ => dot::vec_dot_f16_lanes(x, y),
     }
 }
 
@@ -240,20 +306,21 @@ pub fn dot_f16(path: KernelPath, x: &[F16Le], y: &[F16Le]) -> f32 {
 /// two computed tensors (training's backward matmuls and written-out attention); F32 weights of
 /// the model file keep the scalar dot.
 pub fn dot_f32(path: KernelPath, x: &[f32], y: &[f32]) -> f32 {
-    match path {
-        KernelPath::Reference => {
+    match path.isa() {
+        Isa::Scalar if path == KernelPath::Reference => {
             let (x, y): (&[crate::quant::blocks::F32Le], &[crate::quant::blocks::F32Le]) =
                 (bytemuck::cast_slice(x), bytemuck::cast_slice(y));
             dot::vec_dot_f32_f32_ref(x, y)
         }
+        // (A SIMD path this CPU lacks: the SIMD kernels' twin.)
+        Isa::Scalar => dot::vec_dot_f32_lanes(x, y),
         #[cfg(target_arch = "aarch64")]
-        KernelPath::Neon | KernelPath::NeonDotprod | KernelPath::NeonFp16 => neon::dot_f32(x, y),
+        Isa::Neon => neon::dot_f32(x, y),
         #[cfg(target_arch = "x86_64")]
-        KernelPath::Avx2 | KernelPath::Avx2Vnni if has_avx2() => {
-            // SAFETY: the CPU has AVX2, FMA and F16C (checked on this line).
+        Isa::Avx2 => {
+            // SAFETY: the CPU has AVX2, FMA and F16C (`Isa::Avx2`).
             unsafe { x86::dot_f32_avx2(x, y) }
         }
-        _ => dot::vec_dot_f32_lanes(x, y),
     }
 }
 
@@ -266,13 +333,15 @@ pub fn add_scaled_rows<const R: usize, const C: usize>(
     d: &[f32; R],
     rows: &[[f32; C]; R],
 ) {
-    match path {
+    match path.isa() {
+        Isa::Scalar => add_scaled_rows_impl(out, d, rows),
+        #[cfg(target_arch = "aarch64")]
+        Isa::Neon => add_scaled_rows_impl(out, d, rows),
         #[cfg(target_arch = "x86_64")]
-        KernelPath::Avx2 | KernelPath::Avx2Vnni if has_avx2() => {
-            // SAFETY: the CPU has AVX2, FMA and F16C (checked on this line).
+        Isa::Avx2 => {
+            // SAFETY: the CPU has AVX2, FMA and F16C (`Isa::Avx2`).
             unsafe { add_scaled_rows_avx2(out, d, rows) }
         }
-        _ => add_scaled_rows_impl(out, d, rows),
     }
 }
 
@@ -295,15 +364,15 @@ fn add_scaled_rows_avx2<const R: usize, const C: usize>(out: &mut [f32], d: &[f3
 
 /// `silu(gate) * up` on `path` (see [`reference::swiglu_ref`]).
 pub fn swiglu(path: KernelPath, gate: &[f32], up: &[f32], out: &mut [f32]) {
-    match path {
+    match path.isa() {
+        Isa::Scalar => reference::swiglu_ref(gate, up, out),
         #[cfg(target_arch = "aarch64")]
-        KernelPath::Neon | KernelPath::NeonDotprod | KernelPath::NeonFp16 => neon::swiglu(gate, up, out),
+        Isa::Neon => neon::swiglu(gate, up, out),
         #[cfg(target_arch = "x86_64")]
-        KernelPath::Avx2 | KernelPath::Avx2Vnni if has_avx2() => {
-            // SAFETY: the CPU has AVX2, FMA and F16C (checked on this line).
+        Isa::Avx2 => {
+            // SAFETY: the CPU has AVX2, FMA and F16C (`Isa::Avx2`).
             unsafe { x86::swiglu_avx2(gate, up, out) }
         }
-        _ => reference::swiglu_ref(gate, up, out),
     }
 }
 
@@ -330,22 +399,20 @@ pub fn flash_attn_row<'k>(
     acc16: &mut [F16Le],
     out: &mut [f32],
 ) -> RowSoftmax {
-    match path {
+    match path.isa() {
+        Isa::Scalar => reference::flash_attn_row_ref(q, q16, keys, key, value, scale, acc16, out),
         #[cfg(target_arch = "aarch64")]
-        KernelPath::NeonFp16 if has_fp16() => {
+        Isa::Neon if path == KernelPath::NeonFp16 && has_fp16() => {
             // SAFETY: the CPU has FEAT_FP16 (checked on this line).
             unsafe { neon::flash_attn_row_fp16(q, q16, keys, key, value, scale, acc16, out) }
         }
         #[cfg(target_arch = "aarch64")]
-        KernelPath::Neon | KernelPath::NeonDotprod | KernelPath::NeonFp16 => {
-            neon::flash_attn_row(q, q16, keys, key, value, scale, acc16, out)
-        }
+        Isa::Neon => neon::flash_attn_row(q, q16, keys, key, value, scale, acc16, out),
         #[cfg(target_arch = "x86_64")]
-        KernelPath::Avx2 | KernelPath::Avx2Vnni if has_avx2() => {
-            // SAFETY: the CPU has AVX2, FMA and F16C (checked on this line).
+        Isa::Avx2 => {
+            // SAFETY: the CPU has AVX2, FMA and F16C (`Isa::Avx2`).
             unsafe { x86::flash_attn_row_avx2(q, q16, keys, key, value, scale, acc16, out) }
         }
-        _ => reference::flash_attn_row_ref(q, q16, keys, key, value, scale, acc16, out),
     }
 }
 
@@ -364,44 +431,44 @@ pub fn flash_attn_rows<'k>(
     acc16: &mut [F16Le],
     outs: &mut [&mut [f32]],
 ) -> [RowSoftmax; FLASH_ROWS] {
-    match path {
+    match path.isa() {
+        Isa::Scalar => reference::flash_attn_rows_ref(qs, q16, keys, key, value, scale, acc16, outs),
         #[cfg(target_arch = "aarch64")]
-        KernelPath::NeonFp16 if has_fp16() => {
+        Isa::Neon if path == KernelPath::NeonFp16 && has_fp16() => {
             // SAFETY: the CPU has FEAT_FP16 (checked on this line).
             unsafe { neon::flash_attn_rows_fp16(qs, q16, keys, key, value, scale, acc16, outs) }
         }
         #[cfg(target_arch = "aarch64")]
-        KernelPath::Neon | KernelPath::NeonDotprod | KernelPath::NeonFp16 => {
-            neon::flash_attn_rows(qs, q16, keys, key, value, scale, acc16, outs)
-        }
+        Isa::Neon => neon::flash_attn_rows(qs, q16, keys, key, value, scale, acc16, outs),
         #[cfg(target_arch = "x86_64")]
-        KernelPath::Avx2 | KernelPath::Avx2Vnni if has_avx2() => {
-            // SAFETY: the CPU has AVX2, FMA and F16C (checked on the match arm).
+        Isa::Avx2 => {
+            // SAFETY: the CPU has AVX2, FMA and F16C (`Isa::Avx2`).
             unsafe { x86::flash_attn_rows_avx2(qs, q16, keys, key, value, scale, acc16, outs) }
         }
-        _ => reference::flash_attn_rows_ref(qs, q16, keys, key, value, scale, acc16, outs),
     }
 }
 
 /// RoPE of one row by a table of its position's angles on `path` (see
 /// [`reference::rope_rotate_ref`]); bit-identical on every path.
 pub fn rope_rotate(path: KernelPath, x: &[f32], out: &mut [f32], cos: &[f32], sin: &[f32], neox: bool) {
-    match path {
+    match path.isa() {
+        Isa::Scalar => reference::rope_rotate_ref(x, out, cos, sin, neox),
         #[cfg(target_arch = "aarch64")]
-        KernelPath::Neon | KernelPath::NeonDotprod | KernelPath::NeonFp16 => {
-            neon::rope_rotate(x, out, cos, sin, neox)
-        }
-        _ => reference::rope_rotate_ref(x, out, cos, sin, neox),
+        Isa::Neon => neon::rope_rotate(x, out, cos, sin, neox),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => reference::rope_rotate_ref(x, out, cos, sin, neox),
     }
 }
 
 /// A row of f32 rounded to f16 on `path` (see [`reference::f32_to_f16_ref`]); the same bits on
 /// every path (NaNs stay NaNs).
 pub fn f32_to_f16(path: KernelPath, x: &[f32], out: &mut [F16Le]) {
-    match path {
+    match path.isa() {
+        Isa::Scalar => reference::f32_to_f16_ref(x, out),
         #[cfg(target_arch = "aarch64")]
-        KernelPath::Neon | KernelPath::NeonDotprod | KernelPath::NeonFp16 => neon::f32_to_f16(x, out),
-        _ => reference::f32_to_f16_ref(x, out),
+        Isa::Neon => neon::f32_to_f16(x, out),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => reference::f32_to_f16_ref(x, out),
     }
 }
 
@@ -432,20 +499,65 @@ pub fn flash_attn_tile<'k>(
         return;
     }
     let t = attn_tile::Tiles { ty, dk, dv, scale, keys: &keys[..n] };
-    match path {
-        #[cfg(target_arch = "x86_64")]
-        KernelPath::Avx2 | KernelPath::Avx2Vnni if has_avx2() => {
-            // SAFETY: the CPU has AVX2, FMA and F16C (checked on the match arm).
-            unsafe { x86::attn_tile_avx2(&t, &qs[..n], key, value, scratch, &mut outs[..n]) }
-        }
-        #[cfg(target_arch = "aarch64")]
-        KernelPath::Neon | KernelPath::NeonDotprod | KernelPath::NeonFp16 => {
-            neon::attn_tile(&t, &qs[..n], key, value, scratch, &mut outs[..n])
-        }
-        _ => {
+    match path.isa() {
+        Isa::Scalar => {
             for r in 0..n {
                 attn_tile::flash_attn_tile_ref(ty, qs[r], keys[r].clone(), &key, &value, scale, outs[r]);
             }
         }
+        #[cfg(target_arch = "aarch64")]
+        Isa::Neon => neon::attn_tile(&t, &qs[..n], key, value, scratch, &mut outs[..n]),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => {
+            // SAFETY: the CPU has AVX2, FMA and F16C (`Isa::Avx2`).
+            unsafe { x86::attn_tile_avx2(&t, &qs[..n], key, value, scratch, &mut outs[..n]) }
+        }
     }
+}
+
+/// Up to [`kv_attn::TYPED_ROWS`] query rows `qs` of flash attention over keys of the same cache, row `r`
+/// over keys `keys[r]` (the tokens of a prompt see different keys): for each of its keys `j`,
+/// `s = dot(key(j), q) * scale`, then the online softmax of ggml (a new maximum rescales the
+/// accumulator by `exp(old - new)` and adds the value with weight 1, else the value is added with
+/// weight `exp(s - max)`), and `outs[r] = acc / sum`. Each row's result is the one it gets alone.
+/// Scratch: `qconv` holds the converted queries ([`kv_attn::KvOps::query_bytes`] each), `acc`
+/// `outs.len() * dv` accumulators and `vals` widened values of at least one key (`dv = outs[r].len()`;
+/// [`kv_attn::KEY_CHUNK`] keys' worth lets every row take a chunk of keys at once). An empty
+/// range gives zeros. Rows whose sizes do not fit the scratch are left untouched (the executor
+/// sizes it). Every path gives the reference operations' bits. Returns where each row's softmax
+/// ended.
+#[allow(clippy::too_many_arguments)]
+pub fn flash_attn_rows_typed<'k>(
+    ops: &kv_attn::KvOps,
+    qs: &[&[f32]],
+    qconv: &mut [u8],
+    keys: &[Range<usize>],
+    key: impl Fn(usize) -> &'k [u8],
+    value: impl Fn(usize) -> &'k [u8],
+    scale: f32,
+    acc: &mut [f32],
+    vals: &mut [f32],
+    outs: &mut [&mut [f32]],
+) -> [RowSoftmax; kv_attn::TYPED_ROWS] {
+    let Some(a) = kv_attn::prepare(ops, qs, qconv, keys, scale, acc.len(), vals.len(), outs) else {
+        return [RowSoftmax::EMPTY; kv_attn::TYPED_ROWS];
+    };
+    let acc = &mut acc[..a.n * a.dv];
+    let ends = match ops.simd() {
+        #[cfg(target_arch = "x86_64")]
+        Some(kv_attn::Simd::Avx2) => {
+            // SAFETY: `KvOps::new` chose Avx2 after checking that the CPU has AVX2, FMA and F16C.
+            unsafe { x86::kv_attend_avx2(ops, &a, key, value, acc, vals) }
+        }
+        #[cfg(target_arch = "aarch64")]
+        Some(kv_attn::Simd::Neon) => neon::kv_attend(ops, &a, key, value, acc, vals),
+        #[cfg(target_arch = "aarch64")]
+        Some(kv_attn::Simd::NeonDotprod) => {
+            // SAFETY: `KvOps::new` chose NeonDotprod after checking that the CPU has FEAT_DotProd.
+            unsafe { neon::kv_attend_dotprod(ops, &a, key, value, acc, vals) }
+        }
+        None => kv_attn::attend_ref(ops, &a, key, value, acc, vals),
+    };
+    kv_attn::normalise(&ends, acc, a.dv, &mut outs[..a.n]);
+    ends
 }

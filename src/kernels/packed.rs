@@ -72,10 +72,6 @@ use crate::quant::blocks::{
 };
 use crate::quant::{GgmlType, QK_K};
 
-// The reference matmul and activation quantizer live with the other reference twins.
-use super::reference::{f16_at, value};
-pub use super::reference::{f16_round, matmul_ref, quantize_act_ref};
-
 /// Bumped whenever the byte layout above changes (repacked-weight caches record it).
 pub const LAYOUT_VERSION: u32 = 4;
 /// Rows per interleaved group.
@@ -205,6 +201,22 @@ impl PackedFormat {
         match self {
             Self::Q4Min | Self::Q8Min | Self::Q4K | Self::Q5Min | Self::Q5K => true,
             Self::Q4 | Self::Q8 | Self::Q8Sub16 | Self::Q6K | Self::Q5 => false,
+        }
+    }
+
+    /// Whether each 16-element half of a block has its own scale (Q8Sub16's second `d[4]`, Q6K's
+    /// sub-block scales).
+    pub const fn has_sub16(self) -> bool {
+        match self {
+            Self::Q8Sub16 | Self::Q6K => true,
+            Self::Q4
+            | Self::Q4Min
+            | Self::Q8
+            | Self::Q8Min
+            | Self::Q4K
+            | Self::Q5
+            | Self::Q5Min
+            | Self::Q5K => false,
         }
     }
 
@@ -682,18 +694,78 @@ pub fn dequantize_packed_row(w: &PackedMatrix<'_>, row: usize, out: &mut [f32]) 
                     let (d, sc) = q6k_scales(gs, b, r);
                     d * sc[e / 16] as f32 * q
                 }
-                _ => {
+                PackedFormat::Q4Min => {
                     let [d, m] = block_scales(w.format, gs, b, r);
-                    match w.format {
-                        PackedFormat::Q4Min => d * (q + 8.0) + m,
-                        PackedFormat::Q8Min | PackedFormat::Q5Min => d * q + m,
-                        PackedFormat::Q8Sub16 if e >= 16 => m * q,
-                        _ => d * q,
-                    }
+                    d * (q + 8.0) + m
+                }
+                PackedFormat::Q8Min | PackedFormat::Q5Min => {
+                    let [d, m] = block_scales(w.format, gs, b, r);
+                    d * q + m
+                }
+                PackedFormat::Q8Sub16 => {
+                    // The scales of elements 0..16, then 16..32.
+                    let [lo, hi] = block_scales(w.format, gs, b, r);
+                    let d = if e >= 16 { hi } else { lo };
+                    d * q
+                }
+                PackedFormat::Q4 | PackedFormat::Q8 | PackedFormat::Q5 => {
+                    block_scales(w.format, gs, b, r)[0] * q
                 }
             };
         }
     }
+}
+
+/// Rounds to the nearest f16 value, kept as f32.
+#[inline]
+pub fn f16_round(x: f32) -> f32 {
+    half::f16::from_f32(x).to_f32()
+}
+
+/// The f16 at index `i` of little-endian bytes, as f32.
+#[inline]
+pub(crate) fn f16_at(bytes: &[u8], i: usize) -> f32 {
+    F16Le([bytes[2 * i], bytes[2 * i + 1]]).to_f32()
+}
+
+/// Value of element `e` of row `r` in an interleaved block: signed, except the unsigned `u` of
+/// Q5Min and Q5K.
+#[inline]
+pub fn value(format: PackedFormat, block: &[u8], r: usize, e: usize) -> i32 {
+    if format == PackedFormat::Q6K {
+        value_q6k(block, r, e)
+    } else if format == PackedFormat::Q5 {
+        value_q5(block, r, e)
+    } else if format.is_5bit() {
+        // Q5Min, Q5K: the unsigned value.
+        value_q5(block, r, e) + 16
+    } else if format.is_4bit() {
+        let byte = block[16 * ((e % 16) / 4) + 4 * r + e % 4];
+        let nibble = if e < 16 { byte << 4 } else { byte & 0xF0 };
+        i32::from(nibble as i8) / 16
+    } else {
+        i32::from(block[16 * (e / 4) + 4 * r + e % 4] as i8)
+    }
+}
+
+/// Signed value (-32..=31) of element `e` of row `r` in a [`PackedFormat::Q6K`] block: the low 4
+/// bits as in the 4-bit layout, the high 2 (stored XOR 2) from the plane after them.
+#[inline]
+pub(crate) fn value_q6k(block: &[u8], r: usize, e: usize) -> i32 {
+    let byte = block[16 * ((e % 16) / 4) + 4 * r + e % 4];
+    let low = if e < 16 { byte & 0xF } else { byte >> 4 };
+    let high = ((block[64 + 16 * ((e / 4) % 2) + 4 * r + e % 4] >> (2 * (e / 8))) & 3) ^ 2;
+    i32::from(low | (high << 4)) - 32
+}
+
+/// Signed value (-16..=15) of element `e` of row `r` in a [`PackedFormat::Q5`] block: the low 4 bits
+/// as in the 4-bit layout, the high bit (stored XOR 1) from the plane after them.
+#[inline]
+pub(crate) fn value_q5(block: &[u8], r: usize, e: usize) -> i32 {
+    let byte = block[16 * ((e % 16) / 4) + 4 * r + e % 4];
+    let low = if e < 16 { byte & 0xF } else { byte >> 4 };
+    let high = ((block[64 + 4 * r + e % 4] >> (e / 4)) & 1) ^ 1;
+    i32::from(low | (high << 4)) - 16
 }
 
 /// Row `r`'s two scales of block `b` as the matmul takes them, from a group's scale plane `gs`:

@@ -4,7 +4,8 @@
 //! quant planes with the file's 6-bit super-block scales: the kernels decode a chunk of groups'
 //! scales into per-block f16 `d * sc` and `-dmin * m` ([`q4k_scales`], a few vector instructions per
 //! 8 blocks), into a buffer that stays in L1, and run the Q4Min / Q5Min code on the quant plane as
-//! it is (x86 inside its passes, the NEON paths through [`matmul_decoded`]).
+//! it is (x86 inside its passes, the NEON paths through [`matmul_decoded`]: a step of their
+//! [`super::matmul::MatmulKernel`]).
 //!
 //! **Q6K and 5-bit values.** The NEON int8 kernels' prompt tiles (and the plain-NEON path; one token
 //! runs their own GEMVs) read the 6-bit and 5-bit layouts widened a chunk of row groups at a time
@@ -13,7 +14,7 @@
 //! that layout's kernels on it. (The x86 kernels unpack them in registers.) Weights are read from
 //! memory once, at their narrow width; the widening costs a few vector instructions per 16 weights,
 //! shared by every token of a prompt tile. The reference twin
-//! ([`crate::kernels::packed::matmul_ref`]) computes the same numbers from the narrow layouts
+//! ([`crate::kernels::reference::matmul_ref`]) computes the same numbers from the narrow layouts
 //! directly.
 
 use core::ops::Range;
@@ -22,7 +23,6 @@ use super::packed::{
     block_scales, q6k_scales, ActBlock, PackedFormat, PackedMatrix, BLOCK, GROUP_ROWS, Q4K_SCALE_BYTES,
     SUPER_BLOCKS, SUPER_SCALE_BYTES,
 };
-use super::KernelPath;
 use crate::quant::blocks::F16Le;
 
 /// Row groups widened at once: a multiple of the dot-product kernels' 4-group passes, and enough
@@ -65,7 +65,7 @@ pub fn widen_ref(w: &PackedMatrix<'_>, g: usize, blocks: Range<usize>, quants: &
         let dst = &mut quants[i * WIDE_Q..(i + 1) * WIDE_Q];
         for r in 0..GROUP_ROWS {
             for e in 0..BLOCK {
-                dst[16 * (e / 4) + 4 * r + e % 4] = super::reference::value(w.format, block, r, e) as u8;
+                dst[16 * (e / 4) + 4 * r + e % 4] = super::packed::value(w.format, block, r, e) as u8;
             }
         }
         let out = &mut scales[i * ws..(i + 1) * ws];
@@ -89,52 +89,20 @@ fn q6k_wide_scales(gs: &[u8], b: usize, out: &mut [u8]) {
     }
 }
 
-/// [`widen_ref`] on `path` (same bytes on every path).
-pub fn widen(
-    path: KernelPath,
-    w: &PackedMatrix<'_>,
-    g: usize,
-    blocks: Range<usize>,
-    quants: &mut [u8],
-    scales: &mut [u8],
-) {
-    match path {
-        #[cfg(target_arch = "aarch64")]
-        KernelPath::Neon | KernelPath::NeonDotprod | KernelPath::NeonFp16 => match w.format {
-            PackedFormat::Q6K => super::neon::widen_q6k(w, g, blocks, quants, scales),
-            PackedFormat::Q5 | PackedFormat::Q5Min | PackedFormat::Q5K => {
-                super::neon::widen_q5(w, g, blocks, quants, scales)
-            }
-            PackedFormat::Q4
-            | PackedFormat::Q4Min
-            | PackedFormat::Q8
-            | PackedFormat::Q8Min
-            | PackedFormat::Q8Sub16
-            | PackedFormat::Q4K => widen_ref(w, g, blocks, quants, scales),
-        },
-        #[cfg(not(target_arch = "aarch64"))]
-        KernelPath::Neon | KernelPath::NeonDotprod | KernelPath::NeonFp16 => {
-            widen_ref(w, g, blocks, quants, scales)
-        }
-        KernelPath::Reference | KernelPath::Avx2 | KernelPath::Avx2Vnni => {
-            widen_ref(w, g, blocks, quants, scales)
-        }
-    }
-}
-
-/// Packed matmul of a Q6K or Q5 matrix on `path` (the contract of
-/// [`crate::kernels::packed::matmul_ref`]): chunks of up to [`CHUNK_GROUPS`] groups are widened
-/// ([`wide_format`]), then every token tile runs `path`'s kernel for that layout on the chunk.
+/// Packed matmul of a Q6K or Q5 matrix (the contract of [`crate::kernels::reference::matmul_ref`]):
+/// chunks of up to [`CHUNK_GROUPS`] groups are widened by `widen` (a twin of [`widen_ref`]) into
+/// their [`wide_format`], then every token tile runs `kernel`, that layout's matmul, on the chunk.
 /// Chunks are whole rows (fewer groups the longer the rows, within the scratch of
 /// `CHUNK_GROUPS x CHUNK_BLOCKS` blocks), so a row is summed in one pass as a lone token's
 /// kernel sums it: a token's results do not depend on the batch it is in. Only rows longer than
 /// the scratch (k > 16384) are cut along `k`, the chunks adding up.
 pub fn matmul_widened(
-    path: KernelPath,
+    mut widen: impl FnMut(&PackedMatrix<'_>, usize, Range<usize>, &mut [u8], &mut [u8]),
     w: &PackedMatrix<'_>,
     groups: Range<usize>,
     acts: &[&[ActBlock]],
     outs: &mut [&mut [f32]],
+    mut kernel: impl FnMut(&PackedMatrix<'_>, Range<usize>, &[&[ActBlock]], &mut [&mut [f32]]),
 ) {
     let n = acts.len().min(outs.len());
     let nb = w.blocks();
@@ -142,7 +110,7 @@ pub fn matmul_widened(
         && shapes_fit(w, &groups, &acts[..n], &outs[..n]);
     if !sane || nb == 0 {
         // The reference's own checks and messages (and its handling of empty rows).
-        return super::packed::matmul_ref(w, groups, acts, outs);
+        return super::reference::matmul_ref(w, groups, acts, outs);
     }
     let mut quants = [0u8; CHUNK_GROUPS * CHUNK_BLOCKS * WIDE_Q];
     let mut scales = [0u8; CHUNK_GROUPS * CHUNK_BLOCKS * WIDE_S];
@@ -168,7 +136,7 @@ pub fn matmul_widened(
             let (q, s) = (&mut quants[..gn * kn * WIDE_Q], &mut scales[..gn * kn * ws]);
             for gi in 0..gn {
                 let (qg, sg) = (&mut q[gi * kn * WIDE_Q..][..kn * WIDE_Q], &mut s[gi * kn * ws..][..kn * ws]);
-                widen(path, w, g0 + gi, c0..c0 + kn, qg, sg);
+                widen(w, g0 + gi, c0..c0 + kn, qg, sg);
             }
             let view = PackedMatrix { format: wide, rows, k: BLOCK * kn, quants: q, scales: s };
             let mut t0 = 0;
@@ -183,12 +151,12 @@ pub fn matmul_widened(
                     for (o, out) in o.iter_mut().zip(outs[t0..t0 + tn].iter_mut()) {
                         *o = &mut out[out0..out0 + rows];
                     }
-                    super::packed_matmul(path, &view, 0..gn, &a[..tn], &mut o[..tn]);
+                    kernel(&view, 0..gn, &a[..tn], &mut o[..tn]);
                 } else {
                     for (o, p) in o.iter_mut().zip(part.iter_mut()) {
                         *o = &mut p[..rows];
                     }
-                    super::packed_matmul(path, &view, 0..gn, &a[..tn], &mut o[..tn]);
+                    kernel(&view, 0..gn, &a[..tn], &mut o[..tn]);
                     for (out, p) in outs[t0..t0 + tn].iter_mut().zip(&part) {
                         for (y, &v) in out[out0..out0 + rows].iter_mut().zip(p) {
                             *y += v;
@@ -231,43 +199,21 @@ pub fn q4k_lengths_match(units: &[u8], out: &[u8]) -> bool {
     units.len() % Q4K_SCALE_BYTES == 0 && out.len() == units.len() / Q4K_SCALE_BYTES * Q4K_WIDE_UNIT
 }
 
-/// [`q4k_scales_ref`] on `path` (the same bytes on every path).
-pub fn q4k_scales(path: KernelPath, unit: &[u8], out: &mut [u8]) {
-    match path {
-        #[cfg(target_arch = "aarch64")]
-        KernelPath::NeonFp16 if KernelPath::NeonFp16.is_available() => {
-            // SAFETY: the CPU has FEAT_FP16 (checked on this line).
-            unsafe { super::neon::q4k_scales_fp16(unit, out) }
-        }
-        #[cfg(target_arch = "aarch64")]
-        KernelPath::Neon | KernelPath::NeonDotprod | KernelPath::NeonFp16 => {
-            super::neon::q4k_scales(unit, out)
-        }
-        #[cfg(not(target_arch = "aarch64"))]
-        KernelPath::Neon | KernelPath::NeonDotprod | KernelPath::NeonFp16 => q4k_scales_ref(unit, out),
-        #[cfg(target_arch = "x86_64")]
-        KernelPath::Avx2 | KernelPath::Avx2Vnni if KernelPath::Avx2.is_available() => {
-            // SAFETY: the CPU has AVX2, FMA and F16C (checked on this line).
-            unsafe { super::x86::q4k_scales(unit, out) }
-        }
-        KernelPath::Reference | KernelPath::Avx2 | KernelPath::Avx2Vnni => q4k_scales_ref(unit, out),
-    }
-}
-
 /// Bytes of decoded scales [`matmul_decoded`] holds at once.
 pub const Q4K_SCRATCH: usize = 32 << 10;
 
-/// Packed matmul of a Q4K or Q5K matrix on `path` through the kernels of its
-/// [`PackedFormat::decoded`] format, Q4Min or Q5Min (the contract of
-/// [`crate::kernels::packed::matmul_ref`]): per chunk of up to [`CHUNK_GROUPS`] groups (whole
-/// rows, as many as [`Q4K_SCRATCH`] holds), the scales are decoded and `path`'s kernel runs on the
-/// quant plane's groups as they are.
+/// Packed matmul of a Q4K or Q5K matrix through the kernels of its [`PackedFormat::decoded`]
+/// format, Q4Min or Q5Min (the contract of [`crate::kernels::reference::matmul_ref`]): per chunk of
+/// up to [`CHUNK_GROUPS`] groups (whole rows, as many as [`Q4K_SCRATCH`] holds), the scales are
+/// decoded by `decode` (a twin of [`q4k_scales_ref`]) and `kernel`, the decoded format's matmul,
+/// runs on the quant plane's groups as they are, per tile of up to 16 tokens.
 pub fn matmul_decoded(
-    path: KernelPath,
+    mut decode: impl FnMut(&[u8], &mut [u8]),
     w: &PackedMatrix<'_>,
     groups: Range<usize>,
     acts: &[&[ActBlock]],
     outs: &mut [&mut [f32]],
+    mut kernel: impl FnMut(&PackedMatrix<'_>, Range<usize>, &[&[ActBlock]], &mut [&mut [f32]]),
 ) {
     let n = acts.len().min(outs.len());
     let nb = w.blocks();
@@ -277,7 +223,7 @@ pub fn matmul_decoded(
         && shapes_fit(w, &groups, &acts[..n], &outs[..n]);
     // (No chunk: rows wider than the scratch, k > 2^16, which no model has: the reference.)
     if !sane || chunk == 0 {
-        return super::packed::matmul_ref(w, groups, acts, outs);
+        return super::reference::matmul_ref(w, groups, acts, outs);
     }
     let mut scales = [0u8; Q4K_SCRATCH];
     let qrow = nb * w.format.quant_bytes();
@@ -287,7 +233,7 @@ pub fn matmul_decoded(
         let s = &mut scales[..gn * wide_row];
         // The chunk's groups are one run of the scale plane.
         let units = &w.scales[g0 * w.group_scales(0).len()..(g0 + gn) * w.group_scales(0).len()];
-        q4k_scales(path, units, s);
+        decode(units, s);
         let view = PackedMatrix {
             format: w.format.decoded(),
             rows: GROUP_ROWS * gn,
@@ -303,7 +249,7 @@ pub fn matmul_decoded(
             for (o, out) in o.iter_mut().zip(outs[t0..t0 + tn].iter_mut()) {
                 *o = &mut out[out0..out0 + GROUP_ROWS * gn];
             }
-            super::packed_matmul(path, &view, 0..gn, &acts[t0..t0 + tn], &mut o[..tn]);
+            kernel(&view, 0..gn, &acts[t0..t0 + tn], &mut o[..tn]);
             t0 += tn;
         }
         g0 += gn;

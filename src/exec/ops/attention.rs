@@ -363,7 +363,7 @@ impl<'a, const N: usize> Bound<'a, N> {
                     let TypedScratch { qconv, acc, vals } =
                         typed_scratch.get_or_insert_with(TypedScratch::new);
                     let (qs, ranges, outs) = (&qs[..n], &ranges[..n], &mut outs[..n]);
-                    let got = kernels::kv_attn::flash_attn_rows_typed(
+                    let got = kernels::flash_attn_rows_typed(
                         &ops, qs, qconv, ranges, key, value, scale, acc, vals, outs,
                     );
                     (0..n).for_each(|i| put(i, got[i]));
@@ -628,7 +628,7 @@ pub(in crate::exec) fn flash_attn_typed_rows<'k>(
     let Some(dv) = outs.first().map(|o| o.len()) else { return };
     let TypedWork { scratch: TypedScratch { qconv, acc, vals }, parts } = work;
     let mut typed = |qs: &[&[f32]], keys: &[Range<usize>], outs: &mut [&mut [f32]]| {
-        kernels::kv_attn::flash_attn_rows_typed(ops, qs, qconv, keys, &key, &value, scale, acc, vals, outs)
+        kernels::flash_attn_rows_typed(ops, qs, qconv, keys, &key, &value, scale, acc, vals, outs)
     };
     // Row r's parts, if it is summed in parts (as the f16 path: parts that would not fit the
     // buffer leave a row in one pass).

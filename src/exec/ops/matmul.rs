@@ -261,7 +261,7 @@ impl<'a, const N: usize> Bound<'a, N> {
         if groups.is_empty() || op.k != w.k {
             return;
         }
-        let path = self.path;
+        let kernel = self.matmul.of(w.format);
         // A last group the rows do not fill (see `packed`) writes into `spare` first: only its
         // real rows reach the output.
         let full = groups.start..groups.end.min(w.rows / GROUP_ROWS).max(groups.start);
@@ -288,7 +288,7 @@ impl<'a, const N: usize> Bound<'a, N> {
                         };
                     }
                     if !full.is_empty() {
-                        kernels::packed_matmul(path, w, full.clone(), &acts[..tile], &mut outs[..tile]);
+                        kernel.run(w, full.clone(), &acts[..tile], &mut outs[..tile]);
                     }
                     if !partial.is_empty() {
                         let mut spare = [[0f32; GROUP_ROWS]; PACKED_TOKENS];
@@ -297,13 +297,7 @@ impl<'a, const N: usize> Bound<'a, N> {
                         for (o, s) in spare_outs.iter_mut().zip(spare.iter_mut()) {
                             *o = s;
                         }
-                        kernels::packed_matmul(
-                            path,
-                            w,
-                            partial.clone(),
-                            &acts[..tile],
-                            &mut spare_outs[..tile],
-                        );
+                        kernel.run(w, partial.clone(), &acts[..tile], &mut spare_outs[..tile]);
                         for (j, s) in spare_outs[..tile].iter().enumerate() {
                             let at = t.row_offset(n + j, i2, i3) + GROUP_ROWS * partial.start * 4;
                             // SAFETY: the real rows of the last group, owned by this thread.
@@ -367,7 +361,7 @@ impl<'a, const N: usize> Bound<'a, N> {
         }
         let ne = t.ne_for(step.n_kv);
         let (n_used, n_tokens) = (ne[1], ne[2]);
-        let path = self.path;
+        let kernel = self.matmul.of(w.format);
         let row_bytes = act_row_bytes(w.k);
         let out_at = local.start * GROUP_ROWS * 4;
         let out_len = local.len() * GROUP_ROWS;
@@ -379,11 +373,9 @@ impl<'a, const N: usize> Bound<'a, N> {
         }
         let run_tile = |groups: Range<usize>, acts: &[&[ActBlock]], outs: &mut [&mut [f32]]| {
             #[cfg(feature = "moe-gather-bench")]
-            gathered(w, groups.clone(), |copy| {
-                kernels::packed_matmul(path, copy, 0..groups.len(), acts, outs)
-            });
+            gathered(w, groups.clone(), |copy| kernel.run(copy, 0..groups.len(), acts, outs));
             #[cfg(not(feature = "moe-gather-bench"))]
-            kernels::packed_matmul(path, w, groups, acts, outs);
+            kernel.run(w, groups, acts, outs);
         };
         for e in 0..n_expert {
             let groups = e * per_expert + local.start..e * per_expert + local.end;

@@ -4,7 +4,8 @@ use core::arch::asm;
 use core::ops::Range;
 
 use super::*;
-use crate::kernels::packed::{ActBlock, PackedMatrix, GROUP_ROWS};
+use crate::kernels::packed::{ActBlock, PackedFormat, PackedMatrix, GROUP_ROWS};
+use crate::kernels::reference::matmul_ref;
 
 // ---------------------------------------------------------------------------------------------
 // Q6K, one token: unpacked in registers
@@ -138,19 +139,103 @@ macro_rules! q6k_gemv_kernel { ($name:ident, $features:literal, $dl:ident, $sc:i
 q6k_gemv_kernel!(q6k_gemv4, "dotprod", q6k_d_f32, q6k_sc_f32);
 q6k_gemv_kernel!(q6k_gemv4_fp16, "dotprod,fp16", q6k_d_f16, q6k_sc_f16);
 
+/// One token of a Q6K matrix, unpacked in registers (the contract of
+/// [`crate::kernels::reference::matmul_ref`]; another format or token count runs the reference).
+///
+/// # Safety
+/// The CPU must have FEAT_DotProd.
+#[target_feature(enable = "dotprod")]
+pub unsafe fn gemv_q6k(
+    w: &PackedMatrix<'_>,
+    groups: Range<usize>,
+    acts: &[&[ActBlock]],
+    outs: &mut [&mut [f32]],
+) {
+    // SAFETY: the CPU has dotprod (our contract).
+    unsafe { narrow_gemv(PackedFormat::Q6K, q6k_gemv4, w, groups, acts, outs) }
+}
+
+/// [`gemv_q6k`] with the scales in FEAT_FP16 arithmetic (the same values, fewer instructions).
+///
+/// # Safety
+/// The CPU must have FEAT_DotProd and FEAT_FP16.
+#[target_feature(enable = "dotprod,fp16")]
+pub unsafe fn gemv_q6k_fp16(
+    w: &PackedMatrix<'_>,
+    groups: Range<usize>,
+    acts: &[&[ActBlock]],
+    outs: &mut [&mut [f32]],
+) {
+    // SAFETY: the CPU has dotprod and FEAT_FP16 (our contract).
+    unsafe { narrow_gemv(PackedFormat::Q6K, q6k_gemv4_fp16, w, groups, acts, outs) }
+}
+
+/// One token of a Q5 matrix, unpacked in registers (as [`gemv_q6k`]).
+///
+/// # Safety
+/// The CPU must have FEAT_DotProd.
+#[target_feature(enable = "dotprod")]
+pub unsafe fn gemv_q5(
+    w: &PackedMatrix<'_>,
+    groups: Range<usize>,
+    acts: &[&[ActBlock]],
+    outs: &mut [&mut [f32]],
+) {
+    // SAFETY: the CPU has dotprod (our contract).
+    unsafe { narrow_gemv(PackedFormat::Q5, q5_gemv4, w, groups, acts, outs) }
+}
+
+/// One token of a Q5Min matrix (and of Q5K's once its scales are decoded), unpacked in
+/// registers (as [`gemv_q6k`]).
+///
+/// # Safety
+/// The CPU must have FEAT_DotProd.
+#[target_feature(enable = "dotprod")]
+pub unsafe fn gemv_q5min(
+    w: &PackedMatrix<'_>,
+    groups: Range<usize>,
+    acts: &[&[ActBlock]],
+    outs: &mut [&mut [f32]],
+) {
+    // SAFETY: the CPU has dotprod (our contract).
+    unsafe { narrow_gemv(PackedFormat::Q5Min, q5m_gemv4, w, groups, acts, outs) }
+}
+
+/// `kernel`'s passes, the single-token pass of `format`, over `w` when it is one token of that
+/// format; anything else runs the reference.
+///
+/// # Safety
+/// The CPU has `kernel`'s features.
+#[inline(always)]
+unsafe fn narrow_gemv(
+    format: PackedFormat,
+    kernel: Gemv4,
+    w: &PackedMatrix<'_>,
+    groups: Range<usize>,
+    acts: &[&[ActBlock]],
+    outs: &mut [&mut [f32]],
+) {
+    if w.format != format || acts.len().min(outs.len()) != 1 {
+        return matmul_ref(w, groups, acts, outs);
+    }
+    // SAFETY: `kernel` is `format`'s pass and its loop count is the blocks (Q5) or super-blocks
+    // (Q6K) of a row; the CPU has its features (our contract).
+    unsafe { gemv_passes(w, groups, acts, outs, kernel, w.blocks() / format.blocks_per_unit()) }
+}
+
 /// A single-token pass over 4 row groups of a narrow format (`q6k_gemv4`, `q5_gemv4`, ...): the
 /// groups' quant and scale planes, the activation row, the kernel's loop count (blocks, or
 /// super-blocks for Q6K) and 16 output floats.
 pub(super) type Gemv4 = unsafe fn([*const u8; 4], [*const u8; 4], *const ActBlock, usize, *mut f32);
 
-/// One token against a narrow format (the contract of [`crate::kernels::packed::matmul_ref`]):
+/// One token against a narrow format (the contract of [`crate::kernels::reference::matmul_ref`]):
 /// passes of 4 groups of `kernel`; a tail of 1 to 3 groups runs as a pass with its last group
 /// repeated, into a spare.
 ///
 /// # Safety
 /// The CPU has `kernel`'s features; `kernel` is the single-token pass of `w`'s format and `count`
 /// its loop count for `w`'s rows.
-pub(super) unsafe fn gemv_passes(
+unsafe fn gemv_passes(
     w: &PackedMatrix<'_>,
     groups: Range<usize>,
     acts: &[&[ActBlock]],

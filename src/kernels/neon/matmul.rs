@@ -5,7 +5,9 @@ use core::arch::asm;
 use core::ops::Range;
 
 use super::*;
+use crate::kernels::layout::Layout;
 use crate::kernels::packed::{ActBlock, PackedFormat, PackedMatrix, GROUP_ROWS};
+use crate::kernels::reference::matmul_ref;
 
 // ---------------------------------------------------------------------------------------------
 // Shared matmul plumbing
@@ -36,54 +38,45 @@ pub(super) static ZEROS: [f32; 16] = [0.0; 16];
 // ---------------------------------------------------------------------------------------------
 // Packed matmul without `sdot` (A72/A53-class cores)
 
-/// Packed matmul without the dot-product extension: per 4 activation quants broadcast over the 4
-/// rows, `smull`/`smlal` pairs of int8 products into int16 (two products of |16 q| <= 128 and
-/// |a| <= 127 fit), `sadalp` into int32. One token runs 4 groups per pass (sharing the
-/// broadcasts), several run 1 group x 4 tokens (sharing the unpacked weights).
-pub fn matmul(w: &PackedMatrix<'_>, groups: Range<usize>, acts: &[&[ActBlock]], outs: &mut [&mut [f32]]) {
-    if matches!(w.format, PackedFormat::Q4K | PackedFormat::Q5K) {
-        return crate::kernels::widen::matmul_decoded(
-            crate::kernels::KernelPath::Neon,
-            w,
-            groups,
-            acts,
-            outs,
-        );
-    }
-    if matches!(w.format, PackedFormat::Q6K | PackedFormat::Q5 | PackedFormat::Q5Min) {
-        return crate::kernels::widen::matmul_widened(
-            crate::kernels::KernelPath::Neon,
-            w,
-            groups,
-            acts,
-            outs,
-        );
+/// Packed matmul of layout `L` without the dot-product extension: per 4 activation quants
+/// broadcast over the 4 rows, `smull`/`smlal` pairs of int8 products into int16 (two products of
+/// |16 q| <= 128 and |a| <= 127 fit), `sadalp` into int32. One token runs 4 groups per pass
+/// (sharing the broadcasts), several run 1 group x 4 tokens (sharing the unpacked weights). `L`
+/// is a 4- or 8-bit layout (a compile error otherwise: the others are widened or decoded into
+/// these first, see [`crate::kernels::matmul`]); a matrix of another format runs the reference.
+pub fn matmul_neon<L: Layout>(
+    w: &PackedMatrix<'_>,
+    groups: Range<usize>,
+    acts: &[&[ActBlock]],
+    outs: &mut [&mut [f32]],
+) {
+    const { assert!(reads(L::FORMAT), "matmul_neon reads the 4- and 8-bit layouts only") };
+    if w.format != L::FORMAT {
+        return matmul_ref(w, groups, acts, outs);
     }
     let Some(n) = matmul_tokens(w, &groups, acts, outs) else { return };
     // SAFETY: NEON is part of the aarch64 baseline (every arm).
-    unsafe {
-        match w.format {
-            PackedFormat::Q4 => matmul_neon::<FMT_Q4>(w, groups, acts, outs, n),
-            // (Q4K went through `matmul_decoded`, which calls back with Q4Min.)
-            PackedFormat::Q4Min | PackedFormat::Q4K => matmul_neon::<FMT_Q4MIN>(w, groups, acts, outs, n),
-            PackedFormat::Q8 | PackedFormat::Q5 => matmul_neon::<FMT_Q8>(w, groups, acts, outs, n),
-            PackedFormat::Q8Min | PackedFormat::Q5Min | PackedFormat::Q5K => {
-                matmul_neon::<FMT_Q8MIN>(w, groups, acts, outs, n)
-            }
-            PackedFormat::Q8Sub16 | PackedFormat::Q6K => matmul_neon::<FMT_Q8SUB16>(w, groups, acts, outs, n),
-        }
+    unsafe { matmul_tiles::<L>(w, groups, acts, outs, n) }
+}
+
+/// The layouts the plain NEON kernels read.
+const fn reads(format: PackedFormat) -> bool {
+    match format {
+        PackedFormat::Q4
+        | PackedFormat::Q4Min
+        | PackedFormat::Q8
+        | PackedFormat::Q8Min
+        | PackedFormat::Q8Sub16 => true,
+        PackedFormat::Q6K
+        | PackedFormat::Q4K
+        | PackedFormat::Q5
+        | PackedFormat::Q5Min
+        | PackedFormat::Q5K => false,
     }
 }
 
-// The formats as const parameters, so each gets its own inner loops.
-const FMT_Q4: u8 = 0;
-const FMT_Q4MIN: u8 = 1;
-const FMT_Q8: u8 = 2;
-const FMT_Q8MIN: u8 = 3;
-const FMT_Q8SUB16: u8 = 4;
-
 #[target_feature(enable = "neon")]
-fn matmul_neon<const F: u8>(
+fn matmul_tiles<L: Layout>(
     w: &PackedMatrix<'_>,
     groups: Range<usize>,
     acts: &[&[ActBlock]],
@@ -96,7 +89,7 @@ fn matmul_neon<const F: u8>(
         let (act, out) = (acts[0], &mut *outs[0]);
         while groups.end - g >= 4 {
             let planes = core::array::from_fn(|i| (w.group_quants(g + i), w.group_scales(g + i)));
-            let f = groups_gemv::<F>(planes, act, nb);
+            let f = groups_gemv::<L>(planes, act, nb);
             st_f32x16(&mut out[GROUP_ROWS * (g - groups.start)..], f);
             g += 4;
         }
@@ -107,13 +100,13 @@ fn matmul_neon<const F: u8>(
         let mut t = 0;
         while t < n {
             if let Ok(a) = <&[&[ActBlock]; 4]>::try_from(&acts[t..n.min(t + 4)]) {
-                let f = group_tokens::<F, 4>(q, s, a, nb);
+                let f = group_tokens::<L, 4>(q, s, a, nb);
                 for (f, o) in f.iter().zip(outs[t..t + 4].iter_mut()) {
                     st_f32x4(&mut o[GROUP_ROWS * gi..], *f);
                 }
                 t += 4;
             } else {
-                let [f] = group_tokens::<F, 1>(q, s, &[acts[t]], nb);
+                let [f] = group_tokens::<L, 1>(q, s, &[acts[t]], nb);
                 st_f32x4(&mut outs[t][GROUP_ROWS * gi..], f);
                 t += 1;
             }
@@ -125,47 +118,42 @@ fn matmul_neon<const F: u8>(
 /// shared by the groups.
 #[target_feature(enable = "neon")]
 #[inline]
-fn groups_gemv<const F: u8>(planes: [(&[u8], &[u8]); 4], act: &[ActBlock], nb: usize) -> [float32x4_t; 4] {
-    let (qb, sb) = block_bytes::<F>();
+fn groups_gemv<L: Layout>(planes: [(&[u8], &[u8]); 4], act: &[ActBlock], nb: usize) -> [float32x4_t; 4] {
+    let (qb, sb) = const { block_bytes::<L>() };
     let mut f = [vdupq_n_f32(0.0); 4];
     for (b, a) in act[..nb].iter().enumerate() {
         let x = broadcasts(a);
         for (f, (q, s)) in f.iter_mut().zip(planes) {
-            let wv = weights::<F>(&q[b * qb..(b + 1) * qb]);
-            let (d, m) = scales::<F>(&s[b * sb..(b + 1) * sb]);
-            *f = accumulate::<F>(*f, &wv, &x, d, m, a);
+            let wv = weights::<L>(&q[b * qb..(b + 1) * qb]);
+            let (d, m) = scales::<L>(&s[b * sb..(b + 1) * sb]);
+            *f = accumulate::<L>(*f, &wv, &x, d, m, a);
         }
     }
     f
 }
 
-/// Quant and scale bytes per group and block of format `F`.
-const fn block_bytes<const F: u8>() -> (usize, usize) {
-    match F {
-        FMT_Q4 => (64, 8),
-        FMT_Q4MIN => (64, 16),
-        FMT_Q8 => (128, 8),
-        _ => (128, 16),
-    }
+/// Quant and scale bytes per group and block of layout `L`.
+const fn block_bytes<L: Layout>() -> (usize, usize) {
+    (L::FORMAT.quant_bytes(), L::FORMAT.scale_bytes())
 }
 
 /// One group against `T` tokens: the unpacked weights are shared by the tokens.
 #[target_feature(enable = "neon")]
 #[inline]
-fn group_tokens<const F: u8, const T: usize>(
+fn group_tokens<L: Layout, const T: usize>(
     q: &[u8],
     s: &[u8],
     acts: &[&[ActBlock]; T],
     nb: usize,
 ) -> [float32x4_t; T] {
-    let (qb, sb) = block_bytes::<F>();
+    let (qb, sb) = const { block_bytes::<L>() };
     let mut f = [vdupq_n_f32(0.0); T];
     for b in 0..nb {
-        let wv = weights::<F>(&q[b * qb..(b + 1) * qb]);
-        let (d, m) = scales::<F>(&s[b * sb..(b + 1) * sb]);
+        let wv = weights::<L>(&q[b * qb..(b + 1) * qb]);
+        let (d, m) = scales::<L>(&s[b * sb..(b + 1) * sb]);
         for (f, act) in f.iter_mut().zip(acts) {
             let a = &act[b];
-            *f = accumulate::<F>(*f, &wv, &broadcasts(a), d, m, a);
+            *f = accumulate::<L>(*f, &wv, &broadcasts(a), d, m, a);
         }
     }
     f
@@ -175,8 +163,8 @@ fn group_tokens<const F: u8, const T: usize>(
 /// values x16).
 #[target_feature(enable = "neon")]
 #[inline]
-fn weights<const F: u8>(wq: &[u8]) -> [int8x16_t; 8] {
-    if F == FMT_Q4 || F == FMT_Q4MIN {
+fn weights<L: Layout>(wq: &[u8]) -> [int8x16_t; 8] {
+    if const { L::FORMAT.is_4bit() } {
         let mask = vdupq_n_s8(0xF0u8 as i8);
         let x: [int8x16_t; 4] = core::array::from_fn(|c| ld_s8x16(&wq[16 * c..]));
         core::array::from_fn(|c| if c < 4 { vshlq_n_s8::<4>(x[c]) } else { vandq_s8(x[c - 4], mask) })
@@ -189,13 +177,14 @@ fn weights<const F: u8>(wq: &[u8]) -> [int8x16_t; 8] {
 /// elements 16..32).
 #[target_feature(enable = "neon")]
 #[inline]
-fn scales<const F: u8>(sc: &[u8]) -> (float32x4_t, float32x4_t) {
+fn scales<L: Layout>(sc: &[u8]) -> (float32x4_t, float32x4_t) {
     let d = f16x4_to_f32(&sc[..8]);
-    if F == FMT_Q4 || F == FMT_Q8 {
+    if const { !L::FORMAT.has_min() && !L::FORMAT.has_sub16() } {
         return (d, d);
     }
     let m = f16x4_to_f32(&sc[8..16]);
-    (d, if F == FMT_Q4MIN { vfmaq_n_f32(m, d, 8.0) } else { m })
+    // Q4Min's stored values are `nibble - 8`: its min becomes `m + 8 d`.
+    (d, if const { L::FORMAT.is_4bit() } { vfmaq_n_f32(m, d, 8.0) } else { m })
 }
 
 /// The 8 groups of 4 activation quants, each broadcast over a vector.
@@ -219,7 +208,7 @@ fn broadcasts(a: &ActBlock) -> [int8x16_t; 8] {
 /// One block of one token added to the accumulator `f`.
 #[target_feature(enable = "neon")]
 #[inline]
-fn accumulate<const F: u8>(
+fn accumulate<L: Layout>(
     f: float32x4_t,
     w: &[int8x16_t; 8],
     x: &[int8x16_t; 8],
@@ -236,7 +225,7 @@ fn accumulate<const F: u8>(
         let hi = vpadalq_s16(vpaddlq_s16(p[0].1), p[1].1);
         (lo, hi)
     };
-    if F == FMT_Q8SUB16 {
+    if const { L::FORMAT.has_sub16() } {
         let ((l0, h0), (l1, h1)) = (half(&p[..2]), half(&p[2..]));
         let x = vmulq_f32(vcvtq_f32_s32(vpaddq_s32(l0, h0)), d);
         let x = vfmaq_f32(x, vcvtq_f32_s32(vpaddq_s32(l1, h1)), m);
@@ -246,9 +235,9 @@ fn accumulate<const F: u8>(
     let (lo, hi) =
         (vpadalq_s16(vpadalq_s16(lo, p[2].0), p[3].0), vpadalq_s16(vpadalq_s16(hi, p[2].1), p[3].1));
     let dot = vpaddq_s32(lo, hi);
-    let dot = if F == FMT_Q4 || F == FMT_Q4MIN { vcvtq_n_f32_s32::<4>(dot) } else { vcvtq_f32_s32(dot) };
+    let dot = if const { L::FORMAT.is_4bit() } { vcvtq_n_f32_s32::<4>(dot) } else { vcvtq_f32_s32(dot) };
     let f = vfmaq_n_f32(f, vmulq_f32(dot, d), a.d);
-    if F == FMT_Q4MIN || F == FMT_Q8MIN {
+    if const { L::FORMAT.has_min() } {
         vfmaq_n_f32(f, m, a.s)
     } else {
         f

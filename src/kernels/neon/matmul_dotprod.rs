@@ -5,7 +5,9 @@ use core::arch::asm;
 use core::ops::Range;
 
 use super::*;
-use crate::kernels::packed::{ActBlock, PackedFormat, PackedMatrix, GROUP_ROWS, SUPER_BLOCKS};
+use crate::kernels::layout::{self, Layout};
+use crate::kernels::packed::{ActBlock, PackedMatrix, GROUP_ROWS};
+use crate::kernels::reference::matmul_ref;
 
 // ---------------------------------------------------------------------------------------------
 // Packed matmul with `sdot`
@@ -819,70 +821,77 @@ wide_kernel!(q8s_wide, nothing, wgrp_q8m, wtok_q8s, [
 /// Row groups per chunk: a chunk's weights stay in cache while every token tile passes over them.
 const CHUNK_GROUPS: usize = 32;
 
-/// Packed matmul with `sdot`: one token runs 16 rows per pass; more run 4 rows x 16 tokens while
-/// 16 are left, then tiles of 8 rows x up to 4 tokens (3 for the two-scale formats).
-///
-/// With `fp16`, Q6K's scales are computed in FEAT_FP16 arithmetic (same values, fewer
-/// instructions).
+/// A layout's `sdot` kernels: the single-token pass, the tiles of 1 to 4 (or 3) tokens, the wide
+/// tile of 16 tokens.
+pub struct DotKernels {
+    gemv: DotKernel,
+    tiles: &'static [DotKernel],
+    wide: WideKernel,
+}
+
+/// A layout with `sdot` kernels: the 4- and 8-bit ones (the others are widened or decoded into
+/// these first, see [`crate::kernels::matmul`]).
+pub trait DotLayout: Layout {
+    /// Its kernels.
+    const KERNELS: DotKernels;
+}
+
+impl DotLayout for layout::Q4 {
+    const KERNELS: DotKernels =
+        DotKernels { gemv: q4_gemv, tiles: &[q4_t1, q4_t2, q4_t3, q4_t4], wide: q4_wide };
+}
+impl DotLayout for layout::Q8 {
+    const KERNELS: DotKernels =
+        DotKernels { gemv: q8_gemv, tiles: &[q8_t1, q8_t2, q8_t3, q8_t4], wide: q8_wide };
+}
+impl DotLayout for layout::Q4Min {
+    const KERNELS: DotKernels =
+        DotKernels { gemv: q4m_gemv, tiles: &[q4m_t1, q4m_t2, q4m_t3], wide: q4m_wide };
+}
+impl DotLayout for layout::Q8Min {
+    const KERNELS: DotKernels =
+        DotKernels { gemv: q8m_gemv, tiles: &[q8m_t1, q8m_t2, q8m_t3], wide: q8m_wide };
+}
+impl DotLayout for layout::Q8Sub16 {
+    const KERNELS: DotKernels =
+        DotKernels { gemv: q8s_gemv, tiles: &[q8s_t1, q8s_t2, q8s_t3], wide: q8s_wide };
+}
+
+/// Packed matmul of layout `L` with `sdot` (the contract of
+/// [`crate::kernels::reference::matmul_ref`]; a matrix of another format runs the reference): one
+/// token runs 16 rows per pass; more run 4 rows x 16 tokens while 16 are left, then tiles of 8
+/// rows x up to 4 tokens (3 for the two-scale formats).
 ///
 /// # Safety
-/// The CPU must have FEAT_DotProd, and FEAT_FP16 with `fp16`.
+/// The CPU must have FEAT_DotProd.
 #[target_feature(enable = "dotprod")]
-pub unsafe fn matmul_dotprod(
+pub unsafe fn matmul_dotprod<L: DotLayout>(
     w: &PackedMatrix<'_>,
     groups: Range<usize>,
     acts: &[&[ActBlock]],
     outs: &mut [&mut [f32]],
-    fp16: bool,
 ) {
-    if matches!(w.format, PackedFormat::Q4K | PackedFormat::Q5K) {
-        use crate::kernels::KernelPath::{NeonDotprod, NeonFp16};
-        return crate::kernels::widen::matmul_decoded(
-            if fp16 { NeonFp16 } else { NeonDotprod },
-            w,
-            groups,
-            acts,
-            outs,
-        );
+    if w.format != L::FORMAT {
+        return matmul_ref(w, groups, acts, outs);
     }
-    if matches!(w.format, PackedFormat::Q5 | PackedFormat::Q5Min) {
-        if acts.len().min(outs.len()) == 1 {
-            let kernel: Gemv4 = if w.format == PackedFormat::Q5Min { q5m_gemv4 } else { q5_gemv4 };
-            // SAFETY: the CPU has dotprod (this function's contract); the Q5 passes loop over blocks.
-            return unsafe { gemv_passes(w, groups, acts, outs, kernel, w.blocks()) };
-        }
-        let path = crate::kernels::KernelPath::NeonDotprod;
-        return crate::kernels::widen::matmul_widened(path, w, groups, acts, outs);
-    }
-    if w.format == PackedFormat::Q6K {
-        if acts.len().min(outs.len()) == 1 {
-            let kernel: Gemv4 = if fp16 { q6k_gemv4_fp16 } else { q6k_gemv4 };
-            // SAFETY: the CPU has dotprod, and FEAT_FP16 with `fp16` (this function's contract);
-            // the Q6K pass loops over super-blocks.
-            return unsafe { gemv_passes(w, groups, acts, outs, kernel, w.blocks() / SUPER_BLOCKS) };
-        }
-        let path = crate::kernels::KernelPath::NeonDotprod;
-        return crate::kernels::widen::matmul_widened(path, w, groups, acts, outs);
-    }
+    // SAFETY: the kernels are `w`'s format's; the CPU has dotprod (our contract).
+    unsafe { dot_tiles(w, groups, acts, outs, &L::KERNELS) }
+}
+
+/// [`matmul_dotprod`] on kernels `k` (one copy of the driver for every layout).
+///
+/// # Safety
+/// `k` holds the kernels of `w`'s format; the CPU has FEAT_DotProd.
+#[target_feature(enable = "dotprod")]
+unsafe fn dot_tiles(
+    w: &PackedMatrix<'_>,
+    groups: Range<usize>,
+    acts: &[&[ActBlock]],
+    outs: &mut [&mut [f32]],
+    k: &DotKernels,
+) {
     let Some(n) = matmul_tokens(w, &groups, acts, outs) else { return };
-    let (gemv, tiles): (DotKernel, &[DotKernel]) = match w.format {
-        PackedFormat::Q4 => (q4_gemv, &[q4_t1, q4_t2, q4_t3, q4_t4]),
-        // (Q5 went through `gemv_passes` or `matmul_widened`, which calls back with Q8.)
-        PackedFormat::Q8 | PackedFormat::Q5 => (q8_gemv, &[q8_t1, q8_t2, q8_t3, q8_t4]),
-        // (Q4K went through `matmul_decoded`, which calls back with Q4Min.)
-        PackedFormat::Q4Min | PackedFormat::Q4K => (q4m_gemv, &[q4m_t1, q4m_t2, q4m_t3]),
-        PackedFormat::Q8Min | PackedFormat::Q5Min | PackedFormat::Q5K => {
-            (q8m_gemv, &[q8m_t1, q8m_t2, q8m_t3])
-        }
-        PackedFormat::Q8Sub16 | PackedFormat::Q6K => (q8s_gemv, &[q8s_t1, q8s_t2, q8s_t3]),
-    };
-    let wide: WideKernel = match w.format {
-        PackedFormat::Q4 => q4_wide,
-        PackedFormat::Q8 | PackedFormat::Q5 => q8_wide,
-        PackedFormat::Q4Min | PackedFormat::Q4K => q4m_wide,
-        PackedFormat::Q8Min | PackedFormat::Q5Min | PackedFormat::Q5K => q8m_wide,
-        PackedFormat::Q8Sub16 | PackedFormat::Q6K => q8s_wide,
-    };
+    let (gemv, tiles, wide) = (k.gemv, k.tiles, k.wide);
     let nb = w.blocks();
     let (gq, gs) = (nb * w.format.quant_bytes(), nb * w.format.scale_bytes());
     // What an activation pointer advances per pass (see `act_load`).

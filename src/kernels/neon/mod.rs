@@ -26,7 +26,7 @@ mod widen;
 pub use attn_tile::*;
 pub use elementwise::*;
 pub use flash_attn::*;
-use gemv::*;
+pub use gemv::{gemv_q5, gemv_q5min, gemv_q6k, gemv_q6k_fp16};
 pub use kv_attn::*;
 pub use matmul::*;
 pub use matmul_dotprod::*;

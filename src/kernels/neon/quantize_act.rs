@@ -3,12 +3,13 @@
 use core::arch::aarch64::*;
 
 use super::*;
-use crate::kernels::packed::{quantize_act_ref, ActBlock, BLOCK};
+use crate::kernels::packed::{ActBlock, BLOCK};
+use crate::kernels::reference::quantize_act_ref;
 
 // ---------------------------------------------------------------------------------------------
 // Activation quantization
 
-/// Activation quantization; the same bytes as `packed::quantize_act_ref`.
+/// Activation quantization; the same bytes as `reference::quantize_act_ref`.
 pub fn quantize_act(x: &[f32], out: &mut [ActBlock]) {
     debug_assert_eq!(x.len(), out.len() * BLOCK);
     // SAFETY: NEON is part of the aarch64 baseline.

@@ -2,7 +2,7 @@
 
 use libm::expf;
 
-use crate::kernels::dot::vec_dot_f16_f16_ref;
+use crate::kernels::dot::{vec_dot_f16_f16_ref, vec_dot_f16_ggml_ref};
 use crate::quant::blocks::F16Le;
 
 /// One query row of ggml's CPU flash attention: `q` is rounded to F16, scored against F16 keys
@@ -160,26 +160,6 @@ pub fn flash_attn_rows_ref<'k>(
     each_row(qs, q16, acc16, outs, |q, q16, acc16, out| {
         flash_attn_row_ref(q, q16, keys.clone(), &key, &value, scale, acc16, out)
     })
-}
-
-/// The f16 key dot as ggml's x86 build sums it (AVX2, `ggml_vec_dot_f16`): the exact f32
-/// products in chunks of 8 lanes (zero-padded to a multiple of 32), chunk `c` added into
-/// accumulator `c % 4` in f32; `x = (a0 + a2) + (a1 + a3)`, `t[i] = x[i] + x[i + 4]`,
-/// `(t0 + t1) + (t2 + t3)`.
-pub fn vec_dot_f16_ggml_ref(k: &[F16Le], q: &[F16Le]) -> f32 {
-    let n = k.len().min(q.len());
-    let mut acc = [[0f32; 8]; 4];
-    for c in 0..n.div_ceil(32) * 4 {
-        for (l, a) in acc[c % 4].iter_mut().enumerate() {
-            let i = 8 * c + l;
-            // Exact in f32 (11-bit significands), so `fma` is this sum.
-            let p = if i < n { k[i].to_f32() * q[i].to_f32() } else { 0.0 };
-            *a = if c < 4 { p } else { *a + p };
-        }
-    }
-    let x: [f32; 8] = core::array::from_fn(|l| (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]));
-    let t: [f32; 4] = core::array::from_fn(|i| x[i] + x[i + 4]);
-    (t[0] + t[1]) + (t[2] + t[3])
 }
 
 /// [`flash_attn_row_ref`] with the key dot summed as ggml's x86 build does

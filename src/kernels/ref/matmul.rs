@@ -3,14 +3,9 @@
 
 use core::ops::Range;
 
-use crate::kernels::packed::{block_scales, ActBlock, PackedFormat, PackedMatrix, BLOCK, GROUP_ROWS};
-use crate::quant::blocks::F16Le;
-
-/// Rounds to the nearest f16 value, kept as f32.
-#[inline]
-pub fn f16_round(x: f32) -> f32 {
-    half::f16::from_f32(x).to_f32()
-}
+use crate::kernels::packed::{
+    block_scales, f16_round, value, ActBlock, PackedFormat, PackedMatrix, BLOCK, GROUP_ROWS,
+};
 
 /// Quantizes one activation row (`x.len() == 32 * out.len()`): `amax / 127` scale, `127 / amax`
 /// multiplier, round half to even (llama.cpp's SIMD quantizer), scale and sum rounded to f16.
@@ -28,11 +23,6 @@ pub fn quantize_act_ref(x: &[f32], out: &mut [ActBlock]) {
         b.d = f16_round(d);
         b.s = f16_round(d * sum as f32);
     }
-}
-
-#[inline]
-pub(crate) fn f16_at(bytes: &[u8], i: usize) -> f32 {
-    F16Le([bytes[2 * i], bytes[2 * i + 1]]).to_f32()
 }
 
 /// The signed values of the 4 rows of an interleaved block, row by row.
@@ -55,46 +45,6 @@ fn unpack_block(format: PackedFormat, block: &[u8]) -> [[i32; BLOCK]; GROUP_ROWS
         }
     }
     q
-}
-
-/// Value of element `e` of row `r` in an interleaved block: signed, except the unsigned `u` of
-/// Q5Min and Q5K.
-#[inline]
-pub(crate) fn value(format: PackedFormat, block: &[u8], r: usize, e: usize) -> i32 {
-    if format == PackedFormat::Q6K {
-        value_q6k(block, r, e)
-    } else if format == PackedFormat::Q5 {
-        value_q5(block, r, e)
-    } else if format.is_5bit() {
-        // Q5Min, Q5K: the unsigned value.
-        value_q5(block, r, e) + 16
-    } else if format.is_4bit() {
-        let byte = block[16 * ((e % 16) / 4) + 4 * r + e % 4];
-        let nibble = if e < 16 { byte << 4 } else { byte & 0xF0 };
-        i32::from(nibble as i8) / 16
-    } else {
-        i32::from(block[16 * (e / 4) + 4 * r + e % 4] as i8)
-    }
-}
-
-/// Signed value (-32..=31) of element `e` of row `r` in a [`PackedFormat::Q6K`] block: the low 4
-/// bits as in the 4-bit layout, the high 2 (stored XOR 2) from the plane after them.
-#[inline]
-pub(crate) fn value_q6k(block: &[u8], r: usize, e: usize) -> i32 {
-    let byte = block[16 * ((e % 16) / 4) + 4 * r + e % 4];
-    let low = if e < 16 { byte & 0xF } else { byte >> 4 };
-    let high = ((block[64 + 16 * ((e / 4) % 2) + 4 * r + e % 4] >> (2 * (e / 8))) & 3) ^ 2;
-    i32::from(low | (high << 4)) - 32
-}
-
-/// Signed value (-16..=15) of element `e` of row `r` in a [`PackedFormat::Q5`] block: the low 4 bits
-/// as in the 4-bit layout, the high bit (stored XOR 1) from the plane after them.
-#[inline]
-pub(crate) fn value_q5(block: &[u8], r: usize, e: usize) -> i32 {
-    let byte = block[16 * ((e % 16) / 4) + 4 * r + e % 4];
-    let low = if e < 16 { byte & 0xF } else { byte >> 4 };
-    let high = ((block[64 + 4 * r + e % 4] >> (e / 4)) & 1) ^ 1;
-    i32::from(low | (high << 4)) - 16
 }
 
 /// Reference matmul over row groups `groups` for `acts.len()` tokens: `outs[t][4 * (g -

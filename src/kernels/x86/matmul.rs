@@ -32,32 +32,34 @@ use core::arch::x86_64::*;
 use core::mem::MaybeUninit;
 use core::ops::Range;
 
+use crate::kernels::layout::Layout;
 use crate::kernels::packed::{
-    matmul_ref, ActBlock, PackedFormat, PackedMatrix, BLOCK, GROUP_ROWS, Q4K_SCALE_BYTES, SUPER_BLOCKS,
-    SUPER_SCALE_BYTES,
+    ActBlock, PackedFormat, PackedMatrix, BLOCK, GROUP_ROWS, Q4K_SCALE_BYTES, SUPER_BLOCKS, SUPER_SCALE_BYTES,
 };
+use crate::kernels::reference::matmul_ref;
 
-/// Packed matmul (see [`matmul_ref`] for the contract; float sums are in another order).
+/// Packed matmul of layout `L` (see [`matmul_ref`] for the contract; float sums are in another
+/// order): a matrix of format `L`, or for `L` = Q4Min and Q5Min one of Q4K and Q5K, whose scales
+/// the passes decode into that form per chunk. A matrix of another format runs the reference.
 ///
-/// Activation quants are assumed in `-127..=127`, which [`crate::kernels::packed::quantize_act_ref`] gives
+/// Activation quants are assumed in `-127..=127`, which [`crate::kernels::reference::quantize_act_ref`] gives
 /// for every block whose largest magnitude is at least `127 / f32::MAX` (about 4e-37).
 ///
-/// With `vnni`, the block dots are `vpdpbusd` on ymm registers (integer results identical).
+/// With `VNNI`, the block dots are `vpdpbusd` on ymm registers (integer results identical).
 ///
 /// # Safety
-/// The CPU must have AVX2, FMA and F16C, and with `vnni` AVX512-VNNI and AVX512VL ([`has_vnni`]).
-pub unsafe fn matmul_avx2(
+/// The CPU must have AVX2, FMA and F16C, and with `VNNI` AVX512-VNNI and AVX512VL ([`has_vnni`]).
+pub unsafe fn matmul_avx2<L: Layout, const VNNI: bool>(
     w: &PackedMatrix<'_>,
     groups: Range<usize>,
     acts: &[&[ActBlock]],
     outs: &mut [&mut [f32]],
-    vnni: bool,
 ) {
     // SAFETY: the caller guarantees the CPU features.
-    unsafe { matmul_impl(w, groups, acts, outs, vnni) }
+    unsafe { matmul_impl::<L, VNNI>(w, groups, acts, outs) }
 }
 
-/// Activation quantization, byte-identical to [`crate::kernels::packed::quantize_act_ref`].
+/// Activation quantization, byte-identical to [`crate::kernels::reference::quantize_act_ref`].
 ///
 /// # Safety
 /// The CPU must have AVX2, FMA and F16C.
@@ -107,52 +109,14 @@ unsafe fn dpbusd(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
     acc
 }
 
-/// Format ids for const generics.
-const F_Q4: u8 = 0;
-const F_Q4MIN: u8 = 1;
-const F_Q8: u8 = 2;
-const F_Q8MIN: u8 = 3;
-const F_Q8SUB16: u8 = 4;
-const F_Q6K: u8 = 5;
-const F_Q5: u8 = 6;
-const F_Q5MIN: u8 = 7;
-
 /// Formats read through a nibble plane ([`nibble_operands`]): 4-bit, and 5-bit with its bit plane.
-const fn is_4bit(f: u8) -> bool {
-    f == F_Q4 || f == F_Q4MIN || f == F_Q5 || f == F_Q5MIN
+const fn is_4bit(f: PackedFormat) -> bool {
+    f.is_4bit() || f.is_5bit()
 }
 
-/// Formats with a min per block (`m[4]` after `d[4]` in the scales the kernels read).
-const fn has_min(f: u8) -> bool {
-    f == F_Q4MIN || f == F_Q8MIN || f == F_Q5MIN
-}
-
-/// Formats with a scale per 16 elements (the block's two halves summed apart).
-const fn has_sub16(f: u8) -> bool {
-    f == F_Q8SUB16 || f == F_Q6K
-}
-
-const fn quant_bytes(f: u8) -> usize {
-    if f == F_Q5 || f == F_Q5MIN {
-        PackedFormat::Q5.quant_bytes()
-    } else if is_4bit(f) {
-        PackedFormat::Q4.quant_bytes()
-    } else if f == F_Q6K {
-        PackedFormat::Q6K.quant_bytes()
-    } else {
-        PackedFormat::Q8.quant_bytes()
-    }
-}
-
-/// Scale bytes per block (Q6K: on average; its scales come in super-block units).
-const fn scale_bytes(f: u8) -> usize {
-    if f == F_Q4 || f == F_Q8 || f == F_Q5 {
-        PackedFormat::Q4.scale_bytes()
-    } else if f == F_Q6K {
-        PackedFormat::Q6K.scale_bytes()
-    } else {
-        PackedFormat::Q4Min.scale_bytes()
-    }
+/// Whether layout `L` is format `f`.
+const fn is<L: Layout>(f: PackedFormat) -> bool {
+    L::FORMAT.index() == f.index()
 }
 
 /// Tokens per tile (weights are unpacked once per tile).
@@ -184,19 +148,19 @@ struct Expanded {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn matmul_impl(
+unsafe fn matmul_impl<L: Layout, const VNNI: bool>(
     w: &PackedMatrix<'_>,
     groups: Range<usize>,
     acts: &[&[ActBlock]],
     outs: &mut [&mut [f32]],
-    vnni: bool,
 ) {
     let tokens = acts.len().min(outs.len());
     let nb = w.blocks();
     let ng = groups.len();
     // Anything outside the kernel's fast path (shapes the reference handles by truncation) goes to
     // the reference; the pointer arithmetic below relies on these checks.
-    let sane = w.is_consistent()
+    let sane = w.format.decoded() == L::FORMAT
+        && w.is_consistent()
         && nb > 0
         && groups.end <= w.groups()
         && acts[..tokens].iter().all(|a| a.len() >= nb)
@@ -208,32 +172,9 @@ unsafe fn matmul_impl(
         return;
     }
     let (acts, outs) = (&acts[..tokens], &mut outs[..tokens]);
-    // SAFETY: the checks above (consistent planes, groups inside the matrix, activation and output
-    // rows long enough) are what `run` requires, and `run::<_, true>` only runs with `vnni`, which
-    // the caller passes only where the CPU has the instruction.
-    unsafe {
-        match (w.format, vnni) {
-            (PackedFormat::Q4, false) => run::<F_Q4, false>(w, groups, acts, outs),
-            (PackedFormat::Q4Min, false) => run::<F_Q4MIN, false>(w, groups, acts, outs),
-            (PackedFormat::Q8, false) => run::<F_Q8, false>(w, groups, acts, outs),
-            (PackedFormat::Q8Min, false) => run::<F_Q8MIN, false>(w, groups, acts, outs),
-            (PackedFormat::Q8Sub16, false) => run::<F_Q8SUB16, false>(w, groups, acts, outs),
-            (PackedFormat::Q6K, false) => run::<F_Q6K, false>(w, groups, acts, outs),
-            // Q4K and Q5K run as Q4Min and Q5Min, their scales decoded per chunk (see `Scales`).
-            (PackedFormat::Q4K, false) => run::<F_Q4MIN, false>(w, groups, acts, outs),
-            (PackedFormat::Q5, false) => run::<F_Q5, false>(w, groups, acts, outs),
-            (PackedFormat::Q5Min | PackedFormat::Q5K, false) => run::<F_Q5MIN, false>(w, groups, acts, outs),
-            (PackedFormat::Q4, true) => run::<F_Q4, true>(w, groups, acts, outs),
-            (PackedFormat::Q4Min, true) => run::<F_Q4MIN, true>(w, groups, acts, outs),
-            (PackedFormat::Q8, true) => run::<F_Q8, true>(w, groups, acts, outs),
-            (PackedFormat::Q8Min, true) => run::<F_Q8MIN, true>(w, groups, acts, outs),
-            (PackedFormat::Q8Sub16, true) => run::<F_Q8SUB16, true>(w, groups, acts, outs),
-            (PackedFormat::Q6K, true) => run::<F_Q6K, true>(w, groups, acts, outs),
-            (PackedFormat::Q4K, true) => run::<F_Q4MIN, true>(w, groups, acts, outs),
-            (PackedFormat::Q5, true) => run::<F_Q5, true>(w, groups, acts, outs),
-            (PackedFormat::Q5Min | PackedFormat::Q5K, true) => run::<F_Q5MIN, true>(w, groups, acts, outs),
-        }
-    }
+    // SAFETY: the checks above (`w` of layout `L`, consistent planes, groups inside the matrix,
+    // activation and output rows long enough) are what `run` requires; `VNNI` is the caller's.
+    unsafe { run::<L, VNNI>(w, groups, acts, outs) }
 }
 
 /// Cuts the groups into strips whose quants stay in L2 and `k` into chunks whose expanded
@@ -248,7 +189,7 @@ unsafe fn matmul_impl(
 /// blocks and every output row at least `4 * groups.len()` long, `acts.len() == outs.len()`;
 /// `VNNI` only when the CPU has AVX512-VNNI and AVX512VL. `F` is Q4Min for a Q4K matrix.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn run<const F: u8, const VNNI: bool>(
+unsafe fn run<F: Layout, const VNNI: bool>(
     w: &PackedMatrix<'_>,
     groups: Range<usize>,
     acts: &[&[ActBlock]],
@@ -259,16 +200,16 @@ unsafe fn run<const F: u8, const VNNI: bool>(
     let sp = scratch.as_mut_ptr().cast::<Expanded>();
     // (Q4K, Q5K: super-block scales, decoded into F's per-block ones.)
     let q4k = w.format.decoded() != w.format;
-    let corr = if F == F_Q5 {
+    let corr = if is::<F>(PackedFormat::Q5) {
         Corr::Times16
-    } else if F == F_Q5MIN {
+    } else if is::<F>(PackedFormat::Q5Min) {
         // Q5Min's values are taken as the unsigned u they are (`w = d u + m`).
         Corr::None
-    } else if is_4bit(F) {
+    } else if is_4bit(F::FORMAT) {
         Corr::Times8
-    } else if F == F_Q6K {
+    } else if is::<F>(PackedFormat::Q6K) {
         Corr::Times32Halves
-    } else if VNNI && !has_sub16(F) {
+    } else if VNNI && !F::FORMAT.has_sub16() {
         Corr::Times128
     } else {
         Corr::None
@@ -277,7 +218,7 @@ unsafe fn run<const F: u8, const VNNI: bool>(
     // `row_step`; whole scale units too) that a full tile's expansion fits.
     let tile = acts.len().min(TILE);
     let kc = nb.min(SCRATCH / tile / SEG * SEG);
-    let mut strip = (STRIP_BYTES / (nb * quant_bytes(F))).max(1);
+    let mut strip = (STRIP_BYTES / (nb * F::FORMAT.quant_bytes())).max(1);
     // Several tokens of a Q4K matrix: the strip's scales decoded per chunk (as many groups as fit).
     let mut decoded: Option<[u8; Q4K_DECODED]> = None;
     if q4k && acts.len() > 1 {
@@ -382,7 +323,7 @@ const Q4MIN_SCALES: usize = PackedFormat::Q4Min.scale_bytes();
 /// SCRATCH`.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn chunk_scales<const F: u8>(
+unsafe fn chunk_scales<F: Layout>(
     chunk: &Chunk<'_, '_>,
     g: usize,
     n: usize,
@@ -391,9 +332,12 @@ unsafe fn chunk_scales<const F: u8>(
     let w = chunk.w;
     match chunk.scales {
         Scales::Plane => {
-            let sstride = w.blocks() * scale_bytes(F);
+            let sstride = w.blocks() * F::FORMAT.scale_bytes();
             // SAFETY: g and c0 inside the plane (the contract).
-            return (unsafe { w.scales.as_ptr().add(g * sstride + chunk.c0 * scale_bytes(F)) }, sstride);
+            return (
+                unsafe { w.scales.as_ptr().add(g * sstride + chunk.c0 * F::FORMAT.scale_bytes()) },
+                sstride,
+            );
         }
         Scales::Decoded { base, stride } => {
             // SAFETY: the strip's groups were decoded there (`Scales::Decoded`), g among them.
@@ -567,13 +511,13 @@ unsafe fn expand(src: *const ActBlock, n: usize, dst: *mut Expanded, corr: Corr)
 /// # Safety
 /// `run`'s contract, `acts.len() == outs.len() == T`, and the scratch of `chunk` filled for them.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn pass<const F: u8, const VNNI: bool, const T: usize>(
+unsafe fn pass<F: Layout, const VNNI: bool, const T: usize>(
     chunk: &Chunk<'_, '_>,
     acts: &[&[ActBlock]],
     outs: &mut [&mut [f32]],
 ) {
     let w = chunk.w;
-    let qstride = w.blocks() * quant_bytes(F);
+    let qstride = w.blocks() * F::FORMAT.quant_bytes();
     let mut ap = [core::ptr::null::<ActBlock>(); T];
     for (p, a) in ap.iter_mut().zip(acts) {
         // SAFETY: c0 < nb <= a.len().
@@ -587,7 +531,7 @@ unsafe fn pass<const F: u8, const VNNI: bool, const T: usize>(
         // SAFETY: g < groups.end <= w.groups() and c0 < nb: inside the planes.
         let (q, (s, _)) = unsafe {
             (
-                w.quants.as_ptr().add(g * qstride + chunk.c0 * quant_bytes(F)),
+                w.quants.as_ptr().add(g * qstride + chunk.c0 * F::FORMAT.quant_bytes()),
                 chunk_scales::<F>(chunk, g, 1, &mut sbuf),
             )
         };
@@ -628,17 +572,17 @@ const SMALL_TILE: usize = 4;
 /// # Safety
 /// As for [`pass`] with `T == 1`.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn pass1<const F: u8, const VNNI: bool>(
+unsafe fn pass1<F: Layout, const VNNI: bool>(
     chunk: &Chunk<'_, '_>,
     acts: &[&[ActBlock]],
     outs: &mut [&mut [f32]],
 ) {
-    if has_sub16(F) {
+    if F::FORMAT.has_sub16() {
         // SAFETY: `pass`'s contract, which is ours.
         return unsafe { pass::<F, VNNI, 1>(chunk, acts, outs) };
     }
     let w = chunk.w;
-    let (qstride, sstride) = (w.blocks() * quant_bytes(F), w.blocks() * scale_bytes(F));
+    let (qstride, sstride) = (w.blocks() * F::FORMAT.quant_bytes(), w.blocks() * F::FORMAT.scale_bytes());
     // SAFETY: c0 < nb <= acts[0].len().
     let ap = unsafe { acts[0].as_ptr().add(chunk.c0) };
     let first = chunk.c0 == 0;
@@ -651,7 +595,7 @@ unsafe fn pass1<const F: u8, const VNNI: bool>(
     } else if chunk.kn < w.blocks() {
         (qstride, sstride)
     } else {
-        (PREFETCH_BYTES, PREFETCH_BYTES * scale_bytes(F) / quant_bytes(F))
+        (PREFETCH_BYTES, PREFETCH_BYTES * F::FORMAT.scale_bytes() / F::FORMAT.quant_bytes())
     };
     let mut sbuf: Option<ScaleBuf> = None;
     for g in chunk.groups.clone() {
@@ -660,7 +604,7 @@ unsafe fn pass1<const F: u8, const VNNI: bool>(
         // SAFETY: g < groups.end <= w.groups() and c0 < nb: inside both planes.
         let (q, (s, _)) = unsafe {
             (
-                w.quants.as_ptr().add(g * qstride + chunk.c0 * quant_bytes(F)),
+                w.quants.as_ptr().add(g * qstride + chunk.c0 * F::FORMAT.quant_bytes()),
                 chunk_scales::<F>(chunk, g, 1, &mut sbuf),
             )
         };
@@ -679,14 +623,14 @@ unsafe fn pass1<const F: u8, const VNNI: bool>(
 /// of each element's `u` from the bit plane, stored XOR 1: one XOR of the plane undoes it).
 ///
 /// # Safety
-/// `quant_bytes(F)` readable bytes at `qp`.
+/// `F::FORMAT.quant_bytes()` readable bytes at `qp`.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn nibble_operands<const F: u8>(qp: *const u8) -> [__m256i; 4] {
+unsafe fn nibble_operands<F: Layout>(qp: *const u8) -> [__m256i; 4] {
     let low4 = _mm256_set1_epi8(0x0F);
     // SAFETY: 64 bytes at qp.
     let (w0, w1) = unsafe { (_mm256_loadu_si256(qp.cast()), _mm256_loadu_si256(qp.add(32).cast())) };
-    if F == F_Q5 || F == F_Q5MIN {
+    if is::<F>(PackedFormat::Q5) || is::<F>(PackedFormat::Q5Min) {
         // SAFETY: the 16 bytes of the bit plane after the nibbles.
         let b = _mm_xor_si128(unsafe { _mm_loadu_si128(qp.add(64).cast()) }, _mm_set1_epi8(-1));
         // Chunk c's bit is bit c of each byte; shifted right by 1 in the high half, the bits of
@@ -726,7 +670,7 @@ unsafe fn nibble_operands<const F: u8>(qp: *const u8) -> [__m256i; 4] {
 /// the CPU has it.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn dot1<const F: u8, const VNNI: bool>(
+unsafe fn dot1<F: Layout, const VNNI: bool>(
     q: *const u8,
     s: *const u8,
     exp: *const Expanded,
@@ -734,7 +678,7 @@ unsafe fn dot1<const F: u8, const VNNI: bool>(
     seg: Range<usize>,
     (qdist, sdist): (usize, usize),
 ) -> __m128 {
-    let (qb, sb) = (quant_bytes(F), scale_bytes(F));
+    let (qb, sb) = (F::FORMAT.quant_bytes(), F::FORMAT.scale_bytes());
     let isum = |b: usize| -> __m256i {
         // SAFETY: b inside the segment, the contract's blocks.
         unsafe {
@@ -764,7 +708,7 @@ unsafe fn dot1<const F: u8, const VNNI: bool>(
         let (ex, (d, m)) = unsafe { (&*exp.add(b), pair_scales::<F>(s.add(b * sb), s.add((b + 1) * sb))) };
         let prod = _mm256_mul_ps(d, ex.d_pair);
         acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), prod, acc);
-        if has_min(F) {
+        if F::FORMAT.has_min() {
             acc = _mm256_fmadd_ps(m, ex.s_pair, acc);
         }
         b += 2;
@@ -800,12 +744,16 @@ fn fold_halves(v: __m256i) -> __m128i {
 /// `sp` at the block's scales (8 bytes, 16 with a min).
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn row_scales<const F: u8>(sp: *const u8) -> (__m128, __m128) {
+unsafe fn row_scales<F: Layout>(sp: *const u8) -> (__m128, __m128) {
     // SAFETY: the scale bytes at sp (the contract).
     unsafe {
         let d = _mm_cvtph_ps(_mm_loadl_epi64(sp.cast()));
-        let m = if has_min(F) { _mm_cvtph_ps(_mm_loadl_epi64(sp.add(8).cast())) } else { _mm_setzero_ps() };
-        (d, if F == F_Q4MIN { _mm_fmadd_ps(d, _mm_set1_ps(8.0), m) } else { m })
+        let m = if F::FORMAT.has_min() {
+            _mm_cvtph_ps(_mm_loadl_epi64(sp.add(8).cast()))
+        } else {
+            _mm_setzero_ps()
+        };
+        (d, if is::<F>(PackedFormat::Q4Min) { _mm_fmadd_ps(d, _mm_set1_ps(8.0), m) } else { m })
     }
 }
 
@@ -815,14 +763,14 @@ unsafe fn row_scales<const F: u8>(sp: *const u8) -> (__m128, __m128) {
 /// As for [`row_scales`] at both.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn pair_scales<const F: u8>(s0: *const u8, s1: *const u8) -> (__m256, __m256) {
+unsafe fn pair_scales<F: Layout>(s0: *const u8, s1: *const u8) -> (__m256, __m256) {
     // SAFETY: the scale bytes at s0 and s1 (the contract).
     unsafe {
-        if has_min(F) {
+        if F::FORMAT.has_min() {
             let (x, y) =
                 (_mm256_cvtph_ps(_mm_loadu_si128(s0.cast())), _mm256_cvtph_ps(_mm_loadu_si128(s1.cast())));
             let (d, m) = (_mm256_permute2f128_ps::<0x20>(x, y), _mm256_permute2f128_ps::<0x31>(x, y));
-            (d, if F == F_Q4MIN { _mm256_fmadd_ps(d, _mm256_set1_ps(8.0), m) } else { m })
+            (d, if is::<F>(PackedFormat::Q4Min) { _mm256_fmadd_ps(d, _mm256_set1_ps(8.0), m) } else { m })
         } else {
             let d =
                 _mm256_cvtph_ps(_mm_unpacklo_epi64(_mm_loadl_epi64(s0.cast()), _mm_loadl_epi64(s1.cast())));
@@ -843,9 +791,9 @@ unsafe fn pair_scales<const F: u8>(s0: *const u8, s1: *const u8) -> (__m256, __m
 /// carried from chunk to chunk in the output (chunks are whole segments).
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-fn row_step<const F: u8>(acc: __m128, isum: __m128i, (d, m): (__m128, __m128), ab: &ActBlock) -> __m128 {
+fn row_step<F: Layout>(acc: __m128, isum: __m128i, (d, m): (__m128, __m128), ab: &ActBlock) -> __m128 {
     let acc = _mm_fmadd_ps(_mm_cvtepi32_ps(isum), _mm_mul_ps(d, _mm_set1_ps(ab.d)), acc);
-    if has_min(F) {
+    if F::FORMAT.has_min() {
         _mm_fmadd_ps(m, _mm_set1_ps(ab.s), acc)
     } else {
         acc
@@ -915,17 +863,17 @@ struct BlockOps {
 /// The operands of the block at `qp`.
 ///
 /// # Safety
-/// `quant_bytes(F)` readable bytes at `qp`.
+/// `F::FORMAT.quant_bytes()` readable bytes at `qp`.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn block_ops<const F: u8, const VNNI: bool>(qp: *const u8) -> BlockOps {
+unsafe fn block_ops<F: Layout, const VNNI: bool>(qp: *const u8) -> BlockOps {
     let low4 = _mm256_set1_epi8(0x0F);
     let mut wv = [_mm256_setzero_si256(); 4];
     let mut ws = [_mm256_setzero_si256(); 4];
-    if is_4bit(F) {
+    if is_4bit(F::FORMAT) {
         // SAFETY: a block at qp.
         wv = unsafe { nibble_operands::<F>(qp) };
-    } else if F == F_Q6K {
+    } else if is::<F>(PackedFormat::Q6K) {
         // Low nibbles of chunk pairs (0,1), (2,3) in the 64 bytes at qp, their high nibbles
         // (4,5), (6,7); the high bits of pair v at bits 2v of the 32 bytes after them,
         // moved to bits 4..6 (the 16-bit shifts carry across bytes only bits the mask drops).
@@ -950,7 +898,7 @@ unsafe fn block_ops<const F: u8, const VNNI: bool>(qp: *const u8) -> BlockOps {
         ];
         // u = q + 32, unsigned: `maddubs` takes it as is (the -32 sum is the expansion's).
         wv = u;
-    } else if VNNI && !has_sub16(F) {
+    } else if VNNI && !F::FORMAT.has_sub16() {
         // The weights as the unsigned operand, q + 128 (XOR 0x80): sum((q + 128) a) - 128
         // sum(a), the correction precomputed with the expansion (`Corr::Times128`). Exact, as
         // `vpdpbusd` does not saturate, and four XORs instead of four ABS and four SIGN.
@@ -976,8 +924,8 @@ unsafe fn block_ops<const F: u8, const VNNI: bool>(qp: *const u8) -> BlockOps {
 /// The block's scale bytes at `sp`.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn block_scales<const F: u8>(sp: *const u8, b: usize) -> (__m128, __m128) {
-    if F == F_Q6K {
+unsafe fn block_scales<F: Layout>(sp: *const u8, b: usize) -> (__m128, __m128) {
+    if is::<F>(PackedFormat::Q6K) {
         // f16(d * sc) of both halves (the reference's rounding), from the super-block's d
         // (4 f16 at sp) and the block's 8 int8 scales at 8 + 8 (b % 8): the rows'
         // low-half scales in lanes 0..4, their high-half ones in 4..8.
@@ -989,7 +937,7 @@ unsafe fn block_scales<const F: u8>(sp: *const u8, b: usize) -> (__m128, __m128)
         };
         let f = _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(f));
         (_mm256_castps256_ps128(f), _mm256_extractf128_ps::<1>(f))
-    } else if F == F_Q8SUB16 {
+    } else if is::<F>(PackedFormat::Q8Sub16) {
         // SAFETY: 16 scale bytes at sp for Q8Sub16.
         unsafe { (_mm_cvtph_ps(_mm_loadl_epi64(sp.cast())), _mm_cvtph_ps(_mm_loadl_epi64(sp.add(8).cast()))) }
     } else {
@@ -1005,10 +953,10 @@ unsafe fn block_scales<const F: u8>(sp: *const u8, b: usize) -> (__m128, __m128)
 /// `VNNI` only when the CPU has it.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn block_dots<const F: u8, const VNNI: bool>(w: &BlockOps, ex: &Expanded) -> (__m256i, __m256i) {
+unsafe fn block_dots<F: Layout, const VNNI: bool>(w: &BlockOps, ex: &Expanded) -> (__m256i, __m256i) {
     let ones16 = _mm256_set1_epi16(1);
     let (wv, ws) = (&w.wv, &w.ws);
-    if is_4bit(F) {
+    if is_4bit(F::FORMAT) {
         let isum = if VNNI {
             // SAFETY: VNNI only when the CPU has it (the contract).
             unsafe {
@@ -1025,7 +973,7 @@ unsafe fn block_dots<const F: u8, const VNNI: bool>(w: &BlockOps, ex: &Expanded)
             _mm256_add_epi32(_mm256_madd_epi16(p, ones16), ex.neg_corr)
         };
         (isum, _mm256_setzero_si256())
-    } else if F == F_Q6K {
+    } else if is::<F>(PackedFormat::Q6K) {
         // Each half's dot of u = q + 32, plus -32 times its activation sum: exact (two
         // products of 63 * 127 per i16 lane, two lanes added: 32004 < 2^15).
         if VNNI {
@@ -1047,7 +995,7 @@ unsafe fn block_dots<const F: u8, const VNNI: bool>(w: &BlockOps, ex: &Expanded)
             (half(0, ex.neg_corr), half(2, ex.neg_corr_hi))
         }
     } else {
-        if VNNI && !has_sub16(F) {
+        if VNNI && !F::FORMAT.has_sub16() {
             // `wv` holds q + 128 (see `block_ops`), the expansion -128 times the sums.
             // SAFETY: as above.
             unsafe {
@@ -1066,7 +1014,7 @@ unsafe fn block_dots<const F: u8, const VNNI: bool>(w: &BlockOps, ex: &Expanded)
             let se = [0, 1, 2, 3].map(|v| _mm256_sign_epi8(ex.e[v], ws[v]));
             let m = [0, 1, 2, 3].map(|v| _mm256_madd_epi16(_mm256_maddubs_epi16(wv[v], se[v]), ones16));
             let (lo, hi) = (_mm256_add_epi32(m[0], m[1]), _mm256_add_epi32(m[2], m[3]));
-            if has_sub16(F) {
+            if F::FORMAT.has_sub16() {
                 (lo, hi)
             } else {
                 (_mm256_add_epi32(lo, hi), _mm256_setzero_si256())
@@ -1086,20 +1034,24 @@ unsafe fn block_dots<const F: u8, const VNNI: bool>(w: &BlockOps, ex: &Expanded)
 /// only when the CPU has it.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn tile<const F: u8, const VNNI: bool, const T: usize>(
+unsafe fn tile<F: Layout, const VNNI: bool, const T: usize>(
     q: *const u8,
     s: *const u8,
     chunk: &Chunk<'_, '_>,
     ap: &[*const ActBlock; T],
     seg: Range<usize>,
 ) -> [__m128; T] {
-    let qb = quant_bytes(F);
+    let qb = F::FORMAT.quant_bytes();
     // The block's quants and scales (Q6K: `sp` is the block's super-block scale unit, `c0` being
     // a multiple of 8), prefetching ahead for a few tokens (batched decode, and Q6K's decode: see
     // `pass1`; prefetches never fault).
     // SAFETY: in the closure, block b of the group (the contract).
     let at = |b: usize| unsafe {
-        let sb = if F == F_Q6K { b / SUPER_BLOCKS * SUPER_SCALE_BYTES } else { b * scale_bytes(F) };
+        let sb = if is::<F>(PackedFormat::Q6K) {
+            b / SUPER_BLOCKS * SUPER_SCALE_BYTES
+        } else {
+            b * F::FORMAT.scale_bytes()
+        };
         let (qp, sp) = (q.add(b * qb), s.add(sb));
         if T <= SMALL_TILE {
             _mm_prefetch::<_MM_HINT_T0>(qp.wrapping_add(PREFETCH_BYTES).cast());
@@ -1140,9 +1092,9 @@ unsafe fn tile<const F: u8, const VNNI: bool, const T: usize>(
                 )
             };
             *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pair(x, z)), _mm256_mul_ps(d, ex.d_pair), *acc);
-            if has_sub16(F) {
+            if F::FORMAT.has_sub16() {
                 *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pair(xh, zh)), _mm256_mul_ps(y, ex.d_pair), *acc);
-            } else if has_min(F) {
+            } else if F::FORMAT.has_min() {
                 *acc = _mm256_fmadd_ps(y, ex.s_pair, *acc);
             }
         }
@@ -1160,7 +1112,7 @@ unsafe fn tile<const F: u8, const VNNI: bool, const T: usize>(
             // SAFETY: token t's expansion and activation of block b (the contract).
             let (ab, (lo, hi)) =
                 unsafe { (&*ap[t].add(b), block_dots::<F, VNNI>(w, &*chunk.exp.add(t * chunk.estride + b))) };
-            even = if has_sub16(F) {
+            even = if F::FORMAT.has_sub16() {
                 row_step_sub16(even, fold_halves(lo), fold_halves(hi), *d, *y, ab.d)
             } else {
                 row_step::<F>(even, fold_halves(lo), (*d, *y), ab)
