@@ -28,7 +28,7 @@ mod engine;
 use engine::{decode, encode, Rng, RunOpts, Setup};
 use pinfer::arena::Arena;
 use pinfer::exec::pool::Pool;
-use pinfer::exec::{work_bytes, Bound, ExecError, Step};
+use pinfer::exec::{work_bytes, Address, Bound, ExecError, Step};
 use pinfer::graph::{plan, plan_unshared, Graph, GraphError, Mask, RopeMode};
 use pinfer::quant::GgmlType;
 use pinfer::tensor::{Storage, TensorId};
@@ -233,7 +233,8 @@ fn try_run(
     let act = arena.alloc(p.peak_bytes, "activations").unwrap();
     let work = arena.alloc(work, "work").unwrap();
     let inputs = s.inputs.bytes();
-    let mut bound = Bound::new(&s.g, &p, &[inputs], arena.memory(), act, work).unwrap();
+    let mut addresses = vec![Address::NOWHERE; s.g.tensors().len()];
+    let mut bound = Bound::new(&s.g, &p, &[inputs], arena.memory(), act, work, &mut addresses).unwrap();
     let pool = (threads > 1).then(|| Pool::new(threads, None, false).unwrap());
     for &step in steps {
         match &pool {

@@ -4,7 +4,7 @@
 //! its adapters; a model with a block that has no backward yet is refused by its architecture and block.
 
 use pinfer::engine::{graph_slots, Engine, EngineConfig, Entry, GraphSlot, Model, OnCaller, Planned};
-use pinfer::exec::Bound;
+use pinfer::exec::{Address, Bound};
 use pinfer::graph::{plan, Graph};
 use pinfer::model::HParams;
 use pinfer::train::lora::{build_lora_graph, LoraSpec, TARGETS};
@@ -88,7 +88,8 @@ fn check_training_graph<const N: usize>(name: &str, n: u32) {
     let (activations, work, total) = arena_regions(&g, &plan, offset);
     let mut memory = vec![0u64; total.div_ceil(8)];
     let arena: &mut [u8] = bytemuck::cast_slice_mut(memory.as_mut_slice());
-    let mut bound = Bound::new(&g, &plan, &[&bytes], arena, activations, work)
+    let mut addresses = vec![Address::NOWHERE; g.tensors().len()];
+    let mut bound = Bound::new(&g, &plan, &[&bytes], arena, activations, work, &mut addresses)
         .unwrap()
         .with_kernels(pinfer::kernels::KernelPath::Reference);
     let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();

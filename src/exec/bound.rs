@@ -62,14 +62,15 @@ const ARENA: usize = MAX_BUFFERS;
 
 /// Where a tensor's data starts: a memory (a caller's buffer or the arena) and a byte offset in
 /// it, in one word (the memory in the top byte), so a bound graph's table is as small as a table
-/// of pointers.
+/// of pointers. The caller holds the table ([`Bound::new`]), so binding a graph of any capacity
+/// takes no stack for it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Address(u64);
+pub struct Address(u64);
 
 impl Address {
     const OFFSET_BITS: u32 = 56;
-    /// A tensor outside the built order (no data).
-    const NOWHERE: Self = Self(u64::MAX);
+    /// No data (a tensor outside the built order); a table's entries before binding.
+    pub const NOWHERE: Self = Self(u64::MAX);
 
     fn new(memory: usize, offset: usize) -> Option<Self> {
         let offset = u64::try_from(offset).ok().filter(|&o| o < 1 << Self::OFFSET_BITS)?;
@@ -104,13 +105,13 @@ impl Memory {
     }
 }
 
-/// Resolves where every tensor of `graph` lies in `memory` (model buffers, arena) into `at` and
-/// checks that each lies inside its memory; after that, kernels run blind.
+/// Resolves where every tensor of `graph` lies in `memory` (model buffers, arena) into `at` (one
+/// entry a tensor) and checks that each lies inside its memory; after that, kernels run blind.
 fn resolve<const N: usize>(
     graph: &Graph<N>,
     plan: &Plan<N>,
     memory: &Memory,
-    at: &mut heapless::Vec<Address, N>,
+    at: &mut [Address],
 ) -> Result<(), ExecError> {
     let (activations, work, arena) = (memory.activations, memory.work, memory.arena);
     let needed = work_bytes(graph);
@@ -124,8 +125,10 @@ fn resolve<const N: usize>(
             memory: "arena (activation region)",
         });
     }
-    at.clear();
-    let _ = at.resize(graph.tensors().len(), Address::NOWHERE);
+    let at = at
+        .get_mut(..graph.tensors().len())
+        .ok_or(ExecError::AddressTableTooSmall { needed: graph.tensors().len() })?;
+    at.fill(Address::NOWHERE);
     for &id in graph.order() {
         let t = graph.tensor(id);
         let out_of = |memory| ExecError::OutOfBounds { name: t.name.clone(), memory };
@@ -199,11 +202,14 @@ impl<const N: usize> Addressed<N> {
         let memory = Memory::of(buffers, arena.len(), activations, work);
         if self.memory.as_ref() != Some(&memory) {
             self.memory = None;
+            self.at.clear();
+            // The graph holds at most N tensors, so the table has room for each.
+            let _ = self.at.resize(self.graph.tensors().len(), Address::NOWHERE);
             resolve(&self.graph, plan, &memory, &mut self.at)?;
             self.memory = Some(memory.clone());
         }
         let this: &'a Self = self;
-        Ok(Bound::over(&this.graph, Table::Resolved(&this.at), &memory, buffers, arena))
+        Ok(Bound::over(&this.graph, &this.at, &memory, buffers, arena))
     }
 }
 
@@ -213,17 +219,12 @@ impl<const N: usize> Default for Addressed<N> {
     }
 }
 
-/// A bound graph's addresses: its own (resolved by [`Bound::new`]) or an [`Addressed`]'s.
-enum Table<'a, const N: usize> {
-    Own(heapless::Vec<Address, N>),
-    Resolved(&'a [Address]),
-}
-
 /// A graph bound to its memory, ready to run.
 pub struct Bound<'a, const N: usize> {
     pub(super) graph: &'a Graph<N>,
-    /// Each tensor's address (resolved once, when the graph was bound to memory of this shape).
-    at: Table<'a, N>,
+    /// Each tensor's address (resolved once, when the graph was bound to memory of this shape),
+    /// in the caller's table or an [`Addressed`]'s.
+    at: &'a [Address],
     /// The start of each memory an address names: the caller's buffers, then the arena.
     bases: [*mut u8; MAX_BUFFERS + 1],
     /// Converted matmul inputs (shared by all threads of a node).
@@ -261,7 +262,10 @@ impl<'a, const N: usize> Bound<'a, N> {
     /// Binds a built, planned graph: `buffers` back `Storage::External` tensors (read-only: model
     /// weights, token ids), `arena` holds persistent tensors at their offsets, `activations` and
     /// `work` are regions of it (from the plan and [`work_bytes`]). Every address is resolved
-    /// here; [`Addressed::bind`] resolves them once for many steps.
+    /// here, into `addresses`: the caller's table of at least one [`Address`] a tensor
+    /// (`graph.tensors().len()`; a `Vec` in std, a static or arena carving on bare metal), so a
+    /// graph of any capacity binds on any stack. [`Addressed::bind`] resolves them once for many
+    /// steps.
     pub fn new(
         graph: &'a Graph<N>,
         plan: &Plan<N>,
@@ -269,18 +273,18 @@ impl<'a, const N: usize> Bound<'a, N> {
         arena: &'a mut [u8],
         activations: Region,
         work: Region,
+        addresses: &'a mut [Address],
     ) -> Result<Self, ExecError> {
         let memory = Memory::of(buffers, arena.len(), activations, work);
-        let mut at = heapless::Vec::new();
-        resolve(graph, plan, &memory, &mut at)?;
-        Ok(Self::over(graph, Table::Own(at), &memory, buffers, arena))
+        resolve(graph, plan, &memory, addresses)?;
+        Ok(Self::over(graph, &addresses[..graph.tensors().len()], &memory, buffers, arena))
     }
 
     /// The bound graph over addresses `at`, resolved in `memory`: the lengths and regions of
     /// `buffers` and `arena`.
     fn over(
         graph: &'a Graph<N>,
-        at: Table<'a, N>,
+        at: &'a [Address],
         memory: &Memory,
         buffers: &[&'a [u8]],
         arena: &'a mut [u8],
@@ -313,11 +317,7 @@ impl<'a, const N: usize> Bound<'a, N> {
 
     /// Where tensor `id`'s data starts (null for a tensor without data).
     pub(super) fn address(&self, id: TensorId) -> *mut u8 {
-        let at = match &self.at {
-            Table::Own(at) => at.as_slice(),
-            Table::Resolved(at) => at,
-        };
-        match at.get(id.index()).and_then(|a| a.get()) {
+        match self.at.get(id.index()).and_then(|a| a.get()) {
             // Inside the memory's checked length (see `resolve`).
             Some((memory, offset)) => self.bases[memory].wrapping_add(offset),
             None => core::ptr::null_mut(),
