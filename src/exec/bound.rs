@@ -59,6 +59,12 @@ impl PackedEntry {
 const MAX_BUFFERS: usize = 16;
 /// The arena's index among the memories an [`Address`] names (the buffers are `0..MAX_BUFFERS`).
 const ARENA: usize = MAX_BUFFERS;
+/// How many memories an [`Address`] can name (a power of two, so a memory index from an address
+/// is always inside [`Bound`]'s bases without a check); the last, never a buffer or the arena,
+/// has a null base, the one [`Address::NOWHERE`] names.
+const MEMORIES: usize = 32;
+const NO_MEMORY: usize = MEMORIES - 1;
+const _: () = assert!(ARENA < NO_MEMORY && MEMORIES.is_power_of_two());
 
 /// Where a tensor's data starts: a memory (a caller's buffer or the arena) and a byte offset in
 /// it, in one word (the memory in the top byte), so a bound graph's table is as small as a table
@@ -69,18 +75,24 @@ pub struct Address(u64);
 
 impl Address {
     const OFFSET_BITS: u32 = 56;
-    /// No data (a tensor outside the built order); a table's entries before binding.
-    pub const NOWHERE: Self = Self(u64::MAX);
+    /// No data (a tensor outside the built order); a table's entries before binding. Offset 0
+    /// in the memory with a null base: its address is null with no test.
+    pub const NOWHERE: Self = Self((NO_MEMORY as u64) << Self::OFFSET_BITS);
 
     fn new(memory: usize, offset: usize) -> Option<Self> {
         let offset = u64::try_from(offset).ok().filter(|&o| o < 1 << Self::OFFSET_BITS)?;
         Some(Self((memory as u64) << Self::OFFSET_BITS | offset))
     }
 
+    /// The memory (below [`MEMORIES`]) and the offset.
+    fn parts(self) -> (usize, usize) {
+        let memory = (self.0 >> Self::OFFSET_BITS) as usize % MEMORIES;
+        (memory, (self.0 & ((1 << Self::OFFSET_BITS) - 1)) as usize)
+    }
+
     /// The memory and the offset, or `None` for [`Self::NOWHERE`].
     fn get(self) -> Option<(usize, usize)> {
-        let (memory, offset) = (self.0 >> Self::OFFSET_BITS, self.0 & ((1 << Self::OFFSET_BITS) - 1));
-        (self != Self::NOWHERE).then_some((memory as usize, offset as usize))
+        (self != Self::NOWHERE).then(|| self.parts())
     }
 }
 
@@ -226,7 +238,8 @@ pub struct Bound<'a, const N: usize> {
     /// in the caller's table or an [`Addressed`]'s.
     at: &'a [Address],
     /// The start of each memory an address names: the caller's buffers, then the arena.
-    bases: [*mut u8; MAX_BUFFERS + 1],
+    /// ([`NO_MEMORY`]'s and the unused ones null.)
+    bases: [*mut u8; MEMORIES],
     /// Converted matmul inputs (shared by all threads of a node).
     pub(super) converted: *mut u8,
     pub(super) converted_len: usize,
@@ -289,7 +302,7 @@ impl<'a, const N: usize> Bound<'a, N> {
         buffers: &[&'a [u8]],
         arena: &'a mut [u8],
     ) -> Self {
-        let mut bases = [core::ptr::null_mut(); MAX_BUFFERS + 1];
+        let mut bases = [core::ptr::null_mut(); MEMORIES];
         for (base, buffer) in bases[..MAX_BUFFERS].iter_mut().zip(buffers) {
             *base = buffer.as_ptr() as *mut u8;
         }
@@ -316,12 +329,13 @@ impl<'a, const N: usize> Bound<'a, N> {
     }
 
     /// Where tensor `id`'s data starts (null for a tensor without data).
+    /// (The ops ask for every row they read or write: a load, a shift and an add.)
+    #[inline]
     pub(super) fn address(&self, id: TensorId) -> *mut u8 {
-        match self.at.get(id.index()).and_then(|a| a.get()) {
-            // Inside the memory's checked length (see `resolve`).
-            Some((memory, offset)) => self.bases[memory].wrapping_add(offset),
-            None => core::ptr::null_mut(),
-        }
+        let Some(&at) = self.at.get(id.index()) else { return core::ptr::null_mut() };
+        // Inside the memory's checked length (see `resolve`); NOWHERE's base is null.
+        let (memory, offset) = at.parts();
+        self.bases[memory].wrapping_add(offset)
     }
 
     /// Checks every node's output for NaN and infinity and stops the run at the first node that
