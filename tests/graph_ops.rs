@@ -334,6 +334,29 @@ fn add_and_mul_read_strided_views() {
 }
 
 #[test]
+fn a_short_address_table_is_refused_and_one_entry_a_tensor_binds() {
+    let mut s = Setup::default();
+    let tx = leaf(&mut s, "x", [4, 2, 1, 1], &[1.0; 8]);
+    let y = s.g.scale(tx, 2.0).unwrap();
+    s.g.build(&[y]).unwrap();
+    let p = plan(&s.g).unwrap();
+    let work = work_bytes(&s.g);
+    let mut memory = vec![0u64; Arena::bytes_for(p.peak_bytes + work + 256).div_ceil(8)];
+    let mut arena = Arena::new(bytemuck::cast_slice_mut(&mut memory));
+    let act = arena.alloc(p.peak_bytes, "activations").unwrap();
+    let work = arena.alloc(work, "work").unwrap();
+    let inputs = s.inputs.bytes();
+    let n = s.g.tensors().len();
+    let mut short = vec![Address::NOWHERE; n - 1];
+    let err = Bound::new(&s.g, &p, &[inputs], arena.memory(), act, work, &mut short).err();
+    assert_eq!(err, Some(ExecError::AddressTableTooSmall { needed: n }));
+    let mut addresses = vec![Address::NOWHERE; n];
+    let mut bound = Bound::new(&s.g, &p, &[inputs], arena.memory(), act, work, &mut addresses).unwrap();
+    bound.run(STEP0[0]).unwrap();
+    assert_eq!(bound.data_f32(y), &[2.0; 8]);
+}
+
+#[test]
 fn scale_multiplies_every_element() {
     for (seed, &(ne, f)) in
         [([7, 5, 3, 2], -0.37f32), ([1, 1, 1, 1], 3.5), ([33, 3, 1, 1], 0.0), ([65, 2, 3, 1], 1e-3)]
