@@ -5,7 +5,7 @@
 //!
 //!   cargo run --release --example linear_regression -- --optimizer adam|lbfgs
 
-use pinfer::exec::Bound;
+use pinfer::exec::{Address, Bound};
 use pinfer::graph::{plan, Graph};
 use pinfer::quant::GgmlType;
 use pinfer::tensor::Storage;
@@ -55,7 +55,8 @@ pub fn fit(optimizer: &str, out: &mut impl Write) -> std::io::Result<()> {
     let (activations, work, bytes) = arena_regions(&g, &plan, 384);
     let mut memory = vec![0u64; bytes.div_ceil(8)];
     let arena: &mut [u8] = bytemuck::cast_slice_mut(memory.as_mut_slice());
-    let mut bound = Bound::new(&g, &plan, &[], arena, activations, work).unwrap();
+    let mut addresses = vec![Address::NOWHERE; g.tensors().len()];
+    let mut bound = Bound::new(&g, &plan, &[], arena, activations, work, &mut addresses).unwrap();
     bytemuck::cast_slice_mut::<u8, f32>(bound.data_mut(x)).copy_from_slice(&xs);
     bytemuck::cast_slice_mut::<u8, f32>(bound.data_mut(y)).copy_from_slice(&ys);
     let mut objective = GraphObjective::new(bound, loss, &params, &grads).unwrap();

@@ -360,7 +360,7 @@ pub fn write_cache(
                 plan.push((header, Data::Copy(t)));
             }
             (Buffer::Repacked(f), _) => plan.push((header, Data::Packed(t, f))),
-            _ => plan.push((header, Data::Copy(t))),
+            (Buffer::Mapped | Buffer::Npu(_), _) => plan.push((header, Data::Copy(t))),
         }
     }
     if let Some((t, f)) = tied {

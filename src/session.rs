@@ -444,7 +444,8 @@ impl Session {
                 (_, Reason::Unused) => {}
                 (Buffer::Repacked(_), Reason::TiedEmbedding) => memory_plan.mapped_rows += t.nbytes as usize,
                 (Buffer::Mapped, _) => memory_plan.mapped += t.nbytes as usize,
-                _ => {}
+                // Counted in the repacked buffer (or not at all on the NPU, never chosen yet).
+                (Buffer::Repacked(_) | Buffer::Npu(_), _) => {}
             }
         }
         memory_plan.mapped += planned.model().adapters().iter().map(|a| a.bytes.len()).sum::<usize>();
@@ -583,7 +584,7 @@ impl Session {
             let keep = match (p.buffer, p.reason) {
                 (_, Reason::Unused) => false,
                 (Buffer::Mapped, _) | (_, Reason::TiedEmbedding) => true,
-                _ => false,
+                (Buffer::Repacked(_) | Buffer::Npu(_), _) => false,
             };
             if keep {
                 ranges.push(start..start + t.nbytes as usize);

@@ -28,7 +28,7 @@ mod engine;
 use engine::{decode, encode, Rng, RunOpts, Setup};
 use pinfer::arena::Arena;
 use pinfer::exec::pool::Pool;
-use pinfer::exec::{work_bytes, Bound, ExecError, Step};
+use pinfer::exec::{work_bytes, Address, Bound, ExecError, Step};
 use pinfer::graph::{plan, plan_unshared, Graph, GraphError, Mask, RopeMode};
 use pinfer::quant::GgmlType;
 use pinfer::tensor::{Storage, TensorId};
@@ -233,7 +233,8 @@ fn try_run(
     let act = arena.alloc(p.peak_bytes, "activations").unwrap();
     let work = arena.alloc(work, "work").unwrap();
     let inputs = s.inputs.bytes();
-    let mut bound = Bound::new(&s.g, &p, &[inputs], arena.memory(), act, work).unwrap();
+    let mut addresses = vec![Address::NOWHERE; s.g.tensors().len()];
+    let mut bound = Bound::new(&s.g, &p, &[inputs], arena.memory(), act, work, &mut addresses).unwrap();
     let pool = (threads > 1).then(|| Pool::new(threads, None, false).unwrap());
     for &step in steps {
         match &pool {
@@ -330,6 +331,29 @@ fn add_and_mul_read_strided_views() {
         let (h, hne) = sliced(&ba, base_a_ne, 0, 2, 5);
         check("square of a slice", &out[2], &ref_binary(&h, hne, &h, hne, |x, y| x * y), 1e-6, 0.0);
     }
+}
+
+#[test]
+fn a_short_address_table_is_refused_and_one_entry_a_tensor_binds() {
+    let mut s = Setup::default();
+    let tx = leaf(&mut s, "x", [4, 2, 1, 1], &[1.0; 8]);
+    let y = s.g.scale(tx, 2.0).unwrap();
+    s.g.build(&[y]).unwrap();
+    let p = plan(&s.g).unwrap();
+    let work = work_bytes(&s.g);
+    let mut memory = vec![0u64; Arena::bytes_for(p.peak_bytes + work + 256).div_ceil(8)];
+    let mut arena = Arena::new(bytemuck::cast_slice_mut(&mut memory));
+    let act = arena.alloc(p.peak_bytes, "activations").unwrap();
+    let work = arena.alloc(work, "work").unwrap();
+    let inputs = s.inputs.bytes();
+    let n = s.g.tensors().len();
+    let mut short = vec![Address::NOWHERE; n - 1];
+    let err = Bound::new(&s.g, &p, &[inputs], arena.memory(), act, work, &mut short).err();
+    assert_eq!(err, Some(ExecError::AddressTableTooSmall { needed: n }));
+    let mut addresses = vec![Address::NOWHERE; n];
+    let mut bound = Bound::new(&s.g, &p, &[inputs], arena.memory(), act, work, &mut addresses).unwrap();
+    bound.run(STEP0[0]).unwrap();
+    assert_eq!(bound.data_f32(y), &[2.0; 8]);
 }
 
 #[test]

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use engine::{transformer_block, Rng, Setup};
 use pinfer::arena::Arena;
 use pinfer::exec::pool::Pool;
-use pinfer::exec::{work_bytes, Bound, Step};
+use pinfer::exec::{work_bytes, Address, Bound, Step};
 use pinfer::graph::plan;
 
 struct Counting;
@@ -65,7 +65,8 @@ fn running_a_planned_graph_allocates_nothing() {
     let act = arena.alloc(p.peak_bytes, "activations").unwrap();
     let work = arena.alloc(work, "work").unwrap();
     let inputs = s.inputs.bytes();
-    let mut bound = Bound::new(&s.g, &p, &[inputs], arena.memory(), act, work).unwrap();
+    let mut addresses = vec![Address::NOWHERE; s.g.tensors().len()];
+    let mut bound = Bound::new(&s.g, &p, &[inputs], arena.memory(), act, work, &mut addresses).unwrap();
     let pool = Pool::new(threads, None, false).unwrap();
     // Warm up once (thread start-up may allocate inside std), then count.
     pool.run(&mut bound, Step { n_past: 0, n_kv: 3 }).unwrap();

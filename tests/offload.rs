@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use engine::{assert_close, decode, transformer_block, Rng, Setup};
 use pinfer::arena::Arena;
 use pinfer::exec::pool::Pool;
-use pinfer::exec::{work_bytes, Bound, MatmulOffload, Step};
+use pinfer::exec::{work_bytes, Address, Bound, MatmulOffload, Step};
 use pinfer::graph::{plan, Op};
 use pinfer::quant::GgmlType;
 use pinfer::tensor::{Storage, TensorId};
@@ -115,7 +115,8 @@ fn run(threads: usize, hook: Option<(Mode, usize)>) -> (Vec<f32>, Option<Hook>) 
     let act = arena.alloc(p.peak_bytes, "activations").unwrap();
     let work = arena.alloc(work, "work").unwrap();
     let inputs = s.inputs.bytes();
-    let mut bound = Bound::new(&s.g, &p, &[inputs], arena.memory(), act, work).unwrap();
+    let mut addresses = vec![Address::NOWHERE; s.g.tensors().len()];
+    let mut bound = Bound::new(&s.g, &p, &[inputs], arena.memory(), act, work, &mut addresses).unwrap();
     if let Some(h) = &hook {
         bound = bound.with_offload(h);
     }
@@ -127,7 +128,6 @@ fn run(threads: usize, hook: Option<(Mode, usize)>) -> (Vec<f32>, Option<Hook>) 
         }
     }
     let logits = bound.data_f32(out).to_vec();
-    drop(bound);
     (logits, hook)
 }
 

@@ -4,7 +4,7 @@
 //! MLP fitted; bad parameters and ops without a rule refused by name.
 
 use bytemuck::Zeroable;
-use pinfer::exec::Bound;
+use pinfer::exec::{Address, Bound};
 use pinfer::graph::{plan, Graph};
 use pinfer::quant::GgmlType;
 use pinfer::tensor::{Storage, TensorId};
@@ -95,7 +95,8 @@ fn with_objective<R>(
     let (activations, work, bytes) = arena_regions(&p.graph, &plan, persistent);
     let mut memory = vec![0u64; bytes.div_ceil(8)];
     let arena: &mut [u8] = bytemuck::cast_slice_mut(memory.as_mut_slice());
-    let mut bound = Bound::new(&p.graph, &plan, &[], arena, activations, work).unwrap();
+    let mut addresses = vec![Address::NOWHERE; p.graph.tensors().len()];
+    let mut bound = Bound::new(&p.graph, &plan, &[], arena, activations, work, &mut addresses).unwrap();
     for (id, bytes) in &p.constants {
         bound.data_mut(*id)[..bytes.len()].copy_from_slice(bytes);
     }

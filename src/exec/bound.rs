@@ -59,27 +59,40 @@ impl PackedEntry {
 const MAX_BUFFERS: usize = 16;
 /// The arena's index among the memories an [`Address`] names (the buffers are `0..MAX_BUFFERS`).
 const ARENA: usize = MAX_BUFFERS;
+/// How many memories an [`Address`] can name (a power of two, so a memory index from an address
+/// is always inside [`Bound`]'s bases without a check); the last, never a buffer or the arena,
+/// has a null base, the one [`Address::NOWHERE`] names.
+const MEMORIES: usize = 32;
+const NO_MEMORY: usize = MEMORIES - 1;
+const _: () = assert!(ARENA < NO_MEMORY && MEMORIES.is_power_of_two());
 
 /// Where a tensor's data starts: a memory (a caller's buffer or the arena) and a byte offset in
 /// it, in one word (the memory in the top byte), so a bound graph's table is as small as a table
-/// of pointers.
+/// of pointers. The caller holds the table ([`Bound::new`]), so binding a graph of any capacity
+/// takes no stack for it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Address(u64);
+pub struct Address(u64);
 
 impl Address {
     const OFFSET_BITS: u32 = 56;
-    /// A tensor outside the built order (no data).
-    const NOWHERE: Self = Self(u64::MAX);
+    /// No data (a tensor outside the built order); a table's entries before binding. Offset 0
+    /// in the memory with a null base: its address is null with no test.
+    pub const NOWHERE: Self = Self((NO_MEMORY as u64) << Self::OFFSET_BITS);
 
     fn new(memory: usize, offset: usize) -> Option<Self> {
         let offset = u64::try_from(offset).ok().filter(|&o| o < 1 << Self::OFFSET_BITS)?;
         Some(Self((memory as u64) << Self::OFFSET_BITS | offset))
     }
 
+    /// The memory (below [`MEMORIES`]) and the offset.
+    fn parts(self) -> (usize, usize) {
+        let memory = (self.0 >> Self::OFFSET_BITS) as usize % MEMORIES;
+        (memory, (self.0 & ((1 << Self::OFFSET_BITS) - 1)) as usize)
+    }
+
     /// The memory and the offset, or `None` for [`Self::NOWHERE`].
     fn get(self) -> Option<(usize, usize)> {
-        let (memory, offset) = (self.0 >> Self::OFFSET_BITS, self.0 & ((1 << Self::OFFSET_BITS) - 1));
-        (self != Self::NOWHERE).then_some((memory as usize, offset as usize))
+        (self != Self::NOWHERE).then(|| self.parts())
     }
 }
 
@@ -104,13 +117,13 @@ impl Memory {
     }
 }
 
-/// Resolves where every tensor of `graph` lies in `memory` (model buffers, arena) into `at` and
-/// checks that each lies inside its memory; after that, kernels run blind.
+/// Resolves where every tensor of `graph` lies in `memory` (model buffers, arena) into `at` (one
+/// entry a tensor) and checks that each lies inside its memory; after that, kernels run blind.
 fn resolve<const N: usize>(
     graph: &Graph<N>,
     plan: &Plan<N>,
     memory: &Memory,
-    at: &mut heapless::Vec<Address, N>,
+    at: &mut [Address],
 ) -> Result<(), ExecError> {
     let (activations, work, arena) = (memory.activations, memory.work, memory.arena);
     let needed = work_bytes(graph);
@@ -124,8 +137,10 @@ fn resolve<const N: usize>(
             memory: "arena (activation region)",
         });
     }
-    at.clear();
-    let _ = at.resize(graph.tensors().len(), Address::NOWHERE);
+    let at = at
+        .get_mut(..graph.tensors().len())
+        .ok_or(ExecError::AddressTableTooSmall { needed: graph.tensors().len() })?;
+    at.fill(Address::NOWHERE);
     for &id in graph.order() {
         let t = graph.tensor(id);
         let out_of = |memory| ExecError::OutOfBounds { name: t.name.clone(), memory };
@@ -199,11 +214,14 @@ impl<const N: usize> Addressed<N> {
         let memory = Memory::of(buffers, arena.len(), activations, work);
         if self.memory.as_ref() != Some(&memory) {
             self.memory = None;
+            self.at.clear();
+            // The graph holds at most N tensors, so the table has room for each.
+            let _ = self.at.resize(self.graph.tensors().len(), Address::NOWHERE);
             resolve(&self.graph, plan, &memory, &mut self.at)?;
             self.memory = Some(memory.clone());
         }
         let this: &'a Self = self;
-        Ok(Bound::over(&this.graph, Table::Resolved(&this.at), &memory, buffers, arena))
+        Ok(Bound::over(&this.graph, &this.at, &memory, buffers, arena))
     }
 }
 
@@ -213,19 +231,15 @@ impl<const N: usize> Default for Addressed<N> {
     }
 }
 
-/// A bound graph's addresses: its own (resolved by [`Bound::new`]) or an [`Addressed`]'s.
-enum Table<'a, const N: usize> {
-    Own(heapless::Vec<Address, N>),
-    Resolved(&'a [Address]),
-}
-
 /// A graph bound to its memory, ready to run.
 pub struct Bound<'a, const N: usize> {
     pub(super) graph: &'a Graph<N>,
-    /// Each tensor's address (resolved once, when the graph was bound to memory of this shape).
-    at: Table<'a, N>,
+    /// Each tensor's address (resolved once, when the graph was bound to memory of this shape),
+    /// in the caller's table or an [`Addressed`]'s.
+    at: &'a [Address],
     /// The start of each memory an address names: the caller's buffers, then the arena.
-    bases: [*mut u8; MAX_BUFFERS + 1],
+    /// ([`NO_MEMORY`]'s and the unused ones null.)
+    bases: [*mut u8; MEMORIES],
     /// Converted matmul inputs (shared by all threads of a node).
     pub(super) converted: *mut u8,
     pub(super) converted_len: usize,
@@ -263,7 +277,10 @@ impl<'a, const N: usize> Bound<'a, N> {
     /// Binds a built, planned graph: `buffers` back `Storage::External` tensors (read-only: model
     /// weights, token ids), `arena` holds persistent tensors at their offsets, `activations` and
     /// `work` are regions of it (from the plan and [`work_bytes`]). Every address is resolved
-    /// here; [`Addressed::bind`] resolves them once for many steps.
+    /// here, into `addresses`: the caller's table of at least one [`Address`] a tensor
+    /// (`graph.tensors().len()`; a `Vec` in std, a static or arena carving on bare metal), so a
+    /// graph of any capacity binds on any stack. [`Addressed::bind`] resolves them once for many
+    /// steps.
     pub fn new(
         graph: &'a Graph<N>,
         plan: &Plan<N>,
@@ -271,23 +288,23 @@ impl<'a, const N: usize> Bound<'a, N> {
         arena: &'a mut [u8],
         activations: Region,
         work: Region,
+        addresses: &'a mut [Address],
     ) -> Result<Self, ExecError> {
         let memory = Memory::of(buffers, arena.len(), activations, work);
-        let mut at = heapless::Vec::new();
-        resolve(graph, plan, &memory, &mut at)?;
-        Ok(Self::over(graph, Table::Own(at), &memory, buffers, arena))
+        resolve(graph, plan, &memory, addresses)?;
+        Ok(Self::over(graph, &addresses[..graph.tensors().len()], &memory, buffers, arena))
     }
 
     /// The bound graph over addresses `at`, resolved in `memory`: the lengths and regions of
     /// `buffers` and `arena`.
     fn over(
         graph: &'a Graph<N>,
-        at: Table<'a, N>,
+        at: &'a [Address],
         memory: &Memory,
         buffers: &[&'a [u8]],
         arena: &'a mut [u8],
     ) -> Self {
-        let mut bases = [core::ptr::null_mut(); MAX_BUFFERS + 1];
+        let mut bases = [core::ptr::null_mut(); MEMORIES];
         for (base, buffer) in bases[..MAX_BUFFERS].iter_mut().zip(buffers) {
             *base = buffer.as_ptr() as *mut u8;
         }
@@ -315,16 +332,13 @@ impl<'a, const N: usize> Bound<'a, N> {
     }
 
     /// Where tensor `id`'s data starts (null for a tensor without data).
+    /// (The ops ask for every row they read or write: a load, a shift and an add.)
+    #[inline]
     pub(super) fn address(&self, id: TensorId) -> *mut u8 {
-        let at = match &self.at {
-            Table::Own(at) => at.as_slice(),
-            Table::Resolved(at) => at,
-        };
-        match at.get(id.index()).and_then(|a| a.get()) {
-            // Inside the memory's checked length (see `resolve`).
-            Some((memory, offset)) => self.bases[memory].wrapping_add(offset),
-            None => core::ptr::null_mut(),
-        }
+        let Some(&at) = self.at.get(id.index()) else { return core::ptr::null_mut() };
+        // Inside the memory's checked length (see `resolve`); NOWHERE's base is null.
+        let (memory, offset) = at.parts();
+        self.bases[memory].wrapping_add(offset)
     }
 
     /// Checks every node's output for NaN and infinity and stops the run at the first node that

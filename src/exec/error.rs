@@ -23,6 +23,11 @@ pub enum ExecError {
         /// Bytes needed.
         needed: usize,
     },
+    /// The caller's address table has fewer entries than the graph has tensors.
+    AddressTableTooSmall {
+        /// Entries needed (one a tensor).
+        needed: usize,
+    },
     /// A row index read from a tensor (token id, expert id) is out of range.
     BadIndex {
         /// The node that read it.
@@ -74,6 +79,9 @@ impl fmt::Display for ExecError {
             Self::Unplanned { name } => write!(f, "tensor {name:?} has no planned memory; plan this graph"),
             Self::WorkTooSmall { needed } => {
                 write!(f, "work region too small: the graph needs {needed} bytes")
+            }
+            Self::AddressTableTooSmall { needed } => {
+                write!(f, "address table too small: the graph has {needed} tensors")
             }
             Self::BadIndex { name, op } => write!(f, "{op} in {name:?} read an index outside its table"),
             Self::CacheFull { name } => write!(f, "{name:?}: the KV cache is full (raise the context size)"),

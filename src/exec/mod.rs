@@ -23,7 +23,7 @@ mod ops;
 pub mod pool;
 mod work;
 
-pub use bound::{share, Addressed, Bound, PackedEntry, Step};
+pub use bound::{share, Address, Addressed, Bound, PackedEntry, Step};
 pub use error::{split_layer, ExecError};
 pub use offload::MatmulOffload;
 pub use work::{most_split_tokens, work_bytes};

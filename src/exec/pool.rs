@@ -332,7 +332,43 @@ fn runs_alone<const N: usize>(bound: &Bound<'_, N>, id: TensorId, phase: usize, 
         // A table element costs a sine or a cosine.
         Op::RopeTable => elements(Some(id)).saturating_mul(16),
         Op::GetRows | Op::Cpy | Op::Concat => elements(Some(id)).saturating_mul(4),
-        _ => elements(Some(id)),
+        // An element costs about a norm's or an add's.
+        Op::None
+        | Op::View
+        | Op::Add
+        | Op::Mul
+        | Op::Sub
+        | Op::Div
+        | Op::Scale
+        | Op::Sqr
+        | Op::Sqrt
+        | Op::Sum
+        | Op::Repeat
+        | Op::RepeatBack
+        | Op::Fill
+        | Op::GetRowsBack
+        | Op::RmsNormBack
+        | Op::SoftMaxBack
+        | Op::CrossEntropy
+        | Op::CrossEntropyBack
+        | Op::MulMatT
+        | Op::Hadamard
+        | Op::RmsNorm
+        | Op::LayerNorm
+        | Op::Rope
+        | Op::SoftMax
+        | Op::Silu
+        | Op::Sigmoid
+        | Op::Softplus
+        | Op::Tanh
+        | Op::Gelu
+        | Op::SwiGlu
+        | Op::GeGlu
+        | Op::TopK
+        | Op::MoeWeights
+        | Op::MoeSum
+        | Op::ShortConv
+        | Op::GatedDeltaNet => elements(Some(id)),
     };
     work <= ALONE_ELEMENTS
 }

@@ -377,7 +377,16 @@ impl<'a> Gguf<'a> {
                     ValueType::String => "array elements must be strings",
                     ValueType::F32 => "array elements must be float32",
                     ValueType::I32 => "array elements must be int32",
-                    _ => "array has the wrong element type",
+                    ValueType::U8
+                    | ValueType::I8
+                    | ValueType::U16
+                    | ValueType::I16
+                    | ValueType::U32
+                    | ValueType::Bool
+                    | ValueType::Array
+                    | ValueType::U64
+                    | ValueType::I64
+                    | ValueType::F64 => "array has the wrong element type",
                 },
             }),
             Some(other) => {

@@ -227,7 +227,9 @@ impl<'a> Value<'a> {
             Value::I32(v) => v.into(),
             Value::U64(v) => v.into(),
             Value::I64(v) => v.into(),
-            _ => return None,
+            Value::F32(_) | Value::Bool(_) | Value::String(_) | Value::Array(_) | Value::F64(_) => {
+                return None
+            }
         })
     }
 

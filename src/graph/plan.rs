@@ -93,7 +93,7 @@ fn root_activation<const N: usize>(g: &Graph<N>, mut id: TensorId) -> Option<Ten
         match g.tensor(id).storage {
             Storage::Activation => return Some(id),
             Storage::View { base, .. } => id = base,
-            _ => return None,
+            Storage::External { .. } | Storage::Persistent { .. } => return None,
         }
     }
 }

@@ -301,7 +301,14 @@ fn value_text(v: &crate::gguf::Value<'_>) -> Name {
         Value::F64(x) => write!(text, "{x}"),
         Value::Bool(b) => write!(text, "{b}"),
         Value::Array(a) => write!(text, "an array of {}", a.len()),
-        _ => write!(text, "{}", v.as_integer().unwrap_or(0)),
+        Value::U8(_)
+        | Value::I8(_)
+        | Value::U16(_)
+        | Value::I16(_)
+        | Value::U32(_)
+        | Value::I32(_)
+        | Value::U64(_)
+        | Value::I64(_) => write!(text, "{}", v.as_integer().unwrap_or(0)),
     };
     text
 }
@@ -318,7 +325,18 @@ fn refuse_math_we_do_not_compute(g: &Gguf<'_>, arch: Arch, n_layer: u32) -> Resu
         let number = match v {
             Value::F32(x) => Some(f64::from(x)),
             Value::F64(x) => Some(x),
-            _ => v.as_integer().map(|i| i as f64),
+            // Integers as numbers; a string, a flag or an array is no number.
+            Value::U8(_)
+            | Value::I8(_)
+            | Value::U16(_)
+            | Value::I16(_)
+            | Value::U32(_)
+            | Value::I32(_)
+            | Value::U64(_)
+            | Value::I64(_)
+            | Value::Bool(_)
+            | Value::String(_)
+            | Value::Array(_) => v.as_integer().map(|i| i as f64),
         };
         let ok = match computes {
             Computes::OneOf(names) => v.as_str().is_some_and(|s| names.contains(&s)),

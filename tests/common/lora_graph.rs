@@ -5,8 +5,8 @@
 //! have gradients. Used by `train_lora.rs` and `train_arch.rs` (`#[path]`).
 #![allow(dead_code)]
 
-use pinfer::engine::{graph_slots, Engine, EngineConfig, Entry, GraphSlot, Model, OnCaller, Planned};
-use pinfer::exec::Bound;
+use pinfer::engine::{EngineConfig, Entry, Model, OnCaller};
+use pinfer::exec::{Address, Bound};
 use pinfer::graph::{plan, Graph};
 use pinfer::model::HParams;
 use pinfer::train::lora::{build_lora_graph, LoraGraph, LoraSpec, TARGETS};
@@ -44,10 +44,10 @@ pub fn engine_logits(bytes: &[u8], tokens: &[u32]) -> Vec<Vec<f32>> {
         kv_types: pinfer::model::KvTypes { k: pinfer::quant::GgmlType::F32, v: pinfer::quant::GgmlType::F32 },
         ..EngineConfig::default()
     };
-    let mut slots: Vec<GraphSlot> = (0..graph_slots(&config)).map(|_| GraphSlot::new()).collect();
-    let planned = Planned::new(Model::open(bytes).unwrap(), &config, slots.as_mut_slice()).unwrap();
+    // The graph slots on the heap (about a megabyte each), as every std front end plans.
+    let planned = pinfer::engine::heap::plan(Model::open(bytes).unwrap(), &config).unwrap();
     let mut memory = vec![0u8; planned.layout().bytes_needed()];
-    let mut engine: Engine<'_, &mut [GraphSlot], &mut [u8]> = planned.bind(memory.as_mut_slice()).unwrap();
+    let mut engine = planned.bind(memory.as_mut_slice()).unwrap();
     engine.repack(&OnCaller, &|_| {}).unwrap();
     let batch: Vec<Entry> =
         tokens.iter().enumerate().map(|(pos, &token)| Entry { seq: 0, pos, token, logits: true }).collect();
@@ -103,7 +103,8 @@ pub fn at_the_start<const N: usize, R>(
     let (activations, work, total) = arena_regions(&g, &plan, offset);
     let mut memory = vec![0u64; total.div_ceil(8)];
     let arena: &mut [u8] = bytemuck::cast_slice_mut(memory.as_mut_slice());
-    let mut bound = Bound::new(&g, &plan, &[bytes], arena, activations, work)
+    let mut addresses = vec![Address::NOWHERE; g.tensors().len()];
+    let mut bound = Bound::new(&g, &plan, &[bytes], arena, activations, work, &mut addresses)
         .unwrap()
         .with_kernels(pinfer::kernels::KernelPath::Reference);
     let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();

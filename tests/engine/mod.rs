@@ -4,7 +4,7 @@
 
 use pinfer::arena::Arena;
 use pinfer::exec::pool::Pool;
-use pinfer::exec::{work_bytes, Bound, PackedEntry, Step};
+use pinfer::exec::{work_bytes, Address, Bound, PackedEntry, Step};
 use pinfer::graph::{plan, plan_unshared, Graph};
 use pinfer::quant::blocks::{BlockQ4_0, BlockQ4_1, BlockQ8_0};
 use pinfer::quant::quantize::{quantize_row_q4_0_ref, quantize_row_q4_1_ref, quantize_row_q8_0_ref};
@@ -238,7 +238,8 @@ pub fn run(setup: &mut Setup, outputs: &[TensorId], steps: &[Step], opts: RunOpt
         let end = (e.source_offset + len).min(inputs.len());
         inputs[e.source_offset..end].fill(0xFF);
     }
-    let mut bound = Bound::new(&setup.g, &p, &[&inputs], arena.memory(), act, work)
+    let mut addresses = vec![Address::NOWHERE; setup.g.tensors().len()];
+    let mut bound = Bound::new(&setup.g, &p, &[&inputs], arena.memory(), act, work, &mut addresses)
         .unwrap()
         .with_packed(&packed_buffer, &entries);
     let cores = opts.pin_to.map(|c| [c]);

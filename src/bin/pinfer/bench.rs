@@ -278,7 +278,16 @@ fn weight_bytes_per_token(session: &Session) -> u64 {
         .map(|(_, p)| match p.reason {
             Reason::Unused | Reason::Embedding => 0.0,
             Reason::Experts => p.bytes as f64 * expert_share,
-            _ => p.bytes as f64,
+            Reason::Repacked
+            | Reason::TiedEmbedding
+            | Reason::SharedEmbedding
+            | Reason::Norm
+            | Reason::Bias
+            | Reason::Router
+            | Reason::NoLayout(_)
+            | Reason::Shape { .. }
+            | Reason::RepackOff
+            | Reason::ReadInPlace => p.bytes as f64,
         })
         .sum();
     bytes as u64

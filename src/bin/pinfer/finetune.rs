@@ -25,7 +25,7 @@ use clap::Args;
 use pinfer::chat::{ChatTemplate, Message, Role};
 use pinfer::engine::{EngineConfig, Model, OnCaller};
 use pinfer::exec::pool::Pool;
-use pinfer::exec::{Bound, Step};
+use pinfer::exec::{Address, Bound, Step};
 use pinfer::gguf::write::{GgufWriter, TensorHeader};
 use pinfer::gguf::{Gguf, Value};
 use pinfer::graph::{plan, Graph, Plan};
@@ -731,9 +731,12 @@ fn train(args: FinetuneArgs) -> Result<(), CliError> {
     let mut memory = vec![0u64; total.div_ceil(8)];
     let arena: &mut [u8] = bytemuck::cast_slice_mut(memory.as_mut_slice());
     let buffers = [model.bytes()];
-    let mut bound = Bound::new(&trainer.graph, &trainer.plan, &buffers, arena, activations, work)
-        .map_err(|e| CliError::new(format!("binding the training graph: {e}")))?
-        .with_packed(engine.packed_buffer(), engine.planned().packed_entries());
+    // The address table on the heap, one entry a tensor: binding takes no stack for it.
+    let mut addresses = vec![Address::NOWHERE; trainer.graph.tensors().len()];
+    let mut bound =
+        Bound::new(&trainer.graph, &trainer.plan, &buffers, arena, activations, work, &mut addresses)
+            .map_err(|e| CliError::new(format!("binding the training graph: {e}")))?
+            .with_packed(engine.packed_buffer(), engine.planned().packed_entries());
     let threads = crate::worker_threads(args.threads);
     let pool = Pool::new(threads, None, false)
         .map_err(|e| CliError::new(format!("starting {threads} threads: {e}")))?;

@@ -299,7 +299,7 @@ impl Report<'_> {
                     "name": t.name,
                     "type": t.ty.name(),
                     "buffer": match p.buffer { Buffer::Repacked(_) => "repacked", Buffer::Mapped => "mapped", Buffer::Npu(_) => "npu" },
-                    "layout": match p.buffer { Buffer::Repacked(f) => Some(f.name()), _ => None },
+                    "layout": match p.buffer { Buffer::Repacked(f) => Some(f.name()), Buffer::Mapped | Buffer::Npu(_) => None },
                     "bytes": p.bytes,
                     "reason": p.reason.to_string(),
                 })).collect::<Vec<_>>(),

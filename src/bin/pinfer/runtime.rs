@@ -8,7 +8,7 @@ use pinfer::board::runtime::{self as board, Board, WorkerPlan};
 use pinfer::board::thread::{allowed_cores, current_thread_scheduler};
 use pinfer::gguf::TensorInfo;
 use pinfer::loader::ModelFile;
-use pinfer::placement::{Placement, Summary, FORMATS};
+use pinfer::placement::{Placement, Reason, Summary, FORMATS};
 use pinfer::session::{Session, SessionError, SessionOptions};
 
 use crate::CliError;
@@ -348,10 +348,20 @@ pub fn summary<'a>(rows: impl Iterator<Item = (TensorInfo<'a>, Placement)>) -> S
 pub fn resident_text<'a>(rows: impl Iterator<Item = (TensorInfo<'a>, Placement)>) -> String {
     let mut by_type: Vec<(pinfer::quant::GgmlType, f64, f64)> = Vec::new();
     for (t, p) in rows {
-        let resident = match (p.buffer, p.reason) {
-            (_, pinfer::placement::Reason::Unused) => 0,
-            (_, pinfer::placement::Reason::TiedEmbedding) => p.bytes + t.nbytes as usize,
-            _ => p.bytes,
+        let resident = match p.reason {
+            Reason::Unused => 0,
+            Reason::TiedEmbedding => p.bytes + t.nbytes as usize,
+            Reason::Repacked
+            | Reason::SharedEmbedding
+            | Reason::Norm
+            | Reason::Bias
+            | Reason::Router
+            | Reason::Embedding
+            | Reason::Experts
+            | Reason::NoLayout(_)
+            | Reason::Shape { .. }
+            | Reason::RepackOff
+            | Reason::ReadInPlace => p.bytes,
         };
         let at = match by_type.iter().position(|r| r.0 == t.ty) {
             Some(i) => i,

@@ -1,7 +1,6 @@
 //! Elementwise and row-wise ops of one or two inputs: scale, norms, activations, softmax,
 //! add/mul/GLUs, copies and concatenation.
 
-use crate::graph::Op;
 use crate::kernels;
 use crate::kernels::reference as kref;
 use crate::tensor::{Tensor, TensorId};
@@ -10,10 +9,41 @@ use crate::exec::bound::{rows, rows_of, share};
 use crate::exec::ops::attention::visible_keys;
 use crate::exec::{Bound, Step};
 
+/// The row-wise ops of one input ([`Bound::unary`]); the dispatch names each, so a new op is
+/// added here and there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(in crate::exec) enum Unary {
+    Scale,
+    Sqr,
+    Sqrt,
+    Hadamard,
+    RmsNorm,
+    LayerNorm,
+    Silu,
+    Sigmoid,
+    Softplus,
+    Tanh,
+    Gelu,
+    SoftMax,
+}
+
+/// The elementwise ops of two inputs ([`Bound::binary`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(in crate::exec) enum Binary {
+    Add,
+    Sub,
+    Mul,
+    Div,
+    SwiGlu,
+    GeGlu,
+}
+
 impl<'a, const N: usize> Bound<'a, N> {
     /// Row-wise ops of one input: scale, norms, activations, softmax.
+    #[allow(clippy::too_many_arguments)]
     pub(in crate::exec) fn unary(
         &self,
+        op: Unary,
         id: TensorId,
         t: &Tensor,
         ne: [usize; 4],
@@ -31,19 +61,19 @@ impl<'a, const N: usize> Bound<'a, N> {
                 let x: &[f32] = self.read(a, ta.row_offset(i1, i2, i3), ne[0]);
                 let out: &mut [f32] = self.write(id, t.row_offset(i1, i2, i3), ne[0]);
                 let p = t.params;
-                match t.op {
-                    Op::Scale => out.iter_mut().zip(x).for_each(|(o, v)| *o = v * p.f[0]),
-                    Op::Sqr => out.iter_mut().zip(x).for_each(|(o, v)| *o = v * v),
-                    Op::Sqrt => out.iter_mut().zip(x).for_each(|(o, &v)| *o = libm::sqrtf(v)),
-                    Op::Hadamard => kref::hadamard_ref(x, out, p.i[0] as usize),
-                    Op::RmsNorm => kernels::rms_norm(path, x, out, p.f[0]),
-                    Op::LayerNorm => kref::layer_norm_ref(x, out, p.f[0]),
-                    Op::Silu => kernels::silu(path, x, out),
-                    Op::Sigmoid => kref::sigmoid_ref(x, out),
-                    Op::Softplus => kref::softplus_ref(x, out),
-                    Op::Tanh => out.iter_mut().zip(x).for_each(|(o, &v)| *o = libm::tanhf(v)),
-                    Op::Gelu => kref::gelu_ref(x, out),
-                    _ => {
+                match op {
+                    Unary::Scale => out.iter_mut().zip(x).for_each(|(o, v)| *o = v * p.f[0]),
+                    Unary::Sqr => out.iter_mut().zip(x).for_each(|(o, v)| *o = v * v),
+                    Unary::Sqrt => out.iter_mut().zip(x).for_each(|(o, &v)| *o = libm::sqrtf(v)),
+                    Unary::Hadamard => kref::hadamard_ref(x, out, p.i[0] as usize),
+                    Unary::RmsNorm => kernels::rms_norm(path, x, out, p.f[0]),
+                    Unary::LayerNorm => kref::layer_norm_ref(x, out, p.f[0]),
+                    Unary::Silu => kernels::silu(path, x, out),
+                    Unary::Sigmoid => kref::sigmoid_ref(x, out),
+                    Unary::Softplus => kref::softplus_ref(x, out),
+                    Unary::Tanh => out.iter_mut().zip(x).for_each(|(o, &v)| *o = libm::tanhf(v)),
+                    Unary::Gelu => kref::gelu_ref(x, out),
+                    Unary::SoftMax => {
                         let (start, end) =
                             visible_keys(p.i[0] != 0, p.i[1] as usize, step.n_past + i1, ne[0]);
                         kref::soft_max_ref(x, out, p.f[0], start, end);
@@ -53,8 +83,10 @@ impl<'a, const N: usize> Bound<'a, N> {
         }
     }
     /// Elementwise ops of two inputs, the second broadcast: add, mul, SwiGLU, GeGLU.
+    #[allow(clippy::too_many_arguments)]
     pub(in crate::exec) fn binary(
         &self,
+        op: Binary,
         id: TensorId,
         t: &Tensor,
         ne: [usize; 4],
@@ -76,21 +108,24 @@ impl<'a, const N: usize> Bound<'a, N> {
                 if neb[0] != ne[0] {
                     // A one-element row broadcast along the row (the graph allows only that).
                     let b = y[0];
-                    match t.op {
-                        Op::Add => out.iter_mut().zip(x).for_each(|(o, a)| *o = a + b),
-                        Op::Sub => out.iter_mut().zip(x).for_each(|(o, a)| *o = a - b),
-                        Op::Div => out.iter_mut().zip(x).for_each(|(o, a)| *o = a / b),
-                        _ => out.iter_mut().zip(x).for_each(|(o, a)| *o = a * b),
+                    match op {
+                        Binary::Add => out.iter_mut().zip(x).for_each(|(o, a)| *o = a + b),
+                        Binary::Sub => out.iter_mut().zip(x).for_each(|(o, a)| *o = a - b),
+                        Binary::Div => out.iter_mut().zip(x).for_each(|(o, a)| *o = a / b),
+                        // (The graph broadcasts no GLU; were it to, the product is what runs.)
+                        Binary::Mul | Binary::SwiGlu | Binary::GeGlu => {
+                            out.iter_mut().zip(x).for_each(|(o, a)| *o = a * b)
+                        }
                     }
                     continue;
                 }
-                match t.op {
-                    Op::Add => out.iter_mut().zip(x.iter().zip(y)).for_each(|(o, (a, b))| *o = a + b),
-                    Op::Sub => out.iter_mut().zip(x.iter().zip(y)).for_each(|(o, (a, b))| *o = a - b),
-                    Op::Mul => out.iter_mut().zip(x.iter().zip(y)).for_each(|(o, (a, b))| *o = a * b),
-                    Op::Div => out.iter_mut().zip(x.iter().zip(y)).for_each(|(o, (a, b))| *o = a / b),
-                    Op::SwiGlu => kernels::swiglu(path, x, y, out),
-                    _ => kref::geglu_ref(x, y, out),
+                match op {
+                    Binary::Add => out.iter_mut().zip(x.iter().zip(y)).for_each(|(o, (a, b))| *o = a + b),
+                    Binary::Sub => out.iter_mut().zip(x.iter().zip(y)).for_each(|(o, (a, b))| *o = a - b),
+                    Binary::Mul => out.iter_mut().zip(x.iter().zip(y)).for_each(|(o, (a, b))| *o = a * b),
+                    Binary::Div => out.iter_mut().zip(x.iter().zip(y)).for_each(|(o, (a, b))| *o = a / b),
+                    Binary::SwiGlu => kernels::swiglu(path, x, y, out),
+                    Binary::GeGlu => kref::geglu_ref(x, y, out),
                 }
             }
         }

@@ -13,6 +13,8 @@ use crate::tensor::TensorId;
 
 use super::{Bound, Step};
 use crate::exec::work::split_bytes;
+use elementwise::{Binary, Unary};
+use train::{Reshape, TrainRows};
 
 impl<const N: usize> Bound<'_, N> {
     /// How many phases node `id` runs in, with a barrier after each: 0 for leaves and views, 2
@@ -48,26 +50,37 @@ impl<const N: usize> Bound<'_, N> {
             return;
         }
         let ne = t.ne_for(step.n_kv);
+        let unary = |op| self.unary(op, id, t, ne, step, ith, nth);
+        let binary = |op| self.binary(op, id, t, ne, step, ith, nth);
+        let reshape = |op| self.reshape_sum(op, id, t, ne, step, ith, nth);
+        let train_rows = |op| self.train_rows(op, id, t, ne, ith, nth);
         match t.op {
-            Op::Scale
-            | Op::Sqr
-            | Op::Sqrt
-            | Op::Hadamard
-            | Op::RmsNorm
-            | Op::LayerNorm
-            | Op::Silu
-            | Op::Sigmoid
-            | Op::Softplus
-            | Op::Tanh
-            | Op::Gelu
-            | Op::SoftMax => self.unary(id, t, ne, step, ith, nth),
-            Op::Add | Op::Sub | Op::Mul | Op::Div | Op::SwiGlu | Op::GeGlu => {
-                self.binary(id, t, ne, step, ith, nth)
-            }
-            Op::Sum | Op::Repeat | Op::RepeatBack | Op::Fill => self.reshape_sum(id, t, ne, step, ith, nth),
-            Op::RmsNormBack | Op::SoftMaxBack | Op::CrossEntropy | Op::CrossEntropyBack => {
-                self.train_rows(id, t, ne, ith, nth)
-            }
+            Op::Scale => unary(Unary::Scale),
+            Op::Sqr => unary(Unary::Sqr),
+            Op::Sqrt => unary(Unary::Sqrt),
+            Op::Hadamard => unary(Unary::Hadamard),
+            Op::RmsNorm => unary(Unary::RmsNorm),
+            Op::LayerNorm => unary(Unary::LayerNorm),
+            Op::Silu => unary(Unary::Silu),
+            Op::Sigmoid => unary(Unary::Sigmoid),
+            Op::Softplus => unary(Unary::Softplus),
+            Op::Tanh => unary(Unary::Tanh),
+            Op::Gelu => unary(Unary::Gelu),
+            Op::SoftMax => unary(Unary::SoftMax),
+            Op::Add => binary(Binary::Add),
+            Op::Sub => binary(Binary::Sub),
+            Op::Mul => binary(Binary::Mul),
+            Op::Div => binary(Binary::Div),
+            Op::SwiGlu => binary(Binary::SwiGlu),
+            Op::GeGlu => binary(Binary::GeGlu),
+            Op::Sum => reshape(Reshape::Sum),
+            Op::Repeat => reshape(Reshape::Repeat),
+            Op::RepeatBack => reshape(Reshape::RepeatBack),
+            Op::Fill => reshape(Reshape::Fill),
+            Op::RmsNormBack => train_rows(TrainRows::RmsNormBack),
+            Op::SoftMaxBack => train_rows(TrainRows::SoftMaxBack),
+            Op::CrossEntropy => train_rows(TrainRows::CrossEntropy),
+            Op::CrossEntropyBack => train_rows(TrainRows::CrossEntropyBack),
             Op::MulMatT => self.mul_mat_t(id, t, ne, ith, nth),
             Op::RopeTable => self.rope_table(id, t, ne, step, ith, nth),
             Op::Rope => self.rope(id, t, ne, ith, nth),

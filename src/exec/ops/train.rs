@@ -1,7 +1,6 @@
 //! The training ops: sums and tiling, the row-wise backward ops, the cross-entropy loss, the
 //! embedding gradient and the transposed matmul.
 
-use crate::graph::Op;
 use crate::kernels;
 use crate::kernels::reference as kref;
 use crate::quant::dequantize_row_ref;
@@ -10,11 +9,31 @@ use crate::tensor::{Tensor, TensorId};
 use crate::exec::bound::{rows, rows_of, share, BAD_INDEX};
 use crate::exec::{Bound, Step};
 
+/// The training ops that sum or tile ([`Bound::reshape_sum`]); the dispatch names each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(in crate::exec) enum Reshape {
+    Sum,
+    Repeat,
+    RepeatBack,
+    Fill,
+}
+
+/// The row-wise backward ops and the loss ([`Bound::train_rows`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(in crate::exec) enum TrainRows {
+    RmsNormBack,
+    SoftMaxBack,
+    CrossEntropy,
+    CrossEntropyBack,
+}
+
 impl<'a, const N: usize> Bound<'a, N> {
     /// Sum of all elements, tiling, summing back to a smaller shape, and constants (the training
     /// ops; sums in f64, in a fixed order, so a gradient does not depend on the thread count).
+    #[allow(clippy::too_many_arguments)]
     pub(in crate::exec) fn reshape_sum(
         &self,
+        op: Reshape,
         id: TensorId,
         t: &Tensor,
         ne: [usize; 4],
@@ -28,9 +47,9 @@ impl<'a, const N: usize> Bound<'a, N> {
         unsafe {
             for (i1, i2, i3) in rows(ne, share(rows_of(ne), ith, nth)) {
                 let out: &mut [f32] = self.write(id, t.row_offset(i1, i2, i3), ne[0]);
-                match (t.op, src) {
-                    (Op::Fill, _) => out.fill(t.params.f[0]),
-                    (Op::Sum, Some((a, ta))) => {
+                match (op, src) {
+                    (Reshape::Fill, _) => out.fill(t.params.f[0]),
+                    (Reshape::Sum, Some((a, ta))) => {
                         let na = ta.ne_for(step.n_kv);
                         let mut total = 0f64;
                         for idx in elements_of(na) {
@@ -38,13 +57,13 @@ impl<'a, const N: usize> Bound<'a, N> {
                         }
                         out[0] = total as f32;
                     }
-                    (Op::Repeat, Some((a, ta))) => {
+                    (Reshape::Repeat, Some((a, ta))) => {
                         let na = ta.ne_for(step.n_kv);
                         for (i0, o) in out.iter_mut().enumerate() {
                             *o = self.element(a, ta, [i0 % na[0], i1 % na[1], i2 % na[2], i3 % na[3]], na);
                         }
                     }
-                    (Op::RepeatBack, Some((a, ta))) => {
+                    (Reshape::RepeatBack, Some((a, ta))) => {
                         let na = ta.ne_for(step.n_kv);
                         for (i0, o) in out.iter_mut().enumerate() {
                             let mut total = 0f64;
@@ -60,7 +79,8 @@ impl<'a, const N: usize> Bound<'a, N> {
                             *o = total as f32;
                         }
                     }
-                    _ => {}
+                    // (The graph gives these their input.)
+                    (Reshape::Sum | Reshape::Repeat | Reshape::RepeatBack, None) => {}
                 }
             }
         }
@@ -68,6 +88,7 @@ impl<'a, const N: usize> Bound<'a, N> {
     /// The row-wise backward ops and the cross-entropy loss.
     pub(in crate::exec) fn train_rows(
         &self,
+        op: TrainRows,
         id: TensorId,
         t: &Tensor,
         ne: [usize; 4],
@@ -79,12 +100,12 @@ impl<'a, const N: usize> Bound<'a, N> {
         // from `share`, which gives each thread disjoint ones.
         unsafe {
             let (Some((a, ta)), Some((b, tb))) = (src(0), src(1)) else { return };
-            if matches!(t.op, Op::CrossEntropy | Op::CrossEntropyBack) {
+            if matches!(op, TrainRows::CrossEntropy | TrainRows::CrossEntropyBack) {
                 let n = ta.ne[1];
                 let targets: &[i32] = self.read(b, 0, n);
                 let scored = targets.iter().filter(|&&v| v >= 0).count().max(1);
                 let target_of = |r: usize| usize::try_from(targets[r]).ok();
-                if t.op == Op::CrossEntropy {
+                if op == TrainRows::CrossEntropy {
                     for _ in share(1, ith, nth) {
                         let mut total = 0f64;
                         for r in 0..n {
@@ -118,9 +139,11 @@ impl<'a, const N: usize> Bound<'a, N> {
                 let x: &[f32] = self.read(a, ta.row_offset(i1, i2, i3), ne[0]);
                 let dy: &[f32] = self.read(b, tb.row_offset(i1, i2, i3), ne[0]);
                 let out: &mut [f32] = self.write(id, t.row_offset(i1, i2, i3), ne[0]);
-                match t.op {
-                    Op::RmsNormBack => kref::rms_norm_back_ref(x, dy, out, t.params.f[0]),
-                    _ => kref::soft_max_back_ref(x, dy, out, t.params.f[0]),
+                match op {
+                    TrainRows::RmsNormBack => kref::rms_norm_back_ref(x, dy, out, t.params.f[0]),
+                    TrainRows::SoftMaxBack => kref::soft_max_back_ref(x, dy, out, t.params.f[0]),
+                    // (Run above, by rows of logits.)
+                    TrainRows::CrossEntropy | TrainRows::CrossEntropyBack => {}
                 }
             }
         }

@@ -253,7 +253,7 @@ pub fn gen_params(
     let f = match (dialect, options) {
         (Dialect::Ollama, Some(o)) => Fields::nested(o, "options."),
         (Dialect::Ollama, None) => Fields::nested(&state.ready.empty, "options."),
-        _ => Fields::new(body),
+        (Dialect::OpenAi | Dialect::Llama, _) => Fields::new(body),
     };
     let mut p = state.ready.defaults.clone();
     let s = &mut p.sampler;
