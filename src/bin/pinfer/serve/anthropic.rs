@@ -15,13 +15,12 @@ use serde_json::{json, Map, Value};
 use super::api::{gen_params, json_response, read_json, ApiError, Dialect, Fields};
 use super::jobs::{collect, stream_events, stream_of, submit};
 use super::openai::response_id;
-use super::prompt::{chat_prompt, reasoning};
+use super::prompt::{chat_prompt, reasoning, reply_parts};
 use super::slots::{Event, Summary};
 use super::tokens::encode;
-use super::tools;
 use super::AppState;
 use pinfer::generate::Stop;
-use pinfer::reasoning::{split, Splitter};
+use pinfer::reasoning::Splitter;
 
 /// `POST /v1/messages`.
 pub async fn messages(AxState(shared): AxState<AppState>, body: Body) -> Response {
@@ -65,14 +64,7 @@ async fn messages_inner(shared: AppState, body: Body) -> Result<Response, ApiErr
     if tools.is_some() || !stream {
         // Tool calls are known once the reply is whole: it is sent whole (as events when streaming).
         let c = collect(sub).await?;
-        let (thought, answer) = match reasoning {
-            Some((m, opened)) => split(m, opened, &c.text),
-            None => (None, c.text.clone()),
-        };
-        let (text, calls) = match &tools {
-            Some(t) => tools::parse_reply(t, &answer),
-            None => (answer, Vec::new()),
-        };
+        let (thought, text, calls) = reply_parts(&c.text, reasoning, tools.as_ref());
         let mut blocks = Vec::new();
         if let Some(thought) = thought {
             blocks.push(json!({ "type": "thinking", "thinking": thought, "signature": "" }));

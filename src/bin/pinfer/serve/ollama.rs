@@ -13,7 +13,6 @@ use super::jobs::{collect, finish_reason, stream_events, stream_of, submit, Subm
 use super::prompt::{chat_prompt, render_chat};
 use super::slots::{Event, Summary};
 use super::tokens::encode;
-use super::tools;
 use super::{AppState, Shared};
 use pinfer::reasoning::{split, Piece, Splitter};
 use std::sync::{Arc, Mutex};
@@ -94,8 +93,7 @@ async fn chat_inner(shared: AppState, body: Body) -> Result<Response, ApiError> 
         // Tool calls are known once the reply is complete: it is sent whole (one line when
         // streaming, as Ollama does for a tool call).
         let c = collect(sub).await?;
-        let (thought, answer) = whole(&c.text);
-        let (text, calls) = tools::parse_reply(&t, &answer);
+        let (thought, text, calls) = super::prompt::reply_parts(&c.text, reasoning, Some(&t));
         let mut m = message(&text);
         if let Some(thought) = thought {
             m["thinking"] = json!(thought);

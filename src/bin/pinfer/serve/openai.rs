@@ -206,12 +206,7 @@ async fn tool_reply(
 ) -> Result<Response, ApiError> {
     let n_prompt = sub.n_prompt;
     let c = collect(sub).await?;
-    // The model may reason before it calls: the calls are parsed from the answer.
-    let (thought, answer) = match reasoning {
-        Some((m, opened)) => split(m, opened, &c.text),
-        None => (None, c.text.clone()),
-    };
-    let (text, calls) = tools::parse_reply(t, &answer);
+    let (thought, text, calls) = super::prompt::reply_parts(&c.text, reasoning, Some(t));
     let calls: Vec<Value> = calls
         .iter()
         .enumerate()

@@ -261,3 +261,21 @@ pub fn reasoning(
     };
     Ok(state.ready.reasoning.filter(|_| on).map(|m| (m, m.opened_by(prompt))))
 }
+
+/// A whole reply taken apart: its reasoning (when the template teaches markers), its answer text,
+/// and the tool calls parsed from the answer (a model may reason before it calls).
+pub fn reply_parts(
+    text: &str,
+    reasoning: Option<(Markers, bool)>,
+    tools: Option<&tools::Tools>,
+) -> (Option<String>, String, Vec<tools::Call>) {
+    let (thought, answer) = match reasoning {
+        Some((m, opened)) => pinfer::reasoning::split(m, opened, text),
+        None => (None, text.to_string()),
+    };
+    let (answer, calls) = match tools {
+        Some(t) => tools::parse_reply(t, &answer),
+        None => (answer, Vec::new()),
+    };
+    (thought, answer, calls)
+}

@@ -22,13 +22,12 @@ use serde_json::{json, Map, Value};
 use super::api::{gen_params, json_response, read_json, unix_now, ApiError, Dialect, Fields};
 use super::jobs::{collect, stream_events, stream_of, submit};
 use super::openai::response_id;
-use super::prompt::{chat_prompt, reasoning};
+use super::prompt::{chat_prompt, reasoning, reply_parts};
 use super::slots::{Event, Summary};
 use super::tokens::encode;
 use super::tools;
 use super::AppState;
 use pinfer::generate::Stop;
-use pinfer::reasoning::split;
 
 /// How many answered conversations `previous_response_id` can continue.
 pub const KEPT: usize = 256;
@@ -96,14 +95,7 @@ pub async fn create(AxState(shared): AxState<AppState>, body: Body) -> Result<Re
     };
     if tools.is_some() || reasoning.is_some() || !stream {
         let c = collect(sub).await?;
-        let (thought, answer) = match reasoning {
-            Some((m, opened)) => split(m, opened, &c.text),
-            None => (None, c.text.clone()),
-        };
-        let (text, calls) = match &tools {
-            Some(t) => tools::parse_reply(t, &answer),
-            None => (answer, Vec::new()),
-        };
+        let (thought, text, calls) = reply_parts(&c.text, reasoning, tools.as_ref());
         let output = output_items(thought.as_deref(), &text, &calls);
         shared.responses.put(id.clone(), with_reply(conversation, thought.as_deref(), &text, &calls));
         let mut done = base("completed", output.clone(), usage(&c.summary));
