@@ -386,21 +386,40 @@ pub fn grammar(tools: &Tools) -> Option<GrammarSpec> {
                 names?
             ))
         }
+        // Per tool: its name, then each of its parameters at most once in the schema's order
+        // (the required ones always), each value one line of at most 120 characters, so a call
+        // always ends.
         ToolFormat::QwenXml => {
             let many = if tools.parallel { "+" } else { "" };
-            let names = alternatives(chosen.iter().map(|t| t.name.as_str()));
-            let params = match alternatives(chosen.iter().flat_map(|t| parameter_names(t))) {
-                Some(keys) => format!(
-                    "params: param*\nparam: \"<parameter=\" KEY \">\\n\" VALUE \"\\n</parameter>\\n\"\n\
-                     VALUE: /[^<\\n]+/\nKEY: {keys}\n"
-                ),
-                None => "params: \"\"\n".into(),
-            };
+            let mut rules = String::new();
+            let mut calls = Vec::new();
+            for (i, t) in chosen.iter().enumerate() {
+                let required: Vec<&str> = t.parameters["required"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(Value::as_str)
+                    .collect();
+                let mut body = String::new();
+                for (j, key) in parameter_names(t).enumerate() {
+                    rules.push_str(&format!(
+                        "t{i}p{j}: {} VALUE \"\\n</parameter>\\n\"\n",
+                        lark_literal(&format!("<parameter={key}>\n"))
+                    ));
+                    body.push_str(&format!(" t{i}p{j}{}", if required.contains(&key) { "" } else { "?" }));
+                }
+                rules.push_str(&format!(
+                    "t{i}: {}{body} \"</function>\\n</tool_call>\" \"\\n\"?\n",
+                    lark_literal(&format!("<tool_call>\n<function={}>\n", t.name))
+                ));
+                calls.push(format!("t{i}"));
+            }
+            if calls.is_empty() {
+                return None;
+            }
             GrammarSpec::Lark(format!(
-                "start: call{many}\n\
-                 call: \"<tool_call>\\n<function=\" NAME \">\\n\" params \"</function>\\n</tool_call>\" \"\\n\"?\n\
-                 {params}NAME: {}\n",
-                names?
+                "start: call{many}\ncall: {}\n{rules}VALUE: /[^<\\n]{{1,120}}/\n",
+                calls.join(" | ")
             ))
         }
         ToolFormat::Generic => {
