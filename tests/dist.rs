@@ -16,8 +16,9 @@ use serde_json::Value;
 /// The newest glibc symbol version a dist binary may need: Rockchip's `librknnrt.so` needs 2.17,
 /// and the oldest board images in use (Debian 11, Ubuntu 20.04) have 2.31.
 const GLIBC_FLOOR: (u32, u32) = (2, 17);
-/// Stripped binaries stay below this.
-const MAX_BINARY_BYTES: u64 = 8 << 20;
+/// Stripped binaries stay below this (8 MiB until the chat templates' Jinja engine and the
+/// Messages/Responses APIs came in: the x86_64 binary is 8.3 MiB with them).
+const MAX_BINARY_BYTES: u64 = 10 << 20;
 const MODEL: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
 const GOLDEN: &str = "smollm2.greedy.jsonl";
 
