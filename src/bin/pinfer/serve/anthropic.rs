@@ -15,7 +15,7 @@ use serde_json::{json, Map, Value};
 use super::api::{gen_params, json_response, read_json, ApiError, Dialect, Fields};
 use super::jobs::{collect, stream_events, stream_of, submit};
 use super::openai::response_id;
-use super::prompt::{chat_prompt, reasoning, reply_parts};
+use super::prompt::{chat_prompt, chat_tools, reasoning, reply_parts};
 use super::slots::{Event, Summary};
 use super::tokens::encode;
 use super::AppState;
@@ -340,13 +340,7 @@ fn to_chat(body: &Map<String, Value>) -> Result<Map<String, Value>, ApiError> {
         chat.insert("stop".into(), stops.clone());
     }
     if let Some(list) = f.array("tools")? {
-        let tools: Vec<Value> = list
-            .iter()
-            .map(|t| json!({ "type": "function", "function": { "name": t.get("name").cloned().unwrap_or(Value::Null),
-                "description": t.get("description").cloned().unwrap_or(json!("")),
-                "parameters": t.get("input_schema").cloned().unwrap_or(json!({"type": "object"})) } }))
-            .collect();
-        chat.insert("tools".into(), Value::Array(tools));
+        chat.insert("tools".into(), chat_tools(list, "input_schema"));
     }
     if let Some(choice) = f.object("tool_choice")? {
         let c = match choice.get("type").and_then(Value::as_str) {

@@ -3,7 +3,7 @@
 
 use pinfer::chat::Role;
 use pinfer::reasoning::Markers;
-use serde_json::{Map, Value};
+use serde_json::{json, Map, Value};
 
 use super::api::{ApiError, Fields};
 use super::slots::GenParams;
@@ -278,4 +278,16 @@ pub fn reply_parts(
         None => (answer, Vec::new()),
     };
     (thought, answer, calls)
+}
+
+/// Tools given flat (`{"name", "description", SCHEMA_KEY}`: Anthropic's `input_schema`, the
+/// Responses API's `parameters`) as the chat request's `{"type": "function", "function": ...}`.
+pub fn chat_tools(list: &[Value], schema_key: &str) -> Value {
+    list.iter()
+        .map(|t| {
+            json!({ "type": "function", "function": { "name": t.get("name").cloned().unwrap_or(Value::Null),
+                "description": t.get("description").cloned().unwrap_or(json!("")),
+                "parameters": t.get(schema_key).cloned().unwrap_or(json!({"type": "object"})) } })
+        })
+        .collect()
 }

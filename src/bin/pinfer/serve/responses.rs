@@ -22,7 +22,7 @@ use serde_json::{json, Map, Value};
 use super::api::{gen_params, json_response, read_json, unix_now, ApiError, Dialect, Fields};
 use super::jobs::{collect, stream_events, stream_of, submit};
 use super::openai::response_id;
-use super::prompt::{chat_prompt, reasoning, reply_parts};
+use super::prompt::{chat_prompt, chat_tools, reasoning, reply_parts};
 use super::slots::{Event, Summary};
 use super::tokens::encode;
 use super::tools;
@@ -371,13 +371,7 @@ fn to_chat(body: &Map<String, Value>, earlier: Vec<Value>) -> Result<Map<String,
         }
     }
     if let Some(list) = f.array("tools")? {
-        let tools: Vec<Value> = list
-            .iter()
-            .map(|t| json!({ "type": "function", "function": { "name": t.get("name").cloned().unwrap_or(Value::Null),
-                "description": t.get("description").cloned().unwrap_or(json!("")),
-                "parameters": t.get("parameters").cloned().unwrap_or(json!({"type": "object"})) } }))
-            .collect();
-        chat.insert("tools".into(), Value::Array(tools));
+        chat.insert("tools".into(), chat_tools(list, "parameters"));
     }
     Ok(chat)
 }
