@@ -20,7 +20,7 @@ python3 scripts/llama_embed_golden.py $M.F16.gguf $G/sentences.txt $G/minilm-f16
   --pooling mean --embd-normalize 2
 python3 scripts/llama_embed_golden.py $M.llama-q8_0.gguf $G/sentences.txt $G/minilm-q8_0.llama.json \
   --pooling mean --embd-normalize 2
-python3 scripts/wpm_tokenize_golden.py $M $M.F16.gguf $G/minilm.tokenize.jsonl
+python3 scripts/wpm_tokenize_golden.py $M $M.F16.gguf $G/minilm.tokenize.jsonl $G/minilm.pairs.jsonl
 # Per-token vectors (no pooling, not normalised) of the first 3 sentences.
 head -n 3 $G/sentences.txt > target/minilm-3.txt
 python3 scripts/llama_embed_golden.py $M.F16.gguf target/minilm-3.txt $G/minilm-f16.none.llama.json \

@@ -3,11 +3,12 @@
 package (tokenizer.json, no padding or truncation) and from llama.cpp (llama-embedding --verbose-prompt
 on the converted GGUF: llama.cpp's WPM tokenizer, special tokens parsed, [CLS] ... [SEP] added).
 
-  python3 scripts/wpm_tokenize_golden.py MODEL_DIR MODEL.gguf OUT.jsonl
+  python3 scripts/wpm_tokenize_golden.py MODEL_DIR MODEL.gguf OUT.jsonl [PAIRS_OUT.jsonl]
 
 One JSON object a line: text, hf_ids, llama_ids (the two differ where llama.cpp's tokenizer does:
 `same` says whether they agree). The strings are below; none holds a newline (llama-embedding's
-separator).
+separator). PAIRS_OUT gets HF's encoding of query/document pairs as a cross-encoder sees them:
+`[CLS] q [SEP] d [SEP]` with token types 0 for the query part and 1 for the document part.
 """
 import json
 import sys
@@ -44,6 +45,13 @@ STRINGS = [
     "αβγ ΑΒΓ ά έ ή",
 ]
 
+PAIRS = [
+    ("what is the capital of France?", "Paris is the capital and largest city of France."),
+    ("how do plants make food", "Photosynthesis turns light, water and carbon dioxide into sugar."),
+    ("café", "Crème brûlée is a dessert."),
+    ("", "an empty query"),
+]
+
 
 def main():
     model_dir, gguf_path, out = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
@@ -59,6 +67,12 @@ def main():
             hf = tok.encode(text).ids
             f.write(json.dumps({"text": text, "hf_ids": hf, "llama_ids": ids, "same": hf == ids},
                                ensure_ascii=False) + "\n")
+    if len(sys.argv) > 4:
+        with open(sys.argv[4], "w", encoding="utf-8") as f:
+            for q, d in PAIRS:
+                e = tok.encode(q, d)
+                f.write(json.dumps({"query": q, "document": d, "ids": e.ids, "type_ids": e.type_ids},
+                                   ensure_ascii=False) + "\n")
     same = sum(tok.encode(t).ids == i for t, i in zip(STRINGS, llama_ids))
     print(f"{out}: {len(STRINGS)} strings, HF and llama.cpp agree on {same}")
 
