@@ -39,3 +39,4 @@ for m in bert-rerank qwen3-rerank; do
   python3 scripts/llama_rerank_golden.py $T/$m-tiny.gguf $G/rerank-requests.json $G/$m-tiny.server.json
 done
 python3 scripts/embed_compare.py $G/minilm-reference.json $G/minilm-f16.llama.json $G/minilm-q8_0.llama.json
+python3 scripts/encoder_tiny_reference.py models/tiny $G
