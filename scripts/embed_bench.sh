@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Embedding throughput, side by side (not in CI): N sentences through llama-server --embedding's
 # /v1/embeddings and through pinfer serve --embedding's, same GGUF, same threads, one client sending
-# BATCH inputs per request; prints inputs/s and each server's peak RSS (VmHWM).
+# BATCH inputs per request; prints inputs/s, the server's CPU time per input and its peak RSS (VmHWM).
 #
 #   scripts/embed_bench.sh [MODEL] [N] [BATCH]
 #     MODEL  default models/all-MiniLM-L6-v2.F16.gguf (scripts/setup.sh minilm)
@@ -27,7 +27,7 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 bench() {
   local name=$1 port=$2 pid=$3
   python3 - "$name" "$port" "$pid" "$N" "$BATCH" "$MODEL" <<'PYEOF'
-import json, sys, time, urllib.error, urllib.request
+import json, os, sys, time, urllib.error, urllib.request
 name, port, pid, n, batch, model = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), sys.argv[6]
 base = f"http://127.0.0.1:{port}"
 lines = [l for l in open("tests/golden/embeddings/sentences.txt", encoding="utf-8").read().split("\n") if l]
@@ -60,15 +60,22 @@ for _ in range(1200):
         time.sleep(0.1)
 else:
     print(f"{name}: no answer from {base}"); sys.exit(2)
-start = time.perf_counter()
+def cpu_seconds():
+    """The server's user + system CPU time so far (a figure less sensitive than wall time to other
+    load on the machine; llama.cpp's spinning threads count in it)."""
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+start, cpu0 = time.perf_counter(), cpu_seconds()
 tokens = 0
 for i in range(0, n, batch):
     out = post({"input": inputs[i:i + batch], "model": model})
     assert len(out["data"]) == len(inputs[i:i + batch]), out
     tokens += out.get("usage", {}).get("prompt_tokens", 0)
-dt = time.perf_counter() - start
+dt, cpu = time.perf_counter() - start, cpu_seconds() - cpu0
 hwm = next(l.split()[1] for l in open(f"/proc/{pid}/status") if l.startswith("VmHWM"))
-print(f"{name}: {n} inputs ({tokens} tokens) in {dt:.2f} s = {n / dt:.1f} inputs/s, peak RSS {int(hwm) / 1024:.1f} MiB")
+print(f"{name}: {n} inputs ({tokens} tokens) in {dt:.2f} s = {n / dt:.1f} inputs/s, server CPU {cpu:.2f} s "
+      f"({1000 * cpu / n:.1f} ms/input), peak RSS {int(hwm) / 1024:.1f} MiB")
 PYEOF
 }
 
