@@ -166,17 +166,14 @@ NO_CALLS_LEARNT = (
     "llama.cpp's parser, learnt from how the template renders an assistant's tool calls, finds "
     "no calls here although the template's system prompt teaches this syntax; pinfer parses it"
 )
+GENERIC = (
+    "llama.cpp has no generic JSON reply format any more; pinfer asks a template without a call "
+    "syntax for {\"tool_calls\": [...]} and parses it"
+)
 DIFFERS = {
     "granite-3.3": {c: NO_CALLS_LEARNT for c in ("one_call", "parallel_calls", "unicode_nested", "text_before_call")},
-    "smollm3": {
-        c: NO_CALLS_LEARNT
-        for c in ("one_call", "parallel_calls", "unicode_nested", "text_before_call", "reasoning_and_call")
-    },
-    "generic": {
-        c: "llama.cpp has no generic JSON reply format any more; pinfer asks a template without a call "
-        "syntax for {\"tool_calls\": [...]} and parses it"
-        for c in ("one_call", "parallel_calls", "unicode_nested")
-    },
+    "smollm3": {c: GENERIC for c in ("one_call", "parallel_calls", "unicode_nested", "reasoning_and_call")},
+    "generic": {c: GENERIC for c in ("one_call", "parallel_calls", "unicode_nested")},
     "llama3.1-python-tag": {
         c: "llama.cpp leaves the <|python_tag|> marker in content; pinfer never puts a marker in content"
         for c in ("one_call", "unicode_nested", "text_before_call")
@@ -212,7 +209,8 @@ FAMILIES = [
     ("mistral-small-3.2", "Mistral-Small-3.2-24B-Instruct-2506.jinja", mistral_call_id, TEXT, None),
     ("granite-3.3", "ibm-granite-granite-3.3-2B-Instruct.jinja", granite, TEXT, None),
     ("lfm2", "LFM2-8B-A1B.jinja", pythonic, TEXT, None),
-    ("smollm3", "HuggingFaceTB-SmolLM3-3B.jinja", hermes, TEXT + "\n", think),
+    # (This SmolLM3 template writes no tools: the generic JSON reply, as for any such template.)
+    ("smollm3", "HuggingFaceTB-SmolLM3-3B.jinja", generic, None, think),
     ("command-r7b", "CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja", command_r, None,
      lambda t: f"<|START_THINKING|>{t}<|END_THINKING|>"),
     ("functionary-v3.1", "meetkai-functionary-medium-v3.1.jinja", functionary_v31, TEXT, None),

@@ -11,6 +11,13 @@
 //! * Qwen3-Coder: `<tool_call>\n<function=NAME>\n<parameter=KEY>\nVALUE\n</parameter>\n...
 //!   </function>\n</tool_call>`, each value text (a string where the schema says so, else JSON).
 //!
+//! * Functionary v3.1: `<function=NAME>{...}</function>` per call, text before the first.
+//! * Functionary v3.2: the reply is `>>>`-separated parts `RECIPIENT\nBODY` (the generation
+//!   prompt writes the first `>>>`): recipient `all` is text, any other a call with JSON arguments.
+//! * DeepSeek R1 (and V3.1): `<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME
+//!   \n```json\n{...}\n```<｜tool▁call▁end｜>...<｜tool▁calls▁end｜>` (V3.1 writes
+//!   `NAME<｜tool▁sep｜>{...}`).
+//!
 //! Each parser gives the text around the calls and the calls as (name, arguments object), or None
 //! when the reply holds no well-formed call (it then stays text).
 
@@ -31,6 +38,8 @@ pub fn mistral(text: &str) -> Option<(String, Vec<RawCall>)> {
     let mut calls = Vec::new();
     for part in text[start..].split(MARK).filter(|p| !p.trim().is_empty()) {
         let (name, args) = part.split_once("[ARGS]")?;
+        // (Mistral Small 3.2 writes the call's id between: `NAME[CALL_ID]ID[ARGS]`.)
+        let name = name.split_once("[CALL_ID]").map_or(name, |(n, _)| n);
         let args: Value = serde_json::from_str(first_json(args.trim())?).ok()?;
         calls.push((name.trim().to_string(), args.is_object().then_some(args)?));
     }
@@ -100,6 +109,107 @@ pub fn qwen_xml(text: &str, string_param: impl Fn(&str, &str) -> bool) -> Option
         rest = tail;
     }
     Some((text[..first].trim().to_string(), calls))
+}
+
+/// Functionary v3.1's `<function=NAME>{...}</function>` calls (the closing tag may be cut).
+pub fn functionary_v31(text: &str) -> Option<(String, Vec<RawCall>)> {
+    const OPEN: &str = "<function=";
+    let first = text.find(OPEN)?;
+    let mut calls = Vec::new();
+    for part in text[first..].split(OPEN).skip(1) {
+        let (name, rest) = part.split_once('>')?;
+        let body = rest.trim_start();
+        let json = first_json(body)?;
+        let tail = body[json.len()..].trim_start();
+        let tail = tail.strip_prefix("</function>").unwrap_or(tail);
+        if !tail.trim().is_empty() {
+            return None;
+        }
+        calls.push((name.trim().to_string(), serde_json::from_str(json).ok()?));
+    }
+    Some((text[..first].trim().to_string(), calls))
+}
+
+/// Functionary v3.2's `>>>`-separated parts (the reply starts after the prompt's `>>>`).
+pub fn functionary_v32(text: &str) -> Option<(String, Vec<RawCall>)> {
+    let mut content = String::new();
+    let mut calls = Vec::new();
+    for part in text.split(">>>") {
+        let (recipient, body) = part.split_once('\n')?;
+        match recipient.trim() {
+            "all" => content.push_str(body),
+            name => {
+                let body = body.trim();
+                let json = first_json(body)?;
+                if json.len() != body.len() {
+                    return None;
+                }
+                calls.push((name.to_string(), serde_json::from_str(json).ok()?));
+            }
+        }
+    }
+    (!calls.is_empty()).then(|| (content.trim().to_string(), calls))
+}
+
+/// Functionary v3.2's text when the reply holds no call: the `all` parts' bodies.
+pub fn functionary_v32_text(text: &str) -> Option<String> {
+    let mut content = String::new();
+    for part in text.split(">>>") {
+        content.push_str(part.strip_prefix("all\n")?);
+    }
+    Some(content.trim().to_string())
+}
+
+/// DeepSeek R1's (and V3.1's) calls (the closing markers may be cut).
+pub fn deepseek(text: &str) -> Option<(String, Vec<RawCall>)> {
+    const CALLS: &str = "<｜tool▁calls▁begin｜>";
+    const CALL: &str = "<｜tool▁call▁begin｜>";
+    const SEP: &str = "<｜tool▁sep｜>";
+    const END: &str = "<｜tool▁call▁end｜>";
+    let first = text.find(CALLS)?;
+    let body = &text[first + CALLS.len()..];
+    let body = body.split("<｜tool▁calls▁end｜>").next().unwrap_or(body);
+    let mut calls = Vec::new();
+    for part in body.split(CALL).skip(1) {
+        let part = part.split(END).next().unwrap_or(part);
+        let (kind, rest) = part.split_once(SEP)?;
+        let (name, args) = match rest.split_once("\n```json") {
+            // R1: `function<sep>NAME\n```json\n{...}\n````
+            Some((name, args)) if kind.trim() == "function" => {
+                let args = args.trim();
+                (name.trim(), args.strip_suffix("```").unwrap_or(args).trim())
+            }
+            // V3.1: `NAME<sep>{...}`
+            _ => (kind.trim(), rest.trim()),
+        };
+        let json = first_json(args)?;
+        if json.len() != args.len() {
+            return None;
+        }
+        calls.push((name.to_string(), serde_json::from_str(json).ok()?));
+    }
+    (!calls.is_empty()).then(|| (text[..first].trim().to_string(), calls))
+}
+
+/// Llama 3.1's `<|python_tag|>{"name": ..., "parameters": {...}}` calls (`;` or another tag
+/// between calls), text before the first.
+pub fn python_tag(text: &str) -> Option<(String, Vec<RawCall>)> {
+    const TAG: &str = "<|python_tag|>";
+    let first = text.find(TAG)?;
+    let mut calls = Vec::new();
+    for part in text[first..].split(TAG).skip(1) {
+        let mut rest = part.trim();
+        while !rest.is_empty() {
+            let json = first_json(rest)?;
+            let v: Value = serde_json::from_str(json).ok()?;
+            let name = v.get("name")?.as_str()?.to_string();
+            let args = v.get("parameters").or_else(|| v.get("arguments"))?.clone();
+            calls.push((name, args));
+            rest = rest[json.len()..].trim_start();
+            rest = rest.strip_prefix(';').unwrap_or(rest).trim_start();
+        }
+    }
+    (!calls.is_empty()).then(|| (text[..first].trim().to_string(), calls))
 }
 
 /// The first JSON value at the start of `s` (a model may write text after it).
