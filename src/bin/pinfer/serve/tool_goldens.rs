@@ -45,7 +45,7 @@ fn reading(thought: Option<String>, text: &str, calls: &[Call]) -> Value {
 /// it; the deltas aggregated as a client aggregates them.
 fn streamed(reply: &[u8], sizes: &[usize], reasoning: Option<(Markers, bool)>, tools: &Tools) -> Value {
     let mut splitter = reasoning.map(|(m, opened)| Splitter::new(m, opened));
-    let mut stream = ToolStream::new(tools);
+    let mut stream = ToolStream::new(tools.clone());
     let (mut thought, mut text, mut calls) = (String::new(), String::new(), Vec::<Call>::new());
     let mut take = |deltas: Vec<Delta>, text: &mut String| {
         for d in deltas {

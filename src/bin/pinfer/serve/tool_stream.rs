@@ -19,8 +19,8 @@ pub enum Delta {
 }
 
 /// The state of one streamed reply.
-pub struct ToolStream<'t> {
-    tools: &'t Tools,
+pub struct ToolStream {
+    tools: Tools,
     text: String,
     /// The text sent so far.
     sent: String,
@@ -30,8 +30,8 @@ pub struct ToolStream<'t> {
     markers: usize,
 }
 
-impl<'t> ToolStream<'t> {
-    pub fn new(tools: &'t Tools) -> Self {
+impl ToolStream {
+    pub fn new(tools: Tools) -> Self {
         Self { tools, text: String::new(), sent: String::new(), calls: 0, markers: 0 }
     }
 
@@ -51,7 +51,7 @@ impl<'t> ToolStream<'t> {
         if starts.len() > self.markers {
             self.markers = starts.len();
             if let Some(&last) = starts.last() {
-                let (_, calls) = tools::parse_reply(self.tools, &self.text[..last]);
+                let (_, calls) = tools::parse_reply(&self.tools, &self.text[..last]);
                 out.extend(self.new_calls(calls));
             }
         }
@@ -60,7 +60,7 @@ impl<'t> ToolStream<'t> {
 
     /// The deltas the end of the reply makes known, and the whole reply's text and calls.
     pub fn finish(mut self) -> (Vec<Delta>, String, Vec<Call>) {
-        let (text, calls) = tools::parse_reply(self.tools, &self.text);
+        let (text, calls) = tools::parse_reply(&self.tools, &self.text);
         let mut out = Vec::new();
         // (The sent text is always the start of the whole text, unless the calls turned out
         // not to parse, when the held-back rest is text after all.)
