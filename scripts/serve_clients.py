@@ -201,6 +201,16 @@ def anthropic_checks(openai_text):
     uses = [b for b in r.content if b.type == "tool_use"]
     check(r.stop_reason == "tool_use" and len(uses) == 1 and uses[0].name == "set_light", f"anthropic tool: {r}")
     jsonschema.validate(uses[0].input, tools[0]["input_schema"])
+    # Streamed: the tool_use block's input comes as input_json_delta; the client's final message
+    # holds the same call.
+    with client.messages.stream(model="m", max_tokens=60, messages=ask, tools=tools,
+                                tool_choice={"type": "any", "disable_parallel_tool_use": True},
+                                extra_body={"temperature": 0}) as stream:
+        kinds = [e.delta.type for e in stream if e.type == "content_block_delta"]
+        final = stream.get_final_message()
+    streamed = [(b.name, b.input) for b in final.content if b.type == "tool_use"]
+    check(final.stop_reason == "tool_use" and "input_json_delta" in kinds
+          and streamed == [(u.name, u.input) for u in uses], f"anthropic streamed tool: {final} ({kinds})")
     follow = ask + [{"role": "assistant", "content": r.content},
                     {"role": "user", "content": [{"type": "tool_result", "tool_use_id": uses[0].id, "content": "done"}]}]
     r = client.messages.create(model="m", max_tokens=N, messages=follow, tools=tools, extra_body={"temperature": 0})
