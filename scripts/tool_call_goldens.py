@@ -185,13 +185,23 @@ DIFFERS = {
 }
 
 
-def expect(before, thought, calls, reply_text=None):
-    """The reading of a reply: its text, reasoning and calls (arguments as JSON values)."""
-    return {
-        "content": reply_text if reply_text is not None else (before or ""),
-        "reasoning_content": thought or "",
-        "tool_calls": [{"name": n, "arguments": a} for n, a in calls],
-    }
+# The ids a family's calls carry (in the order its writer above gives them).
+IDS = {
+    "mistral-nemo": ["abc123def", "xyz789uvw"],
+    "mistral-small-3.2": ["abc123def", "xyz789uvw"],
+    "command-r7b": ["0", "1"],
+}
+
+
+def expect(family, before, thought, calls):
+    """The reading of a reply: its text, reasoning and calls (arguments as JSON values, ids when
+    the family writes them)."""
+    out = []
+    for i, (n, a) in enumerate(calls):
+        out.append({"name": n, "arguments": a})
+        if family in IDS:
+            out[-1]["id"] = IDS[family][i]
+    return {"content": before or "", "reasoning_content": thought or "", "tool_calls": out}
 
 
 # family, template, calls -> text, text before a call (None: the family writes none), reasoning
@@ -235,26 +245,28 @@ def cases(family, write, before, reason):
     lead = reason(THOUGHT) if family in OPENED else ""
     thought = THOUGHT if family in OPENED else None
     out = [
-        ("one_call", lead + write([PARIS]), expect(None, thought, [PARIS])),
-        ("parallel_calls", lead + write([PARIS, TOKYO]), expect(None, thought, [PARIS, TOKYO])),
-        ("unicode_nested", lead + write([NOTE]), expect(None, thought, [NOTE])),
-        ("no_call", NO_CALL.get(family, PLAIN), expect(PLAIN, thought, [])),
+        ("one_call", lead + write([PARIS]), expect(family, None, thought, [PARIS])),
+        ("parallel_calls", lead + write([PARIS, TOKYO]), expect(family, None, thought, [PARIS, TOKYO])),
+        ("unicode_nested", lead + write([NOTE]), expect(family, None, thought, [NOTE])),
+        ("no_call", NO_CALL.get(family, PLAIN), expect(family, PLAIN, thought, [])),
     ]
     if before is not None:
-        out.append(("text_before_call", before + write([PARIS]), expect(TEXT, None, [PARIS])))
+        out.append(("text_before_call", before + write([PARIS]), expect(family, TEXT, None, [PARIS])))
     if reason is not None and family not in OPENED:
-        out.append(("reasoning_and_call", reason(THOUGHT) + write([PARIS]), expect(None, THOUGHT, [PARIS])))
+        out.append(("reasoning_and_call", reason(THOUGHT) + write([PARIS]), expect(family, None, THOUGHT, [PARIS])))
     return out
 
 
 def normal(parse):
     """llama.cpp's parse as compared: text trimmed (where a marker's separating newline goes is
-    not part of the reading), arguments as JSON values, ids left out (pinfer issues its own)."""
-    return {
-        "content": parse["content"].strip(),
-        "reasoning_content": parse["reasoning_content"].strip(),
-        "tool_calls": [{"name": c["name"], "arguments": json.loads(c["arguments"])} for c in parse["tool_calls"]],
-    }
+    not part of the reading), arguments as JSON values, ids where the model wrote them (else
+    the server issues its own)."""
+    calls = []
+    for c in parse["tool_calls"]:
+        calls.append({"name": c["name"], "arguments": json.loads(c["arguments"])})
+        if c["id"]:
+            calls[-1]["id"] = c["id"]
+    return {"content": parse["content"].strip(), "reasoning_content": parse["reasoning_content"].strip(), "tool_calls": calls}
 
 
 def main():

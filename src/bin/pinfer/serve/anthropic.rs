@@ -73,7 +73,7 @@ async fn messages_inner(shared: AppState, body: Body) -> Result<Response, ApiErr
             blocks.push(json!({ "type": "text", "text": text }));
         }
         for (i, call) in calls.iter().enumerate() {
-            blocks.push(json!({ "type": "tool_use", "id": format!("toolu_{i}_{}", response_id("call").replace('-', "_")),
+            blocks.push(json!({ "type": "tool_use", "id": call.id.clone().unwrap_or_else(|| format!("toolu_{i}_{}", response_id("call").replace('-', "_"))),
                                 "name": call.name, "input": call.arguments }));
         }
         let (reason, word) = stop_reason(&c.summary, !calls.is_empty());
@@ -99,7 +99,9 @@ async fn messages_inner(shared: AppState, body: Body) -> Result<Response, ApiErr
                     blocks.close(out);
                     let index = blocks.next;
                     blocks.next += 1;
-                    let id = format!("toolu_{index}_{}", response_id("call").replace('-', "_"));
+                    let id = call.id.clone().unwrap_or_else(|| {
+                        format!("toolu_{index}_{}", response_id("call").replace('-', "_"))
+                    });
                     let block =
                         json!({ "type": "tool_use", "id": id, "name": call.name, "input": call.arguments });
                     out.push_str(&whole_block(index, &block).concat());

@@ -191,9 +191,9 @@ fn common(state: &State<'_>, body: &Map<String, Value>) -> Result<Common, ApiErr
     Ok(Common { params, want_logprobs, top, stream: f.bool("stream")?.unwrap_or(false), include_usage })
 }
 
-/// A call's id in a reply: the response's and the call's number.
-fn call_id(id: &str, i: usize) -> String {
-    format!("call_{}_{i}", &id[id.len().saturating_sub(12)..])
+/// A call's id in a reply: the one the model wrote, else the response's and the call's number.
+fn call_id(id: &str, i: usize, call: &tools::Call) -> String {
+    call.id.clone().unwrap_or_else(|| format!("call_{}_{i}", &id[id.len().saturating_sub(12)..]))
 }
 
 /// A chat completion whose request has tools: the reply is parsed for calls once complete, calls
@@ -222,7 +222,7 @@ async fn tool_reply(
         .iter()
         .enumerate()
         .map(|(i, call)| {
-            json!({ "index": i, "id": call_id(&id, i), "type": "function",
+            json!({ "index": i, "id": call_id(&id, i, call), "type": "function",
                     "function": { "name": call.name, "arguments": call.arguments.to_string() } })
         })
         .collect();
@@ -287,7 +287,7 @@ fn tool_stream(
                 Delta::Content(text) => list.push(json!({ "content": text })),
                 Delta::Call { index, call } => {
                     n_calls += 1;
-                    list.push(json!({ "tool_calls": [{ "index": index, "id": call_id(&id, index), "type": "function",
+                    list.push(json!({ "tool_calls": [{ "index": index, "id": call_id(&id, index, &call), "type": "function",
                                       "function": { "name": call.name, "arguments": "" } }] }));
                     list.push(json!({ "tool_calls": [{ "index": index,
                                       "function": { "arguments": call.arguments.to_string() } }] }));

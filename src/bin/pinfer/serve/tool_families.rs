@@ -24,7 +24,17 @@
 use serde_json::{Map, Value};
 
 /// A parsed call before its tool is checked.
-pub type RawCall = (String, Value);
+#[derive(Debug, Clone, PartialEq)]
+pub struct RawCall {
+    pub name: String,
+    pub arguments: Value,
+    /// The call's id when the family writes one (Mistral's, Command R7B's).
+    pub id: Option<String>,
+}
+
+fn call(name: impl Into<String>, arguments: Value) -> RawCall {
+    RawCall { name: name.into(), arguments, id: None }
+}
 
 /// Mistral's `[TOOL_CALLS]`, in either of its two shapes.
 pub fn mistral(text: &str) -> Option<(String, Vec<RawCall>)> {
@@ -39,9 +49,12 @@ pub fn mistral(text: &str) -> Option<(String, Vec<RawCall>)> {
     for part in text[start..].split(MARK).filter(|p| !p.trim().is_empty()) {
         let (name, args) = part.split_once("[ARGS]")?;
         // (Mistral Small 3.2 writes the call's id between: `NAME[CALL_ID]ID[ARGS]`.)
-        let name = name.split_once("[CALL_ID]").map_or(name, |(n, _)| n);
+        let (name, id) = match name.split_once("[CALL_ID]") {
+            Some((name, id)) => (name, Some(id.trim().to_string())),
+            None => (name, None),
+        };
         let args: Value = serde_json::from_str(first_json(args.trim())?).ok()?;
-        calls.push((name.trim().to_string(), args.is_object().then_some(args)?));
+        calls.push(RawCall { id, ..call(name.trim(), args.is_object().then_some(args)?) });
     }
     (!calls.is_empty()).then_some((before, calls))
 }
@@ -105,7 +118,7 @@ pub fn qwen_xml(text: &str, string_param: impl Fn(&str, &str) -> bool) -> Option
             args.insert(key.to_string(), parsed);
             params = next;
         }
-        calls.push((name.trim().to_string(), Value::Object(args)));
+        calls.push(call(name.trim(), Value::Object(args)));
         rest = tail;
     }
     Some((text[..first].trim().to_string(), calls))
@@ -125,7 +138,7 @@ pub fn functionary_v31(text: &str) -> Option<(String, Vec<RawCall>)> {
         if !tail.trim().is_empty() {
             return None;
         }
-        calls.push((name.trim().to_string(), serde_json::from_str(json).ok()?));
+        calls.push(call(name.trim(), serde_json::from_str(json).ok()?));
     }
     Some((text[..first].trim().to_string(), calls))
 }
@@ -144,7 +157,7 @@ pub fn functionary_v32(text: &str) -> Option<(String, Vec<RawCall>)> {
                 if json.len() != body.len() {
                     return None;
                 }
-                calls.push((name.to_string(), serde_json::from_str(json).ok()?));
+                calls.push(call(name, serde_json::from_str(json).ok()?));
             }
         }
     }
@@ -186,7 +199,7 @@ pub fn deepseek(text: &str) -> Option<(String, Vec<RawCall>)> {
         if json.len() != args.len() {
             return None;
         }
-        calls.push((name.to_string(), serde_json::from_str(json).ok()?));
+        calls.push(call(name, serde_json::from_str(json).ok()?));
     }
     (!calls.is_empty()).then(|| (text[..first].trim().to_string(), calls))
 }
@@ -204,7 +217,7 @@ pub fn python_tag(text: &str) -> Option<(String, Vec<RawCall>)> {
             let v: Value = serde_json::from_str(json).ok()?;
             let name = v.get("name")?.as_str()?.to_string();
             let args = v.get("parameters").or_else(|| v.get("arguments"))?.clone();
-            calls.push((name, args));
+            calls.push(call(name, args));
             rest = rest[json.len()..].trim_start();
             rest = rest.strip_prefix(';').unwrap_or(rest).trim_start();
         }
@@ -231,7 +244,10 @@ fn json_array_calls(json: &str, name: &str, args: &str) -> Option<Vec<RawCall>> 
                 None => Value::Object(Map::new()),
                 Some(_) => return None,
             };
-            Some((n, a))
+            // (Mistral writes "id", Command R7B "tool_call_id".)
+            let id =
+                c.get("id").or_else(|| c.get("tool_call_id")).and_then(Value::as_str).map(str::to_string);
+            Some(RawCall { id, ..call(n, a) })
         })
         .collect();
     calls.filter(|c| !c.is_empty())
@@ -298,7 +314,7 @@ impl Py<'_> {
                     }
                 }
             }
-            calls.push((name, Value::Object(args)));
+            calls.push(call(name, Value::Object(args)));
             if !self.eat(b',') {
                 break;
             }
@@ -403,41 +419,60 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    /// A parse's calls as (name, arguments).
+    fn plain(parsed: Option<(String, Vec<RawCall>)>) -> Option<(String, Vec<(String, Value)>)> {
+        parsed.map(|(text, calls)| (text, calls.into_iter().map(|c| (c.name, c.arguments)).collect()))
+    }
+
     #[test]
     fn each_family_s_syntax_parses() {
+        // The ids the families write are kept.
+        let ids = |p: Option<(String, Vec<RawCall>)>| {
+            p.map(|(_, c)| c.into_iter().map(|c| c.id).collect::<Vec<_>>())
+        };
+        assert_eq!(
+            ids(mistral(r#"[TOOL_CALLS]f[CALL_ID]abc123def[ARGS]{}[TOOL_CALLS]g[ARGS]{}"#)),
+            Some(vec![Some("abc123def".into()), None])
+        );
+        assert_eq!(
+            ids(mistral(r#"[TOOL_CALLS][{"name": "f", "arguments": {}, "id": "xyz789uvw"}]"#)),
+            Some(vec![Some("xyz789uvw".into())])
+        );
         let paris = ("get_weather".to_string(), json!({"city": "Paris"}));
         assert_eq!(
-            mistral(
+            plain(mistral(
                 r#"[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}, "id": "abc123def"}]"#
-            ),
+            )),
             Some((String::new(), vec![paris.clone()]))
         );
         assert_eq!(
-            mistral(r#"Let me check.[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}[TOOL_CALLS]f[ARGS]{}"#),
+            plain(mistral(
+                r#"Let me check.[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}[TOOL_CALLS]f[ARGS]{}"#
+            )),
             Some(("Let me check.".into(), vec![paris.clone(), ("f".into(), json!({}))]))
         );
         assert_eq!(
-            marked_array(
+            plain(marked_array(
                 r#"<|tool_call|>[{"name": "get_weather", "arguments": {"city": "Paris"}}]"#,
                 "<|tool_call|>",
                 None,
                 "name",
                 "arguments"
-            ),
+            )),
             Some((String::new(), vec![paris.clone()]))
         );
         assert_eq!(
-            marked_array(
+            plain(marked_array(
                 r#"<|tool_call|>[{"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}]<|/tool_call|>"#,
                 "<|tool_call|>",
                 Some("<|/tool_call|>"),
                 "name",
                 "arguments"
-            ),
+            )),
             Some((String::new(), vec![paris.clone()]))
         );
         assert_eq!(
-            marked_array(
+            plain(marked_array(
                 r#"<|START_THINKING|>I look it up.<|END_THINKING|><|START_ACTION|>[
     {"tool_call_id": "0", "tool_name": "get_weather", "parameters": {"city": "Paris"}}
 ]<|END_ACTION|>"#,
@@ -445,13 +480,13 @@ mod tests {
                 Some("<|END_ACTION|>"),
                 "tool_name",
                 "parameters"
-            ),
+            )),
             Some(("<|START_THINKING|>I look it up.<|END_THINKING|>".into(), vec![paris.clone()]))
         );
         assert_eq!(
-            pythonic(
+            plain(pythonic(
                 r#"<|tool_call_start|>[get_weather(city="Paris"), set(n=1.5, on=True, tags=['a', "b"], x=None, m={'k': 2})]<|tool_call_end|>Checking."#
-            ),
+            )),
             Some((
                 String::new(),
                 vec![
@@ -466,16 +501,16 @@ mod tests {
         let xml = "Sure.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n\
                    <parameter=days>\n3\n</parameter>\n<parameter=zip>\n75001\n</parameter>\n</function>\n</tool_call>";
         assert_eq!(
-            qwen_xml(xml, |_, key| key != "days"),
+            plain(qwen_xml(xml, |_, key| key != "days")),
             Some((
                 "Sure.".into(),
                 vec![("get_weather".into(), json!({"city": "Paris", "days": 3, "zip": "75001"}))]
             ))
         );
         // Broken calls are no calls.
-        assert_eq!(mistral("[TOOL_CALLS][{\"name\": 3}]"), None);
-        assert_eq!(pythonic("<|tool_call_start|>[get_weather(city=)]<|tool_call_end|>"), None);
-        assert_eq!(pythonic("<|tool_call_start|>[f(a=1) junk]<|tool_call_end|>"), None);
-        assert_eq!(qwen_xml("<tool_call>{\"name\": \"f\"}</tool_call>", |_, _| true), None);
+        assert_eq!(plain(mistral("[TOOL_CALLS][{\"name\": 3}]")), None);
+        assert_eq!(plain(pythonic("<|tool_call_start|>[get_weather(city=)]<|tool_call_end|>")), None);
+        assert_eq!(plain(pythonic("<|tool_call_start|>[f(a=1) junk]<|tool_call_end|>")), None);
+        assert_eq!(plain(qwen_xml("<tool_call>{\"name\": \"f\"}</tool_call>", |_, _| true)), None);
     }
 }

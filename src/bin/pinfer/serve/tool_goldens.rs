@@ -4,7 +4,8 @@
 //! the rendered prompt opens it), the calls parsed; whole, and streamed through the reasoning
 //! splitter and [`ToolStream`] in pieces of 1 to 7 bytes and at every split point of the
 //! markers (a piece may end inside a marker or a UTF-8 character: the server's pieces are
-//! tokens' bytes, which can). Text and reasoning compare trimmed, arguments as JSON values.
+//! tokens' bytes, which can). Text and reasoning compare trimmed, arguments as JSON values, ids where
+//! the model wrote them.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -37,7 +38,16 @@ fn reading(thought: Option<String>, text: &str, calls: &[Call]) -> Value {
     json!({
         "content": text.trim(),
         "reasoning_content": thought.unwrap_or_default().trim(),
-        "tool_calls": calls.iter().map(|c| json!({"name": c.name, "arguments": c.arguments})).collect::<Vec<_>>(),
+        "tool_calls": calls
+            .iter()
+            .map(|c| {
+                let mut v = json!({"name": c.name, "arguments": c.arguments});
+                if let Some(id) = &c.id {
+                    v["id"] = json!(id);
+                }
+                v
+            })
+            .collect::<Vec<_>>(),
     })
 }
 

@@ -150,6 +150,9 @@ pub struct Tools {
 pub struct Call {
     pub name: String,
     pub arguments: Value,
+    /// The id the model wrote for the call (Mistral, Command R7B), kept as llama.cpp keeps it
+    /// (Mistral's templates want their 9-character ids back with the results).
+    pub id: Option<String>,
 }
 
 /// The request's `tools`, `tool_choice` and `parallel_tool_calls`, checked; `None` without tools.
@@ -541,8 +544,8 @@ pub fn parse_reply(tools: &Tools, text: &str) -> (String, Vec<Call>) {
     let known = |name: &str| tools.list.iter().any(|t| t.name == name);
     // The template-only families: their parsers give raw calls, checked against the tools here.
     let checked = |parsed: Option<(String, Vec<families::RawCall>)>| match parsed {
-        Some((rest, raw)) if raw.iter().all(|(n, a)| known(n) && a.is_object()) => {
-            (rest, raw.into_iter().map(|(name, arguments)| Call { name, arguments }).collect())
+        Some((rest, raw)) if raw.iter().all(|c| known(&c.name) && c.arguments.is_object()) => {
+            (rest, raw.into_iter().map(|c| Call { name: c.name, arguments: c.arguments, id: c.id }).collect())
         }
         _ => (text.to_string(), Vec::new()),
     };
@@ -599,7 +602,7 @@ pub fn parse_reply(tools: &Tools, text: &str) -> (String, Vec<Call>) {
             a @ Value::Object(_) => a.clone(),
             _ => return None,
         };
-        known(name).then(|| Call { name: name.to_string(), arguments })
+        known(name).then(|| Call { name: name.to_string(), arguments, id: None })
     };
     let mut calls = Vec::new();
     match tools.format {
@@ -705,7 +708,7 @@ mod tests {
         assert_eq!(text, "Sure.");
         assert_eq!(
             calls,
-            vec![Call { name: "set_light".into(), arguments: json!({"room": "hall", "on": true}) }]
+            vec![Call { name: "set_light".into(), arguments: json!({"room": "hall", "on": true}), id: None }]
         );
         // An unknown tool or broken JSON: the reply stays text.
         let bad = "<tool_call>\n{\"name\": \"oven\", \"arguments\": {}}\n</tool_call>";
