@@ -152,6 +152,13 @@ def mistral_call_id(calls):
     return "".join(f"[TOOL_CALLS]{n}[CALL_ID]{i}[ARGS]{dumps(a)}" for (n, a), i in zip(calls, ids))
 
 
+def harmony(calls):
+    # The generation prompt ends with "<|start|>assistant": the first message's channel follows.
+    return "<|start|>assistant".join(
+        f"<|channel|>commentary to=functions.{n} <|constrain|>json<|message|>{dumps(a)}<|call|>" for n, a in calls
+    )
+
+
 def generic(calls):
     return dumps({"tool_calls": [{"name": n, "arguments": a} for n, a in calls]})
 
@@ -177,6 +184,10 @@ DIFFERS = {
     "llama3.1-python-tag": {
         c: "llama.cpp leaves the <|python_tag|> marker in content; pinfer never puts a marker in content"
         for c in ("one_call", "unicode_nested", "text_before_call")
+    },
+    "gpt-oss": {
+        "parallel_calls": "llama.cpp keeps the first of two harmony calls and drops the second "
+        "(each a commentary message to=functions.NAME); pinfer keeps both",
     },
     "functionary-v3.2": {
         "text_before_call": "llama.cpp keeps '>>>get_weather\\n{...}' after text as content; the template "
@@ -227,6 +238,8 @@ FAMILIES = [
     ("functionary-v3.2", "meetkai-functionary-medium-v3.2.jinja", functionary_v32, "all\n" + TEXT + ">>>", None),
     ("deepseek-r1", "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja", deepseek_r1, None,
      lambda t: f"{t}\n</think>\n\n"),
+    ("gpt-oss", "openai-gpt-oss-120b.jinja", harmony, None,
+     lambda t: f"<|channel|>analysis<|message|>{t}<|end|><|start|>assistant"),
     ("generic", "google-gemma-2-2b-it.jinja", generic, None, None),
 ]
 
@@ -236,6 +249,7 @@ NO_CALL = {
     "command-r7b": f"<|START_RESPONSE|>{PLAIN}<|END_RESPONSE|>",
     "functionary-v3.2": f"all\n{PLAIN}",
     "deepseek-r1": f"{THOUGHT}\n</think>\n\n{PLAIN}",
+    "gpt-oss": f"<|channel|>final<|message|>{PLAIN}",
 }
 # Families whose template opens the reasoning in the generation prompt: every reply starts inside it.
 OPENED = {"deepseek-r1"}

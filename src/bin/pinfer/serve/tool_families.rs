@@ -17,6 +17,10 @@
 //! * DeepSeek R1 (and V3.1): `<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME
 //!   \n```json\n{...}\n```<｜tool▁call▁end｜>...<｜tool▁calls▁end｜>` (V3.1 writes
 //!   `NAME<｜tool▁sep｜>{...}`).
+//! * gpt-oss (harmony): messages `<|start|>assistant<|channel|>CHANNEL ...<|message|>BODY<|end|>`
+//!   (the generation prompt writes the first `<|start|>assistant`): a call is a commentary
+//!   message `to=functions.NAME` with JSON arguments, ended by `<|call|>`; the answer is the
+//!   `final` channel's.
 //!
 //! Each parser gives the text around the calls and the calls as (name, arguments object), or None
 //! when the reply holds no well-formed call (it then stays text).
@@ -223,6 +227,32 @@ pub fn python_tag(text: &str) -> Option<(String, Vec<RawCall>)> {
         }
     }
     (!calls.is_empty()).then(|| (text[..first].trim().to_string(), calls))
+}
+
+/// gpt-oss's harmony messages: the final channel's text and the calls (none is fine: the text
+/// is then the answer). An analysis message after the first (reasoning between calls) is not
+/// the answer's; the first is split off as reasoning before (pinfer::reasoning).
+pub fn harmony(text: &str) -> Option<(String, Vec<RawCall>)> {
+    const TO: &str = "to=functions.";
+    let mut content = String::new();
+    let mut calls = Vec::new();
+    for message in text.split("<|start|>assistant").filter(|m| !m.trim().is_empty()) {
+        let (header, body) = message.split_once("<|message|>")?;
+        let end = ["<|end|>", "<|call|>", "<|return|>"].iter().filter_map(|m| body.find(m)).min();
+        let body = &body[..end.unwrap_or(body.len())];
+        if let Some(at) = header.find(TO) {
+            let name = header[at + TO.len()..].split(|c: char| c.is_whitespace() || c == '<').next()?;
+            let args = body.trim();
+            let json = first_json(args)?;
+            if json.len() != args.len() {
+                return None;
+            }
+            calls.push(call(name, serde_json::from_str(json).ok()?));
+        } else if !header.contains("<|channel|>analysis") {
+            content.push_str(body);
+        }
+    }
+    Some((content.trim().to_string(), calls))
 }
 
 /// The first JSON value at the start of `s` (a model may write text after it).

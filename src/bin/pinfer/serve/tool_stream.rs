@@ -88,6 +88,15 @@ fn marker_starts(format: ToolFormat, text: &str) -> Vec<usize> {
 
 /// The start of the reply's text that no more of the reply can change.
 fn settled_text(format: ToolFormat, text: &str) -> &str {
+    if format == ToolFormat::Harmony {
+        // gpt-oss's answer is the final channel's message, up to its end marker.
+        const FINAL: &str = "<|channel|>final<|message|>";
+        let t = text.trim_start();
+        let t = t.strip_prefix("<|start|>assistant").unwrap_or(t);
+        let Some(body) = t.strip_prefix(FINAL) else { return "" };
+        let body = &body[..body.find("<|").unwrap_or(body.len())];
+        return body.strip_suffix('<').unwrap_or(body).trim();
+    }
     let mut end = text.len();
     for m in format.call_markers() {
         if let Some(at) = text.find(m) {

@@ -16,7 +16,8 @@
 //!   [`ToolFormat::Pythonic`] (LFM2: `<|tool_call_start|>[f(a=1)]<|tool_call_end|>`),
 //!   [`ToolFormat::FunctionaryV31`] (`<function=NAME>{...}</function>`),
 //!   [`ToolFormat::FunctionaryV32`] (`>>>NAME\n{...}`) and [`ToolFormat::DeepSeek`] (R1 and V3.1:
-//!   `<｜tool▁calls▁begin｜>...`).
+//!   `<｜tool▁calls▁begin｜>...`) and [`ToolFormat::Harmony`] (gpt-oss: `<|channel|>commentary
+//!   to=functions.NAME <|constrain|>json<|message|>{...}<|call|>`).
 //!
 //! Each family's reading is checked against llama.cpp's parser on golden replies
 //! (tests/golden/tool-calls, scripts/tool_call_goldens.py; the test in `golden_tests`).
@@ -48,6 +49,7 @@ pub enum ToolFormat {
     FunctionaryV31,
     FunctionaryV32,
     DeepSeek,
+    Harmony,
 }
 
 impl ToolFormat {
@@ -75,7 +77,9 @@ impl ToolFormat {
     /// Llama 3's `ipython`).
     pub fn of_jinja(source: &str) -> Self {
         let has = |marker: &str| source.contains(marker);
-        if has("<tool_call>") && has("<function=") {
+        if has("<|channel|>commentary") && has("functions.") {
+            Self::Harmony
+        } else if has("<tool_call>") && has("<function=") {
             Self::QwenXml
         } else if has("<tool_call>") {
             Self::Hermes
@@ -116,6 +120,7 @@ impl ToolFormat {
             Self::FunctionaryV31 => &["<function="],
             Self::FunctionaryV32 => &[">>>"],
             Self::DeepSeek => &["<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>"],
+            Self::Harmony => &["<|start|>assistant"],
         }
     }
 }
@@ -244,7 +249,8 @@ pub fn system_text(tools: &Tools) -> String {
         | ToolFormat::Pythonic
         | ToolFormat::FunctionaryV31
         | ToolFormat::FunctionaryV32
-        | ToolFormat::DeepSeek => format!(
+        | ToolFormat::DeepSeek
+        | ToolFormat::Harmony => format!(
             "You can call these tools:\n{}\n\nTo call tools, reply with only a JSON object \
              {{\"tool_calls\": [{{\"name\": <tool name>, \"arguments\": <arguments object>}}]}}. \
              To answer without a tool, reply normally.",
@@ -334,6 +340,11 @@ pub fn render_calls(format: ToolFormat, calls: &[Value]) -> Result<String, ApiEr
                 .collect::<Vec<_>>()
                 .join("\n")
         ),
+        ToolFormat::Harmony => parsed
+            .iter()
+            .map(|(n, a)| format!("<|channel|>commentary to=functions.{n} <|constrain|>json<|message|>{a}<|call|>"))
+            .collect::<Vec<_>>()
+            .join("<|start|>assistant"),
         ToolFormat::QwenXml => parsed
             .iter()
             .map(|(n, a)| {
@@ -371,7 +382,8 @@ pub fn render_result(format: ToolFormat, content: &str, name: Option<&str>) -> S
         | ToolFormat::Pythonic
         | ToolFormat::FunctionaryV31
         | ToolFormat::FunctionaryV32
-        | ToolFormat::DeepSeek => match name {
+        | ToolFormat::DeepSeek
+        | ToolFormat::Harmony => match name {
             Some(n) => format!("Result of tool {n}: {content}"),
             None => format!("Tool result: {content}"),
         },
@@ -488,10 +500,17 @@ pub fn grammar(tools: &Tools) -> Option<GrammarSpec> {
         }
         // Per tool: the family's call with the tool's name and its arguments' schema; calls
         // joined by the family's separator.
-        ToolFormat::FunctionaryV31 | ToolFormat::FunctionaryV32 | ToolFormat::DeepSeek => {
+        ToolFormat::FunctionaryV31 | ToolFormat::FunctionaryV32 | ToolFormat::DeepSeek | ToolFormat::Harmony => {
             let (open, close, sep, start, end) = match tools.format {
                 ToolFormat::FunctionaryV31 => ("<function=", ">", "", "", ""),
                 ToolFormat::FunctionaryV32 => ("", "\n", ">>>", "", ""),
+                ToolFormat::Harmony => (
+                    "<|channel|>commentary to=functions.",
+                    " <|constrain|>json<|message|>",
+                    "<|start|>assistant",
+                    "",
+                    "",
+                ),
                 _ => (
                     "<｜tool▁call▁begin｜>function<｜tool▁sep｜>",
                     "\n```json\n",
@@ -503,6 +522,7 @@ pub fn grammar(tools: &Tools) -> Option<GrammarSpec> {
             let after = match tools.format {
                 ToolFormat::FunctionaryV31 => "</function>",
                 ToolFormat::DeepSeek => "\n```<｜tool▁call▁end｜>",
+                ToolFormat::Harmony => "<|call|>",
                 _ => "",
             };
             let rules: String = chosen
@@ -592,6 +612,7 @@ pub fn parse_reply(tools: &Tools, text: &str) -> (String, Vec<Call>) {
             }
         }
         ToolFormat::DeepSeek => return checked(families::deepseek(text)),
+        ToolFormat::Harmony => return checked(families::harmony(text)),
         ToolFormat::Llama3 if text.contains("<|python_tag|>") => return checked(families::python_tag(text)),
         ToolFormat::Hermes | ToolFormat::Llama3 | ToolFormat::Generic => {}
     }
@@ -614,7 +635,8 @@ pub fn parse_reply(tools: &Tools, text: &str) -> (String, Vec<Call>) {
         | ToolFormat::Pythonic
         | ToolFormat::FunctionaryV31
         | ToolFormat::FunctionaryV32
-        | ToolFormat::DeepSeek => (text.to_string(), Vec::new()),
+        | ToolFormat::DeepSeek
+        | ToolFormat::Harmony => (text.to_string(), Vec::new()),
         ToolFormat::Hermes => {
             let mut rest = String::new();
             let mut s = text;
@@ -728,7 +750,7 @@ mod tests {
     }
 
     /// Every format; `covered` does not compile when a format is added and not listed.
-    const ALL: [ToolFormat; 11] = [
+    const ALL: [ToolFormat; 12] = [
         ToolFormat::Hermes,
         ToolFormat::Llama3,
         ToolFormat::Generic,
@@ -740,6 +762,7 @@ mod tests {
         ToolFormat::FunctionaryV31,
         ToolFormat::FunctionaryV32,
         ToolFormat::DeepSeek,
+        ToolFormat::Harmony,
     ];
     #[allow(dead_code)]
     fn covered(f: ToolFormat) {
@@ -754,7 +777,8 @@ mod tests {
             | ToolFormat::Pythonic
             | ToolFormat::FunctionaryV31
             | ToolFormat::FunctionaryV32
-            | ToolFormat::DeepSeek => {}
+            | ToolFormat::DeepSeek
+            | ToolFormat::Harmony => {}
         }
     }
 
