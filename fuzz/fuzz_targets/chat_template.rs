@@ -26,7 +26,9 @@ fn fixed(n: usize) -> Value {
         "tools": [{"type": "function", "function": {"name": "get_weather", "description": "Weather",
                    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}],
         "enable_thinking": false }),
-        2 => json!({ "messages": [{"role": "assistant", "content": "prefill"}], "add_generation_prompt": false }),
+        2 => {
+            json!({ "messages": [{"role": "assistant", "content": "prefill"}], "add_generation_prompt": false })
+        }
         _ => json!({ "messages": [] }),
     }
 }
