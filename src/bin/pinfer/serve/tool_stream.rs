@@ -5,7 +5,10 @@
 //! otherwise than the whole reply: text is sent only up to where a call may start (the family's
 //! call markers, or a part of one at the end; Llama 3's and the generic JSON calls at a leading
 //! `{`), with the whitespace at its ends held back (the whole reply's text is trimmed); a call is
-//! sent once the next call's marker shows it is complete, the rest when the reply ends.
+//! sent once the next call's marker shows it is complete, the rest when the reply ends (so a
+//! call's arguments go out in one piece, not as the model writes them). Should the calls turn out
+//! not to parse when the reply ends, the held-back text goes out as text (as the whole reply's
+//! text is then the reply); calls already sent stay sent.
 
 use super::tools::{self, Call, ToolFormat, Tools};
 
