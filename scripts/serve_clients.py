@@ -135,14 +135,27 @@ def structured_checks():
         call = c.message.tool_calls[0]
         check(call.type == "function" and call.function.name == "set_light" and call.id, f"call: {call}")
         jsonschema.validate(json.loads(call.function.arguments), TOOLS[0]["function"]["parameters"])
-    stream = client.chat.completions.create(model=model, messages=LIGHT, tools=TOOLS, tool_choice="required",
-                                            temperature=0, max_tokens=60, stream=True)
-    calls, finish = [], None
+    # Streamed: a delta names each call (index, id, type, name, arguments ""), then its arguments
+    # come; aggregated by index as clients do, the same calls as the whole reply's.
+    ask = dict(model=model, messages=LIGHT, tools=TOOLS, tool_choice="required", temperature=0, max_tokens=60)
+    whole = client.chat.completions.create(**ask).choices[0].message
+    stream = client.chat.completions.create(**ask, stream=True)
+    calls, content, finish = {}, "", None
     for chunk in stream:
         for ch in chunk.choices:
-            calls += ch.delta.tool_calls or []
+            content += ch.delta.content or ""
+            for d in ch.delta.tool_calls or []:
+                c = calls.setdefault(d.index, {"id": None, "name": None, "arguments": ""})
+                if d.id:
+                    check(c["id"] is None and d.type == "function" and d.function.name, f"call header: {d}")
+                    c["id"], c["name"] = d.id, d.function.name
+                c["arguments"] += d.function.arguments or ""
             finish = ch.finish_reason or finish
-    check(finish == "tool_calls" and calls and calls[0].function.name == "set_light", f"streamed call: {calls}")
+    got = [(c["name"], json.loads(c["arguments"])) for _, c in sorted(calls.items())]
+    want = [(c.function.name, json.loads(c.function.arguments)) for c in whole.tool_calls]
+    check(finish == "tool_calls" and got == want and all(c["id"] for c in calls.values()),
+          f"streamed calls {got} vs whole {want} ({finish})")
+    check(content == (whole.content or "") and "<tool_call>" not in content, f"streamed content {content!r}")
     # A conversation that carries a call and its result.
     follow = client.chat.completions.create(model=model, temperature=0, max_tokens=8, tools=TOOLS, messages=LIGHT + [
         {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {
@@ -188,6 +201,16 @@ def anthropic_checks(openai_text):
     uses = [b for b in r.content if b.type == "tool_use"]
     check(r.stop_reason == "tool_use" and len(uses) == 1 and uses[0].name == "set_light", f"anthropic tool: {r}")
     jsonschema.validate(uses[0].input, tools[0]["input_schema"])
+    # Streamed: the tool_use block's input comes as input_json_delta; the client's final message
+    # holds the same call.
+    with client.messages.stream(model="m", max_tokens=60, messages=ask, tools=tools,
+                                tool_choice={"type": "any", "disable_parallel_tool_use": True},
+                                extra_body={"temperature": 0}) as stream:
+        kinds = [e.delta.type for e in stream if e.type == "content_block_delta"]
+        final = stream.get_final_message()
+    streamed = [(b.name, b.input) for b in final.content if b.type == "tool_use"]
+    check(final.stop_reason == "tool_use" and "input_json_delta" in kinds
+          and streamed == [(u.name, u.input) for u in uses], f"anthropic streamed tool: {final} ({kinds})")
     follow = ask + [{"role": "assistant", "content": r.content},
                     {"role": "user", "content": [{"type": "tool_result", "tool_use_id": uses[0].id, "content": "done"}]}]
     r = client.messages.create(model="m", max_tokens=N, messages=follow, tools=tools, extra_body={"temperature": 0})

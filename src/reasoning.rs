@@ -1,7 +1,8 @@
 //! A thinking model's reasoning split out of its reply, as llama-server's `--reasoning-format
 //! deepseek` splits it: text between the family's markers at the start of the reply
 //! (`<think>`...`</think>`: Qwen3, DeepSeek R1 and its distills, SmolLM3, Granite; `<seed:think>`:
-//! Seed-OSS; `[THINK]`: Magistral and Ministral reasoning models) is the reasoning, the rest the
+//! Seed-OSS; `<|START_THINKING|>`: Command R7B; `<|channel|>analysis<|message|>`...`<|end|>`:
+//! gpt-oss; `[THINK]`: Magistral and Ministral reasoning models) is the reasoning, the rest the
 //! answer. A template that opens the thinking itself (its generation prompt ends with the opening
 //! marker) starts the reply inside it. Markers later in the answer are the answer's text. A reply
 //! cut inside the reasoning (a token limit) is all reasoning and an empty answer.
@@ -22,8 +23,10 @@ pub struct Markers {
 
 /// Every family's markers, the most specific first (a template holding `<seed:think>` also
 /// holds `think>`).
-pub const MARKERS: [Markers; 3] = [
+pub const MARKERS: [Markers; 5] = [
+    Markers { open: "<|channel|>analysis<|message|>", close: "<|end|>" },
     Markers { open: "<seed:think>", close: "</seed:think>" },
+    Markers { open: "<|START_THINKING|>", close: "<|END_THINKING|>" },
     Markers { open: "[THINK]", close: "[/THINK]" },
     Markers { open: "<think>", close: "</think>" },
 ];
@@ -161,7 +164,7 @@ mod tests {
     use super::*;
     use std::vec::Vec;
 
-    const THINK: Markers = MARKERS[2];
+    const THINK: Markers = MARKERS[4];
 
     /// Every way of cutting the reply into pieces gives the same two sides as the whole.
     fn streamed(opened: bool, text: &str) -> (String, String) {
@@ -209,7 +212,7 @@ mod tests {
         assert_eq!(split(THINK, false, "A"), (None, "A".into()));
         assert_eq!(split(THINK, true, "r</think>A"), (Some("r".into()), "A".into()));
         assert_eq!(Markers::of_template("{{ '<think>\\n' }}...</think>"), Some(THINK));
-        assert_eq!(Markers::of_template("<seed:think></seed:think>"), Some(MARKERS[0]));
+        assert_eq!(Markers::of_template("<seed:think></seed:think>"), Some(MARKERS[1]));
         assert_eq!(Markers::of_template("<|im_start|>"), None);
         assert!(THINK.opened_by("<|im_start|>assistant\n<think>\n"));
     }

@@ -13,11 +13,12 @@ use axum::response::Response;
 use serde_json::{json, Map, Value};
 
 use super::api::{gen_params, json_response, read_json, ApiError, Dialect, Fields};
-use super::jobs::{collect, stream_events, stream_of, submit};
+use super::jobs::{collect, stream_events, submit};
 use super::openai::response_id;
 use super::prompt::{chat_prompt, chat_tools, reasoning, reply_parts};
 use super::slots::{Event, Summary};
 use super::tokens::encode;
+use super::tool_stream::{Delta, ToolStream};
 use super::AppState;
 use pinfer::generate::Stop;
 use pinfer::reasoning::Splitter;
@@ -61,8 +62,7 @@ async fn messages_inner(shared: AppState, body: Body) -> Result<Response, ApiErr
                 "stop_reason": null, "stop_sequence": null,
                 "usage": { "input_tokens": n_prompt, "output_tokens": 0 } })
     };
-    if tools.is_some() || !stream {
-        // Tool calls are known once the reply is whole: it is sent whole (as events when streaming).
+    if !stream {
         let c = collect(sub).await?;
         let (thought, text, calls) = reply_parts(&c.text, reasoning, tools.as_ref());
         let mut blocks = Vec::new();
@@ -73,29 +73,44 @@ async fn messages_inner(shared: AppState, body: Body) -> Result<Response, ApiErr
             blocks.push(json!({ "type": "text", "text": text }));
         }
         for (i, call) in calls.iter().enumerate() {
-            blocks.push(json!({ "type": "tool_use", "id": format!("toolu_{i}_{}", response_id("call").replace('-', "_")),
+            blocks.push(json!({ "type": "tool_use", "id": call.id.clone().unwrap_or_else(|| format!("toolu_{i}_{}", response_id("call").replace('-', "_"))),
                                 "name": call.name, "input": call.arguments }));
         }
         let (reason, word) = stop_reason(&c.summary, !calls.is_empty());
-        if !stream {
-            let mut v = head(Value::Array(blocks));
-            v["stop_reason"] = json!(reason);
-            v["stop_sequence"] = json!(word);
-            v["usage"]["output_tokens"] = json!(c.summary.n_generated);
-            return Ok(json_response(&v));
-        }
-        let mut events =
-            vec![event("message_start", json!({ "type": "message_start", "message": head(json!([])) }))];
-        for (index, block) in blocks.iter().enumerate() {
-            events.extend(whole_block(index, block));
-        }
-        events.push(message_end(reason, word, c.summary.n_generated));
-        return Ok(stream_of("text/event-stream", events));
+        let mut v = head(Value::Array(blocks));
+        v["stop_reason"] = json!(reason);
+        v["stop_sequence"] = json!(word);
+        v["usage"]["output_tokens"] = json!(c.summary.n_generated);
+        return Ok(json_response(&v));
     }
-    // Streamed text (and reasoning): a thinking block while the model reasons, then a text block.
+    // Streamed text (and reasoning): a thinking block while the model reasons, then a text block;
+    // with tools, the text up to a call and each call as a tool_use block once known (its input
+    // as one input_json_delta), as serve/tool_stream.rs finds them.
     let mut splitter = reasoning.map(|(m, opened)| Splitter::new(m, opened));
+    let mut calls = tools.map(ToolStream::new);
     let mut blocks = Blocks::default();
     let mut started = false;
+    let mut called = false;
+    let mut answer = move |out: &mut String, blocks: &mut Blocks, deltas: Vec<Delta>| {
+        for d in deltas {
+            match d {
+                Delta::Content(text) => blocks.write(out, "text", &text),
+                Delta::Call { call, .. } => {
+                    blocks.close(out);
+                    let index = blocks.next;
+                    blocks.next += 1;
+                    let id = call.id.clone().unwrap_or_else(|| {
+                        format!("toolu_{index}_{}", response_id("call").replace('-', "_"))
+                    });
+                    let block =
+                        json!({ "type": "tool_use", "id": id, "name": call.name, "input": call.arguments });
+                    out.push_str(&whole_block(index, &block).concat());
+                    called = true;
+                }
+            }
+        }
+        called
+    };
     Ok(stream_events(sub, "text/event-stream", move |ev| {
         let mut out = String::new();
         if !started {
@@ -112,19 +127,29 @@ async fn messages_inner(shared: AppState, body: Body) -> Result<Response, ApiErr
                     None => pinfer::reasoning::Piece { reasoning: String::new(), content: text },
                 };
                 blocks.write(&mut out, "thinking", &piece.reasoning);
-                blocks.write(&mut out, "text", &piece.content);
+                match calls.as_mut() {
+                    Some(c) => _ = answer(&mut out, &mut blocks, c.push(&piece.content)),
+                    None => blocks.write(&mut out, "text", &piece.content),
+                }
             }
             Event::Done(summary) => {
-                if let Some(piece) = splitter.as_mut().map(Splitter::finish) {
-                    blocks.write(&mut out, "thinking", &piece.reasoning);
-                    blocks.write(&mut out, "text", &piece.content);
-                }
+                let piece = splitter.as_mut().map(Splitter::finish).unwrap_or_default();
+                blocks.write(&mut out, "thinking", &piece.reasoning);
+                let deltas = match calls.take() {
+                    Some(mut c) => {
+                        let mut deltas = c.push(&piece.content);
+                        deltas.extend(c.finish().0);
+                        deltas
+                    }
+                    None => vec![Delta::Content(piece.content)],
+                };
+                let called = answer(&mut out, &mut blocks, deltas);
                 if blocks.open.is_none() && blocks.next == 0 {
                     blocks.write(&mut out, "text", "");
                     blocks.open = Some(("text", 0));
                 }
                 blocks.close(&mut out);
-                let (reason, word) = stop_reason(&summary, false);
+                let (reason, word) = stop_reason(&summary, called);
                 out.push_str(&message_end(reason, word, summary.n_generated));
             }
             Event::Failed(message) => {

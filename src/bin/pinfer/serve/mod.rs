@@ -23,6 +23,7 @@ mod slots;
 mod start;
 mod tokens;
 mod tool_families;
+mod tool_stream;
 mod tools;
 
 use std::path::PathBuf;

@@ -10,10 +10,11 @@ use pinfer::generate::Stop;
 use serde_json::{json, Map, Value};
 
 use super::api::{gen_params, json_response, read_json, unix_now, ApiError, Dialect, Fields};
-use super::jobs::{collect, finish_reason, stream_events, stream_of, submit, Submitted};
+use super::jobs::{collect, finish_reason, stream_events, submit, Submitted};
 use super::prompt::chat_prompt;
 use super::slots::{Event, Summary, TokenProbs};
 use super::tokens::encode;
+use super::tool_stream::{Delta, ToolStream};
 use super::tools;
 use super::{AppState, State};
 use pinfer::reasoning::{split, Markers, Piece, Splitter};
@@ -190,9 +191,16 @@ fn common(state: &State<'_>, body: &Map<String, Value>) -> Result<Common, ApiErr
     Ok(Common { params, want_logprobs, top, stream: f.bool("stream")?.unwrap_or(false), include_usage })
 }
 
-/// A chat completion whose request has tools: the reply is parsed for calls once complete, then
-/// sent whole (as one chunk and the last when streaming), calls as `message.tool_calls` with
-/// their arguments as a JSON string and `finish_reason` "tool_calls".
+/// A call's id in a reply: the one the model wrote, else the response's and the call's number.
+fn call_id(id: &str, i: usize, call: &tools::Call) -> String {
+    call.id.clone().unwrap_or_else(|| format!("call_{}_{i}", &id[id.len().saturating_sub(12)..]))
+}
+
+/// A chat completion whose request has tools: the reply is parsed for calls once complete, calls
+/// as `message.tool_calls` with their arguments as a JSON string and `finish_reason`
+/// "tool_calls". Streamed as llama-server streams it ([`tool_stream`]): the text before a call
+/// as `delta.content` as it comes, each call as a delta with its index, id, type and name
+/// (arguments ""), then one with its arguments.
 #[allow(clippy::too_many_arguments)]
 async fn tool_reply(
     sub: Submitted,
@@ -204,6 +212,9 @@ async fn tool_reply(
     stream: bool,
     include_usage: bool,
 ) -> Result<Response, ApiError> {
+    if stream {
+        return Ok(tool_stream(sub, t.clone(), reasoning, id, created, model, include_usage));
+    }
     let n_prompt = sub.n_prompt;
     let c = collect(sub).await?;
     let (thought, text, calls) = super::prompt::reply_parts(&c.text, reasoning, Some(t));
@@ -211,7 +222,7 @@ async fn tool_reply(
         .iter()
         .enumerate()
         .map(|(i, call)| {
-            json!({ "index": i, "id": format!("call_{}_{i}", &id[id.len().saturating_sub(12)..]), "type": "function",
+            json!({ "index": i, "id": call_id(&id, i, call), "type": "function",
                     "function": { "name": call.name, "arguments": call.arguments.to_string() } })
         })
         .collect();
@@ -221,47 +232,113 @@ async fn tool_reply(
         json!({ "id": id, "object": object, "created": created, "model": model,
                 "system_fingerprint": format!("pinfer-{}", pinfer::VERSION), "choices": choices })
     };
-    if !stream {
-        let mut message = json!({ "role": "assistant", "content": content });
-        if let Some(thought) = &thought {
-            message["reasoning_content"] = json!(thought);
-        }
-        if !calls.is_empty() {
-            // (The non-streaming form carries no index.)
-            message["tool_calls"] = calls
-                .iter()
-                .map(|c| {
-                    let mut c = c.clone();
-                    c.as_object_mut().map(|o| o.remove("index"));
-                    c
-                })
-                .collect();
-        }
-        let mut v = head(
-            json!([{ "index": 0, "message": message, "logprobs": null, "finish_reason": reason }]),
-            "chat.completion",
-        );
-        v["usage"] = usage(n_prompt, c.summary.n_generated);
-        v["timings"] = timings(&c.summary);
-        return Ok(json_response(&v));
-    }
-    let mut delta = json!({ "role": "assistant", "content": content });
+    let mut message = json!({ "role": "assistant", "content": content });
     if let Some(thought) = &thought {
-        delta["reasoning_content"] = json!(thought);
+        message["reasoning_content"] = json!(thought);
     }
     if !calls.is_empty() {
-        delta["tool_calls"] = json!(calls);
+        // (The non-streaming form carries no index.)
+        message["tool_calls"] = calls
+            .iter()
+            .map(|c| {
+                let mut c = c.clone();
+                c.as_object_mut().map(|o| o.remove("index"));
+                c
+            })
+            .collect();
     }
-    let chunk = "chat.completion.chunk";
-    let mut out =
-        vec![head(json!([{ "index": 0, "delta": delta, "logprobs": null, "finish_reason": null }]), chunk)];
-    let mut end =
-        head(json!([{ "index": 0, "delta": {}, "logprobs": null, "finish_reason": reason }]), chunk);
-    end["timings"] = timings(&c.summary);
-    out.extend(closing(end, head(json!([]), chunk), &c.summary, include_usage));
-    let mut body: Vec<String> = out.iter().map(sse).collect();
-    body.push("data: [DONE]\n\n".into());
-    Ok(stream_of("text/event-stream", body))
+    let mut v = head(
+        json!([{ "index": 0, "message": message, "logprobs": null, "finish_reason": reason }]),
+        "chat.completion",
+    );
+    v["usage"] = usage(n_prompt, c.summary.n_generated);
+    v["timings"] = timings(&c.summary);
+    Ok(json_response(&v))
+}
+
+/// The streamed form of [`tool_reply`].
+fn tool_stream(
+    sub: Submitted,
+    tools: tools::Tools,
+    reasoning: Option<(Markers, bool)>,
+    id: String,
+    created: u64,
+    model: String,
+    include_usage: bool,
+) -> Response {
+    let head = move |id: &str, delta: Value, finish: Value| {
+        json!({ "id": id, "object": "chat.completion.chunk", "created": created, "model": model,
+                "system_fingerprint": format!("pinfer-{}", pinfer::VERSION),
+                "choices": [{ "index": 0, "delta": delta, "logprobs": null, "finish_reason": finish }] })
+    };
+    let (end_head, end_id) = (head.clone(), id.clone());
+    let mut splitter = reasoning.map(|(m, opened)| Splitter::new(m, opened));
+    let mut calls = Some(ToolStream::new(tools));
+    let mut first = true;
+    let mut n_calls = 0;
+    // One event's chunks: its reasoning, then what its text makes known.
+    let mut chunks = move |piece: Piece, deltas: Vec<Delta>, out: &mut String| {
+        let mut list = Vec::new();
+        if !piece.reasoning.is_empty() {
+            list.push(json!({ "reasoning_content": piece.reasoning }));
+        }
+        for d in deltas {
+            match d {
+                Delta::Content(text) => list.push(json!({ "content": text })),
+                Delta::Call { index, call } => {
+                    n_calls += 1;
+                    list.push(json!({ "tool_calls": [{ "index": index, "id": call_id(&id, index, &call), "type": "function",
+                                      "function": { "name": call.name, "arguments": "" } }] }));
+                    list.push(json!({ "tool_calls": [{ "index": index,
+                                      "function": { "arguments": call.arguments.to_string() } }] }));
+                }
+            }
+        }
+        if first && list.is_empty() {
+            // (The first chunk carries the role even when the text so far is held back.)
+            list.push(json!({ "content": "" }));
+        }
+        for mut delta in list {
+            if first {
+                delta["role"] = json!("assistant");
+                first = false;
+            }
+            out.push_str(&sse(&head(&id, delta, Value::Null)));
+        }
+        n_calls
+    };
+    stream_events(sub, "text/event-stream", move |event| {
+        let mut out = String::new();
+        match event {
+            Event::Token { text, .. } => {
+                let piece = match splitter.as_mut() {
+                    Some(s) => s.push(&text),
+                    None => Piece { reasoning: String::new(), content: text },
+                };
+                let deltas = calls.as_mut().map(|c| c.push(&piece.content)).unwrap_or_default();
+                chunks(Piece { content: String::new(), ..piece }, deltas, &mut out);
+            }
+            Event::Done(summary) => {
+                let piece = splitter.as_mut().map(Splitter::finish).unwrap_or_default();
+                let mut stream = calls.take()?;
+                let mut deltas = stream.push(&piece.content);
+                deltas.extend(stream.finish().0);
+                let sent = chunks(Piece { content: String::new(), ..piece }, deltas, &mut out);
+                let reason = if sent > 0 { "tool_calls" } else { finish_reason(summary.stop) };
+                let mut end = end_head(&end_id, json!({}), json!(reason));
+                end["timings"] = timings(&summary);
+                let mut usage_head = end.clone();
+                usage_head["choices"] = json!([]);
+                usage_head.as_object_mut().map(|o| o.remove("timings"));
+                for v in closing(end, usage_head, &summary, include_usage) {
+                    out.push_str(&sse(&v));
+                }
+                out.push_str("data: [DONE]\n\n");
+            }
+            Event::Failed(message) => out.push_str(&sse(&ApiError::server(message).body())),
+        }
+        (!out.is_empty()).then_some(out)
+    })
 }
 
 /// `POST /v1/chat/completions`.

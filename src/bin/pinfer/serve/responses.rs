@@ -254,7 +254,7 @@ fn output_items(thought: Option<&str>, text: &str, calls: &[tools::Call]) -> Vec
     }
     for (i, c) in calls.iter().enumerate() {
         items.push(
-            json!({ "type": "function_call", "id": format!("fc_{i}_{n}"), "call_id": format!("call_{i}_{n}"),
+            json!({ "type": "function_call", "id": format!("fc_{i}_{n}"), "call_id": c.id.clone().unwrap_or_else(|| format!("call_{i}_{n}")),
                            "name": c.name, "arguments": c.arguments.to_string(), "status": "completed" }),
         );
     }

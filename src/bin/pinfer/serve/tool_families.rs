@@ -11,13 +11,34 @@
 //! * Qwen3-Coder: `<tool_call>\n<function=NAME>\n<parameter=KEY>\nVALUE\n</parameter>\n...
 //!   </function>\n</tool_call>`, each value text (a string where the schema says so, else JSON).
 //!
+//! * Functionary v3.1: `<function=NAME>{...}</function>` per call, text before the first.
+//! * Functionary v3.2: the reply is `>>>`-separated parts `RECIPIENT\nBODY` (the generation
+//!   prompt writes the first `>>>`): recipient `all` is text, any other a call with JSON arguments.
+//! * DeepSeek R1 (and V3.1): `<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME
+//!   \n```json\n{...}\n```<｜tool▁call▁end｜>...<｜tool▁calls▁end｜>` (V3.1 writes
+//!   `NAME<｜tool▁sep｜>{...}`).
+//! * gpt-oss (harmony): messages `<|start|>assistant<|channel|>CHANNEL ...<|message|>BODY<|end|>`
+//!   (the generation prompt writes the first `<|start|>assistant`): a call is a commentary
+//!   message `to=functions.NAME` with JSON arguments, ended by `<|call|>`; the answer is the
+//!   `final` channel's.
+//!
 //! Each parser gives the text around the calls and the calls as (name, arguments object), or None
 //! when the reply holds no well-formed call (it then stays text).
 
 use serde_json::{Map, Value};
 
 /// A parsed call before its tool is checked.
-pub type RawCall = (String, Value);
+#[derive(Debug, Clone, PartialEq)]
+pub struct RawCall {
+    pub name: String,
+    pub arguments: Value,
+    /// The call's id when the family writes one (Mistral's, Command R7B's).
+    pub id: Option<String>,
+}
+
+fn call(name: impl Into<String>, arguments: Value) -> RawCall {
+    RawCall { name: name.into(), arguments, id: None }
+}
 
 /// Mistral's `[TOOL_CALLS]`, in either of its two shapes.
 pub fn mistral(text: &str) -> Option<(String, Vec<RawCall>)> {
@@ -31,8 +52,13 @@ pub fn mistral(text: &str) -> Option<(String, Vec<RawCall>)> {
     let mut calls = Vec::new();
     for part in text[start..].split(MARK).filter(|p| !p.trim().is_empty()) {
         let (name, args) = part.split_once("[ARGS]")?;
+        // (Mistral Small 3.2 writes the call's id between: `NAME[CALL_ID]ID[ARGS]`.)
+        let (name, id) = match name.split_once("[CALL_ID]") {
+            Some((name, id)) => (name, Some(id.trim().to_string())),
+            None => (name, None),
+        };
         let args: Value = serde_json::from_str(first_json(args.trim())?).ok()?;
-        calls.push((name.trim().to_string(), args.is_object().then_some(args)?));
+        calls.push(RawCall { id, ..call(name.trim(), args.is_object().then_some(args)?) });
     }
     (!calls.is_empty()).then_some((before, calls))
 }
@@ -96,10 +122,137 @@ pub fn qwen_xml(text: &str, string_param: impl Fn(&str, &str) -> bool) -> Option
             args.insert(key.to_string(), parsed);
             params = next;
         }
-        calls.push((name.trim().to_string(), Value::Object(args)));
+        calls.push(call(name.trim(), Value::Object(args)));
         rest = tail;
     }
     Some((text[..first].trim().to_string(), calls))
+}
+
+/// Functionary v3.1's `<function=NAME>{...}</function>` calls (the closing tag may be cut).
+pub fn functionary_v31(text: &str) -> Option<(String, Vec<RawCall>)> {
+    const OPEN: &str = "<function=";
+    let first = text.find(OPEN)?;
+    let mut calls = Vec::new();
+    for part in text[first..].split(OPEN).skip(1) {
+        let (name, rest) = part.split_once('>')?;
+        let body = rest.trim_start();
+        let json = first_json(body)?;
+        let tail = body[json.len()..].trim_start();
+        let tail = tail.strip_prefix("</function>").unwrap_or(tail);
+        if !tail.trim().is_empty() {
+            return None;
+        }
+        calls.push(call(name.trim(), serde_json::from_str(json).ok()?));
+    }
+    Some((text[..first].trim().to_string(), calls))
+}
+
+/// Functionary v3.2's `>>>`-separated parts (the reply starts after the prompt's `>>>`).
+pub fn functionary_v32(text: &str) -> Option<(String, Vec<RawCall>)> {
+    let mut content = String::new();
+    let mut calls = Vec::new();
+    for part in text.split(">>>") {
+        let (recipient, body) = part.split_once('\n')?;
+        match recipient.trim() {
+            "all" => content.push_str(body),
+            name => {
+                let body = body.trim();
+                let json = first_json(body)?;
+                if json.len() != body.len() {
+                    return None;
+                }
+                calls.push(call(name, serde_json::from_str(json).ok()?));
+            }
+        }
+    }
+    (!calls.is_empty()).then(|| (content.trim().to_string(), calls))
+}
+
+/// Functionary v3.2's text when the reply holds no call: the `all` parts' bodies.
+pub fn functionary_v32_text(text: &str) -> Option<String> {
+    let mut content = String::new();
+    for part in text.split(">>>") {
+        content.push_str(part.strip_prefix("all\n")?);
+    }
+    Some(content.trim().to_string())
+}
+
+/// DeepSeek R1's (and V3.1's) calls (the closing markers may be cut).
+pub fn deepseek(text: &str) -> Option<(String, Vec<RawCall>)> {
+    const CALLS: &str = "<｜tool▁calls▁begin｜>";
+    const CALL: &str = "<｜tool▁call▁begin｜>";
+    const SEP: &str = "<｜tool▁sep｜>";
+    const END: &str = "<｜tool▁call▁end｜>";
+    let first = text.find(CALLS)?;
+    let body = &text[first + CALLS.len()..];
+    let body = body.split("<｜tool▁calls▁end｜>").next().unwrap_or(body);
+    let mut calls = Vec::new();
+    for part in body.split(CALL).skip(1) {
+        let part = part.split(END).next().unwrap_or(part);
+        let (kind, rest) = part.split_once(SEP)?;
+        let (name, args) = match rest.split_once("\n```json") {
+            // R1: `function<sep>NAME\n```json\n{...}\n````
+            Some((name, args)) if kind.trim() == "function" => {
+                let args = args.trim();
+                (name.trim(), args.strip_suffix("```").unwrap_or(args).trim())
+            }
+            // V3.1: `NAME<sep>{...}`
+            _ => (kind.trim(), rest.trim()),
+        };
+        let json = first_json(args)?;
+        if json.len() != args.len() {
+            return None;
+        }
+        calls.push(call(name, serde_json::from_str(json).ok()?));
+    }
+    (!calls.is_empty()).then(|| (text[..first].trim().to_string(), calls))
+}
+
+/// Llama 3.1's `<|python_tag|>{"name": ..., "parameters": {...}}` calls (`;` or another tag
+/// between calls), text before the first.
+pub fn python_tag(text: &str) -> Option<(String, Vec<RawCall>)> {
+    const TAG: &str = "<|python_tag|>";
+    let first = text.find(TAG)?;
+    let mut calls = Vec::new();
+    for part in text[first..].split(TAG).skip(1) {
+        let mut rest = part.trim();
+        while !rest.is_empty() {
+            let json = first_json(rest)?;
+            let v: Value = serde_json::from_str(json).ok()?;
+            let name = v.get("name")?.as_str()?.to_string();
+            let args = v.get("parameters").or_else(|| v.get("arguments"))?.clone();
+            calls.push(call(name, args));
+            rest = rest[json.len()..].trim_start();
+            rest = rest.strip_prefix(';').unwrap_or(rest).trim_start();
+        }
+    }
+    (!calls.is_empty()).then(|| (text[..first].trim().to_string(), calls))
+}
+
+/// gpt-oss's harmony messages: the final channel's text and the calls (none is fine: the text
+/// is then the answer). An analysis message after the first (reasoning between calls) is not
+/// the answer's; the first is split off as reasoning before (pinfer::reasoning).
+pub fn harmony(text: &str) -> Option<(String, Vec<RawCall>)> {
+    const TO: &str = "to=functions.";
+    let mut content = String::new();
+    let mut calls = Vec::new();
+    for message in text.split("<|start|>assistant").filter(|m| !m.trim().is_empty()) {
+        let (header, body) = message.split_once("<|message|>")?;
+        let end = ["<|end|>", "<|call|>", "<|return|>"].iter().filter_map(|m| body.find(m)).min();
+        let body = &body[..end.unwrap_or(body.len())];
+        if let Some(at) = header.find(TO) {
+            let name = header[at + TO.len()..].split(|c: char| c.is_whitespace() || c == '<').next()?;
+            let args = body.trim();
+            let json = first_json(args)?;
+            if json.len() != args.len() {
+                return None;
+            }
+            calls.push(call(name, serde_json::from_str(json).ok()?));
+        } else if !header.contains("<|channel|>analysis") {
+            content.push_str(body);
+        }
+    }
+    Some((content.trim().to_string(), calls))
 }
 
 /// The first JSON value at the start of `s` (a model may write text after it).
@@ -121,7 +274,10 @@ fn json_array_calls(json: &str, name: &str, args: &str) -> Option<Vec<RawCall>> 
                 None => Value::Object(Map::new()),
                 Some(_) => return None,
             };
-            Some((n, a))
+            // (Mistral writes "id", Command R7B "tool_call_id".)
+            let id =
+                c.get("id").or_else(|| c.get("tool_call_id")).and_then(Value::as_str).map(str::to_string);
+            Some(RawCall { id, ..call(n, a) })
         })
         .collect();
     calls.filter(|c| !c.is_empty())
@@ -188,7 +344,7 @@ impl Py<'_> {
                     }
                 }
             }
-            calls.push((name, Value::Object(args)));
+            calls.push(call(name, Value::Object(args)));
             if !self.eat(b',') {
                 break;
             }
@@ -293,41 +449,60 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    /// A parse's calls as (name, arguments).
+    fn plain(parsed: Option<(String, Vec<RawCall>)>) -> Option<(String, Vec<(String, Value)>)> {
+        parsed.map(|(text, calls)| (text, calls.into_iter().map(|c| (c.name, c.arguments)).collect()))
+    }
+
     #[test]
     fn each_family_s_syntax_parses() {
+        // The ids the families write are kept.
+        let ids = |p: Option<(String, Vec<RawCall>)>| {
+            p.map(|(_, c)| c.into_iter().map(|c| c.id).collect::<Vec<_>>())
+        };
+        assert_eq!(
+            ids(mistral(r#"[TOOL_CALLS]f[CALL_ID]abc123def[ARGS]{}[TOOL_CALLS]g[ARGS]{}"#)),
+            Some(vec![Some("abc123def".into()), None])
+        );
+        assert_eq!(
+            ids(mistral(r#"[TOOL_CALLS][{"name": "f", "arguments": {}, "id": "xyz789uvw"}]"#)),
+            Some(vec![Some("xyz789uvw".into())])
+        );
         let paris = ("get_weather".to_string(), json!({"city": "Paris"}));
         assert_eq!(
-            mistral(
+            plain(mistral(
                 r#"[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}, "id": "abc123def"}]"#
-            ),
+            )),
             Some((String::new(), vec![paris.clone()]))
         );
         assert_eq!(
-            mistral(r#"Let me check.[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}[TOOL_CALLS]f[ARGS]{}"#),
+            plain(mistral(
+                r#"Let me check.[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}[TOOL_CALLS]f[ARGS]{}"#
+            )),
             Some(("Let me check.".into(), vec![paris.clone(), ("f".into(), json!({}))]))
         );
         assert_eq!(
-            marked_array(
+            plain(marked_array(
                 r#"<|tool_call|>[{"name": "get_weather", "arguments": {"city": "Paris"}}]"#,
                 "<|tool_call|>",
                 None,
                 "name",
                 "arguments"
-            ),
+            )),
             Some((String::new(), vec![paris.clone()]))
         );
         assert_eq!(
-            marked_array(
+            plain(marked_array(
                 r#"<|tool_call|>[{"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}]<|/tool_call|>"#,
                 "<|tool_call|>",
                 Some("<|/tool_call|>"),
                 "name",
                 "arguments"
-            ),
+            )),
             Some((String::new(), vec![paris.clone()]))
         );
         assert_eq!(
-            marked_array(
+            plain(marked_array(
                 r#"<|START_THINKING|>I look it up.<|END_THINKING|><|START_ACTION|>[
     {"tool_call_id": "0", "tool_name": "get_weather", "parameters": {"city": "Paris"}}
 ]<|END_ACTION|>"#,
@@ -335,13 +510,13 @@ mod tests {
                 Some("<|END_ACTION|>"),
                 "tool_name",
                 "parameters"
-            ),
+            )),
             Some(("<|START_THINKING|>I look it up.<|END_THINKING|>".into(), vec![paris.clone()]))
         );
         assert_eq!(
-            pythonic(
+            plain(pythonic(
                 r#"<|tool_call_start|>[get_weather(city="Paris"), set(n=1.5, on=True, tags=['a', "b"], x=None, m={'k': 2})]<|tool_call_end|>Checking."#
-            ),
+            )),
             Some((
                 String::new(),
                 vec![
@@ -356,16 +531,16 @@ mod tests {
         let xml = "Sure.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n\
                    <parameter=days>\n3\n</parameter>\n<parameter=zip>\n75001\n</parameter>\n</function>\n</tool_call>";
         assert_eq!(
-            qwen_xml(xml, |_, key| key != "days"),
+            plain(qwen_xml(xml, |_, key| key != "days")),
             Some((
                 "Sure.".into(),
                 vec![("get_weather".into(), json!({"city": "Paris", "days": 3, "zip": "75001"}))]
             ))
         );
         // Broken calls are no calls.
-        assert_eq!(mistral("[TOOL_CALLS][{\"name\": 3}]"), None);
-        assert_eq!(pythonic("<|tool_call_start|>[get_weather(city=)]<|tool_call_end|>"), None);
-        assert_eq!(pythonic("<|tool_call_start|>[f(a=1) junk]<|tool_call_end|>"), None);
-        assert_eq!(qwen_xml("<tool_call>{\"name\": \"f\"}</tool_call>", |_, _| true), None);
+        assert_eq!(plain(mistral("[TOOL_CALLS][{\"name\": 3}]")), None);
+        assert_eq!(plain(pythonic("<|tool_call_start|>[get_weather(city=)]<|tool_call_end|>")), None);
+        assert_eq!(plain(pythonic("<|tool_call_start|>[f(a=1) junk]<|tool_call_end|>")), None);
+        assert_eq!(plain(qwen_xml("<tool_call>{\"name\": \"f\"}</tool_call>", |_, _| true)), None);
     }
 }

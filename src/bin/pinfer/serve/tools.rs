@@ -13,7 +13,14 @@
 //!   syntaxes in [`super::tool_families`]): [`ToolFormat::QwenXml`] (Qwen3-Coder),
 //!   [`ToolFormat::Mistral`] (`[TOOL_CALLS]`), [`ToolFormat::ToolCallToken`] (Granite 3.x,
 //!   Phi-4-mini: `<|tool_call|>`), [`ToolFormat::CommandR`] (`<|START_ACTION|>`) and
-//!   [`ToolFormat::Pythonic`] (LFM2: `<|tool_call_start|>[f(a=1)]<|tool_call_end|>`).
+//!   [`ToolFormat::Pythonic`] (LFM2: `<|tool_call_start|>[f(a=1)]<|tool_call_end|>`),
+//!   [`ToolFormat::FunctionaryV31`] (`<function=NAME>{...}</function>`),
+//!   [`ToolFormat::FunctionaryV32`] (`>>>NAME\n{...}`) and [`ToolFormat::DeepSeek`] (R1 and V3.1:
+//!   `<｜tool▁calls▁begin｜>...`) and [`ToolFormat::Harmony`] (gpt-oss: `<|channel|>commentary
+//!   to=functions.NAME <|constrain|>json<|message|>{...}<|call|>`).
+//!
+//! Each family's reading is checked against llama.cpp's parser on golden replies
+//! (tests/golden/tool-calls, scripts/tool_call_goldens.py; the test in `golden_tests`).
 //!
 //! `tool_choice: "required"` or a named function constrains the reply with a grammar (each call's
 //! arguments to that tool's JSON schema), so the calls always parse; `"auto"` lets the model choose
@@ -39,6 +46,10 @@ pub enum ToolFormat {
     ToolCallToken,
     CommandR,
     Pythonic,
+    FunctionaryV31,
+    FunctionaryV32,
+    DeepSeek,
+    Harmony,
 }
 
 impl ToolFormat {
@@ -57,22 +68,59 @@ impl ToolFormat {
     pub fn for_prompt(format: &PromptFormat) -> Self {
         match format {
             PromptFormat::BuiltIn(t) => Self::of(*t),
-            PromptFormat::Jinja { source, .. }
-                if source.contains("<tool_call>") && source.contains("<function=") =>
-            {
-                Self::QwenXml
-            }
-            PromptFormat::Jinja { source, .. } if source.contains("<tool_call>") => Self::Hermes,
-            PromptFormat::Jinja { source, .. } if source.contains("[TOOL_CALLS]") => Self::Mistral,
-            PromptFormat::Jinja { source, .. } if source.contains("<|tool_call_start|>") => Self::Pythonic,
-            PromptFormat::Jinja { source, .. } if source.contains("<|tool_call|>") => Self::ToolCallToken,
-            PromptFormat::Jinja { source, .. } if source.contains("<|START_ACTION|>") => Self::CommandR,
-            PromptFormat::Jinja { source, .. }
-                if source.contains("<|start_header_id|>") && source.contains("ipython") =>
-            {
-                Self::Llama3
-            }
-            PromptFormat::Jinja { .. } => Self::Generic,
+            PromptFormat::Jinja { source, .. } => Self::of_jinja(source),
+        }
+    }
+
+    /// The format a Jinja template's source teaches, by its call markers (the most specific
+    /// first: Qwen3-Coder's `<tool_call>` holds `<function=`, Functionary v3.1's template holds
+    /// Llama 3's `ipython`).
+    pub fn of_jinja(source: &str) -> Self {
+        let has = |marker: &str| source.contains(marker);
+        if has("<|channel|>commentary") && has("functions.") {
+            Self::Harmony
+        } else if has("<tool_call>") && has("<function=") {
+            Self::QwenXml
+        } else if has("<tool_call>") {
+            Self::Hermes
+        } else if has("[TOOL_CALLS]") {
+            Self::Mistral
+        } else if has("<|tool_call_start|>") || has("<|tool_list_start|>") {
+            // (LFM2-8B-A1B's template lists the tools in <|tool_list_start|> and leaves the call
+            // syntax to the model's training.)
+            Self::Pythonic
+        } else if has("<|tool_call|>") {
+            Self::ToolCallToken
+        } else if has("<|START_ACTION|>") {
+            Self::CommandR
+        } else if has("tool▁calls▁begin") {
+            Self::DeepSeek
+        } else if has("<function=") {
+            Self::FunctionaryV31
+        } else if has(">>>all") {
+            Self::FunctionaryV32
+        } else if has("<|start_header_id|>") && has("ipython") {
+            Self::Llama3
+        } else {
+            Self::Generic
+        }
+    }
+
+    /// Where a call can start in a reply, for streaming: text before the first of these is the
+    /// reply's text. (Llama 3's and the generic JSON calls start at the reply's `{`.)
+    pub fn call_markers(self) -> &'static [&'static str] {
+        match self {
+            Self::Hermes | Self::QwenXml => &["<tool_call>"],
+            Self::Llama3 => &["<|python_tag|>"],
+            Self::Generic => &[],
+            Self::Mistral => &["[TOOL_CALLS]"],
+            Self::ToolCallToken => &["<|tool_call|>"],
+            Self::CommandR => &["<|START_ACTION|>", "<|END_RESPONSE|>"],
+            Self::Pythonic => &["<|tool_call_start|>"],
+            Self::FunctionaryV31 => &["<function="],
+            Self::FunctionaryV32 => &[">>>"],
+            Self::DeepSeek => &["<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>"],
+            Self::Harmony => &["<|start|>assistant"],
         }
     }
 }
@@ -107,6 +155,9 @@ pub struct Tools {
 pub struct Call {
     pub name: String,
     pub arguments: Value,
+    /// The id the model wrote for the call (Mistral, Command R7B), kept as llama.cpp keeps it
+    /// (Mistral's templates want their 9-character ids back with the results).
+    pub id: Option<String>,
 }
 
 /// The request's `tools`, `tool_choice` and `parallel_tool_calls`, checked; `None` without tools.
@@ -195,7 +246,11 @@ pub fn system_text(tools: &Tools) -> String {
         | ToolFormat::Mistral
         | ToolFormat::ToolCallToken
         | ToolFormat::CommandR
-        | ToolFormat::Pythonic => format!(
+        | ToolFormat::Pythonic
+        | ToolFormat::FunctionaryV31
+        | ToolFormat::FunctionaryV32
+        | ToolFormat::DeepSeek
+        | ToolFormat::Harmony => format!(
             "You can call these tools:\n{}\n\nTo call tools, reply with only a JSON object \
              {{\"tool_calls\": [{{\"name\": <tool name>, \"arguments\": <arguments object>}}]}}. \
              To answer without a tool, reply normally.",
@@ -273,6 +328,23 @@ pub fn render_calls(format: ToolFormat, calls: &[Value]) -> Result<String, ApiEr
                 .collect();
             format!("<|tool_call_start|>[{}]<|tool_call_end|>", calls.join(", "))
         }
+        ToolFormat::FunctionaryV31 => parsed.iter().map(|(n, a)| format!("<function={n}>{a}</function>")).collect(),
+        ToolFormat::FunctionaryV32 => {
+            parsed.iter().map(|(n, a)| format!("{n}\n{a}")).collect::<Vec<_>>().join(">>>")
+        }
+        ToolFormat::DeepSeek => format!(
+            "<｜tool▁calls▁begin｜>{}<｜tool▁calls▁end｜>",
+            parsed
+                .iter()
+                .map(|(n, a)| format!("<｜tool▁call▁begin｜>function<｜tool▁sep｜>{n}\n```json\n{a}\n```<｜tool▁call▁end｜>"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        ),
+        ToolFormat::Harmony => parsed
+            .iter()
+            .map(|(n, a)| format!("<|channel|>commentary to=functions.{n} <|constrain|>json<|message|>{a}<|call|>"))
+            .collect::<Vec<_>>()
+            .join("<|start|>assistant"),
         ToolFormat::QwenXml => parsed
             .iter()
             .map(|(n, a)| {
@@ -307,7 +379,11 @@ pub fn render_result(format: ToolFormat, content: &str, name: Option<&str>) -> S
         | ToolFormat::Mistral
         | ToolFormat::ToolCallToken
         | ToolFormat::CommandR
-        | ToolFormat::Pythonic => match name {
+        | ToolFormat::Pythonic
+        | ToolFormat::FunctionaryV31
+        | ToolFormat::FunctionaryV32
+        | ToolFormat::DeepSeek
+        | ToolFormat::Harmony => match name {
             Some(n) => format!("Result of tool {n}: {content}"),
             None => format!("Tool result: {content}"),
         },
@@ -422,6 +498,50 @@ pub fn grammar(tools: &Tools) -> Option<GrammarSpec> {
                 calls.join(" | ")
             ))
         }
+        // Per tool: the family's call with the tool's name and its arguments' schema; calls
+        // joined by the family's separator.
+        ToolFormat::FunctionaryV31 | ToolFormat::FunctionaryV32 | ToolFormat::DeepSeek | ToolFormat::Harmony => {
+            let (open, close, sep, start, end) = match tools.format {
+                ToolFormat::FunctionaryV31 => ("<function=", ">", "", "", ""),
+                ToolFormat::FunctionaryV32 => ("", "\n", ">>>", "", ""),
+                ToolFormat::Harmony => (
+                    "<|channel|>commentary to=functions.",
+                    " <|constrain|>json<|message|>",
+                    "<|start|>assistant",
+                    "",
+                    "",
+                ),
+                _ => (
+                    "<｜tool▁call▁begin｜>function<｜tool▁sep｜>",
+                    "\n```json\n",
+                    "\n",
+                    "<｜tool▁calls▁begin｜>",
+                    "<｜tool▁calls▁end｜>",
+                ),
+            };
+            let after = match tools.format {
+                ToolFormat::FunctionaryV31 => "</function>",
+                ToolFormat::DeepSeek => "\n```<｜tool▁call▁end｜>",
+                ToolFormat::Harmony => "<|call|>",
+                _ => "",
+            };
+            let rules: String = chosen
+                .iter()
+                .enumerate()
+                .map(|(i, t)| {
+                    let tail = if after.is_empty() { String::new() } else { format!(" {}", lark_literal(after)) };
+                    format!("t{i}: {} %json {}{tail}\n", lark_literal(&format!("{open}{}{close}", t.name)), t.parameters)
+                })
+                .collect();
+            if rules.is_empty() {
+                return None;
+            }
+            let call = (0..chosen.len()).map(|i| format!("t{i}")).collect::<Vec<_>>().join(" | ");
+            let more = if tools.parallel { format!(" ({} call)*", lark_literal(sep)) } else { String::new() };
+            let lit = |s: &str| if s.is_empty() { String::new() } else { format!("{} ", lark_literal(s)) };
+            let end = if end.is_empty() { String::new() } else { format!(" {}", lark_literal(end)) };
+            GrammarSpec::Lark(format!("start: {}call{more}{end}\ncall: {call}\n{rules}", lit(start)))
+        }
         ToolFormat::Generic => {
             let mut calls = json!({ "type": "array", "items": {
                 "anyOf": chosen.iter().map(|t| call_schema(ToolFormat::Generic, t)).collect::<Vec<_>>() },
@@ -444,8 +564,8 @@ pub fn parse_reply(tools: &Tools, text: &str) -> (String, Vec<Call>) {
     let known = |name: &str| tools.list.iter().any(|t| t.name == name);
     // The template-only families: their parsers give raw calls, checked against the tools here.
     let checked = |parsed: Option<(String, Vec<families::RawCall>)>| match parsed {
-        Some((rest, raw)) if raw.iter().all(|(n, a)| known(n) && a.is_object()) => {
-            (rest, raw.into_iter().map(|(name, arguments)| Call { name, arguments }).collect())
+        Some((rest, raw)) if raw.iter().all(|c| known(&c.name) && c.arguments.is_object()) => {
+            (rest, raw.into_iter().map(|c| Call { name: c.name, arguments: c.arguments, id: c.id }).collect())
         }
         _ => (text.to_string(), Vec::new()),
     };
@@ -461,13 +581,17 @@ pub fn parse_reply(tools: &Tools, text: &str) -> (String, Vec<Call>) {
             ))
         }
         ToolFormat::CommandR => {
-            return checked(families::marked_array(
+            let (rest, calls) = checked(families::marked_array(
                 text,
                 "<|START_ACTION|>",
                 Some("<|END_ACTION|>"),
                 "tool_name",
                 "parameters",
-            ))
+            ));
+            // Command R7B's answer is `<|START_RESPONSE|>...<|END_RESPONSE|>`: the text between.
+            let answer = rest.split_once("<|START_RESPONSE|>").map_or(rest.as_str(), |(_, a)| a);
+            let answer = answer.split("<|END_RESPONSE|>").next().unwrap_or(answer);
+            return (answer.trim().to_string(), calls);
         }
         ToolFormat::Pythonic => return checked(families::pythonic(text)),
         ToolFormat::QwenXml => {
@@ -478,6 +602,18 @@ pub fn parse_reply(tools: &Tools, text: &str) -> (String, Vec<Call>) {
             };
             return checked(families::qwen_xml(text, string_param));
         }
+        ToolFormat::FunctionaryV31 => return checked(families::functionary_v31(text)),
+        ToolFormat::FunctionaryV32 => {
+            return match checked(families::functionary_v32(text)) {
+                (_, calls) if calls.is_empty() => {
+                    (families::functionary_v32_text(text).unwrap_or_else(|| text.to_string()), calls)
+                }
+                parsed => parsed,
+            }
+        }
+        ToolFormat::DeepSeek => return checked(families::deepseek(text)),
+        ToolFormat::Harmony => return checked(families::harmony(text)),
+        ToolFormat::Llama3 if text.contains("<|python_tag|>") => return checked(families::python_tag(text)),
         ToolFormat::Hermes | ToolFormat::Llama3 | ToolFormat::Generic => {}
     }
     let call_of = |v: &Value, args: &str| -> Option<Call> {
@@ -487,7 +623,7 @@ pub fn parse_reply(tools: &Tools, text: &str) -> (String, Vec<Call>) {
             a @ Value::Object(_) => a.clone(),
             _ => return None,
         };
-        known(name).then(|| Call { name: name.to_string(), arguments })
+        known(name).then(|| Call { name: name.to_string(), arguments, id: None })
     };
     let mut calls = Vec::new();
     match tools.format {
@@ -496,7 +632,11 @@ pub fn parse_reply(tools: &Tools, text: &str) -> (String, Vec<Call>) {
         | ToolFormat::Mistral
         | ToolFormat::ToolCallToken
         | ToolFormat::CommandR
-        | ToolFormat::Pythonic => (text.to_string(), Vec::new()),
+        | ToolFormat::Pythonic
+        | ToolFormat::FunctionaryV31
+        | ToolFormat::FunctionaryV32
+        | ToolFormat::DeepSeek
+        | ToolFormat::Harmony => (text.to_string(), Vec::new()),
         ToolFormat::Hermes => {
             let mut rest = String::new();
             let mut s = text;
@@ -564,6 +704,10 @@ fn parameter_names(t: &Tool) -> impl Iterator<Item = &str> {
 }
 
 #[cfg(test)]
+#[path = "tool_goldens.rs"]
+mod golden_tests;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -586,7 +730,7 @@ mod tests {
         assert_eq!(text, "Sure.");
         assert_eq!(
             calls,
-            vec![Call { name: "set_light".into(), arguments: json!({"room": "hall", "on": true}) }]
+            vec![Call { name: "set_light".into(), arguments: json!({"room": "hall", "on": true}), id: None }]
         );
         // An unknown tool or broken JSON: the reply stays text.
         let bad = "<tool_call>\n{\"name\": \"oven\", \"arguments\": {}}\n</tool_call>";
@@ -606,7 +750,7 @@ mod tests {
     }
 
     /// Every format; `covered` does not compile when a format is added and not listed.
-    const ALL: [ToolFormat; 8] = [
+    const ALL: [ToolFormat; 12] = [
         ToolFormat::Hermes,
         ToolFormat::Llama3,
         ToolFormat::Generic,
@@ -615,6 +759,10 @@ mod tests {
         ToolFormat::ToolCallToken,
         ToolFormat::CommandR,
         ToolFormat::Pythonic,
+        ToolFormat::FunctionaryV31,
+        ToolFormat::FunctionaryV32,
+        ToolFormat::DeepSeek,
+        ToolFormat::Harmony,
     ];
     #[allow(dead_code)]
     fn covered(f: ToolFormat) {
@@ -626,7 +774,11 @@ mod tests {
             | ToolFormat::Mistral
             | ToolFormat::ToolCallToken
             | ToolFormat::CommandR
-            | ToolFormat::Pythonic => {}
+            | ToolFormat::Pythonic
+            | ToolFormat::FunctionaryV31
+            | ToolFormat::FunctionaryV32
+            | ToolFormat::DeepSeek
+            | ToolFormat::Harmony => {}
         }
     }
 
