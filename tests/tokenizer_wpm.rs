@@ -94,3 +94,146 @@ fn llama_cpp_vocab_bert_bge() {
     }
     assert!(failures.is_empty(), "{} of {} differ:\n{}", failures.len(), cases.len(), failures.join("\n"));
 }
+
+fn golden(name: &str) -> Vec<Json> {
+    let path = repo().join("tests/golden/tokenizer-wpm").join(name);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    text.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+fn ids_of(v: &Json) -> Vec<u32> {
+    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+}
+
+fn encode_pair(tok: &Tokenizer<'_>, a: &str, b: &str) -> (Vec<u32>, Vec<u32>) {
+    let mut scratch = vec![0u32; tok.scratch_words(a.len().max(b.len()))];
+    let n = a.len() + b.len() + 4;
+    let (mut ids, mut types) = (vec![0u32; n], vec![9u32; n]);
+    let k = tok.encode_pair(a, b, true, &mut ids, &mut types, &mut scratch).unwrap();
+    ids.truncate(k);
+    types.truncate(k);
+    (ids, types)
+}
+
+/// Checks every HF row (single strings and pairs) on `tok`; returns how many were checked.
+fn check_hf(tok: &Tokenizer<'_>) -> usize {
+    let rows = golden("hf.jsonl");
+    let mut failures = Vec::new();
+    for row in &rows[1..] {
+        let (want, want_types) = (ids_of(&row["ids"]), ids_of(&row["types"]));
+        let (got, got_types, what) = if let Some(text) = row["text"].as_str() {
+            // HF always splits out its added (special) tokens: special-token parsing on.
+            let got = encode(tok, text, true, true);
+            let types = vec![0; got.len()];
+            (got, types, format!("{text:?}"))
+        } else {
+            let (a, b) = (row["pair"][0].as_str().unwrap(), row["pair"][1].as_str().unwrap());
+            let (ids, types) = encode_pair(tok, a, b);
+            (ids, types, format!("pair {a:?} {b:?}"))
+        };
+        if got != want || got_types != want_types {
+            failures
+                .push(format!("{what}\n    want {want:?} {want_types:?}\n    got  {got:?} {got_types:?}"));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {} differ from HF:\n{}",
+        failures.len(),
+        rows.len() - 1,
+        failures.join("\n")
+    );
+    rows.len() - 1
+}
+
+/// HF tokenizers' ids and token types for our strings and pairs (all-MiniLM-L6-v2's
+/// tokenizer.json), on the bert-bge vocabulary: the same uncased BERT vocabulary (the golden
+/// script checks it).
+#[test]
+fn hf_tokenizers_golden_on_bert_bge() {
+    let n = check_hf(bge());
+    assert!(n >= 60, "{n}");
+}
+
+/// The same with the special-token keys llama.cpp's converter writes for all-MiniLM-L6-v2 (BOS
+/// 101, EOS and SEP 102, add_bos and add_eos true, add_sep false; no cls_token_id), and the
+/// [unusedN] texts as the converter writes them now ("▁[unused0]"): the ids do not change.
+#[test]
+fn hf_tokenizers_golden_with_the_converters_keys() {
+    let bytes = std::fs::read(vocab_dir().join("ggml-vocab-bert-bge.gguf")).unwrap();
+    let g = Gguf::parse(&bytes).unwrap();
+    let keys = &golden("hf.jsonl")[0]["gguf_keys"];
+    let tokens = g.get_array("tokenizer.ggml.tokens", pinfer::gguf::ValueType::String).unwrap();
+    let tokens: Vec<Val> = tokens
+        .iter()
+        .map(|v| match v {
+            pinfer::gguf::Value::String(s) if s.starts_with(b"[unused") => {
+                Val::Str(["\u{2581}".as_bytes(), s].concat())
+            }
+            pinfer::gguf::Value::String(s) => Val::Str(s.to_vec()),
+            _ => unreachable!(),
+        })
+        .collect();
+    let types = g.get_array("tokenizer.ggml.token_type", pinfer::gguf::ValueType::I32).unwrap();
+    let types: Vec<Val> = types.iter().map(|v| Val::I32(v.as_integer().unwrap() as i32)).collect();
+    let mut b = GgufBuilder::new()
+        .kv("general.architecture", Val::str("bert"))
+        .kv("tokenizer.ggml.model", Val::str("bert"))
+        .kv("tokenizer.ggml.pre", Val::str("default"))
+        .kv("tokenizer.ggml.tokens", Val::Array(tag::STRING, tokens))
+        .kv("tokenizer.ggml.token_type", Val::Array(tag::I32, types));
+    for (key, v) in keys.as_object().unwrap() {
+        b = b.kv(
+            key,
+            if let Some(flag) = v.as_bool() {
+                Val::Bool(flag as u8)
+            } else {
+                Val::U32(v.as_u64().unwrap() as u32)
+            },
+        );
+    }
+    let tok = owned(&b.bytes()).unwrap();
+    assert_eq!(
+        (tok.bos(), tok.eos(), tok.sep(), tok.add_bos(), tok.add_eos()),
+        (Some(101), Some(102), Some(102), true, false)
+    );
+    check_hf(&tok);
+}
+
+/// Where llama.cpp's WPM tokenizer is not HF's (pinfer follows HF there, and the HF golden checks
+/// it): Hangul (HF decomposes syllables into their jamo), spacing marks (llama.cpp strips Mc with
+/// the accents), words of more than 100 characters (HF: [UNK]), U+000B, U+000C and U+0085 (HF
+/// drops them as control characters, llama.cpp splits words there).
+fn llama_cpp_differs() -> Vec<String> {
+    let mut texts: Vec<String> =
+        ["한국어 텍스트", "हिन्दी भाषा", "vertical\u{b}tab form\u{c}feed next\u{85}line"]
+            .map(String::from)
+            .to_vec();
+    texts.push("a".repeat(101));
+    texts.push(format!("x{}", "é".repeat(100)));
+    texts
+}
+
+/// llama.cpp's ids (`llama-tokenize`, special tokens parsed) for our strings: equal, but for the
+/// strings above, where they must differ.
+#[test]
+fn llama_cpp_golden_on_bert_bge() {
+    let tok = bge();
+    let mut failures = Vec::new();
+    let mut differing = 0;
+    let differs = llama_cpp_differs();
+    for row in golden("llama-cpp.jsonl") {
+        let text = row["text"].as_str().unwrap();
+        let want = ids_of(&row["ids"]);
+        let got = encode(tok, text, true, true);
+        let known = differs.iter().any(|d| d == text);
+        if known {
+            differing += 1;
+            assert_ne!(got, want, "{text:?} is listed as differing from llama.cpp but does not");
+        } else if got != want {
+            failures.push(format!("{text:?}\n    want {want:?}\n    got  {got:?}"));
+        }
+    }
+    assert!(failures.is_empty(), "{} differ from llama.cpp:\n{}", failures.len(), failures.join("\n"));
+    assert_eq!(differing, differs.len());
+}

@@ -44,10 +44,10 @@
 //!   of its own and llama.cpp always applies it.
 //! * WordPiece follows HF tokenizers (the tokenizer BERT models were trained with) where llama.cpp
 //!   differs from it: words of more than 100 characters are `[UNK]` (llama.cpp matches them),
-//!   accent stripping drops only nonspacing marks (llama.cpp drops every mark, Mc and Me too),
-//!   unassigned code points and U+000B, U+000C, U+0085 are dropped (llama.cpp keeps the first and
-//!   splits words at the others), and lower-casing without accent stripping turns U+0130 into "i"
-//!   and U+0307 (llama.cpp: "i").
+//!   accent stripping drops only nonspacing marks (llama.cpp drops Mc and Me marks too) and
+//!   decomposes Hangul syllables into their jamo, U+000B, U+000C and U+0085 are dropped as control
+//!   characters (llama.cpp splits words there), and lower-casing without accent stripping turns
+//!   U+0130 into "i" and U+0307 (llama.cpp: "i").
 //!
 //! Here: the vocabulary kind, token attributes, the error type and the tokenizer with its table
 //! lookups. `load`: building the tables from the file; `hash`: their hashing and lookup keys;

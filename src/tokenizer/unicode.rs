@@ -26,8 +26,9 @@ impl Flags {
     const IN: u8 = 32;
     /// Nonspacing marks (Mn), a part of [`Flags::MARK`]: what BERT's accent stripping drops.
     const NONSPACING: u8 = 64;
-    /// General category C (Cc Cf Cs Co, and Cn: unassigned): what BERT's normalizer drops.
-    const OTHER: u8 = 128;
+    /// Control, format, surrogate and private use characters (Cc Cf Cs Co; not unassigned ones):
+    /// what BERT's normalizer drops.
+    const CONTROL: u8 = 128;
 
     /// No code point: a position past either end of the piece of text being split.
     pub(crate) const OUT: Flags = Flags(0);
@@ -38,7 +39,7 @@ impl Flags {
             2 => Self::LETTER,
             4 => Self::MARK,
             5 => Self::PUNCTUATION,
-            0 | 7 => Self::OTHER,
+            7 => Self::CONTROL,
             8 => Self::MARK | Self::NONSPACING,
             _ => 0,
         };
@@ -75,10 +76,10 @@ impl Flags {
         self.0 & Self::NONSPACING != 0
     }
 
-    /// General category C: control, format, surrogate, private use or unassigned.
+    /// General category Cc, Cf, Cs or Co (not Cn).
     #[inline]
-    pub(crate) fn is_other(self) -> bool {
-        self.0 & Self::OTHER != 0
+    pub(crate) fn is_control(self) -> bool {
+        self.0 & Self::CONTROL != 0
     }
 
     /// `\s` (the White_Space property).
@@ -353,9 +354,9 @@ mod tests {
         // BERT's classes: Mn apart from the other marks, category C.
         assert!(flags(0x0301).is_nonspacing_mark() && flags(0x0301).is_mark());
         assert!(flags(0x093E).is_mark() && !flags(0x093E).is_nonspacing_mark(), "Devanagari AA is Mc");
-        assert!(flags(0x00).is_other() && flags(0x200B).is_other() && flags(0xE000).is_other());
-        assert!(flags(0x0378).is_other(), "unassigned");
-        assert!(!flags('a' as u32).is_other() && !flags(' ' as u32).is_other());
+        assert!(flags(0x00).is_control() && flags(0x200B).is_control() && flags(0xE000).is_control());
+        assert!(!flags(0x0378).is_control(), "unassigned");
+        assert!(!flags('a' as u32).is_control() && !flags(' ' as u32).is_control());
     }
 
     #[test]
@@ -394,7 +395,7 @@ mod tests {
         for c in (0..0x110000u32).filter_map(char::from_u32) {
             let mut std_lower = c.to_lowercase();
             if let (Some(l), None) = (std_lower.next(), std_lower.next()) {
-                if !flags(c as u32).is_other() && !flags(l as u32).is_other() {
+                if class_by_search(c as u32) != 0 && class_by_search(l as u32) != 0 {
                     assert_eq!(lowercase(c as u32), l as u32, "U+{:04X}", c as u32);
                 }
             }

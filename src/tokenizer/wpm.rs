@@ -2,7 +2,8 @@
 //! each word the longest vocabulary pieces from its start (llama.cpp's `llm_tokenizer_wpm_session`,
 //! normalized as HF tokenizers' `BertNormalizer` and `BertPreTokenizer` do it).
 //!
-//! Per character: NUL, U+FFFD and category C (but tab, newline and carriage return) are dropped;
+//! Per character: NUL, U+FFFD and control, format and private use characters (Cc Cf Co, but tab,
+//! newline and carriage return) are dropped;
 //! white space ends a word; with accent stripping a character becomes its NFD without nonspacing
 //! marks, then with lower-casing its lowercase. Each resulting character that is punctuation, an
 //! ASCII symbol or a CJK ideograph is a word of its own; any other joins the current word.
@@ -74,7 +75,7 @@ pub(crate) fn encode(tok: &Tokenizer<'_>, text: &str, out: &mut Out<'_>) {
     for c in text.chars() {
         let cp = c as u32;
         let f = flags(cp);
-        if cp == 0 || cp == 0xFFFD || (f.is_other() && !matches!(c, '\t' | '\n' | '\r')) {
+        if cp == 0 || cp == 0xFFFD || (f.is_control() && !matches!(c, '\t' | '\n' | '\r')) {
             continue;
         }
         if f.is_whitespace() {
