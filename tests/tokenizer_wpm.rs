@@ -47,6 +47,35 @@ fn bge() -> &'static OwnedTokenizer {
     })
 }
 
+/// The bert-bge vocabulary (its [unusedN] texts as the converter writes them now: "▁[unused0]")
+/// with `keys` instead of its special-token keys.
+fn bge_with_keys(keys: &[(String, Val)]) -> Vec<u8> {
+    use pinfer::gguf::{Value, ValueType};
+    let bytes = std::fs::read(vocab_dir().join("ggml-vocab-bert-bge.gguf")).unwrap();
+    let g = Gguf::parse(&bytes).unwrap();
+    let tokens = g.get_array("tokenizer.ggml.tokens", ValueType::String).unwrap();
+    let tokens: Vec<Val> = tokens
+        .iter()
+        .map(|v| match v {
+            Value::String(s) if s.starts_with(b"[unused") => Val::Str(["\u{2581}".as_bytes(), s].concat()),
+            Value::String(s) => Val::Str(s.to_vec()),
+            _ => unreachable!(),
+        })
+        .collect();
+    let types = g.get_array("tokenizer.ggml.token_type", ValueType::I32).unwrap();
+    let types: Vec<Val> = types.iter().map(|v| Val::I32(v.as_integer().unwrap() as i32)).collect();
+    let mut b = GgufBuilder::new()
+        .kv("general.architecture", Val::str("bert"))
+        .kv("tokenizer.ggml.model", Val::str("bert"))
+        .kv("tokenizer.ggml.pre", Val::str("default"))
+        .kv("tokenizer.ggml.tokens", Val::Array(tag::STRING, tokens))
+        .kv("tokenizer.ggml.token_type", Val::Array(tag::I32, types));
+    for (key, v) in keys {
+        b = b.kv(key, v.clone());
+    }
+    b.bytes()
+}
+
 fn encode(tok: &Tokenizer<'_>, text: &str, parse_special: bool, add_special: bool) -> Vec<u32> {
     let mut scratch = vec![0u32; tok.scratch_words(text.len())];
     let mut out = vec![0u32; text.len() + 4];
@@ -156,43 +185,23 @@ fn hf_tokenizers_golden_on_bert_bge() {
 }
 
 /// The same with the special-token keys llama.cpp's converter writes for all-MiniLM-L6-v2 (BOS
-/// 101, EOS and SEP 102, add_bos and add_eos true, add_sep false; no cls_token_id), and the
-/// [unusedN] texts as the converter writes them now ("▁[unused0]"): the ids do not change.
+/// 101, EOS and SEP 102, add_bos and add_eos true, add_sep false; no cls_token_id): the ids do not
+/// change.
 #[test]
 fn hf_tokenizers_golden_with_the_converters_keys() {
-    let bytes = std::fs::read(vocab_dir().join("ggml-vocab-bert-bge.gguf")).unwrap();
-    let g = Gguf::parse(&bytes).unwrap();
-    let keys = &golden("hf.jsonl")[0]["gguf_keys"];
-    let tokens = g.get_array("tokenizer.ggml.tokens", pinfer::gguf::ValueType::String).unwrap();
-    let tokens: Vec<Val> = tokens
+    let keys: Vec<(String, Val)> = golden("hf.jsonl")[0]["gguf_keys"]
+        .as_object()
+        .unwrap()
         .iter()
-        .map(|v| match v {
-            pinfer::gguf::Value::String(s) if s.starts_with(b"[unused") => {
-                Val::Str(["\u{2581}".as_bytes(), s].concat())
-            }
-            pinfer::gguf::Value::String(s) => Val::Str(s.to_vec()),
-            _ => unreachable!(),
+        .map(|(key, v)| {
+            let v = match v.as_bool() {
+                Some(flag) => Val::Bool(flag as u8),
+                None => Val::U32(v.as_u64().unwrap() as u32),
+            };
+            (key.clone(), v)
         })
         .collect();
-    let types = g.get_array("tokenizer.ggml.token_type", pinfer::gguf::ValueType::I32).unwrap();
-    let types: Vec<Val> = types.iter().map(|v| Val::I32(v.as_integer().unwrap() as i32)).collect();
-    let mut b = GgufBuilder::new()
-        .kv("general.architecture", Val::str("bert"))
-        .kv("tokenizer.ggml.model", Val::str("bert"))
-        .kv("tokenizer.ggml.pre", Val::str("default"))
-        .kv("tokenizer.ggml.tokens", Val::Array(tag::STRING, tokens))
-        .kv("tokenizer.ggml.token_type", Val::Array(tag::I32, types));
-    for (key, v) in keys.as_object().unwrap() {
-        b = b.kv(
-            key,
-            if let Some(flag) = v.as_bool() {
-                Val::Bool(flag as u8)
-            } else {
-                Val::U32(v.as_u64().unwrap() as u32)
-            },
-        );
-    }
-    let tok = owned(&b.bytes()).unwrap();
+    let tok = owned(&bge_with_keys(&keys)).unwrap();
     assert_eq!(
         (tok.bos(), tok.eos(), tok.sep(), tok.add_bos(), tok.add_eos()),
         (Some(101), Some(102), Some(102), true, false)
@@ -266,4 +275,221 @@ fn decoding_is_llama_cpps() {
         .collect();
     assert_eq!(pieces, ["[CLS]", " token", "ization", "[SEP]"]);
     assert_eq!(tok.token_to_piece(ids[0], false, &mut piece).unwrap(), 0);
+}
+
+/// A small WordPiece vocabulary: `tokens` (CONTROL when bracketed, else NORMAL) and `keys`.
+fn wpm_vocab(tokens: &[&str], keys: &[(&str, Val)]) -> Vec<u8> {
+    let types = tokens.iter().map(|t| Val::I32(if t.starts_with('[') { 3 } else { 1 })).collect();
+    let mut b = GgufBuilder::new()
+        .kv("tokenizer.ggml.model", Val::str("bert"))
+        .kv("tokenizer.ggml.tokens", Val::Array(tag::STRING, tokens.iter().map(|t| Val::str(t)).collect()))
+        .kv("tokenizer.ggml.token_type", Val::Array(tag::I32, types));
+    for (key, v) in keys {
+        b = b.kv(key, v.clone());
+    }
+    b.bytes()
+}
+
+const SMALL: &[&str] = &[
+    "[PAD]", "[UNK]", "[CLS]", "[SEP]", "▁un", "▁unaff", "able", "aff", "▁a", "a", "▁café", "▁cafe", "▁Café",
+    "▁i", "\u{307}", "▁b", "▁,",
+];
+
+fn small(keys: &[(&str, Val)]) -> OwnedTokenizer {
+    let ids = [
+        ("tokenizer.ggml.unknown_token_id", Val::U32(1)),
+        ("tokenizer.ggml.cls_token_id", Val::U32(2)),
+        ("tokenizer.ggml.seperator_token_id", Val::U32(3)),
+    ];
+    let all: Vec<(&str, Val)> = ids.into_iter().chain(keys.iter().cloned()).collect();
+    owned(&wpm_vocab(SMALL, &all)).unwrap()
+}
+
+fn id(text: &str) -> u32 {
+    SMALL.iter().position(|t| *t == text).unwrap() as u32
+}
+
+/// A WordPiece vocabulary without [CLS], [SEP] or [UNK] (no id in the file, and llama.cpp's
+/// defaults 101, 102, 100 outside it) is refused, naming the key.
+#[test]
+fn vocabularies_without_cls_sep_or_unk_are_refused_by_key() {
+    let cases: [(&[(&str, Val)], &str); 4] = [
+        (&[], "tokenizer.ggml.cls_token_id"),
+        (&[("tokenizer.ggml.cls_token_id", Val::U32(2))], "tokenizer.ggml.seperator_token_id"),
+        (
+            &[
+                ("tokenizer.ggml.bos_token_id", Val::U32(2)),
+                ("tokenizer.ggml.seperator_token_id", Val::U32(3)),
+            ],
+            "tokenizer.ggml.unknown_token_id",
+        ),
+        (
+            // An id outside the vocabulary is no id (llama.cpp falls back to the default, outside too).
+            &[
+                ("tokenizer.ggml.cls_token_id", Val::U32(2)),
+                ("tokenizer.ggml.seperator_token_id", Val::U32(3)),
+                ("tokenizer.ggml.unknown_token_id", Val::U32(9999)),
+            ],
+            "tokenizer.ggml.unknown_token_id",
+        ),
+    ];
+    for (keys, key) in cases {
+        let err = owned(&wpm_vocab(SMALL, keys)).unwrap_err();
+        let msg = err.to_string();
+        assert!(matches!(err, TokError::BadVocab { .. }) && msg.contains(key), "{key}: {msg}");
+    }
+    let tok = small(&[]);
+    assert_eq!((tok.bos(), tok.sep(), tok.unk(), tok.kind()), (Some(2), Some(3), Some(1), VocabKind::Wpm));
+}
+
+/// Greedy longest pieces, `[UNK]` for a word with a position no piece starts at and for words of
+/// more than 100 characters, punctuation split off.
+#[test]
+fn longest_pieces_and_unknown_words() {
+    let tok = small(&[]);
+    let e = |t: &str| encode(&tok, t, false, false);
+    assert_eq!(e("unaffable"), [id("▁unaff"), id("able")]);
+    assert_eq!(e("unable"), [id("▁un"), id("able")]);
+    assert_eq!(e("unaffaff"), [id("▁unaff"), id("aff")]);
+    assert_eq!(e("unx able"), [1, 1], "x and ble are no pieces");
+    assert_eq!(e("a,b"), [id("▁a"), id("▁,"), id("▁b")]);
+    let word = "a".repeat(100);
+    assert_eq!(e(&word), vec![id("▁a")].into_iter().chain(vec![id("a"); 99]).collect::<Vec<_>>());
+    assert_eq!(e(&format!("{word}a b")), [1, id("▁b")]);
+    assert_eq!(encode(&tok, "a", false, true), [2, id("▁a"), 3]);
+    assert_eq!(encode(&tok, "", false, true), [2, 3]);
+}
+
+/// The normalizer keys: lower-casing (on by default), accent stripping (as lower-casing by default).
+#[test]
+fn normalizer_keys_choose_case_and_accents() {
+    fn flag(key: &str, v: bool) -> (&str, Val) {
+        (key, Val::Bool(v as u8))
+    }
+    let lower = "tokenizer.ggml.normalizer.lowercase";
+    let strip = "tokenizer.ggml.normalizer.strip_accents";
+    let e = |tok: &OwnedTokenizer, t: &str| encode(tok, t, false, false);
+    assert_eq!(e(&small(&[]), "Café"), [id("▁cafe")]);
+    assert_eq!(e(&small(&[flag(lower, false)]), "Café"), [id("▁Café")]);
+    assert_eq!(e(&small(&[flag(strip, false)]), "Café"), [id("▁café")]);
+    assert_eq!(e(&small(&[flag(lower, false), flag(strip, true)]), "Café"), [1], "\"Cafe\" is no token");
+    // U+0130: "i" with accents stripped; "i" and U+0307 (its full lowercase) without.
+    assert_eq!(e(&small(&[]), "İ"), [id("▁i")]);
+    assert_eq!(e(&small(&[flag(strip, false)]), "İ"), [id("▁i"), id("\u{307}")]);
+}
+
+/// Pairs: `[CLS] a [SEP] b [SEP]` with types 0 then 1; too small outputs say what they need; other
+/// kinds give BOS a (EOS) b (EOS) as their vocabulary adds them.
+#[test]
+fn pairs_and_their_token_types() {
+    let tok = small(&[]);
+    let (ids, types) = encode_pair(&tok, "a", "b,");
+    assert_eq!(ids, [2, id("▁a"), 3, id("▁b"), id("▁,"), 3]);
+    assert_eq!(types, [0, 0, 0, 1, 1, 1]);
+    let (ids, types) = encode_pair(&tok, "", "");
+    assert_eq!((ids, types), (vec![2, 3, 3], vec![0, 0, 1]));
+    let mut scratch = vec![0u32; tok.scratch_words(8)];
+    let (mut ids, mut types) = ([0u32; 8], [0u32; 4]);
+    let err = tok.encode_pair("a a", "b", false, &mut ids, &mut types, &mut scratch).unwrap_err();
+    assert_eq!(err, TokError::OutputTooSmall { needed: 6, got: 4 });
+    // SentencePiece (BOS added, no EOS): the second part starts right after the first.
+    let spm = GgufBuilder::new()
+        .kv("tokenizer.ggml.model", Val::str("llama"))
+        .kv(
+            "tokenizer.ggml.tokens",
+            Val::Array(tag::STRING, ["<unk>", "<s>", "</s>", "▁a", "▁b"].map(Val::str).to_vec()),
+        )
+        .kv("tokenizer.ggml.scores", Val::Array(tag::F32, (0..5).map(|_| Val::F32(0.0)).collect()))
+        .kv("tokenizer.ggml.token_type", Val::Array(tag::I32, [2, 3, 3, 1, 1].map(Val::I32).to_vec()))
+        .bytes();
+    let spm = owned(&spm).unwrap();
+    assert_eq!(encode_pair(&spm, "a", "b"), (vec![1, 3, 4], vec![0, 0, 1]));
+}
+
+/// Invalid UTF-8 is the caller's to replace (as with every kind: `from_utf8_lossy`, llama.cpp's
+/// U+FFFD), and WordPiece drops U+FFFD like HF.
+#[test]
+fn invalid_utf8_becomes_nothing() {
+    let tok = bge();
+    let lossy = String::from_utf8_lossy(b"caf\xc3 h\xffello \xed\xa0\x80world");
+    assert_eq!(encode(tok, &lossy, false, true), encode(tok, "caf hello world", false, true));
+}
+
+/// Random text of troublesome characters, in every normalizer setting, encodes (alone and in
+/// pairs) into ids of the vocabulary, at most one token per byte besides [CLS] and [SEP], and
+/// decodes without panicking.
+#[test]
+fn random_text_never_panics() {
+    let flag = |key: &str, v: bool| (key.to_string(), Val::Bool(v as u8));
+    let lower = "tokenizer.ggml.normalizer.lowercase";
+    let strip = "tokenizer.ggml.normalizer.strip_accents";
+    let variants = [
+        bge_with_keys(&[]),
+        bge_with_keys(&[flag(lower, false)]),
+        bge_with_keys(&[flag(lower, true), flag(strip, false)]),
+        bge_with_keys(&[flag(lower, false), flag(strip, true)]),
+    ];
+    let palette = [
+        "a",
+        "Z",
+        "é",
+        "e\u{301}",
+        "\u{301}",
+        "İ",
+        "ß",
+        "Σ",
+        "한",
+        "\u{1100}",
+        "日",
+        "\u{F900}",
+        "\u{2F800}",
+        "😀",
+        "👍🏽",
+        "\u{200D}",
+        " ",
+        "\t",
+        "\n",
+        "\u{b}",
+        "\u{85}",
+        "\u{3000}",
+        "\u{0}",
+        "\u{FFFD}",
+        "\u{E000}",
+        "\u{378}",
+        ",",
+        "$",
+        "'",
+        "[CLS]",
+        "[SEP]",
+        "[UNK]",
+        "##",
+        "▁",
+        "\u{DDD}",
+        "\u{1D160}",
+        "ǅ",
+        "1",
+        "٣",
+        "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
+    ];
+    let mut rng = 0x2545_F491_4F6C_DD1Du64;
+    let mut next = move |n: usize| {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        (rng % n as u64) as usize
+    };
+    for bytes in &variants {
+        let tok = owned(bytes).unwrap();
+        for _ in 0..400 {
+            let text: String = (0..next(40)).map(|_| palette[next(palette.len())]).collect();
+            for parse_special in [false, true] {
+                let ids = encode(&tok, &text, parse_special, true);
+                assert!(ids.len() <= text.len() + 2 && ids.iter().all(|&i| i < tok.n_vocab()), "{text:?}");
+                decode(&tok, &ids, parse_special);
+            }
+            let cut = text.char_indices().nth(next(8)).map_or(text.len(), |(i, _)| i);
+            let (ids, types) = encode_pair(&tok, &text[..cut], &text[cut..]);
+            assert!(types.windows(2).all(|w| w[0] <= w[1]) && ids.len() <= text.len() + 3, "{text:?}");
+        }
+    }
 }
