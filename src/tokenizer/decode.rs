@@ -120,11 +120,10 @@ fn clean_up_spaces(text: &mut [u8]) -> usize {
         |t, i| {
             t[i - 1] == b' '
                 && t[i] == b'\''
-                && match (t.get(i + 1), t.get(i + 2)) {
-                    (Some(b's' | b'm'), _) => true,
-                    (Some(b'r' | b'v'), Some(b'e')) => true,
-                    _ => false,
-                }
+                && matches!(
+                    (t.get(i + 1), t.get(i + 2)),
+                    (Some(b's' | b'm'), _) | (Some(b'r' | b'v'), Some(b'e'))
+                )
         },
         0,
     )
