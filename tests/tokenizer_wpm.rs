@@ -493,3 +493,29 @@ fn random_text_never_panics() {
         }
     }
 }
+
+/// Encoding speed on English text (llama.cpp's test inputs and our strings, repeated to 1 MiB):
+/// `cargo test --release --test tokenizer_wpm -- --ignored --nocapture wpm_perf_report`.
+#[test]
+#[ignore]
+fn wpm_perf_report() {
+    let tok = bge();
+    let mut unit: String = llama_cpp_cases("bert-bge").into_iter().map(|(t, _)| t + "\n").collect();
+    for row in golden("llama-cpp.jsonl") {
+        unit.push_str(row["text"].as_str().unwrap());
+        unit.push('\n');
+    }
+    let text = unit.repeat((1 << 20) / unit.len() + 1);
+    let mut scratch = vec![0u32; tok.scratch_words(text.len())];
+    let mut out = vec![0u32; text.len() + 4];
+    let start = std::time::Instant::now();
+    let n = tok.encode_with_scratch(&text, false, true, &mut out, &mut scratch).unwrap();
+    let secs = start.elapsed().as_secs_f64();
+    println!(
+        "wordpiece: {} bytes -> {n} tokens in {:.1} ms ({:.1} MB/s)",
+        text.len(),
+        secs * 1e3,
+        text.len() as f64 / secs / 1e6
+    );
+    std::fs::write(repo().join("target/wpm_perf.txt"), &text).unwrap();
+}
