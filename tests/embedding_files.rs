@@ -148,3 +148,25 @@ fn tiny_encoder_models_have_their_familys_keys_and_tensors() {
     assert_eq!(uint(&g, "gemma-embedding.attention.sliding_window"), 4);
     assert_eq!(tensor(&g, "dense_2.weight").1, [64, 96]);
 }
+
+/// `pinfer quantize`'s Q8_0 of MiniLM (setup.sh minilm-q8) holds llama-quantize's tensors byte for
+/// byte (in its own order): the position and token-type embeddings stay F32, as llama.cpp needs.
+#[test]
+fn minilm_q8_0_by_pinfer_quantize_equals_llama_quantizes() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let ours = format!("{root}/models/all-MiniLM-L6-v2.Q8_0.gguf");
+    assert!(std::path::Path::new(&ours).exists(), "{ours} missing (run scripts/setup.sh minilm-q8)");
+    let out = std::process::Command::new("python3")
+        .arg(format!("{root}/scripts/compare_gguf.py"))
+        .arg("--by-name")
+        .arg(format!("{root}/tests/golden/embeddings/minilm-q8_0.gguf-summary.json"))
+        .arg(&ours)
+        .output()
+        .expect("python3 runs");
+    assert!(
+        out.status.success(),
+        "pinfer's Q8_0 differs from llama-quantize's:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -1,7 +1,8 @@
 //! `pinfer quantize IN OUT TYPE`: requantize a model's weight matrices into a new GGUF file.
 //!
 //! Which tensors change: every weight matrix (two or more dimensions, a name ending in `weight`;
-//! MoE routers `*ffn_gate_inp*` excepted, they must stay in float) whose rows are a whole number of
+//! MoE routers `*ffn_gate_inp*` and an encoder's `position_embd`/`token_types` excepted, they
+//! stay in float) whose rows are a whole number of
 //! TYPE's blocks is dequantized to f32 and requantized to TYPE with pinfer's reference quantizers,
 //! which follow ggml's `quantize_row_*_ref` (what `llama-quantize` does without an importance
 //! matrix). A matrix whose rows do not divide into 256-element super-blocks falls back to Q8_0
@@ -80,8 +81,16 @@ struct Notes {
     unreadable: Vec<String>,
 }
 
+/// Tensors that are added to activations, not multiplied: an encoder's absolute positions and
+/// token types stay in float, as llama-quantize keeps them (llama.cpp cannot add a quantized
+/// tensor, so a file with them quantized would not load there).
+const ADDED_NOT_MULTIPLIED: [&str; 2] = ["position_embd.weight", "token_types.weight"];
+
 fn is_weight_matrix(t: &TensorInfo<'_>) -> bool {
-    t.n_dims >= 2 && t.name.ends_with("weight") && !t.name.contains("ffn_gate_inp")
+    t.n_dims >= 2
+        && t.name.ends_with("weight")
+        && !t.name.contains("ffn_gate_inp")
+        && !ADDED_NOT_MULTIPLIED.contains(&t.name)
 }
 
 /// The type the output projection gets for `target`: as llama-quantize does, a target narrower than
