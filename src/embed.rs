@@ -106,7 +106,11 @@ pub fn input_limit(session: &Session) -> usize {
 }
 
 /// Embeds `inputs` (token ids each) in batches filling the session's batch and sequences.
-pub fn embed(session: &mut Session, inputs: &[&[u32]], opts: &EmbedOptions) -> Result<Embeddings, EmbedError> {
+pub fn embed(
+    session: &mut Session,
+    inputs: &[&[u32]],
+    opts: &EmbedOptions,
+) -> Result<Embeddings, EmbedError> {
     let Some(pooling) = session.engine().pooling() else { return Err(EmbedError::NotAnEncoder) };
     let limit = input_limit(session);
     let mut lengths = Vec::with_capacity(inputs.len());

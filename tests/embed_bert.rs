@@ -5,7 +5,9 @@
 //! or mis-shaped tensors and keys refused naming them.
 
 use pinfer::engine::embedding::{cosine, normalize, Normalize};
-use pinfer::engine::{Engine, EngineConfig, EngineError, Entry, GraphSlot, Model, OnCaller, Planned, GRAPH_SLOTS};
+use pinfer::engine::{
+    Engine, EngineConfig, EngineError, Entry, GraphSlot, Model, OnCaller, Planned, GRAPH_SLOTS,
+};
 use pinfer::exec::pool::Pool;
 use pinfer::model::{ModelError, Pooling};
 
@@ -48,7 +50,12 @@ impl Reference {
     }
 }
 
-fn engine(bytes: &'static [u8], pooling: Option<Pooling>, n_seq: usize, n_batch: usize) -> TestEngine<'static> {
+fn engine(
+    bytes: &'static [u8],
+    pooling: Option<Pooling>,
+    n_seq: usize,
+    n_batch: usize,
+) -> TestEngine<'static> {
     let n_outputs = if pooling == Some(Pooling::None) { n_batch } else { n_seq };
     let config = EngineConfig { n_ctx: 128, n_batch, n_seq, n_outputs, pooling, ..EngineConfig::default() };
     let slots: Vec<GraphSlot> = (0..GRAPH_SLOTS).map(|_| GraphSlot::new()).collect();

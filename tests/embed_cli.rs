@@ -23,7 +23,13 @@ fn session(n_batch: usize, n_seq: usize, pooling: Option<Pooling>) -> Session {
 }
 
 fn inputs() -> Vec<Vec<u32>> {
-    vec![vec![2, 10, 11, 12, 3], vec![2, 40, 3], (0..30).map(|i| 5 + i % 80).collect(), vec![7], vec![2, 9, 3]]
+    vec![
+        vec![2, 10, 11, 12, 3],
+        vec![2, 40, 3],
+        (0..30).map(|i| 5 + i % 80).collect(),
+        vec![7],
+        vec![2, 9, 3],
+    ]
 }
 
 #[test]
@@ -46,7 +52,8 @@ fn inputs_in_batches_give_what_each_gives_alone() {
         assert!((norm - 1.0).abs() < 1e-5, "input {i}: Euclidean-normalised, length {norm}");
     }
     // Unnormalised, the helper gives the engine's vectors; normalised afterwards, the same.
-    let raw = embed(&mut packed, &refs, &EmbedOptions { normalize: Normalize::None, truncate: false }).unwrap();
+    let raw =
+        embed(&mut packed, &refs, &EmbedOptions { normalize: Normalize::None, truncate: false }).unwrap();
     let mut again = vec![0f32; 64];
     normalize(raw.row(2, 0).unwrap(), &mut again, Normalize::Euclidean);
     assert_eq!(again, batched.row(2, 0).unwrap());
@@ -82,7 +89,16 @@ fn a_generating_model_has_no_embeddings() {
 
 #[test]
 fn pinfer_embed_prints_llama_embeddings_formats() {
-    let json = pinfer(&["embed", "-m", BERT, "--token-ids", "-p", "2 10 11 12 3\n2 40 3", "--embd-output-format", "json"]);
+    let json = pinfer(&[
+        "embed",
+        "-m",
+        BERT,
+        "--token-ids",
+        "-p",
+        "2 10 11 12 3\n2 40 3",
+        "--embd-output-format",
+        "json",
+    ]);
     assert!(json.status.success(), "{}", text_of(&json.stderr));
     let v: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
     assert_eq!(v["object"], "list");
@@ -97,21 +113,45 @@ fn pinfer_embed_prints_llama_embeddings_formats() {
     let mut s = session(64, 2, None);
     let want = embed(&mut s, &[&[2, 10, 11, 12, 3]], &EmbedOptions::default()).unwrap();
     let printed: Vec<String> = want.row(0, 0).unwrap().iter().map(|x| format!("{x:.7}")).collect();
-    let raw = pinfer(&["embed", "-m", BERT, "--token-ids", "-p", "2 10 11 12 3", "--embd-output-format", "raw"]);
+    let raw =
+        pinfer(&["embed", "-m", BERT, "--token-ids", "-p", "2 10 11 12 3", "--embd-output-format", "raw"]);
     assert_eq!(text_of(&raw.stdout), printed.join(" ") + "\n");
 
-    let array = pinfer(&["embed", "-m", BERT, "--token-ids", "-p", "2 10 3\n2 11 3", "--embd-output-format", "array"]);
+    let array = pinfer(&[
+        "embed",
+        "-m",
+        BERT,
+        "--token-ids",
+        "-p",
+        "2 10 3\n2 11 3",
+        "--embd-output-format",
+        "array",
+    ]);
     let v: serde_json::Value = serde_json::from_slice(&array.stdout).unwrap();
     assert_eq!(v.as_array().unwrap().len(), 2);
     // Per token: one vector per token; max-abs normalisation prints integers.
     let none = pinfer(&[
-        "embed", "-m", BERT, "--token-ids", "-p", "2 10 3", "--pooling", "none", "--embd-normalize", "0",
-        "--embd-output-format", "array",
+        "embed",
+        "-m",
+        BERT,
+        "--token-ids",
+        "-p",
+        "2 10 3",
+        "--pooling",
+        "none",
+        "--embd-normalize",
+        "0",
+        "--embd-output-format",
+        "array",
     ]);
     let v: serde_json::Value = serde_json::from_slice(&none.stdout).unwrap();
     let rows = v.as_array().unwrap();
     assert_eq!(rows.len(), 3);
-    assert!(rows[0].as_array().unwrap().iter().any(|x| x.as_f64() == Some(32760.0) || x.as_f64() == Some(-32760.0)));
+    assert!(rows[0]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|x| x.as_f64() == Some(32760.0) || x.as_f64() == Some(-32760.0)));
     // The default output: the vectors' first values and the similarity matrix.
     let summary = pinfer(&["embed", "-m", BERT, "--token-ids", "-p", "2 10 3\n2 11 3"]);
     let text = text_of(&summary.stdout);
@@ -121,11 +161,20 @@ fn pinfer_embed_prints_llama_embeddings_formats() {
 #[test]
 fn pinfer_rerank_scores_each_document() {
     let docs = temp_file("docs.txt", b"2 11 3\n2 12 13 3\n");
-    let out = pinfer(&["rerank", "-m", BERT, "--token-ids", "--query", "2 10 3", "-f", docs.to_str().unwrap()]);
+    let out =
+        pinfer(&["rerank", "-m", BERT, "--token-ids", "--query", "2 10 3", "-f", docs.to_str().unwrap()]);
     assert!(out.status.success(), "{}", text_of(&out.stderr));
     // The pair [CLS] q [SEP] d [SEP]: the score `embed --pooling rank --embd-normalize -1` gives it.
     let want = pinfer(&[
-        "embed", "-m", BERT, "--token-ids", "-p", "2 10 3 11 3\n2 10 3 12 13 3", "--pooling", "rank", "--embd-normalize",
+        "embed",
+        "-m",
+        BERT,
+        "--token-ids",
+        "-p",
+        "2 10 3 11 3\n2 10 3 12 13 3",
+        "--pooling",
+        "rank",
+        "--embd-normalize",
         "-1",
     ]);
     assert_eq!(text_of(&out.stdout), text_of(&want.stdout));
@@ -143,7 +192,11 @@ fn each_kind_of_model_is_refused_where_the_other_belongs() {
     let rank = pinfer(&["embed", "-m", QWEN2, "--token-ids", "-p", "1 2", "--pooling", "mean"]);
     assert!(text_of(&rank.stderr).contains("generates text"), "{}", text_of(&rank.stderr));
     let long = pinfer(&["embed", "-m", BERT, "--token-ids", "-b", "4", "-p", "2 5 5 5 5 3"]);
-    assert!(text_of(&long.stderr).contains("exceeds the available context size"), "{}", text_of(&long.stderr));
+    assert!(
+        text_of(&long.stderr).contains("exceeds the available context size"),
+        "{}",
+        text_of(&long.stderr)
+    );
     let bad = pinfer(&["embed", "-m", BERT, "--token-ids", "-p", "2 x 3"]);
     assert!(text_of(&bad.stderr).contains("not a token id"), "{}", text_of(&bad.stderr));
 }

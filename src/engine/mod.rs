@@ -36,8 +36,8 @@ use crate::kernels::packed::{pack, packed_bytes, GROUP_ROWS};
 use crate::kernels::KernelPath;
 use crate::model::lora::{Adapter, LoraError, MAX_ADAPTERS};
 use crate::model::{
-    build_forward, check, context_size, Forward, HParams, KvLayout, KvTypeError, KvTypes, ModelError, Pooling,
-    Vocab,
+    build_forward, check, context_size, Forward, HParams, KvLayout, KvTypeError, KvTypes, ModelError,
+    Pooling, Vocab,
 };
 use crate::placement::{self, Buffer, Placement};
 use crate::quant::GgmlType;
@@ -765,9 +765,7 @@ impl<'m, G: AsMut<[GraphSlot]> + AsRef<[GraphSlot]>, B: DerefMut<Target = [u8]>>
                 ids[i] = e.token as i32;
                 places[2 * i] = (e.seq * kv.n_ctx) as i32;
                 places[2 * i + 1] = e.pos as i32;
-                if pooling.is_none_or(|p| !p.pools())
-                    && (e.logits || (wanted == 0 && i + 1 == batch.len()))
-                {
+                if pooling.is_none_or(|p| !p.pools()) && (e.logits || (wanted == 0 && i + 1 == batch.len())) {
                     rows[out] = i as i32;
                     out += 1;
                 }

@@ -714,17 +714,19 @@ impl HParams {
         let scaling_type = g.get_str_opt(&k("rope.scaling.type"))?;
         let scaling = if scaling_type == Some("none") { 1.0 } else { scaling };
         let rope_yarn = scaling_type == Some("yarn");
-        let eps_key = if arch.traits().encoder { "attention.layer_norm_epsilon" } else { "attention.layer_norm_rms_epsilon" };
-        let rms_eps = f32_in(g, &k(eps_key), None, 0.0, 1.0)?;
-        let pooling = match g.get_int::<u32>(&k("pooling_type"))? {
-            None => None,
-            Some(id) => Some(
-                Pooling::ALL
-                    .into_iter()
-                    .find(|p| *p as u32 == id)
-                    .ok_or_else(|| bad(&k("pooling_type"), id, "is not a pooling type (0 none .. 4 rank)"))?,
-            ),
+        let eps_key = if arch.traits().encoder {
+            "attention.layer_norm_epsilon"
+        } else {
+            "attention.layer_norm_rms_epsilon"
         };
+        let rms_eps = f32_in(g, &k(eps_key), None, 0.0, 1.0)?;
+        let pooling =
+            match g.get_int::<u32>(&k("pooling_type"))? {
+                None => None,
+                Some(id) => Some(Pooling::ALL.into_iter().find(|p| *p as u32 == id).ok_or_else(|| {
+                    bad(&k("pooling_type"), id, "is not a pooling type (0 none .. 4 rank)")
+                })?),
+            };
 
         let (n_expert, n_expert_used, n_ff_expert, n_ff_shared) = if arch.is_moe() {
             let n_expert = u32_in(g, &k("expert_count"), None, 2..=MAX_EXPERTS)?;

@@ -12,8 +12,8 @@ mod validate;
 use core::fmt;
 
 pub use arch::{
-    build_forward, build_window, layer_rope, rope_factors_name, CacheRows, EncoderInputs, Forward, KvLayout, KvTypeError,
-    KvTypes, LayerRope, TrainedPair, MODEL_BUFFER,
+    build_forward, build_window, layer_rope, rope_factors_name, CacheRows, EncoderInputs, Forward, KvLayout,
+    KvTypeError, KvTypes, LayerRope, TrainedPair, MODEL_BUFFER,
 };
 pub use arch::{Activation, Arch, ArchTraits, EmbedScale, Experts, Ffn, Gating, Supported, SwaLayers};
 pub use hparams::{HParams, LayerMask, Pooling, MAX_LAYERS};

@@ -81,7 +81,8 @@ pub struct RerankArgs {
 }
 
 fn parse_pooling(name: &str) -> Result<Pooling, String> {
-    Pooling::from_name(name).ok_or_else(|| format!("{name:?}: the poolings are none, mean, cls, last and rank"))
+    Pooling::from_name(name)
+        .ok_or_else(|| format!("{name:?}: the poolings are none, mean, cls, last and rank"))
 }
 
 /// The lines of `-p` or `-f` (llama-embedding splits its prompt at newlines; a file's last
@@ -126,14 +127,22 @@ fn load(args: &EmbedCommon, path: &Path, pooling: Option<Pooling>) -> Result<Ses
 }
 
 /// Each line's token ids: parsed (`--token-ids`) or tokenized with the model's tokenizer.
-fn tokens_of(args: &EmbedCommon, path: &Path, session: &Session, lines: &[String]) -> Result<Vec<Vec<u32>>, CliError> {
+fn tokens_of(
+    args: &EmbedCommon,
+    path: &Path,
+    session: &Session,
+    lines: &[String],
+) -> Result<Vec<Vec<u32>>, CliError> {
     if args.token_ids {
         return lines
             .iter()
             .enumerate()
             .map(|(i, line)| {
                 line.split_whitespace()
-                    .map(|w| w.parse::<u32>().map_err(|_| CliError::new(format!("input {i}: {w:?} is not a token id"))))
+                    .map(|w| {
+                        w.parse::<u32>()
+                            .map_err(|_| CliError::new(format!("input {i}: {w:?} is not a token id")))
+                    })
                     .collect()
             })
             .collect();
@@ -143,8 +152,9 @@ fn tokens_of(args: &EmbedCommon, path: &Path, session: &Session, lines: &[String
 }
 
 pub fn run(args: EmbedArgs) -> Result<(), CliError> {
-    let normalize = Normalize::from_value(args.normalize)
-        .ok_or_else(|| CliError::new(format!("--embd-normalize {}: the values are -1, 0, 1, 2 and above", args.normalize)))?;
+    let normalize = Normalize::from_value(args.normalize).ok_or_else(|| {
+        CliError::new(format!("--embd-normalize {}: the values are -1, 0, 1, 2 and above", args.normalize))
+    })?;
     let path = crate::model_path(args.model.clone());
     let lines = input_lines(args.prompt.as_deref(), args.file.as_deref())?;
     let mut session = load(&args.common, &path, args.pooling)?;
@@ -198,7 +208,8 @@ fn value(v: f32, normalize: Normalize) -> String {
 /// llama-embedding's default output: the first values of each vector and, for several inputs,
 /// their cosine similarities.
 fn summary(out: &Embeddings, lines: &[String], normalize: Normalize) -> String {
-    let cell = |v: f32| if normalize == Normalize::MaxAbs { format!("{v:6.0} ") } else { format!("{v:9.6} ") };
+    let cell =
+        |v: f32| if normalize == Normalize::MaxAbs { format!("{v:6.0} ") } else { format!("{v:9.6} ") };
     let all = vectors(out);
     let mut s = String::new();
     if out.pooling == Pooling::Rank {
@@ -270,7 +281,8 @@ fn formatted(out: &Embeddings, format: &str, normalize: Normalize) -> String {
                 let rows: Vec<String> = all
                     .iter()
                     .map(|a| {
-                        let cells: Vec<String> = all.iter().map(|b| format!("{:6.2}", cosine(a, b))).collect();
+                        let cells: Vec<String> =
+                            all.iter().map(|b| format!("{:6.2}", cosine(a, b))).collect();
                         format!("    [{} ]", cells.join(", "))
                     })
                     .collect();

@@ -189,7 +189,8 @@ impl<'a, const N: usize> Bound<'a, N> {
                     let pair: &[i32] = self.read(spans, tok * 8, 2);
                     (usize::try_from(pair[0]).unwrap_or(usize::MAX), usize::try_from(pair[1]).unwrap_or(0))
                 });
-                let Some((first, n)) = span.filter(|&(first, n)| n > 0 && first.saturating_add(n) <= n_tokens)
+                let Some((first, n)) =
+                    span.filter(|&(first, n)| n > 0 && first.saturating_add(n) <= n_tokens)
                 else {
                     self.fail(id, BAD_INDEX);
                     continue;

@@ -204,7 +204,9 @@ fn pool<const N: usize>(
     let rows = b.g.leaf("output_rows", GgmlType::I32, [n_outputs, 1, 1, 1], storage)?;
     let out = match pooling {
         Pooling::Mean => named!(b, "result_embd_pooled", b.g.seq_mean(x, rows, spans)),
-        Pooling::None | Pooling::Cls | Pooling::Last => named!(b, "result_embd_pooled", b.g.get_rows(x, rows)),
+        Pooling::None | Pooling::Cls | Pooling::Last => {
+            named!(b, "result_embd_pooled", b.g.get_rows(x, rows))
+        }
         Pooling::Rank => {
             let mut cur = b.g.get_rows(x, rows)?;
             if let Some(cls) = b.optional("cls.weight")? {
