@@ -16,7 +16,7 @@ impl Tokenizer<'_> {
             text.iter().for_each(|&b| f(b));
         } else if a & TokenAttr::NORMAL != 0 {
             match self.kind {
-                VocabKind::Spm | VocabKind::SpmBpe => {
+                VocabKind::Spm | VocabKind::SpmBpe | VocabKind::Wpm => {
                     // U+2581 -> space
                     let mut i = 0;
                     while i < text.len() {
@@ -73,6 +73,10 @@ impl Tokenizer<'_> {
     /// (special tokens kept as tokens, rendered only if `special`): with
     /// [`Tokenizer::add_space_prefix`], the first token's leading space is dropped. The bytes are
     /// those of the pieces; they are valid UTF-8 when the tokens came from encoding text.
+    /// WordPiece pieces are joined as llama.cpp joins them: a word's first piece has a space in
+    /// front (so the text starts with one), and its `clean_up_tokenization_spaces` runs over the
+    /// result (no space before `?!.,`, none around a lone `'`, none before `'s 'm 're 've`).
+    /// `buf` needs the length before that clean-up.
     pub fn decode(&self, tokens: &[u32], special: bool, buf: &mut [u8]) -> Result<usize, TokError> {
         let mut n = 0;
         let mut strip = self.add_space_prefix;
@@ -93,8 +97,66 @@ impl Tokenizer<'_> {
         if n > buf.len() {
             return Err(TokError::BufferTooSmall { needed: n, got: buf.len() });
         }
+        if self.kind == VocabKind::Wpm {
+            n = clean_up_spaces(&mut buf[..n]);
+        }
         Ok(n)
     }
+}
+
+/// llama.cpp's `clean_spaces` passes over decoded text, in place; returns the new length. Each
+/// pass compacts the text and reads its neighbours as they were before the pass.
+fn clean_up_spaces(text: &mut [u8]) -> usize {
+    // " ?", " !", " .", " ," lose their space.
+    let n =
+        compact(text, text.len(), |t, i| t[i - 1] == b' ' && matches!(t[i], b'?' | b'!' | b'.' | b','), 0);
+    // " ' " becomes "'".
+    let n =
+        compact(text, n, |t, i| t[i] == b'\'' && i + 1 < t.len() && t[i - 1] == b' ' && t[i + 1] == b' ', 1);
+    // " 's", " 'm", " 're", " 've" lose their space (" 't", " 'd", " 'll" keep it).
+    compact(
+        text,
+        n,
+        |t, i| {
+            t[i - 1] == b' '
+                && t[i] == b'\''
+                && matches!(
+                    (t.get(i + 1), t.get(i + 2)),
+                    (Some(b's' | b'm'), _) | (Some(b'r' | b'v'), Some(b'e'))
+                )
+        },
+        0,
+    )
+}
+
+/// One clean-up pass over `text[..n]`: where `drop_space(original, i)` holds for byte `i` (never
+/// the first), the space before it goes, and `skip_after` bytes after it too. Returns the new length.
+fn compact(text: &mut [u8], n: usize, drop_space: impl Fn(&[u8], usize) -> bool, skip_after: usize) -> usize {
+    if n == 0 {
+        return 0;
+    }
+    // In place: a write never lands past the byte being read, so a decision sees the bytes around
+    // it as they were, but for a skipped byte, which is blanked (llama.cpp writes a NUL there).
+    let mut w = 1;
+    let mut i = 1;
+    while i < n {
+        if drop_space(&text[..n], i) {
+            w -= 1;
+            text[w] = text[i];
+            w += 1;
+            for _ in 0..skip_after {
+                i += 1;
+                if i < n {
+                    text[i] = 0;
+                }
+            }
+        } else {
+            text[w] = text[i];
+            w += 1;
+        }
+        i += 1;
+    }
+    w
 }
 
 /// Joins token pieces into text that is always valid UTF-8: the bytes of a character split over

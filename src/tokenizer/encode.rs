@@ -1,7 +1,11 @@
 //! Encoding: special tokens cut out of the text, then each fragment by the vocabulary's algorithm
-//! (SentencePiece, or pre-tokenized words through BPE), into the caller's slice.
+//! (SentencePiece, pre-tokenized words through BPE, or WordPiece), into the caller's slice; and
+//! pairs of texts for cross-encoders.
 
-use super::{bpe, pretok, special, spm, Out, TokError, Tokenizer, VocabKind, SCRATCH, STACK_SCRATCH_WORDS};
+use super::heap::NONE;
+use super::{
+    bpe, pretok, special, spm, wpm, Out, TokError, Tokenizer, VocabKind, SCRATCH, STACK_SCRATCH_WORDS,
+};
 
 impl Tokenizer<'_> {
     /// Encodes `text` into `out` and returns the number of tokens, with llama.cpp's rules:
@@ -35,11 +39,80 @@ impl Tokenizer<'_> {
     ) -> Result<usize, TokError> {
         let got = out.len();
         let mut sink = Out { buf: out, n: 0 };
-        let too_small =
-            TokError::ScratchTooSmall { needed: self.scratch_words(text.len()), got: scratch.len() };
         if add_special && self.add_bos {
             sink.push(self.bos);
         }
+        self.encode_text(text, parse_special, &mut sink, scratch)?;
+        if add_special && self.end_token() != NONE {
+            sink.push(self.end_token());
+        }
+        if sink.n > got {
+            return Err(TokError::OutputTooSmall { needed: sink.n, got });
+        }
+        Ok(sink.n)
+    }
+
+    /// Encodes a pair of texts for a cross-encoder (a reranker's query and document) into `ids`,
+    /// and the token type of each (0 for the first part, 1 for the second) into `types`; returns
+    /// the number of tokens. WordPiece gives BERT's `[CLS] a [SEP] b [SEP]`, types 0 up to the first
+    /// `[SEP]`, 1 after it (HF's pair template); the other kinds give `BOS a EOS b EOS` with BOS and
+    /// EOS where the vocabulary adds them (llama.cpp's rerank prompt), the second part starting
+    /// after the first EOS. `parse_special` as in [`Tokenizer::encode`]. `scratch` as for the longer
+    /// text ([`Tokenizer::scratch_words`]); the shorter of `ids` and `types` limits the output
+    /// ([`TokError::OutputTooSmall`]).
+    pub fn encode_pair(
+        &self,
+        a: &str,
+        b: &str,
+        parse_special: bool,
+        ids: &mut [u32],
+        types: &mut [u32],
+        scratch: &mut [u32],
+    ) -> Result<usize, TokError> {
+        let got = ids.len().min(types.len());
+        let mut sink = Out { buf: &mut ids[..got], n: 0 };
+        if self.add_bos {
+            sink.push(self.bos);
+        }
+        let end = self.end_token();
+        self.encode_text(a, parse_special, &mut sink, scratch)?;
+        if end != NONE {
+            sink.push(end);
+        }
+        let second = sink.n;
+        self.encode_text(b, parse_special, &mut sink, scratch)?;
+        if end != NONE {
+            sink.push(end);
+        }
+        if sink.n > got {
+            return Err(TokError::OutputTooSmall { needed: sink.n, got });
+        }
+        for (i, t) in types[..sink.n].iter_mut().enumerate() {
+            *t = u32::from(i >= second);
+        }
+        Ok(sink.n)
+    }
+
+    /// The token that ends the text when special tokens are added: [SEP] for WordPiece, else EOS
+    /// where the vocabulary adds it; NONE when there is none.
+    fn end_token(&self) -> u32 {
+        match self.kind {
+            VocabKind::Wpm => self.sep,
+            _ if self.add_eos => self.eos,
+            _ => NONE,
+        }
+    }
+
+    /// The tokens of `text` (special tokens cut out first), no BOS or EOS.
+    fn encode_text(
+        &self,
+        text: &str,
+        parse_special: bool,
+        sink: &mut Out<'_>,
+        scratch: &mut [u32],
+    ) -> Result<(), TokError> {
+        let too_small =
+            TokError::ScratchTooSmall { needed: self.scratch_words(text.len()), got: scratch.len() };
         let mut prev_special = true; // SentencePiece: a space goes in front of text that follows a special token
         special::for_each_fragment(self, text, parse_special, scratch, &mut |frag, scratch| {
             match frag {
@@ -56,7 +129,7 @@ impl Tokenizer<'_> {
                                 piece.as_bytes(),
                                 self.add_space_prefix && prev_special,
                                 scratch,
-                                &mut sink,
+                                sink,
                             )
                             .map_err(|e| {
                                 if e == SCRATCH {
@@ -68,16 +141,22 @@ impl Tokenizer<'_> {
                         }
                         VocabKind::Bpe => {
                             pretok::split(self.pre, piece, &mut |c, d| {
-                                bpe::encode_word(self, &piece.as_bytes()[c..d], scratch, &mut sink)
-                                    .map_err(|e| if e == SCRATCH { too_small.clone() } else { e })
+                                bpe::encode_word(self, &piece.as_bytes()[c..d], scratch, sink).map_err(|e| {
+                                    if e == SCRATCH {
+                                        too_small.clone()
+                                    } else {
+                                        e
+                                    }
+                                })
                             })?;
                         }
                         VocabKind::SpmBpe => {
                             pretok::split_newline_runs(piece, &mut |c, d| {
-                                bpe::encode_word_spm(self, &piece.as_bytes()[c..d], scratch, &mut sink)
+                                bpe::encode_word_spm(self, &piece.as_bytes()[c..d], scratch, sink)
                                     .map_err(|e| if e == SCRATCH { too_small.clone() } else { e })
                             })?;
                         }
+                        VocabKind::Wpm => wpm::encode(self, piece, sink),
                     }
                     prev_special = false;
                 }
@@ -85,12 +164,6 @@ impl Tokenizer<'_> {
             Ok(())
         })
         .map_err(|e| if e == SCRATCH { too_small.clone() } else { e })?;
-        if add_special && self.add_eos {
-            sink.push(self.eos);
-        }
-        if sink.n > got {
-            return Err(TokError::OutputTooSmall { needed: sink.n, got });
-        }
-        Ok(sink.n)
+        Ok(())
     }
 }

@@ -25,6 +25,14 @@ const KEY_TOKENS: &str = "tokenizer.ggml.tokens";
 const KEY_TYPES: &str = "tokenizer.ggml.token_type";
 const KEY_SCORES: &str = "tokenizer.ggml.scores";
 const KEY_MERGES: &str = "tokenizer.ggml.merges";
+const KEY_CLS: &str = "tokenizer.ggml.cls_token_id";
+const KEY_SEP: &str = "tokenizer.ggml.seperator_token_id"; // sic, llama.cpp's spelling
+const KEY_UNK: &str = "tokenizer.ggml.unknown_token_id";
+
+/// llama.cpp's default WordPiece ids (BERT's vocabulary): [CLS], [SEP], [UNK].
+const WPM_CLS: u32 = 101;
+const WPM_SEP: u32 = 102;
+const WPM_UNK: u32 = 100;
 
 /// Token texts llama.cpp makes control tokens (and end-of-generation ones) whatever their type:
 /// its lists of EOG texts, and of EOT/EOM/FIM texts (used only when the file names no id for them).
@@ -143,12 +151,16 @@ impl Plan {
             "gpt2" => VocabKind::Bpe,
             "llama" => VocabKind::Spm,
             "gemma4" => VocabKind::SpmBpe,
+            "bert" => VocabKind::Wpm,
             other => return Err(TokError::UnsupportedModel { model: name_of(other) }),
         };
         let (pre, ignore_merges, add_bos_default) = match kind {
             VocabKind::Spm => (PreTokenizer::Default, false, true),
             // Its split is fixed (runs of newlines); llama.cpp adds BOS whatever the file says.
             VocabKind::SpmBpe => (PreTokenizer::Default, false, true),
+            // BERT's split is fixed too (`tokenizer.ggml.pre` only names the model); so are [CLS]
+            // and [SEP] around the text.
+            VocabKind::Wpm => (PreTokenizer::Default, false, true),
             VocabKind::Bpe => {
                 let name = g.get_str_opt(KEY_PRE)?.unwrap_or("default");
                 let e = pretok::lookup_pre(name)
@@ -187,7 +199,7 @@ impl Plan {
         }
         let n_merges = match kind {
             VocabKind::Bpe | VocabKind::SpmBpe => g.get_array(KEY_MERGES, ValueType::String)?.len(),
-            VocabKind::Spm => 0,
+            VocabKind::Spm | VocabKind::Wpm => 0,
         };
         // Load factors of at most 2/3 (linear probing).
         let tok_cap = (n + n / 2 + 1).next_power_of_two().max(16);
@@ -350,6 +362,10 @@ impl<'a> Tokenizer<'a> {
             single_byte: [NONE; 256],
             bos: NONE,
             eos: NONE,
+            sep: NONE,
+            unk: NONE,
+            lowercase: false,
+            strip_accents: false,
             add_bos: false,
             add_eos: false,
             add_space_prefix: plan.kind == VocabKind::Spm,
@@ -408,6 +424,7 @@ impl<'a> Tokenizer<'a> {
                     tok.find(&&byte_token_text(b)[..]).or_else(|| tok.find(&&[b][..])).unwrap_or(NONE)
                 }
                 VocabKind::SpmBpe => tok.find(&&byte_token_text(b)[..]).unwrap_or(NONE),
+                VocabKind::Wpm => NONE, // no byte fallback: what cannot be spelled is [UNK]
             };
             tok.single_byte[b as usize] = tok.find(&&[b][..]).unwrap_or(NONE);
         }
@@ -581,6 +598,7 @@ impl<'a> Tokenizer<'a> {
             VocabKind::Spm => (1, 2),
             VocabKind::Bpe => (11, 11),
             VocabKind::SpmBpe => (NONE, NONE),
+            VocabKind::Wpm => (WPM_CLS, NONE),
         };
         let id = |key: &str, default: u32| -> Result<u32, TokError> {
             let default = if default < n { default } else { NONE };
@@ -599,12 +617,48 @@ impl<'a> Tokenizer<'a> {
         if let Some(p) = g.get_bool_opt("tokenizer.ggml.add_space_prefix")? {
             self.add_space_prefix = p;
         }
+        if self.kind == VocabKind::Wpm {
+            self.read_wpm_ids(g, &id)?;
+        }
         if self.add_bos && self.bos == NONE {
             return Err(bad("tokenizer.ggml.add_bos_token", "is true but there is no BOS token id", 0));
         }
         if self.add_eos && self.eos == NONE {
             return Err(bad("tokenizer.ggml.add_eos_token", "is true but there is no EOS token id", 0));
         }
+        Ok(())
+    }
+
+    /// WordPiece: [CLS] (the BOS id, else `cls_token_id`), [SEP] and [UNK] with llama.cpp's
+    /// defaults, all required; the normalizer's switches. [CLS] and [SEP] always go around the text
+    /// (llama.cpp's WPM ignores the add_* flags), so add_bos is set and add_eos cleared.
+    fn read_wpm_ids(
+        &mut self,
+        g: &Gguf<'_>,
+        id: &impl Fn(&str, u32) -> Result<u32, TokError>,
+    ) -> Result<(), TokError> {
+        if g.get("tokenizer.ggml.bos_token_id").is_none() {
+            self.bos = id(KEY_CLS, WPM_CLS)?;
+        }
+        self.sep = id(KEY_SEP, WPM_SEP)?;
+        self.unk = id(KEY_UNK, WPM_UNK)?;
+        for (key, v, default) in
+            [(KEY_CLS, self.bos, WPM_CLS), (KEY_SEP, self.sep, WPM_SEP), (KEY_UNK, self.unk, WPM_UNK)]
+        {
+            if v == NONE {
+                return Err(bad(
+                    key,
+                    "a WordPiece vocabulary needs this token; the file names none in range and the \
+                     default id is outside the vocabulary",
+                    u64::from(default),
+                ));
+            }
+        }
+        self.add_bos = true;
+        self.add_eos = false;
+        self.lowercase = g.get_bool_opt("tokenizer.ggml.normalizer.lowercase")?.unwrap_or(true);
+        self.strip_accents =
+            g.get_bool_opt("tokenizer.ggml.normalizer.strip_accents")?.unwrap_or(self.lowercase);
         Ok(())
     }
 }

@@ -1,13 +1,18 @@
 //! Tokenizers built from GGUF metadata that give llama.cpp's token ids, and a UTF-8-safe
 //! detokenizer. Nothing here allocates (but std's [`OwnedTokenizer`], once, for its tables).
 //!
-//! Two vocabulary kinds (`tokenizer.ggml.model`):
+//! Four vocabulary kinds (`tokenizer.ggml.model`):
 //! * `gpt2`: byte-level BPE. Text is cut into words by the pre-tokenizer named by
 //!   `tokenizer.ggml.pre` ([`PreTokenizer`], hand-written equivalents of llama.cpp's regexes), and
 //!   each word's bytes are merged pairwise by merge rank (`tokenizer.ggml.merges`, rank = index).
 //! * `llama`: SentencePiece-style BPE (Gemma 3, TinyLlama, Llama 2): spaces become U+2581, an
 //!   optional space is put in front, and adjacent pieces merge by highest score
 //!   (`tokenizer.ggml.scores`); what is left that is not a token falls back to `<0xNN>` byte tokens.
+//! * `gemma4`: SentencePiece-style BPE ([`VocabKind::SpmBpe`]).
+//! * `bert`: WordPiece (`wpm`): lower-cased and accent-stripped as the file says, cut at white
+//!   space, punctuation and CJK ideographs, each word the longest pieces from its start, `[CLS] ...
+//!   [SEP]` around it; [`Tokenizer::encode_pair`] gives a cross-encoder's `[CLS] a [SEP] b [SEP]`
+//!   with its token types.
 //!
 //! Before either runs, special tokens (types CONTROL and USER_DEFINED, and UNKNOWN) are cut out of
 //! the raw text the way llama.cpp's `tokenizer_st_partition` does: longest token text first, each
@@ -35,11 +40,18 @@
 //!   tokens are dropped; vocabularies crafted so that texts collide in the hash tables are refused;
 //! * a BPE token whose text is not byte-level decodes to its raw text (llama.cpp writes
 //!   `[UNK_BYTE_0x...]`); decoding does not apply llama.cpp's `clean_up_tokenization_spaces` (it
-//!   changes text, e.g. `" ,"` to `","`).
+//!   changes text, e.g. `" ,"` to `","`) but for WordPiece, where every punctuation mark is a word
+//!   of its own and llama.cpp always applies it.
+//! * WordPiece follows HF tokenizers (the tokenizer BERT models were trained with) where llama.cpp
+//!   differs from it: words of more than 100 characters are `[UNK]` (llama.cpp matches them),
+//!   accent stripping drops only nonspacing marks (llama.cpp drops Mc and Me marks too) and
+//!   decomposes Hangul syllables into their jamo, U+000B, U+000C and U+0085 are dropped as control
+//!   characters (llama.cpp splits words there), and lower-casing without accent stripping turns
+//!   U+0130 into "i" and U+0307 (llama.cpp: "i").
 //!
 //! Here: the vocabulary kind, token attributes, the error type and the tokenizer with its table
 //! lookups. `load`: building the tables from the file; `hash`: their hashing and lookup keys;
-//! `encode` with `special` (special tokens cut out), `pretok`, `bpe` and `spm`; `decode`: pieces
+//! `encode` with `special` (special tokens cut out), `pretok`, `bpe`, `spm` and `wpm`; `decode`: pieces
 //! and the UTF-8-safe [`StreamDecoder`]; `owned` (std): [`OwnedTokenizer`], the tables in a heap
 //! buffer the tokenizer owns.
 
@@ -56,6 +68,7 @@ mod special;
 mod spm;
 mod unicode;
 mod unicode_tables;
+mod wpm;
 
 use core::fmt;
 
@@ -66,6 +79,7 @@ pub use decode::StreamDecoder;
 pub use owned::OwnedTokenizer;
 pub use pretok::PreTokenizer;
 pub use unicode_tables::UNICODE_VERSION;
+pub use wpm::MAX_WORD_CHARS;
 
 use hash::{merge_hash, Key};
 use heap::NONE;
@@ -94,6 +108,9 @@ pub enum VocabKind {
     /// text split only at runs of newlines, BPE merges over raw UTF-8 characters (not byte-level
     /// ones), `<0xNN>` tokens for bytes no token holds.
     SpmBpe,
+    /// WordPiece (`tokenizer.ggml.model = bert`): BERT's normalization and word splits, greedy
+    /// longest pieces per word, `[CLS]`/`[SEP]` around the text.
+    Wpm,
 }
 
 /// Token attributes, as llama.cpp derives them from `tokenizer.ggml.token_type` (bit values of
@@ -214,8 +231,8 @@ impl fmt::Display for TokError {
             Self::Metadata(e) => write!(f, "tokenizer metadata: {e}"),
             Self::UnsupportedModel { model } => write!(
                 f,
-                "tokenizer.ggml.model {model:?} is not supported (supported: gpt2, llama); use a model \
-                 with a BPE or SentencePiece vocabulary"
+                "tokenizer.ggml.model {model:?} is not supported (supported: gpt2, llama, gemma4, \
+                 bert); use a model with a BPE, SentencePiece or WordPiece vocabulary"
             ),
             Self::UnsupportedPre { pre } => {
                 write!(f, "tokenizer.ggml.pre {pre:?} is not supported (supported: ")?;
@@ -301,6 +318,12 @@ pub struct Tokenizer<'a> {
     single_byte: [u32; 256],
     bos: u32,
     eos: u32,
+    /// WordPiece: the separator (`[SEP]`) and unknown (`[UNK]`) tokens; NONE for the other kinds.
+    sep: u32,
+    unk: u32,
+    /// WordPiece normalization (`tokenizer.ggml.normalizer.*`).
+    lowercase: bool,
+    strip_accents: bool,
     add_bos: bool,
     add_eos: bool,
     add_space_prefix: bool,
@@ -323,6 +346,8 @@ impl fmt::Debug for Tokenizer<'_> {
             .field("add_bos", &self.add_bos)
             .field("add_eos", &self.add_eos)
             .field("add_space_prefix", &self.add_space_prefix)
+            .field("sep", &self.sep())
+            .field("unk", &self.unk())
             .finish_non_exhaustive()
     }
 }
@@ -353,12 +378,24 @@ impl Tokenizer<'_> {
         (self.eos != NONE).then_some(self.eos)
     }
 
+    /// WordPiece: the token that ends each part (`[SEP]`), which encoding with `add_special` puts
+    /// last; none for the other kinds. Its first token (`[CLS]`) is [`Tokenizer::bos`].
+    pub fn sep(&self) -> Option<u32> {
+        (self.sep != NONE).then_some(self.sep)
+    }
+
+    /// WordPiece: the token of words the vocabulary cannot spell (`[UNK]`); none for the other kinds.
+    pub fn unk(&self) -> Option<u32> {
+        (self.unk != NONE).then_some(self.unk)
+    }
+
     /// Whether encoding with `add_special` puts BOS first (`tokenizer.ggml.add_bos_token`).
     pub fn add_bos(&self) -> bool {
         self.add_bos
     }
 
-    /// Whether encoding with `add_special` puts EOS last (`tokenizer.ggml.add_eos_token`).
+    /// Whether encoding with `add_special` puts EOS last (`tokenizer.ggml.add_eos_token`; never for
+    /// WordPiece, which ends with [`Tokenizer::sep`] instead, as llama.cpp does whatever the file says).
     pub fn add_eos(&self) -> bool {
         self.add_eos
     }

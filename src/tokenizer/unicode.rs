@@ -1,8 +1,11 @@
 //! What the pre-tokenizers need to know about a code point (its class and whether it is white space),
-//! UTF-8 stepping over `&str` bytes, GPT-2's byte-level mapping between bytes and characters, and
-//! SentencePiece's escaped space.
+//! BERT's accent stripping and lower-casing of it, UTF-8 stepping over `&str` bytes, GPT-2's
+//! byte-level mapping between bytes and characters, and SentencePiece's escaped space.
 
-use super::unicode_tables::{N_RANGES, RANGE_CLASS, RANGE_START, WHITESPACE};
+use super::unicode_tables::{
+    LOWER_DELTA, LOWER_RUNS, N_RANGES, RANGE_CLASS, RANGE_START, STRIP_ASTRAL_FROM, STRIP_ASTRAL_TO,
+    STRIP_BMP_FROM, STRIP_BMP_TO, STRIP_MULTI_FROM, STRIP_MULTI_TO, WHITESPACE,
+};
 
 /// U+2581 in UTF-8, SentencePiece's escaped space.
 pub(crate) const SPACE: [u8; 3] = [0xE2, 0x96, 0x81];
@@ -21,6 +24,11 @@ impl Flags {
     const WHITESPACE: u8 = 16;
     /// Set for every code point inside the text (whatever its class).
     const IN: u8 = 32;
+    /// Nonspacing marks (Mn), a part of [`Flags::MARK`]: what BERT's accent stripping drops.
+    const NONSPACING: u8 = 64;
+    /// Control, format, surrogate and private use characters (Cc Cf Cs Co; not unassigned ones):
+    /// what BERT's normalizer drops.
+    const CONTROL: u8 = 128;
 
     /// No code point: a position past either end of the piece of text being split.
     pub(crate) const OUT: Flags = Flags(0);
@@ -31,6 +39,8 @@ impl Flags {
             2 => Self::LETTER,
             4 => Self::MARK,
             5 => Self::PUNCTUATION,
+            7 => Self::CONTROL,
+            8 => Self::MARK | Self::NONSPACING,
             _ => 0,
         };
         Flags(bits | Self::IN | if whitespace { Self::WHITESPACE } else { 0 })
@@ -58,6 +68,18 @@ impl Flags {
     #[inline]
     pub(crate) fn is_punctuation(self) -> bool {
         self.0 & Self::PUNCTUATION != 0
+    }
+
+    /// General category Mn.
+    #[inline]
+    pub(crate) fn is_nonspacing_mark(self) -> bool {
+        self.0 & Self::NONSPACING != 0
+    }
+
+    /// General category Cc, Cf, Cs or Co (not Cn).
+    #[inline]
+    pub(crate) fn is_control(self) -> bool {
+        self.0 & Self::CONTROL != 0
     }
 
     /// `\s` (the White_Space property).
@@ -122,6 +144,83 @@ pub(crate) fn flags(cp: u32) -> Flags {
     }
     let ws = matches!(cp, 0x1680 | 0x2000..=0x200A | 0x2028 | 0x2029 | 0x202F | 0x205F | 0x3000);
     Flags::from_class(class_by_search(cp), ws)
+}
+
+/// What a code point becomes under one of BERT's mappings: none to three code points.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Mapped {
+    cps: [u32; 3],
+    len: u8,
+}
+
+impl Mapped {
+    /// The code point itself.
+    pub(crate) fn one(cp: u32) -> Self {
+        Mapped { cps: [cp, 0, 0], len: 1 }
+    }
+
+    pub(crate) fn as_slice(&self) -> &[u32] {
+        &self.cps[..self.len as usize]
+    }
+}
+
+const HANGUL_FIRST: u32 = 0xAC00;
+const HANGUL_LAST: u32 = 0xD7A3;
+
+/// BERT's `strip_accents` of one code point: its canonical decomposition (NFD, as HF tokenizers
+/// computes it) without nonspacing marks; nothing for a nonspacing mark.
+pub(crate) fn strip_accents(cp: u32) -> Mapped {
+    let one = Mapped::one;
+    if flags(cp).is_nonspacing_mark() {
+        return Mapped { cps: [0; 3], len: 0 };
+    }
+    if (HANGUL_FIRST..=HANGUL_LAST).contains(&cp) {
+        // Unicode's arithmetic decomposition into leading consonant, vowel and optional trailing one.
+        let s = cp - HANGUL_FIRST;
+        let (l, v, t) = (0x1100 + s / 588, 0x1161 + (s % 588) / 28, s % 28);
+        return Mapped { cps: [l, v, 0x11A7 + t], len: if t == 0 { 2 } else { 3 } };
+    }
+    if cp <= 0xFFFF {
+        if let Ok(i) = STRIP_BMP_FROM.binary_search(&(cp as u16)) {
+            return one(u32::from(STRIP_BMP_TO[i]));
+        }
+    } else if let Ok(i) = STRIP_ASTRAL_FROM.binary_search(&cp) {
+        return one(STRIP_ASTRAL_TO[i]);
+    }
+    match STRIP_MULTI_FROM.binary_search(&cp) {
+        Ok(i) => {
+            let cps = STRIP_MULTI_TO[i];
+            Mapped { cps, len: cps.iter().take_while(|&&c| c != 0).count() as u8 }
+        }
+        Err(_) => one(cp),
+    }
+}
+
+/// The simple lowercase mapping of `cp` (itself when it has none). U+0130, the one code point
+/// whose full mapping is longer, maps to 'i' here: see [`lowercase_full`].
+pub(crate) fn lowercase(cp: u32) -> u32 {
+    if cp < 0x80 {
+        return (cp as u8).to_ascii_lowercase() as u32;
+    }
+    // The last run starting at or before cp.
+    let i = LOWER_RUNS.partition_point(|&r| r >> 11 <= cp);
+    let Some(&run) = i.checked_sub(1).and_then(|i| LOWER_RUNS.get(i)) else { return cp };
+    let (start, count, spacing) = (run >> 11, (run >> 1) & 0x3FF, (run & 1) + 1);
+    let k = cp - start;
+    if k < count * spacing && k % spacing == 0 {
+        cp.wrapping_add_signed(LOWER_DELTA[i - 1])
+    } else {
+        cp
+    }
+}
+
+/// The full lowercase mapping (as Rust's `char::to_lowercase`, which HF tokenizers uses): the simple
+/// one but for U+0130, which becomes "i" and U+0307.
+pub(crate) fn lowercase_full(cp: u32) -> Mapped {
+    if cp == 0x130 {
+        return Mapped { cps: ['i' as u32, 0x307, 0], len: 2 };
+    }
+    Mapped::one(lowercase(cp))
 }
 
 /// The character starting at byte `i` of `s` (valid UTF-8, `i` on a boundary) and its length.
@@ -252,6 +351,55 @@ mod tests {
         assert!(!flags(0x1C89).is_letter());
         // Assigned in 15.1 (CJK Extension I).
         assert!(flags(0x2EBF0).is_letter());
+        // BERT's classes: Mn apart from the other marks, category C.
+        assert!(flags(0x0301).is_nonspacing_mark() && flags(0x0301).is_mark());
+        assert!(flags(0x093E).is_mark() && !flags(0x093E).is_nonspacing_mark(), "Devanagari AA is Mc");
+        assert!(flags(0x00).is_control() && flags(0x200B).is_control() && flags(0xE000).is_control());
+        assert!(!flags(0x0378).is_control(), "unassigned");
+        assert!(!flags('a' as u32).is_control() && !flags(' ' as u32).is_control());
+    }
+
+    #[test]
+    fn accents_strip_and_letters_lowercase() {
+        let strip = |c: char| strip_accents(c as u32).as_slice().to_vec();
+        assert_eq!(strip('é'), ['e' as u32]);
+        assert_eq!(strip('Å'), ['A' as u32]);
+        assert_eq!(strip('\u{212B}'), ['A' as u32], "ANGSTROM SIGN");
+        assert_eq!(strip('ǖ'), ['u' as u32], "two marks");
+        assert!(strip('\u{0301}').is_empty(), "a lone accent");
+        assert_eq!(strip('a'), ['a' as u32]);
+        assert_eq!(strip('한'), [0x1112, 0x1161, 0x11AB]);
+        assert_eq!(strip('하'), [0x1112, 0x1161]);
+        assert_eq!(strip('\u{0DDA}'), [0x0DD9], "Sinhala: the Mn of its decomposition dropped");
+        assert_eq!(strip('\u{0DDD}'), [0x0DD9, 0x0DCF]);
+        assert_eq!(strip('\u{F900}'), [0x8C48], "CJK compatibility ideograph");
+        assert_eq!(strip('\u{2F800}'), [0x4E3D]);
+        assert_eq!(strip('ñ'), ['n' as u32]);
+        let lower = |c: char| char::from_u32(lowercase(c as u32)).unwrap();
+        assert_eq!(lower('A'), 'a');
+        assert_eq!(lower('Z'), 'z');
+        assert_eq!(lower('É'), 'é');
+        assert_eq!(lower('Ā'), 'ā');
+        assert_eq!(lower('ā'), 'ā');
+        assert_eq!(lower('Σ'), 'σ');
+        assert_eq!(lower('Ж'), 'ж');
+        assert_eq!(lower('Ａ'), 'ａ');
+        assert_eq!(lower('\u{10400}'), '\u{10428}', "Deseret");
+        assert_eq!(lower('\u{212A}'), 'k', "KELVIN SIGN");
+        assert_eq!(lower('İ'), 'i');
+        assert_eq!(lowercase_full(0x130).as_slice(), ['i' as u32, 0x307]);
+        assert_eq!(lower('1'), '1');
+        assert_eq!(lower('日'), '日');
+        // Agrees with Rust's own mapping wherever that is one code point (its Unicode may be newer:
+        // only assigned code points of our table are compared).
+        for c in (0..0x110000u32).filter_map(char::from_u32) {
+            let mut std_lower = c.to_lowercase();
+            if let (Some(l), None) = (std_lower.next(), std_lower.next()) {
+                if class_by_search(c as u32) != 0 && class_by_search(l as u32) != 0 {
+                    assert_eq!(lowercase(c as u32), l as u32, "U+{:04X}", c as u32);
+                }
+            }
+        }
     }
 
     #[test]
