@@ -176,9 +176,7 @@ pub fn rerank(args: RerankArgs) -> Result<(), CliError> {
     let mut session = load(&args.common, &path, Some(Pooling::Rank))?;
     let query = tokens_of(&args.common, &path, &session, std::slice::from_ref(&args.query))?.remove(0);
     let docs = tokens_of(&args.common, &path, &session, &docs)?;
-    // A pair is the query's tokens then the document's without its first ([CLS] q [SEP] d [SEP]).
-    let pairs: Vec<Vec<u32>> =
-        docs.iter().map(|d| query.iter().chain(d.iter().skip(1)).copied().collect()).collect();
+    let pairs: Vec<Vec<u32>> = docs.iter().map(|d| rerank_pair(&query, d)).collect();
     let refs: Vec<&[u32]> = pairs.iter().map(Vec::as_slice).collect();
     let opts = EmbedOptions { normalize: Normalize::None, truncate: args.common.truncate };
     let out = embed(&mut session, &refs, &opts)?;
@@ -189,6 +187,12 @@ pub fn rerank(args: RerankArgs) -> Result<(), CliError> {
     }
     out!("{text}")?;
     Ok(())
+}
+
+/// A reranker's input: the query's tokens then the document's without its first
+/// (`[CLS] q [SEP] d [SEP]`), as `pinfer rerank` and the server's /rerank build it.
+pub fn rerank_pair(query: &[u32], doc: &[u32]) -> Vec<u32> {
+    query.iter().chain(doc.iter().skip(1)).copied().collect()
 }
 
 /// Every vector, in input order (one per input, or one per token without pooling).

@@ -74,6 +74,8 @@ pub enum Request {
         action: SlotAction,
         reply: tokio::sync::oneshot::Sender<Result<SlotDone, String>>,
     },
+    /// Inputs to embed (an encoder's server runs them: [`super::embeddings::Engine`]).
+    Embed(Box<super::embeddings::Job>),
 }
 
 pub enum SlotAction {
@@ -292,6 +294,8 @@ impl<'t> Engine<'t> {
             Request::Slot { slot, action, reply } => {
                 let _ = reply.send(self.slot_action(slot, action));
             }
+            // (The handlers send none to a generating model's server.)
+            Request::Embed(job) => job.refuse(),
         }
     }
 
