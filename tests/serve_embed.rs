@@ -459,3 +459,25 @@ fn a_generating_model_refuses_embeddings_and_is_refused_by_embedding() {
     assert!(!out.status.success());
     assert!(text_of(&out.stderr).contains("generates text"), "{}", text_of(&out.stderr));
 }
+
+#[test]
+fn the_python_clients_embed_through_the_server() {
+    if cli_support::through_qemu().is_some() {
+        return; // the protocol is the same on every CPU: checked on the host tier
+    }
+    // all-MiniLM-L6-v2 (scripts/setup.sh minilm), against llama-embedding's vectors.
+    let server = Server::start("models/all-MiniLM-L6-v2.F16.gguf", &["--embedding"]);
+    let out = std::process::Command::new("python3")
+        .arg(repo_file("scripts/serve_clients.py"))
+        .arg("--embedding")
+        .arg(format!("http://127.0.0.1:{}", server.port))
+        .arg(repo_file("tests/golden/embeddings/minilm-f16.llama.json"))
+        .output()
+        .expect("running python3 (scripts/setup.sh installs it and the pinned clients)");
+    assert!(
+        out.status.success() && text_of(&out.stdout).contains("serve_clients: ok"),
+        "stdout: {}\nstderr: {}",
+        text_of(&out.stdout),
+        text_of(&out.stderr)
+    );
+}
