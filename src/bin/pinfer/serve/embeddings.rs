@@ -26,7 +26,7 @@ use pinfer::session::Session;
 use serde_json::{json, Map, Value};
 
 use super::api::{read_json, ApiError, Fields};
-use super::slots::{Event, Request as EngineRequest, Stats};
+use super::slots::{EmbedJob as Job, Event, Request as EngineRequest, Stats};
 use super::{AppState, Shared};
 
 /// What the handlers know of the encoder being served.
@@ -36,20 +36,6 @@ pub struct Served {
     pub width: usize,
     /// The most tokens of one input: one batch, within the context.
     pub limit: usize,
-}
-
-/// Inputs to embed, with the handler waiting for their vectors.
-pub struct Job {
-    inputs: Vec<Vec<u32>>,
-    opts: EmbedOptions,
-    reply: tokio::sync::oneshot::Sender<Result<Embeddings, EmbedError>>,
-}
-
-impl Job {
-    /// The answer of a generating model's engine.
-    pub fn refuse(self) {
-        let _ = self.reply.send(Err(EmbedError::NotAnEncoder));
-    }
 }
 
 /// Batches per chunk of a job: between chunks the engine sees a client that left, or a stop.
@@ -171,7 +157,8 @@ async fn run_job(
     if shared.stop.load(Ordering::Relaxed) {
         return Err(ApiError::unavailable("the server is shutting down"));
     }
-    if shared.in_flight.fetch_add(1, Ordering::Relaxed) >= state.opts.queue + 1 {
+    // One job runs, `--queue` wait.
+    if shared.in_flight.fetch_add(1, Ordering::Relaxed) > state.opts.queue {
         shared.in_flight.fetch_sub(1, Ordering::Relaxed);
         return Err(ApiError::unavailable("the server is busy: the queue is full"));
     }

@@ -74,8 +74,22 @@ pub enum Request {
         action: SlotAction,
         reply: tokio::sync::oneshot::Sender<Result<SlotDone, String>>,
     },
-    /// Inputs to embed (an encoder's server runs them: [`super::embeddings::Engine`]).
-    Embed(Box<super::embeddings::Job>),
+    /// Inputs to embed (an encoder's server runs them: `embeddings::Engine`).
+    Embed(Box<EmbedJob>),
+}
+
+/// Inputs to embed, with the handler waiting for their vectors.
+pub struct EmbedJob {
+    pub inputs: Vec<Vec<u32>>,
+    pub opts: pinfer::embed::EmbedOptions,
+    pub reply: tokio::sync::oneshot::Sender<Result<pinfer::embed::Embeddings, pinfer::embed::EmbedError>>,
+}
+
+impl EmbedJob {
+    /// The answer of a generating model's engine.
+    pub fn refuse(self) {
+        let _ = self.reply.send(Err(pinfer::embed::EmbedError::NotAnEncoder));
+    }
 }
 
 pub enum SlotAction {

@@ -255,7 +255,7 @@ fn load_encoder(
     if gen.batch.is_none() && gen.ubatch.is_none() {
         opts.n_batch = EMBEDDING_BATCH;
     }
-    opts.n_seq = n_seq.max(EMBEDDING_SEQUENCES).min(pinfer::engine::MAX_SEQ);
+    opts.n_seq = n_seq.clamp(EMBEDDING_SEQUENCES, pinfer::engine::MAX_SEQ);
     opts.pooling = pooling;
     opts.logits_all = pooling == Some(Pooling::None);
     let session = runtime.load(path, opts, gen.verbose)?;
