@@ -32,5 +32,5 @@ fi
 cmake -S "$root/src/vendor/llama.cpp" -B "$root/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF \
   -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_OPENMP=OFF -DLLAMA_CURL=OFF \
   -DBUILD_SHARED_LIBS=OFF >&2
-cmake --build "$root/build" --target llama-bench llama-simple llama-quantize -j "$(nproc)" >&2
+cmake --build "$root/build" --target llama-bench llama-simple llama-quantize llama-embedding -j "$(nproc)" >&2
 echo "$bin"
