@@ -201,6 +201,7 @@ fn load_engine<'s>(
         opts.n_ctx = (total_ctx / n_seq).max(1);
     }
     let session = runtime.load(&path, opts, gen.verbose)?;
+    crate::gen_args::refuse_encoder(&session, &path)?;
     let tok = crate::tokenize::tokenizer(&path, session.gguf())?;
     let gguf = session.gguf();
     let chat_template_text = gguf.get_str_opt("tokenizer.chat_template").ok().flatten().map(str::to_string);
