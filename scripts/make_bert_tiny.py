@@ -66,7 +66,8 @@ def weights(rng):
 
 
 def vocab():
-    words = [f'w{i}' for i in range(V - 5)]
+    # (llama.cpp's converter marks a word's start with U+2581, as its WPM tokenizer looks words up.)
+    words = [f'\u2581w{i}' for i in range(V - 5)]
     return ['[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]'] + words
 
 
@@ -86,7 +87,8 @@ def write(out, t):
     w.add_tokenizer_model('bert')
     w.add_token_list(toks)
     w.add_token_types([3] * 5 + [1] * (V - 5))
-    for key, tok in (('unknown', 1), ('padding', 0), ('cls', 2), ('seperator', 3), ('mask', 4)):
+    # (llama.cpp's WPM tokenizer starts with BOS and ends with SEP/EOS: [CLS] and [SEP].)
+    for key, tok in (('unknown', 1), ('padding', 0), ('bos', 2), ('eos', 3), ('cls', 2), ('seperator', 3), ('mask', 4)):
         w.add_uint32(f'tokenizer.ggml.{key}_token_id', tok)
     for name, a in t.items():
         w.add_tensor(name, a)

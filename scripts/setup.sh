@@ -209,7 +209,7 @@ make_qwen2moe_tiny() {
 # The tiny random BERT encoder (scripts/make_bert_tiny.py, no vocabulary of another model); its
 # reference (tests/golden/bert-tiny.embed.json) is the script's float64 NumPy forward pass.
 make_bert_tiny() {
-  local file="$TINY_DIR/bert-tiny.gguf" sha=538ac26a437ae9745da40fde0da297f198bab8f062d1addf286cc5446e95ccb4
+  local file="$TINY_DIR/bert-tiny.gguf" sha=df0dd1cfc37b5bad888045df6e0b3c4029a9e45b1ba93c8ab6db50c27c0ba1b5
   if echo "$sha  $file" | sha256sum -c --status 2>/dev/null; then
     log "$file present"
     return
