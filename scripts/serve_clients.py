@@ -6,18 +6,26 @@ runs this; by hand:
     pinfer serve -m MODEL --port 8080 -c 1024 &
     scripts/serve_clients.py http://127.0.0.1:8080
 
+and for an embedding model (all-MiniLM-L6-v2's F16 GGUF, against llama-embedding's golden vectors):
+
+    pinfer serve -m models/all-MiniLM-L6-v2.F16.gguf --embedding --port 8080 &
+    scripts/serve_clients.py --embedding http://127.0.0.1:8080 tests/golden/embeddings/minilm-f16.llama.json
+
 Greedy (temperature 0) everywhere, so streamed and whole answers must be the same text.
 Exit status 0 and "serve_clients: ok" when every check passed.
 """
 import json
 import sys
+import urllib.request
 
 import anthropic
 import jsonschema
 import ollama
 import openai
 
-URL = sys.argv[1] if len(sys.argv) > 1 else "http://127.0.0.1:8080"
+EMBEDDING = sys.argv[1:2] == ["--embedding"]
+ARGS = sys.argv[2:] if EMBEDDING else sys.argv[1:]
+URL = ARGS[0] if ARGS else "http://127.0.0.1:8080"
 N = 8
 MESSAGES = [{"role": "user", "content": "Tell me a long story about a dragon."}]
 
@@ -255,7 +263,66 @@ def responses_checks(openai_text):
     check(back.status in ("completed", "incomplete") and back.output, f"responses after call: {back}")
 
 
+def cosine(a, b):
+    dot = sum(x * y for x, y in zip(a, b))
+    return dot / ((sum(x * x for x in a) ** 0.5) * (sum(y * y for y in b) ** 0.5))
+
+
+def embedding_checks(golden_path):
+    """openai's embeddings.create (base64, its default, and float; token arrays; dimensions) and
+    ollama's embed and embeddings, each vector within cosine 0.9999 of llama-embedding's."""
+    with open(golden_path) as f:
+        golden = json.load(f)
+    texts, want, ids = golden["inputs"], golden["vectors"], golden["ids"]
+    # Inputs pinfer tokenizes as llama.cpp does (its WordPiece splits Hangul otherwise; HF
+    # tokenizers is the reference there, tests/golden/tokenizer-wpm): their vectors must agree.
+    mine = [json.loads(urllib.request.urlopen(urllib.request.Request(
+        f"{URL}/tokenize", data=json.dumps({"content": t, "add_special": True}).encode(),
+        headers={"Content-Type": "application/json"})).read())["tokens"] for t in texts]
+    same = [i for i in range(len(texts)) if mine[i] == ids[i]]
+    check(len(same) >= len(texts) - 2, f"tokenized as llama.cpp: {len(same)} of {len(texts)}")
+    client = openai.OpenAI(base_url=f"{URL}/v1", api_key="none")
+    for fmt in (openai.omit, "float"):
+        got = client.embeddings.create(model="minilm", input=texts, encoding_format=fmt)
+        check(len(got.data) == len(texts) and [d.index for d in got.data] == list(range(len(texts))),
+              f"openai embeddings: one per input, in order ({fmt})")
+        check(got.usage.prompt_tokens == sum(map(len, mine)), f"openai usage: {got.usage}")
+        for i in same:
+            c = cosine(got.data[i].embedding, want[i])
+            check(c >= 0.9999, f"openai embeddings ({fmt}) input {i}: cosine {c} to llama-embedding's")
+    by_ids = client.embeddings.create(model="minilm", input=ids[:3])
+    check(all(cosine(d.embedding, want[i]) >= 0.9999 for i, d in enumerate(by_ids.data)), "token-array inputs")
+    short = client.embeddings.create(model="minilm", input=texts[0], dimensions=128, encoding_format="float")
+    v = short.data[0].embedding
+    check(len(v) == 128 and abs(sum(x * x for x in v) - 1) < 1e-4, "dimensions 128: cut and normalised")
+    try:
+        client.embeddings.create(model="minilm", input="", encoding_format="float")
+        check(False, "an empty input is refused")
+    except openai.BadRequestError as e:
+        check("Input content cannot be empty" in str(e), f"empty input: {e}")
+    oc = ollama.Client(host=URL)
+    got = oc.embed(model="minilm", input=texts[:10])
+    check(len(got.embeddings) == 10 and got.prompt_eval_count == sum(map(len, mine[:10])), f"ollama embed: {got}")
+    for i in (i for i in same if i < 10):
+        c = cosine(got.embeddings[i], want[i])
+        check(c >= 0.9999, f"ollama embed input {i}: cosine {c}")
+    one = oc.embed(model="minilm", input=texts[0], dimensions=64, truncate=True, keep_alive="5m")
+    check(len(one.embeddings) == 1 and len(one.embeddings[0]) == 64, "ollama embed dimensions 64")
+    old = oc.embeddings(model="minilm", prompt=texts[same[1]])
+    c = cosine(old.embedding, want[same[1]])
+    check(c >= 0.9999, f"ollama embeddings: cosine {c}")
+    try:
+        oc.embed(model="minilm", input=[])
+        check(False, "an empty input array is refused")
+    except ollama.ResponseError as e:
+        check(e.status_code == 400, f"ollama empty input: {e}")
+
+
 def main():
+    if EMBEDDING:
+        embedding_checks(ARGS[1])
+        print("serve_clients: ok")
+        return
     text = openai_checks()
     responses_checks(text)
     ollama_checks(text)

@@ -179,6 +179,7 @@ make_tiny_models() {
   fi
   make_qwen2moe_tiny
   make_lora_adapter
+  make_bert_tiny
 }
 
 # write_checked FILE SHA256 SCRIPT: FILE written by the Python SCRIPT from the default model (SCRIPT
@@ -205,6 +206,24 @@ write_checked() {
 make_qwen2moe_tiny() {
   write_checked "$TINY_DIR/qwen2moe-tiny.gguf" 5d6e92721d75463c3af725683324a3436ff0c056b23323dfddbdfcf7b674d25b \
     scripts/make_qwen2moe_tiny.py
+}
+
+# The tiny random BERT encoder (scripts/make_bert_tiny.py, no vocabulary of another model); its
+# reference (tests/golden/bert-tiny.embed.json) is the script's float64 NumPy forward pass.
+make_bert_tiny() {
+  local file="$TINY_DIR/bert-tiny.gguf" sha=df0dd1cfc37b5bad888045df6e0b3c4029a9e45b1ba93c8ab6db50c27c0ba1b5
+  if echo "$sha  $file" | sha256sum -c --status 2>/dev/null; then
+    log "$file present"
+    return
+  fi
+  pip_install "gguf:gguf==0.19.0" "numpy:numpy"
+  log "writing $file"
+  mkdir -p "$TINY_DIR"
+  "$PY" scripts/make_bert_tiny.py "$file" >/dev/null
+  if ! echo "$sha  $file" | sha256sum -c --status; then
+    log "$file differs from the one its reference was made with (is gguf==0.19.0 installed?)"
+    exit 1
+  fi
 }
 
 # A random LoRA adapter of the default model (tests/golden/make_lora_adapter.py, no random generator

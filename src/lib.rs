@@ -40,6 +40,8 @@ pub mod train;
 #[cfg(feature = "std")]
 pub mod bundle;
 #[cfg(feature = "std")]
+pub mod embed;
+#[cfg(feature = "std")]
 pub mod generate;
 #[cfg(feature = "std")]
 pub mod grammar;

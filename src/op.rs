@@ -9,7 +9,7 @@ pub enum RopeMode {
     Neox,
 }
 
-/// Which keys an attention query sees (an attention node's `params.i = [1, window]`).
+/// Which keys an attention query sees (an attention node's `params.i = [causal, window]`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mask {
     /// Its own position and every earlier one.
@@ -17,14 +17,26 @@ pub enum Mask {
     /// Causal, and only the last `window` positions (key `j` visible when `pos - j < window`;
     /// 0: no window).
     SlidingWindow(u32),
+    /// Every key of its own sequence, before and after it (an encoder's): with a table of
+    /// spans (see [`crate::graph::Graph::at_positions`]) the `n` keys from the span's first row,
+    /// without one every key.
+    Bidirectional,
 }
 
 impl Mask {
     /// The window in positions (0: none).
     pub fn window(self) -> u32 {
         match self {
-            Mask::Causal => 0,
+            Mask::Causal | Mask::Bidirectional => 0,
             Mask::SlidingWindow(w) => w,
+        }
+    }
+
+    /// Whether a query sees no key after its own.
+    pub fn causal(self) -> bool {
+        match self {
+            Mask::Causal | Mask::SlidingWindow(_) => true,
+            Mask::Bidirectional => false,
         }
     }
 }
@@ -133,6 +145,11 @@ pub enum Op {
     /// Weighted sum of expert outputs: `src[0]` (F32 `[m, k, n_tokens]`) times weights `src[1]`
     /// (F32 `[k, n_tokens]`), summed over the k experts in order → F32 `[m, n_tokens]`.
     MoeSum,
+    /// The mean of each sequence's rows (an encoder's mean pooling): rows `src[0]` (F32 `[m,
+    /// n_tokens]`), for output `j` the token `src[1][j]` (I32 `[n_out]`) whose span in `src[2]`
+    /// (I32 `[2, n_tokens]`: first row, rows; as attention's spans) names the rows summed in
+    /// order and divided by their count → F32 `[m, n_out]`.
+    SeqMean,
     /// Copy / convert `src[0]` into this tensor's type and layout (F32 ↔ F16; same element count).
     Cpy,
     /// `src[0]` and `src[1]` joined along dimension `params.i[0]`.
@@ -210,6 +227,7 @@ impl Op {
             Op::TopK => "top_k",
             Op::MoeWeights => "moe_weights",
             Op::MoeSum => "moe_sum",
+            Op::SeqMean => "seq_mean",
             Op::Cpy => "cpy",
             Op::Concat => "concat",
             Op::KvWrite => "kv_write",

@@ -65,6 +65,8 @@ pub struct SessionOptions {
     /// LoRA adapters to apply (`--lora FILE`, `--lora-scaled FILE SCALE`): each file with its
     /// user scale.
     pub lora: Vec<(std::path::PathBuf, f32)>,
+    /// How an encoder pools its token vectors (`--pooling`; `None`: as its file says).
+    pub pooling: Option<crate::model::Pooling>,
     /// Offload of matmuls to the NPU (feature `npu`; off by default).
     #[cfg(feature = "npu")]
     pub npu: crate::npu::NpuConfig,
@@ -88,6 +90,7 @@ impl Default for SessionOptions {
             repack_progress: None,
             memory_limit: None,
             lora: Vec::new(),
+            pooling: None,
             #[cfg(feature = "npu")]
             npu: crate::npu::NpuConfig::default(),
         }
@@ -400,6 +403,7 @@ impl Session {
             check_numerics: opts.check_numerics,
             kernels: opts.kernels,
             kv_types: opts.kv_types,
+            pooling: opts.pooling,
         };
         let base = Model::from_gguf(model.bytes(), gguf)?;
         let base = match open_adapters(&base, &opts.lora)? {

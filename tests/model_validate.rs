@@ -141,7 +141,7 @@ fn hyper_parameters_must_be_present_typed_and_sane() {
 #[test]
 fn vocabulary_must_be_consistent() {
     let b = || tiny("llama");
-    refused("tokenizer kind", &set(b(), "tokenizer.ggml.model", Val::str("bert")), &["tokenizer.ggml.model"]);
+    refused("tokenizer kind", &set(b(), "tokenizer.ggml.model", Val::str("rwkv")), &["tokenizer.ggml.model"]);
     refused(
         "tokens type",
         &set(b(), "tokenizer.ggml.tokens", Val::Array(5, vec![Val::I32(0); VOCAB])),
@@ -696,6 +696,7 @@ fn forward_graphs_keep_their_nodes() {
         ("lfm2moe", "add 11, flash_attn 1, get_rows 2, kv_write 2, moe_sum 3, moe_weights 3, mul 17, mul_mat 23, mul_mat_id 9, none 57, rms_norm 11, rope 2, rope_table 1, short_conv 3, sigmoid 3, swiglu 4, top_k 3, view 11"),
         ("qwen35", "add 10, flash_attn 2, gated_delta_net 2, get_rows 2, kv_write 4, mul 21, mul_mat 31, none 64, rms_norm 19, rope 4, rope_table 1, scale 4, short_conv 2, sigmoid 4, silu 4, softplus 2, swiglu 4, view 30"),
         ("gemma4", "add 19, flash_attn 6, geglu 6, gelu 6, get_rows 3, kv_write 6, mul 47, mul_mat 49, none 102, rms_norm 44, rope 9, rope_table 2, scale 12, tanh 1, view 50"),
+        ("bert", "add 23, flash_attn 2, gelu 2, get_rows 3, layer_norm 5, mul 5, mul_mat 12, none 42, seq_mean 1, view 16"),
     ];
     let mut graph: Box<Graph> = Box::new(Graph::new());
     let mut got = String::new();

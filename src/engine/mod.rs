@@ -19,6 +19,7 @@
 //! [`generate`] is one generation step over it (prompt chunks, sampling, stream decoding, stop
 //! tokens): every front end generates through it.
 
+pub mod embedding;
 pub mod generate;
 #[cfg(feature = "std")]
 pub mod heap;
@@ -35,7 +36,8 @@ use crate::kernels::packed::{pack, packed_bytes, GROUP_ROWS};
 use crate::kernels::KernelPath;
 use crate::model::lora::{Adapter, LoraError, MAX_ADAPTERS};
 use crate::model::{
-    build_forward, check, context_size, Forward, HParams, KvLayout, KvTypeError, KvTypes, ModelError, Vocab,
+    build_forward, check, context_size, Forward, HParams, KvLayout, KvTypeError, KvTypes, ModelError,
+    Pooling, Vocab,
 };
 use crate::placement::{self, Buffer, Placement};
 use crate::quant::GgmlType;
@@ -67,6 +69,9 @@ pub struct EngineConfig {
     pub kernels: KernelPath,
     /// The KV cache's types (default F16 keys and values).
     pub kv_types: KvTypes,
+    /// How an encoder pools its token vectors (`--pooling`; `None`: as its file says, else
+    /// per token). A generating model gives logits and refuses one.
+    pub pooling: Option<Pooling>,
 }
 
 impl Default for EngineConfig {
@@ -80,6 +85,7 @@ impl Default for EngineConfig {
             check_numerics: false,
             kernels: KernelPath::detect(),
             kv_types: KvTypes::default(),
+            pooling: None,
         }
     }
 }
@@ -146,6 +152,15 @@ pub enum EngineError {
         /// Vocabulary size.
         n_vocab: usize,
     },
+    /// An encoder's batch whose sequences are not each whole and consecutive (positions 0, 1, ..
+    /// of one sequence after another): an encoder keeps nothing between steps.
+    EncoderBatch {
+        /// The first entry out of place.
+        entry: usize,
+    },
+    /// The model gives no outputs of this kind: logits from an encoder, embeddings or a
+    /// pooling from a generating model, `rank` pooling without a classifier head.
+    Output(&'static str),
     /// The logits hold NaN or infinity.
     NonFiniteLogits,
     /// Running a graph failed.
@@ -187,6 +202,11 @@ impl fmt::Display for EngineError {
             Self::BadToken { id, n_vocab } => {
                 write!(f, "token id {id} is outside the vocabulary of {n_vocab} tokens")
             }
+            Self::EncoderBatch { entry } => write!(
+                f,
+                "entry {entry} of an encoder's batch is out of place: each sequence must be whole (positions 0, 1, ..) and its tokens consecutive"
+            ),
+            Self::Output(msg) => write!(f, "{msg}"),
             Self::NonFiniteLogits => write!(
                 f,
                 "the model produced non-finite logits (NaN or infinity); --check-numerics finds the first op that does"
@@ -414,7 +434,11 @@ impl<'m, G: AsMut<[GraphSlot]> + AsRef<[GraphSlot]>> Planned<'m, G> {
         }
         let n_batch = config.n_batch.min(n_ctx * config.n_seq);
         let n_outputs = config.n_outputs.min(n_batch);
-        let config = EngineConfig { n_ctx, n_batch, n_outputs, ..*config };
+        let pooling = output_pooling(&model, config.pooling)?;
+        let mut model = model;
+        model.hp.pooling = pooling;
+        let config = EngineConfig { n_ctx, n_batch, n_outputs, pooling, ..*config };
+        let hp = &model.hp;
         config.kv_types.check(hp).map_err(EngineError::KvType)?;
         let kv = KvLayout::new(hp, n_ctx, n_batch, config.n_seq, config.kv_types)
             .ok_or(EngineError::Config("context size too large"))?;
@@ -563,6 +587,27 @@ impl<'m, G: AsMut<[GraphSlot]> + AsRef<[GraphSlot]>> Planned<'m, G> {
     }
 }
 
+/// The pooling `model` runs with: an encoder's `asked` (else its file's, else per token); a
+/// generating model has none (it gives logits) and refuses one; `rank` needs a classifier head.
+fn output_pooling(model: &Model<'_>, asked: Option<Pooling>) -> Result<Option<Pooling>, EngineError> {
+    if !model.hp.arch.traits().encoder {
+        return match asked {
+            None => Ok(None),
+            Some(_) => Err(EngineError::Output(
+                "this model generates text: it has no embedding output to pool (embedding models are encoders such as bert)",
+            )),
+        };
+    }
+    let pooling = asked.or(model.hp.pooling).unwrap_or(Pooling::None);
+    let has = |name: &str| model.gguf.tensor(name).is_some();
+    if pooling == Pooling::Rank && !has("cls.output.weight") && !has("cls.weight") {
+        return Err(EngineError::Output(
+            "rank pooling needs a classifier head (cls.weight or cls.output.weight), which this model does not have",
+        ));
+    }
+    Ok(Some(pooling))
+}
+
 /// Builds and plans the forward graph for `n` tokens and `outputs` logits rows into `slot`.
 fn build_into(
     slot: &mut GraphSlot,
@@ -666,12 +711,21 @@ impl<'m, G: AsMut<[GraphSlot]> + AsRef<[GraphSlot]>, B: DerefMut<Target = [u8]>>
         }
         let config = self.planned.config;
         let n_vocab = self.planned.model.vocab.n_vocab as usize;
-        let wanted = batch.iter().filter(|e| e.logits).count();
+        let pooling = self.planned.model.hp.pooling;
+        let wanted = match pooling {
+            // An encoder gives one row per sequence when it pools.
+            Some(p) if p.pools() => check_encoder_batch(batch, &config, n_vocab)?,
+            Some(_) => {
+                check_encoder_batch(batch, &config, n_vocab)?;
+                batch.iter().filter(|e| e.logits).count()
+            }
+            None => batch.iter().filter(|e| e.logits).count(),
+        };
         if batch.is_empty() || batch.len() > config.n_batch || wanted > config.n_outputs {
             return Err(EngineError::BatchSize { entries: batch.len(), outputs: wanted });
         }
         let mut next = self.seq_len.clone();
-        for e in batch {
+        for e in batch.iter().filter(|_| pooling.is_none()) {
             let len =
                 next.get_mut(e.seq).ok_or(EngineError::BadSequence { seq: e.seq, n_seq: config.n_seq })?;
             if e.pos != *len {
@@ -700,7 +754,9 @@ impl<'m, G: AsMut<[GraphSlot]> + AsRef<[GraphSlot]>, B: DerefMut<Target = [u8]>>
         {
             let (ids, rest) =
                 arena[kv.ids_offset..kv.total_bytes].split_at_mut(kv.places_offset - kv.ids_offset);
-            let (places, rows) = rest.split_at_mut(kv.outputs_offset - kv.places_offset);
+            let (places, rest) = rest.split_at_mut(kv.outputs_offset - kv.places_offset);
+            let rows_len = kv.encoder_inputs.map_or(rest.len(), |e| e.positions_offset - kv.outputs_offset);
+            let (rows, encoder) = rest.split_at_mut(rows_len);
             let ids: &mut [i32] = bytemuck::cast_slice_mut(ids);
             let places: &mut [i32] = bytemuck::cast_slice_mut(places);
             let rows: &mut [i32] = bytemuck::cast_slice_mut(rows);
@@ -709,9 +765,34 @@ impl<'m, G: AsMut<[GraphSlot]> + AsRef<[GraphSlot]>, B: DerefMut<Target = [u8]>>
                 ids[i] = e.token as i32;
                 places[2 * i] = (e.seq * kv.n_ctx) as i32;
                 places[2 * i + 1] = e.pos as i32;
-                if e.logits || (wanted == 0 && i + 1 == batch.len()) {
+                if pooling.is_none_or(|p| !p.pools()) && (e.logits || (wanted == 0 && i + 1 == batch.len())) {
                     rows[out] = i as i32;
                     out += 1;
+                }
+            }
+            if let (Some(pooling), Some(inputs)) = (pooling, kv.encoder_inputs) {
+                let encoder: &mut [i32] = bytemuck::cast_slice_mut(encoder);
+                let (positions, rest) =
+                    encoder.split_at_mut((inputs.types_offset - inputs.positions_offset) / 4);
+                let (types, spans) = rest.split_at_mut((inputs.spans_offset - inputs.types_offset) / 4);
+                // Each sequence's span; a pooled output row per sequence (its first token, its
+                // last for `last`).
+                let mut start = 0;
+                while start < batch.len() {
+                    let len = batch[start..].iter().take_while(|e| e.seq == batch[start].seq).count();
+                    for (i, e) in batch.iter().enumerate().skip(start).take(len) {
+                        positions[i] = e.pos as i32;
+                        types[i] = 0;
+                        spans[2 * i] = start as i32;
+                        spans[2 * i + 1] = len as i32;
+                        // (The places of an encoder's tokens name the batch, not a cache.)
+                        places[2 * i] = start as i32;
+                    }
+                    if pooling.pools() {
+                        rows[out] = if pooling == Pooling::Last { start + len - 1 } else { start } as i32;
+                        out += 1;
+                    }
+                    start += len;
                 }
             }
         }
@@ -748,10 +829,50 @@ impl<'m, G: AsMut<[GraphSlot]> + AsRef<[GraphSlot]>, B: DerefMut<Target = [u8]>>
         self.seq_len = next;
         self.last = Some((slot, if wanted == 0 { 0 } else { outputs }));
         let rows = self.outputs();
-        if (0..rows).any(|i| self.logits(i).is_none_or(|l| l.iter().any(|v| !v.is_finite()))) {
+        if (0..rows).any(|i| self.output_row(i).is_none_or(|l| l.iter().any(|v| !v.is_finite()))) {
             return Err(EngineError::NonFiniteLogits);
         }
         Ok(())
+    }
+
+    /// Whether the model gives embeddings (an encoder), not logits.
+    pub fn gives_embeddings(&self) -> bool {
+        self.planned.model.hp.pooling.is_some()
+    }
+
+    /// The pooling of the embeddings, `None` for a generating model.
+    pub fn pooling(&self) -> Option<Pooling> {
+        self.planned.model.hp.pooling
+    }
+
+    /// The `i`-th embedding of the last step of an encoder: the `i`-th sequence's (in batch
+    /// order) when it pools, else the `i`-th token's that asked for one. Read in place: `n_embd`
+    /// values, or one score per label of a `rank` classifier. `None` for a generating model.
+    pub fn embedding(&self, i: usize) -> Option<&[f32]> {
+        self.gives_embeddings().then(|| self.output_row(i)).flatten()
+    }
+
+    /// Values of each embedding (`n_embd`, or a classifier's labels); 0 for a generating model.
+    pub fn embedding_width(&self) -> usize {
+        let Some(s) = self.planned.slots.as_ref().first() else { return 0 };
+        match (self.gives_embeddings(), s.fwd) {
+            (true, Some(fwd)) => s.graph.graph().tensor(fwd.logits).ne[0],
+            _ => 0,
+        }
+    }
+
+    /// Row `i` of the last step's output (logits or embeddings), its width the output's.
+    fn output_row(&self, i: usize) -> Option<&[f32]> {
+        let (slot, n) = self.last?;
+        if i >= n {
+            return None;
+        }
+        let s = &self.planned.slots.as_ref()[slot];
+        let fwd = s.fwd?;
+        let width = s.graph.graph().tensor(fwd.logits).ne[0];
+        let offset = self.skip + self.activations.offset + s.plan.offset(fwd.logits)?;
+        let bytes = self.memory.get(offset + i * width * 4..offset + (i + 1) * width * 4)?;
+        bytemuck::try_cast_slice(bytes).ok()
     }
 
     /// The slot holding the graph for `n` tokens and `outputs` logits rows, building it into a
@@ -779,18 +900,13 @@ impl<'m, G: AsMut<[GraphSlot]> + AsRef<[GraphSlot]>, B: DerefMut<Target = [u8]>>
         self.last.map_or(0, |(_, n)| n)
     }
 
-    /// The logits of the `i`-th entry of the last step that wanted them (in batch order).
+    /// The logits of the `i`-th entry of the last step that wanted them (in batch order); `None`
+    /// for an encoder (see [`Self::embedding`]).
     pub fn logits(&self, i: usize) -> Option<&[f32]> {
-        let (slot, n) = self.last?;
-        if i >= n {
+        if self.gives_embeddings() {
             return None;
         }
-        let s = &self.planned.slots.as_ref()[slot];
-        let fwd = s.fwd?;
-        let offset = self.skip + self.activations.offset + s.plan.offset(fwd.logits)?;
-        let n_vocab = self.planned.model.vocab.n_vocab as usize;
-        let bytes = self.memory.get(offset + i * n_vocab * 4..offset + (i + 1) * n_vocab * 4)?;
-        bytemuck::try_cast_slice(bytes).ok()
+        self.output_row(i)
     }
 
     /// Positions sequence `seq` holds.
@@ -1056,6 +1172,33 @@ impl<'m, G: AsMut<[GraphSlot]> + AsRef<[GraphSlot]>, B: DerefMut<Target = [u8]>>
         let r = self.packed;
         &self.memory[self.skip + r.offset..self.skip + r.offset + r.len]
     }
+}
+
+/// Checks an encoder's batch (each sequence whole from position 0, its tokens consecutive, no
+/// sequence twice, positions within the context, tokens in the vocabulary) and returns its
+/// sequences.
+fn check_encoder_batch(batch: &[Entry], config: &EngineConfig, n_vocab: usize) -> Result<usize, EngineError> {
+    let mut seen = [false; MAX_SEQ];
+    let mut sequences = 0;
+    for (i, e) in batch.iter().enumerate() {
+        let starts = i == 0 || batch[i - 1].seq != e.seq;
+        let in_place = if starts { e.pos == 0 } else { e.pos == batch[i - 1].pos + 1 };
+        let Some(seen_before) = seen.get_mut(e.seq).filter(|_| e.seq < config.n_seq) else {
+            return Err(EngineError::BadSequence { seq: e.seq, n_seq: config.n_seq });
+        };
+        if !in_place || (starts && *seen_before) {
+            return Err(EngineError::EncoderBatch { entry: i });
+        }
+        if e.pos >= config.n_ctx {
+            return Err(EngineError::ContextFull { needed: e.pos + 1, n_ctx: config.n_ctx });
+        }
+        if e.token as usize >= n_vocab {
+            return Err(EngineError::BadToken { id: e.token, n_vocab });
+        }
+        *seen_before = true;
+        sequences += starts as usize;
+    }
+    Ok(sequences)
 }
 
 /// Bytes of a matrix's source packed at a time: its pages can be given back after each chunk,

@@ -367,6 +367,7 @@ fn runs_alone<const N: usize>(bound: &Bound<'_, N>, id: TensorId, phase: usize, 
         | Op::TopK
         | Op::MoeWeights
         | Op::MoeSum
+        | Op::SeqMean
         | Op::ShortConv
         | Op::GatedDeltaNet => elements(Some(id)),
     };

@@ -475,6 +475,25 @@ impl<const N: usize> Graph<N> {
         self.node(Op::MoeSum, GgmlType::F32, ne, &[experts, weights], OpParams::default())
     }
 
+    /// The mean of each sequence's rows of `x` (`[m, n_tokens]`, F32): output `j` averages the
+    /// rows of the span (I32 `[2, n_tokens]`: first row, rows) of token `tokens[j]` (I32
+    /// `[n_out]`): see [`Op::SeqMean`]. → `[m, n_out]`.
+    pub fn seq_mean(&mut self, x: TensorId, tokens: TensorId, spans: TensorId) -> Result<TensorId> {
+        self.f32_input(Op::SeqMean, x)?;
+        let (tx, tt, ts) = (self.tensor(x), self.tensor(tokens), self.tensor(spans));
+        if !tx.is_contiguous() || tx.ne[2] * tx.ne[3] != 1 {
+            return Err(self.invalid(Op::SeqMean, x, "needs contiguous F32 [m, n_tokens]"));
+        }
+        if tt.ty != GgmlType::I32 || !tt.is_contiguous() || tt.n_rows() != 1 {
+            return Err(self.invalid(Op::SeqMean, tokens, "tokens must be one contiguous I32 row"));
+        }
+        if ts.ty != GgmlType::I32 || !ts.is_contiguous() || ts.ne != [2, tx.ne[1], 1, 1] {
+            return Err(self.invalid(Op::SeqMean, spans, "spans must be contiguous I32 [2, n_tokens]"));
+        }
+        let ne = [tx.ne[0], tt.ne[0], 1, 1];
+        self.node(Op::SeqMean, GgmlType::F32, ne, &[x, tokens, spans], OpParams::default())
+    }
+
     /// GELU (tanh approximation).
     pub fn gelu(&mut self, a: TensorId) -> Result<TensorId> {
         self.unary(Op::Gelu, a, OpParams::default())
@@ -902,7 +921,7 @@ impl<const N: usize> Graph<N> {
             return Err(self.invalid(Op::FlashAttn, q, "bad scale or window"));
         }
         let ne = [tv.ne[0], tq.ne[2], tq.ne[1], 1];
-        let params = OpParams { i: [1, window as i32, 0, 0], f: [scale, 0.0, 0.0, 0.0] };
+        let params = OpParams { i: [mask.causal() as i32, window as i32, 0, 0], f: [scale, 0.0, 0.0, 0.0] };
         let id = self.node(Op::FlashAttn, GgmlType::F32, ne, &[q, k, v], params)?;
         // The result has no KV-length dimension even though its inputs do.
         self.tensors[id.index()].dyn_kv = 0;
@@ -913,7 +932,9 @@ impl<const N: usize> Graph<N> {
     /// step's `n_past + t`: `tokens` is I32 `[2, n_tokens]`, token `t`'s (first cache row of its
     /// sequence, position in the sequence). Token `t` then takes the angles of its position,
     /// writes cache row `first + position`, and attends to rows `first..=first + position`
-    /// (within the window): several sequences share one batch and one cache.
+    /// (within the window): several sequences share one batch and one cache. A bidirectional
+    /// attention node (see [`Mask::Bidirectional`]) reads a table of spans instead: token `t`'s
+    /// (first key row of its sequence, keys of the sequence), and attends to all of them.
     pub fn at_positions(&mut self, node: TensorId, tokens: TensorId) -> Result<()> {
         let t = self.tensor(node);
         let (slot, n_tokens) = match t.op {

@@ -45,7 +45,8 @@ pub struct HParams {
     pub rope_freq_base: f32,
     /// RoPE frequency scale (1 / `rope.scaling.factor` for linear scaling).
     pub rope_freq_scale: f32,
-    /// Epsilon of the RMS norms.
+    /// Epsilon of the norms: the RMS norms (`attention.layer_norm_rms_epsilon`), an encoder's
+    /// LayerNorms (`attention.layer_norm_epsilon`).
     pub rms_eps: f32,
     /// Experts per MoE layer (0 for dense models).
     pub n_expert: u32,
@@ -107,6 +108,50 @@ pub struct HParams {
     /// Feed-forward width per layer when `feed_forward_length` is an array (Gemma 4's wider
     /// MLP in KV-sharing layers); empty: every layer has `n_ff`.
     pub n_ff_layers: heapless::Vec<u32, { MAX_LAYERS as usize }>,
+    /// How the file says its embeddings are pooled (`pooling_type`), if it says.
+    pub pooling: Option<Pooling>,
+}
+
+/// How an embedding output makes one vector of a sequence's token vectors (llama.cpp's
+/// `pooling_type` ids).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pooling {
+    /// None: every token's vector.
+    None = 0,
+    /// The mean of the sequence's vectors.
+    Mean = 1,
+    /// The first token's (`[CLS]`).
+    Cls = 2,
+    /// The last token's.
+    Last = 3,
+    /// A classifier head (`cls`, `cls.output`) over the first token's: a reranker's scores.
+    Rank = 4,
+}
+
+impl Pooling {
+    /// Every kind, in llama.cpp's order.
+    pub const ALL: [Pooling; 5] = [Pooling::None, Pooling::Mean, Pooling::Cls, Pooling::Last, Pooling::Rank];
+
+    /// llama.cpp's name (`--pooling`).
+    pub const fn name(self) -> &'static str {
+        match self {
+            Pooling::None => "none",
+            Pooling::Mean => "mean",
+            Pooling::Cls => "cls",
+            Pooling::Last => "last",
+            Pooling::Rank => "rank",
+        }
+    }
+
+    /// The kind named `name`.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|p| p.name() == name)
+    }
+
+    /// Whether a sequence gives one vector (every kind but `none`).
+    pub fn pools(self) -> bool {
+        self != Pooling::None
+    }
 }
 
 /// The sizes of Qwen3.5's linear-attention (gated delta rule) layers (`{arch}.ssm.*`).
@@ -237,21 +282,21 @@ enum Computes {
 /// Which architectures a row of [`MATH_KEYS`] applies to.
 #[derive(Clone, Copy)]
 enum ReadBy {
-    /// Every architecture.
-    Every,
     /// This one.
     Arch(Arch),
     /// Those with LongRoPE (`true`: its factor tensors and attention factor are computed) or
     /// those without.
     LongRope(bool),
+    /// The encoders (`true`) or the decoders.
+    Encoder(bool),
 }
 
 impl ReadBy {
     fn applies_to(self, arch: Arch) -> bool {
         match self {
-            Self::Every => true,
             Self::Arch(a) => a == arch,
             Self::LongRope(long) => arch.traits().long_rope == long,
+            Self::Encoder(encoder) => arch.traits().encoder == encoder,
         }
     }
 }
@@ -260,7 +305,7 @@ impl ReadBy {
 /// whose values pinfer checks (as llama.cpp's `load_hparams` reads them), what pinfer computes,
 /// and that in words. A file with another value is refused naming the key, never run with wrong
 /// numbers.
-const MATH_KEYS: [(&str, ReadBy, Computes, &str); 8] = [
+const MATH_KEYS: [(&str, ReadBy, Computes, &str); 9] = [
     (
         "rope.scaling.type",
         ReadBy::LongRope(false),
@@ -277,7 +322,9 @@ const MATH_KEYS: [(&str, ReadBy, Computes, &str); 8] = [
     ("rope.scaling.attn_factor", ReadBy::LongRope(false), Computes::Only(1.0), "1"),
     // false: Granite without RoPE on any layer.
     ("rope.scaling.finetuned", ReadBy::Arch(Arch::Granite), Computes::Flag(true), "true"),
-    ("attention.causal", ReadBy::Every, Computes::Flag(true), "true"),
+    ("attention.causal", ReadBy::Encoder(false), Computes::Flag(true), "true"),
+    // An encoder attends both ways within its sequence.
+    ("attention.causal", ReadBy::Encoder(true), Computes::Flag(false), "false"),
     ("attention.sliding_window_pattern", ReadBy::Arch(Arch::Gemma3), Computes::Only(6.0), "6"),
     ("rope.freq_base_swa", ReadBy::Arch(Arch::Gemma3), Computes::Only(10000.0), "10000"),
     ("final_logit_softcapping", ReadBy::Arch(Arch::Gemma3), Computes::Only(0.0), "0 (no soft-capping)"),
@@ -667,7 +714,19 @@ impl HParams {
         let scaling_type = g.get_str_opt(&k("rope.scaling.type"))?;
         let scaling = if scaling_type == Some("none") { 1.0 } else { scaling };
         let rope_yarn = scaling_type == Some("yarn");
-        let rms_eps = f32_in(g, &k("attention.layer_norm_rms_epsilon"), None, 0.0, 1.0)?;
+        let eps_key = if arch.traits().encoder {
+            "attention.layer_norm_epsilon"
+        } else {
+            "attention.layer_norm_rms_epsilon"
+        };
+        let rms_eps = f32_in(g, &k(eps_key), None, 0.0, 1.0)?;
+        let pooling =
+            match g.get_int::<u32>(&k("pooling_type"))? {
+                None => None,
+                Some(id) => Some(Pooling::ALL.into_iter().find(|p| *p as u32 == id).ok_or_else(|| {
+                    bad(&k("pooling_type"), id, "is not a pooling type (0 none .. 4 rank)")
+                })?),
+            };
 
         let (n_expert, n_expert_used, n_ff_expert, n_ff_shared) = if arch.is_moe() {
             let n_expert = u32_in(g, &k("expert_count"), None, 2..=MAX_EXPERTS)?;
@@ -819,6 +878,7 @@ impl HParams {
             n_embd_per_layer,
             final_logit_softcap,
             n_ff_layers,
+            pooling,
         })
     }
 

@@ -72,10 +72,10 @@ fn vocab_err(key: &str, problem: &'static str, value: u64) -> ModelError {
 /// Works on vocabulary-only files.
 pub fn validate_vocab<'a>(g: &Gguf<'a>) -> Result<Vocab<'a>, ModelError> {
     let model = g.get_str("tokenizer.ggml.model")?;
-    if !matches!(model, "gpt2" | "llama" | "gemma4") {
+    if !matches!(model, "gpt2" | "llama" | "gemma4" | "bert") {
         return Err(vocab_err(
             "tokenizer.ggml.model",
-            "tokenizer kind not supported (gpt2, llama and gemma4 are)",
+            "tokenizer kind not supported (gpt2, llama, gemma4 and bert are)",
             0,
         ));
     }
@@ -134,7 +134,8 @@ pub fn validate_vocab<'a>(g: &Gguf<'a>) -> Result<Vocab<'a>, ModelError> {
             }
             merges.len()
         }
-        None if model != "llama" => {
+        // (SentencePiece and WordPiece have no merges.)
+        None if !matches!(model, "llama" | "bert") => {
             return Err(vocab_err("tokenizer.ggml.merges", "BPE vocabulary without merges", 0))
         }
         None => 0,
@@ -234,6 +235,9 @@ pub fn validate_tensors(g: &Gguf<'_>, hp: &HParams, n_vocab: u32) -> Result<(), 
         Ok(())
     };
     use TensorKind::*;
+    if hp.arch.traits().encoder {
+        return validate_encoder(g, hp, &check, v);
+    }
     check(expect(format_args!("token_embd.weight"), &[e, v], Weight, true))?;
     check(expect(format_args!("{}", hp.arch.traits().output_norm), &[e], Norm, true))?;
     check(expect(format_args!("output.weight"), &[e, v], Weight, false))?;
@@ -366,5 +370,50 @@ pub fn validate_tensors(g: &Gguf<'_>, hp: &HParams, n_vocab: u32) -> Result<(), 
             check(expect(format_args!("blk.{i}.layer_output_scale.weight"), &[1], Taps, false))?;
         }
     }
+    Ok(())
+}
+
+/// An encoder's tensors (llama.cpp's `bert`): the embeddings of tokens, token types and
+/// positions and their LayerNorm; per layer Q, K, V (with biases), the output projection, the
+/// MLP (biases optional) and the two LayerNorms; the classifier head's, optional.
+fn validate_encoder(
+    g: &Gguf<'_>,
+    hp: &HParams,
+    check: &dyn Fn(Expect) -> Result<(), ModelError>,
+    v: u64,
+) -> Result<(), ModelError> {
+    use TensorKind::*;
+    let (e, f) = (u64::from(hp.n_embd), u64::from(hp.n_ff));
+    check(expect(format_args!("token_embd.weight"), &[e, v], Weight, true))?;
+    // Token types: as many rows as the file has (llama.cpp reads the first), each n_embd wide.
+    let types = g.tensor("token_types.weight").map_or(1, |t| t.ne[1].max(1));
+    check(expect(format_args!("token_types.weight"), &[e, types], Weight, false))?;
+    check(expect(format_args!("position_embd.weight"), &[e, u64::from(hp.n_ctx_train)], Weight, true))?;
+    check(expect(format_args!("token_embd_norm.weight"), &[e], Norm, true))?;
+    check(expect(format_args!("token_embd_norm.bias"), &[e], Bias, true))?;
+    for i in 0..hp.n_layer {
+        let il = i as usize;
+        let (qw, kw, vw) = (hp.q_width(il), hp.k_width(il), hp.v_width(il));
+        for (part, width) in [("attn_q", qw), ("attn_k", kw), ("attn_v", vw)] {
+            check(expect(format_args!("blk.{i}.{part}.weight"), &[e, width], Weight, true))?;
+            check(expect(format_args!("blk.{i}.{part}.bias"), &[width], Bias, false))?;
+        }
+        check(expect(format_args!("blk.{i}.attn_output.weight"), &[qw, e], Weight, true))?;
+        check(expect(format_args!("blk.{i}.attn_output.bias"), &[e], Bias, false))?;
+        check(expect(format_args!("blk.{i}.ffn_up.weight"), &[e, f], Weight, true))?;
+        check(expect(format_args!("blk.{i}.ffn_up.bias"), &[f], Bias, false))?;
+        check(expect(format_args!("blk.{i}.ffn_down.weight"), &[f, e], Weight, true))?;
+        check(expect(format_args!("blk.{i}.ffn_down.bias"), &[e], Bias, false))?;
+        for norm in ["attn_output_norm", "layer_output_norm"] {
+            check(expect(format_args!("blk.{i}.{norm}.weight"), &[e], Norm, true))?;
+            check(expect(format_args!("blk.{i}.{norm}.bias"), &[e], Bias, true))?;
+        }
+    }
+    // The classifier head of a cross-encoder: a dense layer, then as many labels as it has.
+    check(expect(format_args!("cls.weight"), &[e, e], Weight, false))?;
+    check(expect(format_args!("cls.bias"), &[e], Bias, false))?;
+    let labels = g.tensor("cls.output.weight").map_or(1, |t| t.ne[1].max(1));
+    check(expect(format_args!("cls.output.weight"), &[e, labels], Weight, false))?;
+    check(expect(format_args!("cls.output.bias"), &[labels], Bias, false))?;
     Ok(())
 }

@@ -368,6 +368,18 @@ pub(crate) fn set_speculative(
     Ok(())
 }
 
+/// An encoder gives embeddings, not text: `generate`, `chat` and `serve` refuse it.
+pub(crate) fn refuse_encoder(session: &Session, path: &std::path::Path) -> Result<(), CliError> {
+    if session.engine().gives_embeddings() {
+        return Err(CliError::new(format!(
+            "{}: {} is an embedding model (an encoder): it gives vectors, not text; use pinfer embed",
+            path.display(),
+            session.hparams().arch.name()
+        )));
+    }
+    Ok(())
+}
+
 /// Loads the model of `args` with its runtime; reports the kernels and the seed with -v.
 pub(crate) fn load(
     args: &GenArgs,
@@ -377,6 +389,7 @@ pub(crate) fn load(
     let opts = args.session_options()?;
     let runtime = Runtime::new(&args.runtime)?;
     let session = runtime.load(&path, opts, args.verbose)?;
+    refuse_encoder(&session, &path)?;
     if args.verbose > 0 {
         let (n, bytes, secs) = session.repacked();
         let how = if session.from_cache() { "mapped from the repack cache" } else { "repacked" };

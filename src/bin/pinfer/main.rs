@@ -15,6 +15,7 @@ mod bench;
 mod bundle;
 mod chat;
 mod doctor;
+mod embed;
 mod export_lora;
 mod finetune;
 mod gen_args;
@@ -92,6 +93,10 @@ enum Command {
         #[arg(long = "parse-special")]
         parse_special: bool,
     },
+    /// An encoder's embeddings of each input line (llama-embedding's options and output formats).
+    Embed(embed::EmbedArgs),
+    /// A reranker's score of each document line for a query (`--query Q -f DOCS`).
+    Rerank(embed::RerankArgs),
     /// Chat interactively with the model's chat template (one message per line; empty line ends;
     /// Ctrl-C stops a reply). Takes generate's options.
     Chat(gen_args::GenArgs),
@@ -184,6 +189,8 @@ fn run(cli: Cli) -> Result<(), CliError> {
         Command::Generate(args) => generate::generate(args),
         Command::Chat(args) => chat::chat(gen_args::GenArgs { conversation: true, ..args }),
         Command::Perplexity(args) => perplexity::run(args),
+        Command::Embed(args) => embed::run(args),
+        Command::Rerank(args) => embed::rerank(args),
         Command::Tokenize { model, prompt, file, ids, parse_special } => {
             let text = match (prompt, file) {
                 (Some(p), _) => p,

@@ -95,6 +95,7 @@ impl<const N: usize> Bound<'_, N> {
             Op::TopK => self.top_k(id, t, ne, ith, nth),
             Op::MoeWeights => self.moe_weights(id, t, ne, ith, nth),
             Op::MoeSum => self.moe_sum(id, t, ne, ith, nth),
+            Op::SeqMean => self.seq_mean(id, t, ne, ith, nth),
             Op::Cpy => self.cpy(id, t, ne, step, ith, nth),
             Op::Concat => self.concat(id, t, ne, step, ith, nth),
             Op::KvWrite => self.kv_write(id, t, step, ith, nth),

@@ -171,4 +171,39 @@ impl<'a, const N: usize> Bound<'a, N> {
             }
         }
     }
+    /// The mean of each output's sequence's rows (see [`crate::graph::Op::SeqMean`]), summed in
+    /// row order: a sequence's mean is the same in any batch.
+    pub(in crate::exec) fn seq_mean(&self, id: TensorId, t: &Tensor, ne: [usize; 4], ith: usize, nth: usize) {
+        let src = |i: usize| t.src[i].map(|s| (s, self.graph.tensor(s)));
+        // SAFETY: shapes and strides were checked by the graph builder, spans by `new`; output
+        // rows come from `share`, which gives each thread disjoint ones; a span is checked
+        // against the rows before they are read.
+        unsafe {
+            let (Some((x, tx)), Some((tokens, _)), Some((spans, _))) = (src(0), src(1), src(2)) else {
+                return;
+            };
+            let (m, n_tokens) = (ne[0], tx.ne[1]);
+            for j in share(ne[1], ith, nth) {
+                let tok = self.read::<i32>(tokens, j * 4, 1)[0];
+                let span = usize::try_from(tok).ok().filter(|&tok| tok < n_tokens).map(|tok| {
+                    let pair: &[i32] = self.read(spans, tok * 8, 2);
+                    (usize::try_from(pair[0]).unwrap_or(usize::MAX), usize::try_from(pair[1]).unwrap_or(0))
+                });
+                let Some((first, n)) =
+                    span.filter(|&(first, n)| n > 0 && first.saturating_add(n) <= n_tokens)
+                else {
+                    self.fail(id, BAD_INDEX);
+                    continue;
+                };
+                let out: &mut [f32] = self.write(id, t.row_offset(j, 0, 0), m);
+                out.fill(0.0);
+                for r in first..first + n {
+                    let row: &[f32] = self.read(x, tx.row_offset(r, 0, 0), m);
+                    out.iter_mut().zip(row).for_each(|(o, &v)| *o += v);
+                }
+                let inv = 1.0 / n as f32;
+                out.iter_mut().for_each(|o| *o *= inv);
+            }
+        }
+    }
 }

@@ -135,7 +135,8 @@ impl<'b, 'm, const N: usize> Builder<'b, 'm, N> {
         }
         let traits = hp.arch.traits();
         let tok_embd = required(g, gguf, "token_embd.weight")?;
-        let output_norm = required(g, gguf, traits.output_norm)?;
+        // (An encoder has no output head: its output is pooled embeddings.)
+        let output_norm = if traits.encoder { tok_embd } else { required(g, gguf, traits.output_norm)? };
         let output = weight_leaf(g, gguf, "output.weight")?.unwrap_or(tok_embd);
         let (kv, n_ctx, ids_offset) = match mode {
             Mode::Cached(kv) => (Some(kv), kv.n_ctx, kv.ids_offset),
@@ -171,7 +172,7 @@ impl<'b, 'm, const N: usize> Builder<'b, 'm, N> {
     }
 
     /// The KV layout, which a block with a cache or a recurrent state needs.
-    fn cache(&self) -> Result<&'b KvLayout, ModelError> {
+    pub fn cache(&self) -> Result<&'b KvLayout, ModelError> {
         self.kv.ok_or_else(|| invalid("a block with a cache or a recurrent state in a window graph"))
     }
 
@@ -180,8 +181,18 @@ impl<'b, 'm, const N: usize> Builder<'b, 'm, N> {
         self.places.ok_or_else(|| invalid("token places in a window graph"))
     }
 
+    /// Model tensor `name`, if the file has it.
+    pub fn optional(&mut self, name: &str) -> Result<Option<TensorId>, ModelError> {
+        weight_leaf(self.g, self.gguf, name)
+    }
+
+    /// Layer `il`'s tensor `blk.{il}.{suffix}`, if the file has it.
+    pub fn optional_layer(&mut self, il: usize, suffix: &str) -> Result<Option<TensorId>, ModelError> {
+        self.optional(&layer_name(il, suffix))
+    }
+
     /// Model tensor `name`, required.
-    fn need(&mut self, name: &str) -> Result<TensorId, ModelError> {
+    pub fn need(&mut self, name: &str) -> Result<TensorId, ModelError> {
         required(self.g, self.gguf, name)
     }
 

@@ -59,6 +59,8 @@ archs! {
     /// Gemma 4 dense (E2B, E4B, 31B): per-layer token embeddings, sliding-window layers with
     /// their own head size, later layers reading earlier layers' KV caches, soft-capped logits.
     Gemma4 = "gemma4",
+    /// BERT encoders (all-MiniLM, BGE, E5, GTE): embeddings, no generation.
+    Bert = "bert",
 }
 
 /// Which layers attend through a sliding window.
@@ -199,6 +201,11 @@ pub struct ArchTraits {
     /// The logits' soft-cap when the file gives no `final_logit_softcapping` (0: none; Gemma 4:
     /// llama.cpp's 30).
     pub default_logit_softcap: f32,
+    /// An encoder (BERT): token, token-type and absolute position embeddings, post-LayerNorm
+    /// blocks with biases and a GELU MLP, attention both ways within a sequence
+    /// (`attention.causal` false), no KV cache kept between steps, and pooled embeddings instead
+    /// of logits (`encoder.rs`).
+    pub encoder: bool,
 }
 
 impl Arch {
@@ -233,6 +240,7 @@ impl Arch {
             per_layer_inputs: false,
             layer_output_scale: false,
             default_logit_softcap: 0.0,
+            encoder: false,
         };
         const SOFTMAX_EXPERTS: Experts = Experts {
             normalize_weights: false,
@@ -293,6 +301,7 @@ impl Arch {
                 attn_output_gate: true,
                 ..DENSE
             },
+            Arch::Bert => ArchTraits { qkv_bias: true, encoder: true, ..DENSE },
             Arch::Lfm2Moe => ArchTraits {
                 ffn: Ffn::Experts(Experts {
                     normalize_weights: true,

@@ -131,8 +131,25 @@ pub struct KvLayout {
     pub places_offset: usize,
     /// Offset of the output rows (I32 `[n_batch]`: batch indices of the tokens with logits).
     pub outputs_offset: usize,
+    /// An encoder's inputs (none for a decoder): offset of the positions (I32 `[n_batch]`, the
+    /// rows of the position embeddings), the token types (I32 `[n_batch]`) and the spans (I32
+    /// `[2, n_batch]`: each token's first batch row of its sequence and the sequence's tokens,
+    /// the keys its attention sees and the rows its mean pools).
+    pub encoder_inputs: Option<EncoderInputs>,
     /// Bytes of the persistent region.
     pub total_bytes: usize,
+}
+
+/// Where an encoder's own inputs sit in the persistent region (see
+/// [`KvLayout::encoder_inputs`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EncoderInputs {
+    /// I32 `[n_batch]`: each token's position in its sequence.
+    pub positions_offset: usize,
+    /// I32 `[n_batch]`: each token's type (its row of `token_types`).
+    pub types_offset: usize,
+    /// I32 `[2, n_batch]`: each token's (first batch row of its sequence, tokens of the sequence).
+    pub spans_offset: usize,
 }
 
 /// The cache rows of one kind of layer.
@@ -180,7 +197,8 @@ impl CacheRows {
 impl KvLayout {
     /// The layout for `hp` with `n_seq` sequences of `n_ctx` positions in a cache of `types`
     /// and batches of up to `n_batch` tokens; `None` if the sizes overflow or a type cannot
-    /// hold rows of the model's width (see [`KvTypes::check`] for the reason).
+    /// hold rows of the model's width (see [`KvTypes::check`] for the reason). An encoder keeps
+    /// no cache (each step attends over its own batch's keys): only the step's inputs.
     pub fn new(hp: &HParams, n_ctx: usize, n_batch: usize, n_seq: usize, types: KvTypes) -> Option<Self> {
         let rows = n_ctx.checked_mul(n_seq)?;
         let kinds = [
@@ -191,7 +209,8 @@ impl KvLayout {
         let recurrent = hp.recurrent;
         let mut cached = LayerMask::default();
         let mut caches = 0usize;
-        for il in (0..n_layer).filter(|&il| hp.has_own_kv(il)) {
+        let encoder = hp.arch.traits().encoder;
+        for il in (0..n_layer).filter(|&il| hp.has_own_kv(il) && !encoder) {
             cached.insert(il);
             caches = caches.checked_add(kinds[hp.is_sliding(il) as usize].layer_bytes())?;
         }
@@ -204,7 +223,15 @@ impl KvLayout {
         let ids_offset = caches.checked_add(states)?;
         let places_offset = ids_offset.checked_add(input)?;
         let outputs_offset = places_offset.checked_add(input.checked_mul(2)?)?;
-        let total_bytes = outputs_offset.checked_add(input)?;
+        let inputs_end = outputs_offset.checked_add(input)?;
+        let (encoder_inputs, total_bytes) = if encoder {
+            let types_offset = inputs_end.checked_add(input)?;
+            let spans_offset = types_offset.checked_add(input)?;
+            let end = spans_offset.checked_add(input.checked_mul(2)?)?;
+            (Some(EncoderInputs { positions_offset: inputs_end, types_offset, spans_offset }), end)
+        } else {
+            (None, inputs_end)
+        };
         Some(Self {
             n_ctx,
             n_seq,
@@ -221,6 +248,7 @@ impl KvLayout {
             ids_offset,
             places_offset,
             outputs_offset,
+            encoder_inputs,
             total_bytes,
         })
     }

@@ -5,6 +5,7 @@
 //! composition of blocks.
 
 mod blocks;
+mod encoder;
 mod facts;
 mod kv;
 mod rope;
@@ -12,7 +13,7 @@ mod transformer;
 
 pub use blocks::{TrainedPair, MODEL_BUFFER};
 pub use facts::{Activation, Arch, ArchTraits, EmbedScale, Experts, Ffn, Gating, Supported, SwaLayers};
-pub use kv::{CacheRows, KvLayout, KvTypeError, KvTypes};
+pub use kv::{CacheRows, EncoderInputs, KvLayout, KvTypeError, KvTypes};
 pub use rope::{layer_rope, rope_factors_name, LayerRope};
 pub use transformer::{build_window, Forward};
 
@@ -45,5 +46,6 @@ pub fn build_forward<const N: usize>(
         | Arch::Lfm2Moe
         | Arch::Qwen35
         | Arch::Gemma4 => transformer::build(g, gguf, hp, kv, n_tokens, n_outputs, adapters),
+        Arch::Bert => encoder::build(g, gguf, hp, kv, n_tokens, n_outputs, adapters),
     }
 }

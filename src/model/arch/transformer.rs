@@ -76,6 +76,14 @@ pub fn build_window<'b, const N: usize>(
     ids_offset: usize,
     pair: &'b mut TrainedPair<'b, N>,
 ) -> Result<(TensorId, TensorId), ModelError> {
+    if hp.arch.traits().encoder {
+        g.clear();
+        return Err(ModelError::Graph(GraphError::Invalid {
+            op: "forward",
+            name: heapless::String::new(),
+            problem: "an encoder has no training window (fine-tuning runs generating models)",
+        }));
+    }
     let mode = Mode::Window { ids_offset };
     let mut b = Builder::new(g, gguf, hp, mode, n_tokens, Adapters::Trained(pair))?;
     let x = layers(&mut b)?;

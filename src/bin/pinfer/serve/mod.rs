@@ -8,11 +8,13 @@
 //!
 //! Here: the options and the state the handlers share. [`start`]: start-up and stop; [`routes`]:
 //! the router, the API-key check and llama-server's endpoints; [`openai`], [`ollama`]: those APIs;
-//! [`prompt`]: a chat request's prompt; [`tokens`]: text to ids and back; [`jobs`]: generations
+//! [`embeddings`]: an encoder's embedding and rerank routes and its engine loop; [`prompt`]: a chat
+//! request's prompt; [`tokens`]: text to ids and back; [`jobs`]: generations
 //! submitted to the engine and their events; [`api`]: what every endpoint shares.
 
 mod anthropic;
 mod api;
+mod embeddings;
 mod jobs;
 mod ollama;
 mod openai;
@@ -82,6 +84,23 @@ pub struct ServeArgs {
     /// The model's name in the APIs (default: the file's name without .gguf).
     #[arg(short = 'a', long = "alias", value_name = "NAME")]
     pub alias: Option<String>,
+    /// Serve an embedding model (an encoder such as bert): /v1/embeddings, /embeddings and
+    /// Ollama's /api/embed; a generating model is refused. An encoder is served so without it.
+    #[arg(long = "embedding", visible_alias = "embeddings")]
+    pub embedding: bool,
+    /// Serve a reranker (a cross-encoder with a cls.output head) at /v1/rerank and /rerank:
+    /// `--embedding --pooling rank`.
+    #[arg(long = "reranking", visible_alias = "rerank")]
+    pub reranking: bool,
+    /// An embedding model's pooling: none (every token's vector, llama.cpp's /embeddings only),
+    /// mean, cls, last, rank (default: the model's `pooling_type`).
+    #[arg(long = "pooling", value_parser = parse_pooling)]
+    pub pooling: Option<pinfer::model::Pooling>,
+}
+
+fn parse_pooling(name: &str) -> Result<pinfer::model::Pooling, String> {
+    pinfer::model::Pooling::from_name(name)
+        .ok_or_else(|| format!("{name:?}: the poolings are none, mean, cls, last and rank"))
 }
 
 /// Server settings the handlers read.
@@ -137,6 +156,8 @@ pub struct Ready {
     pub slot_identity: crate::kv_file::Identity,
     /// The vocabulary as the grammar engine sees it, built by the first request with a grammar.
     pub vocab: std::sync::OnceLock<Arc<Vocab>>,
+    /// An encoder's embeddings (None: a generating model, served by the slots).
+    pub embedding: Option<embeddings::Served>,
 }
 
 /// The handlers' view: the shared state with the model loaded.

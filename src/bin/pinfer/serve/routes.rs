@@ -1,4 +1,5 @@
-//! The routes (OpenAI, llama-server and Ollama endpoints on one port) behind the API-key check,
+//! The routes (OpenAI, llama-server and Ollama endpoints on one port) behind the API-key check (and,
+//! for an embedding model, the refusal of the generating ones),
 //! and llama-server's own endpoints: health, models, tokenize, templates, props, slots, metrics.
 
 use std::path::PathBuf;
@@ -16,7 +17,7 @@ use serde_json::{json, Value};
 use super::api::{json_response, read_json, unix_now, ApiError, Fields};
 use super::slots::{Request as EngineRequest, SlotAction, SlotDone};
 use super::tokens::{detokenize_text, encode_plain};
-use super::{anthropic, ollama, openai, responses, AppState, State};
+use super::{anthropic, embeddings, ollama, openai, responses, AppState, State};
 
 /// Every route, behind the API-key check.
 pub fn router(shared: AppState) -> Router {
@@ -46,7 +47,14 @@ pub fn router(shared: AppState) -> Router {
         .route("/api/show", post(ollama::show))
         .route("/api/ps", get(ollama::ps))
         .route("/api/version", get(ollama::version))
+        .route("/v1/embeddings", post(embeddings::openai))
+        .route("/embeddings", post(embeddings::native))
+        .route("/api/embed", post(embeddings::ollama_embed))
+        .route("/api/embeddings", post(embeddings::ollama_embeddings))
+        .route("/v1/rerank", post(embeddings::rerank))
+        .route("/rerank", post(embeddings::rerank))
         .fallback(not_found)
+        .layer(axum::middleware::from_fn_with_state(shared.clone(), embeddings::only_what_the_model_serves))
         .layer(axum::middleware::from_fn_with_state(shared.clone(), auth))
         .with_state(shared)
 }

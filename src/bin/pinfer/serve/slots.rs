@@ -74,6 +74,22 @@ pub enum Request {
         action: SlotAction,
         reply: tokio::sync::oneshot::Sender<Result<SlotDone, String>>,
     },
+    /// Inputs to embed (an encoder's server runs them: `embeddings::Engine`).
+    Embed(Box<EmbedJob>),
+}
+
+/// Inputs to embed, with the handler waiting for their vectors.
+pub struct EmbedJob {
+    pub inputs: Vec<Vec<u32>>,
+    pub opts: pinfer::embed::EmbedOptions,
+    pub reply: tokio::sync::oneshot::Sender<Result<pinfer::embed::Embeddings, pinfer::embed::EmbedError>>,
+}
+
+impl EmbedJob {
+    /// The answer of a generating model's engine.
+    pub fn refuse(self) {
+        let _ = self.reply.send(Err(pinfer::embed::EmbedError::NotAnEncoder));
+    }
 }
 
 pub enum SlotAction {
@@ -292,6 +308,8 @@ impl<'t> Engine<'t> {
             Request::Slot { slot, action, reply } => {
                 let _ = reply.send(self.slot_action(slot, action));
             }
+            // (The handlers send none to a generating model's server.)
+            Request::Embed(job) => job.refuse(),
         }
     }
 

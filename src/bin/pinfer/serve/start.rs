@@ -3,11 +3,14 @@
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use pinfer::model::Pooling;
 use std::sync::{mpsc, Arc, OnceLock};
 use std::time::Duration;
 
 use serde_json::Map;
 
+use super::embeddings;
 use super::routes::router;
 use super::slots::{self, GenParams, Request as EngineRequest, Stats};
 use super::{Opts, Ready, ServeArgs, Shared};
@@ -110,20 +113,21 @@ pub fn run(args: ServeArgs) -> Result<(), CliError> {
 
     // The engine thread loads the model (its pool's first worker is that thread), then serves.
     let (jobs_tx, jobs_rx) = mpsc::sync_channel::<EngineRequest>(args.queue + args.parallel + 8);
-    let (loaded_tx, loaded_rx) = mpsc::channel::<Result<(), CliError>>();
+    let (loaded_tx, loaded_rx) = mpsc::channel::<Result<String, CliError>>();
     let engine_shared = shared.clone();
     let n_seq = args.parallel;
     opts.n_seq = n_seq;
     let total_ctx = gen.ctx;
     let gen_args = gen.clone();
+    let kind = ModelKind::asked(&args);
     let engine = std::thread::Builder::new()
         .name("pinfer-engine".into())
         .stack_size(16 << 20)
         .spawn(move || {
-            let result = load_engine(&gen_args, &engine_shared, total_ctx, n_seq, defaults, jobs_tx);
+            let result = load_engine(&gen_args, &engine_shared, total_ctx, n_seq, kind, defaults, jobs_tx);
             match result {
                 Ok(engine) => {
-                    let _ = loaded_tx.send(Ok(()));
+                    let _ = loaded_tx.send(Ok(engine.describe()));
                     engine.serve(jobs_rx, &engine_shared.stop);
                 }
                 Err(e) => {
@@ -155,8 +159,8 @@ pub fn run(args: ServeArgs) -> Result<(), CliError> {
     let server = runtime.spawn(server);
     let loaded = runtime.block_on(async { tokio::task::spawn_blocking(move || loaded_rx.recv()).await });
     let served = match loaded {
-        Ok(Ok(Ok(()))) => {
-            errln!("pinfer: model loaded; serving {n_seq} slot(s)");
+        Ok(Ok(Ok(what))) => {
+            errln!("pinfer: model loaded; serving {what}");
             // Runs until a stop is asked for and the requests still running have ended.
             match runtime.block_on(server) {
                 Ok(result) => result.map_err(|e| CliError::new(format!("serving: {e}"))),
@@ -182,6 +186,90 @@ fn bracket_v6(host: &str) -> String {
     }
 }
 
+/// What the options ask the model to be: `--embedding`, `--reranking` or `--pooling` ask for an
+/// embedding model, with that pooling (None: the file's); without them the file says.
+#[derive(Debug, Clone, Copy)]
+enum ModelKind {
+    Either,
+    Embedding(Option<Pooling>),
+}
+
+impl ModelKind {
+    fn asked(args: &ServeArgs) -> Self {
+        let pooling = if args.reranking { Some(Pooling::Rank) } else { args.pooling };
+        if args.embedding || pooling.is_some() {
+            Self::Embedding(pooling)
+        } else {
+            Self::Either
+        }
+    }
+}
+
+/// The sequences of an encoder's batch unless `--parallel` asks for more: many inputs share one
+/// step (an encoder keeps no cache per sequence).
+const EMBEDDING_SEQUENCES: usize = 16;
+
+/// An encoder's batch unless -b/-ub say: llama-server's for embeddings (n_batch = n_ubatch = 512).
+const EMBEDDING_BATCH: usize = 512;
+
+/// The engine thread's work: the slots of a generating model or an encoder's jobs.
+enum Loaded<'s> {
+    Slots(slots::Engine<'s>, usize),
+    Embeddings(embeddings::Engine),
+}
+
+impl Loaded<'_> {
+    fn describe(&self) -> String {
+        match self {
+            Self::Slots(_, n) => format!("{n} slot(s)"),
+            Self::Embeddings(e) => {
+                let s = e.served();
+                format!(
+                    "embeddings (pooling {}, {} values, inputs up to {} tokens)",
+                    s.pooling.name(),
+                    s.width,
+                    s.limit
+                )
+            }
+        }
+    }
+
+    fn serve(self, jobs: mpsc::Receiver<EngineRequest>, stop: &AtomicBool) {
+        match self {
+            Self::Slots(engine, _) => engine.serve(jobs, stop),
+            Self::Embeddings(engine) => engine.serve(jobs, stop),
+        }
+    }
+}
+
+/// Loads an embedding model: batches of `EMBEDDING_BATCH` tokens (unless -b/-ub) and of
+/// `EMBEDDING_SEQUENCES` inputs (or --parallel), every token an output without pooling.
+fn load_encoder(
+    gen: &GenArgs,
+    runtime: &crate::runtime::Runtime,
+    path: &std::path::Path,
+    n_seq: usize,
+    pooling: Option<Pooling>,
+) -> Result<pinfer::session::Session, CliError> {
+    let mut opts = gen.session_options()?;
+    if gen.batch.is_none() && gen.ubatch.is_none() {
+        opts.n_batch = EMBEDDING_BATCH;
+    }
+    opts.n_seq = n_seq.clamp(EMBEDDING_SEQUENCES, pinfer::engine::MAX_SEQ);
+    opts.pooling = pooling;
+    opts.logits_all = pooling == Some(Pooling::None);
+    let session = runtime.load(path, opts, gen.verbose)?;
+    match session.engine().pooling() {
+        None => Err(CliError::new(format!(
+            "{}: --embedding: this model generates text and has no embedding output (serve an encoder such as bert)",
+            path.display()
+        ))),
+        // The file's pooling is none: every token is an output, which the session must hold.
+        Some(Pooling::None) if pooling.is_none() => load_encoder(gen, runtime, path, n_seq, Some(Pooling::None)),
+        Some(_) => Ok(session),
+    }
+}
+
 /// Loads the model on the engine thread and publishes what the handlers need; the scheduler
 /// borrows the tokenizer from what is published.
 fn load_engine<'s>(
@@ -189,9 +277,10 @@ fn load_engine<'s>(
     shared: &'s Arc<Shared>,
     total_ctx: usize,
     n_seq: usize,
+    kind: ModelKind,
     defaults: GenParams,
     jobs: mpsc::SyncSender<EngineRequest>,
-) -> Result<slots::Engine<'s>, CliError> {
+) -> Result<Loaded<'s>, CliError> {
     let path = crate::model_path(gen.model.clone());
     let mut opts = gen.session_options()?;
     opts.n_seq = n_seq;
@@ -200,7 +289,19 @@ fn load_engine<'s>(
     if total_ctx > 0 {
         opts.n_ctx = (total_ctx / n_seq).max(1);
     }
-    let session = runtime.load(&path, opts, gen.verbose)?;
+    let session = match kind {
+        ModelKind::Embedding(pooling) => load_encoder(gen, &runtime, &path, n_seq, pooling)?,
+        ModelKind::Either => {
+            let session = runtime.load(&path, opts, gen.verbose)?;
+            if session.engine().gives_embeddings() {
+                // An encoder is served as one without --embedding: loaded again for its batches.
+                drop(session);
+                load_encoder(gen, &runtime, &path, n_seq, None)?
+            } else {
+                session
+            }
+        }
+    };
     let tok = crate::tokenize::tokenizer(&path, session.gguf())?;
     let gguf = session.gguf();
     let chat_template_text = gguf.get_str_opt("tokenizer.chat_template").ok().flatten().map(str::to_string);
@@ -246,8 +347,16 @@ fn load_engine<'s>(
         empty: Map::new(),
         slot_identity: crate::kv_file::Identity::of(&session),
         vocab: std::sync::OnceLock::new(),
+        embedding: None,
     };
+    if session.engine().gives_embeddings() {
+        let engine = embeddings::Engine::new(session, shared.stats.clone());
+        let ready = Ready { n_slots: 1, embedding: Some(engine.served()), ..ready };
+        shared.ready.get_or_init(|| ready);
+        return Ok(Loaded::Embeddings(engine));
+    }
     // Set once, here: the engine thread loads one model.
     let ready = shared.ready.get_or_init(|| ready);
-    Ok(slots::Engine::new(session, &ready.tok, shared.stats.clone(), gen.lookup.unwrap_or(0)))
+    let engine = slots::Engine::new(session, &ready.tok, shared.stats.clone(), gen.lookup.unwrap_or(0));
+    Ok(Loaded::Slots(engine, n_seq))
 }

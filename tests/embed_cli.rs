@@ -1,0 +1,202 @@
+//! `pinfer embed` and `pinfer rerank` on the tiny BERT (scripts/make_bert_tiny.py, written by
+//! `scripts/setup.sh tiny`) from token ids, and the std helper under them (`pinfer::embed`):
+//! batches filling `-b`, each input's vector as alone, over-long inputs refused or truncated;
+//! generating models and encoders each refused where the other belongs.
+
+mod cli_support;
+
+use cli_support::{pinfer, temp_file, text_of};
+use pinfer::embed::{embed, EmbedError, EmbedOptions};
+use pinfer::engine::embedding::{normalize, Normalize};
+use pinfer::loader::ModelFile;
+use pinfer::model::Pooling;
+use pinfer::session::{Session, SessionOptions};
+
+const BERT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/models/tiny/bert-tiny.gguf");
+const QWEN2: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/models/tiny/qwen2-tiny.gguf");
+
+fn session(n_batch: usize, n_seq: usize, pooling: Option<Pooling>) -> Session {
+    let model = ModelFile::open_static(std::path::Path::new(BERT)).expect("run scripts/setup.sh tiny");
+    let logits_all = pooling == Some(Pooling::None);
+    let opts = SessionOptions { n_batch, n_seq, logits_all, pooling, threads: 2, ..Default::default() };
+    Session::new(model, &opts).unwrap()
+}
+
+fn inputs() -> Vec<Vec<u32>> {
+    vec![
+        vec![2, 10, 11, 12, 3],
+        vec![2, 40, 3],
+        (0..30).map(|i| 5 + i % 80).collect(),
+        vec![7],
+        vec![2, 9, 3],
+    ]
+}
+
+#[test]
+fn inputs_in_batches_give_what_each_gives_alone() {
+    let inputs = inputs();
+    let refs: Vec<&[u32]> = inputs.iter().map(Vec::as_slice).collect();
+    let opts = EmbedOptions::default();
+    // Alone: a batch per input.
+    let mut one = session(64, 1, None);
+    let alone = embed(&mut one, &refs, &opts).unwrap();
+    // Batches of up to 3 inputs and 40 tokens: [0, 1], [2, 3, 4]... each filled to what fits.
+    let mut packed = session(40, 3, None);
+    let batched = embed(&mut packed, &refs, &opts).unwrap();
+    assert_eq!(alone, batched);
+    assert_eq!(batched.width, 64);
+    assert_eq!(batched.tokens, vec![5, 3, 30, 1, 3]);
+    for i in 0..inputs.len() {
+        let v = batched.row(i, 0).unwrap();
+        let norm: f32 = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+        assert!((norm - 1.0).abs() < 1e-5, "input {i}: Euclidean-normalised, length {norm}");
+    }
+    // Unnormalised, the helper gives the engine's vectors; normalised afterwards, the same.
+    let raw =
+        embed(&mut packed, &refs, &EmbedOptions { normalize: Normalize::None, truncate: false }).unwrap();
+    let mut again = vec![0f32; 64];
+    normalize(raw.row(2, 0).unwrap(), &mut again, Normalize::Euclidean);
+    assert_eq!(again, batched.row(2, 0).unwrap());
+    // Per token: every token's vector, in order.
+    let mut per_token = session(40, 3, Some(Pooling::None));
+    let tokens = embed(&mut per_token, &refs, &opts).unwrap();
+    assert_eq!(tokens.rows[2].len(), 30 * 64);
+    assert!(tokens.row(2, 29).is_some() && tokens.row(2, 30).is_none());
+}
+
+#[test]
+fn long_inputs_are_refused_or_truncated_and_empty_ones_refused() {
+    let long: Vec<u32> = (0..50).map(|i| 5 + i).collect();
+    let mut s = session(32, 2, None);
+    let err = embed(&mut s, &[&[2, 3], &long], &EmbedOptions::default()).unwrap_err();
+    assert!(matches!(err, EmbedError::ExceedsContext { index: 1, tokens: 50, limit: 32 }), "{err}");
+    assert!(err.to_string().contains("exceeds the available context size"), "{err}");
+    let cut = embed(&mut s, &[&long], &EmbedOptions { truncate: true, ..Default::default() }).unwrap();
+    let first = embed(&mut s, &[&long[..32]], &EmbedOptions::default()).unwrap();
+    assert_eq!(cut.rows, first.rows);
+    assert_eq!(cut.tokens, vec![32]);
+    let err = embed(&mut s, &[&[2, 3], &[]], &EmbedOptions::default()).unwrap_err();
+    assert!(matches!(err, EmbedError::Empty { index: 1 }), "{err}");
+}
+
+#[test]
+fn a_generating_model_has_no_embeddings() {
+    let model = ModelFile::open_static(std::path::Path::new(QWEN2)).unwrap();
+    let mut s = Session::new(model, &SessionOptions::default()).unwrap();
+    let err = embed(&mut s, &[&[1, 2]], &EmbedOptions::default()).unwrap_err();
+    assert!(matches!(err, EmbedError::NotAnEncoder), "{err}");
+}
+
+#[test]
+fn pinfer_embed_prints_llama_embeddings_formats() {
+    let json = pinfer(&[
+        "embed",
+        "-m",
+        BERT,
+        "--token-ids",
+        "-p",
+        "2 10 11 12 3\n2 40 3",
+        "--embd-output-format",
+        "json",
+    ]);
+    assert!(json.status.success(), "{}", text_of(&json.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(v["object"], "list");
+    let data = v["data"].as_array().unwrap();
+    assert_eq!(data.len(), 2);
+    assert_eq!(data[1]["index"], 1);
+    let e: Vec<f64> = data[0]["embedding"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
+    assert_eq!(e.len(), 64);
+    assert!((e.iter().map(|x| x * x).sum::<f64>() - 1.0).abs() < 1e-5);
+
+    // The same vector from the std helper, as llama-embedding prints it (%1.7f).
+    let mut s = session(64, 2, None);
+    let want = embed(&mut s, &[&[2, 10, 11, 12, 3]], &EmbedOptions::default()).unwrap();
+    let printed: Vec<String> = want.row(0, 0).unwrap().iter().map(|x| format!("{x:.7}")).collect();
+    let raw =
+        pinfer(&["embed", "-m", BERT, "--token-ids", "-p", "2 10 11 12 3", "--embd-output-format", "raw"]);
+    assert_eq!(text_of(&raw.stdout), printed.join(" ") + "\n");
+
+    let array = pinfer(&[
+        "embed",
+        "-m",
+        BERT,
+        "--token-ids",
+        "-p",
+        "2 10 3\n2 11 3",
+        "--embd-output-format",
+        "array",
+    ]);
+    let v: serde_json::Value = serde_json::from_slice(&array.stdout).unwrap();
+    assert_eq!(v.as_array().unwrap().len(), 2);
+    // Per token: one vector per token; max-abs normalisation prints integers.
+    let none = pinfer(&[
+        "embed",
+        "-m",
+        BERT,
+        "--token-ids",
+        "-p",
+        "2 10 3",
+        "--pooling",
+        "none",
+        "--embd-normalize",
+        "0",
+        "--embd-output-format",
+        "array",
+    ]);
+    let v: serde_json::Value = serde_json::from_slice(&none.stdout).unwrap();
+    let rows = v.as_array().unwrap();
+    assert_eq!(rows.len(), 3);
+    assert!(rows[0]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|x| x.as_f64() == Some(32760.0) || x.as_f64() == Some(-32760.0)));
+    // The default output: the vectors' first values and the similarity matrix.
+    let summary = pinfer(&["embed", "-m", BERT, "--token-ids", "-p", "2 10 3\n2 11 3"]);
+    let text = text_of(&summary.stdout);
+    assert!(text.contains("embedding 1: ") && text.contains("cosine similarity matrix"), "{text}");
+}
+
+#[test]
+fn pinfer_rerank_scores_each_document() {
+    let docs = temp_file("docs.txt", b"2 11 3\n2 12 13 3\n");
+    let out =
+        pinfer(&["rerank", "-m", BERT, "--token-ids", "--query", "2 10 3", "-f", docs.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text_of(&out.stderr));
+    // The pair [CLS] q [SEP] d [SEP]: the score `embed --pooling rank --embd-normalize -1` gives it.
+    let want = pinfer(&[
+        "embed",
+        "-m",
+        BERT,
+        "--token-ids",
+        "-p",
+        "2 10 3 11 3\n2 10 3 12 13 3",
+        "--pooling",
+        "rank",
+        "--embd-normalize",
+        "-1",
+    ]);
+    assert_eq!(text_of(&out.stdout), text_of(&want.stdout));
+    assert!(text_of(&out.stdout).starts_with("rerank score 0: "), "{}", text_of(&out.stdout));
+}
+
+#[test]
+fn each_kind_of_model_is_refused_where_the_other_belongs() {
+    let gen = pinfer(&["generate", "-m", BERT, "-p", "hi", "-n", "2"]);
+    assert!(!gen.status.success());
+    assert!(text_of(&gen.stderr).contains("is an embedding model"), "{}", text_of(&gen.stderr));
+    let emb = pinfer(&["embed", "-m", QWEN2, "--token-ids", "-p", "1 2"]);
+    assert!(!emb.status.success());
+    assert!(text_of(&emb.stderr).contains("has no embedding output"), "{}", text_of(&emb.stderr));
+    let rank = pinfer(&["embed", "-m", QWEN2, "--token-ids", "-p", "1 2", "--pooling", "mean"]);
+    assert!(text_of(&rank.stderr).contains("generates text"), "{}", text_of(&rank.stderr));
+    let long = pinfer(&["embed", "-m", BERT, "--token-ids", "-b", "4", "-p", "2 5 5 5 5 3"]);
+    assert!(
+        text_of(&long.stderr).contains("exceeds the available context size"),
+        "{}",
+        text_of(&long.stderr)
+    );
+    let bad = pinfer(&["embed", "-m", BERT, "--token-ids", "-p", "2 x 3"]);
+    assert!(text_of(&bad.stderr).contains("not a token id"), "{}", text_of(&bad.stderr));
+}
