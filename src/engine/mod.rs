@@ -16,6 +16,11 @@
 //! The KV cache holds `n_seq` sequences of `n_ctx` positions; sequences are cleared, truncated
 //! or copied into one another ([`Engine::copy_prefix`]: a shared system prompt computed once).
 //!
+//! An encoder (`bert`) keeps no cache: each step holds whole sequences one after another (from
+//! position 0, up to `n_seq` of them), each attending to its own tokens both ways, and gives one
+//! pooled vector per sequence, or one per token asked for ([`Engine::embedding`];
+//! [`EngineConfig::pooling`] overrides the file's pooling).
+//!
 //! [`generate`] is one generation step over it (prompt chunks, sampling, stream decoding, stop
 //! tokens): every front end generates through it.
 

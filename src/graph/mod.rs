@@ -920,6 +920,14 @@ impl<const N: usize> Graph<N> {
         if window > i32::MAX as u32 || !scale.is_finite() {
             return Err(self.invalid(Op::FlashAttn, q, "bad scale or window"));
         }
+        if !mask.causal() && (tk.ty, tv.ty) == (GgmlType::F16, GgmlType::F16) {
+            // (The f16 kernel's loop reads causal places only.)
+            return Err(self.invalid(
+                Op::FlashAttn,
+                k,
+                "bidirectional attention reads the batch's own keys and values, not an f16 cache",
+            ));
+        }
         let ne = [tv.ne[0], tq.ne[2], tq.ne[1], 1];
         let params = OpParams { i: [mask.causal() as i32, window as i32, 0, 0], f: [scale, 0.0, 0.0, 0.0] };
         let id = self.node(Op::FlashAttn, GgmlType::F32, ne, &[q, k, v], params)?;

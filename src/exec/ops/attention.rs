@@ -142,7 +142,7 @@ impl<'a, const N: usize> Bound<'a, N> {
             let (hd, hd_v) = (tq.ne[0], tv.ne[0]);
             let n_kv = tk.ne_for(step.n_kv)[1];
             let group = tq.ne[2] / tk.ne[2];
-            let scale = t.params.f[0];
+            let (causal, window, scale) = (t.params.i[0] != 0, t.params.i[1] as usize, t.params.f[0]);
             let mut q16 = [F16Le::from_f32(0.0); kernels::FLASH_ROWS * 1024];
             let mut acc16 = [F16Le::from_f32(0.0); kernels::FLASH_ROWS * 1024];
             // A prompt's tokens over an f16 or f32 cache take the f32 tiles (as llama.cpp's
@@ -150,11 +150,7 @@ impl<'a, const N: usize> Bound<'a, N> {
             // (`in_prompt_run`), so a server slot's next token beside another slot's prompt is
             // computed as it is alone. The other tokens over a cache of other types than f16
             // keys and values take the typed kernel.
-            // (A bidirectional node's keys are the batch's, each sequence's from wherever it
-            // starts: tiles aligned to the rows would cut a sequence's keys differently in
-            // another batch, so it takes the typed kernel, whose rows run key by key.)
-            let causal = t.params.i[0] != 0;
-            let tiles = causal && attn_tile::prompt_takes_tiles(path, ne[2], tk.ty, tv.ty, hd, hd_v);
+            let tiles = attn_tile::prompt_takes_tiles(path, ne[2], tk.ty, tv.ty, hd, hd_v);
             let tiled = |tok: usize| tiles && self.in_prompt_run(t, tok, ne[2]);
             if tiles {
                 self.flash_attn_tiles(id, t, ne, step, TileKernel::Float(path, tk.ty), tiled, ith, nth);
@@ -187,12 +183,17 @@ impl<'a, const N: usize> Bound<'a, N> {
                 }
                 let first = kv_head * group + c * run;
                 let heads = first..(first + run).min((kv_head + 1) * group);
-                let (start, end) = match self.visible(t, tok, n_kv, step) {
-                    Some(seen) => (seen.start, seen.end),
-                    None => {
+                let (start, end) = match self.place(t.src[3], tok) {
+                    // This token's sequence: its rows from `first`, up to its position.
+                    Some(Some((first, pos))) if first + pos < n_kv => {
+                        let (start, end) = visible_keys(causal, window, pos, pos + 1);
+                        (first + start, first + end)
+                    }
+                    Some(_) => {
                         self.fail(id, BAD_INDEX);
                         (0, 0)
                     }
+                    None => visible_keys(causal, window, step.n_past + tok, n_kv),
                 };
                 let mut qs: [&[f32]; kernels::FLASH_ROWS] = [&[]; kernels::FLASH_ROWS];
                 let mut outs: [&mut [f32]; kernels::FLASH_ROWS] = Default::default();
@@ -436,9 +437,15 @@ impl<'a, const N: usize> Bound<'a, N> {
     }
     /// Whether token `tok` of attention node `t` (of `n` tokens) is one of a run of
     /// [`attn_tile::TILE_MIN_TOKENS`] or more consecutive tokens of its sequence: a prompt's chunk,
-    /// not a slot's next token and its guesses. Every token of a step without a places table is of
-    /// one sequence.
+    /// not a slot's next token and its guesses (never a bidirectional node's). Every token of a
+    /// step without a places table is of one sequence.
     fn in_prompt_run(&self, t: &Tensor, tok: usize, n: usize) -> bool {
+        // (A bidirectional node's keys are the batch's, each sequence's from wherever it starts:
+        // tiles aligned to the rows would cut a sequence's keys differently in another batch,
+        // so its rows take the typed kernel, which runs each row key by key.)
+        if t.params.i[0] == 0 {
+            return false;
+        }
         let least = attn_tile::TILE_MIN_TOKENS;
         let Some(Some((first, _))) = self.place(t.src[3], tok) else { return n >= least };
         let same = |i: usize| matches!(self.place(t.src[3], i), Some(Some((f, _))) if f == first);
@@ -452,12 +459,12 @@ impl<'a, const N: usize> Bound<'a, N> {
     fn visible(&self, t: &Tensor, tok: usize, n_kv: usize, step: Step) -> Option<Range<usize>> {
         let (causal, window) = (t.params.i[0] != 0, t.params.i[1] as usize);
         match self.place(t.src[3], tok) {
-            // A bidirectional node's table holds spans: (first row, rows).
-            Some(Some((first, n))) if !causal => (n > 0 && first + n <= n_kv).then_some(first..first + n),
-            Some(Some((first, pos))) if first + pos < n_kv => {
+            Some(Some((first, pos))) if causal && first + pos < n_kv => {
                 let (start, end) = visible_keys(causal, window, pos, pos + 1);
                 Some(first + start..first + end)
             }
+            // A bidirectional node's table holds spans: (first row, rows).
+            Some(Some((first, n))) if !causal && n > 0 && first + n <= n_kv => Some(first..first + n),
             Some(_) => None,
             None => {
                 let (start, end) = visible_keys(causal, window, step.n_past + tok, n_kv);

@@ -18,7 +18,8 @@ use crate::tensor::TensorId;
 pub struct Forward {
     /// I32 token ids `[n_tokens]` (persistent storage at `KvLayout::ids_offset`).
     pub ids: TensorId,
-    /// F32 logits `[n_vocab, n_outputs]`, in the order of the output rows.
+    /// F32 logits `[n_vocab, n_outputs]`, in the order of the output rows (an encoder's
+    /// embeddings: `[n_embd or labels, n_outputs]`).
     pub logits: TensorId,
     /// Tokens the graph evaluates.
     pub n_tokens: usize,
