@@ -142,6 +142,23 @@ fn tokenize_prints_ids_and_parses_special_tokens_only_when_asked() {
     assert!(text_of(&plain.stdout).trim().split(' ').count() > 1, "{}", text_of(&plain.stdout));
 }
 
+/// An encoder (all-MiniLM-L6-v2, setup.sh minilm): `tokenize` gives BERT's WordPiece ids (lower-cased,
+/// accents stripped, punctuation split, [CLS] ... [SEP]: bert-base-uncased's vocabulary) and `info`
+/// describes it as an encoder (no RoPE or RMS norm lines).
+#[test]
+fn an_encoder_tokenizes_with_wordpiece_and_is_described_as_one() {
+    let model = repo_file("models/all-MiniLM-L6-v2.F16.gguf");
+    let out = pinfer(&["tokenize", "-m", &model, "-p", "Hello, naïve Wörld!", "--ids"]);
+    assert!(out.status.success(), "stderr: {}", text_of(&out.stderr));
+    assert_eq!(text_of(&out.stdout).trim(), "101 7592 1010 15743 2088 999 102");
+    let out = pinfer(&["info", "-m", &model]);
+    assert!(out.status.success(), "stderr: {}", text_of(&out.stderr));
+    let stdout = text_of(&out.stdout);
+    assert!(stdout.contains("bidirectional, layer norm eps 1e-12"), "{stdout}");
+    assert!(stdout.contains("pooling mean"), "{stdout}");
+    assert!(!stdout.contains("rope dims"), "{stdout}");
+}
+
 /// Runs `pinfer perplexity -c CTX` on `text`; returns the estimate and its ±.
 fn perplexity(model: &str, text: &[u8], ctx: &str) -> (f64, f64) {
     let file = temp_file(&format!("ppl-{}.txt", text.len()), text);

@@ -169,10 +169,20 @@ impl Report<'_> {
                 hp.n_ff,
                 hp.n_ctx_train
             )?;
-            outln!(
-                "attention:     {} heads, {} kv heads, head dim {}/{}, rope dims {}, freq base {}, rms eps {:e}",
-                hp.n_head, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v, hp.n_rot, hp.rope_freq_base, hp.rms_eps
-            )?;
+            if hp.arch.traits().encoder {
+                // An encoder has absolute positions and LayerNorms, no RoPE or RMS norms.
+                outln!(
+                    "attention:     {} heads, {} kv heads, head dim {}/{}, bidirectional, layer norm eps {:e}",
+                    hp.n_head, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v, hp.rms_eps
+                )?;
+                let pooling = hp.pooling.map_or("none", |p| p.name());
+                outln!("embeddings:    pooling {pooling} (the file's; --pooling overrides)")?;
+            } else {
+                outln!(
+                    "attention:     {} heads, {} kv heads, head dim {}/{}, rope dims {}, freq base {}, rms eps {:e}",
+                    hp.n_head, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v, hp.n_rot, hp.rope_freq_base, hp.rms_eps
+                )?;
+            }
             if hp.n_expert > 0 {
                 outln!(
                     "experts:       {} ({} used per token, width {}, shared width {})",
