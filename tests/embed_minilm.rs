@@ -71,27 +71,38 @@ fn check_on_engine_stack(file: &'static str, against: &'static str, reference_mi
 
 fn check(file: &str, against: &str, reference_min: f64) {
     let reference = golden("minilm-reference.json");
-    let sentences: Vec<String> = serde_json::from_value(reference["sentences"].clone()).unwrap();
+    let all: Vec<String> = serde_json::from_value(reference["sentences"].clone()).unwrap();
+    // A debug build under qemu (the aarch64 tier) takes minutes over all 50 on the F16 file's
+    // one-element-at-a-time kernel: there, every fourth sentence and the two that matter most (10,
+    // the worst; 21, Korean), the same code paths.
+    let slow = cfg!(all(target_arch = "aarch64", debug_assertions));
+    let picked: Vec<usize> = (0..all.len()).filter(|&i| !slow || i % 4 == 0 || i == 10 || i == 21).collect();
+    let sentences: Vec<String> = picked.iter().map(|&i| all[i].clone()).collect();
     let hf_ids: Vec<Vec<u32>> = serde_json::from_value(reference["ids"].clone()).unwrap();
     let (ids, vectors) = embed_sentences(file, &sentences);
-    assert_eq!(ids, hf_ids, "WordPiece ids are HF tokenizers'");
+    let picked_hf: Vec<&Vec<u32>> = picked.iter().map(|&i| &hf_ids[i]).collect();
+    assert_eq!(ids.iter().collect::<Vec<_>>(), picked_hf, "WordPiece ids are HF tokenizers'");
+    // (sentence index, pinfer's vector) of the picked sentences.
+    let vectors: Vec<(usize, Vec<f32>)> = picked.iter().copied().zip(vectors).collect();
+    let ids: Vec<(usize, Vec<u32>)> = picked.iter().copied().zip(ids).collect();
     let worst = |want: &[Vec<f64>], skip: &dyn Fn(usize) -> bool| {
         let mut worst = (f64::INFINITY, 0);
-        for (i, (got, want)) in vectors.iter().zip(want).enumerate().filter(|(i, _)| !skip(*i)) {
-            let c = cosine(got, want);
+        for (i, got) in vectors.iter().filter(|(i, _)| !skip(*i)) {
+            let c = cosine(got, &want[*i]);
             if c < worst.0 {
-                worst = (c, i);
+                worst = (c, *i);
             }
         }
         worst
     };
     let (c, i) = worst(&rows(&reference["embeddings"]), &|_| false);
     eprintln!("{file}: min cosine vs the float64 reference {c:.7} (sentence {i})");
-    assert!(c >= reference_min, "{file}: sentence {i} {:?}: cosine {c} < {reference_min}", sentences[i]);
+    assert!(c >= reference_min, "{file}: sentence {i} {:?}: cosine {c} < {reference_min}", all[i]);
     // llama-embedding's vectors, where its ids are ours (it drops Hangul jamo HF keeps).
     let llama = golden(against);
     let llama_ids: Vec<Vec<u32>> = serde_json::from_value(llama["ids"].clone()).unwrap();
-    let (c, i) = worst(&rows(&llama["vectors"]), &|i| llama_ids[i] != ids[i]);
+    let ours = |i: usize| ids.iter().find(|(j, _)| *j == i).map(|(_, v)| v);
+    let (c, i) = worst(&rows(&llama["vectors"]), &|i| ours(i) != Some(&llama_ids[i]));
     eprintln!("{file}: min cosine vs llama-embedding {c:.7} (sentence {i})");
     assert!(c >= reference_min, "{file}: sentence {i}: cosine {c} against llama-embedding");
 }
