@@ -5,12 +5,12 @@
 mod cli_support;
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::process::{Child, Stdio};
+use std::process::Child;
 use std::time::{Duration, Instant};
 
-use cli_support::{pinfer, pinfer_command, repo_file, temp_file, text_of, through_qemu};
+use cli_support::{pinfer, pinfer_command, repo_file, spawn_server, temp_file, text_of, through_qemu};
 use serde_json::{json, Value};
 
 const MODEL: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
@@ -37,19 +37,7 @@ impl Server {
         let mut cmd = pinfer_command();
         cmd.envs(env.iter().copied());
         cmd.args(["serve", "-m", model, "--port", "0", "-t", "2"]).args(args);
-        let mut child =
-            cmd.stderr(Stdio::piped()).stdout(Stdio::null()).spawn().expect("starting pinfer serve");
-        let stderr = child.stderr.take().unwrap();
-        let mut lines = BufReader::new(stderr).lines();
-        let port = loop {
-            let line = lines.next().expect("pinfer serve ended before listening").unwrap();
-            if let Some(rest) = line.split("listening on http://").nth(1) {
-                let addr = rest.split_whitespace().next().unwrap();
-                break addr.rsplit(':').next().unwrap().parse().unwrap();
-            }
-        };
-        // Keep draining stderr so the server never blocks on a full pipe.
-        std::thread::spawn(move || for _ in lines {});
+        let (child, port) = spawn_server(cmd);
         let server = Self { child, port };
         let deadline = Instant::now() + Duration::from_secs(300);
         loop {

@@ -8,10 +8,10 @@ mod cli_support;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::process::{Child, Stdio};
+use std::process::Child;
 use std::time::{Duration, Instant};
 
-use cli_support::{pinfer, pinfer_command, repo_file, text_of};
+use cli_support::{pinfer, pinfer_command, repo_file, spawn_server, text_of};
 use pinfer::embed::{embed, EmbedOptions};
 use pinfer::engine::embedding::Normalize;
 use pinfer::loader::ModelFile;
@@ -47,23 +47,9 @@ impl Response {
 
 impl Server {
     fn start(model: &str, args: &[&str]) -> Self {
-        let mut child = pinfer_command()
-            .args(["serve", "-m", &repo_file(model), "--port", "0", "-t", "2"])
-            .args(args)
-            .stderr(Stdio::piped())
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("starting pinfer serve");
-        let stderr = child.stderr.take().unwrap();
-        let mut lines = std::io::BufRead::lines(std::io::BufReader::new(stderr));
-        let port = loop {
-            let line = lines.next().expect("pinfer serve ended before listening").unwrap();
-            if let Some(rest) = line.split("listening on http://").nth(1) {
-                let addr = rest.split_whitespace().next().unwrap();
-                break addr.rsplit(':').next().unwrap().parse().unwrap();
-            }
-        };
-        std::thread::spawn(move || for _ in lines {});
+        let mut cmd = pinfer_command();
+        cmd.args(["serve", "-m", &repo_file(model), "--port", "0", "-t", "2"]).args(args);
+        let (child, port) = spawn_server(cmd);
         let server = Self { child, port };
         let deadline = Instant::now() + Duration::from_secs(300);
         while server.request("GET", "/health", None).status != 200 {

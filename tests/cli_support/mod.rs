@@ -3,8 +3,9 @@
 #![allow(dead_code)] // each test binary uses its own part
 
 use std::io::Write;
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Child, Command, Output, Stdio};
 use std::sync::OnceLock;
 
 /// Runs the built `pinfer` binary.
@@ -130,4 +131,22 @@ impl Drop for Scratch {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
+}
+
+/// Spawns `cmd` (a `pinfer serve --port 0 ...` command) and returns it with the port it printed
+/// (`listening on http://ADDR:PORT`); its stderr is drained from then on, so the server never blocks
+/// on a full pipe.
+pub fn spawn_server(mut cmd: Command) -> (Child, u16) {
+    let mut child = cmd.stderr(Stdio::piped()).stdout(Stdio::null()).spawn().expect("starting pinfer serve");
+    let stderr = child.stderr.take().unwrap();
+    let mut lines = BufReader::new(stderr).lines();
+    let port = loop {
+        let line = lines.next().expect("pinfer serve ended before listening").unwrap();
+        if let Some(rest) = line.split("listening on http://").nth(1) {
+            let addr = rest.split_whitespace().next().unwrap();
+            break addr.rsplit(':').next().unwrap().parse().unwrap();
+        }
+    };
+    std::thread::spawn(move || for _ in lines {});
+    (child, port)
 }
