@@ -427,6 +427,53 @@ fn a_whitelist_selects_shapes_and_batches_below_the_threshold_stay_on_the_cpu() 
     assert_eq!(s.npu().unwrap().stats().calls, 6, "decode stays on the CPU");
 }
 
+/// all-MiniLM-L6-v2 (Q8_0) with every encoder matmul on the emulated NPU (fp16): the 36 projections
+/// of its 6 layers are planned, the batches of sentences go through them, and the sentence vectors
+/// stay within cosine 0.999 of the float64 reference (the NPU multiplies fp16 inputs by the
+/// dequantized weights, closer to the exact product than the CPU's Q8_0 activations).
+#[test]
+fn an_encoders_matmuls_run_on_the_npu() {
+    let _guard = serial();
+    // Planning MiniLM's graphs needs more than a test thread's stack (as the server's engine thread).
+    std::thread::Builder::new().stack_size(16 << 20).spawn(check_minilm_on_the_npu).unwrap().join().unwrap();
+}
+
+fn check_minilm_on_the_npu() {
+    let path = format!("{}/tests/golden/embeddings/minilm-reference.json", env!("CARGO_MANIFEST_DIR"));
+    let reference: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    // Under qemu the emulator converts every weight on every call: a few sentences there.
+    let take = if cfg!(target_arch = "aarch64") { 4 } else { 16 };
+    let inputs: Vec<Vec<u32>> = reference["ids"].as_array().unwrap().iter().take(take).map(ids).collect();
+    let want: Vec<Vec<f64>> = reference["embeddings"].as_array().unwrap()[..take]
+        .iter()
+        .map(|v| v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect())
+        .collect();
+    let model = ModelFile::open_static(&model_path("all-MiniLM-L6-v2.Q8_0.gguf"))
+        .unwrap_or_else(|e| panic!("{e} (run scripts/setup.sh minilm-q8)"));
+    let opts = SessionOptions {
+        threads: 2,
+        n_batch: 128,
+        n_seq: 8,
+        npu: emulator_config(Precision::Fp16, 4),
+        ..Default::default()
+    };
+    let mut session = Session::new(model, &opts).unwrap();
+    let plan = session.npu().expect("the NPU backend is up").plan();
+    assert_eq!(plan.matmuls.len(), 36, "q, k, v, output, up and down of 6 layers: {:?}", plan.skipped);
+    let refs: Vec<&[u32]> = inputs.iter().map(Vec::as_slice).collect();
+    let out = pinfer::embed::embed(&mut session, &refs, &pinfer::embed::EmbedOptions::default()).unwrap();
+    let stats = session.npu().unwrap().stats();
+    assert!(stats.calls >= 36 && stats.disabled == 0, "{stats:?}");
+    for (i, want) in want.iter().enumerate() {
+        let got = out.row(i, 0).unwrap();
+        let dot: f64 = got.iter().zip(want).map(|(&a, &b)| a as f64 * b).sum();
+        let norm = |v: &mut dyn Iterator<Item = f64>| v.map(|x| x * x).sum::<f64>().sqrt();
+        let cos = dot / (norm(&mut got.iter().map(|&x| x as f64)) * norm(&mut want.iter().copied()));
+        eprintln!("sentence {i}: cosine {cos:.7} with every matmul on the NPU");
+        assert!(cos >= 0.999, "sentence {i}: cosine {cos} against the float64 reference");
+    }
+}
+
 // ---- the command line --------------------------------------------------------------------------
 
 /// `pinfer` with `args`, the emulator as its NPU runtime, and `env` set (through qemu-user when the
