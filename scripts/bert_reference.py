@@ -74,11 +74,12 @@ class Bert:
     def norm(self, x, name):
         return layer_norm(x, self.t[f"{name}.weight"], self.t[f"{name}.bias"], self.hp["layer_norm_eps"])
 
-    def hidden_states(self, ids):
-        """The last layer's output, one row per token."""
+    def hidden_states(self, ids, types=None):
+        """The last layer's output, one row per token (token type 0 unless `types` are given)."""
         t, n = self.t, len(ids)
+        types = np.zeros(n, dtype=np.int64) if types is None else np.asarray(types)
         x = (t["embeddings.word_embeddings.weight"][ids]
-             + t["embeddings.token_type_embeddings.weight"][0]
+             + t["embeddings.token_type_embeddings.weight"][types]
              + t["embeddings.position_embeddings.weight"][:n])
         x = self.norm(x, "embeddings.LayerNorm")
         heads = self.hp["num_attention_heads"]
@@ -94,8 +95,8 @@ class Bert:
             x = self.norm(x + self.linear(h, f"{p}.output.dense"), f"{p}.output.LayerNorm")
         return x
 
-    def embed(self, ids):
-        pooled = self.hidden_states(ids).mean(axis=0)
+    def embed(self, ids, types=None):
+        pooled = self.hidden_states(ids, types).mean(axis=0)
         return pooled / np.linalg.norm(pooled)
 
 
@@ -111,7 +112,28 @@ def sig7(v):
     return float(f"{v:.7g}")
 
 
+def pairs(model_dir, pairs_path, out_path):
+    """`--pairs`: each query/document pair of a JSONL file (HF's `ids` and `type_ids`) embedded
+    with its token types and with type 0 everywhere (what llama.cpp gives every token)."""
+    bert = Bert(model_dir)
+    rows = [json.loads(line) for line in pairs_path.read_text(encoding="utf-8").splitlines() if line]
+    for row in rows:
+        ids = np.array(row["ids"])
+        row["embedding"] = [sig7(v) for v in bert.embed(ids, row["type_ids"])]
+        row["embedding_type0"] = [sig7(v) for v in bert.embed(ids)]
+    out = {
+        "model": model_dir.name,
+        "reference": "scripts/bert_reference.py --pairs: HF's pair ids and token types, float64 forward, "
+        "mean pooling, L2; embedding_type0 with every token type 0",
+        "pairs": rows,
+    }
+    out_path.write_text(json.dumps(out, ensure_ascii=False, separators=(",", ":")) + "\n", encoding="utf-8")
+    print(f"{out_path}: {len(rows)} pairs")
+
+
 def main():
+    if sys.argv[1] == "--pairs":
+        return pairs(Path(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4]))
     model_dir, sentences_path, out_path = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
     weights = sys.argv[sys.argv.index("--weights") + 1] if "--weights" in sys.argv else None
     sentences = sentences_path.read_text(encoding="utf-8").split("\n")

@@ -111,6 +111,25 @@ pub fn embed(
     inputs: &[&[u32]],
     opts: &EmbedOptions,
 ) -> Result<Embeddings, EmbedError> {
+    embed_typed(session, inputs, &[], opts)
+}
+
+/// [`embed`] with each input's token types (one per token: a BERT pair's `[CLS] q [SEP]` type 0,
+/// `d [SEP]` type 1, from [`Tokenizer::encode_pair`](crate::tokenizer::Tokenizer::encode_pair));
+/// `types` empty gives every token type 0 (llama.cpp's).
+pub fn embed_typed(
+    session: &mut Session,
+    inputs: &[&[u32]],
+    types: &[&[u32]],
+    opts: &EmbedOptions,
+) -> Result<Embeddings, EmbedError> {
+    if !types.is_empty()
+        && (types.len() != inputs.len() || types.iter().zip(inputs).any(|(t, i)| t.len() != i.len()))
+    {
+        return Err(EmbedError::Session(SessionError::Option(
+            "token types must be given one per token of every input",
+        )));
+    }
     let Some(pooling) = session.engine().pooling() else { return Err(EmbedError::NotAnEncoder) };
     let limit = input_limit(session);
     let mut lengths = Vec::with_capacity(inputs.len());
@@ -126,10 +145,12 @@ pub fn embed(
     let (n_batch, n_seq) = (session.n_batch(), session.n_seq().min(session.n_outputs()));
     let mut out = Embeddings { width: 0, pooling, rows: vec![Vec::new(); inputs.len()], tokens: lengths };
     let mut batch: Vec<Entry> = Vec::with_capacity(n_batch);
+    let mut batch_types: Vec<u32> = Vec::with_capacity(if types.is_empty() { 0 } else { n_batch });
     let mut first = 0;
     while first < inputs.len() {
         // As many whole inputs as fit one batch (and, per token, the outputs without pooling).
         batch.clear();
+        batch_types.clear();
         let mut end = first;
         while end < inputs.len() && end - first < n_seq && batch.len() + out.tokens[end] <= n_batch {
             if !pooling.pools() && batch.len() + out.tokens[end] > session.n_outputs() {
@@ -138,6 +159,9 @@ pub fn embed(
             let seq = end - first;
             let ids = &inputs[end][..out.tokens[end]];
             batch.extend(ids.iter().enumerate().map(|(pos, &token)| Entry { seq, pos, token, logits: true }));
+            if let Some(t) = types.get(end) {
+                batch_types.extend_from_slice(&t[..ids.len()]);
+            }
             end += 1;
         }
         if end == first {
@@ -145,7 +169,7 @@ pub fn embed(
                 "the session's outputs cannot hold one input's token vectors (open it with logits_all)",
             )));
         }
-        session.decode(&batch)?;
+        session.decode_typed(&batch, &batch_types)?;
         let engine = session.engine();
         out.width = engine.embedding_width();
         let mut row = 0;

@@ -685,11 +685,17 @@ impl Session {
     /// [`n_outputs`](Self::n_outputs) wanting logits); read the logits with
     /// [`logits`](Self::logits). Nothing is allocated.
     pub fn decode(&mut self, batch: &[Entry]) -> Result<(), SessionError> {
+        self.decode_typed(batch, &[])
+    }
+
+    /// [`decode`](Self::decode) with each entry's token type (an encoder's; see
+    /// [`Engine::step_typed`](crate::engine::Engine::step_typed)).
+    pub fn decode_typed(&mut self, batch: &[Entry], token_types: &[u32]) -> Result<(), SessionError> {
         #[cfg(feature = "npu")]
         let offload = self.npu.as_deref().map(|n| n as &dyn crate::exec::MatmulOffload);
         #[cfg(not(feature = "npu"))]
         let offload = None;
-        self.engine.step(batch, &self.pool, offload)?;
+        self.engine.step_typed(batch, token_types, &self.pool, offload)?;
         Ok(())
     }
 

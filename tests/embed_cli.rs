@@ -161,24 +161,36 @@ fn pinfer_embed_prints_llama_embeddings_formats() {
 #[test]
 fn pinfer_rerank_scores_each_document() {
     let docs = temp_file("docs.txt", b"2 11 3\n2 12 13 3\n");
-    let out =
-        pinfer(&["rerank", "-m", BERT, "--token-ids", "--query", "2 10 3", "-f", docs.to_str().unwrap()]);
-    assert!(out.status.success(), "{}", text_of(&out.stderr));
-    // The pair [CLS] q [SEP] d [SEP]: the score `embed --pooling rank --embd-normalize -1` gives it.
-    let want = pinfer(&[
-        "embed",
-        "-m",
-        BERT,
-        "--token-ids",
-        "-p",
-        "2 10 3 11 3\n2 10 3 12 13 3",
-        "--pooling",
-        "rank",
-        "--embd-normalize",
-        "-1",
-    ]);
-    assert_eq!(text_of(&out.stdout), text_of(&want.stdout));
-    assert!(text_of(&out.stdout).starts_with("rerank score 0: "), "{}", text_of(&out.stdout));
+    let rerank = |model: &str| {
+        let out = pinfer(&[
+            "rerank",
+            "-m",
+            model,
+            "--token-ids",
+            "--query",
+            "2 10 3",
+            "-f",
+            docs.to_str().unwrap(),
+        ]);
+        assert!(out.status.success(), "{}", text_of(&out.stderr));
+        text_of(&out.stdout)
+    };
+    // The pair [CLS] q [SEP] d [SEP], every token type 0: the score `embed --pooling rank
+    // --embd-normalize -1` gives it.
+    let type0 = |model: &str| {
+        let args = ["embed", "-m", model, "--token-ids", "-p", "2 10 3 11 3\n2 10 3 12 13 3"];
+        text_of(&pinfer(&[&args[..], &["--pooling", "rank", "--embd-normalize", "-1"]].concat()).stdout)
+    };
+    // A one-type cross-encoder: what llama.cpp computes.
+    let one_type = concat!(env!("CARGO_MANIFEST_DIR"), "/models/tiny/bert-rerank-tiny.gguf");
+    let got = rerank(one_type);
+    assert_eq!(got, type0(one_type));
+    assert!(got.starts_with("rerank score 0: "), "{got}");
+    // bert-tiny has two token types: the document's tokens are type 1 (HF's pair encoding), so
+    // its scores are not the type-0 ones.
+    let (got, type0) = (rerank(BERT), type0(BERT));
+    assert!(got.starts_with("rerank score 0: ") && type0.starts_with("rerank score 0: "), "{got}");
+    assert_ne!(got, type0, "the document's token type 1 changes the scores");
 }
 
 #[test]

@@ -8,7 +8,7 @@
 //! Q8_0 gives 0.99819 on the 3-token inputs (tests/golden/embeddings/README.md); from 4 tokens up
 //! both clear 0.999.
 
-use pinfer::embed::{embed, EmbedOptions};
+use pinfer::embed::{embed, embed_typed, EmbedOptions};
 use pinfer::loader::ModelFile;
 use pinfer::session::{Session, SessionOptions};
 use pinfer::tokenizer::OwnedTokenizer;
@@ -115,4 +115,56 @@ fn minilm_f16_matches_the_float64_reference_and_llama_embedding() {
 #[test]
 fn minilm_q8_0_matches_the_float64_reference_and_llama_embedding() {
     check_on_engine_stack("all-MiniLM-L6-v2.Q8_0.gguf", "minilm-q8_0.llama.json", 0.998);
+}
+
+/// Query/document pairs (tests/golden/embeddings/minilm.pairs.jsonl: HF's pair encoding) through
+/// `Tokenizer::encode_pair` and `embed_typed`: HF's ids and token types (the document type 1), and
+/// the F16 vectors within cosine 0.9999 of the float64 forward with those types
+/// (minilm-pairs-reference.json, scripts/bert_reference.py --pairs), which type 0 everywhere misses
+/// (0.995-0.998 apart).
+#[test]
+fn minilm_pairs_take_their_token_types() {
+    std::thread::Builder::new().stack_size(16 << 20).spawn(check_pairs).unwrap().join().unwrap();
+}
+
+fn check_pairs() {
+    let reference = golden("minilm-pairs-reference.json");
+    let pairs = reference["pairs"].as_array().unwrap();
+    let path = format!("{}/models/all-MiniLM-L6-v2.F16.gguf", env!("CARGO_MANIFEST_DIR"));
+    let model = ModelFile::open_static(std::path::Path::new(&path)).unwrap();
+    let opts = SessionOptions { n_batch: 512, n_seq: 8, threads: 2, ..Default::default() };
+    let mut session = Session::new(model, &opts).unwrap();
+    assert_eq!(session.engine().token_types(), 2);
+    let tok = OwnedTokenizer::new(session.gguf()).unwrap();
+    let (mut ids, mut types) = (Vec::new(), Vec::new());
+    for pair in pairs {
+        let (q, d) = (pair["query"].as_str().unwrap(), pair["document"].as_str().unwrap());
+        let (mut out, mut ty) = (vec![0u32; 512], vec![0u32; 512]);
+        let mut scratch = vec![0u32; tok.scratch_words(q.len().max(d.len()))];
+        let n = tok.encode_pair(q, d, false, &mut out, &mut ty, &mut scratch).unwrap();
+        let want: Vec<u32> = serde_json::from_value(pair["ids"].clone()).unwrap();
+        let want_types: Vec<u32> = serde_json::from_value(pair["type_ids"].clone()).unwrap();
+        assert_eq!((&out[..n], &ty[..n]), (&want[..], &want_types[..]), "{q:?} / {d:?}");
+        ids.push(want);
+        types.push(want_types);
+    }
+    let refs: Vec<&[u32]> = ids.iter().map(Vec::as_slice).collect();
+    let type_refs: Vec<&[u32]> = types.iter().map(Vec::as_slice).collect();
+    let typed = embed_typed(&mut session, &refs, &type_refs, &EmbedOptions::default()).unwrap();
+    let untyped = embed(&mut session, &refs, &EmbedOptions::default()).unwrap();
+    for (i, pair) in pairs.iter().enumerate() {
+        let with_types = rows(&Value::Array(vec![pair["embedding"].clone()])).remove(0);
+        let type0 = rows(&Value::Array(vec![pair["embedding_type0"].clone()])).remove(0);
+        let (typed, untyped) = (typed.row(i, 0).unwrap(), untyped.row(i, 0).unwrap());
+        let (c, c0) = (cosine(typed, &with_types), cosine(untyped, &type0));
+        eprintln!("pair {i}: cosine {c:.7} with its types, {c0:.7} with type 0 everywhere");
+        assert!(c >= 0.9999 && c0 >= 0.9999, "pair {i}: {c} / {c0}");
+        assert!(cosine(typed, &type0) < 0.9995, "pair {i}: the types make no difference");
+    }
+    // Types not one per token, or a type the model does not have, are refused.
+    let short = [&types[0][1..]];
+    assert!(embed_typed(&mut session, &refs[..1], &short, &EmbedOptions::default()).is_err());
+    let three = vec![2u32; ids[0].len()];
+    let err = embed_typed(&mut session, &refs[..1], &[&three], &EmbedOptions::default()).unwrap_err();
+    assert!(err.to_string().contains("token type 2"), "{err}");
 }

@@ -12,7 +12,7 @@ use std::process::Child;
 use std::time::{Duration, Instant};
 
 use cli_support::{pinfer, pinfer_command, repo_file, spawn_server, text_of};
-use pinfer::embed::{embed, EmbedOptions};
+use pinfer::embed::{embed_typed, EmbedOptions};
 use pinfer::engine::embedding::Normalize;
 use pinfer::loader::ModelFile;
 use pinfer::model::Pooling;
@@ -98,6 +98,16 @@ fn reference(
     pooling: Option<Pooling>,
     normalize: Normalize,
 ) -> pinfer::embed::Embeddings {
+    typed_reference(inputs, &[], pooling, normalize)
+}
+
+/// [`reference`] with each input's token types.
+fn typed_reference(
+    inputs: &[Vec<u32>],
+    types: &[Vec<u32>],
+    pooling: Option<Pooling>,
+    normalize: Normalize,
+) -> pinfer::embed::Embeddings {
     let model =
         ModelFile::open_static(std::path::Path::new(&repo_file(BERT))).expect("run scripts/setup.sh tiny");
     let logits_all = pooling == Some(Pooling::None);
@@ -105,7 +115,8 @@ fn reference(
         SessionOptions { n_batch: 128, n_seq: 4, logits_all, pooling, threads: 2, ..Default::default() };
     let mut session = Session::new(model, &opts).unwrap();
     let refs: Vec<&[u32]> = inputs.iter().map(Vec::as_slice).collect();
-    embed(&mut session, &refs, &EmbedOptions { normalize, truncate: false }).unwrap()
+    let types: Vec<&[u32]> = types.iter().map(Vec::as_slice).collect();
+    embed_typed(&mut session, &refs, &types, &EmbedOptions { normalize, truncate: false }).unwrap()
 }
 
 fn floats(v: &Value) -> Vec<f32> {
@@ -295,7 +306,13 @@ fn rerank_scores_the_pairs_and_sorts_them() {
         .iter()
         .map(|d| ids(&[1, 2]).into_iter().chain(ids(d).into_iter().skip(1)).collect())
         .collect();
-    let want = reference(&pairs, Some(Pooling::Rank), Normalize::None);
+    // bert-tiny has two token types: the document's tokens (after the query's [SEP]) are type 1.
+    let query_len = ids(&[1, 2]).len();
+    let types: Vec<Vec<u32>> =
+        pairs.iter().map(|p| (0..p.len()).map(|i| u32::from(i >= query_len)).collect()).collect();
+    let want = typed_reference(&pairs, &types, Some(Pooling::Rank), Normalize::None);
+    let type0 = reference(&pairs, Some(Pooling::Rank), Normalize::None);
+    assert!((0..4).any(|i| (want.row(i, 0).unwrap()[0] - type0.row(i, 0).unwrap()[0]).abs() > 1e-4));
     let score = |i: usize| want.row(i, 0).unwrap()[0];
     let r = server.post("/v1/rerank", &json!({ "model": "r", "query": "w1 w2", "documents": docs }));
     assert_eq!(r.status, 200, "{}", r.body);

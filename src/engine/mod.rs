@@ -157,6 +157,15 @@ pub enum EngineError {
         /// Vocabulary size.
         n_vocab: usize,
     },
+    /// A token type the model's embeddings do not have (or types not one per entry).
+    BadTokenType {
+        /// The entry.
+        entry: usize,
+        /// Its type (the number of types given when they are not one per entry).
+        ty: u32,
+        /// Token types the model has (rows of `token_types.weight`).
+        n_types: usize,
+    },
     /// An encoder's batch whose sequences are not each whole and consecutive (positions 0, 1, ..
     /// of one sequence after another): an encoder keeps nothing between steps.
     EncoderBatch {
@@ -207,6 +216,10 @@ impl fmt::Display for EngineError {
             Self::BadToken { id, n_vocab } => {
                 write!(f, "token id {id} is outside the vocabulary of {n_vocab} tokens")
             }
+            Self::BadTokenType { entry, ty, n_types } => write!(
+                f,
+                "entry {entry}: token type {ty} given, the model has {n_types} (or the types are not one per entry)"
+            ),
             Self::EncoderBatch { entry } => write!(
                 f,
                 "entry {entry} of an encoder's batch is out of place: each sequence must be whole (positions 0, 1, ..) and its tokens consecutive"
@@ -711,6 +724,25 @@ impl<'m, G: AsMut<[GraphSlot]> + AsRef<[GraphSlot]>, B: DerefMut<Target = [u8]>>
         runner: &impl Runner,
         offload: Option<&dyn MatmulOffload>,
     ) -> Result<(), EngineError> {
+        self.step_typed(batch, &[], runner, offload)
+    }
+
+    /// [`Self::step`] with each entry's token type (a BERT pair's second part is type 1), each
+    /// below [`Self::token_types`]; empty: type 0 for every entry, as llama.cpp gives.
+    pub fn step_typed(
+        &mut self,
+        batch: &[Entry],
+        token_types: &[u32],
+        runner: &impl Runner,
+        offload: Option<&dyn MatmulOffload>,
+    ) -> Result<(), EngineError> {
+        let n_types = self.token_types();
+        if !token_types.is_empty() && token_types.len() != batch.len() {
+            return Err(EngineError::BadTokenType { entry: 0, ty: token_types.len() as u32, n_types });
+        }
+        if let Some(entry) = token_types.iter().position(|&t| t as usize >= n_types) {
+            return Err(EngineError::BadTokenType { entry, ty: token_types[entry], n_types });
+        }
         if !self.repacked {
             return Err(EngineError::NotRepacked);
         }
@@ -787,7 +819,7 @@ impl<'m, G: AsMut<[GraphSlot]> + AsRef<[GraphSlot]>, B: DerefMut<Target = [u8]>>
                     let len = batch[start..].iter().take_while(|e| e.seq == batch[start].seq).count();
                     for (i, e) in batch.iter().enumerate().skip(start).take(len) {
                         positions[i] = e.pos as i32;
-                        types[i] = 0;
+                        types[i] = token_types.get(i).map_or(0, |&t| t as i32);
                         spans[2 * i] = start as i32;
                         spans[2 * i + 1] = len as i32;
                         // (The places of an encoder's tokens name the batch, not a cache.)
@@ -843,6 +875,11 @@ impl<'m, G: AsMut<[GraphSlot]> + AsRef<[GraphSlot]>, B: DerefMut<Target = [u8]>>
     /// Whether the model gives embeddings (an encoder), not logits.
     pub fn gives_embeddings(&self) -> bool {
         self.planned.model.hp.pooling.is_some()
+    }
+
+    /// Token types the model's embeddings have: the rows of `token_types.weight`, 1 without it.
+    pub fn token_types(&self) -> usize {
+        self.planned.model.gguf.tensor("token_types.weight").map_or(1, |t| t.ne[1].max(1) as usize)
     }
 
     /// The pooling of the embeddings, `None` for a generating model.

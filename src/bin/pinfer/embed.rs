@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use clap::Args;
-use pinfer::embed::{embed, EmbedOptions, Embeddings};
+use pinfer::embed::{embed, embed_typed, EmbedOptions, Embeddings};
 use pinfer::engine::embedding::{cosine, Normalize};
 use pinfer::model::Pooling;
 use pinfer::session::{Session, SessionOptions};
@@ -176,10 +176,13 @@ pub fn rerank(args: RerankArgs) -> Result<(), CliError> {
     let mut session = load(&args.common, &path, Some(Pooling::Rank))?;
     let query = tokens_of(&args.common, &path, &session, std::slice::from_ref(&args.query))?.remove(0);
     let docs = tokens_of(&args.common, &path, &session, &docs)?;
-    let pairs: Vec<Vec<u32>> = docs.iter().map(|d| rerank_pair(&query, d)).collect();
+    let n_types = session.engine().token_types();
+    let (pairs, types): (Vec<Vec<u32>>, Vec<Option<Vec<u32>>>) =
+        docs.iter().map(|d| rerank_pair(&query, d, n_types)).unzip();
     let refs: Vec<&[u32]> = pairs.iter().map(Vec::as_slice).collect();
+    let type_refs: Vec<&[u32]> = types.iter().flatten().map(Vec::as_slice).collect();
     let opts = EmbedOptions { normalize: Normalize::None, truncate: args.common.truncate };
-    let out = embed(&mut session, &refs, &opts)?;
+    let out = embed_typed(&mut session, &refs, &type_refs, &opts)?;
     let mut text = String::new();
     for i in 0..pairs.len() {
         let score = out.row(i, 0).and_then(|r| r.first()).copied().unwrap_or(f32::NAN);
@@ -190,9 +193,15 @@ pub fn rerank(args: RerankArgs) -> Result<(), CliError> {
 }
 
 /// A reranker's input: the query's tokens then the document's without its first
-/// (`[CLS] q [SEP] d [SEP]`), as `pinfer rerank` and the server's /rerank build it.
-pub fn rerank_pair(query: &[u32], doc: &[u32]) -> Vec<u32> {
-    query.iter().chain(doc.iter().skip(1)).copied().collect()
+/// (`[CLS] q [SEP] d [SEP]`, [`Tokenizer::encode_pair`](pinfer::tokenizer::Tokenizer::encode_pair)'s
+/// ids), as `pinfer rerank` and the server's /rerank build it; and, for a model with `n_types` of
+/// two or more, its token types as HF's pair encoding gives them (0 up to the query's `[SEP]`, 1
+/// after; llama.cpp gives every token type 0, all a one-type model has).
+pub fn rerank_pair(query: &[u32], doc: &[u32], n_types: usize) -> (Vec<u32>, Option<Vec<u32>>) {
+    let ids: Vec<u32> = query.iter().chain(doc.iter().skip(1)).copied().collect();
+    let types =
+        (n_types >= 2).then(|| ids.iter().enumerate().map(|(i, _)| u32::from(i >= query.len())).collect());
+    (ids, types)
 }
 
 /// Every vector, in input order (one per input, or one per token without pooling).

@@ -19,7 +19,7 @@ use axum::extract::{Request, State as AxState};
 use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use pinfer::embed::{embed, EmbedError, EmbedOptions, Embeddings};
+use pinfer::embed::{embed_typed, EmbedError, EmbedOptions, Embeddings};
 use pinfer::engine::embedding::{normalize, Normalize};
 use pinfer::model::Pooling;
 use pinfer::session::Session;
@@ -36,6 +36,8 @@ pub struct Served {
     pub width: usize,
     /// The most tokens of one input: one batch, within the context.
     pub limit: usize,
+    /// Token types of the model's embeddings (a reranker's pair gives its document type 1 when 2+).
+    pub token_types: usize,
 }
 
 /// Batches per chunk of a job: between chunks the engine sees a client that left, or a stop.
@@ -59,6 +61,7 @@ impl Engine {
             pooling: session.engine().pooling().unwrap_or(Pooling::Mean),
             width: session.engine().embedding_width(),
             limit: pinfer::embed::input_limit(session),
+            token_types: session.engine().token_types(),
         }
     }
 
@@ -89,7 +92,9 @@ impl Engine {
                 return;
             }
             let refs: Vec<&[u32]> = part.iter().map(Vec::as_slice).collect();
-            match embed(&mut self.session, &refs, &job.opts) {
+            let types: Vec<&[u32]> =
+                job.types.iter().skip(c * chunk).take(part.len()).map(Vec::as_slice).collect();
+            match embed_typed(&mut self.session, &refs, &types, &job.opts) {
                 Ok(got) => {
                     all.width = got.width;
                     all.rows.extend(got.rows);
@@ -150,7 +155,7 @@ impl Drop for InFlight {
 /// or the server is stopping.
 async fn run_job(
     shared: &Arc<Shared>,
-    inputs: Vec<Vec<u32>>,
+    (inputs, types): TypedInputs,
     opts: EmbedOptions,
 ) -> Result<Embeddings, ApiError> {
     let state = shared.state()?;
@@ -167,7 +172,7 @@ async fn run_job(
     state
         .ready
         .jobs
-        .try_send(EngineRequest::Embed(Box::new(Job { inputs, opts, reply })))
+        .try_send(EngineRequest::Embed(Box::new(Job { inputs, types, opts, reply })))
         .map_err(|_| ApiError::unavailable("the server is busy: the queue is full"))?;
     match answer.await {
         Ok(Ok(out)) => Ok(out),
@@ -392,7 +397,7 @@ async fn embeddings(shared: AppState, body: Body, oai: bool) -> Result<Response,
     let truncate = f.bool("truncate")?.unwrap_or(false);
     let model = model_name(&f, &shared)?;
     let inputs = inputs(&shared, input, Rules { truncate, field: "input" }).await?;
-    let out = run_job(&shared, inputs, EmbedOptions { normalize: norm, truncate }).await?;
+    let out = run_job(&shared, (inputs, Vec::new()), EmbedOptions { normalize: norm, truncate }).await?;
     let mut s = String::with_capacity(out.rows.len() * (dims * 12 + 64) + 128);
     if oai {
         let n: usize = out.tokens.iter().sum();
@@ -465,7 +470,7 @@ async fn ollama_embed_inner(shared: AppState, body: Body) -> Result<Response, Ap
     let model = model_name(&f, &shared)?;
     let inputs = inputs(&shared, input, Rules { truncate, field: "input" }).await?;
     let norm = Normalize::Euclidean;
-    let out = run_job(&shared, inputs, EmbedOptions { normalize: norm, truncate }).await?;
+    let out = run_job(&shared, (inputs, Vec::new()), EmbedOptions { normalize: norm, truncate }).await?;
     let mut s = String::with_capacity(out.rows.len() * (dims * 12 + 8) + 160);
     let _ = write!(s, "{{\"model\":{},\"embeddings\":[", json!(model));
     for i in 0..out.rows.len() {
@@ -507,7 +512,9 @@ async fn ollama_embeddings_inner(shared: AppState, body: Body) -> Result<Respons
     let prompt = f.str("prompt")?.ok_or_else(|| ApiError::invalid("\"prompt\" must be provided"))?;
     let rules = Rules { truncate: true, field: "prompt" };
     let inputs = inputs(&shared, Value::String(prompt.to_string()), rules).await?;
-    let out = run_job(&shared, inputs, EmbedOptions { normalize: Normalize::None, truncate: true }).await?;
+    let out =
+        run_job(&shared, (inputs, Vec::new()), EmbedOptions { normalize: Normalize::None, truncate: true })
+            .await?;
     let mut s = String::from("{\"embedding\":");
     push_floats(&mut s, out.row(0, 0).unwrap_or(&[]));
     s.push('}');
@@ -604,13 +611,17 @@ pub async fn rerank(AxState(shared): AxState<AppState>, body: Body) -> Result<Re
     ))
 }
 
-/// The query paired with each document as `pinfer rerank` pairs them (`[CLS] q [SEP] d [SEP]`).
+/// Inputs of a job (token ids each) and their token types (one list per input, or none).
+type TypedInputs = (Vec<Vec<u32>>, Vec<Vec<u32>>);
+
+/// The query paired with each document as `pinfer rerank` pairs them (`[CLS] q [SEP] d [SEP]`),
+/// and the pairs' token types (empty for a one-type model).
 fn rerank_pairs(
     shared: &Shared,
     query: &str,
     docs: &[String],
     truncate: bool,
-) -> Result<Vec<Vec<u32>>, ApiError> {
+) -> Result<TypedInputs, ApiError> {
     let state = shared.state()?;
     let served = served(shared)?;
     let tok = &state.ready.tok;
@@ -621,16 +632,19 @@ fn rerank_pairs(
         tokenize(tok, text)
     };
     let q = encode(query, "the query")?;
-    docs.iter()
-        .enumerate()
-        .map(|(i, d)| {
-            let pair = crate::embed::rerank_pair(&q, &encode(d, &format!("document {i}"))?);
-            if pair.len() > served.limit && !truncate {
-                return Err(ApiError::exceeds_context(pair.len(), served.limit));
-            }
-            Ok(pair)
-        })
-        .collect()
+    let (mut pairs, mut types) = (Vec::with_capacity(docs.len()), Vec::new());
+    for (i, d) in docs.iter().enumerate() {
+        let (pair, pair_types) =
+            crate::embed::rerank_pair(&q, &encode(d, &format!("document {i}"))?, served.token_types);
+        if pair.len() > served.limit && !truncate {
+            return Err(ApiError::exceeds_context(pair.len(), served.limit));
+        }
+        pairs.push(pair);
+        if let Some(t) = pair_types {
+            types.push(t);
+        }
+    }
+    Ok((pairs, types))
 }
 
 /// The routes that generate text.

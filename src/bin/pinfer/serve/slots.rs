@@ -81,6 +81,8 @@ pub enum Request {
 /// Inputs to embed, with the handler waiting for their vectors.
 pub struct EmbedJob {
     pub inputs: Vec<Vec<u32>>,
+    /// Each input's token types (a reranker's pairs on a model with two or more), or empty.
+    pub types: Vec<Vec<u32>>,
     pub opts: pinfer::embed::EmbedOptions,
     pub reply: tokio::sync::oneshot::Sender<Result<pinfer::embed::Embeddings, pinfer::embed::EmbedError>>,
 }
