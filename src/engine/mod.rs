@@ -157,11 +157,18 @@ pub enum EngineError {
         /// Vocabulary size.
         n_vocab: usize,
     },
-    /// A token type the model's embeddings do not have (or types not one per entry).
+    /// Token types given, not one per entry.
+    TokenTypesLength {
+        /// Types given.
+        types: usize,
+        /// Entries of the batch.
+        entries: usize,
+    },
+    /// A token type the model's embeddings do not have.
     BadTokenType {
         /// The entry.
         entry: usize,
-        /// Its type (the number of types given when they are not one per entry).
+        /// Its type.
         ty: u32,
         /// Token types the model has (rows of `token_types.weight`).
         n_types: usize,
@@ -216,10 +223,12 @@ impl fmt::Display for EngineError {
             Self::BadToken { id, n_vocab } => {
                 write!(f, "token id {id} is outside the vocabulary of {n_vocab} tokens")
             }
-            Self::BadTokenType { entry, ty, n_types } => write!(
-                f,
-                "entry {entry}: token type {ty} given, the model has {n_types} (or the types are not one per entry)"
-            ),
+            Self::TokenTypesLength { types, entries } => {
+                write!(f, "{types} token types given for a batch of {entries} entries (one per entry)")
+            }
+            Self::BadTokenType { entry, ty, n_types } => {
+                write!(f, "entry {entry}: token type {ty} given, the model has {n_types}")
+            }
             Self::EncoderBatch { entry } => write!(
                 f,
                 "entry {entry} of an encoder's batch is out of place: each sequence must be whole (positions 0, 1, ..) and its tokens consecutive"
@@ -736,12 +745,15 @@ impl<'m, G: AsMut<[GraphSlot]> + AsRef<[GraphSlot]>, B: DerefMut<Target = [u8]>>
         runner: &impl Runner,
         offload: Option<&dyn MatmulOffload>,
     ) -> Result<(), EngineError> {
-        let n_types = self.token_types();
-        if !token_types.is_empty() && token_types.len() != batch.len() {
-            return Err(EngineError::BadTokenType { entry: 0, ty: token_types.len() as u32, n_types });
-        }
-        if let Some(entry) = token_types.iter().position(|&t| t as usize >= n_types) {
-            return Err(EngineError::BadTokenType { entry, ty: token_types[entry], n_types });
+        // (Only a typed batch looks the types up: the file's tensor table is searched by name.)
+        if !token_types.is_empty() {
+            if token_types.len() != batch.len() {
+                return Err(EngineError::TokenTypesLength { types: token_types.len(), entries: batch.len() });
+            }
+            let n_types = self.token_types();
+            if let Some(entry) = token_types.iter().position(|&t| t as usize >= n_types) {
+                return Err(EngineError::BadTokenType { entry, ty: token_types[entry], n_types });
+            }
         }
         if !self.repacked {
             return Err(EngineError::NotRepacked);

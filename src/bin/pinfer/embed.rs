@@ -199,8 +199,7 @@ pub fn rerank(args: RerankArgs) -> Result<(), CliError> {
 /// after; llama.cpp gives every token type 0, all a one-type model has).
 pub fn rerank_pair(query: &[u32], doc: &[u32], n_types: usize) -> (Vec<u32>, Option<Vec<u32>>) {
     let ids: Vec<u32> = query.iter().chain(doc.iter().skip(1)).copied().collect();
-    let types =
-        (n_types >= 2).then(|| ids.iter().enumerate().map(|(i, _)| u32::from(i >= query.len())).collect());
+    let types = (n_types >= 2).then(|| (0..ids.len()).map(|i| u32::from(i >= query.len())).collect());
     (ids, types)
 }
 
