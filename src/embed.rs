@@ -186,3 +186,15 @@ pub fn embed_typed(
     }
     Ok(out)
 }
+
+/// A reranker's prompt for a query and a document from the model's `rerank` template
+/// (`tokenizer.chat_template.rerank`, Qwen3-Reranker's): `{query}` and `{document}` replaced, as
+/// llama.cpp fills it; the text is tokenized with its special tokens parsed and nothing added.
+pub fn rerank_prompt(template: &str, query: &str, document: &str) -> std::string::String {
+    template.replace("{query}", query).replace("{document}", document)
+}
+
+/// The model's `rerank` prompt template, if its file has one.
+pub fn rerank_template<'a>(gguf: &crate::gguf::Gguf<'a>) -> Option<&'a str> {
+    gguf.get_str_opt("tokenizer.chat_template.rerank").ok().flatten()
+}

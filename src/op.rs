@@ -21,6 +21,10 @@ pub enum Mask {
     /// spans (see [`crate::graph::Graph::at_positions`]) the `n` keys from the span's first row,
     /// without one every key.
     Bidirectional,
+    /// Bidirectional within `window / 2` positions either side (key `j` visible when
+    /// `|pos - j| <= window / 2`; EmbeddingGemma's sliding layers, llama.cpp's symmetric SWA):
+    /// with a table of spans, the query's own key row is its batch row.
+    Symmetric(u32),
 }
 
 impl Mask {
@@ -28,7 +32,7 @@ impl Mask {
     pub fn window(self) -> u32 {
         match self {
             Mask::Causal | Mask::Bidirectional => 0,
-            Mask::SlidingWindow(w) => w,
+            Mask::SlidingWindow(w) | Mask::Symmetric(w) => w,
         }
     }
 
@@ -36,7 +40,7 @@ impl Mask {
     pub fn causal(self) -> bool {
         match self {
             Mask::Causal | Mask::SlidingWindow(_) => true,
-            Mask::Bidirectional => false,
+            Mask::Bidirectional | Mask::Symmetric(_) => false,
         }
     }
 }

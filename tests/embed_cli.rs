@@ -194,6 +194,42 @@ fn pinfer_rerank_scores_each_document() {
 }
 
 #[test]
+fn pinfer_rerank_fills_a_rerankers_template_and_names_its_labels() {
+    // Qwen3-Reranker: each pair through the model's `rerank` template, a yes and a no
+    // probability per pair, printed with the labels as llama-embedding prints them; the values
+    // are llama-embedding's (tests/golden/embeddings/qwen3-rerank-tiny.llama.json) to 2e-3.
+    let pairs = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/golden/embeddings/rerank-pairs.txt"
+    ))
+    .unwrap();
+    let (query, doc) = pairs.lines().next().unwrap().split_once('\t').unwrap();
+    let docs = temp_file("qwen3-docs.txt", format!("{doc}\n").as_bytes());
+    let model = concat!(env!("CARGO_MANIFEST_DIR"), "/models/tiny/qwen3-rerank-tiny.gguf");
+    let out = pinfer(&["rerank", "-m", model, "--query", query, "-f", docs.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text_of(&out.stderr));
+    let text = text_of(&out.stdout);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    let golden: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/golden/embeddings/qwen3-rerank-tiny.llama.json"
+        ))
+        .unwrap(),
+    )
+    .unwrap();
+    for (line, (label, want)) in lines.iter().zip([("yes", 0), ("no", 1)]) {
+        let rest = line.strip_prefix("rerank score 0: ").unwrap_or_else(|| panic!("{text}"));
+        let (score, name) = rest.trim().split_once(' ').unwrap();
+        assert_eq!(name, format!("[{label}]"), "{text}");
+        let want = golden["vectors"][0][want].as_f64().unwrap();
+        let got: f64 = score.parse().unwrap();
+        assert!((got - want).abs() <= 2e-3, "{label}: {got} against llama-embedding's {want}");
+    }
+}
+
+#[test]
 fn each_kind_of_model_is_refused_where_the_other_belongs() {
     let gen = pinfer(&["generate", "-m", BERT, "-p", "hi", "-n", "2"]);
     assert!(!gen.status.success());

@@ -484,3 +484,41 @@ fn the_python_clients_embed_through_the_server() {
         text_of(&out.stderr)
     );
 }
+
+/// llama-server's answers on a reranker (tests/golden/embeddings/*-rerank-tiny.server.json):
+/// the same documents in the same order (its scores have no near ties), each score within
+/// `tolerance`, the same prompt tokens; pinfer also gives the documents' text when asked
+/// (Jina's and Cohere's `return_documents`, which llama-server ignores).
+fn check_rerank_golden(model: &str, golden: &str, tolerance: f64) {
+    let path = format!("{}/tests/golden/embeddings/{golden}", env!("CARGO_MANIFEST_DIR"));
+    let golden: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let server = Server::start(model, &["--reranking"]);
+    for answer in golden["answers"].as_array().unwrap() {
+        let (route, request, want) =
+            (answer["route"].as_str().unwrap(), &answer["request"], &answer["response"]);
+        let r = server.post(route, request);
+        assert_eq!(r.status, 200, "{route}: {}", r.body);
+        let got = r.json();
+        assert_eq!(got["usage"]["prompt_tokens"], want["usage"]["prompt_tokens"], "{route}: prompt tokens");
+        let (got_results, want_results) =
+            (got["results"].as_array().unwrap(), want["results"].as_array().unwrap());
+        let order = |rs: &[Value]| rs.iter().map(|r| r["index"].as_u64().unwrap()).collect::<Vec<_>>();
+        assert_eq!(order(got_results), order(want_results), "{route}: the documents' order");
+        for (g, w) in got_results.iter().zip(want_results) {
+            let (g, w) = (g["relevance_score"].as_f64().unwrap(), w["relevance_score"].as_f64().unwrap());
+            assert!((g - w).abs() <= tolerance, "{route}: score {g} against llama-server's {w}");
+        }
+        if request["return_documents"] == json!(true) {
+            let docs = request["documents"].as_array().unwrap();
+            for r in got_results {
+                assert_eq!(r["document"]["text"], docs[r["index"].as_u64().unwrap() as usize], "{route}");
+            }
+        }
+    }
+}
+
+#[test]
+fn qwen3_reranker_answers_as_llama_server() {
+    // Qwen3-Reranker: the pairs through its `rerank` template, the yes probability.
+    check_rerank_golden("models/tiny/qwen3-rerank-tiny.gguf", "qwen3-rerank-tiny.server.json", 2e-3);
+}

@@ -614,10 +614,11 @@ impl<'m, G: AsMut<[GraphSlot]> + AsRef<[GraphSlot]>> Planned<'m, G> {
     }
 }
 
-/// The pooling `model` runs with: an encoder's `asked` (else its file's, else per token); a
-/// generating model has none (it gives logits) and refuses one; `rank` needs a classifier head.
+/// The pooling `model` runs with: an embedding model's `asked` (else its file's, else per
+/// token); a generating model has none (it gives logits) and refuses one; `rank` needs a
+/// classifier head.
 fn output_pooling(model: &Model<'_>, asked: Option<Pooling>) -> Result<Option<Pooling>, EngineError> {
-    if !model.hp.arch.traits().encoder {
+    if !model.hp.embeds() {
         return match asked {
             None => Ok(None),
             Some(_) => Err(EngineError::Output(
@@ -825,7 +826,10 @@ impl<'m, G: AsMut<[GraphSlot]> + AsRef<[GraphSlot]>, B: DerefMut<Target = [u8]>>
                     encoder.split_at_mut((inputs.types_offset - inputs.positions_offset) / 4);
                 let (types, spans) = rest.split_at_mut((inputs.spans_offset - inputs.types_offset) / 4);
                 // Each sequence's span; a pooled output row per sequence (its first token, its
-                // last for `last`).
+                // last for `last` and for a causal model's `rank`: only the last token has seen
+                // the whole input, as llama.cpp picks it).
+                let causal = !self.planned.model.hp.arch.traits().bidirectional;
+                let last_pooled = pooling == Pooling::Last || (pooling == Pooling::Rank && causal);
                 let mut start = 0;
                 while start < batch.len() {
                     let len = batch[start..].iter().take_while(|e| e.seq == batch[start].seq).count();
@@ -838,7 +842,7 @@ impl<'m, G: AsMut<[GraphSlot]> + AsRef<[GraphSlot]>, B: DerefMut<Target = [u8]>>
                         places[2 * i] = start as i32;
                     }
                     if pooling.pools() {
-                        rows[out] = if pooling == Pooling::Last { start + len - 1 } else { start } as i32;
+                        rows[out] = if last_pooled { start + len - 1 } else { start } as i32;
                         out += 1;
                     }
                     start += len;

@@ -287,8 +287,8 @@ enum ReadBy {
     /// Those with LongRoPE (`true`: its factor tensors and attention factor are computed) or
     /// those without.
     LongRope(bool),
-    /// The encoders (`true`) or the decoders.
-    Encoder(bool),
+    /// Those attending both ways (`true`: the encoders, EmbeddingGemma) or causally.
+    Bidirectional(bool),
 }
 
 impl ReadBy {
@@ -296,7 +296,7 @@ impl ReadBy {
         match self {
             Self::Arch(a) => a == arch,
             Self::LongRope(long) => arch.traits().long_rope == long,
-            Self::Encoder(encoder) => arch.traits().encoder == encoder,
+            Self::Bidirectional(both) => arch.traits().bidirectional == both,
         }
     }
 }
@@ -322,9 +322,9 @@ const MATH_KEYS: [(&str, ReadBy, Computes, &str); 9] = [
     ("rope.scaling.attn_factor", ReadBy::LongRope(false), Computes::Only(1.0), "1"),
     // false: Granite without RoPE on any layer.
     ("rope.scaling.finetuned", ReadBy::Arch(Arch::Granite), Computes::Flag(true), "true"),
-    ("attention.causal", ReadBy::Encoder(false), Computes::Flag(true), "true"),
+    ("attention.causal", ReadBy::Bidirectional(false), Computes::Flag(true), "true"),
     // An encoder attends both ways within its sequence.
-    ("attention.causal", ReadBy::Encoder(true), Computes::Flag(false), "false"),
+    ("attention.causal", ReadBy::Bidirectional(true), Computes::Flag(false), "false"),
     ("attention.sliding_window_pattern", ReadBy::Arch(Arch::Gemma3), Computes::Only(6.0), "6"),
     ("rope.freq_base_swa", ReadBy::Arch(Arch::Gemma3), Computes::Only(10000.0), "10000"),
     ("final_logit_softcapping", ReadBy::Arch(Arch::Gemma3), Computes::Only(0.0), "0 (no soft-capping)"),
@@ -458,6 +458,11 @@ fn sliding_layers(g: &Gguf<'_>, arch: Arch, n_layer: u32, n_layer_all: u32) -> R
     match arch.traits().swa {
         SwaLayers::None => {}
         SwaLayers::Period(period) => {
+            (0..n_layer).filter(|il| il % period < period - 1).for_each(|il| mask.insert(il as usize));
+        }
+        SwaLayers::PeriodKey(default) => {
+            let key = arch_key(arch, "attention.sliding_window_pattern");
+            let period = u32_in(g, &key, Some(default), 1..=MAX_LAYERS)?;
             (0..n_layer).filter(|il| il % period < period - 1).for_each(|il| mask.insert(il as usize));
         }
         SwaLayers::Pattern => {
@@ -880,6 +885,14 @@ impl HParams {
             n_ff_layers,
             pooling,
         })
+    }
+
+    /// Whether the model gives embeddings, not logits: an encoder, an architecture attending both
+    /// ways (EmbeddingGemma), or a decoder whose file names a pooling (Qwen3-Embedding,
+    /// Qwen3-Reranker). Such a model runs each input within one batch and keeps no KV cache.
+    pub fn embeds(&self) -> bool {
+        let traits = self.arch.traits();
+        traits.encoder || traits.bidirectional || self.pooling.is_some()
     }
 
     /// Whether layer `il` attends through a sliding window.

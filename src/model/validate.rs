@@ -241,6 +241,21 @@ pub fn validate_tensors(g: &Gguf<'_>, hp: &HParams, n_vocab: u32) -> Result<(), 
     check(expect(format_args!("token_embd.weight"), &[e, v], Weight, true))?;
     check(expect(format_args!("{}", hp.arch.traits().output_norm), &[e], Norm, true))?;
     check(expect(format_args!("output.weight"), &[e, v], Weight, false))?;
+    if hp.embeds() {
+        // A decoder-shaped embedder's heads: Qwen3-Reranker's labels (rows of the language
+        // model's head), EmbeddingGemma's dense projections (out and back to n_embd).
+        let labels = g.tensor("cls.output.weight").map_or(1, |t| t.ne[1].max(1));
+        check(expect(format_args!("cls.output.weight"), &[e, labels], Weight, false))?;
+        check(expect(format_args!("cls.output.bias"), &[labels], Bias, false))?;
+        let dense = g.tensor("dense_2.weight").map_or(e, |t| t.ne[1].max(1));
+        check(expect(format_args!("dense_2.weight"), &[e, dense], Weight, false))?;
+        check(expect(
+            format_args!("dense_3.weight"),
+            &[dense, e],
+            Weight,
+            g.tensor("dense_2.weight").is_some(),
+        ))?;
+    }
     // (Gemma 4's full-attention layers need their factors, one per pair of the head, as
     // llama.cpp requires them.)
     let full_factors = hp.arch.traits().full_layer_rope_freqs;

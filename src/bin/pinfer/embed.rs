@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use clap::Args;
-use pinfer::embed::{embed, embed_typed, EmbedOptions, Embeddings};
+use pinfer::embed::{embed, embed_typed, rerank_prompt, rerank_template, EmbedOptions, Embeddings};
 use pinfer::engine::embedding::{cosine, Normalize};
 use pinfer::model::Pooling;
 use pinfer::session::{Session, SessionOptions};
@@ -174,19 +174,43 @@ pub fn rerank(args: RerankArgs) -> Result<(), CliError> {
     let path = crate::model_path(args.model.clone());
     let docs = input_lines(None, Some(&args.file))?;
     let mut session = load(&args.common, &path, Some(Pooling::Rank))?;
-    let query = tokens_of(&args.common, &path, &session, std::slice::from_ref(&args.query))?.remove(0);
-    let docs = tokens_of(&args.common, &path, &session, &docs)?;
-    let n_types = session.engine().token_types();
-    let (pairs, types): (Vec<Vec<u32>>, Vec<Option<Vec<u32>>>) =
-        docs.iter().map(|d| rerank_pair(&query, d, n_types)).unzip();
+    let template = rerank_template(session.gguf()).filter(|_| !args.common.token_ids);
+    let (pairs, types): (Vec<Vec<u32>>, Vec<Option<Vec<u32>>>) = match template {
+        Some(template) => {
+            let tok = crate::tokenize::tokenizer(&path, session.gguf())?;
+            let pair = |d: &String| templated_pair(&tok, template, &args.query, d).map(|ids| (ids, None));
+            docs.iter()
+                .map(pair)
+                .collect::<Result<Vec<_>, String>>()
+                .map_err(CliError::new)?
+                .into_iter()
+                .unzip()
+        }
+        None => {
+            let query =
+                tokens_of(&args.common, &path, &session, std::slice::from_ref(&args.query))?.remove(0);
+            let docs = tokens_of(&args.common, &path, &session, &docs)?;
+            let n_types = session.engine().token_types();
+            docs.iter().map(|d| rerank_pair(&query, d, n_types)).unzip()
+        }
+    };
     let refs: Vec<&[u32]> = pairs.iter().map(Vec::as_slice).collect();
     let type_refs: Vec<&[u32]> = types.iter().flatten().map(Vec::as_slice).collect();
     let opts = EmbedOptions { normalize: Normalize::None, truncate: args.common.truncate };
     let out = embed_typed(&mut session, &refs, &type_refs, &opts)?;
+    // One score per pair, or per label with the labels' names (Qwen3-Reranker's yes and no),
+    // as llama-embedding prints them.
+    let labels = output_labels(session.gguf());
     let mut text = String::new();
     for i in 0..pairs.len() {
-        let score = out.row(i, 0).and_then(|r| r.first()).copied().unwrap_or(f32::NAN);
-        let _ = writeln!(text, "rerank score {i}: {score:8.3}");
+        let row = out.row(i, 0).unwrap_or(&[]);
+        if labels.is_empty() {
+            let score = row.first().copied().unwrap_or(f32::NAN);
+            let _ = writeln!(text, "rerank score {i}: {score:8.3}");
+        }
+        for (label, score) in labels.iter().zip(row) {
+            let _ = writeln!(text, "rerank score {i}: {score:8.3} [{label}]");
+        }
     }
     out!("{text}")?;
     Ok(())
@@ -201,6 +225,35 @@ pub fn rerank_pair(query: &[u32], doc: &[u32], n_types: usize) -> (Vec<u32>, Opt
     let ids: Vec<u32> = query.iter().chain(doc.iter().skip(1)).copied().collect();
     let types = (n_types >= 2).then(|| (0..ids.len()).map(|i| u32::from(i >= query.len())).collect());
     (ids, types)
+}
+
+/// A reranker's input from the model's `rerank` prompt template (Qwen3-Reranker's): the template
+/// with `{query}` and `{document}` filled, tokenized with its special tokens parsed and nothing
+/// added (llama.cpp's format_prompt_rerank).
+pub fn templated_pair(
+    tok: &pinfer::tokenizer::Tokenizer<'_>,
+    template: &str,
+    query: &str,
+    doc: &str,
+) -> Result<Vec<u32>, String> {
+    crate::tokenize::encode_with(tok, &rerank_prompt(template, query, doc), true, false).map_err(
+        |e| match e {
+            CliError::Message(m) => m,
+            _ => "the pair cannot be tokenized".to_string(),
+        },
+    )
+}
+
+/// The names of a classifier's labels (`{arch}.classifier.output_labels`), empty without them.
+fn output_labels(gguf: &pinfer::gguf::Gguf<'_>) -> Vec<String> {
+    let arch = gguf.get_str_opt("general.architecture").ok().flatten().unwrap_or("");
+    let key = format!("{arch}.classifier.output_labels");
+    match gguf.get(&key) {
+        Some(pinfer::gguf::Value::Array(a)) => {
+            a.iter().filter_map(|v| v.as_str().map(str::to_string)).collect()
+        }
+        _ => Vec::new(),
+    }
 }
 
 /// Every vector, in input order (one per input, or one per token without pooling).

@@ -463,8 +463,16 @@ impl<'a, const N: usize> Bound<'a, N> {
                 let (start, end) = visible_keys(causal, window, pos, pos + 1);
                 Some(first + start..first + end)
             }
-            // A bidirectional node's table holds spans: (first row, rows).
-            Some(Some((first, n))) if !causal && n > 0 && first + n <= n_kv => Some(first..first + n),
+            // A bidirectional node's table holds spans: (first row, rows); the keys are the
+            // batch's own, so a symmetric window centres on the query's own row.
+            Some(Some((first, n))) if !causal && n > 0 && first + n <= n_kv => match window {
+                0 => Some(first..first + n),
+                _ if (first..first + n).contains(&tok) => {
+                    let (start, end) = visible_keys(false, window, tok - first, n);
+                    Some(first + start..first + end)
+                }
+                _ => None,
+            },
             Some(_) => None,
             None => {
                 let (start, end) = visible_keys(causal, window, step.n_past + tok, n_kv);
@@ -750,7 +758,12 @@ pub(in crate::exec) enum TileKernel {
 /// Keys a query at position `pos` sees: `[start, end)` of `n_kv`.
 pub(in crate::exec) fn visible_keys(causal: bool, window: usize, pos: usize, n_kv: usize) -> (usize, usize) {
     if !causal {
-        return (0, n_kv);
+        // (A symmetric window: `window / 2` positions either side.)
+        if window == 0 {
+            return (0, n_kv);
+        }
+        let half = window / 2;
+        return (pos.saturating_sub(half), (pos + half + 1).min(n_kv));
     }
     let end = (pos + 1).min(n_kv);
     let start = if window > 0 { (pos + 1).saturating_sub(window) } else { 0 };

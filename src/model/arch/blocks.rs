@@ -90,7 +90,11 @@ pub(super) struct Builder<'b, 'm, const N: usize> {
     /// I32 token ids `[t]`.
     pub ids: TensorId,
     /// I32 token places `[2, t]` (first cache row of the sequence, position); none in a window.
+    /// An embedding model's places name the batch: (first batch row of the sequence, position).
     places: Option<TensorId>,
+    /// An embedding model's I32 spans `[2, t]` (first batch row of the token's sequence, its
+    /// tokens): the keys a bidirectional query sees, the rows mean pooling averages.
+    pub spans: Option<TensorId>,
     /// One table of angles per RoPE parameter set (full-attention, sliding-window), made by the
     /// first layer that rotates with it.
     rope_tables: [Option<TensorId>; 2],
@@ -151,6 +155,10 @@ impl<'b, 'm, const N: usize> Builder<'b, 'm, N> {
             Some(kv) => Some(input(g, "token_places", [2, n_tokens, 1, 1], kv.places_offset)?),
             None => None,
         };
+        let spans = match kv.and_then(|kv| kv.encoder_inputs) {
+            Some(at) => Some(input(g, "token_spans", [2, n_tokens, 1, 1], at.spans_offset)?),
+            None => None,
+        };
         Ok(Self {
             g,
             gguf,
@@ -166,9 +174,16 @@ impl<'b, 'm, const N: usize> Builder<'b, 'm, N> {
             rope_freqs,
             ids,
             places,
+            spans,
             rope_tables: [None, None],
             shared_caches: heapless::Vec::new(),
         })
+    }
+
+    /// The KV layout of a graph with a KV cache (none in a window graph, nor for an embedding
+    /// model, whose batch attends over its own keys and values).
+    fn kv_cache(&self) -> Option<&'b KvLayout> {
+        self.kv.filter(|kv| kv.encoder_inputs.is_none())
     }
 
     /// The KV layout, which a block with a cache or a recurrent state needs.
@@ -427,7 +442,7 @@ pub(super) fn attention<const N: usize>(
     let wo = b.layer(il, "attn_output.weight")?;
     let heads = project_heads(b, il, cur, (wq, wk, wv), own_kv)?;
     let (heads, kq_scale) = rotate(b, il, heads, own_kv)?;
-    let attn = if b.kv.is_none() {
+    let attn = if b.kv_cache().is_none() {
         if !own_kv {
             return Err(invalid("a KV-sharing layer in a window graph"));
         }
@@ -548,8 +563,8 @@ fn rotate<const N: usize>(
         h.q = named!(b, "Qcur_scaled", il, b.g.scale(h.q, kq_scale));
         kq_scale = 1.0;
     }
-    // (A window graph has no cache to rotate for.)
-    let types = b.kv.map(|kv| kv.types);
+    // (A window graph, or an embedding model's, has no cache to rotate for.)
+    let types = b.kv_cache().map(|kv| kv.types);
     if let Some(n) = types.and_then(|t| t.k_rotation(hd_k as u32)) {
         h.q = named!(b, "Qcur_rot", il, b.g.hadamard(h.q, n));
         if own_kv {
@@ -619,6 +634,12 @@ fn attend_window<const N: usize>(
     let v = g.permute(v, [0, 2, 1, 3])?;
     // kqv: [hd_v, n_head, t]
     let kqv = named!(b, "kqv_out", il, b.g.flash_attn(q, k, v, kq_scale, mask));
+    // An embedding model's batch holds several sequences: a causal query sees its sequence's
+    // rows up to its position (the places), a bidirectional one its sequence's span.
+    let table = if mask.causal() { b.places } else { b.spans };
+    if let Some(table) = table {
+        b.g.at_positions(kqv, table)?;
+    }
     Ok(b.g.reshape(kqv, [hd_v * n_head, t, 1, 1])?)
 }
 

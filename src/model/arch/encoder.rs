@@ -190,7 +190,7 @@ fn layer<const N: usize>(
 /// from the token the output-rows input names (its first for `mean`, `cls` and `rank`, its
 /// last for `last`), `rank` through the classifier head (`cls` dense and tanh, then
 /// `cls.output`, as llama.cpp's). x: `[n_embd, t]` → `[width, n_outputs]`.
-fn pool<const N: usize>(
+pub(super) fn pool<const N: usize>(
     b: &mut Builder<'_, '_, N>,
     x: TensorId,
     n_outputs: usize,

@@ -61,6 +61,9 @@ archs! {
     Gemma4 = "gemma4",
     /// BERT encoders (all-MiniLM, BGE, E5, GTE): embeddings, no generation.
     Bert = "bert",
+    /// EmbeddingGemma (300M): Gemma 3 attending both ways, its sliding layers through a
+    /// symmetric window, pooled embeddings through its dense head; no generation.
+    GemmaEmbedding = "gemma-embedding",
 }
 
 /// Which layers attend through a sliding window.
@@ -72,6 +75,9 @@ pub enum SwaLayers {
     Period(u32),
     /// Those flagged in `attention.sliding_window_pattern` (Gemma 4).
     Pattern,
+    /// All but every `n`th, `n` the file's integer `attention.sliding_window_pattern`, else the
+    /// default given (EmbeddingGemma: 6, llama.cpp's `load_swa_pattern`).
+    PeriodKey(u32),
 }
 
 /// The feed-forward block of an architecture.
@@ -206,6 +212,9 @@ pub struct ArchTraits {
     /// (`attention.causal` false), no KV cache kept between steps, and pooled embeddings instead
     /// of logits (`encoder.rs`).
     pub encoder: bool,
+    /// Attention sees every token of the sequence, before and after (`attention.causal` false):
+    /// the encoders and EmbeddingGemma, whose sliding layers' window is symmetric.
+    pub bidirectional: bool,
 }
 
 impl Arch {
@@ -241,6 +250,7 @@ impl Arch {
             layer_output_scale: false,
             default_logit_softcap: 0.0,
             encoder: false,
+            bidirectional: false,
         };
         const SOFTMAX_EXPERTS: Experts = Experts {
             normalize_weights: false,
@@ -301,7 +311,8 @@ impl Arch {
                 attn_output_gate: true,
                 ..DENSE
             },
-            Arch::Bert => ArchTraits { qkv_bias: true, encoder: true, ..DENSE },
+            Arch::Bert => ArchTraits { qkv_bias: true, encoder: true, bidirectional: true, ..DENSE },
+            Arch::GemmaEmbedding => ArchTraits { bidirectional: true, swa: SwaLayers::PeriodKey(6), ..GEMMA },
             Arch::Lfm2Moe => ArchTraits {
                 ffn: Ffn::Experts(Experts {
                     normalize_weights: true,

@@ -209,7 +209,7 @@ impl KvLayout {
         let recurrent = hp.recurrent;
         let mut cached = LayerMask::default();
         let mut caches = 0usize;
-        let encoder = hp.arch.traits().encoder;
+        let encoder = hp.embeds();
         for il in (0..n_layer).filter(|&il| hp.has_own_kv(il) && !encoder) {
             cached.insert(il);
             caches = caches.checked_add(kinds[hp.is_sliding(il) as usize].layer_bytes())?;

@@ -45,7 +45,8 @@ pub fn build_forward<const N: usize>(
         | Arch::Lfm2
         | Arch::Lfm2Moe
         | Arch::Qwen35
-        | Arch::Gemma4 => transformer::build(g, gguf, hp, kv, n_tokens, n_outputs, adapters),
+        | Arch::Gemma4
+        | Arch::GemmaEmbedding => transformer::build(g, gguf, hp, kv, n_tokens, n_outputs, adapters),
         Arch::Bert => encoder::build(g, gguf, hp, kv, n_tokens, n_outputs, adapters),
     }
 }

@@ -6,11 +6,12 @@
 //! persistent region. LoRA adapters' tensors are leaves in buffers 1.. (one per adapter).
 
 use super::blocks::{self, Adapters, Builder, Mode, TrainedPair};
+use super::encoder;
 use super::kv::KvLayout;
 use crate::gguf::Gguf;
 use crate::graph::{Graph, GraphError, Mask};
 use crate::model::lora::Adapter;
-use crate::model::{HParams, ModelError};
+use crate::model::{HParams, ModelError, Pooling};
 use crate::tensor::TensorId;
 
 /// The inputs and outputs of a built forward graph.
@@ -56,7 +57,10 @@ pub fn build<const N: usize>(
     }
     let mut b = Builder::new(g, gguf, hp, Mode::Cached(kv), n_tokens, Adapters::Files(adapters))?;
     let x = layers(&mut b)?;
-    let logits = blocks::output_head(&mut b, x, n_outputs)?;
+    let logits = match kv.encoder_inputs {
+        Some(_) => embeddings(&mut b, x, n_outputs)?,
+        None => blocks::output_head(&mut b, x, n_outputs)?,
+    };
     b.check_adapters()?;
     let ids = b.ids;
     b.g.build(&[logits])?;
@@ -107,8 +111,12 @@ fn layers<const N: usize>(b: &mut Builder<'_, '_, N>) -> Result<TensorId, ModelE
             (true, Some(d)) => blocks::delta_net(b, il, cur, d)?,
             (true, None) => blocks::short_conv(b, il, cur)?,
             (false, _) => {
-                let mask =
-                    if hp.is_sliding(il) { Mask::SlidingWindow(hp.sliding_window) } else { Mask::Causal };
+                let mask = match (traits.bidirectional, hp.is_sliding(il)) {
+                    (false, false) => Mask::Causal,
+                    (false, true) => Mask::SlidingWindow(hp.sliding_window),
+                    (true, false) => Mask::Bidirectional,
+                    (true, true) => Mask::Symmetric(hp.sliding_window),
+                };
                 blocks::attention(b, il, cur, mask)?
             }
         };
@@ -147,4 +155,37 @@ fn layers<const N: usize>(b: &mut Builder<'_, '_, N>) -> Result<TensorId, ModelE
         b.g.set_name(x, format_args!("l_out-{il}"));
     }
     Ok(x)
+}
+
+/// A decoder-shaped embedding model's output (Qwen3-Embedding, Qwen3-Reranker, EmbeddingGemma,
+/// as llama.cpp's build_pooling and build_dense_out): the final norm of every token, pooled as
+/// the encoders pool (`encoder::pool`), a causal model's `rank` scores as the softmax of its
+/// labels (Qwen3-Reranker's yes/no rows of the language-model head), then the dense head the
+/// file has (`dense_2`, `dense_3`). x: `[n_embd, t]` → `[width, n_outputs]`.
+fn embeddings<const N: usize>(
+    b: &mut Builder<'_, '_, N>,
+    x: TensorId,
+    n_outputs: usize,
+) -> Result<TensorId, ModelError> {
+    let output_norm = b.need(b.traits.output_norm)?;
+    let x = b.g.rms_norm(x, b.hp.rms_eps)?;
+    b.g.set_name(x, format_args!("result_norm_raw"));
+    let x = b.g.mul(x, output_norm)?;
+    b.g.set_name(x, format_args!("result_norm"));
+    let spans = b.spans.ok_or(ModelError::Graph(GraphError::Invalid {
+        op: "forward",
+        name: heapless::String::new(),
+        problem: "an embedding model's batch needs its spans",
+    }))?;
+    let mut out = encoder::pool(b, x, n_outputs, spans)?;
+    if b.hp.pooling == Some(Pooling::Rank) && !b.traits.bidirectional {
+        out = b.g.soft_max(out, 1.0, false, 0)?;
+    }
+    for dense in ["dense_2.weight", "dense_3.weight"] {
+        if let Some(w) = b.optional(dense)? {
+            out = b.mm(w, out)?;
+        }
+    }
+    b.g.set_name(out, format_args!("result_embd_pooled"));
+    Ok(out)
 }

@@ -38,6 +38,9 @@ pub struct Served {
     pub limit: usize,
     /// Token types of the model's embeddings (a reranker's pair gives its document type 1 when 2+).
     pub token_types: usize,
+    /// The model's `rerank` prompt template (Qwen3-Reranker), which a pair fills instead of
+    /// BERT's `[CLS] q [SEP] d [SEP]`.
+    pub rerank_template: Option<String>,
 }
 
 /// Batches per chunk of a job: between chunks the engine sees a client that left, or a stop.
@@ -62,6 +65,7 @@ impl Engine {
             width: session.engine().embedding_width(),
             limit: pinfer::embed::input_limit(session),
             token_types: session.engine().token_types(),
+            rerank_template: pinfer::embed::rerank_template(session.gguf()).map(str::to_string),
         }
     }
 
@@ -614,8 +618,9 @@ pub async fn rerank(AxState(shared): AxState<AppState>, body: Body) -> Result<Re
 /// Inputs of a job (token ids each) and their token types (one list per input, or none).
 type TypedInputs = (Vec<Vec<u32>>, Vec<Vec<u32>>);
 
-/// The query paired with each document as `pinfer rerank` pairs them (`[CLS] q [SEP] d [SEP]`),
-/// and the pairs' token types (empty for a one-type model).
+/// The query paired with each document as `pinfer rerank` pairs them (the model's `rerank`
+/// template filled, else `[CLS] q [SEP] d [SEP]`), and the pairs' token types (empty for a
+/// one-type model).
 fn rerank_pairs(
     shared: &Shared,
     query: &str,
@@ -634,8 +639,15 @@ fn rerank_pairs(
     let q = encode(query, "the query")?;
     let (mut pairs, mut types) = (Vec::with_capacity(docs.len()), Vec::new());
     for (i, d) in docs.iter().enumerate() {
-        let (pair, pair_types) =
-            crate::embed::rerank_pair(&q, &encode(d, &format!("document {i}"))?, served.token_types);
+        let (pair, pair_types) = match &served.rerank_template {
+            Some(template) => {
+                if d.is_empty() {
+                    return Err(ApiError::invalid(format!("Input content cannot be empty (document {i})")));
+                }
+                (crate::embed::templated_pair(tok, template, query, d).map_err(ApiError::invalid)?, None)
+            }
+            None => crate::embed::rerank_pair(&q, &encode(d, &format!("document {i}"))?, served.token_types),
+        };
         if pair.len() > served.limit && !truncate {
             return Err(ApiError::exceeds_context(pair.len(), served.limit));
         }
