@@ -176,6 +176,51 @@ fn f16_dot_is_bit_identical_to_its_twin() {
     }
 }
 
+/// The tiles of the matmul on f16 weights (one weight row times up to F16_ROWS widened tokens)
+/// give each token the per-token f16 dot's bits, on every path, tile size, tail and regime: a
+/// token's numbers do not depend on the tokens beside it.
+#[test]
+fn f16_row_tiles_give_each_token_its_own_dot() {
+    use pinfer::kernels::dot::widen_f16_padded;
+    use pinfer::kernels::{dot_f16_rows, F16_ROWS};
+    let mut rng = Rng(19);
+    let mut paths = simd_paths();
+    paths.push(KernelPath::Reference);
+    for path in paths {
+        for n in LENGTHS.into_iter().chain([31, 32, 33, 64, 65, 200, 1536]) {
+            for (name, w) in regimes(n, &mut rng) {
+                let w = f16s(&w);
+                let xs: Vec<Vec<_>> = (0..F16_ROWS)
+                    .map(|_| f16s(&(0..n).map(|_| 4.0 * rng.f()).collect::<Vec<f32>>()))
+                    .collect();
+                let padded = n.next_multiple_of(32);
+                // (Garbage past the padding: the kernel must read only what it is given.)
+                let widened: Vec<Vec<f32>> = xs
+                    .iter()
+                    .map(|x| {
+                        let mut row = vec![f32::NAN; padded + 8];
+                        widen_f16_padded(x, &mut row[..padded]);
+                        row
+                    })
+                    .collect();
+                for tile in 1..=F16_ROWS {
+                    let refs: Vec<&[f32]> = widened[..tile].iter().map(|r| &r[..padded]).collect();
+                    let mut out = vec![0f32; tile];
+                    dot_f16_rows(path, &w, &refs, &mut out);
+                    for (j, &got) in out.iter().enumerate() {
+                        let want = dot_f16(path, &w, &xs[j]);
+                        assert!(
+                            same_bits(got, want),
+                            "{} n={n} {name} tile {tile} row {j}: {got} vs the per-token dot {want}",
+                            path.name()
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// The f32 dot of computed tensors (training) is its twin's bit for bit on every SIMD path, every
 /// tail length and every regime, and within f32 rounding of ggml's f64-summed scalar dot (the
 /// reference path's, which it is on that path).

@@ -202,6 +202,45 @@ pub fn vec_dot_f16_lanes(x: &[F16Le], y: &[F16Le]) -> f32 {
     (t[0] + t[1]) + (t[2] + t[3])
 }
 
+/// The f16 weight row `w` times each of several input rows at once, each result bit for bit
+/// [`vec_dot_f16_lanes`]`(w, x)` (the same lanes, runs and folding per row: a token's numbers do
+/// not depend on the tokens beside it). The inputs are f16 values widened to f32 and zero-padded
+/// to a multiple of 32 ([`widen_f16_padded`]), so a tile widens each input once for every weight
+/// row; `out[j]` takes row `xs[j]`'s dot.
+pub fn vec_dot_f16_rows_lanes(w: &[F16Le], xs: &[&[f32]], out: &mut [f32]) {
+    let n = w.len();
+    let mut pw = [0f32; 32];
+    for (x, o) in xs.iter().zip(out.iter_mut()) {
+        let mut acc = [[0f32; 8]; 4];
+        for start in (0..n).step_by(32) {
+            let end = (start + 32).min(n);
+            pw.fill(0.0);
+            for (p, &h) in pw.iter_mut().zip(&w[start..end]) {
+                *p = f16(h);
+            }
+            for (c, a) in acc.iter_mut().enumerate() {
+                for (l, a) in a.iter_mut().enumerate() {
+                    let p = pw[8 * c + l] * x[start + 8 * c + l];
+                    *a = if start == 0 { p } else { *a + p };
+                }
+            }
+        }
+        let x: [f32; 8] = core::array::from_fn(|l| (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]));
+        let t: [f32; 4] = core::array::from_fn(|i| x[i] + x[i + 4]);
+        *o = (t[0] + t[1]) + (t[2] + t[3]);
+    }
+}
+
+/// `x` widened to f32 into `out`, zeros after it up to `out`'s length (a multiple of 32 at
+/// least `x.len()`: the input rows of [`vec_dot_f16_rows_lanes`] and its SIMD twins).
+pub fn widen_f16_padded(x: &[F16Le], out: &mut [f32]) {
+    let n = x.len().min(out.len());
+    for (o, &h) in out[..n].iter_mut().zip(x) {
+        *o = f16(h);
+    }
+    out[n..].fill(0.0);
+}
+
 /// f32 dot product in the SIMD kernels' order ([`crate::kernels::dot_f32`]): runs of 32
 /// elements (a shorter last run zero-padded) into 4 x 8 lanes of f32 products summed in f32, the
 /// lanes then added pairwise. The twin of the AVX2 and NEON kernels, bit for bit.

@@ -301,6 +301,25 @@ pub fn dot_f16(path: KernelPath, x: &[F16Le], y: &[F16Le]) -> f32 {
     }
 }
 
+/// Input rows [`dot_f16_rows`] takes at once (a matmul on f16 weights gives it tiles of tokens).
+pub const F16_ROWS: usize = 3;
+
+/// The f16 weight row `w` times up to [`F16_ROWS`] input rows widened by
+/// [`dot::widen_f16_padded`] (each a multiple of 32 values, at least `w.len()`), `out[j]` bit for
+/// bit [`dot_f16`]`(path, w, x_j)`: the weights are widened once for every row of the tile.
+pub fn dot_f16_rows(path: KernelPath, w: &[F16Le], xs: &[&[f32]], out: &mut [f32]) {
+    match path.isa() {
+        Isa::Scalar => dot::vec_dot_f16_rows_lanes(w, xs, out),
+        #[cfg(target_arch = "aarch64")]
+        Isa::Neon => neon::dot_f16_rows(w, xs, out),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => {
+            // SAFETY: the CPU has AVX2, FMA and F16C (`Isa::Avx2`).
+            unsafe { x86::dot_f16_rows_avx2(w, xs, out) }
+        }
+    }
+}
+
 /// f32 dot product on `path`: the SIMD kernels (twin [`dot::vec_dot_f32_lanes`]), or on the
 /// reference path ggml's scalar dot (f64 sum). Used for LoRA adapters' weights and products of
 /// two computed tensors (training's backward matmuls and written-out attention); F32 weights of

@@ -226,6 +226,12 @@ impl<'a, const N: usize> Bound<'a, N> {
             self.mul_mat_packed(id, t, &op, &w, ith, nth);
             return;
         }
+        if op.act == Some(GgmlType::F16) && op.tw.ty == GgmlType::F16 && op.ne_x[1] > 1 {
+            if let Some(block) = f16_block_tokens(op.k) {
+                self.mul_mat_f16_blocks(id, t, &op, block, ith, nth);
+                return;
+            }
+        }
         let (ne_w, ne_x) = (op.ne_w, op.ne_x);
         let (r2, r3) = ((ne_x[2] / ne_w[2]).max(1), (ne_x[3] / ne_w[3]).max(1));
         // Threads split the weight rows, so one token (decode) still uses every thread.
@@ -240,6 +246,64 @@ impl<'a, const N: usize> Bound<'a, N> {
                             self.write::<f32>(id, t.row_offset(n, i2, i3) + m * 4, 1)[0] = v;
                         }
                     }
+                }
+            }
+        }
+    }
+    /// Matmul on f16 weights for several tokens (an encoder's batch, a prompt): blocks of `block`
+    /// tokens widened to f32 once, then each weight row (in L1) times the block's tiles of
+    /// [`kernels::F16_ROWS`] tokens, each weight run widened once per tile instead of once per
+    /// token. Every element is the number [`Self::dot`] gives it (`dot_f16_rows`' contract), so a
+    /// token's outputs do not depend on the tokens beside it.
+    fn mul_mat_f16_blocks(
+        &self,
+        id: TensorId,
+        t: &Tensor,
+        op: &MatOperands<'_>,
+        block: usize,
+        ith: usize,
+        nth: usize,
+    ) {
+        let (ne_w, ne_x, k) = (op.ne_w, op.ne_x, op.k);
+        let (r2, r3) = ((ne_x[2] / ne_w[2]).max(1), (ne_x[3] / ne_w[3]).max(1));
+        let padded = k.next_multiple_of(32);
+        let (w_len, x_len) = (2 * k, GgmlType::F16.bytes_for(ne_x[0] as u64).unwrap_or(0) as usize);
+        let rows_w = share(ne_w[1], ith, nth);
+        let mut widened = [0f32; F16_BLOCK_FLOATS];
+        for i3 in 0..ne_x[3] {
+            for i2 in 0..ne_x[2] {
+                let mut n0 = 0;
+                while n0 < ne_x[1] {
+                    let tokens = (ne_x[1] - n0).min(block);
+                    for (j, row) in widened.chunks_exact_mut(padded).take(tokens).enumerate() {
+                        let bytes = self.converted_row(GgmlType::F16, op.tx, ne_x, (n0 + j, i2, i3), x_len);
+                        kernels::dot::widen_f16_padded(&bytemuck::cast_slice(bytes)[..k], row);
+                    }
+                    for m in rows_w.clone() {
+                        // SAFETY: row m of this thread's rows, inside the checked shapes.
+                        let w_bytes: &[u8] =
+                            unsafe { self.read(op.w, op.tw.row_offset(m, i2 / r2, i3 / r3), w_len) };
+                        let w_row = bytemuck::cast_slice(w_bytes);
+                        let mut first = 0;
+                        while first < tokens {
+                            let tile = (tokens - first).min(kernels::F16_ROWS);
+                            let xs: [&[f32]; kernels::F16_ROWS] = core::array::from_fn(|j| {
+                                let at = (first + j.min(tile - 1)) * padded;
+                                &widened[at..at + padded]
+                            });
+                            let mut out = [0f32; kernels::F16_ROWS];
+                            kernels::dot_f16_rows(self.path, w_row, &xs[..tile], &mut out);
+                            for (j, &v) in out[..tile].iter().enumerate() {
+                                // SAFETY: element m of output row n0 + first + j: this thread's m.
+                                unsafe {
+                                    self.write::<f32>(id, t.row_offset(n0 + first + j, i2, i3) + m * 4, 1)
+                                        [0] = v
+                                };
+                            }
+                            first += tile;
+                        }
+                    }
+                    n0 += tokens;
                 }
             }
         }
@@ -445,4 +509,16 @@ pub(in crate::exec) struct MatOperands<'t> {
     k: usize,
     /// Type of the converted input, `None` when the F32 input is used directly.
     act: Option<GgmlType>,
+}
+
+/// Floats of the widened tokens of one block of [`Bound::mul_mat_f16_blocks`] (64 KiB on the
+/// stack: the block stays in L2 while each weight row meets all of it).
+const F16_BLOCK_FLOATS: usize = 16 * 1024;
+
+/// Tokens of one block of an f16 matmul over rows of `k`: as many whole tiles as the block holds,
+/// `None` when not even one tile fits (rows past 5461 values take the per-token dot).
+fn f16_block_tokens(k: usize) -> Option<usize> {
+    let per_block = F16_BLOCK_FLOATS / k.next_multiple_of(32).max(32);
+    let tiles = per_block / kernels::F16_ROWS;
+    (tiles > 0).then_some(tiles * kernels::F16_ROWS)
 }

@@ -75,6 +75,67 @@ fn dot_f16_neon(x: &[F16Le], y: &[F16Le]) -> f32 {
     fold_lanes(&acc)
 }
 
+/// Input rows one call of [`dot_f16_rows`] takes: 8 registers of accumulators each, 24 of 32.
+pub const F16_ROWS: usize = 3;
+
+/// The f16 weight row `w` times up to [`F16_ROWS`] widened input rows, bit-identical to
+/// `crate::kernels::dot::vec_dot_f16_rows_lanes` (and so to [`dot_f16`] per row): each run of
+/// 32 weights is widened once for every input row. `xs` rows hold a multiple of 32 values, at
+/// least `w.len()` rounded up.
+pub fn dot_f16_rows(w: &[F16Le], xs: &[&[f32]], out: &mut [f32]) {
+    let padded = w.len().next_multiple_of(32);
+    assert!(xs.len() <= F16_ROWS && xs.iter().all(|x| x.len() >= padded) && out.len() >= xs.len());
+    // SAFETY: NEON is part of the aarch64 baseline; the rows' lengths are checked above.
+    unsafe {
+        match xs.len() {
+            1 => dot_f16_rows_neon::<1>(w, xs, out),
+            2 => dot_f16_rows_neon::<2>(w, xs, out),
+            3 => dot_f16_rows_neon::<3>(w, xs, out),
+            _ => {}
+        }
+    }
+}
+
+/// # Safety
+/// `xs` holds `R` rows of at least `w.len()` rounded up to 32 values; `out` at least `R`.
+#[target_feature(enable = "neon")]
+unsafe fn dot_f16_rows_neon<const R: usize>(w: &[F16Le], xs: &[&[f32]], out: &mut [f32]) {
+    let n = w.len();
+    let whole = n - n % 32;
+    let mut acc = [[vdupq_n_f32(0.0); 8]; R];
+    let mut pw = [F16Le::from_bits(0); 32];
+    let mut start = 0;
+    while start < n {
+        let group: &[F16Le] = if start < whole {
+            &w[start..start + 32]
+        } else {
+            pw[..n - whole].copy_from_slice(&w[whole..]);
+            &pw
+        };
+        for c in 0..4 {
+            // SAFETY: 8 f16 at 8c of the group's 32; 8 f32 at start + 8c of each padded row.
+            unsafe {
+                let (wl, wh) = widen_f16x8(group.as_ptr().add(8 * c));
+                for (a, x) in acc.iter_mut().zip(xs) {
+                    let p = x.as_ptr().add(start + 8 * c);
+                    let (xl, xh) = (vld1q_f32(p), vld1q_f32(p.add(4)));
+                    // Exact products: the fused form rounds as the twin's product then sum.
+                    if start == 0 {
+                        (a[2 * c], a[2 * c + 1]) = (vmulq_f32(wl, xl), vmulq_f32(wh, xh));
+                    } else {
+                        (a[2 * c], a[2 * c + 1]) =
+                            (vfmaq_f32(a[2 * c], wl, xl), vfmaq_f32(a[2 * c + 1], wh, xh));
+                    }
+                }
+            }
+        }
+        start += 32;
+    }
+    for (a, o) in acc.iter().zip(out.iter_mut()) {
+        *o = fold_lanes(a);
+    }
+}
+
 /// The sum of 4 accumulators of 8 lanes held as 8 registers (register `r`: lanes `4 (r % 2)..` of
 /// accumulator `r / 2`) in the twins' order: x = (acc0 + acc2) + (acc1 + acc3) lane by lane,
 /// t = x[..4] + x[4..], then (t0 + t1) + (t2 + t3).

@@ -42,6 +42,71 @@ fn dot_f16_impl(x: &[F16Le], y: &[F16Le]) -> f32 {
     (lanes[0] + lanes[1]) + (lanes[2] + lanes[3])
 }
 
+/// The f16 weight row `w` times up to [`F16_ROWS`] widened input rows, bit-identical to
+/// [`crate::kernels::dot::vec_dot_f16_rows_lanes`] (and so to [`dot_f16_avx2`] per row): each
+/// run of 32 weights is converted once for every input row. `xs` rows hold a multiple of 32
+/// values, at least `w.len()` rounded up.
+///
+/// # Safety
+/// The CPU must have AVX2, FMA and F16C.
+pub unsafe fn dot_f16_rows_avx2(w: &[F16Le], xs: &[&[f32]], out: &mut [f32]) {
+    let padded = w.len().next_multiple_of(32);
+    assert!(xs.len() <= F16_ROWS && xs.iter().all(|x| x.len() >= padded) && out.len() >= xs.len());
+    // SAFETY: the caller guarantees the CPU features; the rows' lengths are checked above.
+    unsafe {
+        match xs.len() {
+            1 => dot_f16_rows_impl::<1>(w, xs, out),
+            2 => dot_f16_rows_impl::<2>(w, xs, out),
+            3 => dot_f16_rows_impl::<3>(w, xs, out),
+            _ => {}
+        }
+    }
+}
+
+/// Input rows one call of [`dot_f16_rows_avx2`] takes: 4 accumulators each, 12 of the 16
+/// registers.
+pub const F16_ROWS: usize = 3;
+
+/// # Safety
+/// `xs` holds `R` rows of at least `w.len()` rounded up to 32 values; `out` at least `R`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_f16_rows_impl<const R: usize>(w: &[F16Le], xs: &[&[f32]], out: &mut [f32]) {
+    let n = w.len();
+    let whole = n - n % 32;
+    let mut acc = [[_mm256_setzero_ps(); 4]; R];
+    let mut pw = [F16Le::from_bits(0); 32];
+    let mut start = 0;
+    while start < n {
+        let group: &[F16Le] = if start < whole {
+            &w[start..start + 32]
+        } else {
+            pw[..n - whole].copy_from_slice(&w[whole..]);
+            &pw
+        };
+        for c in 0..4 {
+            // SAFETY: 8 f16 at 8c of the group's 32; 8 f32 at start + 8c of each padded row.
+            unsafe {
+                let vw = _mm256_cvtph_ps(_mm_loadu_si128(group.as_ptr().add(8 * c).cast()));
+                for (a, x) in acc.iter_mut().zip(xs) {
+                    let vx = _mm256_loadu_ps(x.as_ptr().add(start + 8 * c));
+                    // Exact products (11-bit significands): the fused form rounds as the twin's
+                    // product then sum.
+                    a[c] = if start == 0 { _mm256_mul_ps(vw, vx) } else { _mm256_fmadd_ps(vw, vx, a[c]) };
+                }
+            }
+        }
+        start += 32;
+    }
+    for (a, o) in acc.iter().zip(out.iter_mut()) {
+        let v = _mm256_add_ps(_mm256_add_ps(a[0], a[2]), _mm256_add_ps(a[1], a[3]));
+        let t = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+        let mut lanes = [0f32; 4];
+        // SAFETY: four f32 into a four-element array.
+        unsafe { _mm_storeu_ps(lanes.as_mut_ptr(), t) };
+        *o = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
+    }
+}
+
 /// f32 dot product, bit-identical to [`crate::kernels::dot::vec_dot_f32_lanes`].
 ///
 /// # Safety
