@@ -1,0 +1,104 @@
+//! The tiny encoders of the other BERT families (models/tiny/, scripts/make_encoder_tiny.py, written
+//! by `scripts/setup.sh encoder-tiny`) against llama.cpp's vectors (tests/golden/embeddings/
+//! `*-tiny*.llama.json`): a cross-encoder (`bert`, pooling rank, `cls` and `cls.output` heads),
+//! `nomic-bert` (fused QKV, NeoX RoPE, SwiGLU, Q8_0) and `jina-bert-v2` (ALiBi, GEGLU from one
+//! `ffn_up`). The inputs are the goldens' own ids (the WordPiece tokenizer is tested against them
+//! too), one sequence each, all in one batch.
+//!
+//! Tolerances (tests/golden/embeddings/README.md, what the float64 forward of
+//! scripts/encoder_tiny_reference.py meets against llama.cpp): raw rerank scores 5e-3; F16 files
+//! 1e-3 per component; nomic-bert (Q8_0 weights, which llama.cpp multiplies with Q8_0 activations)
+//! by cosine, 0.999 pooled and 0.997 per token.
+
+use pinfer::embed::{embed, EmbedOptions, Embeddings};
+use pinfer::engine::embedding::Normalize;
+use pinfer::loader::ModelFile;
+use pinfer::model::Pooling;
+use pinfer::session::{Session, SessionOptions};
+use pinfer::tokenizer::OwnedTokenizer;
+use serde_json::Value;
+
+fn golden(name: &str) -> Value {
+    let path = format!("{}/tests/golden/embeddings/{name}", env!("CARGO_MANIFEST_DIR"));
+    serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap()
+}
+
+fn rows(v: &Value) -> Vec<Vec<f64>> {
+    serde_json::from_value(v.clone()).unwrap()
+}
+
+#[allow(dead_code)] // (used by the next tests)
+fn cosine(a: &[f32], b: &[f64]) -> f64 {
+    let dot: f64 = a.iter().zip(b).map(|(&x, &y)| x as f64 * y).sum();
+    let na: f64 = a.iter().map(|&x| (x as f64).powi(2)).sum::<f64>().sqrt();
+    let nb: f64 = b.iter().map(|y| y * y).sum::<f64>().sqrt();
+    dot / (na * nb)
+}
+
+fn max_diff(a: &[f32], b: &[f64]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    a.iter().zip(b).map(|(&x, &y)| (x as f64 - y).abs()).fold(0.0, f64::max)
+}
+
+/// Runs `f` on a thread with the server's engine stack (planning keeps static tables there).
+fn on_engine_stack(f: impl FnOnce() + Send + 'static) {
+    std::thread::Builder::new().stack_size(16 << 20).spawn(f).unwrap().join().unwrap();
+}
+
+fn session(file: &str, pooling: Option<Pooling>) -> Session {
+    let path = format!("{}/models/tiny/{file}", env!("CARGO_MANIFEST_DIR"));
+    let model = ModelFile::open_static(std::path::Path::new(&path))
+        .unwrap_or_else(|e| panic!("{path}: {e} (run scripts/setup.sh encoder-tiny)"));
+    let logits_all = pooling == Some(Pooling::None);
+    let opts =
+        SessionOptions { n_batch: 128, n_seq: 8, threads: 2, pooling, logits_all, ..Default::default() };
+    Session::new(model, &opts).unwrap()
+}
+
+/// The golden's inputs (its ids) embedded in one batch, normalised as `normalize` says.
+fn embed_golden(session: &mut Session, g: &Value, normalize: Normalize) -> Embeddings {
+    let ids: Vec<Vec<u32>> = serde_json::from_value(g["ids"].clone()).unwrap();
+    let refs: Vec<&[u32]> = ids.iter().map(Vec::as_slice).collect();
+    embed(session, &refs, &EmbedOptions { normalize, truncate: false }).unwrap()
+}
+
+/// Each input of `g` tokenized by the model's tokenizer: llama-embedding's ids (a rerank pair
+/// `[CLS] q [SEP] d [SEP]`, every token type 0).
+fn check_tokenizer(session: &Session, g: &Value) {
+    let tok = OwnedTokenizer::new(session.gguf()).unwrap();
+    let inputs: Vec<String> = serde_json::from_value(g["inputs"].clone()).unwrap();
+    let want: Vec<Vec<u32>> = serde_json::from_value(g["ids"].clone()).unwrap();
+    for (text, want) in inputs.iter().zip(&want) {
+        let mut out = vec![0u32; 1024];
+        let mut scratch = vec![0u32; tok.scratch_words(text.len())];
+        let n = match text.split_once('\t') {
+            Some((q, d)) => {
+                let mut types = vec![0u32; 1024];
+                tok.encode_pair(q, d, false, &mut out, &mut types, &mut scratch).unwrap()
+            }
+            None => tok.encode_with_scratch(text, false, true, &mut out, &mut scratch).unwrap(),
+        };
+        assert_eq!(&out[..n], &want[..], "ids of {text:?}");
+    }
+}
+
+/// `bert-rerank-tiny.gguf`: each pair's raw score (`--embd-normalize -1`), the [CLS] row through
+/// `cls` and tanh, then `cls.output`, within 5e-3 of llama-embedding's.
+#[test]
+fn bert_reranker_scores_match_llama_embedding() {
+    on_engine_stack(|| {
+        let g = golden("bert-rerank-tiny.llama.json");
+        let mut s = session("bert-rerank-tiny.gguf", None);
+        check_tokenizer(&s, &g);
+        let out = embed_golden(&mut s, &g, Normalize::None);
+        assert_eq!((out.pooling, out.width), (Pooling::Rank, 1));
+        let want = rows(&g["vectors"]);
+        let mut worst = 0f64;
+        for (i, want) in want.iter().enumerate() {
+            let d = max_diff(out.row(i, 0).unwrap(), want);
+            assert!(d <= 5e-3, "pair {i}: score {:?} against {want:?}", out.row(i, 0));
+            worst = worst.max(d);
+        }
+        eprintln!("bert rerank: largest score difference {worst:.2e}");
+    });
+}
