@@ -166,7 +166,8 @@ pub enum Op {
     /// (`[head_dim, n_tokens, n_head]`, F32), keys `src[1]` and values `src[2]` (`[head_dim, n_kv,
     /// n_kv_head]`, F16) → F32 `[head_dim_v, n_head, n_tokens]`. Each query row is rounded to F16,
     /// scores are scaled by `params.f[0]`, masked like `SoftMax` (`params.i = [causal, window]`, from a
-    /// [`Mask`]), and
+    /// [`Mask`]), given ALiBi's bias when `params.f[1]` (its maximum bias) is positive (bidirectional
+    /// nodes only), and
     /// the values are accumulated with an online softmax in an F16 accumulator.
     FlashAttn,
     /// Causal depthwise convolution with a rolling state (LFM2's short convolution; ggml's

@@ -27,7 +27,6 @@ fn rows(v: &Value) -> Vec<Vec<f64>> {
     serde_json::from_value(v.clone()).unwrap()
 }
 
-#[allow(dead_code)] // (used by the next tests)
 fn cosine(a: &[f32], b: &[f64]) -> f64 {
     let dot: f64 = a.iter().zip(b).map(|(&x, &y)| x as f64 * y).sum();
     let na: f64 = a.iter().map(|&x| (x as f64).powi(2)).sum::<f64>().sqrt();
@@ -100,5 +99,64 @@ fn bert_reranker_scores_match_llama_embedding() {
             worst = worst.max(d);
         }
         eprintln!("bert rerank: largest score difference {worst:.2e}");
+    });
+}
+
+/// `nomic-bert-tiny.gguf` (Q8_0): the mean-pooled, L2-normalised vectors within cosine 0.999 of
+/// llama-embedding's, and with `--pooling none` every token's raw vector within 0.997.
+#[test]
+fn nomic_bert_matches_llama_embedding() {
+    on_engine_stack(|| {
+        let g = golden("nomic-bert-tiny.llama.json");
+        let mut s = session("nomic-bert-tiny.gguf", None);
+        check_tokenizer(&s, &g);
+        let out = embed_golden(&mut s, &g, Normalize::Euclidean);
+        assert_eq!((out.pooling, out.width), (Pooling::Mean, 64));
+        let mut worst = 1f64;
+        for (i, want) in rows(&g["vectors"]).iter().enumerate() {
+            let c = cosine(out.row(i, 0).unwrap(), want);
+            assert!(c >= 0.999, "input {i}: cosine {c}");
+            worst = worst.min(c);
+        }
+        eprintln!("nomic-bert mean: smallest cosine {worst:.7}");
+
+        let g = golden("nomic-bert-tiny.none.llama.json");
+        let mut s = session("nomic-bert-tiny.gguf", Some(Pooling::None));
+        let out = embed_golden(&mut s, &g, Normalize::None);
+        assert_eq!(out.pooling, Pooling::None);
+        // llama-embedding's rows: every token of every input, in order.
+        let want = rows(&g["vectors"]);
+        let got: Vec<&[f32]> = (0..out.rows.len())
+            .flat_map(|i| (0..out.tokens[i]).map(move |r| (i, r)))
+            .map(|(i, r)| out.row(i, r).unwrap())
+            .collect();
+        assert_eq!(got.len(), want.len());
+        let mut worst = 1f64;
+        for (t, (got, want)) in got.iter().zip(&want).enumerate() {
+            let c = cosine(got, want);
+            assert!(c >= 0.997, "token {t}: cosine {c}");
+            worst = worst.min(c);
+        }
+        eprintln!("nomic-bert per token: smallest cosine {worst:.7}");
+    });
+}
+
+/// `jina-bert-v2-tiny.gguf` (F16, ALiBi, GEGLU): the mean-pooled, L2-normalised vectors within
+/// 1e-3 per component of llama-embedding's.
+#[test]
+fn jina_bert_v2_matches_llama_embedding() {
+    on_engine_stack(|| {
+        let g = golden("jina-bert-v2-tiny.llama.json");
+        let mut s = session("jina-bert-v2-tiny.gguf", None);
+        check_tokenizer(&s, &g);
+        let out = embed_golden(&mut s, &g, Normalize::Euclidean);
+        assert_eq!((out.pooling, out.width), (Pooling::Mean, 64));
+        let mut worst = 0f64;
+        for (i, want) in rows(&g["vectors"]).iter().enumerate() {
+            let d = max_diff(out.row(i, 0).unwrap(), want);
+            assert!(d <= 1e-3, "input {i}: largest difference {d}");
+            worst = worst.max(d);
+        }
+        eprintln!("jina-bert-v2: largest difference {worst:.2e}");
     });
 }

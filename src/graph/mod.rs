@@ -936,6 +936,31 @@ impl<const N: usize> Graph<N> {
         Ok(id)
     }
 
+    /// [`Graph::flash_attn`] over the batch's own keys (`mask` [`Mask::Bidirectional`]) with
+    /// ALiBi: query head `h`'s score of key row `j` gets `slope_h * -|i - j|` (`i` the query's own
+    /// row; ggml's slopes from `max_bias` and the heads, `kernels::kv_attn::alibi_slope`) after
+    /// its scale. `params.f[1] = max_bias` (a plain node's 0).
+    pub fn flash_attn_alibi(
+        &mut self,
+        q: TensorId,
+        k: TensorId,
+        v: TensorId,
+        scale: f32,
+        mask: Mask,
+        max_bias: f32,
+    ) -> Result<TensorId> {
+        if mask != Mask::Bidirectional || !(max_bias.is_finite() && max_bias > 0.0) {
+            return Err(self.invalid(
+                Op::FlashAttn,
+                q,
+                "ALiBi needs a bidirectional mask (the batch's own keys) and a positive maximum bias",
+            ));
+        }
+        let id = self.flash_attn(q, k, v, scale, mask)?;
+        self.tensors[id.index()].params.f[1] = max_bias;
+        Ok(id)
+    }
+
     /// Gives a rope table, a cache write or an attention node per-token places instead of the
     /// step's `n_past + t`: `tokens` is I32 `[2, n_tokens]`, token `t`'s (first cache row of its
     /// sequence, position in the sequence). Token `t` then takes the angles of its position,

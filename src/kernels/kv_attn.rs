@@ -207,6 +207,44 @@ pub fn q8_0_q15_dot_by(
 /// Keys scored (and their softmax weights computed) together by [`attend`].
 pub const KEY_CHUNK: usize = 16;
 
+/// ALiBi's bias of one query row: key row `j`'s score gets `slope * -|query - j|` after its
+/// scale (ggml's `s * scale + slope * mask`, the mask `-|i - j|` of the positions), `query` the
+/// key row at the query's own position.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Alibi {
+    /// The head's slope ([`alibi_slope`]).
+    pub slope: f32,
+    /// The key row at the query's position.
+    pub query: usize,
+}
+
+impl Alibi {
+    /// The bias of key row `j`.
+    #[inline(always)]
+    pub fn bias(self, j: usize) -> f32 {
+        self.slope * -(self.query.abs_diff(j) as f32)
+    }
+}
+
+/// ALiBi's slope of query head `head` of `n_head` for the maximum bias `max_bias`, as ggml
+/// computes it: `m0^(h + 1)` for the first `2^floor(log2 n_head)` heads, the others
+/// `m1^(2 (h - that) + 1)` (`m0 = 2^(-max_bias / that)`, `m1 = 2^(-max_bias / 2 / that)`); 1
+/// without a bias.
+pub fn alibi_slope(max_bias: f32, n_head: usize, head: usize) -> f32 {
+    if max_bias <= 0.0 || n_head == 0 {
+        return 1.0;
+    }
+    let n_head_log2 = 1u32 << (usize::BITS - 1 - n_head.leading_zeros());
+    let m0 = libm::powf(2.0, -max_bias / n_head_log2 as f32);
+    let m1 = libm::powf(2.0, -(max_bias / 2.0) / n_head_log2 as f32);
+    let h = head as u32;
+    if h < n_head_log2 {
+        libm::powf(m0, (h + 1) as f32)
+    } else {
+        libm::powf(m1, (2 * (h - n_head_log2) + 1) as f32)
+    }
+}
+
 /// Most query rows one [`super::flash_attn_rows_typed`] call takes: the query heads of one KV head for
 /// several tokens of a prompt, so each key and value row is read once for all of them.
 pub const TYPED_ROWS: usize = 16;
@@ -220,6 +258,7 @@ pub(crate) fn prepare<'a>(
     qs: &[&[f32]],
     qconv: &'a mut [u8],
     keys: &'a [Range<usize>],
+    alibi: Option<&'a [Alibi]>,
     scale: f32,
     acc_len: usize,
     vals_len: usize,
@@ -228,13 +267,13 @@ pub(crate) fn prepare<'a>(
     let n = qs.len().min(outs.len()).min(keys.len()).min(TYPED_ROWS);
     let (Some(&q0), Some(dv)) = (qs.first(), outs.first().map(|o| o.len())) else { return None };
     let qb = ops.query_bytes(q0.len())?;
-    if qconv.len() < n * qb || acc_len < n * dv || vals_len < dv {
+    if qconv.len() < n * qb || acc_len < n * dv || vals_len < dv || alibi.is_some_and(|b| b.len() < n) {
         return None;
     }
     for (r, q) in qs[..n].iter().enumerate() {
         (ops.q_convert)(q, &mut qconv[r * qb..(r + 1) * qb]);
     }
-    Some(Attend { n, qb, dv, qconv: &qconv[..n * qb], scale, keys: &keys[..n] })
+    Some(Attend { n, qb, dv, qconv: &qconv[..n * qb], scale, keys: &keys[..n], alibi })
 }
 
 /// [`attend`] with the types' reference operations (the SIMD kernels' twin).
@@ -286,6 +325,8 @@ pub struct Attend<'a> {
     pub scale: f32,
     /// Each row's keys.
     pub keys: &'a [Range<usize>],
+    /// Each row's ALiBi bias, if the scores have one.
+    pub alibi: Option<&'a [Alibi]>,
 }
 
 /// The reference update of one row's accumulator by the keys of a chunk: for key `i` (values
@@ -321,7 +362,7 @@ pub fn scores_by(keys: &[&[u8]], q: &[u8], out: &mut [f32], dot: impl Fn(&[u8], 
 /// [`KEY_CHUNK`] (fewer when `vals` cannot hold that many widened value rows); each chunk's values
 /// widened once into `vals` (`dv` floats per key) for every row, then per row the chunk's scores
 /// (`scores(keys, q, out)`: the unscaled dots of a run of keys with the row's converted query),
-/// the running maximum key by key, one vector of exponentials (`exp(old - new)` where a key
+/// scaled and given the row's ALiBi bias if it has one, the running maximum key by key, one vector of exponentials (`exp(old - new)` where a key
 /// raises the maximum, `exp(s - max)` elsewhere) and the accumulator's update over the chunk
 /// (`update`, [`update_ref`]'s operations). Each row gets the operations of a key-by-key loop over
 /// its own keys, in order. Returns where each row's softmax ended; `acc` holds the rows' sums of
@@ -382,8 +423,12 @@ pub fn attend<'k>(
             let mut e = [0f32; KEY_CHUNK];
             let mut raises = [false; KEY_CHUNK];
             scores(&ks[lo..hi], &a.qconv[r * a.qb..(r + 1) * a.qb], &mut e[lo..hi]);
+            let alibi = a.alibi.and_then(|b| b.get(r)).copied();
             for i in lo..hi {
-                let s = e[i] * a.scale;
+                let mut s = e[i] * a.scale;
+                if let Some(b) = alibi {
+                    s += b.bias(start + i);
+                }
                 if s > max[r] {
                     e[i] = max[r] - s;
                     raises[i] = true;

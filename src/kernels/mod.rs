@@ -558,7 +558,27 @@ pub fn flash_attn_rows_typed<'k>(
     vals: &mut [f32],
     outs: &mut [&mut [f32]],
 ) -> [RowSoftmax; kv_attn::TYPED_ROWS] {
-    let Some(a) = kv_attn::prepare(ops, qs, qconv, keys, scale, acc.len(), vals.len(), outs) else {
+    flash_attn_rows_typed_alibi(ops, qs, qconv, keys, None, key, value, scale, acc, vals, outs)
+}
+
+/// [`flash_attn_rows_typed`] with row `r`'s scores biased by `alibi[r]` (after the scale, as
+/// ggml adds its ALiBi mask; `None`: no bias, the same bits as [`flash_attn_rows_typed`]); with
+/// fewer biases than rows nothing is computed. Every path gives the reference operations' bits.
+#[allow(clippy::too_many_arguments)]
+pub fn flash_attn_rows_typed_alibi<'k>(
+    ops: &kv_attn::KvOps,
+    qs: &[&[f32]],
+    qconv: &mut [u8],
+    keys: &[Range<usize>],
+    alibi: Option<&[kv_attn::Alibi]>,
+    key: impl Fn(usize) -> &'k [u8],
+    value: impl Fn(usize) -> &'k [u8],
+    scale: f32,
+    acc: &mut [f32],
+    vals: &mut [f32],
+    outs: &mut [&mut [f32]],
+) -> [RowSoftmax; kv_attn::TYPED_ROWS] {
+    let Some(a) = kv_attn::prepare(ops, qs, qconv, keys, alibi, scale, acc.len(), vals.len(), outs) else {
         return [RowSoftmax::EMPTY; kv_attn::TYPED_ROWS];
     };
     let acc = &mut acc[..a.n * a.dv];

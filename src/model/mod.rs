@@ -15,7 +15,9 @@ pub use arch::{
     build_forward, build_window, layer_rope, rope_factors_name, CacheRows, EncoderInputs, Forward, KvLayout,
     KvTypeError, KvTypes, LayerRope, TrainedPair, MODEL_BUFFER,
 };
-pub use arch::{Activation, Arch, ArchTraits, EmbedScale, Experts, Ffn, Gating, Supported, SwaLayers};
+pub use arch::{
+    Activation, Arch, ArchTraits, EmbedScale, Experts, Ffn, Gating, Positions, Supported, SwaLayers,
+};
 pub use hparams::{HParams, LayerMask, Pooling, MAX_LAYERS};
 pub use open::{check, context_size, Checked, DEFAULT_CTX};
 pub use validate::{validate_tensors, validate_vocab, TensorKind, Vocab};

@@ -3,7 +3,7 @@
 use core::fmt::Write;
 
 use super::hparams::arch_key;
-use super::{HParams, ModelError};
+use super::{HParams, ModelError, Positions};
 use crate::gguf::{name_of, Gguf, Name, Value, ValueType};
 use crate::quant::GgmlType;
 
@@ -388,9 +388,11 @@ pub fn validate_tensors(g: &Gguf<'_>, hp: &HParams, n_vocab: u32) -> Result<(), 
     Ok(())
 }
 
-/// An encoder's tensors (llama.cpp's `bert`): the embeddings of tokens, token types and
-/// positions and their LayerNorm; per layer Q, K, V (with biases), the output projection, the
-/// MLP (biases optional) and the two LayerNorms; the classifier head's, optional.
+/// An encoder's tensors (llama.cpp's `bert`, `nomic-bert`, `jina-bert-v2`): the embeddings of
+/// tokens and token types (BERT: and positions) and their LayerNorm; per layer Q, K and V (three
+/// matrices or one `attn_qkv`; biases optional), the output projection, the MLP (BERT's up and
+/// down, or a gated one: gate and up as two matrices or one `ffn_up` of both; biases optional)
+/// and the two LayerNorms; the classifier head's, optional.
 fn validate_encoder(
     g: &Gguf<'_>,
     hp: &HParams,
@@ -398,25 +400,40 @@ fn validate_encoder(
     v: u64,
 ) -> Result<(), ModelError> {
     use TensorKind::*;
+    let traits = hp.arch.traits();
     let (e, f) = (u64::from(hp.n_embd), u64::from(hp.n_ff));
     check(expect(format_args!("token_embd.weight"), &[e, v], Weight, true))?;
     // Token types: as many rows as the file has (llama.cpp reads the first), each n_embd wide.
     let types = g.tensor("token_types.weight").map_or(1, |t| t.ne[1].max(1));
     check(expect(format_args!("token_types.weight"), &[e, types], Weight, false))?;
-    check(expect(format_args!("position_embd.weight"), &[e, u64::from(hp.n_ctx_train)], Weight, true))?;
+    let embedded = traits.positions == Positions::Embedded;
+    check(expect(format_args!("position_embd.weight"), &[e, u64::from(hp.n_ctx_train)], Weight, embedded))?;
     check(expect(format_args!("token_embd_norm.weight"), &[e], Norm, true))?;
     check(expect(format_args!("token_embd_norm.bias"), &[e], Bias, true))?;
     for i in 0..hp.n_layer {
         let il = i as usize;
         let (qw, kw, vw) = (hp.q_width(il), hp.k_width(il), hp.v_width(il));
-        for (part, width) in [("attn_q", qw), ("attn_k", kw), ("attn_v", vw)] {
-            check(expect(format_args!("blk.{i}.{part}.weight"), &[e, width], Weight, true))?;
-            check(expect(format_args!("blk.{i}.{part}.bias"), &[width], Bias, false))?;
+        let mut fused = Name::new();
+        let _ = write!(fused, "blk.{i}.attn_qkv.weight");
+        if g.tensor(&fused).is_some() {
+            check(expect(format_args!("blk.{i}.attn_qkv.weight"), &[e, qw + kw + vw], Weight, true))?;
+            check(expect(format_args!("blk.{i}.attn_qkv.bias"), &[qw + kw + vw], Bias, false))?;
+        } else {
+            for (part, width) in [("attn_q", qw), ("attn_k", kw), ("attn_v", vw)] {
+                check(expect(format_args!("blk.{i}.{part}.weight"), &[e, width], Weight, true))?;
+                check(expect(format_args!("blk.{i}.{part}.bias"), &[width], Bias, false))?;
+            }
         }
         check(expect(format_args!("blk.{i}.attn_output.weight"), &[qw, e], Weight, true))?;
         check(expect(format_args!("blk.{i}.attn_output.bias"), &[e], Bias, false))?;
-        check(expect(format_args!("blk.{i}.ffn_up.weight"), &[e, f], Weight, true))?;
-        check(expect(format_args!("blk.{i}.ffn_up.bias"), &[f], Bias, false))?;
+        // (A fused gated MLP's `ffn_up` holds the gate's rows, then the up's.)
+        let up = if traits.gated_encoder_ffn && traits.fused_gate_up { 2 * f } else { f };
+        if traits.gated_encoder_ffn && !traits.fused_gate_up {
+            check(expect(format_args!("blk.{i}.ffn_gate.weight"), &[e, f], Weight, true))?;
+            check(expect(format_args!("blk.{i}.ffn_gate.bias"), &[f], Bias, false))?;
+        }
+        check(expect(format_args!("blk.{i}.ffn_up.weight"), &[e, up], Weight, true))?;
+        check(expect(format_args!("blk.{i}.ffn_up.bias"), &[up], Bias, false))?;
         check(expect(format_args!("blk.{i}.ffn_down.weight"), &[f, e], Weight, true))?;
         check(expect(format_args!("blk.{i}.ffn_down.bias"), &[e], Bias, false))?;
         for norm in ["attn_output_norm", "layer_output_norm"] {

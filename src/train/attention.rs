@@ -33,6 +33,9 @@ pub(super) fn flash_attn_back<const N: usize>(
         // Places mean a KV cache: rows of other steps and sequences, no window of one sequence.
         return Err(no_gradient("flash_attn (over a KV cache)", &t));
     }
+    if t.params.f[1] != 0.0 {
+        return Err(no_gradient("flash_attn (with ALiBi)", &t));
+    }
     if [k, v].iter().any(|&s| g.tensor(s).ty != GgmlType::F32) {
         return Err(no_gradient("flash_attn (keys or values not F32)", &t));
     }

@@ -6,7 +6,7 @@ use core::ops::Range;
 
 use crate::kernels;
 use crate::kernels::attn_tile;
-use crate::kernels::kv_attn::{KvOps, TYPED_ROWS};
+use crate::kernels::kv_attn::{alibi_slope, Alibi, KvOps, TYPED_ROWS};
 use crate::kernels::RowSoftmax;
 use crate::quant::blocks::F16Le;
 use crate::quant::GgmlType;
@@ -363,8 +363,10 @@ impl<'a, const N: usize> Bound<'a, N> {
                     let TypedScratch { qconv, acc, vals } =
                         typed_scratch.get_or_insert_with(TypedScratch::new);
                     let (qs, ranges, outs) = (&qs[..n], &ranges[..n], &mut outs[..n]);
-                    let got = kernels::flash_attn_rows_typed(
-                        &ops, qs, qconv, ranges, key, value, scale, acc, vals, outs,
+                    let alibi = alibi_rows(t, tok, first..first + n);
+                    let alibi = alibi.as_ref().map(|b| &b[..n]);
+                    let got = kernels::flash_attn_rows_typed_alibi(
+                        &ops, qs, qconv, ranges, alibi, key, value, scale, acc, vals, outs,
                     );
                     (0..n).for_each(|i| put(i, got[i]));
                 }
@@ -499,7 +501,7 @@ impl<'a, const N: usize> Bound<'a, N> {
         const ROWS: usize = if TYPED_ROWS > attn_tile::TILE_ROWS { TYPED_ROWS } else { attn_tile::TILE_ROWS };
         let src = |i: usize| t.src[i].map(|s| (s, self.graph.tensor(s)));
         let (Some((q, tq)), Some((k, tk)), Some((v, tv))) = (src(0), src(1), src(2)) else { return };
-        let (hd, hd_v, scale) = (tq.ne[0], tv.ne[0], t.params.f[0]);
+        let (hd, hd_v, scale, max_bias) = (tq.ne[0], tv.ne[0], t.params.f[0], t.params.f[1]);
         let n_kv = tk.ne_for(step.n_kv)[1];
         let group = (tq.ne[2] / tk.ne[2]).max(1);
         let n_kv_heads = ne[1] / group;
@@ -538,6 +540,7 @@ impl<'a, const N: usize> Bound<'a, N> {
             let mut qs: [&[f32]; ROWS] = [&[]; ROWS];
             let mut outs: [&mut [f32]; ROWS] = Default::default();
             let mut keys: [Range<usize>; ROWS] = Default::default();
+            let mut alibi = [Alibi { slope: 0.0, query: 0 }; ROWS];
             let mut n = 0;
             for tok in tokens.filter(|&tok| computes(tok)) {
                 let Some(range) = self.visible(t, tok, n_kv, step) else {
@@ -552,6 +555,7 @@ impl<'a, const N: usize> Bound<'a, N> {
                         outs[n] = self.write(id, t.row_offset(head, tok, 0), hd_v);
                     }
                     keys[n] = range.clone();
+                    alibi[n] = Alibi { slope: alibi_slope(max_bias, ne[1], head), query: tok };
                     n += 1;
                 }
             }
@@ -570,6 +574,7 @@ impl<'a, const N: usize> Bound<'a, N> {
                         &ops,
                         &qs[..n],
                         &keys[..n],
+                        (max_bias > 0.0).then_some(&alibi[..n]),
                         key,
                         value,
                         scale,
@@ -582,6 +587,20 @@ impl<'a, const N: usize> Bound<'a, N> {
             }
         }
     }
+}
+
+/// The ALiBi biases of query heads `heads` of token `tok` of attention node `t` (`params.f[1]`:
+/// the maximum bias; 0: none): each head's slope, the token's own key row (a bidirectional
+/// node's keys are its batch's rows, ALiBi's only use).
+pub(in crate::exec) fn alibi_rows(
+    t: &Tensor,
+    tok: usize,
+    heads: Range<usize>,
+) -> Option<[Alibi; TYPED_ROWS]> {
+    let max_bias = t.params.f[1];
+    (max_bias > 0.0).then(|| {
+        core::array::from_fn(|i| Alibi { slope: alibi_slope(max_bias, t.ne[1], heads.start + i), query: tok })
+    })
 }
 
 /// Bytes of converted queries and floats of accumulators the typed kernel's scratch holds (rows
@@ -636,6 +655,7 @@ pub(in crate::exec) fn flash_attn_typed_rows<'k>(
     ops: &KvOps,
     qs: &[&[f32]],
     keys: &[Range<usize>],
+    alibi: Option<&[Alibi]>,
     key: impl Fn(usize) -> &'k [u8],
     value: impl Fn(usize) -> &'k [u8],
     scale: f32,
@@ -644,9 +664,14 @@ pub(in crate::exec) fn flash_attn_typed_rows<'k>(
     let n = qs.len().min(keys.len()).min(outs.len()).min(TYPED_ROWS);
     let Some(dv) = outs.first().map(|o| o.len()) else { return };
     let TypedWork { scratch: TypedScratch { qconv, acc, vals }, parts } = work;
-    let mut typed = |qs: &[&[f32]], keys: &[Range<usize>], outs: &mut [&mut [f32]]| {
-        kernels::flash_attn_rows_typed(ops, qs, qconv, keys, &key, &value, scale, acc, vals, outs)
-    };
+    let mut typed =
+        |qs: &[&[f32]], keys: &[Range<usize>], alibi: Option<&[Alibi]>, outs: &mut [&mut [f32]]| {
+            kernels::flash_attn_rows_typed_alibi(
+                ops, qs, qconv, keys, alibi, &key, &value, scale, acc, vals, outs,
+            )
+        };
+    // Row r's bias, if the scores have one (gathered with the row's query below).
+    let bias = |r: usize| alibi.and_then(|b| b.get(r)).copied().unwrap_or(Alibi { slope: 0.0, query: 0 });
     // Row r's parts, if it is summed in parts (as the f16 path: parts that would not fit the
     // buffer leave a row in one pass).
     let own = |r: usize| Some(row_parts(keys[r].len())).filter(|&p| p >= 2 && p * dv <= MERGE_FLOATS);
@@ -654,12 +679,14 @@ pub(in crate::exec) fn flash_attn_typed_rows<'k>(
     let (mut one, mut long) = (0, 0);
     let mut one_qs: [&[f32]; TYPED_ROWS] = [&[]; TYPED_ROWS];
     let mut one_keys: [Range<usize>; TYPED_ROWS] = Default::default();
+    let mut one_alibi = [Alibi { slope: 0.0, query: 0 }; TYPED_ROWS];
     let mut one_outs: [&mut [f32]; TYPED_ROWS] = Default::default();
     let mut long_rows = [0usize; TYPED_ROWS];
     let mut long_outs: [&mut [f32]; TYPED_ROWS] = Default::default();
     for (r, out) in outs[..n].iter_mut().enumerate() {
         if own(r).is_none() {
             (one_qs[one], one_keys[one], one_outs[one]) = (qs[r], keys[r].clone(), &mut **out);
+            one_alibi[one] = bias(r);
             one += 1;
         } else {
             (long_rows[long], long_outs[long]) = (r, &mut **out);
@@ -667,7 +694,8 @@ pub(in crate::exec) fn flash_attn_typed_rows<'k>(
         }
     }
     if one > 0 {
-        typed(&one_qs[..one], &one_keys[..one], &mut one_outs[..one]);
+        let one_alibi = alibi.map(|_| &one_alibi[..one]);
+        typed(&one_qs[..one], &one_keys[..one], one_alibi, &mut one_outs[..one]);
     }
     // Each call sums one part of the long rows it takes (a row's parts past its own are empty).
     let long_rows = &long_rows[..long];
@@ -684,7 +712,10 @@ pub(in crate::exec) fn flash_attn_typed_rows<'k>(
                     Some((r, p)) if part < p => part_keys(&keys[r], part, p),
                     _ => 0..0,
                 });
-            typed(&part_qs[..rows.len()], &ranges[..rows.len()], o)
+            let part_alibi: [Alibi; TYPED_ROWS] =
+                core::array::from_fn(|i| rows.get(i).map_or(bias(usize::MAX), |&r| bias(r)));
+            let part_alibi = alibi.map(|_| &part_alibi[..rows.len()]);
+            typed(&part_qs[..rows.len()], &ranges[..rows.len()], part_alibi, o)
         },
     );
 }

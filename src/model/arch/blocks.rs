@@ -219,7 +219,13 @@ impl<'b, 'm, const N: usize> Builder<'b, 'm, N> {
     /// Rows `first..first + n` of a fused 2-D weight (Q, K, V of `attn_qkv`; gate, up of phi3's
     /// `ffn_up`) as a weight of its own: the rows are contiguous in the file, and a matmul over
     /// them gives the fused matmul's outputs bit for bit. `part` names it.
-    fn rows_of(&mut self, name: &str, part: &str, first: usize, n: usize) -> Result<TensorId, ModelError> {
+    pub(super) fn rows_of(
+        &mut self,
+        name: &str,
+        part: &str,
+        first: usize,
+        n: usize,
+    ) -> Result<TensorId, ModelError> {
         let info = self.gguf.tensor(name).ok_or_else(|| ModelError::MissingTensor { name: name_of(name) })?;
         let row_bytes = info.ty.bytes_for(info.ne[0]).unwrap_or(0) as usize;
         if first + n > info.ne[1] as usize || info.ne[2] != 1 || info.ne[3] != 1 {
@@ -296,7 +302,7 @@ impl<'b, 'm, const N: usize> Builder<'b, 'm, N> {
 }
 
 /// `blk.{il}.{suffix}`.
-fn layer_name(il: usize, suffix: &str) -> Name {
+pub(super) fn layer_name(il: usize, suffix: &str) -> Name {
     let mut name = Name::new();
     let _ = write!(name, "blk.{il}.{suffix}");
     name
@@ -681,7 +687,7 @@ fn qkv_weights<const N: usize>(
 /// The table of RoPE angles of `rope`'s parameter set, made once and shared by every layer
 /// (Gemma 3 and 4 have two); the file's frequency factors belong to full-attention layers.
 /// Rows: one per token of q (`[.., .., t]`).
-fn rope_table<const N: usize>(
+pub(super) fn rope_table<const N: usize>(
     b: &mut Builder<'_, '_, N>,
     q: TensorId,
     rope: &LayerRope,

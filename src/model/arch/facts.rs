@@ -61,9 +61,27 @@ archs! {
     Gemma4 = "gemma4",
     /// BERT encoders (all-MiniLM, BGE, E5, GTE): embeddings, no generation.
     Bert = "bert",
+    /// Nomic Embed encoders: BERT's post-LN blocks with a fused QKV, NeoX RoPE instead of
+    /// position embeddings and a SwiGLU MLP without biases.
+    NomicBert = "nomic-bert",
+    /// Jina Embeddings v2 encoders: BERT's post-LN blocks with ALiBi instead of position
+    /// embeddings and a GEGLU MLP from one `ffn_up` (gate rows first).
+    JinaBertV2 = "jina-bert-v2",
     /// EmbeddingGemma (300M): Gemma 3 attending both ways, its sliding layers through a
     /// symmetric window, pooled embeddings through its dense head; no generation.
     GemmaEmbedding = "gemma-embedding",
+}
+
+/// How an encoder's attention knows where its tokens are.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Positions {
+    /// Absolute position embeddings added to the token's (`position_embd`; BERT).
+    Embedded,
+    /// RoPE on Q and K ([`ArchTraits::rope`]'s pairing, `rope.freq_base`; nomic-bert).
+    Rotary,
+    /// ALiBi: each head's scores biased by `-slope * |i - j|`, the slopes from this maximum bias
+    /// (llama.cpp's fixed 8 for jina-bert-v2, which reads no key for it).
+    Alibi(f32),
 }
 
 /// Which layers attend through a sliding window.
@@ -215,6 +233,11 @@ pub struct ArchTraits {
     /// Attention sees every token of the sequence, before and after (`attention.causal` false):
     /// the encoders and EmbeddingGemma, whose sliding layers' window is symmetric.
     pub bidirectional: bool,
+    /// An encoder's positions.
+    pub positions: Positions,
+    /// An encoder's MLP is gated (`act` of the gate times up, gate and up as `fused_gate_up`
+    /// says), not BERT's GELU of one `ffn_up`.
+    pub gated_encoder_ffn: bool,
 }
 
 impl Arch {
@@ -251,6 +274,8 @@ impl Arch {
             default_logit_softcap: 0.0,
             encoder: false,
             bidirectional: false,
+            positions: Positions::Embedded,
+            gated_encoder_ffn: false,
         };
         const SOFTMAX_EXPERTS: Experts = Experts {
             normalize_weights: false,
@@ -266,6 +291,7 @@ impl Arch {
             swa: SwaLayers::Period(6),
             ..DENSE
         };
+        const BERT: ArchTraits = ArchTraits { qkv_bias: true, encoder: true, bidirectional: true, ..DENSE };
         // (llama.cpp's converter names LFM2's final norm after the embeddings.)
         const LFM2: ArchTraits =
             ArchTraits { qk_norm: true, short_conv: true, output_norm: "token_embd_norm.weight", ..DENSE };
@@ -311,8 +337,18 @@ impl Arch {
                 attn_output_gate: true,
                 ..DENSE
             },
-            Arch::Bert => ArchTraits { qkv_bias: true, encoder: true, bidirectional: true, ..DENSE },
+            Arch::Bert => BERT,
             Arch::GemmaEmbedding => ArchTraits { bidirectional: true, swa: SwaLayers::PeriodKey(6), ..GEMMA },
+            Arch::NomicBert => {
+                ArchTraits { qkv_bias: false, positions: Positions::Rotary, gated_encoder_ffn: true, ..BERT }
+            }
+            Arch::JinaBertV2 => ArchTraits {
+                positions: Positions::Alibi(8.0),
+                act: Activation::GeGlu,
+                fused_gate_up: true,
+                gated_encoder_ffn: true,
+                ..BERT
+            },
             Arch::Lfm2Moe => ArchTraits {
                 ffn: Ffn::Experts(Experts {
                     normalize_weights: true,

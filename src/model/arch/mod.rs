@@ -12,7 +12,9 @@ mod rope;
 mod transformer;
 
 pub use blocks::{TrainedPair, MODEL_BUFFER};
-pub use facts::{Activation, Arch, ArchTraits, EmbedScale, Experts, Ffn, Gating, Supported, SwaLayers};
+pub use facts::{
+    Activation, Arch, ArchTraits, EmbedScale, Experts, Ffn, Gating, Positions, Supported, SwaLayers,
+};
 pub use kv::{CacheRows, EncoderInputs, KvLayout, KvTypeError, KvTypes};
 pub use rope::{layer_rope, rope_factors_name, LayerRope};
 pub use transformer::{build_window, Forward};
@@ -47,6 +49,8 @@ pub fn build_forward<const N: usize>(
         | Arch::Qwen35
         | Arch::Gemma4
         | Arch::GemmaEmbedding => transformer::build(g, gguf, hp, kv, n_tokens, n_outputs, adapters),
-        Arch::Bert => encoder::build(g, gguf, hp, kv, n_tokens, n_outputs, adapters),
+        Arch::Bert | Arch::NomicBert | Arch::JinaBertV2 => {
+            encoder::build(g, gguf, hp, kv, n_tokens, n_outputs, adapters)
+        }
     }
 }
