@@ -12,8 +12,9 @@
 
 use pinfer::embed::{embed, EmbedOptions, Embeddings};
 use pinfer::engine::embedding::Normalize;
+use pinfer::engine::{EngineError, Model};
 use pinfer::loader::ModelFile;
-use pinfer::model::Pooling;
+use pinfer::model::{ModelError, Pooling};
 use pinfer::session::{Session, SessionOptions};
 use pinfer::tokenizer::OwnedTokenizer;
 use serde_json::Value;
@@ -159,4 +160,80 @@ fn jina_bert_v2_matches_llama_embedding() {
         }
         eprintln!("jina-bert-v2: largest difference {worst:.2e}");
     });
+}
+
+fn model_bytes(file: &str) -> Vec<u8> {
+    let path = format!("{}/models/tiny/{file}", env!("CARGO_MANIFEST_DIR"));
+    std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e} (run scripts/setup.sh encoder-tiny)"))
+}
+
+/// `file` with the first `from` in its header replaced by `to` (same length).
+fn patched(file: &str, from: &[u8], to: &[u8]) -> Vec<u8> {
+    assert_eq!(from.len(), to.len());
+    let mut bytes = model_bytes(file);
+    let at = bytes.windows(from.len()).position(|w| w == from).expect("the header holds it");
+    bytes[at..at + to.len()].copy_from_slice(to);
+    bytes
+}
+
+/// A tensor's header entry: its name, 2 dimensions and their sizes.
+fn header(name: &str, ne: [u64; 2]) -> Vec<u8> {
+    let mut out = name.as_bytes().to_vec();
+    out.extend_from_slice(&2u32.to_le_bytes());
+    ne.iter().for_each(|n| out.extend_from_slice(&n.to_le_bytes()));
+    out
+}
+
+fn open_error(bytes: &[u8]) -> ModelError {
+    match Model::open(bytes) {
+        Ok(_) => panic!("the file was accepted"),
+        Err(EngineError::Model(e)) => e,
+        Err(e) => panic!("not a model error: {e}"),
+    }
+}
+
+fn assert_missing(bytes: &[u8], want: &str) {
+    match open_error(bytes) {
+        ModelError::MissingTensor { name } => assert_eq!(name.as_str(), want),
+        e => panic!("{want}: {e}"),
+    }
+}
+
+fn assert_shape(bytes: &[u8], want: &str) {
+    match open_error(bytes) {
+        ModelError::TensorShape { name, .. } => assert_eq!(name.as_str(), want),
+        e => panic!("{want}: {e}"),
+    }
+}
+
+/// The new families' files load (no position table needed) and a missing or mis-shaped tensor is
+/// refused at load, named: nomic-bert's fused QKV and SwiGLU gate, jina-bert-v2's GEGLU `ffn_up`
+/// (twice n_ff rows) and its Q/K/V.
+#[test]
+fn bad_encoder_files_are_refused_naming_the_tensor() {
+    for file in ["nomic-bert-tiny.gguf", "jina-bert-v2-tiny.gguf"] {
+        let bytes = model_bytes(file);
+        Model::open(&bytes).unwrap_or_else(|e| panic!("{file}: {e}"));
+    }
+    let nomic = "nomic-bert-tiny.gguf";
+    let qkv = "blk.1.attn_qkv.weight";
+    assert_shape(&patched(nomic, &header(qkv, [64, 192]), &header(qkv, [64, 128])), qkv);
+    // Without the fused matrix, the three it stands for.
+    assert_missing(&patched(nomic, qkv.as_bytes(), b"blk.1.attn_qkx.weight"), "blk.1.attn_q.weight");
+    assert_missing(
+        &patched(nomic, b"blk.0.ffn_gate.weight", b"blk.0.ffn_gatx.weight"),
+        "blk.0.ffn_gate.weight",
+    );
+    let jina = "jina-bert-v2-tiny.gguf";
+    let up = "blk.1.ffn_up.weight";
+    assert_shape(&patched(jina, &header(up, [64, 192]), &header(up, [64, 96])), up);
+    assert_missing(&patched(jina, b"blk.0.attn_k.weight", b"blk.0.attn_x.weight"), "blk.0.attn_k.weight");
+    let bias = "blk.0.attn_v.bias";
+    let mut from = bias.as_bytes().to_vec();
+    from.extend_from_slice(&1u32.to_le_bytes());
+    from.extend_from_slice(&64u64.to_le_bytes());
+    let mut to = bias.as_bytes().to_vec();
+    to.extend_from_slice(&1u32.to_le_bytes());
+    to.extend_from_slice(&32u64.to_le_bytes());
+    assert_shape(&patched(jina, &from, &to), bias);
 }

@@ -32,8 +32,8 @@
 use pinfer::kernels::attn_tile::{flash_attn_tile_ref, tile_rows, TileScratch};
 use pinfer::kernels::dot::vec_dot_f16_ggml_ref;
 use pinfer::kernels::dot::{vec_dot_f32_f32_ref, vec_dot_f32_lanes};
-use pinfer::kernels::flash_attn_rows_typed;
 use pinfer::kernels::flash_attn_tile;
+use pinfer::kernels::kv_attn::{alibi_slope, Alibi};
 use pinfer::kernels::kv_attn::{KvOps, KEY_CHUNK, TYPED_ROWS};
 use pinfer::kernels::packed::{
     dequantize_packed_row, pack, packed_bytes, ActBlock, PackedFormat, PackedMatrix, BLOCK,
@@ -47,6 +47,7 @@ use pinfer::kernels::{
     add_scaled_rows, dot_f16, dot_f32, f32_to_f16, flash_attn_row, flash_attn_rows, packed_matmul,
     quantize_act, rms_norm, rope_rotate, silu, swiglu, KernelPath, FLASH_ROWS,
 };
+use pinfer::kernels::{flash_attn_rows_typed, flash_attn_rows_typed_alibi};
 use pinfer::quant::blocks::{F16Le, F32Le};
 use pinfer::quant::GgmlType;
 
@@ -986,6 +987,96 @@ fn kv_cache_attention_is_bit_identical_to_reference_ops() {
                             }
                         }
                     }
+                }
+            }
+        }
+    }
+}
+
+/// ALiBi (jina-bert-v2's bidirectional attention): ggml's slopes; each row's scores biased by
+/// `slope * -|query - j|` after the scale, as a float64 softmax with that bias computes it; every
+/// SIMD path the reference's bits; slopes of 0 the unbiased kernel's bits.
+#[test]
+fn kv_cache_attention_with_alibi_matches_the_biased_softmax_on_every_path() {
+    // 4 heads: 2^-2, 2^-4, 2^-6, 2^-8; 12 heads: the first 8 2^-(h + 1), then 2^-0.5, 2^-1.5.
+    let slopes: Vec<f32> = (0..4).map(|h| alibi_slope(8.0, 4, h)).collect();
+    assert_eq!(slopes, [0.25, 0.0625, 0.015625, 0.00390625]);
+    assert_eq!(alibi_slope(8.0, 12, 7), 2f32.powi(-8));
+    assert!((alibi_slope(8.0, 12, 8) - 0.5f32.sqrt()).abs() < 1e-6);
+    assert!((alibi_slope(8.0, 12, 9) - 2f32.powf(-1.5)).abs() < 1e-6);
+    assert_eq!(alibi_slope(0.0, 4, 2), 1.0);
+    let mut rng = Rng(29);
+    let (dim, n_keys) = (64, 37);
+    for (kt, vt) in
+        [(GgmlType::F32, GgmlType::F32), (GgmlType::F16, GgmlType::F16), (GgmlType::Q8_0, GgmlType::F32)]
+    {
+        let qs: Vec<Vec<f32>> = (0..8).map(|_| (0..dim).map(|_| 3.0 * rng.f()).collect()).collect();
+        let kf: Vec<f32> = (0..dim * n_keys).map(|_| rng.f()).collect();
+        let vf: Vec<f32> = (0..dim * n_keys).map(|_| rng.f()).collect();
+        let (k, v) = (cache_rows(kt, &kf, dim), cache_rows(vt, &vf, dim));
+        let (kb, vb) = (k.len() / n_keys, v.len() / n_keys);
+        let scale = 1.0 / (dim as f32).sqrt();
+        // Rows: 4 heads of a token at key row 3 and of one at row 30, over keys 2..35.
+        let alibi: Vec<Alibi> =
+            (0..8).map(|r| Alibi { slope: slopes[r % 4], query: if r < 4 { 3 } else { 30 } }).collect();
+        let keys = vec![2..35; 8];
+        let run = |ops: &KvOps, alibi: Option<&[Alibi]>, chunk: usize| {
+            let mut outs: Vec<Vec<f32>> = qs.iter().map(|_| vec![f32::NAN; dim]).collect();
+            let mut qconv = vec![0u8; qs.len() * 4 * dim];
+            let (mut acc, mut vals) = (vec![0f32; qs.len() * dim], vec![0f32; chunk * dim]);
+            let q_refs: Vec<&[f32]> = qs.iter().map(|q| &q[..]).collect();
+            let mut out_refs: Vec<&mut [f32]> = outs.iter_mut().map(|o| &mut o[..]).collect();
+            flash_attn_rows_typed_alibi(
+                ops,
+                &q_refs,
+                &mut qconv,
+                &keys,
+                alibi,
+                |j| &k[j * kb..(j + 1) * kb],
+                |j| &v[j * vb..(j + 1) * vb],
+                scale,
+                &mut acc,
+                &mut vals,
+                &mut out_refs,
+            );
+            outs
+        };
+        let reference = KvOps::reference(kt, vt).unwrap();
+        let want = run(&reference, Some(&alibi), 1);
+        if kt == GgmlType::F32 {
+            // The float64 softmax with the bias.
+            for (r, got) in want.iter().enumerate() {
+                let s: Vec<f64> = (2..35)
+                    .map(|j| {
+                        let dot: f64 = (0..dim).map(|i| qs[r][i] as f64 * kf[j * dim + i] as f64).sum();
+                        dot * scale as f64 - alibi[r].slope as f64 * (alibi[r].query as f64 - j as f64).abs()
+                    })
+                    .collect();
+                let max = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let w: Vec<f64> = s.iter().map(|x| (x - max).exp()).collect();
+                let sum: f64 = w.iter().sum();
+                for i in 0..dim {
+                    let exact: f64 = (2..35).map(|j| w[j - 2] * vf[j * dim + i] as f64).sum::<f64>() / sum;
+                    assert!((got[i] as f64 - exact).abs() < 1e-5, "row {r} [{i}]: {} vs {exact}", got[i]);
+                }
+            }
+        }
+        // Slopes of 0 add nothing: the unbiased kernel's bits.
+        let flat: Vec<Alibi> = alibi.iter().map(|a| Alibi { slope: 0.0, ..*a }).collect();
+        let unbiased = run(&reference, None, 1);
+        assert_eq!(run(&reference, Some(&flat), 1), unbiased, "{kt}: slopes of 0");
+        assert_ne!(want, unbiased, "{kt}: ALiBi changes the rows");
+        for path in simd_paths() {
+            let simd = KvOps::new(path, kt, vt).unwrap();
+            for chunk in [KEY_CHUNK, 3] {
+                let got = run(&simd, Some(&alibi), chunk);
+                for (r, (g, w)) in got.iter().zip(&want).enumerate() {
+                    let differs = (0..dim).find(|&i| !same_bits(g[i], w[i]));
+                    assert!(
+                        differs.is_none(),
+                        "{} {kt}/{vt} chunk {chunk} row {r}: {differs:?}",
+                        path.name()
+                    );
                 }
             }
         }
