@@ -1999,6 +1999,72 @@ fn flash_attn_matches_softmax_attention() {
     }
 }
 
+/// Bidirectional attention with ALiBi (jina-bert-v2's): two sequences in one batch, each token
+/// over its own sequence's keys (a table of spans), query head `h`'s scores biased by
+/// `slope_h * -|i - j|` after the scale (ggml's slopes for max bias 8; grouped heads take their
+/// query head's slope) against a float64 softmax; the 530-token sequence's rows are summed in
+/// parts (512 keys or more) and merged. ALiBi needs a bidirectional mask and a positive bias.
+#[test]
+fn bidirectional_attention_with_alibi_matches_the_biased_softmax() {
+    use pinfer::kernels::kv_attn::alibi_slope;
+    let (hd, n_head, n_kv_head) = (32usize, 4usize, 2usize);
+    let lens = [530usize, 7];
+    let t: usize = lens.iter().sum();
+    let mut rng = Rng(53);
+    let mut s = Setup::default();
+    let q_data = rng.vec(hd * t * n_head);
+    let k_data = rng.vec(hd * t * n_kv_head);
+    let v_data = rng.vec(hd * t * n_kv_head);
+    let q = leaf(&mut s, "q", [hd, t, n_head, 1], &q_data);
+    let k = leaf(&mut s, "k", [hd, t, n_kv_head, 1], &k_data);
+    let v = leaf(&mut s, "v", [hd, t, n_kv_head, 1], &v_data);
+    let mut spans = Vec::new();
+    let mut first = 0;
+    for &n in &lens {
+        (0..n).for_each(|_| spans.extend([first as i32, n as i32]));
+        first += n;
+    }
+    let spans = s.ids("spans", [2, t, 1, 1], &spans);
+    let scale = 0.31;
+    assert_eq!(invalid_op(s.g.flash_attn_alibi(q, k, v, scale, Mask::Causal, 8.0)), "flash_attn");
+    assert_eq!(invalid_op(s.g.flash_attn_alibi(q, k, v, scale, Mask::Bidirectional, 0.0)), "flash_attn");
+    let out = s.g.flash_attn_alibi(q, k, v, scale, Mask::Bidirectional, 8.0).unwrap();
+    s.g.at_positions(out, spans).unwrap();
+    let plain = s.g.flash_attn(q, k, v, scale, Mask::Bidirectional).unwrap();
+    s.g.at_positions(plain, spans).unwrap();
+    let got = run_ops(&mut s, &[out, plain], &[Step { n_past: 0, n_kv: t }]);
+    let mut want = vec![0f64; hd * n_head * t];
+    let mut first = 0;
+    for &n in &lens {
+        for tok in first..first + n {
+            for h in 0..n_head {
+                let kh = h / (n_head / n_kv_head);
+                let slope = f64::from(alibi_slope(8.0, n_head, h));
+                let at = |x: &[f32], j: usize, d: usize| f64::from(x[d + hd * (j + t * kh)]);
+                let scores: Vec<f64> = (first..first + n)
+                    .map(|j| {
+                        let dot: f64 = (0..hd)
+                            .map(|d| f64::from(q_data[d + hd * (tok + t * h)]) * at(&k_data, j, d))
+                            .sum();
+                        dot * f64::from(scale) - slope * (tok as f64 - j as f64).abs()
+                    })
+                    .collect();
+                let max = scores.iter().cloned().fold(f64::MIN, f64::max);
+                let e: Vec<f64> = scores.iter().map(|x| (x - max).exp()).collect();
+                let sum: f64 = e.iter().sum();
+                for d in 0..hd {
+                    want[d + hd * (h + n_head * tok)] =
+                        (first..first + n).zip(&e).map(|(j, p)| p / sum * at(&v_data, j, d)).sum();
+                }
+            }
+        }
+        first += n;
+    }
+    check("alibi", &got[0], &want, 0.0, 2e-5);
+    // The bias matters: the same node without it is another attention.
+    assert!(got[1].iter().zip(&got[0]).any(|(a, b)| (a - b).abs() > 1e-2));
+}
+
 /// A decode step over a long cache splits each row's keys into parts that threads share, merged
 /// in a second phase: the result is still the attention over the row's keys (f16, q8_0 and q4_0
 /// caches; one token and two; 2, 4 and 16 parts), the same bits on 1 and 3 threads (`run_ops`).
