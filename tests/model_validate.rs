@@ -697,6 +697,8 @@ fn forward_graphs_keep_their_nodes() {
         ("qwen35", "add 10, flash_attn 2, gated_delta_net 2, get_rows 2, kv_write 4, mul 21, mul_mat 31, none 64, rms_norm 19, rope 4, rope_table 1, scale 4, short_conv 2, sigmoid 4, silu 4, softplus 2, swiglu 4, view 30"),
         ("gemma4", "add 19, flash_attn 6, geglu 6, gelu 6, get_rows 3, kv_write 6, mul 47, mul_mat 49, none 102, rms_norm 44, rope 9, rope_table 2, scale 12, tanh 1, view 50"),
         ("bert", "add 23, flash_attn 2, gelu 2, get_rows 3, layer_norm 5, mul 5, mul_mat 12, none 42, seq_mean 1, view 16"),
+        ("nomic-bert", "add 10, flash_attn 2, get_rows 2, layer_norm 5, mul 5, mul_mat 14, none 31, rope 4, rope_table 1, seq_mean 1, swiglu 2, view 15"),
+        ("jina-bert-v2", "add 20, flash_attn 2, geglu 2, get_rows 2, layer_norm 5, mul 5, mul_mat 14, none 40, seq_mean 1, view 15"),
         ("gemma-embedding", "add 6, flash_attn 3, geglu 3, get_rows 1, mul 19, mul_mat 23, none 47, rms_norm 19, rope 6, rope_table 2, scale 1, seq_mean 1, view 21"),
     ];
     let mut graph: Box<Graph> = Box::new(Graph::new());
