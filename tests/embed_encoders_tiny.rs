@@ -236,4 +236,10 @@ fn bad_encoder_files_are_refused_naming_the_tensor() {
     to.extend_from_slice(&1u32.to_le_bytes());
     to.extend_from_slice(&32u64.to_le_bytes());
     assert_shape(&patched(jina, &from, &to), bias);
+    // A norm the encoder does not compute (jina's code models' Q LayerNorm) is refused, not skipped.
+    let q_norm = patched(jina, b"blk.1.attn_output.weight", b"blk.1.attn_q_norm.weight");
+    match open_error(&q_norm) {
+        ModelError::Uncomputed { key, .. } => assert_eq!(key.as_str(), "blk.1.attn_q_norm.weight"),
+        e => panic!("{e}"),
+    }
 }

@@ -411,6 +411,19 @@ fn validate_encoder(
     check(expect(format_args!("token_embd_norm.weight"), &[e], Norm, true))?;
     check(expect(format_args!("token_embd_norm.bias"), &[e], Bias, true))?;
     for i in 0..hp.n_layer {
+        // Norms of variants the encoder does not compute (jina-embeddings-v2-base-code's Q and
+        // K LayerNorms, its second attention norm): refused rather than skipped.
+        for norm in ["attn_q_norm", "attn_k_norm", "attn_norm_2"] {
+            let mut name = Name::new();
+            let _ = write!(name, "blk.{i}.{norm}.weight");
+            if g.tensor(&name).is_some() {
+                return Err(ModelError::Uncomputed {
+                    key: name,
+                    found: name_of("a LayerNorm"),
+                    computes: "encoders without Q/K or second attention LayerNorms",
+                });
+            }
+        }
         let il = i as usize;
         let (qw, kw, vw) = (hp.q_width(il), hp.k_width(il), hp.v_width(il));
         let mut fused = Name::new();

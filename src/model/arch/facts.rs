@@ -225,8 +225,9 @@ pub struct ArchTraits {
     /// The logits' soft-cap when the file gives no `final_logit_softcapping` (0: none; Gemma 4:
     /// llama.cpp's 30).
     pub default_logit_softcap: f32,
-    /// An encoder (BERT): token, token-type and absolute position embeddings, post-LayerNorm
-    /// blocks with biases and a GELU MLP, attention both ways within a sequence
+    /// An encoder (BERT and its kin): token and token-type embeddings, post-LayerNorm blocks
+    /// with biases and an MLP (BERT's GELU; [`ArchTraits::gated_encoder_ffn`]), positions as
+    /// [`ArchTraits::positions`] says, attention both ways within a sequence
     /// (`attention.causal` false), no KV cache kept between steps, and pooled embeddings instead
     /// of logits (`encoder.rs`).
     pub encoder: bool,
