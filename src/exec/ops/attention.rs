@@ -555,7 +555,9 @@ impl<'a, const N: usize> Bound<'a, N> {
                         outs[n] = self.write(id, t.row_offset(head, tok, 0), hd_v);
                     }
                     keys[n] = range.clone();
-                    alibi[n] = Alibi { slope: alibi_slope(max_bias, ne[1], head), query: tok };
+                    if max_bias > 0.0 {
+                        alibi[n] = Alibi { slope: alibi_slope(max_bias, ne[1], head), query: tok };
+                    }
                     n += 1;
                 }
             }

@@ -196,6 +196,11 @@ impl<'b, 'm, const N: usize> Builder<'b, 'm, N> {
         self.places.ok_or_else(|| invalid("token places in a window graph"))
     }
 
+    /// Whether the file has model tensor `name` (no leaf made).
+    pub fn has(&self, name: &str) -> bool {
+        self.gguf.tensor(name).is_some()
+    }
+
     /// Model tensor `name`, if the file has it.
     pub fn optional(&mut self, name: &str) -> Result<Option<TensorId>, ModelError> {
         weight_leaf(self.g, self.gguf, name)

@@ -191,7 +191,7 @@ fn attention<const N: usize>(
     let (hd, n_head, n_head_kv) = (hp.head_dim_k as usize, hp.n_head as usize, hp.n_head_kv as usize);
     let (qw, kw) = (hd * n_head, hd * n_head_kv);
     let fused = layer_name(il, "attn_qkv.weight");
-    let fused = b.optional(&fused)?.is_some().then_some(fused);
+    let fused = b.has(&fused).then_some(fused);
     let project = |b: &mut Builder<'_, '_, N>, part: &str, (first, n): (usize, usize), name: &str| {
         let (w, bias) = match &fused {
             // Rows of the fused matrix and of its bias (llama.cpp's views of one product).
