@@ -243,3 +243,28 @@ fn bad_encoder_files_are_refused_naming_the_tensor() {
         e => panic!("{e}"),
     }
 }
+
+/// Each input of a batch gets the bits it gets alone (RoPE's positions from the token places,
+/// ALiBi's distances between the batch's rows of one sequence), with and without pooling.
+#[test]
+fn a_batch_gives_each_input_its_bits_alone() {
+    on_engine_stack(|| {
+        for (file, golden_name) in [
+            ("nomic-bert-tiny.gguf", "nomic-bert-tiny.llama.json"),
+            ("jina-bert-v2-tiny.gguf", "jina-bert-v2-tiny.llama.json"),
+        ] {
+            let g = golden(golden_name);
+            let ids: Vec<Vec<u32>> = serde_json::from_value(g["ids"].clone()).unwrap();
+            for pooling in [None, Some(Pooling::None)] {
+                let mut s = session(file, pooling);
+                let refs: Vec<&[u32]> = ids.iter().map(Vec::as_slice).collect();
+                let opts = EmbedOptions { normalize: Normalize::None, truncate: false };
+                let batch = embed(&mut s, &refs, &opts).unwrap();
+                for (i, input) in refs.iter().enumerate() {
+                    let alone = embed(&mut s, &[input], &opts).unwrap();
+                    assert_eq!(alone.rows[0], batch.rows[i], "{file} {pooling:?}: input {i}");
+                }
+            }
+        }
+    });
+}
