@@ -522,3 +522,9 @@ fn qwen3_reranker_answers_as_llama_server() {
     // Qwen3-Reranker: the pairs through its `rerank` template, the yes probability.
     check_rerank_golden("models/tiny/qwen3-rerank-tiny.gguf", "qwen3-rerank-tiny.server.json", 2e-3);
 }
+
+#[test]
+fn bert_cross_encoder_answers_as_llama_server() {
+    // A one-type BERT cross-encoder: `[CLS] q [SEP] d [SEP]`, the raw score of its cls head.
+    check_rerank_golden("models/tiny/bert-rerank-tiny.gguf", "bert-rerank-tiny.server.json", 5e-3);
+}
