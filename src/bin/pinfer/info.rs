@@ -179,9 +179,15 @@ impl Report<'_> {
                 outln!("embeddings:    pooling {pooling} (the file's; --pooling overrides)")?;
             } else {
                 outln!(
-                    "attention:     {} heads, {} kv heads, head dim {}/{}, rope dims {}, freq base {}, rms eps {:e}",
-                    hp.n_head, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v, hp.n_rot, hp.rope_freq_base, hp.rms_eps
+                    "attention:     {} heads, {} kv heads, head dim {}/{}, rope dims {}, freq base {}, rms eps {:e}{}",
+                    hp.n_head, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v, hp.n_rot, hp.rope_freq_base, hp.rms_eps,
+                    if hp.arch.traits().bidirectional { ", bidirectional" } else { "" }
                 )?;
+                if hp.embeds() {
+                    // A decoder-shaped embedder (Qwen3-Embedding, EmbeddingGemma).
+                    let pooling = hp.pooling.map_or("none", |p| p.name());
+                    outln!("embeddings:    pooling {pooling} (the file's; --pooling overrides)")?;
+                }
             }
             if hp.n_expert > 0 {
                 outln!(
