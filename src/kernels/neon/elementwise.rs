@@ -102,37 +102,64 @@ pub fn dot_f16_rows(w: &[F16Le], xs: &[&[f32]], out: &mut [f32]) {
 unsafe fn dot_f16_rows_neon<const R: usize>(w: &[F16Le], xs: &[&[f32]], out: &mut [f32]) {
     let n = w.len();
     let whole = n - n % 32;
+    // (Fixed-size arrays of pointers and accumulators: the loops unroll and the 8R accumulators
+    // stay in registers.)
+    let x: [*const f32; R] = core::array::from_fn(|j| xs[j].as_ptr());
     let mut acc = [[vdupq_n_f32(0.0); 8]; R];
     let mut pw = [F16Le::from_bits(0); 32];
     let mut start = 0;
     while start < n {
-        let group: &[F16Le] = if start < whole {
-            &w[start..start + 32]
+        let group = if start < whole {
+            // SAFETY: 32 weights from `start`, which is below `whole`.
+            unsafe { w.as_ptr().add(start) }
         } else {
             pw[..n - whole].copy_from_slice(&w[whole..]);
-            &pw
+            pw.as_ptr()
         };
-        for c in 0..4 {
-            // SAFETY: 8 f16 at 8c of the group's 32; 8 f32 at start + 8c of each padded row.
-            unsafe {
-                let (wl, wh) = widen_f16x8(group.as_ptr().add(8 * c));
-                for (a, x) in acc.iter_mut().zip(xs) {
-                    let p = x.as_ptr().add(start + 8 * c);
-                    let (xl, xh) = (vld1q_f32(p), vld1q_f32(p.add(4)));
-                    // Exact products: the fused form rounds as the twin's product then sum.
-                    if start == 0 {
-                        (a[2 * c], a[2 * c + 1]) = (vmulq_f32(wl, xl), vmulq_f32(wh, xh));
-                    } else {
-                        (a[2 * c], a[2 * c + 1]) =
-                            (vfmaq_f32(a[2 * c], wl, xl), vfmaq_f32(a[2 * c + 1], wh, xh));
-                    }
-                }
+        // SAFETY: 32 weights at `group`; 32 f32 at `start` of each padded row (the caller's).
+        unsafe {
+            if start == 0 {
+                f16_rows_group::<R, true>(group, &x, start, &mut acc);
+            } else {
+                f16_rows_group::<R, false>(group, &x, start, &mut acc);
             }
         }
         start += 32;
     }
     for (a, o) in acc.iter().zip(out.iter_mut()) {
         *o = fold_lanes(a);
+    }
+}
+
+/// One run of 32 weights at `w` times the rows' 32 values at `start`: chunk `c` of 8 into
+/// registers `2c`, `2c + 1` of each row (set by the first run, added to after). Exact products:
+/// the fused form rounds as the twin's product then sum.
+///
+/// # Safety
+/// 32 readable weights at `w`, 32 readable values at `start` of each row.
+#[inline]
+#[target_feature(enable = "neon")]
+unsafe fn f16_rows_group<const R: usize, const FIRST: bool>(
+    w: *const F16Le,
+    x: &[*const f32; R],
+    start: usize,
+    acc: &mut [[float32x4_t; 8]; R],
+) {
+    for c in 0..4 {
+        // SAFETY: inside the 32 the caller guarantees.
+        unsafe {
+            let (wl, wh) = widen_f16x8(w.add(8 * c));
+            for j in 0..R {
+                let p = x[j].add(start + 8 * c);
+                let (xl, xh) = (vld1q_f32(p), vld1q_f32(p.add(4)));
+                let a = &mut acc[j];
+                if FIRST {
+                    (a[2 * c], a[2 * c + 1]) = (vmulq_f32(wl, xl), vmulq_f32(wh, xh));
+                } else {
+                    (a[2 * c], a[2 * c + 1]) = (vfmaq_f32(a[2 * c], wl, xl), vfmaq_f32(a[2 * c + 1], wh, xh));
+                }
+            }
+        }
     }
 }
 

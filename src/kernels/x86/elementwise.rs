@@ -73,26 +73,26 @@ pub const F16_ROWS: usize = 3;
 unsafe fn dot_f16_rows_impl<const R: usize>(w: &[F16Le], xs: &[&[f32]], out: &mut [f32]) {
     let n = w.len();
     let whole = n - n % 32;
+    // (Fixed-size arrays of pointers and accumulators: the loops unroll and the 4R accumulators
+    // stay in registers.)
+    let x: [*const f32; R] = core::array::from_fn(|j| xs[j].as_ptr());
     let mut acc = [[_mm256_setzero_ps(); 4]; R];
     let mut pw = [F16Le::from_bits(0); 32];
     let mut start = 0;
     while start < n {
-        let group: &[F16Le] = if start < whole {
-            &w[start..start + 32]
+        let group = if start < whole {
+            // SAFETY: 32 weights from `start`, which is below `whole`.
+            unsafe { w.as_ptr().add(start) }
         } else {
             pw[..n - whole].copy_from_slice(&w[whole..]);
-            &pw
+            pw.as_ptr()
         };
-        for c in 0..4 {
-            // SAFETY: 8 f16 at 8c of the group's 32; 8 f32 at start + 8c of each padded row.
-            unsafe {
-                let vw = _mm256_cvtph_ps(_mm_loadu_si128(group.as_ptr().add(8 * c).cast()));
-                for (a, x) in acc.iter_mut().zip(xs) {
-                    let vx = _mm256_loadu_ps(x.as_ptr().add(start + 8 * c));
-                    // Exact products (11-bit significands): the fused form rounds as the twin's
-                    // product then sum.
-                    a[c] = if start == 0 { _mm256_mul_ps(vw, vx) } else { _mm256_fmadd_ps(vw, vx, a[c]) };
-                }
+        // SAFETY: 32 weights at `group`; 32 f32 at `start` of each padded row (the caller's).
+        unsafe {
+            if start == 0 {
+                f16_rows_group::<R, true>(group, &x, start, &mut acc);
+            } else {
+                f16_rows_group::<R, false>(group, &x, start, &mut acc);
             }
         }
         start += 32;
@@ -104,6 +104,32 @@ unsafe fn dot_f16_rows_impl<const R: usize>(w: &[F16Le], xs: &[&[f32]], out: &mu
         // SAFETY: four f32 into a four-element array.
         unsafe { _mm_storeu_ps(lanes.as_mut_ptr(), t) };
         *o = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
+    }
+}
+
+/// One run of 32 weights at `w` times the rows' 32 values at `start`: chunk `c` of 8 into
+/// accumulator `c` of each row (set by the first run, added to after). Exact products (11-bit
+/// significands): the fused form rounds as the twin's product then sum.
+///
+/// # Safety
+/// 32 readable weights at `w`, 32 readable values at `start` of each row.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn f16_rows_group<const R: usize, const FIRST: bool>(
+    w: *const F16Le,
+    x: &[*const f32; R],
+    start: usize,
+    acc: &mut [[__m256; 4]; R],
+) {
+    for c in 0..4 {
+        // SAFETY: inside the 32 the caller guarantees; the features are the caller's.
+        unsafe {
+            let vw = _mm256_cvtph_ps(_mm_loadu_si128(w.add(8 * c).cast()));
+            for j in 0..R {
+                let vx = _mm256_loadu_ps(x[j].add(start + 8 * c));
+                acc[j][c] = if FIRST { _mm256_mul_ps(vw, vx) } else { _mm256_fmadd_ps(vw, vx, acc[j][c]) };
+            }
+        }
     }
 }
 
