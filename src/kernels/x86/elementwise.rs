@@ -121,6 +121,8 @@ unsafe fn f16_rows_group<const R: usize, const FIRST: bool>(
     start: usize,
     acc: &mut [[__m256; 4]; R],
 ) {
+    // (Indices, not iterators: the chunk also offsets the pointers.)
+    #[allow(clippy::needless_range_loop)]
     for c in 0..4 {
         // SAFETY: inside the 32 the caller guarantees; the features are the caller's.
         unsafe {
