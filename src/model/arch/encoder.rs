@@ -24,7 +24,7 @@ use crate::model::{HParams, ModelError, Pooling};
 use crate::quant::GgmlType;
 use crate::tensor::{Storage, TensorId};
 
-use super::transformer::Forward;
+use super::Forward;
 
 /// Names a computed tensor as llama.cpp names it, with the layer after a dash (`ffn_up-3`).
 macro_rules! named {

@@ -17,11 +17,12 @@ pub use facts::{
 };
 pub use kv::{CacheRows, EncoderInputs, KvLayout, KvTypeError, KvTypes};
 pub use rope::{layer_rope, rope_factors_name, LayerRope};
-pub use transformer::{build_window, Forward};
+pub use transformer::build_window;
 
 use crate::gguf::Gguf;
 use crate::graph::Graph;
 use crate::model::{HParams, ModelError};
+use crate::tensor::TensorId;
 
 /// Builds the forward pass of `hp.arch` for `n_tokens` tokens with logits for `n_outputs` of them
 /// (see `transformer.rs`): the builder of each architecture, chosen by an exhaustive match.
@@ -53,4 +54,19 @@ pub fn build_forward<const N: usize>(
             encoder::build(g, gguf, hp, kv, n_tokens, n_outputs, adapters)
         }
     }
+}
+
+/// The inputs and outputs of a built forward graph.
+#[derive(Debug, Clone, Copy)]
+pub struct Forward {
+    /// I32 token ids `[n_tokens]` (persistent storage at `KvLayout::ids_offset`).
+    pub ids: TensorId,
+    /// F32 logits `[n_vocab, n_outputs]`, in the order of the output rows (an encoder's
+    /// embeddings: `[n_embd or labels, n_outputs]`).
+    pub logits: TensorId,
+    /// Tokens the graph evaluates.
+    pub n_tokens: usize,
+    /// Tokens whose logits it computes (all of them when equal to `n_tokens`, else the ones the
+    /// output-rows input names).
+    pub n_outputs: usize,
 }

@@ -8,26 +8,12 @@
 use super::blocks::{self, Adapters, Builder, Mode, TrainedPair};
 use super::encoder;
 use super::kv::KvLayout;
+use super::Forward;
 use crate::gguf::Gguf;
 use crate::graph::{Graph, GraphError, Mask};
 use crate::model::lora::Adapter;
 use crate::model::{HParams, ModelError, Pooling};
 use crate::tensor::TensorId;
-
-/// The inputs and outputs of a built forward graph.
-#[derive(Debug, Clone, Copy)]
-pub struct Forward {
-    /// I32 token ids `[n_tokens]` (persistent storage at `KvLayout::ids_offset`).
-    pub ids: TensorId,
-    /// F32 logits `[n_vocab, n_outputs]`, in the order of the output rows (an encoder's
-    /// embeddings: `[n_embd or labels, n_outputs]`).
-    pub logits: TensorId,
-    /// Tokens the graph evaluates.
-    pub n_tokens: usize,
-    /// Tokens whose logits it computes (all of them when equal to `n_tokens`, else the ones the
-    /// output-rows input names).
-    pub n_outputs: usize,
-}
 
 /// Builds the forward pass for `n_tokens` tokens, with logits for `n_outputs` of them: all
 /// (`n_outputs == n_tokens`, perplexity), or the ones the output-rows input names (generation:
