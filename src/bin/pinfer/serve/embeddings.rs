@@ -636,7 +636,14 @@ fn rerank_pairs(
         }
         tokenize(tok, text)
     };
-    let q = encode(query, "the query")?;
+    // (A templated pair tokenizes the filled prompt: the query alone only for BERT's pairs.)
+    let q = match served.rerank_template {
+        Some(_) if query.is_empty() => {
+            return Err(ApiError::invalid("Input content cannot be empty (the query)"))
+        }
+        Some(_) => Vec::new(),
+        None => encode(query, "the query")?,
+    };
     let (mut pairs, mut types) = (Vec::with_capacity(docs.len()), Vec::new());
     for (i, d) in docs.iter().enumerate() {
         let (pair, pair_types) = match &served.rerank_template {
