@@ -106,6 +106,47 @@ fn same_bits(a: f32, b: f32) -> bool {
     a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan())
 }
 
+/// GELU and GeGLU (ggml's f16 table) are the reference's bit for bit on every SIMD path: every
+/// regime, the saturation edges at +-10 and the f16 rounding ties around them, infinities, NaN,
+/// and tails of every length below the vector width.
+#[test]
+fn gelu_is_bit_identical_to_the_reference() {
+    use pinfer::kernels::reference::{geglu_ref, gelu_ref};
+    use pinfer::kernels::{geglu, gelu};
+    let mut rng = Rng(23);
+    let edges = [-10.0f32, 10.0, -9.997, 9.997, -10.003, 10.003, 0.0, -0.0, 65520.0, -65520.0, 1e-8, -1e-8];
+    for path in simd_paths() {
+        for n in LENGTHS.into_iter().chain([7, 8, 9, 15, 16, 31]) {
+            let mut cases = regimes(n, &mut rng);
+            cases.push(("edges", (0..n).map(|i| edges[i % edges.len()]).collect()));
+            cases.push((
+                "around 10",
+                (0..n).map(|_| 10.0 * (1.0 + 0.01 * rng.f()).copysign(rng.f())).collect(),
+            ));
+            cases.push(("nan", (0..n).map(|i| if i % 3 == 0 { f32::NAN } else { 4.0 * rng.f() }).collect()));
+            for (name, x) in cases {
+                let up: Vec<f32> = (0..n).map(|_| 3.0 * rng.f()).collect();
+                let (mut got, mut want) = (vec![7f32; n], vec![9f32; n]);
+                gelu(path, &x, &mut got);
+                gelu_ref(&x, &mut want);
+                for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                    assert!(
+                        same_bits(*g, *w),
+                        "{} gelu n={n} {name} [{i}] = {}: {g} vs {w}",
+                        path.name(),
+                        x[i]
+                    );
+                }
+                geglu(path, &x, &up, &mut got);
+                geglu_ref(&x, &up, &mut want);
+                for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                    assert!(same_bits(*g, *w), "{} geglu n={n} {name} [{i}]: {g} vs {w}", path.name());
+                }
+            }
+        }
+    }
+}
+
 /// SiLU through SwiGLU's kernels (an up projection of ones) is the reference's bit for bit.
 #[test]
 fn silu_is_bit_identical() {
@@ -177,22 +218,35 @@ fn f16_dot_is_bit_identical_to_its_twin() {
     }
 }
 
-/// The tiles of the matmul on f16 weights (one weight row times up to F16_ROWS widened tokens)
-/// give each token the per-token f16 dot's bits, on every path, tile size, tail and regime: a
-/// token's numbers do not depend on the tokens beside it.
+/// The register tiles of the matmul on f16 weights (up to `f16_tile_shape` weight rows times
+/// widened tokens) give each (row, token) the per-token f16 dot's bits, on every path, tile shape,
+/// tail, segment count (rows past 512 values) and regime: a token's numbers do not depend on the
+/// tokens beside it, nor a row's on the rows beside it.
 #[test]
-fn f16_row_tiles_give_each_token_its_own_dot() {
+fn f16_tiles_give_each_token_its_own_dot() {
     use pinfer::kernels::dot::widen_f16_padded;
-    use pinfer::kernels::{dot_f16_rows, F16_ROWS};
+    use pinfer::kernels::{dot_f16_tile, f16_tile_shape, F16_TILE_ROWS, F16_TILE_TOKENS};
     let mut rng = Rng(19);
     let mut paths = simd_paths();
     paths.push(KernelPath::Reference);
     for path in paths {
-        for n in LENGTHS.into_iter().chain([31, 32, 33, 64, 65, 200, 1536]) {
+        let (max_rows, max_tokens) = f16_tile_shape(path);
+        assert!(max_rows <= F16_TILE_ROWS && max_tokens <= F16_TILE_TOKENS);
+        for n in LENGTHS.into_iter().chain([31, 32, 33, 65, 200, 512, 513, 1536]) {
             for (name, w) in regimes(n, &mut rng) {
-                let w = f16s(&w);
-                let xs: Vec<Vec<_>> = (0..F16_ROWS)
-                    .map(|_| f16s(&(0..n).map(|_| 4.0 * rng.f()).collect::<Vec<f32>>()))
+                // Row 0 in the regime, the others ordinary or the regime reversed.
+                let ws: Vec<Vec<_>> = (0..max_rows)
+                    .map(|r| match r % 2 {
+                        0 if r == 0 => f16s(&w),
+                        0 => f16s(&w.iter().rev().copied().collect::<Vec<f32>>()),
+                        _ => f16s(&(0..n).map(|_| 6.0 * rng.f()).collect::<Vec<f32>>()),
+                    })
+                    .collect();
+                let xs: Vec<Vec<_>> = (0..max_tokens)
+                    .map(|j| match j {
+                        1 => f16s(&w),
+                        _ => f16s(&(0..n).map(|_| 4.0 * rng.f()).collect::<Vec<f32>>()),
+                    })
                     .collect();
                 let padded = n.next_multiple_of(32);
                 // (Garbage past the padding: the kernel must read only what it is given.)
@@ -204,17 +258,22 @@ fn f16_row_tiles_give_each_token_its_own_dot() {
                         row
                     })
                     .collect();
-                for tile in 1..=F16_ROWS {
-                    let refs: Vec<&[f32]> = widened[..tile].iter().map(|r| &r[..padded]).collect();
-                    let mut out = vec![0f32; tile];
-                    dot_f16_rows(path, &w, &refs, &mut out);
-                    for (j, &got) in out.iter().enumerate() {
-                        let want = dot_f16(path, &w, &xs[j]);
-                        assert!(
-                            same_bits(got, want),
-                            "{} n={n} {name} tile {tile} row {j}: {got} vs the per-token dot {want}",
-                            path.name()
-                        );
+                for rows in 1..=max_rows {
+                    for tokens in 1..=max_tokens {
+                        let w_refs: Vec<&[_]> = ws[..rows].iter().map(|w| &w[..]).collect();
+                        let x_refs: Vec<&[f32]> = widened[..tokens].iter().map(|r| &r[..padded]).collect();
+                        let mut out = [[f32::NAN; F16_TILE_TOKENS]; F16_TILE_ROWS];
+                        dot_f16_tile(path, &w_refs, &x_refs, &mut out);
+                        for r in 0..rows {
+                            for j in 0..tokens {
+                                let (got, want) = (out[r][j], dot_f16(path, &ws[r], &xs[j]));
+                                assert!(
+                                    same_bits(got, want),
+                                    "{} n={n} {name} tile {rows}x{tokens} ({r}, {j}): {got} vs the dot {want}",
+                                    path.name()
+                                );
+                            }
+                        }
                     }
                 }
             }

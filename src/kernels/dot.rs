@@ -270,6 +270,32 @@ pub fn vec_dot_f32_lanes(x: &[f32], y: &[f32]) -> f32 {
     (t[0] + t[1]) + (t[2] + t[3])
 }
 
+/// [`vec_dot_f32_lanes`] of two rows of little-endian f32 bytes at any alignment (the same runs,
+/// padding and sums, so the same bits): the dot of f32 attention keys.
+pub fn vec_dot_f32_lanes_bytes(x: &[u8], y: &[u8]) -> f32 {
+    let n = x.len().min(y.len()) / 4;
+    let mut acc = [[0f32; 8]; 4];
+    let (mut px, mut py) = ([0f32; 32], [0f32; 32]);
+    for start in (0..n).step_by(32) {
+        let len = (n - start).min(32);
+        px.fill(0.0);
+        py.fill(0.0);
+        for (i, (p, q)) in px.iter_mut().zip(py.iter_mut()).take(len).enumerate() {
+            let at = 4 * (start + i);
+            *p = f32::from_le_bytes([x[at], x[at + 1], x[at + 2], x[at + 3]]);
+            *q = f32::from_le_bytes([y[at], y[at + 1], y[at + 2], y[at + 3]]);
+        }
+        for (c, a) in acc.iter_mut().enumerate() {
+            for (l, a) in a.iter_mut().enumerate() {
+                *a += px[8 * c + l] * py[8 * c + l];
+            }
+        }
+    }
+    let x: [f32; 8] = core::array::from_fn(|l| (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]));
+    let t: [f32; 4] = core::array::from_fn(|i| x[i] + x[i + 4]);
+    (t[0] + t[1]) + (t[2] + t[3])
+}
+
 /// Calls `f(first, x, y)` with each run of 32 elements of `x` and `y` in order (`first` for the
 /// first run), a last run shorter than 32 zero-padded, as ggml's vector loads read it.
 #[inline(always)]

@@ -48,6 +48,27 @@ enum QueryForm {
     Q15,
 }
 
+/// F32 keys' dot on NEON: the SIMD twin of [`super::dot::vec_dot_f32_lanes_bytes`] (rows not
+/// 4-byte aligned take the twin itself).
+#[cfg(target_arch = "aarch64")]
+fn dot_f32_keys_neon(k: &[u8], q: &[u8]) -> f32 {
+    match (bytemuck::try_cast_slice::<u8, f32>(k), bytemuck::try_cast_slice::<u8, f32>(q)) {
+        (Ok(k), Ok(q)) => super::neon::dot_f32(k, q),
+        _ => super::dot::vec_dot_f32_lanes_bytes(k, q),
+    }
+}
+
+/// F32 keys' dot on AVX2 (only in the ops of [`KvOps::new`] for [`Isa::Avx2`], whose CPU has
+/// AVX2, FMA and F16C): the SIMD twin of [`super::dot::vec_dot_f32_lanes_bytes`].
+#[cfg(target_arch = "x86_64")]
+fn dot_f32_keys_avx2(k: &[u8], q: &[u8]) -> f32 {
+    match (bytemuck::try_cast_slice::<u8, f32>(k), bytemuck::try_cast_slice::<u8, f32>(q)) {
+        // SAFETY: these ops exist only on a CPU with AVX2, FMA and F16C (`KvOps::new`).
+        (Ok(k), Ok(q)) => unsafe { super::x86::dot_f32_avx2(k, q) },
+        _ => super::dot::vec_dot_f32_lanes_bytes(k, q),
+    }
+}
+
 /// Which SIMD kernel runs the loop.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Simd {
@@ -68,6 +89,11 @@ impl KvOps {
         }
         let (query, q_convert, dot) = if k == GgmlType::Q8_0 {
             (QueryForm::Q15, quantize_q15 as QuantizeFn, dot_q8_0_q15_ref as VecDotFn)
+        } else if k == GgmlType::F32 {
+            // The f32 SIMD dot's lanes (as ggml's SIMD f32 dot, not its scalar f64 sum): an
+            // encoder's keys are f32, and its attention runs this dot for every pair of tokens.
+            let q_convert = GgmlType::F32.traits().from_float?;
+            (QueryForm::Ggml(GgmlType::F32), q_convert, super::dot::vec_dot_f32_lanes_bytes as VecDotFn)
         } else {
             let (q_type, dot) = k.traits().vec_dot?;
             (QueryForm::Ggml(q_type), q_type.traits().from_float?, dot)
@@ -90,6 +116,15 @@ impl KvOps {
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2 => Some(Simd::Avx2),
         };
+        if k == GgmlType::F32 {
+            ops.dot = match path.isa() {
+                Isa::Scalar => ops.dot,
+                #[cfg(target_arch = "aarch64")]
+                Isa::Neon => dot_f32_keys_neon,
+                #[cfg(target_arch = "x86_64")]
+                Isa::Avx2 => dot_f32_keys_avx2,
+            };
+        }
         Some(ops)
     }
 

@@ -301,23 +301,65 @@ pub fn dot_f16(path: KernelPath, x: &[F16Le], y: &[F16Le]) -> f32 {
     }
 }
 
-/// Input rows [`dot_f16_rows`] takes at once (a matmul on f16 weights gives it tiles of tokens).
-pub const F16_ROWS: usize = 3;
+/// Most weight rows of one tile of [`dot_f16_tile`] (each path's [`f16_tile_shape`] is within
+/// this and [`F16_TILE_TOKENS`]).
+pub const F16_TILE_ROWS: usize = 4;
+/// Most tokens of one tile of [`dot_f16_tile`].
+pub const F16_TILE_TOKENS: usize = 6;
 
-/// The f16 weight row `w` times up to [`F16_ROWS`] input rows widened by
-/// [`dot::widen_f16_padded`] (each a multiple of 32 values, at least `w.len()`), `out[j]` bit for
-/// bit [`dot_f16`]`(path, w, x_j)`: the weights are widened once for every row of the tile.
-pub fn dot_f16_rows(path: KernelPath, w: &[F16Le], xs: &[&[f32]], out: &mut [f32]) {
+/// Weight rows and tokens of one [`dot_f16_tile`] on `path` (its registers' tile).
+pub fn f16_tile_shape(path: KernelPath) -> (usize, usize) {
     match path.isa() {
-        Isa::Scalar => dot::vec_dot_f16_rows_lanes(w, xs, out),
+        Isa::Scalar => (F16_TILE_ROWS, F16_TILE_TOKENS),
         #[cfg(target_arch = "aarch64")]
-        Isa::Neon => neon::dot_f16_rows(w, xs, out),
+        Isa::Neon => neon::F16_TILE_NEON,
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => x86::F16_TILE_AVX2,
+    }
+}
+
+/// The matmul on f16 weights for a tile of weight rows `ws` (one length, at most
+/// [`f16_tile_shape`]`.0`) and tokens `xs` widened by [`dot::widen_f16_padded`] (each at least the
+/// rows' length rounded up to 32 values; at most `.1` of them): `out[r][j]` is bit for bit
+/// [`dot_f16`]`(path, ws[r], x_j)`, so a token's numbers do not depend on the tokens beside it.
+pub fn dot_f16_tile(
+    path: KernelPath,
+    ws: &[&[F16Le]],
+    xs: &[&[f32]],
+    out: &mut [[f32; F16_TILE_TOKENS]; F16_TILE_ROWS],
+) {
+    match path.isa() {
+        Isa::Scalar => {
+            for (w, o) in ws.iter().zip(out.iter_mut()) {
+                dot::vec_dot_f16_rows_lanes(w, xs, o);
+            }
+        }
+        #[cfg(target_arch = "aarch64")]
+        Isa::Neon => neon::dot_f16_tile(ws, xs, out),
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => {
             // SAFETY: the CPU has AVX2, FMA and F16C (`Isa::Avx2`).
-            unsafe { x86::dot_f16_rows_avx2(w, xs, out) }
+            unsafe { x86::dot_f16_tile_avx2(ws, xs, out) }
         }
     }
+}
+
+/// `x` rounded to f16 and widened back into `out` (what [`f32_to_f16`] then widening gives; NaN
+/// for NaN), zeros after it up to `out`'s length: the tokens of [`dot_f16_tile`] made from f32
+/// activations in one pass.
+pub fn round_f16_padded(path: KernelPath, x: &[f32], out: &mut [f32]) {
+    let n = x.len().min(out.len());
+    match path.isa() {
+        Isa::Scalar => reference::round_f16_ref(&x[..n], &mut out[..n]),
+        #[cfg(target_arch = "aarch64")]
+        Isa::Neon => neon::round_f16(&x[..n], &mut out[..n]),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => {
+            // SAFETY: the CPU has AVX2, FMA and F16C (`Isa::Avx2`).
+            unsafe { x86::round_f16_avx2(&x[..n], &mut out[..n]) }
+        }
+    }
+    out[n..].fill(0.0);
 }
 
 /// f32 dot product on `path`: the SIMD kernels (twin [`dot::vec_dot_f32_lanes`]), or on the
@@ -392,6 +434,31 @@ pub fn swiglu(path: KernelPath, gate: &[f32], up: &[f32], out: &mut [f32]) {
             // SAFETY: the CPU has AVX2, FMA and F16C (`Isa::Avx2`).
             unsafe { x86::swiglu_avx2(gate, up, out) }
         }
+    }
+}
+
+/// GELU on `path` (see [`reference::gelu_ref`]: ggml's f16 table), bit for bit the reference.
+pub fn gelu(path: KernelPath, x: &[f32], out: &mut [f32]) {
+    match path.isa() {
+        Isa::Scalar => reference::gelu_ref(x, out),
+        #[cfg(target_arch = "aarch64")]
+        Isa::Neon => neon::gelu(x, out),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => {
+            // SAFETY: the CPU has AVX2, FMA and F16C (`Isa::Avx2`).
+            unsafe { x86::gelu_avx2(x, out) }
+        }
+    }
+}
+
+/// `gelu(gate) * up` on `path` (see [`reference::geglu_ref`]), bit for bit the reference (the
+/// product is one rounding either way).
+pub fn geglu(path: KernelPath, gate: &[f32], up: &[f32], out: &mut [f32]) {
+    let n = out.len().min(gate.len()).min(up.len());
+    let out = &mut out[..n];
+    gelu(path, &gate[..n], out);
+    for (o, &u) in out.iter_mut().zip(up) {
+        *o *= u;
     }
 }
 

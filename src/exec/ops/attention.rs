@@ -528,8 +528,10 @@ impl<'a, const N: usize> Bound<'a, N> {
             tv.ty.bytes_for(hd_v as u64).unwrap_or(0) as usize,
         );
         let (ks, vs) = (tk.nb[1], tv.nb[1]);
-        // The typed kernel's scratch, made once for all of this thread's units.
+        // The kernel's scratch, made (zeroed) once for all of this thread's units: each call
+        // writes what it reads of it.
         let mut typed_work: Option<TypedWork> = None;
+        let mut float_scratch: Option<attn_tile::TileScratch> = None;
         // KV head outermost: a thread's consecutive units read the same keys and values, which
         // stay in its cache between them.
         for u in share(tiles * n_kv_heads * runs, ith, nth) {
@@ -584,7 +586,18 @@ impl<'a, const N: usize> Bound<'a, N> {
                     );
                 }
                 TileKernel::Float(path, ty) => {
-                    flash_attn_float(path, ty, &qs[..n], &keys[..n], key, value, scale, &mut outs[..n])
+                    let scratch = float_scratch.get_or_insert_with(attn_tile::TileScratch::new);
+                    kernels::flash_attn_tile(
+                        path,
+                        ty,
+                        &qs[..n],
+                        &keys[..n],
+                        key,
+                        value,
+                        scale,
+                        scratch,
+                        &mut outs[..n],
+                    )
                 }
             }
         }
@@ -761,23 +774,6 @@ pub(in crate::exec) fn sum_rows_in_parts<const K: usize>(
         }
         r0 += hn;
     }
-}
-
-/// [`kernels::flash_attn_tile`] with its scratch on this frame.
-#[inline(never)]
-#[allow(clippy::too_many_arguments)]
-pub(in crate::exec) fn flash_attn_float<'k>(
-    path: kernels::KernelPath,
-    ty: GgmlType,
-    qs: &[&[f32]],
-    keys: &[Range<usize>],
-    key: impl Fn(usize) -> &'k [u8],
-    value: impl Fn(usize) -> &'k [u8],
-    scale: f32,
-    outs: &mut [&mut [f32]],
-) {
-    let mut scratch = attn_tile::TileScratch::new();
-    kernels::flash_attn_tile(path, ty, qs, keys, key, value, scale, &mut scratch, outs);
 }
 
 /// The kernel of [`Bound::flash_attn_tiles`]: the typed kernel (any cache types), or the f32

@@ -72,7 +72,7 @@ impl<'a, const N: usize> Bound<'a, N> {
                     Unary::Sigmoid => kref::sigmoid_ref(x, out),
                     Unary::Softplus => kref::softplus_ref(x, out),
                     Unary::Tanh => out.iter_mut().zip(x).for_each(|(o, &v)| *o = libm::tanhf(v)),
-                    Unary::Gelu => kref::gelu_ref(x, out),
+                    Unary::Gelu => kernels::gelu(path, x, out),
                     Unary::SoftMax => {
                         let (start, end) =
                             visible_keys(p.i[0] != 0, p.i[1] as usize, step.n_past + i1, ne[0]);
@@ -125,7 +125,7 @@ impl<'a, const N: usize> Bound<'a, N> {
                     Binary::Mul => out.iter_mut().zip(x.iter().zip(y)).for_each(|(o, (a, b))| *o = a * b),
                     Binary::Div => out.iter_mut().zip(x.iter().zip(y)).for_each(|(o, (a, b))| *o = a / b),
                     Binary::SwiGlu => kernels::swiglu(path, x, y, out),
-                    Binary::GeGlu => kref::geglu_ref(x, y, out),
+                    Binary::GeGlu => kernels::geglu(path, x, y, out),
                 }
             }
         }

@@ -7,6 +7,7 @@ use crate::graph::Op;
 use crate::kernels;
 use crate::kernels::dot::{from_float_ref, vec_dot_ref};
 use crate::kernels::packed::{act_row_bytes, ActBlock, PackedFormat, PackedMatrix, GROUP_ROWS};
+use crate::quant::blocks::F16Le;
 use crate::quant::GgmlType;
 use crate::tensor::{Storage, Tensor, TensorId};
 
@@ -135,6 +136,10 @@ impl<'a, const N: usize> Bound<'a, N> {
         let (tw, tx) = (self.graph.tensor(w), self.graph.tensor(x));
         let Some(act) = converted_input(t, tw) else { return };
         let ne = tx.ne_for(step.n_kv);
+        if self.f16_blocks(t, tw, tw.ne_for(step.n_kv)[0], ne).is_some() {
+            // The f16 blocks round the f32 input themselves (`mul_mat_f16_blocks`).
+            return;
+        }
         let stride = converted_stride(act, tx.ne[0]);
         let packed = self.packed_for(t, tw).is_some();
         let path = self.path;
@@ -226,11 +231,9 @@ impl<'a, const N: usize> Bound<'a, N> {
             self.mul_mat_packed(id, t, &op, &w, ith, nth);
             return;
         }
-        if op.act == Some(GgmlType::F16) && op.tw.ty == GgmlType::F16 && op.ne_x[1] > 1 {
-            if let Some(block) = f16_block_tokens(op.k) {
-                self.mul_mat_f16_blocks(id, t, &op, block, ith, nth);
-                return;
-            }
+        if let Some(block) = self.f16_blocks(t, op.tw, op.ne_w[0], op.ne_x) {
+            self.mul_mat_f16_blocks(id, t, &op, block, ith, nth);
+            return;
         }
         let (ne_w, ne_x) = (op.ne_w, op.ne_x);
         let (r2, r3) = ((ne_x[2] / ne_w[2]).max(1), (ne_x[3] / ne_w[3]).max(1));
@@ -250,11 +253,19 @@ impl<'a, const N: usize> Bound<'a, N> {
             }
         }
     }
+    /// Tokens per block when matmul `t` of f16 weights `tw` (rows of `k_w`) over an input of shape
+    /// `ne_x` runs as [`Self::mul_mat_f16_blocks`] (several tokens, rows short enough for one), else
+    /// `None`. Phase 0 asks too: the blocks take the f32 input, not its f16 conversion.
+    fn f16_blocks(&self, t: &Tensor, tw: &Tensor, k_w: usize, ne_x: [usize; 4]) -> Option<usize> {
+        let several = t.op == Op::MulMat && tw.ty == GgmlType::F16 && ne_x[1] > 1;
+        several.then(|| f16_block_tokens(k_w.min(ne_x[0]), kernels::f16_tile_shape(self.path).1)).flatten()
+    }
     /// Matmul on f16 weights for several tokens (an encoder's batch, a prompt): blocks of `block`
-    /// tokens widened to f32 once, then each weight row (in L1) times the block's tiles of
-    /// [`kernels::F16_ROWS`] tokens, each weight run widened once per tile instead of once per
-    /// token. Every element is the number [`Self::dot`] gives it (`dot_f16_rows`' contract), so a
-    /// token's outputs do not depend on the tokens beside it.
+    /// tokens widened to f32 once (kept in L2), then each tile of this thread's weight rows times
+    /// the block's tiles of tokens ([`kernels::dot_f16_tile`]: a register tile, each weight vector
+    /// widened once per tile of tokens instead of once per token). Every element is the number
+    /// [`Self::dot`] gives it (the tile's contract), so a token's outputs do not depend on the
+    /// tokens beside it.
     fn mul_mat_f16_blocks(
         &self,
         id: TensorId,
@@ -267,7 +278,8 @@ impl<'a, const N: usize> Bound<'a, N> {
         let (ne_w, ne_x, k) = (op.ne_w, op.ne_x, op.k);
         let (r2, r3) = ((ne_x[2] / ne_w[2]).max(1), (ne_x[3] / ne_w[3]).max(1));
         let padded = k.next_multiple_of(32);
-        let (w_len, x_len) = (2 * k, GgmlType::F16.bytes_for(ne_x[0] as u64).unwrap_or(0) as usize);
+        let w_len = 2 * k;
+        let (tile_rows, tile_tokens) = kernels::f16_tile_shape(self.path);
         let rows_w = share(ne_w[1], ith, nth);
         let mut widened = [0f32; F16_BLOCK_FLOATS];
         for i3 in 0..ne_x[3] {
@@ -276,32 +288,40 @@ impl<'a, const N: usize> Bound<'a, N> {
                 while n0 < ne_x[1] {
                     let tokens = (ne_x[1] - n0).min(block);
                     for (j, row) in widened.chunks_exact_mut(padded).take(tokens).enumerate() {
-                        let bytes = self.converted_row(GgmlType::F16, op.tx, ne_x, (n0 + j, i2, i3), x_len);
-                        kernels::dot::widen_f16_padded(&bytemuck::cast_slice(bytes)[..k], row);
+                        // SAFETY: row n0 + j of the f32 input, inside its checked shape.
+                        let x: &[f32] = unsafe { self.read(op.x, op.tx.row_offset(n0 + j, i2, i3), k) };
+                        kernels::round_f16_padded(self.path, x, row);
                     }
-                    for m in rows_w.clone() {
-                        // SAFETY: row m of this thread's rows, inside the checked shapes.
-                        let w_bytes: &[u8] =
-                            unsafe { self.read(op.w, op.tw.row_offset(m, i2 / r2, i3 / r3), w_len) };
-                        let w_row = bytemuck::cast_slice(w_bytes);
+                    let mut m0 = rows_w.start;
+                    while m0 < rows_w.end {
+                        let rows = (rows_w.end - m0).min(tile_rows);
+                        let ws: [&[F16Le]; kernels::F16_TILE_ROWS] = core::array::from_fn(|r| {
+                            let m = m0 + r.min(rows - 1);
+                            // SAFETY: row m of this thread's rows, inside the checked shapes.
+                            let bytes: &[u8] =
+                                unsafe { self.read(op.w, op.tw.row_offset(m, i2 / r2, i3 / r3), w_len) };
+                            bytemuck::cast_slice(bytes)
+                        });
                         let mut first = 0;
                         while first < tokens {
-                            let tile = (tokens - first).min(kernels::F16_ROWS);
-                            let xs: [&[f32]; kernels::F16_ROWS] = core::array::from_fn(|j| {
+                            let tile = (tokens - first).min(tile_tokens);
+                            let xs: [&[f32]; kernels::F16_TILE_TOKENS] = core::array::from_fn(|j| {
                                 let at = (first + j.min(tile - 1)) * padded;
                                 &widened[at..at + padded]
                             });
-                            let mut out = [0f32; kernels::F16_ROWS];
-                            kernels::dot_f16_rows(self.path, w_row, &xs[..tile], &mut out);
-                            for (j, &v) in out[..tile].iter().enumerate() {
-                                // SAFETY: element m of output row n0 + first + j: this thread's m.
-                                unsafe {
-                                    self.write::<f32>(id, t.row_offset(n0 + first + j, i2, i3) + m * 4, 1)
-                                        [0] = v
-                                };
+                            let mut out = [[0f32; kernels::F16_TILE_TOKENS]; kernels::F16_TILE_ROWS];
+                            kernels::dot_f16_tile(self.path, &ws[..rows], &xs[..tile], &mut out);
+                            for j in 0..tile {
+                                let at = t.row_offset(n0 + first + j, i2, i3) + m0 * 4;
+                                // SAFETY: elements m0.. (this thread's rows) of output row n0 + first + j.
+                                let dst = unsafe { self.write::<f32>(id, at, rows) };
+                                for (d, out) in dst.iter_mut().zip(&out) {
+                                    *d = out[j];
+                                }
                             }
                             first += tile;
                         }
+                        m0 += rows;
                     }
                     n0 += tokens;
                 }
@@ -515,10 +535,13 @@ pub(in crate::exec) struct MatOperands<'t> {
 /// stack: the block stays in L2 while each weight row meets all of it).
 const F16_BLOCK_FLOATS: usize = 16 * 1024;
 
-/// Tokens of one block of an f16 matmul over rows of `k`: as many whole tiles as the block holds,
-/// `None` when not even one tile fits (rows past 5461 values take the per-token dot).
-fn f16_block_tokens(k: usize) -> Option<usize> {
+/// Tokens of one block of an f16 matmul over rows of `k` on tiles of `tile_tokens`: as many whole
+/// tiles as the block holds, else as many tokens as it holds; `None` when not even one fits (rows
+/// past 16384 values take the per-token dot).
+fn f16_block_tokens(k: usize, tile_tokens: usize) -> Option<usize> {
     let per_block = F16_BLOCK_FLOATS / k.next_multiple_of(32).max(32);
-    let tiles = per_block / kernels::F16_ROWS;
-    (tiles > 0).then_some(tiles * kernels::F16_ROWS)
+    match per_block / tile_tokens.max(1) {
+        0 => (per_block > 0).then_some(per_block),
+        tiles => Some(tiles * tile_tokens),
+    }
 }

@@ -75,100 +75,12 @@ fn dot_f16_neon(x: &[F16Le], y: &[F16Le]) -> f32 {
     fold_lanes(&acc)
 }
 
-/// Input rows one call of [`dot_f16_rows`] takes: 8 registers of accumulators each, 24 of 32.
-pub const F16_ROWS: usize = 3;
-
-/// The f16 weight row `w` times up to [`F16_ROWS`] widened input rows, bit-identical to
-/// `crate::kernels::dot::vec_dot_f16_rows_lanes` (and so to [`dot_f16`] per row): each run of
-/// 32 weights is widened once for every input row. `xs` rows hold a multiple of 32 values, at
-/// least `w.len()` rounded up.
-pub fn dot_f16_rows(w: &[F16Le], xs: &[&[f32]], out: &mut [f32]) {
-    let padded = w.len().next_multiple_of(32);
-    assert!(xs.len() <= F16_ROWS && xs.iter().all(|x| x.len() >= padded) && out.len() >= xs.len());
-    // SAFETY: NEON is part of the aarch64 baseline; the rows' lengths are checked above.
-    unsafe {
-        match xs.len() {
-            1 => dot_f16_rows_neon::<1>(w, xs, out),
-            2 => dot_f16_rows_neon::<2>(w, xs, out),
-            3 => dot_f16_rows_neon::<3>(w, xs, out),
-            _ => {}
-        }
-    }
-}
-
-/// # Safety
-/// `xs` holds `R` rows of at least `w.len()` rounded up to 32 values; `out` at least `R`.
-#[target_feature(enable = "neon")]
-unsafe fn dot_f16_rows_neon<const R: usize>(w: &[F16Le], xs: &[&[f32]], out: &mut [f32]) {
-    let n = w.len();
-    let whole = n - n % 32;
-    // (Fixed-size arrays of pointers and accumulators: the loops unroll and the 8R accumulators
-    // stay in registers.)
-    let x: [*const f32; R] = core::array::from_fn(|j| xs[j].as_ptr());
-    let mut acc = [[vdupq_n_f32(0.0); 8]; R];
-    let mut pw = [F16Le::from_bits(0); 32];
-    let mut start = 0;
-    while start < n {
-        let group = if start < whole {
-            // SAFETY: 32 weights from `start`, which is below `whole`.
-            unsafe { w.as_ptr().add(start) }
-        } else {
-            pw[..n - whole].copy_from_slice(&w[whole..]);
-            pw.as_ptr()
-        };
-        // SAFETY: 32 weights at `group`; 32 f32 at `start` of each padded row (the caller's).
-        unsafe {
-            if start == 0 {
-                f16_rows_group::<R, true>(group, &x, start, &mut acc);
-            } else {
-                f16_rows_group::<R, false>(group, &x, start, &mut acc);
-            }
-        }
-        start += 32;
-    }
-    for (a, o) in acc.iter().zip(out.iter_mut()) {
-        *o = fold_lanes(a);
-    }
-}
-
-/// One run of 32 weights at `w` times the rows' 32 values at `start`: chunk `c` of 8 into
-/// registers `2c`, `2c + 1` of each row (set by the first run, added to after). Exact products:
-/// the fused form rounds as the twin's product then sum.
-///
-/// # Safety
-/// 32 readable weights at `w`, 32 readable values at `start` of each row.
-#[inline]
-#[target_feature(enable = "neon")]
-unsafe fn f16_rows_group<const R: usize, const FIRST: bool>(
-    w: *const F16Le,
-    x: &[*const f32; R],
-    start: usize,
-    acc: &mut [[float32x4_t; 8]; R],
-) {
-    for c in 0..4 {
-        // SAFETY: inside the 32 the caller guarantees.
-        unsafe {
-            let (wl, wh) = widen_f16x8(w.add(8 * c));
-            for j in 0..R {
-                let p = x[j].add(start + 8 * c);
-                let (xl, xh) = (vld1q_f32(p), vld1q_f32(p.add(4)));
-                let a = &mut acc[j];
-                if FIRST {
-                    (a[2 * c], a[2 * c + 1]) = (vmulq_f32(wl, xl), vmulq_f32(wh, xh));
-                } else {
-                    (a[2 * c], a[2 * c + 1]) = (vfmaq_f32(a[2 * c], wl, xl), vfmaq_f32(a[2 * c + 1], wh, xh));
-                }
-            }
-        }
-    }
-}
-
 /// The sum of 4 accumulators of 8 lanes held as 8 registers (register `r`: lanes `4 (r % 2)..` of
 /// accumulator `r / 2`) in the twins' order: x = (acc0 + acc2) + (acc1 + acc3) lane by lane,
 /// t = x[..4] + x[4..], then (t0 + t1) + (t2 + t3).
 #[inline]
 #[target_feature(enable = "neon")]
-fn fold_lanes(acc: &[float32x4_t; 8]) -> f32 {
+pub(super) fn fold_lanes(acc: &[float32x4_t; 8]) -> f32 {
     let lo = vaddq_f32(vaddq_f32(acc[0], acc[4]), vaddq_f32(acc[2], acc[6]));
     let hi = vaddq_f32(vaddq_f32(acc[1], acc[5]), vaddq_f32(acc[3], acc[7]));
     let t = vaddq_f32(lo, hi);
@@ -269,6 +181,63 @@ fn dot_f32_neon(x: &[f32], y: &[f32]) -> f32 {
 pub fn swiglu(gate: &[f32], up: &[f32], out: &mut [f32]) {
     // SAFETY: NEON is part of the aarch64 baseline.
     unsafe { swiglu_neon(gate, up, out) }
+}
+
+/// GELU through ggml's f16 table, bit-identical to `reference::gelu_ref` (NaN for NaN): the
+/// inputs rounded to f16 (`fcvtn`, nearest even as the reference) and the table's values widened,
+/// 8 at a time; the tail takes the reference.
+pub fn gelu(x: &[f32], out: &mut [f32]) {
+    // SAFETY: NEON is part of the aarch64 baseline.
+    unsafe { gelu_neon(x, out) }
+}
+
+#[target_feature(enable = "neon")]
+fn gelu_neon(x: &[f32], out: &mut [f32]) {
+    use core::sync::atomic::Ordering;
+    let table = crate::kernels::reference::gelu_table();
+    let n = x.len().min(out.len());
+    let whole = n - n % 8;
+    let (low, high, zero) = (vdupq_n_f32(-10.0), vdupq_n_f32(10.0), vdupq_n_f32(0.0));
+    for (x, out) in x[..whole].chunks_exact(8).zip(out[..whole].chunks_exact_mut(8)) {
+        let (a, b) = (ld_f32x4(x), ld_f32x4(&x[4..]));
+        let mut bits = [F16Le::from_bits(0); 8];
+        st_f16x8(&mut bits, f16_narrow(a, b));
+        for h in &mut bits {
+            *h = F16Le::from_bits(table[usize::from(h.to_bits())].load(Ordering::Relaxed));
+        }
+        // SAFETY: 8 values in `bits`.
+        let (ga, gb) = unsafe { widen_f16x8(bits.as_ptr()) };
+        for (i, (v, g)) in [(a, ga), (b, gb)].into_iter().enumerate() {
+            // Saturated as the reference: x itself from 10 up, 0 up to -10.
+            let g = vbslq_f32(vcgeq_f32(v, high), v, g);
+            let g = vbslq_f32(vcleq_f32(v, low), zero, g);
+            // SAFETY: 4 of the chunk's 8 floats.
+            unsafe { vst1q_f32(out.as_mut_ptr().add(4 * i), g) };
+        }
+    }
+    crate::kernels::reference::gelu_ref(&x[whole..n], &mut out[whole..n]);
+}
+
+/// Each value rounded to f16 and widened back, bit-identical to `reference::round_f16_ref` (NaN
+/// for NaN), 8 at a time.
+pub fn round_f16(x: &[f32], out: &mut [f32]) {
+    // SAFETY: NEON is part of the aarch64 baseline.
+    unsafe { round_f16_neon(x, out) }
+}
+
+#[target_feature(enable = "neon")]
+fn round_f16_neon(x: &[f32], out: &mut [f32]) {
+    let n = x.len().min(out.len());
+    let whole = n - n % 8;
+    for (x, out) in x[..whole].chunks_exact(8).zip(out[..whole].chunks_exact_mut(8)) {
+        let h = f16_narrow(ld_f32x4(x), ld_f32x4(&x[4..]));
+        // SAFETY: the chunk's 8 floats.
+        unsafe {
+            vst1q_f32(out.as_mut_ptr(), f16_lo(h));
+            vst1q_f32(out.as_mut_ptr().add(4), f16_hi(h));
+        }
+    }
+    crate::kernels::reference::round_f16_ref(&x[whole..n], &mut out[whole..n]);
 }
 
 #[target_feature(enable = "neon")]

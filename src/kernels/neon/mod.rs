@@ -15,6 +15,7 @@ macro_rules! op {
 
 mod attn_tile;
 mod elementwise;
+mod f16_tile;
 mod flash_attn;
 mod gemv;
 mod kv_attn;
@@ -25,6 +26,7 @@ mod widen;
 
 pub use attn_tile::*;
 pub use elementwise::*;
+pub use f16_tile::*;
 pub use flash_attn::*;
 pub use gemv::{gemv_q5, gemv_q5min, gemv_q6k, gemv_q6k_fp16};
 pub use kv_attn::*;

@@ -455,6 +455,13 @@ pub fn f32_to_f16_ref(x: &[f32], out: &mut [F16Le]) {
     }
 }
 
+/// Each value rounded to f16 (nearest even) and widened back to f32.
+pub fn round_f16_ref(x: &[f32], out: &mut [f32]) {
+    for (o, &v) in out.iter_mut().zip(x) {
+        *o = F16Le::from_f32(v).to_f32();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

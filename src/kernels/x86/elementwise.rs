@@ -42,99 +42,6 @@ fn dot_f16_impl(x: &[F16Le], y: &[F16Le]) -> f32 {
     (lanes[0] + lanes[1]) + (lanes[2] + lanes[3])
 }
 
-/// The f16 weight row `w` times up to [`F16_ROWS`] widened input rows, bit-identical to
-/// [`crate::kernels::dot::vec_dot_f16_rows_lanes`] (and so to [`dot_f16_avx2`] per row): each
-/// run of 32 weights is converted once for every input row. `xs` rows hold a multiple of 32
-/// values, at least `w.len()` rounded up.
-///
-/// # Safety
-/// The CPU must have AVX2, FMA and F16C.
-pub unsafe fn dot_f16_rows_avx2(w: &[F16Le], xs: &[&[f32]], out: &mut [f32]) {
-    let padded = w.len().next_multiple_of(32);
-    assert!(xs.len() <= F16_ROWS && xs.iter().all(|x| x.len() >= padded) && out.len() >= xs.len());
-    // SAFETY: the caller guarantees the CPU features; the rows' lengths are checked above.
-    unsafe {
-        match xs.len() {
-            1 => dot_f16_rows_impl::<1>(w, xs, out),
-            2 => dot_f16_rows_impl::<2>(w, xs, out),
-            3 => dot_f16_rows_impl::<3>(w, xs, out),
-            _ => {}
-        }
-    }
-}
-
-/// Input rows one call of [`dot_f16_rows_avx2`] takes: 4 accumulators each, 12 of the 16
-/// registers.
-pub const F16_ROWS: usize = 3;
-
-/// # Safety
-/// `xs` holds `R` rows of at least `w.len()` rounded up to 32 values; `out` at least `R`.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_f16_rows_impl<const R: usize>(w: &[F16Le], xs: &[&[f32]], out: &mut [f32]) {
-    let n = w.len();
-    let whole = n - n % 32;
-    // (Fixed-size arrays of pointers and accumulators: the loops unroll and the 4R accumulators
-    // stay in registers.)
-    let x: [*const f32; R] = core::array::from_fn(|j| xs[j].as_ptr());
-    let mut acc = [[_mm256_setzero_ps(); 4]; R];
-    let mut pw = [F16Le::from_bits(0); 32];
-    let mut start = 0;
-    while start < n {
-        let group = if start < whole {
-            // SAFETY: 32 weights from `start`, which is below `whole`.
-            unsafe { w.as_ptr().add(start) }
-        } else {
-            pw[..n - whole].copy_from_slice(&w[whole..]);
-            pw.as_ptr()
-        };
-        // SAFETY: 32 weights at `group`; 32 f32 at `start` of each padded row (the caller's).
-        unsafe {
-            if start == 0 {
-                f16_rows_group::<R, true>(group, &x, start, &mut acc);
-            } else {
-                f16_rows_group::<R, false>(group, &x, start, &mut acc);
-            }
-        }
-        start += 32;
-    }
-    for (a, o) in acc.iter().zip(out.iter_mut()) {
-        let v = _mm256_add_ps(_mm256_add_ps(a[0], a[2]), _mm256_add_ps(a[1], a[3]));
-        let t = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-        let mut lanes = [0f32; 4];
-        // SAFETY: four f32 into a four-element array.
-        unsafe { _mm_storeu_ps(lanes.as_mut_ptr(), t) };
-        *o = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
-    }
-}
-
-/// One run of 32 weights at `w` times the rows' 32 values at `start`: chunk `c` of 8 into
-/// accumulator `c` of each row (set by the first run, added to after). Exact products (11-bit
-/// significands): the fused form rounds as the twin's product then sum.
-///
-/// # Safety
-/// 32 readable weights at `w`, 32 readable values at `start` of each row.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn f16_rows_group<const R: usize, const FIRST: bool>(
-    w: *const F16Le,
-    x: &[*const f32; R],
-    start: usize,
-    acc: &mut [[__m256; 4]; R],
-) {
-    // (Indices, not iterators: the chunk also offsets the pointers.)
-    #[allow(clippy::needless_range_loop)]
-    for c in 0..4 {
-        // SAFETY: inside the 32 the caller guarantees; the features are the caller's.
-        unsafe {
-            let vw = _mm256_cvtph_ps(_mm_loadu_si128(w.add(8 * c).cast()));
-            for j in 0..R {
-                let vx = _mm256_loadu_ps(x[j].add(start + 8 * c));
-                acc[j][c] = if FIRST { _mm256_mul_ps(vw, vx) } else { _mm256_fmadd_ps(vw, vx, acc[j][c]) };
-            }
-        }
-    }
-}
-
 /// f32 dot product, bit-identical to [`crate::kernels::dot::vec_dot_f32_lanes`].
 ///
 /// # Safety
@@ -199,6 +106,67 @@ fn dot_f32_impl(x: &[f32], y: &[f32]) -> f32 {
 pub unsafe fn rms_norm_avx2(x: &[f32], out: &mut [f32], eps: f32) {
     // SAFETY: the caller guarantees the CPU features.
     unsafe { rms_norm_impl(x, out, eps) }
+}
+
+/// GELU through ggml's f16 table, bit-identical to [`crate::kernels::reference::gelu_ref`] (NaN
+/// for NaN): F16C rounds the inputs to f16 (nearest even, as the reference) and widens the table's
+/// values, 8 at a time; the tail takes the reference.
+///
+/// # Safety
+/// The CPU must have AVX2, FMA and F16C.
+pub unsafe fn gelu_avx2(x: &[f32], out: &mut [f32]) {
+    // SAFETY: the caller guarantees the CPU features.
+    unsafe { gelu_impl(x, out) }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn gelu_impl(x: &[f32], out: &mut [f32]) {
+    use core::sync::atomic::Ordering;
+    let table = crate::kernels::reference::gelu_table();
+    let n = x.len().min(out.len());
+    let whole = n - n % 8;
+    let (low, high) = (_mm256_set1_ps(-10.0), _mm256_set1_ps(10.0));
+    for (x, out) in x[..whole].chunks_exact(8).zip(out[..whole].chunks_exact_mut(8)) {
+        // SAFETY: 8 floats of each chunk; the CPU features are this function's.
+        unsafe {
+            let v = _mm256_loadu_ps(x.as_ptr());
+            let mut bits = [0u16; 8];
+            _mm_storeu_si128(bits.as_mut_ptr().cast(), _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v));
+            for b in &mut bits {
+                *b = table[usize::from(*b)].load(Ordering::Relaxed);
+            }
+            let g = _mm256_cvtph_ps(_mm_loadu_si128(bits.as_ptr().cast()));
+            // Saturated as the reference: x itself from 10 up, 0 up to -10.
+            let g = _mm256_blendv_ps(g, v, _mm256_cmp_ps::<_CMP_GE_OQ>(v, high));
+            let g = _mm256_andnot_ps(_mm256_cmp_ps::<_CMP_LE_OQ>(v, low), g);
+            _mm256_storeu_ps(out.as_mut_ptr(), g);
+        }
+    }
+    crate::kernels::reference::gelu_ref(&x[whole..n], &mut out[whole..n]);
+}
+
+/// Each value rounded to f16 and widened back, bit-identical to
+/// [`crate::kernels::reference::round_f16_ref`] (NaN for NaN), 8 at a time (F16C).
+///
+/// # Safety
+/// The CPU must have AVX2, FMA and F16C.
+pub unsafe fn round_f16_avx2(x: &[f32], out: &mut [f32]) {
+    // SAFETY: the caller guarantees the CPU features.
+    unsafe { round_f16_impl(x, out) }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn round_f16_impl(x: &[f32], out: &mut [f32]) {
+    let n = x.len().min(out.len());
+    let whole = n - n % 8;
+    for (x, out) in x[..whole].chunks_exact(8).zip(out[..whole].chunks_exact_mut(8)) {
+        // SAFETY: 8 floats of each chunk; the CPU features are this function's.
+        unsafe {
+            let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_loadu_ps(x.as_ptr()));
+            _mm256_storeu_ps(out.as_mut_ptr(), _mm256_cvtph_ps(h));
+        }
+    }
+    crate::kernels::reference::round_f16_ref(&x[whole..n], &mut out[whole..n]);
 }
 
 /// `silu(gate) * up`, bit-identical to [`crate::kernels::reference::swiglu_ref`].
