@@ -147,6 +147,32 @@ fn gelu_is_bit_identical_to_the_reference() {
     }
 }
 
+/// Rounding f32 activations through f16 for the f16 tiles is the reference's (and the f16
+/// conversion's then widening's) bit for bit on every SIMD path, with zeros in the padding.
+#[test]
+fn round_f16_padded_is_the_conversion_then_widening() {
+    use pinfer::kernels::reference::round_f16_ref;
+    use pinfer::kernels::round_f16_padded;
+    let mut rng = Rng(29);
+    for path in simd_paths() {
+        for n in LENGTHS.into_iter().chain([7, 8, 9, 31, 33]) {
+            for (name, x) in regimes(n, &mut rng) {
+                let padded = n.next_multiple_of(32) + 32;
+                let mut got = vec![f32::NAN; padded];
+                round_f16_padded(path, &x, &mut got);
+                let mut want = vec![0f32; n];
+                round_f16_ref(&x, &mut want);
+                let widened: Vec<f32> = f16s(&x).iter().map(|h| h.to_f32()).collect();
+                for i in 0..n {
+                    assert!(same_bits(got[i], want[i]), "{} n={n} {name} [{i}]: {} vs {}", path.name(), got[i], want[i]);
+                    assert!(same_bits(got[i], widened[i]), "{} n={n} {name} [{i}] vs f16 widened", path.name());
+                }
+                assert!(got[n..].iter().all(|&v| v.to_bits() == 0), "{} n={n} {name}: padding", path.name());
+            }
+        }
+    }
+}
+
 /// SiLU through SwiGLU's kernels (an up projection of ones) is the reference's bit for bit.
 #[test]
 fn silu_is_bit_identical() {
