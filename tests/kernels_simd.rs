@@ -164,8 +164,18 @@ fn round_f16_padded_is_the_conversion_then_widening() {
                 round_f16_ref(&x, &mut want);
                 let widened: Vec<f32> = f16s(&x).iter().map(|h| h.to_f32()).collect();
                 for i in 0..n {
-                    assert!(same_bits(got[i], want[i]), "{} n={n} {name} [{i}]: {} vs {}", path.name(), got[i], want[i]);
-                    assert!(same_bits(got[i], widened[i]), "{} n={n} {name} [{i}] vs f16 widened", path.name());
+                    assert!(
+                        same_bits(got[i], want[i]),
+                        "{} n={n} {name} [{i}]: {} vs {}",
+                        path.name(),
+                        got[i],
+                        want[i]
+                    );
+                    assert!(
+                        same_bits(got[i], widened[i]),
+                        "{} n={n} {name} [{i}] vs f16 widened",
+                        path.name()
+                    );
                 }
                 assert!(got[n..].iter().all(|&v| v.to_bits() == 0), "{} n={n} {name}: padding", path.name());
             }
