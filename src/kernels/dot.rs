@@ -245,49 +245,27 @@ pub fn widen_f16_padded(x: &[F16Le], out: &mut [f32]) {
 /// elements (a shorter last run zero-padded) into 4 x 8 lanes of f32 products summed in f32, the
 /// lanes then added pairwise. The twin of the AVX2 and NEON kernels, bit for bit.
 pub fn vec_dot_f32_lanes(x: &[f32], y: &[f32]) -> f32 {
-    let n = x.len().min(y.len());
-    let mut acc = [[0f32; 8]; 4];
-    let (mut px, mut py) = ([0f32; 32], [0f32; 32]);
-    for start in (0..n).step_by(32) {
-        let end = (start + 32).min(n);
-        let (gx, gy): (&[f32], &[f32]) = if end - start == 32 {
-            (&x[start..end], &y[start..end])
-        } else {
-            px.fill(0.0);
-            py.fill(0.0);
-            px[..end - start].copy_from_slice(&x[start..end]);
-            py[..end - start].copy_from_slice(&y[start..end]);
-            (&px, &py)
-        };
-        for (c, a) in acc.iter_mut().enumerate() {
-            for (l, a) in a.iter_mut().enumerate() {
-                *a += gx[8 * c + l] * gy[8 * c + l];
-            }
-        }
-    }
-    let x: [f32; 8] = core::array::from_fn(|l| (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]));
-    let t: [f32; 4] = core::array::from_fn(|i| x[i] + x[i + 4]);
-    (t[0] + t[1]) + (t[2] + t[3])
+    f32_lanes_sum(x.len().min(y.len()), |i| (x[i], y[i]))
 }
 
 /// [`vec_dot_f32_lanes`] of two rows of little-endian f32 bytes at any alignment (the same runs,
 /// padding and sums, so the same bits): the dot of f32 attention keys.
 pub fn vec_dot_f32_lanes_bytes(x: &[u8], y: &[u8]) -> f32 {
-    let n = x.len().min(y.len()) / 4;
+    let f = |b: &[u8], i: usize| f32::from_le_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]]);
+    f32_lanes_sum(x.len().min(y.len()) / 4, |i| (f(x, i), f(y, i)))
+}
+
+/// The sum of the products of `n` pairs (`pair(i)`) in the SIMD kernels' f32 order: runs of 32
+/// (a shorter last run zero-padded) into 4 x 8 lanes, the lanes then added pairwise.
+#[inline(always)]
+fn f32_lanes_sum(n: usize, pair: impl Fn(usize) -> (f32, f32)) -> f32 {
     let mut acc = [[0f32; 8]; 4];
-    let (mut px, mut py) = ([0f32; 32], [0f32; 32]);
     for start in (0..n).step_by(32) {
-        let len = (n - start).min(32);
-        px.fill(0.0);
-        py.fill(0.0);
-        for (i, (p, q)) in px.iter_mut().zip(py.iter_mut()).take(len).enumerate() {
-            let at = 4 * (start + i);
-            *p = f32::from_le_bytes([x[at], x[at + 1], x[at + 2], x[at + 3]]);
-            *q = f32::from_le_bytes([y[at], y[at + 1], y[at + 2], y[at + 3]]);
-        }
         for (c, a) in acc.iter_mut().enumerate() {
             for (l, a) in a.iter_mut().enumerate() {
-                *a += px[8 * c + l] * py[8 * c + l];
+                let i = start + 8 * c + l;
+                let (x, y) = if i < n { pair(i) } else { (0.0, 0.0) };
+                *a += x * y;
             }
         }
     }
