@@ -7,6 +7,8 @@ use std::vec::Vec;
 use super::{graph_slots, EngineConfig, EngineError, GraphSlot, Model, Planned};
 use crate::arena::ArenaExhausted;
 
+const EMPTY_SLOT: GraphSlot = GraphSlot::new();
+
 /// Plans `model` for `config`, its graph slots in a `Vec` (refused, not aborted, when the heap
 /// cannot hold them).
 pub fn plan<'m>(model: Model<'m>, config: &EngineConfig) -> Result<Planned<'m, Vec<GraphSlot>>, EngineError> {
@@ -16,6 +18,12 @@ pub fn plan<'m>(model: Model<'m>, config: &EngineConfig) -> Result<Planned<'m, V
         let needed = n * core::mem::size_of::<GraphSlot>();
         EngineError::Memory(ArenaExhausted { what: "the engine's graphs", needed, capacity: 0 })
     })?;
-    slots.resize_with(n, GraphSlot::new);
+    // Each slot written straight into the vector: `resize_with` builds each one (about a
+    // megabyte) on the stack first, which overflows a default 2 MiB thread stack.
+    for slot in &mut slots.spare_capacity_mut()[..n] {
+        slot.write(EMPTY_SLOT);
+    }
+    // SAFETY: the first `n` elements were initialised just above.
+    unsafe { slots.set_len(n) };
     Planned::new(model, config, slots)
 }
