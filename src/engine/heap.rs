@@ -18,12 +18,11 @@ pub fn plan<'m>(model: Model<'m>, config: &EngineConfig) -> Result<Planned<'m, V
         let needed = n * core::mem::size_of::<GraphSlot>();
         EngineError::Memory(ArenaExhausted { what: "the engine's graphs", needed, capacity: 0 })
     })?;
-    // Each slot written straight into the vector: `resize_with` builds each one (about a
-    // megabyte) on the stack first, which overflows a default 2 MiB thread stack.
-    for slot in &mut slots.spare_capacity_mut()[..n] {
-        slot.write(EMPTY_SLOT);
+    // Pushed from a `const`, so each slot (about a megabyte) is written straight into the
+    // vector: `resize_with(n, GraphSlot::new)` built each on the stack first, which overflowed a
+    // default 2 MiB thread stack in release builds.
+    for _ in 0..n {
+        slots.push(EMPTY_SLOT);
     }
-    // SAFETY: the first `n` elements were initialised just above.
-    unsafe { slots.set_len(n) };
     Planned::new(model, config, slots)
 }
