@@ -46,6 +46,8 @@ pub mod generate;
 #[cfg(feature = "std")]
 pub mod grammar;
 #[cfg(feature = "std")]
+pub mod image;
+#[cfg(feature = "std")]
 pub mod jinja;
 #[cfg(feature = "std")]
 pub mod loader;

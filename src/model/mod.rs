@@ -8,6 +8,7 @@ mod hparams;
 pub mod lora;
 pub mod open;
 mod validate;
+pub mod vision;
 
 use core::fmt;
 
@@ -101,6 +102,22 @@ pub enum ModelError {
         /// What pinfer computes, in words.
         computes: &'static str,
     },
+    /// A key has a value pinfer cannot take (a text key, or a flag).
+    BadKey {
+        /// The key.
+        key: Name,
+        /// What the file has.
+        found: Name,
+        /// What is wrong, and the remedy.
+        problem: &'static str,
+    },
+    /// A projector file (mmproj) of a family pinfer does not run.
+    UnsupportedProjector {
+        /// `clip.projector_type` in the file.
+        name: Name,
+        /// Whether llama.cpp knows the name (else the file may be broken).
+        known: bool,
+    },
     /// A tensor the architecture needs is absent.
     MissingTensor {
         /// The tensor's name.
@@ -181,6 +198,16 @@ impl fmt::Display for ModelError {
                 "{key} = {found} is not implemented in pinfer (it computes: {computes}); the model \
                  would give wrong numbers, so it is refused"
             ),
+            Self::BadKey { key, found, problem } => write!(f, "{key} = {found:?}: {problem}"),
+            Self::UnsupportedProjector { name, known } => {
+                write!(f, "projector type {name:?} ")?;
+                f.write_str(if *known { "is not supported" } else { "is unknown" })?;
+                f.write_str(" (supported:")?;
+                for p in vision::Projector::ALL {
+                    write!(f, " {}", p.name())?;
+                }
+                f.write_str(")")
+            }
             Self::MissingTensor { name } => {
                 write!(f, "tensor {name:?} is missing; the file is incomplete or not this architecture")
             }
