@@ -168,7 +168,7 @@ def text_common(w, L, E, F, H, HKV, hd, n_ctx, rope_base, eps):
     w.add_embedding_length(E)
     w.add_feed_forward_length(F)
     w.add_head_count(H)
-    w.add_head_count_kv(HKV)
+    w.add_head_count_kv(HKV)  # an int, or a per-layer list (lfm2)
     w.add_key_length(hd)
     w.add_value_length(hd)
     w.add_rope_freq_base(rope_base)
@@ -177,7 +177,7 @@ def text_common(w, L, E, F, H, HKV, hd, n_ctx, rope_base, eps):
 
 def text_gemma3(m, V, T):
     L, E, F, H, HKV, hd = T["L"], T["E"], T["F"], T["H"], T["HKV"], T["hd"]
-    m.tensor("token_embd.weight", [E, V], 0.15, QT.F16)
+    m.tensor("token_embd.weight", [E, V], 0.05, QT.F16)
     m.norm("output_norm", E)
     for i in range(L):
         p = f"blk.{i}"
@@ -198,7 +198,7 @@ def text_gemma3(m, V, T):
 
 def text_llama(m, V, T, qkv_bias=False):
     L, E, F, H, HKV, hd = T["L"], T["E"], T["F"], T["H"], T["HKV"], T["hd"]
-    m.tensor("token_embd.weight", [E, V], 0.5, QT.F16)
+    m.tensor("token_embd.weight", [E, V], 0.05, QT.F16)
     m.norm("output_norm", E)
     for i in range(L):
         p = f"blk.{i}"
@@ -219,7 +219,7 @@ def text_llama(m, V, T, qkv_bias=False):
 
 def text_lfm2(m, V, T):
     L, E, F, H, HKV, hd, K = T["L"], T["E"], T["F"], T["H"], T["HKV"], T["hd"], T["conv_L"]
-    m.tensor("token_embd.weight", [E, V], 0.5, QT.F16)
+    m.tensor("token_embd.weight", [E, V], 0.05, QT.F16)
     m.norm("token_embd_norm", E)
     for i in range(L):
         p = f"blk.{i}"
@@ -330,7 +330,7 @@ def vision_lfm2(m, P):
 
 def vision_qwen2vl(m, P, v25):
     E, p = P["E"], P["patch"]
-    clip_common(m.w, "qwen2.5vl" if v25 else "qwen2vl_merger", P)
+    clip_common(m.w, "qwen2.5vl_merger" if v25 else "qwen2vl_merger", P)
     if v25:
         m.w.add_uint32("clip.vision.n_wa_pattern", P["wa_pattern"])
         m.w.add_uint32("clip.vision.window_size", P["window"])
@@ -380,14 +380,14 @@ def write_text(path, family, vocab, rng, qtype):
     if family == "gemma3":
         m = Writer(path, "gemma3", rng, qtype)
         m.w.add_name("tiny-vlm-gemma3")
-        text_common(m.w, T["L"], T["E"], T["F"], T["H"], T["HKV"], T["hd"], 1024, 1000000.0, 1e-6)
+        text_common(m.w, T["L"], T["E"], T["F"], T["H"], T["HKV"], T["hd"], 4096, 1000000.0, 1e-6)
         m.w.add_sliding_window(512)
         V = copy_tokenizer(m.w, vocab, template=GEMMA3_TEMPLATE)
         text_gemma3(m, V, T)
     elif family == "idefics3":
         m = Writer(path, "llama", rng, qtype)
         m.w.add_name("tiny-vlm-idefics3")
-        text_common(m.w, T["L"], T["E"], T["F"], T["H"], T["HKV"], T["hd"], 2048, 100000.0, 1e-5)
+        text_common(m.w, T["L"], T["E"], T["F"], T["H"], T["HKV"], T["hd"], 4096, 100000.0, 1e-5)
         m.w.add_rope_dimension_count(T["hd"])
         extra = ["<fake_token_around_image>", "<global-img>", "<image>", "<end_of_utterance>"]
         extra += [f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7)]
@@ -406,8 +406,8 @@ def write_text(path, family, vocab, rng, qtype):
         T.update(L=3, conv_L=3, kv=[False, True, False])
         m = Writer(path, "lfm2", rng, qtype)
         m.w.add_name("tiny-vlm-lfm2")
-        text_common(m.w, T["L"], T["E"], T["F"], T["H"], T["HKV"], T["hd"], 2048, 1000000.0, 1e-5)
-        m.w.add_head_count_kv([T["HKV"] if k else 0 for k in T["kv"]])
+        text_common(m.w, T["L"], T["E"], T["F"], T["H"], [T["HKV"] if k else 0 for k in T["kv"]], T["hd"],
+                    4096, 1000000.0, 1e-5)
         m.w.add_uint32("lfm2.shortconv.l_cache", T["conv_L"])
         extra = ["<|image_start|>", "<|image_end|>", "<|img_thumbnail|>", "<image>"]
         extra += [f"<|img_row_{r}_col_{c}|>" for r in range(1, 11) for c in range(1, 11)]

@@ -19,9 +19,13 @@
 // time), the token grid, the decoder positions of each embedding, and the embeddings themselves.
 // Pixel arrays are interleaved RGB, row-major (index (y*nx + x)*3 + c), normalised with the mmproj's
 // image_mean/std. A tile is written in full when the image's tiles hold < 200k floats in all; else the
-// first 4096 floats of each, with per-channel float64 sums and sums of squares of every value.
+// first 4096 values of each; every tile also has per-channel float64 sums and sums of squares of all its
+// values. Since clip resizes in u8 and normalises after, each value is (float(k)/255 - mean)/std for a
+// k in 0..255: when that holds exactly (float32) for all of a tile, the k are written ("pixels_u8"),
+// else the floats ("pixels"); the "_head" suffix marks a truncated array.
 
 #include "clip-impl.h"   // clip_image_f32_batch (tools/mtmd)
+#include "gguf.h"
 #include "llama.h"
 #include "mtmd.h"
 #include "mtmd-helper.h"
@@ -156,9 +160,9 @@ int main(int argc, char ** argv) {
     if (!model) die("failed to load model");
     const llama_vocab * vocab = llama_model_get_vocab(model);
 
-    // common_params defaults as llama-mtmd-cli has them: n_ctx 4096, n_batch 2048, n_ubatch 512
+    // common_params defaults as llama-mtmd-cli has them: n_ctx 0 (the model's), n_batch 2048, n_ubatch 512
     llama_context_params cp = llama_context_default_params();
-    cp.n_ctx = 4096;
+    cp.n_ctx = 0;
     cp.n_batch = 2048;
     cp.n_ubatch = 512;
     cp.n_threads = n_threads;
@@ -172,6 +176,28 @@ int main(int argc, char ** argv) {
     mparams.n_threads = n_threads;
     mtmd_context * mctx = mtmd_init_from_file(mmproj_path.c_str(), model, mparams);
     if (!mctx) die("failed to load mmproj");
+
+    // the mmproj's normalisation, to write tiles as the u8 values they were normalised from
+    float img_mean[3] = {0, 0, 0}, img_std[3] = {1, 1, 1};
+    bool have_norm = false;
+    {
+        gguf_init_params gp = {true, nullptr};
+        gguf_context * g = gguf_init_from_file(mmproj_path.c_str(), gp);
+        if (g) {
+            const int64_t km = gguf_find_key(g, "clip.vision.image_mean");
+            const int64_t ks = gguf_find_key(g, "clip.vision.image_std");
+            if (km >= 0 && ks >= 0 && gguf_get_arr_n(g, km) >= 3 && gguf_get_arr_n(g, ks) >= 3) {
+                const float * m = (const float *) gguf_get_arr_data(g, km);
+                const float * sd = (const float *) gguf_get_arr_data(g, ks);
+                for (int c = 0; c < 3; c++) {
+                    img_mean[c] = m[c];
+                    img_std[c] = sd[c];
+                }
+                have_norm = true;
+            }
+            gguf_free(g);
+        }
+    }
 
     mtmd_helper_bitmap_wrapper bw = mtmd_helper_bitmap_init_from_file(mctx, image_path.c_str(), false,
                                                                       mtmd_helper_init_opt_default());
@@ -253,6 +279,9 @@ int main(int argc, char ** argv) {
     j.raw("  "); j.key("prompt"); j.str(prompt); j.raw(",\n");
     j.raw("  "); j.key("formatted_prompt"); j.str(formatted); j.raw(",\n");
     j.raw("  "); j.key("n_embd"); j.i64(n_embd); j.raw(",\n");
+    j.raw("  "); j.key("image_mean"); j.raw("["); for (int c = 0; c < 3; c++) { if (c) j.raw(", "); j.f32(img_mean[c]); } j.raw("], ");
+    j.key("image_std"); j.raw("["); for (int c = 0; c < 3; c++) { if (c) j.raw(", "); j.f32(img_std[c]); } j.raw("],\n");
+    j.raw("  "); j.key("pixels_u8_meaning"); j.str("pixel = (float32(k) / 255.0f - image_mean[c]) / image_std[c], float32 arithmetic, c = index % 3"); j.raw(",\n");
     j.raw("  "); j.key("mrope"); j.raw(mtmd_decode_use_mrope(mctx) ? "true" : "false"); j.raw(",\n");
     j.raw("  "); j.key("chunks"); j.raw("[\n");
 
@@ -336,8 +365,31 @@ int main(int argc, char ** argv) {
             j.key("sum_sq"); j.raw("["); for (int c = 0; c < 3; c++) { if (c) j.raw(", "); j.num(sq[c]); } j.raw("],\n       ");
             j.key("min"); j.raw("["); for (int c = 0; c < 3; c++) { if (c) j.raw(", "); j.f32(mn[c]); } j.raw("], ");
             j.key("max"); j.raw("["); for (int c = 0; c < 3; c++) { if (c) j.raw(", "); j.f32(mx[c]); } j.raw("],\n       ");
-            j.key(full ? "pixels" : "pixels_head");
-            j.floats(buf.data(), full ? buf.size() : std::min<size_t>(4096, buf.size()));
+            // clip resizes in u8 and normalises after: (float(k)/255 - mean[c]) / std[c] in float32.
+            // When every value is exactly that for some k in 0..255, the k are written (pixels_u8).
+            const size_t n_out = full ? buf.size() : std::min<size_t>(4096, buf.size());
+            std::vector<int> ks(buf.size());
+            bool as_u8 = have_norm;
+            for (size_t i = 0; as_u8 && i < buf.size(); i++) {
+                const int c = i % 3;
+                const double guess = ((double) buf[i] * img_std[c] + img_mean[c]) * 255.0;
+                bool hit = false;
+                for (int k = std::max(0, (int) std::floor(guess) - 1); k <= std::min(255, (int) std::ceil(guess) + 1) && !hit; k++) {
+                    const float f = ((float) k / 255.0f - img_mean[c]) / img_std[c];
+                    if (f == buf[i]) {
+                        ks[i] = k;
+                        hit = true;
+                    }
+                }
+                as_u8 = hit;
+            }
+            if (as_u8) {
+                j.key(full ? "pixels_u8" : "pixels_u8_head");
+                j.ints(ks.data(), n_out);
+            } else {
+                j.key(full ? "pixels" : "pixels_head");
+                j.floats(buf.data(), n_out);
+            }
             j.raw("}");
         }
         j.raw("],\n      ");

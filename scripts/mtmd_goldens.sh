@@ -72,7 +72,7 @@ want = g["greedy_text"]
 ok = got.strip() == want.strip()
 g["llama_mtmd_cli"] = {"command": cli, "stdout": got, "matches_greedy_text": ok}
 with open(path, "w") as f:
-    json.dump(g, f, indent=1, ensure_ascii=False)
+    json.dump(g, f, ensure_ascii=False, separators=(",", ":"))
     f.write("\n")
 print(f"{'ok  ' if ok else 'DIFF'} {path}: {g['greedy_ids']} {want!r}" + ("" if ok else f" (cli: {got!r})"))
 EOF
