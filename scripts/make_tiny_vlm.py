@@ -18,13 +18,16 @@ matrices F16, or Q8_0 with --type q8_0 (rows whose length is not a multiple of 3
 patch-embedding convolution is always F16, as ggml's im2col wants). Needs gguf==0.19.0 and numpy.
 Prints each file's SHA-256.
 
-| family | text arch | vision | tokens per image |
+| family | text arch | vision (mmproj) | image tokens (llama.cpp 0c1e570) |
 |---|---|---|---|
-| gemma3 | gemma3 (E 64, 2 layers, 4/2 heads of 16, SWA 512) | SigLIP 112 px, patch 14 (8x8), E 48, 3 heads, avg-pool 2 | 16 |
-| idefics3 | llama (E 64, 2 layers, 4/2 heads) | SigLIP 64 px tiles, patch 8 (8x8), E 48, pixel shuffle 2, longest edge 128 | 16 per tile, 2x2 tiles max + overview |
-| qwen2vl | qwen2vl (E 64, M-RoPE sections 2,3,3,0) | ViT patch 14, E 32, 2 heads, merge 2, LayerNorm, GELU | dynamic (8..4096) |
-| qwen2.5vl | qwen2vl | ViT patch 14, E 32, RMSNorm, SiLU-gated FFN, window attention (pattern 2, window 112) | dynamic |
-| lfm2 | lfm2 (E 64, conv/attn/conv) | SigLIP2 patch 16, E 48, image 64, pixel unshuffle 2 | dynamic |
+| gemma3 | gemma3: 2 layers, E 64, FF 128, 4 heads / 2 KV of 16, SWA 512, vocab 262144 (Gemma 3) | projector gemma3: 112 px, patch 14 (8x8), E 48, FF 96, 3 heads, 2 layers, avg-pool scale_factor 2 | 16 (image fitted into 112x112, black padding) |
+| idefics3 | llama: 2 layers, E 64, FF 128, 4/2 heads of 16, SmolLM2 vocab + 40 idefics3 tokens | idefics3: 64 px tiles, patch 8 (8x8), E 48, pixel shuffle 2, preproc_image_size 128 | 16 per tile: 2x2 (or 2x1) tiles + overview |
+| qwen2vl | qwen2vl: as idefics3's plus Q/K/V biases, M-RoPE sections 2,3,3,0, SmolLM2 vocab + 3 tokens | qwen2vl_merger: patch 14, E 32, FF 80, 2 heads, LayerNorm, GELU, merge 2, MLP 128 -> 96 -> 64 | dynamic (8..4096) |
+| qwen2.5vl | qwen2vl (same) | qwen2.5vl_merger: as qwen2vl's with RMSNorm, SiLU-gated FFN, window attention (n_wa_pattern 2, window_size 56) | dynamic |
+| lfm2 | lfm2: 3 layers (shortconv L 3, attention, shortconv), E 64, SmolLM2 vocab + 104 tokens | lfm2: patch 16, E 48, pixel unshuffle 2, input LayerNorm, MLP 192 -> 80 -> 64 (image_size 64 is only the position-embedding grid: clip tiles at 512 and wants 64..256 tokens) | dynamic, tiled at 512 |
+
+Image mean/std differ per channel (gemma3/idefics3 0.5,0.45,0.4 / 0.5,0.55,0.6; qwen CLIP's; lfm2 0.5),
+so a channel-order slip shows.
 """
 import argparse
 import hashlib
