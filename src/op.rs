@@ -158,6 +158,10 @@ pub enum Op {
     Cpy,
     /// `src[0]` and `src[1]` joined along dimension `params.i[0]`.
     Concat,
+    /// Average pooling of a grid of vectors: `src[0]` (F32 `[c, w, h]`, contiguous), each output
+    /// the sum of a `k` x `k` square (`params.i[0]`; rows of the square outer, columns inner, as
+    /// ggml's `pool_2d` adds them) divided by `k * k` → F32 `[c, w / k, h / k]`.
+    Pool2dAvg,
     /// Writes the rows of `src[0]` (`[row, n_tokens]`, F32) into cache `src[1]` at rows
     /// `n_past..n_past + n_tokens`, converting to the cache type. The node is a view of the cache,
     /// so readers of the cache that depend on it run after the write.
@@ -235,6 +239,7 @@ impl Op {
             Op::SeqMean => "seq_mean",
             Op::Cpy => "cpy",
             Op::Concat => "concat",
+            Op::Pool2dAvg => "pool_2d_avg",
             Op::KvWrite => "kv_write",
             Op::FlashAttn => "flash_attn",
             Op::ShortConv => "short_conv",

@@ -2065,6 +2065,52 @@ fn bidirectional_attention_with_alibi_matches_the_biased_softmax() {
     assert!(got[1].iter().zip(&got[0]).any(|(a, b)| (a - b).abs() > 1e-2));
 }
 
+/// Bidirectional attention without a table of spans (one sequence: a vision encoder's patches)
+/// sees every key of the batch: the same as with the span (0, t) for every token, and the float64
+/// softmax; a prompt-sized batch (the f32 tiles' size) as well as a few tokens.
+#[test]
+fn bidirectional_attention_without_spans_sees_every_key() {
+    let (hd, n_head) = (16usize, 3usize);
+    for t in [5usize, 70] {
+        let mut rng = Rng(7 + t as u64);
+        let mut s = Setup::default();
+        let q_data = rng.vec(hd * t * n_head);
+        let k_data = rng.vec(hd * t * n_head);
+        let v_data = rng.vec(hd * t * n_head);
+        let q = leaf(&mut s, "q", [hd, t, n_head, 1], &q_data);
+        let k = leaf(&mut s, "k", [hd, t, n_head, 1], &k_data);
+        let v = leaf(&mut s, "v", [hd, t, n_head, 1], &v_data);
+        let spans: Vec<i32> = (0..t).flat_map(|_| [0, t as i32]).collect();
+        let spans = s.ids("spans", [2, t, 1, 1], &spans);
+        let scale = 0.4;
+        let bare = s.g.flash_attn(q, k, v, scale, Mask::Bidirectional).unwrap();
+        let spanned = s.g.flash_attn(q, k, v, scale, Mask::Bidirectional).unwrap();
+        s.g.at_positions(spanned, spans).unwrap();
+        let got = run_ops(&mut s, &[bare, spanned], &[Step { n_past: 0, n_kv: t }]);
+        let mut want = vec![0f64; hd * n_head * t];
+        for tok in 0..t {
+            for h in 0..n_head {
+                let at = |x: &[f32], j: usize, d: usize| f64::from(x[d + hd * (j + t * h)]);
+                let scores: Vec<f64> = (0..t)
+                    .map(|j| {
+                        (0..hd).map(|d| at(&q_data, tok, d) * at(&k_data, j, d)).sum::<f64>()
+                            * f64::from(scale)
+                    })
+                    .collect();
+                let max = scores.iter().cloned().fold(f64::MIN, f64::max);
+                let e: Vec<f64> = scores.iter().map(|x| (x - max).exp()).collect();
+                let sum: f64 = e.iter().sum();
+                for d in 0..hd {
+                    want[d + hd * (h + n_head * tok)] =
+                        (0..t).zip(&e).map(|(j, p)| p / sum * at(&v_data, j, d)).sum();
+                }
+            }
+        }
+        check("no spans", &got[0], &want, 0.0, 2e-5);
+        check("spans", &got[1], &want, 0.0, 2e-5);
+    }
+}
+
 /// A decode step over a long cache splits each row's keys into parts that threads share, merged
 /// in a second phase: the result is still the attention over the row's keys (f16, q8_0 and q4_0
 /// caches; one token and two; 2, 4 and 16 parts), the same bits on 1 and 3 threads (`run_ops`).

@@ -28,6 +28,7 @@ pub mod embedding;
 pub mod generate;
 #[cfg(feature = "std")]
 pub mod heap;
+pub mod vision;
 
 use core::fmt;
 use core::ops::DerefMut;

@@ -331,7 +331,7 @@ fn runs_alone<const N: usize>(bound: &Bound<'_, N>, id: TensorId, phase: usize, 
         Op::KvWrite => elements(t.src[0]).saturating_mul(4),
         // A table element costs a sine or a cosine.
         Op::RopeTable => elements(Some(id)).saturating_mul(16),
-        Op::GetRows | Op::Cpy | Op::Concat => elements(Some(id)).saturating_mul(4),
+        Op::GetRows | Op::Cpy | Op::Concat | Op::Pool2dAvg => elements(t.src[0]).saturating_mul(4),
         // An element costs about a norm's or an add's.
         Op::None
         | Op::View

@@ -712,6 +712,28 @@ impl<const N: usize> Graph<N> {
         self.node(Op::Cpy, ty, ne, &[src], OpParams::default())
     }
 
+    /// Average pooling of `k` x `k` squares of a grid of vectors: contiguous F32 `x` (`[c, w, h]`,
+    /// `w` and `h` multiples of `k`). → `[c, w / k, h / k]`.
+    pub fn pool_2d_avg(&mut self, x: TensorId, k: usize) -> Result<TensorId> {
+        self.f32_input(Op::Pool2dAvg, x)?;
+        let t = self.tensor(x);
+        if !t.is_contiguous() || t.ne[3] != 1 || k == 0 || t.ne[1] % k != 0 || t.ne[2] % k != 0 {
+            return Err(self.invalid(
+                Op::Pool2dAvg,
+                x,
+                "needs contiguous F32 [c, w, h], w and h multiples of k",
+            ));
+        }
+        let ne = [t.ne[0], t.ne[1] / k, t.ne[2] / k, 1];
+        self.node(
+            Op::Pool2dAvg,
+            GgmlType::F32,
+            ne,
+            &[x],
+            OpParams { i: [k as i32, 0, 0, 0], ..Default::default() },
+        )
+    }
+
     /// `a` and `b` (F32) joined along `dim`.
     pub fn concat(&mut self, a: TensorId, b: TensorId, dim: usize) -> Result<TensorId> {
         self.f32_input(Op::Concat, a)?;

@@ -154,7 +154,9 @@ impl<'a, const N: usize> Bound<'a, N> {
             let tiled = |tok: usize| tiles && self.in_prompt_run(t, tok, ne[2]);
             if tiles {
                 self.flash_attn_tiles(id, t, ne, step, TileKernel::Float(path, tk.ty), tiled, ith, nth);
-                if t.src[3].is_none() {
+                // Without a table of places a causal node's tokens are one prompt run, all tiled;
+                // a bidirectional node's take the typed kernel below (`in_prompt_run`).
+                if t.src[3].is_none() && causal {
                     return;
                 }
             }

@@ -156,6 +156,41 @@ impl<'a, const N: usize> Bound<'a, N> {
         }
     }
     /// Two tensors joined along one dimension.
+    pub(in crate::exec) fn pool_2d_avg(
+        &self,
+        id: TensorId,
+        t: &Tensor,
+        ne: [usize; 4],
+        ith: usize,
+        nth: usize,
+    ) {
+        let Some(x) = t.src[0] else { return };
+        let k = t.params.i[0] as usize;
+        let tx = self.graph.tensor(x);
+        let (c, w) = (ne[0], tx.ne[1]);
+        let scale = (k * k) as f32;
+        // SAFETY: shapes were checked by the graph builder (a contiguous input of k x k squares),
+        // spans by `new`; output rows come from `share`, disjoint per thread.
+        unsafe {
+            let input: &[f32] = self.read(x, 0, tx.ne[0] * tx.ne[1] * tx.ne[2]);
+            for (i1, i2, i3) in rows(ne, share(rows_of(ne), ith, nth)) {
+                let out: &mut [f32] = self.write(id, t.row_offset(i1, i2, i3), c);
+                out.fill(0.0);
+                for ky in 0..k {
+                    for kx in 0..k {
+                        let at = ((i2 * k + ky) * w + i1 * k + kx) * c;
+                        for (o, &v) in out.iter_mut().zip(&input[at..at + c]) {
+                            *o += v;
+                        }
+                    }
+                }
+                for o in out.iter_mut() {
+                    *o /= scale;
+                }
+            }
+        }
+    }
+
     pub(in crate::exec) fn concat(
         &self,
         id: TensorId,

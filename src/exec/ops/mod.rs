@@ -98,6 +98,7 @@ impl<const N: usize> Bound<'_, N> {
             Op::SeqMean => self.seq_mean(id, t, ne, ith, nth),
             Op::Cpy => self.cpy(id, t, ne, step, ith, nth),
             Op::Concat => self.concat(id, t, ne, step, ith, nth),
+            Op::Pool2dAvg => self.pool_2d_avg(id, t, ne, ith, nth),
             Op::KvWrite => self.kv_write(id, t, step, ith, nth),
             Op::ShortConv => self.short_conv(id, t, ith, nth),
             Op::GatedDeltaNet => self.gated_delta_net(id, t, ith, nth),

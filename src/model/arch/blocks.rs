@@ -104,7 +104,7 @@ pub(super) struct Builder<'b, 'm, const N: usize> {
 }
 
 /// The leaf of model tensor `name` (at its offset in buffer 0), if the file has it.
-fn weight_leaf<const N: usize>(
+pub(super) fn weight_leaf<const N: usize>(
     g: &mut Graph<N>,
     gguf: &Gguf<'_>,
     name: &str,
@@ -116,7 +116,11 @@ fn weight_leaf<const N: usize>(
 }
 
 /// The leaf of model tensor `name`, which the file must have.
-fn required<const N: usize>(g: &mut Graph<N>, gguf: &Gguf<'_>, name: &str) -> Result<TensorId, ModelError> {
+pub(super) fn required<const N: usize>(
+    g: &mut Graph<N>,
+    gguf: &Gguf<'_>,
+    name: &str,
+) -> Result<TensorId, ModelError> {
     weight_leaf(g, gguf, name)?.ok_or_else(|| ModelError::MissingTensor { name: name_of(name) })
 }
 

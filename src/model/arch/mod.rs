@@ -10,6 +10,7 @@ mod facts;
 mod kv;
 mod rope;
 mod transformer;
+mod vit;
 
 pub use blocks::{TrainedPair, MODEL_BUFFER};
 pub use facts::{
@@ -18,6 +19,7 @@ pub use facts::{
 pub use kv::{CacheRows, EncoderInputs, KvLayout, KvTypeError, KvTypes};
 pub use rope::{layer_rope, rope_factors_name, LayerRope};
 pub use transformer::build_window;
+pub use vit::{build_vision, VisionForward, VisionInputs};
 
 use crate::gguf::Gguf;
 use crate::graph::Graph;

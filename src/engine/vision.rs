@@ -1,0 +1,185 @@
+//! The engine's vision model kind: a projector file (mmproj) planned for its input size, bound to
+//! caller memory, turning an image's normalised pixels into the language model's embeddings. It
+//! runs on the engine's parts (a [`GraphSlot`], the planner, [`Bound`] and a [`Runner`]): the
+//! inputs (unfolded patches, patch positions) in a persistent region, then the activations and
+//! the kernels' work area.
+
+use core::ops::DerefMut;
+
+use super::{EngineError, GraphSlot, Runner};
+use crate::arena::{Arena, Region, ARENA_ALIGN};
+use crate::exec::{work_bytes, Step};
+use crate::gguf::Gguf;
+use crate::graph::plan::plan;
+use crate::model::vision::{check_projector, VisionParams};
+use crate::model::{build_vision, VisionForward, VisionInputs};
+
+/// A projector planned for images of one size (the family's square, or the largest dynamic
+/// one), its graph in `slot`.
+pub struct VisionPlanned<'m, S> {
+    bytes: &'m [u8],
+    gguf: Gguf<'m>,
+    vp: VisionParams,
+    slot: S,
+    fwd: VisionForward,
+    inputs: VisionInputs,
+    /// Persistent inputs, activations, work: bytes each (multiples of [`ARENA_ALIGN`]).
+    layout: (usize, usize, usize),
+    /// The planned image size.
+    size: (usize, usize),
+}
+
+impl<'m, S: DerefMut<Target = GraphSlot>> VisionPlanned<'m, S> {
+    /// Checks the projector in `bytes` (the whole mmproj file) and plans it for inputs of
+    /// `width` x `height` pixels, building its graph in `slot`.
+    pub fn new(bytes: &'m [u8], mut slot: S, width: usize, height: usize) -> Result<Self, EngineError> {
+        let gguf = Gguf::parse(bytes).map_err(EngineError::Gguf)?;
+        let vp = check_projector(&gguf)?;
+        let p = vp.patch_size as usize;
+        let n = (width / p.max(1)) * (height / p.max(1));
+        let patches_bytes = (3 * p * p * n * 4).next_multiple_of(ARENA_ALIGN);
+        let positions_bytes = (n * 4).next_multiple_of(ARENA_ALIGN);
+        let inputs = VisionInputs {
+            patches_offset: 0,
+            positions_offset: patches_bytes,
+            spans_offset: patches_bytes + positions_bytes,
+        };
+        let persistent = patches_bytes + positions_bytes + (2 * n * 4).next_multiple_of(ARENA_ALIGN);
+        let fwd = build_vision(slot.graph.graph_mut(), &gguf, &vp, inputs, width, height)?;
+        slot.plan = plan(slot.graph.graph()).map_err(EngineError::Plan)?;
+        slot.fwd = None;
+        let activations = slot.plan.peak_bytes.next_multiple_of(ARENA_ALIGN);
+        let work = work_bytes(slot.graph.graph()).next_multiple_of(ARENA_ALIGN);
+        Ok(Self {
+            bytes,
+            gguf,
+            vp,
+            slot,
+            fwd,
+            inputs,
+            layout: (persistent, activations, work),
+            size: (width, height),
+        })
+    }
+
+    /// The projector's hyper-parameters.
+    pub fn params(&self) -> &VisionParams {
+        &self.vp
+    }
+
+    /// The parsed file.
+    pub fn gguf(&self) -> &Gguf<'m> {
+        &self.gguf
+    }
+
+    /// Bytes of caller memory [`VisionPlanned::bind`] needs, whatever its alignment.
+    pub fn bytes_needed(&self) -> usize {
+        let (a, b, c) = self.layout;
+        Arena::bytes_for(a + b + c)
+    }
+
+    /// Binds the plan to `memory` (at least [`VisionPlanned::bytes_needed`] bytes).
+    pub fn bind<B: DerefMut<Target = [u8]>>(
+        self,
+        mut memory: B,
+    ) -> Result<VisionEngine<'m, S, B>, EngineError> {
+        let skip = memory.as_ptr().align_offset(ARENA_ALIGN);
+        let (persistent, activations, work) = self.layout;
+        let mut arena = Arena::new(&mut memory);
+        let inputs = arena.alloc_unzeroed(persistent, "image inputs").map_err(EngineError::Memory)?;
+        let activations = arena.alloc_unzeroed(activations, "activations").map_err(EngineError::Memory)?;
+        let work = arena.alloc_unzeroed(work, "work").map_err(EngineError::Memory)?;
+        Ok(VisionEngine { planned: self, memory, skip, inputs, activations, work })
+    }
+}
+
+/// A projector bound to memory, encoding images.
+pub struct VisionEngine<'m, S, B> {
+    planned: VisionPlanned<'m, S>,
+    memory: B,
+    skip: usize,
+    inputs: Region,
+    activations: Region,
+    work: Region,
+}
+
+impl<'m, S: DerefMut<Target = GraphSlot>, B: DerefMut<Target = [u8]>> VisionEngine<'m, S, B> {
+    /// The projector's hyper-parameters.
+    pub fn params(&self) -> &VisionParams {
+        &self.planned.vp
+    }
+
+    /// Embeddings an image of the planned size gives, and their width.
+    pub fn output_shape(&self) -> (usize, usize) {
+        (self.planned.fwd.n_tokens, self.planned.vp.n_embd_out as usize)
+    }
+
+    /// Encodes one image: `pixels` normalised, rows top to bottom, channels interleaved
+    /// (`width * height * 3` values, the planned size). Returns `[n_tokens][n_embd_out]`
+    /// embeddings, row after row.
+    pub fn encode(
+        &mut self,
+        pixels: &[f32],
+        width: usize,
+        height: usize,
+        runner: &impl Runner,
+    ) -> Result<&[f32], EngineError> {
+        if (width, height) != self.planned.size || pixels.len() != width * height * 3 {
+            return Err(EngineError::Config("the image is not of the size the projector was planned for"));
+        }
+        let p = self.planned.vp.patch_size as usize;
+        let (gx, gy) = self.planned.fwd.grid;
+        let inputs = self.planned.inputs;
+        let arena_start = self.inputs.offset;
+        let arena_len = self.work.offset + self.work.len - arena_start;
+        let at = |r: Region| Region { offset: r.offset - arena_start, len: r.len };
+        let (activations, work) = (at(self.activations), at(self.work));
+        let arena = &mut self.memory[self.skip..][arena_start..arena_start + arena_len];
+        {
+            let (patches, rest) = arena[..self.inputs.len].split_at_mut(inputs.positions_offset);
+            let patches: &mut [f32] = bytemuck::cast_slice_mut(&mut patches[..3 * p * p * gx * gy * 4]);
+            // Patch (px, py) unfolded as the convolution's taps: channel, then row, then column.
+            for py in 0..gy {
+                for px in 0..gx {
+                    let out = &mut patches[(py * gx + px) * 3 * p * p..][..3 * p * p];
+                    for c in 0..3 {
+                        for ky in 0..p {
+                            let row = ((py * p + ky) * width + px * p) * 3;
+                            for kx in 0..p {
+                                out[(c * p + ky) * p + kx] = pixels[row + kx * 3 + c];
+                            }
+                        }
+                    }
+                }
+            }
+            let (positions, spans) = rest.split_at_mut(inputs.spans_offset - inputs.positions_offset);
+            let positions: &mut [i32] = bytemuck::cast_slice_mut(&mut positions[..gx * gy * 4]);
+            for (i, v) in positions.iter_mut().enumerate() {
+                *v = i as i32;
+            }
+            let spans: &mut [i32] = bytemuck::cast_slice_mut(&mut spans[..2 * gx * gy * 4]);
+            for span in spans.chunks_exact_mut(2) {
+                span.copy_from_slice(&[0, (gx * gy) as i32]);
+            }
+        }
+        let slot = &mut *self.planned.slot;
+        let buffers: [&[u8]; 1] = [self.planned.bytes];
+        let mut bound = slot.graph.bind(&slot.plan, &buffers, arena, activations, work)?;
+        runner.run(&mut bound, Step { n_past: 0, n_kv: gx * gy })?;
+        let out = self.planned.fwd.embeddings;
+        let len = self.planned.fwd.n_tokens * self.planned.vp.n_embd_out as usize;
+        let offset = self.skip
+            + self.activations.offset
+            + slot.plan.offset(out).ok_or(EngineError::Config("the projector's output has no place"))?;
+        let bytes = self
+            .memory
+            .get(offset..offset + len * 4)
+            .ok_or(EngineError::Config("the projector's output is outside its memory"))?;
+        let values: &[f32] = bytemuck::try_cast_slice(bytes)
+            .map_err(|_| EngineError::Config("the projector's output is misaligned"))?;
+        if values.iter().any(|v| !v.is_finite()) {
+            return Err(EngineError::NonFiniteLogits);
+        }
+        Ok(values)
+    }
+}

@@ -1,0 +1,157 @@
+//! Tiny random vision-language models (scripts/make_tiny_vlm.py) against llama.cpp's libmtmd
+//! (0c1e570; tests/golden/vision, scripts/mtmd_goldens.sh): over images of odd sizes, aspects and
+//! colour types, the decoded and preprocessed pixels and the projector's embeddings.
+//!
+//! Tolerances, argued:
+//! - PNG pixels are exact: decoding is lossless and clip's resampling is integer arithmetic,
+//!   which pinfer repeats (the preprocessed bytes are compared one by one).
+//! - JPEG: stb_image's IDCT and chroma upsampling are not libjpeg's (which zune-jpeg follows), so
+//!   decoded bytes may differ by a few levels; the mean of each channel within 1.5 levels and the
+//!   preprocessed bytes within 12 levels each, 99% of them within 4.
+//! - Embeddings: the same graph in f32 with other summation orders, f16 weights and f16 inputs of
+//!   the patch matmul on both sides, but libmtmd rounds attention's K and V to f16 (its flash
+//!   attention) where pinfer keeps them f32: relative error per vector (|a - b| / |b|) at most 1e-3
+//!   (measured 2.3e-4 to 3.1e-4); JPEG inputs 2e-2 (measured 7e-3 and 1.1e-2, from the decoders).
+
+use std::path::{Path, PathBuf};
+
+use pinfer::engine::vision::VisionPlanned;
+use pinfer::engine::{GraphSlot, OnCaller};
+use pinfer::image::{decode, preprocess, ImageLimits};
+use serde_json::Value;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn vlm_dir(family: &str) -> PathBuf {
+    root().join("models/tiny-vlm").join(family)
+}
+
+fn golden(family: &str, image: &str) -> Value {
+    let stem = Path::new(image).file_stem().unwrap().to_str().unwrap();
+    let path = root().join("tests/golden/vision").join(family).join(format!("{stem}.json"));
+    serde_json::from_slice(&std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display())))
+        .unwrap()
+}
+
+const IMAGES: [&str; 7] = [
+    "rgb_1x1.png",
+    "rgb_3000x200.png",
+    "gray_37x53.png",
+    "rgba_41x29.png",
+    "palette_33x47.png",
+    "progressive_64x48.jpg",
+    "baseline_200x120.jpg",
+];
+
+fn floats(v: &Value) -> Vec<f32> {
+    v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect()
+}
+
+/// Checks one family over every test image: pixels, then embeddings.
+fn check_family(family: &str) {
+    let dir = vlm_dir(family);
+    let mmproj = std::fs::read(dir.join("mmproj.gguf"))
+        .unwrap_or_else(|e| panic!("{}/mmproj.gguf: {e} (run scripts/setup.sh tiny-vlm)", dir.display()));
+    let mut slot = Box::new(GraphSlot::new());
+    let mut worst = 0f64;
+    for image in IMAGES {
+        let g = golden(family, image);
+        let jpeg = image.ends_with(".jpg");
+        let bytes = std::fs::read(root().join("tests/vision/images").join(image)).unwrap();
+        let rgb = decode(&bytes, ImageLimits::default()).unwrap();
+        assert_eq!(
+            (rgb.width as u64, rgb.height as u64),
+            (g["width"].as_u64().unwrap(), g["height"].as_u64().unwrap())
+        );
+        for (c, want) in g["decoded_rgb_mean"].as_array().unwrap().iter().enumerate() {
+            let n = (rgb.width * rgb.height) as f64;
+            let mean = rgb.pixels.iter().skip(c).step_by(3).map(|&v| f64::from(v)).sum::<f64>() / n;
+            let want = want.as_f64().unwrap();
+            let tol = if jpeg { 1.5 } else { 1e-9 };
+            assert!(
+                (mean - want).abs() <= tol,
+                "{family} {image}: channel {c} mean {mean} vs stb_image's {want}"
+            );
+        }
+        let vp = {
+            let gguf = pinfer::gguf::Gguf::parse(&mmproj).unwrap();
+            pinfer::model::vision::check_projector(&gguf).unwrap()
+        };
+        let pre = preprocess(&rgb, &vp).unwrap();
+        let image_chunks: Vec<&Value> =
+            g["chunks"].as_array().unwrap().iter().filter(|c| c["type"] == "image").collect();
+        let tiles: Vec<&Value> = image_chunks.iter().flat_map(|c| c["tiles"].as_array().unwrap()).collect();
+        assert_eq!(pre.images.len(), tiles.len(), "{family} {image}: tiles");
+        for (t, (ours, want)) in pre.images.iter().zip(&tiles).enumerate() {
+            assert_eq!(
+                (ours.width as u64, ours.height as u64),
+                (want["nx"].as_u64().unwrap(), want["ny"].as_u64().unwrap())
+            );
+            let Some(want_u8) = want["pixels_u8"].as_array() else { continue };
+            // Back to the bytes (each value is (k / 255 - mean) / std in f32 for one k).
+            let ours_u8: Vec<i64> = ours
+                .pixels
+                .iter()
+                .enumerate()
+                .map(|(i, &v)| {
+                    let c = i % 3;
+                    (0..=255i64)
+                        .min_by(|&a, &b| {
+                            let f = |k: i64| ((k as f32 / 255.0 - vp.mean[c]) / vp.std[c] - v).abs();
+                            f(a).total_cmp(&f(b))
+                        })
+                        .unwrap()
+                })
+                .collect();
+            let want_u8: Vec<i64> = want_u8.iter().map(|v| v.as_i64().unwrap()).collect();
+            if want["pixels_full"].as_bool().unwrap_or(true) && want_u8.len() == ours_u8.len() {
+                if jpeg {
+                    let diffs: Vec<i64> = ours_u8.iter().zip(&want_u8).map(|(a, b)| (a - b).abs()).collect();
+                    let big = diffs.iter().filter(|&&d| d > 4).count();
+                    assert!(
+                        diffs.iter().all(|&d| d <= 12),
+                        "{family} {image} tile {t}: a byte off by more than 12"
+                    );
+                    assert!(
+                        big * 100 <= diffs.len(),
+                        "{family} {image} tile {t}: {big} bytes off by more than 4"
+                    );
+                } else {
+                    let first = ours_u8.iter().zip(&want_u8).position(|(a, b)| a != b);
+                    assert_eq!(first, None, "{family} {image} tile {t}: first differing byte");
+                }
+            }
+        }
+        // The embeddings of every encoder input, in order.
+        let want: Vec<f32> = image_chunks.iter().flat_map(|c| floats(&c["embd"])).collect();
+        let mut ours = Vec::new();
+        for input in &pre.images {
+            let (w, h) = (input.width as usize, input.height as usize);
+            let planned = VisionPlanned::new(&mmproj, &mut *slot, w, h).unwrap();
+            let memory = vec![0u8; planned.bytes_needed()];
+            let mut engine = planned.bind(memory).unwrap();
+            ours.extend_from_slice(engine.encode(&input.pixels, w, h, &OnCaller).unwrap());
+        }
+        assert_eq!(ours.len(), want.len(), "{family} {image}: embedding values");
+        let width = vp.n_embd_out as usize;
+        let mut image_worst = 0f64;
+        for (i, (a, b)) in ours.chunks(width).zip(want.chunks(width)).enumerate() {
+            let diff = a.iter().zip(b).map(|(x, y)| f64::from(x - y).powi(2)).sum::<f64>().sqrt();
+            let norm = b.iter().map(|y| f64::from(*y).powi(2)).sum::<f64>().sqrt();
+            let rel = diff / norm.max(1e-12);
+            image_worst = image_worst.max(rel);
+            let tol = if jpeg { 2e-2 } else { 1e-3 };
+            assert!(rel <= tol, "{family} {image}: embedding {i} off by {rel:.3e} (relative)");
+        }
+        eprintln!("{family} {image}: worst relative embedding error {image_worst:.3e}");
+        worst = worst.max(image_worst);
+    }
+    eprintln!("{family}: worst relative embedding error {worst:.3e}");
+}
+
+#[test]
+fn gemma3_pixels_and_embeddings_match_libmtmd() {
+    check_family("gemma3");
+}
