@@ -196,7 +196,12 @@ pub fn build_vision<const N: usize>(
             let proj = w(g, format_args!("mm.input_projection.weight"))?;
             (g.mul_mat_t(proj, normed)?, m)
         }
-        Merge::ShuffleLinear | Merge::ShuffleMlp | Merge::SpatialMlp => {
+        Merge::ShuffleLinear => {
+            let (shuffled, m) = pixel_shuffle(g, x, e, gx, gy, s)?;
+            let fc = w(g, format_args!("mm.model.fc.weight"))?;
+            (g.mul_mat(fc, shuffled)?, m)
+        }
+        Merge::ShuffleMlp | Merge::SpatialMlp => {
             return Err(invalid("this projector family's merge is not built yet"));
         }
     };
@@ -210,4 +215,31 @@ pub fn build_vision<const N: usize>(
     }
     g.build(&[out])?;
     Ok(VisionForward { embeddings: out, grid: (gx, gy), n_tokens })
+}
+
+/// clip's pixel shuffle (`build_patch_merge_permute`): the `[e, gx, gy]` grid of patch vectors
+/// becomes `(gx / s) * (gy / s)` vectors of `e s²`, each an `s` x `s` square of patches, the
+/// squares in raster order. Within a vector, as clip orders it: the square's column outer, then
+/// its row, then the `e` features. Returns the vectors and their count.
+fn pixel_shuffle<const N: usize>(
+    g: &mut Graph<N>,
+    x: TensorId,
+    e: usize,
+    gx: usize,
+    gy: usize,
+    s: usize,
+) -> Result<(TensorId, usize), ModelError> {
+    if s < 2 || gx % s != 0 || gy % s != 0 {
+        return Err(invalid("a pixel shuffle of whole squares of patches"));
+    }
+    // s patches of a row joined, then rows and columns of those swapped...
+    let t = g.reshape(x, [e * s, gx / s, gy, 1])?;
+    let t = g.permute(t, [0, 2, 1, 3])?;
+    let t = g.cpy(t, GgmlType::F32)?;
+    // ...so that s of them down a column join too, and the grid is swapped back.
+    let t = g.reshape(t, [e * s * s, gy / s, gx / s, 1])?;
+    let t = g.permute(t, [0, 2, 1, 3])?;
+    let t = g.cpy(t, GgmlType::F32)?;
+    let m = (gx / s) * (gy / s);
+    Ok((g.reshape(t, [e * s * s, m, 1, 1])?, m))
 }
