@@ -67,6 +67,8 @@ pub struct SessionOptions {
     pub lora: Vec<(std::path::PathBuf, f32)>,
     /// How an encoder pools its token vectors (`--pooling`; `None`: as its file says).
     pub pooling: Option<crate::model::Pooling>,
+    /// Steps may feed embeddings (an image's): see [`crate::engine::EngineConfig::embeddings_input`].
+    pub embeddings_input: bool,
     /// Offload of matmuls to the NPU (feature `npu`; off by default).
     #[cfg(feature = "npu")]
     pub npu: crate::npu::NpuConfig,
@@ -91,6 +93,7 @@ impl Default for SessionOptions {
             memory_limit: None,
             lora: Vec::new(),
             pooling: None,
+            embeddings_input: false,
             #[cfg(feature = "npu")]
             npu: crate::npu::NpuConfig::default(),
         }
@@ -404,6 +407,7 @@ impl Session {
             kernels: opts.kernels,
             kv_types: opts.kv_types,
             pooling: opts.pooling,
+            embeddings_input: opts.embeddings_input,
         };
         let base = Model::from_gguf(model.bytes(), gguf)?;
         let base = match open_adapters(&base, &opts.lora)? {
@@ -696,6 +700,39 @@ impl Session {
         #[cfg(not(feature = "npu"))]
         let offload = None;
         self.engine.step_typed(batch, token_types, &self.pool, offload)?;
+        Ok(())
+    }
+
+    /// Feeds `rows` (`n_embd` values per position: an image's embeddings from a vision projector)
+    /// to sequence `seq` at its next positions, in steps of at most [`n_batch`](Self::n_batch);
+    /// with `causal` false they attend to each other both ways, so they must fit in one step.
+    /// The session must be opened with [`SessionOptions::embeddings_input`]. No logits are kept.
+    pub fn decode_embeddings(&mut self, seq: usize, rows: &[f32], causal: bool) -> Result<(), SessionError> {
+        let n_embd = self.hparams().n_embd as usize;
+        if n_embd == 0 || rows.len() % n_embd != 0 {
+            return Err(SessionError::Option("input embeddings must be n_embd values per position"));
+        }
+        let n = rows.len() / n_embd;
+        let step = self.n_batch();
+        if !causal && n > step {
+            return Err(SessionError::Option(
+                "an image attending both ways must fit in one batch: raise the batch size (-b) to its tokens",
+            ));
+        }
+        #[cfg(feature = "npu")]
+        let offload = self.npu.as_deref().map(|n| n as &dyn crate::exec::MatmulOffload);
+        #[cfg(not(feature = "npu"))]
+        let offload = None;
+        let mut done = 0;
+        while done < n {
+            let len = (n - done).min(step);
+            let start = self.engine.seq_len(seq);
+            let mut batch: Vec<Entry> = Vec::with_capacity(len);
+            batch.extend((0..len).map(|i| Entry { seq, pos: start + i, token: 0, logits: i + 1 == len }));
+            let chunk = &rows[done * n_embd..(done + len) * n_embd];
+            self.engine.step_embeddings(&batch, chunk, causal, &self.pool, offload)?;
+            done += len;
+        }
         Ok(())
     }
 

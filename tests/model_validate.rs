@@ -240,7 +240,7 @@ fn forward_graphs_share_one_rope_table_per_parameter_set() {
         let hp = HParams::from_gguf(&gguf).unwrap();
         let mut graph: Box<Graph> = Box::new(Graph::new());
         let kv = KvLayout::new(&hp, 64, 8, 1, Default::default()).unwrap();
-        build_forward(&mut graph, &gguf, &hp, &kv, 8, 1, &[]).unwrap();
+        build_forward(&mut graph, &gguf, &hp, &kv, 8, 1, &[], Default::default()).unwrap();
         let nodes: Vec<_> = graph.order().iter().map(|&id| (id, graph.tensor(id))).collect();
         let tables: Vec<_> = nodes.iter().filter(|(_, t)| t.op == Op::RopeTable).map(|(id, _)| *id).collect();
         let ropes: Vec<_> = nodes.iter().filter(|(_, t)| t.op == Op::Rope).collect();
@@ -716,7 +716,7 @@ fn forward_graphs_keep_their_nodes() {
         let gguf = Gguf::parse(&bytes).unwrap();
         let hp = HParams::from_gguf(&gguf).unwrap();
         let kv = KvLayout::new(&hp, 64, 8, 1, Default::default()).unwrap();
-        build_forward(&mut graph, &gguf, &hp, &kv, 7, 1, &[]).unwrap();
+        build_forward(&mut graph, &gguf, &hp, &kv, 7, 1, &[], Default::default()).unwrap();
         let mut counts = std::collections::BTreeMap::new();
         for &id in graph.order() {
             *counts.entry(graph.tensor(id).op.name()).or_insert(0) += 1;

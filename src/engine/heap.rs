@@ -9,10 +9,8 @@ use crate::arena::ArenaExhausted;
 
 const EMPTY_SLOT: GraphSlot = GraphSlot::new();
 
-/// Plans `model` for `config`, its graph slots in a `Vec` (refused, not aborted, when the heap
-/// cannot hold them).
-pub fn plan<'m>(model: Model<'m>, config: &EngineConfig) -> Result<Planned<'m, Vec<GraphSlot>>, EngineError> {
-    let n = graph_slots(config);
+/// `n` empty graph slots on the heap (refused, not aborted, when the heap cannot hold them).
+pub fn slots(n: usize) -> Result<Vec<GraphSlot>, EngineError> {
     let mut slots = Vec::new();
     slots.try_reserve_exact(n).map_err(|_| {
         let needed = n * core::mem::size_of::<GraphSlot>();
@@ -24,5 +22,11 @@ pub fn plan<'m>(model: Model<'m>, config: &EngineConfig) -> Result<Planned<'m, V
     for _ in 0..n {
         slots.push(EMPTY_SLOT);
     }
-    Planned::new(model, config, slots)
+    Ok(slots)
+}
+
+/// Plans `model` for `config`, its graph slots in a `Vec` (refused, not aborted, when the heap
+/// cannot hold them).
+pub fn plan<'m>(model: Model<'m>, config: &EngineConfig) -> Result<Planned<'m, Vec<GraphSlot>>, EngineError> {
+    Planned::new(model, config, slots(graph_slots(config))?)
 }

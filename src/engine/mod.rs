@@ -43,7 +43,7 @@ use crate::kernels::KernelPath;
 use crate::model::lora::{Adapter, LoraError, MAX_ADAPTERS};
 use crate::model::{
     build_forward, check, context_size, Forward, HParams, KvLayout, KvTypeError, KvTypes, ModelError,
-    Pooling, Vocab,
+    Pooling, StepInput, Vocab,
 };
 use crate::placement::{self, Buffer, Placement};
 use crate::quant::GgmlType;
@@ -78,6 +78,9 @@ pub struct EngineConfig {
     /// How an encoder pools its token vectors (`--pooling`; `None`: as its file says, else
     /// per token). A generating model gives logits and refuses one.
     pub pooling: Option<Pooling>,
+    /// Steps may feed embeddings instead of token ids ([`Engine::step_embeddings`]: an image's,
+    /// from a vision projector): room for a batch of them in the persistent region.
+    pub embeddings_input: bool,
 }
 
 impl Default for EngineConfig {
@@ -92,6 +95,7 @@ impl Default for EngineConfig {
             kernels: KernelPath::detect(),
             kv_types: KvTypes::default(),
             pooling: None,
+            embeddings_input: false,
         }
     }
 }
@@ -348,8 +352,8 @@ impl GraphSlot {
         self.fwd.map(|_| self.graph.graph())
     }
 
-    fn holds(&self, n_tokens: usize, n_outputs: usize) -> bool {
-        self.fwd.is_some_and(|f| f.n_tokens == n_tokens && f.n_outputs == n_outputs)
+    fn holds(&self, n_tokens: usize, n_outputs: usize, input: StepInput) -> bool {
+        self.fwd.is_some_and(|f| f.n_tokens == n_tokens && f.n_outputs == n_outputs && f.input == input)
     }
 }
 
@@ -470,6 +474,12 @@ impl<'m, G: AsMut<[GraphSlot]> + AsRef<[GraphSlot]>> Planned<'m, G> {
         config.kv_types.check(hp).map_err(EngineError::KvType)?;
         let kv = KvLayout::new(hp, n_ctx, n_batch, config.n_seq, config.kv_types)
             .ok_or(EngineError::Config("context size too large"))?;
+        let kv = match config.embeddings_input {
+            true => kv
+                .with_embeddings_input(hp.n_embd as usize)
+                .ok_or(EngineError::Config("context size too large"))?,
+            false => kv,
+        };
 
         // Size the activations from the graphs the engine must run: decode (slot 0, also the
         // graph placement reads), a full batch, and the most outputs a batch may ask for.
@@ -479,7 +489,7 @@ impl<'m, G: AsMut<[GraphSlot]> + AsRef<[GraphSlot]>> Planned<'m, G> {
         }
         let (mut peak, mut work) = (0usize, 0usize);
         for (slot, &(n, outputs)) in slots.as_mut().iter_mut().zip(&shapes) {
-            build_into(slot, &model, &kv, n, outputs)?;
+            build_into(slot, &model, &kv, n, outputs, StepInput::Tokens)?;
             peak = peak.max(slot.plan.peak_bytes);
             work = work.max(work_bytes(slot.graph.graph()));
         }
@@ -489,7 +499,16 @@ impl<'m, G: AsMut<[GraphSlot]> + AsRef<[GraphSlot]>> Planned<'m, G> {
         let n_split = crate::exec::most_split_tokens(hp.n_head_kv as usize).min(n_batch);
         if n_split > 1 && !shapes.iter().any(|&(n, _)| n == n_split) {
             let spare = &mut slots.as_mut()[shapes.len()];
-            build_into(spare, &model, &kv, n_split, n_split.min(n_outputs))?;
+            build_into(spare, &model, &kv, n_split, n_split.min(n_outputs), StepInput::Tokens)?;
+            peak = peak.max(spare.plan.peak_bytes);
+            work = work.max(work_bytes(spare.graph.graph()));
+            spare.fwd = None;
+        }
+        // A full batch of embeddings attending both ways (an image) is built in the spare slot
+        // as it will be, so the activations have room for it.
+        if config.embeddings_input {
+            let spare = &mut slots.as_mut()[shapes.len()];
+            build_into(spare, &model, &kv, n_batch, 1, StepInput::Embeddings { causal: false })?;
             peak = peak.max(spare.plan.peak_bytes);
             work = work.max(work_bytes(spare.graph.graph()));
             spare.fwd = None;
@@ -644,9 +663,11 @@ fn build_into(
     kv: &KvLayout,
     n: usize,
     outputs: usize,
+    input: StepInput,
 ) -> Result<(), EngineError> {
     slot.fwd = None;
-    let fwd = build_forward(slot.graph.graph_mut(), &model.gguf, &model.hp, kv, n, outputs, model.adapters)?;
+    let fwd =
+        build_forward(slot.graph.graph_mut(), &model.gguf, &model.hp, kv, n, outputs, model.adapters, input)?;
     slot.plan = plan(slot.graph.graph()).map_err(EngineError::Plan)?;
     slot.fwd = Some(fwd);
     Ok(())
@@ -747,6 +768,47 @@ impl<'m, G: AsMut<[GraphSlot]> + AsRef<[GraphSlot]>, B: DerefMut<Target = [u8]>>
         runner: &impl Runner,
         offload: Option<&dyn MatmulOffload>,
     ) -> Result<(), EngineError> {
+        self.run_step(batch, token_types, None, runner, offload)
+    }
+
+    /// Evaluates a batch of input embeddings instead of token ids (an image's, from a vision
+    /// projector: `rows` holds `n_embd` values per entry; the entries' tokens are not read). With
+    /// `causal` false every entry also sees the batch's later entries (Gemma 3's image tokens),
+    /// so a bidirectional image must fit in one step. The engine must be planned with
+    /// [`EngineConfig::embeddings_input`].
+    pub fn step_embeddings(
+        &mut self,
+        batch: &[Entry],
+        rows: &[f32],
+        causal: bool,
+        runner: &impl Runner,
+        offload: Option<&dyn MatmulOffload>,
+    ) -> Result<(), EngineError> {
+        let n_embd = self.planned.model.hp.n_embd as usize;
+        if self.planned.kv.embeddings_input.is_none() {
+            return Err(EngineError::Config("this engine was planned without an embeddings input"));
+        }
+        if rows.len() != batch.len() * n_embd {
+            return Err(EngineError::Config("input embeddings must be n_embd values per entry"));
+        }
+        if rows.iter().any(|v| !v.is_finite()) {
+            return Err(EngineError::Config("input embeddings must be finite"));
+        }
+        self.run_step(batch, &[], Some((rows, causal)), runner, offload)
+    }
+
+    fn run_step(
+        &mut self,
+        batch: &[Entry],
+        token_types: &[u32],
+        embeddings: Option<(&[f32], bool)>,
+        runner: &impl Runner,
+        offload: Option<&dyn MatmulOffload>,
+    ) -> Result<(), EngineError> {
+        let input = match embeddings {
+            Some((_, causal)) => StepInput::Embeddings { causal },
+            None => StepInput::Tokens,
+        };
         // (Only a typed batch looks the types up: the file's tensor table is searched by name.)
         if !token_types.is_empty() {
             if token_types.len() != batch.len() {
@@ -785,14 +847,14 @@ impl<'m, G: AsMut<[GraphSlot]> + AsRef<[GraphSlot]>, B: DerefMut<Target = [u8]>>
             if e.pos >= config.n_ctx {
                 return Err(EngineError::ContextFull { needed: e.pos + 1, n_ctx: config.n_ctx });
             }
-            if e.token as usize >= n_vocab {
+            if embeddings.is_none() && e.token as usize >= n_vocab {
                 return Err(EngineError::BadToken { id: e.token, n_vocab });
             }
             *len += 1;
         }
         // With no logits wanted the graph still computes one row (the last entry's).
         let outputs = if wanted == batch.len() { batch.len() } else { wanted.max(1) };
-        let slot = self.slot_for(batch.len(), outputs)?;
+        let slot = self.slot_for(batch.len(), outputs, input)?;
 
         let kv = self.planned.kv;
         let (packed_region, arena_start) = (self.packed, self.kv.offset);
@@ -847,6 +909,23 @@ impl<'m, G: AsMut<[GraphSlot]> + AsRef<[GraphSlot]>, B: DerefMut<Target = [u8]>>
                         out += 1;
                     }
                     start += len;
+                }
+            }
+        }
+        if let (Some((values, causal)), Some(at)) = (embeddings, kv.embeddings_input) {
+            let (rows_end, places_end) = (at.attn_places_offset, at.attn_places_offset + 8 * batch.len());
+            let (head, attn_places) = arena.split_at_mut(at.attn_places_offset);
+            let dst: &mut [f32] =
+                bytemuck::cast_slice_mut(&mut head[at.rows_offset..rows_end][..values.len() * 4]);
+            dst.copy_from_slice(values);
+            if !causal {
+                // Every entry of a sequence attends up to the sequence's last entry of the batch.
+                let attn: &mut [i32] =
+                    bytemuck::cast_slice_mut(&mut attn_places[..places_end - at.attn_places_offset]);
+                for (i, e) in batch.iter().enumerate() {
+                    let last = batch.iter().filter(|o| o.seq == e.seq).map(|o| o.pos).max().unwrap_or(e.pos);
+                    attn[2 * i] = (e.seq * kv.n_ctx) as i32;
+                    attn[2 * i + 1] = last as i32;
                 }
             }
         }
@@ -936,9 +1015,9 @@ impl<'m, G: AsMut<[GraphSlot]> + AsRef<[GraphSlot]>, B: DerefMut<Target = [u8]>>
 
     /// The slot holding the graph for `n` tokens and `outputs` logits rows, building it into a
     /// spare slot if needed.
-    fn slot_for(&mut self, n: usize, outputs: usize) -> Result<usize, EngineError> {
+    fn slot_for(&mut self, n: usize, outputs: usize, input: StepInput) -> Result<usize, EngineError> {
         let slots = self.planned.slots.as_mut();
-        if let Some(i) = slots.iter().position(|s| s.holds(n, outputs)) {
+        if let Some(i) = slots.iter().position(|s| s.holds(n, outputs, input)) {
             return Ok(i);
         }
         // The first spare slot that is empty, else the last one (rebuilt).
@@ -946,7 +1025,7 @@ impl<'m, G: AsMut<[GraphSlot]> + AsRef<[GraphSlot]>, B: DerefMut<Target = [u8]>>
         let spare =
             slots[fixed..].iter().position(|s| s.fwd.is_none()).map_or(slots.len() - 1, |i| fixed + i);
         let slot = &mut slots[spare];
-        build_into(slot, &self.planned.model, &self.planned.kv, n, outputs)?;
+        build_into(slot, &self.planned.model, &self.planned.kv, n, outputs, input)?;
         if slot.plan.peak_bytes > self.activations.len || work_bytes(slot.graph.graph()) > self.work.len {
             slot.fwd = None;
             return Err(EngineError::Config("this batch shape does not fit the planned memory"));

@@ -13,9 +13,9 @@ pub mod vision;
 use core::fmt;
 
 pub use arch::{
-    build_forward, build_vision, build_window, layer_rope, rope_factors_name, CacheRows, EncoderInputs,
-    Forward, KvLayout, KvTypeError, KvTypes, LayerRope, TrainedPair, VisionForward, VisionInputs,
-    MODEL_BUFFER,
+    build_forward, build_vision, build_window, layer_rope, rope_factors_name, CacheRows, EmbeddingsInput,
+    EncoderInputs, Forward, KvLayout, KvTypeError, KvTypes, LayerRope, StepInput, TrainedPair, VisionForward,
+    VisionInputs, MODEL_BUFFER,
 };
 pub use arch::{
     Activation, Arch, ArchTraits, EmbedScale, Experts, Ffn, Gating, Positions, Supported, SwaLayers,

@@ -8,7 +8,7 @@ use core::fmt::Write;
 
 use super::kv::KvLayout;
 use super::rope::{layer_rope, rope_factors_name, LayerRope};
-use super::{Activation, ArchTraits, EmbedScale, Experts, Gating};
+use super::{Activation, ArchTraits, EmbedScale, Experts, Gating, StepInput};
 use crate::gguf::{name_of, Gguf, Name};
 use crate::graph::{Graph, GraphError, Mask};
 use crate::model::hparams::DeltaNet;
@@ -95,6 +95,9 @@ pub(super) struct Builder<'b, 'm, const N: usize> {
     /// An embedding model's I32 spans `[2, t]` (first batch row of the token's sequence, its
     /// tokens): the keys a bidirectional query sees, the rows mean pooling averages.
     pub spans: Option<TensorId>,
+    /// F32 `[n_embd, t]` input embeddings of a step of embeddings (an image's) instead of token
+    /// ids; and the places its attention reads, when it attends both ways within the batch.
+    embeddings: Option<(TensorId, Option<TensorId>)>,
     /// One table of angles per RoPE parameter set (full-attention, sliding-window), made by the
     /// first layer that rotates with it.
     rope_tables: [Option<TensorId>; 2],
@@ -179,9 +182,40 @@ impl<'b, 'm, const N: usize> Builder<'b, 'm, N> {
             ids,
             places,
             spans,
+            embeddings: None,
             rope_tables: [None, None],
             shared_caches: heapless::Vec::new(),
         })
+    }
+
+    /// Makes the step read input embeddings (`StepInput::Embeddings`) instead of token ids: the
+    /// rows and, for a step attending both ways, the attention's own places.
+    pub fn take_embeddings(&mut self, input: StepInput) -> Result<(), ModelError> {
+        let StepInput::Embeddings { causal } = input else { return Ok(()) };
+        let at = self.kv.and_then(|kv| kv.embeddings_input).ok_or_else(|| {
+            invalid("a step of embeddings needs the engine planned with an embeddings input")
+        })?;
+        if self.traits.encoder || self.hp.embeds() || self.hp.n_embd_per_layer > 0 {
+            return Err(invalid("this model takes token ids only (no image embeddings)"));
+        }
+        let (e, t) = (self.hp.n_embd as usize, self.t);
+        let rows = self.g.leaf(
+            "inp_embd_rows",
+            GgmlType::F32,
+            [e, t, 1, 1],
+            Storage::Persistent { offset: at.rows_offset },
+        )?;
+        let places = match causal {
+            true => None,
+            false => Some(self.g.leaf(
+                "attn_places",
+                GgmlType::I32,
+                [2, t, 1, 1],
+                Storage::Persistent { offset: at.attn_places_offset },
+            )?),
+        };
+        self.embeddings = Some((rows, places));
+        Ok(())
     }
 
     /// The KV layout of a graph with a KV cache (none in a window graph, nor for an embedding
@@ -324,6 +358,10 @@ fn invalid(problem: &'static str) -> ModelError {
 
 /// The token embeddings, scaled as the architecture says. Returns x: `[n_embd, t]`.
 pub(super) fn embed<const N: usize>(b: &mut Builder<'_, '_, N>) -> Result<TensorId, ModelError> {
+    // (Input embeddings enter as they are: llama.cpp scales token rows only.)
+    if let Some((rows, _)) = b.embeddings {
+        return Ok(rows);
+    }
     let x = named!(b, "inp_embd", b.g.get_rows(b.tok_embd, b.ids));
     let scale = match b.traits.embed_scale {
         EmbedScale::SqrtWidth => libm::sqrtf(b.hp.n_embd as f32),
@@ -616,7 +654,9 @@ fn attend<const N: usize>(
     // q: [hd_k, t, n_head]; attn: [hd_v, n_head, t]
     let q = b.g.permute(q, [0, 2, 1, 3])?;
     let attn = named!(b, "kqv_out", il, b.g.flash_attn(q, k_view, v_view, kq_scale, mask));
-    b.g.at_positions(attn, places)?;
+    // (A step of embeddings attending both ways reads places that end at the batch's end.)
+    let attn_places = b.embeddings.and_then(|(_, p)| p).unwrap_or(places);
+    b.g.at_positions(attn, attn_places)?;
     let attn = b.g.reshape(attn, [hd_v * n_head, t, 1, 1])?;
     Ok(match kv.types.v_rotation(hd_v as u32) {
         // The rotation is its own inverse: the values' weighted sum rotated back.

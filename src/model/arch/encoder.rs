@@ -91,7 +91,7 @@ pub fn build<const N: usize>(
     b.check_adapters()?;
     let ids = b.ids;
     b.g.build(&[out])?;
-    Ok(Forward { ids, logits: out, n_tokens, n_outputs })
+    Ok(Forward { ids, logits: out, n_tokens, n_outputs, input: super::StepInput::Tokens })
 }
 
 /// A graph error of the encoder itself.

@@ -136,6 +136,9 @@ pub struct KvLayout {
     /// `[2, n_batch]`: each token's first batch row of its sequence and the sequence's tokens,
     /// the keys its attention sees and the rows its mean pools).
     pub encoder_inputs: Option<EncoderInputs>,
+    /// A decoder's embeddings input (none unless asked for, see
+    /// [`KvLayout::with_embeddings_input`]): rows fed instead of token ids (an image's).
+    pub embeddings_input: Option<EmbeddingsInput>,
     /// Bytes of the persistent region.
     pub total_bytes: usize,
 }
@@ -194,7 +197,29 @@ impl CacheRows {
     }
 }
 
+/// Where a decoder's embeddings input sits in the persistent region (see
+/// [`KvLayout::embeddings_input`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EmbeddingsInput {
+    /// F32 `[n_embd, n_batch]`: each token's input vector.
+    pub rows_offset: usize,
+    /// I32 `[2, n_batch]`: the places attention reads in a step of embeddings (a bidirectional
+    /// one gives every token the batch's last position: it sees the whole batch).
+    pub attn_places_offset: usize,
+}
+
 impl KvLayout {
+    /// The layout with room for a step's input embeddings of `n_embd` values per token after
+    /// the other inputs; `None` if the sizes overflow.
+    pub fn with_embeddings_input(mut self, n_embd: usize) -> Option<Self> {
+        let rows_offset = self.total_bytes;
+        let attn_places_offset =
+            rows_offset.checked_add(aligned(n_embd.checked_mul(self.n_batch)?.checked_mul(4)?))?;
+        self.total_bytes = attn_places_offset.checked_add(aligned(self.n_batch.checked_mul(8)?))?;
+        self.embeddings_input = Some(EmbeddingsInput { rows_offset, attn_places_offset });
+        Some(self)
+    }
+
     /// The layout for `hp` with `n_seq` sequences of `n_ctx` positions in a cache of `types`
     /// and batches of up to `n_batch` tokens; `None` if the sizes overflow or a type cannot
     /// hold rows of the model's width (see [`KvTypes::check`] for the reason). An encoder keeps
@@ -249,6 +274,7 @@ impl KvLayout {
             places_offset,
             outputs_offset,
             encoder_inputs,
+            embeddings_input: None,
             total_bytes,
         })
     }

@@ -16,7 +16,7 @@ pub use blocks::{TrainedPair, MODEL_BUFFER};
 pub use facts::{
     Activation, Arch, ArchTraits, EmbedScale, Experts, Ffn, Gating, Positions, Supported, SwaLayers,
 };
-pub use kv::{CacheRows, EncoderInputs, KvLayout, KvTypeError, KvTypes};
+pub use kv::{CacheRows, EmbeddingsInput, EncoderInputs, KvLayout, KvTypeError, KvTypes};
 pub use rope::{layer_rope, rope_factors_name, LayerRope};
 pub use transformer::build_window;
 pub use vit::{build_vision, VisionForward, VisionInputs};
@@ -28,6 +28,7 @@ use crate::tensor::TensorId;
 
 /// Builds the forward pass of `hp.arch` for `n_tokens` tokens with logits for `n_outputs` of them
 /// (see `transformer.rs`): the builder of each architecture, chosen by an exhaustive match.
+#[allow(clippy::too_many_arguments)]
 pub fn build_forward<const N: usize>(
     g: &mut Graph<N>,
     gguf: &Gguf<'_>,
@@ -36,7 +37,16 @@ pub fn build_forward<const N: usize>(
     n_tokens: usize,
     n_outputs: usize,
     adapters: &[crate::model::lora::Adapter<'_>],
+    input: StepInput,
 ) -> Result<Forward, ModelError> {
+    if input != StepInput::Tokens && hp.arch.traits().encoder {
+        g.clear();
+        return Err(ModelError::Graph(crate::graph::GraphError::Invalid {
+            op: "forward",
+            name: heapless::String::new(),
+            problem: "an encoder takes token ids only",
+        }));
+    }
     match hp.arch {
         Arch::Llama
         | Arch::Qwen2
@@ -51,11 +61,25 @@ pub fn build_forward<const N: usize>(
         | Arch::Lfm2Moe
         | Arch::Qwen35
         | Arch::Gemma4
-        | Arch::GemmaEmbedding => transformer::build(g, gguf, hp, kv, n_tokens, n_outputs, adapters),
+        | Arch::GemmaEmbedding => transformer::build(g, gguf, hp, kv, n_tokens, n_outputs, adapters, input),
         Arch::Bert | Arch::NomicBert | Arch::JinaBertV2 => {
             encoder::build(g, gguf, hp, kv, n_tokens, n_outputs, adapters)
         }
     }
+}
+
+/// What a step feeds the model: token ids, or embeddings (an image's, from a vision projector)
+/// that attend causally or both ways within the step (Gemma 3's image tokens).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum StepInput {
+    /// Token ids.
+    #[default]
+    Tokens,
+    /// Input vectors of `n_embd` values per token.
+    Embeddings {
+        /// Whether a token sees only the tokens before it (else the whole step too).
+        causal: bool,
+    },
 }
 
 /// The inputs and outputs of a built forward graph.
@@ -71,4 +95,6 @@ pub struct Forward {
     /// Tokens whose logits it computes (all of them when equal to `n_tokens`, else the ones the
     /// output-rows input names).
     pub n_outputs: usize,
+    /// What the step feeds it.
+    pub input: StepInput,
 }

@@ -8,7 +8,7 @@
 use super::blocks::{self, Adapters, Builder, Mode, TrainedPair};
 use super::encoder;
 use super::kv::KvLayout;
-use super::Forward;
+use super::{Forward, StepInput};
 use crate::gguf::Gguf;
 use crate::graph::{Graph, GraphError, Mask};
 use crate::model::lora::Adapter;
@@ -24,6 +24,7 @@ use crate::tensor::TensorId;
 /// Every layer is a pre-norm residual block: a mixer (attention, a short convolution or the
 /// gated delta rule), then a feed-forward block (dense or experts), each with the norms and
 /// scales the architecture's facts name.
+#[allow(clippy::too_many_arguments)]
 pub fn build<const N: usize>(
     g: &mut Graph<N>,
     gguf: &Gguf<'_>,
@@ -32,6 +33,7 @@ pub fn build<const N: usize>(
     n_tokens: usize,
     n_outputs: usize,
     adapters: &[Adapter<'_>],
+    input: StepInput,
 ) -> Result<Forward, ModelError> {
     if n_tokens == 0 || n_tokens > kv.n_batch || n_outputs == 0 || n_outputs > n_tokens {
         g.clear();
@@ -42,6 +44,7 @@ pub fn build<const N: usize>(
         }));
     }
     let mut b = Builder::new(g, gguf, hp, Mode::Cached(kv), n_tokens, Adapters::Files(adapters))?;
+    b.take_embeddings(input)?;
     let x = layers(&mut b)?;
     let logits = match kv.encoder_inputs {
         Some(_) => embeddings(&mut b, x, n_outputs)?,
@@ -50,7 +53,7 @@ pub fn build<const N: usize>(
     b.check_adapters()?;
     let ids = b.ids;
     b.g.build(&[logits])?;
-    Ok(Forward { ids, logits, n_tokens, n_outputs })
+    Ok(Forward { ids, logits, n_tokens, n_outputs, input })
 }
 
 /// The forward pass of a training window: one sequence of `n_tokens` tokens at positions
