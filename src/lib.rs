@@ -51,6 +51,8 @@ pub mod image;
 pub mod jinja;
 #[cfg(feature = "std")]
 pub mod loader;
+#[cfg(feature = "std")]
+pub mod media;
 #[cfg(feature = "npu")]
 pub mod npu;
 #[cfg(feature = "std")]

@@ -780,6 +780,11 @@ impl Session {
         self.engine.planned().config().kernels
     }
 
+    /// The session's worker threads, to run another graph on (an image encoder's).
+    pub fn runner(&self) -> &Pool {
+        &self.pool
+    }
+
     /// Threads evaluating each graph.
     pub fn threads(&self) -> usize {
         self.pool.n_threads()

@@ -27,6 +27,30 @@ impl Tokenizer<'_> {
         self.encode_with_scratch(text, parse_special, add_special, out, &mut scratch)
     }
 
+    /// std: the token ids of `text` in a vector (its working memory allocated), with BOS/EOS as
+    /// the model says when `add_special`.
+    #[cfg(feature = "std")]
+    pub fn encode_to_vec(
+        &self,
+        text: &str,
+        parse_special: bool,
+        add_special: bool,
+    ) -> Result<std::vec::Vec<u32>, TokError> {
+        let mut scratch = std::vec![0u32; self.scratch_words(text.len())];
+        // About one token per byte at most, plus BOS, EOS and a space prefix; the tokenizer says
+        // how many it needs if that is not enough.
+        let mut ids = std::vec![0u32; text.len() + 4];
+        let n = match self.encode_with_scratch(text, parse_special, add_special, &mut ids, &mut scratch) {
+            Err(TokError::OutputTooSmall { needed, .. }) => {
+                ids.resize(needed, 0);
+                self.encode_with_scratch(text, parse_special, add_special, &mut ids, &mut scratch)
+            }
+            other => other,
+        }?;
+        ids.truncate(n);
+        Ok(ids)
+    }
+
     /// [`Tokenizer::encode`] with caller working memory: [`Tokenizer::scratch_words`]`(text.len())`
     /// words are always enough, for any text.
     pub fn encode_with_scratch(

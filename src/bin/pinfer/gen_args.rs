@@ -26,6 +26,15 @@ pub struct GenArgs {
     /// special token. In a conversation: the first user message.
     #[arg(short = 'p', long = "prompt", allow_hyphen_values = true)]
     pub prompt: Option<String>,
+    /// Vision projector (an mmproj GGUF, as llama.cpp's `--mmproj`): lets --image put images in
+    /// the prompt.
+    #[arg(long = "mmproj", value_name = "FILE")]
+    pub mmproj: Option<PathBuf>,
+    /// An image (JPEG, PNG, GIF, BMP, PNM, TGA) for the prompt, where it says <__media__> (else
+    /// before the text), with the model's chat template around it as one user turn, as
+    /// llama-mtmd-cli does. Repeatable; needs --mmproj.
+    #[arg(long = "image", value_name = "FILE")]
+    pub image: Vec<PathBuf>,
     /// Read the prompt from this file (`-`: stdin).
     #[arg(short = 'f', long = "file", value_name = "FILE", conflicts_with = "prompt")]
     pub file: Option<PathBuf>,
@@ -261,6 +270,18 @@ impl GenArgs {
                 return Err(CliError::new("-b/-ub: the batch must hold at least one token".into()));
             }
             opts.n_batch = b;
+        }
+        if !self.image.is_empty() && self.mmproj.is_none() {
+            return Err(CliError::new(
+                "--image needs the model's vision projector: give it with --mmproj FILE".into(),
+            ));
+        }
+        if self.mmproj.is_some() {
+            opts.embeddings_input = true;
+            // (An image attending both ways is one step: Gemma 3's take 256 positions.)
+            if batch.is_none() {
+                opts.n_batch = opts.n_batch.max(512);
+            }
         }
         let guesses = match (self.lookup, &self.model_draft) {
             (Some(n), _) => Some((n, "--lookup")),

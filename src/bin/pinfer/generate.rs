@@ -51,11 +51,36 @@ pub fn generate(args: GenArgs) -> Result<(), CliError> {
         gen.set_constraint(Some(crate::grammar_args::compile(spec, &tok, &mut None)?));
     }
     set_speculative(&args, &session, &tok, &mut gen)?;
-    let prompt = encode(&tok, &prompt_text, !args.no_parse_special)?;
+    // With images: the chat template around the text and the images (llama-mtmd-cli's -p).
+    let media = match args.image.is_empty() {
+        true => None,
+        false => {
+            if args.prompt_cache.is_some() || args.context_shift {
+                return Err(CliError::new(
+                    "--image: a prompt with images takes neither --prompt-cache nor --context-shift".into(),
+                ));
+            }
+            Some(crate::vision::image_prompt(&args, &session, &tok, &path, &prompt_text)?)
+        }
+    };
+    let prompt = match &media {
+        Some(m) => m.text_tokens(),
+        None => encode(&tok, &prompt_text, !args.no_parse_special)?,
+    };
     if prompt.is_empty() {
         return Err(CliError::new("the prompt is empty after tokenization".into()));
     }
-    gen.context_shift = args.shift_keep(prompt.len(), tok.add_bos(), session.n_ctx())?;
+    gen.context_shift = match &media {
+        Some(m) if m.positions() >= session.n_ctx() => {
+            return Err(CliError::new(format!(
+                "context full: the prompt and its images need {} positions, the context holds {}; raise it with -c",
+                m.positions(),
+                session.n_ctx()
+            )))
+        }
+        Some(_) => None,
+        None => args.shift_keep(prompt.len(), tok.add_bos(), session.n_ctx())?,
+    };
     // Every token the context can hold: the generated ones are appended without allocating (past
     // a context shift the history may grow beyond it).
     let room = match (gen.context_shift, limit) {
@@ -78,7 +103,11 @@ pub fn generate(args: GenArgs) -> Result<(), CliError> {
     let cache =
         args.prompt_cache.as_deref().map(|file| crate::prompt_cache::PromptCache::new(file, &session));
     let (reused, shared) = cache.as_ref().map_or((0, 0), |c| c.restore(&mut session, &prompt));
-    let stop = match gen.feed(&mut session, &prompt[reused..]) {
+    let fed = match &media {
+        Some(m) => pinfer::media::feed(&mut session, m.projector.params(), &m.parts, &m.images).map(|_| ()),
+        None => gen.feed(&mut session, &prompt[reused..]),
+    };
+    let stop = match fed {
         Ok(()) => None,
         Err(SessionError::Engine(EngineError::ContextFull { needed, n_ctx })) => {
             return Err(CliError::new(format!(

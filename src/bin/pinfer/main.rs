@@ -36,6 +36,7 @@ mod serve;
 mod signals;
 mod text_input;
 mod tokenize;
+mod vision;
 
 use runtime::RuntimeArgs;
 

@@ -26,20 +26,8 @@ pub fn encode_with(
     parse_special: bool,
     add_special: bool,
 ) -> Result<Vec<u32>, CliError> {
-    let mut scratch = vec![0u32; tok.scratch_words(text.len())];
-    // About one token per byte at most, plus BOS, EOS and a space prefix; the tokenizer says how
-    // many it needs if that is not enough.
-    let mut ids = vec![0u32; text.len() + 4];
-    let n = match tok.encode_with_scratch(text, parse_special, add_special, &mut ids, &mut scratch) {
-        Err(pinfer::tokenizer::TokError::OutputTooSmall { needed, .. }) => {
-            ids.resize(needed, 0);
-            tok.encode_with_scratch(text, parse_special, add_special, &mut ids, &mut scratch)
-        }
-        other => other,
-    }
-    .map_err(|e| CliError::new(format!("tokenizing the prompt: {e}")))?;
-    ids.truncate(n);
-    Ok(ids)
+    tok.encode_to_vec(text, parse_special, add_special)
+        .map_err(|e| CliError::new(format!("tokenizing the prompt: {e}")))
 }
 
 /// `pinfer tokenize`: ids of a text; works on vocabulary-only files (no tensors are touched).

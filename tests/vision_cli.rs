@@ -1,0 +1,79 @@
+//! `pinfer generate --mmproj FILE --image FILE -p TEXT`: the image and the text as one user turn
+//! of the model's chat template, greedy text as llama-mtmd-cli's (tests/golden/vision); bad
+//! images and projectors refused with a message naming the problem and the remedy.
+
+mod cli_support;
+
+use cli_support::{pinfer, repo_file, temp_file, text_of};
+
+fn golden_text(family: &str, stem: &str) -> String {
+    let path = repo_file(&format!("tests/golden/vision/{family}/{stem}.json"));
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    v["greedy_text"].as_str().unwrap().to_string()
+}
+
+fn vlm(family: &str, file: &str) -> String {
+    repo_file(&format!("models/tiny-vlm/{family}/{file}"))
+}
+
+fn generate(family: &str, mmproj: &str, image: &str, extra: &[&str]) -> std::process::Output {
+    let model = vlm(family, "model.gguf");
+    let mut args = vec!["generate", "-m", &model, "--mmproj", mmproj, "--image", image];
+    args.extend_from_slice(&["-p", "describe", "-n", "8", "--temp", "0", "--no-display-prompt", "-t", "2"]);
+    args.extend_from_slice(extra);
+    pinfer(&args)
+}
+
+#[test]
+fn generate_with_an_image_prints_what_llama_mtmd_cli_prints() {
+    for stem in ["rgba_41x29", "rgb_3000x200"] {
+        let image = repo_file(&format!("tests/vision/images/{stem}.png"));
+        let out = generate("gemma3", &vlm("gemma3", "mmproj.gguf"), &image, &[]);
+        assert!(out.status.success(), "{stem}: {}", text_of(&out.stderr));
+        assert_eq!(text_of(&out.stdout).trim_end_matches('\n'), golden_text("gemma3", stem), "{stem}");
+    }
+}
+
+#[test]
+fn bad_images_and_projectors_are_refused_by_name() {
+    let image = repo_file("tests/vision/images/rgb_1x1.png");
+    let model = vlm("gemma3", "model.gguf");
+    let no_mmproj =
+        pinfer(&["generate", "-m", &model, "--image", &image, "-p", "describe", "-n", "1", "--temp", "0"]);
+    let png = std::fs::read(&image).unwrap();
+    let text = temp_file("not-an-image.png", b"hello, this is text");
+    let cut = temp_file("cut.png", &png[..png.len() / 2]);
+    // A PNG declaring 60000 x 60000 pixels (a valid header, no data).
+    let mut huge = png[..16].to_vec();
+    huge.extend_from_slice(&60000u32.to_be_bytes());
+    huge.extend_from_slice(&60000u32.to_be_bytes());
+    huge.extend_from_slice(&png[24..29]);
+    huge.extend_from_slice(&crc32fast::hash(&huge[12..29]).to_be_bytes());
+    huge.extend_from_slice(&png[33..]);
+    let huge = temp_file("huge.png", &huge);
+    let mmproj = vlm("gemma3", "mmproj.gguf");
+    let cases: Vec<(&str, std::process::Output, &str)> = vec![
+        ("no --mmproj", no_mmproj, "--mmproj"),
+        ("text as an image", generate("gemma3", &mmproj, text.to_str().unwrap(), &[]), "not an image"),
+        ("a cut PNG", generate("gemma3", &mmproj, cut.to_str().unwrap(), &[]), "truncated or corrupt"),
+        ("a 60000x60000 PNG", generate("gemma3", &mmproj, huge.to_str().unwrap(), &[]), "60000x60000"),
+        (
+            "a missing image",
+            generate("gemma3", &mmproj, "/nonexistent/image.png", &[]),
+            "/nonexistent/image.png",
+        ),
+        (
+            "another family's projector",
+            generate("gemma3", &vlm("idefics3", "mmproj.gguf"), &image, &[]),
+            "another language model",
+        ),
+        ("a model as the projector", generate("gemma3", &model, &image, &[]), "not its projector"),
+        ("a batch smaller than the image", generate("gemma3", &mmproj, &image, &["-b", "8"]), "-b"),
+    ];
+    for (what, out, needle) in cases {
+        let err = text_of(&out.stderr);
+        assert!(!out.status.success(), "{what}: accepted");
+        assert_eq!(out.status.code(), Some(1), "{what}: not a clean error exit: {err}");
+        assert!(err.contains(needle), "{what}: {err:?} does not say {needle:?}");
+    }
+}
