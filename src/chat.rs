@@ -177,6 +177,9 @@ pub enum ChatTemplate {
     /// IBM Granite 3.x and 4.x: `<|start_of_role|>role<|end_of_role|>content<|end_of_text|>\n`
     /// (llama.cpp's granite-4.0/4.1 differ only in tool-call turns, which pinfer does not write).
     Granite,
+    /// SmolVLM (idefics3): `<|im_start|>User: content<end_of_utterance>\nAssistant:`, the
+    /// `<|im_start|>` written once at the start (a BOS, not ChatML).
+    SmolVlm,
 }
 
 /// Families llama.cpp detects after Llama 3, none implemented here: (name, markers that must all
@@ -227,7 +230,6 @@ const OTHER_NAMES: &[&str] = &[
     "yandex",
     "bailing",
     "llama4",
-    "smolvlm",
     "hunyuan-moe",
     "hunyuan-dense",
     "kimi-k2",
@@ -246,7 +248,7 @@ fn is_c_space(c: char) -> bool {
 
 impl ChatTemplate {
     /// Every format, in the order of [`ChatTemplate::name`]'s documentation.
-    pub const ALL: [ChatTemplate; 16] = [
+    pub const ALL: [ChatTemplate; 17] = [
         Self::ChatMl,
         Self::Llama3,
         Self::Gemma,
@@ -263,6 +265,7 @@ impl ChatTemplate {
         Self::Phi3,
         Self::Phi4,
         Self::Granite,
+        Self::SmolVlm,
     ];
 
     /// llama.cpp's name for the format (`chatml`, `llama3`, `gemma`, `llama2-sys`, ...).
@@ -284,6 +287,7 @@ impl ChatTemplate {
             Self::Phi3 => "phi3",
             Self::Phi4 => "phi4",
             Self::Granite => "granite",
+            Self::SmolVlm => "smolvlm",
         }
     }
 
@@ -325,7 +329,7 @@ impl ChatTemplate {
             return if has("<|im_sep|>") {
                 Ok(Phi4)
             } else if has("<end_of_utterance>") {
-                other("smolvlm")
+                Ok(SmolVlm)
             } else {
                 Ok(ChatMl)
             };
@@ -414,6 +418,7 @@ impl ChatTemplate {
             Self::Gemma4 => "<turn|>",
             Self::Phi3 => "<|end|>",
             Self::Granite => "<|end_of_text|>",
+            Self::SmolVlm => "<end_of_utterance>",
             Self::Llama2
             | Self::Llama2Sys
             | Self::Llama2SysBos
@@ -518,6 +523,19 @@ impl ChatTemplate {
                 }
                 if gen {
                     out.write_str("<|start_of_role|>assistant<|end_of_role|>")?;
+                }
+            }
+            Self::SmolVlm => {
+                out.write_str("<|im_start|>")?;
+                for m in messages {
+                    match m.role {
+                        Role::System => write!(out, "{}\n\n", m.content)?,
+                        Role::User => writeln!(out, "User: {}<end_of_utterance>", m.content)?,
+                        Role::Assistant => writeln!(out, "Assistant: {}<end_of_utterance>", m.content)?,
+                    }
+                }
+                if gen {
+                    out.write_str("Assistant:")?;
                 }
             }
         }
@@ -703,7 +721,6 @@ mod tests {
             assert_eq!(ChatTemplate::detect(Some(text)), Ok(want), "{text}");
         }
         let others = [
-            ("<|im_start|>User:<end_of_utterance>", "smolvlm"),
             ("<|user|>\n{{c}}<|assistant|>", "glmedge"),
             ("<|user|>{{c}}</s><|assistant|>", "falcon3"),
             ("<|user|>{{c}}<|endoftext|>", "zephyr"),
@@ -757,6 +774,16 @@ mod tests {
             Message::assistant("Hello"),
             Message::user("Q"),
         ];
+        let s = render(ChatTemplate::SmolVlm, &m, true);
+        assert_eq!(
+            s,
+            "<|im_start|>Be brief.\n\nUser:  Hi<end_of_utterance>\nAssistant: Hello<end_of_utterance>\n\
+             User: Q<end_of_utterance>\nAssistant:"
+        );
+        assert_eq!(
+            ChatTemplate::detect(Some("<|im_start|>User:<end_of_utterance>")),
+            Ok(ChatTemplate::SmolVlm)
+        );
         let s = render(ChatTemplate::Granite, &m, true);
         assert_eq!(
             s,

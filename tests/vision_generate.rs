@@ -112,3 +112,13 @@ fn gemma3_greedy_ids_after_an_image_match_llama_mtmd_cli() {
         assert_eq!(got, want, "gemma3 {image}");
     }
 }
+
+#[test]
+fn idefics3_greedy_ids_after_an_image_match_llama_mtmd_cli() {
+    let mut session = open("idefics3", 64);
+    for image in ["rgb_1x1.png", "rgb_3000x200.png", "gray_37x53.png", "rgba_41x29.png", "palette_33x47.png"]
+    {
+        let (got, want) = greedy_after_image("idefics3", image, &mut session);
+        assert_eq!(got, want, "idefics3 {image}");
+    }
+}
