@@ -492,7 +492,7 @@ pub fn validate_vision_tensors(g: &Gguf<'_>, vp: &VisionParams) -> Result<(), Mo
         }
         PatchPositions::LearnedResized => {
             let n = g.tensor("v.position_embd.weight").map_or(1, |t| t.ne[1]);
-            let side = (n as f64).sqrt() as u64;
+            let side = libm::sqrt(n as f64) as u64;
             if side * side != n {
                 return Err(ModelError::TensorShape {
                     name: name_of("v.position_embd.weight"),
