@@ -78,6 +78,64 @@ impl EncodedImage {
     }
 }
 
+/// An image decoded (its size checked) and the key it is kept by: a request's image, ready for a
+/// projector.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DecodedImage {
+    /// The image's bytes, hashed with their length.
+    pub key: (u64, usize),
+    /// Its pixels.
+    pub rgb: Arc<crate::image::Rgb8>,
+}
+
+impl DecodedImage {
+    /// Decodes `bytes` within `limits`.
+    pub fn decode(bytes: &[u8], limits: ImageLimits) -> Result<Self, MediaError> {
+        let mut h = DefaultHasher::new();
+        bytes.hash(&mut h);
+        Ok(Self { key: (h.finish(), bytes.len()), rgb: Arc::new(decode(bytes, limits)?) })
+    }
+}
+
+/// Decodes standard base64 (RFC 4648: `+` and `/`, `=` padding optional; ASCII white space
+/// skipped, as in wrapped MIME text). The error names the first bad character's offset.
+pub fn base64_decode(text: &str) -> Result<Vec<u8>, String> {
+    let value = |c: u8| -> Option<u32> {
+        Some(match c {
+            b'A'..=b'Z' => c - b'A',
+            b'a'..=b'z' => c - b'a' + 26,
+            b'0'..=b'9' => c - b'0' + 52,
+            b'+' | b'-' => 62,
+            b'/' | b'_' => 63,
+            _ => return None,
+        } as u32)
+    };
+    let mut out = Vec::with_capacity(text.len() / 4 * 3 + 3);
+    let (mut acc, mut bits, mut padding) = (0u32, 0u32, 0usize);
+    for (i, &c) in text.as_bytes().iter().enumerate() {
+        match c {
+            b' ' | b'\t' | b'\n' | b'\r' => continue,
+            b'=' => {
+                padding += 1;
+                continue;
+            }
+            _ => {}
+        }
+        let v = value(c).filter(|_| padding == 0).ok_or_else(|| format!("invalid base64 at byte {i}"))?;
+        acc = (acc << 6) | v;
+        bits += 6;
+        if bits >= 8 {
+            bits -= 8;
+            out.push((acc >> bits) as u8);
+            acc &= (1 << bits) - 1;
+        }
+    }
+    if bits >= 6 || padding > 2 {
+        return Err("truncated base64".to_string());
+    }
+    Ok(out)
+}
+
 /// A projector opened beside a model: its file, its parameters, its graph and memory, the
 /// images it encoded.
 pub struct Projector {
@@ -144,17 +202,24 @@ impl Projector {
 
     /// Decodes, preprocesses and encodes the image in `bytes` (or returns it as encoded before).
     pub fn encode(&mut self, bytes: &[u8], runner: &impl Runner) -> Result<Arc<EncodedImage>, MediaError> {
-        let mut h = DefaultHasher::new();
-        bytes.hash(&mut h);
-        let key = (h.finish(), bytes.len());
+        let image = DecodedImage::decode(bytes, self.limits)?;
+        self.encode_decoded(&image, runner)
+    }
+
+    /// Preprocesses and encodes a decoded image (or returns it as encoded before, by its key).
+    pub fn encode_decoded(
+        &mut self,
+        image: &DecodedImage,
+        runner: &impl Runner,
+    ) -> Result<Arc<EncodedImage>, MediaError> {
+        let key = image.key;
         if let Some(i) = self.kept.iter().position(|k| (k.0, k.1) == key) {
             let hit = self.kept.remove(i);
             let image = hit.2.clone();
             self.kept.push(hit);
             return Ok(image);
         }
-        let rgb = decode(bytes, self.limits)?;
-        let pre = preprocess(&rgb, &self.params)?;
+        let pre = preprocess(&image.rgb, &self.params)?;
         let mut inputs = Vec::with_capacity(pre.images.len());
         for input in &pre.images {
             let (w, h) = (input.width as usize, input.height as usize);

@@ -922,3 +922,135 @@ fn chat_messages_templates_cannot_take_are_refused() {
     assert!(matches!(r.status, 400 | 413), "{}", &r.body[..r.body.len().min(300)]);
     assert_eq!(server.request("GET", "/health", None, &[]).status, 200);
 }
+
+/// Standard base64 of `bytes` (the tests' images in requests).
+fn base64(bytes: &[u8]) -> String {
+    const ABC: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for c in bytes.chunks(3) {
+        let n = (u32::from(c[0]) << 16)
+            | (u32::from(*c.get(1).unwrap_or(&0)) << 8)
+            | u32::from(*c.get(2).unwrap_or(&0));
+        for k in 0..4 {
+            out.push(if k <= c.len() { ABC[(n >> (18 - 6 * k) & 63) as usize] as char } else { '=' });
+        }
+    }
+    out
+}
+
+fn vision_golden_text(stem: &str) -> String {
+    let path = repo_file(&format!("tests/golden/vision/gemma3/{stem}.json"));
+    let v: Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    v["greedy_text"].as_str().unwrap().to_string()
+}
+
+/// A tiny Gemma 3 with its projector: an OpenAI `image_url` (a data: URI or raw base64) and
+/// Ollama's `images` on /api/chat and /api/generate give llama-mtmd-cli's text for the image;
+/// `/props`, `/v1/models` and `/api/show` say the model takes images.
+#[test]
+fn images_in_openai_and_ollama_requests_give_llama_mtmd_cli_s_text() {
+    let model = repo_file("models/tiny-vlm/gemma3/model.gguf");
+    let mmproj = repo_file("models/tiny-vlm/gemma3/mmproj.gguf");
+    let server = Server::start_model(&model, &["--mmproj", &mmproj, "-c", "1024", "--parallel", "2"], &[]);
+    for stem in ["rgba_41x29", "gray_37x53"] {
+        let png = base64(&std::fs::read(repo_file(&format!("tests/vision/images/{stem}.png"))).unwrap());
+        let want = vision_golden_text(stem);
+        for url in [format!("data:image/png;base64,{png}"), png.clone()] {
+            let r = server.post(
+                "/v1/chat/completions",
+                &json!({ "messages": [{ "role": "user", "content": [
+                    { "type": "image_url", "image_url": { "url": url } },
+                    { "type": "text", "text": "describe" },
+                ] }], "max_tokens": 8, "temperature": 0 }),
+            );
+            assert_eq!(r.status, 200, "{}", r.body);
+            assert_eq!(r.json()["choices"][0]["message"]["content"], want, "{stem}: openai");
+        }
+        let r = server.post(
+            "/api/chat",
+            &json!({ "model": "m", "stream": false, "options": { "temperature": 0, "num_predict": 8 },
+                "messages": [{ "role": "user", "content": "describe", "images": [png] }] }),
+        );
+        assert_eq!(r.status, 200, "{}", r.body);
+        assert_eq!(r.json()["message"]["content"], want, "{stem}: ollama chat");
+        let r = server.post(
+            "/api/generate",
+            &json!({ "model": "m", "stream": false, "prompt": "describe", "images": [png],
+                "options": { "temperature": 0, "num_predict": 8 } }),
+        );
+        assert_eq!(r.status, 200, "{}", r.body);
+        assert_eq!(r.json()["response"], want, "{stem}: ollama generate");
+    }
+    // A text turn after an image keeps working (the slot's cache is kept only before the image).
+    let r = server.post(
+        "/v1/chat/completions",
+        &json!({ "messages": [{ "role": "user", "content": "describe" }], "max_tokens": 4, "temperature": 0 }),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(server.request("GET", "/props", None, &[]).json()["modalities"]["vision"], true);
+    let shown = server.post("/api/show", &json!({ "model": "m" })).json();
+    assert!(shown["capabilities"].as_array().unwrap().contains(&json!("vision")), "{shown}");
+    if through_qemu().is_some() {
+        return; // the protocol is the same on every CPU: the clients run on the host tier
+    }
+    let out = std::process::Command::new("python3")
+        .arg(repo_file("scripts/vision_clients.py"))
+        .arg(format!("http://127.0.0.1:{}", server.port))
+        .arg(repo_file("tests/vision/images/rgba_41x29.png"))
+        .arg(repo_file("tests/golden/vision/gemma3/rgba_41x29.json"))
+        .output()
+        .expect("running python3 (scripts/setup.sh installs it and the pinned clients)");
+    assert!(
+        out.status.success() && text_of(&out.stdout).contains("vision_clients: ok"),
+        "stdout: {}\nstderr: {}",
+        text_of(&out.stdout),
+        text_of(&out.stderr)
+    );
+}
+
+/// Images the server cannot take get a 400 naming the problem (remote URLs, bad base64, not an
+/// image, a 60000 x 60000 PNG, an image for a model served without a projector), and it keeps
+/// serving.
+#[test]
+fn bad_images_get_clear_errors_and_never_hurt_the_server() {
+    let model = repo_file("models/tiny-vlm/gemma3/model.gguf");
+    let mmproj = repo_file("models/tiny-vlm/gemma3/mmproj.gguf");
+    let png = std::fs::read(repo_file("tests/vision/images/rgb_1x1.png")).unwrap();
+    let mut huge = png[..16].to_vec();
+    huge.extend_from_slice(&60000u32.to_be_bytes());
+    huge.extend_from_slice(&60000u32.to_be_bytes());
+    huge.extend_from_slice(&png[24..29]);
+    huge.extend_from_slice(&crc32fast::hash(&huge[12..29]).to_be_bytes());
+    huge.extend_from_slice(&png[33..]);
+    let chat = |url: &str| {
+        json!({ "messages": [{ "role": "user", "content": [
+            { "type": "image_url", "image_url": { "url": url } }, { "type": "text", "text": "hi" } ] }],
+            "max_tokens": 2 })
+    };
+    let with = Server::start_model(&model, &["--mmproj", &mmproj, "-c", "512"], &[]);
+    let cases = [
+        ("https://example.com/cat.jpg".to_string(), "data: URI"),
+        ("file:///etc/passwd".to_string(), "--media-path"),
+        ("data:image/png;base64,%%%".to_string(), "not base64"),
+        (format!("data:image/png;base64,{}", base64(b"this is not an image")), "not an image"),
+        (format!("data:image/png;base64,{}", base64(&png[..png.len() / 2])), "truncated or corrupt"),
+        (format!("data:image/png;base64,{}", base64(&huge)), "60000x60000"),
+    ];
+    for (url, needle) in cases {
+        let r = with.post("/v1/chat/completions", &chat(&url));
+        assert_eq!(r.status, 400, "{needle}: {}", r.body);
+        assert!(r.body.contains(needle), "{needle}: {}", r.body);
+    }
+    let r = with.post(
+        "/api/chat",
+        &json!({ "model": "m", "stream": false,
+        "messages": [{ "role": "user", "content": "hi", "images": [7] }] }),
+    );
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert_eq!(with.request("GET", "/health", None, &[]).status, 200);
+    let without = Server::start_model(&model, &["-c", "512"], &[]);
+    let r = without.post("/v1/chat/completions", &chat(&format!("data:image/png;base64,{}", base64(&png))));
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert!(r.body.contains("--mmproj"), "{}", r.body);
+    assert_eq!(without.request("GET", "/props", None, &[]).json()["modalities"]["vision"], false);
+}

@@ -81,6 +81,10 @@ pub struct ServeArgs {
     /// Directory of the files `POST /slots/{id}?action=save|restore` write and read.
     #[arg(long = "slot-save-path", value_name = "DIR")]
     pub slot_save_path: Option<PathBuf>,
+    /// Directory whose images requests may name as `file://` URLs (none: such URLs are refused;
+    /// remote URLs always are).
+    #[arg(long = "media-path", value_name = "DIR")]
+    pub media_path: Option<PathBuf>,
     /// The model's name in the APIs (default: the file's name without .gguf).
     #[arg(short = 'a', long = "alias", value_name = "NAME")]
     pub alias: Option<String>,
@@ -111,6 +115,7 @@ pub struct Opts {
     pub metrics: bool,
     pub queue: usize,
     pub slot_save_path: Option<PathBuf>,
+    pub media_path: Option<PathBuf>,
 }
 
 /// Everything the handlers share.
@@ -158,6 +163,8 @@ pub struct Ready {
     pub vocab: std::sync::OnceLock<Arc<Vocab>>,
     /// An encoder's embeddings (None: a generating model, served by the slots).
     pub embedding: Option<embeddings::Served>,
+    /// Requests may carry images (`--mmproj`).
+    pub vision: bool,
 }
 
 /// The handlers' view: the shared state with the model loaded.

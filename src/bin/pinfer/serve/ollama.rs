@@ -166,18 +166,23 @@ async fn generate_inner(shared: AppState, body: Body) -> Result<Response, ApiErr
             "model": model, "created_at": rfc3339_now(), "response": "", "done": true, "done_reason": "load",
         })));
     }
-    let params = gen_params(&state, &body, Dialect::Ollama)?;
+    let mut params = gen_params(&state, &body, Dialect::Ollama)?;
     let stream = f.bool("stream")?.unwrap_or(true);
+    // (`images`: base64 strings, each a media marker before the prompt.)
+    let mut images =
+        super::prompt::Images { media_path: state.opts.media_path.clone(), ..Default::default() };
+    let markers = super::prompt::request_images(&body, &mut images)?;
     let text = if f.bool("raw")?.unwrap_or(false) {
-        prompt.to_string()
+        markers + prompt
     } else {
         let mut turns = Vec::new();
         if let Some(system) = f.str("system")? {
             turns.push((Role::System, system.to_string()));
         }
-        turns.push((Role::User, prompt.to_string()));
+        turns.push((Role::User, markers + prompt));
         render_chat(&state, &turns)?
     };
+    params.media = super::prompt::media(&state, &text, images)?;
     let sub = submit(&shared, encode(&state, &text, true), params)?;
     if !stream {
         let c = collect(sub).await?;
@@ -261,7 +266,7 @@ async fn show_inner(shared: AppState, body: Body) -> Result<Response, ApiError> 
             "general.parameter_count": r.n_params,
             format!("{}.context_length", r.arch): r.n_ctx_train,
         },
-        "capabilities": ["completion"],
+        "capabilities": super::routes::capabilities(&shared),
         "modified_at": entry["modified_at"],
     })))
 }

@@ -12,7 +12,11 @@ use super::State;
 
 /// The chat messages of a request (`messages`: role and content, the content a string or a list
 /// of text parts), checked.
-pub fn messages(body: &Map<String, Value>, format: ToolFormat) -> Result<Vec<(Role, String)>, ApiError> {
+pub fn messages(
+    body: &Map<String, Value>,
+    format: ToolFormat,
+    images: &mut Images,
+) -> Result<Vec<(Role, String)>, ApiError> {
     let list =
         Fields::new(body).array("messages")?.ok_or_else(|| ApiError::invalid("'messages' is required"))?;
     let mut out = Vec::with_capacity(list.len());
@@ -33,7 +37,7 @@ pub fn messages(body: &Map<String, Value>, format: ToolFormat) -> Result<Vec<(Ro
             }
             None => return Err(ApiError::invalid(format!("'messages[{i}].role' must be a string"))),
         };
-        let content = content_text(m.get("content"), i)?;
+        let content = message_images(m, i, images)? + &content_text(m.get("content"), i, images)?;
         let content = match (m.get("role").and_then(Value::as_str), m.get("tool_calls")) {
             (Some("tool"), _) => {
                 let name = m.get("name").or_else(|| m.get("tool_name")).and_then(Value::as_str);
@@ -84,19 +88,39 @@ pub fn chat_prompt(
         }
     }
     let kwargs = template_kwargs(state, body)?;
+    let mut images = Images { media_path: state.opts.media_path.clone(), ..Default::default() };
     let prompt = if native {
-        let messages = template_messages(body)?;
+        let messages = template_messages(body, &mut images)?;
         // `tool_choice: "none"` sends no tools (parse_request gave none).
         let listed = tools.as_ref().map(|_| body.get("tools").cloned().unwrap_or(Value::Null));
         render(state, &messages, listed.as_ref(), true, &kwargs)?
     } else {
-        let mut turns = messages(body, format)?;
+        let mut turns = messages(body, format, &mut images)?;
         if let Some(t) = &tools {
             tools::add_to_messages(t, &mut turns);
         }
         render(state, &turns_json(&turns), None, true, &kwargs)?
     };
+    params.media = media(state, &prompt, images)?;
     Ok((prompt, tools))
+}
+
+/// A prompt's images for the engine (None without any): a 400 naming `--mmproj` when the server
+/// has no vision projector.
+pub fn media(
+    state: &State<'_>,
+    prompt: &str,
+    images: Images,
+) -> Result<Option<super::slots::Media>, ApiError> {
+    if images.list.is_empty() {
+        return Ok(None);
+    }
+    if !state.ready.vision {
+        return Err(ApiError::invalid(
+            "this model takes no images: start the server with its vision projector (--mmproj FILE)",
+        ));
+    }
+    Ok(Some(super::slots::Media { text: prompt.to_string(), images: images.list }))
 }
 
 /// The messages rendered with the model's chat template, the assistant's turn opened.
@@ -112,10 +136,16 @@ pub fn apply_template(state: &State<'_>, body: &Map<String, Value>) -> Result<St
     let kwargs = template_kwargs(state, body)?;
     if state.ready.format.jinja_source().is_some() {
         let tools = f.array("tools")?.map(|_| body["tools"].clone());
-        render(state, &template_messages(body)?, tools.as_ref(), add_generation_prompt, &kwargs)
+        render(
+            state,
+            &template_messages(body, &mut Images::default())?,
+            tools.as_ref(),
+            add_generation_prompt,
+            &kwargs,
+        )
     } else {
         let format = ToolFormat::for_prompt(&state.ready.format);
-        let mut turns = messages(body, format)?;
+        let mut turns = messages(body, format, &mut Images::default())?;
         if let Some(t) = tools::parse_request(body, format)? {
             tools::add_to_messages(&t, &mut turns);
         }
@@ -172,7 +202,7 @@ fn template_kwargs(state: &State<'_>, body: &Map<String, Value>) -> Result<Map<S
 /// and the `arguments` of earlier tool calls as objects (OpenAI sends JSON text; templates, as
 /// transformers documents them, expect a mapping). Other fields (`tool_calls`, `tool_call_id`,
 /// `name`, `reasoning_content`) pass as they are.
-pub fn template_messages(body: &Map<String, Value>) -> Result<Value, ApiError> {
+pub fn template_messages(body: &Map<String, Value>, images: &mut Images) -> Result<Value, ApiError> {
     let list =
         Fields::new(body).array("messages")?.ok_or_else(|| ApiError::invalid("'messages' is required"))?;
     if list.is_empty() {
@@ -197,7 +227,8 @@ pub fn template_messages(body: &Map<String, Value>) -> Result<Value, ApiError> {
         if m.get("role").and_then(Value::as_str) == Some("developer") {
             m.insert("role".into(), Value::from("system"));
         }
-        let content = content_text(m.get("content"), i)?;
+        let content = message_images(&m, i, images)? + &content_text(m.get("content"), i, images)?;
+        m.remove("images");
         m.insert("content".into(), Value::String(content));
         // (Ollama gives earlier reasoning as `thinking`; templates read `reasoning_content`.)
         if let Some(thinking) = m.get("thinking").cloned() {
@@ -218,19 +249,136 @@ pub fn template_messages(body: &Map<String, Value>) -> Result<Value, ApiError> {
     Ok(Value::Array(out))
 }
 
-/// A message's content as one text: a string, a list of text parts joined, or nothing.
-fn content_text(content: Option<&Value>, i: usize) -> Result<String, ApiError> {
+/// The images of a request's messages, decoded as they are read (a bad one is the request's 400).
+#[derive(Default)]
+pub struct Images {
+    pub list: Vec<pinfer::media::DecodedImage>,
+    /// `--media-path`: the directory `file://` URLs may name (none: they are refused).
+    pub media_path: Option<std::path::PathBuf>,
+}
+
+impl Images {
+    /// Decodes an image given as base64 (`what` names it in messages).
+    fn push_base64(&mut self, data: &str, what: &str) -> Result<(), ApiError> {
+        let bytes = pinfer::media::base64_decode(data)
+            .map_err(|e| ApiError::invalid(format!("{what}: not base64 ({e})")))?;
+        self.push_bytes(&bytes, what)
+    }
+
+    fn push_bytes(&mut self, bytes: &[u8], what: &str) -> Result<(), ApiError> {
+        let image = pinfer::media::DecodedImage::decode(bytes, pinfer::image::ImageLimits::default())
+            .map_err(|e| ApiError::invalid(format!("{what}: {e}")))?;
+        self.list.push(image);
+        Ok(())
+    }
+
+    /// An OpenAI `image_url`: a `data:` URI, raw base64, or a `file://` path under `--media-path`;
+    /// remote URLs are refused (the server fetches nothing).
+    fn push_url(&mut self, url: &str, what: &str) -> Result<(), ApiError> {
+        if let Some(rest) = url.strip_prefix("data:") {
+            let Some((_, data)) = rest.split_once(";base64,") else {
+                return Err(ApiError::invalid(format!(
+                    "{what}: a data: URI of an image must be base64 (data:image/png;base64,...)"
+                )));
+            };
+            return self.push_base64(data, what);
+        }
+        if let Some(path) = url.strip_prefix("file://") {
+            let Some(dir) = &self.media_path else {
+                return Err(ApiError::invalid(format!(
+                    "{what}: file:// images need the server started with --media-path DIR"
+                )));
+            };
+            let dir = dir.canonicalize().map_err(|e| ApiError::server(format!("--media-path: {e}")))?;
+            let file = dir
+                .join(path.trim_start_matches('/'))
+                .canonicalize()
+                .map_err(|e| ApiError::invalid(format!("{what}: {path}: {e}")))?;
+            if !file.starts_with(&dir) {
+                return Err(ApiError::invalid(format!("{what}: {path} is outside --media-path")));
+            }
+            let bytes =
+                std::fs::read(&file).map_err(|e| ApiError::invalid(format!("{what}: {path}: {e}")))?;
+            return self.push_bytes(&bytes, what);
+        }
+        if url.starts_with("http://") || url.starts_with("https://") {
+            return Err(ApiError::invalid(format!(
+                "{what}: remote image URLs are not fetched; send the image as a data: URI (data:image/jpeg;base64,...)"
+            )));
+        }
+        self.push_base64(url, what)
+    }
+}
+
+/// A request's top-level `images` (Ollama's `/api/generate`), each as a media marker.
+pub fn request_images(body: &Map<String, Value>, images: &mut Images) -> Result<String, ApiError> {
+    let mut markers = String::new();
+    match body.get("images") {
+        None | Some(Value::Null) => {}
+        Some(Value::Array(list)) => {
+            for (j, v) in list.iter().enumerate() {
+                let Some(data) = v.as_str() else {
+                    return Err(ApiError::invalid(format!("'images[{j}]' must be a base64 string")));
+                };
+                images.push_base64(data, &format!("'images[{j}]'"))?;
+                markers.push_str(pinfer::media::MEDIA_MARKER);
+            }
+        }
+        Some(_) => return Err(ApiError::invalid("'images' must be a list of base64 strings")),
+    }
+    Ok(markers)
+}
+
+/// A message's images (Ollama's `images`: base64 strings), each as a media marker before the text.
+fn message_images(m: &Map<String, Value>, i: usize, images: &mut Images) -> Result<String, ApiError> {
+    let mut markers = String::new();
+    match m.get("images") {
+        None | Some(Value::Null) => {}
+        Some(Value::Array(list)) => {
+            for (j, v) in list.iter().enumerate() {
+                let Some(data) = v.as_str() else {
+                    return Err(ApiError::invalid(format!(
+                        "'messages[{i}].images[{j}]' must be a base64 string"
+                    )));
+                };
+                images.push_base64(data, &format!("'messages[{i}].images[{j}]'"))?;
+                markers.push_str(pinfer::media::MEDIA_MARKER);
+            }
+        }
+        Some(_) => {
+            return Err(ApiError::invalid(format!("'messages[{i}].images' must be a list of base64 strings")))
+        }
+    }
+    Ok(markers)
+}
+
+/// A message's content as one text: a string, a list of text and image parts joined (each image
+/// a media marker), or nothing.
+fn content_text(content: Option<&Value>, i: usize, images: &mut Images) -> Result<String, ApiError> {
     match content {
         None | Some(Value::Null) => Ok(String::new()),
         Some(Value::String(s)) => Ok(s.clone()),
         Some(Value::Array(parts)) => {
             let mut text = String::new();
             for (j, p) in parts.iter().enumerate() {
+                let what = format!("'messages[{i}].content[{j}]'");
+                let url = match p.get("image_url") {
+                    Some(Value::String(u)) => Some(u.as_str()),
+                    Some(v) => v.get("url").and_then(Value::as_str),
+                    None => None,
+                };
                 match (p.get("type").and_then(Value::as_str), p.get("text").and_then(Value::as_str)) {
                     (Some("text"), Some(t)) => text.push_str(t),
+                    (Some("image_url"), _) => {
+                        let url = url.ok_or_else(|| {
+                            ApiError::invalid(format!("{what}: an image_url part needs image_url.url"))
+                        })?;
+                        images.push_url(url, &what)?;
+                        text.push_str(pinfer::media::MEDIA_MARKER);
+                    }
                     _ => {
                         return Err(ApiError::invalid(format!(
-                            "'messages[{i}].content[{j}]': only text parts are supported"
+                            "{what}: only text and image_url parts are supported"
                         )))
                     }
                 }

@@ -111,8 +111,22 @@ async fn models(AxState(shared): AxState<AppState>) -> Response {
             "owned_by": "pinfer",
             "meta": meta,
         }],
-        "models": [{ "name": shared.model_name, "model": shared.model_name, "type": "model" }],
+        "models": [{
+            "name": shared.model_name,
+            "model": shared.model_name,
+            "type": "model",
+            "capabilities": capabilities(&shared),
+        }],
     }))
+}
+
+/// What the served model does, in llama-server's and Ollama's words (`completion`, `vision`).
+pub fn capabilities(shared: &super::Shared) -> Vec<&'static str> {
+    match shared.ready.get() {
+        Some(r) if r.embedding.is_some() => vec!["embedding"],
+        Some(r) if r.vision => vec!["completion", "vision"],
+        _ => vec!["completion"],
+    }
 }
 
 async fn tokenize(AxState(shared): AxState<AppState>, body: Body) -> Result<Response, ApiError> {
@@ -224,7 +238,7 @@ async fn props(AxState(shared): AxState<AppState>) -> Result<Response, ApiError>
         "chat_template_name": state.ready.format.name(),
         "chat_template_caps": template_caps(&state),
         "build_info": format!("pinfer {}", pinfer::VERSION),
-        "modalities": { "vision": false, "audio": false },
+        "modalities": { "vision": state.ready.vision, "audio": false },
     })))
 }
 

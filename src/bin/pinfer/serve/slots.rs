@@ -26,6 +26,7 @@ use pinfer::engine::Entry;
 use pinfer::generate::{Flow, GenerateError, Generator, Stop};
 use pinfer::grammar::{Constraint, GrammarSpec};
 use pinfer::kernels::attn_tile::TILE_MIN_TOKENS;
+use pinfer::media::Part;
 use pinfer::sampler::SamplerConfig;
 use pinfer::session::Session;
 use pinfer::speculative::next_draft_len;
@@ -52,6 +53,16 @@ pub struct GenParams {
     pub n_keep: Option<i64>,
     /// The grammar the output must match (`response_format`, `grammar`, `json_schema`, `format`).
     pub grammar: Option<GrammarSpec>,
+    /// A prompt with images: its text (with a media marker per image) and the images, decoded.
+    pub media: Option<Media>,
+}
+
+/// A prompt with images, as a handler received it: the engine thread encodes the images and
+/// feeds the text around them.
+#[derive(Debug, Clone)]
+pub struct Media {
+    pub text: String,
+    pub images: Vec<pinfer::media::DecodedImage>,
 }
 
 /// One request for the engine thread.
@@ -209,6 +220,9 @@ struct Running<'t> {
     draft_len: usize,
     n_drafted: usize,
     n_accepted: usize,
+    /// The position of the prompt's first image (its cache is kept only up to there: the
+    /// positions of an image hold no token a later prompt could match).
+    first_image: Option<usize>,
 }
 
 struct Slot<'t> {
@@ -244,12 +258,20 @@ pub struct Engine<'t> {
     stats: Arc<Stats>,
     clock: u64,
     piece: Vec<u8>,
+    /// The vision projector (`--mmproj`): requests' images are encoded here.
+    projector: Option<Box<pinfer::media::Projector>>,
 }
 
 impl<'t> Engine<'t> {
     /// `lookup`: guesses per generating slot and step (0: none; the session must keep every
     /// token's logits and go back to any position).
-    pub fn new(session: Session, tok: &'t Tokenizer<'t>, stats: Arc<Stats>, lookup: usize) -> Self {
+    pub fn new(
+        session: Session,
+        tok: &'t Tokenizer<'t>,
+        stats: Arc<Stats>,
+        lookup: usize,
+        projector: Option<Box<pinfer::media::Projector>>,
+    ) -> Self {
         let n_ctx = session.n_ctx();
         let slots = (0..session.n_seq())
             .map(|_| Slot {
@@ -272,6 +294,7 @@ impl<'t> Engine<'t> {
             lookup,
             stats,
             clock: 0,
+            projector,
         }
     }
 
@@ -400,7 +423,89 @@ impl<'t> Engine<'t> {
         self.stats.requests_deferred.store(self.queue.len(), Ordering::Relaxed);
     }
 
+    /// Encodes a prompt's images and evaluates slot `i`'s sequence from position 0 through the
+    /// prompt but its last token (text as tokens, images as embeddings), which the next step
+    /// evaluates as any prompt's. Returns the prompt's positions as tokens (an image's positions
+    /// hold a placeholder, BOS) and where the first image starts. (The images are encoded on this
+    /// thread, as llama-server encodes them: the other slots wait for it.)
+    fn prefill_media(&mut self, i: usize, media: &Media) -> Result<(Vec<u32>, usize), String> {
+        let Some(projector) = self.projector.as_mut() else {
+            return Err("this server has no vision projector (--mmproj)".into());
+        };
+        let mut images = Vec::with_capacity(media.images.len());
+        for image in &media.images {
+            images.push(projector.encode_decoded(image, self.session.runner()).map_err(|e| e.to_string())?);
+        }
+        let params = *projector.params();
+        let parts = pinfer::media::parts(self.tok, params.traits().wrap, &media.text, &images, true)
+            .map_err(|e| e.to_string())?;
+        let width = params.n_embd_out as usize;
+        let placeholder = self.tok.bos().unwrap_or(0);
+        let mut tokens = Vec::new();
+        let mut first_image = None;
+        for part in &parts {
+            match part {
+                Part::Text(ids) => tokens.extend_from_slice(ids),
+                Part::Image { image, input } => {
+                    first_image.get_or_insert(tokens.len());
+                    tokens.extend(std::iter::repeat_n(
+                        placeholder,
+                        images[*image].inputs[*input].len() / width,
+                    ));
+                }
+            }
+        }
+        if !matches!(parts.last(), Some(Part::Text(_))) {
+            return Err("a prompt must end with text after its last image".into());
+        }
+        if tokens.len() >= self.session.n_ctx() {
+            return Err(format!(
+                "the prompt and its images take {} positions, over the slot's context of {}",
+                tokens.len(),
+                self.session.n_ctx()
+            ));
+        }
+        let _ = self.session.truncate_seq(i, 0);
+        let causal = !params.traits().bidirectional_image;
+        let last = parts.len() - 1;
+        for (k, part) in parts.iter().enumerate() {
+            match part {
+                Part::Text(ids) => {
+                    // (The prompt's last token is left to the step: its logits give the first token.)
+                    let ids = if k == last { &ids[..ids.len() - 1] } else { &ids[..] };
+                    for piece in ids.chunks(self.session.n_batch()) {
+                        let start = self.session.seq_len(i);
+                        let batch: Vec<Entry> = piece
+                            .iter()
+                            .enumerate()
+                            .map(|(j, &token)| Entry { seq: i, pos: start + j, token, logits: false })
+                            .collect();
+                        self.session.decode(&batch).map_err(|e| e.to_string())?;
+                    }
+                }
+                Part::Image { image, input } => {
+                    let rows = &images[*image].inputs[*input];
+                    self.session.decode_embeddings(i, rows, causal).map_err(|e| e.to_string())?;
+                }
+            }
+        }
+        Ok((tokens, first_image.unwrap_or(0)))
+    }
+
     fn start(&mut self, i: usize, mut job: Job) {
+        let media = job.params.media.take();
+        let prefilled = match &media {
+            Some(m) => match self.prefill_media(i, m) {
+                Ok(done) => Some(done),
+                Err(message) => {
+                    // (The sequence may hold part of the prompt: the slot starts over.)
+                    self.reset(i);
+                    let _ = job.events.send(Event::Failed(message));
+                    return;
+                }
+            },
+            None => None,
+        };
         let n_ctx = self.session.n_ctx();
         let mut generator = match Generator::new(self.tok, self.session.n_vocab(), job.params.sampler) {
             Ok(g) => g,
@@ -419,15 +524,28 @@ impl<'t> Engine<'t> {
         generator.set_limit(job.params.n_predict);
         generator.begin();
         let slot = &mut self.slots[i];
-        // At least the last prompt token is evaluated: its logits give the first token.
-        let keep = if job.params.cache_prompt {
-            common_prefix(&slot.cache, &job.prompt).min(job.prompt.len().saturating_sub(1))
-        } else {
-            0
+        let first_image = prefilled.as_ref().map(|p| p.1);
+        let keep = match prefilled {
+            Some((positions, _)) => {
+                // Everything but the last position is in the cache already.
+                job.prompt = positions;
+                slot.cache.clear();
+                slot.cache.extend_from_slice(&job.prompt[..job.prompt.len() - 1]);
+                job.prompt.len() - 1
+            }
+            None => {
+                // At least the last prompt token is evaluated: its logits give the first token.
+                let keep = if job.params.cache_prompt {
+                    common_prefix(&slot.cache, &job.prompt).min(job.prompt.len().saturating_sub(1))
+                } else {
+                    0
+                };
+                // (A model with recurrent layers keeps a slot's cache whole or not at all.)
+                let keep = self.session.truncate_seq(i, keep);
+                slot.cache.truncate(keep);
+                keep
+            }
         };
-        // (A model with recurrent layers keeps a slot's cache whole or not at all.)
-        let keep = self.session.truncate_seq(i, keep);
-        slot.cache.truncate(keep);
         let mut tokens = Vec::with_capacity(n_ctx + 1);
         tokens.extend_from_slice(&job.prompt);
         slot.phase = Phase::Prompt { done: keep };
@@ -435,7 +553,7 @@ impl<'t> Engine<'t> {
         slot.last_used = self.clock;
         slot.run = Some(Running {
             n_prompt: job.prompt.len(),
-            n_cached: keep,
+            n_cached: if first_image.is_some() { 0 } else { keep },
             job,
             generator,
             tokens,
@@ -448,6 +566,7 @@ impl<'t> Engine<'t> {
             draft_len: self.lookup,
             n_drafted: 0,
             n_accepted: 0,
+            first_image,
         });
         self.stats.busy[i].store(true, Ordering::Relaxed);
         self.stats.requests_processing.fetch_add(1, Ordering::Relaxed);
@@ -658,6 +777,9 @@ impl<'t> Engine<'t> {
             Ok(Flow::Continue)
         };
         let _ = run.generator.finish(stop, &mut pass);
+        if let Some(at) = run.first_image {
+            slot.cache.truncate(at);
+        }
         let now = Instant::now();
         let prompt_done = run.prompt_done.unwrap_or(now);
         let summary = Summary {

@@ -35,6 +35,7 @@ fn sampler_defaults(args: &GenArgs) -> Result<GenParams, CliError> {
         n_keep: (args.context_shift && !args.no_context_shift).then_some(args.keep),
         // (`serve --grammar ...`: the grammar of every request that names none.)
         grammar: args.grammar.spec()?,
+        media: None,
     })
 }
 
@@ -86,6 +87,7 @@ pub fn run(args: ServeArgs) -> Result<(), CliError> {
             metrics: args.metrics,
             queue: args.queue,
             slot_save_path: args.slot_save_path.clone(),
+            media_path: args.media_path.clone(),
         },
         model_name,
         model_path: path.clone(),
@@ -348,7 +350,22 @@ fn load_engine<'s>(
         slot_identity: crate::kv_file::Identity::of(&session),
         vocab: std::sync::OnceLock::new(),
         embedding: None,
+        vision: false,
     };
+    let projector = match &gen.mmproj {
+        Some(file) if !session.engine().gives_embeddings() => Some(Box::new(
+            pinfer::media::Projector::open(file, session.hparams())
+                .map_err(|e| CliError::new(e.to_string()))?,
+        )),
+        Some(_) => return Err(CliError::new("--mmproj: an embedding model takes no images".into())),
+        None => None,
+    };
+    if !gen.image.is_empty() {
+        return Err(CliError::new(
+            "--image: the server takes images in its requests (image_url parts, Ollama's images)".into(),
+        ));
+    }
+    let ready = Ready { vision: projector.is_some(), ..ready };
     if session.engine().gives_embeddings() {
         let engine = embeddings::Engine::new(session, shared.stats.clone());
         let ready = Ready { n_slots: 1, embedding: Some(engine.served()), ..ready };
@@ -357,6 +374,7 @@ fn load_engine<'s>(
     }
     // Set once, here: the engine thread loads one model.
     let ready = shared.ready.get_or_init(|| ready);
-    let engine = slots::Engine::new(session, &ready.tok, shared.stats.clone(), gen.lookup.unwrap_or(0));
+    let engine =
+        slots::Engine::new(session, &ready.tok, shared.stats.clone(), gen.lookup.unwrap_or(0), projector);
     Ok(Loaded::Slots(engine, n_seq))
 }
