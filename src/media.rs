@@ -390,3 +390,21 @@ pub fn feed(
     }
     Ok(text)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::base64_decode;
+
+    #[test]
+    fn base64_decodes_padded_unpadded_wrapped_and_url_safe_text_and_refuses_the_rest() {
+        assert_eq!(base64_decode("aGVsbG8=").unwrap(), b"hello");
+        assert_eq!(base64_decode("aGVsbG8").unwrap(), b"hello");
+        assert_eq!(base64_decode("aGVs\r\nbG8h").unwrap(), b"hell\x6f!");
+        assert_eq!(base64_decode("").unwrap(), b"");
+        assert_eq!(base64_decode("/+8=").unwrap(), base64_decode("_-8").unwrap());
+        assert_eq!(base64_decode("AAECAwQFBgc=").unwrap(), [0, 1, 2, 3, 4, 5, 6, 7]);
+        for bad in ["aGVsbG8%", "a", "aGVsb", "aG=Vs", "aGVsbG8===", "é"] {
+            assert!(base64_decode(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+}
