@@ -1016,12 +1016,7 @@ fn bad_images_get_clear_errors_and_never_hurt_the_server() {
     let model = repo_file("models/tiny-vlm/gemma3/model.gguf");
     let mmproj = repo_file("models/tiny-vlm/gemma3/mmproj.gguf");
     let png = std::fs::read(repo_file("tests/vision/images/rgb_1x1.png")).unwrap();
-    let mut huge = png[..16].to_vec();
-    huge.extend_from_slice(&60000u32.to_be_bytes());
-    huge.extend_from_slice(&60000u32.to_be_bytes());
-    huge.extend_from_slice(&png[24..29]);
-    huge.extend_from_slice(&crc32fast::hash(&huge[12..29]).to_be_bytes());
-    huge.extend_from_slice(&png[33..]);
+    let huge = cli_support::png_declaring(&png, 60000, 60000);
     let chat = |url: &str| {
         json!({ "messages": [{ "role": "user", "content": [
             { "type": "image_url", "image_url": { "url": url } }, { "type": "text", "text": "hi" } ] }],

@@ -54,12 +54,7 @@ fn bad_images_and_projectors_are_refused_by_name() {
     let text = temp_file("not-an-image.png", b"hello, this is text");
     let cut = temp_file("cut.png", &png[..png.len() / 2]);
     // A PNG declaring 60000 x 60000 pixels (a valid header, no data).
-    let mut huge = png[..16].to_vec();
-    huge.extend_from_slice(&60000u32.to_be_bytes());
-    huge.extend_from_slice(&60000u32.to_be_bytes());
-    huge.extend_from_slice(&png[24..29]);
-    huge.extend_from_slice(&crc32fast::hash(&huge[12..29]).to_be_bytes());
-    huge.extend_from_slice(&png[33..]);
+    let huge = cli_support::png_declaring(&png, 60000, 60000);
     let huge = temp_file("huge.png", &huge);
     let mmproj = vlm("gemma3", "mmproj.gguf");
     let cases: Vec<(&str, std::process::Output, &str)> = vec![

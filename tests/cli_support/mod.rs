@@ -150,3 +150,15 @@ pub fn spawn_server(mut cmd: Command) -> (Child, u16) {
     std::thread::spawn(move || for _ in lines {});
     (child, port)
 }
+
+/// `png` (a valid PNG) with its header declaring `width` x `height` pixels (its CRC mended): an
+/// image that claims more than it holds, for the size checks made before decoding.
+pub fn png_declaring(png: &[u8], width: u32, height: u32) -> Vec<u8> {
+    let mut out = png[..16].to_vec();
+    out.extend_from_slice(&width.to_be_bytes());
+    out.extend_from_slice(&height.to_be_bytes());
+    out.extend_from_slice(&png[24..29]);
+    out.extend_from_slice(&crc32fast::hash(&out[12..29]).to_be_bytes());
+    out.extend_from_slice(&png[33..]);
+    out
+}
