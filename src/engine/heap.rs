@@ -7,7 +7,9 @@ use std::vec::Vec;
 use super::{graph_slots, EngineConfig, EngineError, GraphSlot, Model, Planned};
 use crate::arena::ArenaExhausted;
 
-const EMPTY_SLOT: GraphSlot = GraphSlot::new();
+/// An empty slot (read-only data: about a megabyte of the binary, the price of never building a
+/// slot on the stack).
+static EMPTY_SLOT: GraphSlot = GraphSlot::new();
 
 /// `n` empty graph slots on the heap (refused, not aborted, when the heap cannot hold them).
 pub fn slots(n: usize) -> Result<Vec<GraphSlot>, EngineError> {
@@ -16,12 +18,16 @@ pub fn slots(n: usize) -> Result<Vec<GraphSlot>, EngineError> {
         let needed = n * core::mem::size_of::<GraphSlot>();
         EngineError::Memory(ArenaExhausted { what: "the engine's graphs", needed, capacity: 0 })
     })?;
-    // Pushed from a `const`, so each slot (about a megabyte) is written straight into the
-    // vector: `resize_with(n, GraphSlot::new)` built each on the stack first, which overflowed a
-    // default 2 MiB thread stack in release builds.
-    for _ in 0..n {
-        slots.push(EMPTY_SLOT);
+    // Each slot (about a megabyte) is copied from one empty slot straight
+    // into the vector: built as a value it would pass through the stack (`resize_with`,
+    // `push`), which overflows a default 2 MiB thread stack in some builds.
+    for slot in &mut slots.spare_capacity_mut()[..n] {
+        // SAFETY: `EMPTY_SLOT` is a valid empty slot (no graph built, no plan, nothing owned), so
+        // its bytes are one too; a static is never dropped, so nothing is owned twice.
+        unsafe { core::ptr::copy_nonoverlapping(&EMPTY_SLOT, slot.as_mut_ptr(), 1) };
     }
+    // SAFETY: the first `n` slots were written just above.
+    unsafe { slots.set_len(n) };
     Ok(slots)
 }
 
