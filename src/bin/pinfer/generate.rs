@@ -153,14 +153,11 @@ pub fn generate(args: GenArgs) -> Result<(), CliError> {
     let runs = generated.len().saturating_sub(1);
     errln!();
     errln!("pinfer: {:>16} = {:10.2} ms", "load time", ms(t_load));
-    errln!("{}", timing("prompt eval time", ms(t_prompt), prompt.len(), "tokens"));
+    // (An image's positions count as the prompt's tokens, as llama-mtmd-cli counts them.)
+    let n_prompt = media.as_ref().map_or(prompt.len(), |m| m.positions());
+    errln!("{}", timing("prompt eval time", ms(t_prompt), n_prompt, "tokens"));
     errln!("{}", timing("eval time", ms(t_gen), runs, "runs"));
-    errln!(
-        "pinfer: {:>16} = {:10.2} ms / {:5} tokens",
-        "total time",
-        ms(t_start.elapsed()),
-        prompt.len() + runs
-    );
+    errln!("pinfer: {:>16} = {:10.2} ms / {:5} tokens", "total time", ms(t_start.elapsed()), n_prompt + runs);
     let l = gen.draft_stats();
     if args.lookup.is_some() || args.model_draft.is_some() {
         let source = if args.lookup.is_some() { "lookup" } else { "draft model" };

@@ -167,6 +167,18 @@ pub struct Ready {
     pub vision: bool,
 }
 
+impl Shared {
+    /// What the served model does, in llama-server's and Ollama's words (`completion`, `vision`,
+    /// `embedding`).
+    pub fn capabilities(&self) -> Vec<&'static str> {
+        match self.ready.get() {
+            Some(r) if r.embedding.is_some() => vec!["embedding"],
+            Some(r) if r.vision => vec!["completion", "vision"],
+            _ => vec!["completion"],
+        }
+    }
+}
+
 /// The handlers' view: the shared state with the model loaded.
 pub struct State<'a> {
     pub ready: &'a Ready,

@@ -266,7 +266,7 @@ async fn show_inner(shared: AppState, body: Body) -> Result<Response, ApiError> 
             "general.parameter_count": r.n_params,
             format!("{}.context_length", r.arch): r.n_ctx_train,
         },
-        "capabilities": super::routes::capabilities(&shared),
+        "capabilities": shared.capabilities(),
         "modified_at": entry["modified_at"],
     })))
 }

@@ -115,18 +115,9 @@ async fn models(AxState(shared): AxState<AppState>) -> Response {
             "name": shared.model_name,
             "model": shared.model_name,
             "type": "model",
-            "capabilities": capabilities(&shared),
+            "capabilities": shared.capabilities(),
         }],
     }))
-}
-
-/// What the served model does, in llama-server's and Ollama's words (`completion`, `vision`).
-pub fn capabilities(shared: &super::Shared) -> Vec<&'static str> {
-    match shared.ready.get() {
-        Some(r) if r.embedding.is_some() => vec!["embedding"],
-        Some(r) if r.vision => vec!["completion", "vision"],
-        _ => vec!["completion"],
-    }
 }
 
 async fn tokenize(AxState(shared): AxState<AppState>, body: Body) -> Result<Response, ApiError> {
