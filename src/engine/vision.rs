@@ -11,7 +11,7 @@ use crate::arena::{Arena, Region, ARENA_ALIGN};
 use crate::exec::{work_bytes, Step};
 use crate::gguf::Gguf;
 use crate::graph::plan::plan;
-use crate::model::vision::{check_projector, VisionParams};
+use crate::model::vision::{check_projector, Merge, PatchPositions, VisionParams};
 use crate::model::{build_vision, VisionForward, VisionInputs};
 
 /// A projector planned for images of one size (the family's square, or the largest dynamic
@@ -37,14 +37,8 @@ impl<'m, S: DerefMut<Target = GraphSlot>> VisionPlanned<'m, S> {
         let vp = check_projector(&gguf)?;
         let p = vp.patch_size as usize;
         let n = (width / p.max(1)) * (height / p.max(1));
-        let patches_bytes = (3 * p * p * n * 4).next_multiple_of(ARENA_ALIGN);
-        let positions_bytes = (n * 4).next_multiple_of(ARENA_ALIGN);
-        let inputs = VisionInputs {
-            patches_offset: 0,
-            positions_offset: patches_bytes,
-            spans_offset: patches_bytes + positions_bytes,
-        };
-        let persistent = patches_bytes + positions_bytes + (2 * n * 4).next_multiple_of(ARENA_ALIGN);
+        let (inputs, persistent) = VisionInputs::packed(n, 3 * p * p, ARENA_ALIGN)
+            .ok_or(EngineError::Config("the image is too large for this machine's memory"))?;
         let fwd = build_vision(slot.graph.graph_mut(), &gguf, &vp, inputs, width, height)?;
         slot.plan = plan(slot.graph.graph()).map_err(EngineError::Plan)?;
         slot.fwd = None;
@@ -136,31 +130,42 @@ impl<'m, S: DerefMut<Target = GraphSlot>, B: DerefMut<Target = [u8]>> VisionEngi
         let (activations, work) = (at(self.activations), at(self.work));
         let arena = &mut self.memory[self.skip..][arena_start..arena_start + arena_len];
         {
+            let n = gx * gy;
             let (patches, rest) = arena[..self.inputs.len].split_at_mut(inputs.positions_offset);
-            let patches: &mut [f32] = bytemuck::cast_slice_mut(&mut patches[..3 * p * p * gx * gy * 4]);
-            // Patch (px, py) unfolded as the convolution's taps: channel, then row, then column.
-            for py in 0..gy {
-                for px in 0..gx {
-                    let out = &mut patches[(py * gx + px) * 3 * p * p..][..3 * p * p];
-                    for c in 0..3 {
-                        for ky in 0..p {
-                            let row = ((py * p + ky) * width + px * p) * 3;
-                            for kx in 0..p {
-                                out[(c * p + ky) * p + kx] = pixels[row + kx * 3 + c];
-                            }
+            let patches: &mut [f32] = bytemuck::cast_slice_mut(&mut patches[..3 * p * p * n * 4]);
+            let (positions, rest) = rest.split_at_mut(inputs.spans_offset - inputs.positions_offset);
+            let positions: &mut [i32] = bytemuck::cast_slice_mut(&mut positions[..4 * n * 4]);
+            let (spans, restore) = rest.split_at_mut(inputs.restore_offset - inputs.spans_offset);
+            let spans: &mut [i32] = bytemuck::cast_slice_mut(&mut spans[..4 * n * 4]);
+            let restore: &mut [i32] = bytemuck::cast_slice_mut(&mut restore[..n * 4]);
+            let vp = &self.planned.vp;
+            let learned = vp.traits().positions != PatchPositions::Rope2d;
+            let s = if vp.traits().merge == Merge::SpatialMlp { vp.n_merge as usize } else { 1 };
+            // Every row's patch, unfolded as the convolution's taps (channel, then row, then
+            // column); its position; its spans of keys; where its merged token goes.
+            self.planned.fwd.patch_order(vp, |slot| {
+                let (row, px, py) = (slot.row, slot.x, slot.y);
+                let out = &mut patches[row * 3 * p * p..][..3 * p * p];
+                for c in 0..3 {
+                    for ky in 0..p {
+                        let src = ((py * p + ky) * width + px * p) * 3;
+                        for kx in 0..p {
+                            out[(c * p + ky) * p + kx] = pixels[src + kx * 3 + c];
                         }
                     }
                 }
-            }
-            let (positions, spans) = rest.split_at_mut(inputs.spans_offset - inputs.positions_offset);
-            let positions: &mut [i32] = bytemuck::cast_slice_mut(&mut positions[..gx * gy * 4]);
-            for (i, v) in positions.iter_mut().enumerate() {
-                *v = i as i32;
-            }
-            let spans: &mut [i32] = bytemuck::cast_slice_mut(&mut spans[..2 * gx * gy * 4]);
-            for span in spans.chunks_exact_mut(2) {
-                span.copy_from_slice(&[0, (gx * gy) as i32]);
-            }
+                if learned {
+                    positions[row] = (py * gx + px) as i32;
+                } else {
+                    positions[2 * row..][..2].copy_from_slice(&[0, py as i32]);
+                    positions[2 * (n + row)..][..2].copy_from_slice(&[0, px as i32]);
+                }
+                spans[2 * row..][..2].copy_from_slice(&[0, n as i32]);
+                spans[2 * (n + row)..][..2].copy_from_slice(&[slot.window.0 as i32, slot.window.1 as i32]);
+                if px % s == 0 && py % s == 0 {
+                    restore[(py / s) * (gx / s) + px / s] = (row / (s * s)) as i32;
+                }
+            });
         }
         let slot = &mut *self.planned.slot;
         let buffers: [&[u8]; 1] = [self.planned.bytes];

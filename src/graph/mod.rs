@@ -620,9 +620,21 @@ impl<const N: usize> Graph<N> {
     /// RoPE on `x` (`[head_dim, n_head, n_tokens]`, F32) by `table`, a [`Graph::rope_table`] of
     /// as many tokens; dimensions past the table's `n_rot` are copied.
     pub fn rope_with(&mut self, x: TensorId, table: TensorId, mode: RopeMode) -> Result<TensorId> {
+        if self.tensor(table).op != Op::RopeTable {
+            return Err(self.invalid(Op::Rope, table, "needs a rope table"));
+        }
+        self.rope_by(x, table, mode)
+    }
+
+    /// RoPE on `x` by a table of angles made otherwise than by one [`Graph::rope_table`] (a 2-D
+    /// position's, joined from one table per axis): contiguous F32 `[n_rot, n_tokens]`, each
+    /// row the `n_rot / 2` cosines then the sines.
+    pub fn rope_by(&mut self, x: TensorId, table: TensorId, mode: RopeMode) -> Result<TensorId> {
         self.f32_input(Op::Rope, x)?;
         let (t, tt) = (self.tensor(x), self.tensor(table));
-        if tt.op != Op::RopeTable || tt.ne[0] > t.ne[0] || tt.ne[1] != t.ne[2] || t.ne[3] != 1 {
+        let table_ok = tt.ty == GgmlType::F32 && tt.is_contiguous() && tt.ne[0] % 2 == 0 && tt.ne[0] > 0;
+        if !table_ok || tt.ne[0] > t.ne[0] || tt.ne[1] != t.ne[2] || tt.ne[2] * tt.ne[3] != 1 || t.ne[3] != 1
+        {
             return Err(self.invalid(
                 Op::Rope,
                 x,

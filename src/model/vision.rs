@@ -285,6 +285,9 @@ pub struct VisionParams {
     /// Qwen2.5-VL: every `n_wa_pattern`-th layer attends over the whole image, the others within
     /// windows (0: every layer over the whole image).
     pub n_wa_pattern: u32,
+    /// Qwen2.5-VL: side of an attention window in pixels (clip's 112; whole merged patches
+    /// count, as clip divides). 0 for the other families.
+    pub window_size: u32,
 }
 
 impl VisionParams {
@@ -410,6 +413,12 @@ impl VisionParams {
             Projector::Qwen25Vl => u32_key("clip.vision.n_wa_pattern", 1, n_layer)?,
             _ => 0,
         };
+        // clip (0c1e570) does not read `clip.vision.window_size` for this family: its windows
+        // are 112 pixels whatever the file says (released Qwen2.5-VL files say 112 too).
+        let window_size = match projector {
+            Projector::Qwen25Vl => 112,
+            _ => 0,
+        };
         Ok(Self {
             projector,
             n_embd,
@@ -428,6 +437,7 @@ impl VisionParams {
             max_pixels: u64::from(max_tokens) * patch_area,
             longest_edge: opt_u32("clip.vision.preproc_image_size")?.unwrap_or(0).min(MAX_IMAGE_SIZE * 4),
             n_wa_pattern,
+            window_size,
         })
     }
 
@@ -546,10 +556,12 @@ pub fn validate_vision_tensors(g: &Gguf<'_>, vp: &VisionParams) -> Result<(), Mo
             check(format_args!("mm.2.bias"), &[out], Bias, false)?;
         }
         Merge::SpatialMlp => {
+            // (Released merger MLPs are e s² wide inside; the width is the file's.)
             let h = e * s2;
-            check(format_args!("mm.0.weight"), &[h, h], Weight, true)?;
-            check(format_args!("mm.0.bias"), &[h], Bias, true)?;
-            check(format_args!("mm.2.weight"), &[h, out], Weight, true)?;
+            let mid = g.tensor("mm.0.weight").map_or(h, |t| t.ne[1]);
+            check(format_args!("mm.0.weight"), &[h, mid], Weight, true)?;
+            check(format_args!("mm.0.bias"), &[mid], Bias, true)?;
+            check(format_args!("mm.2.weight"), &[mid, out], Weight, true)?;
             check(format_args!("mm.2.bias"), &[out], Bias, true)?;
         }
     }

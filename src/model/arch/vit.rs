@@ -9,20 +9,93 @@ use crate::gguf::{name_of, Gguf};
 use crate::graph::{Graph, GraphError};
 use crate::model::vision::{Merge, PatchPositions, VisionFfn, VisionNorm, VisionParams};
 use crate::model::ModelError;
-use crate::op::Mask;
+use crate::op::{Mask, RopeMode};
 use crate::quant::GgmlType;
 use crate::tensor::{Storage, TensorId};
 use core::fmt::Write;
 
-/// Where a vision graph's inputs are in the arena's persistent region.
+/// Where a vision graph's inputs are in the arena's persistent region (byte offsets; the ViT's
+/// rows are the patches in [`patch_order`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct VisionInputs {
     /// F32 `[3 p², n_patches]`: the unfolded patches.
     pub patches_offset: usize,
-    /// I32 `[n_patches]`: each patch's index in the position embedding.
+    /// I32 `[n_patches]`: each patch's index in the position embedding (learned positions); or
+    /// I32 `[2, n_patches]` twice, each row's (0, patch row) then (0, patch column) (2-D RoPE).
     pub positions_offset: usize,
-    /// I32 `[2, n_patches]`: each patch's span of keys (first row, rows): the whole image.
+    /// I32 `[2, n_patches]` twice: each row's span of keys (first row, rows), the whole image,
+    /// then its window (window attention).
     pub spans_offset: usize,
+    /// I32 `[n_tokens]`: for each merged token in raster order, its row in the merger's output
+    /// (window attention reorders them).
+    pub restore_offset: usize,
+}
+
+impl VisionInputs {
+    /// The inputs of an image of `n` patches of `patch_len` values, one after another from
+    /// offset 0, each aligned to `align`; and the bytes they take (`None`: too many).
+    pub fn packed(n: usize, patch_len: usize, align: usize) -> Option<(Self, usize)> {
+        let at = |values: usize| values.checked_mul(4)?.checked_next_multiple_of(align.max(1));
+        let patches_offset = 0;
+        let positions_offset = at(n.checked_mul(patch_len)?)?;
+        let spans_offset = positions_offset.checked_add(at(n.checked_mul(4)?)?)?;
+        let restore_offset = spans_offset.checked_add(at(n.checked_mul(4)?)?)?;
+        let end = restore_offset.checked_add(at(n)?)?;
+        Some((Self { patches_offset, positions_offset, spans_offset, restore_offset }, end))
+    }
+}
+
+/// A patch's place in the ViT's rows: `row` holds patch (`x`, `y`) of the grid, and its
+/// window's keys are rows `window.0..window.0 + window.1`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PatchSlot {
+    /// The ViT's row.
+    pub row: usize,
+    /// The patch's column.
+    pub x: usize,
+    /// The patch's row.
+    pub y: usize,
+    /// First row and rows of its attention window (the whole image without windows).
+    pub window: (usize, usize),
+}
+
+impl VisionForward {
+    /// [`patch_order`] of the graph's grid.
+    pub fn patch_order(&self, vp: &VisionParams, f: impl FnMut(PatchSlot)) {
+        patch_order(vp, self.grid.0, self.grid.1, f);
+    }
+}
+
+/// Visits the patches of a `gx` x `gy` grid in the order the ViT holds them: raster order, but
+/// for a spatial merge (Qwen2-VL) each `s` x `s` square of patches contiguous (the squares in
+/// raster order, the patches within each too), and for window attention (Qwen2.5-VL) the
+/// squares of each window contiguous (windows in raster order, clip's `window_idx`). Merging
+/// and the per-patch steps are unchanged by the order, so clip's reorderings of the patch
+/// vectors happen here, on the input, instead.
+pub fn patch_order(vp: &VisionParams, gx: usize, gy: usize, mut f: impl FnMut(PatchSlot)) {
+    let traits = vp.traits();
+    let s = if traits.merge == Merge::SpatialMlp { vp.n_merge as usize } else { 1 };
+    let (mx, my) = (gx / s, gy / s);
+    let merged_patch = vp.patch_size as usize * s;
+    let win = if vp.n_wa_pattern > 0 { vp.window_size as usize / merged_patch } else { mx.max(my) };
+    let win = win.max(1);
+    let mut row = 0;
+    for wy in (0..my).step_by(win) {
+        for wx in (0..mx).step_by(win) {
+            let (wh, ww) = (win.min(my - wy), win.min(mx - wx));
+            let window = (row, wh * ww * s * s);
+            for ty in wy..wy + wh {
+                for tx in wx..wx + ww {
+                    for sy in 0..s {
+                        for sx in 0..s {
+                            f(PatchSlot { row, x: tx * s + sx, y: ty * s + sy, window });
+                            row += 1;
+                        }
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// The inputs and output of a built vision graph.
@@ -106,10 +179,14 @@ pub fn build_vision<const N: usize>(
             let rows = g.get_rows(table, positions)?;
             x = g.add(x, rows)?;
         }
-        PatchPositions::LearnedResized | PatchPositions::Rope2d => {
+        PatchPositions::LearnedResized => {
             return Err(invalid("this projector family's patch positions are not built yet"));
         }
+        PatchPositions::Rope2d => {}
     }
+    let i32_leaf = |g: &mut Graph<N>, label: &str, ne: [usize; 4], offset: usize| {
+        g.leaf(label, GgmlType::I32, ne, Storage::Persistent { offset })
+    };
     let norm =
         |g: &mut Graph<N>, x: TensorId, prefix: core::fmt::Arguments<'_>| -> Result<TensorId, ModelError> {
             let base = name(prefix);
@@ -135,27 +212,43 @@ pub fn build_vision<const N: usize>(
     if gguf.tensor("v.pre_ln.weight").is_some() {
         x = norm(g, x, format_args!("v.pre_ln"))?;
     }
-    let spans = g.leaf(
-        "inp_spans",
-        GgmlType::I32,
-        [2, n, 1, 1],
-        Storage::Persistent { offset: inputs.spans_offset },
-    )?;
+    let spans = i32_leaf(g, "inp_spans", [2, n, 1, 1], inputs.spans_offset)?;
+    let window_spans = match vp.n_wa_pattern {
+        0 => None,
+        _ => Some(i32_leaf(g, "inp_window_spans", [2, n, 1, 1], inputs.spans_offset + 8 * n)?),
+    };
     let (n_head, hd) = (vp.n_head as usize, vp.head_dim() as usize);
     let scale = 1.0 / libm::sqrtf(hd as f32);
+    let mut angles = None;
     for il in 0..vp.n_layer as usize {
         let cur = norm(g, x, format_args!("v.blk.{il}.ln1"))?;
         let q = linear(g, cur, il, "attn_q")?;
         let k = linear(g, cur, il, "attn_k")?;
         let v = linear(g, cur, il, "attn_v")?;
+        let (mut q, mut k, v) = (
+            g.reshape(q, [hd, n_head, n, 1])?,
+            g.reshape(k, [hd, n_head, n, 1])?,
+            g.reshape(v, [hd, n_head, n, 1])?,
+        );
+        if traits.positions == PatchPositions::Rope2d {
+            let table = match angles {
+                Some(t) => t,
+                None => {
+                    let t = rope_2d_table(g, q, hd, n, inputs.positions_offset)?;
+                    angles = Some(t);
+                    t
+                }
+            };
+            q = g.rope_by(q, table, RopeMode::Neox)?;
+            k = g.rope_by(k, table, RopeMode::Neox)?;
+        }
         // Heads outermost: [hd, n, n_head].
-        let heads = |g: &mut Graph<N>, t: TensorId| -> Result<TensorId, ModelError> {
-            let t = g.reshape(t, [hd, n_head, n, 1])?;
-            Ok(g.permute(t, [0, 2, 1, 3])?)
-        };
-        let (q, k, v) = (heads(g, q)?, heads(g, k)?, heads(g, v)?);
+        let (q, k, v) =
+            (g.permute(q, [0, 2, 1, 3])?, g.permute(k, [0, 2, 1, 3])?, g.permute(v, [0, 2, 1, 3])?);
         let attn = g.flash_attn(q, k, v, scale, Mask::Bidirectional)?;
-        g.at_positions(attn, spans)?;
+        // Qwen2.5-VL: every n_wa_pattern-th layer over the whole image, the others in windows.
+        let windowed = window_spans.filter(|_| (il + 1) % vp.n_wa_pattern.max(1) as usize != 0);
+        g.at_positions(attn, windowed.unwrap_or(spans))?;
         g.set_name(attn, format_args!("kqv_out-{il}"));
         let attn = g.reshape(attn, [hd * n_head, n, 1, 1])?;
         let o = linear(g, attn, il, "attn_out")?;
@@ -170,8 +263,14 @@ pub fn build_vision<const N: usize>(
                 g.swiglu(gate, up)?
             }
             (VisionFfn::Silu, false) => g.silu(up)?,
-            (VisionFfn::GeluQuick, _) | (VisionFfn::Gelu, true) => {
-                return Err(invalid("GELU-quick and gated GELU ViT FFNs are not built yet"));
+            (VisionFfn::GeluQuick, false) => {
+                // x * sigmoid(1.702 x), as ggml's gelu_quick.
+                let z = g.scale(up, 1.702)?;
+                let z = g.sigmoid(z)?;
+                g.mul(up, z)?
+            }
+            (VisionFfn::GeluQuick, true) | (VisionFfn::Gelu, true) => {
+                return Err(invalid("gated GELU ViT FFNs are not built yet"));
             }
         };
         let down = linear(g, act, il, "ffn_down")?;
@@ -201,7 +300,22 @@ pub fn build_vision<const N: usize>(
             let fc = w(g, format_args!("mm.model.fc.weight"))?;
             (g.mul_mat(fc, shuffled)?, m)
         }
-        Merge::ShuffleMlp | Merge::SpatialMlp => {
+        Merge::SpatialMlp => {
+            // patch_order made each s x s square contiguous: one vector of e s² per token.
+            if gx % s != 0 || gy % s != 0 {
+                return Err(invalid("a spatial merge of whole squares of patches"));
+            }
+            let m = n / (s * s);
+            let t = g.reshape(x, [e * s * s, m, 1, 1])?;
+            let mut t = mlp(g, gguf, t, "mm.0", "mm.2")?;
+            if vp.n_wa_pattern > 0 {
+                // Back from window order to raster order.
+                let restore = i32_leaf(g, "inp_restore", [m, 1, 1, 1], inputs.restore_offset)?;
+                t = g.get_rows(t, restore)?;
+            }
+            (t, m)
+        }
+        Merge::ShuffleMlp => {
             return Err(invalid("this projector family's merge is not built yet"));
         }
     };
@@ -242,4 +356,58 @@ fn pixel_shuffle<const N: usize>(
     let t = g.cpy(t, GgmlType::F32)?;
     let m = (gx / s) * (gy / s);
     Ok((g.reshape(t, [e * s * s, m, 1, 1])?, m))
+}
+
+/// `second(gelu(first(x)))`, each a matmul and its optional bias (clip's `build_ffn` with GELU).
+fn mlp<const N: usize>(
+    g: &mut Graph<N>,
+    gguf: &Gguf<'_>,
+    x: TensorId,
+    first: &str,
+    second: &str,
+) -> Result<TensorId, ModelError> {
+    let mut t = x;
+    for (i, layer) in [first, second].into_iter().enumerate() {
+        let wt = required(g, gguf, &name(format_args!("{layer}.weight")))?;
+        t = g.mul_mat(wt, t)?;
+        if let Some(b) = weight_leaf(g, gguf, &name(format_args!("{layer}.bias")))? {
+            t = g.add(t, b)?;
+        }
+        if i == 0 {
+            t = g.gelu(t)?;
+        }
+    }
+    Ok(t)
+}
+
+/// The angles of ggml's vision RoPE (`ggml_rope_multi`, `GGML_ROPE_TYPE_VISION`, sections of a
+/// quarter head each) for `[hd, n_head, n]` heads like `like`: pairs `(i, i + hd / 2)`, the
+/// first `hd / 4` turned by the patch's row, the next `hd / 4` by its column, each quarter's
+/// frequencies starting again at base 10000 (ggml resets them per section, in vision mode).
+/// That is two ordinary tables of `hd / 2` dimensions, one per axis (positions from the inputs
+/// at `offset`), their cosines and sines interleaved: `[cos_y, cos_x, sin_y, sin_x]` per row.
+fn rope_2d_table<const N: usize>(
+    g: &mut Graph<N>,
+    like: TensorId,
+    hd: usize,
+    n: usize,
+    offset: usize,
+) -> Result<TensorId, ModelError> {
+    if hd % 4 != 0 {
+        return Err(invalid("2-D RoPE needs heads of a multiple of 4"));
+    }
+    let mut halves = [like; 2];
+    for (axis, half) in halves.iter_mut().enumerate() {
+        let places = g.leaf(
+            if axis == 0 { "inp_pos_rows" } else { "inp_pos_cols" },
+            GgmlType::I32,
+            [2, n, 1, 1],
+            Storage::Persistent { offset: offset + axis * 8 * n },
+        )?;
+        let t = g.rope_table(like, hd / 2, 10000.0, 1.0, None, 1.0, None)?;
+        g.at_positions(t, places)?;
+        *half = g.reshape(t, [hd / 4, 2, n, 1])?;
+    }
+    let joined = g.concat(halves[0], halves[1], 0)?;
+    Ok(g.reshape(joined, [hd, n, 1, 1])?)
 }
