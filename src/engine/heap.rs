@@ -7,10 +7,6 @@ use std::vec::Vec;
 use super::{graph_slots, EngineConfig, EngineError, GraphSlot, Model, Planned};
 use crate::arena::ArenaExhausted;
 
-/// An empty slot (read-only data: about a megabyte of the binary, the price of never building a
-/// slot on the stack).
-static EMPTY_SLOT: GraphSlot = GraphSlot::new();
-
 /// `n` empty graph slots on the heap (refused, not aborted, when the heap cannot hold them).
 pub fn slots(n: usize) -> Result<Vec<GraphSlot>, EngineError> {
     let mut slots = Vec::new();
@@ -18,13 +14,10 @@ pub fn slots(n: usize) -> Result<Vec<GraphSlot>, EngineError> {
         let needed = n * core::mem::size_of::<GraphSlot>();
         EngineError::Memory(ArenaExhausted { what: "the engine's graphs", needed, capacity: 0 })
     })?;
-    // Each slot (about a megabyte) is copied from one empty slot straight
-    // into the vector: built as a value it would pass through the stack (`resize_with`,
-    // `push`), which overflows a default 2 MiB thread stack in some builds.
+    // Each slot (about a megabyte) is made in place: built as a value it would pass through the
+    // stack (`resize_with`, `push`), which overflows a default 2 MiB thread stack in some builds.
     for slot in &mut slots.spare_capacity_mut()[..n] {
-        // SAFETY: `EMPTY_SLOT` is a valid empty slot (no graph built, no plan, nothing owned), so
-        // its bytes are one too; a static is never dropped, so nothing is owned twice.
-        unsafe { core::ptr::copy_nonoverlapping(&EMPTY_SLOT, slot.as_mut_ptr(), 1) };
+        GraphSlot::init(slot);
     }
     // SAFETY: the first `n` slots were written just above.
     unsafe { slots.set_len(n) };

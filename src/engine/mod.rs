@@ -342,6 +342,20 @@ pub struct GraphSlot {
 }
 
 impl GraphSlot {
+    /// Makes `slot` an empty slot in place, without building one on the stack (a slot is about a
+    /// megabyte, a thread's stack often two).
+    pub fn init(slot: &mut core::mem::MaybeUninit<GraphSlot>) {
+        let p = slot.as_mut_ptr();
+        // SAFETY: `p` is valid for writes of a GraphSlot. Zeroed, the plan (vectors and
+        // counters) is empty and the graph becomes empty through `init_zeroed`; the forward
+        // pass, which zero bytes need not be, is written.
+        unsafe {
+            core::ptr::write_bytes(p, 0, 1);
+            Addressed::init_zeroed(core::ptr::addr_of_mut!((*p).graph));
+            core::ptr::addr_of_mut!((*p).fwd).write(None);
+        }
+    }
+
     /// An empty slot.
     pub const fn new() -> Self {
         Self { graph: Addressed::new(), plan: Plan::new(), fwd: None }

@@ -185,6 +185,18 @@ pub struct Addressed<const N: usize> {
 }
 
 impl<const N: usize> Addressed<N> {
+    /// Makes the zeroed memory at `this` an empty graph in place (a graph is about a megabyte:
+    /// built as a value it would pass through the stack).
+    ///
+    /// # Safety
+    /// `this` must point to writable memory for a `Self` whose bytes are all zero.
+    pub unsafe fn init_zeroed(this: *mut Self) {
+        // SAFETY: the caller gives zeroed memory for a Self. Its `heapless::Vec`s (in the graph
+        // too) are a length and uninitialised storage: zero bytes are an empty vector whatever
+        // the field order; the one field zero may not be is written here.
+        unsafe { core::ptr::addr_of_mut!((*this).memory).write(None) };
+    }
+
     /// An empty graph.
     pub const fn new() -> Self {
         Self { graph: Graph::new(), at: heapless::Vec::new(), memory: None }
