@@ -65,6 +65,9 @@ impl From<ImageError> for MediaError {
 pub struct EncodedImage {
     /// Embeddings of each encoder input, `n_embd` values per token.
     pub inputs: Vec<Vec<f32>>,
+    /// The token grid (columns, rows) of each encoder input, in raster order (an M-RoPE model
+    /// turns an image's tokens by their row and column).
+    pub token_grids: Vec<(usize, usize)>,
     /// Tiles per row and column (1 x 1 for one input).
     pub grid: (u32, u32),
     /// Whether the last input is the whole image beside the tiles.
@@ -160,7 +163,7 @@ fn takes(family: Family, arch: Arch) -> bool {
         Family::Idefics3 => arch == Arch::Llama,
         Family::Lfm2 => arch == Arch::Lfm2,
         // (Qwen2-VL's language model places image tokens by M-RoPE: its qwen2vl architecture.)
-        Family::Qwen2Vl | Family::Qwen25Vl => false,
+        Family::Qwen2Vl | Family::Qwen25Vl => arch == Arch::Qwen2Vl,
     }
 }
 
@@ -221,6 +224,7 @@ impl Projector {
         }
         let pre = preprocess(&image.rgb, &self.params)?;
         let mut inputs = Vec::with_capacity(pre.images.len());
+        let mut token_grids = Vec::with_capacity(pre.images.len());
         for input in &pre.images {
             let (w, h) = (input.width as usize, input.height as usize);
             let planned = VisionPlanned::new(self.file.bytes(), &mut self.slots[0], w, h)
@@ -240,8 +244,10 @@ impl Projector {
                 .encode(&input.pixels, w, h, runner)
                 .map_err(|e| MediaError::Encode(format!("encoding the image: {e}")))?;
             inputs.push(rows.to_vec());
+            let (cols, rows) = self.params.token_grid(input.width, input.height);
+            token_grids.push((cols as usize, rows as usize));
         }
-        let image = Arc::new(EncodedImage { inputs, grid: pre.grid, overview: pre.overview });
+        let image = Arc::new(EncodedImage { inputs, token_grids, grid: pre.grid, overview: pre.overview });
         if self.kept.len() == KEPT_IMAGES {
             self.kept.remove(0);
         }
@@ -383,8 +389,13 @@ pub fn feed(
                 text.extend_from_slice(ids);
             }
             Part::Image { image, input } => {
-                let rows = &images[*image].inputs[*input];
-                session.decode_embeddings(0, rows, causal)?;
+                let image = &images[*image];
+                session.decode_embeddings(
+                    0,
+                    &image.inputs[*input],
+                    causal,
+                    image.token_grids.get(*input).copied(),
+                )?;
             }
         }
     }

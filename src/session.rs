@@ -706,13 +706,27 @@ impl Session {
     /// Feeds `rows` (`n_embd` values per position: an image's embeddings from a vision projector)
     /// to sequence `seq` at its next positions, in steps of at most [`n_batch`](Self::n_batch);
     /// with `causal` false they attend to each other both ways, so they must fit in one step.
+    /// `grid` (columns, rows) is the image's token grid, in raster order, which an M-RoPE model
+    /// turns its tokens by (see [`Engine::place_image`](crate::engine::Engine::place_image)).
     /// The session must be opened with [`SessionOptions::embeddings_input`]. No logits are kept.
-    pub fn decode_embeddings(&mut self, seq: usize, rows: &[f32], causal: bool) -> Result<(), SessionError> {
+    pub fn decode_embeddings(
+        &mut self,
+        seq: usize,
+        rows: &[f32],
+        causal: bool,
+        grid: Option<(usize, usize)>,
+    ) -> Result<(), SessionError> {
         let n_embd = self.hparams().n_embd as usize;
         if n_embd == 0 || rows.len() % n_embd != 0 {
             return Err(SessionError::Option("input embeddings must be n_embd values per position"));
         }
         let n = rows.len() / n_embd;
+        if let Some((nx, ny)) = grid {
+            if nx.checked_mul(ny) != Some(n) {
+                return Err(SessionError::Option("an image's grid must hold its embeddings, one per cell"));
+            }
+            self.engine.place_image(seq, nx, ny)?;
+        }
         let step = self.n_batch();
         if !causal && n > step {
             return Err(SessionError::Option(
@@ -734,6 +748,12 @@ impl Session {
             done += len;
         }
         Ok(())
+    }
+
+    /// The rotary position sequence `seq`'s next token takes (see
+    /// [`Engine::next_position`](crate::engine::Engine::next_position)).
+    pub fn next_position(&self, seq: usize) -> usize {
+        self.engine.next_position(seq)
     }
 
     /// Bytes of the cache rows of `n` positions of one sequence.

@@ -69,7 +69,7 @@ fn the_default_model_is_valid() {
 fn every_supported_architecture_validates() {
     for arch in [
         "llama", "qwen2", "qwen3", "gemma3", "qwen3moe", "qwen2moe", "granite", "smollm3", "phi3", "lfm2",
-        "lfm2moe", "qwen35",
+        "lfm2moe", "qwen35", "qwen2vl",
     ] {
         let hp = validate(&tiny(arch)).unwrap_or_else(|e| panic!("{arch}: {e}"));
         assert_eq!(hp.arch.name(), arch);
@@ -436,6 +436,32 @@ fn qwen35_layers_sizes_and_sections_are_read_and_checked() {
     refused("sections", &with_rot(sections([3, 3, 1, 0])), &["rope.dimension_sections"]);
 }
 
+/// Qwen2-VL's language model: M-RoPE sections read, and ones pinfer cannot place refused by key.
+#[test]
+fn qwen2vl_sections_are_read_and_checked() {
+    assert_eq!(validate(&tiny("qwen2vl")).unwrap().rope_sections, [2, 3, 3]);
+    let sections = |v: &[u32]| {
+        set(
+            tiny("qwen2vl"),
+            "qwen2vl.rope.dimension_sections",
+            Val::Array(4, v.iter().map(|&n| Val::U32(n)).collect()),
+        )
+    };
+    assert_eq!(validate(&sections(&[8, 0, 0])).unwrap().rope_sections, [8, 0, 0]);
+    for (what, v) in [
+        ("a fourth section", &[2, 3, 2, 1][..]),
+        ("no pairs", &[0, 0, 0, 0][..]),
+        ("more pairs than rotated dimensions", &[8, 8, 1, 0][..]),
+        ("two sections", &[4, 4][..]),
+        ("five sections", &[2, 2, 2, 2, 0][..]),
+    ] {
+        refused(what, &sections(v), &["qwen2vl.rope.dimension_sections"]);
+    }
+    let text = set(tiny("qwen2vl"), "qwen2vl.rope.dimension_sections", Val::str("16,24,24"));
+    refused("text", &text, &["qwen2vl.rope.dimension_sections"]);
+    refused("none", &remove(tiny("qwen2vl"), "qwen2vl.rope.dimension_sections"), &["dimension_sections"]);
+}
+
 #[test]
 fn math_pinfer_does_not_compute_is_refused_by_key() {
     let b = || tiny("llama");
@@ -677,7 +703,7 @@ fn layer_masks_count_across_words() {
 /// The forward graph of each architecture, counted by op (7 tokens of one sequence, the last
 /// one's logits, an f16 cache): the blocks it is composed of are the same nodes as before a
 /// change of the builder, or the change says here which nodes it adds or drops. The models are
-/// the tiny ones of scripts/setup.sh, llama's and gemma3's generated.
+/// the tiny ones of scripts/setup.sh, llama's, gemma3's and qwen2vl's generated.
 #[test]
 fn forward_graphs_keep_their_nodes() {
     use pinfer::graph::Graph;
@@ -685,6 +711,8 @@ fn forward_graphs_keep_their_nodes() {
     let golden = [
         ("llama", "add 4, flash_attn 2, get_rows 2, kv_write 4, mul 5, mul_mat 15, none 27, rms_norm 5, rope 4, rope_table 1, swiglu 2, view 16"),
         ("qwen2", "add 15, flash_attn 3, get_rows 2, kv_write 6, mul 7, mul_mat 22, none 48, rms_norm 7, rope 6, rope_table 1, swiglu 3, view 24"),
+        // (M-RoPE: a table per axis, runs of pairs viewed and joined.)
+        ("qwen2vl", "add 10, concat 2, flash_attn 2, get_rows 2, kv_write 4, mul 5, mul_mat 15, none 36, rms_norm 5, rope 4, rope_table 3, swiglu 2, view 20"),
         ("qwen3", "add 6, flash_attn 3, get_rows 2, kv_write 6, mul 13, mul_mat 22, none 45, rms_norm 13, rope 6, rope_table 1, swiglu 3, view 24"),
         ("qwen3moe", "add 6, flash_attn 3, get_rows 2, kv_write 6, moe_sum 3, moe_weights 3, mul 13, mul_mat 16, mul_mat_id 9, none 48, rms_norm 13, rope 6, rope_table 1, soft_max 3, swiglu 3, top_k 3, view 27"),
         ("qwen2moe", "add 18, flash_attn 3, get_rows 2, kv_write 6, moe_sum 3, moe_weights 3, mul 10, mul_mat 28, mul_mat_id 9, none 63, rms_norm 7, rope 6, rope_table 1, sigmoid 3, soft_max 3, swiglu 6, top_k 3, view 27"),
@@ -710,7 +738,7 @@ fn forward_graphs_keep_their_nodes() {
         };
         let path = format!("{}/models/tiny/{file}-tiny.gguf", env!("CARGO_MANIFEST_DIR"));
         let bytes = match arch {
-            Arch::Llama | Arch::Gemma3 => tiny(arch.name()).bytes(),
+            Arch::Llama | Arch::Gemma3 | Arch::Qwen2Vl => tiny(arch.name()).bytes(),
             _ => std::fs::read(&path).expect("run scripts/setup.sh"),
         };
         let gguf = Gguf::parse(&bytes).unwrap();

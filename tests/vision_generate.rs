@@ -37,8 +37,11 @@ fn greedy_after_image(family: &str, image: &str, session: &mut Session) -> (Vec<
     let pre = preprocess(&rgb, &vp).unwrap();
     let mut slot = pinfer::engine::heap::slots(1).unwrap();
     let mut embeddings = Vec::new();
+    let mut grids = Vec::new();
     for input in &pre.images {
         let (w, h) = (input.width as usize, input.height as usize);
+        let (nx, ny) = vp.token_grid(input.width, input.height);
+        grids.push((nx as usize, ny as usize));
         let planned = VisionPlanned::new(&mmproj, &mut slot[0], w, h).unwrap();
         let memory = vec![0u8; planned.bytes_needed()];
         let mut engine = planned.bind(memory).unwrap();
@@ -47,6 +50,7 @@ fn greedy_after_image(family: &str, image: &str, session: &mut Session) -> (Vec<
     let _ = session.truncate(0);
     let causal = !vp.traits().bidirectional_image;
     let mut images = 0;
+    let mut inputs = 0;
     for chunk in golden["chunks"].as_array().unwrap() {
         match chunk["type"].as_str().unwrap() {
             "text" => {
@@ -54,7 +58,7 @@ fn greedy_after_image(family: &str, image: &str, session: &mut Session) -> (Vec<
                     chunk["tokens"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap() as u32).collect();
                 let start = session.seq_len(0);
                 assert_eq!(
-                    start as u64,
+                    session.next_position(0) as u64,
                     chunk["pos_start"].as_u64().unwrap(),
                     "{family} {image}: text chunk position"
                 );
@@ -71,11 +75,24 @@ fn greedy_after_image(family: &str, image: &str, session: &mut Session) -> (Vec<
             "image" => {
                 let n = chunk["n_tokens"].as_u64().unwrap() as usize;
                 let width = vp.n_embd_out as usize;
-                assert_eq!(session.seq_len(0) as u64, chunk["pos_start"].as_u64().unwrap());
+                assert_eq!(session.next_position(0) as u64, chunk["pos_start"].as_u64().unwrap());
+                // (One encoder input per image chunk for the families here.)
+                let grid = grids[inputs];
+                // (libmtmd gives the grid of M-RoPE positions, pos_type 1, only.)
+                if chunk["pos_type"].as_u64() == Some(1) {
+                    let (nx, ny) = (chunk["grid_nx"].as_u64().unwrap(), chunk["grid_ny"].as_u64().unwrap());
+                    assert_eq!((grid.0 as u64, grid.1 as u64), (nx, ny), "{family} {image}: token grid");
+                }
                 session
-                    .decode_embeddings(0, &embeddings[images * width..(images + n) * width], causal)
+                    .decode_embeddings(
+                        0,
+                        &embeddings[images * width..(images + n) * width],
+                        causal,
+                        Some(grid),
+                    )
                     .unwrap();
                 images += n;
+                inputs += 1;
             }
             other => panic!("chunk type {other}"),
         }
@@ -121,4 +138,65 @@ fn idefics3_greedy_ids_after_an_image_match_llama_mtmd_cli() {
         let (got, want) = greedy_after_image("idefics3", image, &mut session);
         assert_eq!(got, want, "idefics3 {image}");
     }
+}
+
+#[test]
+fn qwen2vl_greedy_ids_after_an_image_match_llama_mtmd_cli() {
+    // (M-RoPE: the image's tokens turned by their row and column, the text after it from its
+    // time position plus its longer side.)
+    let mut session = open("qwen2vl", 64);
+    for image in ["rgb_1x1.png", "rgb_3000x200.png", "gray_37x53.png", "rgba_41x29.png", "palette_33x47.png"]
+    {
+        let (got, want) = greedy_after_image("qwen2vl", image, &mut session);
+        assert_eq!(got, want, "qwen2vl {image}");
+    }
+}
+
+#[test]
+fn qwen25vl_greedy_ids_after_an_image_match_llama_mtmd_cli() {
+    let mut session = open("qwen2.5vl", 64);
+    for image in ["rgb_1x1.png", "rgb_3000x200.png", "gray_37x53.png", "rgba_41x29.png", "palette_33x47.png"]
+    {
+        let (got, want) = greedy_after_image("qwen2.5vl", image, &mut session);
+        assert_eq!(got, want, "qwen2.5vl {image}");
+    }
+}
+
+#[test]
+fn an_m_rope_image_keeps_its_positions_through_cuts_and_refuses_what_would_lose_them() {
+    let mut session = open("qwen2vl", 64);
+    let n_embd = session.hparams().n_embd as usize;
+    let rows: Vec<f32> = (0..8 * n_embd).map(|i| (i as f32 * 0.37).sin() * 0.1).collect();
+    let feed = |session: &mut Session| {
+        session.decode_embeddings(0, &rows, true, Some((4, 2))).unwrap();
+        assert_eq!(
+            (session.seq_len(0), session.next_position(0)),
+            (11, 3 + 4),
+            "a 4 x 2 image takes 4 positions"
+        );
+        session.eval(&[520, 9531]).unwrap().to_vec()
+    };
+    let _ = session.truncate(0);
+    session.eval(&[1, 4093, 198]).unwrap();
+    let after = feed(&mut session);
+    assert_eq!(session.next_position(0), 9);
+    // What would lose the image's positions is refused by name; the text before it is not.
+    let shift = session.shift_context(0, 1).unwrap_err().to_string();
+    assert!(shift.contains("M-RoPE"), "{shift}");
+    let save = session.save_sequence(0, 13).unwrap_err().to_string();
+    assert!(save.contains("M-RoPE"), "{save}");
+    assert!(session.save_sequence(0, 3).is_ok());
+    // Cut back to the text before the image: text positions again, and the same image fed
+    // again gives the same logits.
+    assert_eq!(session.truncate(3), 3);
+    assert_eq!(session.next_position(0), 3);
+    assert_eq!(feed(&mut session), after);
+    // Cut inside the image: the rows kept keep their places, the image its 4 positions.
+    assert_eq!(session.truncate(5), 5);
+    assert_eq!(session.next_position(0), 7);
+    // A grid that does not hold the rows is refused.
+    let _ = session.truncate(3);
+    let grid = session.decode_embeddings(0, &rows, true, Some((3, 2))).unwrap_err().to_string();
+    assert!(grid.contains("grid"), "{grid}");
+    assert_eq!(session.seq_len(0), 3);
 }

@@ -28,6 +28,7 @@ pub mod embedding;
 pub mod generate;
 #[cfg(feature = "std")]
 pub mod heap;
+pub mod mrope;
 pub mod vision;
 
 use core::fmt;
@@ -632,6 +633,8 @@ impl<'m, G: AsMut<[GraphSlot]> + AsRef<[GraphSlot]>> Planned<'m, G> {
         let work = arena.alloc_unzeroed(layout.work, "work").map_err(EngineError::Memory)?;
         let mut seq_len = heapless::Vec::new();
         let _ = seq_len.resize(self.config.n_seq, 0);
+        let mut images = heapless::Vec::new();
+        let _ = images.resize(self.config.n_seq, mrope::ImageSpans::default());
         let repacked = self.prepacked || self.packed.is_empty();
         Ok(Engine {
             planned: self,
@@ -642,6 +645,7 @@ impl<'m, G: AsMut<[GraphSlot]> + AsRef<[GraphSlot]>> Planned<'m, G> {
             activations,
             work,
             seq_len,
+            images,
             last: None,
             repacked,
         })
@@ -712,6 +716,8 @@ pub struct Engine<'m, G, B> {
     activations: Region,
     work: Region,
     seq_len: heapless::Vec<usize, MAX_SEQ>,
+    /// An M-RoPE model's images in each sequence (see [`Engine::place_image`]).
+    images: heapless::Vec<mrope::ImageSpans, MAX_SEQ>,
     /// The slot and output count of the last step.
     last: Option<(usize, usize)>,
     repacked: bool,
@@ -866,6 +872,12 @@ impl<'m, G: AsMut<[GraphSlot]> + AsRef<[GraphSlot]>, B: DerefMut<Target = [u8]>>
             }
             *len += 1;
         }
+        if embeddings.is_none() {
+            // Text where an image's rows were to go cuts the image short.
+            for e in batch {
+                self.images[e.seq].cut(e.pos);
+            }
+        }
         // With no logits wanted the graph still computes one row (the last entry's).
         let outputs = if wanted == batch.len() { batch.len() } else { wanted.max(1) };
         let slot = self.slot_for(batch.len(), outputs, input)?;
@@ -926,6 +938,16 @@ impl<'m, G: AsMut<[GraphSlot]> + AsRef<[GraphSlot]>, B: DerefMut<Target = [u8]>>
                 }
             }
         }
+        if kv.mrope_places_offset.is_some() {
+            for axis in 0..3 {
+                let at = kv.mrope_places(axis).unwrap_or(0);
+                let table: &mut [i32] = bytemuck::cast_slice_mut(&mut arena[at..at + 8 * batch.len()]);
+                for (i, e) in batch.iter().enumerate() {
+                    table[2 * i] = (e.seq * kv.n_ctx) as i32;
+                    table[2 * i + 1] = self.images[e.seq].positions(e.pos)[axis] as i32;
+                }
+            }
+        }
         if let (Some((values, causal)), Some(at)) = (embeddings, kv.embeddings_input) {
             let (rows_end, places_end) = (at.attn_places_offset, at.attn_places_offset + 8 * batch.len());
             let (head, attn_places) = arena.split_at_mut(at.attn_places_offset);
@@ -970,6 +992,7 @@ impl<'m, G: AsMut<[GraphSlot]> + AsRef<[GraphSlot]>, B: DerefMut<Target = [u8]>>
             // The batch's recurrent states may have moved on: its sequences start over.
             for e in batch {
                 self.seq_len[e.seq] = 0;
+                self.images[e.seq].cut(0);
             }
         }
         result?;
@@ -1066,6 +1089,35 @@ impl<'m, G: AsMut<[GraphSlot]> + AsRef<[GraphSlot]>, B: DerefMut<Target = [u8]>>
         self.seq_len.get(seq).copied().unwrap_or(0)
     }
 
+    /// The rotary position sequence `seq`'s next token takes: its length, but for an M-RoPE
+    /// model after an image (which takes its longer side in positions, not its token count).
+    pub fn next_position(&self, seq: usize) -> usize {
+        let n = self.seq_len(seq);
+        self.images.get(seq).map_or(n, |spans| spans.next_position(n))
+    }
+
+    /// Says that the next `nx * ny` positions of sequence `seq` will be an image's embeddings
+    /// over a grid of `nx` columns and `ny` rows (in raster order), which an M-RoPE model
+    /// (Qwen2-VL) turns by their row and column; other models take images as text positions,
+    /// and this does nothing for them. Text fed where the image was to go cuts it short.
+    pub fn place_image(&mut self, seq: usize, nx: usize, ny: usize) -> Result<(), EngineError> {
+        let n_seq = self.planned.config.n_seq;
+        if seq >= n_seq {
+            return Err(EngineError::BadSequence { seq, n_seq });
+        }
+        if !self.planned.model.hp.arch.traits().mrope {
+            return Ok(());
+        }
+        if nx == 0 || ny == 0 || nx.checked_mul(ny).is_none() {
+            return Err(EngineError::Config("an image's grid needs at least one row and one column"));
+        }
+        let start = self.seq_len[seq];
+        if !self.images[seq].place(start, nx, ny) {
+            return Err(EngineError::Config("a sequence of an M-RoPE model holds at most 16 images"));
+        }
+        Ok(())
+    }
+
     /// Forgets sequence `seq` from position `n` on (0: empties it) and returns the positions it
     /// keeps: `n` or fewer. A model with recurrent layers keeps no earlier state than its last, so
     /// cutting a sequence short empties it (llama.cpp's recurrent memory refuses the same cut and
@@ -1077,6 +1129,7 @@ impl<'m, G: AsMut<[GraphSlot]> + AsRef<[GraphSlot]>, B: DerefMut<Target = [u8]>>
         if n < *len {
             *len = if recurrent { 0 } else { n };
         }
+        self.images[seq].cut(*len);
         *len
     }
 
@@ -1116,6 +1169,9 @@ impl<'m, G: AsMut<[GraphSlot]> + AsRef<[GraphSlot]>, B: DerefMut<Target = [u8]>>
             }
         }
         self.seq_len[dst] = n;
+        let mut images = self.images[src].clone();
+        images.cut(n);
+        self.images[dst] = images;
         Ok(())
     }
 
@@ -1133,6 +1189,12 @@ impl<'m, G: AsMut<[GraphSlot]> + AsRef<[GraphSlot]>, B: DerefMut<Target = [u8]>>
         }
         if discard == 0 {
             return Ok(());
+        }
+        if !self.images[seq].is_empty() {
+            // (llama.cpp shifts no M-RoPE cache at all; text alone rotates by its rows here.)
+            return Err(EngineError::Config(
+                "the context shift cannot move an image's M-RoPE positions: start a new conversation",
+            ));
         }
         let kv = self.planned.kv;
         let hp = &self.planned.model.hp;
@@ -1242,6 +1304,11 @@ impl<'m, G: AsMut<[GraphSlot]> + AsRef<[GraphSlot]>, B: DerefMut<Target = [u8]>>
         if self.has_recurrent_layers() && n != self.seq_len(seq) && n != 0 {
             return Err(EngineError::Config(RECURRENT_WHOLE));
         }
+        if self.images[seq].starts_before(n) {
+            return Err(EngineError::Config(
+                "the cache rows of an M-RoPE model's image are not saved (their positions are not in them)",
+            ));
+        }
         let kv = self.planned.kv;
         let cache = &self.memory[self.skip + self.kv.offset..][..kv.total_bytes];
         for layer in kv.cached_layers() {
@@ -1266,6 +1333,7 @@ impl<'m, G: AsMut<[GraphSlot]> + AsRef<[GraphSlot]>, B: DerefMut<Target = [u8]>>
             return Err(EngineError::Config("the saved cache rows do not match this model's cache"));
         }
         let kv = self.planned.kv;
+        self.images[seq] = mrope::ImageSpans::default();
         if n == 0 {
             self.seq_len[seq] = 0;
             return Ok(());

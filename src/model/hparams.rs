@@ -69,6 +69,9 @@ pub struct HParams {
     pub logit_scale: f32,
     /// Multiplier of RoPE's cosines and sines (`rope.scaling.attn_factor`, LongRoPE); 1: none.
     pub rope_attn_factor: f32,
+    /// M-RoPE's sections (`rope.dimension_sections`, an M-RoPE architecture's): pairs turned by
+    /// the time, row and column positions (all zero for other architectures).
+    pub rope_sections: [u32; 3],
     /// Context before RoPE scaling (`rope.scaling.original_context_length`, default the training
     /// context): LongRoPE takes its long factors for contexts above it; YaRN's ramp is sized by it.
     pub n_ctx_orig: u32,
@@ -626,6 +629,30 @@ fn kv_heads_per_layer(
     Ok((n_head_kv, recurrent))
 }
 
+/// M-RoPE's sections (Qwen2-VL: 16, 24, 24, 0 pairs): three or four non-negative counts, the
+/// fourth (positions no image of the families here has) zero, together at most `n_rot` (ggml's
+/// bound; pair `i` falls in sector `i` mod their sum).
+fn mrope_sections(g: &Gguf<'_>, arch: Arch, n_rot: u32) -> Result<[u32; 3], ModelError> {
+    use crate::gguf::Value;
+    let key = arch_key(arch, "rope.dimension_sections");
+    let v = g.require(&key).map_err(ModelError::Metadata)?;
+    let refuse = |computes| ModelError::Uncomputed { key: key.clone(), found: value_text(&v), computes };
+    let Value::Array(a) = v else { return Err(refuse("an array of 4 section sizes")) };
+    let values: heapless::Vec<i128, 4> = a.iter().take(4).map(|x| x.as_integer().unwrap_or(-1)).collect();
+    if !(3..=4).contains(&a.len()) || values.iter().any(|&s| !(0..=i128::from(n_rot)).contains(&s)) {
+        return Err(refuse("3 or 4 section sizes of rotated pairs"));
+    }
+    if values.get(3).is_some_and(|&s| s != 0) {
+        return Err(refuse("no fourth section (positions no image here carries)"));
+    }
+    let sections = [values[0] as u32, values[1] as u32, values[2] as u32];
+    let total: u32 = sections.iter().sum();
+    if total == 0 || total > n_rot {
+        return Err(refuse("sections of 1 to rope.dimension_count pairs in all"));
+    }
+    Ok(sections)
+}
+
 /// Qwen3.5 rotates by interleaved M-RoPE (`rope.dimension_sections`); for text every rotated
 /// pair takes the token's position, which is plain NeoX RoPE, unless a section layout leaves pairs
 /// to the fourth (image) position, which text holds at 0: such a file is refused.
@@ -791,6 +818,7 @@ impl HParams {
         };
         let n_ctx_orig =
             u32_in(g, &k("rope.scaling.original_context_length"), Some(n_ctx_train), 1..=u32::MAX)?;
+        let rope_sections = if arch.traits().mrope { mrope_sections(g, arch, n_rot)? } else { [0; 3] };
         // Granite's multipliers: 0 (or absent) means none, as in llama.cpp; the logit scale is
         // required there.
         let multiplier = |suffix: &'static str, required: bool| -> Result<Option<f32>, ModelError> {
@@ -868,6 +896,7 @@ impl HParams {
             attention_scale,
             logit_scale,
             rope_attn_factor,
+            rope_sections,
             n_ctx_orig,
             rope_yarn,
             recurrent,

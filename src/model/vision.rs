@@ -458,8 +458,15 @@ impl VisionParams {
 
     /// Embeddings the projector gives for an encoder input of `nx` x `ny` pixels.
     pub fn tokens_for(&self, nx: u32, ny: u32) -> u32 {
+        let (cols, rows) = self.token_grid(nx, ny);
+        cols * rows
+    }
+
+    /// The grid (columns, rows) of the embeddings the projector gives, in raster order, for an
+    /// encoder input of `nx` x `ny` pixels.
+    pub fn token_grid(&self, nx: u32, ny: u32) -> (u32, u32) {
         let (px, py) = (nx / self.patch_size, ny / self.patch_size);
-        (px / self.n_merge) * (py / self.n_merge)
+        (px / self.n_merge, py / self.n_merge)
     }
 }
 

@@ -644,6 +644,11 @@ pub fn tiny_model(arch: &str) -> GgufBuilder {
     if arch == "granite" {
         b = b.kv(&k("logit_scale"), Val::F32(8.0)).kv(&k("residual_scale"), Val::F32(0.22));
     }
+    if arch == "qwen2vl" {
+        // M-RoPE over the 8 rotated pairs of a head of 16: 2 by time, 3 by row, 3 by column.
+        let sections = [2, 3, 3, 0].map(Val::U32).to_vec();
+        b = b.kv(&k("rope.dimension_sections"), Val::Array(4, sections));
+    }
     let lfm2 = arch.starts_with("lfm2");
     // Qwen3.5: layer 0 runs the gated delta rule (heads of 16: 2 query/key, 4 value), layer 1
     // attends with an output gate.

@@ -92,6 +92,9 @@ pub(super) struct Builder<'b, 'm, const N: usize> {
     /// I32 token places `[2, t]` (first cache row of the sequence, position); none in a window.
     /// An embedding model's places name the batch: (first batch row of the sequence, position).
     places: Option<TensorId>,
+    /// An M-RoPE model's rotary places by time, row and column (see
+    /// [`KvLayout::mrope_places_offset`]); none in a window, whose tokens are text.
+    mrope_places: Option<[TensorId; 3]>,
     /// An embedding model's I32 spans `[2, t]` (first batch row of the token's sequence, its
     /// tokens): the keys a bidirectional query sees, the rows mean pooling averages.
     pub spans: Option<TensorId>,
@@ -166,6 +169,19 @@ impl<'b, 'm, const N: usize> Builder<'b, 'm, N> {
             Some(at) => Some(input(g, "token_spans", [2, n_tokens, 1, 1], at.spans_offset)?),
             None => None,
         };
+        let mrope_places = match kv.filter(|kv| kv.mrope_places_offset.is_some()) {
+            Some(kv) => {
+                let mut tables = [ids; 3];
+                for (axis, (table, name)) in
+                    tables.iter_mut().zip(["mrope_places_t", "mrope_places_h", "mrope_places_w"]).enumerate()
+                {
+                    let at = kv.mrope_places(axis).unwrap_or(0);
+                    *table = input(g, name, [2, n_tokens, 1, 1], at)?;
+                }
+                Some(tables)
+            }
+            None => None,
+        };
         Ok(Self {
             g,
             gguf,
@@ -181,6 +197,7 @@ impl<'b, 'm, const N: usize> Builder<'b, 'm, N> {
             rope_freqs,
             ids,
             places,
+            mrope_places,
             spans,
             embeddings: None,
             rope_tables: [None, None],
@@ -605,9 +622,10 @@ fn rotate<const N: usize>(
     let rope = layer_rope(hp, il);
     if rope.rotates {
         let table = rope_table(b, h.q, &rope)?;
-        h.q = named!(b, "Qcur_rope", il, b.g.rope_with(h.q, table, traits.rope));
+        // (`rope_by`: an M-RoPE table is joined from one table per axis.)
+        h.q = named!(b, "Qcur_rope", il, b.g.rope_by(h.q, table, traits.rope));
         if own_kv {
-            h.k = named!(b, "Kcur_rope", il, b.g.rope_with(h.k, table, traits.rope));
+            h.k = named!(b, "Kcur_rope", il, b.g.rope_by(h.k, table, traits.rope));
         }
     }
     // Attention as llama.cpp's CPU flash attention computes it, so results match it closely.
@@ -747,13 +765,68 @@ pub(super) fn rope_table<const N: usize>(
     }
     let name = if sliding { "rope_table_swa" } else { "rope_table" };
     let factors = if sliding { None } else { b.rope_freqs };
-    let table = b.g.rope_table(q, rope.n_rot, rope.base, rope.scale, factors, rope.mscale, rope.yarn);
-    let table = named!(b, name, table);
-    if let Some(places) = b.places {
-        b.g.at_positions(table, places)?;
-    }
+    let make = |b: &mut Builder<'_, '_, N>, places: Option<TensorId>| -> Result<TensorId, ModelError> {
+        let table = b.g.rope_table(q, rope.n_rot, rope.base, rope.scale, factors, rope.mscale, rope.yarn);
+        let table = named!(b, name, table);
+        if let Some(places) = places {
+            b.g.at_positions(table, places)?;
+        }
+        Ok(table)
+    };
+    let table = match b.mrope_places {
+        Some(places) if !sliding => {
+            let axes = [make(b, Some(places[0]))?, make(b, Some(places[1]))?, make(b, Some(places[2]))?];
+            mrope_join(b, axes, rope.n_rot, b.hp.rope_sections)?
+        }
+        _ => make(b, b.places)?,
+    };
     b.rope_tables[sliding as usize] = Some(table);
     Ok(table)
+}
+
+/// M-RoPE's table from one table per axis (time, row, column; `[n_rot, t]`, each row the
+/// cosines then the sines): pair `i` takes axis `a` of sector `i mod (s0 + s1 + s2)`, the first
+/// `s0` sectors the time's, the next `s1` the row's, the rest the column's (ggml's
+/// `ggml_mrope_cache_init`, whose angles run on across sections: each axis's table is an
+/// ordinary one). Runs of pairs from one axis are views of its table, joined in order.
+fn mrope_join<const N: usize>(
+    b: &mut Builder<'_, '_, N>,
+    axes: [TensorId; 3],
+    n_rot: usize,
+    sections: [u32; 3],
+) -> Result<TensorId, ModelError> {
+    let (half, t) = (n_rot / 2, b.t);
+    let total = sections.iter().sum::<u32>().max(1) as usize;
+    let axis_of = |pair: usize| {
+        let sector = pair % total;
+        if sector < sections[0] as usize {
+            0
+        } else if sector < (sections[0] + sections[1]) as usize {
+            1
+        } else {
+            2
+        }
+    };
+    let mut joined: Option<TensorId> = None;
+    let mut start = 0;
+    while start < half {
+        let axis = axis_of(start);
+        let len = (start..half).take_while(|&p| axis_of(p) == axis).count();
+        // `[len, 2, t]`: the run's cosines and sines of every token.
+        let run =
+            b.g.view(axes[axis], [len, 2, t, 1], [4, half * 4, n_rot * 4, n_rot * 4 * t], start * 4, 0)?;
+        joined = Some(match joined {
+            None => run,
+            Some(j) => b.g.concat(j, run, 0)?,
+        });
+        start += len;
+    }
+    let joined = joined.ok_or_else(|| invalid("M-RoPE rotates no pairs"))?;
+    if (0..half).all(|p| axis_of(p) == axis_of(0)) {
+        // (One axis turns every pair: its table is the whole table.)
+        return Ok(axes[axis_of(0)]);
+    }
+    Ok(named!(b, "rope_table_mrope", b.g.reshape(joined, [n_rot, t, 1, 1])))
 }
 
 /// Writes k (`[hd_k, n_head_kv, t]`) and v into layer `il`'s cache, K and V as `[kv_w, n_ctx *

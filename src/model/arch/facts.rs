@@ -35,6 +35,9 @@ archs! {
     Llama = "llama",
     /// Qwen2 / Qwen2.5 (QKV bias).
     Qwen2 = "qwen2",
+    /// Qwen2-VL / Qwen2.5-VL's language model: Qwen2 rotating by M-RoPE (an image token's
+    /// pairs turned by its time, row and column positions, in `rope.dimension_sections`).
+    Qwen2Vl = "qwen2vl",
     /// Qwen3 (per-head Q/K RMS norm).
     Qwen3 = "qwen3",
     /// Qwen3 mixture of experts.
@@ -239,6 +242,11 @@ pub struct ArchTraits {
     /// An encoder's MLP is gated (`act` of the gate times up, gate and up as `fused_gate_up`
     /// says), not BERT's GELU of one `ffn_up`.
     pub gated_encoder_ffn: bool,
+    /// RoPE by sections of positions (llama.cpp's M-RoPE, `rope.dimension_sections`): a text
+    /// token's every section takes its position, an image token's its time, row and column
+    /// (the image's grid), and the text after an image goes on from its time plus its longer
+    /// side, not its token count.
+    pub mrope: bool,
 }
 
 impl Arch {
@@ -277,6 +285,7 @@ impl Arch {
             bidirectional: false,
             positions: Positions::Embedded,
             gated_encoder_ffn: false,
+            mrope: false,
         };
         const SOFTMAX_EXPERTS: Experts = Experts {
             normalize_weights: false,
@@ -299,6 +308,7 @@ impl Arch {
         match self {
             Arch::Llama => ArchTraits { rope: RopeMode::Normal, ..DENSE },
             Arch::Qwen2 => ArchTraits { qkv_bias: true, ..DENSE },
+            Arch::Qwen2Vl => ArchTraits { qkv_bias: true, mrope: true, ..DENSE },
             Arch::Qwen3 => ArchTraits { qk_norm: true, ..DENSE },
             Arch::Qwen3Moe => ArchTraits {
                 qk_norm: true,

@@ -139,6 +139,9 @@ pub struct KvLayout {
     /// A decoder's embeddings input (none unless asked for, see
     /// [`KvLayout::with_embeddings_input`]): rows fed instead of token ids (an image's).
     pub embeddings_input: Option<EmbeddingsInput>,
+    /// An M-RoPE model's rotary places (none for others): three tables of I32 `[2, n_batch]`,
+    /// each token's (first cache row, position) by time, row and column, one after the other.
+    pub mrope_places_offset: Option<usize>,
     /// Bytes of the persistent region.
     pub total_bytes: usize,
 }
@@ -249,11 +252,16 @@ impl KvLayout {
         let places_offset = ids_offset.checked_add(input)?;
         let outputs_offset = places_offset.checked_add(input.checked_mul(2)?)?;
         let inputs_end = outputs_offset.checked_add(input)?;
-        let (encoder_inputs, total_bytes) = if encoder {
+        let (encoder_inputs, inputs_end) = if encoder {
             let types_offset = inputs_end.checked_add(input)?;
             let spans_offset = types_offset.checked_add(input)?;
             let end = spans_offset.checked_add(input.checked_mul(2)?)?;
             (Some(EncoderInputs { positions_offset: inputs_end, types_offset, spans_offset }), end)
+        } else {
+            (None, inputs_end)
+        };
+        let (mrope_places_offset, total_bytes) = if hp.arch.traits().mrope && !encoder {
+            (Some(inputs_end), inputs_end.checked_add(input.checked_mul(6)?)?)
         } else {
             (None, inputs_end)
         };
@@ -275,8 +283,16 @@ impl KvLayout {
             outputs_offset,
             encoder_inputs,
             embeddings_input: None,
+            mrope_places_offset,
             total_bytes,
         })
+    }
+
+    /// Offset of an M-RoPE model's rotary places of axis `axis` (0 time, 1 row, 2 column; see
+    /// [`KvLayout::mrope_places_offset`]).
+    pub fn mrope_places(&self, axis: usize) -> Option<usize> {
+        let table = aligned(self.n_batch * 4) * 2;
+        self.mrope_places_offset.filter(|_| axis < 3).map(|at| at + axis * table)
     }
 
     /// Cache rows of every layer: `n_ctx` per sequence.

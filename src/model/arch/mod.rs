@@ -50,6 +50,7 @@ pub fn build_forward<const N: usize>(
     match hp.arch {
         Arch::Llama
         | Arch::Qwen2
+        | Arch::Qwen2Vl
         | Arch::Qwen3
         | Arch::Qwen3Moe
         | Arch::Qwen2Moe

@@ -484,8 +484,11 @@ impl<'t> Engine<'t> {
                     }
                 }
                 Part::Image { image, input } => {
-                    let rows = &images[*image].inputs[*input];
-                    self.session.decode_embeddings(i, rows, causal).map_err(|e| e.to_string())?;
+                    let image = &images[*image];
+                    let grid = image.token_grids.get(*input).copied();
+                    self.session
+                        .decode_embeddings(i, &image.inputs[*input], causal, grid)
+                        .map_err(|e| e.to_string())?;
                 }
             }
         }
