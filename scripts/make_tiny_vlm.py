@@ -4,7 +4,7 @@ libmtmd loads (tools/mtmd/clip.cpp, clip-impl.h tensor and key names), for the g
 tests/golden/vision (scripts/mtmd_goldens.sh runs llama.cpp on them).
 
   python3 scripts/make_tiny_vlm.py --family gemma3|idefics3|qwen2vl|qwen2.5vl|lfm2 --seed N --out DIR
-                                   [--vocab GGUF] [--type f16|q8_0]
+                                   [--vocab GGUF] [--type f16|q8_0] [--shape NAME]
 
 writes DIR/model.gguf (text model of the family's language architecture; every tokenizer.* key copied
 from --vocab, extra special tokens appended where the family's image markers are missing from it) and
@@ -25,6 +25,12 @@ Prints each file's SHA-256.
 | qwen2vl | qwen2vl: as idefics3's plus Q/K/V biases, M-RoPE sections 2,3,3,0, SmolLM2 vocab + 3 tokens | qwen2vl_merger: patch 14, E 32, FF 80, 2 heads, LayerNorm, GELU, merge 2, MLP 128 -> 96 -> 64 | dynamic (8..4096) |
 | qwen2.5vl | qwen2vl (same) | qwen2.5vl_merger: as qwen2vl's with RMSNorm, SiLU-gated FFN, window attention (n_wa_pattern 2, window_size 56) | dynamic |
 | lfm2 | lfm2: 3 layers (shortconv L 3, attention, shortconv), E 64, SmolLM2 vocab + 104 tokens | lfm2: patch 16, E 48, pixel unshuffle 2, input LayerNorm, MLP 192 -> 80 -> 64 (image_size 64 is only the position-embedding grid: clip tiles at 512 and wants 64..256 tokens) | dynamic, tiled at 512 |
+
+--shape gives the vision tower a released model's sizes (for speed, scripts/vision_bench.sh), its
+matrices scaled as trained ones are (uniform, standard deviation 0.03), the text model staying tiny:
+siglip-so400m (gemma3: Gemma 3's SigLIP-So400m, 896 px, patch 14, E 1152, FF 4304, 27 layers, 16
+heads, 256 tokens) and smolvlm-256m (idefics3: SmolVLM-256M's SigLIP-B/16, 512 px, patch 16, E 768,
+FF 3072, 12 layers, 12 heads, pixel shuffle 4, 64 tokens per tile).
 
 Image mean/std differ per channel (gemma3/idefics3 0.5,0.45,0.4 / 0.5,0.55,0.6; qwen CLIP's; lfm2 0.5),
 so a channel-order slip shows.
@@ -101,12 +107,15 @@ class Stream:
 class Writer:
     """A GGUF being written. Shapes are given in ggml order (ne0 first)."""
 
-    def __init__(self, path, arch, rng, qtype):
+    def __init__(self, path, arch, rng, qtype, matrix_scale=None):
         self.w = gguf.GGUFWriter(path, arch)
         self.rng = rng
         self.qtype = qtype
+        self.matrix_scale = matrix_scale
 
     def tensor(self, name, ne, scale, kind=None):
+        if self.matrix_scale is not None and len(ne) > 1 and "position_embd" not in name:
+            scale = self.matrix_scale
         a = (self.rng.uniform(int(np.prod(ne))) * scale).astype(np.float32).reshape(ne[::-1])
         if kind is None:
             kind = QT.F32 if len(ne) == 1 else self.qtype
@@ -355,6 +364,14 @@ MEAN = [0.48145466, 0.4578275, 0.40821073]   # distinct per channel, so channel 
 STD = [0.26862954, 0.26130258, 0.27577711]
 
 
+SHAPES = {
+    "siglip-so400m": ("gemma3", dict(image=896, patch=14, E=1152, F=4304, L=27, H=16, merge=4)),
+    "smolvlm-256m": ("idefics3", dict(image=512, patch=16, E=768, F=3072, L=12, H=12, merge=4, longest_edge=512)),
+}
+# Uniform in [-a, a) has standard deviation a / sqrt(3): 0.052 gives 0.03.
+SHAPE_MATRIX_SCALE = 0.052
+
+
 def family_params(family):
     if family == "gemma3":
         P = dict(image=112, patch=14, E=48, F=96, L=2, H=3, merge=2, eps=1e-6, gelu=True,
@@ -420,9 +437,13 @@ def write_text(path, family, vocab, rng, qtype):
     return T
 
 
-def write_mmproj(path, family, rng, qtype):
+def write_mmproj(path, family, rng, qtype, shape=None):
     P = family_params(family)
-    m = Writer(path, "clip", rng, qtype)
+    scale = None
+    if shape is not None:
+        P.update(SHAPES[shape][1])
+        scale = SHAPE_MATRIX_SCALE
+    m = Writer(path, "clip", rng, qtype, scale)
     m.w.add_name(f"tiny-vlm-{family}-mmproj")
     if family == "gemma3":
         vision_gemma3(m, P)
@@ -443,7 +464,10 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--vocab")
     ap.add_argument("--type", default="f16", choices=["f16", "q8_0"])
+    ap.add_argument("--shape", choices=sorted(SHAPES))
     a = ap.parse_args()
+    if a.shape and SHAPES[a.shape][0] != a.family:
+        raise SystemExit(f"--shape {a.shape} is a {SHAPES[a.shape][0]} vision tower, not {a.family}")
     vocab = a.vocab or str(ROOT / ("models/gemma-3-270m-q4_k_m.gguf" if a.family == "gemma3"
                                    else "models/SmolLM2-135M-Instruct.Q8_0.gguf"))
     qtype = QT.F16 if a.type == "f16" else QT.Q8_0
@@ -452,7 +476,7 @@ def main():
     reader = gguf.GGUFReader(vocab)
     # two streams: the text model's weights do not shift when the vision tower changes, and back
     for name, seed_mix, write in (("model.gguf", 0x7E47, lambda p, r: write_text(p, a.family, reader, r, qtype)),
-                                  ("mmproj.gguf", 0x1A6E, lambda p, r: write_mmproj(p, a.family, r, qtype))):
+                                  ("mmproj.gguf", 0x1A6E, lambda p, r: write_mmproj(p, a.family, r, qtype, a.shape))):
         path = out / name
         part = path.with_suffix(".gguf.part")
         write(part, Stream((a.seed * 0x10001 + seed_mix) & 0xFFFFFFFFFFFFFFFF))

@@ -21,6 +21,10 @@ pub enum Mask {
     /// spans (see [`crate::graph::Graph::at_positions`]) the `n` keys from the span's first row,
     /// without one every key.
     Bidirectional,
+    /// [`Mask::Bidirectional`] in a graph whose batch is always one input (a vision encoder's
+    /// image): its keys sit at the same rows in every run, so its tokens take the prompt tiles
+    /// (a BERT batch's sequences start at any row, and a text's numbers must not depend on it).
+    OneInput,
     /// Bidirectional within `window / 2` positions either side (key `j` visible when
     /// `|pos - j| <= window / 2`; EmbeddingGemma's sliding layers, llama.cpp's symmetric SWA):
     /// with a table of spans, the query's own key row is its batch row.
@@ -31,7 +35,7 @@ impl Mask {
     /// The window in positions (0: none).
     pub fn window(self) -> u32 {
         match self {
-            Mask::Causal | Mask::Bidirectional => 0,
+            Mask::Causal | Mask::Bidirectional | Mask::OneInput => 0,
             Mask::SlidingWindow(w) | Mask::Symmetric(w) => w,
         }
     }
@@ -40,7 +44,7 @@ impl Mask {
     pub fn causal(self) -> bool {
         match self {
             Mask::Causal | Mask::SlidingWindow(_) => true,
-            Mask::Bidirectional | Mask::Symmetric(_) => false,
+            Mask::Bidirectional | Mask::OneInput | Mask::Symmetric(_) => false,
         }
     }
 }

@@ -963,7 +963,9 @@ impl<const N: usize> Graph<N> {
             ));
         }
         let ne = [tv.ne[0], tq.ne[2], tq.ne[1], 1];
-        let params = OpParams { i: [mask.causal() as i32, window as i32, 0, 0], f: [scale, 0.0, 0.0, 0.0] };
+        let one_input = (mask == Mask::OneInput) as i32;
+        let params =
+            OpParams { i: [mask.causal() as i32, window as i32, one_input, 0], f: [scale, 0.0, 0.0, 0.0] };
         let id = self.node(Op::FlashAttn, GgmlType::F32, ne, &[q, k, v], params)?;
         // The result has no KV-length dimension even though its inputs do.
         self.tensors[id.index()].dyn_kv = 0;

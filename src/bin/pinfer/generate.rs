@@ -153,6 +153,18 @@ pub fn generate(args: GenArgs) -> Result<(), CliError> {
     let runs = generated.len().saturating_sub(1);
     errln!();
     errln!("pinfer: {:>16} = {:10.2} ms", "load time", ms(t_load));
+    if let Some(m) = &media {
+        // (Decoding, preprocessing and the projector, per image: llama-mtmd-cli's "image slice
+        // encoded in" is the projector's part.)
+        let n = m.images.len().max(1) as f64;
+        errln!(
+            "pinfer: {:>16} = {:10.2} ms / {:5} images ({:8.2} ms per image)",
+            "image encode time",
+            ms(m.encode_time),
+            m.images.len(),
+            ms(m.encode_time) / n
+        );
+    }
     // (An image's positions count as the prompt's tokens, as llama-mtmd-cli counts them.)
     let n_prompt = media.as_ref().map_or(prompt.len(), |m| m.positions());
     errln!("{}", timing("prompt eval time", ms(t_prompt), n_prompt, "tokens"));

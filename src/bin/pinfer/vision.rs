@@ -22,6 +22,8 @@ pub struct ImagePrompt {
     pub images: Vec<Arc<EncodedImage>>,
     /// Text and image parts.
     pub parts: Vec<Part>,
+    /// Time spent preprocessing and encoding the images.
+    pub encode_time: std::time::Duration,
 }
 
 impl ImagePrompt {
@@ -63,6 +65,7 @@ pub fn image_prompt(
     let mut projector =
         Projector::open(mmproj, session.hparams()).map_err(|e| CliError::new(e.to_string()))?;
     let mut images = Vec::with_capacity(args.image.len());
+    let started = std::time::Instant::now();
     for file in &args.image {
         let bytes =
             std::fs::read(file).map_err(|e| CliError::new(format!("--image {}: {e}", file.display())))?;
@@ -71,6 +74,7 @@ pub fn image_prompt(
             .map_err(|e| CliError::new(format!("--image {}: {e}", file.display())))?;
         images.push(image);
     }
+    let encode_time = started.elapsed();
     let mut content = text.to_string();
     if !content.contains(MEDIA_MARKER) {
         content = MEDIA_MARKER.repeat(images.len()) + &content;
@@ -85,5 +89,5 @@ pub fn image_prompt(
         format.render(&messages, None, true, Some(&kwargs)).map_err(|e| CliError::new(e.to_string()))?;
     let wrap = projector.params().traits().wrap;
     let parts = parts(tok, wrap, &formatted, &images, true).map_err(|e| CliError::new(e.to_string()))?;
-    Ok(ImagePrompt { projector, images, parts })
+    Ok(ImagePrompt { projector, images, parts, encode_time })
 }

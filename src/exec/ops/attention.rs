@@ -441,16 +441,18 @@ impl<'a, const N: usize> Bound<'a, N> {
     }
     /// Whether token `tok` of attention node `t` (of `n` tokens) is one of a run of
     /// [`attn_tile::TILE_MIN_TOKENS`] or more consecutive tokens of its sequence: a prompt's chunk,
-    /// not a slot's next token and its guesses (never a bidirectional node's). Every token of a
+    /// not a slot's next token and its guesses (never a bidirectional node's, but for one input:
+    /// [`crate::op::Mask::OneInput`]). Every token of a
     /// step without a places table is of one sequence.
     fn in_prompt_run(&self, t: &Tensor, tok: usize, n: usize) -> bool {
         // (A bidirectional node's keys are the batch's, each sequence's from wherever it starts:
         // tiles aligned to the rows would cut a sequence's keys differently in another batch,
         // so its rows take the typed kernel, which runs each row key by key.)
-        if t.params.i[0] == 0 {
-            return false;
-        }
         let least = attn_tile::TILE_MIN_TOKENS;
+        if t.params.i[0] == 0 {
+            // (But one input's keys, a vision encoder's image, are at the same rows every run.)
+            return t.params.i[2] != 0 && n >= least;
+        }
         let Some(Some((first, _))) = self.place(t.src[3], tok) else { return n >= least };
         let same = |i: usize| matches!(self.place(t.src[3], i), Some(Some((f, _))) if f == first);
         let before = (1..least.min(tok + 1)).take_while(|&d| same(tok - d)).count();

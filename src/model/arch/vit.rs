@@ -245,7 +245,7 @@ pub fn build_vision<const N: usize>(
         // Heads outermost: [hd, n, n_head].
         let (q, k, v) =
             (g.permute(q, [0, 2, 1, 3])?, g.permute(k, [0, 2, 1, 3])?, g.permute(v, [0, 2, 1, 3])?);
-        let attn = g.flash_attn(q, k, v, scale, Mask::Bidirectional)?;
+        let attn = g.flash_attn(q, k, v, scale, Mask::OneInput)?;
         // Qwen2.5-VL: every n_wa_pattern-th layer over the whole image, the others in windows.
         let windowed = window_spans.filter(|_| (il + 1) % vp.n_wa_pattern.max(1) as usize != 0);
         g.at_positions(attn, windowed.unwrap_or(spans))?;
