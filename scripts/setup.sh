@@ -390,16 +390,20 @@ TINY_VLM=(
   "qwen2vl ac2167079519f2f7b58241f9ddc3e5bd6d551ade37f5360cb74d3a6a2c64a5b7 763890bcb7cd453c821b13549641c33279bbcc4749a56e2099b22475a9377cc3"
   "qwen2.5vl 8a8f65c58788a91a10bedfe78df48868a744f48070f5f3a008aee63f00f4c3ff fba69aef6f66f6575afdff17965aa46e164a2ab7f83e5ee908cc5b015cb02418"
   "lfm2 66565b16f54355bb9c7b218a0d3fd8a69d91fb444e33d7e886dcb8d1d5170fa7 f7b6c4dd9cfc17d80c9eb092d96576a1a6f8b68bdf0800e26e94b809be346c69"
+  # (Q8_0 matrices where rows allow: the encoder's repacked matrices, tests/vision.rs.)
+  "qwen2vl:q8_0 e97f00e3609c00d61dad712813e1ee8e90ca6b63151c58309e9ceb13e2c4b9de 62bb8faa095082c4157a5158d9ea84e5e1b1104119fc4ccdda74ce888c376776"
 )
 
 make_tiny_vlm() {
-  local entry family model_sha mmproj_sha dir vocab
+  local entry family type model_sha mmproj_sha dir vocab
   for entry in "${TINY_VLM[@]}"; do
     set -- $entry
-    family=$1 model_sha=$2 mmproj_sha=$3 dir="$VLM_DIR/$1"
+    # FAMILY or FAMILY:TYPE (in models/tiny-vlm/FAMILY-TYPE).
+    family=${1%%:*} type=f16 model_sha=$2 mmproj_sha=$3 dir="$VLM_DIR/$1"
+    if [ "$family" != "$1" ]; then type=${1#*:} dir="$VLM_DIR/$family-$type"; fi
     if echo "$model_sha  $dir/model.gguf" | sha256sum -c --status 2>/dev/null \
       && echo "$mmproj_sha  $dir/mmproj.gguf" | sha256sum -c --status 2>/dev/null; then
-      log "tiny $family VLM present"
+      log "tiny $1 VLM present"
       continue
     fi
     pip_install "gguf:gguf==0.19.0" "numpy:numpy"
@@ -410,11 +414,11 @@ make_tiny_vlm() {
       fetch_model
       vocab="$MODEL_FILE"
     fi
-    log "writing the tiny $family VLM to $dir"
-    "$PY" scripts/make_tiny_vlm.py --family "$family" --seed 1 --out "$dir" --vocab "$vocab" >/dev/null
+    log "writing the tiny $1 VLM to $dir"
+    "$PY" scripts/make_tiny_vlm.py --family "$family" --seed 1 --type "$type" --out "$dir" --vocab "$vocab" >/dev/null
     if ! echo "$model_sha  $dir/model.gguf" | sha256sum -c --status \
       || ! echo "$mmproj_sha  $dir/mmproj.gguf" | sha256sum -c --status; then
-      log "the tiny $family VLM differs from the one its goldens were made with (is gguf==0.19.0 installed?)"
+      log "the tiny $1 VLM differs from the one its goldens were made with (is gguf==0.19.0 installed?)"
       exit 1
     fi
   done

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::vec;
 use std::vec::Vec;
 
-use crate::engine::vision::VisionPlanned;
+use crate::engine::vision::{VisionPacking, VisionPlanned};
 use crate::engine::{GraphSlot, Runner};
 use crate::image::{decode, preprocess, ImageError, ImageLimits};
 use crate::loader::ModelFile;
@@ -145,6 +145,11 @@ pub struct Projector {
     file: &'static ModelFile,
     params: VisionParams,
     slots: Vec<GraphSlot>,
+    /// The matrices repacked for the packed kernels, once for every image (see
+    /// [`VisionPacking`]), in `packed` from byte `packed_at` (aligned).
+    packing: VisionPacking,
+    packed: Vec<u8>,
+    packed_at: usize,
     memory: Vec<u8>,
     kept: Vec<(u64, usize, Arc<EncodedImage>)>,
     limits: ImageLimits,
@@ -189,8 +194,34 @@ impl Projector {
                 hp.arch.name()
             )));
         }
-        let slots = crate::engine::heap::slots(1).map_err(|e| what(&e))?;
-        Ok(Self { file, params, slots, memory: Vec::new(), kept: Vec::new(), limits: ImageLimits::default() })
+        let mut slots = crate::engine::heap::slots(1).map_err(|e| what(&e))?;
+        // The matrices the encoder multiplies by, repacked once (a plan of any size reads the
+        // same ones: the family's square here).
+        let side = params.image_size as usize;
+        let planned = VisionPlanned::new(file.bytes(), &mut slots[0], side, side).map_err(|e| what(&e))?;
+        let packing = planned.packing().map_err(|e| what(&e))?;
+        let mut packed = Vec::new();
+        let bytes = packing.bytes() + crate::arena::ARENA_ALIGN;
+        packed
+            .try_reserve_exact(bytes)
+            .map_err(|_| what(&format_args!("cannot allocate {bytes} bytes for the repacked matrices")))?;
+        packed.resize(bytes, 0);
+        let packed_at = packed.as_ptr().align_offset(crate::arena::ARENA_ALIGN);
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let buffer = &mut packed[packed_at..packed_at + packing.bytes()];
+        planned.repack(&packing, buffer, &crate::session::Threads(threads)).map_err(|e| what(&e))?;
+        drop(planned);
+        Ok(Self {
+            file,
+            params,
+            slots,
+            packing,
+            packed,
+            packed_at,
+            memory: Vec::new(),
+            kept: Vec::new(),
+            limits: ImageLimits::default(),
+        })
     }
 
     /// The projector's parameters.
@@ -240,8 +271,9 @@ impl Projector {
             let mut engine = planned
                 .bind(&mut self.memory[..])
                 .map_err(|e| MediaError::Encode(format!("binding the image encoder: {e}")))?;
+            let packed = (&self.packed[self.packed_at..self.packed_at + self.packing.bytes()], &self.packing);
             let rows = engine
-                .encode(&input.pixels, w, h, runner)
+                .encode_packed(&input.pixels, w, h, Some(packed), runner)
                 .map_err(|e| MediaError::Encode(format!("encoding the image: {e}")))?;
             inputs.push(rows.to_vec());
             let (cols, rows) = self.params.token_grid(input.width, input.height);

@@ -331,7 +331,7 @@ unsafe impl Send for HeapMemory {}
 unsafe impl Sync for HeapMemory {}
 
 /// Repacking jobs spread over this many scoped threads (at most 8), each taking the next matrix.
-struct Threads(usize);
+pub(crate) struct Threads(pub(crate) usize);
 
 impl Parallel for Threads {
     fn for_each(&self, n: usize, job: &(dyn Fn(usize) + Sync)) {

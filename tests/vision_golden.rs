@@ -181,3 +181,39 @@ fn qwen2vl_pixels_and_embeddings_match_libmtmd() {
 fn qwen25vl_pixels_and_embeddings_match_libmtmd() {
     check_family("qwen2.5vl");
 }
+
+/// The encoder's Q8_0 matrices repacked for the packed kernels (once per file, as
+/// `media::Projector` does) give the embeddings of the matrices read in place: the packed kernels
+/// are the same arithmetic over the same quantized inputs. (The tiny Q8_0 Qwen2-VL projector:
+/// its rows of 32 values pack; the 80-wide ones stay F16.)
+#[test]
+fn repacked_q8_0_encoder_matrices_give_the_embeddings_of_the_file() {
+    let mmproj = std::fs::read(vlm_dir("qwen2vl-q8_0").join("mmproj.gguf")).unwrap();
+    let vp = pinfer::model::vision::check_projector(&pinfer::gguf::Gguf::parse(&mmproj).unwrap()).unwrap();
+    let bytes = std::fs::read(root().join("tests/vision/images/rgb_3000x200.png")).unwrap();
+    let rgb = decode(&bytes, ImageLimits::default()).unwrap();
+    let pre = preprocess(&rgb, &vp).unwrap();
+    let input = &pre.images[0];
+    let (w, h) = (input.width as usize, input.height as usize);
+    let mut slot = pinfer::engine::heap::slots(1).unwrap();
+    let planned = VisionPlanned::new(&mmproj, &mut slot[0], w, h).unwrap();
+    let packing = planned.packing().unwrap();
+    assert!(packing.entries().len() >= 8, "{} matrices repacked", packing.entries().len());
+    let mut buffer = vec![0u8; packing.bytes() + 64];
+    let at = buffer.as_ptr().align_offset(64);
+    let packed = &mut buffer[at..at + packing.bytes()];
+    planned.repack(&packing, packed, &OnCaller).unwrap();
+    let memory = vec![0u8; planned.bytes_needed()];
+    let mut engine = planned.bind(memory).unwrap();
+    let plain = engine.encode(&input.pixels, w, h, &OnCaller).unwrap().to_vec();
+    let packed = &buffer[at..at + packing.bytes()];
+    let repacked = engine.encode_packed(&input.pixels, w, h, Some((packed, &packing)), &OnCaller).unwrap();
+    assert_eq!(plain.len(), repacked.len());
+    let diff = plain.iter().zip(repacked).map(|(a, b)| f64::from(a - b).powi(2)).sum::<f64>().sqrt();
+    let norm = plain.iter().map(|a| f64::from(*a).powi(2)).sum::<f64>().sqrt();
+    eprintln!("repacked vs in place: relative difference {:.3e} over {} values", diff / norm, plain.len());
+    assert!(diff / norm <= 1e-5, "repacked encoder off by {:.3e}", diff / norm);
+    // A buffer short of the planes is refused, not read past.
+    let short = &buffer[at..at + packing.bytes() - 64];
+    assert!(engine.encode_packed(&input.pixels, w, h, Some((short, &packing)), &OnCaller).is_err());
+}

@@ -549,22 +549,10 @@ impl<'m, G: AsMut<[GraphSlot]> + AsRef<[GraphSlot]>> Planned<'m, G> {
 
     /// Places every matrix the placement repacks at 64-byte aligned offsets of one buffer.
     fn plan_repack(&mut self) -> Result<(), EngineError> {
-        let mut at = 0usize;
         let gguf = &self.model.gguf;
-        for t in gguf.tensors() {
-            let Buffer::Repacked(format) = self.placement_of(&t).buffer else { continue };
-            // Experts `[k, m, n_expert]` are one matrix of m * n_expert rows.
-            let (k, rows) = (t.ne[0] as usize, (t.ne[1] * t.ne[2] * t.ne[3]) as usize);
-            let offset = gguf.data_start() + t.offset as usize;
-            let (qn, sn) = packed_bytes(format, rows, k);
-            let quants_at = at;
-            let scales_at = (quants_at + qn).next_multiple_of(ARENA_ALIGN);
-            at = (scales_at + sn).next_multiple_of(ARENA_ALIGN);
-            let entry = PackedEntry { source_offset: offset, format, rows, k, quants_at, scales_at };
-            self.packed.push(entry).map_err(|_| EngineError::TooManyMatrices)?;
-        }
-        self.packed.sort_unstable_by_key(|e| e.source_offset);
-        self.layout.packed = at;
+        let (packed, bytes) = plan_packed(gguf, |t| self.placement_of(t))?;
+        self.packed = packed;
+        self.layout.packed = bytes;
         Ok(())
     }
 
@@ -737,35 +725,11 @@ impl<'m, G: AsMut<[GraphSlot]> + AsRef<[GraphSlot]>, B: DerefMut<Target = [u8]>>
             return Ok(());
         }
         let model = &self.planned.model;
-        let entries = &self.planned.packed;
         let region = self.packed;
         let buffer = &mut self.memory[self.skip..][region.offset..region.offset + region.len];
-        let planes = Planes { ptr: buffer.as_mut_ptr(), len: buffer.len() };
-        let failed = core::sync::atomic::AtomicUsize::new(usize::MAX);
-        jobs.for_each(entries.len(), &|i| {
-            let e = &entries[i];
-            let (qn, sn) = packed_bytes(e.format, e.rows, e.k);
-            let source = model.source(e.source_offset);
-            // Entries are planned at disjoint ranges, in order: job i owns its two planes.
-            let ok = match (source, planes.get(e.quants_at, qn), planes.get(e.scales_at, sn)) {
-                (Some((ty, src)), Some(quants), Some(scales)) => {
-                    pack_in_chunks(ty, src, e, quants, scales, &|r: core::ops::Range<usize>| {
-                        done(e.source_offset + r.start..e.source_offset + r.end)
-                    })
-                }
-                _ => false,
-            };
-            if !ok {
-                failed.fetch_min(e.source_offset, core::sync::atomic::Ordering::Relaxed);
-            }
-        });
-        match failed.into_inner() {
-            usize::MAX => {
-                self.repacked = true;
-                Ok(())
-            }
-            offset => Err(EngineError::Repack { offset }),
-        }
+        repack_entries(&self.planned.packed, &|offset| model.source(offset), buffer, jobs, done)?;
+        self.repacked = true;
+        Ok(())
     }
 
     /// Runs one batch. Each entry's position must be the next of its sequence (entries of one
@@ -1462,6 +1426,64 @@ fn pack_in_chunks(
 }
 
 /// The repacked-weight buffer shared by repacking jobs, each writing its own planes.
+/// The matrices of `gguf` that `placement` repacks, at 64-byte aligned offsets of one buffer
+/// (sorted by their offset in the file), and the buffer's bytes.
+pub(crate) fn plan_packed(
+    gguf: &Gguf<'_>,
+    placement: impl Fn(&TensorInfo<'_>) -> Placement,
+) -> Result<(heapless::Vec<PackedEntry, MAX_PACKED>, usize), EngineError> {
+    let mut packed = heapless::Vec::new();
+    let mut at = 0usize;
+    for t in gguf.tensors() {
+        let Buffer::Repacked(format) = placement(&t).buffer else { continue };
+        // Experts `[k, m, n_expert]` are one matrix of m * n_expert rows.
+        let (k, rows) = (t.ne[0] as usize, (t.ne[1] * t.ne[2] * t.ne[3]) as usize);
+        let offset = gguf.data_start() + t.offset as usize;
+        let (qn, sn) = packed_bytes(format, rows, k);
+        let quants_at = at;
+        let scales_at = (quants_at + qn).next_multiple_of(ARENA_ALIGN);
+        at = (scales_at + sn).next_multiple_of(ARENA_ALIGN);
+        let entry = PackedEntry { source_offset: offset, format, rows, k, quants_at, scales_at };
+        packed.push(entry).map_err(|_| EngineError::TooManyMatrices)?;
+    }
+    packed.sort_unstable_by_key(|e| e.source_offset);
+    Ok((packed, at))
+}
+
+/// Repacks the matrices `entries` name into `buffer` (as [`plan_packed`] placed them), each
+/// from `source(offset)` (its type and file bytes), `jobs` spreading them over threads; `done`
+/// gets each matrix's file range as soon as it is packed.
+pub(crate) fn repack_entries<'s>(
+    entries: &[PackedEntry],
+    source: &(dyn Fn(usize) -> Option<(GgmlType, &'s [u8])> + Sync),
+    buffer: &mut [u8],
+    jobs: &impl Parallel,
+    done: &(dyn Fn(core::ops::Range<usize>) + Sync),
+) -> Result<(), EngineError> {
+    let planes = Planes { ptr: buffer.as_mut_ptr(), len: buffer.len() };
+    let failed = core::sync::atomic::AtomicUsize::new(usize::MAX);
+    jobs.for_each(entries.len(), &|i| {
+        let e = &entries[i];
+        let (qn, sn) = packed_bytes(e.format, e.rows, e.k);
+        // Entries are planned at disjoint ranges, in order: job i owns its two planes.
+        let ok = match (source(e.source_offset), planes.get(e.quants_at, qn), planes.get(e.scales_at, sn)) {
+            (Some((ty, src)), Some(quants), Some(scales)) => {
+                pack_in_chunks(ty, src, e, quants, scales, &|r: core::ops::Range<usize>| {
+                    done(e.source_offset + r.start..e.source_offset + r.end)
+                })
+            }
+            _ => false,
+        };
+        if !ok {
+            failed.fetch_min(e.source_offset, core::sync::atomic::Ordering::Relaxed);
+        }
+    });
+    match failed.into_inner() {
+        usize::MAX => Ok(()),
+        offset => Err(EngineError::Repack { offset }),
+    }
+}
+
 struct Planes {
     ptr: *mut u8,
     len: usize,

@@ -6,13 +6,34 @@
 
 use core::ops::DerefMut;
 
-use super::{EngineError, GraphSlot, Runner};
+use super::{EngineError, GraphSlot, Parallel, Runner, MAX_PACKED};
 use crate::arena::{Arena, Region, ARENA_ALIGN};
-use crate::exec::{work_bytes, Step};
+use crate::exec::{work_bytes, PackedEntry, Step};
 use crate::gguf::Gguf;
 use crate::graph::plan::plan;
 use crate::model::vision::{check_projector, Merge, PatchPositions, VisionParams};
 use crate::model::{build_vision, VisionForward, VisionInputs};
+
+/// A projector's matrices repacked for the packed kernels (those its graph multiplies by, of a
+/// type they take, as a language model's): the same for every image size, so a projector file
+/// repacks once ([`VisionPlanned::repack`]) and every [`VisionEngine::encode_packed`] reads them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VisionPacking {
+    entries: heapless::Vec<PackedEntry, MAX_PACKED>,
+    bytes: usize,
+}
+
+impl VisionPacking {
+    /// Bytes of the repacked planes (of a buffer aligned to [`ARENA_ALIGN`]).
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// The matrices repacked.
+    pub fn entries(&self) -> &[PackedEntry] {
+        &self.entries
+    }
+}
 
 /// A projector planned for images of one size (the family's square, or the largest dynamic
 /// one), its graph in `slot`.
@@ -64,6 +85,36 @@ impl<'m, S: DerefMut<Target = GraphSlot>> VisionPlanned<'m, S> {
     /// The parsed file.
     pub fn gguf(&self) -> &Gguf<'m> {
         &self.gguf
+    }
+
+    /// Which of the file's matrices this plan's graph reads repacked, and where their planes go.
+    pub fn packing(&self) -> Result<VisionPacking, EngineError> {
+        let graph = self.slot.graph.graph();
+        let start = self.gguf.data_start();
+        let (entries, bytes) = super::plan_packed(&self.gguf, |t| {
+            let used = crate::placement::use_in(graph, start + t.offset as usize);
+            crate::placement::place(t, used, true)
+        })?;
+        Ok(VisionPacking { entries, bytes })
+    }
+
+    /// Repacks `packing`'s matrices from the file into `buffer` (its [`VisionPacking::bytes`],
+    /// aligned to [`ARENA_ALIGN`]), `jobs` spreading them over threads.
+    pub fn repack(
+        &self,
+        packing: &VisionPacking,
+        buffer: &mut [u8],
+        jobs: &impl Parallel,
+    ) -> Result<(), EngineError> {
+        if buffer.len() < packing.bytes || buffer.as_ptr().align_offset(ARENA_ALIGN) != 0 {
+            return Err(EngineError::Config("the buffer of repacked matrices is too small or misaligned"));
+        }
+        let (gguf, bytes) = (&self.gguf, self.bytes);
+        let source = |offset: usize| {
+            let t = gguf.tensors().find(|t| gguf.data_start() + t.offset as usize == offset)?;
+            Some((t.ty, bytes.get(offset..offset + t.nbytes as usize)?))
+        };
+        super::repack_entries(&packing.entries, &source, buffer, jobs, &|_| {})
     }
 
     /// Bytes of caller memory [`VisionPlanned::bind`] needs, whatever its alignment.
@@ -118,6 +169,26 @@ impl<'m, S: DerefMut<Target = GraphSlot>, B: DerefMut<Target = [u8]>> VisionEngi
         height: usize,
         runner: &impl Runner,
     ) -> Result<&[f32], EngineError> {
+        self.encode_packed(pixels, width, height, None, runner)
+    }
+
+    /// [`Self::encode`] reading the matrices `packed` names from its buffer (repacked by
+    /// [`VisionPlanned::repack`] for this file), the others from the file.
+    pub fn encode_packed(
+        &mut self,
+        pixels: &[f32],
+        width: usize,
+        height: usize,
+        packed: Option<(&[u8], &VisionPacking)>,
+        runner: &impl Runner,
+    ) -> Result<&[f32], EngineError> {
+        if let Some((buffer, packing)) = packed {
+            if buffer.len() < packing.bytes || buffer.as_ptr().align_offset(ARENA_ALIGN) != 0 {
+                return Err(EngineError::Config(
+                    "the buffer of repacked matrices is too small or misaligned",
+                ));
+            }
+        }
         if (width, height) != self.planned.size || pixels.len() != width * height * 3 {
             return Err(EngineError::Config("the image is not of the size the projector was planned for"));
         }
@@ -170,6 +241,9 @@ impl<'m, S: DerefMut<Target = GraphSlot>, B: DerefMut<Target = [u8]>> VisionEngi
         let slot = &mut *self.planned.slot;
         let buffers: [&[u8]; 1] = [self.planned.bytes];
         let mut bound = slot.graph.bind(&slot.plan, &buffers, arena, activations, work)?;
+        if let Some((buffer, packing)) = packed {
+            bound = bound.with_packed(buffer, &packing.entries);
+        }
         runner.run(&mut bound, Step { n_past: 0, n_kv: gx * gy })?;
         let out = self.planned.fwd.embeddings;
         let len = self.planned.fwd.n_tokens * self.planned.vp.n_embd_out as usize;
