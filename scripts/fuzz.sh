@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
-# Coverage-guided fuzzing with cargo-fuzz (libFuzzer + AddressSanitizer), two targets:
+# Coverage-guided fuzzing with cargo-fuzz (libFuzzer + AddressSanitizer), four targets:
 #   gguf_parse     `Gguf::parse` and every accessor of what it accepts (fuzz/fuzz_targets/gguf_parse.rs);
 #   chat_template  pinfer's Jinja chat templates compiled and rendered against random
 #                  conversations with its fuel, recursion and output limits
-#                  (fuzz/fuzz_targets/chat_template.rs).
+#                  (fuzz/fuzz_targets/chat_template.rs);
+#   mmproj_check   a vision projector file checked (`clip.*` keys, `v.*`/`mm.*` tensors) and, when
+#                  accepted, its encoder planned (fuzz/fuzz_targets/mmproj_check.rs; seeds: the
+#                  tiny projectors of scripts/setup.sh tiny-vlm);
+#   image_decode   request images decoded within limits (fuzz/fuzz_targets/image_decode.rs; seeds:
+#                  tests/vision/images).
 #
 #   scripts/fuzz.sh [SECONDS] [TARGET]   run TARGET (default: both, one after the other) for
 #                                        SECONDS each (default 60)
@@ -17,7 +22,8 @@
 #      (scripts/setup.sh model); for chat_template llama.cpp's 70 templates
 #      (scripts/tokenizer_fetch_vocabs.sh), each followed by a 0xFF byte and a conversation;
 #   3. runs libFuzzer with a 512 MiB RSS/malloc limit (an unbounded allocation is a finding), inputs
-#      up to 64 KiB, and a 10 s per-input timeout (an endless or quadratic loop is a finding).
+#      up to 64 KiB (256 KiB for mmproj_check), and a 10 s per-input timeout (an endless or quadratic
+#      loop is a finding).
 #
 # A finding (panic, sanitizer report, OOM, timeout) is saved under fuzz/artifacts/TARGET/ and the
 # script exits non-zero. Reproduce it with
@@ -35,7 +41,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 SECS=${1:-60}
-TARGETS=${2:-gguf_parse chat_template}
+TARGETS=${2:-gguf_parse chat_template mmproj_check image_decode}
 MODEL=models/SmolLM2-135M-Instruct.Q4_1.gguf
 
 log() { printf 'fuzz: %s\n' "$*" >&2; }
@@ -67,6 +73,17 @@ seed_chat_template() {
   done
 }
 
+seed_mmproj_check() {
+  [ -f models/tiny-vlm/gemma3/mmproj.gguf ] || scripts/setup.sh tiny-vlm >&2
+  for f in models/tiny-vlm/*/mmproj.gguf; do
+    cp "$f" "$1/$(basename "$(dirname "$f")").gguf"
+  done
+}
+
+seed_image_decode() {
+  cp tests/vision/images/* "$1/"
+}
+
 export RUSTC_BOOTSTRAP=1
 for TARGET in $TARGETS; do
   CORPUS=fuzz/corpus/$TARGET
@@ -74,6 +91,9 @@ for TARGET in $TARGETS; do
   log "writing seeds to $CORPUS"
   "seed_$TARGET" "$CORPUS"
   log "$(find "$CORPUS" -type f | wc -l) inputs in the corpus; running $TARGET for ${SECS}s"
+  # (Whole tiny projectors are up to 200 KB; everything else stays within 64 KiB.)
+  max_len=65536
+  [ "$TARGET" = mmproj_check ] && max_len=262144
   cargo fuzz run "$TARGET" "$CORPUS" -- \
-    -max_total_time="$SECS" -rss_limit_mb=512 -max_len=65536 -timeout=10 -print_final_stats=1
+    -max_total_time="$SECS" -rss_limit_mb=512 -max_len="$max_len" -timeout=10 -print_final_stats=1
 done

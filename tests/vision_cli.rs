@@ -4,7 +4,10 @@
 
 mod cli_support;
 
-use cli_support::{pinfer, repo_file, temp_file, text_of};
+use std::io::Write;
+use std::process::Stdio;
+
+use cli_support::{pinfer, pinfer_command, repo_file, temp_file, text_of};
 
 fn golden_text(family: &str, stem: &str) -> String {
     let path = repo_file(&format!("tests/golden/vision/{family}/{stem}.json"));
@@ -86,4 +89,53 @@ fn bad_images_and_projectors_are_refused_by_name() {
         assert_eq!(out.status.code(), Some(1), "{what}: not a clean error exit: {err}");
         assert!(err.contains(needle), "{what}: {err:?} does not say {needle:?}");
     }
+}
+
+/// `pinfer chat` with `input` on stdin.
+fn chat(args: &[&str], input: &str) -> std::process::Output {
+    let mut child = pinfer_command()
+        .arg("chat")
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+    child.wait_with_output().unwrap()
+}
+
+/// Images in `pinfer chat`, as llama-mtmd-cli's chat takes them: `--image` with the first
+/// message (whose reply is then `generate`'s, the same one user turn), `/image PATH` with the
+/// next; each later turn feeds only what it adds. A bad image is reported and the chat goes on;
+/// `/image` without a projector names `--mmproj`.
+#[test]
+fn chat_takes_images_with_the_first_and_the_next_messages() {
+    let first = repo_file("tests/vision/images/rgba_41x29.png");
+    let second = repo_file("tests/vision/images/gray_37x53.png");
+    for family in ["qwen2vl", "idefics3"] {
+        let (model, mmproj) = (vlm(family, "model.gguf"), vlm(family, "mmproj.gguf"));
+        let flags = ["-m", &model, "--mmproj", &mmproj, "-n", "8", "--temp", "0", "-t", "2", "--no-jinja"];
+        let mut args = flags.to_vec();
+        args.extend_from_slice(&["--image", &first]);
+        let input = format!("describe\n/image /nonexistent.png\n/image {second}\nand this one\n");
+        let out = chat(&args, &input);
+        let (stdout, stderr) = (text_of(&out.stdout), text_of(&out.stderr));
+        assert!(out.status.success(), "{family}: {stderr}");
+        let replies: Vec<&str> = stdout.split("> ").filter(|r| !r.is_empty()).collect();
+        assert_eq!(replies.len(), 2, "{family}: {stdout:?}");
+        assert_eq!(
+            replies[0].trim_end_matches('\n'),
+            golden_text(family, "rgba_41x29"),
+            "{family}: the first reply is generate's"
+        );
+        assert!(stderr.contains("/nonexistent.png") && stderr.contains("with the next message"), "{stderr}");
+        assert!(replies[1].len() > 1, "{family}: no second reply: {stdout:?}");
+    }
+    let model = vlm("qwen2vl", "model.gguf");
+    let out = chat(&["-m", &model, "-n", "2", "--temp", "0", "-t", "2"], &format!("/image {first}\nhi\n"));
+    assert!(out.status.success());
+    assert!(text_of(&out.stderr).contains("--mmproj"), "{}", text_of(&out.stderr));
+    let out = chat(&["-m", &model, "--image", &first, "-n", "2"], "hi\n");
+    assert!(!out.status.success() && text_of(&out.stderr).contains("--mmproj"));
 }

@@ -162,6 +162,11 @@ fn widen_ref(ty: GgmlType, row: &[u8], out: &mut [f32]) {
     if row.len() != out.len() * width {
         return;
     }
+    if let (GgmlType::F32, Ok(values)) = (ty, bytemuck::try_cast_slice::<u8, f32>(row)) {
+        // (An aligned f32 row, an encoder's activations: a copy.)
+        out.copy_from_slice(values);
+        return;
+    }
     for (o, b) in out.iter_mut().zip(row.chunks_exact(width)) {
         *o = match b {
             [a, b] => super::dot::f16(crate::quant::blocks::F16Le([*a, *b])),

@@ -159,6 +159,26 @@ pub fn chat(args: GenArgs) -> Result<(), CliError> {
     };
     gen.context_shift = args.shift_keep(system_tokens, tok.add_bos(), session.n_ctx())?;
     let mut cached: Vec<u32> = Vec::with_capacity(session.n_ctx() + 1);
+    // Images (--mmproj, --image, `/image PATH`): each turn feeds what its rendering adds.
+    let mut media = match &args.mmproj {
+        Some(mmproj) => {
+            if gen.context_shift.is_some() {
+                return Err(CliError::new("--mmproj: a chat with images takes no --context-shift".into()));
+            }
+            let mut media = crate::vision::ChatMedia::open(&session, mmproj)?;
+            for file in &args.image {
+                let n = media.attach(&session, file)?;
+                errln!("pinfer: image {}: {n} positions, with the first message", file.display());
+            }
+            Some(media)
+        }
+        None if !args.image.is_empty() => {
+            return Err(CliError::new(
+                "--image needs the model's vision projector: give it with --mmproj FILE".into(),
+            ))
+        }
+        None => None,
+    };
     errln!(
         "pinfer: chat with {} ({} template); an empty line or end of input ends it, Ctrl-C stops a reply",
         path.display(),
@@ -192,6 +212,25 @@ pub fn chat(args: GenArgs) -> Result<(), CliError> {
         if line.is_empty() {
             break;
         }
+        if let Some(file) = line.strip_prefix("/image ") {
+            // (llama-mtmd-cli's command: the image goes with the next message.)
+            let file = Path::new(file.trim());
+            match media.as_mut().map(|m| m.attach(&session, file)) {
+                Some(Ok(n)) => {
+                    errln!("pinfer: image {}: {n} positions, with the next message", file.display())
+                }
+                Some(Err(crate::CliError::Message(e))) => errln!("pinfer: {e}"),
+                Some(Err(e)) => return Err(e),
+                None => errln!(
+                    "pinfer: /image needs the model's vision projector: start the chat with --mmproj FILE"
+                ),
+            }
+            continue;
+        }
+        let line = match media.as_mut() {
+            Some(m) => m.message(&line),
+            None => line,
+        };
         turns.push((Role::User, line));
         let render = |turns: &[(Role, String)]| -> Result<(Vec<u32>, String), CliError> {
             let rendered = format
@@ -228,34 +267,17 @@ pub fn chat(args: GenArgs) -> Result<(), CliError> {
                 );
             }
         }
-        // Reuse the cache for the part of the conversation it already holds.
-        let keep = cached.iter().zip(&tokens).take_while(|(a, b)| a == b).count().min(tokens.len() - 1);
-        // (A model with recurrent layers keeps the cache whole or not at all.)
-        let keep = session.truncate(keep);
-        cached.truncate(keep);
-        if tokens.len() >= cached.capacity() {
-            return Err(CliError::new(format!(
-                "context full ({} tokens): the conversation no longer fits; raise it with -c{}",
-                session.n_ctx(),
-                if gen.context_shift.is_some() { "" } else { " or drop old messages with --context-shift" }
-            )));
-        }
         let polled = Polled::start();
-        match gen.feed(&mut session, &tokens[keep..]) {
-            Ok(()) => {}
-            Err(SessionError::Engine(EngineError::ContextFull { n_ctx, .. })) => {
-                return Err(CliError::new(format!(
-                    "context full ({n_ctx} tokens): the conversation no longer fits; raise it with -c{}",
-                    if gen.context_shift.is_some() {
-                        ""
-                    } else {
-                        " or drop old messages with --context-shift"
-                    }
-                )))
+        let prompt_len = match media.as_mut() {
+            Some(m) => {
+                m.feed_turn(&mut session, &tok, &rendered, &mut cached)?;
+                Some((cached.len(), session.n_past()))
             }
-            Err(e) => return Err(CliError::new(e.to_string())),
+            None => None,
+        };
+        if prompt_len.is_none() {
+            feed_text(&mut session, &mut gen, &mut cached, &tokens)?;
         }
-        cached.extend_from_slice(&tokens[keep..]);
         let mut reply = String::new();
         // A thinking model's reasoning is shown dimmed on a terminal and kept out of the
         // conversation's history (the answer alone is the assistant's turn).
@@ -299,8 +321,48 @@ pub fn chat(args: GenArgs) -> Result<(), CliError> {
             Stop::EndOfGeneration | Stop::Limit | Stop::StopString => {}
         }
         // The cache holds what was evaluated: a last sampled token may not be.
-        cached.truncate(session.n_past());
+        match (prompt_len, media.as_mut()) {
+            (Some((text, past)), Some(m)) => {
+                let evaluated = (text + session.n_past().saturating_sub(past)).min(cached.len());
+                m.replied(&tok, &cached[text..evaluated]);
+                cached.truncate(evaluated);
+            }
+            _ => cached.truncate(session.n_past()),
+        }
         turns.push((Role::Assistant, reply));
     }
     check.finish()
+}
+
+/// Feeds a text conversation's `tokens` after the part of them the cache holds (`cached`).
+fn feed_text(
+    session: &mut pinfer::session::Session,
+    gen: &mut Generator<'_>,
+    cached: &mut Vec<u32>,
+    tokens: &[u32],
+) -> Result<(), CliError> {
+    // Reuse the cache for the part of the conversation it already holds.
+    let keep = cached.iter().zip(tokens).take_while(|(a, b)| a == b).count().min(tokens.len() - 1);
+    // (A model with recurrent layers keeps the cache whole or not at all.)
+    let keep = session.truncate(keep);
+    cached.truncate(keep);
+    if tokens.len() >= cached.capacity() {
+        return Err(CliError::new(format!(
+            "context full ({} tokens): the conversation no longer fits; raise it with -c{}",
+            session.n_ctx(),
+            if gen.context_shift.is_some() { "" } else { " or drop old messages with --context-shift" }
+        )));
+    }
+    match gen.feed(session, &tokens[keep..]) {
+        Ok(()) => {}
+        Err(SessionError::Engine(EngineError::ContextFull { n_ctx, .. })) => {
+            return Err(CliError::new(format!(
+                "context full ({n_ctx} tokens): the conversation no longer fits; raise it with -c{}",
+                if gen.context_shift.is_some() { "" } else { " or drop old messages with --context-shift" }
+            )))
+        }
+        Err(e) => return Err(CliError::new(e.to_string())),
+    }
+    cached.extend_from_slice(&tokens[keep..]);
+    Ok(())
 }
