@@ -120,46 +120,36 @@ fn open(family: &str, n_batch: usize) -> Session {
     Session::new(model, &opts).unwrap()
 }
 
-#[test]
-fn gemma3_greedy_ids_after_an_image_match_llama_mtmd_cli() {
-    let mut session = open("gemma3", 64);
+/// The greedy ids after each PNG test image (the JPEGs' decoders differ) are llama-mtmd-cli's.
+fn greedy_ids_match_llama_mtmd_cli(family: &str) {
+    let mut session = open(family, 64);
     for image in ["rgb_1x1.png", "rgb_3000x200.png", "gray_37x53.png", "rgba_41x29.png", "palette_33x47.png"]
     {
-        let (got, want) = greedy_after_image("gemma3", image, &mut session);
-        assert_eq!(got, want, "gemma3 {image}");
+        let (got, want) = greedy_after_image(family, image, &mut session);
+        assert_eq!(got, want, "{family} {image}");
     }
 }
 
 #[test]
+fn gemma3_greedy_ids_after_an_image_match_llama_mtmd_cli() {
+    greedy_ids_match_llama_mtmd_cli("gemma3");
+}
+
+#[test]
 fn idefics3_greedy_ids_after_an_image_match_llama_mtmd_cli() {
-    let mut session = open("idefics3", 64);
-    for image in ["rgb_1x1.png", "rgb_3000x200.png", "gray_37x53.png", "rgba_41x29.png", "palette_33x47.png"]
-    {
-        let (got, want) = greedy_after_image("idefics3", image, &mut session);
-        assert_eq!(got, want, "idefics3 {image}");
-    }
+    greedy_ids_match_llama_mtmd_cli("idefics3");
 }
 
 #[test]
 fn qwen2vl_greedy_ids_after_an_image_match_llama_mtmd_cli() {
     // (M-RoPE: the image's tokens turned by their row and column, the text after it from its
     // time position plus its longer side.)
-    let mut session = open("qwen2vl", 64);
-    for image in ["rgb_1x1.png", "rgb_3000x200.png", "gray_37x53.png", "rgba_41x29.png", "palette_33x47.png"]
-    {
-        let (got, want) = greedy_after_image("qwen2vl", image, &mut session);
-        assert_eq!(got, want, "qwen2vl {image}");
-    }
+    greedy_ids_match_llama_mtmd_cli("qwen2vl");
 }
 
 #[test]
 fn qwen25vl_greedy_ids_after_an_image_match_llama_mtmd_cli() {
-    let mut session = open("qwen2.5vl", 64);
-    for image in ["rgb_1x1.png", "rgb_3000x200.png", "gray_37x53.png", "rgba_41x29.png", "palette_33x47.png"]
-    {
-        let (got, want) = greedy_after_image("qwen2.5vl", image, &mut session);
-        assert_eq!(got, want, "qwen2.5vl {image}");
-    }
+    greedy_ids_match_llama_mtmd_cli("qwen2.5vl");
 }
 
 #[test]
