@@ -165,7 +165,7 @@ pub fn chat(args: GenArgs) -> Result<(), CliError> {
             if gen.context_shift.is_some() {
                 return Err(CliError::new("--mmproj: a chat with images takes no --context-shift".into()));
             }
-            let mut media = crate::vision::ChatMedia::open(&session, mmproj)?;
+            let mut media = crate::chat_media::ChatMedia::open(&session, mmproj)?;
             for file in &args.image {
                 let n = media.attach(&session, file)?;
                 errln!("pinfer: image {}: {n} positions, with the first message", file.display());

@@ -14,6 +14,7 @@ mod streams;
 mod bench;
 mod bundle;
 mod chat;
+mod chat_media;
 mod doctor;
 mod embed;
 mod export_lora;
