@@ -183,8 +183,8 @@ fn qwen25vl_pixels_and_embeddings_match_libmtmd() {
 }
 
 /// The encoder's Q8_0 matrices repacked for the packed kernels (once per file, as
-/// `media::Projector` does) give the embeddings of the matrices read in place: the packed kernels
-/// are the same arithmetic over the same quantized inputs. (The tiny Q8_0 Qwen2-VL projector:
+/// `media::Projector` does) give the embeddings of the matrices read in place, within the bound
+/// the encoders are held to against libmtmd. (The tiny Q8_0 Qwen2-VL projector:
 /// its rows of 32 values pack; the 80-wide ones stay F16.)
 #[test]
 fn repacked_q8_0_encoder_matrices_give_the_embeddings_of_the_file() {
@@ -212,7 +212,10 @@ fn repacked_q8_0_encoder_matrices_give_the_embeddings_of_the_file() {
     let diff = plain.iter().zip(repacked).map(|(a, b)| f64::from(a - b).powi(2)).sum::<f64>().sqrt();
     let norm = plain.iter().map(|a| f64::from(*a).powi(2)).sum::<f64>().sqrt();
     eprintln!("repacked vs in place: relative difference {:.3e} over {} values", diff / norm, plain.len());
-    assert!(diff / norm <= 1e-5, "repacked encoder off by {:.3e}", diff / norm);
+    // (The in-place and packed dots round the activations each their own way on some paths:
+    // 4.9e-8 apart on AVX2, 1.7e-4 on cortex-a76's FEAT_FP16 path; the bound is the 1e-3 the f16
+    // encoders are held to against libmtmd.)
+    assert!(diff / norm <= 1e-3, "repacked encoder off by {:.3e}", diff / norm);
     // A buffer short of the planes is refused, not read past.
     let short = &buffer[at..at + packing.bytes() - 64];
     assert!(engine.encode_packed(&input.pixels, w, h, Some((short, &packing)), &OnCaller).is_err());
