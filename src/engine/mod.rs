@@ -328,10 +328,20 @@ impl<'m> Model<'m> {
 
     /// Type and bytes of the tensor whose data starts at byte `offset` of the file.
     fn source(&self, offset: usize) -> Option<(GgmlType, &'m [u8])> {
-        let start = self.gguf.data_start();
-        let t = self.gguf.tensors().find(|t| start + t.offset as usize == offset)?;
-        Some((t.ty, self.bytes.get(offset..offset + t.nbytes as usize)?))
+        tensor_source(&self.gguf, self.bytes, offset)
     }
+}
+
+/// Type and bytes of the tensor of `gguf` (parsed from `bytes`) whose data starts at byte
+/// `offset` of the file (a repack's source).
+pub(crate) fn tensor_source<'m>(
+    gguf: &Gguf<'m>,
+    bytes: &'m [u8],
+    offset: usize,
+) -> Option<(GgmlType, &'m [u8])> {
+    let start = gguf.data_start();
+    let t = gguf.tensors().find(|t| start + t.offset as usize == offset)?;
+    Some((t.ty, bytes.get(offset..offset + t.nbytes as usize)?))
 }
 
 /// A forward graph for one batch shape, and its memory plan. The caller provides the slots
@@ -836,8 +846,9 @@ impl<'m, G: AsMut<[GraphSlot]> + AsRef<[GraphSlot]>, B: DerefMut<Target = [u8]>>
             }
             *len += 1;
         }
-        if embeddings.is_none() {
-            // Text where an image's rows were to go cuts the image short.
+        if embeddings.is_none() && self.planned.kv.mrope_places_offset.is_some() {
+            // Text where an image's rows were to go cuts the image short (M-RoPE only: no other
+            // model places images).
             for e in batch {
                 self.images[e.seq].cut(e.pos);
             }

@@ -110,10 +110,7 @@ impl<'m, S: DerefMut<Target = GraphSlot>> VisionPlanned<'m, S> {
             return Err(EngineError::Config("the buffer of repacked matrices is too small or misaligned"));
         }
         let (gguf, bytes) = (&self.gguf, self.bytes);
-        let source = |offset: usize| {
-            let t = gguf.tensors().find(|t| gguf.data_start() + t.offset as usize == offset)?;
-            Some((t.ty, bytes.get(offset..offset + t.nbytes as usize)?))
-        };
+        let source = |offset| super::tensor_source(gguf, bytes, offset);
         super::repack_entries(&packing.entries, &source, buffer, jobs, &|_| {})
     }
 
