@@ -268,9 +268,14 @@ pub fn tile_loop<'k, L: Lanes>(
             every &= s.start <= a && s.end >= b;
         }
         let (ja, jb) = (a - tile.start, b - tile.start);
-        for j in ja..jb {
-            widen::<L>(t.ty, key(tile.start + j), &mut sc.kf[j * dk..(j + 1) * dk]);
-            widen::<L>(t.ty, value(tile.start + j), &mut sc.vf[j * dv..(j + 1) * dv]);
+        // The tile's key and value rows as f32: aligned f32 rows (an encoder's activations) in
+        // place, others widened into the scratch.
+        let mut krows: [&[f32]; TILE_KEYS] = [&[]; TILE_KEYS];
+        let mut vrows: [&[f32]; TILE_KEYS] = [&[]; TILE_KEYS];
+        let slots = sc.kf.chunks_exact_mut(dk).zip(sc.vf.chunks_exact_mut(dv));
+        for (j, (kslot, vslot)) in slots.enumerate().take(jb).skip(ja) {
+            krows[j] = as_f32::<L>(t.ty, key(tile.start + j), kslot);
+            vrows[j] = as_f32::<L>(t.ty, value(tile.start + j), vslot);
         }
         if !every {
             for j in ja..jb {
@@ -281,7 +286,7 @@ pub fn tile_loop<'k, L: Lanes>(
                 }
             }
         }
-        scores::<L>(&sc.qt[..dk * lanes], &sc.kf, dk, lanes, ja..jb, &mut sc.s);
+        scores::<L>(&sc.qt[..dk * lanes], &krows, lanes, ja..jb, &mut sc.s);
         // Softmax per row vector: scale (and mask), tile maximum, rescale, weights, sums.
         let mut ms = [1f32; TILE_ROWS];
         let mut rescale = false;
@@ -323,7 +328,7 @@ pub fn tile_loop<'k, L: Lanes>(
                 }
             }
         }
-        update::<L>(&mut sc.acc[..dv * lanes], &sc.vf, dv, lanes, ja..jb, &sc.s);
+        update::<L>(&mut sc.acc[..dv * lanes], &vrows, dv, lanes, ja..jb, &sc.s);
     }
     for (r, out) in outs[..n].iter_mut().enumerate() {
         let inv = if sum[r] == 0.0 { 0.0 } else { 1.0 / sum[r] };
@@ -333,30 +338,38 @@ pub fn tile_loop<'k, L: Lanes>(
     }
 }
 
-/// An f16 or f32 cache row to f32 with `L`'s widening.
+/// An f16 or f32 cache row as f32: an aligned f32 row of `slot`'s length itself (no copy: an
+/// encoder's attention would otherwise copy every key and value once per call), any other row
+/// widened into `slot` with `L`'s widening (a row of the wrong length leaves `slot` as it is).
 #[inline(always)]
-fn widen<L: Lanes>(ty: GgmlType, row: &[u8], out: &mut [f32]) {
+fn as_f32<'a, L: Lanes>(ty: GgmlType, row: &'a [u8], slot: &'a mut [f32]) -> &'a [f32] {
     if ty == GgmlType::F16 {
-        if row.len() == out.len() * 2 {
-            L::widen_f16(row, out);
+        if row.len() == slot.len() * 2 {
+            L::widen_f16(row, slot);
         }
-    } else {
-        widen_ref(ty, row, out);
+        return slot;
+    }
+    match bytemuck::try_cast_slice::<u8, f32>(row) {
+        Ok(values) if ty == GgmlType::F32 && values.len() == slot.len() => values,
+        _ => {
+            widen_ref(ty, row, slot);
+            slot
+        }
     }
 }
 
-/// `s[j][row] = sum_d kf[j][d] * qt[d][row]` for keys `js` (one fused chain per lane, in `d`
+/// `s[j][row] = sum_d k[j][d] * qt[d][row]` for keys `js` (one fused chain per lane, in `d`
 /// order), two keys and up to [`GROUP`] row vectors at a time.
 #[inline(always)]
-fn scores<L: Lanes>(qt: &[f32], kf: &[f32], dk: usize, lanes: usize, js: Range<usize>, s: &mut [f32]) {
+fn scores<L: Lanes>(qt: &[f32], k: &[&[f32]], lanes: usize, js: Range<usize>, s: &mut [f32]) {
     let mut v = 0;
     while v < lanes {
         let g = ((lanes - v) / L::N).min(GROUP);
         match g {
-            1 => scores_group::<L, 1>(qt, kf, dk, lanes, v, js.clone(), s),
-            2 => scores_group::<L, 2>(qt, kf, dk, lanes, v, js.clone(), s),
-            3 => scores_group::<L, 3>(qt, kf, dk, lanes, v, js.clone(), s),
-            _ => scores_group::<L, GROUP>(qt, kf, dk, lanes, v, js.clone(), s),
+            1 => scores_group::<L, 1>(qt, k, lanes, v, js.clone(), s),
+            2 => scores_group::<L, 2>(qt, k, lanes, v, js.clone(), s),
+            3 => scores_group::<L, 3>(qt, k, lanes, v, js.clone(), s),
+            _ => scores_group::<L, GROUP>(qt, k, lanes, v, js.clone(), s),
         }
         v += g * L::N;
     }
@@ -365,8 +378,7 @@ fn scores<L: Lanes>(qt: &[f32], kf: &[f32], dk: usize, lanes: usize, js: Range<u
 #[inline(always)]
 fn scores_group<L: Lanes, const G: usize>(
     qt: &[f32],
-    kf: &[f32],
-    dk: usize,
+    k: &[&[f32]],
     lanes: usize,
     v: usize,
     js: Range<usize>,
@@ -377,7 +389,7 @@ fn scores_group<L: Lanes, const G: usize>(
     let col = |d: usize| &qt[d * lanes + v..d * lanes + v + w];
     let mut j = js.start;
     while j + 2 <= js.end {
-        let (k0, k1) = (&kf[j * dk..(j + 1) * dk], &kf[(j + 1) * dk..(j + 2) * dk]);
+        let (k0, k1) = (k[j], k[j + 1]);
         let mut acc = [[L::splat(0.0); G]; 2];
         for (d, (&x0, &x1)) in k0.iter().zip(k1).enumerate() {
             let q = col(d);
@@ -397,7 +409,7 @@ fn scores_group<L: Lanes, const G: usize>(
         j += 2;
     }
     if j < js.end {
-        let k0 = &kf[j * dk..(j + 1) * dk];
+        let k0 = k[j];
         let mut acc = [L::splat(0.0); G];
         for (d, &x0) in k0.iter().enumerate() {
             let (q, x0) = (col(d), L::splat(x0));
@@ -412,18 +424,25 @@ fn scores_group<L: Lanes, const G: usize>(
     }
 }
 
-/// `acc[d][row] = fma(vf[j][d], p[j][row], acc[d][row])` for keys `js` in order, two dimensions
-/// and up to [`GROUP`] row vectors at a time.
+/// `acc[d][row] = fma(v[j][d], p[j][row], acc[d][row])` for keys `js` in order (value rows of
+/// `dv`), two dimensions and up to [`GROUP`] row vectors at a time.
 #[inline(always)]
-fn update<L: Lanes>(acc: &mut [f32], vf: &[f32], dv: usize, lanes: usize, js: Range<usize>, p: &[f32]) {
+fn update<L: Lanes>(
+    acc: &mut [f32],
+    values: &[&[f32]],
+    dv: usize,
+    lanes: usize,
+    js: Range<usize>,
+    p: &[f32],
+) {
     let mut v = 0;
     while v < lanes {
         let g = ((lanes - v) / L::N).min(GROUP);
         match g {
-            1 => update_group::<L, 1>(acc, vf, dv, lanes, v, js.clone(), p),
-            2 => update_group::<L, 2>(acc, vf, dv, lanes, v, js.clone(), p),
-            3 => update_group::<L, 3>(acc, vf, dv, lanes, v, js.clone(), p),
-            _ => update_group::<L, GROUP>(acc, vf, dv, lanes, v, js.clone(), p),
+            1 => update_group::<L, 1>(acc, values, dv, lanes, v, js.clone(), p),
+            2 => update_group::<L, 2>(acc, values, dv, lanes, v, js.clone(), p),
+            3 => update_group::<L, 3>(acc, values, dv, lanes, v, js.clone(), p),
+            _ => update_group::<L, GROUP>(acc, values, dv, lanes, v, js.clone(), p),
         }
         v += g * L::N;
     }
@@ -432,7 +451,7 @@ fn update<L: Lanes>(acc: &mut [f32], vf: &[f32], dv: usize, lanes: usize, js: Ra
 #[inline(always)]
 fn update_group<L: Lanes, const G: usize>(
     acc: &mut [f32],
-    vf: &[f32],
+    rows: &[&[f32]],
     dv: usize,
     lanes: usize,
     v: usize,
@@ -442,7 +461,7 @@ fn update_group<L: Lanes, const G: usize>(
     let w = G * L::N;
     // Each key's weights as one slice of exactly G vectors, and its value row.
     let weights = |j: usize| &p[j * lanes + v..j * lanes + v + w];
-    let values = |j: usize| &vf[j * dv..(j + 1) * dv];
+    let values = |j: usize| rows[j];
     let mut d = 0;
     while d + 2 <= dv {
         let (c0, c1) = (d * lanes + v, (d + 1) * lanes + v);

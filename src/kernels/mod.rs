@@ -303,7 +303,7 @@ pub fn dot_f16(path: KernelPath, x: &[F16Le], y: &[F16Le]) -> f32 {
 
 /// Most weight rows of one tile of [`dot_f16_tile`] (each path's [`f16_tile_shape`] is within
 /// this and [`F16_TILE_TOKENS`]).
-pub const F16_TILE_ROWS: usize = 4;
+pub const F16_TILE_ROWS: usize = 12;
 /// Most tokens of one tile of [`dot_f16_tile`].
 pub const F16_TILE_TOKENS: usize = 6;
 

@@ -531,9 +531,9 @@ pub(in crate::exec) struct MatOperands<'t> {
     act: Option<GgmlType>,
 }
 
-/// Floats of the widened tokens of one block of [`Bound::mul_mat_f16_blocks`] (64 KiB on the
+/// Floats of the widened tokens of one block of [`Bound::mul_mat_f16_blocks`] (256 KiB on the
 /// stack: the block stays in L2 while each weight row meets all of it).
-const F16_BLOCK_FLOATS: usize = 16 * 1024;
+const F16_BLOCK_FLOATS: usize = 64 * 1024;
 
 /// Tokens of one block of an f16 matmul over rows of `k` on tiles of `tile_tokens`: as many whole
 /// tiles as the block holds, else as many tokens as it holds; `None` when not even one fits (rows
