@@ -51,7 +51,7 @@ side_of() { case "$1" in smolvlm-256m) echo 512 ;; siglip-so400m) echo 896 ;; es
 vocab_of() {
   case "$1" in
     gemma3) scripts/tokenizer_fetch_gemma3.sh >&2; echo models/gemma-3-270m-q4_k_m.gguf ;;
-    *) scripts/setup.sh model >&2; echo models/SmolLM2-135M-Instruct.Q8_0.gguf ;;
+    *) scripts/setup.sh variants >&2; echo models/SmolLM2-135M-Instruct.Q8_0.gguf ;;
   esac
 }
 

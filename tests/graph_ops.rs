@@ -223,6 +223,18 @@ fn try_run(
     threads: usize,
     packed: bool,
 ) -> Result<Vec<Vec<u8>>, ExecError> {
+    try_run_with(s, outs, steps, threads, packed, false)
+}
+
+/// [`try_run`], with the f16 matmuls of several tokens on the encoder's GEMM if `f16_gemm`.
+fn try_run_with(
+    s: &mut Setup,
+    outs: &[TensorId],
+    steps: &[Step],
+    threads: usize,
+    packed: bool,
+    f16_gemm: bool,
+) -> Result<Vec<Vec<u8>>, ExecError> {
     s.g.build(outs).unwrap();
     let p = if packed { plan(&s.g).unwrap() } else { plan_unshared(&s.g).unwrap() };
     let work = work_bytes(&s.g);
@@ -234,7 +246,9 @@ fn try_run(
     let work = arena.alloc(work, "work").unwrap();
     let inputs = s.inputs.bytes();
     let mut addresses = vec![Address::NOWHERE; s.g.tensors().len()];
-    let mut bound = Bound::new(&s.g, &p, &[inputs], arena.memory(), act, work, &mut addresses).unwrap();
+    let mut bound = Bound::new(&s.g, &p, &[inputs], arena.memory(), act, work, &mut addresses)
+        .unwrap()
+        .with_f16_gemm(f16_gemm);
     let pool = (threads > 1).then(|| Pool::new(threads, None, false).unwrap());
     for &step in steps {
         match &pool {
@@ -1041,6 +1055,44 @@ fn mul_mat_every_weight_type_with_1_3_and_7_tokens() {
             }
         }
     }
+}
+
+/// The encoder's f16 GEMM (`Bound::with_f16_gemm`) gives each output one chain of sums in `k`
+/// order over the f16-rounded input, bit for bit, with 1, 2 and 3 threads: two chunks of `k`
+/// (the sums wait in the output between them), a block of 64 tokens and a short one, micro-panel
+/// and panel tails, and a weight matrix shared by two input batches.
+#[test]
+fn f16_gemm_is_one_chain_of_sums_per_output() {
+    let (k, m, n) = (1500, 13, 70);
+    let mut rng = Rng(41);
+    let mut s = Setup::default();
+    let wdata: Vec<f32> = rng.vec(k * m);
+    let (w, wv) = typed_leaf(&mut s, &mut rng, "w", F16, [k, m, 1, 1], &wdata);
+    // Not f16 values: the GEMM rounds them.
+    let x: Vec<f32> = (0..k * n * 2).map(|_| 3.0 * rng.f32()).collect();
+    let tx = leaf(&mut s, "x", [k, n, 2, 1], &x);
+    let out = s.g.mul_mat(w, tx).unwrap();
+    let mut want = vec![0f32; m * n * 2];
+    for (row, xr) in x.chunks_exact(k).enumerate() {
+        for (j, wr) in wv.chunks_exact(k).enumerate() {
+            want[row * m + j] = xr.iter().zip(wr).fold(0f32, |acc, (&a, &b)| f16r(a) * b + acc);
+        }
+    }
+    let (exact, scale) =
+        ref_mul_mat(&wv, [k, m, 1, 1], &x.iter().map(|&v| f16r(v)).collect::<Vec<_>>(), [k, n, 2, 1]);
+    for threads in 1..=3 {
+        let got = try_run_with(&mut s, &[out], &STEP0, threads, threads == 3, true).unwrap();
+        let got: &[f32] = bytemuck::cast_slice(&got[0]);
+        check_exact(&format!("f16 GEMM, {threads} threads"), got, &want);
+        check_scaled("f16 GEMM", got, &exact, &scale, MATMUL_TOL);
+    }
+    // Without the flag the same node keeps the one-token dot's order (other bits).
+    let dots = try_run_with(&mut s, &[out], &STEP0, 1, false, false).unwrap();
+    let dots: &[f32] = bytemuck::cast_slice(&dots[0]);
+    assert!(
+        dots.iter().zip(&want).any(|(a, b)| a.to_bits() != b.to_bits()),
+        "the dot tiles sum in k order too"
+    );
 }
 
 #[test]

@@ -317,6 +317,94 @@ fn f16_tiles_give_each_token_its_own_dot() {
     }
 }
 
+/// The encoder's f16 GEMM panel is its scalar twin's bit for bit on every SIMD path: every depth
+/// (tails of every vector width, one chunk's most), 1 to 6 weight rows, 1 to 3 micro-panels,
+/// every regime (f16's infinities and subnormals after rounding), sums continued from non-zero
+/// values; the twin is the matmul (within f32 rounding of the f64 sums) and split into chunks of
+/// `k` it gives the same bits (one chain per output, whatever the blocking).
+#[test]
+fn f16_gemm_panels_are_their_twins_bit_for_bit() {
+    use pinfer::kernels::f16_gemm::{panel_ref, GemmTile, GEMM_DEPTH, GEMM_ROWS, GEMM_TOKENS};
+    use pinfer::kernels::f16_gemm_panel;
+    let mut rng = Rng(23);
+    let widen = |v: &[f32]| -> Vec<f32> { v.iter().map(|&x| F16Le::from_f32(x).to_f32()).collect() };
+    for kc in LENGTHS.into_iter().chain([8, 15, 16, 33, 1000, GEMM_DEPTH]) {
+        for (name, w) in regimes(kc, &mut rng) {
+            let ws: Vec<Vec<F16Le>> = (0..GEMM_ROWS)
+                .map(|r| match r {
+                    0 => f16s(&w),
+                    _ => f16s(&(0..kc).map(|_| 2.0 * rng.f()).collect::<Vec<f32>>()),
+                })
+                .collect();
+            // Three micro-panels `[tile][kk][t]` of f16-exact tokens; token 1 of tile 0 in the regime.
+            let mut xt = widen(&(0..3 * kc * GEMM_TOKENS).map(|_| 3.0 * rng.f()).collect::<Vec<f32>>());
+            let regime = widen(&w.iter().rev().copied().collect::<Vec<f32>>());
+            for (kk, &v) in regime.iter().enumerate() {
+                xt[kk * GEMM_TOKENS + 1] = v;
+            }
+            let start: GemmTile = core::array::from_fn(|_| core::array::from_fn(|_| 0.5 * rng.f()));
+            for rows in 1..=GEMM_ROWS {
+                let w_refs: Vec<&[F16Le]> = ws[..rows].iter().map(|w| &w[..]).collect();
+                for tiles in 1..=3 {
+                    let mut want = vec![start; tiles];
+                    panel_ref(&w_refs, &xt[..tiles * kc * GEMM_TOKENS], kc, &mut want);
+                    for &path in &simd_paths() {
+                        let mut got = vec![start; tiles];
+                        let mut wp = vec![f32::NAN; GEMM_ROWS * kc];
+                        f16_gemm_panel(path, &w_refs, &xt[..tiles * kc * GEMM_TOKENS], kc, &mut wp, &mut got);
+                        for (p, (g, e)) in got.iter().zip(&want).enumerate() {
+                            for r in 0..rows {
+                                for t in 0..GEMM_TOKENS {
+                                    assert!(
+                                        same_bits(g[r][t], e[r][t]),
+                                        "{} kc={kc} {name} rows={rows} tile {p} ({r}, {t}): {} vs {}",
+                                        path.name(),
+                                        g[r][t],
+                                        e[r][t]
+                                    );
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            if name != "ordinary" {
+                continue;
+            }
+            // The twin is the matmul, and chunks of k continue its chains exactly.
+            let refs: Vec<&[F16Le]> = ws.iter().map(|w| &w[..]).collect();
+            let mut whole = [[[0f32; GEMM_TOKENS]; GEMM_ROWS]];
+            panel_ref(&refs, &xt[..kc * GEMM_TOKENS], kc, &mut whole);
+            for r in 0..GEMM_ROWS {
+                let wr: Vec<f32> = ws[r].iter().map(|h| h.to_f32()).collect();
+                for t in 0..GEMM_TOKENS {
+                    let (exact, scale) = (0..kc).fold((0f64, 0f64), |(s, a), kk| {
+                        let p = f64::from(xt[kk * GEMM_TOKENS + t]) * f64::from(wr[kk]);
+                        (s + p, a + p.abs())
+                    });
+                    let err = (f64::from(whole[0][r][t]) - exact).abs();
+                    assert!(
+                        err <= kc as f64 * 6e-8 * scale + 1e-30,
+                        "kc={kc} ({r}, {t}): {} vs {exact}",
+                        whole[0][r][t]
+                    );
+                }
+            }
+            let cut = kc / 3;
+            if cut > 0 {
+                let mut split = [[[0f32; GEMM_TOKENS]; GEMM_ROWS]];
+                let head: Vec<&[F16Le]> = ws.iter().map(|w| &w[..cut]).collect();
+                let tail: Vec<&[F16Le]> = ws.iter().map(|w| &w[cut..]).collect();
+                let xt_head: Vec<f32> = xt[..cut * GEMM_TOKENS].to_vec();
+                let xt_tail: Vec<f32> = xt[cut * GEMM_TOKENS..kc * GEMM_TOKENS].to_vec();
+                panel_ref(&head, &xt_head, cut, &mut split);
+                panel_ref(&tail, &xt_tail, kc - cut, &mut split);
+                assert_eq!(split, whole, "kc={kc}: chunks of k change the sums");
+            }
+        }
+    }
+}
+
 /// The f32 dot of computed tensors (training) is its twin's bit for bit on every SIMD path, every
 /// tail length and every regime, and within f32 rounding of ggml's f64-summed scalar dot (the
 /// reference path's, which it is on that path).

@@ -237,7 +237,8 @@ impl<'m, S: DerefMut<Target = GraphSlot>, B: DerefMut<Target = [u8]>> VisionEngi
         }
         let slot = &mut *self.planned.slot;
         let buffers: [&[u8]; 1] = [self.planned.bytes];
-        let mut bound = slot.graph.bind(&slot.plan, &buffers, arena, activations, work)?;
+        // An encoder has no one-token twin: its f16 matmuls take the GEMM.
+        let mut bound = slot.graph.bind(&slot.plan, &buffers, arena, activations, work)?.with_f16_gemm(true);
         if let Some((buffer, packing)) = packed {
             bound = bound.with_packed(buffer, &packing.entries);
         }

@@ -267,6 +267,10 @@ pub struct Bound<'a, const N: usize> {
     check_numerics: bool,
     /// The kernels every node runs on.
     pub(super) path: kernels::KernelPath,
+    /// f16 matmuls of several tokens run as the encoder's GEMM (`kernels::f16_gemm`: one chain
+    /// of sums per output), not as tiles of the one-token dot: for graphs without a one-token
+    /// twin whose numbers they must share.
+    pub(super) f16_gemm: bool,
     /// The packed matmul's kernel per format on `path` (chosen once, from its table).
     pub(super) matmul: kernels::matmul::MatmulKernels,
     /// First node with a non-finite output (0 = none, else 1 + tensor id), the element's flat
@@ -335,6 +339,7 @@ impl<'a, const N: usize> Bound<'a, N> {
             offload: None,
             check_numerics: false,
             path: kernels::KernelPath::detect(),
+            f16_gemm: false,
             matmul: kernels::matmul::MatmulKernels::new(kernels::KernelPath::detect()),
             non_finite: AtomicU32::new(0),
             non_finite_index: AtomicUsize::new(0),
@@ -365,6 +370,13 @@ impl<'a, const N: usize> Bound<'a, N> {
     pub fn with_kernels(mut self, path: kernels::KernelPath) -> Self {
         self.path = path;
         self.matmul = kernels::matmul::MatmulKernels::new(path);
+        self
+    }
+    /// Runs the f16 matmuls of several tokens as the encoder's GEMM (`kernels::f16_gemm`), whose
+    /// sums are not in the one-token dot's order: for an encoder's graph, never for a decoder's
+    /// (a prompt's tokens must give what they would give one at a time).
+    pub fn with_f16_gemm(mut self, on: bool) -> Self {
+        self.f16_gemm = on;
         self
     }
     /// The kernel path nodes run on.

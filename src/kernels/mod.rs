@@ -11,6 +11,7 @@ pub mod reference;
 
 pub mod attn_tile;
 pub mod dot;
+pub mod f16_gemm;
 pub mod kv_attn;
 pub mod layout;
 pub mod matmul;
@@ -340,6 +341,30 @@ pub fn dot_f16_tile(
         Isa::Avx2 => {
             // SAFETY: the CPU has AVX2, FMA and F16C (`Isa::Avx2`).
             unsafe { x86::dot_f16_tile_avx2(ws, xs, out) }
+        }
+    }
+}
+
+/// One panel of the encoder's f16 GEMM ([`f16_gemm`]): sums `acc` (one tile per micro-panel of
+/// `xt`, packed `[tile][kk][t]` from tokens rounded to f16) continued over a chunk of `kc`
+/// elements of weight rows `ws` (at most [`f16_gemm::GEMM_ROWS`], each `kc` long), widened into
+/// the scratch `wp`. Every path gives [`f16_gemm::panel_ref`]'s bits.
+pub fn f16_gemm_panel(
+    path: KernelPath,
+    ws: &[&[F16Le]],
+    xt: &[f32],
+    kc: usize,
+    wp: &mut [f32],
+    acc: &mut [f16_gemm::GemmTile],
+) {
+    match path.isa() {
+        Isa::Scalar => f16_gemm::panel_ref(ws, xt, kc, acc),
+        #[cfg(target_arch = "aarch64")]
+        Isa::Neon => neon::f16_gemm_panel(ws, xt, kc, wp, acc),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => {
+            // SAFETY: the CPU has AVX2, FMA and F16C (`Isa::Avx2`).
+            unsafe { x86::f16_gemm_panel_avx2(ws, xt, kc, wp, acc) }
         }
     }
 }

@@ -136,8 +136,8 @@ impl<'a, const N: usize> Bound<'a, N> {
         let (tw, tx) = (self.graph.tensor(w), self.graph.tensor(x));
         let Some(act) = converted_input(t, tw) else { return };
         let ne = tx.ne_for(step.n_kv);
-        if self.f16_blocks(t, tw, tw.ne_for(step.n_kv)[0], ne).is_some() {
-            // The f16 blocks round the f32 input themselves (`mul_mat_f16_blocks`).
+        if self.f16_plan(t, tw, tw.ne_for(step.n_kv)[0], ne).is_some() {
+            // The f16 blocks and the GEMM round the f32 input themselves.
             return;
         }
         let stride = converted_stride(act, tx.ne[0]);
@@ -231,9 +231,10 @@ impl<'a, const N: usize> Bound<'a, N> {
             self.mul_mat_packed(id, t, &op, &w, ith, nth);
             return;
         }
-        if let Some(block) = self.f16_blocks(t, op.tw, op.ne_w[0], op.ne_x) {
-            self.mul_mat_f16_blocks(id, t, &op, block, ith, nth);
-            return;
+        match self.f16_plan(t, op.tw, op.ne_w[0], op.ne_x) {
+            Some(F16Plan::Gemm) => return self.mul_mat_f16_gemm(id, t, &op, ith, nth),
+            Some(F16Plan::Blocks(block)) => return self.mul_mat_f16_blocks(id, t, &op, block, ith, nth),
+            None => {}
         }
         let (ne_w, ne_x) = (op.ne_w, op.ne_x);
         let (r2, r3) = ((ne_x[2] / ne_w[2]).max(1), (ne_x[3] / ne_w[3]).max(1));
@@ -253,12 +254,106 @@ impl<'a, const N: usize> Bound<'a, N> {
             }
         }
     }
-    /// Tokens per block when matmul `t` of f16 weights `tw` (rows of `k_w`) over an input of shape
-    /// `ne_x` runs as [`Self::mul_mat_f16_blocks`] (several tokens, rows short enough for one), else
-    /// `None`. Phase 0 asks too: the blocks take the f32 input, not its f16 conversion.
-    fn f16_blocks(&self, t: &Tensor, tw: &Tensor, k_w: usize, ne_x: [usize; 4]) -> Option<usize> {
-        let several = t.op == Op::MulMat && tw.ty == GgmlType::F16 && ne_x[1] > 1;
-        several.then(|| f16_block_tokens(k_w.min(ne_x[0]), kernels::f16_tile_shape(self.path).1)).flatten()
+    /// How matmul `t` of f16 weights `tw` (rows of `k_w`) over an input of shape `ne_x` runs when
+    /// it has several tokens: the encoder's GEMM where the graph allows it
+    /// ([`Bound::with_f16_gemm`]), else blocks of the one-token dot's tiles (rows short enough for
+    /// one); `None` for one token or other weights. Phase 0 asks too: both take the f32 input,
+    /// not its f16 conversion.
+    fn f16_plan(&self, t: &Tensor, tw: &Tensor, k_w: usize, ne_x: [usize; 4]) -> Option<F16Plan> {
+        if !(t.op == Op::MulMat && tw.ty == GgmlType::F16 && ne_x[1] > 1) {
+            return None;
+        }
+        if self.f16_gemm {
+            return Some(F16Plan::Gemm);
+        }
+        f16_block_tokens(k_w.min(ne_x[0]), kernels::f16_tile_shape(self.path).1).map(F16Plan::Blocks)
+    }
+    /// The encoder's matmul on f16 weights ([`kernels::f16_gemm`]): blocks of
+    /// [`GEMM_BLOCK_TOKENS`] tokens, rounded to f16 and packed once per chunk of `k` (kept in L2),
+    /// then each panel of this thread's weight rows widened once and run over the block's
+    /// micro-panels. Between chunks the sums wait in the output, so each output is one chain of
+    /// sums in `k` order whatever the blocking.
+    fn mul_mat_f16_gemm(&self, id: TensorId, t: &Tensor, op: &MatOperands<'_>, ith: usize, nth: usize) {
+        use kernels::f16_gemm::{GemmTile, GEMM_DEPTH, GEMM_ROWS, GEMM_TOKENS};
+        const TILES: usize = GEMM_BLOCK_TOKENS / GEMM_TOKENS;
+        let (ne_w, ne_x, k) = (op.ne_w, op.ne_x, op.k);
+        let (r2, r3) = ((ne_x[2] / ne_w[2]).max(1), (ne_x[3] / ne_w[3]).max(1));
+        let rows_w = share(ne_w[1], ith, nth);
+        let mut xt = [0f32; GEMM_BLOCK_TOKENS * GEMM_DEPTH];
+        let mut wp = [0f32; GEMM_ROWS * GEMM_DEPTH];
+        let mut rounded = [0f32; GEMM_DEPTH];
+        for i3 in 0..ne_x[3] {
+            for i2 in 0..ne_x[2] {
+                for n0 in (0..ne_x[1]).step_by(GEMM_BLOCK_TOKENS) {
+                    let tokens = (ne_x[1] - n0).min(GEMM_BLOCK_TOKENS);
+                    let tiles = tokens.div_ceil(GEMM_TOKENS);
+                    for kc0 in (0..k).step_by(GEMM_DEPTH) {
+                        let kc = (k - kc0).min(GEMM_DEPTH);
+                        // The block's tokens, rounded, as micro-panels `[tile][kk][t]`.
+                        for j in 0..tiles * GEMM_TOKENS {
+                            let (tile, lane) = (j / GEMM_TOKENS, j % GEMM_TOKENS);
+                            let panel = &mut xt[tile * kc * GEMM_TOKENS..(tile + 1) * kc * GEMM_TOKENS];
+                            if j < tokens {
+                                // SAFETY: elements kc0..kc0 + kc of input row n0 + j, inside its
+                                // checked shape (k is within the row).
+                                let x: &[f32] = unsafe {
+                                    self.read(op.x, op.tx.row_offset(n0 + j, i2, i3) + kc0 * 4, kc)
+                                };
+                                kernels::round_f16_padded(self.path, x, &mut rounded[..kc]);
+                            } else {
+                                rounded[..kc].fill(0.0);
+                            }
+                            for (d, &v) in panel[lane..].iter_mut().step_by(GEMM_TOKENS).zip(&rounded[..kc]) {
+                                *d = v;
+                            }
+                        }
+                        let mut m0 = rows_w.start;
+                        while m0 < rows_w.end {
+                            let rows = (rows_w.end - m0).min(GEMM_ROWS);
+                            let ws: [&[F16Le]; GEMM_ROWS] = core::array::from_fn(|r| {
+                                let m = m0 + r.min(rows - 1);
+                                // SAFETY: elements kc0..kc0 + kc of row m of this thread's rows,
+                                // inside the checked shapes.
+                                let bytes: &[u8] = unsafe {
+                                    self.read(op.w, op.tw.row_offset(m, i2 / r2, i3 / r3) + 2 * kc0, 2 * kc)
+                                };
+                                bytemuck::cast_slice(bytes)
+                            });
+                            let mut acc = [[[0f32; GEMM_TOKENS]; GEMM_ROWS]; TILES];
+                            let out_row = |j: usize| {
+                                let at = t.row_offset(n0 + j, i2, i3) + m0 * 4;
+                                // SAFETY: elements m0.. (this thread's rows) of output row n0 + j.
+                                unsafe { self.write::<f32>(id, at, rows) }
+                            };
+                            if kc0 > 0 {
+                                for j in 0..tokens {
+                                    let sums: &mut GemmTile = &mut acc[j / GEMM_TOKENS];
+                                    for (r, &v) in out_row(j).iter().enumerate() {
+                                        sums[r][j % GEMM_TOKENS] = v;
+                                    }
+                                }
+                            }
+                            let packed = &xt[..tiles * kc * GEMM_TOKENS];
+                            kernels::f16_gemm_panel(
+                                self.path,
+                                &ws[..rows],
+                                packed,
+                                kc,
+                                &mut wp,
+                                &mut acc[..tiles],
+                            );
+                            for j in 0..tokens {
+                                let sums = &acc[j / GEMM_TOKENS];
+                                for (r, d) in out_row(j).iter_mut().enumerate() {
+                                    *d = sums[r][j % GEMM_TOKENS];
+                                }
+                            }
+                            m0 += rows;
+                        }
+                    }
+                }
+            }
+        }
     }
     /// Matmul on f16 weights for several tokens (an encoder's batch, a prompt): blocks of `block`
     /// tokens widened to f32 once (kept in L2), then each tile of this thread's weight rows times
@@ -530,6 +625,19 @@ pub(in crate::exec) struct MatOperands<'t> {
     /// Type of the converted input, `None` when the F32 input is used directly.
     act: Option<GgmlType>,
 }
+
+/// How a matmul on f16 weights of several tokens runs ([`Bound::f16_plan`]).
+#[derive(Clone, Copy)]
+enum F16Plan {
+    /// The encoder's GEMM ([`Bound::mul_mat_f16_gemm`]).
+    Gemm,
+    /// Blocks of this many tokens on the one-token dot's tiles ([`Bound::mul_mat_f16_blocks`]).
+    Blocks(usize),
+}
+
+/// Tokens per block of the encoder's GEMM: their packed chunk (`GEMM_DEPTH` elements each,
+/// 256 KiB on the stack) stays in L2 while every panel of this thread's weight rows meets it.
+const GEMM_BLOCK_TOKENS: usize = 64;
 
 /// Floats of the widened tokens of one block of [`Bound::mul_mat_f16_blocks`] (256 KiB on the
 /// stack: the block stays in L2 while each weight row meets all of it).

@@ -11,7 +11,7 @@ use crate::kernels::attn_tile::{tile_loop, Lanes, TileScratch, Tiles};
 
 /// 4 f32 lanes for [`tile_loop`] (NEON is part of the aarch64 baseline).
 #[derive(Clone, Copy)]
-struct F32x4(float32x4_t);
+pub(super) struct F32x4(float32x4_t);
 
 impl Lanes for F32x4 {
     const N: usize = 4;

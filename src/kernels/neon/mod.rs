@@ -15,6 +15,7 @@ macro_rules! op {
 
 mod attn_tile;
 mod elementwise;
+mod f16_gemm;
 mod f16_tile;
 mod flash_attn;
 mod gemv;
@@ -26,6 +27,7 @@ mod widen;
 
 pub use attn_tile::*;
 pub use elementwise::*;
+pub use f16_gemm::*;
 pub use f16_tile::*;
 pub use flash_attn::*;
 pub use gemv::{gemv_q5, gemv_q5min, gemv_q6k, gemv_q6k_fp16};

@@ -781,16 +781,17 @@ pub unsafe fn kv_attend_avx2<'k>(
 
 use crate::kernels::attn_tile::{tile_loop, Lanes, TileScratch, Tiles};
 
-/// 8 f32 lanes for [`tile_loop`]; used only inside [`attn_tile_avx2`] (AVX2, FMA and F16C).
+/// 8 f32 lanes for [`tile_loop`] and the f16 GEMM; used only inside [`attn_tile_avx2`] and
+/// `f16_gemm_panel_avx2` (AVX2, FMA and F16C).
 #[derive(Clone, Copy)]
-struct Ymm(__m256);
+pub(super) struct Ymm(__m256);
 
 impl Lanes for Ymm {
     const N: usize = 8;
     #[inline(always)]
     fn splat(x: f32) -> Self {
-        // SAFETY: every method runs inlined into `attn_tile_avx2`, whose CPU has AVX2, FMA and
-        // F16C; loads and stores touch the first 8 floats of slices checked to hold them.
+        // SAFETY: every method runs inlined into `attn_tile_avx2` or `f16_gemm_panel_avx2`, whose
+        // CPU has AVX2, FMA and F16C; loads and stores touch the first 8 floats of slices checked to hold them.
         Self(unsafe { _mm256_set1_ps(x) })
     }
     #[inline(always)]

@@ -7,11 +7,13 @@
 //! One file per concept, as in `neon`: `matmul`, `elementwise`, `flash_attn`.
 
 mod elementwise;
+mod f16_gemm;
 mod f16_tile;
 mod flash_attn;
 mod matmul;
 
 pub use elementwise::*;
+pub use f16_gemm::*;
 pub use f16_tile::*;
 pub use flash_attn::*;
 pub use matmul::*;
