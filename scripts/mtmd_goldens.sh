@@ -19,9 +19,10 @@
 # target/tiny-vlm/F` (needs gguf==0.19.0, numpy, models/gemma-3-270m-q4_k_m.gguf and
 # models/SmolLM2-135M-Instruct.Q8_0.gguf). The prompt is "describe", 8 greedy tokens, 2 threads.
 #
-# A golden over TRIM bytes (LFM2-VL's 3000x200: ten 512 px tiles and a thumbnail) keeps of each
-# image chunk the first EMBD_HEAD embeddings ("embd_head"; "embd_sum" and "embd_sum_sq" still
-# cover all of them) and no decoder positions; each tile keeps its byte head and its sums.
+# A golden over TRIM bytes keeps the first 4096 values of each tile ("pixels_u8_head"; the tile's
+# sums still cover all of them); one still over (LFM2-VL's 3000x200: ten 512 px tiles and a
+# thumbnail) keeps of each image chunk the first EMBD_HEAD embeddings ("embd_head"; "embd_sum" and
+# "embd_sum_sq" still cover all of them) and no decoder positions.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -77,12 +78,22 @@ g = json.load(open(path))
 want = g["greedy_text"]
 ok = got.strip() == want.strip()
 g["llama_mtmd_cli"] = {"command": cli, "stdout": got, "matches_greedy_text": ok}
-if len(json.dumps(g, ensure_ascii=False, separators=(",", ":"))) > trim:
+size = lambda: len(json.dumps(g, ensure_ascii=False, separators=(",", ":")))
+if size() > trim:
+    for c in g["chunks"]:
+        for t in c.get("tiles", []):
+            for key in ("pixels_u8", "pixels"):
+                if key in t:
+                    t[key + "_head"] = t.pop(key)[:4096]
+        if "pixels_full" in c:
+            c["pixels_full"] = False
+    g["trimmed"] = "pixels: the first 4096 values of each tile"
+if size() > trim:
     for c in g["chunks"]:
         if c["type"] == "image":
             c["embd_head"] = c.pop("embd")[: head * g["n_embd"]]
             c.pop("decoder_pos", None)
-    g["trimmed"] = f"embeddings: the first {head} of each image chunk (embd_head); no decoder_pos"
+    g["trimmed"] += f"; embeddings: the first {head} of each image chunk (embd_head); no decoder_pos"
 with open(path, "w") as f:
     json.dump(g, f, ensure_ascii=False, separators=(",", ":"))
     f.write("\n")
