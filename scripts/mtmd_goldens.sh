@@ -18,6 +18,11 @@
 # Each family's pair comes from `python3 scripts/make_tiny_vlm.py --family F --seed 1 --out
 # target/tiny-vlm/F` (needs gguf==0.19.0, numpy, models/gemma-3-270m-q4_k_m.gguf and
 # models/SmolLM2-135M-Instruct.Q8_0.gguf). The prompt is "describe", 8 greedy tokens, 2 threads.
+#
+# A golden over TRIM bytes keeps the first 4096 values of each tile ("pixels_u8_head"; the tile's
+# sums still cover all of them); one still over (LFM2-VL's 3000x200: ten 512 px tiles and a
+# thumbnail) keeps of each image chunk the first EMBD_HEAD embeddings ("embd_head"; "embd_sum" and
+# "embd_sum_sq" still cover all of them) and no decoder positions.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -32,6 +37,8 @@ PROMPT=describe
 N_PREDICT=8
 THREADS=2
 SEED=1
+TRIM=300000
+EMBD_HEAD=8
 
 if [ $# -gt 0 ]; then FAMILIES=("$@"); fi
 mkdir -p "$OUT_MODELS" "$GOLDEN"
@@ -64,13 +71,29 @@ for fam in "${FAMILIES[@]}"; do
     # 4. cross-check: llama-mtmd-cli's greedy text must be the dump's
     cli="$LLAMA_BUILD/bin/llama-mtmd-cli -m $dir/model.gguf --mmproj $dir/mmproj.gguf --image $img -p $PROMPT -n $N_PREDICT --temp 0 -t $THREADS"
     got=$($cli 2>/dev/null || true)
-    python3 - "$out" "$cli" "$got" <<'EOF'
+    python3 - "$out" "$cli" "$got" "$TRIM" "$EMBD_HEAD" <<'EOF'
 import json, sys
-path, cli, got = sys.argv[1], sys.argv[2], sys.argv[3]
+path, cli, got, trim, head = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
 g = json.load(open(path))
 want = g["greedy_text"]
 ok = got.strip() == want.strip()
 g["llama_mtmd_cli"] = {"command": cli, "stdout": got, "matches_greedy_text": ok}
+size = lambda: len(json.dumps(g, ensure_ascii=False, separators=(",", ":")))
+if size() > trim:
+    for c in g["chunks"]:
+        for t in c.get("tiles", []):
+            for key in ("pixels_u8", "pixels"):
+                if key in t:
+                    t[key + "_head"] = t.pop(key)[:4096]
+        if "pixels_full" in c:
+            c["pixels_full"] = False
+    g["trimmed"] = "pixels: the first 4096 values of each tile"
+if size() > trim:
+    for c in g["chunks"]:
+        if c["type"] == "image":
+            c["embd_head"] = c.pop("embd")[: head * g["n_embd"]]
+            c.pop("decoder_pos", None)
+    g["trimmed"] += f"; embeddings: the first {head} of each image chunk (embd_head); no decoder_pos"
 with open(path, "w") as f:
     json.dump(g, f, ensure_ascii=False, separators=(",", ":"))
     f.write("\n")

@@ -386,9 +386,25 @@ pub fn parts(
                 }
             }
             Wrap::Lfm2 => {
-                return Err(MediaError::Prompt(
-                    "LFM2-VL's image layout is not implemented yet in pinfer".to_string(),
-                ));
+                // <|image_start|>, then either the image, or each tile after its
+                // <|img_row_R_col_C|> and the thumbnail after <|img_thumbnail|>; <|image_end|>.
+                text_part(&mut out, encode("<|image_start|>")?);
+                if image.overview {
+                    let (cols, rows) = image.grid;
+                    for y in 0..rows as usize {
+                        for x in 0..cols as usize {
+                            text_part(&mut out, encode(&format!("<|img_row_{}_col_{}|>", y + 1, x + 1))?);
+                            out.push(Part::Image { image: i, input: y * cols as usize + x });
+                        }
+                    }
+                    text_part(&mut out, token("<|img_thumbnail|>")?);
+                    out.push(Part::Image { image: i, input: image.inputs.len() - 1 });
+                } else {
+                    for input in 0..image.inputs.len() {
+                        out.push(Part::Image { image: i, input });
+                    }
+                }
+                text_part(&mut out, encode("<|image_end|>")?);
             }
         }
     }

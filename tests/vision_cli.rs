@@ -29,7 +29,7 @@ fn generate(family: &str, mmproj: &str, image: &str, extra: &[&str]) -> std::pro
 
 /// (llama-mtmd-cli formats with llama.cpp's built-in chat formats: `--no-jinja` picks pinfer's;
 /// the tiny SmolVLM's Jinja template drops the newline after each turn, the built-in keeps it;
-/// the tiny Qwen2-VL's adds a system turn, the built-in ChatML does not.)
+/// the tiny Qwen2-VL's and LFM2-VL's add a system turn, the built-in ChatML does not.)
 #[test]
 fn generate_with_an_image_prints_what_llama_mtmd_cli_prints() {
     for (family, flags) in [
@@ -38,6 +38,7 @@ fn generate_with_an_image_prints_what_llama_mtmd_cli_prints() {
         ("idefics3", &["--no-jinja"][..]),
         ("qwen2vl", &["--no-jinja"][..]),
         ("qwen2.5vl", &["--no-jinja"][..]),
+        ("lfm2", &["--no-jinja"][..]),
     ] {
         for stem in ["rgba_41x29", "rgb_3000x200", "gray_37x53"] {
             let image = repo_file(&format!("tests/vision/images/{stem}.png"));

@@ -190,3 +190,10 @@ fn an_m_rope_image_keeps_its_positions_through_cuts_and_refuses_what_would_lose_
     assert!(grid.contains("grid"), "{grid}");
     assert_eq!(session.seq_len(0), 3);
 }
+
+#[test]
+fn lfm2_greedy_ids_after_an_image_match_llama_mtmd_cli() {
+    // (LFM2's short convolutions and attention take the image's rows causally; the 3000 x 200
+    // image is ten 512 px tiles and the thumbnail, each its own chunk.)
+    greedy_ids_match_llama_mtmd_cli("lfm2");
+}

@@ -23,6 +23,12 @@
 //!   7.9e-4; 2.0e-2 and 2.1e-2.
 //! - qwen2.5vl (as qwen2vl, with RMSNorm, SiLU-gated FFN and 112 px windows on layer 0): 4.9e-4
 //!   to 6.7e-4; 2.0e-2 and 2.1e-2.
+//! - lfm2 (dynamic sizes, or ten 512 px tiles and the thumbnail for 3000 x 200; positions resized
+//!   to each grid): 5.2e-4 to 1.2e-3; 2.2e-2 and 2.6e-2. Held to 2e-3: the gap is libmtmd's f16
+//!   attention (K and V rounded to f16 on pinfer's side too brings the worst PNG, palette_33x47,
+//!   from 1.2e-3 to 6.5e-4), grown by the tiny random weights.
+//! - A trimmed golden (scripts/mtmd_goldens.sh) is checked by each tile's first bytes and channel
+//!   sums and each chunk's first embeddings and sums.
 
 use std::path::{Path, PathBuf};
 
@@ -56,18 +62,31 @@ const IMAGES: [&str; 7] = [
     "baseline_200x120.jpg",
 ];
 
+/// The bound on a PNG's embeddings (relative per vector), argued in the header.
+fn png_tolerance(family: &str) -> f64 {
+    if family == "lfm2" {
+        2e-3
+    } else {
+        1e-3
+    }
+}
+
 fn floats(v: &Value) -> Vec<f32> {
     v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect()
 }
 
 /// Checks one family over every test image: pixels, then embeddings.
 fn check_family(family: &str) {
+    check_images(family, &IMAGES);
+}
+
+fn check_images(family: &str, images: &[&str]) {
     let dir = vlm_dir(family);
     let mmproj = std::fs::read(dir.join("mmproj.gguf"))
         .unwrap_or_else(|e| panic!("{}/mmproj.gguf: {e} (run scripts/setup.sh tiny-vlm)", dir.display()));
     let mut slot = pinfer::engine::heap::slots(1).unwrap();
     let mut worst = 0f64;
-    for image in IMAGES {
+    for &image in images {
         let g = golden(family, image);
         let jpeg = image.ends_with(".jpg");
         let bytes = std::fs::read(root().join("tests/vision/images").join(image)).unwrap();
@@ -100,7 +119,10 @@ fn check_family(family: &str) {
                 (ours.width as u64, ours.height as u64),
                 (want["nx"].as_u64().unwrap(), want["ny"].as_u64().unwrap())
             );
-            let Some(want_u8) = want["pixels_u8"].as_array() else { continue };
+            // (Large inputs are dumped by their first bytes only.)
+            let Some(want_u8) = want["pixels_u8"].as_array().or(want["pixels_u8_head"].as_array()) else {
+                continue;
+            };
             // Back to the bytes (each value is (k / 255 - mean) / std in f32 for one k).
             let ours_u8: Vec<i64> = ours
                 .pixels
@@ -117,26 +139,35 @@ fn check_family(family: &str) {
                 })
                 .collect();
             let want_u8: Vec<i64> = want_u8.iter().map(|v| v.as_i64().unwrap()).collect();
-            if want["pixels_full"].as_bool().unwrap_or(true) && want_u8.len() == ours_u8.len() {
-                if jpeg {
-                    let diffs: Vec<i64> = ours_u8.iter().zip(&want_u8).map(|(a, b)| (a - b).abs()).collect();
-                    let big = diffs.iter().filter(|&&d| d > 4).count();
-                    assert!(
-                        diffs.iter().all(|&d| d <= 12),
-                        "{family} {image} tile {t}: a byte off by more than 12"
-                    );
-                    assert!(
-                        big * 100 <= diffs.len(),
-                        "{family} {image} tile {t}: {big} bytes off by more than 4"
-                    );
-                } else {
-                    let first = ours_u8.iter().zip(&want_u8).position(|(a, b)| a != b);
-                    assert_eq!(first, None, "{family} {image} tile {t}: first differing byte");
+            assert!(want_u8.len() <= ours_u8.len(), "{family} {image} tile {t}: bytes");
+            let ours_u8 = &ours_u8[..want_u8.len()];
+            if !jpeg {
+                // The sums over the whole tile pin the bytes past a dumped head: one level of one
+                // byte moves its channel's sum by 1 / (255 std), over 1e-3.
+                for c in 0..3 {
+                    let sum: f64 = ours.pixels.iter().skip(c).step_by(3).map(|&v| f64::from(v)).sum();
+                    let want_sum = want["sum"][c].as_f64().unwrap();
+                    assert!((sum - want_sum).abs() <= 1e-3, "{family} {image} tile {t}: channel {c} sum");
                 }
             }
+            if jpeg {
+                let diffs: Vec<i64> = ours_u8.iter().zip(&want_u8).map(|(a, b)| (a - b).abs()).collect();
+                let big = diffs.iter().filter(|&&d| d > 4).count();
+                assert!(
+                    diffs.iter().all(|&d| d <= 12),
+                    "{family} {image} tile {t}: a byte off by more than 12"
+                );
+                assert!(
+                    big * 100 <= diffs.len(),
+                    "{family} {image} tile {t}: {big} bytes off by more than 4"
+                );
+            } else {
+                let first = ours_u8.iter().zip(&want_u8).position(|(a, b)| a != b);
+                assert_eq!(first, None, "{family} {image} tile {t}: first differing byte");
+            }
         }
-        // The embeddings of every encoder input, in order.
-        let want: Vec<f32> = image_chunks.iter().flat_map(|c| floats(&c["embd"])).collect();
+        // The embeddings of every encoder input, in order; a trimmed golden's chunks (see
+        // scripts/mtmd_goldens.sh) by their first embeddings and their sums.
         let mut ours = Vec::new();
         for input in &pre.images {
             let (w, h) = (input.width as usize, input.height as usize);
@@ -145,17 +176,40 @@ fn check_family(family: &str) {
             let mut engine = planned.bind(memory).unwrap();
             ours.extend_from_slice(engine.encode(&input.pixels, w, h, &OnCaller).unwrap());
         }
-        assert_eq!(ours.len(), want.len(), "{family} {image}: embedding values");
         let width = vp.n_embd_out as usize;
+        let tol = if jpeg { 3e-2 } else { png_tolerance(family) };
         let mut image_worst = 0f64;
-        for (i, (a, b)) in ours.chunks(width).zip(want.chunks(width)).enumerate() {
-            let diff = a.iter().zip(b).map(|(x, y)| f64::from(x - y).powi(2)).sum::<f64>().sqrt();
-            let norm = b.iter().map(|y| f64::from(*y).powi(2)).sum::<f64>().sqrt();
-            let rel = diff / norm.max(1e-12);
-            image_worst = image_worst.max(rel);
-            let tol = if jpeg { 3e-2 } else { 1e-3 };
-            assert!(rel <= tol, "{family} {image}: embedding {i} off by {rel:.3e} (relative)");
+        let mut at = 0;
+        for (k, chunk) in image_chunks.iter().enumerate() {
+            let n = chunk["n_tokens"].as_u64().unwrap() as usize * width;
+            assert!(at + n <= ours.len(), "{family} {image}: embedding values");
+            let chunk_ours = &ours[at..at + n];
+            at += n;
+            let want = floats(chunk.get("embd").unwrap_or(&chunk["embd_head"]));
+            assert!(want.len() == n || chunk.get("embd").is_none(), "{family} {image}: chunk {k} values");
+            for (i, (a, b)) in chunk_ours.chunks(width).zip(want.chunks(width)).enumerate() {
+                let diff = a.iter().zip(b).map(|(x, y)| f64::from(x - y).powi(2)).sum::<f64>().sqrt();
+                let norm = b.iter().map(|y| f64::from(*y).powi(2)).sum::<f64>().sqrt();
+                let rel = diff / norm.max(1e-12);
+                image_worst = image_worst.max(rel);
+                assert!(rel <= tol, "{family} {image}: chunk {k} embedding {i} off by {rel:.3e} (relative)");
+            }
+            // Each vector within tol (relative) bounds the sums (Cauchy-Schwarz):
+            // |sum a - sum b| <= tol sqrt(n sum b²), |sum a² - sum b²| <= tol (2 + tol) sum b².
+            let sum: f64 = chunk_ours.iter().map(|&v| f64::from(v)).sum();
+            let sum_sq: f64 = chunk_ours.iter().map(|&v| f64::from(v).powi(2)).sum();
+            let (want_sum, want_sq) =
+                (chunk["embd_sum"].as_f64().unwrap(), chunk["embd_sum_sq"].as_f64().unwrap());
+            assert!(
+                (sum - want_sum).abs() <= tol * (n as f64 * want_sq).sqrt(),
+                "{family} {image}: chunk {k} sum"
+            );
+            assert!(
+                (sum_sq - want_sq).abs() <= tol * (2.0 + tol) * want_sq,
+                "{family} {image}: chunk {k} sum of squares"
+            );
         }
+        assert_eq!(at, ours.len(), "{family} {image}: embedding values");
         eprintln!("{family} {image}: worst relative embedding error {image_worst:.3e}");
         worst = worst.max(image_worst);
     }
@@ -180,6 +234,11 @@ fn qwen2vl_pixels_and_embeddings_match_libmtmd() {
 #[test]
 fn qwen25vl_pixels_and_embeddings_match_libmtmd() {
     check_family("qwen2.5vl");
+}
+
+#[test]
+fn lfm2_pixels_and_embeddings_match_libmtmd() {
+    check_family("lfm2");
 }
 
 /// The encoder's Q8_0 matrices repacked for the packed kernels (once per file, as

@@ -12,7 +12,7 @@ use crate::exec::{work_bytes, PackedEntry, Step};
 use crate::gguf::Gguf;
 use crate::graph::plan::plan;
 use crate::model::vision::{check_projector, Merge, PatchPositions, VisionParams};
-use crate::model::{build_vision, VisionForward, VisionInputs};
+use crate::model::{build_vision, resized_position_weights, VisionForward, VisionInputs};
 
 /// A projector's matrices repacked for the packed kernels (those its graph multiplies by, of a
 /// type they take, as a language model's): the same for every image size, so a projector file
@@ -48,6 +48,8 @@ pub struct VisionPlanned<'m, S> {
     layout: (usize, usize, usize),
     /// The planned image size.
     size: (usize, usize),
+    /// Learned positions resized to the grid: the table's side (0: not resized).
+    table_side: usize,
 }
 
 impl<'m, S: DerefMut<Target = GraphSlot>> VisionPlanned<'m, S> {
@@ -58,8 +60,17 @@ impl<'m, S: DerefMut<Target = GraphSlot>> VisionPlanned<'m, S> {
         let vp = check_projector(&gguf)?;
         let p = vp.patch_size as usize;
         let n = (width / p.max(1)) * (height / p.max(1));
-        let (inputs, persistent) = VisionInputs::packed(n, 3 * p * p, ARENA_ALIGN)
-            .ok_or(EngineError::Config("the image is too large for this machine's memory"))?;
+        // (validate_vision_tensors checked the table is a square.)
+        let table_side = match vp.traits().positions {
+            PatchPositions::LearnedResized => gguf
+                .tensor("v.position_embd.weight")
+                .and_then(|t| crate::model::position_table_side(t.ne[1] as usize))
+                .unwrap_or(0),
+            _ => 0,
+        };
+        let (inputs, persistent) =
+            VisionInputs::packed(n, 3 * p * p, table_side * table_side, ARENA_ALIGN)
+                .ok_or(EngineError::Config("the image is too large for this machine's memory"))?;
         let fwd = build_vision(slot.graph.graph_mut(), &gguf, &vp, inputs, width, height)?;
         slot.plan = plan(slot.graph.graph()).map_err(EngineError::Plan)?;
         slot.fwd = None;
@@ -74,6 +85,7 @@ impl<'m, S: DerefMut<Target = GraphSlot>> VisionPlanned<'m, S> {
             inputs,
             layout: (persistent, activations, work),
             size: (width, height),
+            table_side,
         })
     }
 
@@ -205,7 +217,13 @@ impl<'m, S: DerefMut<Target = GraphSlot>, B: DerefMut<Target = [u8]>> VisionEngi
             let positions: &mut [i32] = bytemuck::cast_slice_mut(&mut positions[..4 * n * 4]);
             let (spans, restore) = rest.split_at_mut(inputs.restore_offset - inputs.spans_offset);
             let spans: &mut [i32] = bytemuck::cast_slice_mut(&mut spans[..4 * n * 4]);
+            let (restore, weights) = restore.split_at_mut(inputs.pos_weights_offset - inputs.restore_offset);
             let restore: &mut [i32] = bytemuck::cast_slice_mut(&mut restore[..n * 4]);
+            let side = self.planned.table_side;
+            if side > 0 {
+                let weights: &mut [f32] = bytemuck::cast_slice_mut(&mut weights[..side * side * n * 4]);
+                resized_position_weights(side, gx, gy, weights);
+            }
             let vp = &self.planned.vp;
             let learned = vp.traits().positions != PatchPositions::Rope2d;
             let s = if vp.traits().merge == Merge::SpatialMlp { vp.n_merge as usize } else { 1 };

@@ -120,9 +120,123 @@ pub fn preprocess(img: &Rgb8, vp: &VisionParams) -> Result<Preprocessed, ImageEr
             images.push(normalized(&overview, vp));
             Ok(Preprocessed { images, grid: (gx, gy), overview: true })
         }
-        Layout::SmartTiles => Err(ImageError::Unsupported(
-            "LFM2-VL's tiling is not implemented yet in pinfer (its projector loads; images are refused)"
-                .into(),
-        )),
+        Layout::SmartTiles => {
+            let align = vp.patch_size * vp.n_merge;
+            let (ow, oh) = dynamic_size(img.width, img.height, align, vp.min_pixels, vp.max_pixels);
+            // The whole image, stretched to its dynamic size (no padding): alone when small,
+            // else the thumbnail after the tiles.
+            let overview = normalized(&resize(img, ow, oh, filter, Pad::None), vp);
+            if !smart_tiles_needed(img.width, img.height, vp) {
+                return Ok(one(overview));
+            }
+            let (gx, gy) = smart_tile_grid(img.width, img.height);
+            let t = SMART_TILE as usize;
+            // The image fitted into the grid (aspect kept, centred on black), then cut.
+            let refined = resize(img, gx * SMART_TILE, gy * SMART_TILE, filter, Pad::Ceil);
+            let mut images = Vec::with_capacity((gx * gy + 1) as usize);
+            for ty in 0..gy as usize {
+                for tx in 0..gx as usize {
+                    let mut crop = Rgb8::filled(SMART_TILE, SMART_TILE, [0, 0, 0]);
+                    for y in 0..t {
+                        let src = ((ty * t + y) * refined.width as usize + tx * t) * 3;
+                        crop.pixels[y * t * 3..][..t * 3].copy_from_slice(&refined.pixels[src..][..t * 3]);
+                    }
+                    images.push(normalized(&crop, vp));
+                }
+            }
+            images.push(overview);
+            Ok(Preprocessed { images, grid: (gx, gy), overview: true })
+        }
+    }
+}
+
+/// LFM2-VL's tile side in pixels (its processor's, whatever the projector's `image_size`).
+const SMART_TILE: u32 = 512;
+
+/// LFM2-VL's tile grids (columns, rows), 2 to 10 tiles, in the order libmtmd tries them: by
+/// tiles, and within a count in the order libstdc++'s `std::sort` (not stable) leaves them,
+/// which decides between two grids exactly as far from the image's aspect.
+const SMART_GRIDS: [(u32, u32); 26] = [
+    (2, 1),
+    (1, 2),
+    (1, 3),
+    (3, 1),
+    (2, 2),
+    (4, 1),
+    (1, 4),
+    (1, 5),
+    (5, 1),
+    (3, 2),
+    (2, 3),
+    (1, 6),
+    (6, 1),
+    (1, 7),
+    (7, 1),
+    (2, 4),
+    (4, 2),
+    (1, 8),
+    (8, 1),
+    (3, 3),
+    (1, 9),
+    (9, 1),
+    (10, 1),
+    (1, 10),
+    (5, 2),
+    (2, 5),
+];
+
+/// Whether LFM2-VL tiles a `width` x `height` image: when its sides rounded to the merged patch
+/// (ties to even, in f64, as libmtmd) hold more than twice the most pixels of one input.
+fn smart_tiles_needed(width: u32, height: u32, vp: &VisionParams) -> bool {
+    let align = f64::from(vp.patch_size * vp.n_merge);
+    let round = |x: u32| ((f64::from(x) / align).round_ties_even() * align).max(f64::from(vp.patch_size));
+    round(height) * round(width) > vp.max_pixels as f64 * 2.0
+}
+
+/// The grid closest to the image's aspect (f32 as libmtmd); on a tie the later grid when the
+/// image has more than half its pixels.
+fn smart_tile_grid(width: u32, height: u32) -> (u32, u32) {
+    let aspect = width as f32 / height as f32;
+    let area = (u64::from(width) * u64::from(height)) as f32;
+    let mut best = (1, 1);
+    let mut best_diff = f32::MAX;
+    for (w, h) in SMART_GRIDS {
+        let diff = (aspect - w as f32 / h as f32).abs();
+        if diff < best_diff {
+            (best_diff, best) = (diff, (w, h));
+        } else if diff == best_diff && area > 0.5 * (SMART_TILE * SMART_TILE * w * h) as f32 {
+            best = (w, h);
+        }
+    }
+    best
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn smart_grids_are_every_grid_of_2_to_10_tiles_by_count() {
+        let mut want: Vec<(u32, u32)> = (1..=10)
+            .flat_map(|w| (1..=10).map(move |h| (w, h)))
+            .filter(|(w, h)| (2..=10).contains(&(w * h)))
+            .collect();
+        let mut got = SMART_GRIDS.to_vec();
+        assert!(got.windows(2).all(|p| p[0].0 * p[0].1 <= p[1].0 * p[1].1));
+        want.sort();
+        got.sort();
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn smart_tile_grids_follow_the_aspect() {
+        assert_eq!(smart_tile_grid(3000, 200), (10, 1));
+        assert_eq!(smart_tile_grid(200, 3000), (1, 10));
+        assert_eq!(smart_tile_grid(1000, 1000), (2, 2));
+        assert_eq!(smart_tile_grid(1536, 1024), (3, 2));
+        assert_eq!(smart_tile_grid(2000, 800), (5, 2));
+        // 5:4 is as far from 1:1 as from 3:2: the later grid when the image fills half of it.
+        assert_eq!(smart_tile_grid(1250, 1000), (3, 3));
+        assert_eq!(smart_tile_grid(125, 100), (2, 2));
     }
 }

@@ -17,6 +17,7 @@ pub use arch::{
     EncoderInputs, Forward, KvLayout, KvTypeError, KvTypes, LayerRope, StepInput, TrainedPair, VisionForward,
     VisionInputs, MODEL_BUFFER,
 };
+pub use arch::{position_table_side, resized_position_weights};
 pub use arch::{
     Activation, Arch, ArchTraits, EmbedScale, Experts, Ffn, Gating, Positions, Supported, SwaLayers,
 };

@@ -466,7 +466,13 @@ impl VisionParams {
     /// encoder input of `nx` x `ny` pixels.
     pub fn token_grid(&self, nx: u32, ny: u32) -> (u32, u32) {
         let (px, py) = (nx / self.patch_size, ny / self.patch_size);
-        (px / self.n_merge, py / self.n_merge)
+        match self.traits().merge {
+            // (The pixel shuffle pads the grid to whole squares, as clip.)
+            Merge::ShuffleLinear | Merge::ShuffleMlp => {
+                (px.div_ceil(self.n_merge), py.div_ceil(self.n_merge))
+            }
+            Merge::PoolNormProject | Merge::SpatialMlp => (px / self.n_merge, py / self.n_merge),
+        }
     }
 }
 

@@ -19,7 +19,7 @@ pub use facts::{
 pub use kv::{CacheRows, EmbeddingsInput, EncoderInputs, KvLayout, KvTypeError, KvTypes};
 pub use rope::{layer_rope, rope_factors_name, LayerRope};
 pub use transformer::build_window;
-pub use vit::{build_vision, VisionForward, VisionInputs};
+pub use vit::{build_vision, position_table_side, resized_position_weights, VisionForward, VisionInputs};
 
 use crate::gguf::Gguf;
 use crate::graph::Graph;

@@ -29,19 +29,77 @@ pub struct VisionInputs {
     /// I32 `[n_tokens]`: for each merged token in raster order, its row in the merger's output
     /// (window attention reorders them).
     pub restore_offset: usize,
+    /// F32 `[table, n_patches]`: per patch, the weight of each learned position in its resized
+    /// one ([`resized_position_weights`]; positions resized to the grid only).
+    pub pos_weights_offset: usize,
 }
 
 impl VisionInputs {
-    /// The inputs of an image of `n` patches of `patch_len` values, one after another from
-    /// offset 0, each aligned to `align`; and the bytes they take (`None`: too many).
-    pub fn packed(n: usize, patch_len: usize, align: usize) -> Option<(Self, usize)> {
+    /// The inputs of an image of `n` patches of `patch_len` values, its positions resized
+    /// from a table of `table` (0: not resized), one after another from offset 0, each aligned
+    /// to `align`; and the bytes they take (`None`: too many).
+    pub fn packed(n: usize, patch_len: usize, table: usize, align: usize) -> Option<(Self, usize)> {
         let at = |values: usize| values.checked_mul(4)?.checked_next_multiple_of(align.max(1));
         let patches_offset = 0;
         let positions_offset = at(n.checked_mul(patch_len)?)?;
         let spans_offset = positions_offset.checked_add(at(n.checked_mul(4)?)?)?;
         let restore_offset = spans_offset.checked_add(at(n.checked_mul(4)?)?)?;
-        let end = restore_offset.checked_add(at(n)?)?;
-        Some((Self { patches_offset, positions_offset, spans_offset, restore_offset }, end))
+        let pos_weights_offset = restore_offset.checked_add(at(n)?)?;
+        let end = pos_weights_offset.checked_add(at(n.checked_mul(table)?)?)?;
+        Some((
+            Self { patches_offset, positions_offset, spans_offset, restore_offset, pos_weights_offset },
+            end,
+        ))
+    }
+}
+
+/// The side of a square table of learned positions of `rows` rows (`None`: not a square).
+pub fn position_table_side(rows: usize) -> Option<usize> {
+    let side = libm::sqrt(rows as f64) as usize;
+    (0..=1).map(|d| side + d).find(|s| s.checked_mul(*s) == Some(rows)).filter(|&s| s > 0)
+}
+
+/// The weights that resize a `side` x `side` grid of learned positions to `gx` x `gy` patches
+/// as ggml's bilinear interpolation with antialiasing does it (`ggml_interpolate`, clip's
+/// `resize_position_embeddings`; PyTorch's `antialias=True`): for each patch (raster order) a
+/// row of `side²` weights, the triangle filter's over the source positions, widened by the
+/// scale when shrinking, normalised to sum 1. f32 as ggml computes them; the graph multiplies
+/// the table by them (`out` holds `side² * gx * gy` values).
+pub fn resized_position_weights(side: usize, gx: usize, gy: usize, out: &mut [f32]) {
+    let table = side * side;
+    out[..table * gx * gy].fill(0.0);
+    let axis = |n_out: usize, i: usize| {
+        let scale = n_out as f32 / side as f32;
+        let support = (1.0 / scale).max(1.0);
+        let center = (i as f32 + 0.5) / scale;
+        // (Float to integer truncates, as C++'s conversion.)
+        let first = ((center - support + 0.5) as i64).max(0) as usize;
+        let end = ((center + support + 0.5) as i64).min(side as i64).max(0) as usize;
+        (first, end, center, 1.0 / support)
+    };
+    let triangle = |x: f32| (1.0 - x.abs()).max(0.0);
+    for py in 0..gy {
+        let (y0, y1, cy, iy) = axis(gy, py);
+        for px in 0..gx {
+            let (x0, x1, cx, ix) = axis(gx, px);
+            let row = &mut out[(py * gx + px) * table..][..table];
+            let mut total = 0f32;
+            for sy in y0..y1 {
+                let wy = triangle((sy as f32 - cy + 0.5) * iy);
+                for sx in x0..x1 {
+                    let w = triangle((sx as f32 - cx + 0.5) * ix) * wy;
+                    if w > 0.0 {
+                        row[sy * side + sx] = w;
+                        total += w;
+                    }
+                }
+            }
+            if total > 0.0 {
+                for w in row.iter_mut() {
+                    *w /= total;
+                }
+            }
+        }
     }
 }
 
@@ -180,7 +238,21 @@ pub fn build_vision<const N: usize>(
             x = g.add(x, rows)?;
         }
         PatchPositions::LearnedResized => {
-            return Err(invalid("this projector family's patch positions are not built yet"));
+            // The table times each patch's weights: the table resized to the grid.
+            let table = w(g, format_args!("v.position_embd.weight"))?;
+            let rows = g.tensor(table).ne[1];
+            if position_table_side(rows).is_none() {
+                return Err(invalid("a square table of learned positions"));
+            }
+            let weights = g.leaf(
+                "inp_pos_weights",
+                GgmlType::F32,
+                [rows, n, 1, 1],
+                Storage::Persistent { offset: inputs.pos_weights_offset },
+            )?;
+            let resized = g.mul_mat_t(table, weights)?;
+            g.set_name(resized, format_args!("pos_embd"));
+            x = g.add(x, resized)?;
         }
         PatchPositions::Rope2d => {}
     }
@@ -316,7 +388,16 @@ pub fn build_vision<const N: usize>(
             (t, m)
         }
         Merge::ShuffleMlp => {
-            return Err(invalid("this projector family's merge is not built yet"));
+            let (mut t, m) = pixel_shuffle(g, x, e, gx, gy, s)?;
+            // An optional LayerNorm (PyTorch's default epsilon, as clip), then the MLP.
+            if let Some(wt) = opt(g, format_args!("mm.input_norm.weight"))? {
+                t = g.layer_norm(t, 1e-5)?;
+                t = g.mul(t, wt)?;
+            }
+            if let Some(b) = opt(g, format_args!("mm.input_norm.bias"))? {
+                t = g.add(t, b)?;
+            }
+            (mlp(g, gguf, t, "mm.1", "mm.2")?, m)
         }
     };
     g.set_name(out, format_args!("embeddings"));
@@ -331,8 +412,9 @@ pub fn build_vision<const N: usize>(
     Ok(VisionForward { embeddings: out, grid: (gx, gy), n_tokens })
 }
 
-/// clip's pixel shuffle (`build_patch_merge_permute`): the `[e, gx, gy]` grid of patch vectors
-/// becomes `(gx / s) * (gy / s)` vectors of `e s²`, each an `s` x `s` square of patches, the
+/// clip's pixel shuffle (`build_patch_merge_permute`): the `[e, gx, gy]` grid of patch vectors,
+/// padded with zero vectors on the right and bottom to whole squares, becomes
+/// `ceil(gx / s) * ceil(gy / s)` vectors of `e s²`, each an `s` x `s` square of patches, the
 /// squares in raster order. Within a vector, as clip orders it: the square's column outer, then
 /// its row, then the `e` features. Returns the vectors and their count.
 fn pixel_shuffle<const N: usize>(
@@ -343,9 +425,20 @@ fn pixel_shuffle<const N: usize>(
     gy: usize,
     s: usize,
 ) -> Result<(TensorId, usize), ModelError> {
-    if s < 2 || gx % s != 0 || gy % s != 0 {
-        return Err(invalid("a pixel shuffle of whole squares of patches"));
+    if s < 2 {
+        return Err(invalid("a pixel shuffle of at least 2 x 2 patches"));
     }
+    let mut x = g.reshape(x, [e, gx, gy, 1])?;
+    let (px, py) = (gx.next_multiple_of(s) - gx, gy.next_multiple_of(s) - gy);
+    if px > 0 {
+        let zeros = g.fill("shuffle_pad_x", [e, px, gy, 1], 0.0)?;
+        x = g.concat(x, zeros, 1)?;
+    }
+    if py > 0 {
+        let zeros = g.fill("shuffle_pad_y", [e, gx + px, py, 1], 0.0)?;
+        x = g.concat(x, zeros, 2)?;
+    }
+    let (gx, gy) = (gx + px, gy + py);
     // s patches of a row joined, then rows and columns of those swapped...
     let t = g.reshape(x, [e * s, gx / s, gy, 1])?;
     let t = g.permute(t, [0, 2, 1, 3])?;
@@ -410,4 +503,32 @@ fn rope_2d_table<const N: usize>(
     }
     let joined = g.concat(halves[0], halves[1], 0)?;
     Ok(g.reshape(joined, [hd, n, 1, 1])?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resized_positions_keep_the_grid_of_the_table_and_average_elsewhere() {
+        let mut w = [0f32; 16 * 16];
+        resized_position_weights(4, 4, 4, &mut w);
+        for (j, row) in w.chunks(16).enumerate() {
+            assert!(row.iter().enumerate().all(|(i, &v)| v == if i == j { 1.0 } else { 0.0 }), "{row:?}");
+        }
+        // Shrunk to 2 x 1: the triangle filter widened to 2 columns and 4 rows, mirrored.
+        let mut w = [0f32; 16 * 2];
+        resized_position_weights(4, 2, 1, &mut w);
+        let (left, right) = w.split_at(16);
+        for y in 0..4 {
+            for x in 0..4 {
+                assert_eq!(left[y * 4 + x], right[y * 4 + 3 - x]);
+            }
+        }
+        assert!((left.iter().sum::<f32>() - 1.0).abs() < 1e-6);
+        assert_eq!(left[3], 0.0, "beyond the widened filter");
+        assert!(left[0] == left[1] && left[1] > left[2], "{left:?}");
+        assert_eq!(position_table_side(256), Some(16));
+        assert_eq!(position_table_side(255), None);
+    }
 }
