@@ -4,13 +4,12 @@
 //! backend as the language model's, whitelists, and the fallback when the runtime is missing.
 //! Runs on x86 and under qemu-aarch64.
 
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::path::PathBuf;
 
 use pinfer::engine::vision::VisionPlanned;
 use pinfer::image::{decode, preprocess, ImageLimits};
 use pinfer::loader::ModelFile;
-use pinfer::media::{projector_memory, EncodedImage, Projector};
+use pinfer::media::projector_memory;
 use pinfer::session::{Session, SessionError, SessionOptions};
 
 /// The families whose images pinfer encodes.
@@ -106,28 +105,33 @@ fn the_memory_plan_holds_the_projector_at_its_largest_input() {
     assert!(try_session("gemma3", &SessionOptions { memory_limit: Some(limit), ..options() }).is_ok());
 }
 
-/// Encodes every test image with `family`'s projector opened beside `session`.
-fn encode_all(family: &str, session: &Session) -> (Projector, Vec<Arc<EncodedImage>>) {
-    let mut projector = Projector::open(&vlm(family, "mmproj.gguf"), session).unwrap();
-    let images = IMAGES
-        .iter()
-        .map(|name| {
-            projector
-                .encode(&image(name), session.runner())
-                .unwrap_or_else(|e| panic!("{family} {name}: {e}"))
-        })
-        .collect();
-    (projector, images)
-}
-
 #[cfg(feature = "npu")]
 mod npu {
-    use super::*;
+    use std::path::Path;
+    use std::sync::Arc;
+
+    use pinfer::media::{EncodedImage, Projector};
     use pinfer::npu::{NpuConfig, NpuMode, Whitelist, WhitelistPair};
+
+    use super::*;
 
     /// The emulator built by rknn-sys (a librknnrt.so for this target).
     fn emulator() -> &'static Path {
         Path::new(env!("PINFER_RKNN_EMULATOR"))
+    }
+
+    /// Encodes every test image with `family`'s projector opened beside `session`.
+    fn encode_all(family: &str, session: &Session) -> (Projector, Vec<Arc<EncodedImage>>) {
+        let mut projector = Projector::open(&vlm(family, "mmproj.gguf"), session).unwrap();
+        let images = IMAGES
+            .iter()
+            .map(|name| {
+                projector
+                    .encode(&image(name), session.runner())
+                    .unwrap_or_else(|e| panic!("{family} {name}: {e}"))
+            })
+            .collect();
+        (projector, images)
     }
 
     /// In-process tests share the emulator's global state: one at a time.
