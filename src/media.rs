@@ -14,12 +14,12 @@ use std::sync::Arc;
 use std::vec;
 use std::vec::Vec;
 
-use crate::engine::vision::{VisionPacking, VisionPlanned};
+use crate::engine::vision::{VisionMemory, VisionPacking, VisionPlanned};
 use crate::engine::{GraphSlot, Runner};
 use crate::image::{decode, preprocess, ImageError, ImageLimits};
 use crate::loader::ModelFile;
 use crate::model::vision::{check_projector, Projector as Family, VisionParams, Wrap};
-use crate::model::{Arch, HParams};
+use crate::model::Arch;
 use crate::session::{Session, SessionError};
 use crate::tokenizer::Tokenizer;
 
@@ -153,6 +153,9 @@ pub struct Projector {
     memory: Vec<u8>,
     kept: Vec<(u64, usize, Arc<EncodedImage>)>,
     limits: ImageLimits,
+    /// The encoder's matmuls on the NPU (planned over its graph at the largest input).
+    #[cfg(feature = "npu")]
+    npu: Option<std::boxed::Box<crate::npu::NpuBackend>>,
 }
 
 impl fmt::Debug for Projector {
@@ -172,11 +175,24 @@ fn takes(family: Family, arch: Arch) -> bool {
     }
 }
 
+/// The memory the projector in `path` takes beside its model ([`VisionMemory`], planned at its
+/// largest input): what a session's memory plan counts ([`crate::session::SessionOptions::projector`])
+/// before anything loads. Refuses a file [`Projector::open`] would, with the same words.
+pub fn projector_memory(path: &Path) -> Result<VisionMemory, MediaError> {
+    let what = |e: &dyn fmt::Display| MediaError::Projector(format!("--mmproj {}: {e}", path.display()));
+    let file = ModelFile::open(path).map_err(|e| what(&e))?;
+    let mut slots = crate::engine::heap::slots(1).map_err(|e| what(&e))?;
+    let planned = VisionPlanned::largest(file.bytes(), &mut slots[0]).map_err(|e| what(&e))?;
+    planned.memory().map_err(|e| what(&e))
+}
+
 impl Projector {
-    /// Opens and checks `path` (an mmproj file) for the model of `hp` (`arch_name` for messages):
-    /// its output width must be the model's embedding width and its family one the model's
-    /// architecture takes.
-    pub fn open(path: &Path, hp: &HParams) -> Result<Self, MediaError> {
+    /// Opens and checks `path` (an mmproj file) for `session`'s model: its output width must be
+    /// the model's embedding width and its family one the model's architecture takes. With the
+    /// NPU on in the session (feature `npu`), the encoder's qualifying matmuls go there as the
+    /// model's do (planned over its graph at the largest input; batches up to the session's).
+    pub fn open(path: &Path, session: &Session) -> Result<Self, MediaError> {
+        let hp = session.hparams();
         let what = |e: &dyn fmt::Display| MediaError::Projector(format!("--mmproj {}: {e}", path.display()));
         let file = ModelFile::open_static(path).map_err(|e| what(&e))?;
         let gguf = file.parse().map_err(|e| what(&e))?;
@@ -196,9 +212,20 @@ impl Projector {
         }
         let mut slots = crate::engine::heap::slots(1).map_err(|e| what(&e))?;
         // The matrices the encoder multiplies by, repacked once (a plan of any size reads the
-        // same ones: the family's square here).
-        let side = params.image_size as usize;
-        let planned = VisionPlanned::new(file.bytes(), &mut slots[0], side, side).map_err(|e| what(&e))?;
+        // same ones), and the NPU's matmuls: planned at the largest input, whose batches are
+        // the largest.
+        let planned = VisionPlanned::largest(file.bytes(), &mut slots[0]).map_err(|e| what(&e))?;
+        #[cfg(feature = "npu")]
+        let npu = {
+            // (The encoder runs on the session's pool: the same cores drive NPU cores 1 and 2.)
+            let rows = planned.params().largest_input();
+            let p = planned.params().patch_size.max(1);
+            let tokens = (rows.0 / p) as usize * (rows.1 / p) as usize;
+            let n_batch = tokens.min(session.n_batch()).max(1);
+            let graphs = [planned.graph()];
+            crate::npu::session_backend(file, &graphs, session.npu_config(), n_batch, false)
+                .map(std::boxed::Box::new)
+        };
         let packing = planned.packing().map_err(|e| what(&e))?;
         let mut packed = Vec::new();
         let bytes = packing.bytes() + crate::arena::ARENA_ALIGN;
@@ -221,7 +248,15 @@ impl Projector {
             memory: Vec::new(),
             kept: Vec::new(),
             limits: ImageLimits::default(),
+            #[cfg(feature = "npu")]
+            npu,
         })
+    }
+
+    /// The encoder's NPU backend, when its matmuls go to the NPU (feature `npu`).
+    #[cfg(feature = "npu")]
+    pub fn npu(&self) -> Option<&crate::npu::NpuBackend> {
+        self.npu.as_deref()
     }
 
     /// The projector's parameters.
@@ -272,8 +307,12 @@ impl Projector {
                 .bind(&mut self.memory[..])
                 .map_err(|e| MediaError::Encode(format!("binding the image encoder: {e}")))?;
             let packed = (&self.packed[self.packed_at..self.packed_at + self.packing.bytes()], &self.packing);
+            #[cfg(feature = "npu")]
+            let offload = self.npu.as_deref().map(|n| n as &dyn crate::exec::MatmulOffload);
+            #[cfg(not(feature = "npu"))]
+            let offload = None;
             let rows = engine
-                .encode_packed(&input.pixels, w, h, Some(packed), runner)
+                .encode_packed(&input.pixels, w, h, Some(packed), offload, runner)
                 .map_err(|e| MediaError::Encode(format!("encoding the image: {e}")))?;
             inputs.push(rows.to_vec());
             let (cols, rows) = self.params.token_grid(input.width, input.height);

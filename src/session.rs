@@ -69,6 +69,9 @@ pub struct SessionOptions {
     pub pooling: Option<crate::model::Pooling>,
     /// Steps may feed embeddings (an image's): see [`crate::engine::EngineConfig::embeddings_input`].
     pub embeddings_input: bool,
+    /// The memory of a vision projector opened beside the model (`--mmproj`; see
+    /// [`crate::media::projector_memory`]): counted in the memory plan checked at load.
+    pub projector: Option<crate::engine::vision::VisionMemory>,
     /// Offload of matmuls to the NPU (feature `npu`; off by default).
     #[cfg(feature = "npu")]
     pub npu: crate::npu::NpuConfig,
@@ -94,6 +97,7 @@ impl Default for SessionOptions {
             lora: Vec::new(),
             pooling: None,
             embeddings_input: false,
+            projector: None,
             #[cfg(feature = "npu")]
             npu: crate::npu::NpuConfig::default(),
         }
@@ -167,12 +171,16 @@ pub struct MemoryPlan {
     /// The engine's graph slots (graphs and their plans). The logits are rows of the
     /// activations, read in place.
     pub other: usize,
+    /// A vision projector beside the model: its file, repacked matrices and encoder at its
+    /// largest input.
+    pub projector: Option<crate::engine::vision::VisionMemory>,
 }
 
 impl MemoryPlan {
     /// The peak: everything at once (tied embedding rows aside, see [`MemoryPlan::mapped_rows`]).
     pub fn total(&self) -> usize {
-        self.mapped + self.repacked + self.kv + self.activations + self.work + self.other
+        let projector = self.projector.map_or(0, |p| p.total());
+        self.mapped + self.repacked + self.kv + self.activations + self.work + self.other + projector
     }
 }
 
@@ -197,6 +205,19 @@ impl fmt::Display for MemoryPlan {
             mib(self.work),
             mib(self.other)
         )?;
+        if let Some(p) = &self.projector {
+            write!(
+                f,
+                " + projector {:.1} (mapped {:.1} + repacked {:.1} + encoder {:.1} at {}x{} px + graph {:.1})",
+                mib(p.total()),
+                mib(p.mapped),
+                mib(p.repacked),
+                mib(p.arena),
+                p.input.0,
+                p.input.1,
+                mib(p.graphs)
+            )?;
+        }
         if self.recurrent_states > 0 {
             let kib = self.recurrent_states as f64 / 1024.0;
             write!(f, "; the KV cache holds the recurrent layers' states ({kib:.1} KiB)")?;
@@ -375,6 +396,10 @@ pub struct Session {
     /// The NPU backend, when matmuls go to the NPU.
     #[cfg(feature = "npu")]
     npu: Option<Box<crate::npu::NpuBackend>>,
+    /// The NPU configuration the session was opened with (its pool's cores filled in): a
+    /// projector's encoder takes the same.
+    #[cfg(feature = "npu")]
+    npu_config: crate::npu::NpuConfig,
 }
 
 impl Session {
@@ -445,6 +470,7 @@ impl Session {
             activations: layout.activations,
             work: layout.work,
             other: planned.graphs().count() * size_of::<GraphSlot>(),
+            projector: opts.projector,
             ..MemoryPlan::default()
         };
         for (t, p) in gguf.tensors().zip(&placements) {
@@ -506,12 +532,14 @@ impl Session {
             rt_priority: opts.rt_priority,
         };
         let pool = Pool::with_config(&config).map_err(SessionError::Threads)?;
+        // The pool's workers wait while the NPU runs: their cores drive NPU cores 1 and 2.
+        #[cfg(feature = "npu")]
+        let npu_config = crate::npu::NpuConfig { cpu_cores: pool.thread_cores(), ..opts.npu.clone() };
         #[cfg(feature = "npu")]
         let npu = {
             let graphs: Vec<&crate::graph::Graph<{ crate::build_config::GRAPH_CAPACITY }>> =
                 engine.planned().graphs().collect();
-            // The pool's workers wait while the NPU runs: their cores drive NPU cores 1 and 2.
-            let config = crate::npu::NpuConfig { cpu_cores: pool.thread_cores(), ..opts.npu.clone() };
+            let config = &npu_config;
             if from_cache && config.is_on() {
                 // The NPU converts weights from the file's layout, which a cache does not hold.
                 if !config.quiet_if_missing {
@@ -523,7 +551,7 @@ impl Session {
                 None
             } else {
                 let n_batch = engine.kv_layout().n_batch;
-                crate::npu::session_backend(model, &graphs, &config, n_batch, opts.repack).map(Box::new)
+                crate::npu::session_backend(model, &graphs, config, n_batch, opts.repack).map(Box::new)
             }
         };
         let n_batch = engine.kv_layout().n_batch;
@@ -539,6 +567,8 @@ impl Session {
             memory_plan,
             #[cfg(feature = "npu")]
             npu,
+            #[cfg(feature = "npu")]
+            npu_config,
         })
     }
 
@@ -629,6 +659,13 @@ impl Session {
     #[cfg(feature = "npu")]
     pub fn npu(&self) -> Option<&crate::npu::NpuBackend> {
         self.npu.as_deref()
+    }
+
+    /// The NPU configuration the session was opened with, its pool's cores filled in (a
+    /// projector's encoder offloads by it: [`crate::media::Projector::open`]).
+    #[cfg(feature = "npu")]
+    pub fn npu_config(&self) -> &crate::npu::NpuConfig {
+        &self.npu_config
     }
 
     /// The parsed model file.

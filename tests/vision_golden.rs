@@ -266,7 +266,8 @@ fn repacked_q8_0_encoder_matrices_give_the_embeddings_of_the_file() {
     let mut engine = planned.bind(memory).unwrap();
     let plain = engine.encode(&input.pixels, w, h, &OnCaller).unwrap().to_vec();
     let packed = &buffer[at..at + packing.bytes()];
-    let repacked = engine.encode_packed(&input.pixels, w, h, Some((packed, &packing)), &OnCaller).unwrap();
+    let repacked =
+        engine.encode_packed(&input.pixels, w, h, Some((packed, &packing)), None, &OnCaller).unwrap();
     assert_eq!(plain.len(), repacked.len());
     let diff = plain.iter().zip(repacked).map(|(a, b)| f64::from(a - b).powi(2)).sum::<f64>().sqrt();
     let norm = plain.iter().map(|a| f64::from(*a).powi(2)).sum::<f64>().sqrt();
@@ -277,5 +278,5 @@ fn repacked_q8_0_encoder_matrices_give_the_embeddings_of_the_file() {
     assert!(diff / norm <= 1e-3, "repacked encoder off by {:.3e}", diff / norm);
     // A buffer short of the planes is refused, not read past.
     let short = &buffer[at..at + packing.bytes() - 64];
-    assert!(engine.encode_packed(&input.pixels, w, h, Some((short, &packing)), &OnCaller).is_err());
+    assert!(engine.encode_packed(&input.pixels, w, h, Some((short, &packing)), None, &OnCaller).is_err());
 }

@@ -8,9 +8,11 @@ use core::ops::DerefMut;
 
 use super::{EngineError, GraphSlot, Parallel, Runner, MAX_PACKED};
 use crate::arena::{Arena, Region, ARENA_ALIGN};
-use crate::exec::{work_bytes, PackedEntry, Step};
+use crate::build_config::GRAPH_CAPACITY;
+use crate::exec::{work_bytes, MatmulOffload, PackedEntry, Step};
 use crate::gguf::Gguf;
 use crate::graph::plan::plan;
+use crate::graph::Graph;
 use crate::model::vision::{check_projector, Merge, PatchPositions, VisionParams};
 use crate::model::{build_vision, resized_position_weights, VisionForward, VisionInputs};
 
@@ -32,6 +34,30 @@ impl VisionPacking {
     /// The matrices repacked.
     pub fn entries(&self) -> &[PackedEntry] {
         &self.entries
+    }
+}
+
+/// The memory a projector takes beside its language model, planned at its largest input: the
+/// file (mapped, read in place), its repacked matrices, and the encoder's caller memory (inputs,
+/// activations, work) and graph slot. Bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct VisionMemory {
+    /// The projector file, mapped.
+    pub mapped: usize,
+    /// Its matrices repacked for the packed kernels.
+    pub repacked: usize,
+    /// The encoder's inputs, activations and work at the largest input.
+    pub arena: usize,
+    /// The encoder's graph slot (graph and plan).
+    pub graphs: usize,
+    /// The largest input (width, height in pixels) it is planned for.
+    pub input: (usize, usize),
+}
+
+impl VisionMemory {
+    /// All of it.
+    pub fn total(&self) -> usize {
+        self.mapped + self.repacked + self.arena + self.graphs
     }
 }
 
@@ -89,9 +115,34 @@ impl<'m, S: DerefMut<Target = GraphSlot>> VisionPlanned<'m, S> {
         })
     }
 
+    /// [`Self::new`] for the largest input the projector takes
+    /// ([`VisionParams::largest_input`]): the plan its memory and NPU batches are sized by.
+    pub fn largest(bytes: &'m [u8], slot: S) -> Result<Self, EngineError> {
+        let gguf = Gguf::parse(bytes).map_err(EngineError::Gguf)?;
+        let (w, h) = check_projector(&gguf)?.largest_input();
+        Self::new(bytes, slot, w as usize, h as usize)
+    }
+
     /// The projector's hyper-parameters.
     pub fn params(&self) -> &VisionParams {
         &self.vp
+    }
+
+    /// The encoder's graph (its matmuls are what an NPU plan looks at).
+    pub fn graph(&self) -> &Graph<GRAPH_CAPACITY> {
+        self.slot.graph.graph()
+    }
+
+    /// What the projector takes in memory when planned at this plan's size (see
+    /// [`VisionMemory`]; [`Self::largest`] gives the projector's peak).
+    pub fn memory(&self) -> Result<VisionMemory, EngineError> {
+        Ok(VisionMemory {
+            mapped: self.bytes.len(),
+            repacked: self.packing()?.bytes,
+            arena: self.bytes_needed(),
+            graphs: core::mem::size_of::<GraphSlot>(),
+            input: self.size,
+        })
     }
 
     /// The parsed file.
@@ -178,17 +229,19 @@ impl<'m, S: DerefMut<Target = GraphSlot>, B: DerefMut<Target = [u8]>> VisionEngi
         height: usize,
         runner: &impl Runner,
     ) -> Result<&[f32], EngineError> {
-        self.encode_packed(pixels, width, height, None, runner)
+        self.encode_packed(pixels, width, height, None, None, runner)
     }
 
     /// [`Self::encode`] reading the matrices `packed` names from its buffer (repacked by
-    /// [`VisionPlanned::repack`] for this file), the others from the file.
+    /// [`VisionPlanned::repack`] for this file), the others from the file; the matmuls `offload`
+    /// accepts (weights at offsets of the projector file) run there, as a language model's.
     pub fn encode_packed(
         &mut self,
         pixels: &[f32],
         width: usize,
         height: usize,
         packed: Option<(&[u8], &VisionPacking)>,
+        offload: Option<&dyn MatmulOffload>,
         runner: &impl Runner,
     ) -> Result<&[f32], EngineError> {
         if let Some((buffer, packing)) = packed {
@@ -259,6 +312,9 @@ impl<'m, S: DerefMut<Target = GraphSlot>, B: DerefMut<Target = [u8]>> VisionEngi
         let mut bound = slot.graph.bind(&slot.plan, &buffers, arena, activations, work)?.with_f16_gemm(true);
         if let Some((buffer, packing)) = packed {
             bound = bound.with_packed(buffer, &packing.entries);
+        }
+        if let Some(hook) = offload {
+            bound = bound.with_offload(hook);
         }
         runner.run(&mut bound, Step { n_past: 0, n_kv: gx * gy })?;
         let out = self.planned.fwd.embeddings;

@@ -462,6 +462,26 @@ impl VisionParams {
         cols * rows
     }
 
+    /// The largest encoder input (width, height in pixels) an image can become: the family's
+    /// square, or for dynamic sizes the most pixels `max_pixels` allows in whole merged patches
+    /// (the squarest such rectangle). Memory and the NPU's batches are planned for it.
+    pub fn largest_input(&self) -> (u32, u32) {
+        let side = (self.image_size, self.image_size);
+        if self.traits().layout != Layout::Dynamic {
+            return side;
+        }
+        let align = u64::from((self.patch_size * self.n_merge).max(1));
+        let units = self.max_pixels / (align * align);
+        if units == 0 {
+            return side;
+        }
+        // Every area up to `units` is a strip; the squarest rectangle of that area is the one
+        // whose width is its largest divisor not above its square root.
+        let w = (1..=units.isqrt()).rev().find(|w| units % w == 0).unwrap_or(1);
+        let cap = |x: u64| u32::try_from(x * align).unwrap_or(u32::MAX);
+        (cap(units / w), cap(w))
+    }
+
     /// The grid (columns, rows) of the embeddings the projector gives, in raster order, for an
     /// encoder input of `nx` x `ny` pixels.
     pub fn token_grid(&self, nx: u32, ny: u32) -> (u32, u32) {

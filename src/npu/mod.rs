@@ -608,8 +608,9 @@ pub fn plan_model(
     Ok(plan(&refs, config, planned.config().n_batch))
 }
 
-/// Plans and builds the NPU backend of a session: `graphs` are its forward graphs, `model` the
-/// mapped file. Every way this can fail ends in one log line (none when the runtime is missing and
+/// Plans and builds the NPU backend of a session or of a vision projector: `graphs` are its
+/// forward graphs (a projector's: its encoder's at the largest input), `model` the mapped file
+/// their weights are read from. Every way this can fail ends in one log line (none when the runtime is missing and
 /// `config.quiet_if_missing`) and `None`: the session runs on the CPU. With `release`, the pages of
 /// the uploaded weights are given back afterwards (the CPU reads its repacked copy).
 pub fn session_backend<const N: usize>(
@@ -634,6 +635,17 @@ pub fn session_backend<const N: usize>(
             Some(backend)
         }
         Err(NpuError::Missing(_) | NpuError::Nothing(_)) if config.quiet_if_missing => None,
+        Err(e @ (NpuError::Missing(_) | NpuError::Failed(_))) => {
+            // Once per process: a projector's encoder meets the runtime the model met.
+            static SAID: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+            let message = e.message();
+            let mut said = SAID.lock().unwrap_or_else(|e| e.into_inner());
+            if !said.contains(&message) {
+                backend::log(&message);
+                said.push(message);
+            }
+            None
+        }
         Err(e) => {
             backend::log(&e.message());
             None

@@ -28,8 +28,7 @@ pub struct ChatMedia {
 impl ChatMedia {
     /// Opens `--mmproj` for the session's model.
     pub fn open(session: &Session, mmproj: &Path) -> Result<Self, CliError> {
-        let projector =
-            Projector::open(mmproj, session.hparams()).map_err(|e| CliError::new(e.to_string()))?;
+        let projector = Projector::open(mmproj, session).map_err(|e| CliError::new(e.to_string()))?;
         Ok(Self { projector, pending: Vec::new(), all: Vec::new(), fed: String::new() })
     }
 

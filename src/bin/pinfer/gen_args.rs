@@ -276,8 +276,11 @@ impl GenArgs {
                 "--image needs the model's vision projector: give it with --mmproj FILE".into(),
             ));
         }
-        if self.mmproj.is_some() {
+        if let Some(mmproj) = &self.mmproj {
             opts.embeddings_input = true;
+            // Counted in the memory plan checked before the model loads.
+            opts.projector =
+                Some(pinfer::media::projector_memory(mmproj).map_err(|e| CliError::new(e.to_string()))?);
             // (An image attending both ways is one step: Gemma 3's take 256 positions.)
             if batch.is_none() {
                 opts.n_batch = opts.n_batch.max(512);

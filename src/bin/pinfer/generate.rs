@@ -200,6 +200,9 @@ pub fn generate(args: GenArgs) -> Result<(), CliError> {
     }
     if args.verbose > 0 {
         crate::npu::report_end(&session);
+        if let Some(m) = &media {
+            crate::npu::report_encoder(&m.projector);
+        }
     }
     check.finish()?;
     if stop == Stop::Cancelled {

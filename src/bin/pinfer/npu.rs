@@ -341,3 +341,28 @@ pub fn report_end(session: &pinfer::session::Session) {
     #[cfg(not(feature = "npu"))]
     let _ = session;
 }
+
+/// `-v`: what the projector's encoder sent to the NPU (nothing without the feature or a backend).
+pub fn report_encoder(projector: &pinfer::media::Projector) {
+    #[cfg(feature = "npu")]
+    if let Some(npu) = projector.npu() {
+        let s = npu.stats();
+        errln!(
+            "pinfer: npu: encoder: {} matmuls ({} shapes, {:.1} MiB) on {} in {} precision; {} matmul calls in {:.2} ms{}",
+            s.matmuls,
+            s.shapes,
+            s.bytes as f64 / (1 << 20) as f64,
+            npu.library().display(),
+            npu.plan().precision.name(),
+            s.calls,
+            s.seconds * 1e3,
+            if s.disabled > 0 {
+                format!(", {} shapes fell back to the CPU", s.disabled)
+            } else {
+                String::new()
+            }
+        );
+    }
+    #[cfg(not(feature = "npu"))]
+    let _ = projector;
+}

@@ -62,8 +62,7 @@ pub fn image_prompt(
             "--image needs the model's vision projector: give it with --mmproj FILE".into(),
         ));
     };
-    let mut projector =
-        Projector::open(mmproj, session.hparams()).map_err(|e| CliError::new(e.to_string()))?;
+    let mut projector = Projector::open(mmproj, session).map_err(|e| CliError::new(e.to_string()))?;
     let mut images = Vec::with_capacity(args.image.len());
     let started = std::time::Instant::now();
     for file in &args.image {

@@ -354,8 +354,7 @@ fn load_engine<'s>(
     };
     let projector = match &gen.mmproj {
         Some(file) if !session.engine().gives_embeddings() => Some(Box::new(
-            pinfer::media::Projector::open(file, session.hparams())
-                .map_err(|e| CliError::new(e.to_string()))?,
+            pinfer::media::Projector::open(file, &session).map_err(|e| CliError::new(e.to_string()))?,
         )),
         Some(_) => return Err(CliError::new("--mmproj: an embedding model takes no images".into())),
         None => None,
@@ -364,6 +363,9 @@ fn load_engine<'s>(
         return Err(CliError::new(
             "--image: the server takes images in its requests (image_url parts, Ollama's images)".into(),
         ));
+    }
+    if let Some(projector) = projector.as_deref().filter(|_| gen.verbose > 0) {
+        crate::npu::report_encoder(projector);
     }
     let ready = Ready { vision: projector.is_some(), ..ready };
     if session.engine().gives_embeddings() {
