@@ -13,7 +13,7 @@ use pinfer::media::projector_memory;
 use pinfer::session::{Session, SessionError, SessionOptions};
 
 /// The families whose images pinfer encodes.
-const FAMILIES: [&str; 4] = ["gemma3", "idefics3", "qwen2vl", "qwen2.5vl"];
+const FAMILIES: [&str; 5] = ["gemma3", "idefics3", "qwen2vl", "qwen2.5vl", "lfm2"];
 
 const IMAGES: [&str; 7] = [
     "rgb_1x1.png",
@@ -120,10 +120,19 @@ mod npu {
         Path::new(env!("PINFER_RKNN_EMULATOR"))
     }
 
-    /// Encodes every test image with `family`'s projector opened beside `session`.
+    /// The images the NPU tests encode: a wide one (more tokens than one NPU batch for the
+    /// dynamic families), a small PNG and a JPEG; under qemu (minutes per image in a debug build)
+    /// the two small ones only.
+    const NPU_IMAGES: &[&str] = if cfg!(target_arch = "aarch64") {
+        &["rgba_41x29.png", "progressive_64x48.jpg"]
+    } else {
+        &["rgb_3000x200.png", "rgba_41x29.png", "progressive_64x48.jpg"]
+    };
+
+    /// Encodes the NPU tests' images with `family`'s projector opened beside `session`.
     fn encode_all(family: &str, session: &Session) -> (Projector, Vec<Arc<EncodedImage>>) {
         let mut projector = Projector::open(&vlm(family, "mmproj.gguf"), session).unwrap();
-        let images = IMAGES
+        let images = NPU_IMAGES
             .iter()
             .map(|name| {
                 projector
