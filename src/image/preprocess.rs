@@ -40,6 +40,25 @@ fn normalized(img: &Rgb8, vp: &VisionParams) -> EncoderImage {
     EncoderImage { width: img.width, height: img.height, pixels }
 }
 
+/// `refined` (a `grid` of `tile`-pixel squares) cut into its tiles row by row, each normalized,
+/// with room for one image more (the overview).
+fn tiles(refined: &Rgb8, grid: (u32, u32), tile: u32, vp: &VisionParams) -> Vec<EncoderImage> {
+    let (gx, gy) = grid;
+    let mut images = Vec::with_capacity((gx * gy + 1) as usize);
+    let t = tile as usize;
+    for ty in 0..gy as usize {
+        for tx in 0..gx as usize {
+            let mut crop = Rgb8::filled(tile, tile, [0, 0, 0]);
+            for y in 0..t {
+                let src = ((ty * t + y) * refined.width as usize + tx * t) * 3;
+                crop.pixels[y * t * 3..][..t * 3].copy_from_slice(&refined.pixels[src..][..t * 3]);
+            }
+            images.push(normalized(&crop, vp));
+        }
+    }
+    images
+}
+
 /// The `(width, height)` clip resizes a dynamic-layout image to: each side rounded to a multiple
 /// of `align` (at least one), then scaled down or up (aspect kept, floor / ceil to `align`) when
 /// the pixels are over `max_pixels` or under `min_pixels` (0: no bound). f32 as clip computes it.
@@ -105,18 +124,7 @@ pub fn preprocess(img: &Rgb8, vp: &VisionParams) -> Result<Preprocessed, ImageEr
             let resized = resize(img, w, h, filter, Pad::None);
             let refined = resize(&resized, gx * tile, gy * tile, filter, Pad::None);
             let overview = resize(&refined, tile, tile, filter, Pad::None);
-            let mut images = Vec::with_capacity((gx * gy + 1) as usize);
-            let t = tile as usize;
-            for ty in 0..gy as usize {
-                for tx in 0..gx as usize {
-                    let mut crop = Rgb8::filled(tile, tile, [0, 0, 0]);
-                    for y in 0..t {
-                        let src = ((ty * t + y) * refined.width as usize + tx * t) * 3;
-                        crop.pixels[y * t * 3..][..t * 3].copy_from_slice(&refined.pixels[src..][..t * 3]);
-                    }
-                    images.push(normalized(&crop, vp));
-                }
-            }
+            let mut images = tiles(&refined, (gx, gy), tile, vp);
             images.push(normalized(&overview, vp));
             Ok(Preprocessed { images, grid: (gx, gy), overview: true })
         }
@@ -130,20 +138,9 @@ pub fn preprocess(img: &Rgb8, vp: &VisionParams) -> Result<Preprocessed, ImageEr
                 return Ok(one(overview));
             }
             let (gx, gy) = smart_tile_grid(img.width, img.height);
-            let t = SMART_TILE as usize;
             // The image fitted into the grid (aspect kept, centred on black), then cut.
             let refined = resize(img, gx * SMART_TILE, gy * SMART_TILE, filter, Pad::Ceil);
-            let mut images = Vec::with_capacity((gx * gy + 1) as usize);
-            for ty in 0..gy as usize {
-                for tx in 0..gx as usize {
-                    let mut crop = Rgb8::filled(SMART_TILE, SMART_TILE, [0, 0, 0]);
-                    for y in 0..t {
-                        let src = ((ty * t + y) * refined.width as usize + tx * t) * 3;
-                        crop.pixels[y * t * 3..][..t * 3].copy_from_slice(&refined.pixels[src..][..t * 3]);
-                    }
-                    images.push(normalized(&crop, vp));
-                }
-            }
+            let mut images = tiles(&refined, (gx, gy), SMART_TILE, vp);
             images.push(overview);
             Ok(Preprocessed { images, grid: (gx, gy), overview: true })
         }

@@ -327,16 +327,7 @@ pub fn report_end(session: &pinfer::session::Session) {
     #[cfg(feature = "npu")]
     if let Some(npu) = session.npu() {
         let s = npu.stats();
-        errln!(
-            "pinfer: npu: {} matmul calls in {:.2} ms{}",
-            s.calls,
-            s.seconds * 1e3,
-            if s.disabled > 0 {
-                format!(", {} shapes fell back to the CPU", s.disabled)
-            } else {
-                String::new()
-            }
-        );
+        errln!("pinfer: npu: {}", calls(&s));
     }
     #[cfg(not(feature = "npu"))]
     let _ = session;
@@ -348,21 +339,25 @@ pub fn report_encoder(projector: &pinfer::media::Projector) {
     if let Some(npu) = projector.npu() {
         let s = npu.stats();
         errln!(
-            "pinfer: npu: encoder: {} matmuls ({} shapes, {:.1} MiB) on {} in {} precision; {} matmul calls in {:.2} ms{}",
+            "pinfer: npu: encoder: {} matmuls ({} shapes, {:.1} MiB) on {} in {} precision; {}",
             s.matmuls,
             s.shapes,
             s.bytes as f64 / (1 << 20) as f64,
             npu.library().display(),
             npu.plan().precision.name(),
-            s.calls,
-            s.seconds * 1e3,
-            if s.disabled > 0 {
-                format!(", {} shapes fell back to the CPU", s.disabled)
-            } else {
-                String::new()
-            }
+            calls(&s)
         );
     }
     #[cfg(not(feature = "npu"))]
     let _ = projector;
+}
+
+/// The calls an NPU backend answered and how long they took, and the shapes that fell back.
+#[cfg(feature = "npu")]
+fn calls(s: &pinfer::npu::NpuStats) -> String {
+    let fell_back = match s.disabled {
+        0 => String::new(),
+        n => format!(", {n} shapes fell back to the CPU"),
+    };
+    format!("{} matmul calls in {:.2} ms{fell_back}", s.calls, s.seconds * 1e3)
 }
