@@ -147,8 +147,8 @@ pub fn preprocess(img: &Rgb8, vp: &VisionParams) -> Result<Preprocessed, ImageEr
     }
 }
 
-/// LFM2-VL's tile side in pixels (its processor's, whatever the projector's `image_size`).
-const SMART_TILE: u32 = 512;
+/// LFM2-VL's tile side in pixels.
+const SMART_TILE: u32 = crate::model::vision::LFM2_TILE;
 
 /// LFM2-VL's tile grids (columns, rows), 2 to 10 tiles, in the order libmtmd tries them: by
 /// tiles, and within a count in the order libstdc++'s `std::sort` (not stable) leaves them,

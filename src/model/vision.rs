@@ -205,6 +205,9 @@ impl Projector {
     }
 }
 
+/// The side of LFM2-VL's tiles in pixels (clip's, whatever the file's image size).
+pub const LFM2_TILE: u32 = 512;
+
 /// Projector families llama.cpp has that pinfer does not run (refused by name).
 pub const OTHER_PROJECTORS: &[&str] = &[
     "mlp",
@@ -464,22 +467,30 @@ impl VisionParams {
 
     /// The largest encoder input (width, height in pixels) an image can become: the family's
     /// square, or for dynamic sizes the most pixels `max_pixels` allows in whole merged patches
-    /// (the squarest such rectangle). Memory and the NPU's batches are planned for it.
+    /// (the squarest such rectangle); LFM2-VL's inputs are its tiles or a dynamic size, the
+    /// larger. Memory and the NPU's batches are planned for it.
     pub fn largest_input(&self) -> (u32, u32) {
         let side = (self.image_size, self.image_size);
-        if self.traits().layout != Layout::Dynamic {
-            return side;
-        }
+        let area = |(w, h): (u32, u32)| u64::from(w) * u64::from(h);
         let align = u64::from((self.patch_size * self.n_merge).max(1));
         let units = self.max_pixels / (align * align);
-        if units == 0 {
-            return side;
-        }
         // Every area up to `units` is a strip; the squarest rectangle of that area is the one
         // whose width is its largest divisor not above its square root.
         let w = (1..=units.isqrt()).rev().find(|w| units % w == 0).unwrap_or(1);
         let cap = |x: u64| u32::try_from(x * align).unwrap_or(u32::MAX);
-        (cap(units / w), cap(w))
+        let dynamic = (cap(units / w), cap(w));
+        match self.traits().layout {
+            Layout::Dynamic if units > 0 => dynamic,
+            Layout::SmartTiles => {
+                let tile = (LFM2_TILE, LFM2_TILE);
+                if units > 0 && area(dynamic) > area(tile) {
+                    dynamic
+                } else {
+                    tile
+                }
+            }
+            _ => side,
+        }
     }
 
     /// The grid (columns, rows) of the embeddings the projector gives, in raster order, for an
