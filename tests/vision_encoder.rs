@@ -15,15 +15,9 @@ use pinfer::session::{Session, SessionError, SessionOptions};
 /// The families whose images pinfer encodes.
 const FAMILIES: [&str; 5] = ["gemma3", "idefics3", "qwen2vl", "qwen2.5vl", "lfm2"];
 
-const IMAGES: [&str; 7] = [
-    "rgb_1x1.png",
-    "rgb_3000x200.png",
-    "gray_37x53.png",
-    "rgba_41x29.png",
-    "palette_33x47.png",
-    "progressive_64x48.jpg",
-    "baseline_200x120.jpg",
-];
+#[path = "common/vision_images.rs"]
+mod vision_images;
+use vision_images::IMAGES;
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))

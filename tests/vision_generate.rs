@@ -123,8 +123,10 @@ fn open(family: &str, n_batch: usize) -> Session {
 /// The greedy ids after each PNG test image (the JPEGs' decoders differ) are llama-mtmd-cli's.
 fn greedy_ids_match_llama_mtmd_cli(family: &str) {
     let mut session = open(family, 64);
-    for image in ["rgb_1x1.png", "rgb_3000x200.png", "gray_37x53.png", "rgba_41x29.png", "palette_33x47.png"]
-    {
+    let images = ["rgb_1x1.png", "rgb_3000x200.png", "gray_37x53.png", "rgba_41x29.png", "palette_33x47.png"];
+    // (Under qemu-aarch64 the 3000 x 200 image, the largest input of every family, is most of the
+    // binary's 7 minutes in a debug build; the host runs it, and the others take the same kernels.)
+    for image in images.into_iter().filter(|&i| !(cfg!(target_arch = "aarch64") && i == "rgb_3000x200.png")) {
         let (got, want) = greedy_after_image(family, image, &mut session);
         assert_eq!(got, want, "{family} {image}");
     }

@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# Guest instructions per image of the image encoder, pinfer's aarch64 release binary beside
+# llama.cpp's llama-mtmd-cli (scripts/llama_cpp_build_arm.sh: armv8.2-a+dotprod+fp16), both
+# counted under qemu-aarch64 with the TCG plugin of scripts/insn_per_token.sh, one thread each.
+#
+#   scripts/vision_insn.sh [--shapes S1,S2] [--types T1,T2] [--cpu CPU] [--keep]
+#
+#   --shapes  smolvlm-256m (default) and/or siglip-so400m: the shape models of
+#             scripts/vision_bench.sh (target/vision-shapes/, written there when missing)
+#   --types   f16,q8_0 (default both)
+#   --cpu     qemu CPU model (default cortex-a76)
+#
+# A figure is a difference of two runs of the same program: two images minus one image (two
+# different synthetic PNGs of the encoder's size, so pinfer's cache of embeddings cannot serve
+# the second), so loading, the text prompt and the start-up cancel. What is left is one image:
+# decoding the PNG, preprocessing, the encoder and projector, and the language model's prefill of
+# the image's tokens (the tiny text model of the shape model makes that last part small).
+set -euo pipefail
+shopt -s inherit_errexit
+cd "$(dirname "$0")/.."
+
+SHAPES=smolvlm-256m
+TYPES=f16,q8_0
+CPU=cortex-a76
+KEEP=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --shapes) SHAPES=$2; shift 2 ;;
+    --types) TYPES=$2; shift 2 ;;
+    --cpu) CPU=$2; shift 2 ;;
+    --keep) KEEP=1; shift ;;
+    *) echo "vision_insn: unknown option $1" >&2; exit 2 ;;
+  esac
+done
+die() { echo "vision_insn: $*" >&2; exit 1; }
+log() { echo "vision_insn: $*" >&2; }
+
+PLUGIN=target/qemu-plugin/insn_count.so
+mkdir -p target/qemu-plugin
+if [ ! -f "$PLUGIN" ] || [ scripts/qemu-plugin/insn_count.c -nt "$PLUGIN" ]; then
+  # shellcheck disable=SC2046
+  gcc -O2 -Wall -Wextra -shared -fPIC -o "$PLUGIN" scripts/qemu-plugin/insn_count.c \
+    $(pkg-config --cflags glib-2.0 2>/dev/null || true)
+fi
+log "building pinfer for aarch64"
+RUSTC=/usr/bin/rustc cargo build --release --target aarch64-unknown-linux-gnu --bin pinfer -q
+PINFER=target/aarch64-unknown-linux-gnu/release/pinfer
+LLAMA_DIR=$(scripts/llama_cpp_build_arm.sh llama-mtmd-cli)
+LLAMA=$LLAMA_DIR/llama-mtmd-cli
+[ -x "$LLAMA" ] || die "$LLAMA missing"
+
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/vision_insn.XXXXXX")
+if [ "$KEEP" = 1 ]; then log "work directory: $WORK"; else trap 'rm -rf "$WORK"' EXIT; fi
+QEMU=(qemu-aarch64 -cpu "$CPU")
+
+# A synthetic PNG of SIDE pixels, noise seeded by SEED: image SIDE SEED PATH.
+image() {
+  python3 - "$@" <<'EOF'
+import struct, sys, zlib
+import numpy as np
+side, seed, path = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+y, x = np.mgrid[0:side, 0:side]
+img = np.stack([x * 255 // (side - 1), y * 255 // (side - 1), (x ^ y) & 255], -1)
+img = np.clip(img + np.random.default_rng(seed).integers(-20, 20, img.shape), 0, 255).astype(np.uint8)
+raw = b"".join(b"\x00" + img[r].tobytes() for r in range(side))
+chunk = lambda t, d: struct.pack(">I", len(d)) + t + d + struct.pack(">I", zlib.crc32(t + d) & 0xFFFFFFFF)
+with open(path, "wb") as f:
+    f.write(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", side, side, 8, 2, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(raw, 6)) + chunk(b"IEND", b""))
+EOF
+}
+
+# count NAME PROGRAM ARGS...: the run's guest instructions into $COUNT.
+count() {
+  local name=$1 start=$SECONDS
+  shift
+  "${QEMU[@]}" -plugin "$PLUGIN,out=$WORK/$name.count" "$@" >"$WORK/$name.out" 2>"$WORK/$name.err" \
+    || { tail -20 "$WORK/$name.err" >&2; die "$name failed"; }
+  COUNT=$(cat "$WORK/$name.count")
+  [[ $COUNT =~ ^[0-9]+$ ]] || die "$name: no count"
+  log "$(printf '%-32s %16s instructions, %5d s' "$name" "$COUNT" $((SECONDS - start)))"
+}
+
+family_of() { case "$1" in smolvlm-256m) echo idefics3 ;; siglip-so400m) echo gemma3 ;; *) die "no shape $1" ;; esac; }
+side_of() { case "$1" in smolvlm-256m) echo 512 ;; siglip-so400m) echo 896 ;; esac; }
+vocab_of() {
+  case "$1" in
+    gemma3) scripts/tokenizer_fetch_gemma3.sh >&2; echo models/gemma-3-270m-q4_k_m.gguf ;;
+    *) scripts/setup.sh variants >&2; echo models/SmolLM2-135M-Instruct.Q8_0.gguf ;;
+  esac
+}
+
+echo "guest instructions per image, qemu-aarch64 -cpu $CPU, one thread (G = 10^9)"
+echo
+echo "| encoder | type | pinfer G/image | llama-mtmd-cli G/image | pinfer / llama.cpp |"
+echo "|---|---|---:|---:|---:|"
+IFS=, read -ra shapes <<< "$SHAPES"
+IFS=, read -ra types <<< "$TYPES"
+for shape in "${shapes[@]}"; do
+  family=$(family_of "$shape")
+  side=$(side_of "$shape")
+  image "$side" 11 "$WORK/a.png"
+  image "$side" 12 "$WORK/b.png"
+  for ty in "${types[@]}"; do
+    dir=target/vision-shapes/$shape-$ty
+    if [ ! -f "$dir/mmproj.gguf" ]; then
+      log "writing the $shape shape model ($ty) to $dir"
+      python3 scripts/make_tiny_vlm.py --family "$family" --shape "$shape" --seed 3 --type "$ty" \
+        --vocab "$(vocab_of "$family")" --out "$dir" >&2
+    fi
+    m=(-m "$dir/model.gguf" --mmproj "$dir/mmproj.gguf")
+    count "$shape-$ty-pinfer-1" "$PINFER" generate "${m[@]}" --image "$WORK/a.png" -p describe -n 1 --temp 0 -t 1 --no-jinja
+    p1=$COUNT
+    count "$shape-$ty-pinfer-2" "$PINFER" generate "${m[@]}" --image "$WORK/a.png" --image "$WORK/b.png" -p describe -n 1 --temp 0 -t 1 --no-jinja
+    p2=$COUNT
+    count "$shape-$ty-llama-1" "$LLAMA" "${m[@]}" --image "$WORK/a.png" -p describe -n 1 --temp 0 -t 1
+    l1=$COUNT
+    count "$shape-$ty-llama-2" "$LLAMA" "${m[@]}" --image "$WORK/a.png" --image "$WORK/b.png" -p describe -n 1 --temp 0 -t 1
+    l2=$COUNT
+    printf '| %s | %s | %.2f | %.2f | %.2f |\n' "$shape" "$ty" "$(echo "($p2 - $p1) / 10^9" | bc -l)" \
+      "$(echo "($l2 - $l1) / 10^9" | bc -l)" "$(echo "($p2 - $p1) / ($l2 - $l1)" | bc -l)"
+  done
+done
