@@ -67,6 +67,8 @@ pub mod repack_cache;
 pub mod session;
 #[cfg(feature = "std")]
 pub mod speculative;
+#[cfg(feature = "std")]
+pub mod store;
 
 /// The crate version, as `pinfer --version` prints it.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

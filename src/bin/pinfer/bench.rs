@@ -398,7 +398,7 @@ pub fn run(args: BenchArgs) -> Result<(), CliError> {
     if tests.is_empty() {
         return Err(CliError::new("nothing to measure: -p and -n are both 0".into()));
     }
-    let path = crate::model_path(args.model);
+    let path = crate::model_path(args.model)?;
     // Every test starts from the cache cut back to its depth; like llama-bench, the context holds
     // the depth, a prompt and a generation run one after the other.
     let max_p = args.n_prompt.iter().copied().max().unwrap_or(0);

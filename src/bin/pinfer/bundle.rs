@@ -57,7 +57,7 @@ fn elf_arch(file: &mut File) -> Result<&'static str, String> {
 
 /// Writes the bundle and says what it did.
 pub fn run(args: BundleArgs) -> Result<(), CliError> {
-    let model_path = crate::model_path(args.model.clone());
+    let model_path = crate::model_path(args.model.clone())?;
     let exe = match &args.target_binary {
         Some(p) => p.clone(),
         None => std::env::current_exe().map_err(|e| CliError::new(format!("this executable: {e}")))?,

@@ -155,7 +155,7 @@ pub fn run(args: EmbedArgs) -> Result<(), CliError> {
     let normalize = Normalize::from_value(args.normalize).ok_or_else(|| {
         CliError::new(format!("--embd-normalize {}: the values are -1, 0, 1, 2 and above", args.normalize))
     })?;
-    let path = crate::model_path(args.model.clone());
+    let path = crate::model_path(args.model.clone())?;
     let lines = input_lines(args.prompt.as_deref(), args.file.as_deref())?;
     let mut session = load(&args.common, &path, args.pooling)?;
     let inputs = tokens_of(&args.common, &path, &session, &lines)?;
@@ -171,7 +171,7 @@ pub fn run(args: EmbedArgs) -> Result<(), CliError> {
 }
 
 pub fn rerank(args: RerankArgs) -> Result<(), CliError> {
-    let path = crate::model_path(args.model.clone());
+    let path = crate::model_path(args.model.clone())?;
     let docs = input_lines(None, Some(&args.file))?;
     let mut session = load(&args.common, &path, Some(Pooling::Rank))?;
     let template = rerank_template(session.gguf()).filter(|_| !args.common.token_ids);

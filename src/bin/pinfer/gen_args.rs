@@ -409,7 +409,7 @@ pub(crate) fn load(
     args: &GenArgs,
     sampler: &SamplerConfig,
 ) -> Result<(PathBuf, Session, OwnedTokenizer), CliError> {
-    let path = crate::model_path(args.model.clone());
+    let path = crate::model_path(args.model.clone())?;
     let opts = args.session_options()?;
     let runtime = Runtime::new(&args.runtime)?;
     let session = runtime.load(&path, opts, args.verbose)?;

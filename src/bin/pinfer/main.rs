@@ -35,6 +35,7 @@ mod repack;
 mod runtime;
 mod serve;
 mod signals;
+mod store;
 mod text_input;
 mod tokenize;
 mod vision;
@@ -132,6 +133,28 @@ enum Command {
     /// Serve the model over HTTP: the OpenAI API, llama-server's endpoints and the Ollama API on
     /// one port, with parallel slots whose decode steps run as one batch.
     Serve(serve::ServeArgs),
+    /// The models of the store: Hugging Face's hub cache (what `hf download` and llama.cpp's
+    /// `-hf` fetched) and Ollama's models, read in place; run one with `-m hf:USER/REPO:QUANT`
+    /// or `-m ollama:NAME:TAG`.
+    List {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// One stored model: its files, size, architecture, context and capabilities.
+    Show {
+        /// `hf:USER/REPO[:QUANT]` or `ollama:NAME[:TAG]`.
+        name: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Delete a model of the Hugging Face cache (its files, and each blob nothing else links to).
+    /// Ollama's models are Ollama's to delete.
+    Rm {
+        /// `hf:USER/REPO[:QUANT]`.
+        name: String,
+    },
     /// Check a file pinfer wrote for itself (a repack cache) against its checksums; a plain GGUF
     /// is checked for structure and model metadata.
     Verify {
@@ -171,8 +194,17 @@ pub(crate) fn worker_threads(asked: Option<u16>) -> usize {
 
 /// `-m`, else the model this executable carries (a bundle: `pinfer bundle`), else the default
 /// model's path.
-pub(crate) fn model_path(model: Option<PathBuf>) -> PathBuf {
-    model.or_else(bundled_model).unwrap_or_else(|| PathBuf::from(DEFAULT_MODEL_PATH))
+/// The model file `-m` names: a path, or a store name (`hf:USER/REPO[:QUANT]`,
+/// `ollama:NAME[:TAG]`; a file of that name wins); without `-m`, the bundled or default model.
+pub(crate) fn model_path(model: Option<PathBuf>) -> Result<PathBuf, CliError> {
+    let Some(model) = model else {
+        return Ok(bundled_model().unwrap_or_else(|| PathBuf::from(DEFAULT_MODEL_PATH)));
+    };
+    let named = model.to_str().filter(|_| !model.exists()).and_then(pinfer::store::ModelRef::parse);
+    match named {
+        None => Ok(model),
+        Some(r) => Ok(store::resolve(&r?)?.files[0].clone()),
+    }
 }
 
 /// This executable's path when it carries a model (or bytes after its image: a damaged bundle,
@@ -185,7 +217,7 @@ fn bundled_model() -> Option<PathBuf> {
 fn run(cli: Cli) -> Result<(), CliError> {
     match cli.command {
         Command::Info { model, tensors, json, placement, no_repack } => {
-            info::run(&model_path(model), info::InfoArgs { tensors, json, placement, no_repack })
+            info::run(&model_path(model)?, info::InfoArgs { tensors, json, placement, no_repack })
         }
         Command::Boards { runtime } => info::boards(&runtime),
         Command::Generate(args) => generate::generate(args),
@@ -200,7 +232,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
                 (None, Some(f)) => text_input::read_text_file(&f)?,
                 (None, None) => return Err(CliError::new("give the text with -p TEXT or -f FILE".into())),
             };
-            tokenize::tokenize(&model_path(model), &text, ids, parse_special)
+            tokenize::tokenize(&model_path(model)?, &text, ids, parse_special)
         }
         Command::Bench(args) => bench::run(args),
         Command::Quantize(args) => quantize::run(args),
@@ -210,6 +242,9 @@ fn run(cli: Cli) -> Result<(), CliError> {
         Command::Bundle(args) => bundle::run(args),
         Command::Doctor(args) => doctor::run(args),
         Command::Verify { file } => repack::verify(&file),
+        Command::List { json } => store::list(json),
+        Command::Show { name, json } => store::show(&name, json),
+        Command::Rm { name } => store::remove(&name),
         Command::Serve(args) => serve::run(args),
         Command::NpuPlan(args) => npu::plan(args),
         Command::Selftest(args) => npu::selftest(args),

@@ -162,7 +162,7 @@ pub fn selftest(_args: SelftestArgs) -> Result<(), CliError> {
 #[cfg(feature = "npu")]
 pub fn plan(args: NpuPlanArgs) -> Result<(), CliError> {
     use pinfer::loader::ModelFile;
-    let path = crate::model_path(args.model);
+    let path = crate::model_path(args.model)?;
     let model = ModelFile::open(&path)?;
     // Parsed here for the error that names the file; the plan parses the bytes itself.
     model.parse()?;
@@ -203,7 +203,7 @@ pub fn selftest(args: SelftestArgs) -> Result<(), CliError> {
     if args.npu.npu.is_none() {
         return Err(CliError::new("nothing to test: pass --npu (auto, or a whitelist file)".into()));
     }
-    let path = crate::model_path(args.model);
+    let path = crate::model_path(args.model)?;
     let model = ModelFile::open(&path)?;
     // Parsed here for the error that names the file; the plan parses the bytes itself.
     model.parse()?;

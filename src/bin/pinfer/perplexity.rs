@@ -83,7 +83,7 @@ fn nll(logits: &[f32], target: usize) -> f64 {
 }
 
 pub fn run(args: PerplexityArgs) -> Result<(), CliError> {
-    let path = crate::model_path(args.model.clone());
+    let path = crate::model_path(args.model.clone())?;
     let runtime = Runtime::new(&args.runtime)?;
     if args.kl_divergence {
         return kl_divergence(&args, &path, &runtime);

@@ -68,7 +68,7 @@ pub fn run(args: ServeArgs) -> Result<(), CliError> {
         )));
     }
     // -c is the whole cache, split between the slots (llama-server's rule).
-    let path = crate::model_path(gen.model.clone());
+    let path = crate::model_path(gen.model.clone())?;
     let mut api_keys: Vec<String> = args.api_key.iter().cloned().collect();
     if let Some(file) = &args.api_key_file {
         let text = crate::text_input::read_text_file(file)?;
@@ -283,7 +283,7 @@ fn load_engine<'s>(
     defaults: GenParams,
     jobs: mpsc::SyncSender<EngineRequest>,
 ) -> Result<Loaded<'s>, CliError> {
-    let path = crate::model_path(gen.model.clone());
+    let path = crate::model_path(gen.model.clone())?;
     let mut opts = gen.session_options()?;
     opts.n_seq = n_seq;
     let runtime = crate::runtime::Runtime::new(&gen.runtime)?;
