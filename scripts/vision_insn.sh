@@ -3,18 +3,20 @@
 # llama.cpp's llama-mtmd-cli (scripts/llama_cpp_build_arm.sh: armv8.2-a+dotprod+fp16), both
 # counted under qemu-aarch64 with the TCG plugin of scripts/insn_per_token.sh, one thread each.
 #
-#   scripts/vision_insn.sh [--shapes S1,S2] [--types T1,T2] [--cpu CPU] [--keep]
+#   scripts/vision_insn.sh [--shapes S1,S2] [--types T1,T2] [--cpu CPU] [--work DIR]
 #
 #   --shapes  smolvlm-256m (default) and/or siglip-so400m: the shape models of
 #             scripts/vision_bench.sh (target/vision-shapes/, written there when missing)
 #   --types   f16,q8_0 (default both)
 #   --cpu     qemu CPU model (default cortex-a76)
 #
-# A figure is a difference of two runs of the same program: two images minus one image (two
-# different synthetic PNGs of the encoder's size, so pinfer's cache of embeddings cannot serve
-# the second), so loading, the text prompt and the start-up cancel. What is left is one image:
-# decoding the PNG, preprocessing, the encoder and projector, and the language model's prefill of
-# the image's tokens (the tiny text model of the shape model makes that last part small).
+# A figure is a difference of two runs of the same program: with one image minus without it (a
+# synthetic PNG of the encoder's size; llama-mtmd-cli without an image is its chat mode, given
+# no input), so loading and the start-up cancel. What is left is one image: decoding the PNG,
+# preprocessing, the encoder and projector, and the language model's prefill of the image's
+# tokens and the prompt (the tiny text model of the shape model makes those small).
+# Each counted run is kept in the work directory (--work DIR): a run whose count is there is not
+# run again, so an interrupted measurement goes on where it stopped.
 set -euo pipefail
 shopt -s inherit_errexit
 cd "$(dirname "$0")/.."
@@ -22,13 +24,13 @@ cd "$(dirname "$0")/.."
 SHAPES=smolvlm-256m
 TYPES=f16,q8_0
 CPU=cortex-a76
-KEEP=0
+WORK=
 while [ $# -gt 0 ]; do
   case "$1" in
     --shapes) SHAPES=$2; shift 2 ;;
     --types) TYPES=$2; shift 2 ;;
     --cpu) CPU=$2; shift 2 ;;
-    --keep) KEEP=1; shift ;;
+    --work) WORK=$2; shift 2 ;;
     *) echo "vision_insn: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -49,8 +51,9 @@ LLAMA_DIR=$(scripts/llama_cpp_build_arm.sh llama-mtmd-cli)
 LLAMA=$LLAMA_DIR/llama-mtmd-cli
 [ -x "$LLAMA" ] || die "$LLAMA missing"
 
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/vision_insn.XXXXXX")
-if [ "$KEEP" = 1 ]; then log "work directory: $WORK"; else trap 'rm -rf "$WORK"' EXIT; fi
+[ -n "$WORK" ] || WORK=$(mktemp -d "${TMPDIR:-/tmp}/vision_insn.XXXXXX")
+mkdir -p "$WORK"
+log "work directory: $WORK"
 QEMU=(qemu-aarch64 -cpu "$CPU")
 
 # A synthetic PNG of SIDE pixels, noise seeded by SEED: image SIDE SEED PATH.
@@ -70,12 +73,17 @@ with open(path, "wb") as f:
 EOF
 }
 
-# count NAME PROGRAM ARGS...: the run's guest instructions into $COUNT.
+# count NAME PROGRAM ARGS...: the run's guest instructions into $COUNT (kept from an earlier run).
 count() {
   local name=$1 start=$SECONDS
   shift
+  if [[ -s $WORK/$name.count && $(cat "$WORK/$name.count") =~ ^[0-9]+$ ]]; then
+    COUNT=$(cat "$WORK/$name.count")
+    log "$(printf '%-32s %16s instructions (counted before)' "$name" "$COUNT")"
+    return
+  fi
   "${QEMU[@]}" -plugin "$PLUGIN,out=$WORK/$name.count" "$@" >"$WORK/$name.out" 2>"$WORK/$name.err" \
-    || { tail -20 "$WORK/$name.err" >&2; die "$name failed"; }
+    </dev/null || { tail -20 "$WORK/$name.err" >&2; rm -f "$WORK/$name.count"; die "$name failed"; }
   COUNT=$(cat "$WORK/$name.count")
   [[ $COUNT =~ ^[0-9]+$ ]] || die "$name: no count"
   log "$(printf '%-32s %16s instructions, %5d s' "$name" "$COUNT" $((SECONDS - start)))"
@@ -99,8 +107,7 @@ IFS=, read -ra types <<< "$TYPES"
 for shape in "${shapes[@]}"; do
   family=$(family_of "$shape")
   side=$(side_of "$shape")
-  image "$side" 11 "$WORK/a.png"
-  image "$side" 12 "$WORK/b.png"
+  [ -f "$WORK/a.png" ] || image "$side" 11 "$WORK/a.png"
   for ty in "${types[@]}"; do
     dir=target/vision-shapes/$shape-$ty
     if [ ! -f "$dir/mmproj.gguf" ]; then
@@ -109,15 +116,15 @@ for shape in "${shapes[@]}"; do
         --vocab "$(vocab_of "$family")" --out "$dir" >&2
     fi
     m=(-m "$dir/model.gguf" --mmproj "$dir/mmproj.gguf")
+    count "$shape-$ty-pinfer-0" "$PINFER" generate "${m[@]}" -p describe -n 1 --temp 0 -t 1 --no-jinja
+    p0=$COUNT
     count "$shape-$ty-pinfer-1" "$PINFER" generate "${m[@]}" --image "$WORK/a.png" -p describe -n 1 --temp 0 -t 1 --no-jinja
     p1=$COUNT
-    count "$shape-$ty-pinfer-2" "$PINFER" generate "${m[@]}" --image "$WORK/a.png" --image "$WORK/b.png" -p describe -n 1 --temp 0 -t 1 --no-jinja
-    p2=$COUNT
+    count "$shape-$ty-llama-0" "$LLAMA" "${m[@]}" -n 1 --temp 0 -t 1
+    l0=$COUNT
     count "$shape-$ty-llama-1" "$LLAMA" "${m[@]}" --image "$WORK/a.png" -p describe -n 1 --temp 0 -t 1
     l1=$COUNT
-    count "$shape-$ty-llama-2" "$LLAMA" "${m[@]}" --image "$WORK/a.png" --image "$WORK/b.png" -p describe -n 1 --temp 0 -t 1
-    l2=$COUNT
-    printf '| %s | %s | %.2f | %.2f | %.2f |\n' "$shape" "$ty" "$(echo "($p2 - $p1) / 10^9" | bc -l)" \
-      "$(echo "($l2 - $l1) / 10^9" | bc -l)" "$(echo "($p2 - $p1) / ($l2 - $l1)" | bc -l)"
+    printf '| %s | %s | %.2f | %.2f | %.2f |\n' "$shape" "$ty" "$(echo "($p1 - $p0) / 10^9" | bc -l)" \
+      "$(echo "($l1 - $l0) / 10^9" | bc -l)" "$(echo "($p1 - $p0) / ($l1 - $l0)" | bc -l)"
   done
 done

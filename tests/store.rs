@@ -136,6 +136,14 @@ fn stored_models_are_listed_shown_run_and_removed() {
     let by_file = run(tiny.join("qwen2-tiny.gguf").to_str().unwrap());
     assert_eq!(run("hf:someone/Tiny-GGUF:Q8_0"), by_file);
     assert_eq!(run("ollama:tinyq"), by_file);
+    // llama.cpp's spelling: -hf USER/REPO[:QUANT] (and --hf-repo=).
+    for flags in [&["-hf", "someone/Tiny-GGUF:Q8_0"][..], &["--hf-repo=someone/Tiny-GGUF:q8_0"]] {
+        let mut args = vec!["generate", "-p", "Hello", "-n", "4", "--temp", "0"];
+        args.extend_from_slice(flags);
+        let out = pinfer(&hub, &ollama, &args);
+        assert!(out.status.success(), "{flags:?}: {:?}", text(&out));
+        assert_eq!(text(&out).0, by_file, "{flags:?}");
+    }
 
     // rm: the model's link and blob go, the other quant and the Ollama model stay.
     let out = pinfer(&hub, &ollama, &["rm", "ollama:tinyq"]);

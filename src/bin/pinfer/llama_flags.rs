@@ -25,6 +25,9 @@ const SPELLINGS: [(&str, &str); 11] = [
     ("-md", "--model-draft"),
 ];
 
+/// llama.cpp's spellings of a Hugging Face repository as the model (`-hf USER/REPO[:QUANT]`).
+const HF_REPO: [&str; 3] = ["-hf", "-hfr", "--hf-repo"];
+
 /// llama.cpp flags pinfer does not have yet: refused by name instead of being misread.
 const NOT_YET: [(&str, &str); 6] = [
     ("-nkvo", "--no-kv-offload"),
@@ -87,6 +90,25 @@ pub fn rewrite(mut args: Vec<OsString>) -> Result<Vec<OsString>, CliError> {
             Some((f, v)) if !f.starts_with("--") => (f, Some(v)),
             _ => (tok, None),
         };
+        let hf = match tok.split_once('=') {
+            Some((f, v)) if HF_REPO.contains(&f) => Some((f.to_string(), Some(v.to_string()))),
+            _ if HF_REPO.contains(&tok) => Some((tok.to_string(), None)),
+            _ => None,
+        };
+        if let Some((flag, value)) = hf {
+            // `-hf USER/REPO[:QUANT]`: the store's model (`-m hf:USER/REPO[:QUANT]`).
+            let repo = match value {
+                Some(v) => v,
+                None if i + 1 < args.len() => args.remove(i + 1).to_string_lossy().into_owned(),
+                None => return Err(CliError::new(format!("{flag} wants USER/REPO or USER/REPO:QUANT"))),
+            };
+            if !sub.get_arguments().any(|a| a.get_long() == Some("model")) {
+                return Err(CliError::new(format!("{flag}: `{}` takes no model", sub.get_name())));
+            }
+            args[i] = format!("--model=hf:{repo}").into();
+            i += 1;
+            continue;
+        }
         if let Some((_, long)) = SPELLINGS.iter().find(|(short, _)| *short == flag) {
             let new = match value {
                 Some(v) => format!("{long}={v}"),

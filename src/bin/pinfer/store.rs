@@ -14,7 +14,16 @@ use crate::CliError;
 
 /// The stored model a name gives, as one GGUF file pinfer can map.
 pub fn resolve(r: &ModelRef) -> Result<StoredModel, CliError> {
-    let m = Store::from_env().find(r).map_err(|e| CliError::new(e.to_string()))?;
+    let store = Store::from_env();
+    let m = store.find(r).map_err(|e| match (&e, r) {
+        (pinfer::store::StoreError::NotFound { .. }, ModelRef::HuggingFace { repo, .. }) => {
+            CliError::new(format!(
+                "{e}; the store is {} (fetch the file with `hf download {repo} FILE.gguf`)",
+                store.hub.display()
+            ))
+        }
+        _ => CliError::new(e.to_string()),
+    })?;
     if m.files.len() > 1 {
         return Err(CliError::new(format!(
             "{}: a GGUF split in {} parts; pinfer maps one file (join them with llama.cpp's `llama-gguf-split --merge`)",
