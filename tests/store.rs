@@ -209,6 +209,14 @@ fn hostile_stores_and_names_are_refused_by_name() {
         out.status.success() && table.contains("ollama:good:latest") && err.contains("warning"),
         "{table}{err}"
     );
+    // A store anybody may write is refused with the reason, and the models in it are not run.
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(&ollama, fs::Permissions::from_mode(0o777)).unwrap();
+    let out = pinfer(&hub, &ollama, &["generate", "-m", "ollama:good", "-p", "x", "-n", "1"]);
+    let (_, err) = text(&out);
+    assert!(!out.status.success() && err.contains("writable by every user"), "{err}");
+    assert!(Store { hub: hub.clone(), ollama: vec![ollama.clone()] }.list().0.is_empty());
+    fs::set_permissions(&ollama, fs::Permissions::from_mode(0o755)).unwrap();
     // Nothing was changed.
     assert!(tiny.exists() && repo.join("snapshots").join(COMMIT).join("x-Q8_0.gguf").exists());
     fs::remove_dir_all(&dir).unwrap();

@@ -92,6 +92,8 @@ pub enum StoreError {
     Corrupt(String),
     /// The model is Ollama's: pinfer does not change Ollama's files.
     ReadOnly(String),
+    /// A store directory another user can change (see `check_dir`).
+    Unsafe(String),
     /// A filesystem operation failed.
     Io(String),
 }
@@ -109,6 +111,7 @@ impl core::fmt::Display for StoreError {
                 write!(f, "{s} is Ollama's: remove it with `ollama rm` (pinfer never changes Ollama's files)")
             }
             Self::Io(s) => write!(f, "model store: {s}"),
+            Self::Unsafe(s) => write!(f, "model store refused: {s}"),
         }
     }
 }
@@ -125,6 +128,30 @@ fn component_ok(s: &str) -> bool {
         && s.len() <= MAX_COMPONENT
         && !s.starts_with('.')
         && s.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+/// Refuses a store directory another user could change under pinfer: one anybody may write
+/// (without the sticky bit), or for a store pinfer writes (`ours`), one owned by another user than
+/// this process's or root. A missing directory is no store, and fine.
+fn check_dir(dir: &Path, ours: bool) -> Result<(), StoreError> {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(m) = fs::metadata(dir) else { return Ok(()) };
+    if m.mode() & 0o002 != 0 && m.mode() & 0o1000 == 0 {
+        return Err(StoreError::Unsafe(format!(
+            "{} is writable by every user (mode {:o}): another user could replace its models; `chmod o-w` it",
+            dir.display(),
+            m.mode() & 0o7777
+        )));
+    }
+    let me = nix::unistd::geteuid().as_raw();
+    if ours && m.uid() != me && m.uid() != 0 {
+        return Err(StoreError::Unsafe(format!(
+            "{} belongs to user {} (pinfer runs as {me}): another user's store is not pinfer's to use",
+            dir.display(),
+            m.uid()
+        )));
+    }
+    Ok(())
 }
 
 impl ModelRef {
@@ -252,7 +279,8 @@ impl Store {
     /// (a store another program is writing may hold half a repository).
     pub fn list(&self) -> (Vec<StoredModel>, Vec<String>) {
         let (mut models, mut problems) = (Vec::new(), Vec::new());
-        if let Ok(entries) = fs::read_dir(&self.hub) {
+        let hub_ok = check_dir(&self.hub, true).map_err(|e| problems.push(e.to_string())).is_ok();
+        if let Some(Ok(entries)) = hub_ok.then(|| fs::read_dir(&self.hub)) {
             let mut repos: Vec<String> = entries
                 .filter_map(|e| e.ok()?.file_name().into_string().ok())
                 .filter_map(|d| repo_of_dir(&d))
@@ -266,7 +294,10 @@ impl Store {
             }
         }
         for root in &self.ollama {
-            models.extend(ollama_models(root, &mut problems));
+            match check_dir(root, false) {
+                Ok(()) => models.extend(ollama_models(root, &mut problems)),
+                Err(e) => problems.push(e.to_string()),
+            }
         }
         models.sort_by(|a, b| a.name.cmp(&b.name));
         models.dedup_by(|a, b| a.name == b.name);
@@ -297,6 +328,7 @@ impl Store {
             }
             ModelRef::Ollama { name, tag } => {
                 for root in &self.ollama {
+                    check_dir(root, false)?;
                     if let Some(m) = ollama_model(root, name, tag)? {
                         return Ok(m);
                     }
@@ -309,6 +341,8 @@ impl Store {
     /// The models of one hub repository (`USER/REPO`), at the commit `refs/main` names.
     fn hf_models(&self, repo: &str) -> Result<Vec<StoredModel>, StoreError> {
         let dir = self.hub.join(repo_dir(repo));
+        check_dir(&self.hub, true)?;
+        check_dir(&dir, true)?;
         let commit = match fs::read_to_string(dir.join("refs/main")) {
             Ok(c) => c.trim().to_string(),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
