@@ -43,37 +43,8 @@ if [ ! -x "$BIN/llama-mtmd-cli" ]; then
 fi
 cargo build --release --bin pinfer >&2
 PINFER=target/release/pinfer
-OUT=target/vision-shapes
-mkdir -p "$OUT"
-
-family_of() { case "$1" in smolvlm-256m) echo idefics3 ;; siglip-so400m) echo gemma3 ;; *) log "no shape $1"; exit 2 ;; esac; }
-side_of() { case "$1" in smolvlm-256m) echo 512 ;; siglip-so400m) echo 896 ;; esac; }
-vocab_of() {
-  case "$1" in
-    gemma3) scripts/tokenizer_fetch_gemma3.sh >&2; echo models/gemma-3-270m-q4_k_m.gguf ;;
-    *) scripts/setup.sh variants >&2; echo models/SmolLM2-135M-Instruct.Q8_0.gguf ;;
-  esac
-}
-
-# A synthetic PNG of the encoder's size: gradients and noise (no file of the repo is that large).
-image_of() {
-  local side=$1 path=$OUT/image-$1.png
-  [ -f "$path" ] || python3 - "$side" "$path" <<'EOF'
-import struct, sys, zlib
-import numpy as np
-side, path = int(sys.argv[1]), sys.argv[2]
-y, x = np.mgrid[0:side, 0:side]
-img = np.stack([x * 255 // (side - 1), y * 255 // (side - 1), (x ^ y) & 255], -1)
-img = np.clip(img + np.random.default_rng(side).integers(-20, 20, img.shape), 0, 255).astype(np.uint8)
-raw = b"".join(b"\x00" + img[r].tobytes() for r in range(side))
-chunk = lambda t, d: struct.pack(">I", len(d)) + t + d + struct.pack(">I", zlib.crc32(t + d) & 0xFFFFFFFF)
-with open(path + ".part", "wb") as f:
-    f.write(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", side, side, 8, 2, 0, 0, 0))
-            + chunk(b"IDAT", zlib.compress(raw, 6)) + chunk(b"IEND", b""))
-EOF
-  [ -f "$path" ] || mv "$path.part" "$path"
-  echo "$path"
-}
+# shellcheck source=scripts/vision_shapes.sh
+source scripts/vision_shapes.sh
 
 median() { sort -n | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}'; }
 
@@ -82,15 +53,9 @@ echo "|---|---|---|---|---|"
 IFS=, read -ra shapes <<< "$SHAPES"
 IFS=, read -ra types <<< "$TYPES"
 for shape in "${shapes[@]}"; do
-  family=$(family_of "$shape")
-  image=$(image_of "$(side_of "$shape")")
+  image=$(shape_image "$shape")
   for ty in "${types[@]}"; do
-    dir=$OUT/$shape-$ty
-    if [ ! -f "$dir/mmproj.gguf" ]; then
-      log "writing the $shape shape model ($ty) to $dir"
-      python3 scripts/make_tiny_vlm.py --family "$family" --shape "$shape" --seed 3 --type "$ty" \
-        --vocab "$(vocab_of "$family")" --out "$dir" >&2
-    fi
+    dir=$(shape_model "$shape" "$ty")
     ours=() theirs=()
     for round in $(seq "$ROUNDS"); do
       log "$shape $ty round $round"

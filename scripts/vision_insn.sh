@@ -10,8 +10,8 @@
 #   --types   f16,q8_0 (default both)
 #   --cpu     qemu CPU model (default cortex-a76)
 #
-# A figure is a difference of two runs of the same program: with one image minus without it (a
-# synthetic PNG of the encoder's size; llama-mtmd-cli without an image is its chat mode, given
+# A figure is a difference of two runs of the same program: with one image minus without it (the
+# synthetic PNG of scripts/vision_shapes.sh; llama-mtmd-cli without an image is its chat mode, given
 # no input), so loading and the start-up cancel. What is left is one image: decoding the PNG,
 # preprocessing, the encoder and projector, and the language model's prefill of the image's
 # tokens and the prompt (the tiny text model of the shape model makes those small).
@@ -56,23 +56,6 @@ mkdir -p "$WORK"
 log "work directory: $WORK"
 QEMU=(qemu-aarch64 -cpu "$CPU")
 
-# A synthetic PNG of SIDE pixels, noise seeded by SEED: image SIDE SEED PATH.
-image() {
-  python3 - "$@" <<'EOF'
-import struct, sys, zlib
-import numpy as np
-side, seed, path = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-y, x = np.mgrid[0:side, 0:side]
-img = np.stack([x * 255 // (side - 1), y * 255 // (side - 1), (x ^ y) & 255], -1)
-img = np.clip(img + np.random.default_rng(seed).integers(-20, 20, img.shape), 0, 255).astype(np.uint8)
-raw = b"".join(b"\x00" + img[r].tobytes() for r in range(side))
-chunk = lambda t, d: struct.pack(">I", len(d)) + t + d + struct.pack(">I", zlib.crc32(t + d) & 0xFFFFFFFF)
-with open(path, "wb") as f:
-    f.write(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", side, side, 8, 2, 0, 0, 0))
-            + chunk(b"IDAT", zlib.compress(raw, 6)) + chunk(b"IEND", b""))
-EOF
-}
-
 # count NAME PROGRAM ARGS...: the run's guest instructions into $COUNT (kept from an earlier run).
 count() {
   local name=$1 start=$SECONDS
@@ -89,14 +72,8 @@ count() {
   log "$(printf '%-32s %16s instructions, %5d s' "$name" "$COUNT" $((SECONDS - start)))"
 }
 
-family_of() { case "$1" in smolvlm-256m) echo idefics3 ;; siglip-so400m) echo gemma3 ;; *) die "no shape $1" ;; esac; }
-side_of() { case "$1" in smolvlm-256m) echo 512 ;; siglip-so400m) echo 896 ;; esac; }
-vocab_of() {
-  case "$1" in
-    gemma3) scripts/tokenizer_fetch_gemma3.sh >&2; echo models/gemma-3-270m-q4_k_m.gguf ;;
-    *) scripts/setup.sh variants >&2; echo models/SmolLM2-135M-Instruct.Q8_0.gguf ;;
-  esac
-}
+# shellcheck source=scripts/vision_shapes.sh
+source scripts/vision_shapes.sh
 
 echo "guest instructions per image, qemu-aarch64 -cpu $CPU, one thread (G = 10^9)"
 echo
@@ -105,24 +82,17 @@ echo "|---|---|---:|---:|---:|"
 IFS=, read -ra shapes <<< "$SHAPES"
 IFS=, read -ra types <<< "$TYPES"
 for shape in "${shapes[@]}"; do
-  family=$(family_of "$shape")
-  side=$(side_of "$shape")
-  [ -f "$WORK/a.png" ] || image "$side" 11 "$WORK/a.png"
+  image=$(shape_image "$shape")
   for ty in "${types[@]}"; do
-    dir=target/vision-shapes/$shape-$ty
-    if [ ! -f "$dir/mmproj.gguf" ]; then
-      log "writing the $shape shape model ($ty) to $dir"
-      python3 scripts/make_tiny_vlm.py --family "$family" --shape "$shape" --seed 3 --type "$ty" \
-        --vocab "$(vocab_of "$family")" --out "$dir" >&2
-    fi
+    dir=$(shape_model "$shape" "$ty")
     m=(-m "$dir/model.gguf" --mmproj "$dir/mmproj.gguf")
     count "$shape-$ty-pinfer-0" "$PINFER" generate "${m[@]}" -p describe -n 1 --temp 0 -t 1 --no-jinja
     p0=$COUNT
-    count "$shape-$ty-pinfer-1" "$PINFER" generate "${m[@]}" --image "$WORK/a.png" -p describe -n 1 --temp 0 -t 1 --no-jinja
+    count "$shape-$ty-pinfer-1" "$PINFER" generate "${m[@]}" --image "$image" -p describe -n 1 --temp 0 -t 1 --no-jinja
     p1=$COUNT
     count "$shape-$ty-llama-0" "$LLAMA" "${m[@]}" -n 1 --temp 0 -t 1
     l0=$COUNT
-    count "$shape-$ty-llama-1" "$LLAMA" "${m[@]}" --image "$WORK/a.png" -p describe -n 1 --temp 0 -t 1
+    count "$shape-$ty-llama-1" "$LLAMA" "${m[@]}" --image "$image" -p describe -n 1 --temp 0 -t 1
     l1=$COUNT
     printf '| %s | %s | %.2f | %.2f | %.2f |\n' "$shape" "$ty" "$(echo "($p1 - $p0) / 10^9" | bc -l)" \
       "$(echo "($l1 - $l0) / 10^9" | bc -l)" "$(echo "($p1 - $p0) / ($l1 - $l0)" | bc -l)"
