@@ -309,6 +309,7 @@ impl Store {
     pub fn find(&self, r: &ModelRef) -> Result<StoredModel, StoreError> {
         match r {
             ModelRef::HuggingFace { repo, quant } => {
+                check_dir(&self.hub, true)?;
                 let found = self.hf_models(repo)?;
                 let not_found = |found: &[StoredModel]| StoreError::NotFound {
                     name: r.display(),
@@ -338,10 +339,10 @@ impl Store {
         }
     }
 
-    /// The models of one hub repository (`USER/REPO`), at the commit `refs/main` names.
+    /// The models of one hub repository (`USER/REPO`), at the commit `refs/main` names (the
+    /// caller has checked the hub's own directory).
     fn hf_models(&self, repo: &str) -> Result<Vec<StoredModel>, StoreError> {
         let dir = self.hub.join(repo_dir(repo));
-        check_dir(&self.hub, true)?;
         check_dir(&dir, true)?;
         let commit = match fs::read_to_string(dir.join("refs/main")) {
             Ok(c) => c.trim().to_string(),
@@ -352,8 +353,9 @@ impl Store {
             return Err(StoreError::Corrupt(format!("{}: refs/main is not a commit hash", dir.display())));
         }
         let snapshot = dir.join("snapshots").join(&commit);
+        let real_dir = dir.canonicalize().map_err(|e| StoreError::Io(format!("{}: {e}", dir.display())))?;
         let mut files = Vec::new();
-        gguf_files(&snapshot, &snapshot, &dir, 0, &mut files)?;
+        gguf_files(&snapshot, &snapshot, &real_dir, 0, &mut files)?;
         files.sort();
         Ok(group_hf(repo, &snapshot, &files))
     }
@@ -380,8 +382,10 @@ impl Store {
                 collect_links(&s.path(), 0, &mut linked);
             }
         }
+        // (Without a blobs directory no target is a blob: a snapshot of plain files.)
+        let Ok(blob_dir) = dir.join("blobs").canonicalize() else { return Ok(m) };
         for b in blobs {
-            if b.starts_with(dir.join("blobs").canonicalize().unwrap_or_default()) && !linked.contains(&b) {
+            if b.starts_with(&blob_dir) && !linked.contains(&b) {
                 fs::remove_file(&b).map_err(|e| io(&b, e))?;
             }
         }
@@ -404,7 +408,8 @@ fn repo_of_dir(dir: &str) -> Option<String> {
 /// Deepest directory nesting read inside a snapshot.
 const MAX_DEPTH: usize = 8;
 
-/// The `.gguf` files under `dir` (relative to `snapshot`), each resolving inside `repo`.
+/// The `.gguf` files under `dir` (relative to `snapshot`), each resolving inside `repo` (a
+/// canonical path).
 fn gguf_files(
     dir: &Path,
     snapshot: &Path,
@@ -416,7 +421,6 @@ fn gguf_files(
         return Ok(());
     }
     let Ok(entries) = fs::read_dir(dir) else { return Ok(()) };
-    let repo = repo.canonicalize().map_err(|e| StoreError::Io(format!("{}: {e}", repo.display())))?;
     for e in entries.flatten() {
         let path = e.path();
         let Some(name) = e.file_name().to_str().map(str::to_string) else { continue };
@@ -424,11 +428,11 @@ fn gguf_files(
             continue;
         }
         let Ok(real) = fs::canonicalize(&path) else { continue }; // a dangling link: a blob not yet there
-        if !real.starts_with(&repo) {
+        if !real.starts_with(repo) {
             return Err(StoreError::Corrupt(format!("{} points outside its repository", path.display())));
         }
         if real.is_dir() {
-            gguf_files(&path, snapshot, &repo, depth + 1, out)?;
+            gguf_files(&path, snapshot, repo, depth + 1, out)?;
         } else if name.ends_with(".gguf") {
             out.push(path.strip_prefix(snapshot).unwrap_or(&path).to_path_buf());
         }
